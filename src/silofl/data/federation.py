@@ -1,0 +1,161 @@
+"""The data model: a `Silo` holds one institution's examples and privacy target;
+a `Federation` is a list of silos sharing one feature schema and one task."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+
+from silofl.errors import DataError, PrivacyError
+
+Task = Literal["binary", "multiclass", "regression"]
+
+
+@dataclass(frozen=True)
+class PrivacyTarget:
+    """A silo's own (ε, δ) for example-level DP on its own records."""
+
+    epsilon: float
+    delta: float
+
+    def __post_init__(self):
+        if not np.isfinite(self.epsilon) or self.epsilon <= 0:
+            raise PrivacyError(f"epsilon must be a positive number, got {self.epsilon}; "
+                               "use e.g. epsilon = 1.0 (smaller is more private)")
+        if not (0 < self.delta < 1):
+            raise PrivacyError(f"delta must lie strictly between 0 and 1, got {self.delta}; "
+                               "use a value well below 1/n, e.g. delta = 1e-5")
+
+
+@dataclass
+class Silo:
+    """One data holder. Arrays: X_* of shape (n, d) float64; y_* of shape (n,)
+    (float for regression, int class ids 0..C-1 for classification)."""
+
+    name: str
+    X_train: np.ndarray
+    y_train: np.ndarray
+    X_test: np.ndarray
+    y_test: np.ndarray
+    target: PrivacyTarget | None = None
+
+    @property
+    def n_train(self) -> int:
+        return int(self.X_train.shape[0])
+
+    @property
+    def n_test(self) -> int:
+        return int(self.X_test.shape[0])
+
+
+@dataclass
+class Federation:
+    """Silos with one feature schema. `task` and `num_classes` describe the labels."""
+
+    silos: list[Silo]
+    feature_names: list[str]
+    task: Task
+    num_classes: int = 0
+    name: str = "federation"
+    meta: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        self.validate()
+
+    @property
+    def num_silos(self) -> int:
+        return len(self.silos)
+
+    @property
+    def dim(self) -> int:
+        return len(self.feature_names)
+
+    @property
+    def names(self) -> list[str]:
+        return [s.name for s in self.silos]
+
+    def silo(self, name: str) -> Silo:
+        for s in self.silos:
+            if s.name == name:
+                return s
+        raise DataError(f"unknown silo {name!r}; silos are: {', '.join(self.names)}")
+
+    def validate(self) -> None:
+        """Check shapes, finiteness, schema agreement and label sanity for every silo."""
+        if not self.silos:
+            raise DataError(f"federation {self.name!r} has no silos")
+        names = self.names
+        dup = {n for n in names if names.count(n) > 1}
+        if dup:
+            raise DataError(f"duplicate silo names {sorted(dup)}; give every silo a unique name")
+        d = self.dim
+        for s in self.silos:
+            for part in ("train", "test"):
+                X, y = getattr(s, f"X_{part}"), getattr(s, f"y_{part}")
+                if X.ndim < 2 or X.shape[0] != y.shape[0]:
+                    raise DataError(f"silo {s.name!r} {part}: X has shape {X.shape} but y has "
+                                    f"{y.shape[0]} labels; they must have the same number of rows")
+                if X.ndim == 2 and X.shape[1] != d:
+                    raise DataError(
+                        f"silo {s.name!r} has {X.shape[1]} features in its {part} part but the "
+                        f"federation schema has {d}; all silos must share one feature schema "
+                        "(encode every silo's table with the same columns)")
+                if not np.all(np.isfinite(X)):
+                    bad = np.argwhere(~np.isfinite(X))[0]
+                    col = self.feature_names[bad[1]] if X.ndim == 2 else str(tuple(bad[1:]))
+                    raise DataError(f"silo {s.name!r} {part} row {bad[0]}, feature {col!r} is "
+                                    "NaN or infinite after preprocessing; fix or impute it")
+                if not np.all(np.isfinite(y)):
+                    raise DataError(f"silo {s.name!r} {part} has NaN/inf labels; drop those rows")
+            if s.n_train < 2:
+                raise DataError(f"silo {s.name!r} has {s.n_train} training example(s); DP-SGD "
+                                "needs at least 2. Merge it with another silo or drop it")
+            if self.task != "regression":
+                if np.any(s.y_train != np.round(s.y_train)) or np.any(s.y_train < 0):
+                    raise DataError(f"silo {s.name!r} has non-integer or negative class labels; "
+                                    "classification labels must be 0..C-1")
+                if len(np.unique(s.y_train)) < 2:
+                    raise DataError(
+                        f"silo {s.name!r} has a single class ({int(s.y_train[0])}) in its training "
+                        "data; a classifier cannot learn from it. Drop the silo or regroup silos")
+                top = max(int(s.y_train.max()), int(s.y_test.max()) if s.n_test else 0)
+                if self.num_classes and top >= self.num_classes:
+                    raise DataError(f"silo {s.name!r} has class id {top} but num_classes is "
+                                    f"{self.num_classes}")
+
+    def with_targets(self, default: PrivacyTarget | None,
+                     overrides: dict[str, PrivacyTarget] | None = None) -> "Federation":
+        """Return a copy where every silo carries `default` unless overridden by name."""
+        overrides = overrides or {}
+        for name in overrides:
+            self.silo(name)  # raises a clear error for unknown silos
+        silos = [dataclasses.replace(s, target=overrides.get(s.name, default)) for s in self.silos]
+        return dataclasses.replace(self, silos=silos)
+
+
+def split_silo(name: str, X: np.ndarray, y: np.ndarray, test_fraction: float,
+               rng: np.random.Generator) -> Silo:
+    """Seeded random train/test split of one silo's rows."""
+    if not 0 <= test_fraction < 1:
+        raise DataError(f"test_fraction must be in [0, 1), got {test_fraction}")
+    n = X.shape[0]
+    perm = rng.permutation(n)
+    n_test = int(round(test_fraction * n))
+    te, tr = perm[:n_test], perm[n_test:]
+    return Silo(name, X[tr], y[tr], X[te], y[te])
+
+
+def standardize(fed: Federation) -> Federation:
+    """Per-silo z-scoring fitted on each silo's training part only (test rows never leak
+    into the statistics). Constant columns are left centred with unit scale."""
+    silos = []
+    for s in fed.silos:
+        mu = s.X_train.mean(axis=0)
+        sd = s.X_train.std(axis=0)
+        sd = np.where(sd > 1e-12, sd, 1.0)
+        silos.append(dataclasses.replace(s, X_train=(s.X_train - mu) / sd,
+                                         X_test=(s.X_test - mu) / sd))
+    return dataclasses.replace(fed, silos=silos)
