@@ -1,0 +1,68 @@
+"""The model interface the engine trains.
+
+Parameters are flat float64 vectors of length `num_params`, so averaging, distances and
+regularizers are plain array arithmetic. Batched methods take a leading silo axis K:
+params (K, P), X (K, B, ...), y (K, B), mask (K, B) marking real (not padded) rows.
+
+A backend only has to provide `per_example_grads`, `predict` and `loss`; the default
+`clipped_grad_sum` clips each row to L2 norm ≤ clip and sums. The GLMs override it with a
+closed form that never builds the (K, B, P) gradient tensor.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from silofl.errors import ConfigError
+
+
+class Model:
+    name: str = "model"
+    #: which Federation tasks this model accepts
+    tasks: tuple[str, ...] = ()
+    num_params: int
+
+    def init_params(self) -> np.ndarray:
+        return np.zeros(self.num_params)
+
+    def check_task(self, task: str) -> None:
+        if task not in self.tasks:
+            raise ConfigError(
+                f"model {self.name!r} needs {' or '.join(self.tasks)} labels but the data is "
+                f"a {task} task; choose a model for {task} data "
+                f"({', '.join(_models_for(task))})")
+
+    # -- per-example ----------------------------------------------------------------
+    def per_example_grads(self, w: np.ndarray, X: np.ndarray, y: np.ndarray) -> np.ndarray:
+        """(n, P) gradients of each example's loss at parameters w (P,)."""
+        raise NotImplementedError
+
+    def loss(self, w: np.ndarray, X: np.ndarray, y: np.ndarray) -> np.ndarray:
+        """(n,) per-example losses."""
+        raise NotImplementedError
+
+    def predict(self, w: np.ndarray, X: np.ndarray) -> np.ndarray:
+        """Scores: (n,) for regression/binary (probability of class 1 or value),
+        (n, C) class probabilities for multiclass."""
+        raise NotImplementedError
+
+    # -- batched over silos ---------------------------------------------------------
+    def clipped_grad_sum(self, W, X, y, mask, clip, **aux):
+        """Σ_i min(1, clip/‖g_i‖) g_i over unmasked rows, per silo → (K, P).
+        `aux` may carry precomputed per-row quantities a backend can use (or ignore)."""
+        out = np.zeros_like(W)
+        for k in range(W.shape[0]):
+            g = self.per_example_grads(W[k], X[k], y[k]) * mask[k][:, None]
+            norms = np.linalg.norm(g, axis=1)
+            out[k] = (g * np.minimum(1.0, clip / np.maximum(norms, 1e-12))[:, None]).sum(0)
+        return out
+
+    def grad_sum(self, W, X, y, mask):
+        """Σ_i g_i over unmasked rows, per silo → (K, P) (the non-private path)."""
+        return np.stack([(self.per_example_grads(W[k], X[k], y[k]) * mask[k][:, None]).sum(0)
+                         for k in range(W.shape[0])])
+
+
+def _models_for(task: str) -> list[str]:
+    from silofl.models.glm import MODELS
+    return [n for n, cls in MODELS.items() if task in cls.tasks]

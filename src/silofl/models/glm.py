@@ -1,0 +1,188 @@
+"""Generalized linear models with closed-form per-example gradients.
+
+For a GLM the gradient of example i is g_i = r_i ⊗ [x_i, 1], where r_i = ∂loss/∂logit
+(a scalar, or a C-vector for softmax). Its norm is ‖r_i‖·√(‖x_i‖² + 1), so clipping and
+summing need only one (K,B)→(K,d) contraction: no per-example gradient tensor is built.
+Parameter layout: [weights (d), bias] per output; softmax stacks C such blocks.
+Binary labels are {0, 1}; hinge and focal map them to ±1 internally.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from scipy.special import expit, log_expit, logsumexp, softmax
+
+from silofl.errors import ConfigError
+from silofl.models.base import Model
+
+
+class GLM(Model):
+    outputs = 1
+
+    def __init__(self, dim: int):
+        self.dim = int(dim)
+        self.num_params = self.outputs * (self.dim + 1)
+
+    # logits: (..., B) for one output, (..., B, C) for several
+    def logits(self, W: np.ndarray, X: np.ndarray) -> np.ndarray:
+        d = self.dim
+        if self.outputs == 1:
+            if W.ndim == 2 and X.ndim == 3:  # (K, P) × (K, B, d): the training hot path
+                return np.matmul(X, W[:, :d, None].astype(X.dtype))[..., 0] + W[:, d, None]
+            return np.matmul(X, W[..., :d, None])[..., 0] + W[..., d, None]
+        Wm = W.reshape(W.shape[:-1] + (self.outputs, d + 1))
+        return np.matmul(X, np.swapaxes(Wm[..., :d], -1, -2)) + Wm[..., None, :, d]
+
+    def residual(self, z: np.ndarray, y: np.ndarray) -> np.ndarray:
+        """∂loss/∂logit, same shape as z."""
+        raise NotImplementedError
+
+    def loss_from_logits(self, z, y):
+        raise NotImplementedError
+
+    def loss(self, w, X, y):
+        return self.loss_from_logits(self.logits(w, X), y)
+
+    def per_example_grads(self, w, X, y):
+        r = self.residual(self.logits(w, X), y)
+        Xb = np.concatenate([X, np.ones((X.shape[0], 1))], axis=1)
+        if self.outputs == 1:
+            return r[:, None] * Xb
+        return (r[:, :, None] * Xb[:, None, :]).reshape(X.shape[0], -1)
+
+    def _weighted_sum(self, coef, X):
+        """Σ_b coef[k,b] ⊗ [X[k,b], 1] → (K, P)."""
+        if self.outputs == 1:
+            return np.concatenate([np.matmul(coef[:, None, :].astype(X.dtype), X)[:, 0],
+                                   coef.sum(1)[:, None]], 1)
+        gw = np.matmul(np.swapaxes(coef, 1, 2), X)  # (K, C, d)
+        return np.concatenate([gw, coef.sum(1)[:, :, None]], 2).reshape(coef.shape[0], -1)
+
+    def clipped_grad_sum(self, W, X, y, mask, clip, x_sqnorm=None):
+        r = self.residual(self.logits(W, X), y)
+        if x_sqnorm is None:
+            x_sqnorm = np.einsum("kbd,kbd->kb", X, X)
+        xnorm = np.sqrt(x_sqnorm + 1.0)  # ‖[x, 1]‖
+        rnorm = np.abs(r) if self.outputs == 1 else np.linalg.norm(r, axis=-1)
+        factor = mask * np.minimum(1.0, clip / np.maximum(rnorm * xnorm, 1e-12))
+        coef = r * (factor if self.outputs == 1 else factor[..., None])
+        return self._weighted_sum(coef, X)
+
+    def grad_sum(self, W, X, y, mask):
+        r = self.residual(self.logits(W, X), y)
+        return self._weighted_sum(r * (mask if self.outputs == 1 else mask[..., None]), X)
+
+
+class LinearRegression(GLM):
+    """0.5 · squared error."""
+    name, tasks = "linear", ("regression",)
+
+    def residual(self, z, y):
+        return z - y
+
+    def loss_from_logits(self, z, y):
+        return 0.5 * (z - y) ** 2
+
+    def predict(self, w, X):
+        return self.logits(w, X)
+
+
+class LogisticRegression(GLM):
+    """Binary cross-entropy on logits; labels in {0, 1}."""
+    name, tasks = "logistic", ("binary",)
+
+    def residual(self, z, y):
+        return expit(z) - y
+
+    def loss_from_logits(self, z, y):
+        return -(y * log_expit(z) + (1 - y) * log_expit(-z))
+
+    def predict(self, w, X):
+        return expit(self.logits(w, X))
+
+
+class FocalLoss(LogisticRegression):
+    """Focal loss −α_t (1−p_t)^γ log p_t (Lin et al. 2017) for imbalanced binary data."""
+    name = "focal"
+
+    def __init__(self, dim, gamma: float = 2.0, alpha: float = 0.25):
+        super().__init__(dim)
+        if gamma < 0 or not 0 < alpha < 1:
+            raise ConfigError(f"focal loss needs gamma ≥ 0 and 0 < alpha < 1, got "
+                              f"gamma={gamma}, alpha={alpha}")
+        self.gamma, self.alpha = float(gamma), float(alpha)
+
+    def _parts(self, z, y):
+        s = 2 * y - 1
+        log_pt = log_expit(s * z)
+        pt = np.exp(log_pt)
+        at = np.where(y > 0.5, self.alpha, 1 - self.alpha)
+        return s, log_pt, pt, at
+
+    def residual(self, z, y):
+        s, log_pt, pt, at = self._parts(z, y)
+        return s * at * (1 - pt) ** self.gamma * (self.gamma * pt * log_pt - (1 - pt))
+
+    def loss_from_logits(self, z, y):
+        _, log_pt, pt, at = self._parts(z, y)
+        return -at * (1 - pt) ** self.gamma * log_pt
+
+
+class LinearSVM(GLM):
+    """Hinge loss max(0, 1 − s·z) with s = 2y − 1; predict returns the margin z."""
+    name, tasks = "svm", ("binary",)
+
+    def residual(self, z, y):
+        s = 2 * y - 1
+        return np.where(s * z < 1, -s, 0.0)
+
+    def loss_from_logits(self, z, y):
+        return np.maximum(0.0, 1 - (2 * y - 1) * z)
+
+    def predict(self, w, X):
+        return self.logits(w, X)
+
+
+class SoftmaxRegression(GLM):
+    """Multinomial logistic regression (softmax cross-entropy); labels 0..C−1."""
+    name, tasks = "softmax", ("binary", "multiclass")
+
+    def __init__(self, dim, num_classes: int):
+        if num_classes < 2:
+            raise ConfigError(f"softmax needs at least 2 classes, got {num_classes}")
+        self.outputs = int(num_classes)
+        super().__init__(dim)
+
+    def _onehot(self, y):
+        return np.eye(self.outputs)[np.asarray(y, dtype=np.int64)]
+
+    def residual(self, z, y):
+        return softmax(z, axis=-1) - self._onehot(y)
+
+    def loss_from_logits(self, z, y):
+        return logsumexp(z, axis=-1) - np.take_along_axis(
+            z, np.asarray(y, dtype=np.int64)[..., None], axis=-1)[..., 0]
+
+    def predict(self, w, X):
+        return softmax(self.logits(w, X), axis=-1)
+
+
+MODELS: dict[str, type[GLM]] = {m.name: m for m in
+                                (LinearRegression, LogisticRegression, FocalLoss,
+                                 LinearSVM, SoftmaxRegression)}
+
+
+def make_model(name: str, dim: int, num_classes: int = 2, **options) -> Model:
+    """Build a model by name ('linear', 'logistic', 'focal', 'svm', 'softmax')."""
+    if name not in MODELS:
+        import difflib
+        near = difflib.get_close_matches(name, list(MODELS), n=1)
+        hint = f" Did you mean {near[0]!r}?" if near else ""
+        raise ConfigError(f"unknown model {name!r}; choose one of {', '.join(MODELS)}.{hint}")
+    cls = MODELS[name]
+    if cls is SoftmaxRegression:
+        return cls(dim, num_classes)
+    try:
+        return cls(dim, **options)
+    except TypeError as e:
+        raise ConfigError(f"invalid options {options} for model {name!r}: {e}") from None

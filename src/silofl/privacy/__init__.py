@@ -1,0 +1,1 @@
+"""Privacy as data: mechanisms are dp_accounting events, charged to per-silo ledgers."""

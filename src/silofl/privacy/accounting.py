@@ -1,0 +1,174 @@
+"""DP-SGD as dp_accounting events; ε under RDP and PLD; σ calibration.
+
+Every private operation is described as a `dp_accounting.DpEvent` and handed to an
+accountant. The *default* accountant is RDP (fast, conservative); PLD is reported beside
+it as the tighter figure. Both come from Google's `dp-accounting` library.
+
+Neighbouring relation: add/remove one example (dp_accounting's default), which is what
+Poisson-subsampled DP-SGD with sensitivity C per example satisfies.
+"""
+
+from __future__ import annotations
+
+import math
+from functools import lru_cache
+from typing import Callable, Literal
+
+import dp_accounting as dpa
+import numpy as np
+from dp_accounting import pld, rdp
+from dp_accounting.rdp.rdp_privacy_accountant import compute_epsilon as _rdp_to_eps
+from scipy.special import gammaln, logsumexp
+
+from silofl.errors import CalibrationError, PrivacyError
+
+Accountant = Literal["rdp", "pld"]
+ACCOUNTANTS: tuple[str, ...] = ("rdp", "pld")
+DEFAULT_ACCOUNTANT: Accountant = "rdp"
+
+# Integer orders only: fractional orders cost ~15 ms each in dp_accounting and rarely
+# matter at the ε we target; omitting orders can only make the reported ε larger (safe).
+RDP_ORDERS: tuple[float, ...] = tuple(
+    [2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 14, 16, 18, 20, 24, 28, 32, 40, 48, 56, 64,
+     80, 96, 128, 192, 256, 384, 512])
+# PLD grid: 1e-3 agrees with 1e-4 to ~1e-3 in ε at 10× the speed; dp_accounting's PLD
+# is pessimistic (an upper bound) at any grid.
+PLD_DISCRETIZATION = 1e-3
+
+
+def dpsgd_event(q: float, noise_multiplier: float, steps: int = 1) -> dpa.DpEvent:
+    """`steps` DP-SGD steps with Poisson sampling rate q and noise σ (std = σ·C)."""
+    _check_q_sigma(q, noise_multiplier)
+    base = dpa.PoissonSampledDpEvent(float(q), dpa.GaussianDpEvent(float(noise_multiplier)))
+    return base if steps == 1 else dpa.SelfComposedDpEvent(base, int(steps))
+
+
+def steps_for_epochs(n: int, batch_size: float, epochs: float) -> int:
+    """Number of Poisson-sampled steps that make `epochs` passes in expectation."""
+    return max(1, int(round(epochs * n / batch_size)))
+
+
+def make_accountant(kind: Accountant = DEFAULT_ACCOUNTANT) -> dpa.PrivacyAccountant:
+    if kind == "rdp":
+        return rdp.RdpAccountant(list(RDP_ORDERS))
+    if kind == "pld":
+        return pld.PLDAccountant(value_discretization_interval=PLD_DISCRETIZATION)
+    raise PrivacyError(f"unknown accountant {kind!r}; choose one of {', '.join(ACCOUNTANTS)}")
+
+
+def epsilon(event: dpa.DpEvent, delta: float, kind: Accountant = DEFAULT_ACCOUNTANT) -> float:
+    """ε of `event` at `delta` under accountant `kind`."""
+    if isinstance(event, dpa.NoOpDpEvent):
+        return 0.0
+    acc = make_accountant(kind)
+    if not acc.supports(event):
+        raise PrivacyError(f"the {kind} accountant cannot account for {type(event).__name__}")
+    acc.compose(event)
+    return float(acc.get_epsilon(delta))
+
+
+def epsilons(event: dpa.DpEvent, delta: float) -> dict[str, float]:
+    """ε under both accountants: {'rdp': …, 'pld': …}."""
+    return {k: epsilon(event, delta, k) for k in ACCOUNTANTS}
+
+
+# --- calibration ---------------------------------------------------------------------
+
+def _check_q_sigma(q: float, sigma: float) -> None:
+    if not 0 < q <= 1:
+        raise PrivacyError(f"sampling rate q = batch/n must be in (0, 1], got {q}; "
+                           "use a batch size below the silo's number of training examples")
+    if not sigma > 0:
+        raise PrivacyError(f"noise multiplier must be positive, got {sigma}")
+
+
+def _fast_rdp(q: float, sigma: float) -> np.ndarray:
+    """Per-step RDP of the Poisson-subsampled Gaussian at RDP_ORDERS (all integers),
+    vectorized: log A_α = logsumexp_k [log C(α,k) + k log q + (α−k) log(1−q) + (k²−k)/(2σ²)]
+    (Mironov, Talwar, Zhang 2019). Only a search aid: results are re-checked with
+    dp_accounting before use."""
+    a, k, base = _ORDER_GRID
+    log1mq = math.log1p(-q) if q < 1 else -1e300  # q = 1: only the k = α term survives
+    terms = base + k * math.log(q) + (a - k) * log1mq + (k * k - k) / (2 * sigma * sigma)
+    return logsumexp(terms, axis=1) / (a[:, 0] - 1)
+
+
+def _order_grid():
+    a = np.asarray(RDP_ORDERS, dtype=float)[:, None]
+    k = np.arange(int(max(RDP_ORDERS)) + 1, dtype=float)[None, :]
+    k = np.minimum(k, a)  # clamp; the clamped entries are masked out by base = -inf
+    base = gammaln(a + 1) - gammaln(k + 1) - gammaln(a - k + 1)
+    base = np.where(np.arange(k.shape[1])[None, :] <= a, base, -np.inf)
+    return a, k, base
+
+
+_ORDER_GRID = _order_grid()
+
+
+def _fast_epsilon(q: float, sigma: float, steps: int, delta: float) -> float:
+    return float(_rdp_to_eps(RDP_ORDERS, steps * _fast_rdp(q, sigma), delta)[0])
+
+
+@lru_cache(maxsize=4096)
+def calibrate_dpsgd(target_epsilon: float, delta: float, q: float, steps: int,
+                    kind: Accountant = DEFAULT_ACCOUNTANT) -> float:
+    """Smallest noise multiplier σ (to ~0.1%) with ε(steps × PoissonGaussian(q, σ)) ≤ target
+    under accountant `kind`. Raises CalibrationError when no σ ≤ 10⁴ reaches it."""
+    return calibrate(lambda s: dpsgd_event(q, s, steps), target_epsilon, delta, kind,
+                     guess=_fast_guess(target_epsilon, delta, q, steps))
+
+
+def _fast_guess(target: float, delta: float, q: float, steps: int) -> float | None:
+    lo, hi = 1e-2, 1e4
+    if _fast_epsilon(q, hi, steps, delta) > target:
+        return None
+    for _ in range(60):  # bisection on log σ
+        mid = math.sqrt(lo * hi)
+        if _fast_epsilon(q, mid, steps, delta) > target:
+            lo = mid
+        else:
+            hi = mid
+        if hi / lo < 1 + 1e-5:
+            break
+    return hi
+
+
+def calibrate(make_event: Callable[[float], dpa.DpEvent], target_epsilon: float,
+              delta: float, kind: Accountant = DEFAULT_ACCOUNTANT,
+              guess: float | None = None, rel_tol: float = 1e-3) -> float:
+    """Smallest σ such that ε(make_event(σ)) ≤ target under `kind` (ε decreasing in σ).
+
+    `guess`, if given, is checked first; the answer is always verified with dp_accounting,
+    so the target holds under the chosen accountant whatever the guess was."""
+    if not target_epsilon > 0:
+        raise PrivacyError(f"target epsilon must be positive, got {target_epsilon}")
+
+    def eps(s: float) -> float:
+        return epsilon(make_event(s), delta, kind)
+
+    if guess is not None:
+        # A good guess needs only a couple of library evaluations.
+        if eps(guess) <= target_epsilon:
+            return guess  # the guess is already minimal to 1e-5 under the same formula
+        else:
+            lo, hi = guess, guess * 1.05
+            while eps(hi) > target_epsilon:
+                lo, hi = hi, hi * 2
+                if hi > 1e4:
+                    break
+    else:
+        lo, hi = 1e-2, 1.0
+        while eps(hi) > target_epsilon and hi <= 1e4:
+            lo, hi = hi, hi * 4
+    if eps(hi) > target_epsilon:
+        raise CalibrationError(
+            f"no noise multiplier up to 1e4 reaches ε = {target_epsilon} at δ = {delta}; "
+            "the target is too strict for this many steps. Raise epsilon or delta, "
+            "train for fewer rounds, or use a smaller batch (lower sampling rate)")
+    while hi / lo > 1 + rel_tol:
+        mid = math.sqrt(lo * hi)
+        if eps(mid) <= target_epsilon:
+            hi = mid
+        else:
+            lo = mid
+    return hi

@@ -1,0 +1,1 @@
+"""Runtimes that execute algorithms: the in-process simulator (networked runtimes later)."""

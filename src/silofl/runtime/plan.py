@@ -1,0 +1,133 @@
+"""Turning a federation + training settings into a per-silo privacy plan.
+
+Before any data is touched we validate the settings, compute each silo's sampling rate
+q_k = b/n_k and steps per local pass, calibrate its noise multiplier σ_k from its own
+(ε_k, δ_k) for the algorithm's *declared* privacy events, and check the declaration fits.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass, field
+
+import dp_accounting as dpa
+import numpy as np
+
+from silofl.algorithms.base import Algorithm
+from silofl.data.federation import Federation, PrivacyTarget
+from silofl.errors import ConfigError, PrivacyError
+from silofl.privacy import accounting, events
+
+
+@dataclass(frozen=True)
+class TrainingConfig:
+    """Settings shared by all silos. Units: lr per step, clip in L2 norm of a gradient."""
+
+    rounds: int = 100
+    local_epochs: float = 1.0
+    batch_size: int = 32
+    lr: float = 0.1
+    clip: float = 1.0
+    l2: float = 0.0
+    private: bool = True
+    accountant: str = accounting.DEFAULT_ACCOUNTANT
+    noise: str = "seeded"  # "seeded" (reproducible) or "secure" (OS entropy)
+    seed: int = 0
+    eval_every: int = 1
+
+    def validate(self) -> None:
+        def bad(msg):
+            raise ConfigError(msg)
+        if not (isinstance(self.rounds, int) and self.rounds >= 1):
+            bad(f"rounds must be a positive integer, got {self.rounds}")
+        if not self.local_epochs > 0:
+            bad(f"local_epochs must be positive, got {self.local_epochs}")
+        if not (isinstance(self.batch_size, int) and self.batch_size >= 1):
+            bad(f"batch_size must be a positive integer, got {self.batch_size}")
+        if not (math.isfinite(self.lr) and self.lr >= 0):
+            bad(f"learning rate lr must be a non-negative number, got {self.lr}")
+        if not (math.isfinite(self.clip) and self.clip > 0):
+            bad(f"clip must be a positive number (the per-example gradient norm bound), "
+                f"got {self.clip}")
+        if not (math.isfinite(self.l2) and self.l2 >= 0):
+            bad(f"l2 must be non-negative, got {self.l2}")
+        if self.accountant not in accounting.ACCOUNTANTS:
+            bad(f"accountant must be one of {', '.join(accounting.ACCOUNTANTS)}, "
+                f"got {self.accountant!r}")
+        if self.noise not in ("seeded", "secure"):
+            bad(f"noise must be 'seeded' (reproducible) or 'secure' (OS entropy), "
+                f"got {self.noise!r}")
+        if not (isinstance(self.eval_every, int) and self.eval_every >= 1):
+            bad(f"eval_every must be a positive integer, got {self.eval_every}")
+
+
+@dataclass
+class SiloPlan:
+    name: str
+    n: int
+    q: float
+    steps_per_pass: int
+    target: PrivacyTarget | None
+    noise_multiplier: float | None = None
+    declared: object = field(default=None, repr=False)  # DpEvent for the whole run
+
+    def to_dict(self) -> dict:
+        return {"silo": self.name, "n_train": self.n, "sampling_rate": self.q,
+                "steps_per_pass": self.steps_per_pass, "noise_multiplier": self.noise_multiplier,
+                "target_epsilon": self.target.epsilon if self.target else None,
+                "delta": self.target.delta if self.target else None}
+
+
+def plan_silos(fed: Federation, algorithm: Algorithm, cfg: TrainingConfig) -> list[SiloPlan]:
+    """Validate, then calibrate σ_k per silo for `algorithm`'s declared events."""
+    cfg.validate()
+    plans = []
+    for s in fed.silos:
+        if cfg.batch_size >= s.n_train:
+            raise ConfigError(
+                f"batch_size {cfg.batch_size} is not below silo {s.name!r}'s {s.n_train} "
+                f"training examples; Poisson sampling needs b < n_k. Use batch_size "
+                f"≤ {min(x.n_train for x in fed.silos) - 1} or drop/merge that silo")
+        q = cfg.batch_size / s.n_train
+        steps = accounting.steps_for_epochs(s.n_train, cfg.batch_size, cfg.local_epochs)
+        plans.append(SiloPlan(s.name, s.n_train, q, steps, s.target))
+    if not cfg.private:
+        return plans
+    for p in plans:
+        if p.target is None:
+            raise PrivacyError(f"silo {p.name!r} has no privacy target; set privacy.epsilon "
+                               "and privacy.delta (or disable privacy for a non-private run)")
+        if p.target.delta >= 1.0 / p.n:
+            warnings.warn(
+                f"silo {p.name!r}: delta = {p.target.delta:g} ≥ 1/n = {1 / p.n:.3g}. A "
+                "mechanism that publishes one random record outright satisfies such a δ, so "
+                "the guarantee is weak; use δ well below 1/n (e.g. n^-1.1)", stacklevel=2)
+        p.noise_multiplier = _calibrate(algorithm, p, cfg)
+        p.declared = _declared(algorithm, p, p.noise_multiplier, cfg)
+    return plans
+
+
+def _declared(algorithm: Algorithm, p: SiloPlan, sigma: float, cfg: TrainingConfig):
+    return algorithm.privacy_events(accounting.dpsgd_event(p.q, sigma, p.steps_per_pass),
+                                    cfg.rounds)
+
+
+def _calibrate(algorithm: Algorithm, p: SiloPlan, cfg: TrainingConfig) -> float:
+    counts = events.flatten(_declared(algorithm, p, 1.0, cfg))
+    eps, delta = p.target.epsilon, p.target.delta
+    try:
+        if len(counts) == 1 and isinstance(next(iter(counts)), dpa.PoissonSampledDpEvent):
+            # pure DP-SGD: fast, exact path
+            return accounting.calibrate_dpsgd(eps, delta, p.q, next(iter(counts.values())),
+                                              cfg.accountant)
+        return accounting.calibrate(lambda s: _declared(algorithm, p, s, cfg), eps, delta,
+                                    cfg.accountant)
+    except PrivacyError as e:
+        raise type(e)(f"silo {p.name!r} (n = {p.n}, q = {p.q:.3g}): {e}") from None
+
+
+def noise_multipliers(plans: list[SiloPlan]) -> np.ndarray | None:
+    if plans[0].noise_multiplier is None:
+        return None
+    return np.array([p.noise_multiplier for p in plans])

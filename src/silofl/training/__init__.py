@@ -1,0 +1,1 @@
+"""Local training inside silos: batch sampling and DP-SGD."""

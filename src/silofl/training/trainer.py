@@ -1,0 +1,127 @@
+"""The silo side of training: the only code that reads private examples.
+
+A `LocalTrainer` hosts the training data of one or more silos (all of them in the
+simulator, one in a networked client). `run` performs one round of local DP-SGD for every
+hosted silo at once: it first charges each silo's ledger for the steps it is about to
+take, then runs them as batched array operations across silos.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from silofl.models.base import Model
+from silofl.privacy import accounting
+from silofl.privacy.ledger import Ledger
+from silofl.privacy.randomness import Randomness
+from silofl.training.dpsgd import GradientRule
+from silofl.training.sampling import poisson_batches
+
+
+@dataclass
+class SiloArrays:
+    """Training examples of K silos padded to a common length.
+
+    `rows` (K, n_max, d + 2) float32 packs each tabular example as [x, ‖x‖², y] so one
+    gather fetches all three (batch gathering is the memory-bound part of training);
+    image-like data (X of rank > 2 per silo) is kept as X (K, n_max, ...) and y.
+    Gradient precision in float32 far exceeds what DP noise leaves; parameters stay float64.
+    """
+
+    n: np.ndarray                     # (K,) true sizes
+    rows: np.ndarray | None = None    # tabular packing
+    X: np.ndarray | None = None       # other data
+    y: np.ndarray | None = None
+
+    @classmethod
+    def stack(cls, Xs: list[np.ndarray], ys: list[np.ndarray]) -> "SiloArrays":
+        n = np.array([len(y) for y in ys])
+        K, m = len(Xs), int(n.max())
+        if Xs[0].ndim == 2:
+            d = Xs[0].shape[1]
+            rows = np.zeros((K, m, d + 2), dtype=np.float32)
+            for k, (Xk, yk) in enumerate(zip(Xs, ys)):
+                rows[k, : n[k], :d] = Xk
+                rows[k, : n[k], d] = np.einsum("nd,nd->n", Xk, Xk)
+                rows[k, : n[k], d + 1] = yk
+            return cls(n, rows=rows)
+        X = np.zeros((K, m) + Xs[0].shape[1:], dtype=np.float32)
+        y = np.zeros((K, m))
+        for k, (Xk, yk) in enumerate(zip(Xs, ys)):
+            X[k, : n[k]], y[k, : n[k]] = Xk, yk
+        return cls(n, X=X, y=y)
+
+    def gather(self, silos: np.ndarray, idx: np.ndarray):
+        """Rows idx[j] of silo silos[j] → X (k, M, ...), y (k, M), ‖x‖² (k, M) or None.
+        Every read of private training data goes through here."""
+        if self.rows is not None:
+            flat = (silos[:, None] * self.rows.shape[1] + idx).ravel()
+            b = self.rows.reshape(-1, self.rows.shape[2]).take(flat, axis=0)
+            b = b.reshape(idx.shape + (self.rows.shape[2],))
+            return b[..., :-2], b[..., -1], b[..., -2]
+        flat = (silos[:, None] * self.X.shape[1] + idx).ravel()
+        X = self.X.reshape((-1,) + self.X.shape[2:]).take(flat, axis=0)
+        return X.reshape(idx.shape + self.X.shape[2:]), self.y.ravel().take(flat).reshape(idx.shape), None
+
+
+@dataclass
+class LocalTrainer:
+    model: Model
+    data: SiloArrays
+    rule: GradientRule
+    batch_size: float            # expected batch size b; q_k = b / n_k
+    steps_per_round: np.ndarray  # (K,) DP-SGD steps each silo takes per local pass
+    lr: float
+    l2: float
+    rng: Randomness
+    ledgers: list[Ledger] | None = None  # None only in the non-private mode
+    steps_done: np.ndarray = field(init=False)
+
+    def __post_init__(self):
+        self.q = np.minimum(1.0, self.batch_size / self.data.n)
+        self.expected_batch = self.q * self.data.n
+        self.steps_done = np.zeros(len(self.data.n), dtype=np.int64)
+        if self.rule.private and self.ledgers is None:
+            raise ValueError("private training needs one ledger per silo")
+
+    def round_events(self, passes: int = 1) -> list:
+        """What `passes` local passes cost each silo, as dp_accounting events."""
+        return [accounting.dpsgd_event(self.q[k], self.rule.noise_multiplier[k],
+                                       int(passes * self.steps_per_round[k]))
+                for k in range(len(self.q))]
+
+    def charge(self, round: int, label: str = "dpsgd", passes: int = 1) -> None:
+        if not self.rule.private:
+            return
+        for ledger, event in zip(self.ledgers, self.round_events(passes)):
+            ledger.charge(event, round=round, label=label)
+
+    def run(self, W0: np.ndarray, anchor: np.ndarray | None = None, lam: float = 0.0,
+            round: int = 0, label: str = "dpsgd") -> np.ndarray:
+        """One local pass for every hosted silo. W0, anchor: (K, P). Returns (K, P).
+
+        Gradient step: w ← w − lr·(ĝ + l2·w + λ(w − anchor)), ĝ the DP-SGD estimate."""
+        self.charge(round, label)
+        W = np.array(W0, dtype=float, copy=True)
+        steps = self.steps_per_round
+        S, K = int(steps.max()), len(steps)
+        # All of this round's batches in one draw (independent Poisson samples per step).
+        idx, mask = poisson_batches(np.tile(self.data.n, S), np.tile(self.q, S), self.rng)
+        idx, mask = idx.reshape(S, K, -1), mask.reshape(S, K, -1)
+        everyone = np.arange(K)
+        for s in range(S):
+            silos = everyone if steps.min() > s else np.nonzero(steps > s)[0]
+            X, y, sq = self.data.gather(silos, idx[s, silos])
+            mask_s = mask[s, silos]
+            Ws = W[silos]
+            g = self.rule(self.model, Ws, X, y, mask_s, self.expected_batch[silos], silos,
+                          self.rng, x_sqnorm=sq)
+            if self.l2:
+                g += self.l2 * Ws
+            if anchor is not None and lam:
+                g += lam * (Ws - anchor[silos])
+            W[silos] = Ws - self.lr * g
+            self.steps_done[silos] += 1
+        return W
