@@ -1,0 +1,1 @@
+"""Experiments: configuration files, runs that write a run directory, and reports."""

@@ -1,0 +1,161 @@
+"""The run configuration: a TOML file with sections [data], [model], [training],
+[privacy] (+ [privacy.silos.NAME] overrides) and [output]. Every key has a default, so an
+empty file — or no file — runs the main job on the built-in heart-disease data.
+Unknown keys are errors that suggest the nearest valid key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import tomllib
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from silofl.errors import ConfigError
+
+
+@dataclass
+class DataConfig:
+    source: str = "heart"          # heart | table | school | synthetic
+    path: str = ""                 # file for table/school
+    silo_column: str = ""          # table: column naming each row's silo
+    label_column: str = ""         # table: the target column
+    task: str = "auto"             # table: auto | binary | multiclass | regression
+    features: list = field(default_factory=list)  # table: feature columns (default: all)
+    missing: str = "impute"        # impute | drop | error (see silofl.data.tabular)
+    test_fraction: float = 0.2
+    standardize: bool = True
+    seed: int = 0
+    generator: str = "linear"      # synthetic: linear | mean | vehicle
+    options: dict = field(default_factory=dict)  # synthetic: generator keyword arguments
+
+
+@dataclass
+class ModelConfig:
+    name: str = "logistic"         # linear | logistic | focal | svm | softmax
+    gamma: float = 2.0             # focal loss only
+    alpha: float = 0.25            # focal loss only
+    metric: str = ""               # accuracy | mse | auprc | roc_auc (default by task)
+
+
+@dataclass
+class TrainingSection:
+    methods: list = field(default_factory=lambda: ["local", "fedavg", "mrmtl"])
+    lam: float = 0.3               # MR-MTL regularization strength λ
+    weighted: bool = True          # weight model updates by training counts
+    rounds: int = 30
+    local_epochs: float = 1.0
+    batch_size: int = 16
+    lr: float = 0.1
+    clip: float = 1.0
+    l2: float = 0.0
+    seed: int = 0
+    eval_every: int = 1
+
+
+@dataclass
+class SiloPrivacy:
+    epsilon: float | None = None
+    delta: float | None = None
+
+
+@dataclass
+class PrivacyConfig:
+    enabled: bool = True
+    epsilon: float = 1.0
+    delta: float = 1e-4
+    accountant: str = "rdp"        # the accountant σ is calibrated against: rdp | pld
+    noise: str = "seeded"          # seeded (reproducible) | secure (OS entropy)
+    silos: dict = field(default_factory=dict)  # name -> SiloPrivacy
+
+
+@dataclass
+class OutputConfig:
+    dir: str = "runs"
+    name: str = ""                 # run directory name (default: timestamp)
+
+
+@dataclass
+class Config:
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    training: TrainingSection = field(default_factory=TrainingSection)
+    privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
+    output: OutputConfig = field(default_factory=OutputConfig)
+
+    def to_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["privacy"]["silos"] = {k: {kk: vv for kk, vv in v.items() if vv is not None}
+                                 for k, v in d["privacy"]["silos"].items()}
+        return d
+
+
+def _build(cls, raw: Any, where: str):
+    if not isinstance(raw, dict):
+        raise ConfigError(f"[{where}] must be a table of keys, got {type(raw).__name__}")
+    known = {f.name: f for f in fields(cls)}
+    out = {}
+    for key, value in raw.items():
+        if key not in known:
+            near = difflib.get_close_matches(key, list(known), n=1, cutoff=0.5)
+            hint = f"; did you mean '{where}.{near[0]}'?" if near else \
+                f"; valid keys: {', '.join(known)}"
+            raise ConfigError(f"unknown config key '{where}.{key}'{hint}")
+        default = getattr(cls(), key)
+        if dataclasses.is_dataclass(default):
+            value = _build(type(default), value, f"{where}.{key}")
+        elif cls is PrivacyConfig and key == "silos":
+            if not isinstance(value, dict):
+                raise ConfigError("[privacy.silos] must map silo names to {epsilon, delta}")
+            value = {name: _build(SiloPrivacy, v, f"privacy.silos.{name}")
+                     for name, v in value.items()}
+        else:
+            value = _coerce(value, default, f"{where}.{key}")
+        out[key] = value
+    return cls(**out)
+
+
+def _coerce(value, default, where):
+    if default is None:
+        if not isinstance(value, (int, float)) or isinstance(value, bool):
+            raise ConfigError(f"'{where}' must be a number, got {value!r}")
+        return float(value)
+    kind = type(default)
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if kind is bool and not isinstance(value, bool) or \
+            kind is not bool and isinstance(value, bool) or not isinstance(value, kind):
+        raise ConfigError(f"'{where}' must be of type {kind.__name__} (like {default!r}), "
+                          f"got {value!r}")
+    return value
+
+
+def config_from_dict(raw: dict) -> Config:
+    """Validate a nested dict (e.g. parsed TOML) into a Config."""
+    known = {f.name for f in fields(Config)}
+    for key in raw:
+        if key not in known:
+            near = difflib.get_close_matches(key, list(known), n=1, cutoff=0.5)
+            hint = f"; did you mean [{near[0]}]?" if near else f"; sections: {', '.join(known)}"
+            raise ConfigError(f"unknown config section [{key}]{hint}")
+    parts = {}
+    for f in fields(Config):
+        cls = type(f.default_factory())
+        parts[f.name] = _build(cls, raw.get(f.name, {}), f.name)
+    return Config(**parts)
+
+
+def load_config(path: str | Path | None) -> Config:
+    """Read a TOML config file (None → all defaults)."""
+    if path is None:
+        return Config()
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"config file {str(p)!r} does not exist; pass an existing .toml file")
+    try:
+        raw = tomllib.loads(p.read_text())
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError, OSError) as e:
+        raise ConfigError(f"cannot read config file {str(p)!r}: {e}") from None
+    return config_from_dict(raw)
