@@ -35,6 +35,8 @@ class TrainingConfig:
     noise: str = "seeded"  # "seeded" (reproducible) or "secure" (OS entropy)
     seed: int = 0
     eval_every: int = 1
+    #: fix σ instead of calibrating it (ledgers still refuse anything over the target)
+    noise_multiplier: float | None = None
 
     def validate(self) -> None:
         def bad(msg):
@@ -58,6 +60,8 @@ class TrainingConfig:
         if self.noise not in ("seeded", "secure"):
             bad(f"noise must be 'seeded' (reproducible) or 'secure' (OS entropy), "
                 f"got {self.noise!r}")
+        if self.noise_multiplier is not None and not self.noise_multiplier > 0:
+            bad(f"noise_multiplier must be positive, got {self.noise_multiplier}")
         if not (isinstance(self.eval_every, int) and self.eval_every >= 1):
             bad(f"eval_every must be a positive integer, got {self.eval_every}")
 
@@ -103,7 +107,7 @@ def plan_silos(fed: Federation, algorithm: Algorithm, cfg: TrainingConfig) -> li
                 f"silo {p.name!r}: delta = {p.target.delta:g} ≥ 1/n = {1 / p.n:.3g}. A "
                 "mechanism that publishes one random record outright satisfies such a δ, so "
                 "the guarantee is weak; use δ well below 1/n (e.g. n^-1.1)", stacklevel=2)
-        p.noise_multiplier = _calibrate(algorithm, p, cfg)
+        p.noise_multiplier = cfg.noise_multiplier or _calibrate(algorithm, p, cfg)
         p.declared = _declared(algorithm, p, p.noise_multiplier, cfg)
     return plans
 
