@@ -9,6 +9,7 @@ from typing import Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -21,12 +22,12 @@ err = Console(stderr=True)
 
 
 def _fail(e: Exception) -> None:
-    err.print(f"[bold red]error:[/] {e}")
+    err.print(f"[bold red]error:[/] {escape(str(e))}")
     raise typer.Exit(2)
 
 
 def _show_warning(message, category, filename, lineno, file=None, line=None):
-    err.print(f"[yellow]warning:[/] {message}")
+    err.print(f"[yellow]warning:[/] {escape(str(message))}")
 
 
 @app.command()

@@ -114,8 +114,10 @@ def calibrate_dpsgd(target_epsilon: float, delta: float, q: float, steps: int,
                     kind: Accountant = DEFAULT_ACCOUNTANT) -> float:
     """Smallest noise multiplier σ (to ~0.1%) with ε(steps × PoissonGaussian(q, σ)) ≤ target
     under accountant `kind`. Raises CalibrationError when no σ ≤ 10⁴ reaches it."""
+    # The fast guess is exact for RDP; for PLD (tighter) it is an upper bracket.
     return calibrate(lambda s: dpsgd_event(q, s, steps), target_epsilon, delta, kind,
-                     guess=_fast_guess(target_epsilon, delta, q, steps))
+                     guess=_fast_guess(target_epsilon, delta, q, steps),
+                     guess_is_minimal=(kind == "rdp"))
 
 
 def _fast_guess(target: float, delta: float, q: float, steps: int) -> float | None:
@@ -135,11 +137,13 @@ def _fast_guess(target: float, delta: float, q: float, steps: int) -> float | No
 
 def calibrate(make_event: Callable[[float], dpa.DpEvent], target_epsilon: float,
               delta: float, kind: Accountant = DEFAULT_ACCOUNTANT,
-              guess: float | None = None, rel_tol: float = 1e-3) -> float:
-    """Smallest σ such that ε(make_event(σ)) ≤ target under `kind` (ε decreasing in σ).
+              guess: float | None = None, guess_is_minimal: bool = False,
+              rel_tol: float = 1e-3) -> float:
+    """Smallest σ (to `rel_tol`) with ε(make_event(σ)) ≤ target under `kind` (ε falls in σ).
 
-    `guess`, if given, is checked first; the answer is always verified with dp_accounting,
-    so the target holds under the chosen accountant whatever the guess was."""
+    `guess`, if given, brackets the search; with `guess_is_minimal` (it came from the same
+    accountant's formula) a guess that meets the target is returned at once. Every answer
+    is verified with dp_accounting, so the target holds whatever the guess was."""
     if not target_epsilon > 0:
         raise PrivacyError(f"target epsilon must be positive, got {target_epsilon}")
 
@@ -149,7 +153,11 @@ def calibrate(make_event: Callable[[float], dpa.DpEvent], target_epsilon: float,
     if guess is not None:
         # A good guess needs only a couple of library evaluations.
         if eps(guess) <= target_epsilon:
-            return guess  # the guess is already minimal to 1e-5 under the same formula
+            if guess_is_minimal:
+                return guess
+            lo, hi = guess / 2, guess
+            while eps(lo) <= target_epsilon and lo > 1e-2:
+                lo, hi = lo / 2, lo
         else:
             lo, hi = guess, guess * 1.05
             while eps(hi) > target_epsilon:

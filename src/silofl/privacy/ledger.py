@@ -64,6 +64,10 @@ class Ledger:
         """Verify that `planned` (an event) plus what is already spent fits the budget."""
         self._check(self._spent + events.flatten(planned), "the planned training")
 
+    def check(self, event, *, round: int = -1, label: str = "dpsgd") -> None:
+        """Raise BudgetExceeded if `event` would exceed the budget; record nothing."""
+        self._check(self._spent + events.flatten(event), f"{label} in round {round}")
+
     def charge(self, event, *, round: int = -1, label: str = "dpsgd") -> None:
         """Record `event` as about to be executed; raise BudgetExceeded instead if it
         would exceed the budget. Call this before touching the silo's data."""

@@ -95,7 +95,10 @@ class LocalTrainer:
     def charge(self, round: int, label: str = "dpsgd", passes: int = 1) -> None:
         if not self.rule.private:
             return
-        for ledger, event in zip(self.ledgers, self.round_events(passes)):
+        evs = self.round_events(passes)
+        for ledger, event in zip(self.ledgers, evs):  # all silos can pay, or none is charged
+            ledger.check(event, round=round, label=label)
+        for ledger, event in zip(self.ledgers, evs):
             ledger.charge(event, round=round, label=label)
 
     def run(self, W0: np.ndarray, anchor: np.ndarray | None = None, lam: float = 0.0,
