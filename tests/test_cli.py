@@ -211,6 +211,8 @@ def test_account_calibrates_sigma():
     assert _rdp_eps(0.064, s_rdp, 156, 1e-5) <= 1.0
     assert _rdp_eps(0.064, 0.99 * s_rdp, 156, 1e-5) > 1.0
     assert _pld_eps(0.064, s_pld, 156, 1e-5) <= 1.0
+    assert _pld_eps(0.064, 0.99 * s_pld, 156, 1e-5) > 1.0
+    assert s_pld < s_rdp  # PLD is the tighter accountant, so it needs less noise
 
 
 @pytest.mark.parametrize("args,words", [
