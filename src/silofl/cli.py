@@ -76,17 +76,26 @@ def run(config: Optional[Path] = typer.Option(None, "--config", "-c",
 
 
 @app.command()
-def account(n: int = typer.Option(..., help="training examples in the silo"),
-            batch: float = typer.Option(..., help="expected batch size b (q = b/n)"),
-            delta: float = typer.Option(..., help="δ"),
+def account(n: int = typer.Option(..., help="training examples (persons) in the silo"),
+            batch: float = typer.Option(..., help="(expected) batch size b"),
+            delta: Optional[float] = typer.Option(None, help="δ (node-level default: 1/n)"),
             steps: Optional[int] = typer.Option(None, help="DP-SGD steps"),
             epochs: Optional[float] = typer.Option(None, help="epochs (steps = epochs·n/b)"),
             sigma: Optional[float] = typer.Option(None, help="noise multiplier → report ε"),
             epsilon: Optional[float] = typer.Option(None, help="target ε → calibrate σ"),
+            node_level: bool = typer.Option(False, "--node-level", help=(
+                "node-level DP for graph neighbourhoods (Theorem 2.4.4): fixed-size batches "
+                "without replacement, each person in ≤ S examples")),
+            S: int = typer.Option(20, "--S", help="node-level: appearances bound S"),
             as_json: bool = typer.Option(False, "--json", help="print JSON")):
-    """ε for DP-SGD with (n, b, steps|epochs, σ, δ), or σ for a target ε, under RDP and PLD."""
+    """ε for DP-SGD with (n, b, steps|epochs, σ, δ), or σ for a target ε: example-level
+    under RDP and PLD, or node-level (--node-level) under RDP."""
     from silofl.privacy import accounting as A
+    if node_level:
+        return _account_node(n, int(batch), delta, steps, epochs, sigma, epsilon, S, as_json)
     try:
+        if delta is None:
+            raise SiloflError("give --delta (e.g. 1e-5, well below 1/n)")
         if (steps is None) == (epochs is None):
             raise SiloflError("give exactly one of --steps or --epochs")
         if (sigma is None) == (epsilon is None):
@@ -121,6 +130,150 @@ def account(n: int = typer.Option(..., help="training examples in the silo"),
     for k, v in out.items():
         t.add_row(k, f"{v:.6g}" if isinstance(v, float) else str(v))
     console.print(t)
+
+
+def _account_node(n, b, delta, steps, epochs, sigma, epsilon, S, as_json):
+    from silofl.pandemic import node_dp
+    try:
+        if (steps is None) == (epochs is None):
+            raise SiloflError("give exactly one of --steps or --epochs")
+        if (sigma is None) == (epsilon is None):
+            raise SiloflError("give exactly one of --sigma (to get ε) or --epsilon (to get σ)")
+        T = steps if steps is not None else node_dp.node_steps(n, b, epochs)
+        d = delta if delta is not None else 1.0 / n
+        out = {"n": n, "S": S, "batch": b, "steps": T, "delta": d}
+        if sigma is not None:
+            out.update(sigma=sigma, epsilon_node_rdp=node_dp.node_epsilon(n, S, b, sigma, T, d))
+        else:
+            out.update(target_epsilon=epsilon,
+                       sigma_node_rdp=node_dp.calibrate_node_sigma(epsilon, n, S, b, T, d))
+    except SiloflError as e:
+        _fail(e)
+    if as_json:
+        console.print_json(json.dumps(out))
+        return
+    t = Table(title="node-level DP-SGD accounting (Theorem 2.4.4, replacement adjacency)")
+    t.add_column("quantity")
+    t.add_column("value", justify="right")
+    for k, v in out.items():
+        t.add_row(k, f"{v:.6g}" if isinstance(v, float) else str(v))
+    console.print(t)
+
+
+def _need_pandemic_extra() -> None:
+    try:
+        import numba  # noqa: F401
+        import sknetwork  # noqa: F401
+    except ImportError:
+        raise SiloflError("the pandemic pipeline needs the 'pandemic' extra (numba, "
+                          "scikit-network); install it with: pip install -e '.[pandemic]'") from None
+
+
+pandemic_app = typer.Typer(help="Pandemic forecasting (US/UK PETs challenge schema).")
+app.add_typer(pandemic_app, name="pandemic")
+
+
+@pandemic_app.command("synth")
+def pandemic_synth(persons: int = typer.Option(10_000, help="number of persons"),
+                   regions: int = typer.Option(5, help="number of regions (counties)"),
+                   seed: int = typer.Option(0),
+                   out: Path = typer.Option(..., "--out", help="output directory"),
+                   fmt: str = typer.Option("csv", "--format", help="csv or parquet"),
+                   overwrite: bool = typer.Option(False, help="replace a different dataset")):
+    """Write a synthetic outbreak in the challenge's seven-file schema (+ target labels)."""
+    from silofl.pandemic import synthesize
+    try:
+        with console.status("generating outbreak…"):
+            s = synthesize(out, persons=persons, regions=regions, seed=seed,
+                           overwrite=overwrite, format=fmt)
+    except SiloflError as e:
+        _fail(e)
+    st = s.get("stats", {})
+    console.print(f"Wrote {persons} persons in {regions} regions to [bold]{out}[/]: "
+                  f"{st.get('contacts', '?')} contacts, ever infected "
+                  f"{st.get('ever_infected_fraction', float('nan')):.2%}, newly infected in "
+                  f"the final week {st.get('final_window_new_infection_fraction', float('nan')):.2%}")
+
+
+def _pandemic_config(centralized, rounds, epsilon, batch, lam, lr, S, no_privacy, seed):
+    from silofl.pandemic.pipeline import PandemicConfig
+    return PandemicConfig(federated=not centralized, rounds=rounds, epsilon=epsilon,
+                          batch_size=batch, lam=lam, lr=lr, S=S, private=not no_privacy,
+                          seed=seed)
+
+
+@pandemic_app.command("train")
+def pandemic_train(data: Path = typer.Option(..., "--data", help="directory of the 7 inputs"),
+                   model_dir: Path = typer.Option(Path("pandemic-model"), "--model"),
+                   centralized: bool = typer.Option(False, help="one silo instead of regions"),
+                   rounds: int = typer.Option(2), epsilon: float = typer.Option(5.0),
+                   batch: int = typer.Option(512), lam: float = typer.Option(0.1),
+                   lr: float = typer.Option(10.0), S: int = typer.Option(20, "--S"),
+                   no_privacy: bool = typer.Option(False, "--no-privacy"),
+                   seed: int = typer.Option(0)):
+    """Train per-region risk models (MR-MTL, node-level DP) and save them."""
+    try:
+        _need_pandemic_extra()
+        from silofl.pandemic import read_dataset
+        from silofl.pandemic.pipeline import train
+        cfg = _pandemic_config(centralized, rounds, epsilon, batch, lam, lr, S, no_privacy, seed)
+        cfg.validate()
+        with console.status("reading data…"):
+            ds = read_dataset(data)
+        with Progress(TextColumn("training"), BarColumn(), TextColumn("round {task.completed}/"
+                      "{task.total}"), TimeElapsedColumn(), console=err) as prog:
+            task = prog.add_task("train", total=rounds)
+            pm = train(ds, cfg, on_round=lambda t, T: prog.update(task, completed=t))
+        pm.save(model_dir)
+    except SiloflError as e:
+        _fail(e)
+    t = Table(title="node-level privacy per region")
+    for c in ["region", "persons", "S", "steps", "σ", "ε spent (RDP)", "δ"]:
+        t.add_column(c, justify="left" if c == "region" else "right")
+    for p in pm.privacy:
+        t.add_row(p["region"], str(p["n"]), str(p["S"]), str(p["steps"]),
+                  f"{p['noise_multiplier']:.3g}" if p["noise_multiplier"] else "-",
+                  f"{p['epsilon_spent']:.3f}" if "epsilon_spent" in p else "non-private",
+                  f"{p['delta']:.2g}" if "delta" in p else "-")
+    console.print(t)
+    console.print(f"Saved model to [bold]{model_dir}[/]")
+
+
+@pandemic_app.command("predict")
+def pandemic_predict(data: Path = typer.Option(..., "--data"),
+                     model_dir: Path = typer.Option(Path("pandemic-model"), "--model"),
+                     out: Path = typer.Option(Path("predictions.csv"), "--out")):
+    """Score every person's risk of infection in the next 7 days; evaluate if labels exist."""
+    import pandas as pd
+    try:
+        _need_pandemic_extra()
+        from silofl.pandemic import read_dataset
+        from silofl.pandemic.pipeline import PandemicModel, evaluate, predict
+        from silofl.pandemic.readers import find_table_file
+        from silofl.pandemic.schema import TARGET
+        pm = PandemicModel.load(model_dir)
+        try:
+            find_table_file(data, TARGET)
+            has_target = True
+        except SiloflError:
+            has_target = False
+        ds = read_dataset(data, with_target=has_target)
+        with console.status("predicting…"):
+            scores = predict(ds, pm)
+        pd.DataFrame({"pid": ds.pids, "score": scores}).to_csv(out, index=False)
+        ev = evaluate(ds, scores) if has_target else None
+    except SiloflError as e:
+        _fail(e)
+    console.print(f"Wrote {len(scores)} risk scores to [bold]{out}[/]")
+    if ev:
+        t = Table(title="evaluation (challenge score: AUPRC over all persons)")
+        t.add_column("metric")
+        t.add_column("value", justify="right")
+        for k in ["auprc", "auprc_sir_baseline", "positive_rate", "recall_at_num_positives"]:
+            t.add_row(k, f"{ev[k]:.4f}")
+        for r, v in ev["per_region_auprc"].items():
+            t.add_row(f"auprc region {r}", f"{v:.4f}")
+        console.print(t)
 
 
 def main() -> None:

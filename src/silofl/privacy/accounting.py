@@ -56,10 +56,37 @@ def make_accountant(kind: Accountant = DEFAULT_ACCOUNTANT) -> dpa.PrivacyAccount
     raise PrivacyError(f"unknown accountant {kind!r}; choose one of {', '.join(ACCOUNTANTS)}")
 
 
-def epsilon(event: dpa.DpEvent, delta: float, kind: Accountant = DEFAULT_ACCOUNTANT) -> float:
+# Orders for events that bring their own RDP curve (e.g. node-level DP-SGD).
+RDP_ORDERS_FINE: tuple[float, ...] = (
+    1.25, 1.5, 1.75, 2.0, 2.25, 2.5, 2.75, 3.0, 3.5, 4.0, 4.5, 5.0, 5.5, 6.0, 7.0, 8.0,
+    9.0, 10.0, 11.0, 12.0, 14.0, 16.0, 18.0, 20.0, 24.0, 28.0, 32.0, 40.0, 48.0, 56.0,
+    64.0, 80.0, 96.0, 112.0, 128.0, 160.0, 192.0, 224.0, 256.0)
+
+
+def _own_rdp(event) -> np.ndarray | None:
+    """Composed RDP at RDP_ORDERS_FINE when every base event has its own `rdp(orders)`
+    (events dp_accounting has no type for); None for pure dp_accounting compositions."""
+    from silofl.privacy.events import flatten
+    counts = flatten(event)
+    own = [isinstance(e, dpa.DpEvent) for e in counts]
+    if all(own):
+        return None
+    if any(own):
+        raise PrivacyError("cannot compose node-level events with dp_accounting events in "
+                           "one ledger; keep them in separate ledgers")
+    return sum(c * np.asarray(e.rdp(RDP_ORDERS_FINE)) for e, c in counts.items())
+
+
+def epsilon(event, delta: float, kind: Accountant = DEFAULT_ACCOUNTANT) -> float:
     """ε of `event` at `delta` under accountant `kind`."""
     if isinstance(event, dpa.NoOpDpEvent):
         return 0.0
+    rdp_curve = _own_rdp(event)
+    if rdp_curve is not None:
+        if kind != "rdp":
+            raise PrivacyError(f"the {kind} accountant does not support node-level events; "
+                               "use the rdp accountant")
+        return float(_rdp_to_eps(RDP_ORDERS_FINE, list(rdp_curve), delta)[0])
     acc = make_accountant(kind)
     if not acc.supports(event):
         raise PrivacyError(f"the {kind} accountant cannot account for {type(event).__name__}")
@@ -67,8 +94,11 @@ def epsilon(event: dpa.DpEvent, delta: float, kind: Accountant = DEFAULT_ACCOUNT
     return float(acc.get_epsilon(delta))
 
 
-def epsilons(event: dpa.DpEvent, delta: float) -> dict[str, float]:
-    """ε under both accountants: {'rdp': …, 'pld': …}."""
+def epsilons(event, delta: float) -> dict[str, float | None]:
+    """ε under both accountants: {'rdp': …, 'pld': …} (None where an accountant does not
+    support the event)."""
+    if _own_rdp(event) is not None:
+        return {"rdp": epsilon(event, delta, "rdp"), "pld": None}
     return {k: epsilon(event, delta, k) for k in ACCOUNTANTS}
 
 
