@@ -121,10 +121,15 @@ def account(n: int = typer.Option(..., help="training examples (persons) in the 
                 f"sigma_{k}": A.calibrate_dpsgd(epsilon, delta, q, T, k) for k in A.ACCOUNTANTS})
     except SiloflError as e:
         _fail(e)
+    _print_quantities("DP-SGD privacy accounting (Poisson-sampled Gaussian, add/remove one)",
+                      out, as_json)
+
+
+def _print_quantities(title: str, out: dict, as_json: bool) -> None:
     if as_json:
         console.print_json(json.dumps(out))
         return
-    t = Table(title="DP-SGD privacy accounting (Poisson-sampled Gaussian, add/remove one)")
+    t = Table(title=title)
     t.add_column("quantity")
     t.add_column("value", justify="right")
     for k, v in out.items():
@@ -149,15 +154,8 @@ def _account_node(n, b, delta, steps, epochs, sigma, epsilon, S, as_json):
                        sigma_node_rdp=node_dp.calibrate_node_sigma(epsilon, n, S, b, T, d))
     except SiloflError as e:
         _fail(e)
-    if as_json:
-        console.print_json(json.dumps(out))
-        return
-    t = Table(title="node-level DP-SGD accounting (Theorem 2.4.4, replacement adjacency)")
-    t.add_column("quantity")
-    t.add_column("value", justify="right")
-    for k, v in out.items():
-        t.add_row(k, f"{v:.6g}" if isinstance(v, float) else str(v))
-    console.print(t)
+    _print_quantities("node-level DP-SGD accounting (Theorem 2.4.4, replacement adjacency)",
+                      out, as_json)
 
 
 def _need_pandemic_extra() -> None:
