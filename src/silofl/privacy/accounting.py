@@ -78,7 +78,20 @@ def _own_rdp(event) -> np.ndarray | None:
 
 
 def epsilon(event, delta: float, kind: Accountant = DEFAULT_ACCOUNTANT) -> float:
-    """ε of `event` at `delta` under accountant `kind`."""
+    """ε of `event` at `delta` under accountant `kind`. Results are memoized: the same
+    event is typically evaluated by calibration, the ledger preflight and the report."""
+    try:
+        return _epsilon_cached(event, float(delta), kind)
+    except TypeError:  # unhashable event (e.g. a ComposedDpEvent holding a list)
+        return _epsilon(event, delta, kind)
+
+
+@lru_cache(maxsize=8192)
+def _epsilon_cached(event, delta: float, kind: str) -> float:
+    return _epsilon(event, delta, kind)
+
+
+def _epsilon(event, delta: float, kind: Accountant) -> float:
     if isinstance(event, dpa.NoOpDpEvent):
         return 0.0
     rdp_curve = _own_rdp(event)

@@ -26,9 +26,12 @@ def clip_and_sum(model: Model, W, X, y, mask, clip: float, **aux) -> np.ndarray:
     return model.clipped_grad_sum(W, X, y, mask, clip, **aux)
 
 
-def add_noise(grad_sum: np.ndarray, std: np.ndarray, rng: Randomness) -> np.ndarray:
-    """grad_sum + N(0, std_k² I) per silo row; std = σ_k · C."""
-    return grad_sum + rng.normal(grad_sum.shape) * np.asarray(std)[:, None]
+def add_noise(grad_sum: np.ndarray, std: np.ndarray, rng: Randomness,
+              standard_normal: np.ndarray | None = None) -> np.ndarray:
+    """grad_sum + N(0, std_k² I) per silo row; std = σ_k · C. `standard_normal` may hold
+    pre-drawn N(0, 1) values of grad_sum's shape (drawing a round's noise at once is faster)."""
+    z = rng.normal(grad_sum.shape) if standard_normal is None else standard_normal
+    return grad_sum + z * np.asarray(std)[:, None]
 
 
 def scale(grad: np.ndarray, expected_batch: np.ndarray) -> np.ndarray:
@@ -48,9 +51,11 @@ class GradientRule:
     def private(self) -> bool:
         return self.noise_multiplier is not None
 
-    def __call__(self, model, W, X, y, mask, expected_batch, silos, rng, **aux) -> np.ndarray:
+    def __call__(self, model, W, X, y, mask, expected_batch, silos, rng,
+                 standard_normal=None, **aux) -> np.ndarray:
         if not self.private:
             return scale(model.grad_sum(W, X, y, mask), expected_batch)
         clipped = clip_and_sum(model, W, X, y, mask, self.clip, **aux)
-        noisy = add_noise(clipped, self.noise_multiplier[silos] * self.clip, rng)
+        noisy = add_noise(clipped, self.noise_multiplier[silos] * self.clip, rng,
+                          standard_normal)
         return scale(noisy, expected_batch)

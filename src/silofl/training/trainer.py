@@ -113,18 +113,22 @@ class LocalTrainer:
         # All of this round's batches in one draw (independent Poisson samples per step).
         idx, mask = poisson_batches(np.tile(self.data.n, S), np.tile(self.q, S), self.rng)
         idx, mask = idx.reshape(S, K, -1), mask.reshape(S, K, -1)
+        # and all of its noise (only the private rule uses it)
+        z = self.rng.normal((S, K, W.shape[1])) if self.rule.private else None
         everyone = np.arange(K)
         for s in range(S):
+            # while every silo is still stepping, plain slices avoid fancy-index copies
             silos = everyone if steps.min() > s else np.nonzero(steps > s)[0]
-            X, y, sq = self.data.gather(silos, idx[s, silos])
-            mask_s = mask[s, silos]
-            Ws = W[silos]
-            g = self.rule(self.model, Ws, X, y, mask_s, self.expected_batch[silos], silos,
-                          self.rng, x_sqnorm=sq)
+            sel = slice(None) if silos is everyone else silos
+            X, y, sq = self.data.gather(silos, idx[s, sel])
+            Ws = W[sel]
+            g = self.rule(self.model, Ws, X, y, mask[s, sel], self.expected_batch[sel], silos,
+                          self.rng, standard_normal=None if z is None else z[s, sel],
+                          x_sqnorm=sq)
             if self.l2:
                 g += self.l2 * Ws
             if anchor is not None and lam:
-                g += lam * (Ws - anchor[silos])
-            W[silos] = Ws - self.lr * g
-            self.steps_done[silos] += 1
+                g += lam * (Ws - anchor[sel])
+            W[sel] = Ws - self.lr * g
+            self.steps_done[sel] += 1
         return W
