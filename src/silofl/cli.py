@@ -206,7 +206,7 @@ def pandemic_train(data: Path = typer.Option(..., "--data", help="directory of t
                    centralized: bool = typer.Option(False, help="one silo instead of regions"),
                    rounds: int = typer.Option(2), epsilon: float = typer.Option(5.0),
                    batch: int = typer.Option(512), lam: float = typer.Option(0.1),
-                   lr: float = typer.Option(10.0), S: int = typer.Option(20, "--S"),
+                   lr: float = typer.Option(0.3), S: int = typer.Option(20, "--S"),
                    no_privacy: bool = typer.Option(False, "--no-privacy"),
                    seed: int = typer.Option(0)):
     """Train per-region risk models (MR-MTL, node-level DP) and save them."""

@@ -25,26 +25,31 @@ def data(small_outbreak):
     return read_dataset(small_outbreak, with_target=True)
 
 
-def _count_gathers(monkeypatch):
+def _count_gathers(monkeypatch, unlabelled: dict | None = None):
+    """Count labelled gathers (DP-SGD steps) per feature object; unlabelled ones (the
+    input-standardization pass reads features, never labels) go to `unlabelled`."""
     seen: dict[int, int] = {}
     orig = NeighbourhoodFeatures.gather
 
     def counting(self, persons, window_end, *, labels=True):
-        seen[id(self)] = seen.get(id(self), 0) + 1
+        target = seen if labels or unlabelled is None else unlabelled
+        target[id(self)] = target.get(id(self), 0) + 1
         return orig(self, persons, window_end, labels=labels)
     monkeypatch.setattr(NeighbourhoodFeatures, "gather", counting)
     return seen
 
 
 def test_federated_training_charges_each_region_for_the_steps_it_ran(data, monkeypatch):
-    seen = _count_gathers(monkeypatch)
+    unlabelled: dict[int, int] = {}
+    seen = _count_gathers(monkeypatch, unlabelled)
     cfg = P.PandemicConfig(rounds=2, batch_size=64, epsilon=8.0)
     pm = P.train(data, cfg)
     assert len(pm.regions) == data.num_regions and pm.weights.shape[0] == data.num_regions
     counted = sorted(seen.values())
     sizes = np.bincount(data.region[data.region >= 0])
     expected = sorted(2 * node_steps(int(n), 64, 1.0) for n in sizes)
-    assert counted == expected  # one gather per DP-SGD step, per region
+    assert counted == expected  # one labelled gather per DP-SGD step, per region
+    assert sorted(unlabelled.values()) == [1] * data.num_regions  # one standardization pass
     for p, n in zip(pm.privacy, sizes):
         assert p["steps"] in expected and p["epsilon_spent"] <= 8.0 + 1e-9
         # the ledger's ε is the theorem's ε for the steps that ran
