@@ -16,3 +16,16 @@ def small_outbreak(tmp_path_factory):
     out = tmp_path_factory.mktemp("pandemic") / "small"
     synthesize(out, **SMALL_OUTBREAK)
     return out
+
+
+#: A 10k-person outbreak whose final week has enough positives (27) for AUPRC to mean
+#: something; the learning regression test trains on it.
+LEARNING_OUTBREAK = dict(persons=10_000, regions=4, seed=3)
+
+
+@pytest.fixture(scope="session")
+def learning_outbreak(tmp_path_factory):
+    """Directory of the 10k-person outbreak (CSV, with target). Treat as read-only."""
+    out = tmp_path_factory.mktemp("pandemic") / "learning"
+    synthesize(out, **LEARNING_OUTBREAK)
+    return out

@@ -92,6 +92,17 @@ def test_bad_inputs(data):
         P.train(data, P.PandemicConfig(t_window=100))
     with pytest.raises(ConfigError, match="pooling"):
         P.train(data, P.PandemicConfig(pooling="max"))
+    with pytest.raises(ConfigError, match="prior_weight"):
+        P.train(data, P.PandemicConfig(prior_weight=float("nan")))
+
+
+def test_initial_weights_are_the_fixed_prior():
+    """The start is a fixed public prior on the summary inputs only, never data."""
+    model = P.FocalLoss(len(P.SUMMARY_FEATURES))
+    w = P.initial_weights(model, P.PandemicConfig(prior_weight=0.25, bias_init=-4))
+    assert np.all(w[:-1] == 0.25) and w[-1] == -4
+    w = P.initial_weights(P.FocalLoss(30), P.PandemicConfig(pooling="mean"))
+    assert np.all(w[:-1] == 0) and w[-1] == -5
 
 
 def test_cli_synth_train_predict(tmp_path):
