@@ -32,8 +32,9 @@ class PrivacyTarget:
 
 @dataclass
 class Silo:
-    """One data holder. Arrays: X_* of shape (n, d) float64; y_* of shape (n,)
-    (float for regression, int class ids 0..C-1 for classification)."""
+    """One data holder. Arrays: X_* of shape (n, d) float64 for tabular data, or
+    (n, C, H, W) float32 for images (any rank >= 3: one array per example); y_* of shape
+    (n,) (float for regression, int class ids 0..C-1 for classification)."""
 
     name: str
     X_train: np.ndarray
@@ -53,7 +54,12 @@ class Silo:
 
 @dataclass
 class Federation:
-    """Silos with one feature schema. `task` and `num_classes` describe the labels."""
+    """Silos with one feature schema. `task` and `num_classes` describe the labels.
+
+    Tabular federations have rank-2 X and one name per column in `feature_names`. Image
+    federations have rank >= 3 X (every silo the same per-example shape, e.g. (1, 28, 28))
+    and usually empty `feature_names`; `input_shape` gives the per-example shape either way.
+    """
 
     silos: list[Silo]
     feature_names: list[str]
@@ -70,8 +76,22 @@ class Federation:
         return len(self.silos)
 
     @property
+    def is_image(self) -> bool:
+        """True when examples are arrays of rank >= 2 (X of rank >= 3), e.g. images."""
+        return bool(self.silos) and self.silos[0].X_train.ndim > 2
+
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        """Per-example shape: (d,) for tabular data, e.g. (1, 28, 28) for MNIST images."""
+        if self.is_image:
+            return tuple(int(v) for v in self.silos[0].X_train.shape[1:])
+        return (len(self.feature_names),)
+
+    @property
     def dim(self) -> int:
-        return len(self.feature_names)
+        """Input features per example: len(feature_names) for tabular data, the product of
+        `input_shape` for images (what a model that flattens its input sees)."""
+        return int(np.prod(self.input_shape))
 
     @property
     def names(self) -> list[str]:
@@ -92,12 +112,22 @@ class Federation:
         if dup:
             raise DataError(f"duplicate silo names {sorted(dup)}; give every silo a unique name")
         d = self.dim
+        shape = self.input_shape
+        if self.is_image and self.feature_names and len(self.feature_names) != d:
+            raise DataError(f"federation {self.name!r} holds examples of shape {shape} but names "
+                            f"{len(self.feature_names)} features; leave feature_names empty for "
+                            "images or name all of their values")
         for s in self.silos:
             for part in ("train", "test"):
                 X, y = getattr(s, f"X_{part}"), getattr(s, f"y_{part}")
                 if X.ndim < 2 or X.shape[0] != y.shape[0]:
                     raise DataError(f"silo {s.name!r} {part}: X has shape {X.shape} but y has "
                                     f"{y.shape[0]} labels; they must have the same number of rows")
+                if (X.ndim > 2) != self.is_image or X.ndim > 2 and X.shape[1:] != shape:
+                    raise DataError(
+                        f"silo {s.name!r} {part} holds examples of shape {X.shape[1:]} but the "
+                        f"first silo's are {shape}; all silos must share one input shape "
+                        "(tabular X is (n, d), images are (n, C, H, W))")
                 if X.ndim == 2 and X.shape[1] != d:
                     raise DataError(
                         f"silo {s.name!r} has {X.shape[1]} features in its {part} part but the "
@@ -136,21 +166,30 @@ class Federation:
         return dataclasses.replace(self, silos=silos)
 
 
-def split_silo(name: str, X: np.ndarray, y: np.ndarray, test_fraction: float,
-               rng: np.random.Generator) -> Silo:
-    """Seeded random train/test split of one silo's rows."""
+def split_indices(n: int, test_fraction: float,
+                  rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """Seeded random (train rows, test rows) of 0..n-1; round(test_fraction * n) test rows."""
     if not 0 <= test_fraction < 1:
         raise DataError(f"test_fraction must be in [0, 1), got {test_fraction}")
-    n = X.shape[0]
     perm = rng.permutation(n)
     n_test = int(round(test_fraction * n))
-    te, tr = perm[:n_test], perm[n_test:]
+    return perm[n_test:], perm[:n_test]
+
+
+def split_silo(name: str, X: np.ndarray, y: np.ndarray, test_fraction: float,
+               rng: np.random.Generator) -> Silo:
+    """Seeded random train/test split of one silo's rows (see `split_indices`)."""
+    tr, te = split_indices(X.shape[0], test_fraction, rng)
     return Silo(name, X[tr], y[tr], X[te], y[te])
 
 
 def standardize(fed: Federation) -> Federation:
     """Per-silo z-scoring fitted on each silo's training part only (test rows never leak
-    into the statistics). Constant columns are left centred with unit scale."""
+    into the statistics). Constant columns are left centred with unit scale.
+    Image federations are returned unchanged: their pixels already share one [0, 1] scale
+    and per-pixel z-scoring would turn constant (e.g. masked) pixels into noise artefacts."""
+    if fed.is_image:
+        return fed
     silos = []
     for s in fed.silos:
         mu = s.X_train.mean(axis=0)

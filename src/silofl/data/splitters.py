@@ -1,0 +1,309 @@
+"""Turn one labelled table into silos: simulated federations with controlled heterogeneity.
+
+Splits (every one deterministic in `seed`; each silo gets at least `min_size` rows):
+  * ``iid`` -- a random partition into near-equal silos (sizes differ by at most one);
+  * ``dirichlet`` -- label skew: every class is divided among the silos in proportions
+    drawn from Dirichlet(alpha * 1_K) (Hsu et al., 2019). Small alpha puts each class in
+    few silos (skewed label histograms), large alpha approaches iid. Classification only;
+  * ``quantity`` -- size skew with iid contents: silo sizes are `min_size` plus a
+    multinomial share of the rest, with proportions from Dirichlet(alpha * 1_K)
+    (``size_law="dirichlet"``) or a power law p_k ∝ (k + 1)^-power assigned to silos in
+    random order (``size_law="power"``);
+  * ``feature_range`` -- covariate shift: rows sorted by one feature and cut into K
+    contiguous blocks of near-equal size (quantiles), cuts moved to the nearest change of
+    value so that silo ranges are strictly disjoint: max of silo k < min of silo k + 1;
+  * ``shared_range`` -- "some silos share a range": silos form groups of `group_size`
+    (the last group smaller if K is not a multiple), every group gets one disjoint value
+    range as in ``feature_range`` (sized by its number of silos), and the group's rows are
+    dealt at random to its silos, which therefore share the range.
+
+Every silo's rows are then split into train/test (`test_fraction`) and, with
+`standardize`, z-scored per silo on its training rows. A random split whose silos are too
+small or, for classification, hold fewer than two classes in their training part is
+redrawn (up to `max_tries` times, deterministically) before giving up with a DataError.
+
+``meta`` of the returned Federation: "split", "parts" (per silo: (train rows, test rows)
+as indices into the input table), "groups" (per silo group id: the range for range
+splits, else 0), "ranges" (per silo (lo, hi) of the split feature for range splits: the
+silo's own range for feature_range, its group's for shared_range), "feature", "tries".
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from silofl.data.federation import Federation, Silo, split_indices
+from silofl.data.federation import standardize as standardize_federation
+from silofl.data.tabular import federation_from_frame, read_table
+from silofl.errors import ConfigError, DataError
+
+SPLITS = ("iid", "dirichlet", "quantity", "feature_range", "shared_range")
+SIZE_LAWS = ("dirichlet", "power")
+_ALL = "__silofl_one_silo__"  # a constant silo column: encode the whole table as one silo
+_ROW = "__silofl_row__"  # the table row number, carried through encoding as a feature
+
+
+# --- partitions: pure functions from (labels or a feature, rng) to row-index arrays ---------
+
+def iid_parts(n: int, num_silos: int, rng: np.random.Generator) -> list[np.ndarray]:
+    """Random partition of range(n) into `num_silos` parts of near-equal size."""
+    return np.array_split(rng.permutation(n), num_silos)
+
+
+def dirichlet_parts(y: np.ndarray, num_silos: int, alpha: float,
+                    rng: np.random.Generator) -> list[np.ndarray]:
+    """Label-skewed partition of range(len(y)): the rows of each class are shuffled and cut
+    among the silos in proportions p ~ Dirichlet(alpha * 1_K), independently per class."""
+    parts: list[list[np.ndarray]] = [[] for _ in range(num_silos)]
+    for c in np.unique(y):
+        rows = rng.permutation(np.flatnonzero(y == c))
+        p = rng.dirichlet(np.full(num_silos, alpha))
+        cuts = np.round(np.cumsum(p)[:-1] * len(rows)).astype(int)
+        for k, block in enumerate(np.split(rows, cuts)):
+            parts[k].append(block)
+    return [np.sort(np.concatenate(b)) for b in parts]
+
+
+def quantity_parts(n: int, num_silos: int, rng: np.random.Generator, *, min_size: int,
+                   size_law: str = "dirichlet", alpha: float = 1.0,
+                   power: float = 1.0) -> list[np.ndarray]:
+    """Random partition of range(n) with skewed sizes: min_size + Multinomial(n - K*min_size, p),
+    p ~ Dirichlet(alpha * 1_K) or p_k ∝ (k + 1)^-power in random silo order."""
+    if size_law == "dirichlet":
+        p = rng.dirichlet(np.full(num_silos, alpha))
+    else:
+        p = rng.permutation((np.arange(num_silos) + 1.0) ** -power)
+        p = p / p.sum()
+    sizes = min_size + rng.multinomial(n - num_silos * min_size, p)
+    return np.split(rng.permutation(n), np.cumsum(sizes)[:-1])
+
+
+def range_parts(values: np.ndarray, weights: Sequence[int], *, feature: str = "feature",
+                min_sizes: Sequence[int] | None = None) -> list[np.ndarray]:
+    """Partition range(len(values)) into len(weights) blocks of increasing, strictly disjoint
+    value ranges; block j gets about n * weights[j] / sum(weights) rows (quantile cuts moved
+    to the nearest change of value so equal values never straddle two blocks)."""
+    n = len(values)
+    order = np.argsort(values, kind="stable")
+    sv = values[order]
+    change = np.flatnonzero(sv[1:] > sv[:-1]) + 1  # positions c with sv[c-1] < sv[c]
+    targets = np.round(np.cumsum(weights)[:-1] / np.sum(weights) * n).astype(int)
+    if len(change) < len(targets):
+        raise DataError(f"feature {feature!r} has only {len(change) + 1} distinct value(s), too "
+                        f"few for {len(weights)} disjoint ranges; use fewer silos (or a larger "
+                        "group_size) or split on another feature")
+    cuts = []
+    for t in targets:  # nearest unused value change at or after the previous cut
+        avail = change[change > (cuts[-1] if cuts else 0)]
+        if len(avail) == 0:
+            break
+        i = int(np.searchsorted(avail, t))
+        near = [avail[j] for j in (i - 1, i) if 0 <= j < len(avail)]
+        cuts.append(min(near, key=lambda c: (abs(c - t), c)))
+    blocks = np.split(order, cuts)
+    sizes = [len(b) for b in blocks]
+    need = list(min_sizes) if min_sizes is not None else [1] * len(weights)
+    if len(blocks) < len(weights) or any(s < m for s, m in zip(sizes, need)):
+        raise DataError(f"feature {feature!r} cannot be cut into {len(weights)} disjoint value "
+                        f"ranges with enough rows each (got block sizes {sizes}, need at least "
+                        f"{need}): many rows share a few values. Use fewer silos, a smaller "
+                        "min_size, or another feature")
+    return blocks
+
+
+# --- from arrays / tables to a federation ----------------------------------------------------
+
+def split_arrays(X: np.ndarray, y: np.ndarray, split: str, *, num_silos: int, task: str,
+                 num_classes: int = 0, feature_names: Sequence[str] | None = None,
+                 alpha: float = 0.5, size_law: str = "dirichlet", power: float = 1.0,
+                 feature: str | int | None = None, group_size: int = 2, min_size: int = 10,
+                 test_fraction: float = 0.2, seed: int = 0, standardize: bool = True,
+                 max_tries: int = 100, name: str = "split") -> Federation:
+    """Split X (n, d) float, y (n,) into a Federation of `num_silos` silos named
+    ``silo-00``.. (see the module docstring for the splits and ``meta``). `task` is
+    "binary", "multiclass" or "regression"; for classification y holds ids 0..C-1.
+    `feature` (range splits) is a feature name from `feature_names` or a column index."""
+    X = np.asarray(X, dtype=np.float64)
+    y = y_in = np.asarray(y)
+    names = [str(f) for f in feature_names] if feature_names is not None else \
+        [f"x{j}" for j in range(X.shape[1] if X.ndim == 2 else 0)]
+    _check_params(split, num_silos, task, alpha, size_law, power, group_size, min_size, max_tries)
+    if X.ndim != 2 or y.ndim != 1 or X.shape[0] != y.shape[0]:
+        raise DataError(f"split_arrays needs X of shape (n, d) and y of shape (n,), got X "
+                        f"{X.shape} and y {y.shape}")
+    if len(names) != X.shape[1]:
+        raise DataError(f"feature_names has {len(names)} names but X has {X.shape[1]} columns")
+    if not (np.all(np.isfinite(X)) and np.all(np.isfinite(y.astype(np.float64)))):
+        raise DataError("X or y holds NaN/inf values; impute or drop them before splitting")
+    n = X.shape[0]
+    if num_silos * min_size > n:
+        raise DataError(f"too many silos for the data: {num_silos} silos x min_size {min_size} "
+                        f"rows = {num_silos * min_size} > {n} rows; lower num_silos (at most "
+                        f"{n // min_size}) or min_size")
+    classify = task != "regression"
+    y = y.astype(np.int64) if classify else y.astype(np.float64)
+    if classify and (y.min() < 0 or not np.array_equal(y, np.asarray(y_in, np.float64))):
+        raise DataError("classification labels must be integer class ids 0..C-1; map them first "
+                        "(split_frame / table_arrays do this for a table)")
+    num_classes = max(num_classes, int(y.max()) + 1) if classify else 0
+    rng = np.random.default_rng(seed)
+    meta: dict = {"split": split, "num_silos": num_silos, "seed": seed, "min_size": min_size,
+                  "test_fraction": test_fraction, "standardized": bool(standardize)}
+
+    groups = np.zeros(num_silos, dtype=np.int64)
+    if split in ("feature_range", "shared_range"):
+        j = _feature_index(feature, names, split)
+        meta["feature"] = names[j]
+        if split == "feature_range":
+            sizes = [1] * num_silos
+        else:
+            sizes = [len(g) for g in np.array_split(np.arange(num_silos),
+                                                    -(-num_silos // group_size))]
+        groups = np.repeat(np.arange(len(sizes)), sizes)
+        blocks = range_parts(X[:, j], sizes, feature=names[j],
+                             min_sizes=[s * min_size for s in sizes])
+        ranges = [(float(X[b, j].min()), float(X[b, j].max())) for b in blocks]
+        meta["ranges"] = [ranges[g] for g in groups]
+
+    def draw() -> list[np.ndarray]:
+        if split == "iid":
+            return iid_parts(n, num_silos, rng)
+        if split == "dirichlet":
+            return dirichlet_parts(y, num_silos, alpha, rng)
+        if split == "quantity":
+            return quantity_parts(n, num_silos, rng, min_size=min_size, size_law=size_law,
+                                  alpha=alpha, power=power)
+        if split == "feature_range":
+            return blocks
+        return [b[part] for b, s in zip(blocks, sizes)
+                for part in iid_parts(len(b), s, rng)]
+
+    def check(parts: list[np.ndarray]) -> tuple[list, str]:
+        small = [k for k, p in enumerate(parts) if len(p) < min_size]
+        if small:
+            return [], (f"silo(s) {small[:5]} got fewer than min_size={min_size} rows "
+                        f"(smallest sizes {sorted(len(p) for p in parts)[:5]})")
+        rows = []
+        for p in parts:
+            tr, te = split_indices(len(p), test_fraction, rng)
+            rows.append((p[tr], p[te]))
+        single = [k for k, (tr, _) in enumerate(rows) if classify and len(np.unique(y[tr])) < 2]
+        if single:
+            return [], f"silo(s) {single[:5]} hold a single class in their training rows"
+        return rows, ""
+
+    for tries in range(1, max_tries + 1):
+        rows, problem = check(draw())
+        if not problem:
+            break
+    else:
+        hint = {"dirichlet": "raise alpha, lower num_silos or min_size",
+                "feature_range": "use fewer silos or another feature (this one separates the "
+                                 "classes)"}.get(split, "use fewer, larger silos (lower num_silos)")
+        raise DataError(f"the {split} split into {num_silos} silos failed in {max_tries} "
+                        f"random draw(s): {problem}; {hint}")
+
+    silos = [Silo(f"silo-{k:02d}", X[tr], y[tr], X[te], y[te]) for k, (tr, te) in enumerate(rows)]
+    meta.update(parts=rows, groups=groups, tries=tries)
+    fed = Federation(silos, names, task, num_classes=num_classes, name=name, meta=meta)
+    return standardize_federation(fed) if standardize else fed
+
+
+def table_arrays(df: pd.DataFrame, label_column: str, *, task: str = "auto",
+                 features: Sequence[str] | None = None, missing: str = "impute",
+                 categorical_max_levels: int = 50) -> tuple[np.ndarray, np.ndarray, dict]:
+    """Encode a table exactly like `federation_from_frame` does (one-hot categoricals, 0/1
+    booleans, labels to 0..C-1), treating it as one silo. Returns (X (n, d) float64 in the
+    table's row order minus dropped rows, y (n,), info) with info = {"feature_names",
+    "task", "num_classes", "classes", "dropped", "rows" (n,) the table row of each row}.
+    With missing="impute" the medians come from the WHOLE table (a simulation convenience:
+    the rows are not yet split into silos)."""
+    for col in (_ALL, _ROW):
+        if col in df.columns:
+            raise DataError(f"the table has a column named {col!r}, which silofl reserves")
+    if features is not None and not isinstance(features, str):
+        features = [*features, _ROW]
+    # A constant silo column makes the whole table one silo; a row-id "feature" lets us undo
+    # the shuffle of that silo's train/test split and return the rows in table order.
+    frame = df.assign(**{_ALL: "all", _ROW: np.arange(len(df), dtype=np.float64)})
+    fed = federation_from_frame(frame, _ALL, label_column, task=task, features=features,
+                                test_fraction=0.0, seed=0, standardize=False, missing=missing,
+                                categorical_max_levels=categorical_max_levels, name="table")
+    s = fed.silos[0]
+    j = fed.feature_names.index(_ROW)
+    back = np.argsort(s.X_train[:, j], kind="stable")
+    keep = [i for i in range(fed.dim) if i != j]
+    info = {"feature_names": [fed.feature_names[i] for i in keep], "task": fed.task,
+            "num_classes": fed.num_classes, "classes": fed.meta.get("classes"),
+            "dropped": fed.meta.get("dropped", {}),
+            "rows": s.X_train[back, j].astype(np.int64)}
+    return s.X_train[back][:, keep], s.y_train[back], info
+
+
+def split_frame(df: pd.DataFrame, label_column: str, split: str, *, task: str = "auto",
+                features: Sequence[str] | None = None, missing: str = "impute",
+                name: str = "table", **split_kw) -> Federation:
+    """Encode a table (see `table_arrays`) and split it (see `split_arrays`; `split_kw` are
+    its keyword arguments: num_silos, alpha, feature, ...)."""
+    X, y, info = table_arrays(df, label_column, task=task, features=features, missing=missing)
+    fed = split_arrays(X, y, split, task=info["task"], num_classes=info["num_classes"],
+                       feature_names=info["feature_names"], name=name, **split_kw)
+    fed.meta.update(label_column=label_column, missing=missing, dropped=info["dropped"])
+    if info["classes"] is not None:
+        fed.meta["classes"] = info["classes"]
+    return fed
+
+
+def split_table(path: str | Path, label_column: str, split: str, **kw) -> Federation:
+    """Read a CSV/Parquet file (see `silofl.data.tabular.read_table`) and `split_frame` it."""
+    fed = split_frame(read_table(path), label_column, split,
+                      name=Path(path).name.split(".")[0], **kw)
+    fed.meta["source"] = str(path)
+    return fed
+
+
+# --- validation ------------------------------------------------------------------------------
+
+def _check_params(split, num_silos, task, alpha, size_law, power, group_size, min_size,
+                  max_tries) -> None:
+    if split not in SPLITS:
+        near = difflib.get_close_matches(str(split), SPLITS, n=1)
+        hint = f" Did you mean {near[0]!r}?" if near else ""
+        raise ConfigError(f"unknown split {split!r}; choose one of {', '.join(SPLITS)}.{hint}")
+    for key, v, lo in (("num_silos", num_silos, 1), ("min_size", min_size, 2),
+                       ("group_size", group_size, 1), ("max_tries", max_tries, 1)):
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < lo:
+            raise ConfigError(f"{key} must be an integer >= {lo}, got {v!r}")
+    if not (isinstance(alpha, (int, float)) and np.isfinite(alpha) and alpha > 0):
+        raise ConfigError(f"alpha must be a positive number (Dirichlet concentration: small = "
+                          f"skewed, large = near-uniform), got {alpha!r}")
+    if size_law not in SIZE_LAWS:
+        raise ConfigError(f"size_law must be one of {', '.join(SIZE_LAWS)}, got {size_law!r}")
+    if not (isinstance(power, (int, float)) and np.isfinite(power) and power >= 0):
+        raise ConfigError(f"power must be a number >= 0 (0 = equal sizes), got {power!r}")
+    if split == "dirichlet" and task == "regression":
+        raise ConfigError("the dirichlet split skews class labels and needs a classification "
+                          "task; for regression use iid, quantity, feature_range or shared_range")
+    if task not in ("binary", "multiclass", "regression"):
+        raise ConfigError(f"task must be binary, multiclass or regression, got {task!r}")
+
+
+def _feature_index(feature, names: list[str], split: str) -> int:
+    if feature is None or feature == "":
+        raise ConfigError(f"the {split} split needs the feature to split on (feature= / "
+                          f"data.split_feature); features are: {', '.join(names[:40])}")
+    if isinstance(feature, (int, np.integer)) and not isinstance(feature, bool):
+        if not 0 <= feature < len(names):
+            raise DataError(f"feature index {feature} is out of range for {len(names)} features")
+        return int(feature)
+    if str(feature) in names:
+        return names.index(str(feature))
+    near = difflib.get_close_matches(str(feature), names, n=1, cutoff=0.5)
+    hint = f" Did you mean {near[0]!r}?" if near else ""
+    raise DataError(f"unknown split feature {feature!r}; features (after encoding) are: "
+                    f"{', '.join(names[:40])}{', ...' if len(names) > 40 else ''}.{hint}")
