@@ -2,9 +2,14 @@
 
 import difflib
 
-from silofl.algorithms.base import Algorithm
+from silofl.algorithms.base import Algorithm, check_fraction, check_nonnegative
+from silofl.algorithms.ditto import Ditto
 from silofl.algorithms.fedavg import FedAvg
+from silofl.algorithms.finetune import Finetune
+from silofl.algorithms.ifca import IFCA, IFCAFinetune, IFCALocal
+from silofl.algorithms.ifca_mrmtl import IFCAMRMTL
 from silofl.algorithms.local import Local
+from silofl.algorithms.mocha import Mocha
 from silofl.algorithms.mrmtl import MRMTL
 from silofl.errors import ConfigError
 
@@ -13,6 +18,7 @@ METHODS = ("local", "fedavg", "mrmtl", "finetune", "ditto", "mocha",
            "ifca", "ifca_local", "ifca_finetune", "ifca_mrmtl")
 #: methods whose behaviour depends on the regularization strength λ (`lam`)
 LAMBDA_METHODS = frozenset({"mrmtl", "ditto", "mocha", "ifca_mrmtl"})
+# the spectrum methods' classes, kept for existing callers; build any method with make_algorithm
 ALGORITHMS = {"local": Local, "fedavg": FedAvg, "mrmtl": MRMTL}
 
 
@@ -23,19 +29,38 @@ def make_algorithm(name: str, *, lam: float = 0.3, weighted: bool = True,
     """Build an algorithm by name. `lam` is used by the LAMBDA_METHODS, `weighted` by the
     averaging ones, `finetune_fraction` (share of rounds spent federated) by the finetune
     variants, and `clusters`, `selection_fraction` (share of the silo's ε per selection) and
-    `selection_rounds` (share of rounds with selection) by the IFCA variants."""
+    `selection_rounds` (share of rounds with selection) by the IFCA variants. Every value
+    is validated whichever method uses it (a bad setting is an error even if unused)."""
+    check_nonnegative("lambda (lam)", lam)
+    check_fraction("finetune_fraction", finetune_fraction, low_open=False, high_open=False)
+    cluster = dict(clusters=clusters, selection_fraction=selection_fraction,
+                   selection_rounds=selection_rounds, weighted=weighted)
+    IFCA(**cluster)  # validates the cluster settings
     if name == "local":
         return Local()
     if name == "fedavg":
         return FedAvg(weighted)
     if name == "mrmtl":
         return MRMTL(lam, weighted)
-    if name in METHODS:
-        raise ConfigError(f"method {name!r} is not implemented yet")
+    if name == "finetune":
+        return Finetune(finetune_fraction, weighted)
+    if name == "ditto":
+        return Ditto(lam, weighted)
+    if name == "mocha":
+        return Mocha(lam)
+    if name == "ifca":
+        return IFCA(**cluster)
+    if name == "ifca_local":
+        return IFCALocal(**cluster)
+    if name == "ifca_finetune":
+        return IFCAFinetune(finetune_fraction=finetune_fraction, **cluster)
+    if name == "ifca_mrmtl":
+        return IFCAMRMTL(lam, **cluster)
     near = difflib.get_close_matches(name, list(METHODS), n=1)
     hint = f" Did you mean {near[0]!r}?" if near else ""
     raise ConfigError(f"unknown method {name!r}; choose from {', '.join(METHODS)}.{hint}")
 
 
-__all__ = ["ALGORITHMS", "Algorithm", "FedAvg", "LAMBDA_METHODS", "Local", "METHODS", "MRMTL",
+__all__ = ["ALGORITHMS", "Algorithm", "Ditto", "FedAvg", "Finetune", "IFCA", "IFCAFinetune",
+           "IFCALocal", "IFCAMRMTL", "LAMBDA_METHODS", "Local", "METHODS", "MRMTL", "Mocha",
            "make_algorithm"]

@@ -36,11 +36,19 @@ class Algorithm:
     #: local passes over the data per round (Ditto: 2)
     passes_per_round: int = 1
 
-    def privacy_events(self, round_event: dpa.DpEvent, rounds: int) -> dpa.DpEvent:
-        """Cost of a whole run for one silo, given the cost of one local pass."""
+    def privacy_events(self, round_event: dpa.DpEvent, rounds: int,
+                       target=None) -> dpa.DpEvent:
+        """Cost of a whole run for one silo, given the cost of one local pass. `target` (the
+        silo's PrivacyTarget) is for mechanisms whose budget is a share of the silo's ε."""
         return dpa.SelfComposedDpEvent(round_event, rounds * self.passes_per_round)
 
-    def init(self, params0: np.ndarray, num_silos: int) -> tuple[SiloState, ServerState]:
+    def check_plan(self, num_silos: int, rounds: int, accountant: str | None) -> None:
+        """Raise ConfigError/PrivacyError for settings this algorithm cannot run with
+        (called when planning, before any data access; accountant None = non-private)."""
+
+    def init(self, params0: np.ndarray, num_silos: int,
+             rounds: int | None = None) -> tuple[SiloState, ServerState]:
+        """Initial states; `rounds` (the run's length) is for algorithms with phases."""
         return SiloState(np.tile(params0, (num_silos, 1))), ServerState(params0.copy())
 
     def broadcast(self, server: ServerState) -> np.ndarray:
@@ -69,3 +77,26 @@ def check_nonnegative(name: str, value: float) -> float:
     if not np.isfinite(value) or value < 0:
         raise ConfigError(f"{name} must be a non-negative number, got {value}")
     return float(value)
+
+
+def check_fraction(name: str, value: float, *, low_open: bool, high_open: bool) -> float:
+    """`value` in the interval (0|[0, 1)|1] given by the open/closed ends, else ConfigError."""
+    v = float(value)
+    ok = np.isfinite(v) and (v > 0 if low_open else v >= 0) and (v < 1 if high_open else v <= 1)
+    if not ok:
+        interval = f"{'(' if low_open else '['}0, 1{')' if high_open else ']'}"
+        raise ConfigError(f"{name} must be in {interval}, got {value}")
+    return v
+
+
+def phase_rounds(fraction: float, rounds: int, at_least: int = 0) -> int:
+    """Number of rounds in a phase that takes `fraction` of `rounds` (rounded to nearest,
+    halves up), at least `at_least`."""
+    return max(at_least, min(rounds, int(np.floor(fraction * rounds + 0.5))))
+
+
+def need_rounds(name: str, rounds: int | None) -> int:
+    if rounds is None:
+        raise ConfigError(f"{name} runs in phases and needs the number of rounds: "
+                          "call init(params0, num_silos, rounds=...)")
+    return int(rounds)

@@ -112,7 +112,9 @@ def epsilons(event, delta: float) -> dict[str, float | None]:
     support the event)."""
     if _own_rdp(event) is not None:
         return {"rdp": epsilon(event, delta, "rdp"), "pld": None}
-    return {k: epsilon(event, delta, k) for k in ACCOUNTANTS}
+    # e.g. zCDP events (private selection) have no PLD in dp_accounting
+    return {k: epsilon(event, delta, k) if make_accountant(k).supports(event) else None
+            for k in ACCOUNTANTS}
 
 
 # --- calibration ---------------------------------------------------------------------

@@ -6,8 +6,8 @@
   deployments. (Like most DP libraries we use floating-point Gaussians; see Mironov 2012
   on the theoretical floating-point caveat.)
 
-Both expose the same three draws the engine needs; batch sampling is built on `uniform`
-so that both modes sample exactly the same distribution.
+Both expose the same draws the engine needs; batch sampling and the Gumbel noise of private
+selection are built on `uniform` so that both modes sample exactly the same distribution.
 """
 
 from __future__ import annotations
@@ -33,6 +33,14 @@ class Randomness:
 
     def normal(self, shape) -> np.ndarray:
         raise NotImplementedError
+
+    def gumbel(self, shape) -> np.ndarray:
+        """Standard Gumbel(0, 1) draws, −log(−log U) with U uniform in (0, 1): the noise of
+        report-noisy-max, which samples the exponential mechanism exactly."""
+        u = np.asarray(self.uniform(shape), dtype=float)
+        while np.any(top := u >= 1.0):  # U = 1 (probability 2^-53) would give +∞: redraw
+            u[top] = self.uniform(int(top.sum()))
+        return -np.log(-np.log(u))
 
     def spawn(self) -> "Randomness":
         """An independent stream (for an independent component, e.g. evaluation)."""

@@ -86,6 +86,7 @@ class SiloPlan:
 def plan_silos(fed: Federation, algorithm: Algorithm, cfg: TrainingConfig) -> list[SiloPlan]:
     """Validate, then calibrate σ_k per silo for `algorithm`'s declared events."""
     cfg.validate()
+    algorithm.check_plan(fed.num_silos, cfg.rounds, cfg.accountant if cfg.private else None)
     plans = []
     for s in fed.silos:
         if cfg.batch_size >= s.n_train:
@@ -114,7 +115,7 @@ def plan_silos(fed: Federation, algorithm: Algorithm, cfg: TrainingConfig) -> li
 
 def _declared(algorithm: Algorithm, p: SiloPlan, sigma: float, cfg: TrainingConfig):
     return algorithm.privacy_events(accounting.dpsgd_event(p.q, sigma, p.steps_per_pass),
-                                    cfg.rounds)
+                                    cfg.rounds, target=p.target)
 
 
 def _calibrate(algorithm: Algorithm, p: SiloPlan, cfg: TrainingConfig) -> float:

@@ -30,9 +30,15 @@ class History:
     rounds: list[int] = field(default_factory=list)
     pooled: list[float] = field(default_factory=list)
     per_silo: list[list[float]] = field(default_factory=list)  # [round][silo]
+    #: metrics on the named `eval_sets` of `simulate` (e.g. "validation"), at the same rounds:
+    #: name -> {"pooled": [round], "per_silo": [round][silo]}
+    extra: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
-        return {"rounds": self.rounds, "pooled": self.pooled, "per_silo": self.per_silo}
+        d = {"rounds": self.rounds, "pooled": self.pooled, "per_silo": self.per_silo}
+        if self.extra:
+            d["extra"] = self.extra
+        return d
 
 
 @dataclass
@@ -64,14 +70,30 @@ def evaluate(model: Model, params: np.ndarray, fed: Federation, metric: str) -> 
     return out
 
 
+def evaluate_sets(model: Model, params: np.ndarray, sets: list[tuple[np.ndarray, np.ndarray]],
+                  metric: str) -> np.ndarray:
+    """(K,) metric of each silo's personal model on its own (X, y) in `sets` (one per silo,
+    in silo order); NaN where a silo's set is empty."""
+    fn = M.metric_fn(metric, model.name)
+    out = np.full(len(sets), np.nan)
+    for k, (X, y) in enumerate(sets):
+        if len(y):
+            out[k] = fn(y, model.predict(params[k], X))
+    return out
+
+
 def simulate(fed: Federation, model: Model, algorithm: Algorithm, cfg: TrainingConfig,
              *, metric: str | None = None, plans: list[SiloPlan] | None = None,
              ledger_dir: Path | None = None,
-             on_round: Callable[[int, float], None] | None = None) -> RunResult:
+             on_round: Callable[[int, float], None] | None = None,
+             eval_sets: dict[str, list[tuple[np.ndarray, np.ndarray]]] | None = None
+             ) -> RunResult:
     """Train `algorithm` on `fed`; returns history, final metrics, ledgers and models.
 
     `plans` (from `plan_silos`) may be passed when already computed; ledgers are preflighted
-    against the declared plan before the first data access."""
+    against the declared plan before the first data access. `eval_sets` names extra
+    held-out sets, one (X, y) per silo (e.g. a validation split carved from training data),
+    evaluated at the same rounds as the test sets into `History.extra`."""
     t0 = time.perf_counter()
     model.check_task(fed.task)
     metric = metric or M.default_metric(fed.task)
@@ -95,7 +117,7 @@ def simulate(fed: Federation, model: Model, algorithm: Algorithm, cfg: TrainingC
         batch_size=cfg.batch_size,
         steps_per_round=np.array([p.steps_per_pass for p in plans]),
         lr=cfg.lr, l2=cfg.l2, rng=rng, ledgers=ledgers)
-    silos, server = algorithm.init(model.init_params(), fed.num_silos)
+    silos, server = algorithm.init(model.init_params(), fed.num_silos, rounds=cfg.rounds)
     weights = (np.array([s.n_train for s in fed.silos], float)
                if getattr(algorithm, "weighted", True) else np.ones(fed.num_silos))
     test_counts = np.array([s.n_test for s in fed.silos])
@@ -108,6 +130,11 @@ def simulate(fed: Federation, model: Model, algorithm: Algorithm, cfg: TrainingC
             hist.rounds.append(t)
             hist.per_silo.append(vals.tolist())
             hist.pooled.append(M.pooled(vals, test_counts))
+            for name, sets in (eval_sets or {}).items():
+                ev = evaluate_sets(model, algorithm.personal_models(silos, server), sets, metric)
+                rec = hist.extra.setdefault(name, {"pooled": [], "per_silo": []})
+                rec["per_silo"].append(ev.tolist())
+                rec["pooled"].append(M.pooled(ev, np.array([len(y) for _, y in sets])))
             if on_round:
                 on_round(t, hist.pooled[-1])
     final = np.array(hist.per_silo[-1])

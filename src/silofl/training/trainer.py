@@ -3,7 +3,8 @@
 A `LocalTrainer` hosts the training data of one or more silos (all of them in the
 simulator, one in a networked client). `run` performs one round of local DP-SGD for every
 hosted silo at once: it first charges each silo's ledger for the steps it is about to
-take, then runs them as batched array operations across silos.
+take, then runs them as batched array operations across silos. `select_cluster` is the
+other private data access: a private choice among candidate models (IFCA), charged first too.
 """
 
 from __future__ import annotations
@@ -12,10 +13,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from silofl.errors import PrivacyError
 from silofl.models.base import Model
 from silofl.privacy import accounting
 from silofl.privacy.ledger import Ledger
 from silofl.privacy.randomness import Randomness
+from silofl.training import selection
 from silofl.training.dpsgd import GradientRule
 from silofl.training.sampling import poisson_batches
 
@@ -77,12 +80,14 @@ class LocalTrainer:
     l2: float
     rng: Randomness
     ledgers: list[Ledger] | None = None  # None only in the non-private mode
-    steps_done: np.ndarray = field(init=False)
+    steps_done: np.ndarray = field(init=False)       # (K,) DP-SGD steps run per silo
+    selections_done: np.ndarray = field(init=False)  # (K,) private selections run per silo
 
     def __post_init__(self):
         self.q = np.minimum(1.0, self.batch_size / self.data.n)
         self.expected_batch = self.q * self.data.n
         self.steps_done = np.zeros(len(self.data.n), dtype=np.int64)
+        self.selections_done = np.zeros(len(self.data.n), dtype=np.int64)
         if self.rule.private and self.ledgers is None:
             raise ValueError("private training needs one ledger per silo")
 
@@ -101,15 +106,67 @@ class LocalTrainer:
         for ledger, event in zip(self.ledgers, evs):
             ledger.charge(event, round=round, label=label)
 
-    def run(self, W0: np.ndarray, anchor: np.ndarray | None = None, lam: float = 0.0,
-            round: int = 0, label: str = "dpsgd") -> np.ndarray:
-        """One local pass for every hosted silo. W0, anchor: (K, P). Returns (K, P).
+    @property
+    def target_epsilons(self) -> np.ndarray | None:
+        """(K,) each hosted silo's target ε (None in the non-private mode)."""
+        if not self.rule.private:
+            return None
+        return np.array([led.target.epsilon for led in self.ledgers], dtype=float)
+
+    def select_cluster(self, candidates: np.ndarray, epsilon: np.ndarray | float | None,
+                       round: int = 0, *, loss_bound: float = selection.DEFAULT_LOSS_BOUND,
+                       label: str = "select") -> np.ndarray:
+        """Each hosted silo privately picks the candidate model that fits its training data
+        best (exponential mechanism, see `training.selection`). Returns (K,) int indices.
+
+        candidates: (G, P) shared by all silos or (K, G, P); epsilon: (K,) or scalar, the ε of
+        this one selection per silo (ignored in the non-private mode, which takes the exact
+        argmin). Every silo's ledger is checked, then all are charged ε²/8-zCDP, before any
+        training row is read."""
+        K = len(self.data.n)
+        cands = np.asarray(candidates, dtype=float)
+        if cands.ndim == 2:
+            cands = np.broadcast_to(cands, (K,) + cands.shape)
+        if cands.ndim != 3 or cands.shape[0] != K:
+            raise ValueError(f"candidates must be (G, P) or ({K}, G, P), got {cands.shape}")
+        eps = None
+        if self.rule.private:
+            eps = np.broadcast_to(np.asarray(epsilon, dtype=float), (K,))
+            if not np.all(np.isfinite(eps) & (eps > 0)):
+                raise PrivacyError(f"selection epsilon must be positive per silo, got {eps}")
+            evs = [selection.selection_event(e) for e in eps]
+            for ledger, event in zip(self.ledgers, evs):  # all silos can pay, or none is
+                ledger.check(event, round=round, label=label)
+            for ledger, event in zip(self.ledgers, evs):
+                ledger.charge(event, round=round, label=label)
+        choice = np.empty(K, dtype=np.int64)
+        for k in range(K):  # one silo at a time: a whole training set per gather
+            n_k = int(self.data.n[k])
+            X, y, _ = self.data.gather(np.array([k]), np.arange(n_k)[None, :])
+            score = selection.scores(self.model, cands[k], X[0], y[0], loss_bound)
+            if eps is None:
+                choice[k] = int(np.argmin(score))
+            else:
+                choice[k] = selection.noisy_argmin(
+                    score, eps[k], selection.sensitivity(self.model, n_k, loss_bound), self.rng)
+        self.selections_done += 1
+        return choice
+
+    def run(self, W0: np.ndarray, anchor: np.ndarray | None = None,
+            lam: float | np.ndarray = 0.0, round: int = 0, label: str = "dpsgd") -> np.ndarray:
+        """One local pass for every hosted silo. W0, anchor: (K, P); lam: scalar or (K,) per
+        silo. Returns (K, P).
 
         Gradient step: w ← w − lr·(ĝ + l2·w + λ(w − anchor)), ĝ the DP-SGD estimate."""
         self.charge(round, label)
         W = np.array(W0, dtype=float, copy=True)
         steps = self.steps_per_round
         S, K = int(steps.max()), len(steps)
+        lam = np.asarray(lam, dtype=float)
+        if lam.ndim and lam.shape != (K,):
+            raise ValueError(f"lam must be a scalar or one value per silo ({K},), got {lam.shape}")
+        pull = anchor is not None and bool(np.any(lam != 0))
+        lam = lam[:, None] if lam.ndim else float(lam)  # scalar fast path stays a float
         # All of this round's batches in one draw (independent Poisson samples per step).
         idx, mask = poisson_batches(np.tile(self.data.n, S), np.tile(self.q, S), self.rng)
         idx, mask = idx.reshape(S, K, -1), mask.reshape(S, K, -1)
@@ -127,8 +184,8 @@ class LocalTrainer:
                           x_sqnorm=sq)
             if self.l2:
                 g += self.l2 * Ws
-            if anchor is not None and lam:
-                g += lam * (Ws - anchor[sel])
+            if pull:
+                g += (lam if isinstance(lam, float) else lam[sel]) * (Ws - anchor[sel])
             W[sel] = Ws - self.lr * g
             self.steps_done[sel] += 1
         return W

@@ -1,0 +1,60 @@
+"""Local finetuning (appendix B.3): FedAvg for the first `finetune_fraction` of the rounds,
+then every silo trains alone, starting from the last FedAvg model.
+
+One local pass per round throughout, so Finetune takes exactly the DP-SGD steps of FedAvg
+and Local and spends exactly the same privacy (the default `privacy_events`). Under DP the
+finetuning phase loses FedAvg's averaging of the silos' noise (thesis Fig. 1.2).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from silofl.algorithms.base import (Algorithm, ServerState, SiloState, check_fraction,
+                                    need_rounds, phase_rounds, weighted_mean)
+
+
+@dataclass
+class PhasedSilos(SiloState):
+    switch: int = 0  # rounds 1..switch are federated (FedAvg), later rounds local
+    done: int = 0    # rounds completed
+
+
+class Finetune(Algorithm):
+    name = "finetune"
+
+    def __init__(self, finetune_fraction: float = 0.5, weighted: bool = True):
+        self.finetune_fraction = check_fraction("finetune_fraction", finetune_fraction,
+                                                low_open=False, high_open=False)
+        self.weighted = bool(weighted)
+
+    def init(self, params0, num_silos, rounds=None):
+        silos, server = super().init(params0, num_silos)
+        switch = phase_rounds(self.finetune_fraction, need_rounds(self.name, rounds))
+        return PhasedSilos(silos.params, switch=switch), server
+
+    def silo_step(self, silos: PhasedSilos, message, trainer, round):
+        K = silos.params.shape[0]
+        if round <= silos.switch:  # FedAvg: start from the global model, send the change
+            start = np.tile(message, (K, 1))
+            new = trainer.run(start, round=round)
+            return replace(silos, params=new, done=round), new - start
+        # first local round starts from the final FedAvg model, later ones continue
+        start = np.tile(message, (K, 1)) if silos.done == silos.switch else silos.params
+        return replace(silos, params=trainer.run(start, round=round), done=round), None
+
+    def server_step(self, server, update, weights):
+        if update is None:
+            return server
+        return ServerState(server.params + weighted_mean(update, weights))
+
+    def personal_models(self, silos: PhasedSilos, server):
+        if silos.done > silos.switch:
+            return silos.params
+        return np.tile(server.params, (silos.params.shape[0], 1))
+
+    def describe(self):
+        return {"name": self.name, "finetune_fraction": self.finetune_fraction,
+                "weighted": self.weighted}
