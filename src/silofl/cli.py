@@ -69,7 +69,9 @@ def run(config: Optional[Path] = typer.Option(None, "--config", "-c",
         console.print(
             f"Each method meets every silo's target on its own. Releasing all "
             f"{len(rep.results)} methods' models composes their costs (worst silo "
-            f"{worst['silo']}: ε = {worst['epsilon_rdp']:.3f} RDP / {worst['epsilon_pld']:.3f} PLD).")
+            f"{worst['silo']}: ε = {worst['epsilon_rdp']:.3f} RDP / "
+            + ("n/a" if worst["epsilon_pld"] is None else f"{worst['epsilon_pld']:.3f}")
+            + " PLD).")
     if rep.run_dir:
         console.print(f"Run directory: [bold]{rep.run_dir}[/] (config.toml, history.json, "
                       "ledgers/, privacy_report.json, summary.json, metric_over_rounds.png)")
@@ -156,6 +158,102 @@ def _account_node(n, b, delta, steps, epochs, sigma, epsilon, S, as_json):
         _fail(e)
     _print_quantities("node-level DP-SGD accounting (Theorem 2.4.4, replacement adjacency)",
                       out, as_json)
+
+
+def _report_dir(results: Path, out: Optional[Path]) -> Path:
+    return out if out is not None else results.with_name(results.stem + "-report")
+
+
+@app.command()
+def sweep(config: Path = typer.Argument(..., help="sweep TOML: run sections + [sweep] grid"),
+          results: Optional[Path] = typer.Option(
+              None, "--results", help="results file (default: sweep.results, relative to "
+              "the config file)"),
+          workers: Optional[int] = typer.Option(None, "--workers", "-j",
+                                                help="processes (default: sweep.workers)"),
+          quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress bar")):
+    """Run (or resume) a privacy-utility sweep: methods × ε × λ × lr × seeds, one JSON line
+    per finished run; then print the best settings chosen on validation data."""
+    from rich.progress import MofNCompleteColumn, TimeRemainingColumn
+
+    from silofl.experiments.report import selection_table
+    from silofl.experiments.selection import select_best
+    from silofl.experiments.sweep import NOT_COUNTED, read_results, run_sweep
+    from silofl.experiments.sweep_config import load_sweep_config
+    warnings.showwarning = _show_warning
+    try:
+        sc = load_sweep_config(config)
+        with Progress(TextColumn("sweep"), BarColumn(), MofNCompleteColumn(),
+                      TextColumn("runs"), TimeElapsedColumn(), TextColumn("ETA"),
+                      TimeRemainingColumn(), console=err, disable=quiet) as prog:
+            task = None
+
+            def on_progress(done, total, record):
+                nonlocal task
+                if task is None:
+                    task = prog.add_task("sweep", total=total, completed=done)
+                else:
+                    prog.update(task, completed=done)
+            outcome = run_sweep(sc, results=results, workers=workers, on_progress=on_progress)
+        head, records = read_results(outcome.results)
+    except SiloflError as e:
+        _fail(e)
+    except KeyboardInterrupt:
+        err.print("[yellow]interrupted:[/] finished runs are saved; run the same command "
+                  "again to resume")
+        raise typer.Exit(130)
+    console.print(selection_table(head, select_best(head, records)))
+    console.print(f"{outcome.executed} runs executed, {outcome.skipped} already recorded "
+                  f"({outcome.total} in the grid) in {outcome.seconds:.1f} s. Results: "
+                  f"[bold]{escape(str(outcome.results))}[/]")
+    console.print(escape(NOT_COUNTED))
+
+
+@app.command()
+def plot(results: Path = typer.Argument(..., help="results file written by `silofl sweep`"),
+         out: Optional[Path] = typer.Option(None, "--out",
+                                            help="directory (default: RESULTS-report/)"),
+         epsilon: Optional[float] = typer.Option(
+             None, "--epsilon", help="ε of the λ and over-rounds figures (a swept value; "
+             "default: [report] epsilon or the middle ε)")):
+    """Draw the sweep's figures as PNGs: ε vs test metric, MR-MTL vs λ, and metric over
+    rounds (hyperparameters chosen on validation)."""
+    from silofl.experiments.figures import make_figures
+    from silofl.experiments.sweep import read_results
+    try:
+        head, records = read_results(results)
+        made = make_figures(head, records, _report_dir(results, out), epsilon)
+    except SiloflError as e:
+        _fail(e)
+    for name, path in made.figures.items():
+        note = f" ({escape(made.notes[name])})" if name in made.notes else ""
+        console.print(f"{name}: {escape(str(path)) if path else 'not drawn'}{note}")
+
+
+@app.command()
+def report(results: Path = typer.Argument(..., help="results file written by `silofl sweep`"),
+           out: Optional[Path] = typer.Option(None, "--out",
+                                              help="directory (default: RESULTS-report/)"),
+           epsilon: Optional[float] = typer.Option(
+               None, "--epsilon", help="ε of the λ and over-rounds figures (a swept value; "
+               "default: [report] epsilon or the middle ε)")):
+    """Write an HTML report (figures, best hyperparameters, ε spent vs target per silo),
+    the PNGs and summary.json; print the main table."""
+    from silofl.experiments.report import selection_table, write_report
+    from silofl.experiments.selection import select_best
+    from silofl.experiments.sweep import read_results
+    try:
+        head, records = read_results(results)
+        d = _report_dir(results, out)
+        summary = write_report(results, d, epsilon)
+    except SiloflError as e:
+        _fail(e)
+    console.print(selection_table(head, select_best(head, records)))
+    if summary["over_target"]:
+        err.print(f"[bold red]{len(summary['over_target'])} silo×ε entries spent more than "
+                  "their target ε[/] (see the report)")
+    console.print(escape(summary["not_counted"]))
+    console.print(f"Report: [bold]{escape(str(d / 'report.html'))}[/] (+ PNGs, summary.json)")
 
 
 def _need_pandemic_extra() -> None:

@@ -12,26 +12,98 @@ from silofl.algorithms.base import Algorithm
 from silofl.data.federation import Federation, PrivacyTarget
 from silofl.errors import ConfigError
 from silofl.experiments.config import Config, DataConfig
-from silofl.models import make_model
+from silofl.models import TORCH_MODELS, check_input, make_model
 from silofl.models.base import Model
 from silofl.models.metrics import METRICS, default_metric
 from silofl.runtime.plan import TrainingConfig
 
-SOURCES = ("heart", "table", "school", "synthetic")
+SOURCES = ("heart", "table", "school", "exam", "mnist", "synthetic")
+# DataConfig keys that only one source reads: setting them for another source is an error.
+SOURCE_KEYS = {
+    "table": ("split", "alpha", "size_law", "power", "split_feature", "group_size"),
+    "mnist": ("train_per_silo", "test_per_silo", "mask_prob"),
+}
+MIN_SIZE_SOURCES = ("table", "exam")  # data.min_silo_size: split minimum / exam filter
+DEFAULT_SILOS = {"table": 10, "mnist": 40}  # data.num_silos = 0 means these
 GENERATORS = {"linear": D.linear_silos, "mean": D.mean_estimation, "vehicle": D.vehicle_like}
+
+
+def _check_source_keys(dc: DataConfig) -> None:
+    """Refuse source-specific keys (set away from their defaults) under another source."""
+    default = DataConfig()
+    for source, keys in SOURCE_KEYS.items():
+        if dc.source == source:
+            continue
+        for key in keys:
+            if getattr(dc, key) != getattr(default, key):
+                raise ConfigError(f"data.{key} applies only to data.source = {source!r}, but "
+                                  f"the source is {dc.source!r}; remove data.{key}")
+    if dc.num_silos and dc.source not in DEFAULT_SILOS:
+        raise ConfigError(f"data.num_silos applies only to data.source = 'table' (with "
+                          f"data.split) or 'mnist', but the source is {dc.source!r}; remove it")
+    if dc.min_silo_size and dc.source not in MIN_SIZE_SOURCES:
+        raise ConfigError(f"data.min_silo_size applies only to data.source = 'table' (with "
+                          f"data.split) or 'exam', but the source is {dc.source!r}; remove it")
+    if dc.min_silo_size < 0:
+        raise ConfigError(f"data.min_silo_size must be >= 0, got {dc.min_silo_size}")
+    if dc.num_silos < 0:
+        raise ConfigError(f"data.num_silos must be positive (0 = the source's default), "
+                          f"got {dc.num_silos}")
+
+
+def _split_table(dc: DataConfig) -> Federation:
+    """data.source = 'table' with data.split: one table cut into simulated silos."""
+    if dc.silo_column:
+        raise ConfigError(f"data.silo_column ({dc.silo_column!r}) and data.split "
+                          f"({dc.split!r}) both say how to form silos; give only one")
+    if dc.split not in D.SPLITS:
+        near = difflib.get_close_matches(dc.split, D.SPLITS, n=1)
+        hint = f" Did you mean {near[0]!r}?" if near else ""
+        raise ConfigError(f"unknown data.split {dc.split!r}; choose one of "
+                          f"{', '.join(D.SPLITS)}.{hint}")
+    if dc.split in ("feature_range", "shared_range") and not dc.split_feature:
+        raise ConfigError(f"data.split = {dc.split!r} needs data.split_feature, the column "
+                          "whose value ranges define the silos")
+    return D.split_table(dc.path, dc.label_column, dc.split, task=dc.task,
+                         features=dc.features or None, missing=dc.missing,
+                         num_silos=dc.num_silos or DEFAULT_SILOS["table"], alpha=dc.alpha,
+                         size_law=dc.size_law, power=dc.power,
+                         feature=dc.split_feature or None, group_size=dc.group_size,
+                         min_size=dc.min_silo_size or 10, test_fraction=dc.test_fraction,
+                         seed=dc.seed, standardize=dc.standardize)
 
 
 def load_federation(dc: DataConfig) -> Federation:
     common = dict(test_fraction=dc.test_fraction, seed=dc.seed)
+    if dc.source in SOURCES:  # an unknown source gets its nearest-name hint below
+        _check_source_keys(dc)
+    if dc.options and dc.source in ("exam", "mnist"):
+        raise ConfigError(f"data.options applies only to data.source = 'synthetic'; for "
+                          f"{dc.source!r} set its keys directly under [data]")
     if dc.source == "heart":
         return D.load_heart_disease(standardize=dc.standardize, missing=dc.missing, **common)
     if dc.source == "table":
-        if not dc.path or not dc.silo_column or not dc.label_column:
-            raise ConfigError("data.source = 'table' needs data.path, data.silo_column and "
-                              "data.label_column")
+        if not dc.path or not dc.label_column or not (dc.silo_column or dc.split):
+            raise ConfigError("data.source = 'table' needs data.path, data.label_column and "
+                              "either data.silo_column (a column naming each row's silo) or "
+                              "data.split (simulate silos: " + " | ".join(D.SPLITS) + ")")
+        if dc.split:
+            return _split_table(dc)
+        default = DataConfig()
+        for key in (*SOURCE_KEYS["table"], "num_silos", "min_silo_size"):
+            if getattr(dc, key) != getattr(default, key):
+                raise ConfigError(f"data.{key} applies only when silos are simulated with "
+                                  f"data.split, but data.silo_column = {dc.silo_column!r} "
+                                  f"names the silos; remove data.{key}")
         return D.load_table(dc.path, dc.silo_column, dc.label_column, task=dc.task,
                             features=dc.features or None, standardize=dc.standardize,
                             missing=dc.missing, **common)
+    if dc.source == "exam":
+        return D.load_exam(standardize=dc.standardize, min_size=dc.min_silo_size, **common)
+    if dc.source == "mnist":  # images: never standardized, test size set per silo
+        return D.load_rotated_masked_mnist(
+            num_silos=dc.num_silos or DEFAULT_SILOS["mnist"], train_per_silo=dc.train_per_silo,
+            test_per_silo=dc.test_per_silo, mask_prob=dc.mask_prob, seed=dc.seed)
     if dc.source == "school":
         if not dc.path:
             raise ConfigError("data.source = 'school' needs data.path (the school.mat file)")
@@ -80,7 +152,14 @@ def apply_privacy(fed: Federation, cfg: Config) -> Federation:
 def build_model(cfg: Config, fed: Federation) -> Model:
     mc = cfg.model
     opts = {"gamma": mc.gamma, "alpha": mc.alpha} if mc.name == "focal" else {}
+    x_shape = fed.silos[0].X_train.shape
+    if mc.name in TORCH_MODELS:  # neural nets: loss from the task, shape from the data
+        opts = {"task": fed.task, "input_shape": x_shape[1:], "hidden": mc.hidden or None,
+                "seed": cfg.training.seed}
+    elif mc.hidden:
+        raise ConfigError(f"model.hidden only applies to model 'mlp', not {mc.name!r}; remove it")
     model = make_model(mc.name, fed.dim, max(fed.num_classes, 2), **opts)
+    check_input(model, x_shape)
     model.check_task(fed.task)
     if mc.metric and mc.metric not in METRICS:
         raise ConfigError(f"unknown model.metric {mc.metric!r}; choose one of {', '.join(METRICS)}")
@@ -97,7 +176,10 @@ def build_algorithms(cfg: Config) -> list[Algorithm]:
     tc = cfg.training
     if not tc.methods:
         raise ConfigError("training.methods is empty; list at least one of local, fedavg, mrmtl")
-    return [make_algorithm(m, lam=tc.lam, weighted=tc.weighted) for m in tc.methods]
+    return [make_algorithm(m, lam=tc.lam, weighted=tc.weighted,
+                           finetune_fraction=tc.finetune_fraction, clusters=tc.clusters,
+                           selection_fraction=tc.selection_fraction,
+                           selection_rounds=tc.selection_rounds) for m in tc.methods]
 
 
 def training_config(cfg: Config) -> TrainingConfig:

@@ -18,9 +18,9 @@ from silofl.errors import ConfigError
 
 @dataclass
 class DataConfig:
-    source: str = "heart"          # heart | table | school | synthetic
+    source: str = "heart"          # heart | table | school | exam | mnist | synthetic
     path: str = ""                 # file for table/school
-    silo_column: str = ""          # table: column naming each row's silo
+    silo_column: str = ""          # table: column naming each row's silo (or use `split`)
     label_column: str = ""         # table: the target column
     task: str = "auto"             # table: auto | binary | multiclass | regression
     features: list = field(default_factory=list)  # table: feature columns (default: all)
@@ -30,14 +30,29 @@ class DataConfig:
     seed: int = 0
     generator: str = "linear"      # synthetic: linear | mean | vehicle
     options: dict = field(default_factory=dict)  # synthetic: generator keyword arguments
+    # table without silo_column: simulate silos (silofl.data.splitters)
+    split: str = ""                # iid | dirichlet | quantity | feature_range | shared_range
+    num_silos: int = 0             # split (default 10) and mnist (default 40)
+    alpha: float = 0.5             # dirichlet label skew / quantity sizes: small = skewed
+    size_law: str = "dirichlet"    # quantity: dirichlet | power
+    power: float = 1.0             # quantity with size_law = "power": n_k ∝ (k + 1)^-power
+    split_feature: str = ""        # feature_range / shared_range: the (encoded) column
+    group_size: int = 2            # shared_range: silos per shared value range
+    min_silo_size: int = 0         # split: fewest rows per silo (0 = 10); exam: leave
+                                   # out schools with fewer students (0 = keep all 65)
+    # mnist: Rotated & Masked MNIST (silofl.data.mnist)
+    train_per_silo: int = 1500
+    test_per_silo: int = 250
+    mask_prob: float = 0.1         # probability of each 2x2 patch being white
 
 
 @dataclass
 class ModelConfig:
-    name: str = "logistic"         # linear | logistic | focal | svm | softmax
+    name: str = "logistic"         # linear | logistic | focal | svm | softmax | mlp | convnet
     gamma: float = 2.0             # focal loss only
     alpha: float = 0.25            # focal loss only
     metric: str = ""               # accuracy | mse | auprc | roc_auc (default by task)
+    hidden: list = field(default_factory=list)  # mlp only: hidden layer widths ([] → [64])
 
 
 @dataclass
@@ -53,6 +68,10 @@ class TrainingSection:
     l2: float = 0.0
     seed: int = 0
     eval_every: int = 1
+    finetune_fraction: float = 0.5   # finetune, ifca_finetune: share of rounds federated
+    clusters: int = 2                # ifca*: number of cluster models
+    selection_fraction: float = 0.03  # ifca*: share of a silo's ε per cluster selection
+    selection_rounds: float = 0.1    # ifca*: share of rounds with selection (≥ 1 round)
 
 
 @dataclass

@@ -1,4 +1,6 @@
-"""Human-readable output: the terminal table and the metric-over-rounds plot."""
+"""Human-readable output: the terminal tables and the metric-over-rounds plot of a run,
+and for sweeps the hyperparameter selection (on validation), the privacy check and the
+HTML report (figures in `figures.py`)."""
 
 from __future__ import annotations
 
@@ -7,6 +9,7 @@ from pathlib import Path
 import numpy as np
 from rich.table import Table
 
+from silofl.experiments.selection import eps_label, privacy_check, select_best
 from silofl.models.metrics import HIGHER_IS_BETTER
 
 
@@ -31,8 +34,8 @@ def results_table(rep) -> Table:
                f"{vals[b]:.4f} {silos[b]}"]
         if private:
             p = r.privacy()
-            row.append(f"{max(x['epsilon_rdp'] for x in p):.3f} / "
-                       f"{max(x['epsilon_pld'] for x in p):.3f}")
+            row.append(f"{_max_eps(x['epsilon_rdp'] for x in p)} / "
+                       f"{_max_eps(x['epsilon_pld'] for x in p)}")
         t.add_row(*row)
     return t
 
@@ -51,8 +54,16 @@ def privacy_table(rep, max_rows: int = 30) -> Table | None:
         p0 = priv[0][k]
         t.add_row(silo, str(p0["n_train"]), f"{p0['target_epsilon']:g}, {p0['delta']:g}",
                   f"{p0['noise_multiplier']:.3g}",
-                  *[f"{p[k]['epsilon_rdp']:.3f} / {p[k]['epsilon_pld']:.3f}" for p in priv])
+                  *[f"{_max_eps([p[k]['epsilon_rdp']])} / {_max_eps([p[k]['epsilon_pld']])}"
+                    for p in priv])
     return t
+
+
+def _max_eps(values) -> str:
+    """Largest ε to 3 decimals; "n/a" where an accountant does not support a method's
+    events (PLD has no zCDP, used by private cluster selection)."""
+    values = list(values)
+    return "n/a" if any(v is None for v in values) else f"{max(values):.3f}"
 
 
 def plot_history(rep, path: Path) -> None:
@@ -71,3 +82,130 @@ def plot_history(rep, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+# --- sweeps: the selection table and the HTML report (selection in selection.py) -----------
+
+def _fmt(x, digits=4) -> str:
+    return "—" if x is None or not np.isfinite(x) else f"{x:.{digits}g}"
+
+
+def selection_table(head: dict, rows: list[dict]) -> Table:
+    metric = head["metric"]
+    better = "higher" if head["higher_is_better"] else "lower"
+    t = Table(title=f"best hyperparameters by validation {metric} ({better} is better); "
+                    f"test {metric} mean ± std over seeds")
+    for c in ["method", "ε", "λ*", "lr*", f"val {metric}", f"test {metric}", "seeds",
+              "max ε spent"]:
+        t.add_column(c, justify="left" if c == "method" else "right")
+    for r in rows:
+        t.add_row(r["method"], eps_label(r["epsilon"]),
+                  "—" if r["lam"] is None else f"{r['lam']:g}", f"{r['lr']:g}",
+                  _fmt(r["validation_mean"]),
+                  f"{_fmt(r['test_mean'])} ± {_fmt(r['test_std'], 2)}", str(len(r["seeds"])),
+                  "—" if r["max_epsilon_spent"] is None else f"{r['max_epsilon_spent']:.3f}")
+    return t
+
+
+def write_report(results: Path, out_dir: Path, epsilon: float | None = None) -> dict:
+    """HTML page + PNG figures + summary.json for a results file (`epsilon`: the ε of the
+    fixed-ε figures, default the header's report ε). Returns the summary."""
+    import base64
+    import html
+    import json
+
+    from silofl.experiments import figures
+    from silofl.experiments.sweep import read_results  # local: the sweep engine is heavy
+
+    head, records = read_results(results)
+    feps = figures.figure_epsilon(head, epsilon)  # bad input: fail before writing anything
+    out_dir.mkdir(parents=True, exist_ok=True)
+    rows = select_best(head, records)
+    check = privacy_check(head, records)
+    made = figures.make_figures(head, records, out_dir, feps)
+    over = [c for c in check if c["over_target"]]
+    summary = {"results": str(results), "fingerprint": head["fingerprint"],
+               "metric": head["metric"], "higher_is_better": head["higher_is_better"],
+               "runs_recorded": len(records), "runs_in_grid": head["total_runs"],
+               "figure_epsilon": feps,
+               "selection": rows, "privacy_check": check, "over_target": over,
+               "figures": {k: (str(v) if v else None) for k, v in made.figures.items()},
+               "figure_notes": made.notes, "not_counted": head["not_counted"]}
+    (out_dir / "summary.json").write_text(json.dumps(summary, indent=1))
+
+    e = html.escape
+    metric = e(head["metric"])
+    css = ("body{font-family:sans-serif;max-width:1100px;margin:2em auto}"
+           "table{border-collapse:collapse;margin:1em 0}"
+           "td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}"
+           "td:first-child,th:first-child{text-align:left}.over{background:#f8c0c0}"
+           ".note{background:#fff4d6;padding:.8em;border-left:4px solid #e0a000}")
+    first, _, rest = head["not_counted"].partition(". ")
+    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>silofl sweep "
+             f"{e(head['fingerprint'])}</title><style>{css}</style></head><body>",
+             f"<h1>Privacy-utility sweep</h1><p>Data: {e(str(head['config']['data']['source']))}"
+             f", {len(head['silos'])} silos ({len(head['dropped_silos'])} dropped by "
+             f"min_silo_train), metric: pooled {metric} (weighted by counts; "
+             f"{'higher' if head['higher_is_better'] else 'lower'} is better). "
+             f"{len(records)} of {head['total_runs']} runs recorded. Fingerprint "
+             f"<code>{e(head['fingerprint'])}</code>.</p>",
+             f"<p class='note'><b>{e(first)}.</b> {e(rest)}</p>"]
+    if over:
+        parts.append(f"<p class='note over'><b>{len(over)} silo×ε entries spent more than "
+                     "their target</b> — see the privacy table.</p>")
+    for name, title in figures.TITLES.items():
+        path = made.figures.get(name)
+        if path:
+            b64 = base64.b64encode(Path(path).read_bytes()).decode()
+            parts.append(f"<h2>{e(title)}</h2><img alt='{e(name)}' style='max-width:100%' "
+                         f"src='data:image/png;base64,{b64}'>")
+            if name in made.notes:
+                parts.append(f"<p>Note: {e(made.notes[name])}</p>")
+        else:
+            parts.append(f"<h2>{e(title)}</h2><p>Not drawn: {e(made.notes.get(name, ''))}</p>")
+    parts.append(f"<h2>Best hyperparameters (chosen on validation) and test {metric}</h2>"
+                 "<table><tr><th>method</th><th>ε</th><th>λ*</th><th>lr*</th>"
+                 f"<th>validation {metric}</th><th>test {metric} (mean ± std)</th>"
+                 "<th>seeds</th><th>candidates</th><th>max ε spent</th></tr>")
+    for r in rows:
+        lam = "—" if r["lam"] is None else f"{r['lam']:g}"
+        spent = "—" if r["max_epsilon_spent"] is None else f"{r['max_epsilon_spent']:.3f}"
+        parts.append(
+            f"<tr><td>{e(r['method'])}</td><td>{eps_label(r['epsilon'])}</td><td>{lam}</td>"
+            f"<td>{r['lr']:g}</td><td>{_fmt(r['validation_mean'])}</td>"
+            f"<td>{_fmt(r['test_mean'])} ± {_fmt(r['test_std'], 2)}</td>"
+            f"<td>{len(r['seeds'])}</td><td>{r['candidates']}</td><td>{spent}</td></tr>")
+    parts.append("</table>")
+    parts.append(_privacy_html(head, check))
+    parts.append("</body></html>")
+    (out_dir / "report.html").write_text("\n".join(parts))
+    return summary
+
+
+def _privacy_html(head: dict, check: list[dict]) -> str:
+    """Rows: silos; columns: swept ε; cells: largest ε spent / target (red when over)."""
+    import html
+    if not check:
+        return "<h2>Privacy</h2><p>No private runs recorded.</p>"
+    eps = sorted({c["epsilon"] for c in check})
+    cell = {(c["silo"], c["epsilon"]): c for c in check}
+    acc = html.escape(check[0]["accountant"].upper())
+    out = [f"<h2>Privacy: largest ε spent per silo over all its runs ({acc}, at the silo's "
+           "δ) vs target</h2><p>Read from each run's privacy ledgers. Each run is charged "
+           "separately; the cost of running all of them on the same data is not composed "
+           "here (see the note above).</p><table><tr><th>silo</th>"
+           + "".join(f"<th>ε = {x:g}</th>" for x in eps) + "</tr>"]
+    for silo in head["silos"]:
+        tds = []
+        for x in eps:
+            c = cell.get((silo, x))
+            if c is None:
+                tds.append("<td>—</td>")
+                continue
+            cls = " class='over'" if c["over_target"] else ""
+            flag = " OVER TARGET" if c["over_target"] else ""
+            tds.append(f"<td{cls}>{c['max_epsilon_spent']:.4f} / {c['target_epsilon']:g}"
+                       f"{flag}</td>")
+        out.append(f"<tr><td>{html.escape(silo)}</td>{''.join(tds)}</tr>")
+    out.append("</table>")
+    return "".join(out)

@@ -19,6 +19,7 @@ from typing import Callable
 import numpy as np
 import tomli_w
 
+from silofl.algorithms import LAMBDA_METHODS
 from silofl.experiments import build
 from silofl.experiments.config import Config
 from silofl.privacy import accounting, events
@@ -35,7 +36,9 @@ class RunReport:
 
     def label(self, r: RunResult) -> str:
         m = r.method
-        return f"mrmtl(λ={m['lam']:g})" if m["name"] == "mrmtl" else m["name"]
+        if m["name"] in LAMBDA_METHODS and "lam" in m:  # every λ method, not only MR-MTL
+            return f"{m['name']}(λ={m['lam']:g})"
+        return m["name"]
 
     def summary(self) -> dict:
         return {"run_dir": str(self.run_dir) if self.run_dir else None,

@@ -1,0 +1,441 @@
+"""Privacy-utility sweeps: a grid of runs, executed in worker processes, recorded one
+JSON line per finished run, resumable.
+
+Grid: seeds × (ε list + non-private) × methods × lr × (λ list for LAMBDA_METHODS, one run
+for the others). Every run is one `simulate()` on the same federation, whose silos each
+give up `validation_fraction` of their *training* rows as a validation set: runs are
+evaluated per round on validation (for choosing hyperparameters) and on test (for
+reporting); test rows never take part in selection.
+
+Results file (JSON lines): line 1 is a header with the sweep's fingerprint (a hash of the
+normalized config and the data file) and the data layout; every further line is one
+finished run. Lines are appended with a single write each and the file is fsynced, so a
+crash leaves complete lines (a torn last line is dropped on the next start). Re-running the
+same sweep skips the runs already recorded; a results file of a different sweep is refused.
+
+Privacy: every private run trains under in-memory ledgers that charge each silo before
+its data is touched (as `silofl run` does); the ε each silo actually spent is read from
+its ledger into the record. What is NOT counted: the cost of running many configurations
+on the same data and choosing among them (thesis appendix E), and the non-private runs,
+which use the data without any DP and exist only as a reference.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import math
+import multiprocessing
+import os
+import time
+import warnings
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from silofl.algorithms import LAMBDA_METHODS, make_algorithm
+from silofl.data.federation import Federation, PrivacyTarget, split_silo
+from silofl.errors import ConfigError, DataError, SiloflError
+from silofl.experiments import build
+from silofl.experiments.sweep_config import _ALG_DEFAULTS, SweepConfig
+from silofl.models.base import Model
+from silofl.models.metrics import HIGHER_IS_BETTER, default_metric
+from silofl.privacy.ledger import Ledger
+from silofl.runtime.plan import TrainingConfig, plan_silos
+from silofl.runtime.simulator import simulate
+
+FORMAT = 1
+HEADER_KIND = "silofl-sweep"
+NOT_COUNTED = (
+    "The privacy cost of hyperparameter selection is not counted. Every private run meets each "
+    "silo's (ε, δ) on its own, but this sweep trained many configurations on the same data "
+    "and the report picks the best by validation metric; releasing that choice (or several "
+    "runs) costs more privacy than one run (thesis §1.7 and appendix E: naive tuning over h "
+    "runs can cost up to h·ε). Non-private runs use the data without DP and are a reference "
+    "only.")
+
+
+# --- the grid ----------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One point of the grid. epsilon None = non-private; lam None = method has no λ."""
+
+    method: str
+    epsilon: float | None
+    lam: float | None
+    lr: float
+    seed: int
+
+    @property
+    def key(self) -> str:
+        return json.dumps([self.method, self.epsilon, self.lam, self.lr, self.seed])
+
+    @property
+    def private(self) -> bool:
+        return self.epsilon is not None
+
+
+def expand(sc: SweepConfig) -> list[RunSpec]:
+    """All runs of the sweep, seeds outermost (so a partial sweep covers every ε early)."""
+    s = sc.sweep
+    eps = list(s.epsilon) + ([None] if s.nonprivate else [])
+    return [RunSpec(m, e, lam, lr, seed)
+            for seed in s.seeds for e in eps for m in s.methods for lr in s.lr
+            for lam in (s.lam if m in LAMBDA_METHODS else [None])]
+
+
+# --- data: validation carved from training rows -------------------------------------------
+
+@dataclass
+class Prepared:
+    """The federation every run trains on, its per-silo validation sets (X, y), the model
+    and the metric. `dropped` lists silos removed by sweep.min_silo_train."""
+
+    fed: Federation
+    validation: list[tuple[np.ndarray, np.ndarray]]
+    model: Model
+    metric: str
+    dropped: list[dict]
+
+
+def carve_validation(fed: Federation, fraction: float, seed: int
+                     ) -> tuple[Federation, list[tuple[np.ndarray, np.ndarray]]]:
+    """Split each silo's training rows into training and validation (seeded, per silo, with
+    `split_silo`); test rows are untouched. Returns the reduced federation and the
+    validation (X (m_k, d), y (m_k,)) of every silo."""
+    rng = np.random.default_rng([seed, 0x5EED])  # its own stream: the test split is unchanged
+    silos, val = [], []
+    for s in fed.silos:
+        part = split_silo(s.name, s.X_train, s.y_train, fraction, rng)
+        silos.append(dataclasses.replace(s, X_train=part.X_train, y_train=part.y_train))
+        val.append((part.X_test, part.y_test))
+    try:
+        return dataclasses.replace(fed, silos=silos), val
+    except DataError as e:
+        raise DataError(f"after carving sweep.validation_fraction = {fraction} of each silo's "
+                        f"training rows for validation: {e}. Lower validation_fraction or "
+                        "set sweep.min_silo_train to drop small silos") from None
+
+
+def prepare(sc: SweepConfig) -> Prepared:
+    """Load the data, carve validation sets, drop silos below sweep.min_silo_train, build
+    the model. Touches no training example beyond loading and splitting."""
+    fed = build.load_federation(sc.base.data)
+    fed, val = carve_validation(fed, sc.sweep.validation_fraction, sc.base.data.seed)
+    dropped = []
+    if sc.sweep.min_silo_train:
+        keep = [k for k, s in enumerate(fed.silos) if s.n_train >= sc.sweep.min_silo_train]
+        dropped = [{"silo": s.name, "n_train": s.n_train} for k, s in enumerate(fed.silos)
+                   if k not in keep]
+        if not keep:
+            raise ConfigError(f"sweep.min_silo_train = {sc.sweep.min_silo_train} drops every "
+                              "silo; lower it")
+        fed = dataclasses.replace(fed, silos=[fed.silos[k] for k in keep])
+        val = [val[k] for k in keep]
+    model = build.build_model(sc.base, fed)
+    return Prepared(fed, val, model, sc.base.model.metric or default_metric(fed.task), dropped)
+
+
+def training_config(sc: SweepConfig, spec: RunSpec) -> TrainingConfig:
+    return dataclasses.replace(build.training_config(sc.base), lr=spec.lr, seed=spec.seed,
+                               private=spec.private)
+
+
+def algorithm(sc: SweepConfig, spec: RunSpec):
+    lam = _ALG_DEFAULTS["lam"] if spec.lam is None else spec.lam
+    return make_algorithm(spec.method, lam=lam, **sc.algorithm_options())
+
+
+def targeted(sc: SweepConfig, fed: Federation, spec: RunSpec) -> Federation:
+    if not spec.private:
+        return fed
+    return fed.with_targets(PrivacyTarget(spec.epsilon, sc.base.privacy.delta))
+
+
+# --- one run (in a worker) ------------------------------------------------------------------
+
+_CACHE: dict[str, Prepared] = {}
+
+
+def execute(sc: SweepConfig, spec: RunSpec, fingerprint: str) -> dict:
+    """Run one grid point; returns its results record (plain JSON data)."""
+    prep = _CACHE.get(fingerprint)
+    if prep is None:
+        _CACHE.clear()
+        prep = _CACHE[fingerprint] = prepare(sc)
+    fed = targeted(sc, prep.fed, spec)
+    tcfg = training_config(sc, spec)
+    alg = algorithm(sc, spec)
+    res = simulate(fed, prep.model, alg, tcfg, metric=prep.metric,
+                   eval_sets={"validation": prep.validation})
+    privacy = None
+    if res.ledgers is not None:
+        spent = [led.epsilon() for led in res.ledgers]  # under the ledger's accountant
+        targets = [led.target.epsilon for led in res.ledgers]
+        privacy = {"accountant": tcfg.accountant,
+                   "delta": [led.target.delta for led in res.ledgers],
+                   "target_epsilon": targets, "epsilon_spent": spent,
+                   "noise_multiplier": [p.noise_multiplier for p in res.plans],
+                   "max_epsilon_spent": max(spent),
+                   "over_target": [led.silo for led, e, t in zip(res.ledgers, spent, targets)
+                                   if e > t * (1 + 1e-9)]}
+    val = res.history.extra["validation"]
+    return _clean({
+        "kind": "run", "key": spec.key, "method": spec.method, "private": spec.private,
+        "epsilon": spec.epsilon, "delta": sc.base.privacy.delta if spec.private else None,
+        "lam": spec.lam, "lr": spec.lr, "seed": spec.seed, "algorithm": res.method,
+        "training": dataclasses.asdict(tcfg),
+        "metric": res.metric, "rounds": res.history.rounds,
+        "validation": val["pooled"], "test": res.history.pooled,
+        "final_validation": val["pooled"][-1], "final_test": res.final_pooled,
+        "final_test_per_silo": res.final_per_silo, "privacy": privacy,
+        "seconds": res.seconds})
+
+
+def _clean(o):
+    """JSON-safe: numpy scalars → Python, non-finite floats → None (strict JSON)."""
+    if isinstance(o, dict):
+        return {k: _clean(v) for k, v in o.items()}
+    if isinstance(o, (list, tuple)):
+        return [_clean(v) for v in o]
+    if isinstance(o, np.ndarray):
+        return _clean(o.tolist())
+    if isinstance(o, (np.floating, float)):
+        return float(o) if math.isfinite(o) else None
+    if isinstance(o, np.integer):
+        return int(o)
+    return o
+
+
+# --- the results file -----------------------------------------------------------------------
+
+def header(sc: SweepConfig, prep: Prepared, fingerprint: str, total: int) -> dict:
+    fed = prep.fed
+    return _clean({
+        "kind": HEADER_KIND, "format": FORMAT, "fingerprint": fingerprint,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "config": sc.normalized(),
+        "report": dataclasses.asdict(sc.report), "report_epsilon": sc.report_epsilon,
+        "metric": prep.metric, "higher_is_better": HIGHER_IS_BETTER[prep.metric],
+        "task": fed.task, "silos": fed.names, "n_train": [s.n_train for s in fed.silos],
+        "n_validation": [len(y) for _, y in prep.validation],
+        "n_test": [s.n_test for s in fed.silos], "dropped_silos": prep.dropped,
+        "total_runs": total, "not_counted": NOT_COUNTED})
+
+
+def read_results(path: str | Path) -> tuple[dict, list[dict]]:
+    """Header and run records of a results file. A torn last line (a crash mid-write) is
+    ignored; any other unreadable line is an error."""
+    p = Path(path)
+    if not p.is_file():
+        raise DataError(f"results file {str(p)!r} does not exist; run `silofl sweep` first")
+    text = p.read_text()
+    lines = text.split("\n")
+    torn = not text.endswith("\n")
+    records, head = [], None
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError:
+            if torn and i == len(lines) - 1:
+                break
+            raise DataError(f"{str(p)!r} line {i + 1} is not valid JSON; the file is damaged. "
+                            "Remove that line (runs in it will be redone) or start a new "
+                            "results file") from None
+        if head is None:
+            if not isinstance(obj, dict) or obj.get("kind") != HEADER_KIND:
+                raise DataError(f"{str(p)!r} is not a silofl sweep results file (its first "
+                                "line is not a sweep header); choose another results path")
+            if obj.get("format") != FORMAT:
+                raise DataError(f"{str(p)!r} has results format {obj.get('format')}, this "
+                                f"silofl reads format {FORMAT}; start a new results file")
+            head = obj
+        elif obj.get("kind") == "run":
+            records.append(obj)
+    if head is None:
+        raise DataError(f"results file {str(p)!r} is empty; run `silofl sweep` first")
+    return head, records
+
+
+def _diff(a: dict, b: dict, prefix: str = "") -> list[str]:
+    out = []
+    for k in sorted(set(a) | set(b)):
+        va, vb = a.get(k), b.get(k)
+        if isinstance(va, dict) and isinstance(vb, dict):
+            out += _diff(va, vb, f"{prefix}{k}.")
+        elif va != vb:
+            out.append(f"{prefix}{k}")
+    return out
+
+
+def open_results(path: Path, sc: SweepConfig, head: dict) -> set[str]:
+    """Create the results file with `head`, or check an existing one belongs to this sweep.
+    Returns the keys of runs already recorded."""
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps(head) + "\n")
+        os.replace(tmp, path)  # the file appears with a complete header or not at all
+        return set()
+    old, records = read_results(path)
+    if old["fingerprint"] != head["fingerprint"]:
+        changed = _diff(old.get("config", {}), head["config"]) or ["the data file's contents"]
+        raise ConfigError(
+            f"results file {str(path)!r} belongs to a different sweep (fingerprint "
+            f"{old['fingerprint']} ≠ {head['fingerprint']}; differs in: {', '.join(changed)}). "
+            "Resuming would mix results of different configs. Use a new results path "
+            "(sweep.results or --results), or delete the file to start over")
+    _drop_torn_tail(path)
+    return {r["key"] for r in records}
+
+
+def _drop_torn_tail(path: Path) -> None:
+    data = path.read_bytes()
+    if data and not data.endswith(b"\n"):
+        with open(path, "r+b") as f:
+            f.truncate(data.rfind(b"\n") + 1)
+
+
+def append_record(path: Path, record: dict) -> None:
+    """One complete line per call: a single O_APPEND write, then fsync."""
+    line = (json.dumps(record) + "\n").encode()
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND)
+    try:
+        os.write(fd, line)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+# --- the sweep ------------------------------------------------------------------------------
+
+@dataclass
+class SweepOutcome:
+    results: Path
+    total: int
+    skipped: int      # already in the results file
+    executed: int
+    seconds: float
+
+
+def preflight(sc: SweepConfig, prep: Prepared) -> None:
+    """Fail before anything is written: every method's plan (batch below every silo's size,
+    calibration at the smallest ε, the budget check) must succeed."""
+    for method in sc.sweep.methods:
+        spec = RunSpec(method, min(sc.sweep.epsilon), sc.sweep.lam[0] if method in
+                       LAMBDA_METHODS else None, sc.sweep.lr[0], sc.sweep.seeds[0])
+        plans = plan_silos(targeted(sc, prep.fed, spec), algorithm(sc, spec),
+                           training_config(sc, spec))
+        for p in plans:
+            Ledger(p.name, p.target, sc.base.privacy.accountant).preflight(p.declared)
+
+
+Progress = Callable[[int, int, dict | None], None]
+
+
+def run_sweep(sc: SweepConfig, *, results: str | Path | None = None, workers: int | None = None,
+              on_progress: Progress | None = None) -> SweepOutcome:
+    """Run (or resume) the sweep. `on_progress(done, total, record)` is called once before
+    the first run (record None; done = runs already recorded) and after every run."""
+    t0 = time.perf_counter()
+    path = Path(results) if results is not None else sc.results_path
+    workers = workers or sc.sweep.workers
+    if workers < 1:
+        raise ConfigError(f"workers must be ≥ 1, got {workers}")
+    prep = prepare(sc)
+    preflight(sc, prep)
+    specs = expand(sc)
+    fingerprint = sc.fingerprint()
+    done = open_results(path, sc, header(sc, prep, fingerprint, len(specs)))
+    todo = [s for s in specs if s.key not in done]
+    skipped = len(specs) - len(todo)
+    if on_progress:
+        on_progress(skipped, len(specs), None)
+    _CACHE.clear()
+    _CACHE[fingerprint] = prep  # in-process runs reuse the prepared data
+    count = skipped
+
+    def finished(rec: dict) -> None:
+        nonlocal count
+        append_record(path, rec)
+        count += 1
+        if on_progress:
+            on_progress(count, len(specs), rec)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # preflight already showed the planning warnings
+        if workers == 1 or len(todo) <= 1:
+            for spec in todo:
+                finished(execute(sc, spec, fingerprint))
+        else:
+            with _one_blas_thread():  # workers start at the first submit
+                _in_pool(sc, todo, fingerprint, min(workers, len(todo)), finished)
+    return SweepOutcome(path, len(specs), skipped, len(todo), time.perf_counter() - t0)
+
+
+def _in_pool(sc, todo, fingerprint, workers, finished) -> None:
+    ctx = multiprocessing.get_context("spawn")  # no fork of a process that may hold threads
+    ex = ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init_worker)
+    try:
+        # keep a few tasks queued per worker rather than pickling the whole grid up front
+        it = iter(todo)
+        pending: dict = {}
+        for spec in it:
+            pending[ex.submit(execute, sc, spec, fingerprint)] = spec
+            if len(pending) >= 2 * workers:
+                break
+        while pending:
+            ready, _ = wait(pending, return_when=FIRST_COMPLETED)
+            error = None
+            for f in ready:
+                spec = pending.pop(f)
+                if f.exception() is not None:  # record the other finished runs first
+                    error = error or (spec, f.exception())
+                    continue
+                finished(f.result())
+                nxt = None if error else next(it, None)
+                if nxt is not None:
+                    pending[ex.submit(execute, sc, nxt, fingerprint)] = nxt
+            if error:
+                spec, e = error
+                if isinstance(e, SiloflError):
+                    raise type(e)(f"run {spec.key}: {e}") from None
+                raise e
+    except BaseException:
+        ex.shutdown(wait=True, cancel_futures=True)
+        raise
+    ex.shutdown(wait=True)
+
+
+@contextlib.contextmanager
+def _one_blas_thread():
+    """Workers inherit this environment: one BLAS/OpenMP thread each, so `workers`
+    processes use `workers` cores instead of oversubscribing them."""
+    keys = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+    old = {k: os.environ.get(k) for k in keys}
+    for k in keys:
+        os.environ.setdefault(k, "1")
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _init_worker() -> None:
+    import logging
+    warnings.simplefilter("ignore")
+    logging.getLogger("absl").setLevel(logging.ERROR)
+
+
+__all__ = ["NOT_COUNTED", "Prepared", "RunSpec", "SweepOutcome", "carve_validation", "execute",
+           "expand", "prepare", "read_results", "run_sweep"]

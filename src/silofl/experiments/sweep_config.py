@@ -1,0 +1,210 @@
+"""Sweep configuration: a run config ([data], [model], [training], [privacy], [output])
+plus a [sweep] grid and optional [report] settings.
+
+The grid replaces the run config's single values: methods × ε (+ non-private) × λ (only for
+LAMBDA_METHODS) × lr × seeds. Setting those single values in the other sections as well
+(training.methods, training.lam, training.lr, training.seed, privacy.epsilon,
+privacy.enabled, privacy.silos) is an error, so a file never means two things.
+
+Relative paths (data.path, sweep.results) are resolved against the directory of the
+config file, so `silofl sweep examples/school.toml` works from any working directory.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import difflib
+import hashlib
+import inspect
+import json
+import math
+import os
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from silofl.algorithms import LAMBDA_METHODS, METHODS, make_algorithm
+from silofl.errors import ConfigError
+from silofl.experiments.config import Config, _build, config_from_dict
+
+_ALG_DEFAULTS = {k: p.default for k, p in inspect.signature(make_algorithm).parameters.items()
+                 if p.default is not inspect.Parameter.empty}
+
+#: keys of the run sections that the [sweep] grid replaces → the sweep key to use instead
+_REPLACED = {("training", "methods"): "sweep.methods", ("training", "lam"): "sweep.lam",
+             ("training", "lr"): "sweep.lr", ("training", "seed"): "sweep.seeds",
+             ("privacy", "epsilon"): "sweep.epsilon", ("privacy", "enabled"): "sweep.nonprivate",
+             ("privacy", "silos"): "sweep.epsilon (every silo gets the swept ε)"}
+
+
+@dataclass
+class SweepSection:
+    methods: list = field(default_factory=lambda: ["local", "fedavg", "mrmtl"])
+    epsilon: list = field(default_factory=lambda: [1.0])  # per-silo target ε, same for all
+    nonprivate: bool = False       # also run every method without DP (reference only)
+    lam: list = field(default_factory=lambda: [0.1])      # only for LAMBDA_METHODS
+    lr: list = field(default_factory=lambda: [0.1])
+    seeds: list = field(default_factory=lambda: [0])
+    validation_fraction: float = 0.2  # of each silo's training rows, for selection
+    min_silo_train: int = 0        # drop silos with fewer training rows (after validation)
+    workers: int = 2               # processes
+    results: str = "results.jsonl"
+
+
+@dataclass
+class ReportSection:
+    epsilon: float | None = None   # ε of the λ and over-rounds figures (default: middle ε)
+
+
+@dataclass
+class SweepConfig:
+    base: Config                   # the run sections; data.path already resolved
+    sweep: SweepSection
+    report: ReportSection
+    root: Path                     # directory relative paths were resolved against
+    data_path_as_written: str = ""
+
+    @property
+    def results_path(self) -> Path:
+        return _resolve(self.root, self.sweep.results)
+
+    def algorithm_options(self) -> dict:
+        """Keyword arguments for make_algorithm besides `lam`, from [training] (the
+        registry's defaults for keys a config version does not have)."""
+        tc = self.base.training
+        return {k: getattr(tc, k, v) for k, v in _ALG_DEFAULTS.items() if k != "lam"}
+
+    def normalized(self) -> dict:
+        """Everything that determines the runs' results, as plain data: the fingerprint's
+        input. Excludes where results go (sweep.results, [output]), how many processes run
+        them (sweep.workers) and presentation ([report])."""
+        d = self.base.to_dict()
+        d.pop("output")
+        d["data"]["path"] = self.data_path_as_written
+        for sec, key in _REPLACED:
+            d[sec].pop(key, None)
+        sw = dataclasses.asdict(self.sweep)
+        for key in ("workers", "results"):
+            sw.pop(key)
+        d["sweep"] = sw
+        return d
+
+    def fingerprint(self) -> str:
+        """sha256 of the normalized config and of the data file's bytes (when there is one)."""
+        h = hashlib.sha256(json.dumps(self.normalized(), sort_keys=True).encode())
+        path = self.base.data.path
+        if path and Path(path).is_file():
+            with open(path, "rb") as f:
+                for chunk in iter(lambda: f.read(1 << 20), b""):
+                    h.update(chunk)
+        return h.hexdigest()[:16]
+
+    @property
+    def report_epsilon(self) -> float:
+        """ε used by the fixed-ε figures: report.epsilon, else the middle of the ε grid."""
+        if self.report.epsilon is not None:
+            return self.report.epsilon
+        eps = sorted(self.sweep.epsilon)
+        return eps[len(eps) // 2]
+
+
+def _resolve(root: Path, p: str) -> Path:
+    path = Path(p).expanduser()
+    return path if path.is_absolute() else Path(os.path.normpath(root / path))
+
+
+def _number_list(value: list, where: str, *, positive: bool = False,
+                 integer: bool = False) -> list:
+    """A non-empty list of distinct finite numbers ≥ 0 (> 0 with `positive`)."""
+    if not value:
+        raise ConfigError(f"'{where}' is empty; give at least one value, e.g. {where} = [1]")
+    out = []
+    for v in value:
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or \
+                integer and not isinstance(v, int):
+            kind = "integers" if integer else "numbers"
+            raise ConfigError(f"'{where}' must be a list of {kind}, got {v!r} in {value!r}")
+        if not math.isfinite(v):
+            raise ConfigError(f"'{where}' holds {v!r}; use finite values")
+        if positive and not v > 0:
+            raise ConfigError(f"'{where}' must hold positive values, got {v!r}")
+        if v < 0:
+            raise ConfigError(f"'{where}' must hold non-negative values, got {v!r}")
+        out.append(v if integer else float(v))
+    dup = sorted({v for v in out if out.count(v) > 1})
+    if dup:
+        raise ConfigError(f"'{where}' lists {dup} more than once; list every value once")
+    return out
+
+
+def validate_sweep(s: SweepSection) -> SweepSection:
+    """Check the grid; returns a copy with numbers normalized (floats, ints)."""
+    s = copy.deepcopy(s)
+    if not s.methods:
+        raise ConfigError(f"'sweep.methods' is empty; list some of {', '.join(METHODS)}")
+    for m in s.methods:
+        if not isinstance(m, str) or m not in METHODS:
+            near = difflib.get_close_matches(str(m), list(METHODS), n=1)
+            hint = f" Did you mean {near[0]!r}?" if near else ""
+            raise ConfigError(f"unknown method {m!r} in sweep.methods; choose from "
+                              f"{', '.join(METHODS)}.{hint}")
+    if len(set(s.methods)) != len(s.methods):
+        raise ConfigError("'sweep.methods' lists a method more than once; list every method once")
+    s.epsilon = _number_list(s.epsilon, "sweep.epsilon", positive=True)
+    s.lam = _number_list(s.lam, "sweep.lam")
+    s.lr = _number_list(s.lr, "sweep.lr", positive=True)
+    s.seeds = _number_list(s.seeds, "sweep.seeds", integer=True)
+    if not 0 < s.validation_fraction < 1:
+        raise ConfigError(f"'sweep.validation_fraction' must be in (0, 1), got "
+                          f"{s.validation_fraction}; e.g. 0.2 keeps 80% of each silo's "
+                          "training rows for training")
+    if s.min_silo_train < 0:
+        raise ConfigError(f"'sweep.min_silo_train' must be ≥ 0, got {s.min_silo_train}")
+    if s.workers < 1:
+        raise ConfigError(f"'sweep.workers' must be ≥ 1, got {s.workers}")
+    if not s.results.strip():
+        raise ConfigError("'sweep.results' is empty; name a results file, e.g. "
+                          "results = \"results/sweep.jsonl\"")
+    return s
+
+
+def sweep_config_from_dict(raw: dict, root: Path | str = ".") -> SweepConfig:
+    """Validate a parsed sweep TOML. Relative paths resolve against `root`."""
+    raw = copy.deepcopy(raw)
+    if "sweep" not in raw:
+        raise ConfigError("a sweep config needs a [sweep] section (methods, epsilon, lam, lr, "
+                          "seeds, …); for a single run use `silofl run --config`")
+    sweep = validate_sweep(_build(SweepSection, raw.pop("sweep"), "sweep"))
+    report = _build(ReportSection, raw.pop("report", {}), "report")
+    for (sec, key), instead in _REPLACED.items():
+        if isinstance(raw.get(sec), dict) and key in raw[sec]:
+            raise ConfigError(f"'{sec}.{key}' is set by the sweep grid in a sweep config; "
+                              f"remove it and use {instead}")
+    base = config_from_dict(raw)
+    root = Path(root)
+    sc = SweepConfig(base, sweep, report, root, base.data.path)
+    for m in sweep.methods:  # the registry refuses unimplemented methods and bad options
+        make_algorithm(m, lam=sweep.lam[0], **sc.algorithm_options())
+    if base.data.path:
+        base.data.path = str(_resolve(root, base.data.path))
+    if report.epsilon is not None and float(report.epsilon) not in sweep.epsilon:
+        raise ConfigError(f"report.epsilon = {report.epsilon} is not in sweep.epsilon "
+                          f"{sweep.epsilon}; pick one of the swept values")
+    return sc
+
+
+def load_sweep_config(path: str | Path) -> SweepConfig:
+    """Read and validate a sweep TOML file (paths in it are relative to its directory)."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"sweep config {str(p)!r} does not exist; pass an existing .toml file")
+    try:
+        raw = tomllib.loads(p.read_text())
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError, OSError) as e:
+        raise ConfigError(f"cannot read sweep config {str(p)!r}: {e}") from None
+    return sweep_config_from_dict(raw, p.resolve().parent)
+
+
+__all__ = ["LAMBDA_METHODS", "ReportSection", "SweepConfig", "SweepSection",
+           "load_sweep_config", "sweep_config_from_dict", "validate_sweep"]
