@@ -100,11 +100,28 @@ def _epsilon(event, delta: float, kind: Accountant) -> float:
             raise PrivacyError(f"the {kind} accountant does not support node-level events; "
                                "use the rdp accountant")
         return float(_rdp_to_eps(RDP_ORDERS_FINE, list(rdp_curve), delta)[0])
+    if kind == "rdp":
+        # RDP composes linearly, so a composition is Σ count × (dp_accounting's RDP of each
+        # base event); caching the base curves makes re-checking a composition (every
+        # preflight and report, IFCA's selection + DP-SGD mixes) cost microseconds.
+        from silofl.privacy.events import flatten
+        curve = sum(c * _base_rdp(e) for e, c in flatten(event).items())
+        return float(_rdp_to_eps(RDP_ORDERS, list(curve), delta)[0])
     acc = make_accountant(kind)
     if not acc.supports(event):
         raise PrivacyError(f"the {kind} accountant cannot account for {type(event).__name__}")
     acc.compose(event)
     return float(acc.get_epsilon(delta))
+
+
+@lru_cache(maxsize=8192)
+def _base_rdp(event) -> np.ndarray:
+    """dp_accounting's RDP curve (at RDP_ORDERS) of one base event."""
+    acc = make_accountant("rdp")
+    if not acc.supports(event):
+        raise PrivacyError(f"the rdp accountant cannot account for {type(event).__name__}")
+    acc.compose(event)
+    return np.asarray(acc._rdp, dtype=float)  # the accountant's composed RDP vector
 
 
 def epsilons(event, delta: float) -> dict[str, float | None]:

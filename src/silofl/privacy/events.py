@@ -28,10 +28,20 @@ def to_dict(event) -> dict:
 
 
 def flatten(event) -> Counter:
-    """Multiset of base events: SelfComposed(e, c) → e × c; Composed → the union."""
-    counts: Counter = Counter()
-    _flatten(event, 1, counts)
-    return counts
+    """Multiset of base events: SelfComposed(e, c) → e × c; Composed → the union.
+    Ledgers flatten the same round event for every silo every round, so results are
+    memoized by the event object's identity: treat the returned Counter as read-only."""
+    hit = _MEMO.get(id(event))
+    if hit is None or hit[0] is not event:
+        counts: Counter = Counter()
+        _flatten(event, 1, counts)
+        if len(_MEMO) > 4096:
+            _MEMO.clear()
+        hit = _MEMO[id(event)] = (event, counts)  # holding `event` keeps its id unique
+    return hit[1]
+
+
+_MEMO: dict[int, tuple[object, Counter]] = {}
 
 
 def _flatten(event, mult: int, counts: Counter) -> None:

@@ -43,12 +43,39 @@ class Ledger:
     entries: list[Entry] = field(default_factory=list)
     _spent: Counter = field(default_factory=Counter, repr=False)
     _verified: Counter = field(default_factory=Counter, repr=False)
+    # Fast path for the per-round charge (a run charges every silo every round): the same
+    # base-event objects recur, so their spent/verified counts are kept by object identity
+    # and no event is hashed (dp_accounting events hash recursively, which dominated).
+    _by_id: dict = field(default_factory=dict, repr=False)  # id → [event, spent, verified]
+    _pending: list = field(default_factory=list, repr=False)  # charges not yet in _spent
+
+    def _sync(self) -> None:
+        for added in self._pending:
+            self._spent.update(added)
+        self._pending.clear()
 
     # -- checks ------------------------------------------------------------------------
     def _covered(self, counts: Counter) -> bool:
         return all(c <= self._verified.get(e, 0) for e, c in counts.items())
 
+    def _slot(self, e) -> list:
+        hit = self._by_id.get(id(e))
+        if hit is None or hit[0] is not e:
+            self._sync()
+            hit = self._by_id[id(e)] = [e, self._spent.get(e, 0), self._verified.get(e, 0)]
+        return hit
+
+    def _covered_after(self, added: dict) -> bool:
+        """Is spent + `added` covered? Only `added`'s keys can change, and spent itself is
+        always covered (it was verified when charged), so those keys are all we check."""
+        for e, c in added.items():
+            slot = self._slot(e)
+            if slot[1] + c > slot[2]:
+                return False
+        return True
+
     def _check(self, counts: Counter, what: str) -> None:
+        """`counts` must include everything spent (callers build it after `_sync`)."""
         if self._covered(counts):
             return
         eps = accounting.epsilon(events.compose(counts), self.target.delta, self.accountant)
@@ -59,21 +86,30 @@ class Ledger:
                 "nothing was executed. Lower the number of rounds/epochs, raise the noise, "
                 "or raise this silo's epsilon")
         self._verified = counts
+        self._by_id.clear()
 
     def preflight(self, planned) -> None:
         """Verify that `planned` (an event) plus what is already spent fits the budget."""
+        self._sync()
         self._check(self._spent + events.flatten(planned), "the planned training")
 
     def check(self, event, *, round: int = -1, label: str = "dpsgd") -> None:
         """Raise BudgetExceeded if `event` would exceed the budget; record nothing."""
-        self._check(self._spent + events.flatten(event), f"{label} in round {round}")
+        added = events.flatten(event)
+        if not self._covered_after(added):
+            self._sync()
+            self._check(self._spent + added, f"{label} in round {round}")
 
     def charge(self, event, *, round: int = -1, label: str = "dpsgd") -> None:
         """Record `event` as about to be executed; raise BudgetExceeded instead if it
         would exceed the budget. Call this before touching the silo's data."""
-        total = self._spent + events.flatten(event)
-        self._check(total, f"{label} in round {round}")
-        self._spent = total
+        added = events.flatten(event)
+        if not self._covered_after(added):
+            self._sync()
+            self._check(self._spent + added, f"{label} in round {round}")
+        self._pending.append(added)
+        for e, c in added.items():
+            self._slot(e)[1] += c
         self.entries.append(Entry(round, label, event))
         if self.path is not None:
             with open(self.path, "a") as f:
@@ -84,9 +120,11 @@ class Ledger:
     @property
     def spent_event(self):
         """Everything executed so far, as one composed dp_accounting event."""
+        self._sync()
         return events.compose(self._spent)
 
     def spent_counts(self) -> Counter:
+        self._sync()
         return Counter(self._spent)
 
     def epsilon(self, kind: accounting.Accountant | None = None) -> float:
@@ -94,7 +132,7 @@ class Ledger:
 
     def report(self) -> dict:
         """Spent (ε, δ) under both accountants, the target, and the event counts."""
-        eps = accounting.epsilons(self.spent_event, self.target.delta)
+        eps = accounting.epsilons(self.spent_event, self.target.delta)  # syncs _spent
         return {"silo": self.silo, "target_epsilon": self.target.epsilon,
                 "delta": self.target.delta, "accountant": self.accountant,
                 "epsilon_rdp": eps["rdp"], "epsilon_pld": eps["pld"],

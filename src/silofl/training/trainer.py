@@ -88,14 +88,20 @@ class LocalTrainer:
         self.expected_batch = self.q * self.data.n
         self.steps_done = np.zeros(len(self.data.n), dtype=np.int64)
         self.selections_done = np.zeros(len(self.data.n), dtype=np.int64)
+        self._events: dict[int, list] = {}
         if self.rule.private and self.ledgers is None:
             raise ValueError("private training needs one ledger per silo")
 
     def round_events(self, passes: int = 1) -> list:
-        """What `passes` local passes cost each silo, as dp_accounting events."""
-        return [accounting.dpsgd_event(self.q[k], self.rule.noise_multiplier[k],
+        """What `passes` local passes cost each silo, as dp_accounting events (the same
+        objects every round, so ledgers can recognise them cheaply)."""
+        cached = self._events.get(passes)
+        if cached is None:
+            cached = self._events[passes] = [
+                accounting.dpsgd_event(self.q[k], self.rule.noise_multiplier[k],
                                        int(passes * self.steps_per_round[k]))
                 for k in range(len(self.q))]
+        return cached
 
     def charge(self, round: int, label: str = "dpsgd", passes: int = 1) -> None:
         if not self.rule.private:
