@@ -170,11 +170,15 @@ def load_config(path: str | Path | None) -> Config:
     """Read a TOML config file (None → all defaults)."""
     if path is None:
         return Config()
+    return config_from_dict(read_toml(path, "config file"))
+
+
+def read_toml(path: str | Path, what: str) -> dict:
+    """Parse a TOML file; a missing or malformed file is a ConfigError naming `what`."""
     p = Path(path)
     if not p.is_file():
-        raise ConfigError(f"config file {str(p)!r} does not exist; pass an existing .toml file")
+        raise ConfigError(f"{what} {str(p)!r} does not exist; pass an existing .toml file")
     try:
-        raw = tomllib.loads(p.read_text())
+        return tomllib.loads(p.read_text())
     except (tomllib.TOMLDecodeError, UnicodeDecodeError, OSError) as e:
-        raise ConfigError(f"cannot read config file {str(p)!r}: {e}") from None
-    return config_from_dict(raw)
+        raise ConfigError(f"cannot read {what} {str(p)!r}: {e}") from None

@@ -160,6 +160,7 @@ def targeted(sc: SweepConfig, fed: Federation, spec: RunSpec) -> Federation:
 # --- one run (in a worker) ------------------------------------------------------------------
 
 _CACHE: dict[str, Prepared] = {}
+_PLANS: dict[tuple, list] = {}  # (method, ε) → calibrated per-silo plans, per process
 
 
 def execute(sc: SweepConfig, spec: RunSpec, fingerprint: str) -> dict:
@@ -167,12 +168,18 @@ def execute(sc: SweepConfig, spec: RunSpec, fingerprint: str) -> dict:
     prep = _CACHE.get(fingerprint)
     if prep is None:
         _CACHE.clear()
+        _PLANS.clear()
         prep = _CACHE[fingerprint] = prepare(sc)
     fed = targeted(sc, prep.fed, spec)
     tcfg = training_config(sc, spec)
     alg = algorithm(sc, spec)
+    # σ_k depends on the method and ε only (not λ, lr or seed): calibrate once per pair
+    plan_key = (spec.method, spec.epsilon)
     res = simulate(fed, prep.model, alg, tcfg, metric=prep.metric,
+                   plans=_PLANS.get(plan_key) if spec.private else None,
                    eval_sets={"validation": prep.validation})
+    if spec.private:
+        _PLANS[plan_key] = res.plans
     privacy = None
     if res.ledgers is not None:
         spent = [led.epsilon() for led in res.ledgers]  # under the ledger's accountant
@@ -358,6 +365,7 @@ def run_sweep(sc: SweepConfig, *, results: str | Path | None = None, workers: in
     if on_progress:
         on_progress(skipped, len(specs), None)
     _CACHE.clear()
+    _PLANS.clear()
     _CACHE[fingerprint] = prep  # in-process runs reuse the prepared data
     count = skipped
 

@@ -20,13 +20,12 @@ import inspect
 import json
 import math
 import os
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from silofl.algorithms import LAMBDA_METHODS, METHODS, make_algorithm
 from silofl.errors import ConfigError
-from silofl.experiments.config import Config, _build, config_from_dict
+from silofl.experiments.config import Config, _build, config_from_dict, read_toml
 
 _ALG_DEFAULTS = {k: p.default for k, p in inspect.signature(make_algorithm).parameters.items()
                  if p.default is not inspect.Parameter.empty}
@@ -196,14 +195,7 @@ def sweep_config_from_dict(raw: dict, root: Path | str = ".") -> SweepConfig:
 
 def load_sweep_config(path: str | Path) -> SweepConfig:
     """Read and validate a sweep TOML file (paths in it are relative to its directory)."""
-    p = Path(path)
-    if not p.is_file():
-        raise ConfigError(f"sweep config {str(p)!r} does not exist; pass an existing .toml file")
-    try:
-        raw = tomllib.loads(p.read_text())
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError, OSError) as e:
-        raise ConfigError(f"cannot read sweep config {str(p)!r}: {e}") from None
-    return sweep_config_from_dict(raw, p.resolve().parent)
+    return sweep_config_from_dict(read_toml(path, "sweep config"), Path(path).resolve().parent)
 
 
 __all__ = ["LAMBDA_METHODS", "ReportSection", "SweepConfig", "SweepSection",

@@ -65,4 +65,5 @@ class Model:
 
 def _models_for(task: str) -> list[str]:
     from silofl.models.glm import MODELS
-    return [n for n, cls in MODELS.items() if task in cls.tasks]
+    # the torch MLP fits every task (the ConvNet too, on image data)
+    return [n for n, cls in MODELS.items() if task in cls.tasks] + ["mlp"]
