@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from silofl.algorithms import ALGORITHMS, make_algorithm
+from silofl.algorithms import METHODS as ALL_METHODS
 from silofl.algorithms.base import ServerState, SiloState, weighted_mean
 from silofl.data import linear_silos, mean_estimation
 from silofl.data.federation import PrivacyTarget
@@ -148,7 +149,9 @@ def test_make_algorithm_errors():
         make_algorithm("mrmtl", lam=-0.1)
     with pytest.raises(ConfigError, match="lambda"):
         make_algorithm("mrmtl", lam=float("nan"))
-    assert set(ALGORITHMS) == set(METHODS)
+    assert tuple(ALGORITHMS) == ALL_METHODS
+    for name, cls in ALGORITHMS.items():
+        assert type(make_algorithm(name)) is cls and make_algorithm(name).name == name
     assert make_algorithm("mrmtl", lam=2.0).describe() == {"name": "mrmtl", "lam": 2.0,
                                                             "weighted": True}
     assert make_algorithm("fedavg", weighted=False).describe()["weighted"] is False

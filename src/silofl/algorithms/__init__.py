@@ -18,8 +18,10 @@ METHODS = ("local", "fedavg", "mrmtl", "finetune", "ditto", "mocha",
            "ifca", "ifca_local", "ifca_finetune", "ifca_mrmtl")
 #: methods whose behaviour depends on the regularization strength λ (`lam`)
 LAMBDA_METHODS = frozenset({"mrmtl", "ditto", "mocha", "ifca_mrmtl"})
-# the spectrum methods' classes, kept for existing callers; build any method with make_algorithm
-ALGORITHMS = {"local": Local, "fedavg": FedAvg, "mrmtl": MRMTL}
+#: each method's class (build one with `make_algorithm`, which validates its settings)
+ALGORITHMS = {"local": Local, "fedavg": FedAvg, "mrmtl": MRMTL, "finetune": Finetune,
+              "ditto": Ditto, "mocha": Mocha, "ifca": IFCA, "ifca_local": IFCALocal,
+              "ifca_finetune": IFCAFinetune, "ifca_mrmtl": IFCAMRMTL}
 
 
 def make_algorithm(name: str, *, lam: float = 0.3, weighted: bool = True,
