@@ -27,24 +27,33 @@ from silofl.runtime.simulator import simulate
 SCHOOL = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "school.mat"
 
 
+REPEATS = 3
+
+
 def vehicle(rounds: int) -> None:
     fed = vehicle_like(seed=0)
     # A target loose enough that σ = 1 for 400 rounds fits: the ledgers still check it.
     fed = fed.with_targets(PrivacyTarget(1e4, 1e-5))
     model = make_model("svm", fed.dim)
     alg = make_algorithm("mrmtl", lam=0.1)
-    times = {}
-    for private in (True, False):
-        cfg = TrainingConfig(rounds=rounds, batch_size=64, lr=0.01, clip=6.0, private=private,
-                             noise_multiplier=1.0 if private else None, eval_every=rounds)
-        plans = plan_silos(fed, alg, cfg)
-        t0 = time.perf_counter()
-        res = simulate(fed, model, alg, cfg, plans=plans)
-        times[private] = time.perf_counter() - t0
-        eps = max(led.epsilon() for led in res.ledgers) if res.ledgers else None
-        print(f"  {'DP-SGD ' if private else 'non-DP '} {times[private]:6.2f} s   "
-              f"pooled accuracy {res.final_pooled:.4f}"
-              + (f"   max ε (RDP, δ=1e-5) {eps:.1f}" if eps else ""))
+    times = {True: [], False: []}
+    # interleaved repeats, best of each: single timings on a shared 2-core box vary ±30%
+    for rep in range(REPEATS):
+        for private in (True, False):
+            cfg = TrainingConfig(rounds=rounds, batch_size=64, lr=0.01, clip=6.0,
+                                 private=private, noise_multiplier=1.0 if private else None,
+                                 eval_every=rounds)
+            plans = plan_silos(fed, alg, cfg)
+            t0 = time.perf_counter()
+            res = simulate(fed, model, alg, cfg, plans=plans)
+            times[private].append(time.perf_counter() - t0)
+            if rep == 0:
+                eps = max(led.epsilon() for led in res.ledgers) if res.ledgers else None
+                print(f"  {'DP-SGD ' if private else 'non-DP '} pooled accuracy "
+                      f"{res.final_pooled:.4f}"
+                      + (f"   max ε (RDP, δ=1e-5) {eps:.1f}" if eps else ""))
+    times = {k: min(v) for k, v in times.items()}
+    print(f"  best of {REPEATS}: DP-SGD {times[True]:.2f} s, non-DP {times[False]:.2f} s")
     n = [s.n_train for s in fed.silos]
     print(f"Vehicle-like: {fed.num_silos} silos, n_k {min(n)}..{max(n)}, d={fed.dim}, "
           f"{rounds} rounds MR-MTL")
