@@ -21,6 +21,7 @@ from silofl.data.federation import Federation, PrivacyTarget, Silo
 from silofl.errors import BudgetExceeded, CalibrationError, PrivacyError
 from silofl.models import make_model
 from silofl.privacy import accounting as A
+from silofl.privacy import events as E
 from silofl.privacy.accounting import RDP_ORDERS
 from silofl.privacy.ledger import Ledger
 from silofl.privacy.randomness import Randomness
@@ -438,3 +439,44 @@ def test_simulation_reproducible_when_seeded_not_when_secure():
     np.testing.assert_array_equal(runs["seeded"][0], runs["seeded"][1])
     assert not np.array_equal(runs["secure"][0], runs["secure"][1])
     assert not np.array_equal(runs["secure"][0], runs["seeded"][0])
+
+
+def test_ledger_decisions_equal_a_naive_recomputation():
+    """The ledger's fast path (identity-keyed counts, verified-composition cache, pending
+    charges) takes exactly the accept/refuse decisions of recomputing ε from scratch for
+    every charge, over a random mix of events, equal-but-distinct objects, checks,
+    preflights and refusals."""
+    rng = np.random.default_rng(5)
+    target = PrivacyTarget(2.0, 1e-5)
+    pool = [A.dpsgd_event(0.05, 1.1, 10), A.dpsgd_event(0.1, 2.0, 5), dpa.ZCDpEvent(0.002),
+            dpa.SelfComposedDpEvent(dpa.ZCDpEvent(0.001), 3)]
+    led, spent, accepted, refused = Ledger("s", target), Counter(), 0, 0
+    led.preflight(pool[0])  # a verified plan: the covered path
+    for i in range(120):
+        j = int(rng.integers(len(pool)))
+        # sometimes an equal event built anew (a different object), as plans and trainers do
+        ev = pool[j] if rng.random() < 0.7 else [
+            A.dpsgd_event(0.05, 1.1, 10), A.dpsgd_event(0.1, 2.0, 5), dpa.ZCDpEvent(0.002),
+            dpa.SelfComposedDpEvent(dpa.ZCDpEvent(0.001), 3)][j]
+        total = spent + E.flatten(ev)
+        composed = dpa.ComposedDpEvent([dpa.SelfComposedDpEvent(e, c) for e, c in total.items()])
+        acc = rdp.RdpAccountant(list(RDP_ORDERS))
+        acc.compose(composed)
+        fits = acc.get_epsilon(target.delta) <= target.epsilon * (1 + 1e-9)
+        if rng.random() < 0.2:  # a bare check must agree and record nothing
+            if fits:
+                led.check(ev, round=i)
+            else:
+                with pytest.raises(BudgetExceeded):
+                    led.check(ev, round=i)
+            continue
+        if fits:
+            led.charge(ev, round=i)
+            spent, accepted = total, accepted + 1
+        else:
+            with pytest.raises(BudgetExceeded):
+                led.charge(ev, round=i)
+            refused += 1
+        assert led.spent_counts() == spent
+    assert accepted > 5 and refused > 5
+    assert led.epsilon() <= target.epsilon * (1 + 1e-9)
