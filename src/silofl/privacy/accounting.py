@@ -183,12 +183,18 @@ def calibrate_dpsgd(target_epsilon: float, delta: float, q: float, steps: int,
 
 
 def _fast_guess(target: float, delta: float, q: float, steps: int) -> float | None:
+    return _smallest_sigma(lambda s: _fast_epsilon(q, s, steps, delta), target)
+
+
+def _smallest_sigma(eps_of: Callable[[float], float], target: float) -> float | None:
+    """Bisection on log σ ∈ [1e-2, 1e4] for the smallest σ with eps_of(σ) ≤ target (to a
+    relative 1e-5; ε falls in σ); None if even σ = 1e4 is not enough."""
     lo, hi = 1e-2, 1e4
-    if _fast_epsilon(q, hi, steps, delta) > target:
+    if eps_of(hi) > target:
         return None
-    for _ in range(60):  # bisection on log σ
+    for _ in range(60):
         mid = math.sqrt(lo * hi)
-        if _fast_epsilon(q, mid, steps, delta) > target:
+        if eps_of(mid) > target:
             lo = mid
         else:
             hi = mid
@@ -218,23 +224,11 @@ def _fast_rdp_of(event) -> np.ndarray | None:
 
 
 def _fast_composed_guess(make_event, target: float, delta: float) -> float | None:
-    """Bisection on log σ with the closed-form RDP of make_event(σ); None without one."""
-    def fast_eps(s):
-        curve = _fast_rdp_of(make_event(s))
-        return None if curve is None else float(_rdp_to_eps(RDP_ORDERS, list(curve), delta)[0])
-    lo, hi = 1e-2, 1e4
-    top = fast_eps(hi)
-    if top is None or top > target:
+    """`_smallest_sigma` on the closed-form RDP of make_event(σ); None without one."""
+    if _fast_rdp_of(make_event(1.0)) is None:
         return None
-    for _ in range(60):
-        mid = math.sqrt(lo * hi)
-        if fast_eps(mid) > target:
-            lo = mid
-        else:
-            hi = mid
-        if hi / lo < 1 + 1e-5:
-            break
-    return hi
+    return _smallest_sigma(lambda s: float(
+        _rdp_to_eps(RDP_ORDERS, list(_fast_rdp_of(make_event(s))), delta)[0]), target)
 
 
 def calibrate(make_event: Callable[[float], dpa.DpEvent], target_epsilon: float,
