@@ -10,12 +10,16 @@ from silofl.pandemic import synthesize
 SMALL_OUTBREAK = dict(persons=4000, regions=4, seed=7)
 
 
+def _outbreak(tmp_path_factory, name: str, params: dict):
+    out = tmp_path_factory.mktemp("pandemic") / name
+    synthesize(out, **params)
+    return out
+
+
 @pytest.fixture(scope="session")
 def small_outbreak(tmp_path_factory):
     """Directory of a small synthetic dataset (CSV, with target and manifest). Treat as read-only."""
-    out = tmp_path_factory.mktemp("pandemic") / "small"
-    synthesize(out, **SMALL_OUTBREAK)
-    return out
+    return _outbreak(tmp_path_factory, "small", SMALL_OUTBREAK)
 
 
 #: A 10k-person outbreak whose final week has enough positives (27) for AUPRC to mean
@@ -26,6 +30,4 @@ LEARNING_OUTBREAK = dict(persons=10_000, regions=4, seed=3)
 @pytest.fixture(scope="session")
 def learning_outbreak(tmp_path_factory):
     """Directory of the 10k-person outbreak (CSV, with target). Treat as read-only."""
-    out = tmp_path_factory.mktemp("pandemic") / "learning"
-    synthesize(out, **LEARNING_OUTBREAK)
-    return out
+    return _outbreak(tmp_path_factory, "learning", LEARNING_OUTBREAK)

@@ -62,12 +62,7 @@ class RunResult:
 
 def evaluate(model: Model, params: np.ndarray, fed: Federation, metric: str) -> np.ndarray:
     """(K,) test metric of each silo's personal model on its own test set."""
-    fn = M.metric_fn(metric, model.name)
-    out = np.full(fed.num_silos, np.nan)
-    for k, s in enumerate(fed.silos):
-        if s.n_test:
-            out[k] = fn(s.y_test, model.predict(params[k], s.X_test))
-    return out
+    return evaluate_sets(model, params, [(s.X_test, s.y_test) for s in fed.silos], metric)
 
 
 def evaluate_sets(model: Model, params: np.ndarray, sets: list[tuple[np.ndarray, np.ndarray]],
@@ -126,12 +121,13 @@ def simulate(fed: Federation, model: Model, algorithm: Algorithm, cfg: TrainingC
         silos, update = algorithm.silo_step(silos, algorithm.broadcast(server), trainer, t)
         server = algorithm.server_step(server, update, weights)
         if t % cfg.eval_every == 0 or t == cfg.rounds:
-            vals = evaluate(model, algorithm.personal_models(silos, server), fed, metric)
+            personal = algorithm.personal_models(silos, server)
+            vals = evaluate(model, personal, fed, metric)
             hist.rounds.append(t)
             hist.per_silo.append(vals.tolist())
             hist.pooled.append(M.pooled(vals, test_counts))
             for name, sets in (eval_sets or {}).items():
-                ev = evaluate_sets(model, algorithm.personal_models(silos, server), sets, metric)
+                ev = evaluate_sets(model, personal, sets, metric)
                 rec = hist.extra.setdefault(name, {"pooled": [], "per_silo": []})
                 rec["per_silo"].append(ev.tolist())
                 rec["pooled"].append(M.pooled(ev, np.array([len(y) for _, y in sets])))
