@@ -12,8 +12,8 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from silofl.algorithms.base import (Algorithm, ServerState, SiloState, check_fraction,
-                                    need_rounds, phase_rounds, weighted_mean)
+from silofl.algorithms.base import SiloState, check_fraction, need_rounds, phase_rounds
+from silofl.algorithms.fedavg import FedAvg
 
 
 @dataclass
@@ -22,13 +22,13 @@ class PhasedSilos(SiloState):
     done: int = 0    # rounds completed
 
 
-class Finetune(Algorithm):
+class Finetune(FedAvg):
     name = "finetune"
 
     def __init__(self, finetune_fraction: float = 0.5, weighted: bool = True):
+        super().__init__(weighted)
         self.finetune_fraction = check_fraction("finetune_fraction", finetune_fraction,
                                                 low_open=False, high_open=False)
-        self.weighted = bool(weighted)
 
     def init(self, params0, num_silos, rounds=None):
         silos, server = super().init(params0, num_silos)
@@ -36,25 +36,21 @@ class Finetune(Algorithm):
         return PhasedSilos(silos.params, switch=switch), server
 
     def silo_step(self, silos: PhasedSilos, message, trainer, round):
-        K = silos.params.shape[0]
-        if round <= silos.switch:  # FedAvg: start from the global model, send the change
-            start = np.tile(message, (K, 1))
-            new = trainer.run(start, round=round)
-            return replace(silos, params=new, done=round), new - start
+        if round <= silos.switch:  # FedAvg's step
+            state, update = super().silo_step(silos, message, trainer, round)
+            return replace(silos, params=state.params, done=round), update
         # first local round starts from the final FedAvg model, later ones continue
-        start = np.tile(message, (K, 1)) if silos.done == silos.switch else silos.params
+        start = (np.tile(message, (silos.params.shape[0], 1)) if silos.done == silos.switch
+                 else silos.params)
         return replace(silos, params=trainer.run(start, round=round), done=round), None
 
     def server_step(self, server, update, weights):
-        if update is None:
-            return server
-        return ServerState(server.params + weighted_mean(update, weights))
+        return server if update is None else super().server_step(server, update, weights)
 
     def personal_models(self, silos: PhasedSilos, server):
         if silos.done > silos.switch:
             return silos.params
-        return np.tile(server.params, (silos.params.shape[0], 1))
+        return super().personal_models(silos, server)
 
     def describe(self):
-        return {"name": self.name, "finetune_fraction": self.finetune_fraction,
-                "weighted": self.weighted}
+        return dict(super().describe(), finetune_fraction=self.finetune_fraction)
