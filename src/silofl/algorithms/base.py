@@ -73,6 +73,12 @@ def weighted_mean(update: np.ndarray, weights: np.ndarray) -> np.ndarray:
     return (w[:, None] * update).sum(0) / w.sum()
 
 
+def apply_mean_update(server: ServerState, update: np.ndarray,
+                      weights: np.ndarray) -> ServerState:
+    """The averaging server step: move the shared model by the weighted mean update."""
+    return ServerState(server.params + weighted_mean(update, weights))
+
+
 def check_nonnegative(name: str, value: float) -> float:
     if not np.isfinite(value) or value < 0:
         raise ConfigError(f"{name} must be a non-negative number, got {value}")

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from silofl.algorithms.base import (Algorithm, ServerState, SiloState, check_nonnegative,
-                                    weighted_mean)
+from silofl.algorithms.base import (Algorithm, SiloState, apply_mean_update,
+                                    check_nonnegative)
 
 
 class Ditto(Algorithm):
@@ -35,7 +35,7 @@ class Ditto(Algorithm):
         return SiloState(personal), glob - start
 
     def server_step(self, server, update, weights):
-        return ServerState(server.params + weighted_mean(update, weights))
+        return apply_mean_update(server, update, weights)
 
     def describe(self):
         return {"name": self.name, "lam": self.lam, "weighted": self.weighted,

@@ -6,7 +6,7 @@ leak counts under add/remove DP (appendix C.1); `weighted=False` averages unifor
 
 import numpy as np
 
-from silofl.algorithms.base import Algorithm, ServerState, SiloState, weighted_mean
+from silofl.algorithms.base import Algorithm, SiloState, apply_mean_update
 
 
 class FedAvg(Algorithm):
@@ -21,7 +21,7 @@ class FedAvg(Algorithm):
         return SiloState(new), new - start
 
     def server_step(self, server, update, weights):
-        return ServerState(server.params + weighted_mean(update, weights))
+        return apply_mean_update(server, update, weights)
 
     def personal_models(self, silos, server):
         return np.tile(server.params, (silos.params.shape[0], 1))

@@ -8,8 +8,8 @@ privacy: MR-MTL spends exactly what Local and FedAvg spend. λ = 0 is Local trai
 larger λ federates more.
 """
 
-from silofl.algorithms.base import (Algorithm, ServerState, SiloState, check_nonnegative,
-                                    weighted_mean)
+from silofl.algorithms.base import (Algorithm, SiloState, apply_mean_update,
+                                    check_nonnegative)
 
 
 class MRMTL(Algorithm):
@@ -25,7 +25,7 @@ class MRMTL(Algorithm):
         return SiloState(new), new - silos.params
 
     def server_step(self, server, update, weights):
-        return ServerState(server.params + weighted_mean(update, weights))
+        return apply_mean_update(server, update, weights)
 
     def describe(self):
         return {"name": self.name, "lam": self.lam, "weighted": self.weighted}
