@@ -48,6 +48,15 @@ def _colors(methods) -> dict:
     return {m: cmap(i % 10) for i, m in enumerate(methods)}
 
 
+def _finish(fig, ax, head: dict, title: str, path: Path) -> None:
+    """The shared ending of every figure: metric axis label, title, grid, legend, save."""
+    ax.set_ylabel(_ylabel(head))
+    ax.set_title(title, fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    _save(fig, path)
+
+
 def _save(fig, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -76,12 +85,8 @@ def privacy_utility(head: dict, records: list[dict], path: Path) -> bool:
     if any_np:
         ax.plot([], [], ls="--", color="grey", label="non-private (same colour)")
     ax.set_xlabel("per-silo privacy budget ε (same for every silo)")
-    ax.set_ylabel(_ylabel(head))
-    ax.set_title(f"{head['config']['data']['source']}: ε vs test {head['metric']} "
-                 "(mean ± std over seeds; λ, lr chosen on validation)", fontsize=9)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    _save(fig, path)
+    _finish(fig, ax, head, f"{head['config']['data']['source']}: ε vs test {head['metric']} "
+            "(mean ± std over seeds; λ, lr chosen on validation)", path)
     return True
 
 
@@ -116,12 +121,8 @@ def mrmtl_lambda(head: dict, records: list[dict], path: Path, epsilon: float,
     else:
         ax.set_xscale("log")
     ax.set_xlabel("λ (mean-regularization strength; 0 = local training)")
-    ax.set_ylabel(_ylabel(head))
-    ax.set_title(f"{method}: test {head['metric']} vs λ (lr chosen on validation per λ; "
-                 "mean ± std over seeds)", fontsize=9)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    _save(fig, path)
+    _finish(fig, ax, head, f"{method}: test {head['metric']} vs λ (lr chosen on validation "
+            "per λ; mean ± std over seeds)", path)
     return True
 
 
@@ -141,12 +142,8 @@ def over_rounds(head: dict, records: list[dict], path: Path, epsilon: float,
         ax.fill_between(x, c["mean"] - c["std"], c["mean"] + c["std"], color=color.get(m),
                         alpha=0.15)
     ax.set_xlabel("round")
-    ax.set_ylabel(_ylabel(head))
-    ax.set_title(f"pooled test {head['metric']} over rounds at ε = {epsilon:g} "
-                 "(mean ± std over seeds)", fontsize=9)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    _save(fig, path)
+    _finish(fig, ax, head, f"pooled test {head['metric']} over rounds at ε = {epsilon:g} "
+            "(mean ± std over seeds)", path)
     return True
 
 
