@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import warnings
 from pathlib import Path
-from typing import Optional
+from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
@@ -209,13 +209,17 @@ def sweep(config: Path = typer.Argument(..., help="sweep TOML: run sections + [s
     console.print(escape(NOT_COUNTED))
 
 
+# arguments shared by `plot` and `report`
+SweepResults = Annotated[Path, typer.Argument(help="results file written by `silofl sweep`")]
+ReportDir = Annotated[Optional[Path], typer.Option(
+    "--out", help="directory (default: RESULTS-report/)")]
+FigureEpsilon = Annotated[Optional[float], typer.Option(
+    "--epsilon", help="ε of the λ and over-rounds figures (a swept value; "
+    "default: [report] epsilon or the middle ε)")]
+
+
 @app.command()
-def plot(results: Path = typer.Argument(..., help="results file written by `silofl sweep`"),
-         out: Optional[Path] = typer.Option(None, "--out",
-                                            help="directory (default: RESULTS-report/)"),
-         epsilon: Optional[float] = typer.Option(
-             None, "--epsilon", help="ε of the λ and over-rounds figures (a swept value; "
-             "default: [report] epsilon or the middle ε)")):
+def plot(results: SweepResults, out: ReportDir = None, epsilon: FigureEpsilon = None):
     """Draw the sweep's figures as PNGs: ε vs test metric, MR-MTL vs λ, and metric over
     rounds (hyperparameters chosen on validation)."""
     from silofl.experiments.figures import make_figures
@@ -231,12 +235,7 @@ def plot(results: Path = typer.Argument(..., help="results file written by `silo
 
 
 @app.command()
-def report(results: Path = typer.Argument(..., help="results file written by `silofl sweep`"),
-           out: Optional[Path] = typer.Option(None, "--out",
-                                              help="directory (default: RESULTS-report/)"),
-           epsilon: Optional[float] = typer.Option(
-               None, "--epsilon", help="ε of the λ and over-rounds figures (a swept value; "
-               "default: [report] epsilon or the middle ε)")):
+def report(results: SweepResults, out: ReportDir = None, epsilon: FigureEpsilon = None):
     """Write an HTML report (figures, best hyperparameters, ε spent vs target per silo),
     the PNGs and summary.json; print the main table."""
     from silofl.experiments.report import selection_table, write_report
