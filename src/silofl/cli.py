@@ -215,7 +215,7 @@ ReportDir = Annotated[Optional[Path], typer.Option(
     "--out", help="directory (default: RESULTS-report/)")]
 FigureEpsilon = Annotated[Optional[float], typer.Option(
     "--epsilon", help="ε of the λ and over-rounds figures (a swept value; "
-    "default: [report] epsilon or the middle ε)")]
+    "default: \\[report] epsilon or the middle ε)")]
 
 
 @app.command()
