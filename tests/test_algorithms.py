@@ -37,7 +37,9 @@ def _fed(sizes=(40, 90, 150), eps=3.0, seed=0, task="regression"):
 
 
 def _cfg(**kw):
-    base = dict(rounds=4, local_epochs=1.0, batch_size=10, lr=0.1, clip=1.0, seed=5)
+    # seeded noise: these tests compare runs that must draw the same noise
+    base = dict(rounds=4, local_epochs=1.0, batch_size=10, lr=0.1, clip=1.0, seed=5,
+                noise="seeded")
     base.update(kw)
     return TrainingConfig(**base)
 
@@ -186,7 +188,7 @@ def test_mrmtl_beats_local_and_fedavg_on_private_mean_estimation(cached_epsilon)
             PrivacyTarget(0.5, 1e-3))
         centres = fed.meta["centers"]
         cfg = TrainingConfig(rounds=20, local_epochs=1.0, batch_size=10, lr=0.1, clip=2.0,
-                             seed=seed, eval_every=20)
+                             seed=seed, eval_every=20, noise="seeded")
         for m in METHODS:
             res = simulate(fed, make_model("linear", 0), make_algorithm(m, lam=1.0), cfg)
             assert res.params.shape == (K, 1)

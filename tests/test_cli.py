@@ -23,7 +23,9 @@ from silofl.errors import ConfigError, DataError
 from silofl.experiments.config import config_from_dict, load_config
 from silofl.experiments.run import run as run_experiment
 from silofl.privacy.accounting import RDP_ORDERS
-from silofl.runtime.plan import TrainingConfig, plan_silos
+from silofl.privacy.budget import SCRATCH_NOTE
+from silofl.privacy.ledger import silo_file_id
+from silofl.runtime.plan import SEEDED_NOTE, TrainingConfig, plan_silos
 
 logging.getLogger("absl").setLevel(logging.ERROR)
 
@@ -103,8 +105,9 @@ def csv(workdir):
 def test_run_with_no_arguments_writes_run_directory(workdir):
     res = _invoke(["run", "-q"])
     assert res.exit_code == 0, res.output
-    runs = list((workdir / "runs").iterdir())
+    runs = [p for p in (workdir / "runs").iterdir() if p.is_dir()]
     assert len(runs) == 1
+    assert (workdir / "runs" / "budget.sqlite").is_file()  # the lifetime budget store
     d = runs[0]
     for f in ("config.toml", "history.json", "privacy_report.json", "summary.json",
               "metric_over_rounds.png"):
@@ -114,10 +117,10 @@ def test_run_with_no_arguments_writes_run_directory(workdir):
     for m in ("local", "fedavg", "mrmtl"):
         assert m in out
     assert "Run directory" in _flat(out)
-    silos = ["Cleveland", "Hungary", "Switzerland", "VA_Long_Beach"]
+    silos = ["Cleveland", "Hungary", "Switzerland", "VA Long Beach"]
     for m in ("local", "fedavg", "mrmtl"):
         for s in silos:
-            lines = (d / "ledgers" / m / f"{s}.jsonl").read_text().splitlines()
+            lines = (d / "ledgers" / m / f"{silo_file_id(s)}.jsonl").read_text().splitlines()
             assert len(lines) == 30  # default rounds
             assert [json.loads(x)["round"] for x in lines] == list(range(1, 31))
     hist = json.loads((d / "history.json").read_text())
@@ -127,8 +130,15 @@ def test_run_with_no_arguments_writes_run_directory(workdir):
     for rows in priv["methods"].values():
         assert len(rows) == 4
         for r in rows:
-            assert r["within_target"] and r["epsilon_rdp"] <= 1.0 * (1 + 1e-9)
+            assert r["within_target"] and r["epsilon"] <= 1.0
             assert r["epsilon_pld"] <= r["epsilon_rdp"]
+    # the default job fits its default budget honestly: all three methods composed
+    assert len(priv["combined"]) == 4
+    for c in priv["combined"]:
+        assert c["within_target"] and c["epsilon"] <= 1.0 and c["methods"] == 3
+    assert priv["noise"] == "secure" and priv["notes"] == []
+    assert [x["silo"] for x in priv["lifetime"]] == silos
+    assert "add/remove one record" in priv["neighbouring_relation"]
     summary = json.loads((d / "summary.json").read_text())
     assert [m["name"] for m in summary["methods"]] == ["local", "fedavg", "mrmtl"]
     assert all(0.4 < m["pooled"] <= 1.0 for m in summary["methods"])
@@ -147,7 +157,8 @@ def test_run_with_config_on_csv(workdir, csv):
         for s, row in zip(SILOS, priv["methods"][method if method != "mrmtl" else "mrmtl(λ=0.3)"]):
             assert row["silo"] == s
             lines = [json.loads(x) for x in
-                     (d / "ledgers" / method / f"{s}.jsonl").read_text().splitlines()]
+                     (d / "ledgers" / method / f"{silo_file_id(s)}.jsonl").read_text()
+                     .splitlines()]
             assert len(lines) == 5
             steps = sum(x["event"]["count"] for x in lines)
             assert steps == 5 * row["steps_per_pass"]
@@ -179,11 +190,14 @@ def test_run_api_is_deterministic_and_writes_nothing_without_output_dir(workdir,
     raw = {"data": {"source": "table", "path": str(csv), "silo_column": "hospital",
                     "label_column": "outcome"},
            "training": {"rounds": 3, "batch_size": 8, "methods": ["mrmtl"], "lam": 1.0},
-           "privacy": {"epsilon": 2.0, "delta": 1e-4}, "output": {"dir": ""}}
+           "privacy": {"epsilon": 2.0, "delta": 1e-4, "noise": "seeded"},
+           "output": {"dir": ""}}
     a = run_experiment(config_from_dict(raw))
     b = run_experiment(config_from_dict(raw))
     assert a.run_dir is None and not (workdir / "runs").exists()
     assert a.results[0].history.to_dict() == b.results[0].history.to_dict()
+    # reproducible noise and a scratch store (nowhere to keep one) are said in the outputs
+    assert a.scratch and a.summary()["notes"] == [SEEDED_NOTE, SCRATCH_NOTE]
     assert a.summary()["methods"][0]["method"] == "mrmtl(λ=1)"
 
 

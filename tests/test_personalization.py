@@ -16,6 +16,7 @@ from scipy import stats
 
 from silofl.algorithms import METHODS, make_algorithm
 from silofl.algorithms.base import SiloState
+from silofl.privacy import accounting as A
 from silofl.algorithms.ifca import IFCA
 from silofl.algorithms.mocha import Mocha, mocha_omega
 from silofl.data import linear_silos, load_heart_disease
@@ -81,7 +82,8 @@ def _binary_fed(eps=(1.0, 2.0, 4.0), sizes=(60, 90, 120), seed=0):
 
 
 def _cfg(**kw):
-    base = dict(rounds=10, batch_size=10, lr=0.2, clip=1.0, seed=3)
+    # seeded noise: these tests compare runs that must draw the same noise
+    base = dict(rounds=10, batch_size=10, lr=0.2, clip=1.0, seed=3, noise="seeded")
     base.update(kw)
     return TrainingConfig(**base)
 
@@ -110,8 +112,9 @@ def test_ledger_equals_instrumented_data_touches(method, trainers, cached_epsilo
         assert {e.label for e in led.entries} == LABELS.get(method, {"dpsgd"})
         # the target holds, and σ was calibrated to use (almost all of) it
         target = plan.target.epsilon
-        assert led.epsilon() <= target * (1 + 1e-9)
-        assert led.epsilon() >= 0.97 * target
+        assert led.epsilon() <= target
+        # under the accountant σ was calibrated with
+        assert led.epsilon(cfg.accountant if method not in IFCAS else "rdp") >= 0.97 * target
         rep = led.report()
         assert rep["within_target"]
         assert (rep["epsilon_pld"] is None) == (method in IFCAS)  # PLD has no zCDP
@@ -298,7 +301,7 @@ def test_every_method_learns_on_heart_disease(heart, cached_epsilon):
     fed = heart.with_targets(PrivacyTarget(2.0, 1e-4))
     model = make_model("logistic", fed.dim)
     base = _untrained(model, fed)
-    cfg = TrainingConfig(rounds=15, batch_size=16, lr=0.1, clip=1.0, seed=0)
+    cfg = TrainingConfig(rounds=15, batch_size=16, lr=0.1, clip=1.0, seed=0, noise="seeded")
     for m in NEW:
         res = simulate(fed, model, make_algorithm(m, lam=0.3), cfg)
         assert res.final_pooled > base + 0.15, (m, res.final_pooled, base)
@@ -338,8 +341,11 @@ def test_plan_time_errors(cached_epsilon):
     fed = _binary_fed()  # 3 silos
     with pytest.raises(ConfigError, match="clusters = 4 is more than the 3 silos"):
         plan_silos(fed, make_algorithm("ifca_mrmtl", clusters=4), _cfg())
-    with pytest.raises(PrivacyError, match="PLD accountant does not support"):
-        plan_silos(fed, make_algorithm("ifca"), _cfg(accountant="pld"))
+    # PLD has no zCDP: IFCA's selections make the calibration fall back to RDP, which
+    # meets the target under RDP
+    plans = plan_silos(fed, make_algorithm("ifca"), _cfg(accountant="pld"))
+    for p in plans:
+        assert A.epsilon(p.declared, p.target.delta, "rdp") <= p.target.epsilon
     plan_silos(fed, make_algorithm("ditto"), _cfg(accountant="pld"))  # fine without zCDP
     with pytest.raises(ConfigError, match="fewer than the 3 selection rounds"):
         plan_silos(fed, make_algorithm("ifca_finetune", finetune_fraction=0.2,

@@ -33,7 +33,8 @@ BASE = {
     "data": {"source": "heart", "test_fraction": 0.2},
     "model": {"name": "logistic", "metric": "accuracy"},
     "training": {"rounds": 4, "batch_size": 8, "clip": 1.0},
-    "privacy": {"delta": 1e-4},
+    # seeded noise: these tests check that runs are reproducible across processes
+    "privacy": {"delta": 1e-4, "noise": "seeded"},
     "sweep": {"methods": ["local", "mrmtl"], "epsilon": [1, 4], "nonprivate": True,
               "lam": [0.1, 1.0], "lr": [0.1], "seeds": [0], "workers": 1,
               "results": "results.jsonl"},

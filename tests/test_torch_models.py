@@ -249,7 +249,7 @@ def test_dpsgd_convnet_learns_real_mnist_digits(mnist):
     fed = Federation(silos, [], "multiclass", num_classes=10, name="mnist-2").with_targets(
         PrivacyTarget(8.0, 1e-3))
     model = make_model("convnet", 0, 10, task="multiclass", input_shape=(1, 28, 28))
-    cfg = TrainingConfig(rounds=5, batch_size=50, lr=0.5, clip=1.0, seed=0)
+    cfg = TrainingConfig(rounds=5, batch_size=50, lr=0.5, clip=1.0, seed=0, noise="seeded")
     res = simulate(fed, model, make_algorithm("fedavg"), cfg)
     first, final = res.history.pooled[0], res.final_pooled
     assert final > 0.35, res.history.pooled  # chance is 0.1

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 import warnings
 from pathlib import Path
 from typing import Annotated, Optional
@@ -15,7 +16,8 @@ from rich.table import Table
 
 from silofl.errors import SiloflError
 
-app = typer.Typer(add_completion=False, no_args_is_help=False,
+# No pretty tracebacks: they print local variables, i.e. every silo's arrays (see `main`).
+app = typer.Typer(add_completion=False, no_args_is_help=False, pretty_exceptions_enable=False,
                   help="Private, personalized cross-silo federated learning.")
 console = Console()
 err = Console(stderr=True)
@@ -36,17 +38,27 @@ def run(config: Optional[Path] = typer.Option(None, "--config", "-c",
         out: Optional[Path] = typer.Option(None, "--out", help="directory for run folders"),
         no_privacy: bool = typer.Option(False, "--no-privacy",
                                         help="train without DP (comparison only)"),
+        store: Optional[Path] = typer.Option(
+            None, "--store", help="lifetime budget store (default: [budget] store, else "
+            "budget.sqlite in the output directory)"),
+        scratch: bool = typer.Option(False, "--scratch", help=(
+            "charge an in-memory scratch budget: an experiment, not a release")),
         quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress bar")):
     """Train Local, FedAvg and MR-MTL (or the configured methods) at each silo's own
     privacy target and print a comparison table; writes a run directory."""
     from silofl.experiments.config import load_config
     from silofl.experiments.report import privacy_table, results_table
+    from silofl.experiments.run import ADJACENCY
     from silofl.experiments.run import run as run_experiment
     warnings.showwarning = _show_warning
     try:
         cfg = load_config(config)
         if no_privacy:
             cfg.privacy.enabled = False
+        if store is not None:
+            cfg.budget.store = str(store)
+        if scratch:
+            cfg.budget.scratch = True
         with Progress(TextColumn("{task.description:<10}"), BarColumn(), TextColumn(
                 "{task.completed}/{task.total} rounds  {task.fields[metric]}"),
                 TimeElapsedColumn(), console=err, disable=quiet, transient=False) as prog:
@@ -62,19 +74,16 @@ def run(config: Optional[Path] = typer.Option(None, "--config", "-c",
     console.print(results_table(rep))
     if (pt := privacy_table(rep)) is not None:
         console.print(pt)
+        console.print(f"Adjacency: {escape(ADJACENCY)}. Noise: {rep.noise}. Budget store: "
+                      f"{escape(rep.store or 'scratch (in memory)')}, run {rep.run_id}.")
     else:
         console.print("No differential privacy: this run is for comparison only.")
-    if rep.combined_privacy:
-        worst = max(rep.combined_privacy, key=lambda x: x["epsilon_rdp"])
-        console.print(
-            f"Each method meets every silo's target on its own. Releasing all "
-            f"{len(rep.results)} methods' models composes their costs (worst silo "
-            f"{worst['silo']}: ε = {worst['epsilon_rdp']:.3f} RDP / "
-            + ("n/a" if worst["epsilon_pld"] is None else f"{worst['epsilon_pld']:.3f}")
-            + " PLD).")
+    for note in rep.notes():
+        err.print(f"[bold yellow]note:[/] {escape(note)}")
     if rep.run_dir:
-        console.print(f"Run directory: [bold]{rep.run_dir}[/] (config.toml, history.json, "
-                      "ledgers/, privacy_report.json, summary.json, metric_over_rounds.png)")
+        console.print(f"Run directory: [bold]{escape(str(rep.run_dir))}[/] (config.toml, "
+                      "history.json, ledgers/, privacy_report.json, summary.json, "
+                      "metric_over_rounds.png)")
 
 
 @app.command()
@@ -255,6 +264,136 @@ def report(results: SweepResults, out: ReportDir = None, epsilon: FigureEpsilon 
     console.print(f"Report: [bold]{escape(str(d / 'report.html'))}[/] (+ PNGs, summary.json)")
 
 
+budget_app = typer.Typer(help="Lifetime privacy budgets per silo (the budget store).")
+app.add_typer(budget_app, name="budget")
+StorePath = Annotated[Path, typer.Option("--store", help="the budget store (SQLite file)")]
+
+
+def _open_store(path: Path):
+    from silofl.privacy.budget import BudgetStore
+    if not path.is_file():
+        raise SiloflError(f"budget store {str(path)!r} does not exist; a private run creates "
+                          "it (default: budget.sqlite in the output directory)")
+    return BudgetStore(path)
+
+
+@budget_app.command("show")
+def budget_show(store: StorePath = Path("runs/budget.sqlite"),
+                silo: Optional[str] = typer.Option(None, help="one silo, with its charges"),
+                as_json: bool = typer.Option(False, "--json", help="print JSON")):
+    """Per silo: lifetime target, ε spent (composed, under the guarantee accountant and
+    under RDP and PLD), what remains, and the charges by run."""
+    from silofl.privacy.budget import BudgetStoreError
+    try:
+        with _open_store(store) as st:
+            names = [silo] if silo else st.silos()
+            rows = [st.spent(n) for n in names]
+            charges = {n: st.charges(n) for n in names}
+            log = st.log(silo)
+    except (SiloflError, BudgetStoreError) as e:
+        _fail(e)
+    if as_json:
+        console.print_json(json.dumps({"silos": rows, "charges": charges, "log": log}))
+        return
+    t = Table(title=f"lifetime budgets in {escape(str(store))}")
+    for c in ["silo", "target ε, δ", "spent ε", "RDP / PLD", "remaining", "runs",
+              "unfinished"]:
+        t.add_column(c, justify="left" if c == "silo" else "right")
+    for r in rows:
+        runs = len({c["run"] for c in charges[r["silo"]]})
+        pld = "n/a" if r["epsilon_pld"] is None else f"{r['epsilon_pld']:.3f}"
+        t.add_row(escape(r["silo"]), f"{r['target_epsilon']:g}, {r['delta']:g}",
+                  f"{r['epsilon']:.3f} ({r['accountant']})", f"{r['epsilon_rdp']:.3f} / {pld}",
+                  f"{r['remaining']:.3f}", str(runs), str(r["unfinished_runs"]))
+    console.print(t)
+    if silo:
+        ct = Table(title=f"charges of {escape(silo)} (current epoch)")
+        for c in ["run", "command", "method", "label", "count", "status", "noise"]:
+            ct.add_column(c)
+        for c in charges[silo]:
+            ct.add_row(c["run"], c["command"], c["method"], c["label"], str(c["count"]),
+                       c["status"], c["noise"])
+        console.print(ct)
+    for entry in log:
+        console.print(f"{time.strftime('%Y-%m-%d %H:%M', time.localtime(entry['time']))} "
+                      f"{escape(str(entry['silo']))}: {entry['action']} — "
+                      f"{escape(entry['reason'])} ({escape(entry['detail'])})")
+    console.print("'remaining' is target − spent; privacy costs compose, they do not add up, "
+                  "so a new run may fit more or less than that.")
+
+
+@budget_app.command("export")
+def budget_export(store: StorePath = Path("runs/budget.sqlite"),
+                  out: Optional[Path] = typer.Option(None, "--out", help="JSON file "
+                                                     "(default: print)")):
+    """Everything in the store (silos, every charge, runs, log) as JSON."""
+    try:
+        with _open_store(store) as st:
+            data = st.export()
+    except SiloflError as e:
+        _fail(e)
+    text = json.dumps(data, indent=1)
+    if out is None:
+        console.print_json(text)
+    else:
+        _write_atomic(out, text)
+        console.print(f"Wrote {escape(str(out))}")
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    import os
+    import tempfile
+    fd, tmp = tempfile.mkstemp(dir=path.parent if str(path.parent) else ".", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+@budget_app.command("reset")
+def budget_reset(silo: str = typer.Option(..., help="the silo whose budget restarts"),
+                 reason: str = typer.Option(..., help="why (logged in the store)"),
+                 store: StorePath = Path("runs/budget.sqlite"),
+                 new_cohort: bool = typer.Option(False, "--new-cohort", help=(
+                     "the silo's data is a genuinely new cohort of people")),
+                 yes: bool = typer.Option(False, "--yes", help="confirm")):
+    """Start a fresh lifetime budget for one silo. Only honest for a genuinely new cohort
+    of people (--new-cohort) or a store that never guarded a release: the old charges stay
+    in the store for audit, and the reset is logged with its reason."""
+    try:
+        if not yes:
+            raise SiloflError("a budget reset forgets what the silo has spent; repeat with "
+                              "--yes to confirm (it is logged with your --reason)")
+        with _open_store(store) as st:
+            epoch = st.reset(silo, reason, new_cohort=new_cohort)
+    except SiloflError as e:
+        _fail(e)
+    console.print(f"Silo {escape(silo)}: fresh budget (epoch {epoch}); logged: "
+                  f"{escape(reason)}")
+
+
+@budget_app.command("set-target")
+def budget_set_target(silo: str = typer.Option(...), epsilon: float = typer.Option(...),
+                      delta: float = typer.Option(...),
+                      reason: str = typer.Option(..., help="why (logged in the store)"),
+                      store: StorePath = Path("runs/budget.sqlite"),
+                      yes: bool = typer.Option(False, "--yes", help="confirm")):
+    """Change a silo's lifetime target (logged with its reason)."""
+    from silofl.data.federation import PrivacyTarget
+    try:
+        if not yes:
+            raise SiloflError("changing a lifetime target changes the guarantee every person "
+                              "in the silo gets; repeat with --yes to confirm (logged)")
+        with _open_store(store) as st:
+            st.set_target(silo, PrivacyTarget(epsilon, delta), reason)
+    except SiloflError as e:
+        _fail(e)
+    console.print(f"Silo {escape(silo)}: lifetime target ε = {epsilon:g}, δ = {delta:g}")
+
+
 def _need_pandemic_extra() -> None:
     try:
         import numba  # noqa: F401
@@ -372,4 +511,48 @@ def pandemic_predict(data: Path = typer.Option(..., "--data"),
 
 
 def main() -> None:
-    app()
+    """Entry point. An unexpected error (a bug, or input our checks missed) must not print
+    private data: its message may quote record values and a traceback's local variables
+    hold whole datasets, so the terminal gets the exception's type only, and a log file
+    gets the traceback's frames (file, line, function, source line) without any message
+    or variable."""
+    try:
+        app()
+    except KeyboardInterrupt:
+        err.print("[yellow]interrupted[/]")
+        raise SystemExit(130) from None
+    except Exception as e:  # noqa: BLE001 — the last line of defence
+        path = write_crash_log(e)
+        where = f"; frames (no data values) in {path}" if path else ""
+        err.print(f"[bold red]error:[/] unexpected {type(e).__name__} inside silofl (a bug, "
+                  f"or an input our checks missed). Its message is not shown because it "
+                  f"may quote private records{escape(where)}. Please report it.")
+        raise SystemExit(1) from None
+
+
+def crash_frames(e: BaseException) -> str:
+    """The traceback of `e` (and its causes) as frames only: no messages, no locals."""
+    import traceback
+    lines, seen = [], set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        lines.append(f"{type(e).__module__}.{type(e).__qualname__} (message withheld)")
+        for fr in traceback.extract_tb(e.__traceback__):
+            lines.append(f"  {fr.filename}:{fr.lineno} in {fr.name}: {(fr.line or '').strip()}")
+        e = e.__cause__ or e.__context__
+    return "\n".join(lines) + "\n"
+
+
+def write_crash_log(e: BaseException) -> Path | None:
+    """Write `crash_frames(e)` to $SILOFL_LOG_DIR (default ~/.cache/silofl), mode 0600."""
+    import os
+    try:
+        d = Path(os.environ.get("SILOFL_LOG_DIR") or Path.home() / ".cache" / "silofl")
+        d.mkdir(parents=True, exist_ok=True)
+        path = d / f"crash-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(crash_frames(e))
+        return path
+    except OSError:
+        return None

@@ -21,7 +21,8 @@ Privacy. Every round costs one local DP-SGD pass, as for Local/FedAvg. Each sele
 ε²/8-zCDP event charged before the data is read; `privacy_events` declares T·pass +
 T_sel·selection, and σ_k is calibrated so that the composition meets the silo's target:
 the selections are paid for with more DP-SGD noise. zCDP is supported by the RDP accountant
-only, so these methods refuse accountant = "pld".
+only, so these methods are calibrated and accounted under RDP whatever the preferred
+accountant.
 """
 
 from __future__ import annotations
@@ -117,11 +118,6 @@ class IFCA(Algorithm):
         if self.clusters > num_silos:
             raise ConfigError(f"{self.name}: clusters = {self.clusters} is more than the "
                               f"{num_silos} silos; use at most {num_silos} clusters")
-        if accountant == "pld":
-            raise PrivacyError(
-                f"{self.name}: private cluster selection is accounted as ε²/8-zCDP (the "
-                "exponential mechanism), which the PLD accountant does not support; use "
-                "accountant = 'rdp'")
 
     def privacy_events(self, round_event, rounds, target=None):
         if target is None:

@@ -176,6 +176,10 @@ def build_algorithms(cfg: Config) -> list[Algorithm]:
     tc = cfg.training
     if not tc.methods:
         raise ConfigError("training.methods is empty; list at least one of local, fedavg, mrmtl")
+    dup = sorted({m for m in tc.methods if tc.methods.count(m) > 1})
+    if dup:
+        raise ConfigError(f"training.methods lists {', '.join(dup)} more than once; list each "
+                          "method once (each would spend the silos' budget again)")
     return [make_algorithm(m, lam=tc.lam, weighted=tc.weighted,
                            finetune_fraction=tc.finetune_fraction, clusters=tc.clusters,
                            selection_fraction=tc.selection_fraction,

@@ -1,5 +1,5 @@
 """The run configuration: a TOML file with sections [data], [model], [training],
-[privacy] (+ [privacy.silos.NAME] overrides) and [output]. Every key has a default, so an
+[privacy] (+ [privacy.silos.NAME] overrides), [budget] and [output]. Every key has a default, so an
 empty file — or no file — runs the main job on the built-in heart-disease data.
 Unknown keys are errors that suggest the nearest valid key.
 """
@@ -85,9 +85,21 @@ class PrivacyConfig:
     enabled: bool = True
     epsilon: float = 1.0
     delta: float = 1e-4
-    accountant: str = "rdp"        # the accountant σ is calibrated against: rdp | pld
-    noise: str = "seeded"          # seeded (reproducible) | secure (OS entropy)
+    accountant: str = "pld"        # the accountant σ is calibrated against: pld | rdp
+                                   # (events PLD cannot handle fall back to rdp)
+    noise: str = "secure"          # secure (CSPRNG from OS entropy) | seeded (reproducible
+                                   # experiments: not a privacy guarantee)
     silos: dict = field(default_factory=dict)  # name -> SiloPrivacy
+
+
+@dataclass
+class BudgetConfig:
+    """The lifetime budget store (`silofl.privacy.budget`). [privacy] epsilon/delta are
+    this job's target; the store keeps each silo's lifetime target and every charge."""
+    store: str = ""                # SQLite file ("" = budget.sqlite in the output directory)
+    scratch: bool = False          # in-memory store: an experiment, not a release
+    epsilon: float | None = None   # lifetime ε per silo when first seen (default: the job's)
+    delta: float | None = None     # lifetime δ (default: the job's)
 
 
 @dataclass
@@ -102,6 +114,7 @@ class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     training: TrainingSection = field(default_factory=TrainingSection)
     privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
+    budget: BudgetConfig = field(default_factory=BudgetConfig)
     output: OutputConfig = field(default_factory=OutputConfig)
 
     def to_dict(self) -> dict:

@@ -24,7 +24,7 @@ def results_table(rep) -> Table:
     for name in ["method", f"pooled {metric}", "worst silo", "best silo"]:
         t.add_column(name, justify="left" if name == "method" else "right")
     if private:
-        t.add_column("max ε over silos\nRDP / PLD", justify="right")
+        t.add_column("max ε over silos\n(this method)", justify="right")
     silos = res[0].silos
     for r in res:
         vals = np.array(r.final_per_silo, float)
@@ -34,29 +34,38 @@ def results_table(rep) -> Table:
                f"{vals[b]:.4f} {silos[b]}"]
         if private:
             p = r.privacy()
-            row.append(f"{_max_eps(x['epsilon_rdp'] for x in p)} / "
-                       f"{_max_eps(x['epsilon_pld'] for x in p)}")
+            row.append(f"{_max_eps(x['epsilon'] for x in p)} ({_kinds(p)})")
         t.add_row(*row)
+    if rep.notes():
+        t.caption = "; ".join(rep.notes())
     return t
 
 
+def _kinds(entries) -> str:
+    return "/".join(sorted({x["accountant"] for x in entries}))
+
+
 def privacy_table(rep, max_rows: int = 30) -> Table | None:
-    """Per silo: its target, and for each method the calibrated σ and the ε spent
-    (RDP / PLD). σ differs by method: Ditto's second pass and IFCA's selections leave
-    less budget per DP-SGD step."""
+    """Per silo: this job's target and σ (one σ for all methods, calibrated for their
+    composition), ε spent by the whole job, and the silo's lifetime budget after it."""
     if not rep.config.privacy.enabled:
         return None
-    t = Table(title="privacy per silo (σ, then ε spent at the silo's δ: RDP / PLD)")
-    for name in ["silo", "n", "target ε, δ"]:
-        t.add_column(name, justify="left" if name == "silo" else "right")
-    for r in rep.results:
-        t.add_column(f"{rep.label(r)}\nσ; RDP / PLD", justify="right")
     priv = [r.privacy() for r in rep.results]
+    how = priv[0][0].get("calibrated_for", "") if priv[0] else ""
+    t = Table(title=f"privacy per silo (σ calibrated for {how}; ε at the silo's δ)")
+    for name in ["silo", "n", "job target ε, δ", "σ", "job ε spent", "lifetime ε spent / "
+                 "target"]:
+        t.add_column(name, justify="left" if name == "silo" else "right")
+    life = {x["silo"]: x for x in rep.lifetime}
     for k, silo in enumerate(rep.results[0].silos[:max_rows]):
-        p0 = priv[0][k]
+        p0, c = priv[0][k], rep.combined_privacy[k]
+        lt = life.get(silo)
         t.add_row(silo, str(p0["n_train"]), f"{p0['target_epsilon']:g}, {p0['delta']:g}",
-                  *[f"{p[k]['noise_multiplier']:.3g}; {_max_eps([p[k]['epsilon_rdp']])} / "
-                    f"{_max_eps([p[k]['epsilon_pld']])}" for p in priv])
+                  f"{p0['noise_multiplier']:.3g}",
+                  f"{c['epsilon']:.3f} ({c['accountant']})",
+                  f"{lt['epsilon']:.3f} / {lt['target_epsilon']:g}" if lt else "-")
+    if rep.results[0].silos[max_rows:]:
+        t.caption = f"… {len(rep.results[0].silos) - max_rows} more silos in privacy_report.json"
     return t
 
 
@@ -190,7 +199,7 @@ def _privacy_html(head: dict, check: list[dict]) -> str:
         return "<h2>Privacy</h2><p>No private runs recorded.</p>"
     eps = sorted({c["epsilon"] for c in check})
     cell = {(c["silo"], c["epsilon"]): c for c in check}
-    acc = html.escape(check[0]["accountant"].upper())
+    acc = html.escape("/".join(sorted({c["accountant"] for c in check})).upper())
     out = [f"<h2>Privacy: largest ε spent per silo over all its runs ({acc}, at the silo's "
            "δ) vs target</h2><p>Read from each run's privacy ledgers. Each run is charged "
            "separately; the cost of running all of them on the same data is not composed "

@@ -1,18 +1,21 @@
-"""One experiment run: every requested method on one federation, written to a run
-directory with the resolved config, per-round history, ledgers, privacy report, summary
-and a plot.
+"""One experiment run (a *job*): every requested method on one federation, written to a
+run directory with the resolved config, per-round history, ledgers, privacy report,
+summary and a plot.
 
-Validation, calibration and the budget preflight of *every* method happen before the run
-directory is created or any training data is touched, so bad input leaves nothing
-behind and spends nothing.
+Validation, calibration and the reservation of *every* private access of the job in
+the lifetime budget store happen before the run directory is created or any training
+data is touched, so bad input leaves nothing behind and spends nothing. The job's
+methods share each silo's target for this job (one σ per silo, calibrated for their
+composition), and the whole job is charged to the silo's lifetime budget.
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -20,11 +23,26 @@ import numpy as np
 import tomli_w
 
 from silofl.algorithms import LAMBDA_METHODS
+from silofl.data.federation import PrivacyTarget
 from silofl.experiments import build
 from silofl.experiments.config import Config
 from silofl.privacy import accounting, events
-from silofl.runtime.plan import plan_silos
+from silofl.privacy.budget import SCRATCH_NOTE, BudgetStore
+from silofl.privacy.ledger import tightest
+from silofl.runtime.job import Job, fingerprints, open_job
+from silofl.runtime.plan import SEEDED_NOTE, plan_job
 from silofl.runtime.simulator import RunResult, simulate
+
+ADJACENCY = ("add/remove one record (example-level DP within each silo; each silo's "
+             "guarantee covers the records in its own data)")
+ASSUMPTIONS = (
+    "Silo sizes n_k are treated as public: they set the sampling rate q = b/n_k, the noise "
+    "calibration, the averaging weights (weighted = true) and IFCA's score sensitivity.",
+    "Per-round test metrics are computed on each silo's held-out test rows for the "
+    "researcher and are not privatized: release the models, not those metrics.",
+    "DP noise is drawn in floating point (the usual floating-point caveat of Mironov 2012 "
+    "applies).",
+)
 
 
 @dataclass
@@ -32,7 +50,29 @@ class RunReport:
     run_dir: Path | None
     config: Config
     results: list[RunResult]
-    combined_privacy: list[dict]  # per silo: ε if every method's models are released
+    combined_privacy: list[dict]  # per silo: the whole job's ε (all methods composed)
+    run_id: str | None = None
+    store: str | None = None      # the budget store's path (None: scratch / non-private)
+    scratch: bool = False
+    lifetime: list[dict] = field(default_factory=list)  # per silo, after this job
+    uncharged: list[str] = field(default_factory=list)  # data reads no budget covers
+
+    @property
+    def noise(self) -> str:
+        return self.config.privacy.noise
+
+    def notes(self) -> list[str]:
+        """What every reader of this run's outputs must be told."""
+        out = []
+        if not self.config.privacy.enabled:
+            out.append("NON-PRIVATE run: no differential privacy; no budget was charged")
+        else:
+            if self.noise == "seeded":
+                out.append(SEEDED_NOTE)
+            if self.scratch:
+                out.append(SCRATCH_NOTE)
+        out += [f"uncharged: {u}" for u in self.uncharged]
+        return out
 
     def label(self, r: RunResult) -> str:
         m = r.method
@@ -42,7 +82,8 @@ class RunReport:
 
     def summary(self) -> dict:
         return {"run_dir": str(self.run_dir) if self.run_dir else None,
-                "private": self.config.privacy.enabled,
+                "private": self.config.privacy.enabled, "noise": self.noise,
+                "notes": self.notes(), "run_id": self.run_id,
                 "methods": [{"method": self.label(r), **r.method, "metric": r.metric,
                              "pooled": r.final_pooled,
                              "per_silo": dict(zip(r.silos, r.final_per_silo)),
@@ -51,40 +92,81 @@ class RunReport:
 
 
 def run(cfg: Config, out_dir: Path | None = None,
-        on_progress: Callable[[str, int, int, float], None] | None = None) -> RunReport:
-    """Run every method in `cfg`. The run directory is `out_dir` (or [output].dir) plus
-    [output].name; with no directory configured (output.dir = "") nothing is written."""
+        on_progress: Callable[[str, int, int, float], None] | None = None, *,
+        store: BudgetStore | None = None) -> RunReport:
+    """Run every method in `cfg` as one job. The run directory is `out_dir` (or
+    [output].dir) plus [output].name; with no directory configured (output.dir = "")
+    nothing is written. Private jobs charge the lifetime budget store: `store`, else
+    [budget] store, else budget.sqlite in the output directory (a scratch in-memory store
+    with [budget] scratch = true or when no directory is configured)."""
     # --- everything that can fail on bad input, before any data access ---------------
     fed = build.apply_privacy(build.load_federation(cfg.data), cfg)
     model = build.build_model(cfg, fed)
     algorithms = build.build_algorithms(cfg)
     tcfg = build.training_config(cfg)
-    plans = [plan_silos(fed, alg, tcfg) for alg in algorithms]
-    if tcfg.private:  # the whole experiment must fit each silo's budget, method by method
-        from silofl.privacy.ledger import Ledger
-        for alg_plans in plans:
-            for p in alg_plans:
-                Ledger(p.name, p.target, tcfg.accountant).preflight(p.declared)
-    run_dir = _make_run_dir(cfg, out_dir)
-    # --- training ---------------------------------------------------------------------
-    results = []
-    for alg, alg_plans in zip(algorithms, plans):
-        label = alg.describe()["name"]
-
-        def tick(t, pooled, _label=label):
-            if on_progress:
-                on_progress(_label, t, tcfg.rounds, pooled)
-        results.append(simulate(
-            fed, model, alg, tcfg, metric=cfg.model.metric or None, plans=alg_plans,
-            ledger_dir=run_dir / "ledgers" / label if run_dir else None, on_round=tick))
-    report = RunReport(run_dir, cfg, results, _combined(results))
-    if run_dir:
-        _write_outputs(report)
+    plans = plan_job(fed, algorithms, tcfg)
+    labels = [alg.describe()["name"] for alg in algorithms]
+    base = _base_dir(cfg, out_dir)
+    job = None
+    if tcfg.private:
+        store = store if store is not None else open_store(cfg, base)
+        job = open_job(store, dict(zip(labels, plans)), lifetime=_lifetime(cfg, fed),
+                       explicit_lifetime=cfg.budget.epsilon is not None,
+                       command="silofl run", noise=tcfg.noise, accountant=tcfg.accountant,
+                       fingerprints=fingerprints(fed))
+    # --- from here on the job's budget is reserved: settle it whatever happens ----------
+    run_dir = None
+    try:
+        run_dir = _make_run_dir(cfg, base)
+        results = []
+        for alg, alg_plans, label in zip(algorithms, plans, labels):
+            def tick(t, pooled, _label=label):
+                if on_progress:
+                    on_progress(_label, t, tcfg.rounds, pooled)
+            results.append(simulate(
+                fed, model, alg, tcfg, metric=cfg.model.metric or None, plans=alg_plans,
+                ledger_dir=run_dir / "ledgers" / label if run_dir else None, on_round=tick,
+                job=job, method=label))
+        if job is not None:
+            job.settle()
+        report = RunReport(run_dir, cfg, results, _combined(results), uncharged=list(
+            fed.meta.get("uncharged", [])))
+        if job is not None:
+            report.run_id, report.scratch = job.run_id, job.scratch
+            report.store = None if job.store.path is None else str(job.store.path)
+            report.lifetime = [job.store.spent(n) for n in fed.names]
+        if run_dir:
+            _write_outputs(report)
+    except BaseException:
+        if job is not None:
+            job.settle("failed")
+        if run_dir is not None:  # leave nothing half-written; the store keeps the charges
+            shutil.rmtree(run_dir, ignore_errors=True)
+        raise
     return report
 
 
+def open_store(cfg: Config, base: Path | None) -> BudgetStore:
+    """The lifetime budget store a job charges (see `run`)."""
+    if cfg.budget.scratch:
+        return BudgetStore(None)
+    if cfg.budget.store:
+        return BudgetStore(Path(cfg.budget.store))
+    return BudgetStore(None if base is None else base / "budget.sqlite")
+
+
+def _lifetime(cfg: Config, fed) -> dict[str, PrivacyTarget]:
+    """Each silo's lifetime target when the store first sees it: [budget] epsilon/delta,
+    else the silo's target for this job."""
+    b = cfg.budget
+    return {s.name: PrivacyTarget(b.epsilon if b.epsilon is not None else s.target.epsilon,
+                                  b.delta if b.delta is not None else s.target.delta)
+            for s in fed.silos}
+
+
 def _combined(results: list[RunResult]) -> list[dict]:
-    """Honest total per silo when all methods' outputs are released: compose their ledgers."""
+    """Per silo, the whole job: every method's executed events composed (what releasing
+    all of the job's models costs), checked against the silo's target for this job."""
     if not results or results[0].ledgers is None:
         return []
     out = []
@@ -92,15 +174,24 @@ def _combined(results: list[RunResult]) -> list[dict]:
         counts = Counter()
         for r in results:
             counts += r.ledgers[k].spent_counts()
-        target = results[0].ledgers[k].target
-        eps = accounting.epsilons(events.compose(counts), target.delta)
-        out.append({"silo": silo, "delta": target.delta, "epsilon_rdp": eps["rdp"],
-                    "epsilon_pld": eps["pld"], "methods": len(results)})
+        led = results[0].ledgers[k]
+        event = events.compose(counts)
+        eps, kind = tightest(event, led.target.delta)
+        both = accounting.epsilons(event, led.target.delta)
+        out.append({"silo": silo, "target_epsilon": led.target.epsilon,
+                    "delta": led.target.delta, "epsilon": eps, "accountant": kind,
+                    "epsilon_rdp": both["rdp"], "epsilon_pld": both["pld"],
+                    "within_target": eps <= led.target.epsilon, "methods": len(results)})
     return out
 
 
-def _make_run_dir(cfg: Config, out_dir: Path | None) -> Path | None:
-    base = Path(out_dir) if out_dir is not None else (Path(cfg.output.dir) if cfg.output.dir else None)
+def _base_dir(cfg: Config, out_dir: Path | None) -> Path | None:
+    if out_dir is not None:
+        return Path(out_dir)
+    return Path(cfg.output.dir) if cfg.output.dir else None
+
+
+def _make_run_dir(cfg: Config, base: Path | None) -> Path | None:
     if base is None:
         return None
     name = cfg.output.name or time.strftime("%Y%m%d-%H%M%S")
@@ -135,11 +226,15 @@ def _write_outputs(rep: RunReport) -> None:
             for r in rep.results}
     (d / "history.json").write_text(json.dumps(hist, default=_json_default))
     privacy = {"accountant_for_calibration": rep.config.privacy.accountant,
-               "neighbouring_relation": "add/remove one example",
-               "note": ("Each method's ledger is its own training run. Releasing the models "
-                        "of several methods composes their costs: see 'combined'."),
+               "neighbouring_relation": ADJACENCY,
+               "noise": rep.noise, "notes": rep.notes(), "assumptions": list(ASSUMPTIONS),
+               "uncharged": rep.uncharged, "run_id": rep.run_id,
+               "budget_store": rep.store, "scratch_store": rep.scratch,
+               "job": ("The job's methods share each silo's target for this job: one σ per "
+                       "silo is calibrated for their composition. 'combined' is the job's "
+                       "spend per silo; 'lifetime' is everything the silo has spent so far."),
                "methods": {rep.label(r): r.privacy() for r in rep.results},
-               "combined": rep.combined_privacy}
+               "combined": rep.combined_privacy, "lifetime": rep.lifetime}
     (d / "privacy_report.json").write_text(json.dumps(privacy, indent=1, default=_json_default))
     (d / "summary.json").write_text(json.dumps(rep.summary(), indent=1, default=_json_default))
     plot_history(rep, d / "metric_over_rounds.png")

@@ -13,11 +13,15 @@ finished run. Lines are appended with a single write each and the file is fsynce
 crash leaves complete lines (a torn last line is dropped on the next start). Re-running the
 same sweep skips the runs already recorded; a results file of a different sweep is refused.
 
-Privacy: every private run trains under in-memory ledgers that charge each silo before
-its data is touched (as `silofl run` does); the ε each silo actually spent is read from
-its ledger into the record. What is NOT counted: the cost of running many configurations
-on the same data and choosing among them (thesis appendix E), and the non-private runs,
-which use the data without any DP and exist only as a reference.
+Privacy: every private run trains under ledgers that charge each silo before its data is
+touched (as `silofl run` does); the ε each silo actually spent is read from its ledger
+into the record. By default each run charges a *scratch* budget store: the sweep is an
+experiment, not a release, and its report says so. With [budget] store (and [budget]
+epsilon, the total ε the sweep may spend per silo) every run is reserved in that lifetime
+store, workers included, and the sweep stops with BudgetExceeded when the budget is
+spent. What is NOT counted on a scratch store: the composition of all runs and the cost
+of choosing among them (thesis appendix E); the non-private runs use the data without any
+DP and exist only as a reference.
 """
 
 from __future__ import annotations
@@ -44,8 +48,8 @@ from silofl.experiments import build
 from silofl.experiments.sweep_config import _ALG_DEFAULTS, SweepConfig
 from silofl.models.base import Model
 from silofl.models.metrics import HIGHER_IS_BETTER, default_metric
-from silofl.privacy.ledger import Ledger
-from silofl.runtime.plan import TrainingConfig, plan_silos
+from silofl.privacy.budget import SCRATCH_NOTE, BudgetStore
+from silofl.runtime.plan import SEEDED_NOTE, TrainingConfig, plan_silos
 from silofl.runtime.simulator import simulate
 
 FORMAT = 1
@@ -161,6 +165,26 @@ def targeted(sc: SweepConfig, fed: Federation, spec: RunSpec) -> Federation:
 
 _CACHE: dict[str, Prepared] = {}
 _PLANS: dict[tuple, list] = {}  # (method, ε) → calibrated per-silo plans, per process
+_STORES: dict[str, BudgetStore] = {}  # per process: the sweep's lifetime store, opened once
+
+
+def budget_store(sc: SweepConfig) -> BudgetStore | None:
+    """The lifetime store the sweep charges (None: each run on its own scratch store)."""
+    b = sc.base.budget
+    if b.scratch or not b.store:
+        return None
+    st = _STORES.get(b.store)
+    if st is None:
+        st = _STORES[b.store] = BudgetStore(Path(b.store))
+    return st
+
+
+def lifetime_targets(sc: SweepConfig, fed: Federation) -> dict[str, PrivacyTarget] | None:
+    b = sc.base.budget
+    if budget_store(sc) is None:
+        return None
+    return {s.name: PrivacyTarget(b.epsilon, b.delta if b.delta is not None
+                                  else sc.base.privacy.delta) for s in fed.silos}
 
 
 def execute(sc: SweepConfig, spec: RunSpec, fingerprint: str) -> dict:
@@ -177,20 +201,24 @@ def execute(sc: SweepConfig, spec: RunSpec, fingerprint: str) -> dict:
     plan_key = (spec.method, spec.epsilon)
     res = simulate(fed, prep.model, alg, tcfg, metric=prep.metric,
                    plans=_PLANS.get(plan_key) if spec.private else None,
-                   eval_sets={"validation": prep.validation})
+                   eval_sets={"validation": prep.validation}, store=budget_store(sc),
+                   lifetime=lifetime_targets(sc, fed))
     if spec.private:
         _PLANS[plan_key] = res.plans
     privacy = None
     if res.ledgers is not None:
-        spent = [led.epsilon() for led in res.ledgers]  # under the ledger's accountant
+        reports = [led.report() for led in res.ledgers]
+        spent = [r["epsilon"] for r in reports]  # the guarantee the check uses
         targets = [led.target.epsilon for led in res.ledgers]
-        privacy = {"accountant": tcfg.accountant,
+        privacy = {"accountant": [r["accountant"] for r in reports],
+                   "calibrated_with": tcfg.accountant, "noise": tcfg.noise,
+                   "scratch_store": res.scratch, "run_id": res.run_id,
                    "delta": [led.target.delta for led in res.ledgers],
                    "target_epsilon": targets, "epsilon_spent": spent,
                    "noise_multiplier": [p.noise_multiplier for p in res.plans],
                    "max_epsilon_spent": max(spent),
                    "over_target": [led.silo for led, e, t in zip(res.ledgers, spent, targets)
-                                   if e > t * (1 + 1e-9)]}
+                                   if not e <= t]}
     val = res.history.extra["validation"]
     return _clean({
         "kind": "run", "key": spec.key, "method": spec.method, "private": spec.private,
@@ -231,7 +259,21 @@ def header(sc: SweepConfig, prep: Prepared, fingerprint: str, total: int) -> dic
         "task": fed.task, "silos": fed.names, "n_train": [s.n_train for s in fed.silos],
         "n_validation": [len(y) for _, y in prep.validation],
         "n_test": [s.n_test for s in fed.silos], "dropped_silos": prep.dropped,
-        "total_runs": total, "not_counted": NOT_COUNTED})
+        "total_runs": total, "not_counted": NOT_COUNTED, "notes": sweep_notes(sc, prep)})
+
+
+def sweep_notes(sc: SweepConfig, prep: Prepared) -> list[str]:
+    """What every reader of the sweep's outputs must be told, first."""
+    out = []
+    if budget_store(sc) is None:
+        out.append(SCRATCH_NOTE + " (each run on its own scratch store; runs are not "
+                   "composed)")
+    else:
+        out.append(f"every run charged the lifetime budget store {sc.base.budget.store}")
+    if sc.base.privacy.noise == "seeded":
+        out.append(SEEDED_NOTE)
+    out += [f"uncharged: {u}" for u in prep.fed.meta.get("uncharged", [])]
+    return out
 
 
 def read_results(path: str | Path) -> tuple[dict, list[dict]]:
@@ -333,14 +375,20 @@ class SweepOutcome:
 
 def preflight(sc: SweepConfig, prep: Prepared) -> None:
     """Fail before anything is written: every method's plan (batch below every silo's size,
-    calibration at the smallest ε, the budget check) must succeed."""
+    calibration at the smallest ε) must succeed, and a lifetime store needs its budget."""
+    b = sc.base.budget
+    if b.store and not b.scratch:
+        if b.epsilon is None:
+            raise ConfigError("[budget] store is set, so every run of this sweep charges that "
+                              "lifetime store: declare the total budget the sweep may spend "
+                              "per silo with [budget] epsilon (and delta), or remove [budget] "
+                              "store to run on scratch stores (an experiment, not a release)")
+        budget_store(sc)  # a locked or corrupt store fails here, before anything is written
     for method in sc.sweep.methods:
         spec = RunSpec(method, min(sc.sweep.epsilon), sc.sweep.lam[0] if method in
                        LAMBDA_METHODS else None, sc.sweep.lr[0], sc.sweep.seeds[0])
-        plans = plan_silos(targeted(sc, prep.fed, spec), algorithm(sc, spec),
-                           training_config(sc, spec))
-        for p in plans:
-            Ledger(p.name, p.target, sc.base.privacy.accountant).preflight(p.declared)
+        plan_silos(targeted(sc, prep.fed, spec), algorithm(sc, spec),
+                   training_config(sc, spec))
 
 
 Progress = Callable[[int, int, dict | None], None]

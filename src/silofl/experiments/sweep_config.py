@@ -6,7 +6,7 @@ LAMBDA_METHODS) × lr × seeds. Setting those single values in the other section
 (training.methods, training.lam, training.lr, training.seed, privacy.epsilon,
 privacy.enabled, privacy.silos) is an error, so a file never means two things.
 
-Relative paths (data.path, sweep.results) are resolved against the directory of the
+Relative paths (data.path, sweep.results, budget.store) are resolved against the directory of the
 config file, so `silofl sweep examples/school.toml` works from any working directory.
 """
 
@@ -80,6 +80,7 @@ class SweepConfig:
         them (sweep.workers) and presentation ([report])."""
         d = self.base.to_dict()
         d.pop("output")
+        d.pop("budget")  # where runs are charged changes whether they run, not their results
         d["data"]["path"] = self.data_path_as_written
         for sec, key in _REPLACED:
             d[sec].pop(key, None)
@@ -187,6 +188,8 @@ def sweep_config_from_dict(raw: dict, root: Path | str = ".") -> SweepConfig:
         make_algorithm(m, lam=sweep.lam[0], **sc.algorithm_options())
     if base.data.path:
         base.data.path = str(_resolve(root, base.data.path))
+    if base.budget.store:
+        base.budget.store = str(_resolve(root, base.budget.store))
     if report.epsilon is not None and float(report.epsilon) not in sweep.epsilon:
         raise ConfigError(f"report.epsilon = {report.epsilon} is not in sweep.epsilon "
                           f"{sweep.epsilon}; pick one of the swept values")

@@ -1,12 +1,21 @@
-"""Turning dp_accounting events into plain data (for ledgers on disk) and into
-(base event, count) pairs (so a ledger can tell when a charge is already covered)."""
+"""Turning dp_accounting events into plain data (for ledgers and the budget store on
+disk) and back, and into (base event, count) pairs (so a ledger can tell when a charge
+is already covered)."""
 
 from __future__ import annotations
 
+import importlib
+import json
 from collections import Counter
 
 import attr
 import dp_accounting as dpa
+
+from silofl.errors import PrivacyError
+
+#: events silofl defines itself (dp_accounting has no type for them), by their dict's
+#: "event" name → "module:Class" (imported lazily: privacy must not import pandemic)
+CUSTOM_EVENTS = {"node_level_dp": "silofl.pandemic.node_dp:NodeLevelDpEvent"}
 
 
 def to_dict(event) -> dict:
@@ -25,6 +34,51 @@ def to_dict(event) -> dict:
                 out[f.name] = v
         return out
     raise TypeError(f"cannot serialize privacy event {event!r}")
+
+
+def from_dict(d: dict):
+    """The inverse of `to_dict`: a dp_accounting event (or a registered custom event)."""
+    if not isinstance(d, dict):
+        raise PrivacyError(f"a privacy event must be a JSON object, got {type(d).__name__}")
+    if "event" in d and isinstance(d["event"], str):  # a custom event (e.g. node-level)
+        target = CUSTOM_EVENTS.get(d["event"])
+        if target is None:
+            raise PrivacyError(f"unknown privacy event type {d['event']!r}")
+        module, name = target.split(":")
+        return getattr(importlib.import_module(module), name).from_dict(d)
+    cls = getattr(dpa, str(d.get("type")), None)
+    if not (isinstance(cls, type) and issubclass(cls, dpa.DpEvent)):
+        raise PrivacyError(f"unknown privacy event type {d.get('type')!r}")
+    kwargs = {}
+    for f in attr.fields(cls):
+        if f.name not in d:
+            continue
+        v = d[f.name]
+        if isinstance(v, dict):
+            v = from_dict(v)
+        elif isinstance(v, list):
+            v = [from_dict(x) if isinstance(x, dict) else x for x in v]
+        kwargs[f.name] = v
+    return cls(**kwargs)
+
+
+def to_json(event) -> str:
+    """Canonical JSON text of an event (sorted keys): equal events give equal text."""
+    return json.dumps(to_dict(event), sort_keys=True, separators=(",", ":"))
+
+
+_PARSED: dict[str, object] = {}
+
+
+def from_json(text: str):
+    """Parse `to_json` text; the same text always gives the same event *object*, so the
+    identity-keyed caches (flatten, accounting) hit when a store re-reads its charges."""
+    hit = _PARSED.get(text)
+    if hit is None:
+        if len(_PARSED) > 4096:
+            _PARSED.clear()
+        hit = _PARSED[text] = from_dict(json.loads(text))
+    return hit
 
 
 def flatten(event) -> Counter:

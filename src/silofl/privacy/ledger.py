@@ -1,9 +1,11 @@
-"""One privacy ledger per silo.
+"""One privacy ledger per silo and run: the per-run audit trail and its enforcement.
 
 A ledger holds the silo's target (ε, δ) and the events actually executed on its data.
-`charge` is called *before* the data is touched: it refuses (BudgetExceeded) any event
-that would take the silo past its target under the chosen accountant, and otherwise
-records it — in memory and as one JSON line appended to the ledger file on disk.
+`charge` is called *before* the data is touched and records the event — in memory and as
+one JSON line appended to the ledger file on disk — or refuses it (BudgetExceeded):
+- with an `allowance` (the multiset of base events the run reserved in the lifetime
+  budget store, `silofl.privacy.budget`), anything not covered by what is left of it;
+- without one, anything that would take the silo past its target under the accountant.
 
 Checking a composition with dp_accounting costs milliseconds, and a run charges every
 silo every round, so the ledger remembers the largest composition it has verified: a
@@ -15,6 +17,7 @@ fit its budget fail before any data is touched.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections import Counter
 from dataclasses import dataclass, field
@@ -24,7 +27,21 @@ from silofl.data.federation import PrivacyTarget
 from silofl.errors import BudgetExceeded
 from silofl.privacy import accounting, events
 
-_TOL = 1e-9
+
+def tightest(event, delta: float) -> tuple[float, str]:
+    """(ε, accountant) of `event` at `delta`: the smallest of the upper bounds that RDP and
+    (pessimistic) PLD give — each is a valid guarantee, so the smaller one is too. Checks
+    and reports both use this one figure, so a violation can never be reported as a pass."""
+    eps = {k: v for k, v in accounting.epsilons(event, delta).items() if v is not None}
+    kind = min(eps, key=eps.get)
+    return eps[kind], kind
+
+
+def silo_file_id(name: str) -> str:
+    """A file name for silo `name` that no other name maps to: a readable prefix plus a
+    hash of the exact name ("A B" and "A_B" get different files)."""
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in name)[:40] or "silo"
+    return f"{safe}-{hashlib.sha256(name.encode()).hexdigest()[:10]}"
 
 
 @dataclass
@@ -40,6 +57,8 @@ class Ledger:
     target: PrivacyTarget
     accountant: accounting.Accountant = accounting.DEFAULT_ACCOUNTANT
     path: Path | None = None
+    #: base-event counts reserved for this run in the budget store (None: check ε instead)
+    allowance: Counter | None = None
     entries: list[Entry] = field(default_factory=list)
     _spent: Counter = field(default_factory=Counter, repr=False)
     _verified: Counter = field(default_factory=Counter, repr=False)
@@ -78,15 +97,24 @@ class Ledger:
         """`counts` must include everything spent (callers build it after `_sync`)."""
         if self._covered(counts):
             return
-        eps = accounting.epsilon(events.compose(counts), self.target.delta, self.accountant)
-        if eps > self.target.epsilon * (1 + _TOL):
+        if self.allowance is not None:
+            extra = [e for e, c in counts.items() if c > self.allowance.get(e, 0)]
+            raise BudgetExceeded(
+                f"silo {self.silo!r}: {what} is not covered by what this run reserved in "
+                f"the budget store ({len(extra)} event type(s) over); nothing was executed")
+        eps, kind = tightest(events.compose(counts), self.target.delta)
+        if not eps <= self.target.epsilon:  # no tolerance: a violation never rounds to a pass
             raise BudgetExceeded(
                 f"silo {self.silo!r}: {what} would spend ε = {eps:.4g} > its budget "
-                f"ε = {self.target.epsilon:g} (δ = {self.target.delta:g}, {self.accountant}); "
+                f"ε = {self.target.epsilon:g} (δ = {self.target.delta:g}, {kind}); "
                 "nothing was executed. Lower the number of rounds/epochs, raise the noise, "
                 "or raise this silo's epsilon")
         self._verified = counts
         self._by_id.clear()
+
+    def __post_init__(self):
+        if self.allowance is not None:  # the reservation is verified: counting suffices
+            self._verified = Counter(self.allowance)
 
     def preflight(self, planned) -> None:
         """Verify that `planned` (an event) plus what is already spent fits the budget."""
@@ -128,14 +156,20 @@ class Ledger:
         return Counter(self._spent)
 
     def epsilon(self, kind: accounting.Accountant | None = None) -> float:
-        return accounting.epsilon(self.spent_event, self.target.delta, kind or self.accountant)
+        """ε spent under `kind`, or the guarantee (`tightest`) when None."""
+        if kind is None:
+            return tightest(self.spent_event, self.target.delta)[0]
+        return accounting.epsilon(self.spent_event, self.target.delta, kind)
 
     def report(self) -> dict:
-        """Spent (ε, δ) under both accountants, the target, and the event counts."""
-        eps = accounting.epsilons(self.spent_event, self.target.delta)  # syncs _spent
+        """Spent ε (the guarantee, `tightest`: the figure checks use) and under RDP and
+        PLD, the target, and the event counts."""
+        event = self.spent_event  # syncs _spent
+        both = accounting.epsilons(event, self.target.delta)
+        eps, kind = tightest(event, self.target.delta)
         return {"silo": self.silo, "target_epsilon": self.target.epsilon,
-                "delta": self.target.delta, "accountant": self.accountant,
-                "epsilon_rdp": eps["rdp"], "epsilon_pld": eps["pld"],
-                "within_target": eps[self.accountant] <= self.target.epsilon * (1 + _TOL),
+                "delta": self.target.delta, "accountant": kind, "epsilon": eps,
+                "epsilon_rdp": both["rdp"], "epsilon_pld": both["pld"],
+                "within_target": eps <= self.target.epsilon,
                 "events": [{"count": c, "event": events.to_dict(e)}
                            for e, c in self._spent.items()]}

@@ -2,7 +2,11 @@
 
 Before any data is touched we validate the settings, compute each silo's sampling rate
 q_k = b/n_k and steps per local pass, calibrate its noise multiplier σ_k from its own
-(ε_k, δ_k) for the algorithm's *declared* privacy events, and check the declaration fits.
+(ε_k, δ_k) for the algorithms' *declared* privacy events, and check the declaration fits.
+
+A *job* may run several methods on the same data (and private preprocessing before
+them): everything it releases composes, so one σ_k per silo is calibrated for the whole
+composition — each method gets an equal share of the silo's target for this job.
 """
 
 from __future__ import annotations
@@ -20,6 +24,14 @@ from silofl.errors import ConfigError, PrivacyError
 from silofl.privacy import accounting, events
 
 
+NOISE_MODES = ("secure", "seeded")
+#: what every output of a run with reproducible noise says
+SEEDED_NOTE = "reproducible noise — not a privacy guarantee"
+#: calibrate to slightly below the target, so that re-evaluating the same composition
+#: (in another order, in the budget store) can never land a hair above it
+_CALIBRATION_MARGIN = 1e-7
+
+
 @dataclass(frozen=True)
 class TrainingConfig:
     """Settings shared by all silos. Units: lr per step, clip in L2 norm of a gradient."""
@@ -32,7 +44,8 @@ class TrainingConfig:
     l2: float = 0.0
     private: bool = True
     accountant: str = accounting.DEFAULT_ACCOUNTANT
-    noise: str = "seeded"  # "seeded" (reproducible) or "secure" (OS entropy)
+    noise: str = "secure"  # "secure" (CSPRNG keyed from OS entropy) or "seeded" (reproducible
+                           # experiments only: not a privacy guarantee)
     seed: int = 0
     eval_every: int = 1
     #: fix σ instead of calibrating it (ledgers still refuse anything over the target)
@@ -57,9 +70,9 @@ class TrainingConfig:
         if self.accountant not in accounting.ACCOUNTANTS:
             bad(f"accountant must be one of {', '.join(accounting.ACCOUNTANTS)}, "
                 f"got {self.accountant!r}")
-        if self.noise not in ("seeded", "secure"):
-            bad(f"noise must be 'seeded' (reproducible) or 'secure' (OS entropy), "
-                f"got {self.noise!r}")
+        if self.noise not in NOISE_MODES:
+            bad(f"noise must be 'secure' (OS entropy, the default) or 'seeded' "
+                f"(reproducible, not a privacy guarantee), got {self.noise!r}")
         if self.noise_multiplier is not None and not self.noise_multiplier > 0:
             bad(f"noise_multiplier must be positive, got {self.noise_multiplier}")
         if not (isinstance(self.eval_every, int) and self.eval_every >= 1):
@@ -74,17 +87,47 @@ class SiloPlan:
     steps_per_pass: int
     target: PrivacyTarget | None
     noise_multiplier: float | None = None
-    declared: object = field(default=None, repr=False)  # DpEvent for the whole run
+    declared: object = field(default=None, repr=False)  # this method's DpEvent for the run
+    #: how σ was calibrated: methods sharing the job's target, preprocessing composed in
+    calibrated_for: str = ""
 
     def to_dict(self) -> dict:
         return {"silo": self.name, "n_train": self.n, "sampling_rate": self.q,
                 "steps_per_pass": self.steps_per_pass, "noise_multiplier": self.noise_multiplier,
                 "target_epsilon": self.target.epsilon if self.target else None,
-                "delta": self.target.delta if self.target else None}
+                "delta": self.target.delta if self.target else None,
+                "calibrated_for": self.calibrated_for}
 
 
 def plan_silos(fed: Federation, algorithm: Algorithm, cfg: TrainingConfig) -> list[SiloPlan]:
-    """Validate, then calibrate σ_k per silo for `algorithm`'s declared events."""
+    """Validate, then calibrate σ_k per silo for `algorithm`'s declared events alone."""
+    return plan_job(fed, [algorithm], cfg)[0]
+
+
+def plan_job(fed: Federation, algorithms: list[Algorithm], cfg: TrainingConfig,
+             extra: dict[str, object] | None = None) -> list[list[SiloPlan]]:
+    """Plans for running every algorithm of a job on `fed`: per silo one σ_k such that
+    `extra[silo]` (events spent before training, e.g. private preprocessing) composed with
+    every algorithm's declared events meets the silo's target. Returns one plan list per
+    algorithm (same σ_k in each, `declared` = that algorithm's own events)."""
+    per_alg = [_base_plans(fed, alg, cfg) for alg in algorithms]
+    if not cfg.private:
+        return per_alg
+    extra = extra or {}
+    parts = [f"{len(algorithms)} methods composed" if len(algorithms) > 1 else "1 method"]
+    for k, p in enumerate(per_alg[0]):
+        pre = extra.get(p.name)
+        where = ", ".join(parts + (["preprocessing"] if pre is not None else []))
+        sigma = cfg.noise_multiplier or _calibrate(algorithms, [ps[k] for ps in per_alg],
+                                                   cfg, pre)
+        for alg, ps in zip(algorithms, per_alg):
+            ps[k].noise_multiplier = sigma
+            ps[k].declared = _declared(alg, ps[k], sigma, cfg)
+            ps[k].calibrated_for = where
+    return per_alg
+
+
+def _base_plans(fed: Federation, algorithm: Algorithm, cfg: TrainingConfig) -> list[SiloPlan]:
     cfg.validate()
     algorithm.check_plan(fed.num_silos, cfg.rounds, cfg.accountant if cfg.private else None)
     plans = []
@@ -108,8 +151,6 @@ def plan_silos(fed: Federation, algorithm: Algorithm, cfg: TrainingConfig) -> li
                 f"silo {p.name!r}: delta = {p.target.delta:g} ≥ 1/n = {1 / p.n:.3g}. A "
                 "mechanism that publishes one random record outright satisfies such a δ, so "
                 "the guarantee is weak; use δ well below 1/n (e.g. n^-1.1)", stacklevel=2)
-        p.noise_multiplier = cfg.noise_multiplier or _calibrate(algorithm, p, cfg)
-        p.declared = _declared(algorithm, p, p.noise_multiplier, cfg)
     return plans
 
 
@@ -118,16 +159,30 @@ def _declared(algorithm: Algorithm, p: SiloPlan, sigma: float, cfg: TrainingConf
                                     cfg.rounds, target=p.target)
 
 
-def _calibrate(algorithm: Algorithm, p: SiloPlan, cfg: TrainingConfig) -> float:
-    counts = events.flatten(_declared(algorithm, p, 1.0, cfg))
-    eps, delta = p.target.epsilon, p.target.delta
+def _job_event(algorithms: list[Algorithm], plans: list[SiloPlan], cfg: TrainingConfig,
+               sigma: float, pre):
+    parts = [_declared(a, p, sigma, cfg) for a, p in zip(algorithms, plans)]
+    if pre is not None:
+        parts.append(pre)
+    return parts[0] if len(parts) == 1 else dpa.ComposedDpEvent(parts)
+
+
+def _calibrate(algorithms: list[Algorithm], plans: list[SiloPlan], cfg: TrainingConfig,
+               pre) -> float:
+    p = plans[0]
+    probe = _job_event(algorithms, plans, cfg, 1.0, pre)
+    counts = events.flatten(probe)
+    eps, delta = p.target.epsilon * (1 - _CALIBRATION_MARGIN), p.target.delta
+    # events the preferred accountant cannot handle (zCDP selections) are calibrated with RDP
+    kind = cfg.accountant if accounting.make_accountant(cfg.accountant).supports(probe) \
+        else "rdp"
     try:
         if len(counts) == 1 and isinstance(next(iter(counts)), dpa.PoissonSampledDpEvent):
             # pure DP-SGD: fast, exact path
             return accounting.calibrate_dpsgd(eps, delta, p.q, next(iter(counts.values())),
-                                              cfg.accountant)
-        return accounting.calibrate(lambda s: _declared(algorithm, p, s, cfg), eps, delta,
-                                    cfg.accountant)
+                                              kind)
+        return accounting.calibrate(lambda s: _job_event(algorithms, plans, cfg, s, pre),
+                                    eps, delta, kind)
     except PrivacyError as e:
         raise type(e)(f"silo {p.name!r} (n = {p.n}, q = {p.q:.3g}): {e}") from None
 

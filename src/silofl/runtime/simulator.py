@@ -15,11 +15,13 @@ from typing import Callable
 import numpy as np
 
 from silofl.algorithms.base import Algorithm
-from silofl.data.federation import Federation
+from silofl.data.federation import Federation, PrivacyTarget
 from silofl.models import metrics as M
 from silofl.models.base import Model
+from silofl.privacy.budget import BudgetStore
 from silofl.privacy.ledger import Ledger
 from silofl.privacy.randomness import Randomness
+from silofl.runtime.job import Job, fingerprints, open_job
 from silofl.runtime.plan import SiloPlan, TrainingConfig, noise_multipliers, plan_silos
 from silofl.training.dpsgd import GradientRule
 from silofl.training.trainer import LocalTrainer, SiloArrays
@@ -53,6 +55,9 @@ class RunResult:
     ledgers: list[Ledger] | None
     params: np.ndarray  # (K, P) personal models
     seconds: float
+    noise: str = "secure"          # "secure" | "seeded" (reproducible: not a guarantee)
+    run_id: str | None = None      # the budget store's id of this run (None: non-private)
+    scratch: bool = False          # charged to a scratch store: an experiment, not a release
 
     def privacy(self) -> list[dict]:
         if self.ledgers is None:
@@ -81,30 +86,54 @@ def simulate(fed: Federation, model: Model, algorithm: Algorithm, cfg: TrainingC
              *, metric: str | None = None, plans: list[SiloPlan] | None = None,
              ledger_dir: Path | None = None,
              on_round: Callable[[int, float], None] | None = None,
-             eval_sets: dict[str, list[tuple[np.ndarray, np.ndarray]]] | None = None
-             ) -> RunResult:
+             eval_sets: dict[str, list[tuple[np.ndarray, np.ndarray]]] | None = None,
+             store: BudgetStore | None = None, job: Job | None = None,
+             method: str | None = None,
+             lifetime: dict[str, PrivacyTarget] | None = None) -> RunResult:
     """Train `algorithm` on `fed`; returns history, final metrics, ledgers and models.
 
-    `plans` (from `plan_silos`) may be passed when already computed; ledgers are preflighted
-    against the declared plan before the first data access. `eval_sets` names extra
-    held-out sets, one (X, y) per silo (e.g. a validation split carved from training data),
-    evaluated at the same rounds as the test sets into `History.extra`."""
+    Privacy: the run spends each silo's lifetime budget. Either pass `job` (a reservation
+    made by `runtime.job.open_job` for a whole job; `method` names this run's plans in it)
+    or a `store` (this call reserves, then settles, its own plan there; `lifetime` gives
+    the lifetime target of silos the store has not seen, default: their run target); with
+    neither, a scratch in-memory store is used and the result is marked as an experiment.
+    `plans` (from `plan_silos`) may be passed when already computed. `eval_sets` names
+    extra held-out sets, one (X, y) per silo (e.g. a validation split carved from training
+    data), evaluated at the same rounds as the test sets into `History.extra`."""
     t0 = time.perf_counter()
     model.check_task(fed.task)
     metric = metric or M.default_metric(fed.task)
     plans = plans if plans is not None else plan_silos(fed, algorithm, cfg)
-    ledgers = None
+    method = method or algorithm.name
+    ledgers, own = None, None
     if cfg.private:
-        ledgers = []
-        for p in plans:
-            path = None
-            if ledger_dir is not None:
-                ledger_dir.mkdir(parents=True, exist_ok=True)
-                path = ledger_dir / f"{_safe(p.name)}.jsonl"
-            led = Ledger(p.name, p.target, cfg.accountant, path)
-            led.preflight(p.declared)
-            ledgers.append(led)
-    rng = Randomness.os_entropy() if cfg.noise == "secure" else Randomness.seeded(cfg.seed)
+        if job is None:
+            own = job = open_job(
+                store if store is not None else BudgetStore(None), {method: plans},
+                lifetime=lifetime or {p.name: p.target for p in plans},
+                explicit_lifetime=lifetime is not None, command=f"simulate {method}",
+                noise=cfg.noise, accountant=cfg.accountant, fingerprints=fingerprints(fed))
+        ledgers = job.ledgers(method, ledger_dir)
+    try:
+        result = _train(fed, model, algorithm, cfg, metric, plans, ledgers, on_round,
+                        eval_sets, t0)
+    except BaseException:
+        if own is not None:
+            own.settle("failed")
+        raise
+    if own is not None:
+        own.settle()
+    if job is not None:
+        result.run_id, result.scratch = job.run_id, job.scratch
+    result.noise = cfg.noise
+    return result
+
+
+def _train(fed, model, algorithm, cfg, metric, plans, ledgers, on_round, eval_sets,
+           t0) -> RunResult:
+    # non-private runs protect nothing, so they stay reproducible
+    secure = cfg.private and cfg.noise == "secure"
+    rng = Randomness.os_entropy() if secure else Randomness.seeded(cfg.seed)
     trainer = LocalTrainer(
         model=model,
         data=SiloArrays.stack([s.X_train for s in fed.silos], [s.y_train for s in fed.silos]),
@@ -139,6 +168,3 @@ def simulate(fed: Federation, model: Model, algorithm: Algorithm, cfg: TrainingC
                      ledgers=ledgers, params=algorithm.personal_models(silos, server),
                      seconds=time.perf_counter() - t0)
 
-
-def _safe(name: str) -> str:
-    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)

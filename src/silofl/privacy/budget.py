@@ -1,0 +1,407 @@
+"""Lifetime privacy budgets per silo, kept in an embedded SQLite database.
+
+A silo's guarantee is about everything ever computed from its records, not about one run.
+The store holds, per silo, the lifetime target (ε_k, δ_k) and every charge ever made
+(event, run, method, label, time, fingerprint of the data it read). The protocol:
+
+1. `reserve` — before any data access, in one transaction (``BEGIN IMMEDIATE``, so two
+   processes cannot both pass the check): compose everything already counted for each
+   silo with the run's planned events; refuse the whole run (`BudgetExceeded`, nothing
+   written) if any silo's lifetime ε would exceed its target; otherwise record the plan
+   as *reserved* charges. Reserved charges count exactly like executed ones.
+2. the run executes; its per-run ledgers never let it execute more than it reserved.
+3. `settle` — replace the run's reservation by what it actually executed (on success or
+   on a handled failure). A run killed before settling keeps its whole reservation
+   counted: charge first, then compute, so re-running never resets a budget.
+
+Resets are explicit (`reset`, with a reason, logged): they start a new *epoch* for the
+silo; older charges stay in the database for audit but are no longer composed. A change
+of the data a silo trains on (new patients) is recorded and shown; the budget carries
+over, because the composition still covers everyone present in both versions.
+
+The store is silo-internal (it holds data fingerprints); it is not a report to publish.
+`path=None` gives an in-memory *scratch* store: an experiment, not a release — every
+report made with it says so.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sqlite3
+import time
+import uuid
+from collections import Counter
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from silofl.data.federation import PrivacyTarget
+from silofl.errors import BudgetExceeded, SiloflError
+from silofl.privacy import accounting, events
+from silofl.privacy.ledger import tightest
+
+SCHEMA_VERSION = 1
+SCRATCH_NOTE = "scratch budget store: an experiment, not a release"
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS silos (
+    id INTEGER PRIMARY KEY, name TEXT NOT NULL UNIQUE, epsilon REAL NOT NULL,
+    delta REAL NOT NULL, epoch INTEGER NOT NULL DEFAULT 0, created REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS runs (
+    id TEXT PRIMARY KEY, command TEXT NOT NULL, started REAL NOT NULL, finished REAL,
+    status TEXT NOT NULL, noise TEXT NOT NULL, host TEXT NOT NULL, pid INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS charges (
+    id INTEGER PRIMARY KEY, silo_id INTEGER NOT NULL REFERENCES silos(id),
+    epoch INTEGER NOT NULL, run_id TEXT NOT NULL REFERENCES runs(id),
+    method TEXT NOT NULL, label TEXT NOT NULL, event TEXT NOT NULL,
+    count INTEGER NOT NULL, status TEXT NOT NULL, time REAL NOT NULL, fingerprint TEXT);
+CREATE INDEX IF NOT EXISTS charges_by_silo ON charges (silo_id, epoch);
+CREATE INDEX IF NOT EXISTS charges_by_run ON charges (run_id);
+CREATE TABLE IF NOT EXISTS log (
+    id INTEGER PRIMARY KEY, time REAL NOT NULL, silo_id INTEGER, action TEXT NOT NULL,
+    reason TEXT NOT NULL, detail TEXT NOT NULL DEFAULT '');
+"""
+
+
+class BudgetStoreError(SiloflError):
+    """The budget database cannot be used (corrupt, locked, unwritable, wrong schema)."""
+
+
+@dataclass(frozen=True)
+class PlannedCharge:
+    """One privacy event a run will execute (or executed) on one silo's data."""
+
+    silo: str
+    method: str   # e.g. "mrmtl", or "-" for steps outside a method (preprocessing)
+    label: str    # e.g. "dpsgd", "select", "preprocess"
+    event: object
+    count: int = 1
+
+
+def new_run_id() -> str:
+    return time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:8]
+
+
+class BudgetStore:
+    """Per-silo lifetime budgets in the SQLite file `path` (None: in-memory scratch)."""
+
+    def __init__(self, path: str | Path | None, *, timeout: float = 30.0):
+        self.path = None if path is None else Path(path)
+        self.scratch = path is None
+        if self.path is not None:
+            if self.path.is_dir():
+                raise BudgetStoreError(f"budget store {str(self.path)!r} is a directory; "
+                                       "give a file path such as runs/budget.sqlite")
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self._db = sqlite3.connect(":memory:" if path is None else str(self.path),
+                                       timeout=timeout, isolation_level=None)
+            if path is not None:
+                self._db.execute("PRAGMA journal_mode=WAL")
+                self._db.execute("PRAGMA synchronous=FULL")
+            self._db.execute("PRAGMA foreign_keys=ON")
+            with self._tx():
+                for stmt in filter(str.strip, _SCHEMA.split(";")):
+                    self._db.execute(stmt)
+                row = self._db.execute("SELECT value FROM meta WHERE key='schema'").fetchone()
+                if row is None:
+                    self._db.execute("INSERT INTO meta VALUES ('schema', ?)",
+                                     (str(SCHEMA_VERSION),))
+                elif row[0] != str(SCHEMA_VERSION):
+                    raise BudgetStoreError(
+                        f"budget store {self.where} has schema version {row[0]}, this "
+                        f"silofl reads version {SCHEMA_VERSION}; use a matching silofl")
+        except sqlite3.DatabaseError as e:
+            raise self._db_error(e) from None
+
+    # -- plumbing -------------------------------------------------------------------------
+    @property
+    def where(self) -> str:
+        return "(in-memory scratch)" if self.path is None else repr(str(self.path))
+
+    def _db_error(self, e: Exception) -> BudgetStoreError:
+        msg = str(e)
+        if "locked" in msg or "busy" in msg:
+            return BudgetStoreError(
+                f"budget store {self.where} is locked by another process (waited for it); "
+                "wait for that run to finish and try again")
+        if "readonly" in msg or "unable to open" in msg:
+            return BudgetStoreError(f"cannot write budget store {self.where}: {msg}; check "
+                                    "its permissions and the disk")
+        return BudgetStoreError(
+            f"budget store {self.where} is not a readable silofl budget database ({msg}). "
+            "Do not delete it: it is the only record of what each silo has spent; restore "
+            "it from a backup, or point [budget] store at the right file")
+
+    @contextmanager
+    def _tx(self):
+        """One write transaction, taking the write lock at once (BEGIN IMMEDIATE), so a
+        check-then-write cannot interleave with another process's."""
+        try:
+            self._db.execute("BEGIN IMMEDIATE")
+        except sqlite3.DatabaseError as e:
+            raise self._db_error(e) from None
+        try:
+            yield
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        try:
+            self._db.execute("COMMIT")
+        except sqlite3.DatabaseError as e:
+            raise self._db_error(e) from None
+
+    def _read(self, sql: str, args=()) -> list[tuple]:
+        try:
+            return self._db.execute(sql, args).fetchall()
+        except sqlite3.DatabaseError as e:
+            raise self._db_error(e) from None
+
+    def close(self) -> None:
+        self._db.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    # -- silos ----------------------------------------------------------------------------
+    def _silo(self, name: str):
+        rows = self._read("SELECT id, epsilon, delta, epoch FROM silos WHERE name = ?", (name,))
+        return rows[0] if rows else None
+
+    def silos(self) -> list[str]:
+        return [r[0] for r in self._read("SELECT name FROM silos ORDER BY id")]
+
+    def target(self, name: str) -> PrivacyTarget | None:
+        row = self._silo(name)
+        return None if row is None else PrivacyTarget(row[1], row[2])
+
+    def register(self, targets: dict[str, PrivacyTarget], *, explicit: bool = False) -> None:
+        """Give silos seen for the first time their lifetime target. A silo already in the
+        store keeps its target; with `explicit` (the user stated the lifetime target in
+        the config) a different stated target is an error rather than silently ignored."""
+        with self._tx():
+            for name, t in targets.items():
+                row = self._silo(name)
+                if row is None:
+                    self._db.execute("INSERT INTO silos (name, epsilon, delta, created) "
+                                     "VALUES (?, ?, ?, ?)", (name, t.epsilon, t.delta,
+                                                             time.time()))
+                elif explicit and (row[1], row[2]) != (t.epsilon, t.delta):
+                    raise BudgetStoreError(
+                        f"silo {name!r} has lifetime target ε = {row[1]:g}, δ = {row[2]:g} in "
+                        f"budget store {self.where}, but the config states ε = "
+                        f"{t.epsilon:g}, δ = {t.delta:g}. A lifetime target changes only "
+                        "by `silofl budget set-target` (logged, with a reason)")
+
+    # -- composition ----------------------------------------------------------------------
+    def _counted(self, silo_id: int, epoch: int) -> Counter:
+        """Base-event counts of every reserved or executed charge of the current epoch."""
+        counts: Counter = Counter()
+        for text, count in self._read(
+                "SELECT event, SUM(count) FROM charges WHERE silo_id = ? AND epoch = ? "
+                "GROUP BY event", (silo_id, epoch)):
+            for e, c in events.flatten(events.from_json(text)).items():
+                counts[e] += c * count
+        return counts
+
+    def spent(self, name: str) -> dict:
+        """The silo's lifetime position: target, ε spent (reserved + executed, composed):
+        the guarantee (`ledger.tightest`) and under RDP and PLD where they apply."""
+        row = self._silo(name)
+        if row is None:
+            raise BudgetStoreError(f"silo {name!r} is not in budget store {self.where}; "
+                                   f"silos there: {', '.join(self.silos()) or 'none'}")
+        sid, eps_t, delta, epoch = row
+        counts = self._counted(sid, epoch)
+        event = events.compose(counts)
+        eps, kind = tightest(event, delta)
+        both = accounting.epsilons(event, delta)
+        reserved = self._read("SELECT COUNT(DISTINCT run_id) FROM charges WHERE silo_id = ? "
+                              "AND epoch = ? AND status = 'reserved'", (sid, epoch))[0][0]
+        return {"silo": name, "target_epsilon": eps_t, "delta": delta, "epoch": epoch,
+                "epsilon": eps, "accountant": kind, "epsilon_rdp": both["rdp"],
+                "epsilon_pld": both["pld"], "remaining": max(eps_t - eps, 0.0),
+                "unfinished_runs": reserved, "within_target": eps <= eps_t}
+
+    # -- the protocol ---------------------------------------------------------------------
+    def reserve(self, run_id: str, planned: list[PlannedCharge], *, command: str,
+                noise: str, fingerprints: dict[str, str] | None = None) -> None:
+        """Check every silo's lifetime budget against `planned` and record it as reserved,
+        all in one transaction: either every charge is recorded or none is
+        (BudgetExceeded names every silo that cannot pay)."""
+        by_silo: dict[str, Counter] = {}
+        for p in planned:
+            if p.count < 0:
+                raise ValueError("a charge count cannot be negative")
+            bucket = by_silo.setdefault(p.silo, Counter())
+            for e, c in events.flatten(p.event).items():
+                bucket[e] += c * p.count
+        fingerprints = fingerprints or {}
+        now = time.time()
+        with self._tx():
+            problems = []
+            ids = {}
+            for name, added in by_silo.items():
+                row = self._silo(name)
+                if row is None:
+                    raise BudgetStoreError(f"silo {name!r} has no lifetime target in budget "
+                                           f"store {self.where}; register it first")
+                sid, eps_t, delta, epoch = ids[name] = row
+                eps, kind = tightest(events.compose(self._counted(sid, epoch) + added),
+                                     delta)
+                if not eps <= eps_t:  # no tolerance: a violation can never round to a pass
+                    before, _ = tightest(events.compose(self._counted(sid, epoch)), delta)
+                    problems.append(
+                        f"silo {name!r}: lifetime ε would reach {eps:.4g} ({kind}) > its "
+                        f"target {eps_t:g} (δ = {delta:g}); already spent {before:.4g}")
+            if problems:
+                raise BudgetExceeded(
+                    "; ".join(problems) + f". Nothing was executed (budget store "
+                    f"{self.where}; `silofl budget show` lists every charge). Spend less "
+                    "(fewer rounds or methods, a smaller ε for this run), or — only if the "
+                    "silo's data governance allows — raise its lifetime target with "
+                    "`silofl budget set-target`; for an experiment use a scratch store "
+                    "(--scratch), whose reports say it is not a release")
+            self._db.execute("INSERT INTO runs VALUES (?, ?, ?, NULL, 'reserved', ?, ?, ?)",
+                             (run_id, command, now, noise, socket.gethostname(), os.getpid()))
+            for name, fp in fingerprints.items():
+                if name in ids:
+                    self._note_fingerprint(ids[name][0], ids[name][3], fp, run_id, now)
+            for p in planned:
+                sid, _, _, epoch = ids[p.silo]
+                self._db.execute(
+                    "INSERT INTO charges (silo_id, epoch, run_id, method, label, event, "
+                    "count, status, time, fingerprint) VALUES (?, ?, ?, ?, ?, ?, ?, "
+                    "'reserved', ?, ?)", (sid, epoch, run_id, p.method, p.label,
+                                          events.to_json(p.event), p.count, now,
+                                          fingerprints.get(p.silo)))
+
+    def _note_fingerprint(self, sid: int, epoch: int, fp: str, run_id: str,
+                          now: float) -> None:
+        last = self._db.execute(
+            "SELECT fingerprint FROM charges WHERE silo_id = ? AND epoch = ? AND "
+            "fingerprint IS NOT NULL ORDER BY id DESC LIMIT 1", (sid, epoch)).fetchone()
+        if last is not None and last[0] != fp:
+            self._db.execute(
+                "INSERT INTO log (time, silo_id, action, reason, detail) VALUES "
+                "(?, ?, 'data-changed', ?, ?)",
+                (now, sid, f"run {run_id} reads different data than the last charge",
+                 f"{last[0]} -> {fp}; the budget carries over (the composition covers "
+                 "everyone present in both versions)"))
+
+    def settle(self, run_id: str, executed: list[PlannedCharge], *,
+               status: str = "finished") -> None:
+        """Replace `run_id`'s reservation by what it executed. Executing more than was
+        reserved is refused (the per-run ledgers make that impossible in silofl)."""
+        reserved: dict[str, Counter] = {}
+        for text, name, count in self._read(
+                "SELECT c.event, s.name, c.count FROM charges c JOIN silos s ON "
+                "s.id = c.silo_id WHERE c.run_id = ? AND c.status = 'reserved'", (run_id,)):
+            bucket = reserved.setdefault(name, Counter())
+            for e, c in events.flatten(events.from_json(text)).items():
+                bucket[e] += c * count
+        done: dict[str, Counter] = {}
+        for p in executed:
+            bucket = done.setdefault(p.silo, Counter())
+            for e, c in events.flatten(p.event).items():
+                bucket[e] += c * p.count
+        for name, counts in done.items():
+            have = reserved.get(name, Counter())
+            if any(c > have.get(e, 0) for e, c in counts.items()):
+                raise BudgetStoreError(f"run {run_id} executed more on silo {name!r} than it "
+                                       "reserved; its reservation stays counted")
+        now = time.time()
+        with self._tx():
+            rows = self._db.execute(
+                "SELECT DISTINCT silo_id, epoch, fingerprint FROM charges WHERE run_id = ? "
+                "AND status = 'reserved'", (run_id,)).fetchall()
+            where = {}
+            for sid, epoch, fp in rows:
+                name = self._db.execute("SELECT name FROM silos WHERE id = ?",
+                                        (sid,)).fetchone()[0]
+                where[name] = (sid, epoch, fp)
+            self._db.execute("DELETE FROM charges WHERE run_id = ? AND status = 'reserved'",
+                             (run_id,))
+            for p in executed:
+                if p.count == 0:
+                    continue
+                sid, epoch, fp = where[p.silo]
+                self._db.execute(
+                    "INSERT INTO charges (silo_id, epoch, run_id, method, label, event, "
+                    "count, status, time, fingerprint) VALUES (?, ?, ?, ?, ?, ?, ?, "
+                    "'charged', ?, ?)", (sid, epoch, run_id, p.method, p.label,
+                                         events.to_json(p.event), p.count, now, fp))
+            self._db.execute("UPDATE runs SET finished = ?, status = ? WHERE id = ?",
+                             (now, status, run_id))
+
+    # -- administration -------------------------------------------------------------------
+    def reset(self, name: str, reason: str, *, new_cohort: bool = False) -> int:
+        """Start a fresh budget for `name` (logged with `reason`); returns the new epoch.
+        Earlier charges stay in the database for audit and are no longer composed."""
+        if not reason or not reason.strip():
+            raise BudgetStoreError("a budget reset needs a reason (it is logged)")
+        with self._tx():
+            row = self._silo(name)
+            if row is None:
+                raise BudgetStoreError(f"silo {name!r} is not in budget store {self.where}")
+            epoch = row[3] + 1
+            self._db.execute("UPDATE silos SET epoch = ? WHERE id = ?", (epoch, row[0]))
+            self._db.execute("INSERT INTO log (time, silo_id, action, reason, detail) "
+                             "VALUES (?, ?, ?, ?, ?)",
+                             (time.time(), row[0], "new-cohort" if new_cohort else "reset",
+                              reason.strip(), f"epoch {row[3]} -> {epoch}"))
+        return epoch
+
+    def set_target(self, name: str, target: PrivacyTarget, reason: str) -> None:
+        """Change a silo's lifetime target (logged with `reason`)."""
+        if not reason or not reason.strip():
+            raise BudgetStoreError("changing a lifetime target needs a reason (it is logged)")
+        with self._tx():
+            row = self._silo(name)
+            if row is None:
+                raise BudgetStoreError(f"silo {name!r} is not in budget store {self.where}")
+            self._db.execute("UPDATE silos SET epsilon = ?, delta = ? WHERE id = ?",
+                             (target.epsilon, target.delta, row[0]))
+            self._db.execute("INSERT INTO log (time, silo_id, action, reason, detail) "
+                             "VALUES (?, ?, 'set-target', ?, ?)",
+                             (time.time(), row[0], reason.strip(),
+                              f"ε {row[1]:g} -> {target.epsilon:g}, "
+                              f"δ {row[2]:g} -> {target.delta:g}"))
+
+    def charges(self, name: str, *, all_epochs: bool = False) -> list[dict]:
+        """The silo's charges (current epoch unless `all_epochs`), oldest first."""
+        row = self._silo(name)
+        if row is None:
+            raise BudgetStoreError(f"silo {name!r} is not in budget store {self.where}")
+        sql = ("SELECT c.epoch, c.run_id, r.command, c.method, c.label, c.event, c.count, "
+               "c.status, c.time, c.fingerprint, r.noise, r.status FROM charges c JOIN runs r "
+               "ON r.id = c.run_id WHERE c.silo_id = ?" + ("" if all_epochs else
+                                                           " AND c.epoch = ?") +
+               " ORDER BY c.id")
+        args = (row[0],) if all_epochs else (row[0], row[3])
+        keys = ("epoch", "run", "command", "method", "label", "event", "count", "status",
+                "time", "fingerprint", "noise", "run_status")
+        return [dict(zip(keys, r)) for r in self._read(sql, args)]
+
+    def log(self, name: str | None = None) -> list[dict]:
+        sql = ("SELECT l.time, s.name, l.action, l.reason, l.detail FROM log l LEFT JOIN "
+               "silos s ON s.id = l.silo_id" + (" WHERE s.name = ?" if name else "") +
+               " ORDER BY l.id")
+        return [dict(zip(("time", "silo", "action", "reason", "detail"), r))
+                for r in self._read(sql, (name,) if name else ())]
+
+    def export(self) -> dict:
+        """Everything in the store as plain data (JSON-ready)."""
+        return {"store": str(self.path) if self.path else None, "scratch": self.scratch,
+                "schema_version": SCHEMA_VERSION,
+                "silos": [dict(self.spent(n),
+                               charges=self.charges(n, all_epochs=True)) for n in self.silos()],
+                "runs": [dict(zip(("id", "command", "started", "finished", "status", "noise",
+                                   "host", "pid"), r))
+                         for r in self._read("SELECT * FROM runs ORDER BY started")],
+                "log": self.log()}

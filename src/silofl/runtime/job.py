@@ -1,0 +1,123 @@
+"""A job's privacy budget: its reservation in the lifetime store and the ledgers that
+spend it.
+
+    job = open_job(store, {"mrmtl": plans}, lifetime, ...)   # reserve (or BudgetExceeded)
+    ledgers = job.ledgers("mrmtl", ledger_dir)               # per-run audit trail
+    ... training charges the ledgers before every data access ...
+    job.settle()                                             # executed replaces reserved
+
+Every private access of a job — preprocessing statistics, every method's DP-SGD steps and
+selections — is reserved in one transaction before the first one happens; the ledgers
+refuse anything the reservation does not cover. If the process dies before `settle`, the
+whole reservation stays counted.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from silofl.data.federation import Federation, PrivacyTarget
+from silofl.privacy import events
+from silofl.privacy.budget import BudgetStore, PlannedCharge, new_run_id
+from silofl.privacy.ledger import Ledger, silo_file_id
+
+#: the method name of charges made outside any method (e.g. preprocessing)
+NO_METHOD = "-"
+
+
+def fingerprint(X: np.ndarray, y: np.ndarray) -> str:
+    """A short hash of one silo's training rows, recorded with its charges so that a
+    change of the data (new patients) shows in the budget store."""
+    h = hashlib.sha256()
+    for a in (X, y):
+        a = np.ascontiguousarray(a)
+        h.update(str((a.dtype.str, a.shape)).encode())
+        h.update(a.tobytes())
+    return h.hexdigest()[:16]
+
+
+def fingerprints(fed: Federation) -> dict[str, str]:
+    return {s.name: fingerprint(s.X_train, s.y_train) for s in fed.silos}
+
+
+@dataclass
+class Job:
+    store: BudgetStore
+    run_id: str
+    accountant: str
+    planned: dict[str, list] = field(default_factory=dict)  # method → [SiloPlan]
+    targets: dict[str, PrivacyTarget] = field(default_factory=dict)  # job target per silo
+    _ledgers: dict[str, list[Ledger]] = field(default_factory=dict)
+    _extra: list[PlannedCharge] = field(default_factory=list)  # reserved outside methods
+    _extra_done: list[PlannedCharge] = field(default_factory=list)
+    settled: bool = False
+
+    @property
+    def scratch(self) -> bool:
+        return self.store.scratch
+
+    def ledgers(self, method: str, ledger_dir: Path | None = None) -> list[Ledger]:
+        """The per-run ledgers of `method`, one per silo, each allowed exactly what the job
+        reserved for that method on that silo."""
+        if method in self._ledgers:
+            raise ValueError(f"ledgers for {method!r} were already handed out")
+        out = []
+        for p in self.planned[method]:
+            path = None
+            if ledger_dir is not None:
+                ledger_dir.mkdir(parents=True, exist_ok=True)
+                path = ledger_dir / f"{silo_file_id(p.name)}.jsonl"
+            out.append(Ledger(p.name, self.targets[p.name], self.accountant, path,
+                              allowance=Counter(events.flatten(p.declared))))
+        self._ledgers[method] = out
+        return out
+
+    def spend_extra(self, silo: str, label: str) -> None:
+        """Record that the reserved extra charge (`label`) of `silo` is about to execute."""
+        for c in self._extra:
+            if c.silo == silo and c.label == label:
+                self._extra_done.append(c)
+                return
+        raise KeyError(f"no reserved {label!r} charge for silo {silo!r}")
+
+    def executed(self) -> list[PlannedCharge]:
+        out = list(self._extra_done)
+        for method, ledgers in self._ledgers.items():
+            for led in ledgers:
+                by: dict[tuple[str, int], list] = {}
+                for entry in led.entries:
+                    slot = by.setdefault((entry.label, id(entry.event)), [entry.event, 0])
+                    slot[1] += 1
+                out += [PlannedCharge(led.silo, method, label, ev, n)
+                        for (label, _), (ev, n) in by.items()]
+        return out
+
+    def settle(self, status: str = "finished") -> None:
+        """Replace the reservation by what executed (idempotent)."""
+        if not self.settled:
+            self.store.settle(self.run_id, self.executed(), status=status)
+            self.settled = True
+
+
+def open_job(store: BudgetStore, plans: dict[str, list], *,
+             lifetime: dict[str, PrivacyTarget], explicit_lifetime: bool = False,
+             command: str, noise: str, accountant: str,
+             fingerprints: dict[str, str] | None = None,
+             extra: list[PlannedCharge] | None = None) -> Job:
+    """Register the silos' lifetime targets and reserve everything the job will spend:
+    every method's declared events per silo (`plans`: method → [SiloPlan]) and `extra`
+    charges (e.g. preprocessing). Raises BudgetExceeded, reserving nothing, if any silo's
+    lifetime budget cannot cover it."""
+    store.register(lifetime, explicit=explicit_lifetime)
+    planned = [PlannedCharge(p.name, method, "plan", p.declared)
+               for method, ps in plans.items() for p in ps]
+    planned += list(extra or [])
+    run_id = new_run_id()
+    store.reserve(run_id, planned, command=command, noise=noise, fingerprints=fingerprints)
+    targets = {p.name: p.target for ps in plans.values() for p in ps}
+    return Job(store, run_id, accountant, dict(plans), targets, _extra=list(extra or []))
