@@ -556,3 +556,7 @@ def write_crash_log(e: BaseException) -> Path | None:
         return path
     except OSError:
         return None
+
+
+if __name__ == "__main__":
+    main()
