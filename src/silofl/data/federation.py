@@ -149,12 +149,15 @@ class Federation:
                                     "classification labels must be 0..C-1")
                 if len(np.unique(s.y_train)) < 2:
                     raise DataError(
-                        f"silo {s.name!r} has a single class ({int(s.y_train[0])}) in its training "
-                        "data; a classifier cannot learn from it. Drop the silo or regroup silos")
+                        f"silo {s.name!r} has a single class in its training data; a "
+                        "classifier cannot learn from it. Drop the silo or regroup silos")
                 top = max(int(s.y_train.max()), int(s.y_test.max()) if s.n_test else 0)
                 if self.num_classes and top >= self.num_classes:
-                    raise DataError(f"silo {s.name!r} has class id {top} but num_classes is "
-                                    f"{self.num_classes}")
+                    over = int((s.y_train >= self.num_classes).sum()
+                               + (s.y_test >= self.num_classes).sum())
+                    raise DataError(f"silo {s.name!r} has {over} label(s) with a class id "
+                                    f"outside 0..{self.num_classes - 1} (num_classes is "
+                                    f"{self.num_classes})")
 
     def with_targets(self, default: PrivacyTarget | None,
                      overrides: dict[str, PrivacyTarget] | None = None) -> "Federation":
@@ -186,10 +189,17 @@ def split_silo(name: str, X: np.ndarray, y: np.ndarray, test_fraction: float,
 def standardize(fed: Federation) -> Federation:
     """Per-silo z-scoring fitted on each silo's training part only (test rows never leak
     into the statistics). Constant columns are left centred with unit scale.
+
+    UNCHARGED: the means and standard deviations are read from each silo's private rows
+    without any privacy charge; the returned federation lists that in ``meta["uncharged"]``.
+    Prefer `silofl.data.preprocess` (declared or private statistics).
     Image federations are returned unchanged: their pixels already share one [0, 1] scale
     and per-pixel z-scoring would turn constant (e.g. masked) pixels into noise artefacts."""
     if fed.is_image:
         return fed
+    meta = {**fed.meta, "uncharged": [*fed.meta.get("uncharged", []),
+                                      "per-silo training mean and standard deviation of every "
+                                      "feature (standardize())"]}
     silos = []
     for s in fed.silos:
         mu = s.X_train.mean(axis=0)
@@ -197,4 +207,4 @@ def standardize(fed: Federation) -> Federation:
         sd = np.where(sd > 1e-12, sd, 1.0)
         silos.append(dataclasses.replace(s, X_train=(s.X_train - mu) / sd,
                                          X_test=(s.X_test - mu) / sd))
-    return dataclasses.replace(fed, silos=silos)
+    return dataclasses.replace(fed, silos=silos, meta=meta)

@@ -3,9 +3,12 @@
 920 patients from Cleveland (304), Hungary (293), Switzerland (123) and VA Long Beach (200);
 13 clinical features (age in years, blood pressure in mm Hg, cholesterol in mg/dl, ...).
 Binary target: angiographic heart disease present (``num > 0``). The ``id`` column is
-dropped; missing values (many in ``ca``, ``thal``, ``slope``) are handled by
-`federation_from_frame`'s documented strategy (per-silo training medians plus
-``col__missing`` indicators by default). Provenance and licences: builtin/PROVENANCE.md.
+dropped. The table is encoded by the declared schema ``builtin/heart_schema.toml`` (kinds,
+category levels and value bounds from the public UCI documentation, cited there), so the
+default preprocessing is fully declared: numeric values clipped to their bounds and mapped
+to [-1, 1], gaps filled with the bounds' midpoint plus ``col__missing`` indicators, nothing
+read from the patients' rows and nothing charged. Provenance and licences:
+builtin/PROVENANCE.md.
 """
 
 from __future__ import annotations
@@ -15,9 +18,12 @@ from importlib import resources
 import pandas as pd
 
 from silofl.data.federation import Federation
-from silofl.data.tabular import federation_from_frame
+from silofl.data.preprocess import PreprocessSpec, RawFederation, preprocess_without_budget
+from silofl.data.schema import Schema, schema_from_dict
+from silofl.data.tabular import federation_from_frame_raw
 
 HEART_FILE = "heart_disease_uci.csv"
+HEART_SCHEMA = "heart_schema.toml"
 SILO_COLUMN = "dataset"
 TARGET = "disease"
 
@@ -30,16 +36,37 @@ def heart_disease_frame() -> pd.DataFrame:
         return pd.read_csv(f)
 
 
-def load_heart_disease(*, test_fraction: float = 0.2, seed: int = 0, standardize: bool = True,
-                       missing: str = "impute") -> Federation:
-    """Four-silo binary federation; X (n_k, d) float64 with one-hot categorical columns,
-    y (n_k,) int64 in {0, 1} (1 = disease)."""
+def heart_schema() -> Schema:
+    """The declared schema of the heart table (``builtin/heart_schema.toml``)."""
+    import tomllib
+    text = resources.files("silofl.data").joinpath("builtin", HEART_SCHEMA).read_text("utf-8")
+    return schema_from_dict(tomllib.loads(text), where=f"builtin {HEART_SCHEMA}")
+
+
+def load_heart_disease_raw(*, test_fraction: float = 0.2, seed: int = 0,
+                           missing: str = "impute", schema=None) -> RawFederation:
+    """The heart federation encoded by its schema (default `heart_schema()`) and split,
+    before preprocessing: X (n_k, 34) float64 with NaN in the gaps of nullable columns."""
     df = heart_disease_frame()
     df[TARGET] = (df["num"] > 0).astype("int64")
     df = df.drop(columns=["id", "num"])
-    fed = federation_from_frame(df, SILO_COLUMN, TARGET, task="binary", test_fraction=test_fraction,
-                                seed=seed, standardize=standardize, missing=missing,
-                                name="heart-disease")
-    fed.meta["source"] = f"silofl.data/builtin/{HEART_FILE}"
-    fed.meta["target"] = "num > 0 (angiographic heart disease present)"
-    return fed
+    raw = federation_from_frame_raw(df, SILO_COLUMN, TARGET,
+                                    schema=heart_schema() if schema is None else schema,
+                                    test_fraction=test_fraction, seed=seed, missing=missing,
+                                    name="heart-disease")
+    raw.meta["source"] = f"silofl.data/builtin/{HEART_FILE}"
+    raw.meta["target"] = "num > 0 (angiographic heart disease present)"
+    return raw
+
+
+def load_heart_disease(*, test_fraction: float = 0.2, seed: int = 0,
+                       standardize: str | bool = "auto", impute: str = "auto",
+                       missing: str = "impute", schema=None) -> Federation:
+    """Four-silo binary federation; X (n_k, 34) float64 with one-hot categorical columns,
+    y (n_k,) int64 in {0, 1} (1 = disease). Default preprocessing is declared (no cost,
+    ``meta["uncharged"] == []``); private modes need `load_heart_disease_raw` and
+    `silofl.data.plan_preprocessing`."""
+    raw = load_heart_disease_raw(test_fraction=test_fraction, seed=seed, missing=missing,
+                                 schema=schema)
+    return preprocess_without_budget(raw, PreprocessSpec(standardize, impute),
+                                     "load_heart_disease")

@@ -17,10 +17,17 @@ Splits (every one deterministic in `seed`; each silo gets at least `min_size` ro
     range as in ``feature_range`` (sized by its number of silos), and the group's rows are
     dealt at random to its silos, which therefore share the range.
 
-Every silo's rows are then split into train/test (`test_fraction`) and, with
-`standardize`, z-scored per silo on its training rows. A random split whose silos are too
+Every silo's rows are then split into train/test (`test_fraction`) and preprocessed
+(`standardize`, `impute`: see `silofl.data.preprocess`). A random split whose silos are too
 small or, for classification, hold fewer than two classes in their training part is
 redrawn (up to `max_tries` times, deterministically) before giving up with a DataError.
+
+Splitters simulate silos from one pooled table; what they read from it is listed in
+``meta["uncharged"]``: the encoding when no schema is given (kinds, levels, classes), the
+labels or feature ranges that decide silo membership, the two-class redraws. With a
+declared schema (``schema=``) and bounds, preprocessing is declared; where the schema
+declares nothing, "auto" uses uncharged per-silo statistics (listed) -- a simulation
+convenience, not how real silos should do it.
 
 ``meta`` of the returned Federation: "split", "parts" (per silo: (train rows, test rows)
 as indices into the input table), "groups" (per silo group id: the range for range
@@ -31,21 +38,20 @@ silo's own range for feature_range, its group's for shared_range), "feature", "t
 from __future__ import annotations
 
 import difflib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 from silofl.data.federation import Federation, Silo, split_indices
-from silofl.data.federation import standardize as standardize_federation
-from silofl.data.tabular import federation_from_frame, read_table
+from silofl.data.preprocess import PreprocessSpec, RawFederation, preprocess_without_budget
+from silofl.data.schema import ColumnSpec
+from silofl.data.tabular import encode_table, read_table
 from silofl.errors import ConfigError, DataError
 
 SPLITS = ("iid", "dirichlet", "quantity", "feature_range", "shared_range")
 SIZE_LAWS = ("dirichlet", "power")
-_ALL = "__silofl_one_silo__"  # a constant silo column: encode the whole table as one silo
-_ROW = "__silofl_row__"  # the table row number, carried through encoding as a feature
 
 
 # --- partitions: pure functions from (labels or a feature, rng) to row-index arrays ---------
@@ -118,16 +124,22 @@ def range_parts(values: np.ndarray, weights: Sequence[int], *, feature: str = "f
 
 # --- from arrays / tables to a federation ----------------------------------------------------
 
-def split_arrays(X: np.ndarray, y: np.ndarray, split: str, *, num_silos: int, task: str,
-                 num_classes: int = 0, feature_names: Sequence[str] | None = None,
-                 alpha: float = 0.5, size_law: str = "dirichlet", power: float = 1.0,
-                 feature: str | int | None = None, group_size: int = 2, min_size: int = 10,
-                 test_fraction: float = 0.2, seed: int = 0, standardize: bool = True,
-                 max_tries: int = 100, name: str = "split") -> Federation:
-    """Split X (n, d) float, y (n,) into a Federation of `num_silos` silos named
-    ``silo-00``.. (see the module docstring for the splits and ``meta``). `task` is
-    "binary", "multiclass" or "regression"; for classification y holds ids 0..C-1.
-    `feature` (range splits) is a feature name from `feature_names` or a column index."""
+def split_arrays_raw(X: np.ndarray, y: np.ndarray, split: str, *, num_silos: int, task: str,
+                     num_classes: int = 0, feature_names: Sequence[str] | None = None,
+                     specs: Mapping[int, ColumnSpec] | None = None,
+                     alpha: float = 0.5, size_law: str = "dirichlet", power: float = 1.0,
+                     feature: str | int | None = None, group_size: int = 2,
+                     min_size: int = 10, test_fraction: float = 0.2, seed: int = 0,
+                     max_tries: int = 100, name: str = "split",
+                     uncharged: Sequence[str] = ()) -> RawFederation:
+    """Split X (n, d) float, y (n,) into a RawFederation of `num_silos` silos named
+    ``silo-00``.. (see the module docstring for the splits and ``meta``), before
+    preprocessing. `task` is "binary", "multiclass" or "regression"; for classification y
+    holds ids 0..C-1. `feature` (range splits) is a feature name from `feature_names` or a
+    column index. `specs` {column index: ColumnSpec} declares the value columns (what
+    preprocessing may act on; NaN only in nullable ones); without it every column is a
+    numeric value column without bounds, nullable where the pooled arrays hold NaN (listed
+    as uncharged). `uncharged` are items read earlier (e.g. by `table_arrays`)."""
     X = np.asarray(X, dtype=np.float64)
     y = y_in = np.asarray(y)
     names = [str(f) for f in feature_names] if feature_names is not None else \
@@ -138,8 +150,20 @@ def split_arrays(X: np.ndarray, y: np.ndarray, split: str, *, num_silos: int, ta
                         f"{X.shape} and y {y.shape}")
     if len(names) != X.shape[1]:
         raise DataError(f"feature_names has {len(names)} names but X has {X.shape[1]} columns")
-    if not (np.all(np.isfinite(X)) and np.all(np.isfinite(y.astype(np.float64)))):
-        raise DataError("X or y holds NaN/inf values; impute or drop them before splitting")
+    items = list(uncharged)
+    gaps = np.isnan(X).any(axis=0)
+    if specs is None:
+        specs = {j: ColumnSpec(n, "numeric", nullable=bool(gaps[j])) for j, n in enumerate(names)}
+        if gaps.any():
+            items.append("missing-value columns (" + ", ".join(repr(names[j]) for j in
+                                                              np.flatnonzero(gaps))
+                         + ") found in the pooled arrays")
+    specs = dict(specs)
+    nullable = np.array([j in specs and specs[j].nullable for j in range(len(names))], bool)
+    if np.isinf(X).any() or (gaps & ~nullable).any() or \
+            not np.all(np.isfinite(y.astype(np.float64))):
+        raise DataError("X or y holds NaN/inf values outside nullable value columns; impute "
+                        "or drop them before splitting")
     n = X.shape[0]
     if num_silos * min_size > n:
         raise DataError(f"too many silos for the data: {num_silos} silos x min_size {min_size} "
@@ -153,12 +177,15 @@ def split_arrays(X: np.ndarray, y: np.ndarray, split: str, *, num_silos: int, ta
     num_classes = max(num_classes, int(y.max()) + 1) if classify else 0
     rng = np.random.default_rng(seed)
     meta: dict = {"split": split, "num_silos": num_silos, "seed": seed, "min_size": min_size,
-                  "test_fraction": test_fraction, "standardized": bool(standardize)}
+                  "test_fraction": test_fraction}
 
     groups = np.zeros(num_silos, dtype=np.int64)
     if split in ("feature_range", "shared_range"):
         j = _feature_index(feature, names, split)
         meta["feature"] = names[j]
+        if gaps[j]:
+            raise DataError(f"split feature {names[j]!r} has missing values; split on a "
+                            "complete feature or drop those rows (missing='drop')")
         if split == "feature_range":
             sizes = [1] * num_silos
         else:
@@ -169,6 +196,13 @@ def split_arrays(X: np.ndarray, y: np.ndarray, split: str, *, num_silos: int, ta
                              min_sizes=[s * min_size for s in sizes])
         ranges = [(float(X[b, j].min()), float(X[b, j].max())) for b in blocks]
         meta["ranges"] = [ranges[g] for g in groups]
+        items.append(f"silo membership by value ranges of {names[j]!r} in the pooled table "
+                     f"({split} split)")
+    elif split == "dirichlet":
+        items.append("silo membership drawn from the pooled labels (dirichlet split)")
+    if classify:
+        items.append("split redrawn until every silo's training rows hold two classes "
+                     "(reads the pooled labels)")
 
     def draw() -> list[np.ndarray]:
         if split == "iid":
@@ -210,61 +244,94 @@ def split_arrays(X: np.ndarray, y: np.ndarray, split: str, *, num_silos: int, ta
 
     silos = [Silo(f"silo-{k:02d}", X[tr], y[tr], X[te], y[te]) for k, (tr, te) in enumerate(rows)]
     meta.update(parts=rows, groups=groups, tries=tries)
-    fed = Federation(silos, names, task, num_classes=num_classes, name=name, meta=meta)
-    return standardize_federation(fed) if standardize else fed
+    return RawFederation(silos, names, task, num_classes=num_classes, specs=specs, name=name,
+                         meta=meta, uncharged=items, simulated=True)
 
 
-def table_arrays(df: pd.DataFrame, label_column: str, *, task: str = "auto",
+def split_arrays(X: np.ndarray, y: np.ndarray, split: str, *, num_silos: int, task: str,
+                 num_classes: int = 0, feature_names: Sequence[str] | None = None,
+                 specs: Mapping[int, ColumnSpec] | None = None,
+                 alpha: float = 0.5, size_law: str = "dirichlet", power: float = 1.0,
+                 feature: str | int | None = None, group_size: int = 2, min_size: int = 10,
+                 test_fraction: float = 0.2, seed: int = 0, standardize: str | bool = "auto",
+                 impute: str = "auto", max_tries: int = 100, name: str = "split",
+                 uncharged: Sequence[str] = ()) -> Federation:
+    """`split_arrays_raw`, then preprocessing without a budget (`standardize`, `impute`:
+    modes of `silofl.data.preprocess`; simulated silos, so "auto" falls back to uncharged
+    per-silo statistics where nothing is declared, listed in ``meta["uncharged"]``). Pass
+    the ``info["uncharged"]`` of `table_arrays` as `uncharged` so reports list them too."""
+    raw = split_arrays_raw(X, y, split, num_silos=num_silos, task=task,
+                           num_classes=num_classes, feature_names=feature_names, specs=specs,
+                           alpha=alpha, size_law=size_law, power=power, feature=feature,
+                           group_size=group_size, min_size=min_size,
+                           test_fraction=test_fraction, seed=seed, max_tries=max_tries,
+                           name=name, uncharged=uncharged)
+    return preprocess_without_budget(raw, PreprocessSpec(standardize, impute), "split_arrays")
+
+
+def table_arrays(df: pd.DataFrame, label_column: str, *, schema=None, task: str = "auto",
                  features: Sequence[str] | None = None, missing: str = "impute",
                  categorical_max_levels: int = 50) -> tuple[np.ndarray, np.ndarray, dict]:
-    """Encode a table exactly like `federation_from_frame` does (one-hot categoricals, 0/1
-    booleans, labels to 0..C-1), treating it as one silo. Returns (X (n, d) float64 in the
-    table's row order minus dropped rows, y (n,), info) with info = {"feature_names",
-    "task", "num_classes", "classes", "dropped", "rows" (n,) the table row of each row}.
-    With missing="impute" the medians come from the WHOLE table (a simulation convenience:
-    the rows are not yet split into silos)."""
-    for col in (_ALL, _ROW):
-        if col in df.columns:
-            raise DataError(f"the table has a column named {col!r}, which silofl reserves")
-    if features is not None and not isinstance(features, str):
-        features = [*features, _ROW]
-    # A constant silo column makes the whole table one silo; a row-id "feature" lets us undo
-    # the shuffle of that silo's train/test split and return the rows in table order.
-    frame = df.assign(**{_ALL: "all", _ROW: np.arange(len(df), dtype=np.float64)})
-    fed = federation_from_frame(frame, _ALL, label_column, task=task, features=features,
-                                test_fraction=0.0, seed=0, standardize=False, missing=missing,
-                                categorical_max_levels=categorical_max_levels, name="table")
-    s = fed.silos[0]
-    j = fed.feature_names.index(_ROW)
-    back = np.argsort(s.X_train[:, j], kind="stable")
-    keep = [i for i in range(fed.dim) if i != j]
-    info = {"feature_names": [fed.feature_names[i] for i in keep], "task": fed.task,
-            "num_classes": fed.num_classes, "classes": fed.meta.get("classes"),
-            "dropped": fed.meta.get("dropped", {}),
-            "rows": s.X_train[back, j].astype(np.int64)}
-    return s.X_train[back][:, keep], s.y_train[back], info
+    """Encode a whole table like `federation_from_frame` does (by `schema`, or read from
+    the table itself), with no split and no statistic. Returns (X (n, d) float64 in the
+    table's row order minus dropped rows, NaN where a nullable value is missing; y (n,);
+    info) with info = {"feature_names", "task", "num_classes", "classes", "dropped",
+    "rows" (n,) the table row of each row, "specs" {column index: ColumnSpec} of the value
+    columns, "uncharged" (what was read from the pooled table), "schema"}."""
+    enc = encode_table(df, label_column, schema=schema, task=task, features=features,
+                       missing=missing, categorical_max_levels=categorical_max_levels)
+    label = enc.schema.label
+    info = {"feature_names": enc.schema.feature_names, "task": label.kind,
+            "num_classes": len(label.classes),
+            "classes": list(label.classes) if label.kind != "regression" else None,
+            "dropped": enc.dropped, "rows": enc.rows, "specs": enc.specs,
+            "uncharged": list(enc.uncharged), "schema": enc.schema}
+    return enc.X, enc.y, info
 
 
-def split_frame(df: pd.DataFrame, label_column: str, split: str, *, task: str = "auto",
-                features: Sequence[str] | None = None, missing: str = "impute",
-                name: str = "table", **split_kw) -> Federation:
-    """Encode a table (see `table_arrays`) and split it (see `split_arrays`; `split_kw` are
-    its keyword arguments: num_silos, alpha, feature, ...)."""
-    X, y, info = table_arrays(df, label_column, task=task, features=features, missing=missing)
-    fed = split_arrays(X, y, split, task=info["task"], num_classes=info["num_classes"],
-                       feature_names=info["feature_names"], name=name, **split_kw)
-    fed.meta.update(label_column=label_column, missing=missing, dropped=info["dropped"])
+def split_frame_raw(df: pd.DataFrame, label_column: str, split: str, *, schema=None,
+                    task: str = "auto", features: Sequence[str] | None = None,
+                    missing: str = "impute", name: str = "table",
+                    **split_kw) -> RawFederation:
+    """Encode a table (see `table_arrays`) and split it (see `split_arrays_raw`; `split_kw`
+    are its keyword arguments: num_silos, alpha, feature, ...), before preprocessing."""
+    X, y, info = table_arrays(df, label_column, schema=schema, task=task, features=features,
+                              missing=missing)
+    raw = split_arrays_raw(X, y, split, task=info["task"], num_classes=info["num_classes"],
+                           feature_names=info["feature_names"], specs=info["specs"],
+                           uncharged=info["uncharged"], name=name, **split_kw)
+    raw.meta.update(label_column=label_column, missing=missing, dropped=info["dropped"],
+                    schema=info["schema"].source if not info["schema"].drafted
+                    else "read from the data")
     if info["classes"] is not None:
-        fed.meta["classes"] = info["classes"]
-    return fed
+        raw.meta["classes"] = info["classes"]
+    return raw
 
 
-def split_table(path: str | Path, label_column: str, split: str, **kw) -> Federation:
-    """Read a CSV/Parquet file (see `silofl.data.tabular.read_table`) and `split_frame` it."""
-    fed = split_frame(read_table(path), label_column, split,
-                      name=Path(path).name.split(".")[0], **kw)
-    fed.meta["source"] = str(path)
-    return fed
+def split_frame(df: pd.DataFrame, label_column: str, split: str, *, schema=None,
+                task: str = "auto", features: Sequence[str] | None = None,
+                missing: str = "impute", name: str = "table", standardize: str | bool = "auto",
+                impute: str = "auto", **split_kw) -> Federation:
+    """`split_frame_raw`, then preprocessing without a budget (see `split_arrays`)."""
+    raw = split_frame_raw(df, label_column, split, schema=schema, task=task,
+                          features=features, missing=missing, name=name, **split_kw)
+    return preprocess_without_budget(raw, PreprocessSpec(standardize, impute), "split_frame")
+
+
+def split_table_raw(path: str | Path, label_column: str, split: str, **kw) -> RawFederation:
+    """Read a CSV/Parquet file (see `silofl.data.tabular.read_table`) and `split_frame_raw`
+    it."""
+    raw = split_frame_raw(read_table(path), label_column, split,
+                          name=Path(path).name.split(".")[0], **kw)
+    raw.meta["source"] = str(path)
+    return raw
+
+
+def split_table(path: str | Path, label_column: str, split: str, *,
+                standardize: str | bool = "auto", impute: str = "auto", **kw) -> Federation:
+    """Read a CSV/Parquet file and `split_frame` it."""
+    raw = split_table_raw(path, label_column, split, **kw)
+    return preprocess_without_budget(raw, PreprocessSpec(standardize, impute), "split_table")
 
 
 # --- validation ------------------------------------------------------------------------------

@@ -3,6 +3,9 @@
 Sizes given to these generators are TRAINING rows per silo: test rows are generated on top
 so that `split_silo` with `test_fraction` leaves exactly that many rows for training.
 Data come from ``default_rng([seed, 0])``, the train/test split from ``default_rng([seed, 1])``.
+Simulated data are not standardized by default (``standardize="none"``); asking for it
+(True or "uncharged") z-scores per silo on its training rows, listed in
+``meta["uncharged"]`` like every uncharged statistic (here of simulated records).
 """
 
 from __future__ import annotations
@@ -12,8 +15,18 @@ from collections.abc import Sequence
 import numpy as np
 
 from silofl.data.federation import Federation, split_silo
-from silofl.data.federation import standardize as standardize_federation
+from silofl.data.preprocess import PreprocessSpec, RawFederation, preprocess_without_budget
 from silofl.errors import ConfigError
+
+
+def _finish(fed: Federation, standardize) -> Federation:
+    """Preprocess simulated data: columns have no declared bounds, so "auto"/True mean the
+    (listed) uncharged per-silo z-scoring; "none"/False leaves them as generated."""
+    if standardize is True:
+        standardize = "uncharged"
+    raw = RawFederation.from_federation(fed, simulated=True)
+    return preprocess_without_budget(raw, PreprocessSpec(standardize, "auto"),
+                                     fed.name)
 
 
 def total_rows_for_train(n_train: int, test_fraction: float) -> int:
@@ -72,15 +85,16 @@ def mean_estimation(num_silos: int | None = None, n: int = 50, dim: int = 1, sig
         m = total_rows_for_train(n_k, test_fraction)
         y = w + sigma * gen.standard_normal(m)
         silos.append(split_silo(f"silo-{k:02d}", np.zeros((m, 0)), y, test_fraction, split))
-    return Federation(silos, [], "regression", name="mean-estimation",
-                      meta={"centers": centers, "sigma": sigma, "tau": tau, "theta": theta,
-                            "seed": seed, "test_fraction": test_fraction})
+    fed = Federation(silos, [], "regression", name="mean-estimation",
+                     meta={"centers": centers, "sigma": sigma, "tau": tau, "theta": theta,
+                           "seed": seed, "test_fraction": test_fraction})
+    return _finish(fed, "none")
 
 
 def linear_silos(num_silos: int | None = None, sizes: tuple[int, int] | Sequence[int] = (200, 400),
                  dim: int = 10, heterogeneity: float = 0.5, noise: float = 0.1,
                  task: str = "regression", seed: int = 0, test_fraction: float = 0.2,
-                 standardize: bool = False) -> Federation:
+                 standardize: str | bool = "none") -> Federation:
     """Heterogeneous linear silos. Shared w* ~ N(0, I/dim); silo weights
     w_k = w* + heterogeneity·N(0, I/dim); features X ~ N(m_k, I) with a silo-specific mean
     m_k ~ 0.2·heterogeneity·N(0, I). Labels: y = X w_k + noise·N(0, 1) ("regression"), or
@@ -88,7 +102,8 @@ def linear_silos(num_silos: int | None = None, sizes: tuple[int, int] | Sequence
 
     num_silos defaults to 8 (or len(sizes)); sizes (lo, hi) draws each silo's TRAINING size
     uniformly in [lo, hi], a list gives them. meta: "weights" (K, dim), "w_star" (dim,),
-    "shifts" (K, dim).
+    "shifts" (K, dim). `standardize`: "none" (default) or True/"uncharged" (see the
+    module docstring).
     """
     if task not in ("regression", "binary"):
         raise ConfigError(f"task must be 'regression' or 'binary', got {task!r}")
@@ -114,8 +129,8 @@ def linear_silos(num_silos: int | None = None, sizes: tuple[int, int] | Sequence
                      num_classes=2 if task == "binary" else 0, name="linear-silos",
                      meta={"weights": weights, "w_star": w_star, "shifts": shifts,
                            "heterogeneity": heterogeneity, "noise": noise, "seed": seed,
-                           "test_fraction": test_fraction, "standardized": bool(standardize)})
-    return standardize_federation(fed) if standardize else fed
+                           "test_fraction": test_fraction})
+    return _finish(fed, standardize)
 
 
 VEHICLE_SILOS, VEHICLE_MIN, VEHICLE_MAX, VEHICLE_DIM = 23, 872, 1933, 100

@@ -4,31 +4,28 @@ Each row is one example; `silo_column` says which institution holds it and `labe
 is the target. Every silo is split into train/test with one seeded generator
 (`numpy.random.default_rng(seed)`, silos visited in order of first appearance).
 
-Feature encoding (one schema for all silos, so every silo's X has the same columns):
-  * numeric columns stay numeric (float64);
-  * bool columns and columns of TRUE/FALSE strings (any case) become 0/1;
-  * other text/categorical columns are one-hot encoded with ONE category list taken from
-    the whole table (sorted), columns named ``col=value``; a category seen in only one silo
-    still gets its column everywhere. A text column with more than `categorical_max_levels`
-    distinct values is rejected (it is most likely an identifier or free text).
+With a declared schema (`silofl.data.schema`; ``schema=`` a Schema, a dict or a TOML path)
+the schema fixes the feature columns, their encoding and the label classes, so every silo
+has the same columns and nothing is read from a pooled table: numeric values are clipped
+to declared bounds, binary columns become 0/1, categorical columns one-hot columns
+``col=level`` per declared level, and nullable columns get ``col__missing`` indicators
+(``col=<missing>`` for categoricals). A table that does not match its schema is a
+DataError naming the column and silos, with counts only -- never record values.
 
-Missing values (`missing=`):
-  * ``"impute"`` (default) -- a numeric NaN is replaced by the median of that column over
-    the silo's own TRAINING rows (computed after the split, so test rows never influence
-    it); if the silo has no observed training value, the median over all silos' training
-    rows is used (0.0 if there is none at all). For every numeric column with any missing
-    value anywhere in the table, an indicator column ``col__missing`` (1 = was missing)
-    is added to every silo, so a model can learn from missingness itself. A missing
-    categorical value becomes its own category ``col=<missing>``.
-  * ``"drop"`` -- rows with any missing feature are dropped before the split.
-  * ``"error"`` -- raise `DataError` listing the columns that have missing values.
+Without a schema the kinds, levels, nullable columns and label classes would have to be
+read from the pooled table: that is refused unless you opt into uncharged preprocessing
+(``standardize="uncharged"`` or ``impute="uncharged"``); the items read are then listed in
+``meta["uncharged"]``. `silofl.data.draft_schema` writes a draft to start a schema from.
+
+Missing feature values (`missing=`): ``"impute"`` (default) keeps them for preprocessing
+(see `silofl.data.preprocess`; a missing value in a non-nullable column is an error),
+``"drop"`` drops rows with any missing feature before the split, ``"error"`` refuses.
 Rows whose label or silo is missing are always dropped; the counts are stored in
 ``meta["dropped"]`` and a `UserWarning` is emitted.
 
-Labels (`task="auto"`): a non-numeric label, or a numeric one with at most 10 distinct
-integer values, means classification ("binary" for 2 classes, else "multiclass") with the
-classes mapped to 0..C-1 in sorted order (``meta["classes"]`` holds the original values);
-otherwise regression with the label as float64 in its own units.
+Preprocessing (`standardize=`, `impute=`; modes in `silofl.data.preprocess`) defaults to
+"auto": declared statistics from the schema. The ``*_raw`` functions stop before it, for
+callers that charge private statistics first (`plan_preprocessing` / `apply_preprocessing`).
 """
 
 from __future__ import annotations
@@ -36,34 +33,48 @@ from __future__ import annotations
 import difflib
 import warnings
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 from silofl.data.federation import Federation, split_silo
-from silofl.data.federation import standardize as standardize_federation
+from silofl.data.preprocess import PreprocessSpec, RawFederation, preprocess_without_budget
+from silofl.data.schema import (MISSING_LEVEL, ColumnSpec, LabelSpec, Schema, as_schema,
+                                infer_schema, parse_numeric, value_key)
 from silofl.errors import ConfigError, DataError
 
-MISSING_CATEGORY = "<missing>"
+MISSING_CATEGORY = MISSING_LEVEL
 _TASKS = ("auto", "binary", "multiclass", "regression")
 _MISSING = ("impute", "drop", "error")
-_MAX_AUTO_CLASSES = 10
 
 
-def load_table(path: str | Path, silo_column: str, label_column: str, *, task: str = "auto",
-               features: Sequence[str] | None = None, test_fraction: float = 0.2, seed: int = 0,
-               standardize: bool = True, missing: str = "impute",
+def load_table(path: str | Path, silo_column: str, label_column: str, *, schema=None,
+               task: str = "auto", features: Sequence[str] | None = None,
+               test_fraction: float = 0.2, seed: int = 0, standardize: str | bool = "auto",
+               impute: str = "auto", missing: str = "impute",
                categorical_max_levels: int = 50) -> Federation:
     """Read a CSV (``.csv``, ``.csv.gz``) or Parquet (``.parquet``, ``.pq``) file and build a
     federation from it; see the module docstring and `federation_from_frame`."""
+    raw = load_table_raw(path, silo_column, label_column, schema=schema, task=task,
+                         features=features, test_fraction=test_fraction, seed=seed,
+                         missing=missing, categorical_max_levels=categorical_max_levels)
+    return preprocess_without_budget(raw, _spec(standardize, impute), "load_table")
+
+
+def load_table_raw(path: str | Path, silo_column: str, label_column: str, *, schema=None,
+                   task: str = "auto", features: Sequence[str] | None = None,
+                   test_fraction: float = 0.2, seed: int = 0, missing: str = "impute",
+                   categorical_max_levels: int = 50) -> RawFederation:
+    """`load_table` up to (not including) preprocessing: a `RawFederation`."""
     df = read_table(path)
-    fed = federation_from_frame(
-        df, silo_column, label_column, task=task, features=features,
-        test_fraction=test_fraction, seed=seed, standardize=standardize, missing=missing,
+    raw = federation_from_frame_raw(
+        df, silo_column, label_column, schema=schema, task=task, features=features,
+        test_fraction=test_fraction, seed=seed, missing=missing,
         categorical_max_levels=categorical_max_levels, name=Path(path).name.split(".")[0])
-    fed.meta["source"] = str(path)
-    return fed
+    raw.meta["source"] = str(path)
+    return raw
 
 
 def read_table(path: str | Path) -> pd.DataFrame:
@@ -88,22 +99,94 @@ def read_table(path: str | Path) -> pd.DataFrame:
     except pd.errors.EmptyDataError:
         raise DataError(f"data file {str(p)!r} is empty; it needs a header row and data rows") from None
     except Exception as e:  # parser, decoding, gzip and Arrow errors all mean "unreadable"
-        raise DataError(f"could not read {str(p)!r}: {type(e).__name__}: {e}; check that the "
+        raise DataError(f"could not read {str(p)!r}: {type(e).__name__}; check that the "
                         "file is a valid, uncorrupted table of the type its extension says") from None
     return df
 
 
 def federation_from_frame(df: pd.DataFrame, silo_column: str, label_column: str, *,
-                          task: str = "auto", features: Sequence[str] | None = None,
-                          test_fraction: float = 0.2, seed: int = 0, standardize: bool = True,
-                          missing: str = "impute", categorical_max_levels: int = 50,
-                          name: str = "table") -> Federation:
+                          schema=None, task: str = "auto",
+                          features: Sequence[str] | None = None, test_fraction: float = 0.2,
+                          seed: int = 0, standardize: str | bool = "auto",
+                          impute: str = "auto", missing: str = "impute",
+                          categorical_max_levels: int = 50, name: str = "table") -> Federation:
     """Build a validated `Federation` from an in-memory table (one row per example).
 
     Returns silos named ``str(value)`` of `silo_column` in order of first appearance, each
-    with X of shape (n_k, d) float64 and y of shape (n_k,) (int64 class ids or float64
-    targets). With `standardize`, features are z-scored per silo on its training rows.
-    """
+    with X of shape (n_k, d) float64 (d = len(schema.feature_names)) and y of shape (n_k,)
+    (int64 class ids or float64 targets), preprocessed by the modes `standardize` and
+    `impute` (see `silofl.data.preprocess`; private modes need `federation_from_frame_raw`
+    and the two-phase API)."""
+    spec = _spec(standardize, impute)
+    raw = federation_from_frame_raw(
+        df, silo_column, label_column, schema=schema, task=task, features=features,
+        test_fraction=test_fraction, seed=seed, missing=missing,
+        categorical_max_levels=categorical_max_levels, name=name)
+    return preprocess_without_budget(raw, spec, "federation_from_frame")
+
+
+def federation_from_frame_raw(df: pd.DataFrame, silo_column: str, label_column: str, *,
+                              schema=None, task: str = "auto",
+                              features: Sequence[str] | None = None,
+                              test_fraction: float = 0.2, seed: int = 0,
+                              missing: str = "impute", categorical_max_levels: int = 50,
+                              name: str = "table") -> RawFederation:
+    """Encode and split a table without computing any statistic: a `RawFederation` whose X
+    (n_k, d) float64 holds NaN where a nullable value is missing."""
+    enc = encode_table(df, label_column, silo_column=silo_column, schema=schema, task=task,
+                       features=features, missing=missing,
+                       categorical_max_levels=categorical_max_levels, name=name)
+    codes, order = pd.factorize(pd.Series(enc.silos, dtype=object), sort=False)
+    rng = np.random.default_rng(seed)
+    silos = [split_silo(str(s), enc.X[codes == k], enc.y[codes == k], test_fraction, rng)
+             for k, s in enumerate(order)]
+    meta = {"silo_column": str(silo_column), "label_column": str(label_column),
+            "missing": missing, "dropped": enc.dropped, "warnings": enc.notes, "seed": seed,
+            "test_fraction": test_fraction,
+            "schema": enc.schema.source if not enc.schema.drafted else "read from the data"}
+    if enc.schema.drafted:
+        meta["schema_from_data"] = True
+    if enc.schema.label.kind != "regression":
+        meta["classes"] = list(enc.schema.label.classes)
+    try:
+        return RawFederation(silos, enc.schema.feature_names, enc.schema.label.kind,
+                             num_classes=len(enc.schema.label.classes), specs=enc.specs,
+                             name=name, meta=meta, uncharged=list(enc.uncharged))
+    except DataError as e:
+        if "missing_features" not in enc.dropped:
+            raise
+        raise DataError(f"{e} (this is after missing='drop' removed "
+                        f"{enc.dropped['missing_features']} row(s); missing='impute' keeps "
+                        "them)") from None
+
+
+# --- encoding -----------------------------------------------------------------------------
+
+@dataclass
+class EncodedTable:
+    """A table encoded by a schema, before any split: X (n, d) float64 (NaN only in nullable
+    value columns), y (n,) int64 class ids or float64 targets, rows (n,) the input row of
+    each kept row, silos (n,) silo names (or None), the schema used (declared, or read from
+    the data: ``schema.drafted``), `specs` {encoded index: ColumnSpec} of the value columns
+    and `uncharged` the items read from the data (empty with a declared schema)."""
+
+    X: np.ndarray
+    y: np.ndarray
+    rows: np.ndarray
+    silos: np.ndarray | None
+    schema: Schema
+    specs: dict[int, ColumnSpec]
+    uncharged: list[str] = field(default_factory=list)
+    dropped: dict[str, int] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+
+def encode_table(df: pd.DataFrame, label_column: str, *, silo_column: str | None = None,
+                 schema=None, task: str = "auto", features: Sequence[str] | None = None,
+                 missing: str = "impute", categorical_max_levels: int = 50,
+                 name: str = "table") -> EncodedTable:
+    """Encode a whole table (see the module docstring); no split, no statistic. Without a
+    schema the encoding is read from the table (listed in `EncodedTable.uncharged`)."""
     if task not in _TASKS:
         raise ConfigError(f"task must be one of {', '.join(_TASKS)}; got {task!r}")
     if missing not in _MISSING:
@@ -113,30 +196,41 @@ def federation_from_frame(df: pd.DataFrame, silo_column: str, label_column: str,
     if df.shape[0] == 0 or df.shape[1] == 0:
         raise DataError(f"table {name!r} is empty ({df.shape[0]} rows, {df.shape[1]} columns); "
                         "it needs a silo column, a label column and at least one data row")
-    silo_column, label_column = str(silo_column), str(label_column)
+    label_column = str(label_column)
+    silo_column = None if silo_column is None else str(silo_column)
     df = df.reset_index(drop=True)  # copies; helpers align on a unique row index
     df.columns = [str(c) for c in df.columns]
     dup = sorted({c for c in df.columns if list(df.columns).count(c) > 1})
     if dup:
         raise DataError(f"table {name!r} has duplicate column names {dup}; rename them so "
                         "each column is unique")
-    _check_column(df, silo_column, "silo column")
+    if silo_column is not None:
+        _check_column(df, silo_column, "silo column")
     _check_column(df, label_column, "label column")
     if silo_column == label_column:
         raise DataError(f"silo column and label column are both {silo_column!r}; "
                         "they must be different columns")
-    feats = _feature_columns(df, silo_column, label_column, features)
+    schema = as_schema(schema)
+    if schema is not None:
+        _check_schema_fits(df, schema, silo_column, label_column, task, features, name)
+        feats = schema.column_names
+    else:
+        feats = _feature_columns(df, silo_column, label_column, features)
 
     # Rows without a label or silo carry no usable example.
     dropped: dict[str, int] = {}
     notes: list[str] = []
-    all_silos = list(dict.fromkeys(df[silo_column].dropna().map(_silo_name)))
-    for what, col in (("missing_label", label_column), ("missing_silo", silo_column)):
+    rows = np.arange(len(df))
+    all_silos = list(dict.fromkeys(df[silo_column].dropna().map(_silo_name))) \
+        if silo_column is not None else []
+    checks = [("missing_label", label_column)] + \
+        ([("missing_silo", silo_column)] if silo_column is not None else [])
+    for what, col in checks:
         bad = df[col].isna().to_numpy()
         if bad.any():
             dropped[what] = int(bad.sum())
             notes.append(f"dropped {int(bad.sum())} row(s) with a missing {col!r} value")
-            df = df.loc[~bad]
+            df, rows = df.loc[~bad], rows[~bad]
     if missing == "error":
         cols = [c for c in feats if df[c].isna().any()]
         if cols:
@@ -148,42 +242,181 @@ def federation_from_frame(df: pd.DataFrame, silo_column: str, label_column: str,
         if bad.any():
             dropped["missing_features"] = int(bad.sum())
             notes.append(f"dropped {int(bad.sum())} row(s) with missing feature values")
-            df = df.loc[~bad]
+            df, rows = df.loc[~bad], rows[~bad]
     if len(df) == 0:
         raise DataError(f"table {name!r} has no rows left after dropping rows with missing "
                         f"values ({dropped}); use missing='impute' or fix the data")
-    lost = [s for s in all_silos if s not in set(df[silo_column].map(_silo_name))]
+    silos = np.array([_silo_name(v) for v in df[silo_column].tolist()], dtype=object) \
+        if silo_column is not None else None
+    lost = [s for s in all_silos if s not in set(silos.tolist())] if silos is not None else []
     if lost:
         notes.append(f"silo(s) {lost} lost all their rows and are left out")
     if notes:
-        warnings.warn(f"{name}: " + "; ".join(notes), UserWarning, stacklevel=2)
+        warnings.warn(f"{name}: " + "; ".join(notes), UserWarning, stacklevel=3)
 
-    task, y, classes = _encode_labels(df[label_column], label_column, task)
-    X, names, numeric_idx = _encode_features(df, feats, categorical_max_levels)
-    silo_names = [_silo_name(v) for v in df[silo_column].tolist()]
-    codes, order = pd.factorize(pd.Series(silo_names, dtype=object), sort=False)
+    uncharged: list[str] = []
+    if schema is None:
+        schema = infer_schema(df, silo_column, label_column, features=feats, task=task,
+                              bounds=False, categorical_max_levels=categorical_max_levels)
+        uncharged = _uncharged_items(schema, task)
+    blocks = [_encode_column(df[c.name], c, silos) for c in schema.columns]
+    X = np.hstack([b for bl in blocks for b in bl]) if blocks else np.zeros((len(df), 0))
+    y = _encode_label(df[label_column], schema.label, silos)
+    return EncodedTable(X, y, rows, silos, schema, schema.value_columns(), uncharged,
+                        dropped, notes)
 
-    rng = np.random.default_rng(seed)
-    silos = [split_silo(str(s), X[codes == k], y[codes == k], test_fraction, rng)
-             for k, s in enumerate(order)]
-    medians = _impute(silos, numeric_idx, names) if numeric_idx else {}
 
-    meta = {"silo_column": silo_column, "label_column": label_column, "missing": missing,
-            "dropped": dropped, "warnings": notes, "standardized": bool(standardize),
-            "seed": seed, "test_fraction": test_fraction}
-    if classes is not None:
-        meta["classes"] = classes
-    if medians:
-        meta["imputed_medians"] = medians
-    try:
-        fed = Federation(silos, names, task, num_classes=len(classes) if classes else 0,
-                         name=name, meta=meta)
-    except DataError as e:
-        if "missing_features" not in dropped:
-            raise
-        raise DataError(f"{e} (this is after missing='drop' removed "
-                        f"{dropped['missing_features']} row(s); missing='impute' keeps them)") from None
-    return standardize_federation(fed) if standardize else fed
+def _uncharged_items(schema: Schema, task: str) -> list[str]:
+    """What reading the encoding from a pooled table took from the data."""
+    items = ["feature kinds (numeric / binary / categorical) read from the pooled table"]
+    items += [f"category levels of {c.name!r} read from the pooled table"
+              for c in schema.columns if c.kind == "categorical"]
+    nullable = [c.name for c in schema.columns if c.nullable]
+    if nullable:
+        items.append("missing-value columns (" + ", ".join(repr(n) for n in nullable)
+                     + ") chosen from the pooled table")
+    if schema.label.kind != "regression":
+        items.append("label classes read from the pooled table")
+    elif task == "auto":
+        items.append("task (regression) inferred from the pooled labels")
+    return items
+
+
+def _check_schema_fits(df, schema: Schema, silo_column, label_column, task, features, name):
+    if schema.label.name != label_column:
+        raise ConfigError(f"the schema's label is {schema.label.name!r} but label_column is "
+                          f"{label_column!r}; make them agree")
+    if schema.silo_column and silo_column is not None and schema.silo_column != silo_column:
+        raise ConfigError(f"the schema's silo_column is {schema.silo_column!r} but the silo "
+                          f"column asked for is {silo_column!r}; make them agree")
+    if task != "auto" and task != schema.label.kind:
+        raise ConfigError(f"task={task!r} but the schema declares a {schema.label.kind} "
+                          "label; leave task='auto' with a schema")
+    if features is not None and list(features) != schema.column_names:
+        raise ConfigError("features= cannot be combined with a schema: the schema fixes the "
+                          "feature columns; edit the schema instead")
+    lacking = [c for c in schema.column_names if c not in df.columns]
+    if lacking:
+        hints = []
+        for c in lacking[:5]:
+            near = difflib.get_close_matches(c, list(df.columns), n=1, cutoff=0.6)
+            hints.append(f"{c!r}" + (f" (did you mean {near[0]!r}?)" if near else ""))
+        raise DataError(f"table {name!r} lacks {len(lacking)} column(s) its schema declares: "
+                        + ", ".join(hints) + "; fix the table or the schema")
+
+
+def _bad(col: str, bad: np.ndarray, what: str, silos: np.ndarray | None, hint: str) -> DataError:
+    """DataError naming the column, the count and the silos -- never a value."""
+    n = int(bad.sum())
+    if silos is not None:
+        names, counts = np.unique(silos[bad], return_counts=True)
+        order = np.argsort(-counts, kind="stable")[:5]
+        where = ", ".join(f"silo {names[i]!r}: {int(counts[i])}" for i in order)
+        where += ", ..." if len(names) > 5 else ""
+    else:
+        where = "in the table"
+    return DataError(f"column {col!r}: {n} value(s) {what} ({where}); {hint}")
+
+
+_NULL_HINT = ("declare nullable = true for it in the schema, or use missing='drop' to drop "
+              "those rows")
+
+
+def _encode_column(s: pd.Series, spec: ColumnSpec, silos) -> list[np.ndarray]:
+    """Encoded (n, 1) blocks of one column (see the module docstring)."""
+    isna = s.isna().to_numpy()
+    if isna.any() and not spec.nullable:
+        raise _bad(spec.name, isna, "are missing but the column is not nullable", silos,
+                   _NULL_HINT)
+    if spec.kind == "categorical":
+        index = {value_key(lv): i for i, lv in enumerate(spec.levels)}
+        codes = _lookup(s, isna, lambda v: index.get(value_key(v), -1), -1.0)
+        unknown = (codes < 0) & ~isna
+        if unknown.any():
+            raise _bad(spec.name, unknown, "are not among its declared levels", silos,
+                       "declare every level the documentation lists, or fix the data")
+        out = [(codes == i).astype(np.float64)[:, None] for i in range(len(spec.levels))]
+        return out + ([isna.astype(np.float64)[:, None]] if spec.nullable else [])
+    if spec.kind == "binary":
+        vals = _lookup(s, isna, _binary_value, np.nan)
+        bad = np.isnan(vals) & ~isna
+        if bad.any():
+            raise _bad(spec.name, bad, "are not binary", silos,
+                       "a binary column holds TRUE/FALSE, booleans or 0/1")
+    else:
+        vals = _numeric_values(s, isna)
+        bad = np.isnan(vals) & ~isna
+        if bad.any():
+            raise _bad(spec.name, bad, "are not numbers", silos,
+                       "fix them, turn placeholders such as '?' into missing values, or "
+                       "declare the column categorical")
+        b = spec.bounds
+        if b is not None:  # declared bounds: clipping is data-independent
+            vals = np.clip(vals, *b)
+        elif np.isinf(vals).any():
+            raise _bad(spec.name, np.isinf(vals), "are infinite", silos,
+                       "declare lower/upper bounds (values are clipped to them) or fix the data")
+    return [vals[:, None]] + ([isna.astype(np.float64)[:, None]] if spec.nullable else [])
+
+
+def _lookup(s: pd.Series, isna: np.ndarray, fn, default: float) -> np.ndarray:
+    """(n,) float64: `fn` of each observed value (computed once per distinct value),
+    `default` where missing."""
+    out = np.full(len(s), default, dtype=np.float64)
+    obs = s[~isna]
+    if len(obs):
+        lut = {v: float(fn(v)) for v in pd.unique(obs)}
+        out[~isna] = obs.map(lut).to_numpy(dtype=np.float64)
+    return out
+
+
+def _binary_value(v) -> float:
+    if isinstance(v, (bool, np.bool_)):
+        return float(v)
+    k = value_key(v)
+    if isinstance(k, str):
+        return {"true": 1.0, "false": 0.0}.get(k.lower(), np.nan)
+    return k if k in (0.0, 1.0) else np.nan
+
+
+def _numeric_values(s: pd.Series, isna: np.ndarray) -> np.ndarray:
+    """float64 values; NaN where missing or not a number (booleans are not numbers)."""
+    parsed = parse_numeric(s)
+    if parsed is not None:
+        return parsed
+    out = np.full(len(s), np.nan)
+    for i, v in enumerate(s.tolist()):
+        if isna[i] or isinstance(v, (bool, np.bool_)):
+            continue
+        try:
+            out[i] = float(str(v).strip())
+        except ValueError:
+            pass
+    return out
+
+
+def _encode_label(s: pd.Series, label: LabelSpec, silos) -> np.ndarray:
+    """y (n,): class ids 0..C-1 (int64) in declared order, or float64 targets clipped to
+    declared bounds."""
+    isna = s.isna().to_numpy()
+    if label.kind == "regression":
+        y = _numeric_values(s, isna)
+        bad = np.isnan(y) | np.isinf(y) & (label.bounds is None)
+        if bad.any():
+            raise _bad(label.name, bad, "are not finite numbers (label)", silos,
+                       "a regression label must be numeric")
+        return np.clip(y, *label.bounds) if label.bounds is not None else y
+    index = {value_key(c): i for i, c in enumerate(label.classes)}
+    y = _lookup(s, isna, lambda v: index.get(value_key(v), -1), -1.0).astype(np.int64)
+    bad = y < 0
+    if bad.any():
+        raise _bad(label.name, bad, "are not among the declared label classes", silos,
+                   "declare every class in the schema's [label] classes")
+    return y
+
+
+def _spec(standardize, impute) -> PreprocessSpec:
+    return PreprocessSpec(standardize=standardize, impute=impute)
 
 
 # --- helpers -------------------------------------------------------------------------------
@@ -208,7 +441,7 @@ def _feature_columns(df, silo_column, label_column, features) -> list[str]:
     for f in feats:
         _check_column(df, f, "feature column")
     for role, col in (("label", label_column), ("silo", silo_column)):
-        if col in feats:
+        if col is not None and col in feats:
             raise DataError(f"the {role} column {col!r} is listed in features=; remove it "
                             "(a model must not see its own label or the silo id as a feature)")
     dup = sorted({f for f in feats if feats.count(f) > 1})
@@ -224,142 +457,5 @@ def _silo_name(v) -> str:
     return str(v)
 
 
-def _as_bool01(s: pd.Series) -> pd.Series | None:
-    """0/1 floats (NaN kept) if every observed value is a bool or a TRUE/FALSE string."""
-    if pd.api.types.is_bool_dtype(s.dtype):
-        return s.astype("float64")
-    if pd.api.types.is_numeric_dtype(s.dtype):
-        return None
-    obs = s.dropna()
-    mapping = {True: 1.0, False: 0.0, "true": 1.0, "false": 0.0}
-    if len(obs) == 0:
-        return None
-    vals = [v.strip().lower() if isinstance(v, str) else v for v in obs.tolist()]
-    if not all(isinstance(v, (bool, np.bool_, str)) and v in mapping for v in vals):
-        return None
-    out = pd.Series(np.nan, index=s.index, dtype="float64")
-    out[obs.index] = [mapping[bool(v) if isinstance(v, np.bool_) else v] for v in vals]
-    return out
-
-
-def _as_numeric(s: pd.Series) -> pd.Series | None:
-    """float64 (NaN kept) if the column is numeric or all observed values parse as numbers."""
-    if pd.api.types.is_bool_dtype(s.dtype):
-        return None
-    if pd.api.types.is_numeric_dtype(s.dtype):
-        return s.astype("float64")
-    if isinstance(s.dtype, pd.CategoricalDtype) or not (
-            pd.api.types.is_object_dtype(s.dtype) or pd.api.types.is_string_dtype(s.dtype)):
-        return None
-    obs = s.dropna()
-    if len(obs) == 0:
-        return None
-    parsed = pd.to_numeric(obs.astype(str).str.strip(), errors="coerce")
-    if parsed.isna().any():
-        return None
-    out = pd.Series(np.nan, index=s.index, dtype="float64")
-    out[obs.index] = parsed.to_numpy(dtype="float64")
-    return out
-
-
-def _encode_features(df: pd.DataFrame, feats: list[str], max_levels: int):
-    """(X (n, d) float64 with NaN where a numeric value is missing, names, numeric col ids)."""
-    blocks: list[np.ndarray] = []
-    names: list[str] = []
-    numeric_idx: list[int] = []
-    for c in feats:
-        s = df[c]
-        num = _as_bool01(s)
-        if num is None:
-            num = _as_numeric(s)
-        if num is not None:
-            vals = num.to_numpy(dtype="float64")
-            numeric_idx.append(len(names))
-            names.append(c)
-            blocks.append(vals[:, None])
-            if np.isnan(vals).any():  # missingness itself may be informative
-                names.append(f"{c}__missing")
-                blocks.append(np.isnan(vals).astype("float64")[:, None])
-            continue
-        if pd.api.types.is_datetime64_any_dtype(s.dtype) or pd.api.types.is_timedelta64_dtype(s.dtype):
-            raise DataError(f"feature column {c!r} holds dates/times, which cannot be encoded "
-                            f"directly; convert it to a number (e.g. days since a reference date) "
-                            f"or drop it via features=")
-        isna = s.isna().to_numpy()
-        text = np.array([str(v) for v in s.tolist()], dtype=object)
-        levels = sorted(set(text[~isna].tolist()))
-        if len(levels) > max_levels:
-            raise DataError(
-                f"non-numeric feature that cannot be encoded: column {c!r} has {len(levels)} "
-                f"distinct text values (more than categorical_max_levels={max_levels}), e.g. "
-                f"{levels[:3]}; drop it via features=[...], encode it numerically yourself, or "
-                "raise categorical_max_levels. If it holds numbers with placeholders such as "
-                "'?', turn those into missing values first")
-        if isna.any():
-            levels.append(MISSING_CATEGORY)
-            text[isna] = MISSING_CATEGORY
-        for lv in levels:
-            names.append(f"{c}={lv}")
-            blocks.append((text == lv).astype("float64")[:, None])
-    X = np.hstack(blocks) if blocks else np.zeros((len(df), 0))
-    return X, names, numeric_idx
-
-
-def _encode_labels(s: pd.Series, col: str, task: str):
-    """(task, y (n,), classes or None). Classes are sorted; y holds their indices 0..C-1."""
-    num = _as_numeric(s)
-    if num is None and _as_bool01(s) is not None:
-        num = _as_bool01(s)  # TRUE/FALSE labels are classes False < True
-    if task == "auto":
-        if num is None:
-            task = "classification"
-        else:
-            v = num.to_numpy()
-            uniq = np.unique(v)
-            is_int = bool(np.all(uniq == np.round(uniq)))
-            task = "classification" if is_int and len(uniq) <= _MAX_AUTO_CLASSES else "regression"
-    if task == "regression":
-        if num is None:
-            raise DataError(f"label column {col!r} is not numeric (e.g. {s.dropna().iloc[0]!r}) "
-                            "but task='regression'; use task='binary'/'multiclass' or a numeric label")
-        return "regression", num.to_numpy(dtype="float64"), None
-    if num is not None:
-        keys = num.to_numpy()
-        classes = [v.item() if hasattr(v, "item") else v for v in np.unique(keys)]
-        classes = [int(v) if float(v).is_integer() else v for v in classes]
-        y = np.searchsorted(np.unique(keys), keys)
-    else:
-        keys = np.array([str(v) for v in s.tolist()], dtype=object)
-        classes = sorted(set(keys.tolist()))
-        y = np.searchsorted(np.array(classes, dtype=object), keys)
-    if len(classes) < 2:
-        raise DataError(f"label column {col!r} has a single value ({classes[0]!r}); there is "
-                        "nothing to learn. Check the label column name")
-    if task == "binary" and len(classes) != 2:
-        raise DataError(f"task='binary' but label column {col!r} has {len(classes)} classes "
-                        f"({classes[:10]}); use task='multiclass' or map the labels to two values")
-    if task == "classification":
-        task = "binary" if len(classes) == 2 else "multiclass"
-    return task, y.astype("int64"), classes
-
-
-def _impute(silos, numeric_idx: list[int], names: list[str]) -> dict[str, dict[str, float]]:
-    """Fill NaNs in place with per-silo training medians (fallback: pooled training median).
-    Returns {silo: {column: value used}} for the columns that had gaps in that silo."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN columns are handled below
-        pooled = np.nanmedian(np.vstack([s.X_train[:, numeric_idx] for s in silos]), axis=0)
-        pooled = np.where(np.isnan(pooled), 0.0, pooled)
-        used: dict[str, dict[str, float]] = {}
-        for s in silos:
-            tr, te = s.X_train[:, numeric_idx], s.X_test[:, numeric_idx]
-            gaps = np.isnan(tr).any(axis=0) | np.isnan(te).any(axis=0)
-            if not gaps.any():
-                continue
-            med = np.nanmedian(tr, axis=0) if len(tr) else np.full(len(numeric_idx), np.nan)
-            med = np.where(np.isnan(med), pooled, med)  # silo never observed it in training
-            for X, sub in ((s.X_train, tr), (s.X_test, te)):
-                r, c = np.nonzero(np.isnan(sub))
-                X[r, np.asarray(numeric_idx)[c]] = med[c]
-            used[s.name] = {names[numeric_idx[i]]: float(med[i]) for i in np.flatnonzero(gaps)}
-    return used
+__all__ = ["load_table", "load_table_raw", "read_table", "federation_from_frame",
+           "federation_from_frame_raw", "encode_table", "EncodedTable", "MISSING_CATEGORY"]

@@ -10,6 +10,9 @@ from silofl import data as D
 from silofl.algorithms import make_algorithm
 from silofl.algorithms.base import Algorithm
 from silofl.data.federation import Federation, PrivacyTarget
+from silofl.data.preprocess import (PreprocessSpec, RawFederation, plan_preprocessing,
+                                    preprocess_without_budget)
+from silofl.data.schema import load_schema
 from silofl.errors import ConfigError
 from silofl.experiments.config import Config, DataConfig
 from silofl.models import TORCH_MODELS, check_input, make_model
@@ -51,7 +54,7 @@ def _check_source_keys(dc: DataConfig) -> None:
                           f"got {dc.num_silos}")
 
 
-def _split_table(dc: DataConfig) -> Federation:
+def _split_table(dc: DataConfig) -> RawFederation:
     """data.source = 'table' with data.split: one table cut into simulated silos."""
     if dc.silo_column:
         raise ConfigError(f"data.silo_column ({dc.silo_column!r}) and data.split "
@@ -64,24 +67,50 @@ def _split_table(dc: DataConfig) -> Federation:
     if dc.split in ("feature_range", "shared_range") and not dc.split_feature:
         raise ConfigError(f"data.split = {dc.split!r} needs data.split_feature, the column "
                           "whose value ranges define the silos")
-    return D.split_table(dc.path, dc.label_column, dc.split, task=dc.task,
-                         features=dc.features or None, missing=dc.missing,
-                         num_silos=dc.num_silos or DEFAULT_SILOS["table"], alpha=dc.alpha,
-                         size_law=dc.size_law, power=dc.power,
-                         feature=dc.split_feature or None, group_size=dc.group_size,
-                         min_size=dc.min_silo_size or 10, test_fraction=dc.test_fraction,
-                         seed=dc.seed, standardize=dc.standardize)
+    return D.split_table_raw(dc.path, dc.label_column, dc.split, schema=_schema(dc),
+                             task=dc.task, features=dc.features or None, missing=dc.missing,
+                             num_silos=dc.num_silos or DEFAULT_SILOS["table"], alpha=dc.alpha,
+                             size_law=dc.size_law, power=dc.power,
+                             feature=dc.split_feature or None, group_size=dc.group_size,
+                             min_size=dc.min_silo_size or 10, test_fraction=dc.test_fraction,
+                             seed=dc.seed)
+
+
+def _schema(dc: DataConfig):
+    return load_schema(dc.schema) if dc.schema else None
+
+
+def preprocess_spec(dc: DataConfig) -> PreprocessSpec:
+    return PreprocessSpec(dc.standardize, dc.impute, dc.preprocess_share)
 
 
 def load_federation(dc: DataConfig) -> Federation:
+    """The finished federation for preprocessing that needs no budget (declared,
+    uncharged or none); private preprocessing goes through `load_raw` and
+    `plan_preprocessing` so that it is charged first (see `experiments.run`)."""
+    return preprocess_without_budget(load_raw(dc), preprocess_spec(dc), f"data.source "
+                                     f"{dc.source!r}")
+
+
+def plan_data(dc: DataConfig, raw: RawFederation, accountant: str | None):
+    """The preprocessing plan of `raw` (reads only public things: schema, silo sizes and
+    targets); its events must be charged before `apply_preprocessing`."""
+    return plan_preprocessing(raw, preprocess_spec(dc), accountant=accountant)
+
+
+def load_raw(dc: DataConfig) -> RawFederation:
+    """The encoded, split silos before any data-dependent preprocessing."""
     common = dict(test_fraction=dc.test_fraction, seed=dc.seed)
+    if dc.schema and dc.source not in ("heart", "table", "school", "exam"):
+        raise ConfigError(f"data.schema applies to tables (heart, table, school, exam), not to "
+                          f"data.source = {dc.source!r}; remove it")
     if dc.source in SOURCES:  # an unknown source gets its nearest-name hint below
         _check_source_keys(dc)
     if dc.options and dc.source in ("exam", "mnist"):
         raise ConfigError(f"data.options applies only to data.source = 'synthetic'; for "
                           f"{dc.source!r} set its keys directly under [data]")
     if dc.source == "heart":
-        return D.load_heart_disease(standardize=dc.standardize, missing=dc.missing, **common)
+        return D.load_heart_disease_raw(missing=dc.missing, schema=_schema(dc), **common)
     if dc.source == "table":
         if not dc.path or not dc.label_column or not (dc.silo_column or dc.split):
             raise ConfigError("data.source = 'table' needs data.path, data.label_column and "
@@ -95,19 +124,19 @@ def load_federation(dc: DataConfig) -> Federation:
                 raise ConfigError(f"data.{key} applies only when silos are simulated with "
                                   f"data.split, but data.silo_column = {dc.silo_column!r} "
                                   f"names the silos; remove data.{key}")
-        return D.load_table(dc.path, dc.silo_column, dc.label_column, task=dc.task,
-                            features=dc.features or None, standardize=dc.standardize,
-                            missing=dc.missing, **common)
+        return D.load_table_raw(dc.path, dc.silo_column, dc.label_column, task=dc.task,
+                                features=dc.features or None, missing=dc.missing,
+                                schema=_schema(dc), **common)
     if dc.source == "exam":
-        return D.load_exam(standardize=dc.standardize, min_size=dc.min_silo_size, **common)
-    if dc.source == "mnist":  # images: never standardized, test size set per silo
-        return D.load_rotated_masked_mnist(
+        return D.load_exam_raw(min_size=dc.min_silo_size, schema=_schema(dc), **common)
+    if dc.source == "mnist":  # images: pixels share the public [0, 1] scale
+        return RawFederation.from_federation(D.load_rotated_masked_mnist(
             num_silos=dc.num_silos or DEFAULT_SILOS["mnist"], train_per_silo=dc.train_per_silo,
-            test_per_silo=dc.test_per_silo, mask_prob=dc.mask_prob, seed=dc.seed)
+            test_per_silo=dc.test_per_silo, mask_prob=dc.mask_prob, seed=dc.seed))
     if dc.source == "school":
         if not dc.path:
             raise ConfigError("data.source = 'school' needs data.path (the school.mat file)")
-        return D.load_school(dc.path, standardize=dc.standardize, **common)
+        return D.load_school_raw(dc.path, schema=_schema(dc), **common)
     if dc.source == "synthetic":
         gen = GENERATORS.get(dc.generator)
         if gen is None:
@@ -125,13 +154,16 @@ def load_federation(dc: DataConfig) -> Federation:
             kw.setdefault("seed", dc.seed)
         if "test_fraction" in params:
             kw.setdefault("test_fraction", dc.test_fraction)
-        return gen(**kw)
+        if "standardize" in kw:
+            raise ConfigError("data.options.standardize: set data.standardize instead (it "
+                              "applies to every source)")
+        return RawFederation.from_federation(gen(**kw), simulated=True)
     near = difflib.get_close_matches(dc.source, SOURCES, n=1)
     hint = f" Did you mean {near[0]!r}?" if near else ""
     raise ConfigError(f"unknown data.source {dc.source!r}; choose one of {', '.join(SOURCES)}.{hint}")
 
 
-def apply_privacy(fed: Federation, cfg: Config) -> Federation:
+def apply_privacy(fed, cfg: Config):
     """Attach each silo's (ε_k, δ_k): the default target unless overridden by name."""
     pc = cfg.privacy
     if not pc.enabled:

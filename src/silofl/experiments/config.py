@@ -26,7 +26,11 @@ class DataConfig:
     features: list = field(default_factory=list)  # table: feature columns (default: all)
     missing: str = "impute"        # impute | drop | error (see silofl.data.tabular)
     test_fraction: float = 0.2
-    standardize: bool = True
+    schema: str = ""               # declared schema (TOML) of a table: public bounds, levels…
+    # preprocessing (silofl.data.preprocess): auto | declared | private | uncharged | none
+    standardize: str = "auto"      # auto = declared from the schema (no cost)
+    impute: str = "auto"           # auto | declared | private | uncharged
+    preprocess_share: float = 0.1  # share of each silo's ε for private statistics
     seed: int = 0
     generator: str = "linear"      # synthetic: linear | mean | vehicle
     options: dict = field(default_factory=dict)  # synthetic: generator keyword arguments
@@ -136,6 +140,8 @@ def _build(cls, raw: Any, where: str):
                 f"; valid keys: {', '.join(known)}"
             raise ConfigError(f"unknown config key '{where}.{key}'{hint}")
         default = getattr(cls(), key)
+        if cls is DataConfig and key == "standardize" and isinstance(value, bool):
+            value = "auto" if value else "none"  # older configs: standardize = true/false
         if dataclasses.is_dataclass(default):
             value = _build(type(default), value, f"{where}.{key}")
         elif cls is PrivacyConfig and key == "silos":

@@ -25,11 +25,14 @@ import tomli_w
 from silofl.algorithms import LAMBDA_METHODS
 from silofl.data.federation import PrivacyTarget
 from silofl.experiments import build
+from silofl.data.preprocess import apply_preprocessing
+from silofl.errors import ConfigError
 from silofl.experiments.config import Config
 from silofl.privacy import accounting, events
-from silofl.privacy.budget import SCRATCH_NOTE, BudgetStore
+from silofl.privacy.budget import SCRATCH_NOTE, BudgetStore, PlannedCharge
 from silofl.privacy.ledger import tightest
-from silofl.runtime.job import Job, fingerprints, open_job
+from silofl.privacy.randomness import Randomness
+from silofl.runtime.job import NO_METHOD, fingerprints, open_job
 from silofl.runtime.plan import SEEDED_NOTE, plan_job
 from silofl.runtime.simulator import RunResult, simulate
 
@@ -56,6 +59,7 @@ class RunReport:
     scratch: bool = False
     lifetime: list[dict] = field(default_factory=list)  # per silo, after this job
     uncharged: list[str] = field(default_factory=list)  # data reads no budget covers
+    preprocessing: dict | None = None  # what preprocessing did (fed.meta["preprocessing"])
 
     @property
     def noise(self) -> str:
@@ -100,23 +104,36 @@ def run(cfg: Config, out_dir: Path | None = None,
     [budget] store, else budget.sqlite in the output directory (a scratch in-memory store
     with [budget] scratch = true or when no directory is configured)."""
     # --- everything that can fail on bad input, before any data access ---------------
-    fed = build.apply_privacy(build.load_federation(cfg.data), cfg)
-    model = build.build_model(cfg, fed)
-    algorithms = build.build_algorithms(cfg)
+    # `raw`: encoded and split, no statistic computed; preprocessing is planned (public
+    # facts only) so that its private statistics are reserved with the training
+    raw = build.apply_privacy(build.load_raw(cfg.data), cfg)
     tcfg = build.training_config(cfg)
-    plans = plan_job(fed, algorithms, tcfg)
+    prep = build.plan_data(cfg.data, raw, tcfg.accountant)
+    if prep.private and not tcfg.private:
+        raise ConfigError("private preprocessing (data.standardize/impute = 'private') needs "
+                          "privacy; a non-private run has no budget to charge")
+    model = build.build_model(cfg, raw)
+    algorithms = build.build_algorithms(cfg)
+    extra = {n: e for n, e in prep.events.items() if e is not None}
+    plans = plan_job(raw, algorithms, tcfg, extra=extra)
     labels = [alg.describe()["name"] for alg in algorithms]
     base = _base_dir(cfg, out_dir)
     job = None
     if tcfg.private:
         store = store if store is not None else open_store(cfg, base)
-        job = open_job(store, dict(zip(labels, plans)), lifetime=_lifetime(cfg, fed),
+        job = open_job(store, dict(zip(labels, plans)), lifetime=_lifetime(cfg, raw),
                        explicit_lifetime=cfg.budget.epsilon is not None,
                        command="silofl run", noise=tcfg.noise, accountant=tcfg.accountant,
-                       fingerprints=fingerprints(fed))
+                       fingerprints=fingerprints(raw),
+                       extra=[PlannedCharge(n, NO_METHOD, "preprocess", e)
+                              for n, e in extra.items()])
     # --- from here on the job's budget is reserved: settle it whatever happens ----------
     run_dir = None
     try:
+        for name in extra:  # reserved above; recorded as executed before the data is read
+            job.spend_extra(name, "preprocess")
+        fed = apply_preprocessing(raw, prep, Randomness.for_mode(
+            tcfg.noise if tcfg.private else "seeded", [cfg.training.seed, 0x9E7]))
         run_dir = _make_run_dir(cfg, base)
         results = []
         for alg, alg_plans, label in zip(algorithms, plans, labels):
@@ -129,8 +146,8 @@ def run(cfg: Config, out_dir: Path | None = None,
                 job=job, method=label))
         if job is not None:
             job.settle()
-        report = RunReport(run_dir, cfg, results, _combined(results), uncharged=list(
-            fed.meta.get("uncharged", [])))
+        report = RunReport(run_dir, cfg, results, _combined(results, extra), uncharged=list(
+            fed.meta.get("uncharged", [])), preprocessing=fed.meta.get("preprocessing"))
         if job is not None:
             report.run_id, report.scratch = job.run_id, job.scratch
             report.store = None if job.store.path is None else str(job.store.path)
@@ -164,14 +181,17 @@ def _lifetime(cfg: Config, fed) -> dict[str, PrivacyTarget]:
             for s in fed.silos}
 
 
-def _combined(results: list[RunResult]) -> list[dict]:
-    """Per silo, the whole job: every method's executed events composed (what releasing
-    all of the job's models costs), checked against the silo's target for this job."""
+def _combined(results: list[RunResult], extra: dict | None = None) -> list[dict]:
+    """Per silo, the whole job: private preprocessing and every method's executed events
+    composed (what releasing all of the job's models costs), checked against the silo's
+    target for this job."""
     if not results or results[0].ledgers is None:
         return []
     out = []
     for k, silo in enumerate(results[0].silos):
         counts = Counter()
+        if extra and silo in extra:
+            counts += events.flatten(extra[silo])
         for r in results:
             counts += r.ledgers[k].spent_counts()
         led = results[0].ledgers[k]
@@ -228,7 +248,8 @@ def _write_outputs(rep: RunReport) -> None:
     privacy = {"accountant_for_calibration": rep.config.privacy.accountant,
                "neighbouring_relation": ADJACENCY,
                "noise": rep.noise, "notes": rep.notes(), "assumptions": list(ASSUMPTIONS),
-               "uncharged": rep.uncharged, "run_id": rep.run_id,
+               "uncharged": rep.uncharged, "preprocessing": rep.preprocessing,
+               "run_id": rep.run_id,
                "budget_store": rep.store, "scratch_store": rep.scratch,
                "job": ("The job's methods share each silo's target for this job: one σ per "
                        "silo is calibrated for their composition. 'combined' is the job's "

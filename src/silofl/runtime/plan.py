@@ -20,7 +20,7 @@ import numpy as np
 
 from silofl.algorithms.base import Algorithm
 from silofl.data.federation import Federation, PrivacyTarget
-from silofl.errors import ConfigError, PrivacyError
+from silofl.errors import CalibrationError, ConfigError, PrivacyError
 from silofl.privacy import accounting, events
 
 
@@ -183,8 +183,20 @@ def _calibrate(algorithms: list[Algorithm], plans: list[SiloPlan], cfg: Training
                                               kind)
         return accounting.calibrate(lambda s: _job_event(algorithms, plans, cfg, s, pre),
                                     eps, delta, kind)
+    except CalibrationError:
+        raise CalibrationError(
+            f"silo {p.name!r} (n = {p.n}, q = {p.q:.3g}): no noise multiplier up to 1e4 "
+            f"reaches ε = {p.target.epsilon:g} at δ = {delta:g} for {where_of(algorithms, pre)};"
+            " the target is too strict for this many steps. Raise epsilon or delta, train "
+            "for fewer rounds or methods, or use a smaller batch (lower sampling rate)"
+        ) from None
     except PrivacyError as e:
         raise type(e)(f"silo {p.name!r} (n = {p.n}, q = {p.q:.3g}): {e}") from None
+
+
+def where_of(algorithms: list[Algorithm], pre) -> str:
+    names = ", ".join(a.name for a in algorithms)
+    return names + (" and private preprocessing" if pre is not None else "")
 
 
 def noise_multipliers(plans: list[SiloPlan]) -> np.ndarray | None:

@@ -1,0 +1,520 @@
+"""Preprocessing in two phases, so that every silo's budget is charged before any statistic
+of its data is computed.
+
+1. A loader's ``*_raw`` variant returns a `RawFederation`: features encoded by the schema
+   (values clipped to declared bounds, NaN where a value is missing), labels encoded and a
+   seeded train/test split -- no statistic of the data computed.
+2. `plan_preprocessing(raw, spec, targets)` reads only public things (the schema, each
+   silo's training size n_k, its (ε_k, δ_k)) and returns a `PreprocessPlan`: per silo the
+   dp_accounting event of its private statistics (or None), the steps, and the names of
+   everything *uncharged*. The caller charges ``plan.events[silo]`` to each ledger.
+3. `apply_preprocessing(raw, plan, rng)` computes the statistics and returns the finished
+   `Federation`, with ``meta["preprocessing"]`` (the steps) and ``meta["uncharged"]``.
+
+Modes (`PreprocessSpec`; per step, standardization of numeric columns and imputation of
+nullable numeric/binary columns):
+
+* ``"declared"`` -- from the schema alone: standardize with declared mean/scale, else map
+  [lower, upper] to [-1, 1]; impute with the declared fill, else the bounds' midpoint (the
+  ``col__missing`` indicator lets the model correct). Costs nothing.
+* ``"private"`` -- per silo, ONE Gaussian-mechanism release over its training rows of, for
+  every released column j, the vector (Σ o, Σ o·u, Σ o·(u² − 1)) with o = 1 if the value is
+  observed and u ∈ [-1, 1] the value clipped to the declared bounds and mapped linearly.
+  Sensitivity (add/remove one record): the record adds o·(1, u, u² − 1) per column, whose
+  squared norm is o·(2 − u² + u⁴) ≤ 2 for u² ∈ [0, 1] (convex in u², equal to 2 at u = 0
+  and |u| = 1), so Δ₂ = √(2·d) for d released columns, attained by a record observed
+  everywhere at u ∈ {-1, 0, 1}. (The plain (count, Σu, Σu²) would need √(3·d); Σu² is
+  recovered as Σ(u² − 1) + count by post-processing.) Noise N(0, σ²Δ²) per coordinate, σ
+  calibrated so the release alone costs ``share``·ε_k at δ_k (default 10 %); the event is
+  ``GaussianDpEvent(σ)``. Means, variances and fills are post-processed (count clamped to
+  [1, n_k], mean to [-1, 1], second moment to [mean², 1], standard deviation floored at
+  `MIN_STD` half-ranges); the private fill is the noisy mean.
+* ``"uncharged"`` -- per-silo training mean/std and training medians, read without any
+  charge (a silo that never observed a value gets the declared fill, the bounds' midpoint
+  or 0 -- never another silo's statistic). Every such item is listed by name.
+* ``"none"`` -- standardization only: leave values in their (clipped) units.
+* ``"auto"`` (default) -- declared wherever the schema gives what the step needs (mean and
+  scale or bounds; fill or bounds); where it does not, refuse with the fix -- except where
+  uncharged preprocessing was opted into or the data are simulated, which use
+  ``"uncharged"`` there (listed).
+
+No statistic ever crosses silos. One-hot and missing-indicator columns are left as 0/1.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from silofl.data.federation import Federation, PrivacyTarget, Silo, Task
+from silofl.data.schema import ColumnSpec
+from silofl.errors import ConfigError, DataError, PrivacyError
+
+STANDARDIZE_MODES = ("auto", "declared", "private", "uncharged", "none")
+IMPUTE_MODES = ("auto", "declared", "private", "uncharged")
+DEFAULT_SHARE = 0.1
+MIN_STD = 0.1  # floor on a private std, in half-ranges: noise cannot blow features up > 20x
+SENSITIVITY_PER_COLUMN = math.sqrt(2.0)
+
+
+# --- the raw federation -----------------------------------------------------------------------
+
+@dataclass
+class RawFederation:
+    """Encoded silos before preprocessing: like a `Federation`, but X may hold NaN in the
+    nullable value columns. `specs` maps an encoded column index to the schema column of each
+    numeric/binary value column (one-hot and indicator columns have none and are left as
+    they are). `uncharged` names what the encoding itself read from the data (e.g. category
+    levels from a pooled table); `simulated` marks simulated silos (splitters, generators),
+    where "auto" may fall back to uncharged statistics, listed."""
+
+    silos: list[Silo]
+    feature_names: list[str]
+    task: Task
+    num_classes: int = 0
+    specs: dict[int, ColumnSpec] = field(default_factory=dict)
+    name: str = "federation"
+    meta: dict = field(default_factory=dict)
+    uncharged: list[str] = field(default_factory=list)
+    simulated: bool = False
+
+    def __post_init__(self):
+        self.validate()
+
+    @property
+    def names(self) -> list[str]:
+        return [s.name for s in self.silos]
+
+    @property
+    def num_silos(self) -> int:
+        return len(self.silos)
+
+    @property
+    def is_image(self) -> bool:
+        return bool(self.silos) and self.silos[0].X_train.ndim > 2
+
+    @property
+    def dim(self) -> int:
+        return int(np.prod(self.silos[0].X_train.shape[1:])) if self.silos else 0
+
+    def silo(self, name: str) -> Silo:
+        for s in self.silos:
+            if s.name == name:
+                return s
+        raise DataError(f"unknown silo {name!r}; silos are: {', '.join(self.names)}")
+
+    def with_targets(self, default: PrivacyTarget | None,
+                     overrides: Mapping[str, PrivacyTarget] | None = None) -> "RawFederation":
+        """A copy where every silo carries `default` unless overridden by name (as
+        `Federation.with_targets`); `plan_preprocessing` reads these targets."""
+        overrides = dict(overrides or {})
+        for name in overrides:
+            self.silo(name)  # a clear error for unknown silos
+        silos = [dataclasses.replace(s, target=overrides.get(s.name, default))
+                 for s in self.silos]
+        return dataclasses.replace(self, silos=silos, meta=dict(self.meta))
+
+    def validate(self) -> None:
+        """The checks of `Federation.validate` (shapes, sizes, labels, finiteness), except
+        that NaN may stand in nullable value columns, and nowhere else."""
+        nullable = np.zeros(len(self.feature_names), bool)
+        for j, spec in self.specs.items():
+            if not 0 <= j < len(self.feature_names) or self.feature_names[j] != spec.name:
+                raise DataError(f"{self.name}: spec for column {spec.name!r} does not match "
+                                f"feature {j}")
+            nullable[j] = spec.nullable
+        silos = []
+        for s in self.silos:
+            parts = {}
+            for part in ("X_train", "X_test"):
+                X = getattr(s, part)
+                if X.ndim == 2 and X.shape[1] == len(nullable) and np.isnan(X).any():
+                    bad = np.isnan(X).any(axis=0) & ~nullable
+                    if bad.any():
+                        raise DataError(f"silo {s.name!r}: column "
+                                        f"{self.feature_names[int(np.argmax(bad))]!r} has "
+                                        "missing values but is not nullable")
+                    X = np.where(np.isnan(X), 0.0, X)
+                parts[part] = X
+            silos.append(dataclasses.replace(s, **parts))
+        Federation(silos, self.feature_names, self.task, self.num_classes, self.name)
+
+    @staticmethod
+    def from_federation(fed: Federation, specs: Mapping[int, ColumnSpec] | None = None, *,
+                        simulated: bool = False, uncharged=()) -> "RawFederation":
+        """Wrap a finished federation (e.g. generated or image data). Without `specs`, every
+        tabular column is a numeric value column with no declared bounds; images get none
+        (their pixels share the public [0, 1] scale)."""
+        if specs is None:
+            specs = {} if fed.is_image else {j: ColumnSpec(n, "numeric")
+                                             for j, n in enumerate(fed.feature_names)}
+        return RawFederation(list(fed.silos), list(fed.feature_names), fed.task,
+                             fed.num_classes, dict(specs), fed.name, dict(fed.meta),
+                             list(uncharged), simulated)
+
+
+# --- spec, steps, plan ------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class PreprocessSpec:
+    """What to do: `standardize` in STANDARDIZE_MODES, `impute` in IMPUTE_MODES (bools are
+    read as "auto" / "none" for old configs), `share` ∈ (0, 1) of each silo's ε spent on
+    private statistics, `allow_uncharged` to accept uncharged items (also implied by a
+    mode "uncharged"). See the module docstring."""
+
+    standardize: str = "auto"
+    impute: str = "auto"
+    share: float = DEFAULT_SHARE
+    allow_uncharged: bool = False
+
+    def __post_init__(self):
+        if isinstance(self.standardize, bool):  # old configs: standardize = true/false
+            object.__setattr__(self, "standardize", "auto" if self.standardize else "none")
+        if isinstance(self.impute, bool):
+            raise ConfigError("impute must be a mode name, one of " + ", ".join(IMPUTE_MODES))
+        for key, modes in (("standardize", STANDARDIZE_MODES), ("impute", IMPUTE_MODES)):
+            v = getattr(self, key)
+            if v not in modes:
+                near = difflib.get_close_matches(str(v), modes, n=1)
+                hint = f" Did you mean {near[0]!r}?" if near else ""
+                raise ConfigError(f"{key} must be one of {', '.join(modes)}; got {v!r}.{hint}")
+        share = self.share
+        if isinstance(share, bool) or not isinstance(share, (int, float)) or \
+                not 0 < share < 1:
+            raise ConfigError(f"preprocessing share must be a fraction of ε in (0, 1), got "
+                              f"{share!r}; e.g. 0.1 spends 10% of each silo's ε on it")
+
+    @property
+    def uncharged_ok(self) -> bool:
+        return self.allow_uncharged or "uncharged" in (self.standardize, self.impute)
+
+
+@dataclass(frozen=True)
+class Step:
+    """One preprocessing step on one column. `noise` (private steps) maps each silo to the
+    standard deviation σ_k·Δ of the Gaussian noise on every released coordinate (in units
+    of u ∈ [-1, 1] per record)."""
+
+    what: str           # "impute" | "standardize"
+    column: str
+    mode: str           # "declared" | "private" | "uncharged"
+    mechanism: str
+    noise: Mapping[str, float] | None = None
+
+    def to_dict(self) -> dict:
+        return {"what": self.what, "column": self.column, "mode": self.mode,
+                "mechanism": self.mechanism,
+                "noise": dict(self.noise) if self.noise is not None else None}
+
+
+@dataclass
+class PreprocessPlan:
+    """Everything preprocessing will do, fixed before the data is read (see the module
+    docstring). `events[silo]` is the DpEvent to charge (None: nothing private);
+    `released` are the encoded column ids of the private release, `sensitivity` its L2
+    sensitivity Δ and `noise_multipliers[silo]` σ_k; `uncharged` names every item read
+    from the data without a charge."""
+
+    spec: PreprocessSpec
+    steps: list[Step]
+    events: dict[str, object | None]
+    uncharged: list[str]
+    released: list[int]
+    sensitivity: float
+    noise_multipliers: dict[str, float]
+    silos: list[str]
+    dim: int
+
+    @property
+    def private(self) -> bool:
+        return bool(self.released)
+
+    def to_meta(self) -> dict:
+        """A JSON-ready record of the plan (no statistic of the data in it)."""
+        return {"standardize": self.spec.standardize, "impute": self.spec.impute,
+                "share": self.spec.share if self.private else 0.0,
+                "sensitivity": self.sensitivity, "noise_multiplier": dict(self.noise_multipliers),
+                "steps": [s.to_dict() for s in self.steps]}
+
+
+def _resolve(raw: RawFederation, spec: PreprocessSpec) -> tuple[list[Step], list[int], list[str]]:
+    """(steps without noise, released column ids, uncharged items); raises ConfigError
+    where a step cannot be done as asked."""
+    ok = spec.uncharged_ok or raw.simulated
+    uncharged = list(raw.uncharged)
+    if uncharged and not ok:
+        if raw.meta.get("schema_from_data"):
+            raise ConfigError(
+                f"{raw.name}: no schema was given, so the feature kinds, category levels, "
+                f"missing-value columns and label classes were read from the pooled table -- "
+                f"{len(uncharged)} item(s) that no silo's budget is charged for (e.g. "
+                f"{uncharged[0]}). Fix: write a schema of public facts -- draft one with "
+                f"silofl.data.draft_schema(df, silo_column, label_column), check every value "
+                f"against public documentation, delete `drafted = true` and pass "
+                f"schema=<file> -- or opt into uncharged preprocessing with "
+                f"standardize='uncharged' (every report then names the uncharged items)")
+        raise ConfigError(f"{raw.name}: the encoding read {len(uncharged)} item(s) from the "
+                          f"data uncharged (e.g. {uncharged[0]}); declare them in a schema, "
+                          "or opt in with standardize='uncharged'")
+    steps: list[Step] = []
+    released: list[int] = []
+    lacking: dict[str, list[str]] = {"standardize": [], "impute": []}
+    for j in sorted(raw.specs):
+        col = raw.specs[j]
+        private = False
+        if col.nullable:
+            has = col.fill is not None or col.bounds is not None
+            mode = _mode(spec.impute, has, ok)
+            if mode is None:
+                lacking["impute"].append(col.name)
+            elif mode == "declared" and not has:
+                raise ConfigError(f"impute='declared' needs a declared fill or bounds for "
+                                  f"column {col.name!r}; declare them in the schema")
+            elif mode == "private" and col.bounds is None:
+                raise ConfigError(f"impute='private' needs declared lower/upper bounds for "
+                                  f"column {col.name!r}; declare them in the schema")
+            if mode is not None:
+                mech = {"declared": "declared fill" if col.fill is not None
+                        else "midpoint of the declared bounds",
+                        "private": "noisy mean from the Gaussian release",
+                        "uncharged": "per-silo training median"}[mode]
+                steps.append(Step("impute", col.name, mode, mech))
+                private |= mode == "private"
+                if mode == "uncharged":
+                    uncharged.append(f"per-silo training median of {col.name!r} (imputation)")
+        if col.kind == "numeric" and spec.standardize != "none":
+            has = col.mean is not None or col.bounds is not None
+            mode = _mode(spec.standardize, has, ok)
+            if mode is None:
+                lacking["standardize"].append(col.name)
+            elif mode == "declared" and not has:
+                raise ConfigError(f"standardize='declared' needs declared mean/scale or "
+                                  f"lower/upper for column {col.name!r}; declare them in the "
+                                  "schema, or use standardize='none'")
+            elif mode == "private" and col.bounds is None:
+                raise ConfigError(f"standardize='private' needs declared lower/upper bounds "
+                                  f"for column {col.name!r}: the private statistics clip to "
+                                  "them; declare them in the schema")
+            if mode is not None:
+                mech = {"declared": "declared mean and scale" if col.mean is not None
+                        else "declared bounds mapped to [-1, 1]",
+                        "private": "Gaussian release of (count, Σu, Σ(u²-1)) over the "
+                                   "training rows",
+                        "uncharged": "per-silo training mean and standard deviation"}[mode]
+                steps.append(Step("standardize", col.name, mode, mech))
+                private |= mode == "private"
+                if mode == "uncharged":
+                    uncharged.append(f"per-silo training mean and standard deviation of "
+                                     f"{col.name!r} (standardization)")
+        if private:
+            released.append(j)
+    if lacking["standardize"] or lacking["impute"]:
+        parts = []
+        if lacking["standardize"]:
+            parts.append(f"standardization needs declared lower/upper (or mean/scale) for "
+                         f"{_names(lacking['standardize'])}")
+        if lacking["impute"]:
+            parts.append(f"imputation needs a declared fill or lower/upper for "
+                         f"{_names(lacking['impute'])}")
+        raise ConfigError(f"{raw.name}: " + "; ".join(parts) + ". Declare them in the schema "
+                          "(from public documentation), or choose standardize='none' (raw "
+                          "units), or opt into 'uncharged' per-silo statistics (listed as "
+                          "uncharged in every report)")
+    return steps, released, uncharged
+
+
+def _mode(asked: str, declared_ok: bool, uncharged_ok: bool) -> str | None:
+    if asked != "auto":
+        return asked
+    if declared_ok:
+        return "declared"
+    return "uncharged" if uncharged_ok else None
+
+
+def _names(cols: list[str]) -> str:
+    shown = ", ".join(repr(c) for c in cols[:8])
+    return shown + (f" and {len(cols) - 8} more" if len(cols) > 8 else "")
+
+
+def plan_preprocessing(raw: RawFederation, spec: PreprocessSpec | None = None,
+                       targets: Mapping[str, PrivacyTarget] | None = None,
+                       accountant: str | None = None) -> PreprocessPlan:
+    """Fix every step before the data is read; reads only the schema, each silo's training
+    size and targets (`targets[silo]`, else the silo's own ``target``; needed only when a
+    step is private). σ_k is calibrated under `accountant` ("rdp" | "pld": the run's;
+    default `silofl.privacy.accounting.DEFAULT_ACCOUNTANT`) so
+    that ``GaussianDpEvent(σ_k)`` costs ``spec.share``·ε_k at δ_k. Raises ConfigError for
+    steps that cannot be done as asked and PrivacyError for a private step without a silo
+    target."""
+    spec = spec or PreprocessSpec()
+    steps, released, uncharged = _resolve(raw, spec)
+    events: dict[str, object | None] = {name: None for name in raw.names}
+    sigmas: dict[str, float] = {}
+    delta_l2 = SENSITIVITY_PER_COLUMN * math.sqrt(len(released)) if released else 0.0
+    if released:
+        import dp_accounting as dpa  # local: dp_accounting is slow to import
+
+        from silofl.privacy import accounting
+        kind = accountant or accounting.DEFAULT_ACCOUNTANT
+        cache: dict[tuple[float, float], float] = {}
+        for s in raw.silos:
+            target = (targets or {}).get(s.name, s.target)
+            if target is None:
+                raise PrivacyError(f"private preprocessing needs silo {s.name!r}'s privacy "
+                                   "target (ε, δ): pass targets= or attach them to the silos")
+            key = (spec.share * target.epsilon, target.delta)
+            if key not in cache:
+                cache[key] = accounting.calibrate(lambda sg: dpa.GaussianDpEvent(sg), *key,
+                                                  kind=kind)
+            sigmas[s.name] = cache[key]
+            events[s.name] = dpa.GaussianDpEvent(cache[key])
+        noise = {name: sg * delta_l2 for name, sg in sigmas.items()}
+        steps = [dataclasses.replace(st, noise=noise) if st.mode == "private" else st
+                 for st in steps]
+    return PreprocessPlan(spec, steps, events, uncharged, released, delta_l2, sigmas,
+                          raw.names, raw.dim)
+
+
+# --- private statistics -----------------------------------------------------------------------
+
+def to_unit(X: np.ndarray, lower: np.ndarray, upper: np.ndarray) -> np.ndarray:
+    """u = values clipped to [lower, upper] and mapped linearly to [-1, 1] (NaN kept);
+    X (n, d), lower/upper (d,)."""
+    mid, half = (upper + lower) / 2, (upper - lower) / 2
+    return (np.clip(X, lower, upper) - mid) / half
+
+
+def sufficient_statistics(X: np.ndarray, lower: np.ndarray, upper: np.ndarray) -> np.ndarray:
+    """Noiseless (d, 3) statistics of X (n, d) (NaN = missing): per column
+    (Σ o, Σ o·u, Σ o·(u² - 1)) with o = 1 where observed and u = `to_unit(X)`.
+    One record changes the flattened vector by at most √(2·d) in L2 (module docstring)."""
+    u = to_unit(np.asarray(X, dtype=np.float64), lower, upper)
+    o = ~np.isnan(u)
+    u0 = np.where(o, u, 0.0)
+    return np.stack([o.sum(axis=0), u0.sum(axis=0), (o * (u0 ** 2 - 1.0)).sum(axis=0)],
+                    axis=1).astype(np.float64)
+
+
+def release_statistics(X: np.ndarray, lower: np.ndarray, upper: np.ndarray,
+                       noise_std: float, rng) -> np.ndarray:
+    """`sufficient_statistics` + N(0, noise_std²) on each of the (d, 3) coordinates, drawn
+    with ``rng.normal`` (a `silofl.privacy.randomness.Randomness`); noise_std = σ·Δ."""
+    stats = sufficient_statistics(X, lower, upper)
+    return stats + noise_std * np.asarray(rng.normal(stats.shape), dtype=np.float64)
+
+
+def moments_from_statistics(stats: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Post-process released (d, 3) statistics of a silo with n training rows into (mean,
+    std) of u per column, each (d,): count clamped to [1, n], mean to [-1, 1], second moment
+    to [mean², 1], std floored at MIN_STD."""
+    count = np.clip(stats[:, 0], 1.0, max(float(n), 1.0))
+    mean = np.clip(stats[:, 1] / count, -1.0, 1.0)
+    second = np.clip(stats[:, 2] / count + 1.0, mean ** 2, 1.0)
+    std = np.sqrt(np.maximum(second - mean ** 2, MIN_STD ** 2))
+    return mean, std
+
+
+# --- applying ---------------------------------------------------------------------------------
+
+def _fallback_fill(col: ColumnSpec) -> float:
+    """A silo's fill when it has no statistic of its own: declared, midpoint, or 0."""
+    if col.fill is not None:
+        return float(col.fill)
+    b = col.bounds
+    return (b[0] + b[1]) / 2 if b is not None else 0.0
+
+
+def apply_preprocessing(raw: RawFederation, plan: PreprocessPlan, rng=None) -> Federation:
+    """Compute the planned statistics per silo (training rows only; test rows are only
+    transformed) and return the finished Federation. `rng` (a Randomness; its ``normal``
+    draws the noise) is needed only when the plan is private. ``meta["preprocessing"]`` holds
+    `plan.to_meta()`, ``meta["uncharged"]`` the uncharged items (empty if none)."""
+    if plan.silos != raw.names or plan.dim != raw.dim:
+        raise ConfigError("this plan was made for another federation (silos or features "
+                          "differ); plan again with plan_preprocessing(raw, ...)")
+    if plan.private and rng is None:
+        raise PrivacyError("the plan has private statistics: pass rng (a "
+                           "silofl.privacy.randomness.Randomness) to draw their noise")
+    index = {raw.feature_names[j]: j for j in raw.specs}
+    bounded = [j for j, c in raw.specs.items() if c.bounds is not None and c.kind == "numeric"]
+    rel = plan.released
+    lo = np.array([raw.specs[j].bounds[0] for j in rel])
+    hi = np.array([raw.specs[j].bounds[1] for j in rel])
+    silos = []
+    for s in raw.silos:
+        if s.X_train.ndim > 2:  # images: no value columns; keep their arrays and dtype
+            silos.append(s)
+            continue
+        Xtr = np.array(s.X_train, dtype=np.float64)
+        Xte = np.array(s.X_test, dtype=np.float64)
+        for j in bounded:  # idempotent after schema encoding; keeps this path data-independent
+            b = raw.specs[j].bounds
+            Xtr[:, j] = np.clip(Xtr[:, j], *b)
+            Xte[:, j] = np.clip(Xte[:, j], *b)
+        orig = Xtr.copy()  # uncharged statistics: observed training values, before filling
+        if rel:
+            stats = release_statistics(orig[:, rel], lo, hi,
+                                       plan.noise_multipliers[s.name] * plan.sensitivity, rng)
+            mean_u, std_u = moments_from_statistics(stats, s.n_train)
+            priv = {j: (m, sd) for j, m, sd in zip(rel, mean_u, std_u)}
+        for st in plan.steps:
+            if st.what != "impute":
+                continue
+            j = index[st.column]
+            col = raw.specs[j]
+            if st.mode == "declared":
+                fill = _fallback_fill(col)
+            elif st.mode == "private":
+                b = col.bounds
+                fill = (b[0] + b[1]) / 2 + priv[j][0] * (b[1] - b[0]) / 2
+            else:
+                obs = orig[:, j][~np.isnan(orig[:, j])]
+                fill = float(np.median(obs)) if obs.size else _fallback_fill(col)
+            for X in (Xtr, Xte):
+                X[np.isnan(X[:, j]), j] = fill
+        for st in plan.steps:
+            if st.what != "standardize":
+                continue
+            j = index[st.column]
+            col = raw.specs[j]
+            b = col.bounds
+            if st.mode == "declared":
+                center, scale = (col.mean, col.scale) if col.mean is not None else \
+                    ((b[0] + b[1]) / 2, (b[1] - b[0]) / 2)
+            elif st.mode == "private":
+                half = (b[1] - b[0]) / 2
+                center, scale = (b[0] + b[1]) / 2 + priv[j][0] * half, priv[j][1] * half
+            else:
+                obs = orig[:, j][~np.isnan(orig[:, j])]
+                center = float(obs.mean()) if obs.size else _fallback_fill(col)
+                sd = float(obs.std()) if obs.size else 0.0
+                scale = sd if sd > 1e-12 else 1.0  # constant columns: centred, unit scale
+            Xtr[:, j] = (Xtr[:, j] - center) / scale
+            Xte[:, j] = (Xte[:, j] - center) / scale
+        silos.append(dataclasses.replace(s, X_train=Xtr, X_test=Xte))
+    meta = {**raw.meta, "preprocessing": plan.to_meta(), "uncharged": list(plan.uncharged)}
+    meta.pop("schema_from_data", None)
+    return Federation(silos, list(raw.feature_names), raw.task, raw.num_classes, raw.name, meta)
+
+
+def preprocess_without_budget(raw: RawFederation, spec: PreprocessSpec | None = None,
+                              loader: str = "this loader") -> Federation:
+    """Plan and apply preprocessing that needs no budget (declared, uncharged, none): what
+    the convenience loaders return. A private step is refused with a pointer to the
+    two-phase API, which charges it first."""
+    spec = spec or PreprocessSpec()
+    _, released, _ = _resolve(raw, spec)
+    if released:
+        raise ConfigError(
+            f"{loader} cannot compute private statistics (standardize={spec.standardize!r}, "
+            f"impute={spec.impute!r}): they cost each silo {spec.share:g} of its ε, which must "
+            "be charged to its ledger before the data is read. Use the two-phase API: "
+            "raw = <loader>_raw(...); plan = silofl.data.plan_preprocessing(raw, spec, "
+            "targets); charge plan.events[silo] to each silo's ledger; "
+            "fed = silofl.data.apply_preprocessing(raw, plan, rng)")
+    return apply_preprocessing(raw, plan_preprocessing(raw, spec))
