@@ -345,3 +345,58 @@ def test_scratch_store_is_flagged_in_every_output(tmp_path):
     for out in (priv["notes"], summary["notes"]):
         assert any("scratch budget store" in n for n in out)
     assert not (tmp_path / "budget.sqlite").exists()
+
+
+def test_an_unexpected_error_in_training_prints_no_record(tmp_path, monkeypatch, capsys):
+    """A crash inside training (here: an exception quoting a training row) must reach the
+    terminal as its type only; the log holds frames without messages or variables."""
+    import silofl.cli as cli
+    import silofl.runtime.simulator as sim
+
+    secret = []
+
+    def boom(fed, *a, **kw):
+        row = fed.silos[0].X_train[0]
+        secret.append(f"{row[0]:.6f}"[:7])
+        raise ValueError(f"bad row {row.tolist()} label {fed.silos[0].y_train[0]}")
+    monkeypatch.setattr(sim, "_train", boom)
+    monkeypatch.setenv("SILOFL_LOG_DIR", str(tmp_path / "logs"))
+    monkeypatch.setattr(sys, "argv", ["silofl", "run", "-q", "--out", str(tmp_path / "o")])
+    with pytest.raises(SystemExit) as ex:
+        cli.main()
+    assert ex.value.code == 1
+    out = capsys.readouterr()
+    text = out.out + out.err
+    assert "ValueError" in text and "message is not shown" in text
+    assert secret and secret[0] not in text and "bad row" not in text
+    logs = list((tmp_path / "logs").glob("crash-*.log"))
+    assert len(logs) == 1 and oct(logs[0].stat().st_mode & 0o777) == "0o600"
+    log = logs[0].read_text()
+    # frames only: source lines may appear, the values they formatted never do
+    assert "ValueError" in log and secret[0] not in log and "bad row [" not in log
+    # the failed job left no run directory, and its charges stay in the store
+    o = tmp_path / "o"
+    assert [p.name for p in o.iterdir() if p.is_dir()] == []
+    with BudgetStore(o / "budget.sqlite") as st:
+        assert st.silos() and all(st.spent(n)["unfinished_runs"] == 0 for n in st.silos())
+
+
+def test_schema_draft_is_refused_until_reviewed(tmp_path):
+    import pandas as pd
+    csv = tmp_path / "t.csv"
+    pd.DataFrame({"site": ["a", "a", "b", "b"], "age": [30, 40, 50, 60],
+                  "y": [0, 1, 0, 1]}).to_csv(csv, index=False)
+    out = tmp_path / "schema.toml"
+    res = runner.invoke(app, ["schema", "draft", str(csv), "--label-column", "y",
+                              "--silo-column", "site", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    assert "drafted = true" in out.read_text()
+    from silofl.data.schema import load_schema
+    from silofl.errors import ConfigError
+    with pytest.raises(ConfigError, match="drafted"):
+        load_schema(out)
+    out.write_text(out.read_text().replace("drafted = true", ""))
+    assert [c for c in load_schema(out).feature_names] == ["age"]
+    res = runner.invoke(app, ["schema", "draft", str(csv), "--label-column", "y",
+                              "--out", str(out)])
+    assert res.exit_code == 2 and "exists" in res.output

@@ -158,15 +158,26 @@ def _account_node(n, b, delta, steps, epochs, sigma, epsilon, S, as_json):
         T = steps if steps is not None else node_dp.node_steps(n, b, epochs)
         d = delta if delta is not None else 1.0 / n
         out = {"n": n, "S": S, "batch": b, "steps": T, "delta": d}
+        # both adjacencies: "node+edges" (a person and their contacts: 2S − 1 examples
+        # affected, the pipeline's default) and "node" (fixed public graph: S examples)
+        for adj, key in (("node+edges", "node_edges"), ("node", "node")):
+            out[f"affected_{key}"] = node_dp.affected_examples(n, S, adj)
+            if sigma is not None:
+                out[f"epsilon_{key}_rdp"] = node_dp.node_epsilon(n, S, b, sigma, T, d,
+                                                                 adjacency=adj)
+            else:
+                out[f"sigma_{key}_rdp"] = node_dp.calibrate_node_sigma(epsilon, n, S, b, T, d,
+                                                                       adjacency=adj)
         if sigma is not None:
-            out.update(sigma=sigma, epsilon_node_rdp=node_dp.node_epsilon(n, S, b, sigma, T, d))
+            out["sigma"] = sigma
         else:
-            out.update(target_epsilon=epsilon,
-                       sigma_node_rdp=node_dp.calibrate_node_sigma(epsilon, n, S, b, T, d))
+            out["target_epsilon"] = epsilon
+        out["assumption"] = node_dp.PRUNING_ASSUMPTION
     except SiloflError as e:
         _fail(e)
-    _print_quantities("node-level DP-SGD accounting (Theorem 2.4.4, replacement adjacency)",
-                      out, as_json)
+    _print_quantities("node-level DP-SGD accounting (Theorem 2.4.4, replacement; node_edges: "
+                      "a person and their contacts, 2S − 1 examples affected; node: fixed "
+                      "public graph, S examples)", out, as_json)
 
 
 def _report_dir(results: Path, out: Optional[Path]) -> Path:
@@ -262,6 +273,35 @@ def report(results: SweepResults, out: ReportDir = None, epsilon: FigureEpsilon 
                   "their target ε[/] (see the report)")
     console.print(escape(summary["not_counted"]))
     console.print(f"Report: [bold]{escape(str(d / 'report.html'))}[/] (+ PNGs, summary.json)")
+
+
+schema_app = typer.Typer(help="Declared schemas: the public facts preprocessing may use.")
+app.add_typer(schema_app, name="schema")
+
+
+@schema_app.command("draft")
+def schema_draft(data: Path = typer.Argument(..., help="the table (CSV, CSV.gz, Parquet)"),
+                 label_column: str = typer.Option(..., "--label-column"),
+                 silo_column: Optional[str] = typer.Option(None, "--silo-column"),
+                 out: Path = typer.Option(..., "--out", help="TOML file to write")):
+    """Write a schema *draft* read from the data (feature kinds, observed ranges, levels,
+    label classes) for a person to check against public documentation. It is marked
+    `drafted = true` and refused until that line is deleted: values read from the data are
+    only public once someone has confirmed them from public sources."""
+    from silofl.data import read_table
+    from silofl.data.schema import draft_schema
+    try:
+        if out.exists():
+            raise SiloflError(f"{str(out)!r} exists; choose another --out (a reviewed "
+                              "schema is never overwritten)")
+        text = draft_schema(read_table(data), silo_column, label_column)
+        _write_atomic(out, text)
+    except SiloflError as e:
+        _fail(e)
+    console.print(f"Wrote a schema draft to [bold]{escape(str(out))}[/]. Check every bound, "
+                  "level and class against public documentation (a data dictionary, a "
+                  "registry's coding manual), then delete the line `drafted = true` and pass "
+                  "it as [data] schema.")
 
 
 budget_app = typer.Typer(help="Lifetime privacy budgets per silo (the budget store).")
@@ -429,11 +469,13 @@ def pandemic_synth(persons: int = typer.Option(10_000, help="number of persons")
                   f"the final week {st.get('final_window_new_infection_fraction', float('nan')):.2%}")
 
 
-def _pandemic_config(centralized, rounds, epsilon, batch, lam, lr, S, no_privacy, seed):
+def _pandemic_config(centralized, rounds, epsilon, batch, lam, lr, S, no_privacy, seed,
+                     noise="secure", adjacency="node+edges", preprocessing="declared"):
     from silofl.pandemic.pipeline import PandemicConfig
     return PandemicConfig(federated=not centralized, rounds=rounds, epsilon=epsilon,
                           batch_size=batch, lam=lam, lr=lr, S=S, private=not no_privacy,
-                          seed=seed)
+                          seed=seed, noise=noise, adjacency=adjacency,
+                          preprocessing=preprocessing)
 
 
 @pandemic_app.command("train")
@@ -444,33 +486,80 @@ def pandemic_train(data: Path = typer.Option(..., "--data", help="directory of t
                    batch: int = typer.Option(512), lam: float = typer.Option(0.1),
                    lr: float = typer.Option(0.3), S: int = typer.Option(20, "--S"),
                    no_privacy: bool = typer.Option(False, "--no-privacy"),
-                   seed: int = typer.Option(0)):
-    """Train per-region risk models (MR-MTL, node-level DP) and save them."""
+                   seed: int = typer.Option(0),
+                   noise: str = typer.Option("secure", help=(
+                       "secure (OS-entropy CSPRNG) or seeded (reproducible from --seed: "
+                       "not a privacy guarantee)")),
+                   adjacency: str = typer.Option("node+edges", help=(
+                       "node+edges (a person and their contacts: 2S-1 examples affected) "
+                       "or node (fixed public contact graph: S examples)")),
+                   preprocessing: str = typer.Option("declared", help=(
+                       "data-dependent constants: declared (public numbers), private "
+                       "(charged node-level release) or uncharged (fit on the data, not "
+                       "charged)")),
+                   store: Path = typer.Option(Path("runs/budget.sqlite"), "--store", help=(
+                       "lifetime budget store (SQLite): runs on the same data compose")),
+                   scratch: bool = typer.Option(False, "--scratch", help=(
+                       "charge an in-memory scratch budget: an experiment, not a release"))):
+    """Train per-region risk models (MR-MTL, node-level DP) and save them. A private run
+    first reserves its whole spending in the lifetime budget store (refused, exit 2,
+    nothing written, if a region's lifetime budget cannot pay)."""
+    st = None
     try:
         _need_pandemic_extra()
         from silofl.pandemic import read_dataset
-        from silofl.pandemic.pipeline import train
-        cfg = _pandemic_config(centralized, rounds, epsilon, batch, lam, lr, S, no_privacy, seed)
+        from silofl.pandemic.node_dp import ADJACENCY_TEXT, PRUNING_ASSUMPTION
+        from silofl.pandemic.pipeline import SEEDED_NOTE, SIZES_ASSUMPTION, train
+        from silofl.privacy.budget import BudgetStore
+        cfg = _pandemic_config(centralized, rounds, epsilon, batch, lam, lr, S, no_privacy,
+                               seed, noise, adjacency, preprocessing)
         cfg.validate()
         with console.status("reading data…"):
             ds = read_dataset(data)
+        if cfg.private:
+            st = BudgetStore(None if scratch else store)
         with Progress(TextColumn("training"), BarColumn(), TextColumn("round {task.completed}/"
                       "{task.total}"), TimeElapsedColumn(), console=err) as prog:
             task = prog.add_task("train", total=rounds)
-            pm = train(ds, cfg, on_round=lambda t, T: prog.update(task, completed=t))
+            pm = train(ds, cfg, on_round=lambda t, T: prog.update(task, completed=t),
+                       store=st, command="silofl pandemic train")
         pm.save(model_dir)
     except SiloflError as e:
         _fail(e)
-    t = Table(title="node-level privacy per region")
-    for c in ["region", "persons", "S", "steps", "σ", "ε spent (RDP)", "δ"]:
-        t.add_column(c, justify="left" if c == "region" else "right")
-    for p in pm.privacy:
-        t.add_row(p["region"], str(p["n"]), str(p["S"]), str(p["steps"]),
-                  f"{p['noise_multiplier']:.3g}" if p["noise_multiplier"] else "-",
-                  f"{p['epsilon_spent']:.3f}" if "epsilon_spent" in p else "non-private",
-                  f"{p['delta']:.2g}" if "delta" in p else "-")
-    console.print(t)
-    console.print(f"Saved model to [bold]{model_dir}[/]")
+    finally:
+        if st is not None:
+            st.close()
+    cfg = pm.config
+    if not cfg.private:
+        console.print("No differential privacy: this run is for comparison only.")
+    else:
+        t = Table(title="node-level privacy per region")
+        for c in ["region", "persons", "S", "affected", "steps", "σ", "ε spent (RDP)", "δ",
+                  "lifetime ε / target"]:
+            t.add_column(c, justify="left" if c == "region" else "right")
+        for p in pm.privacy:
+            life = (f"{p['lifetime_epsilon_spent']:.3f} / {p['lifetime_target_epsilon']:g}"
+                    if "lifetime_epsilon_spent" in p else "-")
+            t.add_row(escape(p["region"]), str(p["n"]), str(p["S"]),
+                      str(p.get("affected_examples", "-")), str(p["steps"]),
+                      f"{p['noise_multiplier']:.3g}", f"{p['epsilon_spent']:.3f}",
+                      f"{p['delta']:.2g}", life)
+        console.print(t)
+        console.print(f"Adjacency ({cfg.adjacency}): {escape(ADJACENCY_TEXT[cfg.adjacency])}.")
+        console.print(f"Assumed, not charged: {escape(PRUNING_ASSUMPTION)}; "
+                      f"{escape(SIZES_ASSUMPTION)}.")
+        noise = ("secure (CSPRNG keyed from OS entropy)" if cfg.noise == "secure" else
+                 f"seeded — {SEEDED_NOTE}")
+        pre = {"declared": "declared (fixed public constants; no statistic of the data)",
+               "private": "private (one node-level release per region, charged above)",
+               "uncharged": "uncharged (fit on each region's data, not charged)"}
+        first = pm.privacy[0] if pm.privacy else {}
+        where = first.get("budget_store") or "scratch (in memory)"
+        console.print(f"Noise: {noise}. Preprocessing: {pre[cfg.preprocessing]}. Budget "
+                      f"store: {escape(where)}, run {first.get('run_id', '-')}.")
+    for note in pm.notes:
+        err.print(f"[bold yellow]note:[/] {escape(note)}")
+    console.print(f"Saved model to [bold]{escape(str(model_dir))}[/]")
 
 
 @pandemic_app.command("predict")
@@ -498,7 +587,9 @@ def pandemic_predict(data: Path = typer.Option(..., "--data"),
         ev = evaluate(ds, scores) if has_target else None
     except SiloflError as e:
         _fail(e)
-    console.print(f"Wrote {len(scores)} risk scores to [bold]{out}[/]")
+    console.print(f"Wrote {len(scores)} risk scores to [bold]{escape(str(out))}[/]")
+    for note in pm.notes:  # the model's caveats travel with its predictions
+        err.print(f"[bold yellow]note (model):[/] {escape(note)}")
     if ev:
         t = Table(title="evaluation (challenge score: AUPRC over all persons)")
         t.add_column("metric")

@@ -12,6 +12,14 @@ from rich.table import Table
 from silofl.experiments.selection import eps_label, privacy_check, select_best
 from silofl.models.metrics import HIGHER_IS_BETTER
 
+#: what the reader of any report must know about the guarantee's scope
+ASSUMPTION_TEXT = (
+    "Adjacency: add/remove one record within a silo (example-level DP; each silo's "
+    "guarantee covers the records in its own data). Silo sizes n_k are treated as public "
+    "(they set q = b/n_k, σ, the averaging weights and IFCA's score sensitivity). "
+    "Per-round validation and test metrics are computed on held-out rows and are not "
+    "privatized.")
+
 
 def results_table(rep) -> Table:
     """Method, pooled metric, worst and best silo, and the largest ε any silo spent."""
@@ -140,7 +148,8 @@ def write_report(results: Path, out_dir: Path, epsilon: float | None = None) -> 
                "figure_epsilon": feps,
                "selection": rows, "privacy_check": check, "over_target": over,
                "figures": {k: (str(v) if v else None) for k, v in made.figures.items()},
-               "figure_notes": made.notes, "not_counted": head["not_counted"]}
+               "figure_notes": made.notes, "not_counted": head["not_counted"],
+               "notes": head.get("notes", []), "assumptions": ASSUMPTION_TEXT}
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=1))
 
     e = html.escape
@@ -160,6 +169,9 @@ def write_report(results: Path, out_dir: Path, epsilon: float | None = None) -> 
              f"{len(records)} of {head['total_runs']} runs recorded. Fingerprint "
              f"<code>{e(head['fingerprint'])}</code>.</p>",
              f"<p class='note'><b>{e(first)}.</b> {e(rest)}</p>"]
+    for note in head.get("notes", []):  # scratch store, seeded noise, uncharged items
+        parts.append(f"<p class='note'><b>{e(note)}</b></p>")
+    parts.append(f"<p>{e(ASSUMPTION_TEXT)}</p>")
     if over:
         parts.append(f"<p class='note over'><b>{len(over)} silo×ε entries spent more than "
                      "their target</b> — see the privacy table.</p>")
