@@ -22,6 +22,7 @@ from silofl.data.federation import Federation, PrivacyTarget, Silo
 from silofl.errors import ConfigError, DataError
 from silofl.experiments.config import config_from_dict, load_config
 from silofl.experiments.run import run as run_experiment
+from silofl.privacy import accounting as A
 from silofl.privacy.accounting import RDP_ORDERS
 from silofl.privacy.budget import SCRATCH_NOTE
 from silofl.privacy.ledger import silo_file_id
@@ -227,7 +228,11 @@ def test_account_epsilon_matches_dp_accounting():
     out = json.loads(res.stdout)
     assert out["steps"] == 156 and out["q"] == pytest.approx(0.064)
     assert out["epsilon_rdp"] == pytest.approx(_rdp_eps(0.064, 1.0, 156, 1e-5), rel=1e-9)
-    assert out["epsilon_pld"] == pytest.approx(_pld_eps(0.064, 1.0, 156, 1e-5), rel=1e-6)
+    # PLD at the grid silofl picked equals dp_accounting's own at that grid
+    ev = dpa.SelfComposedDpEvent(dpa.PoissonSampledDpEvent(0.064, dpa.GaussianDpEvent(1.0)), 156)
+    acc = pld.PLDAccountant(value_discretization_interval=A.pld_grid(ev, 1e-5))
+    acc.compose(ev)
+    assert out["epsilon_pld"] == pytest.approx(acc.get_epsilon(1e-5), rel=1e-6)
     res = _invoke(["account", "--n", "1000", "--batch", "64", "--steps", "20", "--sigma", "2",
                    "--delta", "1e-5"])
     assert res.exit_code == 0 and "epsilon_rdp" in res.stdout

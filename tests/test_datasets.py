@@ -361,7 +361,7 @@ def test_split_table_trains_end_to_end(heart_csv):
         assert r.silos == ["silo-00", "silo-01", "silo-02", "silo-03"]
         assert np.isfinite(r.final_pooled) and len(r.ledgers) == 4
         for row in r.privacy():
-            assert 0 < row["epsilon_rdp"] <= 1.0 + 1e-9
+            assert 0 < row["epsilon"] <= 1.0
 
 
 BAD_DATA = [
