@@ -400,3 +400,22 @@ def test_schema_draft_is_refused_until_reviewed(tmp_path):
     res = runner.invoke(app, ["schema", "draft", str(csv), "--label-column", "y",
                               "--out", str(out)])
     assert res.exit_code == 2 and "exists" in res.output
+
+
+def test_a_tiny_epsilon_is_met_under_the_reported_accountant_or_refused(tmp_path):
+    cfg = {"training": {"rounds": 2, "methods": ["local"]},
+           "privacy": {"epsilon": 1e-6, "delta": 1e-4}, "output": {"dir": str(tmp_path)}}
+    p = tmp_path / "tiny.toml"
+    p.write_text(tomli_w.dumps(cfg))
+    res = runner.invoke(app, ["run", "--config", str(p), "-q"])
+    if res.exit_code == 0:  # met: every figure the report checks is at most the target
+        d = next(x for x in tmp_path.iterdir() if x.is_dir())
+        priv = json.loads((d / "privacy_report.json").read_text())
+        for c in priv["combined"]:
+            assert c["epsilon"] <= 1e-6 and c["within_target"]
+    else:  # refused before anything was written or reserved
+        assert res.exit_code == 2 and "too strict" in " ".join(res.output.split())
+        assert not [x for x in tmp_path.iterdir() if x.is_dir()]
+        if (tmp_path / "budget.sqlite").exists():
+            with BudgetStore(tmp_path / "budget.sqlite") as st:
+                assert st.silos() == []
