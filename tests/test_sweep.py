@@ -17,12 +17,13 @@ from typer.testing import CliRunner
 
 from silofl.algorithms import LAMBDA_METHODS, METHODS, make_algorithm
 from silofl.cli import app
-from silofl.errors import ConfigError, DataError
+from silofl.errors import BudgetExceeded, ConfigError, DataError
 from silofl.experiments import build
 from silofl.experiments.report import write_report
 from silofl.experiments.selection import privacy_check, select_best
 from silofl.experiments.sweep import expand, prepare, read_results, run_sweep
 from silofl.experiments.sweep_config import load_sweep_config, sweep_config_from_dict
+from silofl.privacy.budget import BudgetStore
 
 logging.getLogger("absl").setLevel(logging.ERROR)
 
@@ -340,3 +341,32 @@ def test_every_registered_method_runs_in_a_sweep(tmp_path):
     summary = write_report(out.results, tmp_path / "rep")
     if {"finetune", "fedavg", "local"} <= set(methods):
         assert summary["figures"]["over_rounds"] and "over_rounds" not in summary["figure_notes"]
+
+
+def test_sweep_on_scratch_stores_says_so_first(finished):
+    head, _ = read_results(finished[1])
+    assert any("scratch budget store" in n for n in head["notes"])
+    assert any("reproducible noise" in n for n in head["notes"])
+
+
+def test_sweep_on_a_lifetime_store_spends_only_its_declared_budget(tmp_path):
+    """With [budget] store every run is reserved in that store; the sweep declares the
+    total ε it may spend per silo and stops (BudgetExceeded) when that is used up."""
+    raw = json.loads(json.dumps(BASE))
+    raw["sweep"].update(methods=["local"], epsilon=[1], nonprivate=False, lr=[0.1, 0.3],
+                        seeds=[0, 1])
+    raw["budget"] = {"store": "budget.sqlite"}
+    with pytest.raises(ConfigError, match=r"declare the total budget .* \[budget\] epsilon"):
+        run_sweep(load_sweep_config(_write(tmp_path, raw)))
+    assert not (tmp_path / "results.jsonl").exists()
+    raw["budget"]["epsilon"] = 1.6  # room for two ε = 1 runs composed (≈ 1.43), not four
+    with pytest.raises(BudgetExceeded, match="lifetime ε would reach"):
+        run_sweep(load_sweep_config(_write(tmp_path, raw)))
+    _, records = read_results(tmp_path / "results.jsonl")
+    assert 2 <= len(records) < 4  # the runs that fit were recorded, then it stopped
+    with BudgetStore(tmp_path / "budget.sqlite") as st:
+        for name in st.silos():
+            spent = st.spent(name)
+            assert spent["epsilon"] <= 1.6 and spent["target_epsilon"] == 1.6
+            assert len({c["run"] for c in st.charges(name)}) == len(records)
+    assert all(not r["privacy"]["scratch_store"] for r in records)
