@@ -16,13 +16,17 @@ stages one after another:
 * ``predict``  — ``predict`` over all persons;
 * ``evaluate`` — ``evaluate`` (AUPRC, SIR baseline, per-region AUPRC).
 
-`train` and `predict` each call `build_regions` themselves; here they are handed the
-regions built in the ``features`` stage (``pipeline.build_regions`` is patched for the
-duration of the call to return them; the features are deterministic in the seed, so they
-are the ones the calls would build), so that every stage is timed on its own.  The
-public API therefore builds the features twice (once in `train`, once in `predict`); the
-table's "API total" adds the second build.  ``--rebuild-features`` runs `train` and
-`predict` unpatched instead (the ``features`` stage is then measured and freed before).
+`train` and `predict` each build the regions' features themselves
+(`pipeline.build_features`, after `train` has reserved its budget); here they are handed
+the features built in the ``features`` stage (``pipeline.build_features`` is patched for
+the duration of the call to reuse them; with the default declared constants the features
+are a deterministic function of the data and the seed, so they are the ones the calls
+would build), so that every stage is timed on its own.  The public API therefore builds
+the features twice (once in `train`, once in `predict`); the table's "API total" adds
+the second build.  ``--rebuild-features`` runs `train` and `predict` unpatched instead
+(the ``features`` stage is then measured and freed before).  Training uses the defaults
+that matter for privacy: secure (OS-entropy) noise, node+edges adjacency, declared
+preprocessing, an in-memory scratch budget store.
 
 Memory per stage (Linux): before every stage the process's peak-RSS mark is reset
 (``echo 5 > /proc/self/clear_refs``), so ``stage peak`` is the highest RSS *during* that
@@ -111,15 +115,19 @@ class StageMeter:
 
 @contextlib.contextmanager
 def _regions_given(regions):
-    """Make `pipeline.train`/`predict` use the prebuilt regions."""
+    """Make `pipeline.train`/`predict` reuse the prebuilt regions' features."""
     from silofl.pandemic import pipeline
 
-    orig = pipeline.build_regions
-    pipeline.build_regions = lambda data, cfg: regions
+    built = {r.name: r for r in regions}
+    orig = pipeline.build_features
+
+    def reuse(data, r, cfg, constants=None):
+        r.features, r.constants = built[r.name].features, built[r.name].constants
+    pipeline.build_features = reuse
     try:
         yield
     finally:
-        pipeline.build_regions = orig
+        pipeline.build_features = orig
 
 
 # --- subprocess phases ------------------------------------------------------------------

@@ -10,8 +10,12 @@ On one synthetic outbreak it prints the pooled AUPRC (the challenge's score) of
   summed (`summary_baseline.equal_weight_scores`; no labels, no training);
 * the **best single summary column** (picked with the labels: optimistic);
 * the default recipe trained with node-level DP at ε = 5, and without DP, for each
-  training seed (the training noise and batches change with the seed; the outbreak
-  does not).
+  training seed (the seed sets the training windows; with the default secure noise the
+  batches and the noise are fresh OS entropy in every run, with ``--noise seeded`` they
+  follow the seed; the outbreak does not change).
+
+``--adjacency node --preprocessing uncharged --noise seeded`` reproduces the recipe as it
+was before the defaults became node+edges / declared / secure.
 """
 
 from __future__ import annotations
@@ -37,6 +41,9 @@ def main() -> None:
     ap.add_argument("--outbreak-seed", type=int, default=1)
     ap.add_argument("--train-seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
     ap.add_argument("--epsilon", type=float, default=5.0)
+    ap.add_argument("--noise", default="secure", choices=["secure", "seeded"])
+    ap.add_argument("--adjacency", default="node+edges", choices=["node+edges", "node"])
+    ap.add_argument("--preprocessing", default="declared", choices=["declared", "uncharged"])
     ap.add_argument("--workdir", type=Path, default=Path("/tmp/silofl-skill"))
     a = ap.parse_args()
     d = a.workdir / f"p{a.persons}-r{a.regions}-s{a.outbreak_seed}"
@@ -53,9 +60,10 @@ def main() -> None:
         return ap_
 
     row("SIR baseline", sir_baseline_scores(data.states))
-    base = PandemicConfig(epsilon=a.epsilon)
+    base = PandemicConfig(epsilon=a.epsilon, noise=a.noise, adjacency=a.adjacency,
+                          preprocessing=a.preprocessing)
     raw, std = summary_columns(data, base)
-    row("untrained equal-weight summary score", std.sum(axis=1))
+    row(f"untrained equal-weight summary score ({a.preprocessing})", std.sum(axis=1))
     cols = [PM.average_precision(y, raw[:, j]) for j in range(raw.shape[1])]
     j = int(np.argmax(cols))
     row(f"best single column ({SUMMARY_FEATURES[j]}, oracle pick)", raw[:, j])

@@ -546,12 +546,12 @@ def pandemic_train(data: Path = typer.Option(..., "--data", help="directory of t
                       f"{p['delta']:.2g}", life)
         console.print(t)
         console.print(f"Adjacency ({cfg.adjacency}): {escape(ADJACENCY_TEXT[cfg.adjacency])}.")
-        console.print(f"Assumed, not charged: {escape(PRUNING_ASSUMPTION)}; "
+        console.print(f"Assumptions: {escape(PRUNING_ASSUMPTION)}; "
                       f"{escape(SIZES_ASSUMPTION)}.")
         noise = ("secure (CSPRNG keyed from OS entropy)" if cfg.noise == "secure" else
                  f"seeded — {SEEDED_NOTE}")
         pre = {"declared": "declared (fixed public constants; no statistic of the data)",
-               "private": "private (one node-level release per region, charged above)",
+               "private": "private (one node-level release per region, in the ε above)",
                "uncharged": "uncharged (fit on each region's data, not charged)"}
         first = pm.privacy[0] if pm.privacy else {}
         where = first.get("budget_store") or "scratch (in memory)"

@@ -24,7 +24,7 @@ from silofl.pandemic.node_dp import node_epsilon  # noqa: E402
 from silofl.pandemic.partition import input_directory, input_paths, partition_by_region  # noqa: E402
 from silofl.pandemic.silo import client_state  # noqa: E402
 
-CFG = P.PandemicConfig(rounds=2, batch_size=64, epsilon=8.0, seed=3)
+CFG = P.PandemicConfig(rounds=2, batch_size=64, epsilon=8.0, seed=3, noise="seeded")
 
 
 @pytest.fixture(scope="module")
@@ -128,7 +128,7 @@ def test_each_client_ledger_holds_exactly_its_rounds(in_process, federated):
         assert p["epsilon_spent"] == pytest.approx(entry["epsilon_spent"], rel=1e-12)
         assert p["epsilon_spent"] == pytest.approx(
             node_epsilon(p["n"], p["S"], CFG.batch_size, p["noise_multiplier"], steps,
-                         p["delta"]))
+                         p["delta"], adjacency=CFG.adjacency))
         assert p["epsilon_spent"] <= CFG.epsilon * (1 + 1e-9)
         assert metrics[cid][0]["epsilon_spent"] == pytest.approx(p["epsilon_spent"])
 
@@ -140,8 +140,9 @@ def test_a_round_past_the_budget_or_repeated_is_refused(parts, federated):
     cdir = work / "clients" / cid
     before = {f: (cdir / f).read_bytes() for f in ("ledger.jsonl", "state.npz", "state.json")}
     client = F.train_client_factory(cid, *input_paths(folder), cdir, config=CFG)
-    # σ was calibrated for 2 rounds: a third one does not fit, and nothing runs
-    with pytest.raises(BudgetExceeded):
+    # σ was calibrated for 2 rounds: the client's lifetime store refuses a third, and
+    # nothing runs
+    with pytest.raises(BudgetExceeded, match="lifetime"):
         client.fit([means[-1]], {"round": 3})
     with pytest.raises(ConfigError, match="already trained round 2"):
         client.fit([means[-1]], {"round": 2})
@@ -209,3 +210,55 @@ def test_missing_flower_is_a_config_error(monkeypatch, tmp_path):
     monkeypatch.setitem(sys.modules, "flwr", None)  # import flwr now raises ImportError
     with pytest.raises(ConfigError, match=r'pip install "silofl\[flower\]"'):
         F.train_strategy_factory(tmp_path)
+
+
+def test_each_client_keeps_a_lifetime_store_settled_every_round(parts, federated):
+    from silofl.privacy.budget import BudgetStore
+    work, _, _ = federated
+    for cid in parts:
+        cdir = work / "clients" / cid
+        state = client_state(cdir)
+        with BudgetStore(cdir / "budget.sqlite") as store:
+            charges = store.charges(cid)
+            assert [(c["label"], c["count"], c["status"], c["run_status"]) for c in charges] \
+                == [("node-dpsgd", 1, "charged", "finished")] * 2  # one run per round
+            spent = store.spent(cid)
+            assert spent["target_epsilon"] == CFG.epsilon and spent["unfinished_runs"] == 0
+            assert spent["epsilon"] == pytest.approx(state["privacy"]["epsilon_spent"],
+                                                     rel=1e-9)
+        assert state["privacy"]["lifetime_epsilon_spent"] == pytest.approx(spent["epsilon"])
+
+
+def test_flower_with_private_preprocessing_reproduces_train(data, parts, tmp_path):
+    """The release is charged once, in round 1, saved in client_dir and reused: the
+    seeded federated run equals the in-process one, predictions included."""
+    from silofl.pandemic.silo import client_predict
+    from silofl.privacy.budget import BudgetStore
+    cfg = P.PandemicConfig(rounds=2, batch_size=64, epsilon=8.0, seed=3, noise="seeded",
+                           preprocessing="private")
+    ref = P.train(data, cfg)
+    strategy, rounds = F.train_strategy_factory(tmp_path / "server", config=cfg)
+    run_in_process(strategy, rounds, {
+        cid: (lambda c, f=folder: F.train_client_factory(c, *input_paths(f),
+                                                         tmp_path / "clients" / c, config=cfg))
+        for cid, folder in parts.items()})
+    expected = P.predict(data, ref)
+    for k, cid in enumerate(ref.regions):
+        cdir = tmp_path / "clients" / cid
+        assert np.array_equal(np.load(cdir / "state.npz")["w_raw"], ref.weights[k])
+        saved = json.loads((cdir / "preprocessing.json").read_text())
+        assert saved["constants"] == ref.constants[cid] and saved["constants"]["source"] == "private"
+        lines = [json.loads(x) for x in (cdir / "ledger.jsonl").read_text().splitlines()]
+        assert [(x["round"], x["label"]) for x in lines] == [
+            (0, "preprocess"), (1, "node-dpsgd"), (2, "node-dpsgd")]
+        with BudgetStore(cdir / "budget.sqlite") as store:
+            assert sorted(c["label"] for c in store.charges(cid)) == [
+                "node-dpsgd", "node-dpsgd", "preprocess"]
+    cid, folder = next(iter(parts.items()))
+    fmt = tmp_path / "fmt.csv"
+    pd.DataFrame({"pid": pd.read_csv(folder / "va_person.csv")["pid"], "score": 0.0}).to_csv(
+        fmt, index=False)
+    client_predict(cid, input_paths(folder), tmp_path / "clients" / cid, fmt, tmp_path / "p.csv")
+    got = pd.read_csv(tmp_path / "p.csv")
+    assert np.array_equal(got["score"].to_numpy(),
+                          expected[data.pid_index.lookup(got["pid"].to_numpy())])

@@ -10,7 +10,7 @@ from scipy import stats
 
 from silofl.errors import ConfigError, DataError, PrivacyError
 from silofl.pandemic.features import (
-    build_neighbourhood_features, pagerank_scores,
+    DECLARED_CONSTANTS, build_neighbourhood_features, pagerank_scores,
 )
 from silofl.pandemic.graph import (
     appearance_counts, check_appearance_bound, dedupe_contacts, max_appearances,
@@ -238,14 +238,18 @@ def test_pruning_input_errors():
 # --- features ---------------------------------------------------------------------------
 
 def slow_reference_features(raw, index, person, window_end, S, t_window, k2=0,
-                            pagerank=None):
+                            pagerank=None, constants="uncharged"):
     """Loop-based, from the raw arrays; only the neighbour lists come from `index`
-    (and, for graph features, the PageRank vector, tested separately)."""
+    (and, for graph features, the PageRank vector, tested separately).  ``constants``:
+    "uncharged" z-scores over the data; "declared" uses the published numbers."""
     n = raw["num_nodes"]
     src, dst, dur = raw["src"].tolist(), raw["dst"].tolist(), raw["duration"]
+    D = DECLARED_CONSTANTS
 
-    def z(x):
+    def z(x, key=None):
         x = np.asarray(x, float)
+        if constants == "declared" and key is not None:
+            return (x - getattr(D, key + "_mean")) / getattr(D, key + "_std")
         return (x - x.mean()) / x.std() if x.std() > 1e-12 else np.zeros_like(x)
 
     nbrs = [set() for _ in range(n)]
@@ -259,7 +263,10 @@ def slow_reference_features(raw, index, person, window_end, S, t_window, k2=0,
         if key not in best or dur[r] > dur[best[key]]:
             best[key] = r
         count[key] = count.get(key, 0) + 1
-    age_z, hh_z = z(raw["age"]), z(stats.boxcox(raw["household_size"].astype(float))[0])
+    if constants == "declared":  # a fixed log transform (Box-Cox λ = 0), declared scale
+        age_z, hh_z = z(raw["age"], "age"), z(np.log(raw["household_size"]), "household")
+    else:
+        age_z, hh_z = z(raw["age"]), z(stats.boxcox(raw["household_size"].astype(float))[0])
     deg_z = z(np.log1p([len(s) for s in nbrs]))
 
     pr_z = None if pagerank is None else z(np.log(np.asarray(pagerank) * n))
@@ -275,14 +282,18 @@ def slow_reference_features(raw, index, person, window_end, S, t_window, k2=0,
     key = lambda a, b: (min(a, b), max(a, b))  # noqa: E731
     ld = [math.log1p(dur[best[key(u, w)]]) for u, w in kept]
     lc = [math.log1p(count[key(u, w)]) for u, w in kept]
+    if constants == "declared":
+        dm, ds, cm, cs = D.dur_mean, D.dur_std, D.cnt_mean, D.cnt_std
+    else:
+        dm, ds, cm, cs = np.mean(ld), np.std(ld), np.mean(lc), np.std(lc)
     ids = list(raw["location_ids"])
-    lon_z, lat_z = z(raw["longitude"]), z(raw["latitude"])
+    lon_z, lat_z = z(raw["longitude"], "lon"), z(raw["latitude"], "lat")
 
     def edge(a, b):
         r = best[key(a, b)]
         feats = [(raw["start_time"][r] % 86400) / 86400,
-                 (math.log1p(dur[r]) - np.mean(ld)) / np.std(ld),
-                 (math.log1p(count[key(a, b)]) - np.mean(lc)) / np.std(lc)]
+                 (math.log1p(dur[r]) - dm) / ds,
+                 (math.log1p(count[key(a, b)]) - cm) / cs]
         lid = int(raw["lid"][r])
         if lid in ids:
             j = ids.index(lid)
@@ -323,12 +334,15 @@ def region():
     return make_region()
 
 
-@pytest.mark.parametrize("hops,graph_features", [(1, False), (2, False), (1, True)])
-def test_gather_equals_slow_reference(region, hops, graph_features):
+@pytest.mark.parametrize("hops,graph_features,constants", [
+    (1, False, "declared"), (1, False, "uncharged"), (2, False, "declared"),
+    (1, True, "uncharged")])
+def test_gather_equals_slow_reference(region, hops, graph_features, constants):
     S, tw, k2 = 6, 21, (2 if hops == 2 else 0)
     f = build_neighbourhood_features(**region, S=S, t_window=tw, seed=3, hops=hops,
                                      hop2_neighbours=k2 or None,
-                                     graph_features=graph_features)
+                                     graph_features=graph_features, constants=constants)
+    assert f.fitted["constants"]["source"] == constants
     assert f.dim == len(f.feature_names())
     pr = None
     if graph_features:
@@ -344,7 +358,8 @@ def test_gather_equals_slow_reference(region, hops, graph_features):
     assert X.shape == (persons.size, f.dim) and X.dtype == np.float32
     assert y.dtype == np.uint8
     for b, (p, w) in enumerate(zip(persons.tolist(), we.tolist())):
-        ref_x, ref_y = slow_reference_features(region, f.index, p, w, S, tw, k2, pr)
+        ref_x, ref_y = slow_reference_features(region, f.index, p, w, S, tw, k2, pr,
+                                               constants)
         np.testing.assert_allclose(X[b], ref_x, rtol=1e-5, atol=1e-5)
         assert y[b] == ref_y
 

@@ -1,7 +1,11 @@
 """Does the DP model learn, and are its inputs what they claim to be?
 
-* On a 10k-person synthetic outbreak the default recipe (node-level ε = 5 per region)
-  ranks next week's infections well above the positive rate and the SIR baseline.
+* On a 10k-person synthetic outbreak the default recipe (node-level ε = 5 per region,
+  node+edges adjacency, declared preprocessing constants, secure noise) ranks next
+  week's infections well above the positive rate and the SIR baseline.  The noise is
+  drawn from OS entropy, so every run differs: over 20 runs the lift over the positive
+  rate had median 33.5× and minimum 16.7× (threshold 3×); before these defaults (node
+  adjacency, uncharged standardization, seeded noise) seeds 0/1 gave 25.7×/21.3×.
 * `summary_inputs` equals a slow count from the raw CSV records (read with pandas, not
   with silofl's readers) for a few persons, with and without pruning.
 """
@@ -27,6 +31,7 @@ def outbreak(learning_outbreak):
 def test_default_dp_recipe_beats_positive_rate_and_sir(outbreak, seed):
     cfg = P.PandemicConfig(seed=seed)
     assert cfg.private and cfg.epsilon == 5.0 and cfg.pooling == "summary"
+    assert (cfg.noise, cfg.adjacency, cfg.preprocessing) == ("secure", "node+edges", "declared")
     pm = P.train(outbreak, cfg)
     ev = P.evaluate(outbreak, P.predict(outbreak, pm))
     assert outbreak.target.sum() >= 20  # enough positives for AUPRC to be meaningful
@@ -35,10 +40,12 @@ def test_default_dp_recipe_beats_positive_rate_and_sir(outbreak, seed):
     assert len(pm.privacy) == outbreak.num_regions
     for p in pm.privacy:
         assert p["noise_multiplier"] > 0 and p["epsilon_spent"] <= 5.0 * (1 + 1e-9)
+        assert p["affected_examples"] == 2 * p["S"] - 1 and p["preprocessing"]["uncharged"] == []
 
 
 def test_untrained_summary_score_is_already_informative(outbreak):
-    """The README's caveat: the inputs alone, summed with equal weights, rank well."""
+    """The README's caveat: the inputs alone, summed with equal weights (declared
+    standardization), rank well (33× the positive rate here)."""
     y = outbreak.target.astype(np.int64)
     ap = PM.average_precision(y, equal_weight_scores(outbreak, P.PandemicConfig()))
     assert ap >= 3 * PM.positive_rate(y)
@@ -83,6 +90,7 @@ def test_summary_inputs_equal_a_slow_count_from_raw_records(small_outbreak, S):
     net, states, homes = _raw(small_outbreak)
     cfg = P.PandemicConfig(S=S)
     r = P.build_regions(data, cfg)[0]
+    assert r.features.fitted["constants"]["source"] == "declared"
     F, idx = r.features, r.features.index
     pids = data.pids[r.persons]
     if S == 400:  # no pruning: the neighbours are every distinct contact in the region

@@ -11,9 +11,10 @@ import pytest
 
 from silofl.errors import CalibrationError, PrivacyError
 from silofl.pandemic.node_dp import (
-    DEFAULT_ORDERS, NodeLevelDpEvent, calibrate_node_sigma, node_epsilon, node_rdp,
-    node_steps,
+    DEFAULT_ORDERS, NodeLevelDpEvent, affected_examples, calibrate_node_sigma, node_epsilon,
+    node_rdp, node_steps,
 )
+from silofl.privacy import accounting, events
 
 
 def _logsumexp(xs):
@@ -146,3 +147,59 @@ def test_event_is_data():
         NodeLevelDpEvent(n=10, S=0, b=5, sigma=1.0, steps=1)
     with pytest.raises(PrivacyError):
         NodeLevelDpEvent.from_dict({"event": "gaussian"})
+
+
+@pytest.mark.parametrize("n,S,b,sigma,steps", [
+    (1000, 5, 50, 1.2, 100),
+    (10_000, 20, 256, 3.0, 40),
+    (500, 3, 500, 4.0, 10),
+])
+def test_node_edges_is_the_hypergeometric_with_2S_minus_1_successes(n, S, b, sigma, steps):
+    """Replacing a person with their contacts changes up to 2S − 1 examples: the
+    accountant's ρ ~ Hypergeometric(n, 2S − 1, b), each affected example moving by ≤ 2C."""
+    delta = 1 / n
+    edges = node_epsilon(n, S, b, sigma, steps, adjacency="node+edges")
+    node = node_epsilon(n, S, b, sigma, steps, adjacency="node")
+    assert edges == pytest.approx(direct_epsilon(n, 2 * S - 1, b, sigma, steps, delta)[0],
+                                  rel=1e-8)
+    assert node == pytest.approx(direct_epsilon(n, S, b, sigma, steps, delta)[0], rel=1e-8)
+    assert edges > node
+    ev = NodeLevelDpEvent(n, S, b, sigma, steps, "node+edges")
+    assert ev.affected == 2 * S - 1 == affected_examples(n, S, "node+edges")
+    assert ev.epsilon() == edges
+    # the ledgers' accountant composes the event's own curve: the same figure
+    assert accounting.epsilon(ev, delta, "rdp") == pytest.approx(edges, rel=1e-12)
+    sig = calibrate_node_sigma(2.0, n, S, b, steps, adjacency="node+edges")
+    assert node_epsilon(n, S, b, sig, steps, adjacency="node+edges") <= 2.0
+    assert sig > calibrate_node_sigma(2.0, n, S, b, steps, adjacency="node")
+
+
+def test_affected_examples_never_exceed_n():
+    assert affected_examples(30, 20, "node+edges") == 30
+    assert affected_examples(30, 20, "node") == 20
+    with pytest.raises(PrivacyError, match="adjacency"):
+        affected_examples(30, 20, "edge")
+
+
+def test_event_round_trips_and_old_dicts_load_as_node_adjacency():
+    ev = NodeLevelDpEvent(n=10_000, S=20, b=256, sigma=2.0, steps=40, adjacency="node+edges")
+    d = json.loads(events.to_json(ev))
+    assert d["adjacency"] == "node+edges" and d["affected"] == 39
+    assert events.from_dict(d) == ev and NodeLevelDpEvent.from_dict(d) == ev
+    old = {"event": "node_level_dp", "n": 10_000, "S": 20, "b": 256, "sigma": 2.0, "steps": 40}
+    loaded = events.from_dict(old)  # a ledger line written before the field existed
+    assert loaded.adjacency == "node" and loaded.affected == 20
+    assert loaded.epsilon() == node_epsilon(10_000, 20, 256, 2.0, 40) < ev.epsilon()
+    with pytest.raises(PrivacyError, match="inconsistent"):
+        NodeLevelDpEvent.from_dict({**d, "affected": 20})
+    assert "39 examples affected" in str(ev)
+
+
+def test_calibration_composes_with_other_charges():
+    base = NodeLevelDpEvent(5000, 10, 5000, 300.0, 1, "node+edges").rdp(DEFAULT_ORDERS)
+    alone = calibrate_node_sigma(3.0, 5000, 10, 128, 100, adjacency="node+edges")
+    both = calibrate_node_sigma(3.0, 5000, 10, 128, 100, adjacency="node+edges", base_rdp=base)
+    assert both > alone
+    assert node_epsilon(5000, 10, 128, both, 100, adjacency="node+edges", base_rdp=base) <= 3.0
+    with pytest.raises(CalibrationError, match="alone exceed"):
+        calibrate_node_sigma(3.0, 5000, 10, 128, 100, base_rdp=100 * base)

@@ -39,22 +39,28 @@ def _count_gathers(monkeypatch, unlabelled: dict | None = None):
     return seen
 
 
-def test_federated_training_charges_each_region_for_the_steps_it_ran(data, monkeypatch):
+@pytest.mark.parametrize("preprocessing", ["declared", "uncharged"])
+def test_federated_training_charges_each_region_for_the_steps_it_ran(data, monkeypatch,
+                                                                      preprocessing):
     unlabelled: dict[int, int] = {}
     seen = _count_gathers(monkeypatch, unlabelled)
-    cfg = P.PandemicConfig(rounds=2, batch_size=64, epsilon=8.0)
+    cfg = P.PandemicConfig(rounds=2, batch_size=64, epsilon=8.0, preprocessing=preprocessing)
     pm = P.train(data, cfg)
     assert len(pm.regions) == data.num_regions and pm.weights.shape[0] == data.num_regions
     counted = sorted(seen.values())
     sizes = np.bincount(data.region[data.region >= 0])
     expected = sorted(2 * node_steps(int(n), 64, 1.0) for n in sizes)
     assert counted == expected  # one labelled gather per DP-SGD step, per region
-    assert sorted(unlabelled.values()) == [1] * data.num_regions  # one standardization pass
+    # declared constants read nothing; uncharged ones make one standardization pass
+    want = [] if preprocessing == "declared" else [1] * data.num_regions
+    assert sorted(unlabelled.values()) == want
     for p, n in zip(pm.privacy, sizes):
         assert p["steps"] in expected and p["epsilon_spent"] <= 8.0 + 1e-9
-        # the ledger's ε is the theorem's ε for the steps that ran
-        assert p["epsilon_spent"] == pytest.approx(
-            node_epsilon(p["n"], p["S"], 64, p["noise_multiplier"], p["steps"], p["delta"]))
+        # the ledger's ε is the theorem's ε (node+edges: 2S − 1 examples) for the steps run
+        assert p["adjacency"] == "node+edges" and p["affected_examples"] == 2 * p["S"] - 1
+        assert p["epsilon_spent"] == pytest.approx(node_epsilon(
+            p["n"], p["S"], 64, p["noise_multiplier"], p["steps"], p["delta"],
+            adjacency="node+edges"))
         assert p["epsilon_spent"] > 0.97 * 8.0  # calibration leaves little budget unused
 
 
@@ -75,11 +81,10 @@ def test_budget_too_small_is_refused_before_data_is_read(data, monkeypatch):
     cfg = P.PandemicConfig(rounds=1, batch_size=64, epsilon=2.0)
     regions = P.build_regions(data, cfg)
     P.plan_regions(regions, cfg)
-    from silofl.pandemic.node_dp import NodeLevelDpEvent
     r = regions[0]
-    r.ledger.charge(NodeLevelDpEvent(r.n, r.S, 64, r.sigma, r.steps_per_round))
+    r.ledger.charge(P.round_event(r, cfg))
     with pytest.raises(BudgetExceeded):
-        r.ledger.charge(NodeLevelDpEvent(r.n, r.S, 64, r.sigma, r.steps_per_round))
+        r.ledger.charge(P.round_event(r, cfg))
     assert seen == {}
 
 
@@ -111,11 +116,15 @@ def test_cli_synth_train_predict(tmp_path):
                             "--seed", "3", "--out", str(out)])
     assert r.exit_code == 0, r.output
     model = tmp_path / "model"
+    store = tmp_path / "budget.sqlite"
     r = runner.invoke(app, ["pandemic", "train", "--data", str(out), "--model", str(model),
-                            "--rounds", "1", "--batch", "64", "--epsilon", "6"])
+                            "--rounds", "1", "--batch", "64", "--epsilon", "6",
+                            "--store", str(store)])
     assert r.exit_code == 0, r.output
     meta = json.loads((model / "model.json").read_text())
     assert all(p["epsilon_spent"] <= 6 for p in meta["privacy"])
+    assert "node+edges" in r.output and "2S - 1" in r.output and "pruning" in r.output
+    assert "secure" in r.output and str(store) in r.output.replace("\n", "")
     preds = tmp_path / "preds.csv"
     r = runner.invoke(app, ["pandemic", "predict", "--data", str(out), "--model", str(model),
                             "--out", str(preds)])
@@ -135,8 +144,18 @@ def test_cli_account_node_level_matches_theorem():
     assert r.exit_code == 0, r.output
     out = json.loads(r.output)
     assert out["steps"] == node_steps(10000, 512, 2)
+    assert out["affected_node"] == 20 and out["affected_node_edges"] == 39
     assert out["epsilon_node_rdp"] == pytest.approx(
         node_epsilon(10000, 20, 512, 20.0, out["steps"], 1e-4))
+    assert out["epsilon_node_edges_rdp"] == pytest.approx(
+        node_epsilon(10000, 20, 512, 20.0, out["steps"], 1e-4, adjacency="node+edges"))
+    assert out["epsilon_node_edges_rdp"] > out["epsilon_node_rdp"]
+    r = runner.invoke(app, ["account", "--node-level", "--n", "10000", "--batch", "512",
+                            "--steps", "40", "--epsilon", "3", "--S", "20", "--json"])
+    out = json.loads(r.output)
+    assert out["sigma_node_edges_rdp"] > out["sigma_node_rdp"]
+    assert node_epsilon(10000, 20, 512, out["sigma_node_edges_rdp"], 40, 1e-4,
+                        adjacency="node+edges") <= 3
 
 
 def test_challenge_style_fit_and_predict(small_outbreak, tmp_path):

@@ -274,10 +274,18 @@ def test_missing_column(copy_of):
         read_dataset(copy_of)
 
 
+def _no_value(e, *values):
+    """Error messages name file, line and column, never a record's value."""
+    for v in values:
+        assert str(v) not in str(e.value), (v, str(e.value))
+
+
 def test_duplicate_pid(copy_of):
     _edit_csv(copy_of / "va_person.csv", lambda df: pd.concat([df, df.iloc[[5]]]))
-    with pytest.raises(DataError, match=r"duplicate pid \d+ \(at va_person\.csv line 7 and va_person\.csv line 4002\)"):
+    pid = int(pd.read_csv(copy_of / "va_person.csv")["pid"].iloc[5])
+    with pytest.raises(DataError, match=r"duplicate pid \(at va_person\.csv line 7 and va_person\.csv line 4002\)") as e:
         read_dataset(copy_of)
+    _no_value(e, f"pid {pid}")
 
 
 def test_unknown_pid_in_network(copy_of):
@@ -286,9 +294,10 @@ def test_unknown_pid_in_network(copy_of):
         row["pid2"] = 999_999_999
         return pd.concat([df, row])
     _edit_csv(copy_of / "va_population_network.csv", add)
-    with pytest.raises(DataError, match=r"va_population_network\.csv line \d+: column 'pid2' refers to unknown "
-                                        r"person 999999999"):
+    with pytest.raises(DataError, match=r"va_population_network\.csv line \d+: column 'pid2' refers to an "
+                                        r"unknown person") as e:
         read_dataset(copy_of)
+    _no_value(e, 999999999)
 
 
 @pytest.mark.parametrize("table", ["va_population_network.csv", "va_activity_location_assignment.csv"])
@@ -298,9 +307,10 @@ def test_unknown_lid(copy_of, table):
         df.loc[df.index[3], "lid"] = 123_456_789
         return df
     _edit_csv(copy_of / table, bad)
-    with pytest.raises(DataError, match=rf"{table.replace('.', '[.]')} line 5: column 'lid' refers to unknown "
-                                        r"location 123456789"):
+    with pytest.raises(DataError, match=rf"{table.replace('.', '[.]')} line 5: column 'lid' refers to an "
+                                        r"unknown location") as e:
         read_dataset(copy_of)
+    _no_value(e, 123456789)
 
 
 def test_missing_outcome_days(copy_of):
@@ -308,16 +318,19 @@ def test_missing_outcome_days(copy_of):
     df = pd.read_csv(path)
     victim = int(df["pid"].iloc[10])
     df[~((df["pid"] == victim) & df["day"].isin([30, 31]))].to_csv(path, index=False)
-    with pytest.raises(DataError, match=rf"incomplete.*person {victim} has no state for day\(s\) 30, 31"):
+    with pytest.raises(DataError, match=r"incomplete.*a person has no state for day\(s\) 30, 31") as e:
         read_dataset(copy_of)
+    _no_value(e, victim)
     with pytest.raises(DataError, match=r"no state for day\(s\) 57, 58, 59 \(4000 person"):
         read_dataset(copy_of, num_days=60)
 
 
 def test_duplicate_outcome_row(copy_of):
     _edit_csv(copy_of / "va_disease_outcome_training.csv", lambda df: pd.concat([df, df.iloc[[100]]]))
-    with pytest.raises(DataError, match=r"line 228002: person \d+ already has a state for day 0"):
+    pid = int(pd.read_csv(copy_of / "va_disease_outcome_training.csv")["pid"].iloc[100])
+    with pytest.raises(DataError, match=r"line 228002: this person already has a state for that day") as e:
         read_dataset(copy_of)
+    _no_value(e, pid)
 
 
 def test_bad_state_letter(copy_of):
@@ -325,8 +338,10 @@ def test_bad_state_letter(copy_of):
     lines = path.read_text().split("\n")
     lines[20] = lines[20][:-1] + "X"
     path.write_text("\n".join(lines))
-    with pytest.raises(DataError, match=r"va_disease_outcome_training\.csv line 21: column 'state' holds 'X'"):
+    with pytest.raises(DataError, match=r"va_disease_outcome_training\.csv line 21: column 'state' holds an "
+                                        r"invalid state") as e:
         read_dataset(copy_of)
+    _no_value(e, "'X'")
 
 
 def test_unparsable_number_names_line(copy_of):
@@ -336,8 +351,10 @@ def test_unparsable_number_names_line(copy_of):
     fields[3] = "forty"
     lines[9] = ",".join(fields)
     path.write_text("\n".join(lines))
-    with pytest.raises(DataError, match=r"va_person\.csv line 10: column 'age' holds 'forty', expected an integer"):
+    with pytest.raises(DataError, match=r"va_person\.csv line 10: column 'age' holds a value that is not an "
+                                        r"integer") as e:
         read_dataset(copy_of)
+    _no_value(e, "forty", fields[0])  # neither the bad value nor the row's pid
 
 
 def test_ambiguous_duplicate_table_files(copy_of):
@@ -368,10 +385,12 @@ def test_distinct_degree_blocks_agree(small_data):
 def test_out_of_range_value_names_line(copy_of):
     _edit_csv(copy_of / "va_activity_location_assignment.csv",
               lambda df: df.assign(activity_type=df["activity_type"].where(df.index != 2, 300)))
-    with pytest.raises(DataError, match=r"line 4: column 'activity_type' holds '300', expected an integer in "
-                                        r"-128\.\.127"):
+    with pytest.raises(DataError, match=r"line 4: column 'activity_type' holds a value that is not an integer "
+                                        r"in -128\.\.127") as e:
         read_dataset(copy_of)
+    _no_value(e, 300)
     _edit_csv(copy_of / "va_activity_location_assignment.csv",
               lambda df: df.assign(activity_type=df["activity_type"].where(df.index != 2, 9)))
-    with pytest.raises(DataError, match=r"line 4: column 'activity_type' holds 9, not a valid activity code"):
+    with pytest.raises(DataError, match=r"line 4: column 'activity_type' holds an invalid activity code") as e:
         read_dataset(copy_of)
+    _no_value(e, "holds 9")

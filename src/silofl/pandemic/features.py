@@ -8,8 +8,8 @@ A training example describes a person *and* their (pruned, see `graph`) neighbou
       slot K: ... ]
 
 * **node features** (`build_node_table`, one float32 row per person, computed once):
-  standardized age, sex (0/1), Box-Cox transformed household size (λ fit on the region,
-  then standardized), activity indicators, fraction of the day out of home.  With
+  standardized age, sex (0/1), Box-Cox transformed household size (then standardized),
+  activity indicators, fraction of the day out of home.  With
   ``graph_features=True`` also the degree in the pruned graph / max_degree, the
   standardized log degree in the deduplicated contact graph and standardized
   log(N · PageRank) of that graph (scikit-network) — the seed's graph features, **off by
@@ -37,9 +37,19 @@ A training example describes a person *and* their (pruned, see `graph`) neighbou
 fully observed); prediction uses ``window_end = T`` (features from the last ``t_window``
 observed days, labels unknown).
 
-Other caveats for the node-level guarantee: the normalization constants (means, standard
-deviations, the Box-Cox λ) are fit on the region and are not charged to the accountant,
-and pruning itself is data-dependent (see `silofl.pandemic.graph`).
+**Normalization constants** (`FeatureConstants`: age centre/scale, the household-size
+Box-Cox λ and centre/scale, longitude/latitude centre/scale, contact log-duration and
+log-count centre/scale) come from one of three sources (``constants=``):
+
+* ``"declared"`` (the default, `DECLARED_CONSTANTS`): fixed public numbers stated here,
+  with where they come from (`DECLARED_SOURCES`); no statistic of the data is computed.
+* a `FeatureConstants` computed elsewhere, e.g. privately (`pipeline` releases them as a
+  node-level DP Gaussian sum, charged before it reads the data).
+* ``"uncharged"``: fit on the region (means, standard deviations, maximum-likelihood
+  λ) and *not* charged to any accountant; `FeatureConstants.source` says so, and the
+  pipeline lists it by name.
+
+Pruning itself is data-dependent and not charged (see `silofl.pandemic.graph`).
 
 The ``N × D`` matrix is never materialized: `NeighbourhoodFeatures.gather` builds the rows
 of one batch with vectorized fancy indexing.
@@ -47,8 +57,9 @@ of one batch with vectorized fancy indexing.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Iterator
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Callable, Iterator
 
 import numpy as np
 from scipy import optimize, sparse, special, stats
@@ -64,6 +75,109 @@ N_STATES = 3
 DEFAULT_LOCATION_FLAGS = ("work", "shopping", "school", "other", "college", "religion")
 SECONDS_PER_DAY = 86400
 _STATS_SAMPLE = 2_000_000
+
+
+# --- normalization constants -----------------------------------------------------------
+
+CONSTANT_SOURCES = ("declared", "private", "uncharged")
+
+
+@dataclass(frozen=True)
+class FeatureConstants:
+    """Every normalization constant of the feature tables.  Household size is Box-Cox
+    transformed with ``household_lambda`` (0 = log) and then standardized; contact
+    durations and counts enter as log1p(seconds) and log1p(contacts of the pair)."""
+
+    age_mean: float
+    age_std: float
+    household_lambda: float
+    household_mean: float
+    household_std: float
+    lon_mean: float
+    lon_std: float
+    lat_mean: float
+    lat_std: float
+    dur_mean: float
+    dur_std: float
+    cnt_mean: float
+    cnt_std: float
+    source: str = "declared"  # `CONSTANT_SOURCES`: where the numbers came from
+
+    def __post_init__(self):
+        if self.source not in CONSTANT_SOURCES:
+            raise ConfigError(f"constant source must be one of {', '.join(CONSTANT_SOURCES)}, "
+                              f"got {self.source!r}")
+        for k, v in asdict(self).items():
+            if k != "source" and not math.isfinite(v):
+                raise ConfigError(f"feature constant {k} must be a finite number, got {v}")
+        for k in ("age_std", "household_std", "lon_std", "lat_std", "dur_std", "cnt_std"):
+            if not getattr(self, k) > 0:
+                raise ConfigError(f"feature constant {k} must be positive, got {getattr(self, k)}")
+
+    def edge_stats(self) -> dict:
+        return {"dur_mean": self.dur_mean, "dur_std": self.dur_std,
+                "cnt_mean": self.cnt_mean, "cnt_std": self.cnt_std}
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def replace(self, **kw) -> "FeatureConstants":
+        return FeatureConstants(**{**asdict(self), **kw})
+
+
+#: The declared constants: public numbers, none computed from any silo's data.  A fixed
+#: affine map of a column only reparametrizes a linear model (and the summary inputs
+#: undo the duration scaling exactly), so rough values are enough.
+DECLARED_CONSTANTS = FeatureConstants(
+    age_mean=39.0, age_std=23.0,
+    household_lambda=0.0, household_mean=1.04, household_std=0.53,
+    lon_mean=-79.5, lon_std=2.1, lat_mean=38.0, lat_std=0.73,
+    dur_mean=math.log1p(7200.0), dur_std=1.6,
+    cnt_mean=math.log(2.0), cnt_std=0.25,
+    source="declared")
+
+DECLARED_SOURCES = {
+    "age": "US population: mean age ≈ 39 years, standard deviation ≈ 23 (Census figures, "
+           "rounded)",
+    "household": "log household size (Box-Cox λ = 0, fixed): centre 1.04 and scale 0.53 "
+                 "are the mean and standard deviation of log(size) over persons for the "
+                 "approximate US household-size distribution (28% one-person, 35% two, "
+                 "15% three, 13% four, 6% five, 3% six or more households)",
+    "location": "the challenge's data cover Virginia (va_* files): the midpoint of "
+                "Virginia's bounding box (−83.7…−75.2° lon, 36.5…39.5° lat) and a quarter "
+                "of its width/height; override for another region",
+    "contact duration": "log1p(seconds) centred on a 2-hour contact, one unit ≈ a factor "
+                        "of 5 in duration (a public guess: contacts last minutes to a "
+                        "working day)",
+    "contact count": "log1p(contacts of the pair) centred on one contact (log 2), scale "
+                     "0.25",
+}
+
+#: Clipping bounds (lo, hi) of the raw values a *private* release sums (`pipeline`):
+#: age in years, log household size, log1p(contact seconds), log1p(contacts of a pair).
+PRIVATE_BOUNDS = {"age": (0.0, 100.0), "household": (0.0, math.log(16.0)),
+                  "dur": (0.0, math.log1p(86400.0)), "cnt": (math.log(2.0), math.log1p(64.0))}
+
+
+def fitted_constants(*, age, household_size, longitude, latitude,
+                     index: "NeighbourIndex") -> FeatureConstants:
+    """The constants fit on the data itself (source "uncharged"): means and standard
+    deviations, maximum-likelihood Box-Cox λ.  Not charged to any accountant."""
+    age = np.asarray(age, dtype=np.float64)
+    am, asd = _mean_std(age)
+    hh = np.asarray(household_size, dtype=np.float64)
+    if hh.size == 0 or np.all(hh == hh[0]):
+        lam, hm, hs = 0.0, (float(np.log(hh[0])) if hh.size else 0.0), 1.0
+    else:
+        lam = boxcox_lambda(hh)
+        hm, hs = _mean_std(stats.boxcox(hh, lmbda=lam))
+    lo_m, lo_s = _mean_std(np.asarray(longitude, dtype=np.float64))
+    la_m, la_s = _mean_std(np.asarray(latitude, dtype=np.float64))
+    e = _edge_stats(index)
+    return FeatureConstants(age_mean=am, age_std=asd, household_lambda=lam,
+                            household_mean=hm, household_std=hs, lon_mean=lo_m,
+                            lon_std=lo_s, lat_mean=la_m, lat_std=la_s, source="uncharged",
+                            **e)
 
 
 # --- helpers ---------------------------------------------------------------------------
@@ -106,7 +220,8 @@ def _sex01(sex: np.ndarray) -> np.ndarray:
         return sex.astype(np.float64)
     if values <= {1, 2}:
         return sex.astype(np.float64) - 1.0
-    raise DataError(f"sex must be coded 0/1 or 1/2, found values {sorted(values)[:10]}")
+    raise DataError("sex must be coded 0/1 or 1/2 (the challenge's schema: 1 male, 2 "
+                    "female); other codes were found")
 
 
 def boxcox_lambda(x: np.ndarray) -> float:
@@ -128,12 +243,18 @@ def boxcox_lambda(x: np.ndarray) -> float:
     return float(optimize.brent(neg_llf, brack=(-2.0, 2.0)))
 
 
-def boxcox_household(household_size: np.ndarray) -> tuple[np.ndarray, float | None]:
-    """Box-Cox transform (λ fit by maximum likelihood on the region), standardized."""
+def boxcox_household(household_size: np.ndarray,
+                     constants: FeatureConstants | None = None) -> tuple[np.ndarray, float | None]:
+    """Box-Cox transform, standardized: with ``constants`` their λ, centre and scale;
+    without, λ fit by maximum likelihood on the region and z-scored (uncharged)."""
     x = np.asarray(household_size, dtype=np.float64)
-    if x.size and x.min() <= 0:
-        raise DataError(f"household sizes must be positive for the Box-Cox transform, "
-                        f"found {x.min():g}; every person lives in a household of size ≥ 1")
+    if x.size and x.min() <= 0:  # no value in the message: it is a record's
+        raise DataError("household sizes must be positive for the Box-Cox transform; "
+                        "every person lives in a household of size ≥ 1")
+    if constants is not None:
+        y = stats.boxcox(x, lmbda=constants.household_lambda) if x.size else x
+        return (y - constants.household_mean) / constants.household_std, \
+            constants.household_lambda
     if x.size == 0 or np.all(x == x[0]):
         return np.zeros_like(x), None
     lam = boxcox_lambda(x)
@@ -163,12 +284,15 @@ def pagerank_scores(pairs: ContactPairs, damping: float = 0.85,
 
 def build_node_table(*, age, sex, household_size, activities, frac_out_of_home,
                      original_degree=None, pruned_degree=None, max_degree: int = 1,
-                     pagerank=None, activity_names=None
+                     pagerank=None, activity_names=None,
+                     constants: FeatureConstants | None = None
                      ) -> tuple[np.ndarray, tuple[str, ...], dict]:
-    """(N, d_node) float32 node table, its column names and the fitted statistics.
+    """(N, d_node) float32 node table, its column names and the statistics used.
 
-    The graph columns (pruned degree, original degree, PageRank) are added only for the
-    arguments given (see the module docstring on why they are off by default)."""
+    Age and household size are standardized with ``constants`` (None: fit on the data,
+    uncharged).  The graph columns (pruned degree, original degree, PageRank; always
+    z-scored on the data) are added only for the arguments given (see the module
+    docstring on why they are off by default)."""
     n = int(np.asarray(age).shape[0])
     age = _person_array("age", age, n)
     sex = _person_array("sex", sex, n)
@@ -180,9 +304,11 @@ def build_node_table(*, age, sex, household_size, activities, frac_out_of_home,
         f"{i}" for i in range(a))
     if len(names_act) != a:
         raise DataError(f"{len(names_act)} activity names for {a} activity columns")
-    hh_t, lam = boxcox_household(hh)
+    hh_t, lam = boxcox_household(hh, constants)
+    age_z = _zscore(age) if constants is None else (
+        (age.astype(np.float64) - constants.age_mean) / constants.age_std)
     cols: list[tuple[str, np.ndarray]] = [
-        ("age", _zscore(age)), ("sex", _sex01(sex)), ("household_size_boxcox", hh_t),
+        ("age", age_z), ("sex", _sex01(sex)), ("household_size_boxcox", hh_t),
         *[(f"act_{s}", act[:, i]) for i, s in enumerate(names_act)],
         ("frac_out_of_home", frac)]
     if pruned_degree is not None:
@@ -197,8 +323,12 @@ def build_node_table(*, age, sex, household_size, activities, frac_out_of_home,
     table = np.empty((n, len(cols)), dtype=np.float32)
     for j, (_, col) in enumerate(cols):
         table[:, j] = col
-    fitted = {"boxcox_lambda": lam, "age_mean": float(np.mean(age)) if n else 0.0,
-              "age_std": float(np.std(age)) if n else 0.0}
+    if constants is None:
+        fitted = {"boxcox_lambda": lam, "age_mean": float(np.mean(age)) if n else 0.0,
+                  "age_std": float(np.std(age)) if n else 0.0, "source": "uncharged"}
+    else:
+        fitted = {"boxcox_lambda": lam, "age_mean": constants.age_mean,
+                  "age_std": constants.age_std, "source": constants.source}
     return table, tuple(name for name, _ in cols), fitted
 
 
@@ -221,8 +351,10 @@ class LocationTable:
 
 
 def build_location_table(flags, longitude, latitude, location_ids=None,
-                         flag_names=None) -> LocationTable:
-    """Location type flags (L, F), standardized longitude/latitude, unknown flag."""
+                         flag_names=None,
+                         constants: FeatureConstants | None = None) -> LocationTable:
+    """Location type flags (L, F), standardized longitude/latitude (with ``constants``;
+    None: z-scored over the listed locations, uncharged), unknown flag."""
     flags = np.asarray(flags)
     if flags.ndim == 1:
         flags = flags[:, None]
@@ -237,7 +369,7 @@ def build_location_table(flags, longitude, latitude, location_ids=None,
     ids = ids[order]
     if n_loc > 1 and np.any(ids[1:] == ids[:-1]):
         dup = ids[1:][ids[1:] == ids[:-1]][0]
-        raise DataError(f"location id {dup} appears more than once in the location table; "
+        raise DataError("a location id appears more than once in the location table; "
                         "merge duplicate locations first")
     f = flags.shape[1]
     fnames = tuple(flag_names) if flag_names is not None else (
@@ -247,8 +379,13 @@ def build_location_table(flags, longitude, latitude, location_ids=None,
         raise DataError(f"{len(fnames)} location flag names for {f} flag columns")
     table = np.zeros((n_loc + 1, f + 3), dtype=np.float32)
     table[:n_loc, :f] = flags[order]
-    table[:n_loc, f] = _zscore(lon)[order]
-    table[:n_loc, f + 1] = _zscore(lat)[order]
+    if constants is None:
+        lon_z, lat_z = _zscore(lon), _zscore(lat)
+    else:
+        lon_z = (lon - constants.lon_mean) / constants.lon_std
+        lat_z = (lat - constants.lat_mean) / constants.lat_std
+    table[:n_loc, f] = lon_z[order]
+    table[:n_loc, f + 1] = lat_z[order]
     table[n_loc, f + 2] = 1.0
     names = (*[f"loc_{s}" for s in fnames], "loc_lon", "loc_lat", "loc_unknown")
     return LocationTable(ids=ids, table=table, names=names)
@@ -262,8 +399,7 @@ def check_states(states, num_nodes: int) -> np.ndarray:
     if states.size and not np.issubdtype(states.dtype, np.integer):
         raise DataError(f"states must be integer codes 0=S, 1=I, 2=R, got dtype {states.dtype}")
     if states.size and (int(states.min()) < 0 or int(states.max()) > 2):
-        raise DataError(f"states must be coded 0=S, 1=I, 2=R; found values in "
-                        f"[{int(states.min())}, {int(states.max())}]")
+        raise DataError("states must be coded 0=S, 1=I, 2=R; other codes were found")
     return states.astype(np.int8, copy=False)
 
 
@@ -567,8 +703,14 @@ def build_neighbourhood_features(
         S: int = 20, t_window: int = 21, t_pred: int = T_PRED, seed: int = 0,
         priority: Priority = "random", hops: int = 1, hop2_neighbours: int | None = None,
         graph_features: bool = False, pagerank_iterations: int = 20, activity_names=None,
-        location_flag_names=None) -> NeighbourhoodFeatures:
+        location_flag_names=None,
+        constants: "FeatureConstants | str | Callable[[NeighbourIndex], FeatureConstants]"
+        = "declared") -> NeighbourhoodFeatures:
     """Dedupe → prune (degree ≤ S − 1) → node/location tables.
+
+    ``constants``: "declared" (`DECLARED_CONSTANTS`), "uncharged" (fit on these data,
+    not charged: `fitted_constants`), a `FeatureConstants`, or a callable given the
+    pruned index that returns them (called after pruning, before the tables are built).
 
     Contact arrays are (R,) per contact row; person arrays (N,) (``activities`` (N, A));
     location arrays (L,) (``location_flags`` (L, F)); ``states`` (N, T) with 0=S, 1=I,
@@ -584,13 +726,29 @@ def build_neighbourhood_features(
     index = prune_pairs(pairs, S - 1, seed, priority=priority, hops=hops,
                         max_degree_hop2=hop2_neighbours)
     del pairs
+    if isinstance(constants, str):
+        if constants == "declared":
+            constants = DECLARED_CONSTANTS
+        elif constants == "uncharged":
+            constants = fitted_constants(age=age, household_size=household_size,
+                                         longitude=longitude, latitude=latitude, index=index)
+        else:
+            raise ConfigError(f"constants must be 'declared', 'uncharged', FeatureConstants "
+                              f"or a callable, got {constants!r}")
+    elif callable(constants) and not isinstance(constants, FeatureConstants):
+        constants = constants(index)
+    if not isinstance(constants, FeatureConstants):
+        raise ConfigError("the constants callable must return FeatureConstants")
     extra = dict(original_degree=index.original_degree, pruned_degree=index.degree,
                  max_degree=S - 1, pagerank=pr) if graph_features else {}
     table, names, fitted = build_node_table(
         age=age, sex=sex, household_size=household_size, activities=activities,
-        frac_out_of_home=frac_out_of_home, activity_names=activity_names, **extra)
+        frac_out_of_home=frac_out_of_home, activity_names=activity_names,
+        constants=constants, **extra)
     locations = build_location_table(location_flags, longitude, latitude, location_ids,
-                                     location_flag_names)
+                                     location_flag_names, constants)
+    fitted["constants"] = constants.to_dict()
     return NeighbourhoodFeatures(index=index, node_table=table, node_names=names,
                                  locations=locations, states=states, t_window=t_window,
-                                 t_pred=t_pred, fitted=fitted, graph_features=graph_features)
+                                 t_pred=t_pred, edge_stats=constants.edge_stats(),
+                                 fitted=fitted, graph_features=graph_features)

@@ -6,8 +6,10 @@ private ``client_dir`` that persists between rounds and between the training and
 stages; the server has ``server_dir``:
 
 * ``train_client_factory(cid, <7 paths>, client_dir)`` → a Flower client whose `fit` is
-  one round of the region's local MR-MTL pass under node-level DP, charged to the
-  region's ledger (``client_dir/ledger.jsonl``) before its labelled examples are read;
+  one round of the region's local MR-MTL pass under node-level DP: the round is reserved
+  in the region's lifetime budget store (``client_dir/budget.sqlite``; refused if it
+  would exceed the lifetime target) and charged to its ledger
+  (``client_dir/ledger.jsonl``) before its examples are read, then settled;
 * ``train_strategy_factory(server_dir)`` → (strategy, rounds): the server broadcasts
   the mean model and averages the regions' models weighted by size;
 * ``test_client_factory(cid, <7 paths>, client_dir, preds_format_path,
@@ -16,7 +18,8 @@ stages; the server has ``server_dir``:
 * ``test_strategy_factory(server_dir)`` → (strategy, 1).
 
 Every factory takes an optional ``config`` (a `pipeline.PandemicConfig`, default: the
-default recipe with node-level ε = 5 per region); the challenge's runtime passes none.
+default recipe with node-level ε = 5 per region, node+edges adjacency, secure noise,
+declared preprocessing); the challenge's runtime passes none.
 Each client's config sets its own privacy target — the server never does.  Without a
 network or Flower's simulation engine, `flower_app.run_in_process` runs the same
 factories in one process.

@@ -1,11 +1,12 @@
 """Flower classes for federated pandemic training and prediction (needs ``flwr``; import
 it through `silofl.pandemic.federated`, which explains how to install it when missing).
 
-The classes are thin: a client's `fit` is `silo.client_train_round`, the strategy's
-`aggregate_fit` is `silo.server_aggregate` (`pipeline.server_step`).  Parameters on the
-wire are one float64 vector: the region's weights (client → server) or the mean model
-(server → client); in round 1 the server sends no tensor, meaning "start from the
-common initialization" (its length depends on the clients' data layout).
+The classes are thin: a client's `fit` is `silo.client_train_round` (which reserves and
+settles the round in the client's own budget store, ``client_dir/budget.sqlite``), the
+strategy's `aggregate_fit` is `silo.server_aggregate` (`pipeline.server_step`).
+Parameters on the wire are one float64 vector: the region's weights (client → server) or
+the mean model (server → client); in round 1 the server sends no tensor, meaning "start
+from the common initialization" (its length depends on the clients' data layout).
 
 `run_in_process` drives a strategy and client factories through Flower's own `Server`
 loop without a network or a simulation engine: each request builds a fresh client from

@@ -42,7 +42,8 @@ examples (`NeighbourIndex.appearance_bound`); `appearance_counts` verifies it.  
 Caveat (shared with the seed method and Daigavane et al.): the accounting treats the
 pruned graph as the data.  Greedy pruning is itself data-dependent — removing a person
 can free capacity that lets *other* pairs be kept — and that effect is not covered by
-the node-level bound.
+the node-level bound (under either adjacency of `node_dp`); every model states it as an
+uncharged assumption (`node_dp.PRUNING_ASSUMPTION`).
 """
 
 from __future__ import annotations
@@ -511,9 +512,8 @@ def _check_nodes(name: str, a: np.ndarray, num_nodes: int) -> None:
     if a.size == 0:
         return
     lo, hi = int(a.min()), int(a.max())
-    if lo < 0 or hi >= num_nodes:
-        bad = lo if lo < 0 else hi
-        raise DataError(f"{name} contains person index {bad}, outside 0..{num_nodes - 1}; "
+    if lo < 0 or hi >= num_nodes:  # no value in the message: it comes from a record
+        raise DataError(f"{name} contains a person index outside 0..{num_nodes - 1}; "
                         "persons must be numbered contiguously 0..num_nodes-1 within the "
                         "region (drop contacts with people outside the region first)")
 

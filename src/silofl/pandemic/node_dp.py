@@ -18,28 +18,49 @@ where ρ is the number of examples in a batch that contain a given person (popul
 
 Why ``2ρ²/σ²``.  We use *replacement* adjacency: the graph size ``n`` enters the
 accounting, so neighbouring graphs have the same number of persons and one person is
-replaced (with all of its edges).  That changes the person's own example and the
-neighbourhood vectors of up to ``S − 1`` others; each of the ρ affected examples in a
-batch can move anywhere in the clipping ball, i.e. by up to ``2C`` in L2, so the summed
-gradient has sensitivity ``Δ = 2ρC``.  The Gaussian mechanism's RDP is
-``α Δ² / (2σ²C²) = 2αρ²/σ²``, which is the exponent above (times α − 1).  The challenge's
-published code used ``ρ²/(2σ²)`` — sensitivity ρC, the add/remove figure for one
-example — which is four times smaller in the exponent and *not* safe for this
-replacement-adjacency, node-level argument (it amounts to reporting the ε of half the
-noise that was actually needed).
+replaced.  Each of the ρ affected examples in a batch can move anywhere in the clipping
+ball, i.e. by up to ``2C`` in L2, so the summed gradient has sensitivity ``Δ = 2ρC``.
+The Gaussian mechanism's RDP is ``α Δ² / (2σ²C²) = 2αρ²/σ²``, which is the exponent above
+(times α − 1).  The challenge's published code used ``ρ²/(2σ²)`` — sensitivity ρC, the
+add/remove figure for one example — which is four times smaller in the exponent and *not*
+safe for this replacement-adjacency, node-level argument (it amounts to reporting the ε
+of half the noise that was actually needed).
 
-Conversion to (ε, δ) uses dp_accounting's public
-`dp_accounting.rdp.rdp_privacy_accountant.compute_epsilon` (the improved conversion of
-Canonne-Kamath-Steinke / Asoodeh et al.), minimized over `DEFAULT_ORDERS`; δ defaults to
-``1/n`` as in the seed (a weak δ: consider ``δ ≪ 1/n`` for reporting).
+Which examples a replacement affects (``ADJACENCIES``; the hypergeometric's "successes"
+``K`` above are these, not always ``S``):
+
+* ``"node"`` — the contact graph is fixed and public; replacing a person changes their
+  own attributes and states.  Affected: their own example and the ≤ ``S − 1`` examples
+  they appear in as a neighbour: ``K = S``.  (Theorem 2.4.4 as stated.)
+* ``"node+edges"`` — replacing a person may also change *who they met* (the contact
+  graph is private, the challenge's threat model).  Affected: their own example, their
+  old neighbours' (≤ ``S − 1``) and their new neighbours' (≤ ``S − 1``):
+  ``K = 2S − 1`` (at most ``n``).
+
+Both rest on one assumption that is *not* charged: the degree-bounding pruning
+(`graph.prune_pairs`) is data-dependent, and a replaced person's edges can change which
+edges of *other* people are kept (freed or used capacity), hence those people's examples
+too.  The bound above counts only the examples that contain the replaced person.
+
+Conversion to (ε, δ) uses `silofl.privacy.accounting.rdp_to_epsilon`: the improved
+conversion of Canonne-Kamath-Steinke / Asoodeh et al. that dp_accounting's
+`compute_epsilon` implements, minimized over `DEFAULT_ORDERS`, but also at orders in
+(1, 1.01], which dp_accounting skips.  Small σ puts the optimal order close to 1 (σ = 1:
+α ≈ 1.05–1.2), so the grid is dense there; a grid starting at 1.25 reported ε ≈ 1.6·10⁶
+where these orders give ≈ 140 (n = 250 000, S = 20, b = 64, 5000 steps, δ = 1e-5).
+δ defaults to ``1/n`` as in the seed (a weak δ: consider ``δ ≪ 1/n`` for reporting).
 
 Steps per epoch.  Batches are drawn independently, so an "epoch" is a number of steps,
 not a pass over a permutation: `node_steps` uses ``epochs · ceil(n / b)`` (rounded up for
 fractional epochs), i.e. at least ``n`` examples drawn per epoch.
 
-Caveats shared with the seed: the pruning and normalization constants are data-dependent
-and not charged here (see `graph` and `features`), and graph features such as degree or
-PageRank invalidate the ``S`` bound (`features.NeighbourhoodFeatures.node_dp_S`).
+The same event also charges private preprocessing statistics (`pipeline`): a Gaussian
+sum over a batch of ``b`` examples of per-example vectors whose replacement changes by at
+most ``2C`` is one "step" of this mechanism.
+
+Caveats: the pruning is data-dependent and not charged (above), and graph features such
+as degree or PageRank invalidate the ``S`` bound
+(`features.NeighbourhoodFeatures.node_dp_S`).
 """
 
 from __future__ import annotations
@@ -49,18 +70,35 @@ from dataclasses import asdict, dataclass
 from typing import Sequence
 
 import numpy as np
-from dp_accounting.rdp.rdp_privacy_accountant import compute_epsilon
 from scipy import stats
 from scipy.special import logsumexp
 
 from silofl.errors import CalibrationError, PrivacyError
+from silofl.privacy.accounting import RDP_ORDERS_FINE, rdp_to_epsilon
 
-DEFAULT_ORDERS: tuple[float, ...] = (
-    1.25, 1.5, 1.75, 2.0, 2.25, 2.5, 2.75, 3.0, 3.5, 4.0, 4.5, 5.0, 5.5, 6.0, 7.0, 8.0,
-    9.0, 10.0, 11.0, 12.0, 14.0, 16.0, 18.0, 20.0, 24.0, 28.0, 32.0, 40.0, 48.0, 56.0,
-    64.0, 80.0, 96.0, 112.0, 128.0, 160.0, 192.0, 224.0, 256.0)
+# The ledger's grid for node-level events (`accounting.RDP_ORDERS_FINE`): calibration and
+# the ledger check must agree. 1.001 … 1.24, then dp_accounting's default orders and the
+# earlier grid 1.25 … 256 (a superset of it: never a larger ε than before).
+DEFAULT_ORDERS: tuple[float, ...] = RDP_ORDERS_FINE
 
 EVENT_NAME = "node_level_dp"
+
+#: "node+edges": a replaced person's contacts may change too (2S − 1 examples affected);
+#: "node": the graph is public and fixed (S examples affected)
+ADJACENCIES: tuple[str, ...] = ("node+edges", "node")
+ADJACENCY_TEXT = {
+    "node+edges": ("node-level, replacement of one person together with their contacts "
+                   "(the contact graph is private): up to 2S - 1 examples change (the "
+                   "person's own, their old and their new neighbours'), each by <= 2C"),
+    "node": ("node-level, replacement of one person's attributes and states on a fixed, "
+             "public contact graph: up to S examples change (the person's own and their "
+             "<= S - 1 neighbours'), each by <= 2C"),
+}
+#: what every node-level guarantee here assumes and does not charge
+PRUNING_ASSUMPTION = (
+    "uncharged assumption: the degree-bounding pruning is data-dependent; the bound counts "
+    "only the examples that contain the replaced person, not other people's examples whose "
+    "kept edges change because the replacement freed or used pruning capacity")
 
 
 # --- validation -----------------------------------------------------------------------
@@ -71,6 +109,20 @@ def _int(name: str, value, lo: int, hint: str = "") -> int:
     if value < lo:
         raise PrivacyError(f"{name} must be at least {lo}, got {value}{hint}")
     return int(value)
+
+
+def check_adjacency(adjacency) -> str:
+    if adjacency not in ADJACENCIES:
+        raise PrivacyError(f"adjacency must be one of {', '.join(map(repr, ADJACENCIES))}, "
+                           f"got {adjacency!r}")
+    return adjacency
+
+
+def affected_examples(n: int, S: int, adjacency: str = "node") -> int:
+    """How many of the ``n`` examples one replaced person can change: ``S`` under
+    "node", ``2S − 1`` under "node+edges" (never more than ``n``)."""
+    check_adjacency(adjacency)
+    return min(S if adjacency == "node" else 2 * S - 1, n)
 
 
 def _check(n, S, b, sigma) -> tuple[int, int, int, float]:
@@ -119,7 +171,9 @@ def hypergeom_log_pmf(n: int, S: int, b: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def node_rdp(orders, n: int, S: int, b: int, sigma: float) -> np.ndarray:
-    """Per-step RDP γ(α) of Theorem 2.4.4 at every order α (array, shape of orders)."""
+    """Per-step RDP γ(α) of Theorem 2.4.4 at every order α (array, shape of orders), with
+    ρ ~ Hypergeometric(n, S, b): here ``S`` is the number of examples one replacement
+    affects (`affected_examples`: S or 2S − 1), each moving by ≤ 2C."""
     n, S, b, sigma = _check(n, S, b, sigma)
     a = _orders(orders)
     rho, logp = hypergeom_log_pmf(n, S, b)
@@ -129,24 +183,30 @@ def node_rdp(orders, n: int, S: int, b: int, sigma: float) -> np.ndarray:
 
 def node_epsilon_and_order(n: int, S: int, b: int, sigma: float, steps: int,
                            delta: float | None = None,
-                           orders: Sequence[float] = DEFAULT_ORDERS) -> tuple[float, float]:
-    """(ε, optimal α) after ``steps`` steps; δ defaults to 1/n."""
+                           orders: Sequence[float] = DEFAULT_ORDERS, *,
+                           adjacency: str = "node",
+                           base_rdp: np.ndarray | None = None) -> tuple[float, float]:
+    """(ε, optimal α) after ``steps`` steps; δ defaults to 1/n.  ``S`` bounds the
+    examples a person appears in; ``adjacency`` turns it into the affected examples.
+    ``base_rdp`` (RDP at ``orders``) is composed in: what the silo spends besides."""
     n, S, b, sigma = _check(n, S, b, sigma)
     steps = _int("steps", steps, 0)
     delta = _delta(delta, n)
-    if steps == 0:
-        return 0.0, float("nan")
     a = _orders(orders)
-    rdp = steps * node_rdp(a, n, S, b, sigma)
-    eps, order = compute_epsilon(list(a), list(rdp), delta)
-    return float(eps), float(order)
+    base = np.zeros(a.size) if base_rdp is None else np.asarray(base_rdp, dtype=np.float64)
+    if steps == 0 and base_rdp is None:
+        return 0.0, float("nan")
+    rdp = base + steps * node_rdp(a, n, affected_examples(n, S, adjacency), b, sigma)
+    return rdp_to_epsilon(a, rdp, delta)
 
 
 def node_epsilon(n: int, S: int, b: int, sigma: float, steps: int,
                  delta: float | None = None,
-                 orders: Sequence[float] = DEFAULT_ORDERS) -> float:
+                 orders: Sequence[float] = DEFAULT_ORDERS, *,
+                 adjacency: str = "node", base_rdp: np.ndarray | None = None) -> float:
     """Node-level ε of ``steps`` DP-SGD steps (Theorem 2.4.4); δ defaults to 1/n."""
-    return node_epsilon_and_order(n, S, b, sigma, steps, delta, orders)[0]
+    return node_epsilon_and_order(n, S, b, sigma, steps, delta, orders,
+                                  adjacency=adjacency, base_rdp=base_rdp)[0]
 
 
 def node_steps(n: int, b: int, epochs: float) -> int:
@@ -165,8 +225,12 @@ def node_steps(n: int, b: int, epochs: float) -> int:
 def calibrate_node_sigma(target_epsilon: float, n: int, S: int, b: int, steps: int,
                          delta: float | None = None, *, rel_tol: float = 1e-4,
                          sigma_max: float = 1e4,
-                         orders: Sequence[float] = DEFAULT_ORDERS) -> float:
-    """Smallest noise multiplier σ (to ``rel_tol``) whose node-level ε is ≤ target.
+                         orders: Sequence[float] = DEFAULT_ORDERS,
+                         adjacency: str = "node",
+                         base_rdp: np.ndarray | None = None) -> float:
+    """Smallest noise multiplier σ (to ``rel_tol``) whose node-level ε is ≤ target, for
+    ``adjacency``, composed with ``base_rdp`` (RDP at ``orders`` of what else the silo
+    spends, e.g. private preprocessing).
 
     The returned σ always satisfies the target (bisection keeps the feasible end).
     Raises CalibrationError when even ``sigma_max`` does not reach it."""
@@ -179,9 +243,16 @@ def calibrate_node_sigma(target_epsilon: float, n: int, S: int, b: int, steps: i
     n, S, b, _ = _check(n, S, b, 1.0)
     steps = _int("steps", steps, 1, "; calibration needs at least one training step")
     delta = _delta(delta, n)
+    check_adjacency(adjacency)
+    if base_rdp is not None and node_epsilon(n, S, b, 1.0, 0, delta, orders,
+                                             base_rdp=base_rdp) > target:
+        raise CalibrationError(
+            f"the silo's other charges (e.g. private preprocessing) alone exceed "
+            f"node-level ε = {target} at δ = {delta:.3g}; give them a smaller share")
 
     def eps(sigma: float) -> float:
-        return node_epsilon(n, S, b, sigma, steps, delta, orders)
+        return node_epsilon(n, S, b, sigma, steps, delta, orders, adjacency=adjacency,
+                            base_rdp=base_rdp)
 
     hi = 1.0
     while eps(hi) > target:
@@ -189,8 +260,8 @@ def calibrate_node_sigma(target_epsilon: float, n: int, S: int, b: int, steps: i
             raise CalibrationError(
                 f"no noise multiplier up to {sigma_max:g} reaches node-level ε = {target} "
                 f"at δ = {delta:.3g} (n = {n}, S = {S}, b = {b}, {steps} steps; ε at "
-                f"σ = {sigma_max:g} is {eps(sigma_max):.4g}); raise epsilon, train for "
-                "fewer steps, use a smaller batch, or prune to a smaller S")
+                f"σ = {sigma_max:g} is {eps(sigma_max):.4g}, adjacency {adjacency}); raise "
+                "epsilon, train for fewer steps, use a smaller batch, or prune to a smaller S")
         hi = min(hi * 2.0, sigma_max)
     lo = hi / 2.0
     while eps(lo) <= target:
@@ -212,20 +283,28 @@ def calibrate_node_sigma(target_epsilon: float, n: int, S: int, b: int, steps: i
 class NodeLevelDpEvent:
     """One node-level DP-SGD charge: ``steps`` steps on a region of ``n`` persons, each
     appearing in ≤ ``S`` examples, batches of ``b`` drawn without replacement, noise
-    multiplier ``sigma``.  dp_accounting has no such event type; this one is plain data
-    (`to_dict`/`from_dict` for JSON ledgers) and knows its own ε."""
+    multiplier ``sigma``, under ``adjacency`` (`ADJACENCIES`: the hypergeometric's
+    successes are `affected` = S or 2S − 1).  dp_accounting has no such event type; this
+    one is plain data (`to_dict`/`from_dict` for JSON ledgers) and knows its own ε."""
 
     n: int
     S: int
     b: int
     sigma: float
     steps: int
+    adjacency: str = "node"
 
     def __post_init__(self):
         n, S, b, sigma = _check(self.n, self.S, self.b, self.sigma)
         steps = _int("steps", self.steps, 0)
+        check_adjacency(self.adjacency)
         for k, v in (("n", n), ("S", S), ("b", b), ("sigma", sigma), ("steps", steps)):
             object.__setattr__(self, k, v)
+
+    @property
+    def affected(self) -> int:
+        """Examples one replaced person can change (the hypergeometric's successes)."""
+        return affected_examples(self.n, self.S, self.adjacency)
 
     @property
     def default_delta(self) -> float:
@@ -233,24 +312,35 @@ class NodeLevelDpEvent:
 
     def rdp(self, orders: Sequence[float] = DEFAULT_ORDERS) -> np.ndarray:
         """Composed RDP ``steps · γ(α)`` at ``orders``."""
-        return self.steps * node_rdp(orders, self.n, self.S, self.b, self.sigma)
+        return self.steps * node_rdp(orders, self.n, self.affected, self.b, self.sigma)
 
     def epsilon(self, delta: float | None = None,
                 orders: Sequence[float] = DEFAULT_ORDERS) -> float:
-        return node_epsilon(self.n, self.S, self.b, self.sigma, self.steps, delta, orders)
+        return node_epsilon(self.n, self.S, self.b, self.sigma, self.steps, delta, orders,
+                            adjacency=self.adjacency)
 
     def to_dict(self) -> dict:
         return {"event": EVENT_NAME,
                 "mechanism": "hypergeometric-sampled Gaussian, replacement adjacency, "
-                             "sensitivity 2*rho*C (Theorem 2.4.4)",
-                **asdict(self)}
+                             "sensitivity 2*rho*C (Theorem 2.4.4), rho ~ "
+                             "Hypergeometric(n, affected, b)",
+                **asdict(self), "affected": self.affected}
 
     @classmethod
     def from_dict(cls, d: dict) -> "NodeLevelDpEvent":
+        """Dicts written before the adjacency field existed load as "node" (S affected
+        examples), which is what they were charged as."""
         if d.get("event") != EVENT_NAME:
             raise PrivacyError(f"not a {EVENT_NAME} event: {d.get('event')!r}")
-        return cls(n=d["n"], S=d["S"], b=d["b"], sigma=d["sigma"], steps=d["steps"])
+        ev = cls(n=d["n"], S=d["S"], b=d["b"], sigma=d["sigma"], steps=d["steps"],
+                 adjacency=d.get("adjacency", "node"))
+        if "affected" in d and d["affected"] != ev.affected:
+            raise PrivacyError(f"inconsistent {EVENT_NAME} event: affected = "
+                               f"{d['affected']} but S = {ev.S} under {ev.adjacency!r} "
+                               f"gives {ev.affected}")
+        return ev
 
     def __str__(self) -> str:
         return (f"node-level DP-SGD: n={self.n}, S={self.S}, b={self.b}, "
-                f"sigma={self.sigma:g}, steps={self.steps}")
+                f"sigma={self.sigma:g}, steps={self.steps}, adjacency={self.adjacency} "
+                f"({self.affected} examples affected)")

@@ -3,9 +3,51 @@
 Each region (silo) builds neighbourhood features from its own subgraph (edges that cross
 regions are cut), trains a focal-loss logistic regression with DP-SGD on batches of b
 persons drawn uniformly *without replacement* (the sampling the node-level accountant
-assumes), and pulls its model towards the mean of all regions' models (MR-MTL). Every
-round is charged to the region's ledger as a node-level event *before* its data is read.
-The centralized mode treats the whole population as one silo.
+assumes), and pulls its model towards the mean of all regions' models (MR-MTL).  The
+centralized mode treats the whole population as one silo.
+
+**What is guaranteed, and what is assumed** (every model states it, `privacy_entry`):
+
+* *Adjacency* (``adjacency``).  ``"node+edges"`` (default): neighbouring datasets differ
+  in one person *including their contacts* (the contact graph is private, the challenge's
+  threat model), so up to 2S − 1 examples change.  ``"node"``: one person's attributes
+  and states differ on a fixed, public contact graph: up to S examples.  Accounting:
+  `node_dp` (Theorem 2.4.4, replacement, sensitivity 2ρC, ρ ~ Hypergeometric(n, S or
+  2S − 1, b)).  Assumed, not charged: the degree-bounding pruning is data-dependent (a
+  replaced person's edges can change which edges of others are kept,
+  `node_dp.PRUNING_ASSUMPTION`), and region sizes n are public (they set σ and b/n).
+* *Noise* (``noise``).  ``"secure"`` (default): all DP randomness of a region's round —
+  its batch draws and its Gaussian noise, and the noise and sample of a private
+  preprocessing release — comes from `Randomness.secure()` (a CSPRNG keyed from OS
+  entropy); nothing follows from the seed.  ``"seeded"``: derived from (seed, region,
+  round), exactly as before (the Flower run reproduces `train` bit for bit) — whoever
+  knows the seed can replay the noise, so every output of a seeded run says
+  `runtime.plan.SEEDED_NOTE`.  Seeded in both modes, because the guarantee does not need
+  them secret (they are independent of the data and may be public): the training window
+  of every person in every epoch, the pruning priorities, the persons and windows over
+  which uncharged scaling statistics are taken, and the windows of the private release.
+  The model's initialization is a fixed number, not random.
+* *Lifetime budget*.  `train` charges a `silofl.privacy.budget.BudgetStore` (default: an
+  in-memory scratch store, flagged `SCRATCH_NOTE`): it reserves everything the run will
+  spend — private preprocessing and every round — per region before any record is
+  read (a run that would take a region past its lifetime target is refused, nothing
+  read), every region's `Ledger` may spend only what was reserved, and the store is
+  settled to what executed (also on failure).  A second run on the same store composes
+  with the first.
+* *Preprocessing* (``preprocessing``): every constant computed from data — the
+  model-input standardization, the household-size Box-Cox λ and standardization, the age
+  and location standardization and the contact (edge) statistics — is ``"declared"``
+  (default: fixed public numbers, `features.DECLARED_CONSTANTS` and
+  `SUMMARY_DECLARED`, with their sources), ``"private"`` (one node-level Gaussian release
+  per region, `private_release`, charged before it reads anything) or ``"uncharged"``
+  (fit on the region without any charge: the old behaviour; listed by name as
+  uncharged in the model and the CLI).  No statistic crosses regions.  The private
+  release costs ``preprocessing_share`` (10%) of ε on its own and is composed with the
+  rounds; at node level a person moves up to 2S − 1 summed vectors, so it is noisy for
+  small regions (10k outbreak: median lift 20× vs 34× declared; 20k outbreak seed 1:
+  3.6× vs 5.8×) and meant for regions of ~10⁵ persons.  In a private run the location
+  coordinates keep their declared constants (they describe places, not persons), and
+  with "mean"/"concat" pooling the model inputs are left unscaled (declared identity).
 
 The training recipe (defaults of `PandemicConfig`; the reasons, measured on synthetic
 outbreaks of 20k persons in 4 regions, positive rate ≈ 0.3%):
@@ -16,44 +58,44 @@ outbreaks of 20k persons in 4 regions, positive rate ≈ 0.3%):
   mean-pooled one-hot history spreads that signal over 63 tiny columns (one infected
   neighbour moves a column by 1/19), and under node-level DP every extra weight adds
   noise to the scores: with mean pooling even non-private SGD stayed near the
-  positive-rate baseline, with the summaries DP at ε = 5 beats it (2× on the 20k
-  outbreak, 4–34× on a 10k one, depending on the training seed) — but an untrained
-  equal-weight sum of the summaries does as well or better (README, "How much of the
-  score is the inputs"; `summary_baseline`).  The
-  summaries are a deterministic function of the example (own history, neighbour
-  histories, contact durations/locations, empty-slot flags), so the node-level
-  accounting is unchanged.
+  positive-rate baseline, with the summaries DP at ε = 5 beats it — but an untrained
+  equal-weight sum of the summaries does about as well (README, "How much of the
+  score is the inputs"; `summary_baseline`).  The summaries are a deterministic function
+  of the example (own history, neighbour histories, contact durations/locations,
+  empty-slot flags), so the node-level accounting is unchanged.
 * **standardization** (``standardize=True``): every input column is centred and scaled
-  per region; the gradients then have comparable scales across columns and one learning
-  rate fits all of them (``lr=0.3``; the old ``lr=10`` on raw mean-pooled inputs
-  diverged along the large columns and crawled along the small ones).  The constants
-  come from the region's examples (features only, no labels) and are folded into the
-  saved weights, so `PandemicModel.weights` act on the raw inputs.
+  (by the declared constants `SUMMARY_DECLARED` by default); the gradients then have
+  comparable scales across columns and one learning rate fits all of them (``lr=0.3``;
+  the old ``lr=10`` on raw mean-pooled inputs diverged along the large columns and
+  crawled along the small ones).  The constants are folded into the saved weights, so
+  `PandemicModel.weights` act on the raw inputs.  The declared scales do as well as the
+  region's own (uncharged) statistics did: median lift over the positive rate over 5
+  training seeds 35.5× vs 25.7× (10k outbreak, seed 3), 5.6× vs 5.6× (20k, seed 1),
+  12.5× vs 12.4× (20k, seed 2).
 * **bias initialization** (``bias_init=-5``): a fixed hyperparameter (a public guess at
   the log-odds of a weekly infection, *not* computed from the labels).  Starting at 0
   puts every example at p = 0.5, where the focal gradients of the 99.7% negatives all
   clip to C and drown the positives; near the prior, negatives have tiny gradients and
   the few positives (clipped to C, fig. 2.9) set the direction.
 * **weight prior** (``prior_weight=0.1``): every summary input starts with weight 0.1, the
-  public prior that more infection around a person means more risk.  Measured over 4
+  public prior that more infection around a person means more risk.  Measured (before
+  the current defaults: node adjacency, per-region uncharged standardization) over 4
   training seeds on three synthetic outbreaks (20k/4 regions seeds 1, 2; 10k seed 3),
   the median DP lift over the positive rate went from 1.9×/1.8×/8.7× (start at 0, single
   runs 0.6×–34×) to 5.5×/12.4×/31.6×, about what the untrained equal-weight score gets
   (7.0×/12.6×/26×): at ε = 5 DP-SGD mostly keeps a good prior rather than finding one.
 * **MR-MTL**: ``lr · lam ≪ 1`` (``lam=0.1``); with ``lr · lam ≈ 1`` every step snaps a
   region back to the mean and the local progress is lost.
-
-What is not charged (as in the thesis): data-dependent preprocessing constants (feature
-standardization, including that of the model inputs, Box-Cox λ, edge statistics) and the
-pruning itself.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import time
 import zlib
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -61,18 +103,50 @@ from typing import Callable
 import numpy as np
 
 from silofl.data.federation import PrivacyTarget
-from silofl.errors import ConfigError
+from silofl.errors import ConfigError, PrivacyError
 from silofl.models.glm import FocalLoss
 from silofl.pandemic import metrics as PM
 from silofl.pandemic.baseline import sir_baseline_scores
 from silofl.pandemic.features import (
-    N_STATES, NeighbourhoodFeatures, build_neighbourhood_features,
+    DECLARED_CONSTANTS, DECLARED_SOURCES, N_STATES, PRIVATE_BOUNDS, FeatureConstants,
+    NeighbourhoodFeatures, build_neighbourhood_features, build_node_table, check_S,
+    check_t_window,
 )
-from silofl.pandemic.node_dp import NodeLevelDpEvent, calibrate_node_sigma, node_steps
+from silofl.pandemic.node_dp import (
+    ADJACENCIES, ADJACENCY_TEXT, DEFAULT_ORDERS, PRUNING_ASSUMPTION, NodeLevelDpEvent,
+    affected_examples, calibrate_node_sigma, node_steps,
+)
 from silofl.pandemic.partition import input_directory
 from silofl.pandemic.readers import PandemicData, read_dataset
+from silofl.pandemic.sampling import SeededBatches, UniformBatches
+from silofl.privacy import events
+from silofl.privacy.budget import SCRATCH_NOTE, BudgetStore, PlannedCharge, new_run_id
 from silofl.privacy.ledger import Ledger
 from silofl.privacy.randomness import Randomness
+from silofl.runtime.plan import SEEDED_NOTE
+
+NOISE_MODES = ("secure", "seeded")
+PREPROCESSING = ("declared", "private", "uncharged")
+#: the label of each kind of charge in ledgers and the budget store; the method is MR-MTL
+ROUND_LABEL = "node-dpsgd"
+PREPROCESS_LABEL = "preprocess"
+METHOD = "mrmtl"
+#: calibrate to slightly below the target, so that the ledger and the store, composing
+#: the same events in another order, can never land a rounding error above it
+_CALIBRATION_MARGIN = 1e-7
+#: what every node-level model assumes besides the pruning
+SIZES_ASSUMPTION = ("region sizes n are treated as public: they set each region's "
+                    "sampling rate b/n, its noise calibration and the averaging weights")
+#: the items that preprocessing="uncharged" reads without any charge
+UNCHARGED_ITEMS = (
+    "age standardization (mean and standard deviation of the region's ages)",
+    "household-size Box-Cox λ (maximum likelihood on the region) and standardization",
+    "location longitude/latitude standardization (over the listed locations)",
+    "contact statistics: mean and standard deviation of log duration and log count over "
+    "the region's kept edges",
+    "model-input standardization (mean and standard deviation of every input column over "
+    "the region's examples)",
+)
 
 
 @dataclass
@@ -92,7 +166,7 @@ class PandemicConfig:
     lr: float = 0.3             # for standardized inputs
     clip: float = 1.0
     lam: float = 0.1            # MR-MTL pull towards the mean model (keep lr · lam ≪ 1)
-    standardize: bool = True    # centre/scale each input column per region (uncharged)
+    standardize: bool = True    # centre/scale each model input (constants: `preprocessing`)
     bias_init: float = -5.0     # fixed prior log-odds guess, not computed from labels
     prior_weight: float = 0.1   # starting weight of every summary input (public prior: more
                                 # infection around a person means more risk); summary only
@@ -102,8 +176,18 @@ class PandemicConfig:
     epsilon: float = 5.0        # node-level target for every region
     delta: float | None = None  # default 1/n of the region
     seed: int = 0
+    noise: str = "secure"       # "secure": OS-entropy CSPRNG; "seeded": reproducible from
+                                # (seed, region, round) — not a privacy guarantee
+    adjacency: str = "node+edges"  # "node+edges": a person and their contacts (2S − 1
+                                   # examples); "node": fixed public graph (S examples)
+    preprocessing: str = "declared"  # data-dependent constants: "declared" (public
+                                     # numbers), "private" (charged), "uncharged"
+    preprocessing_share: float = 0.1  # "private": the share of epsilon its release costs
+    declared: dict | None = None  # overrides of `features.DECLARED_CONSTANTS` by name
+                                  # (e.g. another region's lon_mean/lat_mean)
 
     def validate(self) -> None:
+        check_S(self.S)
         if self.rounds < 1 or self.batch_size < 1:
             raise ConfigError("rounds and batch_size must be positive integers")
         if self.clip <= 0 or self.lr < 0 or self.lam < 0 or self.local_epochs <= 0:
@@ -120,19 +204,55 @@ class PandemicConfig:
             raise ConfigError(f"prior_weight must be a finite number, got {self.prior_weight}")
         if self.private and not self.epsilon > 0:
             raise ConfigError(f"epsilon must be positive, got {self.epsilon}")
+        if self.noise not in NOISE_MODES:
+            raise ConfigError(f"noise must be 'secure' (OS entropy, the default) or 'seeded' "
+                              f"(reproducible, not a privacy guarantee), got {self.noise!r}")
+        if self.adjacency not in ADJACENCIES:
+            raise ConfigError(f"adjacency must be one of {', '.join(map(repr, ADJACENCIES))}, "
+                              f"got {self.adjacency!r}")
+        if self.preprocessing not in PREPROCESSING:
+            raise ConfigError(f"preprocessing must be one of "
+                              f"{', '.join(map(repr, PREPROCESSING))}, got "
+                              f"{self.preprocessing!r}")
+        if self.preprocessing == "private" and not self.private:
+            raise ConfigError("preprocessing='private' needs private=True (a non-private "
+                              "run has no budget to charge it to); use 'declared'")
+        if not 0 < self.preprocessing_share < 1:
+            raise ConfigError(f"preprocessing_share must lie in (0, 1), got "
+                              f"{self.preprocessing_share}")
+        declared_constants(self)  # unknown names or bad values fail here
+
+    @property
+    def private_preprocessing(self) -> bool:
+        return self.private and self.preprocessing == "private"
+
+
+def declared_constants(cfg: PandemicConfig) -> FeatureConstants:
+    """`features.DECLARED_CONSTANTS` with ``cfg.declared``'s overrides."""
+    extra = dict(cfg.declared or {})
+    known = set(DECLARED_CONSTANTS.to_dict()) - {"source"}
+    bad = sorted(set(extra) - known)
+    if bad:
+        raise ConfigError(f"unknown declared constant(s) {', '.join(bad)}; known: "
+                          f"{', '.join(sorted(known))}")
+    return DECLARED_CONSTANTS.replace(**{k: float(v) for k, v in extra.items()})
 
 
 @dataclass
 class Region:
     name: str
     persons: np.ndarray          # indices into the dataset's persons
-    features: NeighbourhoodFeatures
+    features: NeighbourhoodFeatures | None = None  # None until built (after the reservation)
     S: int = 0
     steps_per_round: int = 0
     sigma: float | None = None
     ledger: Ledger | None = None
     shift: np.ndarray | None = None  # model-input standardization (None: raw inputs)
     scale: np.ndarray | None = None
+    delta: float | None = None
+    pre_sigma: float | None = None   # private preprocessing: noise multiplier, batch
+    pre_batch: int = 0
+    constants: FeatureConstants | None = None
 
     @property
     def n(self) -> int:
@@ -148,13 +268,16 @@ class PandemicModel:
     weights: np.ndarray          # (K, P)
     privacy: list[dict] = field(default_factory=list)
     timings: dict = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    constants: dict = field(default_factory=dict)  # region → `FeatureConstants` dict used
 
     def save(self, directory: Path) -> None:
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         np.save(directory / "weights.npy", self.weights)
         (directory / "model.json").write_text(json.dumps(
-            {"config": asdict(self.config), "regions": self.regions, "privacy": self.privacy,
+            {"config": asdict(self.config), "regions": self.regions, "notes": self.notes,
+             "privacy": self.privacy, "constants": self.constants,
              "timings": self.timings}, indent=1, default=float))
 
     @classmethod
@@ -165,13 +288,19 @@ class PandemicModel:
             raise ConfigError(f"{directory} holds no trained pandemic model (model.json is "
                               "missing); run `silofl pandemic train` first")
         meta = json.loads(meta_path.read_text())
-        return cls(PandemicConfig(**meta["config"]), meta["regions"],
+        # models saved before these fields existed were trained this way
+        conf = {"noise": "seeded", "adjacency": "node", "preprocessing": "uncharged",
+                **meta["config"]}
+        return cls(PandemicConfig(**conf), meta["regions"],
                    np.load(directory / "weights.npy"), meta.get("privacy", []),
-                   meta.get("timings", {}))
+                   meta.get("timings", {}), meta.get("notes", []),
+                   meta.get("constants", {}))
 
 
-def build_regions(data: PandemicData, cfg: PandemicConfig) -> list[Region]:
-    """Per-region neighbourhood features on each region's own subgraph."""
+# --- regions ---------------------------------------------------------------------------
+
+def region_groups(data: PandemicData, cfg: PandemicConfig) -> list[Region]:
+    """The silos and their persons, nothing else: region membership and sizes (public)."""
     if cfg.federated:
         if np.any(data.region < 0):
             raise ConfigError(f"{int((data.region < 0).sum())} persons have no region (no "
@@ -181,23 +310,73 @@ def build_regions(data: PandemicData, cfg: PandemicConfig) -> list[Region]:
                   for r, c in enumerate(data.region_codes)]
     else:
         groups = [("all", np.arange(data.num_persons))]
-    return [build_region(data, name, persons, cfg) for name, persons in groups]
+    out = []
+    for name, persons in groups:
+        if persons.size == 0:
+            raise ConfigError(f"{name} has no persons; drop it from the data")
+        out.append(Region(name, persons, S=cfg.S))
+    return out
+
+
+def build_regions(data: PandemicData, cfg: PandemicConfig,
+                  constants: dict | None = None) -> list[Region]:
+    """Per-region neighbourhood features on each region's own subgraph.  ``constants``
+    (region → `FeatureConstants` or its dict) overrides the config's source; a
+    private source needs them (a release is made, and charged, only by `train`)."""
+    regions = region_groups(data, cfg)
+    for r in regions:
+        c = (constants or {}).get(r.name)
+        build_features(data, r, cfg, None if c is None else _as_constants(c))
+    return regions
+
+
+def _as_constants(c) -> FeatureConstants:
+    return c if isinstance(c, FeatureConstants) else FeatureConstants(**c)
 
 
 def build_region(data: PandemicData, name: str, persons: np.ndarray,
                  cfg: PandemicConfig) -> Region:
-    """One silo: neighbourhood features of ``persons`` (person indices into ``data``) on
-    the subgraph of contacts among them.  Reads features and states, never labels."""
+    """One silo with its features built (declared or uncharged constants)."""
     if persons.size == 0:
         raise ConfigError(f"{name} has no persons; drop it from the data")
-    feats = build_neighbourhood_features(**data.feature_inputs(persons), S=cfg.S,
-                                         t_window=cfg.t_window, seed=cfg.seed,
-                                         priority=cfg.priority)
-    return Region(name, persons, feats, S=feats.node_dp_S)
+    r = Region(name, persons, S=cfg.S)
+    build_features(data, r, cfg)
+    return r
+
+
+def build_features(data: PandemicData, r: Region, cfg: PandemicConfig,
+                   constants: FeatureConstants | None = None) -> None:
+    """Neighbourhood features of ``r.persons`` on the subgraph of contacts among them,
+    normalized with ``constants`` or, when None, by ``cfg.preprocessing``: "declared",
+    "uncharged" (fit on the region, not charged) or "private" (charges ``r.ledger``, then
+    releases them with `private_release`; needs `plan_regions` and a ledger).  Reads
+    features and states, never labels."""
+    inputs = data.feature_inputs(r.persons)
+    private = constants is None and cfg.preprocessing == "private"
+    if constants is None:
+        constants = "uncharged" if cfg.preprocessing == "uncharged" else declared_constants(cfg)
+    r.features = build_neighbourhood_features(**inputs, S=cfg.S, t_window=cfg.t_window,
+                                              seed=cfg.seed, priority=cfg.priority,
+                                              constants=constants)
+    if r.features.node_dp_S != r.S:  # the plan's S must be what the features give
+        raise PrivacyError(f"{r.name}: the features bound appearances by S = "
+                           f"{r.features.node_dp_S}, the plan by {r.S}")
+    if private:
+        private_release(r, cfg, inputs)
+    r.constants = FeatureConstants(**r.features.fitted["constants"])
+
+
+# --- planning ----------------------------------------------------------------------------
+
+#: persons a private release sums over at most (a secret uniform sample above that)
+PRIVATE_SAMPLE = 50_000
 
 
 def plan_regions(regions: list[Region], cfg: PandemicConfig) -> None:
-    """Steps, calibrated σ and a preflighted ledger per region — before any training."""
+    """Steps, calibrated σ (and the private preprocessing's σ) per region — from public
+    facts only (n, S, the config), before any record is read.  Regions get a ledger
+    checked against their target (`open_budget` replaces it by one limited to what the
+    budget store reserved)."""
     for r in regions:
         if cfg.batch_size > r.n:
             raise ConfigError(f"batch_size {cfg.batch_size} is larger than {r.name} "
@@ -205,11 +384,148 @@ def plan_regions(regions: list[Region], cfg: PandemicConfig) -> None:
         r.steps_per_round = node_steps(r.n, cfg.batch_size, cfg.local_epochs)
         if not cfg.private:
             continue
-        delta = cfg.delta if cfg.delta is not None else 1.0 / r.n
+        r.delta = cfg.delta if cfg.delta is not None else 1.0 / r.n
         total = r.steps_per_round * cfg.rounds
-        r.sigma = calibrate_node_sigma(cfg.epsilon, r.n, r.S, cfg.batch_size, total, delta)
-        r.ledger = Ledger(r.name, PrivacyTarget(cfg.epsilon, delta))
-        r.ledger.preflight(NodeLevelDpEvent(r.n, r.S, cfg.batch_size, r.sigma, total))
+        base = None
+        if cfg.private_preprocessing:
+            r.pre_batch = min(r.n, PRIVATE_SAMPLE)
+            r.pre_sigma = calibrate_node_sigma(
+                cfg.epsilon * cfg.preprocessing_share, r.n, r.S, r.pre_batch, 1, r.delta,
+                adjacency=cfg.adjacency)
+            base = preprocess_event(r, cfg).rdp(DEFAULT_ORDERS)
+        r.sigma = calibrate_node_sigma(cfg.epsilon * (1 - _CALIBRATION_MARGIN), r.n, r.S,
+                                       cfg.batch_size, total, r.delta,
+                                       adjacency=cfg.adjacency, base_rdp=base)
+        r.ledger = Ledger(r.name, PrivacyTarget(cfg.epsilon, r.delta))
+        r.ledger.preflight(events.compose(planned_counts(r, cfg)))
+
+
+def round_event(r: Region, cfg: PandemicConfig) -> NodeLevelDpEvent:
+    """The node-level DP charge of one round of ``r``'s local training."""
+    return NodeLevelDpEvent(r.n, r.S, cfg.batch_size, r.sigma, r.steps_per_round,
+                            cfg.adjacency)
+
+
+def preprocess_event(r: Region, cfg: PandemicConfig) -> NodeLevelDpEvent:
+    """The charge of ``r``'s private preprocessing release: one "step" of the node-level
+    mechanism (a Gaussian sum over ``pre_batch`` examples, see `private_release`)."""
+    return NodeLevelDpEvent(r.n, r.S, r.pre_batch, r.pre_sigma, 1, cfg.adjacency)
+
+
+def planned_charges(r: Region, cfg: PandemicConfig, rounds: list[int] | None = None,
+                    preprocess: bool | None = None) -> list[PlannedCharge]:
+    """What ``r`` will spend: the private preprocessing (if any) and ``rounds`` (default:
+    every round), as budget-store charges."""
+    rounds = list(range(1, cfg.rounds + 1)) if rounds is None else rounds
+    preprocess = cfg.private_preprocessing if preprocess is None else preprocess
+    out = []
+    if preprocess:
+        out.append(PlannedCharge(r.name, METHOD, PREPROCESS_LABEL, preprocess_event(r, cfg)))
+    if rounds:
+        out.append(PlannedCharge(r.name, METHOD, ROUND_LABEL, round_event(r, cfg),
+                                 len(rounds)))
+    return out
+
+
+def planned_counts(r: Region, cfg: PandemicConfig, **kw) -> Counter:
+    """Base-event counts of `planned_charges` (a ledger's allowance)."""
+    out: Counter = Counter()
+    for p in planned_charges(r, cfg, **kw):
+        for e, c in events.flatten(p.event).items():
+            out[e] += c * p.count
+    return out
+
+
+def region_fingerprint(data: PandemicData, r: Region) -> str:
+    """A short hash of the region's persons and states, recorded with its charges so a
+    change of the data shows in the (silo-internal) budget store."""
+    h = hashlib.sha256()
+    for a in (data.pids[r.persons], data.states[r.persons]):
+        a = np.ascontiguousarray(a)
+        h.update(str((a.dtype.str, a.shape)).encode())
+        h.update(a.tobytes())
+    return h.hexdigest()[:16]
+
+
+@dataclass
+class Reservation:
+    """One run's reservation in a budget store and the ledgers that spend it."""
+
+    store: BudgetStore
+    run_id: str
+    regions: list[Region]
+    settled: bool = False
+    start: dict = field(default_factory=dict)  # region → ledger entries before this run
+
+    def executed(self) -> list[PlannedCharge]:
+        out = []
+        for r in self.regions:
+            by: Counter = Counter()  # equal events (every round's) are one charge × count
+            for entry in r.ledger.entries[self.start.get(r.name, 0):]:
+                by[(entry.label, entry.event)] += 1
+            out += [PlannedCharge(r.name, METHOD, label, ev, k)
+                    for (label, ev), k in by.items()]
+        return out
+
+    def settle(self, status: str = "finished") -> None:
+        """Replace the reservation by what the ledgers executed (once)."""
+        if not self.settled:
+            self.store.settle(self.run_id, self.executed(), status=status)
+            self.settled = True
+
+
+def open_budget(store: BudgetStore, regions: list[Region], cfg: PandemicConfig, *,
+                command: str, charges: dict[str, list[PlannedCharge]] | None = None,
+                fingerprints: dict[str, str] | None = None,
+                allowance: dict[str, Counter] | None = None) -> Reservation:
+    """Register every region's lifetime target (``cfg``'s, unless the store already holds
+    one) and reserve ``charges`` (default: the whole run, `planned_charges`) in one
+    transaction — BudgetExceeded, nothing reserved, if any region's lifetime budget
+    cannot pay.  Each region then gets a ledger that may spend only what was reserved
+    (plus ``allowance``: what it already spent in earlier calls of the same run)."""
+    charges = charges if charges is not None else {r.name: planned_charges(r, cfg)
+                                                   for r in regions}
+    store.register({r.name: PrivacyTarget(cfg.epsilon, r.delta) for r in regions})
+    run_id = new_run_id()
+    store.reserve(run_id, [c for r in regions for c in charges[r.name]], command=command,
+                  noise=cfg.noise, fingerprints=fingerprints)
+    for r in regions:
+        counts: Counter = Counter((allowance or {}).get(r.name, Counter()))
+        for p in charges[r.name]:
+            for e, c in events.flatten(p.event).items():
+                counts[e] += c * p.count
+        r.ledger = Ledger(r.name, PrivacyTarget(cfg.epsilon, r.delta), allowance=counts)
+    return Reservation(store, run_id, regions)
+
+
+# --- streams -------------------------------------------------------------------------------
+
+def region_streams(seed: int, name: str, round: int) -> tuple[np.random.Generator,
+                                                            Randomness]:
+    """The *seeded* (batch sampler, noise source) of one region in one round, derived from
+    (seed, region name, round) only — so a region trained alone (a federated client)
+    draws exactly what it draws inside the in-process `train`.  Reproducible: not a
+    privacy guarantee (`round_streams` uses it only with ``noise="seeded"``)."""
+    key = [int(seed), zlib.crc32(name.encode()), int(round)]
+    return np.random.default_rng([*key, 1]), Randomness.seeded([*key, 7])
+
+
+def secure_randomness() -> Randomness:
+    """A CSPRNG keyed from OS entropy (`Randomness.secure`, else `os_entropy`)."""
+    factory = getattr(Randomness, "secure", None)
+    return factory() if callable(factory) else Randomness.os_entropy()
+
+
+def round_streams(cfg: PandemicConfig, r: Region, round: int):
+    """(batch sampler with ``.draw(b)``, noise `Randomness`) of ``r`` in ``round`` (round
+    0: the private preprocessing release).  "secure": one OS-entropy stream for both,
+    batches by exact partial Fisher–Yates (`sampling.UniformBatches`); "seeded":
+    `region_streams`, exactly as before."""
+    if cfg.noise == "secure":
+        rand = secure_randomness()
+        return UniformBatches(r.n, rand), rand
+    rng, noise = region_streams(cfg.seed, r.name, round)
+    return SeededBatches(r.n, rng), noise
 
 
 POOLINGS = ("summary", "mean", "concat")
@@ -285,6 +601,57 @@ def input_dim(F: NeighbourhoodFeatures, pooling: str) -> int:
     return F.dim if pooling == "concat" else F.own_dim + F.block_dim
 
 
+#: Declared (centre, scale) of every `SUMMARY_FEATURES` column (preprocessing="declared"):
+#: public numbers, rounded from the per-region statistics of three outbreaks of the public
+#: generator (`synth`: 4k seed 7, 10k seed 3, 20k seed 1 — the first two are the test
+#: outbreaks, so test figures may flatter them), never from a real silo's data.  Their
+#: reasoning: almost everyone is still
+#: susceptible; a fraction of occupied slots lies in [0, 1]; about e^3.5 ≈ 30 contact
+#: hours per person; infection around a person is rare, so the infection columns are
+#: near 0 with small spreads (the scale of a rare event), which gives them the weight
+#: they need in the equal-weight prior.  On real data they are a public guess.
+SUMMARY_DECLARED: dict[str, tuple[float, float]] = {
+    "own_susceptible": (1.0, 0.1), "occupied_slots": (0.5, 0.3),
+    "log_contact_hours": (3.5, 1.0),
+    "log_n_infectious": (0.0, 0.1), "log_n_recent": (0.0, 0.1), "log_n_new": (0.0, 0.1),
+    "log_hours_infectious": (0.0, 0.2), "log_hours_recent": (0.0, 0.2),
+    "log_hours_new": (0.0, 0.2),
+    "n_home_infectious": (0.0, 0.05), "n_home_recent": (0.0, 0.05), "n_home_new": (0.0, 0.05),
+}
+SUMMARY_DECLARED_SOURCE = (
+    "centre/scale per summary column rounded from synthetic outbreaks of the public "
+    "generator (silofl pandemic synth), not from the data trained on: own_susceptible "
+    "1/0.1, occupied_slots 0.5/0.3, log_contact_hours 3.5/1, infection counts 0/0.1, "
+    "infection hours 0/0.2, household infections 0/0.05")
+
+#: Clipping bounds (lo, hi) of the summary columns in a private release (declared; values
+#: outside are clipped for the statistic only, never in the model's inputs)
+SUMMARY_BOUNDS: dict[str, tuple[float, float]] = {
+    "own_susceptible": (0.0, 1.0), "occupied_slots": (0.0, 1.0),
+    "log_contact_hours": (0.0, 6.0),
+    "log_n_infectious": (0.0, math.log(6.0)), "log_n_recent": (0.0, math.log(6.0)),
+    "log_n_new": (0.0, math.log(6.0)),
+    "log_hours_infectious": (0.0, 3.0), "log_hours_recent": (0.0, 3.0),
+    "log_hours_new": (0.0, 3.0),
+    "n_home_infectious": (0.0, 3.0), "n_home_recent": (0.0, 3.0), "n_home_new": (0.0, 3.0),
+}
+#: a private standard deviation is at least this share of its half-range: noise can
+#: never blow an input column up by more than 1/this
+MIN_PRIVATE_STD = 0.02
+
+
+def declared_input_scaling(F: NeighbourhoodFeatures,
+                           pooling: str) -> tuple[np.ndarray, np.ndarray]:
+    """(shift, scale) of the model inputs from declared constants: `SUMMARY_DECLARED`
+    for summary inputs; for "mean"/"concat" the identity (their columns are already
+    normalized by the feature constants, or one-hot)."""
+    if pooling == "summary":
+        c = np.array([SUMMARY_DECLARED[k] for k in SUMMARY_FEATURES], dtype=np.float64)
+        return c[:, 0].copy(), c[:, 1].copy()
+    d = input_dim(F, pooling)
+    return np.zeros(d), np.ones(d)
+
+
 _SCALING_SAMPLE = 20_000
 
 
@@ -293,8 +660,8 @@ def fit_input_scaling(F: NeighbourhoodFeatures, pooling: str, seed: int,
                       batch_size: int = 4096) -> tuple[np.ndarray, np.ndarray]:
     """Mean and standard deviation (1 where a column is constant) of each model-input
     column over the region's examples, at one random training window per person (up to
-    ``max_persons`` persons, a seeded sample).  Features only, no labels; like the other
-    normalization constants, not charged to the accountant."""
+    ``max_persons`` persons, a seeded sample).  Features only, no labels — and **not
+    charged** to any accountant: preprocessing="uncharged" only, listed as such."""
     rng = np.random.default_rng([int(seed), 0x5CA1E])
     n = F.num_nodes
     persons = np.arange(n) if n <= max_persons else np.sort(
@@ -313,24 +680,130 @@ def fit_input_scaling(F: NeighbourhoodFeatures, pooling: str, seed: int,
     return mean, np.where(std > 1e-6, std, 1.0)
 
 
+# --- private preprocessing -----------------------------------------------------------------
+
+def _unit(x: np.ndarray, lo: float, hi: float) -> np.ndarray:
+    """x clipped to [lo, hi] and mapped linearly onto [−1, 1]."""
+    c, h = (lo + hi) / 2.0, (hi - lo) / 2.0
+    return (np.clip(x, lo, hi) - c) / h
+
+
+def _decode(s_u: float, s_q: float, count: float, lo: float, hi: float) -> tuple[float, float]:
+    """(mean, std) in raw units from noisy Σu and Σu² over ``count`` values (u ∈ [−1, 1]);
+    clamped: mean into the bounds, variance into [MIN_PRIVATE_STD², 1] half-ranges²."""
+    c, h = (lo + hi) / 2.0, (hi - lo) / 2.0
+    count = max(count, 1.0)
+    m = float(np.clip(s_u / count, -1.0, 1.0))
+    q = float(np.clip(s_q / count, m * m, 1.0))
+    sd = math.sqrt(min(max(q - m * m, MIN_PRIVATE_STD ** 2), 1.0))
+    return c + h * m, h * sd
+
+
+def release_vectors(F: NeighbourhoodFeatures, persons: np.ndarray, *, age: np.ndarray,
+                    household_size: np.ndarray, windows: np.ndarray, pooling: str,
+                    standardize: bool, batch_size: int = 4096) -> tuple[np.ndarray, np.ndarray]:
+    """(B, d) per-person vectors of a private release and (d,) the width of each
+    coordinate's range.  Every vector is a function of the person's own example only
+    (their attributes, their ≤ S − 1 kept edges, their summary inputs at a seeded window):
+
+    * age, log household size: (u, u²), u ∈ [−1, 1] from `features.PRIVATE_BOUNDS`;
+    * kept edges e of the person (k1 = S − 1 slots): (deg/k1, Σu_dur/k1, Σu_dur²/k1,
+      Σu_cnt/k1, Σu_cnt²/k1) with u of log1p(seconds) and log1p(contacts);
+    * with summary inputs and ``standardize``: (u_j, u_j²) per column (`SUMMARY_BOUNDS`).
+
+    A coordinate ranges over an interval of width 2 (u, Σu/k1) or 1 (u², deg/k1), so
+    replacing the example moves the vector by at most ‖widths‖₂ = 2C."""
+    cols, widths = [], []
+
+    def pair(x, lo, hi):
+        u = _unit(np.asarray(x, dtype=np.float64), lo, hi)
+        cols.extend([u, u * u])
+        widths.extend([2.0, 1.0])
+
+    pair(age[persons], *PRIVATE_BOUNDS["age"])
+    pair(np.log(np.maximum(household_size[persons].astype(np.float64), 1.0)),
+         *PRIVATE_BOUNDS["household"])
+    idx, k1 = F.index, max(F.k1, 1)
+    owner = np.repeat(np.arange(idx.num_nodes), idx.degree)
+    deg = idx.degree.astype(np.float64)
+    cols.append(deg[persons] / k1)
+    widths.append(1.0)
+    for key, raw in (("dur", idx.duration), ("cnt", idx.n_contacts)):
+        u = _unit(np.log1p(raw.astype(np.float64)), *PRIVATE_BOUNDS[key])
+        cols.append(np.bincount(owner, u, idx.num_nodes)[persons] / k1)
+        cols.append(np.bincount(owner, u * u, idx.num_nodes)[persons] / k1)
+        widths.extend([2.0, 1.0])
+    if pooling == "summary" and standardize:
+        Z = np.empty((persons.size, len(SUMMARY_FEATURES)))
+        for lo in range(0, persons.size, batch_size):
+            p = persons[lo:lo + batch_size]
+            Z[lo:lo + p.size] = summary_inputs(F, F.gather(p, windows[p], labels=False)[0])
+        for j, k in enumerate(SUMMARY_FEATURES):
+            pair(Z[:, j], *SUMMARY_BOUNDS[k])
+    return np.stack(cols, axis=1), np.asarray(widths)
+
+
+def private_release(r: Region, cfg: PandemicConfig, inputs: dict) -> None:
+    """``r``'s private preprocessing: charge `preprocess_event` to ``r.ledger`` (refused,
+    nothing read, if the run did not reserve it), then release the Gaussian sum of
+    `release_vectors` over ``r.pre_batch`` persons (all, or a uniform sample drawn from
+    the round-0 DP randomness) with noise N(0, σ²C²) per coordinate, C = ½‖widths‖.
+    Replacing one person changes ≤ `node_dp.affected_examples` vectors, each by ≤ 2C:
+    one step of the node-level mechanism.  Post-processing sets the feature constants
+    (age, household, contact statistics; location stays declared: it describes places,
+    not persons) and, with summary inputs, the model-input standardization."""
+    if r.ledger is None or r.pre_sigma is None:
+        raise PrivacyError(f"{r.name}: private preprocessing needs a planned and reserved "
+                           "budget (use pipeline.train)")
+    r.ledger.charge(preprocess_event(r, cfg), round=0, label=PREPROCESS_LABEL)
+    F = r.features
+    sampler, noise = round_streams(cfg, r, 0)
+    persons = np.arange(r.n) if r.pre_batch >= r.n else np.sort(sampler.draw(r.pre_batch))
+    windows = F.sample_windows(np.random.default_rng([int(cfg.seed), 0x5CA1E]), r.n)
+    V, widths = release_vectors(F, persons, age=inputs["age"],
+                                household_size=inputs["household_size"], windows=windows,
+                                pooling=cfg.pooling, standardize=cfg.standardize)
+    C = 0.5 * float(np.linalg.norm(widths))
+    sums = V.sum(axis=0) + noise.normal(V.shape[1]) * r.pre_sigma * C
+    b = float(persons.size)
+    am, asd = _decode(sums[0], sums[1], b, *PRIVATE_BOUNDS["age"])
+    hm, hsd = _decode(sums[2], sums[3], b, *PRIVATE_BOUNDS["household"])
+    edges = sums[4] * max(F.k1, 1)  # noisy number of kept edge entries
+    base = declared_constants(cfg)
+    if F.k1 > 0:
+        dm, dsd = _decode(sums[5] * F.k1, sums[6] * F.k1, edges, *PRIVATE_BOUNDS["dur"])
+        cm, csd = _decode(sums[7] * F.k1, sums[8] * F.k1, edges, *PRIVATE_BOUNDS["cnt"])
+    else:  # no edges at all (S = 1): nothing to normalize
+        dm, dsd, cm, csd = base.dur_mean, base.dur_std, base.cnt_mean, base.cnt_std
+    consts = base.replace(age_mean=am, age_std=asd, household_lambda=0.0, household_mean=hm,
+                          household_std=hsd, dur_mean=dm, dur_std=dsd, cnt_mean=cm,
+                          cnt_std=csd, source="private")
+    set_constants(F, consts, inputs)
+    if cfg.pooling == "summary" and cfg.standardize:
+        stats_ = [_decode(sums[9 + 2 * j], sums[10 + 2 * j], b, *SUMMARY_BOUNDS[k])
+                  for j, k in enumerate(SUMMARY_FEATURES)]
+        r.shift = np.array([m for m, _ in stats_])
+        r.scale = np.array([sd for _, sd in stats_])
+
+
+def set_constants(F: NeighbourhoodFeatures, constants: FeatureConstants, inputs: dict) -> None:
+    """Re-normalize ``F``'s node table and contact features with ``constants``."""
+    table, names, fitted = build_node_table(
+        age=inputs["age"], sex=inputs["sex"], household_size=inputs["household_size"],
+        activities=inputs["activities"], frac_out_of_home=inputs["frac_out_of_home"],
+        activity_names=inputs.get("activity_names"), constants=constants)
+    if names != F.node_names:
+        raise PrivacyError("re-normalizing changed the node table's columns")
+    F.node_table = table
+    F.edge_stats = constants.edge_stats()
+    F.fitted = {**fitted, "constants": constants.to_dict()}
+    # locations keep the constants they were built with (declared in every private run)
+
+
 def fold_scaling(w: np.ndarray, shift: np.ndarray, scale: np.ndarray) -> np.ndarray:
     """Weights [v, c] acting on (x − shift) / scale → weights acting on raw x."""
     v = w[:-1] / scale
     return np.concatenate([v, [w[-1] - v @ shift]])
-
-
-def region_streams(seed: int, name: str, round: int) -> tuple[np.random.Generator,
-                                                            Randomness]:
-    """(batch sampler, noise source) of one region in one round, derived from
-    (seed, region name, round) only — so a region trained alone (a federated client)
-    draws exactly what it draws inside the in-process `train`."""
-    key = [int(seed), zlib.crc32(name.encode()), int(round)]
-    return np.random.default_rng([*key, 1]), Randomness.seeded([*key, 7])
-
-
-def round_event(r: Region, cfg: PandemicConfig) -> NodeLevelDpEvent:
-    """The node-level DP charge of one round of ``r``'s local training."""
-    return NodeLevelDpEvent(r.n, r.S, cfg.batch_size, r.sigma, r.steps_per_round)
 
 
 def new_model(F: NeighbourhoodFeatures, cfg: PandemicConfig) -> FocalLoss:
@@ -349,10 +822,17 @@ def initial_weights(model: FocalLoss, cfg: PandemicConfig) -> np.ndarray:
 
 
 def fit_region_scaling(r: Region, cfg: PandemicConfig) -> None:
-    """Set ``r.shift``/``r.scale`` (model-input standardization, features only) when
-    ``cfg.standardize``."""
-    if cfg.standardize:
+    """Set ``r.shift``/``r.scale`` (model-input standardization) when ``cfg.standardize``:
+    declared constants, the region's own statistics (uncharged), or — private — what
+    `private_release` already set."""
+    if not cfg.standardize:
+        r.shift = r.scale = None
+    elif cfg.preprocessing == "uncharged":
         r.shift, r.scale = fit_input_scaling(r.features, cfg.pooling, cfg.seed)
+    elif cfg.preprocessing == "private" and r.shift is not None:
+        pass  # released privately with the feature constants
+    else:  # declared (and private with mean/concat pooling: identity, declared)
+        r.shift, r.scale = declared_input_scaling(r.features, cfg.pooling)
 
 
 def region_round(model: FocalLoss, w: np.ndarray, anchor: np.ndarray, r: Region,
@@ -364,9 +844,9 @@ def region_round(model: FocalLoss, w: np.ndarray, anchor: np.ndarray, r: Region,
     (`silofl.pandemic.silo`) run exactly this.  Returns the new (P,) weights (in the
     standardized input space when ``r.shift`` is set)."""
     if cfg.private:
-        r.ledger.charge(round_event(r, cfg), round=round, label="node-dpsgd")
-    rng, noise = region_streams(cfg.seed, r.name, round)
-    return _local_pass(model, w, anchor, r, cfg, rng, noise, epoch=round)
+        r.ledger.charge(round_event(r, cfg), round=round, label=ROUND_LABEL)
+    sampler, noise = round_streams(cfg, r, round)
+    return _local_pass(model, w, anchor, r, cfg, sampler, noise, epoch=round)
 
 
 def server_step(W: np.ndarray, sizes: np.ndarray) -> np.ndarray:
@@ -379,13 +859,73 @@ def server_step(W: np.ndarray, sizes: np.ndarray) -> np.ndarray:
     return np.array([math.fsum(col) for col in weighted.T]) / math.fsum(sizes)
 
 
-def privacy_entry(r: Region, cfg: PandemicConfig, rounds: int) -> dict:
-    """What the model records about one region's privacy after ``rounds`` rounds."""
+def uncharged_items(cfg: PandemicConfig) -> list[str]:
+    """The data-dependent constants this config reads without any charge (by name)."""
+    if cfg.preprocessing != "uncharged":
+        return []
+    return list(UNCHARGED_ITEMS if cfg.standardize else UNCHARGED_ITEMS[:-1])
+
+
+def run_notes(cfg: PandemicConfig, scratch: bool) -> list[str]:
+    """What every reader of this run's outputs must be told."""
+    if not cfg.private:
+        return ["NON-PRIVATE run: no differential privacy; no budget was charged"] + [
+            f"uncharged: {u}" for u in uncharged_items(cfg)]
+    out = []
+    if cfg.noise == "seeded":
+        out.append(SEEDED_NOTE)
+    if scratch:
+        out.append(SCRATCH_NOTE)
+    out += [f"uncharged: {u}" for u in uncharged_items(cfg)]
+    return out
+
+
+def preprocessing_entry(r: Region, cfg: PandemicConfig) -> dict:
+    """How ``r``'s data-dependent constants were obtained."""
+    out = {"mode": cfg.preprocessing,
+           "items": {"feature constants": (r.constants.source if r.constants else
+                                           cfg.preprocessing),
+                     "model-input standardization": (
+                         "none" if not cfg.standardize else
+                         "identity (declared)" if cfg.pooling != "summary"
+                         and cfg.preprocessing != "uncharged" else cfg.preprocessing),
+                     "location standardization": (
+                         "uncharged" if cfg.preprocessing == "uncharged" else "declared")},
+           "uncharged": uncharged_items(cfg)}
+    if cfg.preprocessing != "uncharged":  # where the declared numbers come from
+        out["declared_sources"] = {**DECLARED_SOURCES,
+                                   "model inputs": SUMMARY_DECLARED_SOURCE}
+        if cfg.declared:
+            out["declared_overrides"] = dict(cfg.declared)
+    if cfg.private_preprocessing and r.pre_sigma is not None:
+        ev = preprocess_event(r, cfg)
+        out.update(noise_multiplier=r.pre_sigma, batch=r.pre_batch,
+                   epsilon_alone=ev.epsilon(r.delta), event=ev.to_dict())
+    return out
+
+
+def privacy_entry(r: Region, cfg: PandemicConfig, rounds: int,
+                  store: BudgetStore | None = None, run_id: str | None = None) -> dict:
+    """What the model records about one region's privacy after ``rounds`` rounds: the
+    guarantee, its adjacency and assumptions, the noise mode, the preprocessing, and —
+    with a ``store`` — the region's lifetime position."""
     entry = {"region": r.name, "n": r.n, "S": r.S, "batch_size": cfg.batch_size,
-             "steps": r.steps_per_round * rounds, "noise_multiplier": r.sigma}
+             "steps": r.steps_per_round * rounds, "noise_multiplier": r.sigma,
+             "private": cfg.private, "noise": cfg.noise}
+    if cfg.private:
+        entry.update(adjacency=cfg.adjacency, adjacency_text=ADJACENCY_TEXT[cfg.adjacency],
+                     affected_examples=affected_examples(r.n, r.S, cfg.adjacency),
+                     assumptions=[PRUNING_ASSUMPTION, SIZES_ASSUMPTION],
+                     preprocessing=preprocessing_entry(r, cfg),
+                     notes=run_notes(cfg, store is None or store.scratch))
     if r.ledger:
         entry.update(target_epsilon=cfg.epsilon, delta=r.ledger.target.delta,
-                     epsilon_spent=r.ledger.epsilon("rdp"))
+                     epsilon_spent=r.ledger.epsilon("rdp"), accountant="rdp")
+    if store is not None:
+        life = store.spent(r.name)
+        entry.update(budget_store=None if store.path is None else str(store.path),
+                     run_id=run_id, lifetime_target_epsilon=life["target_epsilon"],
+                     lifetime_delta=life["delta"], lifetime_epsilon_spent=life["epsilon"])
     return entry
 
 
@@ -395,12 +935,11 @@ def raw_weights(w: np.ndarray, r: Region) -> np.ndarray:
 
 
 def _local_pass(model: FocalLoss, w: np.ndarray, anchor: np.ndarray, r: Region,
-                cfg: PandemicConfig, rng: np.random.Generator, noise: Randomness,
-                epoch: int) -> np.ndarray:
+                cfg: PandemicConfig, sampler, noise: Randomness, epoch: int) -> np.ndarray:
     windows = r.features.epoch_windows(cfg.seed, epoch)  # a random window per person per epoch
     b = cfg.batch_size
     for _ in range(r.steps_per_round):
-        persons = rng.choice(r.n, size=b, replace=False)
+        persons = sampler.draw(b)
         X, y = r.features.gather(persons, windows[persons].astype(np.int64))
         X = model_inputs(r.features, X, cfg.pooling)
         if r.shift is not None:
@@ -417,13 +956,47 @@ def _local_pass(model: FocalLoss, w: np.ndarray, anchor: np.ndarray, r: Region,
 
 
 def train(data: PandemicData, cfg: PandemicConfig,
-          on_round: Callable[[int, int], None] | None = None) -> PandemicModel:
-    """MR-MTL over regions (or one centralized model) with node-level DP-SGD."""
+          on_round: Callable[[int, int], None] | None = None, *,
+          store: BudgetStore | None = None,
+          command: str = "silofl.pandemic.train") -> PandemicModel:
+    """MR-MTL over regions (or one centralized model) with node-level DP-SGD.
+
+    Private runs charge ``store`` (None: an in-memory scratch store, flagged in the
+    model): everything the run will spend is reserved per region before any record is
+    read (BudgetExceeded, nothing read, if a region's lifetime budget cannot pay), the
+    ledgers spend only that, and the store is settled to what executed — also when the
+    run fails."""
     cfg.validate()
     t0 = time.perf_counter()
-    regions = build_regions(data, cfg)
-    t_feat = time.perf_counter() - t0
+    check_t_window(cfg.t_window, data.num_days)  # fail before anything is reserved
+    regions = region_groups(data, cfg)  # membership and sizes only (public)
     plan_regions(regions, cfg)
+    reservation = None
+    if cfg.private:
+        store = store if store is not None else BudgetStore(None)
+        fps = {r.name: region_fingerprint(data, r) for r in regions}
+        reservation = open_budget(store, regions, cfg, command=command, fingerprints=fps)
+    try:
+        pm = _train_reserved(data, cfg, regions, on_round, t0)
+        if reservation is not None:
+            reservation.settle()
+    except BaseException:
+        if reservation is not None:
+            reservation.settle("failed")
+        raise
+    scratch = store is None or store.scratch
+    pm.notes = run_notes(cfg, scratch)
+    pm.privacy = [privacy_entry(r, cfg, cfg.rounds, store if cfg.private else None,
+                                reservation.run_id if reservation else None)
+                  for r in regions]
+    return pm
+
+
+def _train_reserved(data: PandemicData, cfg: PandemicConfig, regions: list[Region],
+                    on_round, t0: float) -> PandemicModel:
+    for r in regions:
+        build_features(data, r, cfg)
+    t_feat = time.perf_counter() - t0
     t_scale = time.perf_counter()
     for r in regions:
         fit_region_scaling(r, cfg)
@@ -436,28 +1009,38 @@ def train(data: PandemicData, cfg: PandemicConfig,
     for t in range(1, cfg.rounds + 1):
         if cfg.private:  # every region can pay for this round, or none is charged
             for r in regions:
-                r.ledger.check(round_event(r, cfg), round=t, label="node-dpsgd")
+                r.ledger.check(round_event(r, cfg), round=t, label=ROUND_LABEL)
         for k, r in enumerate(regions):
             W[k] = region_round(model, W[k], mean, r, cfg, t)
         mean = server_step(W, sizes)
         if on_round:
             on_round(t, cfg.rounds)
-    privacy = [privacy_entry(r, cfg, cfg.rounds) for r in regions]
     W = np.stack([raw_weights(W[k], r) for k, r in enumerate(regions)])
-    return PandemicModel(cfg, [r.name for r in regions], W, privacy,
+    return PandemicModel(cfg, [r.name for r in regions], W, [],
                          {"features_s": t_feat, "scaling_s": t_scale,
-                          "train_s": time.perf_counter() - t1})
+                          "train_s": time.perf_counter() - t1},
+                         constants={} if cfg.preprocessing == "uncharged" else
+                         {r.name: r.constants.to_dict() for r in regions})
 
 
 def predict(data: PandemicData, pm: PandemicModel, batch_size: int = 8192) -> np.ndarray:
-    """(P,) risk of becoming infected in the 7 days after the history, for every person."""
-    regions = build_regions(data, pm.config)
+    """(P,) risk of becoming infected in the 7 days after the history, for every person.
+    Features are normalized with the constants the model was trained with (saved in it;
+    uncharged ones are refit on ``data``, as they were in training)."""
+    cfg = pm.config
+    saved = pm.constants if cfg.preprocessing == "private" else None
+    regions = region_groups(data, cfg)
     if [r.name for r in regions] != pm.regions:
         raise ConfigError(f"the data's regions {[r.name for r in regions]} differ from the "
                           f"model's {pm.regions}; predict on the dataset the model was "
                           "trained for")
     scores = np.zeros(data.num_persons)
     for k, r in enumerate(regions):
+        c = None if saved is None else saved.get(r.name)
+        if cfg.preprocessing == "private" and c is None:
+            raise ConfigError(f"the model holds no private constants for {r.name}; it was "
+                              "saved by an older silofl: retrain it")
+        build_features(data, r, cfg, None if c is None else _as_constants(c))
         scores[r.persons] = predict_region(r, pm.weights[k], pm.config, batch_size)
     return scores
 
@@ -496,17 +1079,24 @@ def evaluate(data: PandemicData, scores: np.ndarray) -> dict:
 def fit(person_data_path, household_data_path, residence_location_data_path,
         activity_location_data_path, activity_location_assignment_data_path,
         population_network_data_path, disease_outcome_data_path, model_dir,
-        config: PandemicConfig | None = None) -> None:
+        config: PandemicConfig | None = None, store: BudgetStore | None = None) -> None:
     """Mirror of the challenge's centralized `fit`: trains on the seven input files (any
     names and folders; see `partition.input_directory`) and saves the model to
-    ``model_dir``.  ``config`` defaults to the centralized recipe."""
+    ``model_dir``.  ``config`` defaults to the centralized recipe; a private run charges
+    ``store`` (default: the lifetime store ``model_dir/budget.sqlite``, so fitting again
+    into the same folder composes with, and is limited by, what was spent before)."""
     paths = (person_data_path, household_data_path, residence_location_data_path,
              activity_location_data_path, activity_location_assignment_data_path,
              population_network_data_path, disease_outcome_data_path)
     model_dir = Path(model_dir)
     data = read_dataset(input_directory(paths, model_dir / "inputs"))
     cfg = config or PandemicConfig(federated=False)
-    train(data, cfg).save(model_dir)
+    if store is None and cfg.private:
+        with BudgetStore(model_dir / "budget.sqlite") as st:
+            pm = train(data, cfg, store=st, command="silofl.pandemic.fit")
+    else:
+        pm = train(data, cfg, store=store, command="silofl.pandemic.fit")
+    pm.save(model_dir)
 
 
 def predict_to_csv(person_data_path, household_data_path, residence_location_data_path,
@@ -535,9 +1125,8 @@ def write_predictions(pid_index, scores: np.ndarray, preds_format_path,
         raise ConfigError(f"{preds_format_path} has no 'pid' column; the predictions "
                           "format file must have the columns pid,score")
     idx = pid_index.lookup(fmt["pid"].to_numpy())
-    if np.any(idx < 0):
-        bad = fmt["pid"].to_numpy()[idx < 0]
-        raise ConfigError(f"{preds_format_path} lists {bad.size} pids that are not in the "
-                          f"data (e.g. {bad[0]}); pass the format file of this dataset")
+    if np.any(idx < 0):  # no pid in the message: ids are record values
+        raise ConfigError(f"{preds_format_path} lists {int((idx < 0).sum())} pids that are "
+                          "not in the data; pass the format file of this dataset")
     fmt["score"] = scores[idx]
     fmt.to_csv(preds_dest_path, index=False)

@@ -164,8 +164,8 @@ class IdIndex:
 
     def __getitem__(self, value) -> int:
         pos = int(self.lookup(np.asarray([value]))[0])
-        if pos < 0:
-            raise KeyError(value)
+        if pos < 0:  # no value in the message: ids are record values
+            raise KeyError("id not in the index")
         return pos
 
     def lookup(self, values: np.ndarray, missing: int = -1) -> np.ndarray:
@@ -592,11 +592,11 @@ class _TableReader:
                     column_types={c: pa.string() for c in self.columns},
                 ),
             )
-        except pa.ArrowInvalid as exc2:
+        except pa.ArrowInvalid:  # pyarrow's message quotes the row: not shown
             raise DataError(
-                f"{self.path.name}: malformed CSV in the lines after line {row0 + 1}: {exc2}; "
+                f"{self.path.name}: malformed CSV in the lines after line {row0 + 1}; "
                 f"every line needs {len(self.names)} comma-separated fields"
-            ) from exc
+            ) from None
         for col in self.colspecs:
             arr = raw.column(col.name)
             if col.kind in ("id", "int"):
@@ -620,10 +620,11 @@ class _TableReader:
             if idx.size:
                 i = int(idx[0])
                 raise DataError(
-                    f"{_where(self.path, row0 + i)}: column {col.name!r} holds {arr[i].as_py()!r}, "
-                    f"expected {what}; fix or drop that row ({idx.size} such value(s) nearby)"
-                ) from exc
-        raise DataError(f"{self.path.name}: cannot parse the lines after line {row0 + 1}: {exc}") from exc
+                    f"{_where(self.path, row0 + i)}: column {col.name!r} holds a value that is "
+                    f"not {what}; fix or drop that row ({idx.size} such value(s) nearby)"
+                ) from None
+        raise DataError(f"{self.path.name}: cannot parse the lines after line {row0 + 1} "
+                        f"({type(exc).__name__}); check the file is a CSV of the table") from None
 
     # -- conversion ------------------------------------------------------------
     def _convert(self, table: pa.Table, row0: int) -> dict[str, np.ndarray]:
@@ -655,8 +656,9 @@ class _TableReader:
             if idx.null_count:
                 i = int(np.flatnonzero(pc.is_null(idx).to_numpy(zero_copy_only=False))[0])
                 raise DataError(
-                    f"{_where(self.path, row0 + i)}: column {col.name!r} holds {arr[i].as_py()!r}; "
-                    f"health states must be one of {', '.join(STATE_LETTERS)} — fix the letter"
+                    f"{_where(self.path, row0 + i)}: column {col.name!r} holds an invalid "
+                    f"state; health states must be one of {', '.join(STATE_LETTERS)} — fix "
+                    "the letter"
                 )
             return idx.to_numpy(zero_copy_only=False).astype(np.int8)
         if col.kind == "flag":
@@ -666,8 +668,8 @@ class _TableReader:
             bad = (vals != 0) & (vals != 1)
             if bad.any():
                 i = int(np.flatnonzero(bad)[0])
-                raise DataError(f"{_where(self.path, row0 + i)}: flag column {col.name!r} holds {vals[i]!r}; "
-                                "use 0 or 1")
+                raise DataError(f"{_where(self.path, row0 + i)}: flag column {col.name!r} holds a "
+                                "value other than 0 or 1; use 0 or 1")
             return vals.astype(np.uint8)
         if col.kind == "float":
             return arr.to_numpy(zero_copy_only=False).astype(np.float32)
@@ -676,8 +678,8 @@ class _TableReader:
             if not np.all(np.isfinite(vals)) or not np.all(vals == np.round(vals)):
                 bad = ~np.isfinite(vals) | (vals != np.round(vals))
                 i = int(np.flatnonzero(bad)[0])
-                raise DataError(f"{_where(self.path, row0 + i)}: column {col.name!r} holds {vals[i]!r}, "
-                                "expected an integer")
+                raise DataError(f"{_where(self.path, row0 + i)}: column {col.name!r} holds a "
+                                "value that is not an integer; fix the value")
             vals = vals.astype(np.int64)
         if vals.dtype.kind not in "iu":
             raise DataError(f"{self.path.name}: column {col.name!r} has type {arr.type}, expected integers")
@@ -693,7 +695,7 @@ class _TableReader:
         bad = (vals < info.min) | (vals > info.max)
         i = int(np.flatnonzero(bad)[0])
         raise DataError(
-            f"{_where(self.path, row0 + i)}: column {col.name!r} value {vals[i]} is outside "
+            f"{_where(self.path, row0 + i)}: column {col.name!r} holds a value outside "
             f"{info.min}..{info.max} ({target}); fix the value"
         )
 
@@ -707,8 +709,9 @@ class _TableReader:
                     tbl = pa.Table.from_batches([batch])
                     yield row0, self._convert(tbl, row0)
                     row0 += batch.num_rows
-            except pa.ArrowException as exc:
-                raise DataError(f"cannot read parquet file {self.path}: {exc}") from exc
+            except pa.ArrowException as exc:  # its message may quote values: not shown
+                raise DataError(f"cannot read parquet file {self.path} "
+                                f"({type(exc).__name__}); re-export the table") from None
             return
         for piece in self._csv_pieces():
             tbl = self._parse_piece(piece, row0)
@@ -765,7 +768,7 @@ def _unique_sorted(ids: np.ndarray, path: Path, col: str, what: str) -> tuple[np
             j = int(dup[0])
             a, b = sorted((int(order[j]), int(order[j + 1])))
             raise DataError(
-                f"{path.name}: duplicate {col} {s[j]} (at {_where(path, a)} and {_where(path, b)}); "
+                f"{path.name}: duplicate {col} (at {_where(path, a)} and {_where(path, b)}); "
                 f"each {what} must appear exactly once — remove the duplicate rows "
                 f"({dup.size} duplicated id(s) in total)"
             )
@@ -778,7 +781,7 @@ def _check_known(idx: np.ndarray, values: np.ndarray, path: Path, row0: int, col
         where = np.flatnonzero(bad)
         i = int(where[0])
         raise DataError(
-            f"{_where(path, row0 + i)}: column {col!r} refers to unknown {what} {values[i]} "
+            f"{_where(path, row0 + i)}: column {col!r} refers to an unknown {what} "
             f"({where.size} unknown reference(s) in this part of the file); {fix}"
         )
 
@@ -788,7 +791,7 @@ def _check_codes(values: np.ndarray, allowed, path: Path, row0: int, col: str, w
     if not ok.all():
         i = int(np.flatnonzero(~ok)[0])
         raise DataError(
-            f"{_where(path, row0 + i)}: column {col!r} holds {values[i]}, not a valid {what} "
+            f"{_where(path, row0 + i)}: column {col!r} holds an invalid {what} "
             f"(allowed: {', '.join(str(a) for a in allowed)})"
         )
 
@@ -833,7 +836,7 @@ def read_dataset(directory: Path | str, *, with_target: bool = False, num_days: 
     hh_size = hh["hh_size"][order]
     if hh_size.size and hh_size.min() < 0:
         i = int(np.flatnonzero(hh["hh_size"] < 0)[0])
-        raise DataError(f"{_where(p, i)}: hh_size {hh['hh_size'][i]} is negative; use the household's size")
+        raise DataError(f"{_where(p, i)}: hh_size is negative; use the household's size")
     hid_index = IdIndex(hh_ids)
     households = pd.DataFrame({"hid": hh_ids, "hh_size": hh_size}, copy=False)
 
@@ -848,7 +851,7 @@ def read_dataset(directory: Path | str, *, with_target: bool = False, num_days: 
     age = pe["age"][order]
     if age.size and age.max() > 130:
         i = int(np.flatnonzero(pe["age"] > 130)[0])
-        raise DataError(f"{_where(p, i)}: age {pe['age'][i]} is implausible; ages must lie in 0..130")
+        raise DataError(f"{_where(p, i)}: age is implausible; ages must lie in 0..130")
     _check_codes(pe["sex"], (1, 2), p, 0, "sex", "sex code (1 male, 2 female)")
     sex = pe["sex"][order]
     person_number = pe["person_number"][order]
@@ -880,7 +883,7 @@ def read_dataset(directory: Path | str, *, with_target: bool = False, num_days: 
     if both.size:
         raise DataError(
             f"{both.size} id(s) appear both as rlid in {paths['residence_locations'].name} and as alid in "
-            f"{paths['activity_locations'].name} (e.g. {both[0]}); location ids share one space (the lid "
+            f"{paths['activity_locations'].name}; location ids share one space (the lid "
             "column refers to either), so renumber one of the tables"
         )
     lid_index = IdIndex(all_lids)
@@ -1018,10 +1021,10 @@ def _read_outcomes(path: Path, pid_index: IdIndex, pids: np.ndarray, num_days: i
             dmin, dmax = int(day.min()), int(day.max())
             if dmin < 0:
                 i = int(np.flatnonzero(day < 0)[0])
-                raise DataError(f"{_where(path, row0 + i)}: day {day[i]} is negative; days count from 0")
+                raise DataError(f"{_where(path, row0 + i)}: day is negative; days count from 0")
             if num_days is not None and dmax >= num_days:
                 i = int(np.flatnonzero(day >= num_days)[0])
-                raise DataError(f"{_where(path, row0 + i)}: day {day[i]} is outside 0..{num_days - 1}; "
+                raise DataError(f"{_where(path, row0 + i)}: day is outside 0..{num_days - 1}; "
                                 f"drop days beyond {num_days - 1} or pass num_days=None")
             if dmax >= cap:  # grow (rare: only when num_days is inferred and > 57)
                 new_cap = max(dmax + 1, cap * 2)
@@ -1035,7 +1038,7 @@ def _read_outcomes(path: Path, pid_index: IdIndex, pids: np.ndarray, num_days: i
         if (prev >= 0).any():
             i = int(np.flatnonzero(prev >= 0)[0])
             raise DataError(
-                f"{_where(path, row0 + i)}: person {b['pid'][i]} already has a state for day {day[i]}; "
+                f"{_where(path, row0 + i)}: this person already has a state for that day; "
                 "each (pid, day) must appear once — remove the duplicate rows"
             )
         view[flat] = b["state"]
@@ -1053,7 +1056,7 @@ def _read_outcomes(path: Path, pid_index: IdIndex, pids: np.ndarray, num_days: i
         days = np.flatnonzero(holes[i])
         shown = ", ".join(str(d) for d in days[:8]) + (" ..." if days.size > 8 else "")
         raise DataError(
-            f"{path.name}: outcome days are incomplete — person {pids[i]} has no state for day(s) {shown} "
+            f"{path.name}: outcome days are incomplete — a person has no state for day(s) {shown} "
             f"({rows.size} person(s) affected, {int(holes.sum())} missing (pid, day) rows). Every person needs "
             f"a state for every day 0..{D - 1}; add the missing rows"
         )
@@ -1075,7 +1078,7 @@ def _raise_duplicate_outcome(path: Path, pid_index: IdIndex, D: int, extra: int)
         if rep.any():
             i = int(np.flatnonzero(rep)[0])
             raise DataError(
-                f"{_where(path, row0 + i)}: person {b['pid'][i]} already has a state for day {b['day'][i]} "
+                f"{_where(path, row0 + i)}: this person already has a state for that day "
                 f"({extra} duplicate (pid, day) row(s) in total); each (pid, day) must appear once — "
                 "remove the duplicate rows"
             )
@@ -1093,6 +1096,6 @@ def _read_target(path: Path, pid_index: IdIndex, pids: np.ndarray) -> np.ndarray
     target[idx] = t["infected"]
     if (target < 0).any():
         i = int(np.flatnonzero(target < 0)[0])
-        raise DataError(f"{path.name}: person {pids[i]} has no label ({int((target < 0).sum())} persons missing); "
+        raise DataError(f"{path.name}: {int((target < 0).sum())} person(s) have no label; "
                         "the target needs one row per person")
     return target
