@@ -165,7 +165,7 @@ def _job_config(tmp_path: Path, store: Path, rounds: int, eps: float = 4.0) -> P
 
 def test_sigkill_mid_training_keeps_the_reservation_and_the_rerun_sees_it(tmp_path):
     store = tmp_path / "budget.sqlite"
-    long = _job_config(tmp_path, store, rounds=100_000, eps=4.0)
+    long = _job_config(tmp_path, store, rounds=5_000, eps=4.0)
     proc = subprocess.Popen([sys.executable, "-m", "silofl.cli", "run", "--config", str(long),
                              "-q"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
