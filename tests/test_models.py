@@ -11,7 +11,7 @@ from silofl.data import linear_silos
 from silofl.errors import ConfigError
 from silofl.models import MODELS, make_model
 from silofl.models import metrics as M
-from silofl.models.base import Model
+from silofl.models.base import Model, clip_bound
 from silofl.runtime.plan import TrainingConfig
 from silofl.runtime.simulator import simulate
 
@@ -165,14 +165,16 @@ def test_clipping_bounds_every_per_example_norm(name):
         generic = Model.clipped_grad_sum(model, Wk, X[k][:, None, :], y[k][:, None], ones, clip)
         for g in (fast, generic):
             norms = np.linalg.norm(g, axis=1)
-            assert np.all(norms <= clip * (1 + 1e-9))
-            np.testing.assert_allclose(norms, np.minimum(raw_norm, clip), rtol=1e-9, atol=1e-12)
+            assert np.all(norms <= clip)
+            # clipped to the bound just inside the ball (see models.base.CLIP_MARGIN)
+            np.testing.assert_allclose(norms, np.minimum(raw_norm, clip_bound(clip)), rtol=1e-9,
+                                       atol=1e-12)
             # clipping only rescales: the direction is kept
             np.testing.assert_allclose(g * np.maximum(raw_norm, 1e-300)[:, None],
                                        raw * np.maximum(norms, 1e-300)[:, None],
                                        rtol=1e-8, atol=1e-12)
     s = model.clipped_grad_sum(W, X, y, mask, clip)
-    assert np.all(np.linalg.norm(s, axis=1) <= clip * mask.sum(1) * (1 + 1e-9))
+    assert np.all(np.linalg.norm(s, axis=1) <= clip * mask.sum(1))
 
 
 def test_clipped_sum_is_c_times_count_for_aligned_large_gradients():
@@ -183,7 +185,74 @@ def test_clipped_sum_is_c_times_count_for_aligned_large_gradients():
     y = np.full((1, 6), -100.0)
     mask = np.array([[True, True, False, True, False, True]])
     s = model.clipped_grad_sum(W, X, y, mask, 0.5)
-    np.testing.assert_allclose(np.linalg.norm(s), 0.5 * 4, rtol=1e-12)
+    np.testing.assert_allclose(np.linalg.norm(s), clip_bound(0.5) * 4, rtol=1e-12)
+
+
+def _adversarial_rows(model, clip, d=6, seed=0):
+    """float64 rows (n, d) and labels: raw per-example gradient norms within ±16 float32
+    ulps of `clip` (at W = 0, where the residual depends on y only), features spanning
+    1e-38 … 1e37 (‖x‖² overflowing float32 above ~1e19), one huge feature among tiny ones,
+    and plain random rows. None is exactly representable in float32."""
+    rng = np.random.default_rng(seed)
+    n_edge = 33 * 24
+    y = _data(model.name, n=n_edge + 600, d=1, seed=seed)[1]
+    if model.name == "linear":
+        y = rng.choice([-1.0, 1.0], y.size) * rng.uniform(0.2, 2.0, y.size)
+    r = model.residual(np.zeros((y.size, model.outputs)).squeeze(-1)
+                       if model.outputs == 1 else np.zeros((y.size, model.outputs)), y)
+    rnorm = np.abs(r) if model.outputs == 1 else np.linalg.norm(r, axis=-1)
+    direction = rng.normal(size=(y.size, d))
+    direction /= np.linalg.norm(direction, axis=1, keepdims=True)
+    # edge rows: |r|·√(t² + 1) = clip·(1 + k·2⁻²⁴), k = −16…16
+    k = np.tile(np.arange(-16, 17), 24)
+    t = np.sqrt((clip * (1 + k * 2.0**-24) / rnorm[:n_edge]) ** 2 - 1)
+    X = direction * np.concatenate([t, np.ones(600)])[:, None]
+    scales = 10.0 ** rng.uniform(-38, 37, 600)
+    X[n_edge:n_edge + 300] *= scales[:300, None] * (1 + 1e-3 * rng.random((300, 1)))
+    X[n_edge + 300:n_edge + 450] *= 1e-20  # tiny features, one of them huge
+    X[n_edge + 300:n_edge + 450, 0] = scales[300:450] * np.pi
+    X[n_edge + 450:] = rng.normal(size=(150, d)) * rng.uniform(0.1, 30, (150, 1)) * np.e
+    return X, y
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_clipped_gradients_never_exceed_clip_in_floating_point(name, monkeypatch):
+    """Each adversarial row as its own one-row silo, in the trainer's format (float32 rows,
+    ‖x‖² from the float64 data stored as float32) and via the in-model ‖x‖²: the returned
+    clipped gradient IS the per-example gradient as computed (float32 products included),
+    and its float64 norm must be ≤ C. Without the margin some of these rows exceed C."""
+    clip = 3.0
+    model = _model(name, d=6)
+    X64, y = _adversarial_rows(model, clip)
+    X32 = X64.astype(np.float32)
+    with np.errstate(over="ignore"):  # ‖x‖² overflows float32 for the huge rows, on purpose
+        sq32 = np.einsum("nd,nd->n", X64, X64).astype(np.float32)
+    n = len(y)
+    W = np.zeros((n, model.num_params))
+    ones = np.ones((n, 1), bool)
+    raw = np.linalg.norm(Model.clipped_grad_sum(model, W, X32[:, None].astype(np.float64),
+                                                y[:, None], ones, np.inf), axis=1)
+    assert np.sum(raw > clip) > 200 and np.sum(raw < clip) > 200  # both sides of C
+
+    def norms(**kw):
+        with np.errstate(over="ignore", invalid="ignore"):
+            out = model.clipped_grad_sum(W, X32[:, None], y[:, None], ones, clip, **kw)
+        assert np.all(np.isfinite(out))
+        return np.linalg.norm(out, axis=1)
+
+    for kw in ({"x_sqnorm": sq32[:, None]}, {}):
+        got = norms(**kw)
+        assert np.all(got <= clip), (got.max() / clip - 1)
+        fine = raw < 1e15  # rows whose ‖x‖² fits float32 keep their clipped norm
+        np.testing.assert_allclose(got[fine], np.minimum(raw[fine], clip), rtol=2e-6)
+    # random parameters: the residuals now depend on x as well
+    W = np.random.default_rng(3).normal(size=(n, model.num_params))
+    assert np.all(norms(x_sqnorm=sq32[:, None]) <= clip)
+    # the margin is what makes it hold: clipping exactly to C overshoots on these rows
+    import silofl.models.glm as glm
+    monkeypatch.setattr(glm, "clip_bound", float)
+    W = np.zeros((n, model.num_params))
+    assert np.any(norms(x_sqnorm=sq32[:, None]) > clip)
 
 
 # --- metrics ----------------------------------------------------------------------------------

@@ -222,7 +222,7 @@ def test_clipped_norms_never_exceed_clip_in_floating_point(net, monkeypatch):
         """max over examples and clips of ‖clipped g‖ / clip − 1."""
         out = -1.0
         for i in range(len(X)):
-            for k in range(-4, 5):
+            for k in (-4, -2, -1, 0, 1, 2, 4):
                 clip = raw[i] * (1 + k * 2.0**-24)
                 c = model.clipped_grad_sum(W, X[None, i:i + 1], y[None, i:i + 1], one, clip)[0]
                 out = max(out, np.linalg.norm(c) / clip - 1)

@@ -13,7 +13,7 @@ import numpy as np
 from scipy.special import expit, log_expit, logsumexp, softmax
 
 from silofl.errors import ConfigError
-from silofl.models.base import Model
+from silofl.models.base import Model, clip_bound
 
 
 class GLM(Model):
@@ -59,13 +59,32 @@ class GLM(Model):
         return np.concatenate([gw, coef.sum(1)[:, :, None]], 2).reshape(coef.shape[0], -1)
 
     def clipped_grad_sum(self, W, X, y, mask, clip, x_sqnorm=None):
+        """Σ_b clip(g_kb) over unmasked rows → (K, P) float64, every per-example gradient
+        g = r ⊗ [x, 1] clipped to norm ≤ clip_bound(clip) < clip (see models.base).
+
+        W (K, P); X (K, B, d) float32 or float64; y, mask (K, B). x_sqnorm (K, B): ‖x‖² per
+        row, accurate to X's precision (the trainer stores it in float32, computed from the
+        float64 data); computed here in float64 when not given. Never inf or NaN from one
+        row: a row whose ‖x‖² overflows X's precision contributes 0, a non-finite residual
+        is clipped like a huge one (scalar outputs; softmax: its non-finite parts count 0)."""
         r = self.residual(self.logits(W, X), y)
-        if x_sqnorm is None:
-            x_sqnorm = np.einsum("kbd,kbd->kb", X, X)
-        xnorm = np.sqrt(x_sqnorm + 1.0)  # ‖[x, 1]‖
-        rnorm = np.abs(r) if self.outputs == 1 else np.linalg.norm(r, axis=-1)
-        factor = mask * np.minimum(1.0, clip / np.maximum(rnorm * xnorm, 1e-12))
-        coef = r * (factor if self.outputs == 1 else factor[..., None])
+        if x_sqnorm is None:  # float64 sums, rounded like the trainer's packed ‖x‖²
+            x_sqnorm = np.einsum("kbd,kbd->kb", X, X, dtype=np.float64).astype(X.dtype,
+                                                                               copy=False)
+        xnorm = np.sqrt(np.add(x_sqnorm, 1.0, dtype=np.float64))  # ‖[x, 1]‖
+        # largest ‖r‖ whose gradient stays inside the ball; 0 on padded rows
+        bound = np.multiply(mask, clip_bound(clip))
+        bound /= xnorm
+        if self.outputs == 1:
+            # clip r to ±bound: min(1, c/‖g‖)·r in two passes; fmax/fmin map NaN r to a bound
+            coef = np.fmax(r, -bound)
+            np.fmin(coef, bound, out=coef)
+        else:
+            r = np.where(np.isfinite(r), r, 0.0)
+            rnorm = np.sqrt(np.einsum("kbc,kbc->kb", r, r))
+            den = np.fmax(rnorm, bound)  # factor bound/max(‖r‖, bound) = min(1, bound/‖r‖),
+            np.fmax(den, 1e-300, out=den)  # and 0 (not 0/0) for a zero residual on a padded row
+            coef = r * (bound / den)[..., None]
         return self._weighted_sum(coef, X)
 
     def grad_sum(self, W, X, y, mask):

@@ -7,7 +7,9 @@ runs every silo at once with its own parameters (the architecture is shared), so
 DP-SGD step for K silos is a single batched computation (for conv nets the silo axis is a
 loop by default: see `TorchModel`'s `silo_vmap`):
 
-    per-example grads (K, B, ·) → norms (K, B) → clip factors min(1, C/‖g‖)·mask → Σ_b (K, P)
+    per-example grads (K, B, ·) → norms (K, B) → clip factors min(1, c/‖g‖)·mask → Σ_b (K, P)
+
+with c = clip_bound(C) just below C, norms in float64 (see `_clip_sum`).
 
 Padded rows (mask False) get factor 0, so they contribute nothing. Compute is float32
 (DP noise swamps float32 rounding); results return as float64 numpy arrays.
@@ -29,7 +31,7 @@ from torch import nn
 from torch.func import functional_call, grad, vmap
 
 from silofl.errors import ConfigError, DataError
-from silofl.models.base import Model
+from silofl.models.base import Model, clip_bound
 
 TASKS = ("binary", "multiclass", "regression")
 #: cap on the per-example gradient tensor of one vectorized chunk of silos (bytes)
@@ -220,13 +222,16 @@ class TorchModel(Model):
 
     def _clip_sum(self, grads: dict[str, torch.Tensor], mask: torch.Tensor,
                   clip: float) -> torch.Tensor:
-        """Σ_b min(1, clip/‖g_b‖)·mask_b·g_b. grads {name: (*L, B, *shape)}, mask (*L, B)
-        → (*L, P). Norms are over all parameters of an example (the L2 norm DP-SGD clips)."""
+        """Σ_b min(1, c/‖g_b‖)·mask_b·g_b with c = clip_bound(clip). grads {name: (*L, B,
+        *shape)}, mask (*L, B) → (*L, P). Norms are over all parameters of an example (the
+        L2 norm DP-SGD clips), accumulated in float64: a float32 reduction over many
+        parameters can err by more than the clipping margin."""
         lead = mask.dim()
         flat = [grads[n].flatten(lead) for n in self._names]       # (*L, B, p_i) views
-        norms = torch.linalg.vector_norm(
-            torch.stack([torch.linalg.vector_norm(g, dim=-1) for g in flat]), dim=0)
-        factor = torch.where(mask, (clip / norms.clamp_min(1e-12)).clamp(max=1.0), 0.0)
+        norms = torch.linalg.vector_norm(torch.stack(
+            [torch.linalg.vector_norm(g, dim=-1, dtype=torch.float64) for g in flat]), dim=0)
+        factor = torch.where(mask, (clip_bound(clip) / norms.clamp_min(1e-12)).clamp(max=1.0),
+                             0.0).to(flat[0].dtype)
         return torch.cat([torch.einsum("...b,...bp->...p", factor, g) for g in flat], -1)
 
     def clipped_grad_sum(self, W, X, y, mask, clip, **aux):

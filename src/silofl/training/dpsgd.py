@@ -34,6 +34,29 @@ def add_noise(grad_sum: np.ndarray, std: np.ndarray, rng: Randomness,
     return grad_sum + z * np.asarray(std)[:, None]
 
 
+def round_noise(rng: Randomness, steps: np.ndarray, std: np.ndarray,
+                num_params: int) -> tuple[np.ndarray, np.ndarray]:
+    """One round's noise for K silos taking steps[k] DP-SGD steps each, N(0, std_k² I) per
+    row (std = σ_k·C, (K,)). Returns z (R, P), R = Σ_k steps[k], and offsets (S + 1,),
+    S = max steps: step s's rows z[offsets[s]:offsets[s+1]] belong to the silos still
+    stepping (steps > s), in index order.
+
+    A secure stream draws just these R rows (ahead, see `Randomness.normal_prefetched`);
+    any other draws the full (S, K, P) block and keeps the rows used, so seeded runs keep
+    the noise (and numbers) they always had."""
+    steps = np.asarray(steps)
+    S, K = (int(steps.max()) if steps.size else 0), len(steps)
+    active = np.arange(S)[:, None] < steps[None, :]  # (S, K): silo k steps at step s
+    step_of, silo_of = np.nonzero(active)            # step-major, silos in index order
+    offsets = np.concatenate([[0], np.cumsum(active.sum(1))])
+    if rng.secure:
+        z = rng.normal_prefetched((len(silo_of), num_params))
+    else:
+        z = rng.normal_prefetched((S, K, num_params))[step_of, silo_of]
+    z *= np.asarray(std, dtype=float)[silo_of, None]
+    return z, offsets
+
+
 def scale(grad: np.ndarray, expected_batch: np.ndarray) -> np.ndarray:
     return grad / np.asarray(expected_batch, dtype=float)[:, None]
 
@@ -52,10 +75,22 @@ class GradientRule:
         return self.noise_multiplier is not None
 
     def __call__(self, model, W, X, y, mask, expected_batch, silos, rng,
-                 standard_normal=None, **aux) -> np.ndarray:
+                 standard_normal=None, noise=None, **aux) -> np.ndarray:
+        """The (k, P) gradient estimate for the k silos `silos` (indices into
+        noise_multiplier) from their batch W (k, P), X (k, B, ...), y, mask (k, B).
+        Noise comes from `noise` (k, P), draws already scaled to N(0, σ_k²C²) (a training
+        loop draws a round's at once: `round_noise`), else from `standard_normal` (k, P)
+        N(0, 1) draws, else from `rng`."""
         if not self.private:
             return scale(model.grad_sum(W, X, y, mask), expected_batch)
         clipped = clip_and_sum(model, W, X, y, mask, self.clip, **aux)
+        if noise is not None:
+            clipped += noise
+            return scale(clipped, expected_batch)
         noisy = add_noise(clipped, self.noise_multiplier[silos] * self.clip, rng,
                           standard_normal)
         return scale(noisy, expected_batch)
+
+    def noise_std(self) -> np.ndarray:
+        """(K,) σ_k·C: the std of each silo's noise on its clipped sum."""
+        return np.asarray(self.noise_multiplier, dtype=float) * self.clip

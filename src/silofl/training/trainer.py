@@ -19,7 +19,7 @@ from silofl.privacy import accounting
 from silofl.privacy.ledger import Ledger
 from silofl.privacy.randomness import Randomness
 from silofl.training import selection
-from silofl.training.dpsgd import GradientRule
+from silofl.training.dpsgd import GradientRule, round_noise
 from silofl.training.sampling import poisson_batches
 
 
@@ -176,8 +176,11 @@ class LocalTrainer:
         # All of this round's batches in one draw (independent Poisson samples per step).
         idx, mask = poisson_batches(np.tile(self.data.n, S), np.tile(self.q, S), self.rng)
         idx, mask = idx.reshape(S, K, -1), mask.reshape(S, K, -1)
-        # and all of its noise (only the private rule uses it)
-        z = self.rng.normal((S, K, W.shape[1])) if self.rule.private else None
+        # and all of its noise (only the private rule uses it), N(0, σ_k²C²) rows: step s
+        # takes rows off[s]:off[s+1]; a secure stream draws the next round's meanwhile
+        z = off = None
+        if self.rule.private:
+            z, off = round_noise(self.rng, steps, self.rule.noise_std(), W.shape[1])
         everyone = np.arange(K)
         for s in range(S):
             # while every silo is still stepping, plain slices avoid fancy-index copies
@@ -186,7 +189,7 @@ class LocalTrainer:
             X, y, sq = self.data.gather(silos, idx[s, sel])
             Ws = W[sel]
             g = self.rule(self.model, Ws, X, y, mask[s, sel], self.expected_batch[sel], silos,
-                          self.rng, standard_normal=None if z is None else z[s, sel],
+                          self.rng, noise=None if z is None else z[off[s]:off[s + 1]],
                           x_sqnorm=sq)
             if self.l2:
                 g += self.l2 * Ws
