@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import dp_accounting as dpa
+import numpy as np
 import pytest
 import tomli_w
 from typer.testing import CliRunner
@@ -419,3 +420,29 @@ def test_a_tiny_epsilon_is_met_under_the_reported_accountant_or_refused(tmp_path
         if (tmp_path / "budget.sqlite").exists():
             with BudgetStore(tmp_path / "budget.sqlite") as st:
                 assert st.silos() == []
+
+
+def test_default_runs_draw_fresh_noise_and_seeded_runs_say_so(tmp_path):
+    """Two default runs of one config give different models (OS-entropy noise); two
+    seeded runs give the same model and every output says it is no guarantee."""
+    base = {"training": {"rounds": 3, "methods": ["local"]}, "budget": {"scratch": True},
+            "output": {"dir": ""}}
+    a, b = (run_experiment(config_from_dict(base)) for _ in range(2))
+    assert a.noise == b.noise == "secure" and a.summary()["notes"] == [
+        "scratch budget store: an experiment, not a release"]
+    assert not np.array_equal(a.results[0].params, b.results[0].params)
+    seeded = dict(base, privacy={"noise": "seeded"}, output={"dir": str(tmp_path)})
+    c, d = (run_experiment(config_from_dict(seeded)) for _ in range(2))
+    assert np.array_equal(c.results[0].params, d.results[0].params)
+    for rep in (c, d):
+        for f in ("privacy_report.json", "summary.json"):
+            notes = json.loads((rep.run_dir / f).read_text())["notes"]
+            assert "reproducible noise — not a privacy guarantee" in notes
+    res = runner.invoke(app, ["run", "-q", "--scratch", "--config", str(_toml(tmp_path, seeded))])
+    assert res.exit_code == 0 and "not a privacy guarantee" in " ".join(res.output.split())
+
+
+def _toml(d: Path, raw: dict) -> Path:
+    p = d / "cfg.toml"
+    p.write_text(tomli_w.dumps(raw))
+    return p

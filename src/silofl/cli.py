@@ -75,7 +75,9 @@ def run(config: Optional[Path] = typer.Option(None, "--config", "-c",
     if (pt := privacy_table(rep)) is not None:
         console.print(pt)
         console.print(f"Adjacency: {escape(ADJACENCY)}. Noise: {rep.noise}. Budget store: "
-                      f"{escape(rep.store or 'scratch (in memory)')}, run {rep.run_id}.")
+                      f"{escape(rep.store or 'scratch (in memory)')}, run {rep.run_id}. "
+                      "Assumed: silo sizes are public; per-round test metrics are not "
+                      "privatized (privacy_report.json states every assumption).")
     else:
         console.print("No differential privacy: this run is for comparison only.")
     for note in rep.notes():

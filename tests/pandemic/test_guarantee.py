@@ -449,3 +449,31 @@ def test_models_saved_before_these_fields_load_as_they_were_trained(data, tmp_pa
     assert (old.config.noise, old.config.adjacency, old.config.preprocessing) == (
         "seeded", "node", "uncharged")
     assert np.array_equal(P.predict(data, old), P.predict(data, pm))
+
+
+def test_an_injected_crash_in_pandemic_training_prints_no_record(small_outbreak, tmp_path,
+                                                                monkeypatch, capsys):
+    """Through the real entry point (`silofl.cli.main`): an exception quoting a person's
+    record inside training reaches the terminal as its type only."""
+    import sys
+
+    import silofl.cli as cli
+
+    leaked = []
+
+    def boom(model, w, anchor, r, cfg, *a, **kw):
+        pid = int(r.persons[0])
+        leaked.append(f"person-{pid}-age")
+        raise RuntimeError(f"person-{pid}-age {r.features.num_nodes}")
+    monkeypatch.setattr(P, "_local_pass", boom)
+    monkeypatch.setenv("SILOFL_LOG_DIR", str(tmp_path / "logs"))
+    monkeypatch.setattr(sys, "argv", [
+        "silofl", "pandemic", "train", "--data", str(small_outbreak), "--model",
+        str(tmp_path / "m"), "--rounds", "1", "--store", str(tmp_path / "b.sqlite")])
+    with pytest.raises(SystemExit) as ex:
+        cli.main()
+    assert ex.value.code == 1
+    text = "".join(capsys.readouterr())
+    assert leaked and leaked[0] not in text and "RuntimeError" in text
+    assert leaked[0] not in next((tmp_path / "logs").glob("crash-*.log")).read_text()
+    assert not (tmp_path / "m").exists()
