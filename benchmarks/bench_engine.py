@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import time
-from pathlib import Path
 
 import numpy as np
 
@@ -32,7 +31,6 @@ from silofl.runtime.plan import TrainingConfig, plan_silos
 from silofl.runtime.simulator import simulate
 from silofl.training.dpsgd import round_noise
 
-SCHOOL = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "school.mat"
 
 
 REPEATS = 3
@@ -153,10 +151,7 @@ def vehicle(rounds: int) -> None:
 
 
 def school_calibration() -> None:
-    if not SCHOOL.is_file():
-        print(f"School calibration: skipped ({SCHOOL} not found)")
-        return
-    fed = load_school(SCHOOL)
+    fed = load_school()  # the shipped copy
     sizes = [s.n_train for s in fed.silos]
     accounting.calibrate_dpsgd.cache_clear()
     t0 = time.perf_counter()

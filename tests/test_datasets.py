@@ -7,6 +7,7 @@ import dataclasses
 import importlib.util
 import logging
 import sys
+from importlib import resources
 from pathlib import Path
 
 import numpy as np
@@ -26,7 +27,8 @@ from silofl.experiments.run import run as run_experiment
 
 logging.getLogger("absl").setLevel(logging.ERROR)
 
-SCHOOL = (Path(__file__).parents[1] / ".." / "shared" / "data" / "school.mat").resolve()
+# the School data ships with silofl (builtin/school.mat)
+SCHOOL = Path(str(resources.files("silofl.data").joinpath("builtin", "school.mat")))
 SPLIT_KW = {"iid": {}, "dirichlet": {"alpha": 1.0}, "quantity": {"alpha": 0.5},
             "feature_range": {"feature": "age"},
             "shared_range": {"feature": "age", "group_size": 3}}
@@ -288,8 +290,6 @@ def test_shared_range_groups_share_one_range(heart_xy):
 
 
 def test_school_regression_splits():
-    if not SCHOOL.is_file():
-        pytest.skip(f"School data not present at {SCHOOL}")
     school = load_school(SCHOOL, standardize=False)
     X = np.concatenate([np.r_[s.X_train, s.X_test] for s in school.silos])
     y = np.concatenate([np.r_[s.y_train, s.y_test] for s in school.silos])

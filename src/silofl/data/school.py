@@ -1,6 +1,9 @@
 """The School dataset (ILEA exam scores) as a 139-silo regression federation.
 
-File format (see shared/data/README.md): a MATLAB v5 file with 1x139 cell arrays ``X`` and
+The file ships with silofl (``builtin/school.mat``, 44 KB, from the MIT-licensed repository of
+the NeurIPS 2022 paper "On Privacy and Personalization in Cross-Silo Federated Learning"; see
+``builtin/PROVENANCE.md``); ``path=None`` reads it. File format: a MATLAB v5 file with 1x139
+cell arrays ``X`` and
 ``Y``; ``X{k}`` is n_k x 28 (student/school features), ``Y{k}`` is n_k x 1 (exam score,
 integer 1..70). 15,362 students in all, silo sizes 22..251.
 
@@ -29,6 +32,7 @@ from silofl.errors import DataError
 SCORE_MIN, SCORE_MAX = 1.0, 70.0
 NUM_FEATURES = 28
 SCHOOL_SCHEMA = "school_schema.toml"
+SCHOOL_FILE = "school.mat"
 
 
 def school_schema() -> Schema:
@@ -38,8 +42,8 @@ def school_schema() -> Schema:
     return schema_from_dict(tomllib.loads(text), where=f"builtin {SCHOOL_SCHEMA}")
 
 
-def load_school_raw(path: str | Path, *, test_fraction: float = 0.2, seed: int = 0,
-                    schema=None) -> RawFederation:
+def load_school_raw(path: str | Path | None = None, *, test_fraction: float = 0.2,
+                    seed: int = 0, schema=None) -> RawFederation:
     """``school.mat`` encoded by its schema (default `school_schema()`) and split, before
     preprocessing: silos ``school-000``..``school-138``, X (n_k, 28) float64 in raw units
     (percentages clipped to [0, 100]), y (n_k,) float64 = (score - lower) / (upper - lower)
@@ -47,6 +51,10 @@ def load_school_raw(path: str | Path, *, test_fraction: float = 0.2, seed: int =
     import scipy.io  # local: scipy import is slow and only this loader needs it
 
     schema = school_schema() if schema is None else as_schema(schema)
+    if path is None:
+        with resources.as_file(resources.files("silofl.data").joinpath("builtin",
+                                                                        SCHOOL_FILE)) as p:
+            return load_school_raw(p, test_fraction=test_fraction, seed=seed, schema=schema)
     p = Path(path)
     if not p.is_file():
         raise DataError(f"School data file not found: {str(p)!r}; pass the path to school.mat "
@@ -90,7 +98,7 @@ def load_school_raw(path: str | Path, *, test_fraction: float = 0.2, seed: int =
     return raw
 
 
-def load_school(path: str | Path, *, test_fraction: float = 0.2, seed: int = 0,
+def load_school(path: str | Path | None = None, *, test_fraction: float = 0.2, seed: int = 0,
                 standardize: str | bool = "auto", impute: str = "auto",
                 schema=None) -> Federation:
     """Load ``school.mat``: silos ``school-000``..``school-138``, X (n_k, 28) float64,

@@ -134,9 +134,8 @@ def load_raw(dc: DataConfig) -> RawFederation:
             num_silos=dc.num_silos or DEFAULT_SILOS["mnist"], train_per_silo=dc.train_per_silo,
             test_per_silo=dc.test_per_silo, mask_prob=dc.mask_prob, seed=dc.seed))
     if dc.source == "school":
-        if not dc.path:
-            raise ConfigError("data.source = 'school' needs data.path (the school.mat file)")
-        return D.load_school_raw(dc.path, schema=_schema(dc), **common)
+        # data.path is optional: the School data ships with silofl
+        return D.load_school_raw(dc.path or None, schema=_schema(dc), **common)
     if dc.source == "synthetic":
         gen = GENERATORS.get(dc.generator)
         if gen is None:
