@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import threading
 import time
 import warnings
 from pathlib import Path
@@ -21,6 +23,19 @@ app = typer.Typer(add_completion=False, no_args_is_help=False, pretty_exceptions
                   help="Private, personalized cross-silo federated learning.")
 console = Console()
 err = Console(stderr=True)
+
+
+def _version(value: bool) -> None:
+    if value:
+        from silofl.experiments.artifacts import silofl_version
+        console.print(f"silofl {silofl_version()}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _app_options(version: bool = typer.Option(False, "--version", callback=_version,
+                                              is_eager=True, help="print the version")):
+    """Private, personalized cross-silo federated learning."""
 
 
 def _fail(e: Exception) -> None:
@@ -59,6 +74,7 @@ def run(config: Optional[Path] = typer.Option(None, "--config", "-c",
             cfg.budget.store = str(store)
         if scratch:
             cfg.budget.scratch = True
+        _check_run_paths(cfg, out)
         with Progress(TextColumn("{task.description:<10}"), BarColumn(), TextColumn(
                 "{task.completed}/{task.total} rounds  {task.fields[metric]}"),
                 TimeElapsedColumn(), console=err, disable=quiet, transient=False) as prog:
@@ -86,6 +102,18 @@ def run(config: Optional[Path] = typer.Option(None, "--config", "-c",
         console.print(f"Run directory: [bold]{escape(str(rep.run_dir))}[/] (config.toml, "
                       "history.json, ledgers/, privacy_report.json, summary.json, "
                       "metric_over_rounds.png)")
+
+
+def _check_run_paths(cfg, out: Optional[Path]) -> None:
+    """Refuse output paths that cannot work before anything is reserved or written."""
+    from silofl.experiments.figures import check_out_dir
+    if out is not None:
+        check_out_dir(out, "--out")
+    elif cfg.output.dir:
+        check_out_dir(Path(cfg.output.dir), "[output] dir")
+    if cfg.budget.store and not cfg.budget.scratch and Path(cfg.budget.store).is_dir():
+        raise SiloflError(f"budget store {cfg.budget.store!r} is a directory; name a file "
+                          "(e.g. budget.sqlite) with --store or [budget] store")
 
 
 @app.command()
@@ -117,30 +145,107 @@ def account(n: int = typer.Option(..., help="training examples (persons) in the 
             raise SiloflError(f"need n ≥ 2 and 0 < batch < n, got n={n}, batch={batch}")
         if not 0 < delta < 1:
             raise SiloflError(f"delta must be in (0, 1), got {delta}")
+        T = _account_bounds(n, batch, delta, steps, epochs, sigma, epsilon,
+                            lambda: A.steps_for_epochs(n, batch, epochs))
         q = batch / n
-        T = steps if steps is not None else A.steps_for_epochs(n, batch, epochs)
-        if T < 1:
-            raise SiloflError(f"steps must be ≥ 1, got {T}")
         out = {"n": n, "batch": batch, "q": q, "steps": T, "delta": delta}
-        if sigma is not None:
-            if sigma <= 0:
-                raise SiloflError(f"sigma must be positive, got {sigma}")
-            out.update(sigma=sigma, **{f"epsilon_{k}": v for k, v in
-                                       A.epsilons(A.dpsgd_event(q, sigma, T), delta).items()})
-        else:
-            if epsilon <= 0:
-                raise SiloflError(f"epsilon must be positive, got {epsilon}")
-            out.update(target_epsilon=epsilon, **{
-                f"sigma_{k}": A.calibrate_dpsgd(epsilon, delta, q, T, k) for k in A.ACCOUNTANTS})
+        with _bounded_accounting():
+            if sigma is not None:
+                out.update(sigma=sigma, **{f"epsilon_{k}": v for k, v in A.epsilons(
+                    A.dpsgd_event(q, sigma, T), delta).items()})
+            else:
+                out.update(target_epsilon=epsilon, **{
+                    f"sigma_{k}": A.calibrate_dpsgd(epsilon, delta, q, T, k)
+                    for k in A.ACCOUNTANTS})
     except SiloflError as e:
         _fail(e)
     _print_quantities("DP-SGD privacy accounting (Poisson-sampled Gaussian, add/remove one)",
                       out, as_json)
 
 
+#: sane ranges for `silofl account`: beyond them the answer is meaningless (σ → 0, ε → ∞)
+#: and the PLD grid or the σ search grows without bound
+ACCOUNT_RANGES = {"n": (2, 10**9), "steps": (1, 10**6), "sigma": (0.3, 1e4),
+                  "epsilon": (1e-3, 100.0), "delta": (1e-15, 0.5), "epochs": (1e-6, 1e5)}
+#: the accounting itself is also capped: seconds and extra address space (bytes)
+ACCOUNT_LIMITS = (60, 8 * 2**30)
+
+
+def _in_range(name: str, value) -> None:
+    import math
+    lo, hi = ACCOUNT_RANGES[name]
+    if value is None:
+        return
+    if not math.isfinite(value) or not lo <= value <= hi:
+        raise SiloflError(f"--{name} must be a finite number in [{lo:g}, {hi:g}], got "
+                          f"{value:g}")
+
+
+def _account_bounds(n, batch, delta, steps, epochs, sigma, epsilon, to_steps) -> int:
+    """Refuse inputs outside ACCOUNT_RANGES; returns the number of steps."""
+    import math
+    if sigma is not None and sigma <= 0:
+        raise SiloflError(f"sigma must be positive, got {sigma}")
+    if epsilon is not None and epsilon <= 0:
+        raise SiloflError(f"epsilon must be positive, got {epsilon}")
+    if not math.isfinite(batch):
+        raise SiloflError(f"--batch must be a finite number, got {batch:g}")
+    for name, v in (("n", n), ("sigma", sigma), ("epsilon", epsilon), ("delta", delta),
+                    ("steps", steps), ("epochs", epochs)):
+        _in_range(name, v)
+    T = steps if steps is not None else to_steps()
+    if T > ACCOUNT_RANGES["steps"][1]:
+        raise SiloflError(f"--epochs {epochs:g} means {T} steps, more than "
+                          f"{ACCOUNT_RANGES['steps'][1]}; give fewer epochs or a larger batch")
+    return T
+
+
+@contextlib.contextmanager
+def _bounded_accounting():
+    """Cap the accounting's time and memory (ACCOUNT_LIMITS): an extreme schedule is then a
+    clean refusal instead of a hang or a machine out of memory."""
+    import resource
+    import signal
+    secs, extra = ACCOUNT_LIMITS
+
+    def _timeout(signum, frame):
+        raise TimeoutError
+
+    old_as = resource.getrlimit(resource.RLIMIT_AS)
+    try:
+        with open("/proc/self/statm") as f:
+            used = int(f.read().split()[0]) * resource.getpagesize()
+        cap = used + extra
+        if old_as[1] == resource.RLIM_INFINITY or cap < old_as[1]:
+            resource.setrlimit(resource.RLIMIT_AS, (cap, old_as[1]))
+    except (OSError, ValueError):
+        old_as = None
+    main = threading.current_thread() is threading.main_thread()
+    old_alarm = signal.signal(signal.SIGALRM, _timeout) if main else None
+    if main:
+        signal.alarm(secs)
+    try:
+        yield
+    except (MemoryError, TimeoutError):
+        raise SiloflError(f"this schedule needs more than {secs} s or {extra // 2**30} GiB "
+                          "to account: its σ is too small or its steps too many for an "
+                          "answer that means anything; raise --sigma, lower --epsilon or "
+                          "give fewer steps") from None
+    finally:
+        if main:
+            signal.alarm(0)
+            signal.signal(signal.SIGALRM, old_alarm)
+        if old_as is not None:
+            resource.setrlimit(resource.RLIMIT_AS, old_as)
+
+
 def _print_quantities(title: str, out: dict, as_json: bool) -> None:
     if as_json:
-        console.print_json(json.dumps(out))
+        from silofl.experiments.atomic import dumps_strict, json_safe
+        bad: list[str] = []
+        json_safe(out, bad)
+        # strict JSON: an infinite ε prints as null, named under "nonfinite"
+        console.print_json(dumps_strict({**out, "nonfinite": bad} if bad else out))
         return
     t = Table(title=title)
     t.add_column("quantity")
@@ -157,19 +262,27 @@ def _account_node(n, b, delta, steps, epochs, sigma, epsilon, S, as_json):
             raise SiloflError("give exactly one of --steps or --epochs")
         if (sigma is None) == (epsilon is None):
             raise SiloflError("give exactly one of --sigma (to get ε) or --epsilon (to get σ)")
-        T = steps if steps is not None else node_dp.node_steps(n, b, epochs)
+        if not 1 <= b <= n:
+            raise SiloflError(f"need 1 ≤ batch ≤ n, got n={n}, batch={b}")
+        if not 1 <= S <= n:
+            raise SiloflError(f"--S must be in [1, n], got {S}")
         d = delta if delta is not None else 1.0 / n
+        if not 0 < d < 1:
+            raise SiloflError(f"delta must be in (0, 1), got {d}")
+        T = _account_bounds(n, b, d, steps, epochs, sigma, epsilon,
+                            lambda: node_dp.node_steps(n, b, epochs))
         out = {"n": n, "S": S, "batch": b, "steps": T, "delta": d}
-        # both adjacencies: "node+edges" (a person and their contacts: 2S − 1 examples
-        # affected, the pipeline's default) and "node" (fixed public graph: S examples)
-        for adj, key in (("node+edges", "node_edges"), ("node", "node")):
-            out[f"affected_{key}"] = node_dp.affected_examples(n, S, adj)
-            if sigma is not None:
-                out[f"epsilon_{key}_rdp"] = node_dp.node_epsilon(n, S, b, sigma, T, d,
-                                                                 adjacency=adj)
-            else:
-                out[f"sigma_{key}_rdp"] = node_dp.calibrate_node_sigma(epsilon, n, S, b, T, d,
-                                                                       adjacency=adj)
+        with _bounded_accounting():
+            # both adjacencies: "node+edges" (a person and their contacts: 2S − 1 examples
+            # affected, the pipeline's default) and "node" (fixed public graph: S examples)
+            for adj, key in (("node+edges", "node_edges"), ("node", "node")):
+                out[f"affected_{key}"] = node_dp.affected_examples(n, S, adj)
+                if sigma is not None:
+                    out[f"epsilon_{key}_rdp"] = node_dp.node_epsilon(n, S, b, sigma, T, d,
+                                                                     adjacency=adj)
+                else:
+                    out[f"sigma_{key}_rdp"] = node_dp.calibrate_node_sigma(
+                        epsilon, n, S, b, T, d, adjacency=adj)
         if sigma is not None:
             out["sigma"] = sigma
         else:
@@ -306,6 +419,34 @@ def schema_draft(data: Path = typer.Argument(..., help="the table (CSV, CSV.gz, 
                   "it as [data] schema.")
 
 
+@app.command()
+def predict(run_dir: Path = typer.Option(..., "--run", help="a run directory (runs/<time>)"),
+            silo: str = typer.Option(..., "--silo", help="whose personal model to apply"),
+            method: Optional[str] = typer.Option(
+                None, "--method", help="method label or name (needed when the run has several)"),
+            data: Path = typer.Option(..., "--data", help="rows to score (CSV, CSV.gz, Parquet)"),
+            out: Path = typer.Option(..., "--out", help="CSV to write: one row per input row")):
+    """Apply a silo's saved model, with the preprocessing it was trained with, to new rows.
+    Post-processing of released models: reads no training data, spends no budget."""
+    from silofl.data import read_table
+    from silofl.experiments.artifacts import POST_PROCESSING, load_run
+    from silofl.experiments.atomic import write_bytes_atomic
+    try:
+        saved = load_run(run_dir)
+        pred = saved.predictor(silo, method)
+        frame = pred.predict_frame(read_table(data))
+        if not out.parent.is_dir():
+            raise SiloflError(f"the folder of --out does not exist: {str(out.parent)!r}")
+        write_bytes_atomic(out, frame.to_csv(index=False).encode())
+    except SiloflError as e:
+        _fail(e)
+    console.print(f"Wrote {len(frame)} prediction(s) of silo {escape(silo)!r}'s "
+                  f"{escape(pred.method)} model to [bold]{escape(str(out))}[/].")
+    console.print(POST_PROCESSING)
+    for note in pred.card["privacy"]["notes"]:
+        err.print(f"[bold yellow]note:[/] {escape(note)}")
+
+
 budget_app = typer.Typer(help="Lifetime privacy budgets per silo (the budget store).")
 app.add_typer(budget_app, name="budget")
 StorePath = Annotated[Path, typer.Option("--store", help="the budget store (SQLite file)")]
@@ -383,16 +524,8 @@ def budget_export(store: StorePath = Path("runs/budget.sqlite"),
 
 
 def _write_atomic(path: Path, text: str) -> None:
-    import os
-    import tempfile
-    fd, tmp = tempfile.mkstemp(dir=path.parent if str(path.parent) else ".", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    from silofl.experiments.atomic import write_text_atomic
+    write_text_atomic(path, text)
 
 
 @budget_app.command("reset")

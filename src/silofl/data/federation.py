@@ -139,7 +139,9 @@ class Federation:
                     raise DataError(f"silo {s.name!r} {part} row {bad[0]}, feature {col!r} is "
                                     "NaN or infinite after preprocessing; fix or impute it")
                 if not np.all(np.isfinite(y)):
-                    raise DataError(f"silo {s.name!r} {part} has NaN/inf labels; drop those rows")
+                    k = int(np.sum(~np.isfinite(y)))
+                    raise DataError(f"silo {s.name!r} {part}: {k} label(s) are NaN or "
+                                    "infinite; fix or drop those rows")
             if s.n_train < 2:
                 raise DataError(f"silo {s.name!r} has {s.n_train} training example(s); DP-SGD "
                                 "needs at least 2. Merge it with another silo or drop it")

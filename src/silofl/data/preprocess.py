@@ -433,7 +433,11 @@ def apply_preprocessing(raw: RawFederation, plan: PreprocessPlan, rng=None) -> F
     """Compute the planned statistics per silo (training rows only; test rows are only
     transformed) and return the finished Federation. `rng` (a Randomness; its ``normal``
     draws the noise) is needed only when the plan is private. ``meta["preprocessing"]`` holds
-    `plan.to_meta()`, ``meta["uncharged"]`` the uncharged items (empty if none)."""
+    `plan.to_meta()`, ``meta["uncharged"]`` the uncharged items (empty if none) and
+    ``meta["constants"]`` what new rows need: ``feature_names``, ``clip`` {column: [lower,
+    upper]} and per silo ``{"fill": {column: value}, "standardize": {column: [center,
+    scale]}}`` (private ones are post-processed DP releases; uncharged ones are raw
+    statistics, listed in ``uncharged``)."""
     if plan.silos != raw.names or plan.dim != raw.dim:
         raise ConfigError("this plan was made for another federation (silos or features "
                           "differ); plan again with plan_preprocessing(raw, ...)")
@@ -446,10 +450,16 @@ def apply_preprocessing(raw: RawFederation, plan: PreprocessPlan, rng=None) -> F
     lo = np.array([raw.specs[j].bounds[0] for j in rel])
     hi = np.array([raw.specs[j].bounds[1] for j in rel])
     silos = []
+    # what applying this to new rows needs (saved with the models): declared bounds, and per
+    # silo its fills and (center, scale) -- declared, or post-processed private releases
+    constants = {"feature_names": list(raw.feature_names),
+                 "clip": {raw.feature_names[j]: list(raw.specs[j].bounds) for j in bounded},
+                 "silos": {}}
     for s in raw.silos:
         if s.X_train.ndim > 2:  # images: no value columns; keep their arrays and dtype
             silos.append(s)
             continue
+        own = constants["silos"][s.name] = {"fill": {}, "standardize": {}}
         Xtr = np.array(s.X_train, dtype=np.float64)
         Xte = np.array(s.X_test, dtype=np.float64)
         for j in bounded:  # idempotent after schema encoding; keeps this path data-independent
@@ -475,6 +485,7 @@ def apply_preprocessing(raw: RawFederation, plan: PreprocessPlan, rng=None) -> F
             else:
                 obs = orig[:, j][~np.isnan(orig[:, j])]
                 fill = float(np.median(obs)) if obs.size else _fallback_fill(col)
+            own["fill"][st.column] = float(fill)
             for X in (Xtr, Xte):
                 X[np.isnan(X[:, j]), j] = fill
         for st in plan.steps:
@@ -494,10 +505,12 @@ def apply_preprocessing(raw: RawFederation, plan: PreprocessPlan, rng=None) -> F
                 center = float(obs.mean()) if obs.size else _fallback_fill(col)
                 sd = float(obs.std()) if obs.size else 0.0
                 scale = sd if sd > 1e-12 else 1.0  # constant columns: centred, unit scale
+            own["standardize"][st.column] = [float(center), float(scale)]
             Xtr[:, j] = (Xtr[:, j] - center) / scale
             Xte[:, j] = (Xte[:, j] - center) / scale
         silos.append(dataclasses.replace(s, X_train=Xtr, X_test=Xte))
-    meta = {**raw.meta, "preprocessing": plan.to_meta(), "uncharged": list(plan.uncharged)}
+    meta = {**raw.meta, "preprocessing": plan.to_meta(), "uncharged": list(plan.uncharged),
+            "constants": constants}
     meta.pop("schema_from_data", None)
     return Federation(silos, list(raw.feature_names), raw.task, raw.num_classes, raw.name, meta)
 

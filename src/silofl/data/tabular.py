@@ -68,7 +68,7 @@ def load_table_raw(path: str | Path, silo_column: str, label_column: str, *, sch
                    test_fraction: float = 0.2, seed: int = 0, missing: str = "impute",
                    categorical_max_levels: int = 50) -> RawFederation:
     """`load_table` up to (not including) preprocessing: a `RawFederation`."""
-    df = read_table(path)
+    df = read_table(path, text_columns=[silo_column])
     raw = federation_from_frame_raw(
         df, silo_column, label_column, schema=schema, task=task, features=features,
         test_fraction=test_fraction, seed=seed, missing=missing,
@@ -77,8 +77,12 @@ def load_table_raw(path: str | Path, silo_column: str, label_column: str, *, sch
     return raw
 
 
-def read_table(path: str | Path) -> pd.DataFrame:
-    """Read a table by extension, turning every failure into a `DataError` naming the path."""
+def read_table(path: str | Path, text_columns: Sequence[str] = ()) -> pd.DataFrame:
+    """Read a table by extension, turning every failure into a `DataError` naming the path.
+
+    `text_columns` (e.g. the silo column) are read from a CSV as exact text: "01", "1.0"
+    and "1" stay distinct and "NA"/"None"/"null" stay names (only an empty cell is missing).
+    """
     p = Path(path)
     if not p.exists():
         raise DataError(f"data file not found: {str(p)!r}; check the path "
@@ -88,7 +92,7 @@ def read_table(path: str | Path) -> pd.DataFrame:
     suffix = "".join(p.suffixes[-2:]).lower() if p.name.lower().endswith(".gz") else p.suffix.lower()
     try:
         if suffix in (".csv", ".csv.gz"):
-            df = pd.read_csv(p)
+            df = _read_csv(p, [str(c) for c in text_columns if c is not None])
         elif suffix in (".parquet", ".pq"):
             df = pd.read_parquet(p)
         else:
@@ -102,6 +106,17 @@ def read_table(path: str | Path) -> pd.DataFrame:
         raise DataError(f"could not read {str(p)!r}: {type(e).__name__}; check that the "
                         "file is a valid, uncorrupted table of the type its extension says") from None
     return df
+
+
+def _read_csv(p: Path, text_columns: list[str]) -> pd.DataFrame:
+    from pandas._libs.parsers import STR_NA_VALUES
+    header = pd.read_csv(p, nrows=0).columns if text_columns else []
+    text = [c for c in text_columns if c in header]
+    if not text:
+        return pd.read_csv(p)
+    # default NA markers everywhere except the text columns, where only "" is missing
+    na = {c: ([""] if c in text else sorted(STR_NA_VALUES)) for c in header}
+    return pd.read_csv(p, dtype={c: str for c in text}, keep_default_na=False, na_values=na)
 
 
 def federation_from_frame(df: pd.DataFrame, silo_column: str, label_column: str, *,
@@ -221,12 +236,14 @@ def encode_table(df: pd.DataFrame, label_column: str, *, silo_column: str | None
     dropped: dict[str, int] = {}
     notes: list[str] = []
     rows = np.arange(len(df))
-    all_silos = list(dict.fromkeys(df[silo_column].dropna().map(_silo_name))) \
-        if silo_column is not None else []
+    all_silos = list(dict.fromkeys(df[silo_column][~_missing(df[silo_column])]
+                                   .map(_silo_name))) if silo_column is not None else []
+    if silo_column is not None:
+        _check_silo_names(all_silos, silo_column, name)
     checks = [("missing_label", label_column)] + \
         ([("missing_silo", silo_column)] if silo_column is not None else [])
     for what, col in checks:
-        bad = df[col].isna().to_numpy()
+        bad = _missing(df[col]) if what == "missing_silo" else df[col].isna().to_numpy()
         if bad.any():
             dropped[what] = int(bad.sum())
             notes.append(f"dropped {int(bad.sum())} row(s) with a missing {col!r} value")
@@ -244,8 +261,14 @@ def encode_table(df: pd.DataFrame, label_column: str, *, silo_column: str | None
             notes.append(f"dropped {int(bad.sum())} row(s) with missing feature values")
             df, rows = df.loc[~bad], rows[~bad]
     if len(df) == 0:
+        fix = {"missing_label": f"fill the label column {label_column!r}",
+               "missing_silo": f"fill the silo column {silo_column!r}",
+               "missing_features": "use missing='impute' (or declare the columns nullable)"}
         raise DataError(f"table {name!r} has no rows left after dropping rows with missing "
-                        f"values ({dropped}); use missing='impute' or fix the data")
+                        f"values ({dropped}); " + " or ".join(fix[k] for k in dropped))
+    _check_label_finite(df[label_column], label_column,
+                        np.array([_silo_name(v) for v in df[silo_column].tolist()],
+                                 dtype=object) if silo_column is not None else None)
     silos = np.array([_silo_name(v) for v in df[silo_column].tolist()], dtype=object) \
         if silo_column is not None else None
     lost = [s for s in all_silos if s not in set(silos.tolist())] if silos is not None else []
@@ -259,6 +282,8 @@ def encode_table(df: pd.DataFrame, label_column: str, *, silo_column: str | None
         schema = infer_schema(df, silo_column, label_column, features=feats, task=task,
                               bounds=False, categorical_max_levels=categorical_max_levels)
         uncharged = _uncharged_items(schema, task)
+        if task == "auto" and schema.label.kind == "regression":
+            _hint_integer_classes(df[label_column], label_column, notes, name)
     blocks = [_encode_column(df[c.name], c, silos) for c in schema.columns]
     X = np.hstack([b for bl in blocks for b in bl]) if blocks else np.zeros((len(df), 0))
     y = _encode_label(df[label_column], schema.label, silos)
@@ -448,6 +473,70 @@ def _feature_columns(df, silo_column, label_column, features) -> list[str]:
     if dup:
         raise DataError(f"features= lists {dup} more than once; list each column once")
     return feats
+
+
+def _missing(s: pd.Series) -> np.ndarray:
+    """Missing silo names: NA, or text that is empty after stripping."""
+    return (s.isna() | s.map(lambda v: isinstance(v, str) and not v.strip())).to_numpy(bool)
+
+
+def _name_key(name: str) -> str:
+    """What a silo name could be confused with: case, spaces and number spellings."""
+    k = " ".join(name.split()).casefold()
+    try:
+        f = float(k)
+    except ValueError:
+        return k
+    return repr(f) if f == f else k
+
+
+def _check_silo_names(names: list[str], col: str, table: str) -> None:
+    """Silo names are exact strings; refuse names that differ only in case, spacing or
+    number spelling ("1", "1.0", "01"), which tools and people would merge."""
+    groups: dict[str, list[str]] = {}
+    for n in names:
+        groups.setdefault(_name_key(n), []).append(n)
+    clash = [g for g in groups.values() if len(g) > 1]
+    if clash:
+        shown = "; ".join(" / ".join(repr(n) for n in g) for g in clash[:5])
+        raise DataError(f"table {table!r}, silo column {col!r}: {len(clash)} group(s) of "
+                        f"silo names differ only in case, spacing or number spelling "
+                        f"({shown}); give each silo one distinct name")
+
+
+def _check_label_finite(s: pd.Series, col: str, silos) -> None:
+    """A label of ±inf is a data error (not a class, not a clippable target)."""
+    isna = s.isna().to_numpy()
+    vals = _numeric_values(s, isna) if s.dtype.kind in "fiu" else \
+        _lookup(s, isna, _float_or_nan, np.nan)
+    bad = np.isinf(vals)
+    if bad.any():
+        raise _bad(col, bad, "are infinite (label)", silos,
+                   "fix or drop those rows; a label must be a finite number or a class")
+
+
+def _float_or_nan(v) -> float:
+    if isinstance(v, (bool, np.bool_)) or v is None:
+        return np.nan
+    try:
+        return float(str(v).strip())
+    except ValueError:
+        return np.nan
+
+
+def _hint_integer_classes(s: pd.Series, col: str, notes: list[str], table: str) -> None:
+    """task="auto" read integer labels with few values as regression: say so."""
+    v = s.dropna()
+    if v.dtype.kind not in "iuf" or not len(v):
+        return
+    vals = v.to_numpy(float)
+    k = len(np.unique(vals))
+    if 2 < k <= 50 and np.all(vals == np.round(vals)):
+        msg = (f"label {col!r} holds {k} distinct integer values, so task='auto' treats it "
+               "as regression; if they are classes, set [data] task = \"multiclass\" (or "
+               "declare the classes in a schema)")
+        notes.append(msg)
+        warnings.warn(f"{table}: {msg}", UserWarning, stacklevel=4)
 
 
 def _silo_name(v) -> str:

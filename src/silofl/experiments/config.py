@@ -182,6 +182,12 @@ def config_from_dict(raw: dict) -> Config:
     for f in fields(Config):
         cls = type(f.default_factory())
         parts[f.name] = _build(cls, raw.get(f.name, {}), f.name)
+    tf = parts["data"].test_fraction
+    if not (isinstance(tf, float) and 0 < tf < 1):
+        # every reported metric is a test metric: without test rows there is nothing to report
+        raise ConfigError(f"'data.test_fraction' must be in (0, 1), got {tf}; runs report "
+                          "metrics on each silo's held-out test rows, so keep some "
+                          "(e.g. test_fraction = 0.2)")
     return Config(**parts)
 
 
@@ -195,6 +201,8 @@ def load_config(path: str | Path | None) -> Config:
 def read_toml(path: str | Path, what: str) -> dict:
     """Parse a TOML file; a missing or malformed file is a ConfigError naming `what`."""
     p = Path(path)
+    if p.is_dir():
+        raise ConfigError(f"{what} {str(p)!r} is a directory; pass a .toml file")
     if not p.is_file():
         raise ConfigError(f"{what} {str(p)!r} does not exist; pass an existing .toml file")
     try:

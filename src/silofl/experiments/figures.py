@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from silofl.errors import ConfigError
+from silofl.experiments.atomic import savefig_atomic
 from silofl.experiments.selection import curve_over_rounds, lambda_curve, select_best
 
 TITLES = {"privacy_utility": "(a) Privacy-utility trade-off",
@@ -59,7 +60,7 @@ def _finish(fig, ax, head: dict, title: str, path: Path) -> None:
 
 def _save(fig, path: Path) -> None:
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    savefig_atomic(fig, path, dpi=120)
     _plt().close(fig)
 
 
@@ -159,13 +160,28 @@ def figure_epsilon(head: dict, epsilon: float | None = None) -> float:
     return float(epsilon)
 
 
+def check_out_dir(out_dir: Path, what: str = "--out") -> None:
+    """An output directory must be a directory (or not exist yet): refuse a file."""
+    p = Path(out_dir)
+    if p.exists() and not p.is_dir():
+        raise ConfigError(f"{what} {str(p)!r} is a file, not a directory; name a directory "
+                          "(it is created if missing)")
+    for parent in p.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise ConfigError(f"{what} {str(p)!r}: {str(parent)!r} is a file, not a "
+                                  "directory; name a directory")
+            break
+
+
 def make_figures(head: dict, records: list[dict], out_dir: Path,
                  epsilon: float | None = None) -> Figures:
     """Draw (a), (b), (c) into `out_dir`; say why any was not drawn. (b) and (c) use
     `figure_epsilon(head, epsilon)`."""
     out_dir = Path(out_dir)
+    eps = figure_epsilon(head, epsilon)  # bad input: fail before writing anything
+    check_out_dir(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    eps = figure_epsilon(head, epsilon)
     methods = head["config"]["sweep"]["methods"]
     made = Figures()
     jobs = {"privacy_utility": (lambda p: privacy_utility(head, records, p),

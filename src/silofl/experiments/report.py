@@ -9,6 +9,8 @@ from pathlib import Path
 import numpy as np
 from rich.table import Table
 
+from silofl.experiments.atomic import (json_safe, savefig_atomic, write_json_atomic,
+                                       write_text_atomic)
 from silofl.experiments.selection import eps_label, privacy_check, select_best
 from silofl.models.metrics import HIGHER_IS_BETTER
 
@@ -36,10 +38,7 @@ def results_table(rep) -> Table:
     silos = res[0].silos
     for r in res:
         vals = np.array(r.final_per_silo, float)
-        pick = (np.nanargmin, np.nanargmax) if higher else (np.nanargmax, np.nanargmin)
-        w, b = pick[0](vals), pick[1](vals)
-        row = [rep.label(r), f"{r.final_pooled:.4f}", f"{vals[w]:.4f} {silos[w]}",
-               f"{vals[b]:.4f} {silos[b]}"]
+        row = [rep.label(r), _metric_cell(r.final_pooled), *_worst_best(vals, silos, higher)]
         if private:
             p = r.privacy()
             row.append(f"{_max_eps(x['epsilon'] for x in p)} ({_kinds(p)})")
@@ -47,6 +46,30 @@ def results_table(rep) -> Table:
     if rep.notes():
         t.caption = "; ".join(rep.notes())
     return t
+
+
+def _metric_cell(x) -> str:
+    """A metric, or why there is none: inf = diverged, NaN = undefined (e.g. no test rows)."""
+    if x is None or np.isnan(x):
+        return "n/a"
+    return f"{x:.4f}" if np.isfinite(x) else "inf (diverged)"
+
+
+def _worst_best(vals: np.ndarray, silos, higher: bool) -> list[str]:
+    """Worst and best silo; a silo whose metric is non-finite is the worst (never hidden)."""
+    bad = ~np.isfinite(vals)
+    ok = np.flatnonzero(~bad)
+    if bad.any():
+        k = int(np.flatnonzero(bad)[0])
+        worst = f"{_metric_cell(vals[k])} {silos[k]}" + (f" (+{int(bad.sum()) - 1})"
+                                                         if bad.sum() > 1 else "")
+    elif ok.size:
+        k = ok[np.argmin(vals[ok])] if higher else ok[np.argmax(vals[ok])]
+        worst = f"{vals[k]:.4f} {silos[k]}"
+    if not ok.size:
+        return [worst, "n/a"]
+    k = ok[np.argmax(vals[ok])] if higher else ok[np.argmin(vals[ok])]
+    return [worst, f"{vals[k]:.4f} {silos[k]}"]
 
 
 def _kinds(entries) -> str:
@@ -98,7 +121,7 @@ def plot_history(rep, path: Path) -> None:
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    savefig_atomic(fig, path, dpi=120)
     plt.close(fig)
 
 
@@ -130,13 +153,13 @@ def write_report(results: Path, out_dir: Path, epsilon: float | None = None) -> 
     fixed-ε figures, default the header's report ε). Returns the summary."""
     import base64
     import html
-    import json
 
     from silofl.experiments import figures
     from silofl.experiments.sweep import read_results  # local: the sweep engine is heavy
 
     head, records = read_results(results)
     feps = figures.figure_epsilon(head, epsilon)  # bad input: fail before writing anything
+    figures.check_out_dir(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     rows = select_best(head, records)
     check = privacy_check(head, records)
@@ -150,7 +173,10 @@ def write_report(results: Path, out_dir: Path, epsilon: float | None = None) -> 
                "figures": {k: (str(v) if v else None) for k, v in made.figures.items()},
                "figure_notes": made.notes, "not_counted": head["not_counted"],
                "notes": head.get("notes", []), "assumptions": ASSUMPTION_TEXT}
-    (out_dir / "summary.json").write_text(json.dumps(summary, indent=1))
+    nonfinite: list[str] = []
+    json_safe(summary, nonfinite)
+    summary["nonfinite"] = nonfinite  # written as null: these metrics diverged or are undefined
+    write_json_atomic(out_dir / "summary.json", summary, indent=1)
 
     e = html.escape
     metric = e(head["metric"])
@@ -200,7 +226,7 @@ def write_report(results: Path, out_dir: Path, epsilon: float | None = None) -> 
     parts.append("</table>")
     parts.append(_privacy_html(head, check))
     parts.append("</body></html>")
-    (out_dir / "report.html").write_text("\n".join(parts))
+    write_text_atomic(out_dir / "report.html", "\n".join(parts))
     return summary
 
 

@@ -11,7 +11,6 @@ composition), and the whole job is charged to the silo's lifetime budget.
 
 from __future__ import annotations
 
-import json
 import shutil
 import time
 from collections import Counter
@@ -19,12 +18,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-import numpy as np
 import tomli_w
 
 from silofl.algorithms import LAMBDA_METHODS
 from silofl.data.federation import PrivacyTarget
-from silofl.experiments import build
+from silofl.experiments import artifacts, build
+from silofl.experiments.atomic import json_safe, write_json_atomic, write_text_atomic
 from silofl.data.preprocess import apply_preprocessing
 from silofl.errors import ConfigError
 from silofl.experiments.config import Config
@@ -60,6 +59,9 @@ class RunReport:
     lifetime: list[dict] = field(default_factory=list)  # per silo, after this job
     uncharged: list[str] = field(default_factory=list)  # data reads no budget covers
     preprocessing: dict | None = None  # what preprocessing did (fed.meta["preprocessing"])
+    #: what saving the models needs (`artifacts.release_info`): model spec, schema, feature
+    #: names, task/classes, per-silo preprocessing constants and raw-data fingerprints
+    release: dict = field(default_factory=dict)
 
     @property
     def noise(self) -> str:
@@ -119,12 +121,13 @@ def run(cfg: Config, out_dir: Path | None = None,
     labels = [alg.describe()["name"] for alg in algorithms]
     base = _base_dir(cfg, out_dir)
     job = None
+    raw_fps = fingerprints(raw)  # of the raw training rows: what the budget store records
     if tcfg.private:
         store = store if store is not None else open_store(cfg, base)
         job = open_job(store, dict(zip(labels, plans)), lifetime=_lifetime(cfg, raw),
                        explicit_lifetime=cfg.budget.epsilon is not None,
                        command="silofl run", noise=tcfg.noise, accountant=tcfg.accountant,
-                       fingerprints=fingerprints(raw),
+                       fingerprints=raw_fps,
                        extra=[PlannedCharge(n, NO_METHOD, "preprocess", e)
                               for n, e in extra.items()])
     # --- from here on the job's budget is reserved: settle it whatever happens ----------
@@ -147,7 +150,8 @@ def run(cfg: Config, out_dir: Path | None = None,
         if job is not None:
             job.settle()
         report = RunReport(run_dir, cfg, results, _combined(results, extra), uncharged=list(
-            fed.meta.get("uncharged", [])), preprocessing=fed.meta.get("preprocessing"))
+            fed.meta.get("uncharged", [])), preprocessing=fed.meta.get("preprocessing"),
+            release=artifacts.release_info(cfg, model, fed, raw_fps))
         if job is not None:
             report.run_id, report.scratch = job.run_id, job.scratch
             report.store = None if job.store.path is None else str(job.store.path)
@@ -221,7 +225,7 @@ def _make_run_dir(cfg: Config, base: Path | None) -> Path | None:
         run_dir = base / f"{name}-{i}"
         i += 1
     run_dir.mkdir(parents=True)
-    (run_dir / "config.toml").write_text(tomli_w.dumps(_toml_safe(cfg.to_dict())))
+    write_text_atomic(run_dir / "config.toml", tomli_w.dumps(_toml_safe(cfg.to_dict())))
     return run_dir
 
 
@@ -231,20 +235,12 @@ def _toml_safe(d):
     return d
 
 
-def _json_default(o):
-    if isinstance(o, (np.floating, np.integer)):
-        return o.item()
-    if isinstance(o, np.ndarray):
-        return o.tolist()
-    raise TypeError(str(type(o)))
-
-
 def _write_outputs(rep: RunReport) -> None:
     from silofl.experiments.report import plot_history
     d = rep.run_dir
     hist = {rep.label(r): {"metric": r.metric, "silos": r.silos, **r.history.to_dict()}
             for r in rep.results}
-    (d / "history.json").write_text(json.dumps(hist, default=_json_default))
+    write_json_atomic(d / "history.json", hist)
     privacy = {"accountant_for_calibration": rep.config.privacy.accountant,
                "neighbouring_relation": ADJACENCY,
                "noise": rep.noise, "notes": rep.notes(), "assumptions": list(ASSUMPTIONS),
@@ -256,6 +252,9 @@ def _write_outputs(rep: RunReport) -> None:
                        "spend per silo; 'lifetime' is everything the silo has spent so far."),
                "methods": {rep.label(r): r.privacy() for r in rep.results},
                "combined": rep.combined_privacy, "lifetime": rep.lifetime}
-    (d / "privacy_report.json").write_text(json.dumps(privacy, indent=1, default=_json_default))
-    (d / "summary.json").write_text(json.dumps(rep.summary(), indent=1, default=_json_default))
+    write_json_atomic(d / "privacy_report.json", privacy, indent=1)
+    nonfinite: list[str] = []
+    summary = json_safe(rep.summary(), nonfinite)
+    write_json_atomic(d / "summary.json", dict(summary, nonfinite=nonfinite), indent=1)
     plot_history(rep, d / "metric_over_rounds.png")
+    artifacts.save_models(rep)

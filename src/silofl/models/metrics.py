@@ -12,18 +12,31 @@ from scipy.stats import rankdata
 from silofl.errors import ConfigError
 
 
+def _diverged(scores) -> bool:
+    return not np.all(np.isfinite(scores))
+
+
 def accuracy(y, scores) -> float:
+    """NaN when the scores are not finite (a diverged model has no accuracy)."""
+    if _diverged(scores):
+        return float("nan")
     pred = np.argmax(scores, axis=1) if scores.ndim == 2 else (scores >= 0.5).astype(float)
     return float(np.mean(pred == y))
 
 
 def margin_accuracy(y, scores) -> float:
     """Accuracy for margin outputs (SVM): positive margin ⇒ class 1."""
+    if _diverged(scores):
+        return float("nan")
     return float(np.mean((scores > 0) == (y > 0.5)))
 
 
 def mse(y, scores) -> float:
-    return float(np.mean((scores - y) ** 2))
+    """inf when the scores are not finite or the error overflows (a diverged model)."""
+    if _diverged(scores):
+        return float("inf")
+    with np.errstate(over="ignore"):
+        return float(np.mean((scores - y) ** 2))
 
 
 def auprc(y, scores) -> float:
@@ -32,7 +45,7 @@ def auprc(y, scores) -> float:
     y = np.asarray(y) > 0.5
     if scores.ndim == 2:
         scores = scores[:, 1]
-    if not y.any():
+    if not y.any() or _diverged(scores):
         return float("nan")
     order = np.argsort(-scores, kind="mergesort")
     s, yy = scores[order], y[order]
@@ -50,7 +63,7 @@ def roc_auc(y, scores) -> float:
     if scores.ndim == 2:
         scores = scores[:, 1]
     npos, nneg = int(y.sum()), int((~y).sum())
-    if npos == 0 or nneg == 0:
+    if npos == 0 or nneg == 0 or _diverged(scores):
         return float("nan")
     ranks = rankdata(scores)
     return float((ranks[y].sum() - npos * (npos + 1) / 2) / (npos * nneg))
@@ -76,7 +89,11 @@ def metric_fn(name: str, model_name: str):
 
 
 def pooled(values: np.ndarray, weights: np.ndarray) -> float:
-    """Test-count-weighted mean over silos, ignoring silos where the metric is undefined."""
+    """Test-count-weighted mean over silos, ignoring silos where the metric is undefined
+    (NaN). A silo at ±inf (a diverged model) makes the pooled figure inf: never hidden."""
     values, weights = np.asarray(values, float), np.asarray(weights, float)
+    inf = np.isinf(values) & (weights > 0)
+    if inf.any():
+        return float(values[inf][0]) if len(set(values[inf].tolist())) == 1 else float("nan")
     ok = np.isfinite(values) & (weights > 0)
     return float(np.sum(values[ok] * weights[ok]) / np.sum(weights[ok])) if ok.any() else float("nan")

@@ -1208,8 +1208,8 @@ def synthesize(out_dir: Path | str, *, persons: int = 10_000, regions: int = 5, 
                 diff = [k for k in _IDENTITY_KEYS if manifest.get(k) != ident[k]]
                 why = f"a different dataset (differs in: {', '.join(diff)})"
             raise DataError(
-                f"output directory {out_dir} already holds {why}; pick an empty directory or pass "
-                "overwrite=True to replace it"
+                f"output directory {out_dir} already holds {why}; pick an empty directory or, to "
+                "replace it, pass --overwrite (Python: overwrite=True)"
             )
     t0 = time.perf_counter()
     outbreak = generate_outbreak(persons=persons, regions=regions, seed=seed, days=days, horizon=horizon,

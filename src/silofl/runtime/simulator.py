@@ -58,6 +58,9 @@ class RunResult:
     noise: str = "secure"          # "secure" | "seeded" (reproducible: not a guarantee)
     run_id: str | None = None      # the budget store's id of this run (None: non-private)
     scratch: bool = False          # charged to a scratch store: an experiment, not a release
+    #: the server's model(s) at the end, where the method keeps one: (P,) the shared/mean
+    #: model, or (G, P) IFCA's cluster models; None otherwise
+    shared: np.ndarray | None = None
 
     def privacy(self) -> list[dict]:
         if self.ledgers is None:
@@ -166,5 +169,13 @@ def _train(fed, model, algorithm, cfg, metric, plans, ledgers, on_round, eval_se
     return RunResult(method=algorithm.describe(), metric=metric, silos=fed.names, history=hist,
                      final_per_silo=final.tolist(), final_pooled=hist.pooled[-1], plans=plans,
                      ledgers=ledgers, params=algorithm.personal_models(silos, server),
-                     seconds=time.perf_counter() - t0)
+                     seconds=time.perf_counter() - t0, shared=_shared(server))
+
+
+def _shared(server) -> np.ndarray | None:
+    """The server's model(s) worth keeping (not Mocha's copy of the personal models)."""
+    if hasattr(server, "clusters"):
+        return np.array(server.clusters)
+    p = getattr(server, "params", None)
+    return np.array(p) if p is not None and np.ndim(p) == 1 else None
 

@@ -1,0 +1,436 @@
+"""The models a run releases, saved in its run directory, and loaded back to predict.
+
+On-disk format (``FORMAT_VERSION`` 1), one folder per method under ``models/``::
+
+    models/<method label>/
+        manifest.json         format, method, model spec, schema, feature names, classes,
+                              the silos with their file ids and files, privacy notes
+        model-<silo id>.npz   params: the silo's personal model as a flat float64 vector
+                              (P,); spec: the model spec as a JSON string
+        card-<silo id>.json   the silo's model card: method and hyperparameters, the
+                              preprocessing it needs (feature names, clip bounds, fills,
+                              center/scale), the raw training rows' fingerprint, the privacy
+                              statement, silofl and format versions
+        shared.npz            (methods with a server model) params: (P,) the shared/mean
+                              model, or (G, P) IFCA's cluster models
+
+``<silo id>`` is `silofl.privacy.ledger.silo_file_id` of the silo's name. A model is rebuilt
+with ``silofl.models.make_model(spec["name"], spec["dim"], spec["num_classes"],
+**spec["options"])`` and applied as ``model.predict(params, X)`` to rows preprocessed with the
+card's constants (in order: clip, fill gaps, (x - center) / scale).
+
+Saving is post-processing: the models and the private constants are DP outputs already;
+uncharged constants (if any) are listed as uncharged in every card. Predicting reads no
+training data and spends no budget.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib.metadata
+import io
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from silofl.experiments.atomic import dumps_strict, write_bytes_atomic
+from silofl.errors import ConfigError, DataError
+from silofl.privacy.ledger import silo_file_id
+
+FORMAT = "silofl-models"
+FORMAT_VERSION = 1
+POST_PROCESSING = ("Predicting is post-processing of released models: it reads no training "
+                   "data and spends no privacy budget.")
+NON_PRIVATE = "NON-PRIVATE: trained without differential privacy; no guarantee for anyone"
+
+
+def silofl_version() -> str:
+    try:
+        return importlib.metadata.version("silofl")
+    except importlib.metadata.PackageNotFoundError:  # run from a source tree
+        from silofl import __version__
+        return __version__
+
+
+# --- what a run hands over ----------------------------------------------------------------------
+
+def _run_schema(dc) -> dict | None:
+    """The declared schema the run encoded its table with (None: no schema, e.g. images,
+    generated data, or a table encoded from the data itself)."""
+    from silofl.data.schema import load_schema, schema_from_dict
+    if dc.schema:
+        return load_schema(dc.schema).to_dict()
+    if dc.source == "heart":
+        from silofl.data.heart import heart_schema
+        return heart_schema().to_dict()
+    if dc.source == "school":
+        from silofl.data.school import school_schema
+        return school_schema().to_dict()
+    if dc.source == "exam":
+        from silofl.data.exam import EXAM_SCHEMA
+        return schema_from_dict(EXAM_SCHEMA, where="exam schema").to_dict()
+    return None
+
+
+def model_spec(cfg, model, fed) -> dict:
+    """Everything `make_model` needs to rebuild `model` (as `build.build_model` made it)."""
+    mc = cfg.model
+    options: dict = {}
+    if mc.name == "focal":
+        options = {"gamma": model.gamma, "alpha": model.alpha}
+    elif hasattr(model, "module"):  # torch: the architecture follows from these
+        options = {"task": model.task, "input_shape": list(model.input_shape),
+                   "hidden": list(mc.hidden) or None, "seed": model.seed}
+    spec = {"name": mc.name, "dim": int(fed.dim), "num_classes": max(fed.num_classes, 2),
+            "options": options, "num_params": int(model.num_params)}
+    if hasattr(model, "module"):
+        spec["architecture"] = [[n, list(s)] for n, s in zip(model._names, model._shapes)]
+    return spec
+
+
+def release_info(cfg, model, fed, raw_fingerprints: dict) -> dict:
+    """What `save_models` needs beyond the results (kept on `RunReport.release`)."""
+    return {"model": model_spec(cfg, model, fed), "schema": _run_schema(cfg.data),
+            "feature_names": list(fed.feature_names), "task": fed.task,
+            "classes": fed.meta.get("classes"),
+            "input_shape": list(fed.silos[0].X_train.shape[1:]),
+            "constants": fed.meta.get("constants"), "fingerprints": dict(raw_fingerprints)}
+
+
+# --- writing ------------------------------------------------------------------------------------
+
+def _json_bytes(obj) -> bytes:
+    return dumps_strict(obj, indent=1, ensure_ascii=False).encode()
+
+
+def _npz_bytes(**arrays) -> bytes:
+    buf = io.BytesIO()
+    np.savez(buf, **arrays)
+    return buf.getvalue()
+
+
+def _privacy_statement(rep, r, k: int) -> dict:
+    from silofl.experiments.run import ADJACENCY
+    base = {"adjacency": ADJACENCY, "noise": rep.noise, "notes": rep.notes(),
+            "uncharged": list(rep.uncharged), "run_id": rep.run_id,
+            "budget_store": rep.store, "scratch_store": rep.scratch}
+    if not rep.config.privacy.enabled or r.ledgers is None:
+        return {"private": False, "statement": NON_PRIVATE, **base}
+    led = r.privacy()[k]
+    job = rep.combined_privacy[k] if k < len(rep.combined_privacy) else {}
+    eps = led["epsilon"]
+    statement = (f"this model: ({eps:.4g}, {led['delta']:g})-DP for the records of this silo "
+                 f"(add/remove one record), {led['accountant']} accountant")
+    if job.get("epsilon") is not None:
+        statement += (f"; all of this job's models and constants for the silo together: "
+                      f"({job['epsilon']:.4g}, {led['delta']:g})-DP")
+    if rep.noise == "seeded" or rep.scratch:
+        statement += "; " + "; ".join(n for n in rep.notes() if not n.startswith("uncharged"))
+    return {"private": True, "statement": statement, **base,
+            "epsilon": eps, "accountant": led["accountant"], "delta": led["delta"],
+            "epsilon_rdp": led["epsilon_rdp"], "epsilon_pld": led["epsilon_pld"],
+            "target_epsilon": led["target_epsilon"],
+            "noise_multiplier": led.get("noise_multiplier"),
+            "calibrated_for": led.get("calibrated_for"),
+            "job": {key: job.get(key) for key in ("epsilon", "accountant", "epsilon_rdp",
+                                                  "epsilon_pld", "target_epsilon", "methods")},
+            "job_note": ("'job' is this silo's spend for the whole job (private preprocessing "
+                         "and every method composed): what releasing all its models costs")}
+
+
+def save_models(rep) -> Path:
+    """Write every method's models and cards under ``rep.run_dir / "models"`` (format in
+    the module docstring); returns that folder."""
+    info = rep.release
+    root = rep.run_dir / "models"
+    tc = rep.config.training
+    hyper = {k: getattr(tc, k) for k in ("rounds", "local_epochs", "batch_size", "lr", "clip",
+                                          "l2", "seed", "weighted")}
+    constants = info.get("constants") or {}
+    version = silofl_version()
+    for r in rep.results:
+        label = rep.label(r)
+        d = root / label
+        d.mkdir(parents=True, exist_ok=True)
+        spec = info["model"]
+        spec_json = json.dumps(spec)
+        silos = []
+        for k, name in enumerate(r.silos):
+            fid = silo_file_id(name)
+            files = {"params": f"model-{fid}.npz", "card": f"card-{fid}.json"}
+            write_bytes_atomic(d / files["params"], _npz_bytes(
+                params=np.asarray(r.params[k], dtype=np.float64), spec=np.array(spec_json)))
+            plan = r.plans[k].to_dict() if r.plans else {}
+            card = {
+                "format": FORMAT, "format_version": FORMAT_VERSION,
+                "silofl_version": version, "kind": "model card",
+                "silo": name, "file_id": fid,
+                "method": {"label": label, **r.method}, "hyperparameters": hyper,
+                "model": spec, "task": info["task"], "classes": info["classes"],
+                "n_train": plan.get("n_train"),
+                "preprocessing": {
+                    "feature_names": info["feature_names"], "schema": info["schema"],
+                    "steps": rep.preprocessing, "clip": constants.get("clip", {}),
+                    **(constants.get("silos", {}).get(name) or {"fill": {}, "standardize": {}}),
+                    "order": "encode by the schema, clip to 'clip', fill gaps with 'fill', "
+                             "then (x - center) / scale per 'standardize'",
+                    "note": ("declared constants are public; private ones are post-processed "
+                             "outputs of this silo's charged Gaussian release; uncharged ones "
+                             "are listed under privacy.uncharged")},
+                "data_fingerprint": {
+                    "raw_training_rows": info["fingerprints"].get(name),
+                    "note": "silofl.runtime.job.fingerprint of the silo's raw (encoded, "
+                            "unpreprocessed) training rows: what the budget store records"},
+                "privacy": _privacy_statement(rep, r, k),
+                "files": files}
+            write_bytes_atomic(d / files["card"], _json_bytes(card))
+            silos.append({"name": name, "file_id": fid, **files})
+        shared = r.shared if r.method["name"] != "local" else None  # Local has no server model
+        if shared is not None:
+            write_bytes_atomic(d / "shared.npz", _npz_bytes(params=np.asarray(shared, np.float64),
+                                                       spec=np.array(spec_json)))
+        manifest = {"format": FORMAT, "format_version": FORMAT_VERSION,
+                    "silofl_version": version, "method": label, "method_params": r.method,
+                    "model": spec, "task": info["task"], "classes": info["classes"],
+                    "feature_names": info["feature_names"], "input_shape": info["input_shape"],
+                    "schema": info["schema"], "private": rep.config.privacy.enabled,
+                    "noise": rep.noise, "notes": rep.notes(), "run_id": rep.run_id,
+                    "silos": silos, "shared": "shared.npz" if shared is not None else None,
+                    "shared_kind": None if shared is None else
+                    ("clusters" if np.ndim(shared) == 2 else "server model")}
+        write_bytes_atomic(d / "manifest.json", _json_bytes(manifest))
+    return root
+
+
+# --- loading and predicting ---------------------------------------------------------------------
+
+def _choose(what: str, name: str, valid: list[str]) -> str:
+    near = difflib.get_close_matches(name, valid, n=1)
+    hint = f" Did you mean {near[0]!r}?" if near else ""
+    raise ConfigError(f"unknown {what} {name!r}; valid: {', '.join(repr(v) for v in valid)}."
+                      f"{hint}")
+
+
+@dataclass
+class Predictor:
+    """One silo's saved model with the preprocessing it was trained with."""
+
+    silo: str
+    method: str
+    card: dict
+    manifest: dict
+    params: np.ndarray
+
+    def __post_init__(self):
+        from silofl.models import make_model
+        spec = self.manifest["model"]
+        self.model = make_model(spec["name"], spec["dim"], spec["num_classes"],
+                                **spec["options"])
+        if self.params.shape != (self.model.num_params,):
+            raise DataError(f"saved parameters of silo {self.silo!r} have shape "
+                            f"{self.params.shape}, the model needs ({self.model.num_params},)")
+
+    @property
+    def feature_names(self) -> list[str]:
+        return list(self.manifest["feature_names"])
+
+    @property
+    def classes(self) -> list | None:
+        c = self.manifest.get("classes")
+        if c is None and self.manifest["task"] != "regression":
+            return list(range(self.manifest["model"]["num_classes"]))
+        return c
+
+    def model_card(self) -> dict:
+        return self.card
+
+    def _encode(self, df: pd.DataFrame) -> np.ndarray:
+        from silofl.data.schema import schema_from_dict
+        from silofl.data.tabular import encode_table
+        if self.manifest.get("schema") is None:
+            raise DataError("this run has no declared schema saved, so a table cannot be "
+                            "encoded; pass an array of encoded features in the order of "
+                            "feature_names instead")
+        schema = schema_from_dict(self.manifest["schema"], where="saved schema")
+        lab = schema.label
+        # the encoder needs a label column; predictions never read it
+        dummy = lab.classes[0] if lab.kind != "regression" else (lab.lower or 0.0)
+        df = df.drop(columns=[lab.name], errors="ignore").assign(**{lab.name: dummy})
+        enc = encode_table(df, lab.name, schema=schema, missing="impute", name="input")
+        if len(enc.rows) != len(df):
+            raise DataError(f"the input has {len(df)} rows but {len(enc.rows)} could be encoded")
+        return enc.X
+
+    def transform(self, data) -> np.ndarray:
+        """Features as the model saw them: a DataFrame is encoded by the saved schema; an
+        array is taken as encoded, unpreprocessed features (n, d) in `feature_names` order
+        (NaN = missing); then the saved clip bounds, fills and center/scale are applied."""
+        shape = tuple(self.manifest["input_shape"])
+        if isinstance(data, pd.DataFrame):
+            X = self._encode(data)
+        else:
+            X = np.asarray(data)
+            if X.ndim < 2 or X.shape[1:] != shape:
+                raise DataError(f"expected an array of shape (n, {', '.join(map(str, shape))}),"
+                                f" got {X.shape}")
+        if len(shape) > 1:  # images: no preprocessing
+            return X
+        X = np.array(X, dtype=np.float64)
+        names = self.feature_names
+        index = {n: j for j, n in enumerate(names)}
+        pre = self.card["preprocessing"]
+        for col, (lo, hi) in pre["clip"].items():
+            X[:, index[col]] = np.clip(X[:, index[col]], lo, hi)
+        for col, fill in pre["fill"].items():
+            j = index[col]
+            X[np.isnan(X[:, j]), j] = fill
+        for col, (center, scale) in pre["standardize"].items():
+            j = index[col]
+            X[:, j] = (X[:, j] - center) / scale
+        bad = np.isnan(X).any(axis=0)
+        if bad.any():
+            cols = [names[j] for j in np.flatnonzero(bad)][:8]
+            raise DataError(f"missing values in column(s) {cols} that this model has no "
+                            "fill for")
+        return X
+
+    def predict(self, data) -> np.ndarray:
+        """The model's scores, as silofl reports them: (n,) P(class 1), SVM margin or value,
+        or (n, C) class probabilities."""
+        return np.asarray(self.model.predict(self.params, self.transform(data)))
+
+    def predict_frame(self, data) -> pd.DataFrame:
+        """One row per input row: ``score`` and ``class`` (binary; score = P(class 1), or the
+        margin for svm), ``probability[<class>]`` and ``class`` (several outputs), or
+        ``prediction`` (regression)."""
+        s = self.predict(data)
+        if self.manifest["task"] == "regression":
+            return pd.DataFrame({"prediction": s})
+        classes = self.classes
+        if s.ndim == 2:
+            out = {f"probability[{c}]": s[:, i] for i, c in enumerate(classes)}
+            out["class"] = [classes[i] for i in np.argmax(s, axis=1)]
+            return pd.DataFrame(out)
+        pos = s > 0 if self.model.name == "svm" else s >= 0.5  # as the metrics decide
+        return pd.DataFrame({"score": s, "class": [classes[int(p)] for p in pos]})
+
+    def to_sklearn(self):
+        """The matching scikit-learn estimator with this model's coefficients, for
+        features from `transform` (GLMs only)."""
+        try:
+            from sklearn import linear_model, svm
+        except ModuleNotFoundError:
+            raise ConfigError('exporting to scikit-learn needs scikit-learn, which is not '
+                              'installed: pip install scikit-learn (or "silofl[sklearn]")'
+                              ) from None
+        name = self.model.name
+        d = self.manifest["model"]["dim"]
+        if name not in ("linear", "logistic", "focal", "svm", "softmax"):
+            raise ConfigError(f"model {name!r} has no scikit-learn counterpart; only GLMs "
+                              "(linear, logistic, focal, svm, softmax) export")
+        W = self.params.reshape(-1, d + 1)
+        coef, icpt = W[:, :d], W[:, d]
+        if name == "linear":
+            l2 = self.card["hyperparameters"].get("l2") or 0.0
+            est = linear_model.Ridge(alpha=l2) if l2 else linear_model.LinearRegression()
+            est.coef_, est.intercept_ = coef[0].copy(), float(icpt[0])
+            est.n_features_in_ = d
+            return est
+        classes = np.array(self.classes)
+        if name == "softmax" and len(classes) == 2:  # softmax of 2 = sigmoid of the difference
+            coef, icpt = coef[1:] - coef[:1], icpt[1:] - icpt[:1]
+        est = svm.LinearSVC() if name == "svm" else linear_model.LogisticRegression()
+        est.coef_, est.intercept_, est.classes_ = coef.copy(), icpt.copy(), classes
+        est.n_features_in_ = d
+        if name != "svm":
+            est.n_iter_ = np.zeros(1, dtype=np.int32)
+        return est
+
+
+class SavedRun:
+    """The models of one run directory (`load_run`)."""
+
+    def __init__(self, path: Path, manifests: dict[str, dict]):
+        self.path, self._manifests = path, manifests
+
+    @property
+    def methods(self) -> list[str]:
+        return list(self._manifests)
+
+    def method(self, method: str | None = None) -> str:
+        """The method label `method` names (a label, or a method name if only one label
+        has it); None: the run's only method."""
+        labels = self.methods
+        if method is None:
+            if len(labels) == 1:
+                return labels[0]
+            raise ConfigError(f"this run saved {len(labels)} methods; choose one with "
+                              f"method: {', '.join(repr(m) for m in labels)}")
+        if method in labels:
+            return method
+        same = [m for m in labels if self._manifests[m]["method_params"]["name"] == method]
+        if len(same) == 1:
+            return same[0]
+        _choose("method", method, labels)
+
+    def manifest(self, method: str | None = None) -> dict:
+        return self._manifests[self.method(method)]
+
+    def silos(self, method: str | None = None) -> list[str]:
+        return [s["name"] for s in self.manifest(method)["silos"]]
+
+    def _entry(self, silo: str, method: str | None) -> tuple[dict, dict, Path]:
+        label = self.method(method)
+        man = self._manifests[label]
+        for s in man["silos"]:
+            if s["name"] == silo:
+                return man, s, self.path / "models" / label
+        _choose("silo", silo, [s["name"] for s in man["silos"]])
+
+    def model_card(self, silo: str, method: str | None = None) -> dict:
+        _, s, d = self._entry(silo, method)
+        return json.loads((d / s["card"]).read_text(encoding="utf-8"))
+
+    def predictor(self, silo: str, method: str | None = None) -> Predictor:
+        man, s, d = self._entry(silo, method)
+        with np.load(d / s["params"], allow_pickle=False) as z:
+            params = np.array(z["params"])
+        return Predictor(silo, man["method"], self.model_card(silo, method), man, params)
+
+    def shared(self, method: str | None = None) -> np.ndarray | None:
+        """The server model(s) of `method`, where it has one (see the module docstring)."""
+        man = self.manifest(method)
+        if not man.get("shared"):
+            return None
+        with np.load(self.path / "models" / man["method"] / man["shared"],
+                     allow_pickle=False) as z:
+            return np.array(z["params"])
+
+
+def load_run(path) -> SavedRun:
+    """The saved models of run directory `path`: ``load_run(d).predictor(silo,
+    method).predict(df)``. ConfigError if `path` holds no saved models or a newer format."""
+    p = Path(path)
+    root = p / "models"
+    if not p.is_dir():
+        raise ConfigError(f"run directory not found: {str(p)!r}")
+    found = sorted(root.glob("*/manifest.json")) if root.is_dir() else []
+    if not found:
+        raise ConfigError(f"{str(p)!r} holds no saved models (no models/<method>/manifest.json)"
+                          "; runs of silofl before model saving kept none: run again")
+    manifests = {}
+    for f in found:
+        try:
+            man = json.loads(f.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            raise ConfigError(f"unreadable model manifest {str(f)!r}") from None
+        if man.get("format") != FORMAT or not isinstance(man.get("format_version"), int):
+            raise ConfigError(f"{str(f)!r} is not a silofl model manifest")
+        if man["format_version"] > FORMAT_VERSION:
+            raise ConfigError(f"{str(f)!r} has model format {man['format_version']}; this "
+                              f"silofl reads up to {FORMAT_VERSION}: upgrade silofl")
+        manifests[man["method"]] = man
+    return SavedRun(p, manifests)

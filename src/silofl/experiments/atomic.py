@@ -1,0 +1,81 @@
+"""Atomic, strict file writes for everything the experiments write.
+
+A file is written to a temporary file in the same directory and moved into place with
+`os.replace`, so a crash or a full disk leaves the old file (or none), never a truncated
+one. JSON is strict: NaN and ±inf become null (RFC 8259 has no token for them), and
+`json_safe` reports which paths were non-finite so callers can flag them.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+
+def write_bytes_atomic(path: str | Path, data: bytes) -> None:
+    """Write `data` to `path` via a temp file + fsync + os.replace."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name[:40]}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_text_atomic(path: str | Path, text: str) -> None:
+    write_bytes_atomic(path, text.encode("utf-8"))
+
+
+def json_safe(obj, nonfinite: list[str] | None = None, where: str = ""):
+    """Plain-JSON copy of `obj`: numpy → Python, non-finite floats → None. The path of
+    every non-finite value is appended to `nonfinite` (when given)."""
+    if isinstance(obj, dict):
+        return {str(k): json_safe(v, nonfinite, f"{where}.{k}" if where else str(k))
+                for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [json_safe(v, nonfinite, f"{where}[{i}]") for i, v in enumerate(obj)]
+    if isinstance(obj, np.ndarray):
+        return json_safe(obj.tolist(), nonfinite, where)
+    if isinstance(obj, (bool, np.bool_)):
+        return bool(obj)
+    if isinstance(obj, np.integer):
+        return int(obj)
+    if isinstance(obj, (float, np.floating)):
+        if math.isfinite(obj):
+            return float(obj)
+        if nonfinite is not None:
+            nonfinite.append(where)
+        return None
+    return obj
+
+
+def dumps_strict(obj, **kw) -> str:
+    """Strict JSON text of `obj` (non-finite floats as null)."""
+    return json.dumps(json_safe(obj), allow_nan=False, **kw)
+
+
+def write_json_atomic(path: str | Path, obj, **kw) -> None:
+    """Strict JSON, written atomically (see the module docstring)."""
+    write_text_atomic(path, dumps_strict(obj, **kw))
+
+
+def savefig_atomic(fig, path: str | Path, **kw) -> None:
+    """`fig.savefig` to a temp file, then os.replace: no truncated PNG on a crash."""
+    import io
+    buf = io.BytesIO()
+    fig.savefig(buf, format=Path(path).suffix.lstrip(".") or "png", **kw)
+    write_bytes_atomic(path, buf.getvalue())
+
+
+__all__ = ["dumps_strict", "json_safe", "savefig_atomic", "write_bytes_atomic",
+           "write_json_atomic", "write_text_atomic"]
