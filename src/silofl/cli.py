@@ -58,15 +58,22 @@ def run(config: Optional[Path] = typer.Option(None, "--config", "-c",
             "budget.sqlite in the output directory)"),
         scratch: bool = typer.Option(False, "--scratch", help=(
             "charge an in-memory scratch budget: an experiment, not a release")),
+        resume: Optional[Path] = typer.Option(None, "--resume", help=(
+            "continue a killed run from its last checkpoint (its run directory; the config "
+            "it started with is used)")),
         quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress bar")):
     """Train Local, FedAvg and MR-MTL (or the configured methods) at each silo's own
     privacy target and print a comparison table; writes a run directory."""
     from silofl.experiments.config import load_config
-    from silofl.experiments.report import privacy_table, results_table
+    from silofl.experiments.report import flamby_comparison, privacy_table, results_table
     from silofl.experiments.run import ADJACENCY
+    from silofl.experiments.run import resume_run
     from silofl.experiments.run import run as run_experiment
     warnings.showwarning = _show_warning
     try:
+        if resume is not None and (config or out or no_privacy or scratch):
+            raise SiloflError("--resume continues a run with the config it started with; "
+                              "give only --resume DIR (and optionally --store, -q)")
         cfg = load_config(config)
         if no_privacy:
             cfg.privacy.enabled = False
@@ -84,10 +91,17 @@ def run(config: Optional[Path] = typer.Option(None, "--config", "-c",
                 if label not in tasks:
                     tasks[label] = prog.add_task(label, total=total, metric="")
                 prog.update(tasks[label], completed=t, metric=f"{pooled:.4f}")
-            rep = run_experiment(cfg, out, on_progress)
+            if resume is not None:
+                from silofl.privacy.budget import BudgetStore
+                rep = resume_run(resume, on_progress,
+                                 store=BudgetStore(store) if store is not None else None)
+            else:
+                rep = run_experiment(cfg, out, on_progress)
     except SiloflError as e:
         _fail(e)
     console.print(results_table(rep))
+    if (fl := flamby_comparison(rep)) is not None:  # built-in heart data only
+        console.print(escape(fl))
     if (pt := privacy_table(rep)) is not None:
         console.print(pt)
         console.print(f"Adjacency: {escape(ADJACENCY)}. Noise: {rep.noise}. Budget store: "

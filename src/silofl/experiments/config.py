@@ -67,7 +67,7 @@ class TrainingSection:
     rounds: int = 30
     local_epochs: float = 1.0
     batch_size: int = 16
-    lr: float = 0.1
+    lr: float = 0.03                # chosen on the public built-in heart data (README)
     clip: float = 1.0
     l2: float = 0.0
     seed: int = 0
@@ -110,6 +110,7 @@ class BudgetConfig:
 class OutputConfig:
     dir: str = "runs"
     name: str = ""                 # run directory name (default: timestamp)
+    checkpoint_every: int = 1      # rounds between checkpoints for `--resume` (0 = none)
 
 
 @dataclass

@@ -107,22 +107,88 @@ def _max_eps(values) -> str:
     return "n/a" if any(v is None for v in values) else f"{max(values):.3f}"
 
 
+def history_lines(rep) -> list[dict]:
+    """The lines of `metric_over_rounds.png`: per method its pooled test metric, and where
+    recorded (public built-in data only) its non-private reference, dashed."""
+    from silofl.experiments.reference import reference_of
+    lines = []
+    for r in rep.results:
+        label = rep.label(r)
+        lines.append({"label": label, "method": label, "rounds": list(r.history.rounds),
+                      "values": list(r.history.pooled), "style": "-", "reference": False})
+        ref = reference_of(r)
+        if ref is not None:
+            lines.append({"label": f"{label}, no DP (public data)", "method": label,
+                          "rounds": list(r.history.rounds), "values": list(ref["pooled"]),
+                          "style": "--", "reference": True})
+    return lines
+
+
 def plot_history(rep, path: Path) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(7, 4.2))
-    for r in rep.results:
-        ax.plot(r.history.rounds, r.history.pooled, label=rep.label(r))
+    color, lines = {}, history_lines(rep)
+    for line in lines:
+        m = line["method"]  # a reference shares its method's colour
+        (h,) = ax.plot(line["rounds"], line["values"], line["style"], label=line["label"],
+                       color=color.get(m), alpha=0.6 if line["reference"] else 1.0)
+        color.setdefault(m, h.get_color())
     ax.set_xlabel("round")
     ax.set_ylabel(f"pooled test {rep.results[0].metric} (weighted by test counts)")
     kind = "private" if rep.config.privacy.enabled else "non-private"
-    ax.set_title(f"{rep.config.data.source}: {kind}")
+    dashed = any(x["reference"] for x in lines)
+    ax.set_title(f"{rep.config.data.source}: {kind}" + (
+        "\n(dashed: the same method without DP; public data only)" if dashed else ""))
     ax.grid(alpha=0.3)
-    ax.legend()
+    ax.legend(fontsize="small")
     fig.tight_layout()
     savefig_atomic(fig, path, dpi=120)
     plt.close(fig)
+
+
+#: FLamby's published Fed-Heart-Disease figures (du Terrail et al., "FLamby: Datasets and
+#: Benchmarks for Cross-Silo Federated Learning in Realistic Healthcare Settings", NeurIPS
+#: 2022 Datasets & Benchmarks): FedAvg's mean per-hospital test accuracy
+FLAMBY_HEART = {"dp_fedavg": 0.685, "epsilon": 1.0, "delta": 1e-4, "fedavg": 0.712}
+
+
+def mean_per_silo(values) -> float:
+    """Unweighted mean over silos (FLamby's "mean per-hospital" figure); NaN if none."""
+    v = np.asarray(values, float)
+    v = v[~np.isnan(v)]
+    return float(v.mean()) if v.size else float("nan")
+
+
+def flamby_comparison(rep) -> str | None:
+    """Where the methods stand against FLamby's Fed-Heart-Disease figures, like with like
+    (mean per-hospital accuracy); None unless the run is on the built-in heart data."""
+    from silofl.experiments.reference import reference_of
+    if rep.config.data.source != "heart" or rep.results[0].metric != "accuracy":
+        return None
+    f, p = FLAMBY_HEART, rep.config.privacy
+    ours = ", ".join(f"{rep.label(r)} {_metric_cell(mean_per_silo(r.final_per_silo))}"
+                     for r in rep.results)
+    if p.enabled:
+        target = f"ε = {p.epsilon:g}, δ = {p.delta:g}" + (
+            " (with per-silo overrides)" if p.silos else "")
+        here = f"Here at {target} for all {len(rep.results)} methods composed: {ours}"
+    else:
+        here = f"Here without DP: {ours}"
+    refs = [(r, reference_of(r)) for r in rep.results]
+    if all(ref is not None for _, ref in refs):
+        here += "; without DP (public-data reference): " + ", ".join(
+            f"{rep.label(r)} {_metric_cell(mean_per_silo(ref['per_silo'][-1]))}"
+            for r, ref in refs)
+    return (f"FLamby Fed-Heart-Disease (du Terrail et al., NeurIPS 2022 Datasets & "
+            f"Benchmarks), mean per-hospital test accuracy: DP-FedAvg {f['dp_fedavg']:.3f} "
+            f"at ε = {f['epsilon']:g}, δ = {f['delta']:g}; FedAvg without DP "
+            f"{f['fedavg']:.3f}. {here} (unweighted mean over the {len(rep.results[0].silos)} "
+            "hospitals). The setups differ: FLamby's train/test split, model, training "
+            "schedule and ε accounting may differ from ours, and here one ε per hospital "
+            "covers all methods of the job together, so this is a rough placement, not a "
+            "head-to-head result.")
 
 
 # --- sweeps: the selection table and the HTML report (selection in selection.py) -----------

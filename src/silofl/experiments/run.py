@@ -11,6 +11,9 @@ composition), and the whole job is charged to the silo's lifetime budget.
 
 from __future__ import annotations
 
+import dataclasses
+import json
+import pickle
 import shutil
 import time
 from collections import Counter
@@ -23,13 +26,14 @@ import tomli_w
 from silofl.algorithms import LAMBDA_METHODS
 from silofl.data.federation import PrivacyTarget
 from silofl.experiments import artifacts, build
-from silofl.experiments.atomic import json_safe, write_json_atomic, write_text_atomic
+from silofl.experiments.atomic import (json_safe, write_bytes_atomic, write_json_atomic,
+                                      write_text_atomic)
 from silofl.data.preprocess import apply_preprocessing
 from silofl.errors import ConfigError
-from silofl.experiments.config import Config
+from silofl.experiments.config import Config, config_from_dict
 from silofl.privacy import accounting, events
 from silofl.privacy.budget import SCRATCH_NOTE, BudgetStore, PlannedCharge
-from silofl.privacy.ledger import tightest
+from silofl.privacy.ledger import read_entries, silo_file_id, tightest
 from silofl.privacy.randomness import Randomness
 from silofl.runtime.job import NO_METHOD, fingerprints, open_job
 from silofl.runtime.plan import SEEDED_NOTE, plan_job
@@ -59,6 +63,7 @@ class RunReport:
     lifetime: list[dict] = field(default_factory=list)  # per silo, after this job
     uncharged: list[str] = field(default_factory=list)  # data reads no budget covers
     preprocessing: dict | None = None  # what preprocessing did (fed.meta["preprocessing"])
+    resumed: list[str] = field(default_factory=list)  # how a resumed run continued
     #: what saving the models needs (`artifacts.release_info`): model spec, schema, feature
     #: names, task/classes, per-silo preprocessing constants and raw-data fingerprints
     release: dict = field(default_factory=dict)
@@ -78,7 +83,7 @@ class RunReport:
             if self.scratch:
                 out.append(SCRATCH_NOTE)
         out += [f"uncharged: {u}" for u in self.uncharged]
-        return out
+        return out + list(self.resumed)
 
     def label(self, r: RunResult) -> str:
         m = r.method
@@ -97,15 +102,20 @@ class RunReport:
                 "combined_privacy": self.combined_privacy}
 
 
-def run(cfg: Config, out_dir: Path | None = None,
-        on_progress: Callable[[str, int, int, float], None] | None = None, *,
-        store: BudgetStore | None = None) -> RunReport:
-    """Run every method in `cfg` as one job. The run directory is `out_dir` (or
-    [output].dir) plus [output].name; with no directory configured (output.dir = "")
-    nothing is written. Private jobs charge the lifetime budget store: `store`, else
-    [budget] store, else budget.sqlite in the output directory (a scratch in-memory store
-    with [budget] scratch = true or when no directory is configured)."""
-    # --- everything that can fail on bad input, before any data access ---------------
+@dataclass
+class _Prepared:
+    """Everything a job needs that is fixed before any data access."""
+    raw: object
+    tcfg: object
+    prep: object
+    model: object
+    algorithms: list
+    labels: list[str]
+    plans: list
+    extra: dict
+
+
+def _prepare(cfg: Config) -> _Prepared:
     # `raw`: encoded and split, no statistic computed; preprocessing is planned (public
     # facts only) so that its private statistics are reserved with the training
     raw = build.apply_privacy(build.load_raw(cfg.data), cfg)
@@ -118,53 +128,216 @@ def run(cfg: Config, out_dir: Path | None = None,
     algorithms = build.build_algorithms(cfg)
     extra = {n: e for n, e in prep.events.items() if e is not None}
     plans = plan_job(raw, algorithms, tcfg, extra=extra)
-    labels = [alg.describe()["name"] for alg in algorithms]
+    return _Prepared(raw, tcfg, prep, model, algorithms,
+                     [alg.describe()["name"] for alg in algorithms], plans, extra)
+
+
+def run(cfg: Config, out_dir: Path | None = None,
+        on_progress: Callable[[str, int, int, float], None] | None = None, *,
+        store: BudgetStore | None = None) -> RunReport:
+    """Run every method in `cfg` as one job. The run directory is `out_dir` (or
+    [output].dir) plus [output].name; with no directory configured (output.dir = "")
+    nothing is written. Private jobs charge the lifetime budget store: `store`, else
+    [budget] store, else budget.sqlite in the output directory (a scratch in-memory store
+    with [budget] scratch = true or when no directory is configured). With
+    [output] checkpoint_every > 0 the run directory keeps a checkpoint, so a killed run
+    continues with `resume_run`."""
+    # --- everything that can fail on bad input, before any data access ---------------
+    p = _prepare(cfg)
     base = _base_dir(cfg, out_dir)
     job = None
-    raw_fps = fingerprints(raw)  # of the raw training rows: what the budget store records
-    if tcfg.private:
+    raw_fps = fingerprints(p.raw)  # of the raw training rows: what the budget store records
+    if p.tcfg.private:
         store = store if store is not None else open_store(cfg, base)
-        job = open_job(store, dict(zip(labels, plans)), lifetime=_lifetime(cfg, raw),
+        job = open_job(store, dict(zip(p.labels, p.plans)), lifetime=_lifetime(cfg, p.raw),
                        explicit_lifetime=cfg.budget.epsilon is not None,
-                       command="silofl run", noise=tcfg.noise, accountant=tcfg.accountant,
+                       command="silofl run", noise=p.tcfg.noise, accountant=p.tcfg.accountant,
                        fingerprints=raw_fps,
                        extra=[PlannedCharge(n, NO_METHOD, "preprocess", e)
-                              for n, e in extra.items()])
+                              for n, e in p.extra.items()])
     # --- from here on the job's budget is reserved: settle it whatever happens ----------
     run_dir = None
     try:
-        for name in extra:  # reserved above; recorded as executed before the data is read
+        for name in p.extra:  # reserved above; recorded as executed before the data is read
             job.spend_extra(name, "preprocess")
-        fed = apply_preprocessing(raw, prep, Randomness.for_mode(
-            tcfg.noise if tcfg.private else "seeded", [cfg.training.seed, 0x9E7]))
+        fed = _preprocess(p, cfg)
         run_dir = _make_run_dir(cfg, base)
-        results = []
-        for alg, alg_plans, label in zip(algorithms, plans, labels):
-            def tick(t, pooled, _label=label):
-                if on_progress:
-                    on_progress(_label, t, tcfg.rounds, pooled)
-            results.append(simulate(
-                fed, model, alg, tcfg, metric=cfg.model.metric or None, plans=alg_plans,
-                ledger_dir=run_dir / "ledgers" / label if run_dir else None, on_round=tick,
-                job=job, method=label))
+        if run_dir and cfg.output.checkpoint_every:
+            _write_job_file(run_dir, cfg, job)
+        return _execute(cfg, p, fed, job, run_dir, raw_fps, on_progress)
+    except KeyboardInterrupt:
         if job is not None:
-            job.settle()
-        report = RunReport(run_dir, cfg, results, _combined(results, extra), uncharged=list(
-            fed.meta.get("uncharged", [])), preprocessing=fed.meta.get("preprocessing"),
-            release=artifacts.release_info(cfg, model, fed, raw_fps))
-        if job is not None:
-            report.run_id, report.scratch = job.run_id, job.scratch
-            report.store = None if job.store.path is None else str(job.store.path)
-            report.lifetime = [job.store.spent(n) for n in fed.names]
-        if run_dir:
-            _write_outputs(report)
+            job.settle("interrupted")
+        if run_dir is not None and not (run_dir / CHECKPOINT).is_dir():
+            shutil.rmtree(run_dir, ignore_errors=True)
+        raise
     except BaseException:
         if job is not None:
             job.settle("failed")
         if run_dir is not None:  # leave nothing half-written; the store keeps the charges
             shutil.rmtree(run_dir, ignore_errors=True)
         raise
+
+
+def _preprocess(p: _Prepared, cfg: Config):
+    return apply_preprocessing(p.raw, p.prep, Randomness.for_mode(
+        p.tcfg.noise if p.tcfg.private else "seeded", [cfg.training.seed, 0x9E7]))
+
+
+def _execute(cfg: Config, p: _Prepared, fed, job, run_dir: Path | None, raw_fps: dict,
+             on_progress, done: dict | None = None, states: dict | None = None,
+             restored: dict | None = None, resumed: list[str] | None = None) -> RunReport:
+    """Train every method not in `done` (label → RunResult of an earlier process), from
+    `states[label]` where an earlier process checkpointed it; settle; report; write."""
+    results = []
+    every = cfg.output.checkpoint_every if run_dir else 0
+    for alg, alg_plans, label in zip(p.algorithms, p.plans, p.labels):
+        if done and label in done:
+            results.append(done[label])
+            continue
+
+        def tick(t, pooled, _label=label):
+            if on_progress:
+                on_progress(_label, t, p.tcfg.rounds, pooled)
+
+        def save(state, _label=label):
+            write_bytes_atomic(_state_path(run_dir, _label), pickle.dumps(state))
+        r = simulate(fed, p.model, alg, p.tcfg, metric=cfg.model.metric or None,
+                     plans=alg_plans, on_round=tick, job=job, method=label,
+                     ledger_dir=run_dir / "ledgers" / label if run_dir else None,
+                     resume=(states or {}).get(label), checkpoint=save if every else None,
+                     checkpoint_every=every or 1,
+                     restored=(restored or {}).get(label))
+        if every:
+            write_bytes_atomic(_result_path(run_dir, label), pickle.dumps(r))
+        results.append(r)
+    from silofl.experiments.reference import add_nonprivate_reference  # public data only
+    add_nonprivate_reference(cfg, fed, p.model, p.algorithms, p.tcfg, results)
+    if job is not None:
+        job.settle()
+    report = RunReport(run_dir, cfg, results, _combined(results, p.extra), uncharged=list(
+        fed.meta.get("uncharged", [])), preprocessing=fed.meta.get("preprocessing"),
+        release=artifacts.release_info(cfg, p.model, fed, raw_fps), resumed=resumed or [])
+    if job is not None:
+        report.run_id, report.scratch = job.run_id, job.scratch
+        report.store = None if job.store.path is None else str(job.store.path)
+        report.lifetime = [job.store.spent(n) for n in fed.names]
+    if run_dir:
+        _write_outputs(report)
+        shutil.rmtree(run_dir / CHECKPOINT, ignore_errors=True)  # finished: nothing to resume
     return report
+
+
+# --- checkpoints and resuming ---------------------------------------------------------------
+
+CHECKPOINT = "checkpoint"
+
+
+def _state_path(run_dir: Path, label: str) -> Path:
+    return run_dir / CHECKPOINT / f"{silo_file_id(label)}.state.pkl"
+
+
+def _result_path(run_dir: Path, label: str) -> Path:
+    return run_dir / CHECKPOINT / f"{silo_file_id(label)}.result.pkl"
+
+
+def _write_job_file(run_dir: Path, cfg: Config, job) -> None:
+    (run_dir / CHECKPOINT).mkdir(exist_ok=True)
+    write_json_atomic(run_dir / CHECKPOINT / "job.json", {
+        "format": 1, "config": _toml_safe(cfg.to_dict()),
+        "run_id": job.run_id if job else None,
+        "store": str(job.store.path) if job and job.store.path else None})
+
+
+def resume_run(run_dir: str | Path,
+               on_progress: Callable[[str, int, int, float], None] | None = None, *,
+               store: BudgetStore | None = None) -> RunReport:
+    """Continue a killed `run` from its last checkpoint, with the config it started with.
+
+    Budget: the killed process's reservation is settled to what its ledgers show it
+    executed (every charge, including rounds after the last checkpoint, whose outputs were
+    lost); the rest of the job — the remaining rounds of the interrupted method and the
+    methods not yet run — is reserved anew. Nothing is charged twice and nothing is
+    forgotten; rounds re-run after the checkpoint read the data again and are charged
+    again. Seeded runs continue their noise stream exactly; secure runs draw fresh entropy."""
+    run_dir = Path(run_dir)
+    jf = run_dir / CHECKPOINT / "job.json"
+    if not jf.is_file():
+        raise ConfigError(f"{str(run_dir)!r} holds no resumable run (no {CHECKPOINT}/job.json: "
+                          "the run finished, was not checkpointed, or died before training "
+                          "started; its budget reservation stays counted). Start a new run")
+    info = json.loads(jf.read_text())
+    cfg = config_from_dict(info["config"])
+    p = _prepare(cfg)
+    if p.prep.private:
+        raise ConfigError("resuming a run with private preprocessing is not supported: its "
+                          "noisy statistics cannot be derived again without spending budget "
+                          "again. Start a new run (the killed run's charges stay counted)")
+    done, states = {}, {}
+    for label in p.labels:
+        if _result_path(run_dir, label).is_file():
+            done[label] = pickle.loads(_result_path(run_dir, label).read_bytes())
+        elif _state_path(run_dir, label).is_file():
+            states[label] = pickle.loads(_state_path(run_dir, label).read_bytes())
+    # what each method's ledgers hold on disk, and what of it the checkpoint keeps
+    names = p.raw.names
+    restored, executed = {}, []
+    for label in p.labels:
+        if label in done:
+            continue
+        kept = states[label]["round"] if label in states else 0
+        restored[label] = {}
+        for name in names:
+            path = run_dir / "ledgers" / label / f"{silo_file_id(name)}.jsonl"
+            entries = read_entries(path)
+            executed += [PlannedCharge(name, label, e.label, e.event) for e in entries]
+            keep = [e for e in entries if e.round <= kept]
+            restored[label][name] = keep
+            if path.exists():  # the model's own trail: rounds after the checkpoint are re-run
+                write_text_atomic(path, "".join(_ledger_line(name, e) for e in keep))
+    job, resumed = None, [f"resumed from {CHECKPOINT} at " + ", ".join(
+        f"{lb}: round {states[lb]['round'] if lb in states else 0}" for lb in restored)]
+    raw_fps = fingerprints(p.raw)
+    if p.tcfg.private:
+        store = store if store is not None else (BudgetStore(Path(info["store"]))
+                                                 if info["store"] else BudgetStore(None))
+        old = info["run_id"]
+        if store.run_status(old) == "reserved":  # killed: settle to what it executed
+            executed += [PlannedCharge(n, NO_METHOD, "preprocess", e) for n, e in
+                         p.extra.items()]
+            executed += [PlannedCharge(led.silo, lb, e.label, e.event)
+                         for lb, r in done.items() for led in r.ledgers for e in led.entries]
+            store.settle(old, executed, status="killed")
+        remaining = {lb: [_remaining(pl, restored[lb].get(pl.name, [])) for pl in plans]
+                     for lb, plans in zip(p.labels, p.plans) if lb in restored}
+        job = open_job(store, remaining, lifetime=_lifetime(cfg, p.raw),
+                       command="silofl run --resume", noise=p.tcfg.noise,
+                       accountant=p.tcfg.accountant, fingerprints=raw_fps)
+        resumed.append(f"run {old} was interrupted; its executed charges stay in the budget "
+                       f"store and the rest of the job is run {job.run_id}")
+        if p.tcfg.noise == "secure":
+            resumed.append("secure noise after resuming is drawn with fresh OS entropy")
+    try:
+        fed = _preprocess(p, cfg)
+        return _execute(cfg, p, fed, job, run_dir, raw_fps, on_progress, done=done,
+                        states=states, restored=restored, resumed=resumed)
+    except BaseException:
+        if job is not None:
+            job.settle("interrupted")
+        raise
+
+
+def _remaining(plan, kept: list):
+    """`plan` with `declared` reduced by the entries an earlier process kept."""
+    counts = Counter(events.flatten(plan.declared))
+    for e in kept:
+        counts.subtract(events.flatten(e.event))
+    return dataclasses.replace(plan, declared=events.compose(+counts))
+
+
+def _ledger_line(name: str, e) -> str:
+    return json.dumps({"silo": name, "round": e.round, "label": e.label,
+                       "event": events.to_dict(e.event)}) + "\n"
 
 
 def open_store(cfg: Config, base: Path | None) -> BudgetStore:

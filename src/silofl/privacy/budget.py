@@ -339,6 +339,12 @@ class BudgetStore:
             self._db.execute("UPDATE runs SET finished = ?, status = ? WHERE id = ?",
                              (now, status, run_id))
 
+    def run_status(self, run_id: str) -> str | None:
+        """'reserved' (not settled: running, or killed), 'finished', 'failed', …; None if
+        the store never saw the run."""
+        rows = self._read("SELECT status FROM runs WHERE id = ?", (run_id,))
+        return rows[0][0] if rows else None
+
     # -- administration -------------------------------------------------------------------
     def reset(self, name: str, reason: str, *, new_cohort: bool = False) -> int:
         """Start a fresh budget for `name` (logged with `reason`); returns the new epoch.

@@ -37,6 +37,24 @@ def tightest(event, delta: float) -> tuple[float, str]:
     return eps[kind], kind
 
 
+def read_entries(path: Path) -> list[Entry]:
+    """The entries of a ledger file (one JSON line per charge); a torn last line (a kill
+    mid-write) is dropped: its charge was never acted on."""
+    out = []
+    lines = path.read_text().split("\n") if path.exists() else []
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            d = json.loads(line)
+        except json.JSONDecodeError:
+            if i == len(lines) - 1:
+                break
+            raise
+        out.append(Entry(d["round"], d["label"], events.from_dict(d["event"])))
+    return out
+
+
 def silo_file_id(name: str) -> str:
     """A file name for silo `name` that no other name maps to: a readable prefix plus a
     hash of the exact name ("A B" and "A_B" get different files)."""
@@ -143,6 +161,19 @@ class Ledger:
             with open(self.path, "a") as f:
                 f.write(json.dumps({"silo": self.silo, "round": round, "label": label,
                                     "event": events.to_dict(event)}) + "\n")
+
+    def restore(self, entries: list[Entry]) -> None:
+        """Take back entries an earlier process of the same run charged (read from this
+        ledger's file when resuming): counted as spent, not written again, not checked
+        (they were checked when they were charged)."""
+        added: Counter = Counter()
+        for e in entries:
+            for base, c in events.flatten(e.event).items():
+                added[base] += c
+        self._sync()
+        self._spent.update(added)
+        self._by_id.clear()
+        self.entries.extend(entries)
 
     # -- reporting ---------------------------------------------------------------------
     @property

@@ -55,15 +55,19 @@ class Job:
     _ledgers: dict[str, list[Ledger]] = field(default_factory=dict)
     _extra: list[PlannedCharge] = field(default_factory=list)  # reserved outside methods
     _extra_done: list[PlannedCharge] = field(default_factory=list)
+    _restored: dict = field(default_factory=dict)  # (method, silo) → entries of an earlier run
     settled: bool = False
 
     @property
     def scratch(self) -> bool:
         return self.store.scratch
 
-    def ledgers(self, method: str, ledger_dir: Path | None = None) -> list[Ledger]:
+    def ledgers(self, method: str, ledger_dir: Path | None = None,
+                restored: dict[str, list] | None = None) -> list[Ledger]:
         """The per-run ledgers of `method`, one per silo, each allowed exactly what the job
-        reserved for that method on that silo."""
+        reserved for that method on that silo. `restored[silo]` (resuming) are entries an
+        earlier process charged for this method, already settled in the store: the ledger
+        counts them, and they are not settled again."""
         if method in self._ledgers:
             raise ValueError(f"ledgers for {method!r} were already handed out")
         out = []
@@ -72,8 +76,15 @@ class Job:
             if ledger_dir is not None:
                 ledger_dir.mkdir(parents=True, exist_ok=True)
                 path = ledger_dir / f"{silo_file_id(p.name)}.jsonl"
-            out.append(Ledger(p.name, self.targets[p.name], self.accountant, path,
-                              allowance=Counter(events.flatten(p.declared))))
+            old = (restored or {}).get(p.name, [])
+            allowance = Counter(events.flatten(p.declared))
+            for e in old:
+                allowance.update(events.flatten(e.event))
+            led = Ledger(p.name, self.targets[p.name], self.accountant, path,
+                         allowance=allowance)
+            led.restore(old)
+            self._restored[(method, p.name)] = len(old)
+            out.append(led)
         self._ledgers[method] = out
         return out
 
@@ -90,7 +101,7 @@ class Job:
         for method, ledgers in self._ledgers.items():
             for led in ledgers:
                 by: dict[tuple[str, int], list] = {}
-                for entry in led.entries:
+                for entry in led.entries[self._restored.get((method, led.silo), 0):]:
                     slot = by.setdefault((entry.label, id(entry.event)), [entry.event, 0])
                     slot[1] += 1
                 out += [PlannedCharge(led.silo, method, label, ev, n)

@@ -92,7 +92,10 @@ def simulate(fed: Federation, model: Model, algorithm: Algorithm, cfg: TrainingC
              eval_sets: dict[str, list[tuple[np.ndarray, np.ndarray]]] | None = None,
              store: BudgetStore | None = None, job: Job | None = None,
              method: str | None = None,
-             lifetime: dict[str, PrivacyTarget] | None = None) -> RunResult:
+             lifetime: dict[str, PrivacyTarget] | None = None,
+             resume: dict | None = None,
+             checkpoint: Callable[[dict], None] | None = None,
+             checkpoint_every: int = 1, restored: dict | None = None) -> RunResult:
     """Train `algorithm` on `fed`; returns history, final metrics, ledgers and models.
 
     Privacy: the run spends each silo's lifetime budget. Either pass `job` (a reservation
@@ -102,7 +105,12 @@ def simulate(fed: Federation, model: Model, algorithm: Algorithm, cfg: TrainingC
     neither, a scratch in-memory store is used and the result is marked as an experiment.
     `plans` (from `plan_silos`) may be passed when already computed. `eval_sets` names
     extra held-out sets, one (X, y) per silo (e.g. a validation split carved from training
-    data), evaluated at the same rounds as the test sets into `History.extra`."""
+    data), evaluated at the same rounds as the test sets into `History.extra`.
+
+    `checkpoint(state)` is called after every `checkpoint_every`-th round (and the last)
+    with the training state (round, algorithm states, history, counters, the seeded noise
+    stream's state); `resume` (such a state) continues after its round. A secure stream is
+    never saved: a resumed secure run draws fresh entropy."""
     t0 = time.perf_counter()
     model.check_task(fed.task)
     metric = metric or M.default_metric(fed.task)
@@ -116,10 +124,10 @@ def simulate(fed: Federation, model: Model, algorithm: Algorithm, cfg: TrainingC
                 lifetime=lifetime or {p.name: p.target for p in plans},
                 explicit_lifetime=lifetime is not None, command=f"simulate {method}",
                 noise=cfg.noise, accountant=cfg.accountant, fingerprints=fingerprints(fed))
-        ledgers = job.ledgers(method, ledger_dir)
+        ledgers = job.ledgers(method, ledger_dir, restored)
     try:
         result = _train(fed, model, algorithm, cfg, metric, plans, ledgers, on_round,
-                        eval_sets, t0)
+                        eval_sets, t0, resume, checkpoint, checkpoint_every)
     except BaseException:
         if own is not None:
             own.settle("failed")
@@ -133,7 +141,7 @@ def simulate(fed: Federation, model: Model, algorithm: Algorithm, cfg: TrainingC
 
 
 def _train(fed, model, algorithm, cfg, metric, plans, ledgers, on_round, eval_sets,
-           t0) -> RunResult:
+           t0, resume=None, checkpoint=None, every: int = 1) -> RunResult:
     # non-private runs protect nothing, so they stay reproducible
     secure = cfg.private and cfg.noise == "secure"
     rng = Randomness.os_entropy() if secure else Randomness.seeded(cfg.seed)
@@ -148,8 +156,15 @@ def _train(fed, model, algorithm, cfg, metric, plans, ledgers, on_round, eval_se
     weights = (np.array([s.n_train for s in fed.silos], float)
                if getattr(algorithm, "weighted", True) else np.ones(fed.num_silos))
     test_counts = np.array([s.n_test for s in fed.silos])
-    hist = History()
-    for t in range(1, cfg.rounds + 1):
+    hist, start = History(), 1
+    if resume is not None:
+        silos, server, hist = resume["silos"], resume["server"], resume["history"]
+        start = resume["round"] + 1
+        trainer.steps_done[:] = resume["steps_done"]
+        trainer.selections_done[:] = resume["selections_done"]
+        if resume["rng"] is not None and not rng.secure:
+            rng.gen.bit_generator.state = resume["rng"]
+    for t in range(start, cfg.rounds + 1):
         silos, update = algorithm.silo_step(silos, algorithm.broadcast(server), trainer, t)
         server = algorithm.server_step(server, update, weights)
         if t % cfg.eval_every == 0 or t == cfg.rounds:
@@ -165,6 +180,11 @@ def _train(fed, model, algorithm, cfg, metric, plans, ledgers, on_round, eval_se
                 rec["pooled"].append(M.pooled(ev, np.array([len(y) for _, y in sets])))
             if on_round:
                 on_round(t, hist.pooled[-1])
+        if checkpoint is not None and (t % every == 0 or t == cfg.rounds):
+            checkpoint({"round": t, "silos": silos, "server": server, "history": hist,
+                        "steps_done": trainer.steps_done.copy(),
+                        "selections_done": trainer.selections_done.copy(),
+                        "rng": None if rng.secure else rng.gen.bit_generator.state})
     final = np.array(hist.per_silo[-1])
     return RunResult(method=algorithm.describe(), metric=metric, silos=fed.names, history=hist,
                      final_per_silo=final.tolist(), final_pooled=hist.pooled[-1], plans=plans,
