@@ -370,3 +370,14 @@ def test_sweep_on_a_lifetime_store_spends_only_its_declared_budget(tmp_path):
             assert spent["epsilon"] <= 1.6 and spent["target_epsilon"] == 1.6
             assert len({c["run"] for c in st.charges(name)}) == len(records)
     assert all(not r["privacy"]["scratch_store"] for r in records)
+
+
+def test_report_lists_the_silos_a_sweep_left_out(tmp_path):
+    raw = json.loads(json.dumps(BASE))
+    raw["sweep"].update(methods=["local"], epsilon=[1], nonprivate=False, lam=[0.1],
+                        min_silo_train=100)  # Switzerland has 78 training rows here
+    out = run_sweep(load_sweep_config(_write(tmp_path, raw)))
+    summary = write_report(out.results, tmp_path / "rep")
+    assert [d["silo"] for d in summary["dropped_silos"]] == ["Switzerland"]
+    html = (tmp_path / "rep" / "report.html").read_text()
+    assert "left out by sweep.min_silo_train: Switzerland (78 training rows)" in html

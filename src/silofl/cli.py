@@ -490,7 +490,8 @@ def budget_show(store: StorePath = Path("runs/budget.sqlite"),
     except (SiloflError, BudgetStoreError) as e:
         _fail(e)
     if as_json:
-        console.print_json(json.dumps({"silos": rows, "charges": charges, "log": log}))
+        from silofl.experiments.atomic import dumps_strict
+        console.print_json(dumps_strict({"silos": rows, "charges": charges, "log": log}))
         return
     t = Table(title=f"lifetime budgets in {escape(str(store))}")
     for c in ["silo", "target ε, δ", "spent ε", "RDP / PLD", "remaining", "runs",

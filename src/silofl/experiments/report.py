@@ -238,7 +238,8 @@ def write_report(results: Path, out_dir: Path, epsilon: float | None = None) -> 
                "selection": rows, "privacy_check": check, "over_target": over,
                "figures": {k: (str(v) if v else None) for k, v in made.figures.items()},
                "figure_notes": made.notes, "not_counted": head["not_counted"],
-               "notes": head.get("notes", []), "assumptions": ASSUMPTION_TEXT}
+               "notes": head.get("notes", []), "assumptions": ASSUMPTION_TEXT,
+               "dropped_silos": head["dropped_silos"]}
     nonfinite: list[str] = []
     json_safe(summary, nonfinite)
     summary["nonfinite"] = nonfinite  # written as null: these metrics diverged or are undefined
@@ -264,6 +265,10 @@ def write_report(results: Path, out_dir: Path, epsilon: float | None = None) -> 
     for note in head.get("notes", []):  # scratch store, seeded noise, uncharged items
         parts.append(f"<p class='note'><b>{e(note)}</b></p>")
     parts.append(f"<p>{e(ASSUMPTION_TEXT)}</p>")
+    if head["dropped_silos"]:  # which silos the results do not cover
+        listed = ", ".join(f"{d['silo']} ({d['n_train']} training rows)"
+                           for d in head["dropped_silos"])
+        parts.append(f"<p>Silos left out by sweep.min_silo_train: {e(listed)}.</p>")
     if over:
         parts.append(f"<p class='note over'><b>{len(over)} silo×ε entries spent more than "
                      "their target</b> — see the privacy table.</p>")
