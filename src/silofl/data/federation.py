@@ -52,8 +52,33 @@ class Silo:
         return int(self.X_test.shape[0])
 
 
+class SiloCollection:
+    """What federations (finished or raw) share: their silos by name."""
+
+    silos: list[Silo]
+
+    @property
+    def names(self) -> list[str]:
+        return [s.name for s in self.silos]
+
+    @property
+    def num_silos(self) -> int:
+        return len(self.silos)
+
+    @property
+    def is_image(self) -> bool:
+        """True when examples are arrays of rank >= 2 (X of rank >= 3), e.g. images."""
+        return bool(self.silos) and self.silos[0].X_train.ndim > 2
+
+    def silo(self, name: str) -> Silo:
+        for s in self.silos:
+            if s.name == name:
+                return s
+        raise DataError(f"unknown silo {name!r}; silos are: {', '.join(self.names)}")
+
+
 @dataclass
-class Federation:
+class Federation(SiloCollection):
     """Silos with one feature schema. `task` and `num_classes` describe the labels.
 
     Tabular federations have rank-2 X and one name per column in `feature_names`. Image
@@ -72,15 +97,6 @@ class Federation:
         self.validate()
 
     @property
-    def num_silos(self) -> int:
-        return len(self.silos)
-
-    @property
-    def is_image(self) -> bool:
-        """True when examples are arrays of rank >= 2 (X of rank >= 3), e.g. images."""
-        return bool(self.silos) and self.silos[0].X_train.ndim > 2
-
-    @property
     def input_shape(self) -> tuple[int, ...]:
         """Per-example shape: (d,) for tabular data, e.g. (1, 28, 28) for MNIST images."""
         if self.is_image:
@@ -92,16 +108,6 @@ class Federation:
         """Input features per example: len(feature_names) for tabular data, the product of
         `input_shape` for images (what a model that flattens its input sees)."""
         return int(np.prod(self.input_shape))
-
-    @property
-    def names(self) -> list[str]:
-        return [s.name for s in self.silos]
-
-    def silo(self, name: str) -> Silo:
-        for s in self.silos:
-            if s.name == name:
-                return s
-        raise DataError(f"unknown silo {name!r}; silos are: {', '.join(self.names)}")
 
     def validate(self) -> None:
         """Check shapes, finiteness, schema agreement and label sanity for every silo."""

@@ -51,7 +51,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from silofl.data.federation import Federation, PrivacyTarget, Silo, Task
+from silofl.data.federation import Federation, PrivacyTarget, Silo, SiloCollection, Task
 from silofl.data.schema import ColumnSpec
 from silofl.errors import ConfigError, DataError, PrivacyError
 
@@ -65,7 +65,7 @@ SENSITIVITY_PER_COLUMN = math.sqrt(2.0)
 # --- the raw federation -----------------------------------------------------------------------
 
 @dataclass
-class RawFederation:
+class RawFederation(SiloCollection):
     """Encoded silos before preprocessing: like a `Federation`, but X may hold NaN in the
     nullable value columns. `specs` maps an encoded column index to the schema column of each
     numeric/binary value column (one-hot and indicator columns have none and are left as
@@ -87,26 +87,8 @@ class RawFederation:
         self.validate()
 
     @property
-    def names(self) -> list[str]:
-        return [s.name for s in self.silos]
-
-    @property
-    def num_silos(self) -> int:
-        return len(self.silos)
-
-    @property
-    def is_image(self) -> bool:
-        return bool(self.silos) and self.silos[0].X_train.ndim > 2
-
-    @property
     def dim(self) -> int:
         return int(np.prod(self.silos[0].X_train.shape[1:])) if self.silos else 0
-
-    def silo(self, name: str) -> Silo:
-        for s in self.silos:
-            if s.name == name:
-                return s
-        raise DataError(f"unknown silo {name!r}; silos are: {', '.join(self.names)}")
 
     def with_targets(self, default: PrivacyTarget | None,
                      overrides: Mapping[str, PrivacyTarget] | None = None) -> "RawFederation":
