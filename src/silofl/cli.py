@@ -114,8 +114,8 @@ def run(config: Optional[Path] = typer.Option(None, "--config", "-c",
         err.print(f"[bold yellow]note:[/] {escape(note)}")
     if rep.run_dir:
         console.print(f"Run directory: [bold]{escape(str(rep.run_dir))}[/] (config.toml, "
-                      "history.json, ledgers/, privacy_report.json, summary.json, "
-                      "metric_over_rounds.png)")
+                      "history.json, ledgers/, models/ with a model card per silo, "
+                      "privacy_report.json, summary.json, metric_over_rounds.png)")
 
 
 def _check_run_paths(cfg, out: Optional[Path]) -> None:
