@@ -274,6 +274,22 @@ def _pandemic(*args):
     return setup
 
 
+def _damaged_model(kind: str):
+    """A pandemic model directory whose files are damaged in one way."""
+    def setup(env, d):
+        m = d / "model"
+        m.mkdir(parents=True, exist_ok=True)
+        meta = {"config": {"rounds": 1}, "regions": ["region-51001", "region-51003"]}
+        (m / "model.json").write_text("{not json" if kind == "json" else json.dumps(meta))
+        if kind == "shape":
+            np.save(m / "weights.npy", np.zeros((5, 13)))
+        elif kind == "bytes":
+            (m / "weights.npy").write_bytes(b"\x93NUMPY garbage")
+        return _pandemic("pandemic", "predict", "--data", "{data}", "--model", str(m),
+                         "--out", "{d}/p.csv")(env, d)
+    return setup
+
+
 def _locked_sweep(env, d):
     """Another process holds the results file's lock (flock is per open file)."""
     raw = _sweep_raw(env)
@@ -579,6 +595,10 @@ CASES = [
     C("predict-model-missing", _pandemic("pandemic", "predict", "--data", "{data}",
                                          "--model", "{d}/none", "--out", "{d}/p.csv"),
       "none"),
+    C("predict-model-json-damaged", _damaged_model("json"), "damaged", "not valid JSON"),
+    C("predict-model-weights-missing", _damaged_model("missing"), "damaged", "weights.npy"),
+    C("predict-model-weights-garbage", _damaged_model("bytes"), "damaged", "weights.npy"),
+    C("predict-model-weights-shape", _damaged_model("shape"), "damaged", "does not match"),
     C("predict-data-missing", _pandemic("pandemic", "predict", "--data", "{d}/none",
                                         "--model", "{d}/none", "--out", "{d}/p.csv"),
       "none"),

@@ -272,13 +272,20 @@ class PandemicModel:
     constants: dict = field(default_factory=dict)  # region → `FeatureConstants` dict used
 
     def save(self, directory: Path) -> None:
+        """weights.npy and model.json, each written atomically (weights first: a
+        model.json never points at a missing or truncated weights file)."""
+        import io
+
+        from silofl.experiments.atomic import write_bytes_atomic, write_json_atomic
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        np.save(directory / "weights.npy", self.weights)
-        (directory / "model.json").write_text(json.dumps(
-            {"config": asdict(self.config), "regions": self.regions, "notes": self.notes,
-             "privacy": self.privacy, "constants": self.constants,
-             "timings": self.timings}, indent=1, default=float))
+        buf = io.BytesIO()
+        np.save(buf, self.weights)
+        write_bytes_atomic(directory / "weights.npy", buf.getvalue())
+        write_json_atomic(directory / "model.json",
+                          {"config": asdict(self.config), "regions": self.regions,
+                           "notes": self.notes, "privacy": self.privacy,
+                           "constants": self.constants, "timings": self.timings}, indent=1)
 
     @classmethod
     def load(cls, directory: Path) -> "PandemicModel":
@@ -287,12 +294,32 @@ class PandemicModel:
         if not meta_path.is_file():
             raise ConfigError(f"{directory} holds no trained pandemic model (model.json is "
                               "missing); run `silofl pandemic train` first")
-        meta = json.loads(meta_path.read_text())
+        def damaged(what: str) -> ConfigError:
+            return ConfigError(f"{directory} holds a damaged pandemic model ({what}); train "
+                               "it again with `silofl pandemic train` or restore it from a "
+                               "backup")
+        try:
+            meta = json.loads(meta_path.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            raise damaged("model.json is not valid JSON") from None
+        if not isinstance(meta, dict) or not isinstance(meta.get("config"), dict) or \
+                not isinstance(meta.get("regions"), list):
+            raise damaged("model.json lacks its config or regions")
         # models saved before these fields existed were trained this way
         conf = {"noise": "seeded", "adjacency": "node", "preprocessing": "uncharged",
                 **meta["config"]}
-        return cls(PandemicConfig(**conf), meta["regions"],
-                   np.load(directory / "weights.npy"), meta.get("privacy", []),
+        try:
+            config = PandemicConfig(**conf)
+        except TypeError:
+            raise damaged("model.json's config has unknown keys") from None
+        try:
+            weights = np.load(directory / "weights.npy", allow_pickle=False)
+        except (OSError, ValueError, EOFError):
+            raise damaged("weights.npy is missing or unreadable") from None
+        if weights.ndim != 2 or weights.shape[0] != len(meta["regions"]) or \
+                not np.all(np.isfinite(weights)):
+            raise damaged("weights.npy does not match model.json's regions or is not finite")
+        return cls(config, meta["regions"], weights, meta.get("privacy", []),
                    meta.get("timings", {}), meta.get("notes", []),
                    meta.get("constants", {}))
 
