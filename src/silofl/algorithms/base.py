@@ -35,12 +35,18 @@ class Algorithm:
     name: str = "algorithm"
     #: local passes over the data per round (Ditto: 2)
     passes_per_round: int = 1
+    #: DP-SGD steps per local pass fixed by the method (None: from local_epochs)
+    fixed_steps_per_pass: int | None = None
 
     def privacy_events(self, round_event: dpa.DpEvent, rounds: int,
                        target=None) -> dpa.DpEvent:
         """Cost of a whole run for one silo, given the cost of one local pass. `target` (the
         silo's PrivacyTarget) is for mechanisms whose budget is a share of the silo's ε."""
         return dpa.SelfComposedDpEvent(round_event, rounds * self.passes_per_round)
+
+    def bind_silos(self, names: list[str]) -> None:
+        """Resolve settings that name silos against the federation (called when planning,
+        before `check_plan`); ConfigError for a name that is not a silo."""
 
     def check_plan(self, num_silos: int, rounds: int, accountant: str | None) -> None:
         """Raise ConfigError/PrivacyError for settings this algorithm cannot run with

@@ -214,7 +214,8 @@ def build_algorithms(cfg: Config) -> list[Algorithm]:
     return [make_algorithm(m, lam=tc.lam, weighted=tc.weighted,
                            finetune_fraction=tc.finetune_fraction, clusters=tc.clusters,
                            selection_fraction=tc.selection_fraction,
-                           selection_rounds=tc.selection_rounds) for m in tc.methods]
+                           selection_rounds=tc.selection_rounds, we_user=tc.we_user,
+                           we_p_s=tc.we_p_s, we_p_d=tc.we_p_d) for m in tc.methods]
 
 
 def training_config(cfg: Config) -> TrainingConfig:

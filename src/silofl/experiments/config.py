@@ -76,6 +76,9 @@ class TrainingSection:
     clusters: int = 2                # ifca*: number of cluster models
     selection_fraction: float = 0.03  # ifca*: share of a silo's ε per cluster selection
     selection_rounds: float = 0.1    # ifca*: share of rounds with selection (≥ 1 round)
+    we_user: str = ""                # weight_erosion: name of the user silo u_0 (required)
+    we_p_s: float = 0.2              # weight_erosion: size penalty p_s (≥ 0)
+    we_p_d: float = 0.01             # weight_erosion: distance penalty p_d (≥ 0)
 
 
 @dataclass

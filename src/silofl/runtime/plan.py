@@ -129,6 +129,7 @@ def plan_job(fed: Federation, algorithms: list[Algorithm], cfg: TrainingConfig,
 
 def _base_plans(fed: Federation, algorithm: Algorithm, cfg: TrainingConfig) -> list[SiloPlan]:
     cfg.validate()
+    algorithm.bind_silos(fed.names)
     algorithm.check_plan(fed.num_silos, cfg.rounds, cfg.accountant if cfg.private else None)
     plans = []
     for s in fed.silos:
@@ -138,7 +139,8 @@ def _base_plans(fed: Federation, algorithm: Algorithm, cfg: TrainingConfig) -> l
                 f"training examples; Poisson sampling needs b < n_k. Use batch_size "
                 f"≤ {min(x.n_train for x in fed.silos) - 1} or drop/merge that silo")
         q = cfg.batch_size / s.n_train
-        steps = accounting.steps_for_epochs(s.n_train, cfg.batch_size, cfg.local_epochs)
+        steps = algorithm.fixed_steps_per_pass or \
+            accounting.steps_for_epochs(s.n_train, cfg.batch_size, cfg.local_epochs)
         plans.append(SiloPlan(s.name, s.n_train, q, steps, s.target))
     if not cfg.private:
         return plans

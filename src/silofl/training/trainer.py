@@ -3,8 +3,9 @@
 A `LocalTrainer` hosts the training data of one or more silos (all of them in the
 simulator, one in a networked client). `run` performs one round of local DP-SGD for every
 hosted silo at once: it first charges each silo's ledger for the steps it is about to
-take, then runs them as batched array operations across silos. `select_cluster` is the
-other private data access: a private choice among candidate models (IFCA), charged first too.
+take, then runs them as batched array operations across silos. `gradients` is one DP-SGD
+gradient per silo at given parameters (Weight Erosion), and `select_cluster` a private
+choice among candidate models (IFCA): the other private data accesses, charged first too.
 """
 
 from __future__ import annotations
@@ -88,7 +89,7 @@ class LocalTrainer:
         self.expected_batch = self.q * self.data.n
         self.steps_done = np.zeros(len(self.data.n), dtype=np.int64)
         self.selections_done = np.zeros(len(self.data.n), dtype=np.int64)
-        self._events: dict[int, list] = {}
+        self._events: dict[int | str, list] = {}
         if self.rule.private and self.ledgers is None:
             raise ValueError("private training needs one ledger per silo")
 
@@ -103,10 +104,20 @@ class LocalTrainer:
                 for k in range(len(self.q))]
         return cached
 
+    def step_events(self) -> list:
+        """What one DP-SGD step (one Poisson-sampled Gaussian release) costs each silo."""
+        cached = self._events.get("step")
+        if cached is None:
+            cached = self._events["step"] = [
+                accounting.dpsgd_event(self.q[k], self.rule.noise_multiplier[k], 1)
+                for k in range(len(self.q))]
+        return cached
+
     def charge(self, round: int, label: str = "dpsgd", passes: int = 1) -> None:
-        if not self.rule.private:
-            return
-        evs = self.round_events(passes)
+        if self.rule.private:
+            self._charge_all(self.round_events(passes), round, label)
+
+    def _charge_all(self, evs: list, round: int, label: str) -> None:
         for ledger, event in zip(self.ledgers, evs):  # all silos can pay, or none is charged
             ledger.check(event, round=round, label=label)
         for ledger, event in zip(self.ledgers, evs):
@@ -157,6 +168,31 @@ class LocalTrainer:
                     score, eps[k], selection.sensitivity(self.model, n_k, loss_bound), self.rng)
         self.selections_done += 1
         return choice
+
+    def gradients(self, W: np.ndarray, round: int = 0, label: str = "dpsgd") -> np.ndarray:
+        """One DP-SGD gradient estimate per hosted silo at W (K, P), with l2·W added (a
+        public function of W): one Poisson batch (q_k = b/n_k), clipped, noised and scaled
+        exactly like a step of `run`, and charged as one DP-SGD step before the data is read.
+        Returns (K, P); the parameters are not changed."""
+        if self.rule.private:
+            self._charge_all(self.step_events(), round, label)
+        W = np.asarray(W, dtype=float)
+        K = len(self.data.n)
+        if W.shape[0] != K:
+            raise ValueError(f"W must hold one model per silo ({K}, P), got {W.shape}")
+        idx, mask = poisson_batches(self.data.n, self.q, self.rng)
+        noise = None
+        if self.rule.private:
+            noise, _ = round_noise(self.rng, np.ones(K, dtype=np.int64),
+                                   self.rule.noise_std(), W.shape[1])
+        everyone = np.arange(K)
+        X, y, sq = self.data.gather(everyone, idx)
+        g = self.rule(self.model, W, X, y, mask, self.expected_batch, everyone, self.rng,
+                      noise=noise, x_sqnorm=sq)
+        if self.l2:
+            g = g + self.l2 * W
+        self.steps_done += 1
+        return g
 
     def run(self, W0: np.ndarray, anchor: np.ndarray | None = None,
             lam: float | np.ndarray = 0.0, round: int = 0, label: str = "dpsgd") -> np.ndarray:
