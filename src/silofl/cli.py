@@ -131,6 +131,57 @@ def _check_run_paths(cfg, out: Optional[Path]) -> None:
 
 
 @app.command()
+def rank(config: Optional[Path] = typer.Option(None, "--config", "-c",
+                                               help="TOML config: data, model, privacy"),
+         user: str = typer.Option(..., "--user", help="the user silo u_0 (its name)"),
+         top: Optional[int] = typer.Option(None, "--top", help="select the K best silos"),
+         threshold: Optional[float] = typer.Option(
+             None, "--threshold", help="select silos with transfer loss ≤ T"),
+         out: Optional[Path] = typer.Option(None, "--out", help="directory for run folders"),
+         store: Optional[Path] = typer.Option(None, "--store", help="lifetime budget store"),
+         scratch: bool = typer.Option(False, "--scratch", help=(
+             "charge an in-memory scratch budget: an experiment, not a release")),
+         bound: float = typer.Option(1.0, "--bound", help="per-example loss bound B"),
+         cv_share: float = typer.Option(0.1, "--cv-share", help=(
+             "share of each silo's ε spent on its private CV loss"))):
+    """Rank the other silos for USER by transfer loss (adapted Ndoye factor): each silo
+    trains a local DP model and releases a private CV loss; the job is charged like any."""
+    from silofl.experiments.config import load_config
+    from silofl.experiments.ndoye import rank_silos
+    warnings.showwarning = _show_warning
+    try:
+        cfg = load_config(config)
+        if store is not None:
+            cfg.budget.store = str(store)
+        if scratch:
+            cfg.budget.scratch = True
+        _check_run_paths(cfg, out)
+        rep = rank_silos(cfg, user, top=top, threshold=threshold, out_dir=out,
+                         bound=bound, cv_share=cv_share)
+    except SiloflError as e:
+        _fail(e)
+    t = Table(title=f"silos ranked for user {escape(user)} (transfer loss = user loss − "
+                    "private CV loss; smaller = more similar)")
+    for c in ("rank", "silo", "user loss", "private CV loss", "transfer loss", "selected"):
+        t.add_column(c, justify="left" if c == "silo" else "right")
+    for r in rep.rows():
+        t.add_row(str(r["rank"]), escape(r["silo"]), f"{r['user_loss']:.4f}",
+                  f"{r['private_cv_loss']:.4f}", f"{r['transfer_loss']:.4f}",
+                  "yes" if r["selected"] else "")
+    console.print(t)
+    if rep.private:
+        console.print(f"Charged: every silo's local DP-SGD model and its CV-loss release "
+                      f"(Gaussian, sensitivity B/n_cv, B = {rep.bound:g}). Adjacency: add/"
+                      f"remove one record. Noise: {rep.noise}. Budget store: "
+                      f"{escape(rep.store or 'scratch (in memory)')}, run {rep.run_id}.")
+    for note in rep.notes():
+        err.print(f"[bold yellow]note:[/] {escape(note)}")
+    if rep.run_dir:
+        console.print(f"Run directory: [bold]{escape(str(rep.run_dir))}[/] (ranking.json, "
+                      "transfer_heatmap.png, ledgers/, config.toml)")
+
+
+@app.command()
 def account(n: int = typer.Option(..., help="training examples (persons) in the silo"),
             batch: float = typer.Option(..., help="(expected) batch size b"),
             delta: Optional[float] = typer.Option(None, help="δ (node-level default: 1/n)"),
