@@ -31,6 +31,11 @@ class ServerState:
     params: np.ndarray  # (P,) the shared model (global / mean model)
 
 
+@dataclass
+class AggregatingServer(ServerState):
+    last_step: np.ndarray | None = None  # (P,) the previous aggregate (centered clipping)
+
+
 class Algorithm:
     name: str = "algorithm"
     #: local passes over the data per round (Ditto: 2)
@@ -80,9 +85,14 @@ def weighted_mean(update: np.ndarray, weights: np.ndarray) -> np.ndarray:
 
 
 def apply_mean_update(server: ServerState, update: np.ndarray,
-                      weights: np.ndarray) -> ServerState:
-    """The averaging server step: move the shared model by the weighted mean update."""
-    return ServerState(server.params + weighted_mean(update, weights))
+                      weights: np.ndarray, aggregator=None) -> ServerState:
+    """The averaging server step: move the shared model by the weighted mean update, or by
+    `aggregator`'s rule (`robust.Aggregator`: screens out non-finite/wrong-shaped rows)."""
+    if aggregator is None:
+        return ServerState(server.params + weighted_mean(update, weights))
+    step = aggregator.aggregate(update, weights, server.params.shape[0],
+                                center=getattr(server, "last_step", None))
+    return AggregatingServer(server.params + step, step)
 
 
 def check_nonnegative(name: str, value: float) -> float:

@@ -18,6 +18,12 @@ one Poisson-sampled Gaussian step per round, charged before the data is read); d
 weights and the update are post-processing. The plan fixes one step per round whatever
 `local_epochs` says. The server uses |S_i| (training counts, as weighted FedAvg does).
 
+Robustness. A gradient that is not finite or not of shape (P,) is dropped from the round
+(its α unchanged, counted in `aggregation.rejected`); without the user's gradient there is
+no reference, so the round leaves w and α as they are. A robust `aggregation` rule replaces
+the α-weighted mean by the rule over the silos still holding weight (α_i > 0), unweighted:
+erosion decides who takes part, the rule bounds what any one of them can do.
+
 The result is the global model w, personalized for u_0: `personal_models` gives it to every
 silo, so the other silos' metrics show how u_0's model does on their data.
 """
@@ -30,12 +36,14 @@ import dp_accounting as dpa
 import numpy as np
 
 from silofl.algorithms.base import Algorithm, ServerState, SiloState, check_nonnegative
+from silofl.algorithms.robust import Aggregator, screen
 from silofl.errors import ConfigError, PrivacyError
 
 
 @dataclass
 class ErosionServer(ServerState):
     alpha: np.ndarray  # (K,) the silos' weights α_i after the last round
+    last_step: np.ndarray | None = None  # (P,) the previous ḡ (centered clipping's centre)
 
 
 @dataclass
@@ -71,7 +79,8 @@ class WeightErosion(Algorithm):
     weighted = False  # ḡ is weighted by α only, not by silo sizes
     fixed_steps_per_pass = 1  # one DP-SGD gradient per silo per round
 
-    def __init__(self, user: int | str, p_s: float = 0.2, p_d: float = 0.01):  # the seed's
+    def __init__(self, user: int | str, p_s: float = 0.2, p_d: float = 0.01,  # the seed's
+                 aggregation: Aggregator | None = None):
         if isinstance(user, bool) or not isinstance(user, (int, np.integer, str)) \
                 or user == "":
             raise ConfigError(f"weight_erosion needs the user silo u_0 (we_user): a silo "
@@ -82,6 +91,7 @@ class WeightErosion(Algorithm):
         self.p_s = check_nonnegative("weight_erosion size penalty p_s (we_p_s)", p_s)
         self.p_d = check_nonnegative("weight_erosion distance penalty p_d (we_p_d)", p_d)
         self.user_index: int | None = None if isinstance(user, str) else self.user
+        self.aggregation = aggregation or Aggregator()
 
     def bind_silos(self, names: list[str]) -> None:
         if isinstance(self.user, str):
@@ -97,6 +107,7 @@ class WeightErosion(Algorithm):
         if self.user_index >= num_silos:
             raise ConfigError(f"weight_erosion: user index {self.user_index} is not a silo of "
                               f"this federation of {num_silos} silos (indices 0..{num_silos - 1})")
+        self.aggregation.check(num_silos)
 
     def privacy_events(self, round_event, rounds, target=None):
         if not isinstance(round_event, dpa.PoissonSampledDpEvent):
@@ -116,13 +127,25 @@ class WeightErosion(Algorithm):
         return SiloState(start), ErosionUpdate(grads, epochs, float(trainer.lr))
 
     def server_step(self, server, update, weights):
-        alpha, gbar = erode(server.alpha, update.grads, update.epochs, self.user_index,
-                            self.p_s, self.p_d)
-        return ErosionServer(server.params - update.lr * gbar, alpha)
+        agg, last = self.aggregation, getattr(server, "last_step", None)
+        keep, grads = screen(update.grads, server.params.shape[0])
+        agg.rejected += int((~keep).sum())
+        if not keep[self.user_index]:  # no reference gradient: skip the round
+            return ErosionServer(server.params.copy(), server.alpha.copy(), last)
+        idx = np.flatnonzero(keep)
+        epochs = np.broadcast_to(np.asarray(update.epochs, float), keep.shape)[idx]
+        user = int(np.searchsorted(idx, self.user_index))
+        kept_alpha, gbar = erode(server.alpha[idx], grads[idx], epochs, user,
+                                 self.p_s, self.p_d)
+        alpha = server.alpha.copy()
+        alpha[idx] = kept_alpha
+        if agg.rule != "mean":  # α_0 = 1 always, so at least the user takes part
+            gbar = agg.combine(grads[idx][kept_alpha > 0], center=last)
+        return ErosionServer(server.params - update.lr * gbar, alpha, gbar)
 
     def personal_models(self, silos, server):
         return np.tile(server.params, (silos.params.shape[0], 1))
 
     def describe(self):
         return {"name": self.name, "user": self.user, "user_index": self.user_index,
-                "p_s": self.p_s, "p_d": self.p_d}
+                "p_s": self.p_s, "p_d": self.p_d, **self.aggregation.describe_if_used()}

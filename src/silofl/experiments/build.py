@@ -215,7 +215,9 @@ def build_algorithms(cfg: Config) -> list[Algorithm]:
                            finetune_fraction=tc.finetune_fraction, clusters=tc.clusters,
                            selection_fraction=tc.selection_fraction,
                            selection_rounds=tc.selection_rounds, we_user=tc.we_user,
-                           we_p_s=tc.we_p_s, we_p_d=tc.we_p_d) for m in tc.methods]
+                           we_p_s=tc.we_p_s, we_p_d=tc.we_p_d, aggregation=tc.aggregation,
+                           attackers=tc.attackers, trim_fraction=tc.trim_fraction,
+                           clip_radius=tc.clip_radius) for m in tc.methods]
 
 
 def training_config(cfg: Config) -> TrainingConfig:

@@ -79,6 +79,12 @@ class TrainingSection:
     we_user: str = ""                # weight_erosion: name of the user silo u_0 (required)
     we_p_s: float = 0.2              # weight_erosion: size penalty p_s (≥ 0)
     we_p_d: float = 0.01             # weight_erosion: distance penalty p_d (≥ 0)
+    # fedavg, mrmtl, weight_erosion: server aggregation (silofl.algorithms.robust)
+    aggregation: str = "mean"        # mean | median | trimmed_mean | krum | multi_krum |
+                                     # centered_clipping
+    attackers: int = 0               # f, assumed attackers (krum's f; limits are checked)
+    trim_fraction: float = 0.1       # trimmed_mean: share trimmed from each end, [0, 0.5)
+    clip_radius: float = 1.0         # centered_clipping: radius τ (> 0)
 
 
 @dataclass
