@@ -182,6 +182,61 @@ def rank(config: Optional[Path] = typer.Option(None, "--config", "-c",
 
 
 @app.command()
+def erosion(config: Optional[Path] = typer.Option(None, "--config", "-c",
+                                                  help="TOML config: data, model, privacy"),
+            users: Optional[str] = typer.Option(None, "--users",
+                                                help="'all': every silo as the user (default)"),
+            user: Optional[list[str]] = typer.Option(None, "--user", help=(
+                "a user silo (its name); repeat for several")),
+            out: Optional[Path] = typer.Option(None, "--out", help="directory for run folders"),
+            store: Optional[Path] = typer.Option(None, "--store", help="lifetime budget store"),
+            scratch: bool = typer.Option(False, "--scratch", help=(
+                "charge an in-memory scratch budget: an experiment, not a release"))):
+    """Weight Erosion with each user silo in turn, against Global (FedAvg), Local and the
+    majority class on the user's test rows (seed Figure 1): one job, σ calibrated for all
+    users' runs composed, charged like any job."""
+    from silofl.experiments.config import load_config
+    from silofl.experiments.erosion import erosion_for_users
+    warnings.showwarning = _show_warning
+    try:
+        if users is not None and user:
+            raise SiloflError("give either --users all or --user SILO (repeatable), not both")
+        if users is not None and users != "all":
+            raise SiloflError(f"--users takes 'all', got {users!r}; name single users with "
+                              "--user SILO")
+        cfg = load_config(config)
+        if store is not None:
+            cfg.budget.store = str(store)
+        if scratch:
+            cfg.budget.scratch = True
+        _check_run_paths(cfg, out)
+        rep = erosion_for_users(cfg, list(user) if user else None, out_dir=out)
+    except SiloflError as e:
+        _fail(e)
+    t = Table(title=f"Weight Erosion per user: final {rep.metric} on the user's test rows")
+    for c in ("user", "Global", "Weight Erosion", "Local", "majority", "final α (others)"):
+        t.add_column(c, justify="left" if c in ("user", "final α (others)") else "right")
+    for u in rep.users:
+        c = rep.curves[u]
+        alpha = ", ".join(f"{s} {c.alpha[-1][k]:.2f}" for k, s in enumerate(rep.silos)
+                          if s != u)
+        t.add_row(escape(u), f"{c.global_[-1]:.4f}", f"{c.erosion[-1]:.4f}",
+                  f"{c.local[-1]:.4f}", f"{c.baseline:.4f}", escape(alpha))
+    console.print(t)
+    if rep.private:
+        console.print(f"{escape(rep.calibration)}. Charged per silo: FedAvg's and Local's "
+                      "DP-SGD steps and one DP-SGD gradient per round for each user's Weight "
+                      f"Erosion run. Adjacency: add/remove one record. Noise: {rep.noise}. "
+                      f"Budget store: {escape(rep.store or 'scratch (in memory)')}, run "
+                      f"{rep.run_id}.")
+    for note in rep.notes():
+        err.print(f"[bold yellow]note:[/] {escape(note)}")
+    if rep.run_dir:
+        console.print(f"Run directory: [bold]{escape(str(rep.run_dir))}[/] (erosion.json, "
+                      "erosion_<user>.png, ledgers/, config.toml)")
+
+
+@app.command()
 def account(n: int = typer.Option(..., help="training examples (persons) in the silo"),
             batch: float = typer.Option(..., help="(expected) batch size b"),
             delta: Optional[float] = typer.Option(None, help="δ (node-level default: 1/n)"),

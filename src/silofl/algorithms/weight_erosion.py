@@ -26,6 +26,10 @@ erosion decides who takes part, the rule bounds what any one of them can do.
 
 The result is the global model w, personalized for u_0: `personal_models` gives it to every
 silo, so the other silos' metrics show how u_0's model does on their data.
+
+`alpha_history` holds α (K,) after every server step since the last `init`, one entry per
+round (a resumed run holds the rounds after resuming only). α is computed from DP
+gradients: post-processing, as the model.
 """
 
 from __future__ import annotations
@@ -92,6 +96,7 @@ class WeightErosion(Algorithm):
         self.p_d = check_nonnegative("weight_erosion distance penalty p_d (we_p_d)", p_d)
         self.user_index: int | None = None if isinstance(user, str) else self.user
         self.aggregation = aggregation or Aggregator()
+        self.alpha_history: list[np.ndarray] = []  # α after each round since `init`
 
     def bind_silos(self, names: list[str]) -> None:
         if isinstance(self.user, str):
@@ -117,6 +122,7 @@ class WeightErosion(Algorithm):
 
     def init(self, params0, num_silos, rounds=None):
         self.check_plan(num_silos, rounds, None)
+        self.alpha_history = []
         return (SiloState(np.tile(params0, (num_silos, 1))),
                 ErosionServer(params0.copy(), np.ones(num_silos)))
 
@@ -131,6 +137,7 @@ class WeightErosion(Algorithm):
         keep, grads = screen(update.grads, server.params.shape[0])
         agg.rejected += int((~keep).sum())
         if not keep[self.user_index]:  # no reference gradient: skip the round
+            self.alpha_history.append(server.alpha.copy())
             return ErosionServer(server.params.copy(), server.alpha.copy(), last)
         idx = np.flatnonzero(keep)
         epochs = np.broadcast_to(np.asarray(update.epochs, float), keep.shape)[idx]
@@ -141,6 +148,7 @@ class WeightErosion(Algorithm):
         alpha[idx] = kept_alpha
         if agg.rule != "mean":  # α_0 = 1 always, so at least the user takes part
             gbar = agg.combine(grads[idx][kept_alpha > 0], center=last)
+        self.alpha_history.append(alpha.copy())
         return ErosionServer(server.params - update.lr * gbar, alpha, gbar)
 
     def personal_models(self, silos, server):
