@@ -374,7 +374,7 @@ BAD_DATA = [
     ({}, "either data.silo_column .* or data.split"),
     ({"silo_column": "sex", "num_silos": 3},
      "data.num_silos applies only when silos are simulated"),
-    ({"source": "heart", "split": "iid"}, "data.split applies only to data.source = 'table'"),
+    ({"source": "school", "split": "iid"}, "data.split applies only to data.source = 'table', 'heart'"),
     ({"source": "heart", "mask_prob": 0.3}, "data.mask_prob applies only to data.source = 'mnist'"),
     ({"source": "mnist", "mask_prob": 1.5}, "mask_prob must be a probability in \\[0, 1\\]"),
     ({"source": "mnist", "num_silos": 50}, "MNIST has only 60000 train images"),

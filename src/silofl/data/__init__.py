@@ -1,4 +1,4 @@
-"""Silos, federations and loaders for tabular, School, Exam, MNIST, built-in and synthetic
+"""Silos, federations and loaders for tabular, School, Exam, Titanic, MNIST, built-in and synthetic
 data, splitters that turn one table into simulated silos, declared schemas and two-phase
 preprocessing (plan and charge first, then compute)."""
 
@@ -14,8 +14,10 @@ from silofl.data.preprocess import (IMPUTE_MODES, STANDARDIZE_MODES, PreprocessP
 from silofl.data.schema import (ColumnSpec, LabelSpec, Schema, draft_schema, load_schema,
                                 schema_from_dict)
 from silofl.data.school import load_school, load_school_raw, school_schema
-from silofl.data.splitters import (SPLITS, split_arrays, split_arrays_raw, split_frame,
+from silofl.data.splitters import (SEED_SPLITS, SPLITS, split_arrays, split_arrays_raw, split_frame,
                                    split_frame_raw, split_table, split_table_raw, table_arrays)
+from silofl.data.titanic import (TITANIC_SCHEMA, load_titanic, load_titanic_raw,
+                                 titanic_frame, titanic_schema)
 from silofl.data.synthetic import linear_silos, mean_estimation, vehicle_like
 from silofl.data.tabular import (federation_from_frame, federation_from_frame_raw, load_table,
                                  load_table_raw, read_table)
@@ -27,7 +29,8 @@ __all__ = [
     "load_school", "load_school_raw", "school_schema",
     "load_heart_disease", "load_heart_disease_raw", "heart_disease_frame", "heart_schema",
     "load_exam", "load_exam_raw", "EXAM_SCHEMA", "load_rotated_masked_mnist",
-    "SPLITS", "split_arrays", "split_arrays_raw", "split_frame", "split_frame_raw",
+    "load_titanic", "load_titanic_raw", "titanic_frame", "titanic_schema", "TITANIC_SCHEMA",
+    "SPLITS", "SEED_SPLITS", "split_arrays", "split_arrays_raw", "split_frame", "split_frame_raw",
     "split_table", "split_table_raw", "table_arrays",
     "mean_estimation", "linear_silos", "vehicle_like",
     "Schema", "ColumnSpec", "LabelSpec", "load_schema", "schema_from_dict", "draft_schema",

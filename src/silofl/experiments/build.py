@@ -9,6 +9,7 @@ import inspect
 from silofl import data as D
 from silofl.algorithms import make_algorithm
 from silofl.algorithms.base import Algorithm
+from silofl.data import heart as _heart
 from silofl.data.federation import Federation, PrivacyTarget
 from silofl.data.preprocess import (PreprocessSpec, RawFederation, plan_preprocessing,
                                     preprocess_without_budget)
@@ -20,13 +21,16 @@ from silofl.models.base import Model
 from silofl.models.metrics import METRICS, default_metric
 from silofl.runtime.plan import TrainingConfig
 
-SOURCES = ("heart", "table", "school", "exam", "mnist", "synthetic")
+SOURCES = ("heart", "table", "school", "exam", "titanic", "mnist", "synthetic")
 # DataConfig keys that only one source reads: setting them for another source is an error.
 SOURCE_KEYS = {
-    "table": ("split", "alpha", "size_law", "power", "split_feature", "group_size"),
     "mnist": ("train_per_silo", "test_per_silo", "mask_prob"),
 }
-MIN_SIZE_SOURCES = ("table", "exam")  # data.min_silo_size: split minimum / exam filter
+# Sources whose table can be split into simulated silos (data.split and its keys).
+SPLIT_SOURCES = ("table", "heart", "titanic")
+SPLIT_KEYS = ("split", "alpha", "size_law", "power", "split_feature", "group_size",
+              "split_bins", "label_purity")
+MIN_SIZE_SOURCES = (*SPLIT_SOURCES, "exam")  # data.min_silo_size: split minimum / exam filter
 DEFAULT_SILOS = {"table": 10, "mnist": 40}  # data.num_silos = 0 means these
 GENERATORS = {"linear": D.linear_silos, "mean": D.mean_estimation, "vehicle": D.vehicle_like}
 
@@ -34,6 +38,12 @@ GENERATORS = {"linear": D.linear_silos, "mean": D.mean_estimation, "vehicle": D.
 def _check_source_keys(dc: DataConfig) -> None:
     """Refuse source-specific keys (set away from their defaults) under another source."""
     default = DataConfig()
+    if dc.source not in SPLIT_SOURCES:
+        for key in SPLIT_KEYS:
+            if getattr(dc, key) != getattr(default, key):
+                raise ConfigError(f"data.{key} applies only to data.source = 'table', 'heart' "
+                                  f"or 'titanic' (simulated silos), but the source is "
+                                  f"{dc.source!r}; remove data.{key}")
     for source, keys in SOURCE_KEYS.items():
         if dc.source == source:
             continue
@@ -41,12 +51,14 @@ def _check_source_keys(dc: DataConfig) -> None:
             if getattr(dc, key) != getattr(default, key):
                 raise ConfigError(f"data.{key} applies only to data.source = {source!r}, but "
                                   f"the source is {dc.source!r}; remove data.{key}")
-    if dc.num_silos and dc.source not in DEFAULT_SILOS:
-        raise ConfigError(f"data.num_silos applies only to data.source = 'table' (with "
-                          f"data.split) or 'mnist', but the source is {dc.source!r}; remove it")
+    if dc.num_silos and dc.source not in (*SPLIT_SOURCES, "mnist"):
+        raise ConfigError(f"data.num_silos applies only to data.source = 'table', 'heart' or "
+                          f"'titanic' (with data.split) or 'mnist', but the source is "
+                          f"{dc.source!r}; remove it")
     if dc.min_silo_size and dc.source not in MIN_SIZE_SOURCES:
-        raise ConfigError(f"data.min_silo_size applies only to data.source = 'table' (with "
-                          f"data.split) or 'exam', but the source is {dc.source!r}; remove it")
+        raise ConfigError(f"data.min_silo_size applies only to data.source = 'table', 'heart' "
+                          f"or 'titanic' (with data.split) or 'exam', but the source is "
+                          f"{dc.source!r}; remove it")
     if dc.min_silo_size < 0:
         raise ConfigError(f"data.min_silo_size must be >= 0, got {dc.min_silo_size}")
     if dc.num_silos < 0:
@@ -54,8 +66,26 @@ def _check_source_keys(dc: DataConfig) -> None:
                           f"got {dc.num_silos}")
 
 
+def _refuse_split_keys(dc: DataConfig, why: str) -> None:
+    """Split keys set where no split happens (silos named by a column or by hospital)."""
+    default = DataConfig()
+    for key in (*SPLIT_KEYS, "num_silos", "min_silo_size"):
+        if getattr(dc, key) != getattr(default, key):
+            raise ConfigError(f"data.{key} applies only when silos are simulated with "
+                              f"data.split, but {why}; remove data.{key} (or set data.split)")
+
+
+def _heart_pooled_frame():
+    """The heart table with its label derived as in `load_heart_disease_raw`, hospitals
+    pooled (the schema leaves the hospital column out of the features)."""
+    df = D.heart_disease_frame()
+    df[_heart.TARGET] = (df["num"] > 0).astype("int64")
+    return df.drop(columns=["id", "num"])
+
+
 def _split_table(dc: DataConfig) -> RawFederation:
-    """data.source = 'table' with data.split: one table cut into simulated silos."""
+    """data.split for data.source 'table', 'heart' or 'titanic': one pooled table cut into
+    simulated silos."""
     if dc.silo_column:
         raise ConfigError(f"data.silo_column ({dc.silo_column!r}) and data.split "
                           f"({dc.split!r}) both say how to form silos; give only one")
@@ -64,16 +94,30 @@ def _split_table(dc: DataConfig) -> RawFederation:
         hint = f" Did you mean {near[0]!r}?" if near else ""
         raise ConfigError(f"unknown data.split {dc.split!r}; choose one of "
                           f"{', '.join(D.SPLITS)}.{hint}")
-    if dc.split in ("feature_range", "shared_range") and not dc.split_feature:
+    if dc.split in ("feature_range", "shared_range", "age_strict", "age_some") and \
+            not dc.split_feature:
         raise ConfigError(f"data.split = {dc.split!r} needs data.split_feature, the column "
                           "whose value ranges define the silos")
+    if dc.split == "by_category" and not dc.split_feature:
+        raise ConfigError("data.split = 'by_category' needs data.split_feature, the "
+                          "categorical column whose levels define the silos (e.g. 'sex')")
+    kw = dict(num_silos=dc.num_silos or (None if dc.split in D.SEED_SPLITS
+                                         else DEFAULT_SILOS["table"]),
+              alpha=dc.alpha, size_law=dc.size_law, power=dc.power,
+              feature=dc.split_feature or None, group_size=dc.group_size,
+              bins=dc.split_bins or None, label_purity=dc.label_purity,
+              min_size=dc.min_silo_size or 10, test_fraction=dc.test_fraction, seed=dc.seed)
+    if dc.source == "heart":
+        raw = D.split_frame_raw(_heart_pooled_frame(), _heart.TARGET, dc.split,
+                                schema=_schema(dc) or D.heart_schema(), missing=dc.missing,
+                                name="heart-disease", **kw)
+        raw.meta["source"] = f"silofl.data/builtin/{_heart.HEART_FILE} (hospitals pooled)"
+        return raw
+    if dc.source == "titanic":
+        return D.load_titanic_raw(dc.split, missing=dc.missing, schema=_schema(dc), **kw)
     return D.split_table_raw(dc.path, dc.label_column, dc.split, schema=_schema(dc),
                              task=dc.task, features=dc.features or None, missing=dc.missing,
-                             num_silos=dc.num_silos or DEFAULT_SILOS["table"], alpha=dc.alpha,
-                             size_law=dc.size_law, power=dc.power,
-                             feature=dc.split_feature or None, group_size=dc.group_size,
-                             min_size=dc.min_silo_size or 10, test_fraction=dc.test_fraction,
-                             seed=dc.seed)
+                             **kw)
 
 
 def _schema(dc: DataConfig):
@@ -101,8 +145,9 @@ def plan_data(dc: DataConfig, raw: RawFederation, accountant: str | None):
 def load_raw(dc: DataConfig) -> RawFederation:
     """The encoded, split silos before any data-dependent preprocessing."""
     common = dict(test_fraction=dc.test_fraction, seed=dc.seed)
-    if dc.schema and dc.source not in ("heart", "table", "school", "exam"):
-        raise ConfigError(f"data.schema applies to tables (heart, table, school, exam), not to "
+    if dc.schema and dc.source not in ("heart", "table", "school", "exam", "titanic"):
+        raise ConfigError(f"data.schema applies to tables (heart, table, school, exam, "
+                          f"titanic), not to "
                           f"data.source = {dc.source!r}; remove it")
     if dc.source in SOURCES:  # an unknown source gets its nearest-name hint below
         _check_source_keys(dc)
@@ -110,7 +155,16 @@ def load_raw(dc: DataConfig) -> RawFederation:
         raise ConfigError(f"data.options applies only to data.source = 'synthetic'; for "
                           f"{dc.source!r} set its keys directly under [data]")
     if dc.source == "heart":
+        if dc.split:
+            return _split_table(dc)
+        _refuse_split_keys(dc, "data.source = 'heart' has its 4 hospitals as silos")
         return D.load_heart_disease_raw(missing=dc.missing, schema=_schema(dc), **common)
+    if dc.source == "titanic":
+        if not dc.split:
+            raise ConfigError("data.source = 'titanic' has no natural silos; set data.split "
+                              "(" + " | ".join(D.SPLITS) + "), e.g. split = 'age_strict' "
+                              "with split_feature = 'age' and split_bins = [0, 18, 40, 100]")
+        return _split_table(dc)
     if dc.source == "table":
         if not dc.path or not dc.label_column or not (dc.silo_column or dc.split):
             raise ConfigError("data.source = 'table' needs data.path, data.label_column and "
@@ -118,12 +172,7 @@ def load_raw(dc: DataConfig) -> RawFederation:
                               "data.split (simulate silos: " + " | ".join(D.SPLITS) + ")")
         if dc.split:
             return _split_table(dc)
-        default = DataConfig()
-        for key in (*SOURCE_KEYS["table"], "num_silos", "min_silo_size"):
-            if getattr(dc, key) != getattr(default, key):
-                raise ConfigError(f"data.{key} applies only when silos are simulated with "
-                                  f"data.split, but data.silo_column = {dc.silo_column!r} "
-                                  f"names the silos; remove data.{key}")
+        _refuse_split_keys(dc, f"data.silo_column = {dc.silo_column!r} names the silos")
         return D.load_table_raw(dc.path, dc.silo_column, dc.label_column, task=dc.task,
                                 features=dc.features or None, missing=dc.missing,
                                 schema=_schema(dc), **common)

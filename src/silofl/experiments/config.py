@@ -18,7 +18,7 @@ from silofl.errors import ConfigError
 
 @dataclass
 class DataConfig:
-    source: str = "heart"          # heart | table | school | exam | mnist | synthetic
+    source: str = "heart"          # heart | table | school | exam | titanic | mnist | synthetic
     path: str = ""                 # file for table/school
     silo_column: str = ""          # table: column naming each row's silo (or use `split`)
     label_column: str = ""         # table: the target column
@@ -34,14 +34,20 @@ class DataConfig:
     seed: int = 0
     generator: str = "linear"      # synthetic: linear | mean | vehicle
     options: dict = field(default_factory=dict)  # synthetic: generator keyword arguments
-    # table without silo_column: simulate silos (silofl.data.splitters)
+    # table without silo_column, heart (pooled) or titanic: simulate silos
+    # (silofl.data.splitters)
     split: str = ""                # iid | dirichlet | quantity | feature_range | shared_range
+                                   # | age_strict | age_some | by_category | by_label
     num_silos: int = 0             # split (default 10) and mnist (default 40)
     alpha: float = 0.5             # dirichlet label skew / quantity sizes: small = skewed
     size_law: str = "dirichlet"    # quantity: dirichlet | power
     power: float = 1.0             # quantity with size_law = "power": n_k ∝ (k + 1)^-power
-    split_feature: str = ""        # feature_range / shared_range: the (encoded) column
-    group_size: int = 2            # shared_range: silos per shared value range
+    split_feature: str = ""        # feature_range / shared_range / age_strict / age_some:
+                                   # the (encoded) column; by_category: the column (`sex`)
+    group_size: int = 2            # shared_range / age_some: silos per shared value range
+    split_bins: list = field(default_factory=list)  # age_strict / age_some: declared bin
+                                   # edges of split_feature, e.g. [0, 40, 60, 120]
+    label_purity: float = 0.8      # by_label: share of each class kept by its own silo
     min_silo_size: int = 0         # split: fewest rows per silo (0 = 10); exam: leave
                                    # out schools with fewer students (0 = keep all 65)
     # mnist: Rotated & Masked MNIST (silofl.data.mnist)
