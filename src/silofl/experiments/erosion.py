@@ -38,12 +38,12 @@ from silofl.experiments import build
 from silofl.experiments.atomic import json_safe, savefig_atomic, write_json_atomic
 from silofl.experiments.config import Config
 from silofl.experiments.run import (ADJACENCY, _base_dir, _combined, _lifetime, _make_run_dir,
-                                    _prepare, _preprocess, open_store)
+                                    _prepare, _preprocess, job_notes, open_store)
 from silofl.models import metrics as M
-from silofl.privacy.budget import SCRATCH_NOTE, BudgetStore, PlannedCharge
+from silofl.privacy.budget import BudgetStore, PlannedCharge
 from silofl.privacy.ledger import silo_file_id
 from silofl.runtime.job import NO_METHOD, fingerprints, open_job
-from silofl.runtime.plan import SEEDED_NOTE, plan_job
+from silofl.runtime.plan import plan_job
 from silofl.runtime.simulator import simulate
 
 BASELINE_NOTE = ("majority-class baselines are computed from each user's own training labels "
@@ -106,14 +106,8 @@ class ErosionReport:
                 f"and Local: {k + 2} methods in one job)")
 
     def notes(self) -> list[str]:
-        out = [] if self.private else ["NON-PRIVATE run: no differential privacy; no budget "
-                                       "was charged"]
-        if self.private and self.noise == "seeded":
-            out.append(SEEDED_NOTE)
-        if self.scratch:
-            out.append(SCRATCH_NOTE)
-        out += [METRIC_NOTE, BASELINE_NOTE]
-        return out + [f"uncharged: {u}" for u in self.uncharged]
+        return job_notes(private=self.private, noise=self.noise, scratch=self.scratch,
+                         uncharged=self.uncharged, extra=[METRIC_NOTE, BASELINE_NOTE])
 
     def to_dict(self) -> dict:
         return {"users": self.users, "silos": self.silos, "metric": self.metric,

@@ -38,12 +38,12 @@ from silofl.errors import ConfigError
 from silofl.experiments.atomic import json_safe, savefig_atomic, write_json_atomic
 from silofl.experiments.config import Config
 from silofl.experiments.run import (ADJACENCY, _base_dir, _combined, _lifetime, _make_run_dir,
-                                    _prepare, _preprocess, open_store)
+                                    _prepare, _preprocess, job_notes, open_store)
 from silofl.privacy import accounting
-from silofl.privacy.budget import SCRATCH_NOTE, BudgetStore, PlannedCharge
+from silofl.privacy.budget import BudgetStore, PlannedCharge
 from silofl.privacy.randomness import Randomness
 from silofl.runtime.job import NO_METHOD, fingerprints, open_job
-from silofl.runtime.plan import SEEDED_NOTE, plan_job
+from silofl.runtime.plan import plan_job
 from silofl.runtime.simulator import simulate
 
 CV_LABEL = "cv-loss"
@@ -92,14 +92,10 @@ class Ranking:
         return self.cv_noise_multiplier[name] * self.bound / self.cv_sizes[name]
 
     def notes(self) -> list[str]:
-        out = [] if self.private else ["NON-PRIVATE ranking: CV losses are released exactly; "
-                                       "no budget was charged"]
-        if self.private and self.noise == "seeded":
-            out.append(SEEDED_NOTE)
-        if self.scratch:
-            out.append(SCRATCH_NOTE)
-        out += [USER_LOSS_NOTE, MATRIX_NOTE]
-        return out + [f"uncharged: {u}" for u in self.uncharged]
+        return job_notes(private=self.private, noise=self.noise, scratch=self.scratch,
+                         uncharged=self.uncharged, extra=[USER_LOSS_NOTE, MATRIX_NOTE],
+                         nonprivate="NON-PRIVATE ranking: CV losses are released exactly; "
+                                    "no budget was charged")
 
     def rows(self) -> list[dict]:
         idx = {n: k for k, n in enumerate(self.silos)}

@@ -51,6 +51,21 @@ ASSUMPTIONS = (
 )
 
 
+NONPRIVATE_NOTE = "NON-PRIVATE run: no differential privacy; no budget was charged"
+
+
+def job_notes(*, private: bool, noise: str, scratch: bool, uncharged=(), extra=(),
+              nonprivate: str = NONPRIVATE_NOTE) -> list[str]:
+    """The notes every output of a job carries, in this order: non-private, reproducible
+    noise, scratch store, then `extra` (the command's own), then every uncharged item."""
+    out = [] if private else [nonprivate]
+    if private and noise == "seeded":
+        out.append(SEEDED_NOTE)
+    if private and scratch:
+        out.append(SCRATCH_NOTE)
+    return out + list(extra) + [f"uncharged: {u}" for u in uncharged]
+
+
 @dataclass
 class RunReport:
     run_dir: Path | None
@@ -74,16 +89,9 @@ class RunReport:
 
     def notes(self) -> list[str]:
         """What every reader of this run's outputs must be told."""
-        out = []
-        if not self.config.privacy.enabled:
-            out.append("NON-PRIVATE run: no differential privacy; no budget was charged")
-        else:
-            if self.noise == "seeded":
-                out.append(SEEDED_NOTE)
-            if self.scratch:
-                out.append(SCRATCH_NOTE)
-        out += [f"uncharged: {u}" for u in self.uncharged]
-        return out + list(self.resumed)
+        return job_notes(private=self.config.privacy.enabled, noise=self.noise,
+                         scratch=self.scratch, uncharged=self.uncharged,
+                         extra=self.resumed)
 
     def label(self, r: RunResult) -> str:
         m = r.method
