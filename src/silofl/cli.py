@@ -64,7 +64,6 @@ def run(config: Optional[Path] = typer.Option(None, "--config", "-c",
         quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress bar")):
     """Train Local, FedAvg and MR-MTL (or the configured methods) at each silo's own
     privacy target and print a comparison table; writes a run directory."""
-    from silofl.experiments.config import load_config
     from silofl.experiments.report import flamby_comparison, privacy_table, results_table
     from silofl.experiments.run import ADJACENCY
     from silofl.experiments.run import resume_run
@@ -74,14 +73,7 @@ def run(config: Optional[Path] = typer.Option(None, "--config", "-c",
         if resume is not None and (config or out or no_privacy or scratch):
             raise SiloflError("--resume continues a run with the config it started with; "
                               "give only --resume DIR (and optionally --store, -q)")
-        cfg = load_config(config)
-        if no_privacy:
-            cfg.privacy.enabled = False
-        if store is not None:
-            cfg.budget.store = str(store)
-        if scratch:
-            cfg.budget.scratch = True
-        _check_run_paths(cfg, out)
+        cfg = _job_config(config, store, scratch, out, no_privacy=no_privacy)
         with Progress(TextColumn("{task.description:<10}"), BarColumn(), TextColumn(
                 "{task.completed}/{task.total} rounds  {task.fields[metric]}"),
                 TimeElapsedColumn(), console=err, disable=quiet, transient=False) as prog:
@@ -110,12 +102,32 @@ def run(config: Optional[Path] = typer.Option(None, "--config", "-c",
                       "privatized (privacy_report.json states every assumption).")
     else:
         console.print("No differential privacy: this run is for comparison only.")
+    _job_footer(rep, "config.toml, history.json, ledgers/, models/ with a model card per silo, "
+                "privacy_report.json, summary.json, metric_over_rounds.png")
+
+
+def _job_config(config: Optional[Path], store: Optional[Path], scratch: bool,
+                out: Optional[Path], *, no_privacy: bool = False):
+    """The config of a job command (run, rank, erosion) with its CLI overrides, its output
+    paths checked before anything is reserved or written."""
+    from silofl.experiments.config import load_config
+    cfg = load_config(config)
+    if no_privacy:
+        cfg.privacy.enabled = False
+    if store is not None:
+        cfg.budget.store = str(store)
+    if scratch:
+        cfg.budget.scratch = True
+    _check_run_paths(cfg, out)
+    return cfg
+
+
+def _job_footer(rep, files: str) -> None:
+    """What every job command prints last: its notes (stderr) and its run directory."""
     for note in rep.notes():
         err.print(f"[bold yellow]note:[/] {escape(note)}")
     if rep.run_dir:
-        console.print(f"Run directory: [bold]{escape(str(rep.run_dir))}[/] (config.toml, "
-                      "history.json, ledgers/, models/ with a model card per silo, "
-                      "privacy_report.json, summary.json, metric_over_rounds.png)")
+        console.print(f"Run directory: [bold]{escape(str(rep.run_dir))}[/] ({files})")
 
 
 def _check_run_paths(cfg, out: Optional[Path]) -> None:
@@ -146,16 +158,10 @@ def rank(config: Optional[Path] = typer.Option(None, "--config", "-c",
              "share of each silo's ε spent on its private CV loss"))):
     """Rank the other silos for USER by transfer loss (adapted Ndoye factor): each silo
     trains a local DP model and releases a private CV loss; the job is charged like any."""
-    from silofl.experiments.config import load_config
     from silofl.experiments.ndoye import rank_silos
     warnings.showwarning = _show_warning
     try:
-        cfg = load_config(config)
-        if store is not None:
-            cfg.budget.store = str(store)
-        if scratch:
-            cfg.budget.scratch = True
-        _check_run_paths(cfg, out)
+        cfg = _job_config(config, store, scratch, out)
         rep = rank_silos(cfg, user, top=top, threshold=threshold, out_dir=out,
                          bound=bound, cv_share=cv_share)
     except SiloflError as e:
@@ -174,11 +180,7 @@ def rank(config: Optional[Path] = typer.Option(None, "--config", "-c",
                       f"(Gaussian, sensitivity B/n_cv, B = {rep.bound:g}). Adjacency: add/"
                       f"remove one record. Noise: {rep.noise}. Budget store: "
                       f"{escape(rep.store or 'scratch (in memory)')}, run {rep.run_id}.")
-    for note in rep.notes():
-        err.print(f"[bold yellow]note:[/] {escape(note)}")
-    if rep.run_dir:
-        console.print(f"Run directory: [bold]{escape(str(rep.run_dir))}[/] (ranking.json, "
-                      "transfer_heatmap.png, ledgers/, config.toml)")
+    _job_footer(rep, "ranking.json, transfer_heatmap.png, ledgers/, config.toml")
 
 
 @app.command()
@@ -195,7 +197,6 @@ def erosion(config: Optional[Path] = typer.Option(None, "--config", "-c",
     """Weight Erosion with each user silo in turn, against Global (FedAvg), Local and the
     majority class on the user's test rows (seed Figure 1): one job, σ calibrated for all
     users' runs composed, charged like any job."""
-    from silofl.experiments.config import load_config
     from silofl.experiments.erosion import erosion_for_users
     warnings.showwarning = _show_warning
     try:
@@ -204,12 +205,7 @@ def erosion(config: Optional[Path] = typer.Option(None, "--config", "-c",
         if users is not None and users != "all":
             raise SiloflError(f"--users takes 'all', got {users!r}; name single users with "
                               "--user SILO")
-        cfg = load_config(config)
-        if store is not None:
-            cfg.budget.store = str(store)
-        if scratch:
-            cfg.budget.scratch = True
-        _check_run_paths(cfg, out)
+        cfg = _job_config(config, store, scratch, out)
         rep = erosion_for_users(cfg, list(user) if user else None, out_dir=out)
     except SiloflError as e:
         _fail(e)
@@ -229,11 +225,7 @@ def erosion(config: Optional[Path] = typer.Option(None, "--config", "-c",
                       f"Erosion run. Adjacency: add/remove one record. Noise: {rep.noise}. "
                       f"Budget store: {escape(rep.store or 'scratch (in memory)')}, run "
                       f"{rep.run_id}.")
-    for note in rep.notes():
-        err.print(f"[bold yellow]note:[/] {escape(note)}")
-    if rep.run_dir:
-        console.print(f"Run directory: [bold]{escape(str(rep.run_dir))}[/] (erosion.json, "
-                      "erosion_<user>.png, ledgers/, config.toml)")
+    _job_footer(rep, "erosion.json, erosion_<user>.png, ledgers/, config.toml")
 
 
 @app.command()
