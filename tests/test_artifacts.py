@@ -13,6 +13,8 @@ import pytest
 from typer.testing import CliRunner
 
 from silofl import load_run
+from silofl.data.heart import load_heart_disease_raw
+from silofl.runtime.job import fingerprints
 from silofl.cli import app
 from silofl.data.federation import split_indices
 from silofl.data.heart import SILO_COLUMN, TARGET, heart_disease_frame, heart_schema
@@ -148,7 +150,11 @@ def test_heart_model_card(heart_run):
     assert pre["feature_names"] == heart_schema().feature_names
     assert pre["standardize"]["age"] == [59.0, 41.0]  # declared bounds 18..100
     assert pre["schema"]["label"]["name"] == TARGET
-    assert len(card["data_fingerprint"]["raw_training_rows"]) == 16
+    # the card names the run; the hash of the records stays in the silo's store
+    summary = json.loads((heart_run / "summary.json").read_text())
+    assert card["data_fingerprint"]["run"] == summary["run_id"]
+    raw = fingerprints(load_heart_disease_raw())
+    assert raw and not any(fp in json.dumps(card) for fp in raw.values())
     priv = card["privacy"]
     assert priv["private"] and "add/remove one record" in priv["adjacency"]
     assert priv["delta"] == 1e-4 and priv["noise"] == "secure"

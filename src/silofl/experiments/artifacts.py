@@ -9,7 +9,7 @@ On-disk format (``FORMAT_VERSION`` 1), one folder per method under ``models/``::
                               (P,); spec: the model spec as a JSON string
         card-<silo id>.json   the silo's model card: method and hyperparameters, the
                               preprocessing it needs (feature names, clip bounds, fills,
-                              center/scale), the raw training rows' fingerprint, the privacy
+                              center/scale), the run id under which the silo's store keeps the data fingerprint, the privacy
                               statement, silofl and format versions
         shared.npz            (methods with a server model) params: (P,) the shared/mean
                               model, or (G, P) IFCA's cluster models
@@ -91,13 +91,13 @@ def model_spec(cfg, model, fed) -> dict:
     return spec
 
 
-def release_info(cfg, model, fed, raw_fingerprints: dict) -> dict:
+def release_info(cfg, model, fed) -> dict:
     """What `save_models` needs beyond the results (kept on `RunReport.release`)."""
     return {"model": model_spec(cfg, model, fed), "schema": _run_schema(cfg.data),
             "feature_names": list(fed.feature_names), "task": fed.task,
             "classes": fed.meta.get("classes"),
             "input_shape": list(fed.silos[0].X_train.shape[1:]),
-            "constants": fed.meta.get("constants"), "fingerprints": dict(raw_fingerprints)}
+            "constants": fed.meta.get("constants")}
 
 
 # --- writing ------------------------------------------------------------------------------------
@@ -181,9 +181,11 @@ def save_models(rep) -> Path:
                              "outputs of this silo's charged Gaussian release; uncharged ones "
                              "are listed under privacy.uncharged")},
                 "data_fingerprint": {
-                    "raw_training_rows": info["fingerprints"].get(name),
-                    "note": "silofl.runtime.job.fingerprint of the silo's raw (encoded, "
-                            "unpreprocessed) training rows: what the budget store records"},
+                    "run": rep.run_id,
+                    "note": "the silo's budget store (silo-internal) records the fingerprint "
+                            "of the rows this run read under this run id. A hash of the "
+                            "records is never put in a card: whoever knows all records but "
+                            "one could test both candidates against it"},
                 "privacy": _privacy_statement(rep, r, k),
                 "files": files}
             write_bytes_atomic(d / files["card"], _json_bytes(card))

@@ -172,7 +172,7 @@ def run(cfg: Config, out_dir: Path | None = None,
         run_dir = _make_run_dir(cfg, base)
         if run_dir and cfg.output.checkpoint_every:
             _write_job_file(run_dir, cfg, job)
-        return _execute(cfg, p, fed, job, run_dir, raw_fps, on_progress)
+        return _execute(cfg, p, fed, job, run_dir, on_progress)
     except KeyboardInterrupt:
         if job is not None:
             job.settle("interrupted")
@@ -192,7 +192,7 @@ def _preprocess(p: _Prepared, cfg: Config):
         p.tcfg.noise if p.tcfg.private else "seeded", [cfg.training.seed, 0x9E7]))
 
 
-def _execute(cfg: Config, p: _Prepared, fed, job, run_dir: Path | None, raw_fps: dict,
+def _execute(cfg: Config, p: _Prepared, fed, job, run_dir: Path | None,
              on_progress, done: dict | None = None, states: dict | None = None,
              restored: dict | None = None, resumed: list[str] | None = None) -> RunReport:
     """Train every method not in `done` (label → RunResult of an earlier process), from
@@ -225,7 +225,7 @@ def _execute(cfg: Config, p: _Prepared, fed, job, run_dir: Path | None, raw_fps:
         job.settle()
     report = RunReport(run_dir, cfg, results, _combined(results, p.extra), uncharged=list(
         fed.meta.get("uncharged", [])), preprocessing=fed.meta.get("preprocessing"),
-        release=artifacts.release_info(cfg, p.model, fed, raw_fps), resumed=resumed or [])
+        release=artifacts.release_info(cfg, p.model, fed), resumed=resumed or [])
     if job is not None:
         report.run_id, report.scratch = job.run_id, job.scratch
         report.store = None if job.store.path is None else str(job.store.path)
@@ -305,7 +305,7 @@ def resume_run(run_dir: str | Path,
                 write_text_atomic(path, "".join(_ledger_line(name, e) for e in keep))
     job, resumed = None, [f"resumed from {CHECKPOINT} at " + ", ".join(
         f"{lb}: round {states[lb]['round'] if lb in states else 0}" for lb in restored)]
-    raw_fps = fingerprints(p.raw)
+    raw_fps = fingerprints(p.raw)  # recorded in the (silo-internal) store only
     if p.tcfg.private:
         store = store if store is not None else (BudgetStore(Path(info["store"]))
                                                  if info["store"] else BudgetStore(None))
@@ -327,7 +327,7 @@ def resume_run(run_dir: str | Path,
             resumed.append("secure noise after resuming is drawn with fresh OS entropy")
     try:
         fed = _preprocess(p, cfg)
-        return _execute(cfg, p, fed, job, run_dir, raw_fps, on_progress, done=done,
+        return _execute(cfg, p, fed, job, run_dir, on_progress, done=done,
                         states=states, restored=restored, resumed=resumed)
     except BaseException:
         if job is not None:
