@@ -29,7 +29,10 @@ silo, so the other silos' metrics show how u_0's model does on their data.
 
 `alpha_history` holds α (K,) after every server step since the last `init`, one entry per
 round (a resumed run holds the rounds after resuming only). α is computed from DP
-gradients: post-processing, as the model.
+gradients: post-processing, as the model. `round_log` keeps, per round, what was released
+and public on the server: the broadcast model `params` (P,), the released gradients `grads`
+(K, P) (rows dropped by screening are NaN), α after the round and the step size `lr` (the
+contribution report is computed from these alone).
 """
 
 from __future__ import annotations
@@ -97,6 +100,7 @@ class WeightErosion(Algorithm):
         self.user_index: int | None = None if isinstance(user, str) else self.user
         self.aggregation = aggregation or Aggregator()
         self.alpha_history: list[np.ndarray] = []  # α after each round since `init`
+        self.round_log: list[dict] = []  # released, per round (see module docstring)
 
     def bind_silos(self, names: list[str]) -> None:
         if isinstance(self.user, str):
@@ -123,6 +127,7 @@ class WeightErosion(Algorithm):
     def init(self, params0, num_silos, rounds=None):
         self.check_plan(num_silos, rounds, None)
         self.alpha_history = []
+        self.round_log = []
         return (SiloState(np.tile(params0, (num_silos, 1))),
                 ErosionServer(params0.copy(), np.ones(num_silos)))
 
@@ -136,8 +141,11 @@ class WeightErosion(Algorithm):
         agg, last = self.aggregation, getattr(server, "last_step", None)
         keep, grads = screen(update.grads, server.params.shape[0])
         agg.rejected += int((~keep).sum())
+        released = np.full((keep.shape[0], server.params.shape[0]), np.nan)
+        released[keep] = grads[keep]
         if not keep[self.user_index]:  # no reference gradient: skip the round
             self.alpha_history.append(server.alpha.copy())
+            self._log(server.params, released, server.alpha, update.lr)
             return ErosionServer(server.params.copy(), server.alpha.copy(), last)
         idx = np.flatnonzero(keep)
         epochs = np.broadcast_to(np.asarray(update.epochs, float), keep.shape)[idx]
@@ -149,7 +157,12 @@ class WeightErosion(Algorithm):
         if agg.rule != "mean":  # α_0 = 1 always, so at least the user takes part
             gbar = agg.combine(grads[idx][kept_alpha > 0], center=last)
         self.alpha_history.append(alpha.copy())
+        self._log(server.params, released, alpha, update.lr)
         return ErosionServer(server.params - update.lr * gbar, alpha, gbar)
+
+    def _log(self, params, released, alpha, lr) -> None:
+        self.round_log.append({"params": params.copy(), "grads": released,
+                               "alpha": alpha.copy(), "lr": float(lr)})
 
     def personal_models(self, silos, server):
         return np.tile(server.params, (silos.params.shape[0], 1))
