@@ -294,7 +294,8 @@ BAD_CONFIGS = [
     ({"privacy": {"delta": 0.0}}, ["delta must lie strictly between 0 and 1"]),
     ({"privacy": {"delta": -1e-5}}, ["delta must lie strictly between 0 and 1"]),
     ({"privacy": {"delta": 1.0}}, ["delta must lie strictly between 0 and 1"]),
-    ({"training": {"batch_size": 40}}, ["batch_size 40 is not below silo", "b < n_k"]),
+    # b ≥ n_k is allowed (full-batch steps, q = 1, with a notice: test_tuning.py)
+    ({"training": {"batch_size": 0}}, ["batch_size must be a positive integer"]),
     ({"training": {"clip": 0.0}}, ["clip must be a positive number"]),
     ({"training": {"clip": -1.0}}, ["clip must be a positive number"]),
     ({"training": {"lam": -0.5}}, ["lambda (lam) must be a non-negative number"]),

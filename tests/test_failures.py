@@ -349,7 +349,7 @@ CASES = [
       "not among its declared levels"),
     C("feature-missing-not-nullable", _bad_data(_set("x", [4], np.nan)), "column 'x'",
       "not nullable"),
-    C("silo-too-small", _bad_data(lambda df: df.iloc[:62]), "silo 'east'"),
+    # a silo smaller than the batch is allowed (full-batch steps, q = 1): test_tuning.py
     C("silo-one-class", _bad_data(lambda df: df.assign(
         outcome=np.where(df.hospital == "east", 0, df.outcome))), "silo 'east'",
       "single class"),
@@ -390,7 +390,7 @@ CASES = [
     C("epsilon-inf", _run(privacy={"epsilon": math.inf}), "epsilon"),
     C("delta-zero", _run(privacy={"delta": 0.0}), "delta"),
     C("delta-one", _run(privacy={"delta": 1.0}), "delta"),
-    C("batch-too-big", _run(training={"batch_size": 500}), "batch"),
+    # batch_size ≥ n_k is allowed (full-batch steps, q = 1): tests/test_tuning.py
     C("batch-zero", _run(training={"batch_size": 0}), "batch"),
     C("rounds-zero", _run(training={"rounds": 0}), "rounds"),
     C("method-unknown", _run(training={"methods": ["fedavgg"]}), "fedavgg"),
@@ -437,7 +437,8 @@ CASES = [
     C("sweep-unknown-key", _sweep(sweep={"seed": [0]}), "sweep.seed"),
     C("sweep-test-fraction-0", _sweep(data={"test_fraction": 0.0}), "data.test_fraction"),
     C("sweep-min-silo-train", _sweep(sweep={"min_silo_train": 1000}), "min_silo_train"),
-    C("sweep-batch-too-big", _sweep(training={"batch_size": 500}), "is not below silo"),
+    C("sweep-batch-zero", _sweep(training={"batch_size": 0}),
+      "batch_size must be a positive integer"),  # b ≥ n_k is allowed now (q = 1)
     C("sweep-bad-data", lambda env, d: [*_sweep(data={"path": str(_csv(d, _silos(
         {"north": "1", "south": "01", "east": "e"})(_frame())))})(env, d)],
       "'1' / '01'"),

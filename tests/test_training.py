@@ -305,7 +305,8 @@ def test_plan_silos_q_steps_and_fixed_sigma():
         assert events.flatten(p.declared) == {A.dpsgd_event(p.q, 1.3): 3 * p.steps_per_pass}
     led = Ledger("x", PrivacyTarget(50.0, 1e-4))
     led.preflight(plans[1].declared)
-    with pytest.raises(ConfigError, match="batch_size 40"):
-        plan_silos(fed, alg, TrainingConfig(batch_size=40))
+    with pytest.warns(UserWarning, match="batch_size 40 .* silo-00 .*q = 1"):
+        full = plan_silos(fed, alg, TrainingConfig(batch_size=40, noise_multiplier=1.3))
+    assert [p.q for p in full] == [1.0, 40 / 100, 40 / 64]  # full-batch steps, no amplification
     nonpriv = plan_silos(fed, alg, TrainingConfig(batch_size=8, private=False))
     assert all(p.noise_multiplier is None for p in nonpriv)

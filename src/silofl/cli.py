@@ -103,7 +103,9 @@ def run(config: Optional[Path] = typer.Option(None, "--config", "-c",
     else:
         console.print("No differential privacy: this run is for comparison only.")
     _job_footer(rep, "config.toml, history.json, ledgers/, models/ with a model card per silo, "
-                "privacy_report.json, summary.json, metric_over_rounds.png")
+                "privacy_report.json, summary.json, metric_over_rounds.png" + (
+                    ", alpha_over_rounds.png (Weight Erosion's α)" if any(
+                        "alpha" in r.history.extra for r in rep.results) else ""))
 
 
 def _job_config(config: Optional[Path], store: Optional[Path], scratch: bool,
@@ -193,7 +195,10 @@ def erosion(config: Optional[Path] = typer.Option(None, "--config", "-c",
             out: Optional[Path] = typer.Option(None, "--out", help="directory for run folders"),
             store: Optional[Path] = typer.Option(None, "--store", help="lifetime budget store"),
             scratch: bool = typer.Option(False, "--scratch", help=(
-                "charge an in-memory scratch budget: an experiment, not a release"))):
+                "charge an in-memory scratch budget: an experiment, not a release")),
+            contributions: bool = typer.Option(True, "--contributions/--no-contributions",
+                                               help=("make each user's contribution report "
+                                                     "now (else later: silofl contrib)"))):
     """Weight Erosion with each user silo in turn, against Global (FedAvg), Local and the
     majority class on the user's test rows (seed Figure 1): one job, σ calibrated for all
     users' runs composed, charged like any job."""
@@ -206,7 +211,8 @@ def erosion(config: Optional[Path] = typer.Option(None, "--config", "-c",
             raise SiloflError(f"--users takes 'all', got {users!r}; name single users with "
                               "--user SILO")
         cfg = _job_config(config, store, scratch, out)
-        rep = erosion_for_users(cfg, list(user) if user else None, out_dir=out)
+        rep = erosion_for_users(cfg, list(user) if user else None, out_dir=out,
+                                contributions=contributions)
     except SiloflError as e:
         _fail(e)
     t = Table(title=f"Weight Erosion per user: final {rep.metric} on the user's test rows")
@@ -225,7 +231,152 @@ def erosion(config: Optional[Path] = typer.Option(None, "--config", "-c",
                       f"Erosion run. Adjacency: add/remove one record. Noise: {rep.noise}. "
                       f"Budget store: {escape(rep.store or 'scratch (in memory)')}, run "
                       f"{rep.run_id}.")
-    _job_footer(rep, "erosion.json, erosion_<user>.png, ledgers/, config.toml")
+    if 0 < len(rep.contributions) <= 3:  # contribution report (more users: see the HTML)
+        from silofl.experiments.contribution import table as contribution_table
+        for c in rep.contributions.values():
+            console.print(contribution_table(c))
+    _job_footer(rep, "erosion.json, erosion_<user>.png, contribution.html/.json, "
+                "contribution_*_<user>.png, round_logs/, ledgers/, config.toml")
+
+
+# --- PrivateKT vs local-DP baselines (silofl.experiments.ldp_compare) -----------------------
+@app.command("ldp-compare")
+def ldp_compare(config: Optional[Path] = typer.Option(None, "--config", "-c", help=(
+                    "TOML config (e.g. examples/privatekt_mnist_cpu.toml)")),
+                out: Path = typer.Option(Path("runs/ldp-compare"), "--out",
+                                         help="directory for comparison.json/.png"),
+                store: Optional[Path] = typer.Option(None, "--store", help=(
+                    "lifetime budget store charged by all three jobs (default: a scratch "
+                    "store per job: an experiment, not a release)"))):
+    """PrivateKT, FedAvg with local DP on clipped updates and FedAvg with DP-SGD at the same
+    per-round ε (training.ldp_epsilon): accuracy against rounds, cumulative ε per client."""
+    from silofl.experiments.config import load_config
+    from silofl.experiments.figures import check_out_dir
+    from silofl.experiments.ldp_compare import METHODS, compare
+    from silofl.privacy.budget import BudgetStore
+    warnings.showwarning = _show_warning
+    try:
+        cfg = load_config(config)
+        check_out_dir(out, "--out")
+        with Progress(TextColumn("{task.description:<11}"), BarColumn(), TextColumn(
+                "round {task.completed}/{task.total}"), TimeElapsedColumn(), console=err) as bar:
+            tasks = {m: bar.add_task(m, total=cfg.training.rounds) for m in METHODS}
+            res = compare(cfg, out, store=BudgetStore(store) if store else None,
+                          on_round=lambda m, t, total, v: bar.update(tasks[m], completed=t))
+    except SiloflError as e:
+        _fail(e)
+    t = Table(title=f"same per-round ε = {cfg.training.ldp_epsilon:g}: pooled test accuracy "
+                    f"and cumulative ε per client (δ = {cfg.privacy.delta:g})")
+    for c in ("method", "final accuracy", "rounds per client", "ε per client (max / mean)"):
+        t.add_column(c, justify="left" if c == "method" else "right")
+    for m, r in res.items():
+        rpc = r["rounds_per_client"]
+        t.add_row(m, f"{r['accuracy'][-1]:.4f}", f"{min(rpc)}–{max(rpc)}",
+                  f"{r['max_epsilon']:.1f} / {r['mean_epsilon']:.1f}")
+    console.print(t)
+    err.print("[bold yellow]note:[/] privatekt, fedavg_ldp: ε-LDP per upload for the whole "
+              "local dataset; fedavg: (ε, δ) example-level DP-SGD per round; every ε is "
+              "composed over the rounds a client took part in (no shuffling assumed)"
+              + ("" if store else "; scratch budget stores: an experiment, not a release"))
+    console.print(f"Wrote {escape(str(out))}/comparison.json and comparison.png")
+
+
+# --- contribution report (silofl.experiments.contribution) ---------------------------------
+@app.command()
+def contrib(run_dir: Path = typer.Argument(..., help="a `silofl erosion` run directory"),
+            ranking: Optional[Path] = typer.Option(
+                None, "--ranking", help="a `silofl rank` run directory (adds Ndoye ranks)"),
+            out: Optional[Path] = typer.Option(
+                None, "--out", help="where to write the report (default: RUN_DIR)"),
+            permutations: int = typer.Option(
+                200, "--permutations", help="Monte-Carlo orders beyond --max-exact silos"),
+            max_exact: int = typer.Option(
+                10, "--max-exact", help="exact Shapley up to this many other silos"),
+            seed: int = typer.Option(0, "--seed", help="seed of the Monte-Carlo orders"),
+            quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress bar")):
+    """Contribution report of a Weight Erosion run (per user: α over rounds, Ndoye rank,
+    leave-one-out, Shapley), rebuilt from its released round logs and the user's own
+    held-out rows: no training, nothing charged."""
+    from silofl.experiments import contribution as C
+    from silofl.experiments.figures import check_out_dir
+    warnings.showwarning = _show_warning
+    try:
+        if out is not None:
+            check_out_dir(out, "--out")
+        with Progress(TextColumn("{task.description:<12}"), BarColumn(), TextColumn(
+                "{task.completed}/{task.total} {task.fields[unit]}"), TimeElapsedColumn(),
+                console=err, disable=quiet, transient=False) as prog:
+            tasks = {}
+
+            def on_progress(user, done, total, unit):
+                if user not in tasks:
+                    tasks[user] = prog.add_task(user, total=total, unit=unit)
+                prog.update(tasks[user], completed=done)
+            reps = C.from_erosion_dir(run_dir, ranking=ranking, max_exact=max_exact,
+                                      permutations=permutations, seed=seed,
+                                      on_progress=on_progress)
+        html_path = C.write_reports(out if out is not None else run_dir, reps)
+    except SiloflError as e:
+        _fail(e)
+    for c in reps.values():
+        console.print(C.table(c))
+    for note in dict.fromkeys(n for c in reps.values() for n in c.notes):
+        err.print(f"[bold yellow]note:[/] {escape(note)}")
+    console.print(f"Report: [bold]{escape(str(html_path))}[/] (contribution.json, "
+                  "contribution_alpha_<user>.png, contribution_values_<user>.png)")
+
+
+# --- privacy audit (silofl.audit) -----------------------------------------------------------
+@app.command()
+def audit(config: Optional[Path] = typer.Option(None, "--config", "-c",
+                                                help="TOML config of the job to audit"),
+          silo: Optional[str] = typer.Option(None, "--silo", help="audit one silo (default: all)"),
+          kind: str = typer.Option("one-run", "--kind", help="one-run | multi-run"),
+          canaries: Optional[int] = typer.Option(
+              None, "--canaries", help="one-run: canaries per silo (default min(1000, n_k))"),
+          runs: int = typer.Option(200, "--runs", help="multi-run: jobs on each of D and D′"),
+          confidence: float = typer.Option(0.95, "--confidence", help="of the lower bound"),
+          out: Optional[Path] = typer.Option(None, "--out", help=(
+              "directory for audit.json and audit.html (default: \\[output] dir, else runs/, "
+              "plus audit-<time>)")),
+          store: Optional[Path] = typer.Option(None, "--store", help="lifetime budget store"),
+          scratch: bool = typer.Option(False, "--scratch", help=(
+              "charge an in-memory scratch budget: an experiment, not a release")),
+          quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress bar")):
+    """Measure empirically that each silo's guarantee holds: canary runs through the real
+    job, the claimed ε beside an empirical lower bound, violations flagged. Canary runs use
+    the silo's data: they are charged to its budget (or a scratch store, marked so)."""
+    from silofl.audit import audit as run_audit
+    from silofl.audit import audit_table, write_audit
+    warnings.showwarning = _show_warning
+    try:
+        cfg = _job_config(config, store, scratch, out)
+        dest = out if out is not None else Path(cfg.output.dir or "runs") / \
+            time.strftime("audit-%Y%m%d-%H%M%S")
+        with Progress(TextColumn("audit"), BarColumn(), TextColumn("{task.completed}/"
+                      "{task.total} jobs"), TimeElapsedColumn(), console=err,
+                      disable=quiet, transient=False) as prog:
+            task = prog.add_task("audit", total=None)
+
+            def on_progress(done, total):
+                prog.update(task, completed=done, total=total)
+            rep = run_audit(cfg, kind=kind, silo=silo, canaries=canaries, runs=runs,
+                            confidence=confidence, on_progress=on_progress)
+        files = write_audit(rep, dest)
+    except SiloflError as e:
+        _fail(e)
+    console.print(audit_table(rep))
+    from silofl.audit.engine import LOWER_BOUND_NOTE
+    console.print(f"Methods audited together: {escape(', '.join(rep.methods))}. Noise: "
+                  f"{rep.noise}. Budget store: {escape(rep.store or 'scratch (in memory)')}. "
+                  f"{rep.seconds:.1f} s. Note: {escape(LOWER_BOUND_NOTE)}.")
+    for note in rep.notes:
+        err.print(f"[bold yellow]note:[/] {escape(note)}")
+    console.print(f"Audit: [bold]{escape(str(files[0]))}[/], {escape(str(files[1]))}")
+    if rep.violations:  # exit 3: the audit ran and refuted a claim (2 is bad input)
+        err.print(f"[bold red]VIOLATION[/]: the lower bound exceeds the claimed ε for "
+                  f"{escape(', '.join(rep.violations))}")
+        raise typer.Exit(3)
 
 
 @app.command()
@@ -453,7 +604,17 @@ def sweep(config: Path = typer.Argument(..., help="sweep TOML: run sections + [s
     console.print(f"{outcome.executed} runs executed, {outcome.skipped} already recorded "
                   f"({outcome.total} in the grid) in {outcome.seconds:.1f} s. Results: "
                   f"[bold]{escape(str(outcome.results))}[/]")
-    console.print(escape(NOT_COUNTED))
+    # --- private tuning (silofl.tuning): what tuning costs, table + PNG + JSON
+    if sc.sweep.tuning == "private":
+        from silofl.tuning.report import write_comparison
+        table, files = write_comparison(head, records, outcome.results)
+        console.print(table)
+        console.print(f"tuning comparison: {escape(', '.join(str(f) for f in files))}")
+    if sc.sweep.tuning == "none":
+        console.print("sweep.tuning = 'none': one setting per method, fixed in advance; each "
+                      "run meets its (ε, δ) on its own (runs are not composed with each other)")
+    else:
+        console.print(escape(NOT_COUNTED))
 
 
 # arguments shared by `plot` and `report`
@@ -498,6 +659,11 @@ def report(results: SweepResults, out: ReportDir = None, epsilon: FigureEpsilon 
     if summary["over_target"]:
         err.print(f"[bold red]{len(summary['over_target'])} silo×ε entries spent more than "
                   "their target ε[/] (see the report)")
+    if head["config"]["sweep"].get("tuning") == "private":  # silofl.tuning: its cost, shown
+        from silofl.tuning.report import write_comparison
+        table, files = write_comparison(head, records, d / "report.jsonl")
+        console.print(table)
+        console.print(f"tuning comparison: {escape(', '.join(str(f) for f in files))}")
     console.print(escape(summary["not_counted"]))
     console.print(f"Report: [bold]{escape(str(d / 'report.html'))}[/] (+ PNGs, summary.json)")
 
@@ -693,6 +859,8 @@ def _need_pandemic_extra() -> None:
 
 pandemic_app = typer.Typer(help="Pandemic forecasting (US/UK PETs challenge schema).")
 app.add_typer(pandemic_app, name="pandemic")
+from silofl.theory.cli import theory_app  # noqa: E402  (MR-MTL mean-estimation theory)
+app.add_typer(theory_app, name="theory")
 
 
 @pandemic_app.command("synth")

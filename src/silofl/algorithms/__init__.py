@@ -11,20 +11,25 @@ from silofl.algorithms.ifca_mrmtl import IFCAMRMTL
 from silofl.algorithms.local import Local
 from silofl.algorithms.mocha import Mocha
 from silofl.algorithms.mrmtl import MRMTL
+from silofl.algorithms.privatekt import FedAvgLDP, PrivateKT
 from silofl.algorithms.robust import RULES, ROBUST_METHODS, Aggregator, Attack, Attacked
 from silofl.algorithms.weight_erosion import WeightErosion
 from silofl.errors import ConfigError
 
 #: every method name a config may use, in the order figures list them
 METHODS = ("local", "fedavg", "mrmtl", "finetune", "ditto", "mocha",
-           "ifca", "ifca_local", "ifca_finetune", "ifca_mrmtl", "weight_erosion")
+           "ifca", "ifca_local", "ifca_finetune", "ifca_mrmtl", "weight_erosion",
+           "privatekt", "fedavg_ldp")
+#: methods whose privacy is a fixed local-DP mechanism per upload (each runs as its own job)
+LOCAL_DP_METHODS = frozenset({"privatekt", "fedavg_ldp"})
 #: methods whose behaviour depends on the regularization strength λ (`lam`)
 LAMBDA_METHODS = frozenset({"mrmtl", "ditto", "mocha", "ifca_mrmtl"})
 #: each method's class (build one with `make_algorithm`, which validates its settings)
 ALGORITHMS = {"local": Local, "fedavg": FedAvg, "mrmtl": MRMTL, "finetune": Finetune,
               "ditto": Ditto, "mocha": Mocha, "ifca": IFCA, "ifca_local": IFCALocal,
               "ifca_finetune": IFCAFinetune, "ifca_mrmtl": IFCAMRMTL,
-              "weight_erosion": WeightErosion}
+              "weight_erosion": WeightErosion, "privatekt": PrivateKT,
+              "fedavg_ldp": FedAvgLDP}
 
 
 def make_algorithm(name: str, *, lam: float = 0.3, weighted: bool = True,
@@ -33,16 +38,27 @@ def make_algorithm(name: str, *, lam: float = 0.3, weighted: bool = True,
                    selection_rounds: float = 0.1, we_user: int | str | None = None,
                    we_p_s: float = 0.2, we_p_d: float = 0.01, aggregation: str = "mean",
                    attackers: int = 0, trim_fraction: float = 0.1,
-                   clip_radius: float = 1.0) -> Algorithm:
+                   clip_radius: float = 1.0, we_options: dict | None = None,
+                   ldp_epsilon: float = 5.0, ldp_mechanism: str = "gaussian",
+                   ldp_delta: float = 1e-5, client_fraction: float = 0.5,
+                   max_participation: int = 0, kt_samples: int = 2, kt_buffer: int = 25,
+                   kt_self_train: float = 0.1, kt_server_epochs: int = 5,
+                   kt_server_lr: float = 0.0, public_seed: int = 0) -> Algorithm:
     """Build an algorithm by name. `lam` is used by the LAMBDA_METHODS, `weighted` by the
     averaging ones, `finetune_fraction` (share of rounds spent federated) by the finetune
     variants, and `clusters`, `selection_fraction` (share of the silo's ε per selection) and
     `selection_rounds` (share of rounds with selection) by the IFCA variants, and `we_user`
     (the user silo u_0: name or index; required), `we_p_s` (size penalty) and `we_p_d`
-    (distance penalty) by weight_erosion; `aggregation` (a rule of `robust.RULES`) with
+    (distance penalty) by weight_erosion, with `we_options` (keyword arguments of
+    `WeightErosion`: update, participation, join_round, leave_round, count, newcomer,
+    seed); `aggregation` (a rule of `robust.RULES`) with
     `attackers`, `trim_fraction` and `clip_radius` by the ROBUST_METHODS' server steps. Every
     value is validated whichever method uses it (a bad setting is an error even if unused;
-    only weight_erosion needs a user)."""
+    only weight_erosion needs a user). The local-DP methods privatekt and fedavg_ldp use
+    `ldp_epsilon` (per-round ε of a client's upload), `client_fraction`,
+    `max_participation` (0: as many rounds as the target allows) and `public_seed`
+    (selection); fedavg_ldp `ldp_mechanism`, `ldp_delta`; privatekt the kt_* settings
+    (see `algorithms.privatekt`)."""
     check_nonnegative("lambda (lam)", lam)
     check_nonnegative("weight_erosion size penalty p_s (we_p_s)", we_p_s)
     check_nonnegative("weight_erosion distance penalty p_d (we_p_d)", we_p_d)
@@ -50,7 +66,17 @@ def make_algorithm(name: str, *, lam: float = 0.3, weighted: bool = True,
     cluster = dict(clusters=clusters, selection_fraction=selection_fraction,
                    selection_rounds=selection_rounds, weighted=weighted)
     IFCA(**cluster)  # validates the cluster settings
+    we_options = dict(we_options or {})
+    WeightErosion(0, **we_options)  # validates the Weight Erosion options
     agg = Aggregator(aggregation, attackers, trim_fraction, clip_radius)
+    kt = dict(epsilon=ldp_epsilon, samples=kt_samples, buffer=kt_buffer,
+              self_train=kt_self_train, client_fraction=client_fraction,
+              server_epochs=kt_server_epochs, server_lr=kt_server_lr,
+              max_participation=max_participation, seed=public_seed)
+    PrivateKT(**kt)  # validates the local-DP and PrivateKT settings
+    if ldp_mechanism not in ("gaussian", "laplace") or not 0 < ldp_delta < 1:
+        raise ConfigError(f"ldp_mechanism must be 'gaussian' or 'laplace' and 0 < ldp_delta "
+                          f"< 1, got {ldp_mechanism!r}, {ldp_delta!r}")
     if (agg.rule != "mean" or agg.attackers) and name in METHODS \
             and name not in (*ROBUST_METHODS, "local"):
         raise ConfigError(f"aggregation {agg.rule!r} applies to {', '.join(ROBUST_METHODS)}, "
@@ -77,13 +103,20 @@ def make_algorithm(name: str, *, lam: float = 0.3, weighted: bool = True,
     if name == "ifca_mrmtl":
         return IFCAMRMTL(lam, **cluster)
     if name == "weight_erosion":
-        return WeightErosion("" if we_user is None else we_user, we_p_s, we_p_d, agg)
+        return WeightErosion("" if we_user is None else we_user, we_p_s, we_p_d, agg,
+                             **we_options)
+    if name == "privatekt":
+        return PrivateKT(**kt)
+    if name == "fedavg_ldp":
+        return FedAvgLDP(ldp_epsilon, ldp_mechanism, ldp_delta, client_fraction,
+                         max_participation, public_seed)
     near = difflib.get_close_matches(name, list(METHODS), n=1)
     hint = f" Did you mean {near[0]!r}?" if near else ""
     raise ConfigError(f"unknown method {name!r}; choose from {', '.join(METHODS)}.{hint}")
 
 
 __all__ = ["ALGORITHMS", "Aggregator", "Algorithm", "Attack", "Attacked", "Ditto", "FedAvg",
+           "FedAvgLDP", "LOCAL_DP_METHODS", "PrivateKT",
            "Finetune", "IFCA", "IFCAFinetune", "IFCALocal", "IFCAMRMTL", "LAMBDA_METHODS",
            "Local", "METHODS", "MRMTL", "Mocha", "ROBUST_METHODS", "RULES", "WeightErosion",
            "make_algorithm"]

@@ -260,6 +260,25 @@ class Attack:
         return U
 
 
+def flip_labels(fed, silos, bounds: tuple[float, float] = (0.0, 1.0)):
+    """Label-flipping data poisoning: a copy of federation `fed` in which the silos with
+    indices `silos` train on flipped labels and otherwise run the honest algorithm (their
+    updates are genuine DP-SGD on poisoned rows, so no rule can screen them by shape).
+    Classification: y → C − 1 − y (binary: 1 − y); regression: y → lo + hi − y, mirrored
+    within the target's public `bounds` (School's scaled score: [0, 1]). Test rows are kept,
+    so score only the honest silos."""
+    from dataclasses import replace
+    out = list(fed.silos)
+    for k in sorted({int(k) for k in silos}):
+        s = out[k]
+        if fed.task == "regression":
+            y = bounds[0] + bounds[1] - s.y_train
+        else:
+            y = (max(fed.num_classes, 2) - 1 - s.y_train).astype(s.y_train.dtype)
+        out[k] = replace(s, y_train=y)
+    return replace(fed, silos=out)
+
+
 class Attacked:
     """An algorithm whose silo step output is tampered with by `attack` (simulator only):
     everything else is the wrapped algorithm's."""

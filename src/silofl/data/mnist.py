@@ -139,3 +139,84 @@ def _check(num_silos, train_per_silo, test_per_silo, mask_prob) -> None:
                 f"mnist: {num_silos} silos x {per} {what} images = {num_silos * per} but MNIST "
                 f"has only {pool} {what} images; lower num_silos or {what}_per_silo "
                 f"(at most {pool // num_silos} each for {num_silos} silos)")
+
+
+# --- PrivateKT's setting (seed 001): Dirichlet label mixes and an unlabeled public set ------
+
+def dirichlet_counts(num_silos: int, per_silo: int, supply: np.ndarray, alpha: float,
+                     rng: np.random.Generator) -> np.ndarray:
+    """(num_silos, C) class counts: silo k wants Multinomial(per_silo, p_k), p_k ~
+    Dirichlet(α·1); a class that has run out is replaced by the classes with most images
+    left, so every silo gets exactly `per_silo` and no image is used twice (with the whole
+    pool dealt out, the last silos' mixes are what remains: less skewed)."""
+    left = np.array(supply, dtype=np.int64)
+    out = np.zeros((num_silos, len(left)), dtype=np.int64)
+    for k in range(num_silos):
+        want = rng.multinomial(per_silo, rng.dirichlet(np.full(len(left), alpha)))
+        got = np.minimum(want, left)
+        short = per_silo - int(got.sum())
+        while short > 0:
+            c = int(np.argmax(left - got))
+            take = min(short, int(left[c] - got[c]))
+            got[c] += take
+            short -= take
+        out[k], left = got, left - got
+    return out
+
+
+def load_dirichlet_mnist(num_silos: int = 80, train_per_silo: int = 600,
+                         test_per_silo: int = 125, alpha: float = 0.5,
+                         public_fraction: float = 0.2, public_size: int = 0,
+                         flatten: bool = False, seed: int = 0) -> Federation:
+    """PrivateKT's MNIST setting: `public_fraction` of the 60000 training images (at most
+    `public_size` if > 0) become the unlabeled public set D_p (``meta["public_X"]``; its
+    labels are dropped and never used); each client gets `train_per_silo` of the rest with
+    a Dirichlet(α) label mix (`dirichlet_counts`) and `test_per_silo` test images drawn
+    uniformly from MNIST's test set (disjoint), so the pooled test metric is a global one.
+
+    X: (n, 1, 28, 28) float32 in [0, 1], or (n, 784) float64 rows with `flatten` (GLMs).
+    Silos are named ``client-{k:02d}``; ``meta["label_counts"]`` (K, 10) their mixes."""
+    _check(num_silos, train_per_silo, test_per_silo, 0.0)
+    if not (isinstance(alpha, (int, float)) and not isinstance(alpha, bool) and alpha > 0):
+        raise ConfigError(f"mnist_dirichlet: alpha (the Dirichlet label-mix concentration) "
+                          f"must be > 0, got {alpha!r}; the seed uses 0.5")
+    if not (isinstance(public_fraction, (int, float)) and 0 <= public_fraction < 1):
+        raise ConfigError(f"mnist_dirichlet: public_fraction must be in [0, 1), got "
+                          f"{public_fraction!r}; the seed uses 0.2")
+    if isinstance(public_size, bool) or not isinstance(public_size, int) or public_size < 0:
+        raise ConfigError(f"mnist_dirichlet: public_size must be an integer >= 0, got "
+                          f"{public_size!r}")
+    X, y, Xt, yt = mnist_arrays()
+    rng = np.random.default_rng([seed, 7])
+    perm = rng.permutation(POOL_TRAIN)
+    n_pub = int(round(public_fraction * POOL_TRAIN))
+    pub, private = perm[:n_pub], perm[n_pub:]
+    if public_size:
+        pub = pub[:public_size]
+    if num_silos * train_per_silo > len(private):
+        raise ConfigError(f"mnist_dirichlet: {num_silos} clients x {train_per_silo} images = "
+                          f"{num_silos * train_per_silo} but only {len(private)} training "
+                          "images are not public; lower num_silos, train_per_silo or "
+                          "public_fraction")
+    by_class = [private[y[private] == c] for c in range(10)]
+    counts = dirichlet_counts(num_silos, train_per_silo,
+                              np.array([len(b) for b in by_class]), alpha, rng)
+    used = np.zeros(10, dtype=np.int64)
+    test = rng.permutation(POOL_TEST)[:num_silos * test_per_silo].reshape(num_silos, -1)
+
+    def shape(images):
+        return images.reshape(len(images), -1).astype(np.float64) if flatten \
+            else images[:, None].copy()
+    silos = []
+    for k in range(num_silos):
+        idx = np.concatenate([by_class[c][used[c]:used[c] + counts[k, c]] for c in range(10)])
+        used += counts[k]
+        idx = rng.permutation(idx)
+        silos.append(Silo(f"client-{k:02d}", shape(X[idx]), y[idx], shape(Xt[test[k]]),
+                          yt[test[k]]))
+    meta = {"source": str(mnist_path()), "public_X": shape(X[pub]), "public_index": pub,
+            "label_counts": counts, "alpha": alpha, "seed": seed,
+            "public_note": "labels of the public set are never used"}
+    names = [f"px{i}" for i in range(SIDE * SIDE)] if flatten else []
+    return Federation(silos, names, "multiclass", num_classes=10,
+                      name="mnist-dirichlet", meta=meta)

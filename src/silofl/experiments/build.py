@@ -21,17 +21,22 @@ from silofl.models.base import Model
 from silofl.models.metrics import METRICS, default_metric
 from silofl.runtime.plan import TrainingConfig
 
-SOURCES = ("heart", "table", "school", "exam", "titanic", "mnist", "synthetic")
+SOURCES = ("heart", "table", "school", "exam", "titanic", "mnist", "synthetic",
+           "mnist_dirichlet")
 # DataConfig keys that only one source reads: setting them for another source is an error.
 SOURCE_KEYS = {
     "mnist": ("train_per_silo", "test_per_silo", "mask_prob"),
+    "mnist_dirichlet": ("public_fraction", "public_size", "flatten"),
 }
+#: keys two MNIST sources share (allowed under either)
+MNIST_SHARED = {"train_per_silo": ("mnist", "mnist_dirichlet"),
+                "test_per_silo": ("mnist", "mnist_dirichlet")}
 # Sources whose table can be split into simulated silos (data.split and its keys).
 SPLIT_SOURCES = ("table", "heart", "titanic")
 SPLIT_KEYS = ("split", "alpha", "size_law", "power", "split_feature", "group_size",
               "split_bins", "label_purity")
 MIN_SIZE_SOURCES = (*SPLIT_SOURCES, "exam")  # data.min_silo_size: split minimum / exam filter
-DEFAULT_SILOS = {"table": 10, "mnist": 40}  # data.num_silos = 0 means these
+DEFAULT_SILOS = {"table": 10, "mnist": 40, "mnist_dirichlet": 80}  # data.num_silos = 0 means these
 GENERATORS = {"linear": D.linear_silos, "mean": D.mean_estimation, "vehicle": D.vehicle_like}
 
 
@@ -40,6 +45,8 @@ def _check_source_keys(dc: DataConfig) -> None:
     default = DataConfig()
     if dc.source not in SPLIT_SOURCES:
         for key in SPLIT_KEYS:
+            if key == "alpha" and dc.source == "mnist_dirichlet":  # its label skew
+                continue
             if getattr(dc, key) != getattr(default, key):
                 raise ConfigError(f"data.{key} applies only to data.source = 'table', 'heart' "
                                   f"or 'titanic' (simulated silos), but the source is "
@@ -48,10 +55,12 @@ def _check_source_keys(dc: DataConfig) -> None:
         if dc.source == source:
             continue
         for key in keys:
+            if dc.source in MNIST_SHARED.get(key, ()):
+                continue
             if getattr(dc, key) != getattr(default, key):
                 raise ConfigError(f"data.{key} applies only to data.source = {source!r}, but "
                                   f"the source is {dc.source!r}; remove data.{key}")
-    if dc.num_silos and dc.source not in (*SPLIT_SOURCES, "mnist"):
+    if dc.num_silos and dc.source not in (*SPLIT_SOURCES, "mnist", "mnist_dirichlet"):
         raise ConfigError(f"data.num_silos applies only to data.source = 'table', 'heart' or "
                           f"'titanic' (with data.split) or 'mnist', but the source is "
                           f"{dc.source!r}; remove it")
@@ -151,7 +160,7 @@ def load_raw(dc: DataConfig) -> RawFederation:
                           f"data.source = {dc.source!r}; remove it")
     if dc.source in SOURCES:  # an unknown source gets its nearest-name hint below
         _check_source_keys(dc)
-    if dc.options and dc.source in ("exam", "mnist"):
+    if dc.options and dc.source in ("exam", "mnist", "mnist_dirichlet"):
         raise ConfigError(f"data.options applies only to data.source = 'synthetic'; for "
                           f"{dc.source!r} set its keys directly under [data]")
     if dc.source == "heart":
@@ -180,8 +189,17 @@ def load_raw(dc: DataConfig) -> RawFederation:
         return D.load_exam_raw(min_size=dc.min_silo_size, schema=_schema(dc), **common)
     if dc.source == "mnist":  # images: pixels share the public [0, 1] scale
         return RawFederation.from_federation(D.load_rotated_masked_mnist(
-            num_silos=dc.num_silos or DEFAULT_SILOS["mnist"], train_per_silo=dc.train_per_silo,
-            test_per_silo=dc.test_per_silo, mask_prob=dc.mask_prob, seed=dc.seed))
+            num_silos=dc.num_silos or DEFAULT_SILOS["mnist"],
+            train_per_silo=dc.train_per_silo or 1500,
+            test_per_silo=dc.test_per_silo or 250, mask_prob=dc.mask_prob, seed=dc.seed))
+    if dc.source == "mnist_dirichlet":  # PrivateKT's setting: Dirichlet label mixes + D_p
+        from silofl.data.mnist import load_dirichlet_mnist
+        return RawFederation.from_federation(load_dirichlet_mnist(
+            num_silos=dc.num_silos or DEFAULT_SILOS["mnist_dirichlet"],
+            train_per_silo=dc.train_per_silo or 600,
+            test_per_silo=dc.test_per_silo or 125,
+            alpha=dc.alpha, public_fraction=dc.public_fraction, public_size=dc.public_size,
+            flatten=dc.flatten, seed=dc.seed))
     if dc.source == "school":
         # data.path is optional: the School data ships with silofl
         return D.load_school_raw(dc.path or None, schema=_schema(dc), **common)
@@ -266,7 +284,28 @@ def build_algorithms(cfg: Config) -> list[Algorithm]:
                            selection_rounds=tc.selection_rounds, we_user=tc.we_user,
                            we_p_s=tc.we_p_s, we_p_d=tc.we_p_d, aggregation=tc.aggregation,
                            attackers=tc.attackers, trim_fraction=tc.trim_fraction,
-                           clip_radius=tc.clip_radius) for m in tc.methods]
+                           clip_radius=tc.clip_radius, we_options=we_options(tc),
+                           **ldp_options(tc))
+            for m in tc.methods]
+
+
+def ldp_options(tc) -> dict:
+    """The [training] settings of the local-DP methods (privatekt, fedavg_ldp) as
+    `make_algorithm` keyword arguments (selection's public seed is training.seed)."""
+    return dict(ldp_epsilon=tc.ldp_epsilon, ldp_mechanism=tc.ldp_mechanism,
+                ldp_delta=tc.ldp_delta, client_fraction=tc.client_fraction,
+                max_participation=tc.max_participation, kt_samples=tc.kt_samples,
+                kt_buffer=tc.kt_buffer, kt_self_train=tc.kt_self_train,
+                kt_server_epochs=tc.kt_server_epochs, kt_server_lr=tc.kt_server_lr,
+                public_seed=tc.seed)
+
+
+def we_options(tc) -> dict:
+    """The [training] we_* options of Weight Erosion as `WeightErosion` keyword arguments
+    (the participation schedule's public seed is training.seed)."""
+    return dict(update=tc.we_update, participation=tc.we_participation,
+                join_round=dict(tc.we_join_round), leave_round=dict(tc.we_leave_round),
+                count=tc.we_count, newcomer=tc.we_newcomer, seed=tc.seed)
 
 
 def training_config(cfg: Config) -> TrainingConfig:

@@ -51,9 +51,14 @@ class DataConfig:
     min_silo_size: int = 0         # split: fewest rows per silo (0 = 10); exam: leave
                                    # out schools with fewer students (0 = keep all 65)
     # mnist: Rotated & Masked MNIST (silofl.data.mnist)
-    train_per_silo: int = 1500
-    test_per_silo: int = 250
+    train_per_silo: int = 0        # 0 = the source's default: mnist 1500, mnist_dirichlet 600
+    test_per_silo: int = 0         # 0 = mnist 250, mnist_dirichlet 125
     mask_prob: float = 0.1         # probability of each 2x2 patch being white
+    # mnist_dirichlet (PrivateKT's setting, silofl.data.mnist.load_dirichlet_mnist): also
+    # num_silos (default 80), train_per_silo, test_per_silo, alpha (label skew)
+    public_fraction: float = 0.2   # share of the training pool made the unlabeled public set
+    public_size: int = 0           # cap on the public set (0 = public_fraction of the pool)
+    flatten: bool = False          # images as (784,) rows, for GLMs (softmax)
 
 
 @dataclass
@@ -85,6 +90,24 @@ class TrainingSection:
     we_user: str = ""                # weight_erosion: name of the user silo u_0 (required)
     we_p_s: float = 0.2              # weight_erosion: size penalty p_s (≥ 0)
     we_p_d: float = 0.01             # weight_erosion: distance penalty p_d (≥ 0)
+    # weight_erosion options (README "Weight Erosion"; validated by the algorithm):
+    we_update: str = "gradient"      # gradient | local_sgd (a local pass: local_epochs)
+    we_participation: float = 1.0    # (0, 1]: each round a non-user silo takes part w.p. p
+    we_join_round: dict = field(default_factory=dict)   # {"silo" = r}: takes part from r
+    we_leave_round: dict = field(default_factory=dict)  # {"silo" = r}: gone from round r
+    we_count: str = "rounds"         # rounds | participated: r in the size penalty
+    we_newcomer: str = "one"         # one | mean | median: a late joiner's first α
+    # privatekt, fedavg_ldp: a fixed local-DP mechanism per upload (algorithms.privatekt)
+    ldp_epsilon: float = 5.0         # per-round ε of each client's upload (ε-LDP)
+    client_fraction: float = 0.5     # share of clients selected per round
+    max_participation: int = 0       # rounds per client at most (0 = as the target allows)
+    ldp_mechanism: str = "gaussian"  # fedavg_ldp: gaussian | laplace on the clipped update
+    ldp_delta: float = 1e-5          # fedavg_ldp, gaussian: δ of one upload
+    kt_samples: int = 2              # privatekt: K knowledge-transfer samples per round
+    kt_buffer: int = 25              # privatekt: B, FIFO knowledge buffer (samples)
+    kt_self_train: float = 0.1       # privatekt: M/|D_p| self-trained on per round
+    kt_server_epochs: int = 5        # privatekt: server fine-tuning epochs on the buffer
+    kt_server_lr: float = 0.0        # privatekt: server learning rate (0 = training.lr)
     # fedavg, mrmtl, weight_erosion: server aggregation (silofl.algorithms.robust)
     aggregation: str = "mean"        # mean | median | trimmed_mean | krum | multi_krum |
                                      # centered_clipping
@@ -129,6 +152,28 @@ class OutputConfig:
 
 
 @dataclass
+class TuningConfig:
+    """[tuning]: hyperparameter tuning under silo-specific DP (silofl.tuning; README
+    "Private tuning"). `silofl run`: mode none | private; `silofl sweep` reads the mode
+    from sweep.tuning and the other keys from here."""
+    mode: str = "none"             # none | private (random h, best-only release)
+    method: str = "mrmtl"          # mrmtl | ditto: the method whose λ is tuned
+    lam: list = field(default_factory=list)   # λ grid (sweep: default sweep.lam)
+    lr: list = field(default_factory=list)    # lr grid ([]: the run's lr, not tuned)
+    distribution: str = "tnb"      # tnb (eta with gamma or mean_trials) | poisson (mu)
+    eta: float = 1.0               # TNB shape η ≥ 0 (1: geometric, 0: logarithmic)
+    gamma: float | None = None     # TNB γ in (0, 1) (or give mean_trials)
+    mean_trials: float | None = None  # E[h] (default 10 when gamma is not given)
+    mu: float | None = None        # Poisson mean (default 10)
+    pivot_lam: float = 0.1         # public λ̄ of the pivot model (and the fixed-λ baseline)
+    score_ratio: float = 2.0       # score noise multiplier relative to a trial's (module doc)
+    validation_fraction: float = 0.2  # run: share of each silo's training rows for scoring
+    select: str = "random"         # random (h ~ distribution, RepeatAndSelect) | em (every
+                                   # grid setting once, exponential-mechanism choice)
+    em_fraction: float = 0.05      # em: share of each silo's ε for the choice
+
+
+@dataclass
 class Config:
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -136,9 +181,12 @@ class Config:
     privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
     budget: BudgetConfig = field(default_factory=BudgetConfig)
     output: OutputConfig = field(default_factory=OutputConfig)
+    tuning: TuningConfig = field(default_factory=TuningConfig)
 
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
+        if self.tuning == TuningConfig():  # older configs (and their fingerprints) lack it
+            d.pop("tuning")
         d["privacy"]["silos"] = {k: {kk: vv for kk, vv in v.items() if vv is not None}
                                  for k, v in d["privacy"]["silos"].items()}
         return d

@@ -22,6 +22,11 @@ user's own data and is NOT privatized and NOT charged: like every per-round test
 is the user's own, unreleased evaluation — do not publish it. Test rows are the rows the
 data split holds out of every silo (`data.test_fraction`); only the user's are used for its
 curves (the seed instead trains the other silos on all their rows).
+
+Each user's run also gets its contribution report (`contribution.py`: leave-one-out and
+Shapley values of the other silos from the run's released round log and the user's test
+rows; nothing trained or charged), and its round log is saved as `round_logs/<user>.npz`
+so that `silofl contrib` can rebuild the report.
 """
 
 from __future__ import annotations
@@ -98,6 +103,10 @@ class ErosionReport:
     combined_privacy: list[dict] = field(default_factory=list)
     uncharged: list[str] = field(default_factory=list)
     lifetime: list[dict] = field(default_factory=list)
+    #: per user: the contribution report, the released round log (+ its meta) it came from
+    contributions: dict = field(default_factory=dict)
+    round_logs: dict = field(default_factory=dict)
+    contribution_notes: list[str] = field(default_factory=list)
 
     @property
     def calibration(self) -> str:
@@ -107,7 +116,8 @@ class ErosionReport:
 
     def notes(self) -> list[str]:
         return job_notes(private=self.private, noise=self.noise, scratch=self.scratch,
-                         uncharged=self.uncharged, extra=[METRIC_NOTE, BASELINE_NOTE])
+                         uncharged=self.uncharged, extra=[METRIC_NOTE, BASELINE_NOTE,
+                                                          *self.contribution_notes])
 
     def to_dict(self) -> dict:
         return {"users": self.users, "silos": self.silos, "metric": self.metric,
@@ -116,9 +126,10 @@ class ErosionReport:
                 "calibration": self.calibration if self.private else None,
                 "noise_multiplier": self.noise_multiplier,
                 "calibrated_for": self.calibrated_for,
-                "charged": ("every silo: FedAvg's and Local's DP-SGD steps and one Poisson-"
-                            "sampled Gaussian step per round for each user's Weight Erosion "
-                            "run, composed" if self.private else None),
+                "charged": ("every silo: FedAvg's and Local's DP-SGD steps and, for each "
+                            "user's Weight Erosion run, one Poisson-sampled Gaussian step (a "
+                            "local DP-SGD pass with we_update = 'local_sgd') per round the "
+                            "silo took part in, composed" if self.private else None),
                 "neighbouring_relation": ADJACENCY,
                 "per_user": {u: self.curves[u].to_dict(self.silos) for u in self.users},
                 "run_id": self.run_id, "budget_store": self.store,
@@ -172,13 +183,16 @@ def majority_baseline(task: str, metric: str, model_name: str, y_train: np.ndarr
 
 
 def erosion_for_users(cfg: Config, users=None, *, out_dir: Path | None = None,
-                      store: BudgetStore | None = None) -> ErosionReport:
+                      store: BudgetStore | None = None,
+                      contributions: bool = True) -> ErosionReport:
     """Weight Erosion for every user in `users` (None / "all": every silo), with Global
     (FedAvg), Local and the majority-class baseline, as one job (see the module docstring).
     Reserved in the lifetime budget store (`store`, else as `experiments.run.run`) before any
     data is read; settled after. Writes `erosion.json`, one `erosion_<user>.png` per user,
     `config.toml` and the ledgers to a run directory under `out_dir` (or [output] dir;
-    nothing with output.dir = "")."""
+    nothing with output.dir = ""). `contributions=False` skips the contribution reports (their
+    Shapley values cost seconds per user with many silos); the round logs are saved either
+    way, so `silofl contrib` can make them later."""
     cfg = copy.deepcopy(cfg)
     cfg.training.methods = ["fedavg", "local"]
     p = _prepare(cfg)
@@ -212,7 +226,7 @@ def erosion_for_users(cfg: Config, users=None, *, out_dir: Path | None = None,
             job.spend_extra(name, "preprocess")
         fed = _preprocess(p, cfg)
         run_dir = _make_run_dir(cfg, base)
-        results, alphas = {}, {}
+        results, alphas, logs = {}, {}, {}
         for alg, plans, label in zip(p.algorithms, p.plans, p.labels):
             results[label] = simulate(
                 fed, p.model, alg, p.tcfg, metric=cfg.model.metric or None, plans=plans,
@@ -220,6 +234,7 @@ def erosion_for_users(cfg: Config, users=None, *, out_dir: Path | None = None,
                 ledger_dir=run_dir / "ledgers" / silo_file_id(label) if run_dir else None)
             if hasattr(alg, "alpha_history"):
                 alphas[label] = np.array(alg.alpha_history)
+                logs[label] = alg.round_log  # released, per round (contribution report)
         metric = results["fedavg"].metric
         curves = {}
         for u in users:
@@ -246,6 +261,10 @@ def erosion_for_users(cfg: Config, users=None, *, out_dir: Path | None = None,
             rep.run_id, rep.scratch = job.run_id, job.scratch
             rep.store = None if job.store.path is None else str(job.store.path)
             rep.lifetime = [job.store.spent(n) for n in names]
+        # contribution report: released updates + the user's own test rows, nothing charged
+        _contributions(rep, fed, p.model, {u: logs[label_for(u)] for u in users},
+                       {u: we[i].aggregation.rule for i, u in enumerate(users)},
+                       compute=contributions)
         if run_dir:
             _write(rep)
         return rep
@@ -258,11 +277,47 @@ def erosion_for_users(cfg: Config, users=None, *, out_dir: Path | None = None,
 
 
 def _write(rep: ErosionReport) -> None:
+    from silofl.experiments import contribution as C
+    for u, (log, meta) in rep.round_logs.items():  # released quantities only
+        if not C.save_round_log(rep.run_dir / C.ROUND_LOGS / f"{silo_file_id(u)}.npz", log,
+                                meta):
+            rep.contribution_notes.append(f"round log of user {u!r} not saved (over "
+                                          f"{C.MAX_LOG_BYTES >> 20} MiB): `silofl contrib` "
+                                          "cannot rebuild its report")
     bad: list[str] = []
     data = json_safe(rep.to_dict(), bad)
     write_json_atomic(rep.run_dir / "erosion.json", dict(data, nonfinite=bad), indent=1)
     for u in rep.users:
         plot_user(rep, u, rep.run_dir / f"erosion_{silo_file_id(u)}.png")
+    if rep.contributions:  # contribution.json, contribution.html and their PNGs
+        C.write_reports(rep.run_dir, rep.contributions, rep.contribution_notes)
+
+
+def _contributions(rep: ErosionReport, fed, model, logs: dict, rules: dict,
+                   compute: bool = True) -> None:
+    """Each user's contribution report (`contribution.contribution`) from its run's
+    released round log and its own held-out rows; a user it cannot be made for gets a note
+    (the job is already settled: nothing here may fail it)."""
+    from silofl.errors import SiloflError
+    from silofl.experiments import contribution as C
+    dp = job_notes(private=rep.private, noise=rep.noise, scratch=rep.scratch,
+                   uncharged=rep.uncharged)  # what the released updates' guarantee is
+    for u in rep.users:
+        k = rep.silos.index(u)
+        s = fed.silos[k]
+        try:
+            log = C.RoundLog.from_rounds(logs[u])
+            rep.round_logs[u] = (log, {"user": u, "silos": rep.silos, "n_test": s.n_test,
+                                       "aggregation": rules[u], "job_notes": dp,
+                                       "private_preprocessing": C.private_preprocessing(fed),
+                                       "constants": C.user_constants(fed, u)})
+            if not compute:
+                continue
+            rep.contributions[u] = C.contribution(model, log, rep.silos, u, s.X_test,
+                                                  s.y_test, aggregation=rules[u],
+                                                  notes=dp)
+        except SiloflError as e:
+            rep.contribution_notes.append(f"no contribution report for user {u!r}: {e}")
 
 
 def plot_user(rep: ErosionReport, user: str, path: Path) -> None:
@@ -284,14 +339,9 @@ def plot_user(rep: ErosionReport, user: str, path: Path) -> None:
     ax.legend(fontsize=8)
     sub = rep.calibration if rep.private else "non-private"
     ax.set_title(f"user {user}: p_d = {rep.p_d:g}, p_s = {rep.p_s:g}\n{sub}", fontsize=9)
-    r = np.arange(1, len(c.alpha) + 1)
-    for k, s in enumerate(rep.silos):
-        ax2.plot(r, c.alpha[:, k], ":" if s != user else "-", lw=1.5,
-                 label=f"α {s}" + (" (user)" if s == user else ""))
-    ax2.set_ylabel("weight α_i")
+    from silofl.experiments.figures import alpha_lines
+    alpha_lines(ax2, np.arange(1, len(c.alpha) + 1), c.alpha, rep.silos, user)
     ax2.set_xlabel("round")
-    ax2.set_ylim(-0.05, 1.05)
-    ax2.legend(fontsize=7, ncol=min(4, len(rep.silos)))
     fig.tight_layout()
     savefig_atomic(fig, path, dpi=110)
     plt.close(fig)

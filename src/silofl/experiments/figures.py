@@ -64,6 +64,32 @@ def _save(fig, path: Path) -> None:
     _plt().close(fig)
 
 
+def alpha_lines(ax, rounds, alpha: np.ndarray, silos: list[str], user: str) -> None:
+    """Weight Erosion's weights on `ax`: α (R, K) over `rounds` (R,), one line per silo, the
+    user's solid and thick, the others dotted; NaN (a silo not yet joined) leaves a gap.
+    Legend entries for every silo up to 12 silos, else for the user only."""
+    many = len(silos) > 12
+    for k, s in enumerate(silos):
+        me = s == user
+        ax.plot(rounds, alpha[:, k], "-" if me else ":", lw=2.5 if me else 1.5,
+                zorder=3 if me else 2, color="black" if me else None,
+                label=f"α {s} (user)" if me else (None if many else f"α {s}"))
+    ax.set_ylabel("weight α_i")
+    ax.set_ylim(-0.05, 1.05)
+    ax.legend(fontsize=7, ncol=min(4, len(silos)))
+
+
+def alpha_over_rounds(rounds, alpha: np.ndarray, silos: list[str], user: str, title: str,
+                      path: Path) -> None:
+    """`alpha_lines` as a figure of its own (`silofl run`'s alpha_over_rounds.png)."""
+    fig, ax = _plt().subplots(figsize=(7, 4))
+    alpha_lines(ax, rounds, alpha, silos, user)
+    ax.set_xlabel("round")
+    ax.set_title(title, fontsize=9)
+    ax.grid(alpha=0.3)
+    _save(fig, path)
+
+
 def privacy_utility(head: dict, records: list[dict], path: Path) -> bool:
     rows = select_best(head, records)
     if not rows:

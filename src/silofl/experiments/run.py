@@ -21,9 +21,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+import numpy as np
 import tomli_w
 
-from silofl.algorithms import LAMBDA_METHODS
+from silofl.algorithms import LAMBDA_METHODS, LOCAL_DP_METHODS
 from silofl.data.federation import PrivacyTarget
 from silofl.experiments import artifacts, build
 from silofl.experiments.atomic import (json_safe, write_bytes_atomic, write_json_atomic,
@@ -37,7 +38,8 @@ from silofl.privacy.ledger import read_entries, silo_file_id, tightest
 from silofl.privacy.randomness import Randomness
 from silofl.runtime.job import NO_METHOD, fingerprints, open_job
 from silofl.runtime.plan import SEEDED_NOTE, plan_job
-from silofl.runtime.simulator import RunResult, simulate
+from silofl.runtime.simulator import RunResult, bind_data, simulate
+from silofl.tuning import setup as tuning_setup
 
 ADJACENCY = ("add/remove one record (example-level DP within each silo; each silo's "
              "guarantee covers the records in its own data)")
@@ -52,6 +54,11 @@ ASSUMPTIONS = (
 
 
 NONPRIVATE_NOTE = "NON-PRIVATE run: no differential privacy; no budget was charged"
+#: local-DP methods (privatekt, fedavg_ldp): what their ε means (README "PrivateKT")
+LOCAL_DP_NOTE = ("{}: each client's upload in a round is ε-LDP for its whole local dataset "
+                 "(any two datasets), so the ε reported per client also holds for adding or "
+                 "removing one record; it is composed over every round the client took part "
+                 "in — no shuffle-model amplification is assumed")
 
 
 def job_notes(*, private: bool, noise: str, scratch: bool, uncharged=(), extra=(),
@@ -89,9 +96,13 @@ class RunReport:
 
     def notes(self) -> list[str]:
         """What every reader of this run's outputs must be told."""
+        local = [r.method["name"] for r in self.results
+                 if r.method["name"] in LOCAL_DP_METHODS]
         return job_notes(private=self.config.privacy.enabled, noise=self.noise,
                          scratch=self.scratch, uncharged=self.uncharged,
-                         extra=self.resumed)
+                         extra=self.resumed + ([LOCAL_DP_NOTE.format(", ".join(local))]
+                                               if local and self.config.privacy.enabled
+                                               else []))
 
     def label(self, r: RunResult) -> str:
         m = r.method
@@ -100,14 +111,20 @@ class RunReport:
         return m["name"]
 
     def summary(self) -> dict:
-        return {"run_dir": str(self.run_dir) if self.run_dir else None,
-                "private": self.config.privacy.enabled, "noise": self.noise,
-                "notes": self.notes(), "run_id": self.run_id,
-                "methods": [{"method": self.label(r), **r.method, "metric": r.metric,
-                             "pooled": r.final_pooled,
-                             "per_silo": dict(zip(r.silos, r.final_per_silo)),
-                             "seconds": r.seconds} for r in self.results],
-                "combined_privacy": self.combined_privacy}
+        out = {"run_dir": str(self.run_dir) if self.run_dir else None,
+               "private": self.config.privacy.enabled, "noise": self.noise,
+               "notes": self.notes(), "run_id": self.run_id,
+               "methods": [{"method": self.label(r), **r.method, "metric": r.metric,
+                            "pooled": r.final_pooled,
+                            "per_silo": dict(zip(r.silos, r.final_per_silo)),
+                            "seconds": r.seconds} for r in self.results],
+               "combined_privacy": self.combined_privacy}
+        if any(ALPHA_KEY in r.history.extra for r in self.results):
+            out["weight_erosion_alpha"] = (
+                f"{ALPHA_PNG}: each silo's weight α_i after every round (user highlighted); "
+                f"the values, and who took part each round, in history.json under "
+                f"<method>.extra.{ALPHA_KEY}")
+        return out
 
 
 @dataclass
@@ -121,12 +138,21 @@ class _Prepared:
     labels: list[str]
     plans: list
     extra: dict
+    tuning_counts: object = None  # (K,) validation rows carved for private tuning, or None
 
 
-def _prepare(cfg: Config) -> _Prepared:
+def _prepare(cfg: Config, raw=None) -> _Prepared:
     # `raw`: encoded and split, no statistic computed; preprocessing is planned (public
-    # facts only) so that its private statistics are reserved with the training
-    raw = build.apply_privacy(build.load_raw(cfg.data), cfg)
+    # facts only) so that its private statistics are reserved with the training.
+    # (`raw` given: `silofl.audit` passes the silos with its canaries inserted.)
+    if raw is None:
+        raw = build.apply_privacy(build.load_raw(cfg.data), cfg)
+    # --- private tuning (silofl.tuning): validation rows leave the training rows first
+    tuning_counts = None
+    if cfg.tuning.mode != "none":
+        tuning_setup.validate(cfg.tuning)
+        raw, tuning_counts = tuning_setup.carve_into_test(
+            raw, cfg.tuning.validation_fraction, cfg.data.seed)
     tcfg = build.training_config(cfg)
     prep = build.plan_data(cfg.data, raw, tcfg.accountant)
     if prep.private and not tcfg.private:
@@ -134,10 +160,29 @@ def _prepare(cfg: Config) -> _Prepared:
                           "privacy; a non-private run has no budget to charge")
     model = build.build_model(cfg, raw)
     algorithms = build.build_algorithms(cfg)
+    if tuning_counts is not None:  # the tuned method replaces its untuned version
+        algorithms = _tuned_algorithms(cfg, algorithms, raw, tuning_counts)
+    for alg in algorithms:  # PrivateKT: the public set and the model, checked before planning
+        bind_data(alg, raw, model)
     extra = {n: e for n, e in prep.events.items() if e is not None}
     plans = plan_job(raw, algorithms, tcfg, extra=extra)
     return _Prepared(raw, tcfg, prep, model, algorithms,
-                     [alg.describe()["name"] for alg in algorithms], plans, extra)
+                     [alg.describe()["name"] for alg in algorithms], plans, extra,
+                     tuning_counts)
+
+
+def _tuned_algorithms(cfg: Config, algorithms: list, raw, counts) -> list:
+    """[tuning] mode = "private": tuning.method in training.methods runs privately tuned
+    (its validation rows are bound after preprocessing, `_preprocess`)."""
+    tc = cfg.tuning
+    if tc.method not in cfg.training.methods:
+        raise ConfigError(f"[tuning] tunes {tc.method!r}, which is not in training.methods "
+                          f"{cfg.training.methods}; add it or set tuning.method")
+    # the raw validation rows, for the checks at planning (preprocessed ones replace them)
+    raw_val = [(s.X_test[len(s.y_test) - m:], s.y_test[len(s.y_test) - m:])
+               for s, m in zip(raw.silos, counts)]
+    tuned = tuning_setup.tuned_algorithm(tc, tc.lam, tc.lr, raw_val, cfg.training.weighted)
+    return [tuned if m == tc.method else a for m, a in zip(cfg.training.methods, algorithms)]
 
 
 def run(cfg: Config, out_dir: Path | None = None,
@@ -188,8 +233,14 @@ def run(cfg: Config, out_dir: Path | None = None,
 
 
 def _preprocess(p: _Prepared, cfg: Config):
-    return apply_preprocessing(p.raw, p.prep, Randomness.for_mode(
+    fed = apply_preprocessing(p.raw, p.prep, Randomness.for_mode(
         p.tcfg.noise if p.tcfg.private else "seeded", [cfg.training.seed, 0x9E7]))
+    if p.tuning_counts is not None:  # private tuning: its validation rows, preprocessed
+        fed, val = tuning_setup.split_from_test(fed, p.tuning_counts)
+        for alg in p.algorithms:
+            if hasattr(alg, "validation"):
+                alg.validation = val
+    return fed
 
 
 def _execute(cfg: Config, p: _Prepared, fed, job, run_dir: Path | None,
@@ -216,6 +267,8 @@ def _execute(cfg: Config, p: _Prepared, fed, job, run_dir: Path | None,
                      resume=(states or {}).get(label), checkpoint=save if every else None,
                      checkpoint_every=every or 1,
                      restored=(restored or {}).get(label))
+        if hasattr(alg, "alpha_history"):  # Weight Erosion: α per round into history.json
+            record_alpha(r, alg, p.tcfg.rounds)
         if every:
             write_bytes_atomic(_result_path(run_dir, label), pickle.dumps(r))
         results.append(r)
@@ -234,6 +287,37 @@ def _execute(cfg: Config, p: _Prepared, fed, job, run_dir: Path | None,
         _write_outputs(report)
         shutil.rmtree(run_dir / CHECKPOINT, ignore_errors=True)  # finished: nothing to resume
     return report
+
+
+#: the key of Weight Erosion's α in a run's `History.extra` (history.json) and its figure
+ALPHA_KEY, ALPHA_PNG = "alpha", "alpha_over_rounds.png"
+
+
+def record_alpha(r: RunResult, alg, rounds: int) -> None:
+    """Put Weight Erosion's weights into `r.history.extra[ALPHA_KEY]`: `per_silo` [round]
+    [silo] α after each round (NaN: a late joiner before it joined), `present` [round]
+    [silo] who took part, the `user`, and the `rounds` they cover (a resumed run: the
+    rounds after resuming). α is post-processing of the DP gradients."""
+    n = len(alg.alpha_history)
+    r.history.extra[ALPHA_KEY] = {
+        "rounds": list(range(rounds - n + 1, rounds + 1)), "user": r.silos[alg.user_index],
+        "per_silo": [a.tolist() for a in alg.alpha_history],
+        "present": [e["present"].tolist() for e in alg.round_log]}
+
+
+def plot_alpha(rep: "RunReport", path: Path) -> bool:
+    """`ALPHA_PNG`: α of every silo over rounds, the user highlighted (False: no Weight
+    Erosion in the run, nothing drawn)."""
+    from silofl.experiments.figures import alpha_over_rounds
+    for r in rep.results:
+        a = r.history.extra.get(ALPHA_KEY)
+        if a and a["per_silo"]:
+            kind = "private" if rep.config.privacy.enabled else "non-private"
+            alpha_over_rounds(a["rounds"], np.array(a["per_silo"], float), r.silos,
+                              a["user"], f"{rep.label(r)} for user {a['user']}: weights α_i "
+                              f"({kind}; post-processing of the released updates)", path)
+            return True
+    return False
 
 
 # --- checkpoints and resuming ---------------------------------------------------------------
@@ -438,4 +522,5 @@ def _write_outputs(rep: RunReport) -> None:
     summary = json_safe(rep.summary(), nonfinite)
     write_json_atomic(d / "summary.json", dict(summary, nonfinite=nonfinite), indent=1)
     plot_history(rep, d / "metric_over_rounds.png")
+    plot_alpha(rep, d / ALPHA_PNG)
     artifacts.save_models(rep)

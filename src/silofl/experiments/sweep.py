@@ -22,6 +22,12 @@ store, workers included, and the sweep stops with BudgetExceeded when the budget
 spent. What is NOT counted on a scratch store: the composition of all runs and the cost
 of choosing among them (thesis appendix E); the non-private runs use the data without any
 DP and exist only as a reference.
+
+sweep.tuning: "uncounted" (the above), "none" (one fixed setting per method: nothing is
+chosen) or "private": the grid as above plus, per ε and seed, [tuning] method privately
+tuned (`silofl.tuning`: random h per silo, best-only release, its cost counted), for the
+comparison of `silofl.tuning.report`. Plans are calibrated once in the parent process and
+shipped to the workers.
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+import dp_accounting as dpa
 import numpy as np
 
 from silofl.algorithms import LAMBDA_METHODS, make_algorithm
@@ -51,7 +58,8 @@ from silofl.models.base import Model
 from silofl.models.metrics import HIGHER_IS_BETTER, default_metric
 from silofl.privacy.budget import SCRATCH_NOTE, BudgetStore
 from silofl.runtime.plan import SEEDED_NOTE, TrainingConfig, plan_silos
-from silofl.runtime.simulator import simulate
+from silofl.runtime.simulator import bind_data, simulate
+from silofl.tuning import setup as tuning_setup
 
 FORMAT = 1
 HEADER_KIND = "silofl-sweep"
@@ -89,9 +97,17 @@ def expand(sc: SweepConfig) -> list[RunSpec]:
     """All runs of the sweep, seeds outermost (so a partial sweep covers every ε early)."""
     s = sc.sweep
     eps = list(s.epsilon) + ([None] if s.nonprivate else [])
-    return [RunSpec(m, e, lam, lr, seed)
-            for seed in s.seeds for e in eps for m in s.methods for lr in s.lr
-            for lam in (s.lam if m in LAMBDA_METHODS else [None])]
+    out = [RunSpec(m, e, lam, lr, seed)
+           for seed in s.seeds for e in eps for m in s.methods for lr in s.lr
+           for lam in (s.lam if m in LAMBDA_METHODS else [None])]
+    if s.tuning == "private":  # one privately tuned run per (ε, seed): random h, best-only
+        out += [RunSpec(tuned_name(sc), e, None, s.lr[0], seed)
+                for seed in s.seeds for e in s.epsilon]
+    return out
+
+
+def tuned_name(sc: SweepConfig) -> str:
+    return f"{sc.base.tuning.method}_tuned"
 
 
 # --- data: validation carved from training rows -------------------------------------------
@@ -151,9 +167,16 @@ def training_config(sc: SweepConfig, spec: RunSpec) -> TrainingConfig:
                                private=spec.private)
 
 
-def algorithm(sc: SweepConfig, spec: RunSpec):
+def algorithm(sc: SweepConfig, spec: RunSpec, prep: Prepared | None = None):
+    if spec.method.endswith("_tuned"):  # grid: tuning.lam (default sweep.lam), tuning.lr
+        tc = sc.base.tuning
+        return tuning_setup.tuned_algorithm(tc, tc.lam or sc.sweep.lam, tc.lr,
+                                            prep.validation, sc.base.training.weighted)
     lam = _ALG_DEFAULTS["lam"] if spec.lam is None else spec.lam
-    return make_algorithm(spec.method, lam=lam, **sc.algorithm_options())
+    alg = make_algorithm(spec.method, lam=lam, **sc.algorithm_options())
+    if prep is not None:  # methods that need the data before planning (PrivateKT)
+        bind_data(alg, prep.fed, prep.model)
+    return alg
 
 
 def targeted(sc: SweepConfig, fed: Federation, spec: RunSpec) -> Federation:
@@ -188,8 +211,10 @@ def lifetime_targets(sc: SweepConfig, fed: Federation) -> dict[str, PrivacyTarge
                                   else sc.base.privacy.delta) for s in fed.silos}
 
 
-def execute(sc: SweepConfig, spec: RunSpec, fingerprint: str) -> dict:
-    """Run one grid point; returns its results record (plain JSON data)."""
+def execute(sc: SweepConfig, spec: RunSpec, fingerprint: str, plans: dict | None = None
+            ) -> dict:
+    """Run one grid point; returns its results record (plain JSON data). `plans`: (method,
+    ε) → plans calibrated by the parent process (`ship`; else calibrated here, once)."""
     prep = _CACHE.get(fingerprint)
     if prep is None:
         _CACHE.clear()
@@ -197,9 +222,10 @@ def execute(sc: SweepConfig, spec: RunSpec, fingerprint: str) -> dict:
         prep = _CACHE[fingerprint] = prepare(sc)
     fed = targeted(sc, prep.fed, spec)
     tcfg = training_config(sc, spec)
-    alg = algorithm(sc, spec)
+    alg = algorithm(sc, spec, prep)
     # σ_k depends on the method and ε only (not λ, lr or seed): calibrate once per pair
     plan_key = (spec.method, spec.epsilon)
+    _PLANS.update(plans or {})
     res = simulate(fed, prep.model, alg, tcfg, metric=prep.metric,
                    plans=_PLANS.get(plan_key) if spec.private else None,
                    eval_sets={"validation": prep.validation}, store=budget_store(sc),
@@ -221,6 +247,9 @@ def execute(sc: SweepConfig, spec: RunSpec, fingerprint: str) -> dict:
                    "over_target": [led.silo for led, e, t in zip(res.ledgers, spent, targets)
                                    if not e <= t]}
     val = res.history.extra["validation"]
+    tuning = None
+    if spec.method.endswith("_tuned"):
+        tuning = tuning_summary(sc, spec, alg, res, prep)
     return _clean({
         "kind": "run", "key": spec.key, "method": spec.method, "private": spec.private,
         "epsilon": spec.epsilon, "delta": sc.base.privacy.delta if spec.private else None,
@@ -230,7 +259,44 @@ def execute(sc: SweepConfig, spec: RunSpec, fingerprint: str) -> dict:
         "validation": val["pooled"], "test": res.history.pooled,
         "final_validation": val["pooled"][-1], "final_test": res.final_pooled,
         "final_test_per_silo": res.final_per_silo, "privacy": privacy,
-        "seconds": res.seconds, "nonfinite": _nonfinite(res, val)})
+        "seconds": res.seconds, "nonfinite": _nonfinite(res, val), "tuning": tuning,
+        "n_silos": len(res.silos),
+        "sampling_rate": [p.q for p in res.plans]})
+
+
+def tuning_summary(sc: SweepConfig, spec: RunSpec, alg, res, prep: Prepared) -> dict:
+    """What a privately tuned run released and what it cost: its settings, the λ each silo
+    released (part of the RepeatAndSelect output; h_k is not: it stays in the silo), and
+    for comparison the ε (max over silos, at the same σ_k) of a naive grid of E[h] trials
+    and of the uncounted choice over the whole sweep grid, both by composition."""
+    from silofl.tuning import accounting as TA
+    from silofl.tuning.private import score_sigma
+    out = {**alg.describe(), "released": getattr(alg, "last_release", None)}
+    if not spec.private or alg.select != "random":
+        return out
+    delta = sc.base.privacy.delta
+    trials = max(1, int(round(alg.dist.mean)))
+    naive = []
+    for p in res.plans:
+        rev = _round_event(p)
+        naive.append(TA.epsilon_of(TA.naive_event(
+            rev, sc.base.training.rounds, trials,
+            score_sigma(rev, sc.base.training.rounds, alg.score_ratio)), delta))
+    out["naive_grid_trials"] = trials
+    out["naive_grid_epsilon"] = max(naive)
+    out["honest_epsilon"] = spec.epsilon
+    base = _PLANS.get((sc.base.tuning.method, spec.epsilon))
+    grid = len(sc.sweep.lam) * len(sc.sweep.lr)
+    if base:  # the uncounted choice: `grid` runs of the untuned method, composed
+        out["uncounted_grid_size"] = grid
+        out["uncounted_grid_epsilon"] = max(
+            TA.epsilon_of(dpa.SelfComposedDpEvent(p.declared, grid), delta) for p in base)
+    return out
+
+
+def _round_event(p):
+    from silofl.privacy import accounting as acc
+    return acc.dpsgd_event(p.q, p.noise_multiplier, p.steps_per_pass)
 
 
 def _nonfinite(res, val) -> list[str]:
@@ -433,11 +499,42 @@ def preflight(sc: SweepConfig, prep: Prepared) -> None:
                               "per silo with [budget] epsilon (and delta), or remove [budget] "
                               "store to run on scratch stores (an experiment, not a release)")
         budget_store(sc)  # a locked or corrupt store fails here, before anything is written
-    for method in sc.sweep.methods:
+    methods = list(sc.sweep.methods) + ([tuned_name(sc)] if sc.sweep.tuning == "private"
+                                        else [])
+    for method in methods:
         spec = RunSpec(method, min(sc.sweep.epsilon), sc.sweep.lam[0] if method in
                        LAMBDA_METHODS else None, sc.sweep.lr[0], sc.sweep.seeds[0])
-        plan_silos(targeted(sc, prep.fed, spec), algorithm(sc, spec),
-                   training_config(sc, spec))
+        _PLANS[(method, spec.epsilon)] = plan_silos(
+            targeted(sc, prep.fed, spec), algorithm(sc, spec, prep), training_config(sc, spec))
+
+
+def ship(plans: dict, spec: RunSpec, sc: SweepConfig) -> dict:
+    """The plans a worker needs for `spec` (a tuned run also its untuned method's)."""
+    keys = [(spec.method, spec.epsilon)]
+    if spec.method.endswith("_tuned"):
+        keys.append((sc.base.tuning.method, spec.epsilon))
+    return {k: plans[k] for k in keys if k in plans}
+
+
+def calibrate_all(sc: SweepConfig, prep: Prepared, specs: list[RunSpec]) -> dict:
+    """(method, ε) → plans, calibrated once here in the parent and shipped to the workers
+    (each would otherwise calibrate every pair itself)."""
+    out = {}
+    for spec in specs:
+        key = (spec.method, spec.epsilon)
+        if not spec.private:
+            continue
+        need = [spec]
+        if spec.method.endswith("_tuned"):  # its summary composes the untuned method's plan
+            need.append(RunSpec(sc.base.tuning.method, spec.epsilon, sc.base.tuning.pivot_lam,
+                                spec.lr, spec.seed))
+        for sp in need:
+            key = (sp.method, sp.epsilon)
+            if key not in out:
+                out[key] = _PLANS.get(key) or plan_silos(
+                    targeted(sc, prep.fed, sp), algorithm(sc, sp, prep),
+                    training_config(sc, sp))
+    return out
 
 
 Progress = Callable[[int, int, dict | None], None]
@@ -466,8 +563,12 @@ def _run_locked(sc, path, workers, prep, specs, fingerprint, on_progress, t0) ->
     skipped = len(specs) - len(todo)
     if on_progress:
         on_progress(skipped, len(specs), None)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # preflight already showed the planning warnings
+        plans = calibrate_all(sc, prep, todo)
     _CACHE.clear()
     _PLANS.clear()
+    _PLANS.update(plans)
     _CACHE[fingerprint] = prep  # in-process runs reuse the prepared data
     count = skipped
 
@@ -482,10 +583,10 @@ def _run_locked(sc, path, workers, prep, specs, fingerprint, on_progress, t0) ->
         warnings.simplefilter("ignore")  # preflight already showed the planning warnings
         if workers == 1 or len(todo) <= 1:
             for spec in todo:
-                finished(execute(sc, spec, fingerprint))
+                finished(execute(sc, spec, fingerprint, ship(plans, spec, sc)))
         else:
             with _one_blas_thread():  # workers start at the first submit
-                _in_pool(sc, todo, fingerprint, min(workers, len(todo)), finished)
+                _in_pool(sc, todo, fingerprint, min(workers, len(todo)), finished, plans)
     return SweepOutcome(path, len(specs), skipped, len(todo), time.perf_counter() - t0)
 
 
@@ -527,7 +628,8 @@ def _exclusive(path: Path):
         os.close(fd)  # releases the lock
 
 
-def _in_pool(sc, todo, fingerprint, workers, finished) -> None:
+def _in_pool(sc, todo, fingerprint, workers, finished, plans=None) -> None:
+    plans = plans or {}
     ctx = multiprocessing.get_context("spawn")  # no fork of a process that may hold threads
     ex = ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init_worker)
     try:
@@ -535,7 +637,7 @@ def _in_pool(sc, todo, fingerprint, workers, finished) -> None:
         it = iter(todo)
         pending: dict = {}
         for spec in it:
-            pending[ex.submit(execute, sc, spec, fingerprint)] = spec
+            pending[ex.submit(execute, sc, spec, fingerprint, ship(plans, spec, sc))] = spec
             if len(pending) >= 2 * workers:
                 break
         while pending:
@@ -549,7 +651,8 @@ def _in_pool(sc, todo, fingerprint, workers, finished) -> None:
                 finished(f.result())
                 nxt = None if error else next(it, None)
                 if nxt is not None:
-                    pending[ex.submit(execute, sc, nxt, fingerprint)] = nxt
+                    pending[ex.submit(execute, sc, nxt, fingerprint,
+                                      ship(plans, nxt, sc))] = nxt
             if error:
                 spec, e = error
                 if isinstance(e, SiloflError):

@@ -26,6 +26,8 @@ from pathlib import Path
 from silofl.algorithms import LAMBDA_METHODS, METHODS, make_algorithm
 from silofl.errors import ConfigError
 from silofl.experiments.config import Config, _build, config_from_dict, read_toml
+from silofl.tuning import setup as tuning_setup
+from silofl.tuning.setup import SWEEP_MODES
 
 _ALG_DEFAULTS = {k: p.default for k, p in inspect.signature(make_algorithm).parameters.items()
                  if p.default is not inspect.Parameter.empty}
@@ -49,6 +51,10 @@ class SweepSection:
     min_silo_train: int = 0        # drop silos with fewer training rows (after validation)
     workers: int = 2               # processes
     results: str = "results.jsonl"
+    #: hyperparameter choice: "uncounted" (the grid, best on validation; its cost is NOT
+    #: counted), "none" (one fixed setting per method), "private" (also run
+    #: [tuning] method privately tuned: random h, best-only; silofl.tuning)
+    tuning: str = "uncounted"
 
 
 @dataclass
@@ -87,6 +93,8 @@ class SweepConfig:
         sw = dataclasses.asdict(self.sweep)
         for key in ("workers", "results"):
             sw.pop(key)
+        if sw["tuning"] == "uncounted":  # the default: fingerprints of older sweeps hold
+            sw.pop("tuning")
         d["sweep"] = sw
         return d
 
@@ -163,6 +171,13 @@ def validate_sweep(s: SweepSection) -> SweepSection:
         raise ConfigError(f"'sweep.min_silo_train' must be ≥ 0, got {s.min_silo_train}")
     if s.workers < 1:
         raise ConfigError(f"'sweep.workers' must be ≥ 1, got {s.workers}")
+    if s.tuning not in SWEEP_MODES:
+        raise ConfigError(f"'sweep.tuning' must be one of {', '.join(SWEEP_MODES)}, got "
+                          f"{s.tuning!r}")
+    if s.tuning == "none" and (len(s.lam) > 1 or len(s.lr) > 1):
+        raise ConfigError("sweep.tuning = 'none' runs one fixed, public setting per method: "
+                          f"give one value in sweep.lam (got {s.lam}) and sweep.lr (got "
+                          f"{s.lr}), or use tuning = 'private' / 'uncounted'")
     if not s.results.strip():
         raise ConfigError("'sweep.results' is empty; name a results file, e.g. "
                           "results = \"results/sweep.jsonl\"")
@@ -182,6 +197,11 @@ def sweep_config_from_dict(raw: dict, root: Path | str = ".") -> SweepConfig:
             raise ConfigError(f"'{sec}.{key}' is set by the sweep grid in a sweep config; "
                               f"remove it and use {instead}")
     base = config_from_dict(raw)
+    if base.tuning.mode != "none":
+        raise ConfigError("in a sweep config the tuning mode is sweep.tuning; remove "
+                          "tuning.mode (the other [tuning] keys set up tuning = 'private')")
+    if sweep.tuning == "private":
+        _check_private_tuning(sweep, base)
     root = Path(root)
     sc = SweepConfig(base, sweep, report, root, base.data.path)
     for m in sweep.methods:  # the registry refuses unimplemented methods and bad options
@@ -194,6 +214,20 @@ def sweep_config_from_dict(raw: dict, root: Path | str = ".") -> SweepConfig:
         raise ConfigError(f"report.epsilon = {report.epsilon} is not in sweep.epsilon "
                           f"{sweep.epsilon}; pick one of the swept values")
     return sc
+
+
+def _check_private_tuning(s: SweepSection, base: Config) -> None:
+    """sweep.tuning = "private": the tuned method must be swept (its fixed public λ̄ and the
+    uncounted choice are the comparison) and λ̄ must be on the grid."""
+    tc = base.tuning
+    tuning_setup.validate(tc, sweep=True)
+    if tc.method not in s.methods:
+        raise ConfigError(f"sweep.tuning = 'private' tunes tuning.method = {tc.method!r}, which "
+                          f"is not in sweep.methods {s.methods}; add it (its fixed-λ̄ and "
+                          "uncounted runs are what the tuned runs are compared with)")
+    if float(tc.pivot_lam) not in s.lam:
+        raise ConfigError(f"tuning.pivot_lam = {tc.pivot_lam} (the public λ̄) is not in "
+                          f"sweep.lam {s.lam}; add it so the fixed-λ̄ baseline is run")
 
 
 def load_sweep_config(path: str | Path) -> SweepConfig:

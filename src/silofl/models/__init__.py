@@ -15,7 +15,7 @@ from silofl.models.base import Model
 from silofl.models.glm import MODELS
 
 #: neural models of the PyTorch backend (silofl.models.torch_nets)
-TORCH_MODELS = ("mlp", "convnet")
+TORCH_MODELS = ("mlp", "convnet", "kt_cnn")
 
 __all__ = ["MODELS", "TORCH_MODELS", "Model", "check_input", "make_model"]
 

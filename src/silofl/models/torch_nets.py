@@ -56,6 +56,29 @@ def convnet(input_shape: Sequence[int], out_dim: int, kernel: int = 3) -> nn.Seq
         nn.Flatten(), nn.Linear(64 * fh * fw, out_dim))
 
 
+#: dense widths of the PrivateKT reference CNN (seed 001's MNIST model)
+KT_CNN_HIDDEN = (512, 512, 512)
+
+
+def kt_cnn(input_shape: Sequence[int], out_dim: int,
+           hidden: Sequence[int] = KT_CNN_HIDDEN) -> nn.Sequential:
+    """(n, C, H, W) → (n, out_dim), the CNN of PrivateKT's reference implementation:
+    Conv 5×5 32 → ReLU → MaxPool 2 → Conv 5×5 128 → ReLU → MaxPool 2 → dense ReLU layers
+    of `hidden` widths (three of 512) → Linear head."""
+    c, h, w = (int(s) for s in input_shape)
+    fh, fw = convnet_feature_side(h, 5), convnet_feature_side(w, 5)
+    if fh < 1 or fw < 1:
+        raise ConfigError(f"images of size {h}×{w} are too small for kt_cnn (two 5×5 conv + "
+                          "pool stages); use images of at least 16×16 pixels")
+    layers: list[nn.Module] = [nn.Conv2d(c, 32, 5), nn.ReLU(), nn.MaxPool2d(2),
+                               nn.Conv2d(32, 128, 5), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten()]
+    width = 128 * fh * fw
+    for hdim in hidden:
+        layers += [nn.Linear(width, hdim), nn.ReLU()]
+        width = hdim
+    return nn.Sequential(*layers, nn.Linear(width, out_dim))
+
+
 def _output_dim(task: str, num_classes: int) -> int:
     return int(num_classes) if task == "multiclass" else 1
 
@@ -97,5 +120,12 @@ def make_torch_model(name: str, dim: int, num_classes: int = 2, *, task: str | N
             raise ConfigError(mismatch_message("convnet", shape))
         return TorchModel(convnet(shape, out, kernel), task=task, input_shape=shape,
                           num_classes=num_classes, name="convnet", seed=seed)
-    raise ConfigError(f"unknown neural model {name!r}; choose 'mlp' or 'convnet'")
+    if name == "kt_cnn":
+        if input_shape is None or len(tuple(input_shape)) != 3:
+            raise ConfigError(mismatch_message("convnet", tuple(input_shape or ())))
+        shape = tuple(int(s) for s in input_shape)
+        return TorchModel(kt_cnn(shape, out, tuple(hidden) if hidden else KT_CNN_HIDDEN),
+                          task=task, input_shape=shape, num_classes=num_classes,
+                          name="kt_cnn", seed=seed)
+    raise ConfigError(f"unknown neural model {name!r}; choose 'mlp', 'convnet' or 'kt_cnn'")
 

@@ -166,6 +166,8 @@ def _pld_supports(base) -> bool:
         return False  # brings its own RDP curve (node-level)
     if isinstance(base, (dpa.GaussianDpEvent, dpa.NonPrivateDpEvent)) or _is_poisson_gaussian(base):
         return True
+    if isinstance(base, dpa.RandomizedResponseDpEvent):  # see `_rr_pmfs` (PrivateKT)
+        return True
     return pld.PLDAccountant().supports(base)
 
 
@@ -239,6 +241,9 @@ _RDP_VALUES: OrderedDict = OrderedDict()  # base event → its RDP at RDP_ORDERS
 def _base_rdp(event, idx: tuple | None = None) -> np.ndarray:
     """dp_accounting's RDP of one base event at RDP_ORDERS[idx] (all orders when None),
     cached per event and order."""
+    if isinstance(event, dpa.RandomizedResponseDpEvent):
+        sel = slice(None) if idx is None else np.asarray(idx, dtype=int)
+        return rr_rdp(event, _ORDERS[sel])
     vals = _RDP_VALUES.get(event)
     if vals is None:
         if not rdp.RdpAccountant().supports(event):
@@ -257,6 +262,44 @@ def _base_rdp(event, idx: tuple | None = None) -> np.ndarray:
     out = vals[sel]
     out.flags.writeable = False
     return out
+
+
+# --- k-ary randomized response (PrivateKT's uploads, silofl.privacy.ldp) ------------------
+# RR is a *local* mechanism: its guarantee is between any two inputs, and its input (a
+# model's prediction) can change arbitrarily when one record of the client's data changes.
+# So it is accounted for the worst pair of inputs, which
+# bounds the loss under add/remove of one record, or of the whole local dataset, alike
+# (dp_accounting's REPLACE_ONE for RR: the two inputs differ; REPLACE_SPECIAL would compare
+# with a uniform output and under-count).
+
+def rr_rdp(event, orders) -> np.ndarray:
+    """Exact Rényi divergence of k-ary RR (keep w.p. 1 − p, else uniform over k) between
+    its two most distant inputs, at `orders` (> 1): with a = 1 − p + p/k, b = p/k,
+    D_α = log(a^α b^{1−α} + b^α a^{1−α} + (k − 2)·b) / (α − 1)."""
+    p, k = float(event.noise_parameter), int(event.num_buckets)
+    orders = np.asarray(orders, dtype=float)
+    if k <= 1 or p >= 1:
+        return np.zeros_like(orders)
+    if p <= 0:
+        return np.full_like(orders, np.inf)
+    la, lb = math.log1p(-p + p / k), math.log(p / k)
+    terms = np.stack([orders * la + (1 - orders) * lb, orders * lb + (1 - orders) * la,
+                      np.full_like(orders, math.log(k - 2) + lb if k > 2 else -np.inf)])
+    return _lse(terms, 0) / (orders - 1)
+
+
+def _rr_loss_std(event) -> float:
+    """Std (nats) of RR's privacy loss (±log(a/b) w.p. a, b; 0 otherwise): sets the grid."""
+    p, k = float(event.noise_parameter), int(event.num_buckets)
+    a, b = 1 - p + p / k, p / k
+    lr = math.log(a / b)
+    return math.sqrt(max(lr * lr * (a + b) - (lr * (a - b)) ** 2, 0.0))
+
+
+def _rr_pld(event, grid: float):
+    return _pld_lib.from_randomized_response(
+        event.noise_parameter, event.num_buckets, value_discretization_interval=grid,
+        neighboring_relation=dpa.NeighboringRelation.REPLACE_ONE)
 
 
 class _quiet_absl:
@@ -358,6 +401,9 @@ def _start_level(key: frozenset) -> int:
         elif _is_poisson_gaussian(e) and e.sampling_probability > 0:
             var += c * _loss_std(e.sampling_probability, e.event.noise_multiplier) ** 2
             n += c
+        elif isinstance(e, dpa.RandomizedResponseDpEvent) and 0 < e.noise_parameter < 1:
+            var += c * (_rr_loss_std(e) / 8) ** 2  # RR's PMF has 3 atoms: finer grid
+            n += c
     if prec > 0:
         var, n = var + prec, n + 1
     if not n or not var > 0:
@@ -451,6 +497,8 @@ def _base_pmfs(e, grid: float):
         d = _pld_lib.from_gaussian_mechanism(e.event.noise_multiplier,
                                              value_discretization_interval=grid,
                                              sampling_prob=e.sampling_probability)
+    elif isinstance(e, dpa.RandomizedResponseDpEvent):
+        d = _rr_pld(e, grid)
     else:  # any other event dp_accounting's PLD accountant supports
         acc = pld.PLDAccountant(value_discretization_interval=grid)
         acc.compose(e)

@@ -47,6 +47,10 @@ def from_dict(d: dict):
         module, name = target.split(":")
         return getattr(importlib.import_module(module), name).from_dict(d)
     cls = getattr(dpa, str(d.get("type")), None)
+    nested = False
+    if cls is None:  # events dp_accounting does not re-export (RepeatAndSelect: tuning)
+        from dp_accounting import dp_event
+        cls, nested = getattr(dp_event, str(d.get("type")), None), True
     if not (isinstance(cls, type) and issubclass(cls, dpa.DpEvent)):
         raise PrivacyError(f"unknown privacy event type {d.get('type')!r}")
     kwargs = {}
@@ -58,8 +62,18 @@ def from_dict(d: dict):
             v = from_dict(v)
         elif isinstance(v, list):
             v = [from_dict(x) if isinstance(x, dict) else x for x in v]
-        kwargs[f.name] = v
+        kwargs[f.name] = hashable(v) if nested else v
     return cls(**kwargs)
+
+
+def hashable(event):
+    """`event` with its compositions' lists as tuples, so that it can be a base event of a
+    ledger (RepeatAndSelect wraps a composition: silofl.tuning builds it this way too)."""
+    if isinstance(event, dpa.ComposedDpEvent):
+        return dpa.ComposedDpEvent(tuple(hashable(e) for e in event.events))
+    if isinstance(event, dpa.SelfComposedDpEvent):
+        return dpa.SelfComposedDpEvent(hashable(event.event), event.count)
+    return event
 
 
 def to_json(event) -> str:

@@ -22,6 +22,7 @@ from silofl.algorithms.base import Algorithm
 from silofl.data.federation import Federation, PrivacyTarget
 from silofl.errors import CalibrationError, ConfigError, PrivacyError
 from silofl.privacy import accounting, events
+from silofl.tuning import accounting as tuning_accounting
 
 
 NOISE_MODES = ("secure", "seeded")
@@ -113,6 +114,8 @@ def plan_job(fed: Federation, algorithms: list[Algorithm], cfg: TrainingConfig,
     per_alg = [_base_plans(fed, alg, cfg) for alg in algorithms]
     if not cfg.private:
         return per_alg
+    if any(not getattr(a, "calibrated", True) for a in algorithms):
+        return _plan_local_dp(algorithms, per_alg, cfg, extra)
     extra = extra or {}
     parts = [f"{len(algorithms)} methods composed" if len(algorithms) > 1 else "1 method"]
     for k, p in enumerate(per_alg[0]):
@@ -127,21 +130,50 @@ def plan_job(fed: Federation, algorithms: list[Algorithm], cfg: TrainingConfig,
     return per_alg
 
 
+# --- methods with a fixed local mechanism per upload (PrivateKT, FedAvg-LDP) ---------------
+def _plan_local_dp(algorithms, per_alg, cfg: TrainingConfig, extra) -> list[list[SiloPlan]]:
+    """No σ to calibrate: each client's declared event is its uploads at the method's fixed
+    per-round ε, for as many rounds as fit its target (`privacy_events`). Such a method
+    spends up to the whole target, so it runs as a job of its own."""
+    if len(algorithms) > 1 or extra:
+        names = ", ".join(a.name for a in algorithms)
+        raise ConfigError(
+            f"{names}: a local-DP method (privatekt, fedavg_ldp) spends a fixed ε per round "
+            "until the client's target is used up, so it cannot share a job with other "
+            "methods or private preprocessing; run it as a job of its own (training.methods "
+            "= ['privatekt']) — `silofl sweep` runs every method separately")
+    alg, plans = algorithms[0], per_alg[0]
+    for p in plans:
+        p.declared = alg.privacy_events(None, cfg.rounds, target=p.target)
+        p.calibrated_for = f"{alg.name}: fixed local ε per round, no DP-SGD"
+    if all(isinstance(p.declared, dpa.NoOpDpEvent) for p in plans):
+        raise PrivacyError(
+            f"{alg.name}: no client's target covers even one round's upload (ε = "
+            f"{alg.epsilon:g} per round); raise privacy.epsilon (the per-client total for the "
+            "job) or lower training.ldp_epsilon")
+    return per_alg
+
+
 def _base_plans(fed: Federation, algorithm: Algorithm, cfg: TrainingConfig) -> list[SiloPlan]:
     cfg.validate()
     algorithm.bind_silos(fed.names)
     algorithm.check_plan(fed.num_silos, cfg.rounds, cfg.accountant if cfg.private else None)
-    plans = []
+    plans, full_batch = [], []
     for s in fed.silos:
-        if cfg.batch_size >= s.n_train:
-            raise ConfigError(
-                f"batch_size {cfg.batch_size} is not below silo {s.name!r}'s {s.n_train} "
-                f"training examples; Poisson sampling needs b < n_k. Use batch_size "
-                f"≤ {min(x.n_train for x in fed.silos) - 1} or drop/merge that silo")
-        q = cfg.batch_size / s.n_train
+        # b ≥ n_k: every step uses the whole silo (q_k = 1, no amplification by sampling;
+        # thesis setting for small schools) — allowed, with a notice
+        q = min(1.0, cfg.batch_size / s.n_train)
+        if q == 1.0:
+            full_batch.append(f"{s.name} (n = {s.n_train})")
         steps = algorithm.fixed_steps_per_pass or \
             accounting.steps_for_epochs(s.n_train, cfg.batch_size, cfg.local_epochs)
         plans.append(SiloPlan(s.name, s.n_train, q, steps, s.target))
+    if full_batch:
+        warnings.warn(
+            f"batch_size {cfg.batch_size} ≥ the training examples of {len(full_batch)} "
+            f"silo(s): {', '.join(full_batch[:5])}{' …' if len(full_batch) > 5 else ''}. "
+            "They take full-batch steps (sampling rate q = 1, no privacy amplification by "
+            "sampling); each silo's q is in the privacy report", stacklevel=2)
     if not cfg.private:
         return plans
     for p in plans:
@@ -178,13 +210,19 @@ def _calibrate(algorithms: list[Algorithm], plans: list[SiloPlan], cfg: Training
     # events the preferred accountant cannot handle (zCDP selections) are calibrated with RDP
     kind = cfg.accountant if accounting.make_accountant(cfg.accountant).supports(probe) \
         else "rdp"
+    # --- private tuning (silofl.tuning): RepeatAndSelect's σ from its closed-form RDP
+    guess = None
+    if tuning_accounting.is_tuned(probe):
+        guess = tuning_accounting.sigma_guess(
+            lambda s: _job_event(algorithms, plans, cfg, s, pre), eps, delta)
     try:
         if len(counts) == 1 and isinstance(next(iter(counts)), dpa.PoissonSampledDpEvent):
             # pure DP-SGD: fast, exact path
             return accounting.calibrate_dpsgd(eps, delta, p.q, next(iter(counts.values())),
                                               kind)
         return accounting.calibrate(lambda s: _job_event(algorithms, plans, cfg, s, pre),
-                                    eps, delta, kind)
+                                    eps, delta, kind, guess=guess,
+                                    guess_is_minimal=guess is not None)
     except CalibrationError:
         raise CalibrationError(
             f"silo {p.name!r} (n = {p.n}, q = {p.q:.3g}): no noise multiplier up to 1e4 "

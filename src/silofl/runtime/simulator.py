@@ -113,6 +113,7 @@ def simulate(fed: Federation, model: Model, algorithm: Algorithm, cfg: TrainingC
     never saved: a resumed secure run draws fresh entropy."""
     t0 = time.perf_counter()
     model.check_task(fed.task)
+    bind_data(algorithm, fed, model)
     metric = metric or M.default_metric(fed.task)
     plans = plans if plans is not None else plan_silos(fed, algorithm, cfg)
     method = method or algorithm.name
@@ -138,6 +139,14 @@ def simulate(fed: Federation, model: Model, algorithm: Algorithm, cfg: TrainingC
         result.run_id, result.scratch = job.run_id, job.scratch
     result.noise = cfg.noise
     return result
+
+
+def bind_data(algorithm: Algorithm, fed: Federation, model: Model) -> None:
+    """Give an algorithm that needs them (PrivateKT: the public set) the federation and the
+    model, before planning, so their checks fail before any budget is spent."""
+    hook = getattr(algorithm, "bind_data", None)
+    if hook is not None:
+        hook(fed, model)
 
 
 def _train(fed, model, algorithm, cfg, metric, plans, ledgers, on_round, eval_sets,

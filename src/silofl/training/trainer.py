@@ -117,11 +117,25 @@ class LocalTrainer:
         if self.rule.private:
             self._charge_all(self.round_events(passes), round, label)
 
-    def _charge_all(self, evs: list, round: int, label: str) -> None:
-        for ledger, event in zip(self.ledgers, evs):  # all silos can pay, or none is charged
+    def _charge_all(self, evs: list, round: int, label: str,
+                    ids: np.ndarray | None = None) -> None:
+        """Charge every hosted silo (or only the silos `ids`) its event in `evs` (K,)."""
+        pairs = list(zip(self.ledgers, evs)) if ids is None else \
+            [(self.ledgers[k], evs[k]) for k in ids]
+        for ledger, event in pairs:  # all silos can pay, or none is charged
             ledger.check(event, round=round, label=label)
-        for ledger, event in zip(self.ledgers, evs):
+        for ledger, event in pairs:
             ledger.charge(event, round=round, label=label)
+
+    def _subset(self, silos: np.ndarray | None) -> np.ndarray | None:
+        """The indices of the silos taking part, from a (K,) boolean mask (None: all)."""
+        if silos is None:
+            return None
+        m = np.asarray(silos)
+        if m.dtype != bool or m.shape != self.data.n.shape:
+            raise ValueError(f"silos must be a boolean mask of the {len(self.data.n)} hosted "
+                             f"silos, got dtype {m.dtype}, shape {m.shape}")
+        return np.flatnonzero(m)
 
     @property
     def target_epsilons(self) -> np.ndarray | None:
@@ -169,17 +183,24 @@ class LocalTrainer:
         self.selections_done += 1
         return choice
 
-    def gradients(self, W: np.ndarray, round: int = 0, label: str = "dpsgd") -> np.ndarray:
+    def gradients(self, W: np.ndarray, round: int = 0, label: str = "dpsgd",
+                  silos: np.ndarray | None = None) -> np.ndarray:
         """One DP-SGD gradient estimate per hosted silo at W (K, P), with l2·W added (a
         public function of W): one Poisson batch (q_k = b/n_k), clipped, noised and scaled
         exactly like a step of `run`, and charged as one DP-SGD step before the data is read.
-        Returns (K, P); the parameters are not changed."""
-        if self.rule.private:
-            self._charge_all(self.step_events(), round, label)
+        Returns (K, P); the parameters are not changed.
+
+        `silos` (K,) bool: only these silos take part — only they are charged and read; the
+        rows of the others are NaN."""
+        ids = self._subset(silos)
         W = np.asarray(W, dtype=float)
         K = len(self.data.n)
         if W.shape[0] != K:
             raise ValueError(f"W must hold one model per silo ({K}, P), got {W.shape}")
+        if ids is not None:
+            return self._gradients_of(W, ids, round, label)
+        if self.rule.private:
+            self._charge_all(self.step_events(), round, label)
         idx, mask = poisson_batches(self.data.n, self.q, self.rng)
         noise = None
         if self.rule.private:
@@ -194,38 +215,75 @@ class LocalTrainer:
         self.steps_done += 1
         return g
 
+    def _gradients_of(self, W: np.ndarray, ids: np.ndarray, round: int,
+                      label: str) -> np.ndarray:
+        """`gradients` for the silos `ids` only (the others' rows NaN, nothing read)."""
+        if self.rule.private:
+            self._charge_all(self.step_events(), round, label, ids)
+        out = np.full(W.shape, np.nan)
+        if not ids.size:
+            return out
+        idx, mask = poisson_batches(self.data.n[ids], self.q[ids], self.rng)
+        noise = None
+        if self.rule.private:
+            noise, _ = round_noise(self.rng, np.ones(ids.size, dtype=np.int64),
+                                   self.rule.noise_std()[ids], W.shape[1])
+        X, y, sq = self.data.gather(ids, idx)
+        g = self.rule(self.model, W[ids], X, y, mask, self.expected_batch[ids], ids,
+                      self.rng, noise=noise, x_sqnorm=sq)
+        out[ids] = g + self.l2 * W[ids] if self.l2 else g
+        self.steps_done[ids] += 1
+        return out
+
     def run(self, W0: np.ndarray, anchor: np.ndarray | None = None,
-            lam: float | np.ndarray = 0.0, round: int = 0, label: str = "dpsgd") -> np.ndarray:
+            lam: float | np.ndarray = 0.0, round: int = 0, label: str = "dpsgd",
+            silos: np.ndarray | None = None) -> np.ndarray:
         """One local pass for every hosted silo. W0, anchor: (K, P); lam: scalar or (K,) per
         silo. Returns (K, P).
 
-        Gradient step: w ← w − lr·(ĝ + l2·w + λ(w − anchor)), ĝ the DP-SGD estimate."""
-        self.charge(round, label)
+        Gradient step: w ← w − lr·(ĝ + l2·w + λ(w − anchor)), ĝ the DP-SGD estimate.
+        `silos` (K,) bool: only these silos take their pass — only they are charged and
+        read; the others' rows come back as in W0."""
+        ids = self._subset(silos)
+        if ids is None:
+            self.charge(round, label)
+        elif self.rule.private:
+            self._charge_all(self.round_events(), round, label, ids)
         W = np.array(W0, dtype=float, copy=True)
-        steps = self.steps_per_round
-        S, K = int(steps.max()), len(steps)
+        K = len(self.data.n)
+        everyone = np.arange(K)
         lam = np.asarray(lam, dtype=float)
         if lam.ndim and lam.shape != (K,):
             raise ValueError(f"lam must be a scalar or one value per silo ({K},), got {lam.shape}")
+        if ids is None:
+            ids, n, q, steps = everyone, self.data.n, self.q, self.steps_per_round
+        elif not ids.size:
+            return W
+        else:
+            n, q, steps = self.data.n[ids], self.q[ids], self.steps_per_round[ids]
+        S, k = int(steps.max()), len(steps)
         pull = anchor is not None and bool(np.any(lam != 0))
         lam = lam[:, None] if lam.ndim else float(lam)  # scalar fast path stays a float
         # All of this round's batches in one draw (independent Poisson samples per step).
-        idx, mask = poisson_batches(np.tile(self.data.n, S), np.tile(self.q, S), self.rng)
-        idx, mask = idx.reshape(S, K, -1), mask.reshape(S, K, -1)
+        idx, mask = poisson_batches(np.tile(n, S), np.tile(q, S), self.rng)
+        idx, mask = idx.reshape(S, k, -1), mask.reshape(S, k, -1)
         # and all of its noise (only the private rule uses it), N(0, σ_k²C²) rows: step s
         # takes rows off[s]:off[s+1]; a secure stream draws the next round's meanwhile
         z = off = None
         if self.rule.private:
-            z, off = round_noise(self.rng, steps, self.rule.noise_std(), W.shape[1])
-        everyone = np.arange(K)
+            std = self.rule.noise_std()
+            z, off = round_noise(self.rng, steps, std if ids is everyone else std[ids],
+                                 W.shape[1])
         for s in range(S):
-            # while every silo is still stepping, plain slices avoid fancy-index copies
-            silos = everyone if steps.min() > s else np.nonzero(steps > s)[0]
-            sel = slice(None) if silos is everyone else silos
-            X, y, sq = self.data.gather(silos, idx[s, sel])
+            # while every silo is still stepping, plain slices avoid fancy-index copies;
+            # pos: rows of this round's draws, active: the silos (indices into K)
+            pos = slice(None) if steps.min() > s else np.nonzero(steps > s)[0]
+            active = ids if isinstance(pos, slice) else ids[pos]
+            sel = slice(None) if active is everyone else active
+            X, y, sq = self.data.gather(active, idx[s, pos])
             Ws = W[sel]
-            g = self.rule(self.model, Ws, X, y, mask[s, sel], self.expected_batch[sel], silos,
-                          self.rng, noise=None if z is None else z[off[s]:off[s + 1]],
+            g = self.rule(self.model, Ws, X, y, mask[s, pos], self.expected_batch[sel],
+                          active, self.rng, noise=None if z is None else z[off[s]:off[s + 1]],
                           x_sqnorm=sq)
             if self.l2:
                 g += self.l2 * Ws
