@@ -30,9 +30,11 @@ Options (the seed's discussion of Algorithm 1; defaults are Algorithm 1 as print
 * `update = "local_sgd"` (footnote 16, "local SGD updates, which are used in the same
   way"): each silo runs its local DP-SGD pass from the broadcast model w (`LocalTrainer.run`,
   s_i = `steps_per_pass` steps, from `local_epochs`) and sends the pseudo-gradient
-  g_i = (w − w_i^end) / (lr·s_i), the mean step direction of its pass. Distances, α and the
-  update w ← w − lr·Σ α_i g_i / Σ α_i use g_i exactly as a single gradient would be used (so
-  the server moves one lr-step per round). The plan and the ledgers count s_i DP-SGD steps
+  g_i = (w − w_i^end) / lr, the sum of its pass's step directions. Distances, α and the
+  update w ← w − lr·Σ α_i g_i / Σ α_i use g_i exactly as a single gradient would be used, so
+  the server moves by the α-weighted mean of the silos' model updates, as FedAvg does (a
+  mean direction, (w − w_i^end)/(lr·s_i), would move one lr-step per round and learn s_i
+  times slower for the same privacy cost). The plan and the ledgers count s_i DP-SGD steps
   per round (`fixed_steps_per_pass` is None), not one.
 * Silos coming and going ("Resilience"): `participation = p` — each round every silo but
   the user takes part independently with probability p; `join_round[i] = r` — silo i takes
@@ -295,7 +297,7 @@ class WeightErosion(Algorithm):
                 raise ConfigError("weight_erosion with we_update = 'local_sgd' divides by the "
                                   "step size: set lr > 0")
             end = trainer.run(start, round=round, silos=mask)
-            grads = (start - end) / (trainer.lr * trainer.steps_per_round[:, None])
+            grads = (start - end) / trainer.lr  # Σ of the pass's steps: a FedAvg-size move
             if mask is not None:
                 grads[~mask] = np.nan
         r = self.taken_part(round) if self.count == "participated" else round
