@@ -245,6 +245,12 @@ class PrivateKT(_LocalDP):
         if self.model is None:
             raise ConfigError("privatekt: call bind_data(fed, model) before planning "
                               "(simulate and `silofl run` do)")
+        if accountant is not None and self.beta >= 1.0:  # privacy review: RR without noise
+            raise ConfigError(
+                f"privatekt: ldp_epsilon / kt_samples = {self.epsilon:g}/{self.samples} per "
+                f"label is so large that randomized response keeps every label (β = 1 in "
+                "floating point): the uploads would be the true predictions, with no privacy. "
+                "Lower ldp_epsilon or raise kt_samples (ε/K ≤ 30)")
 
     def upload_event(self):
         return ldp.rr_round_event(self.epsilon, self.samples, self.num_classes)

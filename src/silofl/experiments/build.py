@@ -253,8 +253,16 @@ def build_model(cfg: Config, fed: Federation) -> Model:
     x_shape = fed.silos[0].X_train.shape
     if mc.name in TORCH_MODELS:  # neural nets: loss from the task, shape from the data
         opts = {"task": fed.task, "input_shape": x_shape[1:], "hidden": mc.hidden or None,
-                "seed": cfg.training.seed}
-    elif mc.hidden:
+                "seed": cfg.training.seed, "device": cfg.training.device}
+    elif cfg.training.device not in ("cpu", "auto"):  # GLMs are NumPy: they run on the CPU
+        dev = str(cfg.training.device)
+        if dev != "cuda" and not (dev.startswith("cuda:") and dev[5:].isdigit()):
+            raise ConfigError(f"unknown [training] device {dev!r}; choose cpu, cuda, cuda:N or "
+                              "auto")
+        raise ConfigError(f"[training] device = {cfg.training.device!r} only applies to the "
+                          f"torch models ({', '.join(TORCH_MODELS)}); model {mc.name!r} is a "
+                          "NumPy GLM that runs on the CPU: remove the key or set it to \"cpu\"")
+    if mc.hidden and mc.name not in TORCH_MODELS:
         raise ConfigError(f"model.hidden only applies to model 'mlp', not {mc.name!r}; remove it")
     model = make_model(mc.name, fed.dim, max(fed.num_classes, 2), **opts)
     check_input(model, x_shape)

@@ -83,6 +83,7 @@ class TrainingSection:
     l2: float = 0.0
     seed: int = 0
     eval_every: int = 1
+    device: str = "cpu"              # torch models: cpu | cuda | cuda:N | auto (GPU if present)
     finetune_fraction: float = 0.5   # finetune, ifca_finetune: share of rounds federated
     clusters: int = 2                # ifca*: number of cluster models
     selection_fraction: float = 0.03  # ifca*: share of a silo's ε per cluster selection

@@ -58,15 +58,18 @@ def compare(cfg: Config, out_dir: Path | None = None, *, store: BudgetStore | No
         alg = make_algorithm(method, **opts) if method != "fedavg" else make_algorithm(
             "fedavg", weighted=cfg.training.weighted)
         run_cfg, run_fed = tcfg, fed
-        if method == "fedavg":  # σ for ε per round, target = what T rounds compose to
+        if method == "fedavg":  # per silo: σ_k for ε per round at its own q_k; its
+            # target = what T rounds at σ_k compose to (the plan calibrates each silo to it)
             base = plan_silos(fed, alg, dataclasses.replace(tcfg, private=False))
-            p = base[0]
-            sigma = _dpsgd_sigma(opts["ldp_epsilon"], cfg.privacy.delta, p.q, p.steps_per_pass)
-            run_cfg = dataclasses.replace(tcfg, noise_multiplier=sigma)
-            total = tightest(dpa.SelfComposedDpEvent(
-                accounting.dpsgd_event(p.q, sigma, p.steps_per_pass), tcfg.rounds),
-                cfg.privacy.delta)[0]
-            run_fed = fed.with_targets(PrivacyTarget(total * (1 + 1e-6), cfg.privacy.delta), {})
+            targets = {}
+            for s, p in zip(fed.silos, base):
+                sigma = _dpsgd_sigma(opts["ldp_epsilon"], cfg.privacy.delta, p.q,
+                                     p.steps_per_pass)
+                total = tightest(dpa.SelfComposedDpEvent(
+                    accounting.dpsgd_event(p.q, sigma, p.steps_per_pass), tcfg.rounds),
+                    cfg.privacy.delta)[0]
+                targets[s.name] = PrivacyTarget(total * (1 + 1e-6), cfg.privacy.delta)
+            run_fed = fed.with_targets(None, targets)
         # a scratch store per job unless one is given (then the three jobs compose in it)
         job_store = store if store is not None else BudgetStore(None)
         res = simulate(run_fed, model, alg, run_cfg, metric="accuracy", store=job_store,

@@ -22,8 +22,8 @@ __all__ = ["MODELS", "TORCH_MODELS", "Model", "check_input", "make_model"]
 
 def make_model(name: str, dim: int, num_classes: int = 2, **options) -> Model:
     """Build a model by name: a GLM ('linear', 'logistic', 'focal', 'svm', 'softmax') or a
-    neural model ('mlp', 'convnet'; options: task, input_shape, hidden, kernel, seed — see
-    `silofl.models.torch_nets.make_torch_model`)."""
+    neural model ('mlp', 'convnet', 'kt_cnn'; options: task, input_shape, hidden, kernel,
+    seed, device — see `silofl.models.torch_nets.make_torch_model`)."""
     if name in TORCH_MODELS:
         try:
             from silofl.models.torch_nets import make_torch_model

@@ -14,6 +14,11 @@ with c = clip_bound(C) just below C, norms in float64 (see `_clip_sum`).
 Padded rows (mask False) get factor 0, so they contribute nothing. Compute is float32
 (DP noise swamps float32 rounding); results return as float64 numpy arrays.
 
+Device: parameters, inputs and gradients live on `device` ("cpu" by default, "cuda" for a
+GPU, "auto" = cuda when available; `resolve_device`); every result comes back to the CPU as
+numpy, so the engine — DP noise, clipping bookkeeping, accounting — never sees a tensor.
+Initialization always runs on the CPU, so a seed gives the same initial model everywhere.
+
 Losses (per example, like the GLMs): binary — cross-entropy on one logit, labels {0, 1};
 multiclass — softmax cross-entropy, labels 0..C−1; regression — 0.5·squared error.
 `predict` returns P(class 1) (n,), class probabilities (n, C), or the value (n,).
@@ -34,6 +39,8 @@ from silofl.errors import ConfigError, DataError
 from silofl.models.base import Model, clip_bound
 
 TASKS = ("binary", "multiclass", "regression")
+#: [training] device values (README, "PrivateKT")
+DEVICES = ("cpu", "cuda", "auto")
 #: cap on the per-example gradient tensor of one vectorized chunk of silos (bytes)
 CHUNK_BYTES = 256 * 2**20
 #: examples per forward pass in predict / loss / per_example_grads
@@ -52,6 +59,38 @@ def _cap_threads() -> None:
         cpus = os.cpu_count() or 1
     if torch.get_num_threads() > cpus:
         torch.set_num_threads(max(1, cpus))
+
+
+def resolve_device(device: str | torch.device = "cpu") -> torch.device:
+    """'cpu' | 'cuda' | 'cuda:N' | 'auto' (cuda when available, else cpu) → torch.device.
+    ConfigError for an unknown name or a GPU that this machine does not have."""
+    if isinstance(device, torch.device):
+        device = str(device)
+    name = str(device).strip().lower()
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cpu":
+        return torch.device("cpu")
+    if name == "cuda" or name.startswith("cuda:") and name[5:].isdigit():
+        if not torch.cuda.is_available():
+            raise ConfigError(f"[training] device = {device!r} asks for a GPU, but PyTorch sees "
+                              f"no CUDA device here (torch {torch.__version__}"
+                              f"{', a CPU-only build' if torch.version.cuda is None else ''}); "
+                              "use device = \"auto\" (GPU when present, else CPU) or \"cpu\", "
+                              "or run on a machine with a GPU and a CUDA build of PyTorch")
+        idx = int(name[5:]) if ":" in name else 0
+        if idx >= torch.cuda.device_count():
+            raise ConfigError(f"[training] device = {device!r}: this machine has "
+                              f"{torch.cuda.device_count()} CUDA device(s); use 'cuda' or "
+                              f"'cuda:0'..'cuda:{torch.cuda.device_count() - 1}'")
+        return torch.device(name)
+    raise ConfigError(f"unknown [training] device {device!r}; choose one of "
+                      f"{', '.join(DEVICES)} (or 'cuda:N' for GPU N)")
+
+
+def _np(t: torch.Tensor) -> np.ndarray:
+    """A tensor on any device → float64 numpy on the CPU (what the engine works with)."""
+    return t.double().cpu().numpy()
 
 
 def task_loss(task: str) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
@@ -89,6 +128,8 @@ class TorchModel(Model):
     module: maps (n, *input_shape) → (n, O), O = C for multiclass else 1.
     task: 'binary' | 'multiclass' | 'regression'. seed: init_params seed.
     dtype: compute precision (float32; float64 for exact comparisons in tests).
+    device: where parameters and data live during compute ('cpu', 'cuda', 'cuda:N',
+    'auto'; `resolve_device`); results always return as CPU numpy arrays.
     silo_vmap: vectorize over the silo axis with a second vmap (per-silo parameters). Dense
     layers become batched matmuls, which pays; a convolution with per-silo weights becomes
     a grouped convolution, which on CPU is slower than one ordinary batched convolution per
@@ -98,8 +139,10 @@ class TorchModel(Model):
 
     def __init__(self, module: nn.Module, *, task: str, input_shape: Sequence[int],
                  num_classes: int = 2, name: str = "torch", seed: int = 0,
-                 dtype: torch.dtype = torch.float32, silo_vmap: bool | None = None):
+                 dtype: torch.dtype = torch.float32, silo_vmap: bool | None = None,
+                 device: str | torch.device = "cpu"):
         _cap_threads()
+        self.device = resolve_device(device)
         if task not in TASKS:
             raise ConfigError(f"unknown task {task!r} for model {name!r}; use one of "
                               f"{', '.join(TASKS)}")
@@ -109,7 +152,7 @@ class TorchModel(Model):
         self.name, self.task, self.tasks = name, task, (task,)
         self.num_classes, self.seed, self.dtype = int(num_classes), int(seed), dtype
         self.input_shape = tuple(int(s) for s in input_shape)
-        self.module = module.to(dtype).eval()
+        self.module = module.to(dtype).to(self.device).eval()
         named = list(self.module.named_parameters())
         self._names = [n for n, _ in named]
         self._shapes = [tuple(p.shape) for _, p in named]
@@ -141,7 +184,7 @@ class TorchModel(Model):
         if W.shape[-1] != self.num_params:
             raise DataError(f"model {self.name!r} has {self.num_params} parameters but got a "
                             f"parameter array of shape {W.shape}")
-        t = torch.from_numpy(np.ascontiguousarray(W)).to(self.dtype)
+        t = torch.from_numpy(np.ascontiguousarray(W)).to(self.device, self.dtype)
         lead, out, off = t.shape[:-1], {}, 0
         for n, s, k in zip(self._names, self._shapes, self._sizes):
             out[n] = t[..., off:off + k].reshape(lead + s)
@@ -156,16 +199,23 @@ class TorchModel(Model):
         X = np.asarray(X)
         if X.shape[lead:] != self.input_shape:
             raise DataError(mismatch_message(self.name, tuple(X.shape[lead:]), self.input_shape))
-        return torch.from_numpy(np.ascontiguousarray(X)).to(self.dtype)
+        return torch.from_numpy(np.ascontiguousarray(X)).to(self.device, self.dtype)
 
     def _labels(self, y: np.ndarray) -> torch.Tensor:
-        return torch.from_numpy(np.ascontiguousarray(y)).to(self.dtype)
+        return torch.from_numpy(np.ascontiguousarray(y)).to(self.device, self.dtype)
+
+    def _mask(self, mask: np.ndarray, dtype: torch.dtype | None = None) -> torch.Tensor:
+        """(…, B) mask on the compute device: bool (padding), or row weights as `dtype`."""
+        if dtype is None:
+            return torch.from_numpy(np.ascontiguousarray(mask, dtype=bool)).to(self.device)
+        return torch.from_numpy(np.ascontiguousarray(mask)).to(self.device, dtype)
 
     def _check_output(self) -> None:
         want = self.num_classes if self.task == "multiclass" else 1
         try:
             with torch.no_grad():
-                out = self.module(torch.zeros((2,) + self.input_shape, dtype=self.dtype))
+                out = self.module(torch.zeros((2,) + self.input_shape, dtype=self.dtype,
+                                              device=self.device))
         except RuntimeError as e:
             raise ConfigError(f"model {self.name!r} cannot take inputs of shape "
                               f"{self.input_shape}: {e}") from None
@@ -182,7 +232,7 @@ class TorchModel(Model):
 
     def init_params(self) -> np.ndarray:
         """(P,) float64: the architecture's default initialization, seeded by `seed`."""
-        module = copy.deepcopy(self.module)
+        module = copy.deepcopy(self.module).cpu()  # CPU RNG: the same init on any device
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(self.seed)
             for m in module.modules():
@@ -206,19 +256,19 @@ class TorchModel(Model):
             out = torch.softmax(out, -1)
         else:
             out = out[:, 0]
-        return out.double().numpy()
+        return _np(out)
 
     def loss(self, w, X, y):
         with torch.no_grad():
-            return self._loss(self._forward(w, X), self._labels(y)).double().numpy()
+            return _np(self._loss(self._forward(w, X), self._labels(y)))
 
     def per_example_grads(self, w, X, y):
         params, Xt, yt = self._params(w), self._inputs(X, 1), self._labels(y)
         if len(Xt) == 0:
             return np.zeros((0, self.num_params))
-        return torch.cat([self._flat(self._ex_grads(params, Xt[i:i + EVAL_CHUNK],
-                                                    yt[i:i + EVAL_CHUNK]), 1)
-                          for i in range(0, len(Xt), EVAL_CHUNK)]).double().numpy()
+        return _np(torch.cat([self._flat(self._ex_grads(params, Xt[i:i + EVAL_CHUNK],
+                                                        yt[i:i + EVAL_CHUNK]), 1)
+                              for i in range(0, len(Xt), EVAL_CHUNK)]))
 
     def _clip_sum(self, grads: dict[str, torch.Tensor], mask: torch.Tensor,
                   clip: float) -> torch.Tensor:
@@ -242,29 +292,29 @@ class TorchModel(Model):
         if B == 0:
             return out
         Xt, yt = self._inputs(X, 2), self._labels(y)
-        m = torch.from_numpy(np.ascontiguousarray(mask, dtype=bool))
+        m = self._mask(mask)
         if not self.silo_vmap or K == 1:
             for k in range(K):
                 G = self._ex_grads(self._params(W[k]), Xt[k], yt[k])  # {name: (B, *shape)}
-                out[k] = self._clip_sum(G, m[k], clip).double().numpy()
+                out[k] = _np(self._clip_sum(G, m[k], clip))
             return out
         # silos per chunk so the (k, B, P) per-example gradients stay under CHUNK_BYTES
         step = max(1, CHUNK_BYTES // (B * self.num_params * torch.finfo(self.dtype).bits // 8))
         for a in range(0, K, step):
             s = slice(a, a + step)
             G = self._silo_ex_grads(self._params(W[s]), Xt[s], yt[s])  # {name: (k, B, *shape)}
-            out[s] = self._clip_sum(G, m[s], clip).double().numpy()
+            out[s] = _np(self._clip_sum(G, m[s], clip))
         return out
 
     def grad_sum(self, W, X, y, mask):
         """Σ_b g_kb over unmasked rows → (K, P) float64 (the non-private path: one
         backward pass per silo, no per-example gradients)."""
-        m = torch.from_numpy(np.ascontiguousarray(mask)).to(self.dtype)
+        m = self._mask(mask, self.dtype)
         K, B = m.shape
         if B == 0:
             return np.zeros((K, self.num_params))
         Xt, yt = self._inputs(X, 2), self._labels(y)
         if not self.silo_vmap or K == 1:
-            return np.stack([self._flat(self._grad_sum(self._params(W[k]), Xt[k], yt[k], m[k]),
-                                        0).double().numpy() for k in range(K)])
-        return self._flat(self._silo_grad_sum(self._params(W), Xt, yt, m), 1).double().numpy()
+            return np.stack([_np(self._flat(self._grad_sum(self._params(W[k]), Xt[k], yt[k],
+                                                           m[k]), 0)) for k in range(K)])
+        return _np(self._flat(self._silo_grad_sum(self._params(W), Xt, yt, m), 1))

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from torch import nn
 
 from silofl.errors import ConfigError
-from silofl.models.torch_model import TASKS, TorchModel, mismatch_message
+from silofl.models.torch_model import TASKS, TorchModel, mismatch_message, resolve_device
 
 DEFAULT_HIDDEN = (64,)
 
@@ -86,14 +86,17 @@ def _output_dim(task: str, num_classes: int) -> int:
 def make_torch_model(name: str, dim: int, num_classes: int = 2, *, task: str | None = None,
                      input_shape: Sequence[int] | None = None,
                      hidden: Sequence[int] | None = None, kernel: int = 3,
-                     seed: int = 0) -> TorchModel:
+                     seed: int = 0, device: str = "cpu") -> TorchModel:
     """Build 'mlp' or 'convnet' as a `TorchModel`.
 
     dim: number of tabular features (mlp; ignored by convnet). num_classes: C (multiclass).
     task: 'binary' | 'multiclass' | 'regression' (default: multiclass if C > 2 else binary).
     input_shape: per-example shape — required for convnet ((C, H, W)); for mlp it defaults
     to (dim,). hidden: mlp widths (None or empty → (64,)). seed: parameter init seed.
+    device: 'cpu' | 'cuda' | 'cuda:N' | 'auto' (`torch_model.resolve_device`; checked before
+    anything is built).
     """
+    resolve_device(device)  # a missing GPU fails here, before the architecture is built
     task = task or ("multiclass" if num_classes > 2 else "binary")
     if task not in TASKS:
         raise ConfigError(f"unknown task {task!r} for model {name!r}; use one of "
@@ -110,7 +113,7 @@ def make_torch_model(name: str, dim: int, num_classes: int = 2, *, task: str | N
         if len(shape) != 1:
             raise ConfigError(mismatch_message("mlp", shape))
         return TorchModel(mlp(shape[0], out, hidden), task=task, input_shape=shape,
-                          num_classes=num_classes, name="mlp", seed=seed)
+                          num_classes=num_classes, name="mlp", seed=seed, device=device)
     if name == "convnet":
         if input_shape is None:
             raise ConfigError("model 'convnet' needs input_shape = (channels, height, width) of "
@@ -119,13 +122,13 @@ def make_torch_model(name: str, dim: int, num_classes: int = 2, *, task: str | N
         if len(shape) != 3:
             raise ConfigError(mismatch_message("convnet", shape))
         return TorchModel(convnet(shape, out, kernel), task=task, input_shape=shape,
-                          num_classes=num_classes, name="convnet", seed=seed)
+                          num_classes=num_classes, name="convnet", seed=seed, device=device)
     if name == "kt_cnn":
         if input_shape is None or len(tuple(input_shape)) != 3:
             raise ConfigError(mismatch_message("convnet", tuple(input_shape or ())))
         shape = tuple(int(s) for s in input_shape)
         return TorchModel(kt_cnn(shape, out, tuple(hidden) if hidden else KT_CNN_HIDDEN),
                           task=task, input_shape=shape, num_classes=num_classes,
-                          name="kt_cnn", seed=seed)
+                          name="kt_cnn", seed=seed, device=device)
     raise ConfigError(f"unknown neural model {name!r}; choose 'mlp', 'convnet' or 'kt_cnn'")
 

@@ -288,6 +288,12 @@ def rr_rdp(event, orders) -> np.ndarray:
     return _lse(terms, 0) / (orders - 1)
 
 
+def _rr_loss(event) -> float:
+    """RR's largest privacy loss log(a/b) (nats), a = 1 − p + p/k, b = p/k."""
+    p, k = float(event.noise_parameter), int(event.num_buckets)
+    return math.log1p(-p + p / k) - math.log(p / k)
+
+
 def _rr_loss_std(event) -> float:
     """Std (nats) of RR's privacy loss (±log(a/b) w.p. a, b; 0 otherwise): sets the grid."""
     p, k = float(event.noise_parameter), int(event.num_buckets)
@@ -402,7 +408,10 @@ def _start_level(key: frozenset) -> int:
             var += c * _loss_std(e.sampling_probability, e.event.noise_multiplier) ** 2
             n += c
         elif isinstance(e, dpa.RandomizedResponseDpEvent) and 0 < e.noise_parameter < 1:
-            var += c * (_rr_loss_std(e) / 8) ** 2  # RR's PMF has 3 atoms: finer grid
+            # RR's PMF has 3 atoms: finer grid; but at large ε/K its std → 0 while its
+            # loss ±log(a/b) does not, and the PMF (length ∝ loss/grid) exploded (review:
+            # 90 s for one label at ε/K = 30): never finer than 1/2000 of the loss
+            var += c * max(_rr_loss_std(e) / 8, _rr_loss(e) / 2000) ** 2
             n += c
     if prec > 0:
         var, n = var + prec, n + 1

@@ -54,8 +54,12 @@ def rr_keep_probability(epsilon: float, samples: int, num_classes: int) -> float
 
 
 def rr_event(epsilon: float, samples: int, num_classes: int) -> dpa.DpEvent:
-    """One label's randomized response at ε/K: `RandomizedResponseDpEvent(1 − β, C)`."""
+    """One label's randomized response at ε/K: `RandomizedResponseDpEvent(1 − β, C)`.
+    When β rounds to 1 (ε/K ≳ 37) `randomized_response` keeps every label, so the upload
+    is the true prediction: `NonPrivateDpEvent` (ε = ∞), never an RR event with p = 0."""
     beta = rr_keep_probability(epsilon, samples, num_classes)
+    if beta >= 1.0:  # privacy review: p = 0 crashed dp_accounting; it is no privacy at all
+        return dpa.NonPrivateDpEvent()
     return dpa.RandomizedResponseDpEvent(noise_parameter=1.0 - beta, num_buckets=num_classes)
 
 
@@ -103,7 +107,13 @@ def clip_updates(update: np.ndarray, clip: float, norm: int) -> np.ndarray:
     """Scale each row of (k, P) so its L`norm` norm is ≤ clip (slightly inside, see
     `models.base.clip_bound`)."""
     from silofl.models.base import clip_bound
-    n = np.linalg.norm(update, ord=norm, axis=1)
+    # a diverged client's row (NaN/∞, or a norm that overflows) becomes 0, a valid input:
+    # a NaN upload would reveal the divergence outside the mechanism (privacy review)
+    with np.errstate(over="ignore", invalid="ignore"):
+        n = np.linalg.norm(update, ord=norm, axis=1)
+    bad = ~np.isfinite(n)
+    update = np.where(bad[:, None], 0.0, update)
+    n = np.where(bad, 0.0, n)
     return update * np.minimum(1.0, clip_bound(clip) / np.maximum(n, 1e-300))[:, None]
 
 
