@@ -11,7 +11,8 @@ stages one after another:
 * ``load``     — ``read_dataset(dir, with_target=True)``;
 * ``features`` — ``build_regions`` (per-region dedupe, pruning, node/location tables);
 * ``train``    — ``train`` with ``PandemicConfig(rounds=2, epsilon=5, batch_size=512)``,
-                 federated by region: ``plan_regions`` (σ calibration, ledger preflight)
+                 federated by region, on the core engine: ``plan_regions`` (σ calibration
+                 by ``runtime.plan.plan_job``, ledger preflight)
                  plus 2 rounds of MR-MTL with node-level DP-SGD;
 * ``predict``  — ``predict`` over all persons;
 * ``evaluate`` — ``evaluate`` (AUPRC, SIR baseline, per-region AUPRC).

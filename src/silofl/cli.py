@@ -886,12 +886,13 @@ def pandemic_synth(persons: int = typer.Option(10_000, help="number of persons")
 
 
 def _pandemic_config(centralized, rounds, epsilon, batch, lam, lr, S, no_privacy, seed,
-                     noise="secure", adjacency="node+edges", preprocessing="declared"):
+                     noise="secure", adjacency="node+edges", preprocessing="declared",
+                     method="mrmtl"):
     from silofl.pandemic.pipeline import PandemicConfig
     return PandemicConfig(federated=not centralized, rounds=rounds, epsilon=epsilon,
                           batch_size=batch, lam=lam, lr=lr, S=S, private=not no_privacy,
                           seed=seed, noise=noise, adjacency=adjacency,
-                          preprocessing=preprocessing)
+                          preprocessing=preprocessing, method=method)
 
 
 @pandemic_app.command("train")
@@ -916,8 +917,11 @@ def pandemic_train(data: Path = typer.Option(..., "--data", help="directory of t
                    store: Path = typer.Option(Path("runs/budget.sqlite"), "--store", help=(
                        "lifetime budget store (SQLite): runs on the same data compose")),
                    scratch: bool = typer.Option(False, "--scratch", help=(
-                       "charge an in-memory scratch budget: an experiment, not a release"))):
-    """Train per-region risk models (MR-MTL, node-level DP) and save them. A private run
+                       "charge an in-memory scratch budget: an experiment, not a release")),
+                   method: str = typer.Option("mrmtl", "--method", help=(
+                       "federated algorithm on the core engine: mrmtl, local, fedavg, "
+                       "finetune, ditto or mocha (--lam is its λ)"))):
+    """Train per-region risk models (MR-MTL by default, node-level DP) and save them. A private run
     first reserves its whole spending in the lifetime budget store (refused, exit 2,
     nothing written, if a region's lifetime budget cannot pay)."""
     st = None
@@ -928,7 +932,7 @@ def pandemic_train(data: Path = typer.Option(..., "--data", help="directory of t
         from silofl.pandemic.pipeline import SEEDED_NOTE, SIZES_ASSUMPTION, train
         from silofl.privacy.budget import BudgetStore
         cfg = _pandemic_config(centralized, rounds, epsilon, batch, lam, lr, S, no_privacy,
-                               seed, noise, adjacency, preprocessing)
+                               seed, noise, adjacency, preprocessing, method)
         cfg.validate()
         with console.status("reading data…"):
             ds = read_dataset(data)
@@ -949,7 +953,7 @@ def pandemic_train(data: Path = typer.Option(..., "--data", help="directory of t
     if not cfg.private:
         console.print("No differential privacy: this run is for comparison only.")
     else:
-        t = Table(title="node-level privacy per region")
+        t = Table(title=f"node-level privacy per region ({escape(cfg.method)})")
         for c in ["region", "persons", "S", "affected", "steps", "σ", "ε spent (RDP)", "δ",
                   "lifetime ε / target"]:
             t.add_column(c, justify="left" if c == "region" else "right")
@@ -1015,6 +1019,113 @@ def pandemic_predict(data: Path = typer.Option(..., "--data"),
         for r, v in ev["per_region_auprc"].items():
             t.add_row(f"auprc region {r}", f"{v:.4f}")
         console.print(t)
+
+
+# --- networked runtime: silofl deploy init / silo / server (runtime/network) ----------
+deploy_app = typer.Typer(help="Set up a consortium: per-silo configs, TLS and signing keys.")
+app.add_typer(deploy_app, name="deploy")
+
+
+@deploy_app.command("init")
+def deploy_init(
+        out: Path = typer.Option(..., "--out", help="folder to create (must be new or empty)"),
+        silo: Optional[list[str]] = typer.Option(None, "--silo", help="a silo name (repeat)"),
+        demo: Optional[str] = typer.Option(None, "--demo",
+                                           help="'heart': write each hospital's own data"),
+        address: str = typer.Option("127.0.0.1:9092", "--address", help="server host:port"),
+        host: Optional[list[str]] = typer.Option(None, "--host",
+                                                 help="extra server host name/IP for TLS"),
+        method: str = typer.Option("mrmtl", "--method"),
+        rounds: int = typer.Option(20, "--rounds"),
+        epsilon: float = typer.Option(1.0, "--epsilon", help="each silo's ε for this job"),
+        delta: float = typer.Option(1e-5, "--delta"),
+        noise: str = typer.Option("secure", "--noise", help="secure | seeded (experiments)"),
+        overwrite: bool = typer.Option(False, "--overwrite")):
+    """Write server.toml, silo_<name>.toml, the consortium CA, the server's TLS certificate
+    and each silo's signing key into one folder (one-machine demo; see README for how to
+    spread it over institutions)."""
+    from silofl.runtime.network import deploy
+    try:
+        written = deploy.init(out, silos=silo, demo=demo, address=address, hosts=host,
+                              epsilon=epsilon, delta=delta, noise=noise, overwrite=overwrite,
+                              job={"method": method, "rounds": rounds})
+    except SiloflError as e:
+        _fail(e)
+    t = Table(title=f"consortium in {escape(str(out))}")
+    t.add_column("role")
+    t.add_column("start with")
+    t.add_row("server", f"silofl server --config {escape(written['server'])}")
+    for name, path in written["silos"].items():
+        t.add_row(escape(name), f"silofl silo --config {escape(path)}")
+    console.print(t)
+    console.print("certs/ca.key signs the server certificate: keep it offline in production.")
+
+
+@deploy_app.command("key")
+def deploy_key(name: str = typer.Option(..., "--name", help="this silo's name"),
+               out: Path = typer.Option(Path("."), "--out", help="folder (keys/ is created)")):
+    """Make this silo's signing key pair at the silo: keys/<name>.key stays here, send only
+    keys/<name>.pub to the coordinator (the server's [silos] table)."""
+    from silofl.privacy.ledger import silo_file_id
+    from silofl.runtime.network import deploy
+    fid = silo_file_id(name)
+    if (out / "keys" / f"{fid}.key").exists():
+        _fail(SiloflError(f"{out / 'keys' / (fid + '.key')} exists; a silo's key is never "
+                          "overwritten (move it away first if you really mean to replace it)"))
+    priv, pub = deploy.write_silo_key(out, fid)
+    console.print(f"private key {escape(str(priv))} (keep it here, mode 0600); public key "
+                  f"{escape(str(pub))} (send it to the coordinator)")
+
+
+@app.command("silo")
+def silo_cmd(config: Path = typer.Option(..., "--config", help="this silo's silo.toml"),
+             wait: float = typer.Option(120.0, "--wait",
+                                        help="seconds to keep trying to reach the server")):
+    """Run one silo: join the server, check every requested round against this silo's own
+    budget store, train on its own data only, send back the update."""
+    from silofl.runtime.network.flower import run_silo
+    from silofl.runtime.network.silo import load_silo_config
+    try:
+        cfg = load_silo_config(config)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            program = run_silo(cfg, max_wait=wait)
+    except SiloflError as e:
+        _fail(e)
+    if program.job is None:
+        _fail(SiloflError(f"silo {cfg.name!r} never received a job it accepted"))
+    t = Table(title=f"silo {escape(cfg.name)}")
+    for c in ("rounds run", "status", "test metric (local)", "store"):
+        t.add_column(c)
+    t.add_row(str(program.done), "exhausted" if program.exhausted else "ok",
+              f"{program.evaluate():.4f}", escape(str(cfg.budget_store)))
+    console.print(t)
+
+
+@app.command("server")
+def server_cmd(config: Path = typer.Option(..., "--config", help="the job's server.toml")):
+    """Run the server: join the registered silos, run the method's server step each round,
+    checkpoint after each round (a restart resumes)."""
+    from silofl.runtime.network.flower import run_server
+    from silofl.runtime.network.server import load_server_config
+    try:
+        cfg = load_server_config(config)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            program = run_server(cfg)
+    except SiloflError as e:
+        _fail(e)
+    s = program.summary()
+    t = Table(title=f"{escape(s['method'])}: {s['rounds_done']} round(s) done")
+    for c in ("silo", "status", "rounds", "σ", "q", "steps/round"):
+        t.add_column(c)
+    for name, r in s["silos"].items():
+        t.add_row(escape(name), r["status"], str(len(r["rounds"])), f"{r['sigma']:.4g}",
+                  f"{r['q']:.4g}", str(r["steps"]))
+    console.print(t)
+    from silofl.experiments.atomic import write_json_atomic
+    write_json_atomic(Path(cfg.state_dir) / "summary.json", s)
+# --- end networked runtime ------------------------------------------------------------
 
 
 def main() -> None:

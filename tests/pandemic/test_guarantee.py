@@ -25,6 +25,8 @@ from silofl.privacy.budget import SCRATCH_NOTE, BudgetStore
 from silofl.privacy.ledger import Ledger
 from silofl.privacy.randomness import Randomness
 from silofl.runtime.plan import SEEDED_NOTE
+from silofl.training import sampling as TS
+from silofl.training.trainer import LocalTrainer
 
 runner = CliRunner()
 CFG = dict(rounds=2, batch_size=64, epsilon=8.0)
@@ -49,16 +51,17 @@ def _no_statistics(monkeypatch):
 
 def test_default_noise_is_secure_and_seeded_runs_are_flagged(data, monkeypatch, tmp_path):
     made = []
-    real = P.secure_randomness
+    real = TS.secure_randomness
 
     def counting():
         made.append(real())
         return made[-1]
-    monkeypatch.setattr(P, "secure_randomness", counting)
+    # the core trainer's node-level streams (`training.sampling.node_streams`)
+    monkeypatch.setattr(TS, "secure_randomness", counting)
 
     def no_seeded_streams(*a, **k):
         raise AssertionError("a secure run used the seeded streams")
-    monkeypatch.setattr(P, "region_streams", no_seeded_streams)
+    monkeypatch.setattr(TS, "seeded_streams", no_seeded_streams)
     cfg = P.PandemicConfig(**CFG)
     assert cfg.noise == "secure"
     a, b = P.train(data, cfg), P.train(data, cfg)
@@ -86,7 +89,7 @@ def test_secure_rounds_draw_everything_from_their_stream(data, monkeypatch):
     cfg = P.PandemicConfig(**CFG)
     runs = []
     for seeds in ([1, 2, 3], [1, 2, 3], [4, 5, 6]):
-        monkeypatch.setattr(P, "secure_randomness",
+        monkeypatch.setattr(TS, "secure_randomness",
                             lambda it=iter(range(10**6)), s=seeds: Randomness.seeded(
                                 [*s, next(it)]))
         runs.append(P.train(data, cfg).weights)
@@ -220,13 +223,13 @@ def test_reservation_covers_preprocessing_and_rounds_and_settles_to_executed(
                        ("node-dpsgd", 3): P.round_event(r, cfg)}
     # a run that fails in round 2 is settled to what it executed: preprocessing, round 1
     store2 = current[0] = BudgetStore(tmp_path / "budget2.sqlite")
-    real_round = P.region_round
+    real_run = LocalTrainer.run
 
-    def failing(model, w, anchor, r, cfg_, round):
+    def failing(self, *a, round=0, **k):  # the core trainer's local pass
         if round == 2:
             raise RuntimeError("crash")
-        return real_round(model, w, anchor, r, cfg_, round)
-    monkeypatch.setattr(P, "region_round", failing)
+        return real_run(self, *a, round=round, **k)
+    monkeypatch.setattr(LocalTrainer, "run", failing)
     with pytest.raises(RuntimeError):
         P.train(data, cfg, store=store2)
     for name in pm.regions:
@@ -461,11 +464,12 @@ def test_an_injected_crash_in_pandemic_training_prints_no_record(small_outbreak,
 
     leaked = []
 
-    def boom(model, w, anchor, r, cfg, *a, **kw):
+    def boom(self, *a, **kw):  # the core trainer's node-level pass, reading graph data
+        r = self.data.regions[0]
         pid = int(r.persons[0])
         leaked.append(f"person-{pid}-age")
         raise RuntimeError(f"person-{pid}-age {r.features.num_nodes}")
-    monkeypatch.setattr(P, "_local_pass", boom)
+    monkeypatch.setattr(LocalTrainer, "_run_node", boom)
     monkeypatch.setenv("SILOFL_LOG_DIR", str(tmp_path / "logs"))
     monkeypatch.setattr(sys, "argv", [
         "silofl", "pandemic", "train", "--data", str(small_outbreak), "--model",

@@ -6,6 +6,18 @@ persons drawn uniformly *without replacement* (the sampling the node-level accou
 assumes), and pulls its model towards the mean of all regions' models (MR-MTL).  The
 centralized mode treats the whole population as one silo.
 
+**One engine.**  This module is a data source, a model and a preset for the core engine,
+not a second engine: σ is calibrated by `runtime.plan.plan_job` (``privacy_unit="node"``,
+the preprocessing release composed in), rounds run in `runtime.simulator.simulate`, every
+local pass in `training.trainer.LocalTrainer` with the node-level unit (fixed-size
+batches from `training.sampling.node_streams`, `NodeLevelDpEvent` charges), reading
+examples through `engine.GraphSource` (neighbourhood features gathered per batch).  So
+any method built on local passes runs on graph data (``method``: `engine.NODE_METHODS`).
+What stays here: regions, features and their constants, the budget reservation
+(`open_budget`, labels `ROUND_LABEL`/`PREPROCESS_LABEL`), the model file, prediction and
+the challenge's entry points.  Results equal the previous stand-alone pipeline bit for
+bit (seeded noise; tests/pandemic/test_engine.py).
+
 **What is guaranteed, and what is assumed** (every model states it, `privacy_entry`):
 
 * *Adjacency* (``adjacency``).  ``"node+edges"`` (default): neighbouring datasets differ
@@ -94,7 +106,6 @@ import hashlib
 import json
 import math
 import time
-import zlib
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -107,33 +118,36 @@ from silofl.errors import ConfigError, PrivacyError
 from silofl.models.glm import FocalLoss
 from silofl.pandemic import metrics as PM
 from silofl.pandemic.baseline import sir_baseline_scores
+from silofl.pandemic.engine import (
+    NODE_METHODS, GraphFederation, GraphSilo, GraphSource, exact_mean, make_method,
+)
 from silofl.pandemic.features import (
     DECLARED_CONSTANTS, DECLARED_SOURCES, N_STATES, PRIVATE_BOUNDS, FeatureConstants,
     NeighbourhoodFeatures, build_neighbourhood_features, build_node_table, check_S,
     check_t_window,
 )
 from silofl.pandemic.node_dp import (
-    ADJACENCIES, ADJACENCY_TEXT, DEFAULT_ORDERS, PRUNING_ASSUMPTION, NodeLevelDpEvent,
-    affected_examples, calibrate_node_sigma, node_steps,
+    ADJACENCIES, ADJACENCY_TEXT, PRUNING_ASSUMPTION, NodeLevelDpEvent, affected_examples,
+    calibrate_node_sigma,
 )
 from silofl.pandemic.partition import input_directory
 from silofl.pandemic.readers import PandemicData, read_dataset
-from silofl.pandemic.sampling import SeededBatches, UniformBatches
 from silofl.privacy import events
 from silofl.privacy.budget import SCRATCH_NOTE, BudgetStore, PlannedCharge, new_run_id
 from silofl.privacy.ledger import Ledger
 from silofl.privacy.randomness import Randomness
-from silofl.runtime.plan import SEEDED_NOTE
+from silofl.runtime.plan import SEEDED_NOTE, TrainingConfig, plan_job
+from silofl.training import sampling as TS
+from silofl.training.dpsgd import GradientRule
+from silofl.training.trainer import LocalTrainer
 
 NOISE_MODES = ("secure", "seeded")
 PREPROCESSING = ("declared", "private", "uncharged")
-#: the label of each kind of charge in ledgers and the budget store; the method is MR-MTL
-ROUND_LABEL = "node-dpsgd"
+#: the label of each kind of charge in ledgers and the budget store (the method is
+#: ``cfg.method``, MR-MTL by default)
+ROUND_LABEL = TS.NODE_LABEL  # "node-dpsgd"
 PREPROCESS_LABEL = "preprocess"
 METHOD = "mrmtl"
-#: calibrate to slightly below the target, so that the ledger and the store, composing
-#: the same events in another order, can never land a rounding error above it
-_CALIBRATION_MARGIN = 1e-7
 #: what every node-level model assumes besides the pruning
 SIZES_ASSUMPTION = ("region sizes n are treated as public: they set each region's "
                     "sampling rate b/n, its noise calibration and the averaging weights")
@@ -185,6 +199,8 @@ class PandemicConfig:
     preprocessing_share: float = 0.1  # "private": the share of epsilon its release costs
     declared: dict | None = None  # overrides of `features.DECLARED_CONSTANTS` by name
                                   # (e.g. another region's lon_mean/lat_mean)
+    method: str = "mrmtl"       # the federated algorithm (`engine.NODE_METHODS`); lam is
+                                # its λ where it has one (mrmtl, ditto, mocha)
 
     def validate(self) -> None:
         check_S(self.S)
@@ -221,6 +237,9 @@ class PandemicConfig:
             raise ConfigError(f"preprocessing_share must lie in (0, 1), got "
                               f"{self.preprocessing_share}")
         declared_constants(self)  # unknown names or bad values fail here
+        if self.method not in NODE_METHODS:
+            raise ConfigError(f"method must be one of {', '.join(NODE_METHODS)} (methods "
+                              f"built on local passes), got {self.method!r}")
 
     @property
     def private_preprocessing(self) -> bool:
@@ -399,32 +418,56 @@ def build_features(data: PandemicData, r: Region, cfg: PandemicConfig,
 PRIVATE_SAMPLE = 50_000
 
 
-def plan_regions(regions: list[Region], cfg: PandemicConfig) -> None:
+def training_config(cfg: PandemicConfig) -> TrainingConfig:
+    """The core engine's settings for ``cfg``: node-level privacy unit (S, adjacency),
+    batches of exactly ``batch_size`` persons, RDP accounting (node-level events bring
+    their own RDP curve), evaluation only at the end (the pipeline evaluates itself)."""
+    return TrainingConfig(rounds=cfg.rounds, local_epochs=cfg.local_epochs,
+                          batch_size=cfg.batch_size, lr=cfg.lr, clip=cfg.clip,
+                          private=cfg.private, accountant="rdp", noise=cfg.noise,
+                          seed=cfg.seed, eval_every=cfg.rounds, privacy_unit="node",
+                          node_S=cfg.S, adjacency=cfg.adjacency)
+
+
+def graph_federation(regions: list[Region], cfg: PandemicConfig) -> GraphFederation:
+    """The public facts of the regions (names, sizes, node-level targets) for the planner."""
+    return GraphFederation([GraphSilo(r.name, r.n, PrivacyTarget(cfg.epsilon, r.delta)
+                                      if cfg.private else None) for r in regions])
+
+
+def plan_regions(regions: list[Region], cfg: PandemicConfig) -> list:
     """Steps, calibrated σ (and the private preprocessing's σ) per region — from public
-    facts only (n, S, the config), before any record is read.  Regions get a ledger
-    checked against their target (`open_budget` replaces it by one limited to what the
-    budget store reserved)."""
+    facts only (n, S, the config), before any record is read — by the core planner
+    (`runtime.plan.plan_job`, node-level unit, the preprocessing release composed in).
+    Regions get a ledger checked against their target (`open_budget` replaces it by one
+    limited to what the budget store reserved). Returns the planner's `SiloPlan`s."""
     for r in regions:
         if cfg.batch_size > r.n:
             raise ConfigError(f"batch_size {cfg.batch_size} is larger than {r.name} "
                               f"({r.n} persons); use batch_size ≤ {min(x.n for x in regions)}")
-        r.steps_per_round = node_steps(r.n, cfg.batch_size, cfg.local_epochs)
-        if not cfg.private:
-            continue
-        r.delta = cfg.delta if cfg.delta is not None else 1.0 / r.n
-        total = r.steps_per_round * cfg.rounds
-        base = None
-        if cfg.private_preprocessing:
-            r.pre_batch = min(r.n, PRIVATE_SAMPLE)
-            r.pre_sigma = calibrate_node_sigma(
-                cfg.epsilon * cfg.preprocessing_share, r.n, r.S, r.pre_batch, 1, r.delta,
-                adjacency=cfg.adjacency)
-            base = preprocess_event(r, cfg).rdp(DEFAULT_ORDERS)
-        r.sigma = calibrate_node_sigma(cfg.epsilon * (1 - _CALIBRATION_MARGIN), r.n, r.S,
-                                       cfg.batch_size, total, r.delta,
-                                       adjacency=cfg.adjacency, base_rdp=base)
-        r.ledger = Ledger(r.name, PrivacyTarget(cfg.epsilon, r.delta))
-        r.ledger.preflight(events.compose(planned_counts(r, cfg)))
+        if cfg.private:
+            r.delta = cfg.delta if cfg.delta is not None else 1.0 / r.n
+            if cfg.private_preprocessing:
+                r.pre_batch = min(r.n, PRIVATE_SAMPLE)
+                r.pre_sigma = calibrate_node_sigma(
+                    cfg.epsilon * cfg.preprocessing_share, r.n, r.S, r.pre_batch, 1,
+                    r.delta, adjacency=cfg.adjacency)
+    extra = {r.name: preprocess_event(r, cfg) for r in regions} \
+        if cfg.private_preprocessing else None
+    plans = plan_job(graph_federation(regions, cfg), [make_method(cfg.method, cfg.lam)],
+                     training_config(cfg), extra)[0]
+    for r, p in zip(regions, plans):
+        r.steps_per_round = p.steps_per_pass
+        if cfg.private:
+            r.sigma = p.noise_multiplier
+            r.ledger = Ledger(r.name, PrivacyTarget(cfg.epsilon, r.delta))
+            r.ledger.preflight(events.compose(planned_counts(r, cfg)))
+    return plans
+
+
+def passes_per_round(cfg: PandemicConfig) -> int:
+    """Local passes per round of ``cfg.method`` (Ditto: 2)."""
+    return make_method(cfg.method, cfg.lam).passes_per_round
 
 
 def round_event(r: Region, cfg: PandemicConfig) -> NodeLevelDpEvent:
@@ -447,10 +490,11 @@ def planned_charges(r: Region, cfg: PandemicConfig, rounds: list[int] | None = N
     preprocess = cfg.private_preprocessing if preprocess is None else preprocess
     out = []
     if preprocess:
-        out.append(PlannedCharge(r.name, METHOD, PREPROCESS_LABEL, preprocess_event(r, cfg)))
+        out.append(PlannedCharge(r.name, cfg.method, PREPROCESS_LABEL,
+                                 preprocess_event(r, cfg)))
     if rounds:
-        out.append(PlannedCharge(r.name, METHOD, ROUND_LABEL, round_event(r, cfg),
-                                 len(rounds)))
+        out.append(PlannedCharge(r.name, cfg.method, ROUND_LABEL, round_event(r, cfg),
+                                 len(rounds) * passes_per_round(cfg)))
     return out
 
 
@@ -481,8 +525,17 @@ class Reservation:
     store: BudgetStore
     run_id: str
     regions: list[Region]
+    method: str = METHOD
     settled: bool = False
     start: dict = field(default_factory=dict)  # region → ledger entries before this run
+
+    @property
+    def scratch(self) -> bool:
+        return self.store.scratch
+
+    def ledgers(self, method: str, ledger_dir=None, restored=None) -> list[Ledger]:
+        """The regions' ledgers (the `runtime.job.Job` interface `simulate` spends)."""
+        return [r.ledger for r in self.regions]
 
     def executed(self) -> list[PlannedCharge]:
         out = []
@@ -490,7 +543,7 @@ class Reservation:
             by: Counter = Counter()  # equal events (every round's) are one charge × count
             for entry in r.ledger.entries[self.start.get(r.name, 0):]:
                 by[(entry.label, entry.event)] += 1
-            out += [PlannedCharge(r.name, METHOD, label, ev, k)
+            out += [PlannedCharge(r.name, self.method, label, ev, k)
                     for (label, ev), k in by.items()]
         return out
 
@@ -522,37 +575,33 @@ def open_budget(store: BudgetStore, regions: list[Region], cfg: PandemicConfig, 
             for e, c in events.flatten(p.event).items():
                 counts[e] += c * p.count
         r.ledger = Ledger(r.name, PrivacyTarget(cfg.epsilon, r.delta), allowance=counts)
-    return Reservation(store, run_id, regions)
+    return Reservation(store, run_id, regions, cfg.method)
 
 
 # --- streams -------------------------------------------------------------------------------
 
 def region_streams(seed: int, name: str, round: int) -> tuple[np.random.Generator,
                                                             Randomness]:
-    """The *seeded* (batch sampler, noise source) of one region in one round, derived from
-    (seed, region name, round) only — so a region trained alone (a federated client)
-    draws exactly what it draws inside the in-process `train`.  Reproducible: not a
-    privacy guarantee (`round_streams` uses it only with ``noise="seeded"``)."""
-    key = [int(seed), zlib.crc32(name.encode()), int(round)]
-    return np.random.default_rng([*key, 1]), Randomness.seeded([*key, 7])
+    """The *seeded* (batch generator, noise source) of one region in one round
+    (`training.sampling.seeded_streams`, what the core trainer draws). Reproducible: not
+    a privacy guarantee."""
+    return TS.seeded_streams(seed, name, round)
 
 
 def secure_randomness() -> Randomness:
-    """A CSPRNG keyed from OS entropy (`Randomness.secure`, else `os_entropy`)."""
-    factory = getattr(Randomness, "secure", None)
-    return factory() if callable(factory) else Randomness.os_entropy()
+    """A CSPRNG keyed from OS entropy (`training.sampling.secure_randomness`)."""
+    return TS.secure_randomness()
+
+
+def node_unit(names, cfg: PandemicConfig) -> TS.NodeUnit:
+    return TS.NodeUnit(cfg.S, cfg.adjacency, tuple(names), cfg.seed)
 
 
 def round_streams(cfg: PandemicConfig, r: Region, round: int):
     """(batch sampler with ``.draw(b)``, noise `Randomness`) of ``r`` in ``round`` (round
-    0: the private preprocessing release).  "secure": one OS-entropy stream for both,
-    batches by exact partial Fisher–Yates (`sampling.UniformBatches`); "seeded":
-    `region_streams`, exactly as before."""
-    if cfg.noise == "secure":
-        rand = secure_randomness()
-        return UniformBatches(r.n, rand), rand
-    rng, noise = region_streams(cfg.seed, r.name, round)
-    return SeededBatches(r.n, rng), noise
+    0: the private preprocessing release): `training.sampling.node_streams`, the
+    streams of the core trainer's node-level passes."""
+    return TS.node_streams(node_unit([r.name], cfg), 0, round, r.n, cfg.noise == "secure")
 
 
 POOLINGS = ("summary", "mean", "concat")
@@ -862,28 +911,52 @@ def fit_region_scaling(r: Region, cfg: PandemicConfig) -> None:
         r.shift, r.scale = declared_input_scaling(r.features, cfg.pooling)
 
 
+def region_inputs(r: Region, cfg: PandemicConfig, X: np.ndarray) -> np.ndarray:
+    """Gathered examples (B, D) of ``r`` → the model's inputs (B, P − 1) float32:
+    `model_inputs`, then the region's standardization (if any)."""
+    X = model_inputs(r.features, X, cfg.pooling)
+    if r.shift is not None:
+        X = ((X - r.shift) / r.scale).astype(np.float32)
+    return X
+
+
+def region_source(regions: list[Region], cfg: PandemicConfig) -> GraphSource:
+    """The core trainer's data source over the regions' features."""
+    return GraphSource(regions, lambda k, X: region_inputs(regions[k], cfg, X), cfg.seed)
+
+
+def region_trainer(model: FocalLoss, regions: list[Region],
+                   cfg: PandemicConfig) -> LocalTrainer:
+    """The core `LocalTrainer` hosting ``regions`` under the node-level unit, charging
+    each region's ledger (label `ROUND_LABEL`) before its pass reads anything."""
+    private = cfg.private
+    secure = private and cfg.noise == "secure"
+    return LocalTrainer(
+        model=model, data=region_source(regions, cfg),
+        rule=GradientRule(cfg.clip, np.array([r.sigma for r in regions]) if private else None),
+        batch_size=cfg.batch_size,
+        steps_per_round=np.array([r.steps_per_round for r in regions]),
+        lr=cfg.lr, l2=0.0, rng=Randomness.os_entropy() if secure else Randomness.seeded(cfg.seed),
+        ledgers=[r.ledger for r in regions] if private else None,
+        node=node_unit([r.name for r in regions], cfg), label=ROUND_LABEL)
+
+
 def region_round(model: FocalLoss, w: np.ndarray, anchor: np.ndarray, r: Region,
                  cfg: PandemicConfig, round: int) -> np.ndarray:
-    """One region's silo-side work in round ``round``: charge the round's DP-SGD steps
-    to the region's ledger (BudgetExceeded, and nothing runs, if they do not fit), then
-    — only then — read labelled examples for the local MR-MTL pass from ``w`` towards
-    ``anchor`` (the mean model).  Both the in-process `train` and the Flower client
-    (`silofl.pandemic.silo`) run exactly this.  Returns the new (P,) weights (in the
-    standardized input space when ``r.shift`` is set)."""
-    if cfg.private:
-        r.ledger.charge(round_event(r, cfg), round=round, label=ROUND_LABEL)
-    sampler, noise = round_streams(cfg, r, round)
-    return _local_pass(model, w, anchor, r, cfg, sampler, noise, epoch=round)
+    """One region's silo-side MR-MTL work in round ``round`` on the core trainer (as in
+    the in-process `train`): charge the round's DP-SGD steps to the region's ledger
+    (BudgetExceeded, and nothing runs, if they do not fit), then — only then — read
+    labelled examples for the local pass from ``w`` towards ``anchor`` (the mean model).
+    The Flower client (`silofl.pandemic.silo`) runs this. Returns the new (P,) weights
+    (in the standardized input space when ``r.shift`` is set)."""
+    trainer = region_trainer(model, [r], cfg)
+    return trainer.run(w[None], anchor=anchor[None], lam=cfg.lam, round=round)[0]
 
 
 def server_step(W: np.ndarray, sizes: np.ndarray) -> np.ndarray:
     """The MR-MTL server step: the mean of the region models (K, P) weighted by region
-    size (K,).  Exactly rounded sums (math.fsum), so the result does not depend on the
-    order in which the regions' models arrive."""
-    W = np.asarray(W, dtype=np.float64)
-    sizes = np.asarray(sizes, dtype=np.float64)
-    weighted = sizes[:, None] * W
-    return np.array([math.fsum(col) for col in weighted.T]) / math.fsum(sizes)
+    size (K,) (`engine.exact_mean`: exactly rounded, independent of arrival order)."""
+    return exact_mean(W, sizes)
 
 
 def uncharged_items(cfg: PandemicConfig) -> list[str]:
@@ -936,9 +1009,10 @@ def privacy_entry(r: Region, cfg: PandemicConfig, rounds: int,
     """What the model records about one region's privacy after ``rounds`` rounds: the
     guarantee, its adjacency and assumptions, the noise mode, the preprocessing, and —
     with a ``store`` — the region's lifetime position."""
-    entry = {"region": r.name, "n": r.n, "S": r.S, "batch_size": cfg.batch_size,
-             "steps": r.steps_per_round * rounds, "noise_multiplier": r.sigma,
-             "private": cfg.private, "noise": cfg.noise}
+    entry = {"region": r.name, "method": cfg.method, "n": r.n, "S": r.S,
+             "batch_size": cfg.batch_size,
+             "steps": r.steps_per_round * rounds * passes_per_round(cfg),
+             "noise_multiplier": r.sigma, "private": cfg.private, "noise": cfg.noise}
     if cfg.private:
         entry.update(adjacency=cfg.adjacency, adjacency_text=ADJACENCY_TEXT[cfg.adjacency],
                      affected_examples=affected_examples(r.n, r.S, cfg.adjacency),
@@ -997,14 +1071,14 @@ def train(data: PandemicData, cfg: PandemicConfig,
     t0 = time.perf_counter()
     check_t_window(cfg.t_window, data.num_days)  # fail before anything is reserved
     regions = region_groups(data, cfg)  # membership and sizes only (public)
-    plan_regions(regions, cfg)
+    plans = plan_regions(regions, cfg)
     reservation = None
     if cfg.private:
         store = store if store is not None else BudgetStore(None)
         fps = {r.name: region_fingerprint(data, r) for r in regions}
         reservation = open_budget(store, regions, cfg, command=command, fingerprints=fps)
     try:
-        pm = _train_reserved(data, cfg, regions, on_round, t0)
+        pm = _train_reserved(data, cfg, regions, on_round, t0, plans, reservation)
         if reservation is not None:
             reservation.settle()
     except BaseException:
@@ -1020,7 +1094,12 @@ def train(data: PandemicData, cfg: PandemicConfig,
 
 
 def _train_reserved(data: PandemicData, cfg: PandemicConfig, regions: list[Region],
-                    on_round, t0: float) -> PandemicModel:
+                    on_round, t0: float, plans: list | None = None,
+                    reservation: "Reservation | None" = None) -> PandemicModel:
+    """Features (a private preprocessing release charged first), input scaling, then
+    ``cfg.method`` on the core engine (`runtime.simulator.simulate` with the regions as
+    a `GraphSource` and the node-level unit), spending the regions' ledgers."""
+    from silofl.runtime.simulator import simulate
     for r in regions:
         build_features(data, r, cfg)
     t_feat = time.perf_counter() - t0
@@ -1029,20 +1108,12 @@ def _train_reserved(data: PandemicData, cfg: PandemicConfig, regions: list[Regio
         fit_region_scaling(r, cfg)
     t_scale = time.perf_counter() - t_scale
     model = new_model(regions[0].features, cfg)
-    W = np.tile(initial_weights(model, cfg), (len(regions), 1))
-    mean = initial_weights(model, cfg)
-    sizes = np.array([r.n for r in regions], float)
     t1 = time.perf_counter()
-    for t in range(1, cfg.rounds + 1):
-        if cfg.private:  # every region can pay for this round, or none is charged
-            for r in regions:
-                r.ledger.check(round_event(r, cfg), round=t, label=ROUND_LABEL)
-        for k, r in enumerate(regions):
-            W[k] = region_round(model, W[k], mean, r, cfg, t)
-        mean = server_step(W, sizes)
-        if on_round:
-            on_round(t, cfg.rounds)
-    W = np.stack([raw_weights(W[k], r) for k, r in enumerate(regions)])
+    res = simulate(graph_federation(regions, cfg), model, make_method(cfg.method, cfg.lam),
+                   training_config(cfg), plans=plans, job=reservation, method=cfg.method,
+                   source=region_source(regions, cfg), params0=initial_weights(model, cfg),
+                   on_round=(lambda t, _: on_round(t, cfg.rounds)) if on_round else None)
+    W = np.stack([raw_weights(res.params[k], r) for k, r in enumerate(regions)])
     return PandemicModel(cfg, [r.name for r in regions], W, [],
                          {"features_s": t_feat, "scaling_s": t_scale,
                           "train_s": time.perf_counter() - t1},

@@ -20,8 +20,9 @@ client object every round, so everything a client must remember lives on disk:
 
 Each round the client rebuilds its features from its files (deterministic: same pruning,
 same constants), plans σ for the whole run exactly as the in-process `pipeline.train`
-does, and runs `pipeline.region_round` — the function `train` runs for each region.  The
-server step is `pipeline.server_step`.  With the same config and seed (``noise="seeded"``),
+does (the core planner), and runs `pipeline.region_round` — one pass of the core
+`LocalTrainer` with the node-level unit, the code `train` runs for each region.  The
+server step is `pipeline.server_step` (`engine.exact_mean`, as in `train`).  MR-MTL only.  With the same config and seed (``noise="seeded"``),
 and partitions as written by `partition.partition_by_region`, the federated run therefore
 reproduces `train` exactly (see tests/pandemic/test_federated.py); with secure noise (the
 default) no two runs draw the same noise.  With ``preprocessing="uncharged"`` and
@@ -150,6 +151,9 @@ def client_train_round(cid: str, paths, client_dir: Path | str, parameters: list
     (a private preprocessing release in the first round), charges and trains
     (`pipeline.region_round`), persists weights and state and settles the store.
     Returns (weights (P,), n persons, metrics)."""
+    if cfg.method != "mrmtl":
+        raise ConfigError(f"the challenge's Flower clients run MR-MTL only, got method "
+                          f"{cfg.method!r}; train other methods in process (pipeline.train)")
     client_dir = Path(client_dir)
     client_dir.mkdir(parents=True, exist_ok=True)
     silo = open_silo(cid, paths, client_dir, cfg, build=False)

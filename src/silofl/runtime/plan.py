@@ -26,6 +26,14 @@ from silofl.tuning import accounting as tuning_accounting
 
 
 NOISE_MODES = ("secure", "seeded")
+#: the privacy unit: "example" (one training row, Poisson-sampled DP-SGD) or "node" (one
+#: person of a graph who appears in ≤ S examples; fixed-size batches without replacement,
+#: `pandemic.node_dp` accounting)
+PRIVACY_UNITS = ("example", "node")
+#: methods whose private accesses are accounted at example level only (a one-step
+#: gradient release, a private selection, local-DP uploads)
+EXAMPLE_LEVEL_ONLY = frozenset({"weight_erosion", "ifca", "ifca_local", "ifca_finetune",
+                                "ifca_mrmtl", "privatekt", "fedavg_ldp"})
 #: what every output of a run with reproducible noise says
 SEEDED_NOTE = "reproducible noise — not a privacy guarantee"
 #: calibrate to slightly below the target, so that re-evaluating the same composition
@@ -51,6 +59,11 @@ class TrainingConfig:
     eval_every: int = 1
     #: fix σ instead of calibrating it (ledgers still refuse anything over the target)
     noise_multiplier: float | None = None
+    #: "example" (default) or "node": see `PRIVACY_UNITS`; node level needs `node_S` (each
+    #: person appears in ≤ node_S examples) and `adjacency` ("node+edges" | "node")
+    privacy_unit: str = "example"
+    node_S: int = 1
+    adjacency: str = "node+edges"
 
     def validate(self) -> None:
         def bad(msg):
@@ -78,6 +91,16 @@ class TrainingConfig:
             bad(f"noise_multiplier must be positive, got {self.noise_multiplier}")
         if not (isinstance(self.eval_every, int) and self.eval_every >= 1):
             bad(f"eval_every must be a positive integer, got {self.eval_every}")
+        if self.privacy_unit not in PRIVACY_UNITS:
+            bad(f"privacy_unit must be 'example' (one training row) or 'node' (one person "
+                f"of a contact graph), got {self.privacy_unit!r}")
+        if self.privacy_unit == "node":
+            if not (isinstance(self.node_S, int) and self.node_S >= 1):
+                bad(f"node_S (the most examples one person appears in) must be a positive "
+                    f"integer, got {self.node_S!r}")
+            if self.adjacency not in ("node+edges", "node"):
+                bad(f"adjacency must be 'node+edges' (a person and their contacts) or "
+                    f"'node' (a fixed, public graph), got {self.adjacency!r}")
 
 
 @dataclass
@@ -91,13 +114,22 @@ class SiloPlan:
     declared: object = field(default=None, repr=False)  # this method's DpEvent for the run
     #: how σ was calibrated: methods sharing the job's target, preprocessing composed in
     calibrated_for: str = ""
+    #: node-level unit: {"S", "adjacency", "batch_size"} (None: example level)
+    node: dict | None = None
 
     def to_dict(self) -> dict:
-        return {"silo": self.name, "n_train": self.n, "sampling_rate": self.q,
-                "steps_per_pass": self.steps_per_pass, "noise_multiplier": self.noise_multiplier,
-                "target_epsilon": self.target.epsilon if self.target else None,
-                "delta": self.target.delta if self.target else None,
-                "calibrated_for": self.calibrated_for}
+        out = {"silo": self.name, "n_train": self.n, "sampling_rate": self.q,
+               "steps_per_pass": self.steps_per_pass, "noise_multiplier": self.noise_multiplier,
+               "target_epsilon": self.target.epsilon if self.target else None,
+               "delta": self.target.delta if self.target else None,
+               "calibrated_for": self.calibrated_for}
+        if self.node is not None:
+            from silofl.pandemic.node_dp import ADJACENCY_TEXT, affected_examples
+            adj = self.node["adjacency"]
+            out.update(privacy_unit="node", S=self.node["S"], adjacency=adj,
+                       adjacency_text=ADJACENCY_TEXT[adj],
+                       affected_examples=affected_examples(self.n, self.node["S"], adj))
+        return out
 
 
 def plan_silos(fed: Federation, algorithm: Algorithm, cfg: TrainingConfig) -> list[SiloPlan]:
@@ -158,6 +190,8 @@ def _base_plans(fed: Federation, algorithm: Algorithm, cfg: TrainingConfig) -> l
     cfg.validate()
     algorithm.bind_silos(fed.names)
     algorithm.check_plan(fed.num_silos, cfg.rounds, cfg.accountant if cfg.private else None)
+    if cfg.privacy_unit == "node":
+        return _node_plans(fed, algorithm, cfg)
     plans, full_batch = [], []
     for s in fed.silos:
         # b ≥ n_k: every step uses the whole silo (q_k = 1, no amplification by sampling;
@@ -188,9 +222,51 @@ def _base_plans(fed: Federation, algorithm: Algorithm, cfg: TrainingConfig) -> l
     return plans
 
 
+def _node_plans(fed: Federation, algorithm: Algorithm, cfg: TrainingConfig) -> list[SiloPlan]:
+    """Plans under the node-level unit: every step a batch of exactly b of the silo's n
+    persons (b ≤ n), `node_dp.node_steps` steps per epoch; refused for methods whose
+    other private accesses are accounted at example level only."""
+    from silofl.pandemic.node_dp import node_steps
+    if algorithm.name in EXAMPLE_LEVEL_ONLY or not getattr(algorithm, "calibrated", True):
+        raise ConfigError(
+            f"{algorithm.name} is not available with privacy_unit = 'node': its private "
+            "selections, gradient releases or local-DP uploads are accounted at example "
+            "level only; use local, fedavg, mrmtl, finetune, ditto or mocha")
+    plans = []
+    for s in fed.silos:
+        if cfg.batch_size > s.n_train:
+            raise ConfigError(
+                f"batch_size {cfg.batch_size} is larger than silo {s.name!r} ({s.n_train} "
+                "persons); node-level batches are drawn without replacement: use "
+                f"batch_size ≤ {min(x.n_train for x in fed.silos)}")
+        if cfg.node_S > s.n_train:
+            raise ConfigError(f"node_S = {cfg.node_S} exceeds silo {s.name!r}'s "
+                              f"{s.n_train} persons")
+        steps = algorithm.fixed_steps_per_pass or \
+            node_steps(s.n_train, cfg.batch_size, cfg.local_epochs)
+        plans.append(SiloPlan(s.name, s.n_train, cfg.batch_size / s.n_train, steps, s.target,
+                              node={"S": cfg.node_S, "adjacency": cfg.adjacency,
+                                    "batch_size": cfg.batch_size}))
+    if cfg.private:
+        for p in plans:
+            if p.target is None:
+                raise PrivacyError(f"silo {p.name!r} has no privacy target; set epsilon "
+                                   "(or disable privacy for a non-private run)")
+    return plans
+
+
+def pass_event(p: SiloPlan, sigma: float):
+    """What one local pass of `p`'s silo costs at noise multiplier `sigma`: a
+    Poisson-sampled Gaussian (example level) or a `NodeLevelDpEvent` (node level)."""
+    if p.node is None:
+        return accounting.dpsgd_event(p.q, sigma, p.steps_per_pass)
+    from silofl.pandemic.node_dp import NodeLevelDpEvent
+    return NodeLevelDpEvent(p.n, p.node["S"], p.node["batch_size"], sigma, p.steps_per_pass,
+                            p.node["adjacency"])
+
+
 def _declared(algorithm: Algorithm, p: SiloPlan, sigma: float, cfg: TrainingConfig):
-    return algorithm.privacy_events(accounting.dpsgd_event(p.q, sigma, p.steps_per_pass),
-                                    cfg.rounds, target=p.target)
+    return algorithm.privacy_events(pass_event(p, sigma), cfg.rounds, target=p.target)
 
 
 def _job_event(algorithms: list[Algorithm], plans: list[SiloPlan], cfg: TrainingConfig,
@@ -207,6 +283,10 @@ def _calibrate(algorithms: list[Algorithm], plans: list[SiloPlan], cfg: Training
     probe = _job_event(algorithms, plans, cfg, 1.0, pre)
     counts = events.flatten(probe)
     eps, delta = p.target.epsilon * (1 - _CALIBRATION_MARGIN), p.target.delta
+    if p.node is not None:
+        sigma = _calibrate_node(algorithms, plans, cfg, pre, eps, delta)
+        if sigma is not None:
+            return sigma
     # events the preferred accountant cannot handle (zCDP selections) are calibrated with RDP
     kind = cfg.accountant if accounting.make_accountant(cfg.accountant).supports(probe) \
         else "rdp"
@@ -232,6 +312,30 @@ def _calibrate(algorithms: list[Algorithm], plans: list[SiloPlan], cfg: Training
         ) from None
     except PrivacyError as e:
         raise type(e)(f"silo {p.name!r} (n = {p.n}, q = {p.q:.3g}): {e}") from None
+
+
+def _calibrate_node(algorithms, plans, cfg, pre, eps: float, delta: float) -> float | None:
+    """The node-level fast path: the methods' events are one node-level step repeated
+    (any number of passes and rounds) and `pre` (if any) brings its own RDP curve:
+    `node_dp.calibrate_node_sigma` bisects σ for the total steps with `pre` composed in —
+    the calibration the pandemic pipeline always used. None: use the generic search."""
+    from silofl.pandemic.node_dp import DEFAULT_ORDERS, calibrate_node_sigma
+    p = plans[0]
+    counts = events.flatten(_job_event(algorithms, plans, cfg, 1.0, None))
+    if any(type(e).__name__ != "NodeLevelDpEvent" for e in counts):
+        return None
+    base = None
+    if pre is not None:
+        parts = events.flatten(pre)
+        if any(not hasattr(e, "rdp") for e in parts):
+            return None
+        base = sum(c * e.rdp(DEFAULT_ORDERS) for e, c in parts.items())
+    total = sum(e.steps * c for e, c in counts.items())
+    try:
+        return calibrate_node_sigma(eps, p.n, p.node["S"], p.node["batch_size"], total, delta,
+                                    adjacency=p.node["adjacency"], base_rdp=base)
+    except CalibrationError as e:
+        raise CalibrationError(f"silo {p.name!r} (n = {p.n}): {e}") from None
 
 
 def where_of(algorithms: list[Algorithm], pre) -> str:

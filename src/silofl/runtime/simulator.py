@@ -16,6 +16,7 @@ import numpy as np
 
 from silofl.algorithms.base import Algorithm
 from silofl.data.federation import Federation, PrivacyTarget
+from silofl.errors import ConfigError
 from silofl.models import metrics as M
 from silofl.models.base import Model
 from silofl.privacy.budget import BudgetStore
@@ -24,6 +25,7 @@ from silofl.privacy.randomness import Randomness
 from silofl.runtime.job import Job, fingerprints, open_job
 from silofl.runtime.plan import SiloPlan, TrainingConfig, noise_multipliers, plan_silos
 from silofl.training.dpsgd import GradientRule
+from silofl.training.sampling import NODE_LABEL, NodeUnit
 from silofl.training.trainer import LocalTrainer, SiloArrays
 
 
@@ -95,7 +97,9 @@ def simulate(fed: Federation, model: Model, algorithm: Algorithm, cfg: TrainingC
              lifetime: dict[str, PrivacyTarget] | None = None,
              resume: dict | None = None,
              checkpoint: Callable[[dict], None] | None = None,
-             checkpoint_every: int = 1, restored: dict | None = None) -> RunResult:
+             checkpoint_every: int = 1, restored: dict | None = None,
+             source=None, params0: np.ndarray | None = None,
+             hosting: str = "joint") -> RunResult:
     """Train `algorithm` on `fed`; returns history, final metrics, ledgers and models.
 
     Privacy: the run spends each silo's lifetime budget. Either pass `job` (a reservation
@@ -110,7 +114,21 @@ def simulate(fed: Federation, model: Model, algorithm: Algorithm, cfg: TrainingC
     `checkpoint(state)` is called after every `checkpoint_every`-th round (and the last)
     with the training state (round, algorithm states, history, counters, the seeded noise
     stream's state); `resume` (such a state) continues after its round. A secure stream is
-    never saved: a resumed secure run draws fresh entropy."""
+    never saved: a resumed secure run draws fresh entropy.
+
+    `source` replaces the training arrays stacked from `fed` by another silo data source
+    (same `n`/`gather` interface as `SiloArrays`; graph data gathers neighbourhood
+    features per batch, `pandemic.engine`), and `params0` (P,) the model's default
+    starting point.
+
+    `hosting="per_silo"` runs each silo's step on its own one-silo trainer with its own
+    random stream (`runtime.network.hosting`), exactly as the silo processes of a networked
+    run do (seeded mode: the same models); "joint" (default) batches all silos in one."""
+    if hosting not in ("joint", "per_silo") or hosting == "per_silo" and (
+            resume is not None or checkpoint is not None or source is not None
+            or getattr(cfg, "privacy_unit", "example") != "example"):
+        raise ConfigError(f"hosting must be 'joint' or 'per_silo' (per_silo: example-level, "
+                          f"without resume, checkpoint or another data source), got {hosting!r}")
     t0 = time.perf_counter()
     model.check_task(fed.task)
     bind_data(algorithm, fed, model)
@@ -128,7 +146,8 @@ def simulate(fed: Federation, model: Model, algorithm: Algorithm, cfg: TrainingC
         ledgers = job.ledgers(method, ledger_dir, restored)
     try:
         result = _train(fed, model, algorithm, cfg, metric, plans, ledgers, on_round,
-                        eval_sets, t0, resume, checkpoint, checkpoint_every)
+                        eval_sets, t0, resume, checkpoint, checkpoint_every, source, params0,
+                        hosting=hosting)
     except BaseException:
         if own is not None:
             own.settle("failed")
@@ -149,21 +168,37 @@ def bind_data(algorithm: Algorithm, fed: Federation, model: Model) -> None:
         hook(fed, model)
 
 
+def node_unit(fed, cfg: TrainingConfig) -> NodeUnit | None:
+    """The trainer's privacy unit for `cfg` (None: example level)."""
+    if cfg.privacy_unit != "node":
+        return None
+    return NodeUnit(cfg.node_S, cfg.adjacency, tuple(fed.names), cfg.seed)
+
+
 def _train(fed, model, algorithm, cfg, metric, plans, ledgers, on_round, eval_sets,
-           t0, resume=None, checkpoint=None, every: int = 1) -> RunResult:
+           t0, resume=None, checkpoint=None, every: int = 1, source=None,
+           params0=None, hosting: str = "joint") -> RunResult:
     # non-private runs protect nothing, so they stay reproducible
     secure = cfg.private and cfg.noise == "secure"
     rng = Randomness.os_entropy() if secure else Randomness.seeded(cfg.seed)
     trainer = LocalTrainer(
         model=model,
-        data=SiloArrays.stack([s.X_train for s in fed.silos], [s.y_train for s in fed.silos]),
+        data=source if source is not None else
+        SiloArrays.stack([s.X_train for s in fed.silos], [s.y_train for s in fed.silos]),
         rule=GradientRule(cfg.clip, noise_multipliers(plans) if cfg.private else None),
         batch_size=cfg.batch_size,
         steps_per_round=np.array([p.steps_per_pass for p in plans]),
-        lr=cfg.lr, l2=cfg.l2, rng=rng, ledgers=ledgers)
-    silos, server = algorithm.init(model.init_params(), fed.num_silos, rounds=cfg.rounds)
+        lr=cfg.lr, l2=cfg.l2, rng=rng, ledgers=ledgers, node=node_unit(fed, cfg),
+        label=NODE_LABEL if cfg.privacy_unit == "node" else "dpsgd")
+    start_params = model.init_params() if params0 is None else np.asarray(params0, float)
+    silos, server = algorithm.init(start_params, fed.num_silos, rounds=cfg.rounds)
     weights = (np.array([s.n_train for s in fed.silos], float)
                if getattr(algorithm, "weighted", True) else np.ones(fed.num_silos))
+    step = algorithm.silo_step
+    if hosting == "per_silo":  # each silo its own trainer and stream, as on the network
+        from silofl.runtime.network.hosting import per_silo_step, per_silo_trainers
+        trainers = per_silo_trainers(fed, model, cfg, plans, ledgers)
+        step = lambda s, m, _joint, t: per_silo_step(algorithm, s, m, trainers, t)  # noqa: E731
     test_counts = np.array([s.n_test for s in fed.silos])
     hist, start = History(), 1
     if resume is not None:
@@ -174,7 +209,7 @@ def _train(fed, model, algorithm, cfg, metric, plans, ledgers, on_round, eval_se
         if resume["rng"] is not None and not rng.secure:
             rng.gen.bit_generator.state = resume["rng"]
     for t in range(start, cfg.rounds + 1):
-        silos, update = algorithm.silo_step(silos, algorithm.broadcast(server), trainer, t)
+        silos, update = step(silos, algorithm.broadcast(server), trainer, t)
         server = algorithm.server_step(server, update, weights)
         if t % cfg.eval_every == 0 or t == cfg.rounds:
             personal = algorithm.personal_models(silos, server)

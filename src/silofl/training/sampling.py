@@ -8,6 +8,9 @@ are cumulative sums of gaps, so the work is proportional to the batch, not the s
 
 from __future__ import annotations
 
+import zlib
+from dataclasses import dataclass
+
 import numpy as np
 
 from silofl.privacy.randomness import Randomness
@@ -44,3 +47,59 @@ def poisson_batches(n: np.ndarray, q: np.ndarray, rng: Randomness) -> tuple[np.n
 def _positions(u: np.ndarray, inv_log1mq: np.ndarray) -> np.ndarray:
     gaps = np.floor(np.log(u) * inv_log1mq).astype(np.int64)  # Geometric(q) − 1 ≥ 0
     return np.cumsum(gaps + 1, axis=1) - 1
+
+
+# --- node-level privacy unit --------------------------------------------------------------
+# Batches of exactly b of a silo's n units, drawn uniformly *without replacement*, one
+# draw per step — the sampling the node-level (hypergeometric) accountant assumes
+# (`silofl.pandemic.node_dp`). The samplers live in `silofl.pandemic.sampling` (numba,
+# exact rejection sampling from the secure stream); imported lazily: numba is optional.
+
+#: the ledger label of a node-level local pass
+NODE_LABEL = "node-dpsgd"
+
+
+@dataclass(frozen=True)
+class NodeUnit:
+    """The node-level privacy unit of a `LocalTrainer`: a person (node) appears in at most
+    `S` of a silo's examples; `adjacency` ("node+edges" or "node", see
+    `pandemic.node_dp.ADJACENCIES`) says how many examples one replaced person changes.
+    `names` (K,) key each silo's seeded streams together with `seed` (reproducible mode
+    only); a secure trainer draws every batch and its noise from a fresh CSPRNG."""
+
+    S: int = 1
+    adjacency: str = "node+edges"
+    names: tuple[str, ...] = ()
+    seed: int = 0
+
+
+def secure_randomness() -> Randomness:
+    """A CSPRNG keyed from OS entropy (`Randomness.secure` where it exists, else
+    `Randomness.os_entropy`): one per silo and local pass of a secure node-level run."""
+    factory = getattr(Randomness, "secure", None)
+    return factory() if callable(factory) else Randomness.os_entropy()
+
+
+def seeded_streams(seed: int, name: str, round: int,
+                   pass_index: int = 0) -> tuple[np.random.Generator, Randomness]:
+    """The *seeded* (batch generator, noise source) of silo `name` in `round`, derived
+    from (seed, name, round) only — so a silo trained alone (a networked client) draws
+    exactly what it draws in the simulator; a second pass in the same round (Ditto)
+    appends its index to the key. Reproducible: not a privacy guarantee."""
+    key = [int(seed), zlib.crc32(name.encode()), int(round)]
+    if pass_index:
+        key.append(1000 + int(pass_index))
+    return np.random.default_rng([*key, 1]), Randomness.seeded([*key, 7])
+
+
+def node_streams(unit: NodeUnit, silo: int, round: int, n: int, secure: bool,
+                 pass_index: int = 0):
+    """(sampler with ``.draw(b)``, noise `Randomness`) of silo `silo` for one local pass
+    in `round`. Secure: one fresh OS-entropy CSPRNG for both, batches by exact partial
+    Fisher–Yates (`UniformBatches`); seeded: `seeded_streams` (``rng.choice`` batches)."""
+    from silofl.pandemic.sampling import SeededBatches, UniformBatches
+    if secure:
+        rand = secure_randomness()
+        return UniformBatches(n, rand), rand
+    rng, noise = seeded_streams(unit.seed, unit.names[silo], round, pass_index)
+    return SeededBatches(n, rng), noise

@@ -6,6 +6,12 @@ hosted silo at once: it first charges each silo's ledger for the steps it is abo
 take, then runs them as batched array operations across silos. `gradients` is one DP-SGD
 gradient per silo at given parameters (Weight Erosion), and `select_cluster` a private
 choice among candidate models (IFCA): the other private data accesses, charged first too.
+
+The privacy unit is a choice (`node`): example level (default; Poisson sampling, batched
+across silos) or node level (`sampling.NodeUnit`: one person of a graph appears in ≤ S
+examples; every step a batch of exactly b units drawn without replacement, silo by silo,
+charged as `pandemic.node_dp.NodeLevelDpEvent`s). The data source is `SiloArrays` or any
+object with ``n`` (K,) and ``gather(silos, idx)`` (graph data: `pandemic.engine.GraphSource`).
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ from silofl.privacy.ledger import Ledger
 from silofl.privacy.randomness import Randomness
 from silofl.training import selection
 from silofl.training.dpsgd import GradientRule, round_noise
-from silofl.training.sampling import poisson_batches
+from silofl.training.sampling import NodeUnit, node_streams, poisson_batches
 
 
 @dataclass
@@ -81,6 +87,11 @@ class LocalTrainer:
     l2: float
     rng: Randomness
     ledgers: list[Ledger] | None = None  # None only in the non-private mode
+    #: the privacy unit: None = example-level (Poisson sampling, q_k = b/n_k); a `NodeUnit`
+    #: = node-level (batches of exactly b without replacement, node-level events)
+    node: NodeUnit | None = None
+    #: the ledger label of a local pass's charge when the algorithm names none
+    label: str = "dpsgd"
     steps_done: np.ndarray = field(init=False)       # (K,) DP-SGD steps run per silo
     selections_done: np.ndarray = field(init=False)  # (K,) private selections run per silo
 
@@ -92,6 +103,16 @@ class LocalTrainer:
         self._events: dict[int | str, list] = {}
         if self.rule.private and self.ledgers is None:
             raise ValueError("private training needs one ledger per silo")
+        if self.node is not None:
+            b = int(self.batch_size)
+            if b != self.batch_size or np.any(self.data.n < b):
+                raise ValueError(f"node-level batches are exactly b = {self.batch_size} "
+                                 f"persons without replacement: need an integer b ≤ every "
+                                 f"silo's size, got sizes {self.data.n.tolist()}")
+            if len(self.node.names) != len(self.data.n):
+                raise ValueError("a node-level trainer needs one name per silo (NodeUnit.names)")
+            self.expected_batch = np.full(len(self.data.n), float(b))
+            self._passes: dict[tuple[int, int], int] = {}
 
     def round_events(self, passes: int = 1) -> list:
         """What `passes` local passes cost each silo, as dp_accounting events (the same
@@ -99,18 +120,24 @@ class LocalTrainer:
         cached = self._events.get(passes)
         if cached is None:
             cached = self._events[passes] = [
-                accounting.dpsgd_event(self.q[k], self.rule.noise_multiplier[k],
-                                       int(passes * self.steps_per_round[k]))
+                self._event(k, int(passes * self.steps_per_round[k]))
                 for k in range(len(self.q))]
         return cached
+
+    def _event(self, k: int, steps: int):
+        """Silo k's charge for `steps` DP-SGD steps under the trainer's privacy unit."""
+        if self.node is None:
+            return accounting.dpsgd_event(self.q[k], self.rule.noise_multiplier[k], steps)
+        from silofl.pandemic.node_dp import NodeLevelDpEvent  # lazy: pandemic is optional
+        return NodeLevelDpEvent(int(self.data.n[k]), self.node.S, int(self.batch_size),
+                                float(self.rule.noise_multiplier[k]), steps,
+                                self.node.adjacency)
 
     def step_events(self) -> list:
         """What one DP-SGD step (one Poisson-sampled Gaussian release) costs each silo."""
         cached = self._events.get("step")
         if cached is None:
-            cached = self._events["step"] = [
-                accounting.dpsgd_event(self.q[k], self.rule.noise_multiplier[k], 1)
-                for k in range(len(self.q))]
+            cached = self._events["step"] = [self._event(k, 1) for k in range(len(self.q))]
         return cached
 
     def charge(self, round: int, label: str = "dpsgd", passes: int = 1) -> None:
@@ -154,6 +181,7 @@ class LocalTrainer:
         this one selection per silo (ignored in the non-private mode, which takes the exact
         argmin). Every silo's ledger is checked, then all are charged ε²/8-zCDP, before any
         training row is read."""
+        self._example_level_only("a private cluster selection (IFCA)")
         K = len(self.data.n)
         cands = np.asarray(candidates, dtype=float)
         if cands.ndim == 2:
@@ -192,6 +220,7 @@ class LocalTrainer:
 
         `silos` (K,) bool: only these silos take part — only they are charged and read; the
         rows of the others are NaN."""
+        self._example_level_only("a one-step gradient release (Weight Erosion)")
         ids = self._subset(silos)
         W = np.asarray(W, dtype=float)
         K = len(self.data.n)
@@ -235,8 +264,14 @@ class LocalTrainer:
         self.steps_done[ids] += 1
         return out
 
+    def _example_level_only(self, what: str) -> None:
+        if self.node is not None:
+            raise PrivacyError(f"{what} is accounted at example level only; the node-level "
+                               "privacy unit supports methods built on local passes "
+                               "(local, fedavg, mrmtl, finetune, ditto, mocha)")
+
     def run(self, W0: np.ndarray, anchor: np.ndarray | None = None,
-            lam: float | np.ndarray = 0.0, round: int = 0, label: str = "dpsgd",
+            lam: float | np.ndarray = 0.0, round: int = 0, label: str | None = None,
             silos: np.ndarray | None = None) -> np.ndarray:
         """One local pass for every hosted silo. W0, anchor: (K, P); lam: scalar or (K,) per
         silo. Returns (K, P).
@@ -244,6 +279,7 @@ class LocalTrainer:
         Gradient step: w ← w − lr·(ĝ + l2·w + λ(w − anchor)), ĝ the DP-SGD estimate.
         `silos` (K,) bool: only these silos take their pass — only they are charged and
         read; the others' rows come back as in W0."""
+        label = self.label if label is None else label
         ids = self._subset(silos)
         if ids is None:
             self.charge(round, label)
@@ -255,6 +291,8 @@ class LocalTrainer:
         lam = np.asarray(lam, dtype=float)
         if lam.ndim and lam.shape != (K,):
             raise ValueError(f"lam must be a scalar or one value per silo ({K},), got {lam.shape}")
+        if self.node is not None:
+            return self._run_node(W, anchor, lam, round, everyone if ids is None else ids)
         if ids is None:
             ids, n, q, steps = everyone, self.data.n, self.q, self.steps_per_round
         elif not ids.size:
@@ -291,4 +329,46 @@ class LocalTrainer:
                 g += (lam if isinstance(lam, float) else lam[sel]) * (Ws - anchor[sel])
             W[sel] = Ws - self.lr * g
             self.steps_done[sel] += 1
+        return W
+
+    def _run_node(self, W: np.ndarray, anchor: np.ndarray | None, lam: np.ndarray,
+                  round: int, ids: np.ndarray) -> np.ndarray:
+        """`run` under the node-level unit (already charged): silo by silo, each step a
+        batch of exactly b units drawn without replacement (`node_streams`), the clipped
+        sum plus N(0, σ_k²C²) noise divided by b. A data source with `start_round(round)`
+        (graph data: each person's training window this round) is told the round first.
+        W: (K, P), updated in place for the silos `ids`."""
+        start = getattr(self.data, "start_round", None)
+        if start is not None:
+            start(round)
+        b = int(self.batch_size)
+        secure = self.rng.secure
+        private = self.rule.private
+        pull = anchor is not None and bool(np.any(lam != 0))
+        mask = np.ones((1, b))
+        for k in ids:
+            k = int(k)
+            pass_index = self._passes.get((k, round), 0)
+            self._passes[(k, round)] = pass_index + 1
+            sampler, noise = node_streams(self.node, k, round, int(self.data.n[k]), secure,
+                                          pass_index)
+            lam_k = float(lam if lam.ndim == 0 else lam[k])
+            sigma = float(self.rule.noise_multiplier[k]) if private else 0.0
+            w, silo = W[k], np.array([k])
+            for _ in range(int(self.steps_per_round[k])):
+                X, y, sq = self.data.gather(silo, sampler.draw(b)[None, :])
+                aux = {} if sq is None else {"x_sqnorm": sq}
+                if private:
+                    g = self.model.clipped_grad_sum(w[None], X, y, mask, self.rule.clip,
+                                                    **aux)[0]
+                    g = (g + noise.normal(g.shape) * sigma * self.rule.clip) / b
+                else:
+                    g = self.model.grad_sum(w[None], X, y, mask)[0] / b
+                if self.l2:
+                    g = g + self.l2 * w
+                if pull:
+                    g = g + lam_k * (w - anchor[k])
+                w = w - self.lr * g
+            W[k] = w
+            self.steps_done[k] += int(self.steps_per_round[k])
         return W

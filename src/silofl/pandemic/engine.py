@@ -1,0 +1,140 @@
+"""The pandemic track on the core engine: graph data as a silo data source.
+
+The core trainer (`training.trainer.LocalTrainer`) with the node-level privacy unit
+(`training.sampling.NodeUnit`) runs every local pass; the planner (`runtime.plan.plan_job`,
+``privacy_unit="node"``) calibrates σ; the simulator (`runtime.simulator.simulate`) runs
+the algorithm's silo and server steps. This module supplies what is specific to graph
+data:
+
+* `GraphSource` — the trainer's data source: ``n`` (K,) persons per region and
+  ``gather(silos, idx)``, which builds the neighbourhood examples of the drawn persons
+  *per batch* (at each person's training window of the round, `start_round`) and maps
+  them to the model's inputs (summaries / pooling, standardization). Every read of a
+  labelled example goes through here, after the trainer charged the round.
+* `GraphFederation` / `GraphSilo` — the public facts the planner and the simulator need
+  (names, sizes, targets; no test rows: evaluation happens in `pipeline.evaluate`).
+* `RegionMRMTL` — MR-MTL whose server step is the exactly rounded (``math.fsum``)
+  size-weighted mean of the region *models*: the result does not depend on the order in
+  which regions report (the Flower server, `silo.server_aggregate`, computes the same).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from silofl.algorithms.base import ServerState, SiloState
+from silofl.algorithms.mrmtl import MRMTL
+from silofl.data.federation import PrivacyTarget
+from silofl.errors import ConfigError
+
+#: methods that run on graph data: built on local passes only (the node-level unit has
+#: no accounting for private selections or one-step gradient releases)
+NODE_METHODS = ("mrmtl", "local", "fedavg", "finetune", "ditto", "mocha")
+
+
+@dataclass
+class GraphSilo:
+    """Public facts of one region for planning: name, persons, privacy target."""
+
+    name: str
+    n_train: int
+    target: PrivacyTarget | None = None
+    X_test: np.ndarray = field(default_factory=lambda: np.zeros((0, 0)))
+    y_test: np.ndarray = field(default_factory=lambda: np.zeros(0))
+
+    @property
+    def n_test(self) -> int:
+        return 0
+
+
+@dataclass
+class GraphFederation:
+    silos: list[GraphSilo]
+    task: str = "binary"
+    name: str = "pandemic"
+
+    @property
+    def names(self) -> list[str]:
+        return [s.name for s in self.silos]
+
+    @property
+    def num_silos(self) -> int:
+        return len(self.silos)
+
+
+def exact_mean(W: np.ndarray, sizes: np.ndarray) -> np.ndarray:
+    """Mean of the models W (K, P) weighted by sizes (K,), exactly rounded sums
+    (math.fsum): independent of the order of the rows."""
+    W = np.asarray(W, dtype=np.float64)
+    sizes = np.asarray(sizes, dtype=np.float64)
+    weighted = sizes[:, None] * W
+    return np.array([math.fsum(col) for col in weighted.T]) / math.fsum(sizes)
+
+
+class RegionMRMTL(MRMTL):
+    """MR-MTL (`algorithms.mrmtl`) sending the new personal models (not their change)
+    and averaging them with `exact_mean`; same privacy cost, same silo step."""
+
+    def silo_step(self, silos, message, trainer, round):
+        anchor = message[None, :].repeat(silos.params.shape[0], 0)
+        new = trainer.run(silos.params, anchor=anchor, lam=self.lam, round=round)
+        return SiloState(new), new
+
+    def server_step(self, server, update, weights):
+        return ServerState(exact_mean(update, weights))
+
+
+def make_method(name: str, lam: float):
+    """The algorithm `name` (one of `NODE_METHODS`) for graph data."""
+    from silofl.algorithms import make_algorithm
+    if name not in NODE_METHODS:
+        raise ConfigError(f"method {name!r} cannot run on the pandemic data (node-level "
+                          f"privacy unit); choose one of {', '.join(NODE_METHODS)}")
+    return RegionMRMTL(lam) if name == "mrmtl" else make_algorithm(name, lam=lam)
+
+
+class GraphSource:
+    """Trainer data source over regions' neighbourhood features.
+
+    regions: objects with ``.features`` (`features.NeighbourhoodFeatures`) and ``.n``;
+    transform(k, X) maps gathered examples (B, D) of region k to model inputs (B, P − 1)
+    float32; seed keys the (public, data-independent) training window of every person in
+    every round (`NeighbourhoodFeatures.epoch_windows(seed, round)`)."""
+
+    def __init__(self, regions: list, transform: Callable[[int, np.ndarray], np.ndarray],
+                 seed: int):
+        self.regions = regions
+        self.transform = transform
+        self.seed = int(seed)
+        self.n = np.array([r.n for r in regions], dtype=np.int64)
+        self._round = None
+        self._windows: dict[int, np.ndarray] = {}
+
+    def start_round(self, round: int) -> None:
+        """Each person's training window in `round` (computed per region on first use)."""
+        if round != self._round:
+            self._round, self._windows = round, {}
+
+    def _window(self, k: int) -> np.ndarray:
+        w = self._windows.get(k)
+        if w is None:
+            self._windows.clear()  # one region's windows at a time (memory)
+            w = self._windows[k] = self.regions[k].features.epoch_windows(self.seed,
+                                                                          self._round)
+        return w
+
+    def gather(self, silos: np.ndarray, idx: np.ndarray):
+        """Persons idx[j] of region silos[j] → X (k, B, P − 1) float32, y (k, B) float64,
+        None (no precomputed norms)."""
+        Xs, ys = [], []
+        for k, persons in zip(np.asarray(silos), np.asarray(idx)):
+            k = int(k)
+            F = self.regions[k].features
+            X, y = F.gather(persons, self._window(k)[persons].astype(np.int64))
+            Xs.append(self.transform(k, X))
+            ys.append(y.astype(np.float64))
+        return np.stack(Xs), np.stack(ys), None

@@ -1,0 +1,227 @@
+"""`silofl deploy init`: a consortium folder with per-silo configs and TLS/auth material.
+
+Writes (library `cryptography`, no hand-made crypto):
+
+    certs/ca.pem, certs/ca.key        the consortium CA (keep ca.key offline in production)
+    certs/server.pem, certs/server.key  the server's TLS certificate (SANs: the hosts given)
+    keys/<silo>.key, keys/<silo>.pub  each silo's ECDSA P-256 signing key (node identity)
+    data/<silo>.npz                   with `--demo heart`: each hospital's own split
+    silo_<silo>.toml                  one per silo (its data, ε, δ, store, server, keys)
+    server.toml                       method, rounds, hyperparameters, silos' public keys
+
+In a real deployment each silo generates its key itself and sends only the .pub file to
+the coordinator (`silofl deploy key`); the folder layout is the same.
+"""
+
+from __future__ import annotations
+
+import datetime
+import ipaddress
+import io
+import re
+from pathlib import Path
+
+import numpy as np
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+
+from silofl.errors import ConfigError
+from silofl.experiments import atomic
+from silofl.privacy.ledger import silo_file_id
+
+
+_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+
+
+def write_bytes_atomic(path: Path, data: bytes) -> None:
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    atomic.write_bytes_atomic(path, data)
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    write_bytes_atomic(path, text.encode("utf-8"))
+
+
+def _pem_key(key) -> bytes:
+    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                             serialization.NoEncryption())
+
+
+def _pem_pub(key) -> bytes:
+    return key.public_key().public_bytes(serialization.Encoding.PEM,
+                                         serialization.PublicFormat.SubjectPublicKeyInfo)
+
+
+def make_ca(days: int = 365):
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "silofl consortium CA")])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name)
+            .public_key(key.public_key()).serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + datetime.timedelta(days=days))
+            .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+            .sign(key, hashes.SHA256()))
+    return key, cert
+
+
+def make_server_cert(ca_key, ca_cert, hosts: list[str], days: int = 365):
+    key = ec.generate_private_key(ec.SECP256R1())
+    sans = []
+    for h in hosts:
+        try:
+            sans.append(x509.IPAddress(ipaddress.ip_address(h)))
+        except ValueError:
+            sans.append(x509.DNSName(h))
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (x509.CertificateBuilder()
+            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, hosts[0])]))
+            .issuer_name(ca_cert.subject).public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + datetime.timedelta(days=days))
+            .add_extension(x509.SubjectAlternativeName(sans), critical=False)
+            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+            .sign(ca_key, hashes.SHA256()))
+    return key, cert
+
+
+def write_silo_key(folder: Path, name: str) -> tuple[Path, Path]:
+    """A silo's signing key pair: keys/<name>.key (stays at the silo), keys/<name>.pub."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    priv, pub = folder / "keys" / f"{name}.key", folder / "keys" / f"{name}.pub"
+    write_bytes_atomic(priv, _pem_key(key))
+    priv.chmod(0o600)
+    write_bytes_atomic(pub, _pem_pub(key))
+    return priv, pub
+
+
+def demo_data(name: str, seed: int = 0):
+    """The builtin heart federation (4 hospitals), one split per silo."""
+    if name != "heart":
+        raise ConfigError(f"unknown demo data {name!r}; available: heart")
+    from silofl.data.heart import load_heart_disease
+    return load_heart_disease(seed=seed)
+
+
+def write_silo_data(path: Path, silo, feature_names: list[str]) -> None:
+    buf = io.BytesIO()
+    np.savez(buf, X_train=silo.X_train, y_train=silo.y_train, X_test=silo.X_test,
+             y_test=silo.y_test, feature_names=np.array(feature_names, dtype=str))
+    write_bytes_atomic(path, buf.getvalue())
+
+
+def _toml_value(v) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, str):
+        return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    return repr(v)
+
+
+def _toml(sections: dict) -> str:
+    out = []
+    for sec, kv in sections.items():
+        out.append(f"[{sec}]")
+        out += [f"{k if _NAME.match(k) else _toml_value(k)} = {_toml_value(v)}"
+                for k, v in kv.items()]
+        out.append("")
+    return "\n".join(out)
+
+
+def _check_job(job: dict, fed) -> None:
+    """Validate the [job] that will be written (before anything is)."""
+    from silofl.runtime.network.server import JOB_DEFAULTS
+    from silofl.runtime.network.silo import JOB_KEYS, check_job, job_algorithm, job_config
+    from silofl.runtime.network import messages
+    full = {**JOB_DEFAULTS, "method": "mrmtl", "rounds": 20, "dim": 1, **job}
+    if fed is not None:
+        full.update(dim=fed.dim, task=fed.task)
+    bad = set(full) - set(JOB_KEYS)
+    if bad:
+        raise ConfigError(f"unknown job setting(s) {sorted(bad)}")
+    try:
+        full = check_job(full)
+        job_algorithm(full)
+        job_config(full).validate()
+    except messages.ProtocolError as e:
+        raise ConfigError(str(e)) from None
+
+
+def init(out: Path, *, silos: list[str] | None = None, demo: str | None = None,
+         address: str = "127.0.0.1:9092", hosts: list[str] | None = None,
+         epsilon: float = 1.0, delta: float = 1e-5, job: dict | None = None,
+         min_silos: int | None = None, noise: str = "secure", insecure: bool = False,
+         overwrite: bool = False, federation=None) -> dict:
+    """Write a consortium folder (see the module doc). Returns what was written.
+    `federation` (Python API) writes each of its silos' data like `demo`."""
+    out = Path(out)
+    if out.exists() and any(out.iterdir()) and not overwrite:
+        raise ConfigError(f"{out} exists and is not empty; choose a new folder (key "
+                          "material is never overwritten silently) or pass --overwrite")
+    fed = demo_data(demo) if demo else federation
+    names = list(silos or (fed.names if fed is not None else []))
+    if not names:
+        raise ConfigError("name the silos (--silo A --silo B …) or use --demo heart")
+    for n in names:
+        if not n.strip() or len(n) > 64 or any(c in n for c in "\n\r\t\"\\"):
+            raise ConfigError(f"silo name {n!r}: use 1-64 printable characters, no quotes, "
+                              "backslashes or line breaks")
+    if len(set(names)) != len(names):
+        raise ConfigError(f"duplicate silo names in {names}")
+    if fed is not None and set(names) - set(fed.names):
+        raise ConfigError(f"--demo {demo} has silos {fed.names}; unknown: "
+                          f"{sorted(set(names) - set(fed.names))}")
+    if noise not in ("secure", "seeded"):
+        raise ConfigError(f"noise must be 'secure' or 'seeded' (experiments), got {noise!r}")
+    if ":" not in address or not address.rsplit(":", 1)[1].isdigit():
+        raise ConfigError(f"address must be host:port, got {address!r}")
+    _check_job({**(job or {}), "noise": noise}, fed)
+    host = address.rsplit(":", 1)[0].strip("[]")
+    hosts = list(dict.fromkeys([host, *(hosts or []), "127.0.0.1", "localhost"]))
+    out.mkdir(parents=True, exist_ok=True)
+    ca_key, ca_cert = make_ca()
+    srv_key, srv_cert = make_server_cert(ca_key, ca_cert, hosts)
+    pem = serialization.Encoding.PEM
+    write_bytes_atomic(out / "certs" / "ca.pem", ca_cert.public_bytes(pem))
+    write_bytes_atomic(out / "certs" / "ca.key", _pem_key(ca_key))
+    write_bytes_atomic(out / "certs" / "server.pem", srv_cert.public_bytes(pem))
+    write_bytes_atomic(out / "certs" / "server.key", _pem_key(srv_key))
+    for p in ("ca.key", "server.key"):
+        (out / "certs" / p).chmod(0o600)
+    job = dict(job or {})
+    if fed is not None:
+        job.setdefault("dim", fed.dim)
+        job.setdefault("task", fed.task)
+        job.setdefault("num_classes", max(fed.num_classes, 2))
+    job.setdefault("method", "mrmtl")
+    job.setdefault("rounds", 20)
+    job.setdefault("noise", noise)
+    written = {"silos": {}, "server": str(out / "server.toml")}
+    tls = {"insecure": True} if insecure else {"root_certificate": "certs/ca.pem"}
+    for n in names:
+        f = silo_file_id(n)
+        write_silo_key(out, f)
+        data = f"data/{f}.npz"
+        if fed is not None:
+            write_silo_data(out / data, fed.silo(n), fed.feature_names)
+        cfg = {"silo": {"name": n, "data": data, "epsilon": float(epsilon),
+                        "delta": float(delta), "lifetime_epsilon": float(epsilon),
+                        "budget_store": f"stores/{f}.sqlite", "state_dir": f"state/{f}",
+                        "private_key": f"keys/{f}.key", "noise": noise,
+                        "max_rounds": int(job["rounds"]), "methods": [job["method"]]},
+               "server": {"address": address, **tls}}
+        write_text_atomic(out / f"silo_{f}.toml", _toml(cfg))
+        written["silos"][n] = str(out / f"silo_{f}.toml")
+    srv = {"address": address, "state_dir": "state/server", "expected_silos": len(names),
+           "min_silos": int(min_silos or max(1, len(names) // 2))}
+    srv.update({"insecure": True} if insecure else
+               {"root_certificate": "certs/ca.pem", "certificate": "certs/server.pem",
+                "private_key": "certs/server.key"})
+    write_text_atomic(out / "server.toml", _toml({
+        "server": srv, "job": job, "silos": {n: f"keys/{silo_file_id(n)}.pub" for n in names}}))
+    return written

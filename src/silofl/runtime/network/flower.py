@@ -1,0 +1,227 @@
+"""Flower transport for the silo and server programs (gRPC, TLS, Flower's `Server` loop).
+
+The silo is a Flower client (`flwr.client.start_client`), the server a Flower `Strategy`
+driven by Flower's `Server` over its gRPC fleet service (`start_grpc_server`, TLS with the
+consortium's certificates). These are Flower's legacy long-running entry points (deprecated
+since flwr 1.13 in favour of SuperLink/SuperNode, still shipped in 1.41): they keep one
+process per silo under the silo's own control, which is what a silo-enforced budget needs.
+Node authentication is by signature: each silo signs its join and every reply with its
+ECDSA key and the server accepts only registered keys (`messages`). All logic is in
+`silo.SiloProgram` / `server.ServerProgram`; this module only moves their messages.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from pathlib import Path
+
+import flwr as fl
+import grpc
+from flwr.common import (GetPropertiesIns, FitIns, Parameters, ReconnectIns,
+                         ndarrays_to_parameters, parameters_to_ndarrays)
+from flwr.server import Server, SimpleClientManager
+
+from silofl.errors import SiloflError
+from silofl.runtime.network import messages as W
+from silofl.runtime.network.server import ServerConfig, ServerProgram
+from silofl.runtime.network.silo import SiloConfig, SiloProgram, new_nonce
+
+log = logging.getLogger("flwr.silofl")  # through Flower's handlers
+
+
+# --- silo ----------------------------------------------------------------------------
+
+class SiloClient(fl.client.NumPyClient):
+    """Forwards the server's join and round requests to a `SiloProgram`."""
+
+    def __init__(self, program: SiloProgram):
+        super().__init__()
+        self.program = program
+
+    def get_properties(self, config):
+        try:
+            return self.program.join(dict(config))
+        except W.ProtocolError as e:
+            log.warning("silo %s: rejected a malformed join request: %s",
+                        self.program.cfg.name, e)
+            return {"protocol": W.PROTOCOL, "kind": "error", "reason": str(e)[:4000]}
+
+    def get_parameters(self, config):
+        return []
+
+    def fit(self, parameters, config):
+        try:
+            rep, update = self.program.round(dict(config), list(parameters))
+        except W.ProtocolError as e:
+            log.warning("silo %s: rejected a malformed round request: %s",
+                        self.program.cfg.name, e)
+            rep, update = self.program._reply({"round": -1}, "refused", str(e)[:4000], None)
+        return ([] if update is None else [update]), 0, rep
+
+    def evaluate(self, parameters, config):
+        return 0.0, 0, {}
+
+
+def run_silo(cfg: SiloConfig, *, max_wait: float = 120.0) -> SiloProgram:
+    """Connect to the server and serve rounds until it disconnects (or `max_wait` seconds
+    pass without a connection). Returns the program (its state is also on disk)."""
+    program = SiloProgram(cfg)
+    root = None if cfg.root_certificate is None else Path(cfg.root_certificate).read_bytes()
+    client = SiloClient(program).to_client()
+    while True:
+        try:
+            fl.client.start_client(server_address=cfg.server_address, client=client,
+                                   root_certificates=root, insecure=root is None,
+                                   grpc_max_message_length=W.GRPC_MAX_MESSAGE,
+                                   max_retries=None, max_wait_time=max_wait)
+            return program  # the server ended the job (or could not be reached)
+        except grpc.RpcError as e:  # the server went away mid-job: wait for it to return
+            log.warning("silo %s: connection to the server lost (%s); reconnecting "
+                        "(state kept: round %d)", cfg.name, e.code(), program.done)
+            time.sleep(0.5)
+
+
+# --- server --------------------------------------------------------------------------
+
+class SiloflStrategy(fl.server.strategy.Strategy):
+    """Joins silos (authenticated), sends each round's requests, runs the server step."""
+
+    def __init__(self, program: ServerProgram):
+        super().__init__()
+        self.p = program
+        self.names: dict[str, str] = {}   # Flower connection id → silo name
+        self.rejected: set[str] = set()
+        self.started = False
+        self.lock = threading.Lock()
+
+    def initialize_parameters(self, client_manager):
+        return Parameters(tensors=[], tensor_type="numpy.ndarray")
+
+    def _join(self, proxy) -> None:
+        job = W.canonical(self.p.job).decode()
+        nonce = new_nonce()
+        ins = GetPropertiesIns({"protocol": W.PROTOCOL, "kind": "join", "job": job,
+                                "nonce": nonce})
+        try:
+            res = proxy.get_properties(ins, timeout=self.p.cfg.join_timeout, group_id=None)
+            props = dict(res.properties)
+            if props.get("nonce") != nonce:
+                raise W.ProtocolError("join reply does not answer this server's nonce")
+            reg = self.p.accept_join(props)
+        except Exception as e:  # an unauthenticated or broken client does not join
+            log.warning("connection %s rejected at join: %s", proxy.cid, e)
+            self.rejected.add(proxy.cid)
+            self._drop(proxy)
+            return
+        if reg.status != "ok":
+            log.warning("silo %s declined the job: %s", reg.name, reg.reason)
+            self._drop(proxy)
+            return
+        for cid, name in list(self.names.items()):
+            if name == reg.name:      # the silo reconnected: its old connection is stale
+                del self.names[cid]
+        self.names[proxy.cid] = reg.name
+        log.info("silo %s joined (n = %d, q = %.4g, steps = %d, sigma = %.4g)", reg.name,
+                 reg.n_train, reg.q, reg.steps, reg.sigma)
+
+    def _drop(self, proxy) -> None:
+        """Ask a connection to leave (the silo's client returns)."""
+        try:
+            proxy.reconnect(ReconnectIns(seconds=None), timeout=5.0, group_id=None)
+        except Exception:  # already gone
+            pass
+
+    def _active(self, client_manager) -> list:
+        conns = client_manager.all()
+        return [(conns[c], n) for c, n in sorted(self.names.items(), key=lambda kv: kv[1])
+                if c in conns and self.p.silos[n].status == "ok"]
+
+    def configure_fit(self, server_round, parameters, client_manager):
+        t = self.p.done + 1
+        first = not self.p.silos
+        need = self.p.cfg.expected_silos if first else self.p.cfg.min_silos
+        now = time.monotonic()
+        deadline, grace = now + self.p.cfg.join_timeout, now + self.p.cfg.rejoin_wait
+        if not self.started:  # first round of this process (fresh or resumed): wait for all
+            grace, self.started = deadline, True
+        while True:
+            for cid, proxy in list(client_manager.all().items()):
+                if cid not in self.names and cid not in self.rejected:
+                    self._join(proxy)
+            active = self._active(client_manager)
+            # every silo still in the job, or enough of them once the grace period is over
+            everyone = sum(r.status == "ok" for r in self.p.silos.values())
+            if len(active) >= max(need, everyone) or len(active) >= need and \
+                    time.monotonic() > grace or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        if len(active) < self.p.cfg.min_silos:
+            raise SiloflError(
+                f"round {t}: {len(active)} silo(s) available within {self.p.cfg.join_timeout:g}"
+                f" s, fewer than min_silos = {self.p.cfg.min_silos}; stopping after round "
+                f"{self.p.done} (checkpointed; restart the server to resume)")
+        params = ndarrays_to_parameters([self.p.message])
+        return [(proxy, FitIns(params, self.p.request(name, t))) for proxy, name in active]
+
+    def aggregate_fit(self, server_round, results, failures):
+        t = self.p.done + 1
+        updates = {}
+        for proxy, res in results:
+            name = self.names.get(proxy.cid)
+            if name is None:
+                continue
+            try:
+                status, update = self.p.accept_update(name, t, dict(res.metrics),
+                                                      parameters_to_ndarrays(res.parameters))
+            except W.ProtocolError as e:
+                log.warning("round %d: rejected the reply of %s: %s", t, name, e)
+                continue
+            if status == "ok":
+                updates[name] = update
+            else:
+                log.warning("round %d: silo %s %s: %s", t, name, status,
+                            self.p.silos[name].reason)
+                self._drop(proxy)
+        for f in failures:
+            proxy = f[0] if isinstance(f, tuple) else None
+            name = self.names.pop(getattr(proxy, "cid", None), None)
+            log.warning("round %d: silo %s failed (%s); the round goes on without it", t,
+                        name, f[1] if isinstance(f, tuple) else f)
+        self.p.step(t, updates)
+        log.info("round %d done with %d silo(s): %s", t, len(updates), ", ".join(sorted(updates)))
+        return None, {}
+
+    def configure_evaluate(self, server_round, parameters, client_manager):
+        return []
+
+    def aggregate_evaluate(self, server_round, results, failures):
+        return None, {}
+
+    def evaluate(self, server_round, parameters):
+        return None
+
+
+def run_server(cfg: ServerConfig) -> ServerProgram:
+    """Serve the job's remaining rounds (resuming from the checkpoint); returns the program."""
+    from flwr.server.superlink.fleet.grpc_bidi.grpc_server import start_grpc_server
+    program = ServerProgram(cfg)
+    remaining = cfg.job["rounds"] - program.done
+    if remaining <= 0:
+        return program
+    strategy = SiloflStrategy(program)
+    manager = SimpleClientManager()
+    server = Server(client_manager=manager, strategy=strategy)
+    certs = None if cfg.certificates is None else tuple(Path(p).read_bytes()
+                                                          for p in cfg.certificates)
+    grpc_server = start_grpc_server(client_manager=manager, server_address=cfg.address,
+                                    max_message_length=W.GRPC_MAX_MESSAGE, certificates=certs)
+    log.info("silofl server on %s, TLS %s, rounds %d..%d", cfg.address,
+             "on" if certs else "OFF", program.done + 1, cfg.job["rounds"])
+    try:
+        server.fit(num_rounds=remaining, timeout=cfg.round_timeout)
+        server.disconnect_all_clients(timeout=10.0)
+    finally:
+        grpc_server.stop(grace=1)
+    return program

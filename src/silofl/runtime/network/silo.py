@@ -1,0 +1,376 @@
+"""The silo program: one institution's side of a networked run.
+
+It loads only its own data file, keeps its own lifetime budget store and per-round ledger,
+plans its own σ from its own (ε_k, δ_k) and the public job description, and for every
+round the server requests it checks the work (job, method, steps, q, σ, round) against its
+own plan and its own store *before* reading a row:
+
+* a job it does not accept (method not allowed, more rounds than `max_rounds`, another
+  noise mode than its own, a different feature count) is refused at join;
+* a request whose steps, q or σ differ from what the silo calibrated is refused;
+* each round reserves that round's DP-SGD events in the silo's store (`open_job`); when
+  the store refuses (lifetime target reached) the silo answers "exhausted" and takes no
+  more work: it leaves, the others go on.
+
+State (personal model, last round, cached last reply) lives in `state_dir`, written after
+each round, so a crashed silo restarts where it was; a round it was charged for but did not
+finish stays charged (the reservation is never settled). A repeated request for its last
+round (server restarted) is answered from the cache: no new computation, no new charge.
+Only the update (what the algorithm sends) leaves the silo — test metrics stay local.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from silofl.algorithms import make_algorithm
+from silofl.data.federation import Federation, PrivacyTarget, Silo
+from silofl.errors import BudgetExceeded, ConfigError, DataError, SiloflError
+from silofl.experiments.atomic import write_bytes_atomic, write_json_atomic
+from silofl.models import make_model
+from silofl.models import metrics as M
+from silofl.privacy import accounting
+from silofl.privacy.budget import BudgetStore
+from silofl.privacy.ledger import Ledger
+from silofl.runtime.job import fingerprint, open_job
+from silofl.runtime.network import messages as W
+from silofl.runtime.network.hosting import check_network_method, silo_randomness, slice_state
+from silofl.runtime.plan import SiloPlan, TrainingConfig, plan_silos
+from silofl.training.dpsgd import GradientRule
+from silofl.training.trainer import LocalTrainer, SiloArrays
+
+#: fault injection for tests and drills: exit abruptly (as a crash) in this round, after
+#: the round was charged and before its reply is sent
+CRASH_ENV = "SILOFL_FAULT_SILO_CRASH_ROUND"
+JOB_KEYS = {"method": str, "lam": float, "weighted": bool, "finetune_fraction": float,
+            "model": str, "task": str, "num_classes": int, "dim": int, "rounds": int,
+            "batch_size": int, "local_epochs": float, "lr": float, "clip": float,
+            "l2": float, "accountant": str, "noise": str, "seed": int}
+
+
+def check_job(job: dict) -> dict:
+    """The public job description with exactly `JOB_KEYS` (ProtocolError otherwise)."""
+    W.check_fields({**job, "protocol": W.PROTOCOL, "kind": "job"},
+                   {**JOB_KEYS, "protocol": str, "kind": str}, "job")
+    # ints where floats are expected are the same number: one canonical form to hash
+    return {k: float(v) if JOB_KEYS[k] is float else v for k, v in job.items()}
+
+
+def job_config(job: dict) -> TrainingConfig:
+    return TrainingConfig(rounds=job["rounds"], local_epochs=job["local_epochs"],
+                          batch_size=job["batch_size"], lr=job["lr"], clip=job["clip"],
+                          l2=job["l2"], accountant=job["accountant"], noise=job["noise"],
+                          seed=job["seed"], eval_every=job["rounds"])
+
+
+def job_algorithm(job: dict):
+    check_network_method(job["method"])
+    return make_algorithm(job["method"], lam=job["lam"], weighted=job["weighted"],
+                          finetune_fraction=job["finetune_fraction"])
+
+
+def job_model(job: dict):
+    return make_model(job["model"], job["dim"], job["num_classes"])
+
+
+@dataclass
+class SiloConfig:
+    name: str
+    data: Path                 # .npz with X_train, y_train, X_test, y_test, feature_names
+    epsilon: float             # this job's target (σ is calibrated for it)
+    delta: float
+    lifetime_epsilon: float    # the store's lifetime target (first time the store sees us)
+    budget_store: Path
+    state_dir: Path
+    private_key: Path
+    server_address: str
+    root_certificate: Path | None  # None: plain gRPC (only with insecure = true)
+    noise: str = "secure"
+    max_rounds: int = 1000
+    methods: tuple[str, ...] = ("mrmtl", "fedavg", "local", "ditto", "finetune")
+
+    @property
+    def target(self) -> PrivacyTarget:
+        return PrivacyTarget(self.epsilon, self.delta)
+
+    @property
+    def lifetime(self) -> PrivacyTarget:
+        return PrivacyTarget(self.lifetime_epsilon, self.delta)
+
+
+def load_silo_config(path: str | Path) -> SiloConfig:
+    """Read silo.toml (paths relative to its folder); ConfigError naming the bad key."""
+    path = Path(path)
+    try:
+        raw = tomllib.loads(path.read_text())
+    except (OSError, tomllib.TOMLDecodeError) as e:
+        raise ConfigError(f"cannot read silo config {str(path)!r}: {e}") from None
+    base = path.parent
+    s, srv = raw.get("silo", {}), raw.get("server", {})
+    unknown = set(raw) - {"silo", "server"}
+    if unknown:
+        raise ConfigError(f"{path}: unknown section(s) {sorted(unknown)}; use [silo], [server]")
+    try:
+        eps = float(s["epsilon"])
+        rel = lambda v: None if v is None else (base / v)  # noqa: E731
+        insecure = bool(srv.get("insecure", False))
+        root = rel(srv.get("root_certificate"))
+        if root is None and not insecure:
+            raise ConfigError(f"{path}: [server] root_certificate is missing; TLS is required "
+                              "(set insecure = true only for a local experiment)")
+        cfg = SiloConfig(
+            name=str(s["name"]), data=rel(s["data"]), epsilon=eps, delta=float(s["delta"]),
+            lifetime_epsilon=float(s.get("lifetime_epsilon", eps)),
+            budget_store=rel(s["budget_store"]), state_dir=rel(s["state_dir"]),
+            private_key=rel(s["private_key"]), server_address=str(srv["address"]),
+            root_certificate=root, noise=str(s.get("noise", "secure")),
+            max_rounds=int(s.get("max_rounds", 1000)),
+            methods=tuple(s.get("methods", SiloConfig.methods)))
+    except KeyError as e:
+        raise ConfigError(f"{path}: missing key {e.args[0]!r} (see `silofl deploy init` for a "
+                          "complete silo config)") from None
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"{path}: invalid value: {e}") from None
+    if cfg.noise not in ("secure", "seeded"):
+        raise ConfigError(f"{path}: [silo] noise must be 'secure' or 'seeded', got {cfg.noise!r}")
+    cfg.target, cfg.lifetime  # validates ε, δ
+    return cfg
+
+
+def load_silo_data(cfg: SiloConfig) -> tuple[Silo, list[str]]:
+    try:
+        with np.load(cfg.data, allow_pickle=False) as z:
+            arrays = {k: z[k] for k in ("X_train", "y_train", "X_test", "y_test")}
+            names = [str(v) for v in z["feature_names"]] if "feature_names" in z else []
+    except (OSError, KeyError, ValueError) as e:
+        raise DataError(f"silo {cfg.name!r}: cannot read its data file {str(cfg.data)!r} "
+                        f"({e}); it must be an .npz with X_train, y_train, X_test, "
+                        "y_test") from None
+    silo = Silo(cfg.name, arrays["X_train"].astype(np.float64), arrays["y_train"],
+                arrays["X_test"].astype(np.float64), arrays["y_test"], cfg.target)
+    return silo, names
+
+
+class SiloProgram:
+    """One silo: `join(job, nonce)` then `round(request, message)` per round."""
+
+    def __init__(self, cfg: SiloConfig, key=None):
+        self.cfg = cfg
+        self.key = key if key is not None else W.load_private_key(cfg.private_key)
+        self.silo, self.feature_names = load_silo_data(cfg)
+        self.fingerprint = fingerprint(self.silo.X_train, self.silo.y_train)
+        self.store = BudgetStore(cfg.budget_store)
+        self.job = self.hash = self.plan = None
+        self.exhausted = False
+
+    # -- join -------------------------------------------------------------------------
+    def join(self, fields: dict) -> dict:
+        """Answer a join request: accept the job (and report the silo's plan) or refuse."""
+        req = W.check_fields(fields, W.JOIN_REQUEST, "join")
+        reply = {"protocol": W.PROTOCOL, "kind": "joined", "silo": self.cfg.name,
+                 "status": "ok", "reason": "", "job_hash": "", "n_train": 0, "q": 0.0,
+                 "steps": 0, "sigma": 0.0, "nonce": req["nonce"], "signature": ""}
+        try:
+            job = check_job(json.loads(req["job"]))
+            reply["job_hash"] = W.job_hash(job)
+            self._accept(job)
+            reply.update(n_train=self.plan.n, q=float(self.plan.q),
+                         steps=int(self.plan.steps_per_pass),
+                         sigma=float(self.plan.noise_multiplier))
+            if self.exhausted:
+                reply.update(status="exhausted", reason="budget exhausted in an earlier round")
+        except (SiloflError, json.JSONDecodeError) as e:  # refused, with the reason
+            reply.update(status="refused", reason=str(e)[:4000])
+        reply["signature"] = W.sign(self.key, reply, None)
+        return reply
+
+    def _accept(self, job: dict) -> None:
+        c = self.cfg
+        if job["method"] not in c.methods:
+            raise ConfigError(f"silo {c.name!r} does not run method {job['method']!r} "
+                              f"(allowed: {', '.join(c.methods)})")
+        if job["rounds"] > c.max_rounds:
+            raise ConfigError(f"silo {c.name!r} allows at most {c.max_rounds} rounds, the "
+                              f"job asks for {job['rounds']}")
+        if job["noise"] != c.noise:
+            raise ConfigError(f"silo {c.name!r} draws {c.noise} noise; the job asks for "
+                              f"{job['noise']!r} (only the silo chooses its noise)")
+        if job["dim"] != self.silo.X_train.shape[1]:
+            raise ConfigError(f"silo {c.name!r} has {self.silo.X_train.shape[1]} features, the "
+                              f"job's model expects {job['dim']}")
+        h = W.job_hash(job)
+        if self.hash == h:
+            return
+        if self.hash is not None:
+            raise ConfigError(f"silo {c.name!r} is running job {self.hash[:8]}; one job per "
+                              "silo process")
+        # the store's lifetime target must be the one this config states (else refuse now)
+        self.store.register({c.name: c.lifetime}, explicit=True)
+        algorithm, tcfg, model = job_algorithm(job), job_config(job), job_model(job)
+        fed = Federation([self.silo], self.feature_names or
+                         [f"x{i}" for i in range(job["dim"])], job["task"], job["num_classes"])
+        plan: SiloPlan = plan_silos(fed, algorithm, tcfg)[0]  # σ from our own (ε_k, δ_k)
+        self.algorithm, self.tcfg, self.model, self.plan = algorithm, tcfg, model, plan
+        self.job, self.hash = job, h
+        self.trainer = LocalTrainer(
+            model=self.model, data=SiloArrays.stack([self.silo.X_train], [self.silo.y_train]),
+            rule=GradientRule(self.tcfg.clip, np.array([self.plan.noise_multiplier])),
+            batch_size=self.tcfg.batch_size,
+            steps_per_round=np.array([self.plan.steps_per_pass]), lr=self.tcfg.lr,
+            l2=self.tcfg.l2, rng=silo_randomness(c.noise, job["seed"], c.name),
+            ledgers=[Ledger(c.name, c.target, self.tcfg.accountant, None, allowance={})])
+        self.state, _ = self.algorithm.init(self.model.init_params(), 1, rounds=job["rounds"])
+        self.done, self.last = 0, None
+        try:
+            self._load_state()
+        except BaseException:
+            self.job = self.hash = self.plan = None  # not joined
+            raise
+
+    # -- rounds -----------------------------------------------------------------------
+    def round(self, fields: dict, arrays: list) -> tuple[dict, np.ndarray | None]:
+        """Check the request (fields and the one broadcast array) against the silo's own
+        plan and store, then run the round. Returns (signed reply, update or None)."""
+        req = W.check_fields(fields, W.ROUND_REQUEST, "round")
+        if self.plan is None:
+            return self._reply(req, "refused", "no job accepted yet (join first)", None)
+        message = W.check_array(list(arrays), self.algorithm.broadcast(
+            self._server_like()).shape, "round")
+        p, t = self.plan, req["round"]
+        wrong = [f"{k} {req[k]!r} ≠ {v!r}" for k, v in (
+            ("job_hash", self.hash), ("silo", self.cfg.name), ("method", self.job["method"]),
+            ("steps", int(p.steps_per_pass)), ("q", float(p.q)),
+            ("sigma", float(p.noise_multiplier))) if req[k] != v]
+        if wrong:
+            return self._reply(req, "refused", "request differs from this silo's own plan: "
+                               + "; ".join(wrong) + "; nothing was run", None)
+        if not 1 <= t <= self.job["rounds"]:
+            return self._reply(req, "refused", f"round {t} is outside the job's 1.."
+                               f"{self.job['rounds']}; nothing was run", None)
+        digest = W.signed_bytes({}, message)
+        if self.last is not None and t == self.done:
+            if self.last["digest"] == digest.hex():   # the server lost our reply: resend it
+                return self._reply(req, "ok", "resent", self.last["update"])
+            return self._reply(req, "refused", f"round {t} already ran with another message; "
+                               "a round runs once", None)
+        if t < self.done:
+            return self._reply(req, "refused", f"round {t} is older than this silo's last "
+                               f"round {self.done}", None)
+        if self.exhausted:
+            return self._reply(req, "exhausted", "budget exhausted", None)
+        self.message = message  # the latest shared model (FedAvg's model for prediction)
+        update = self._run(t, message)
+        if update is None and self.exhausted:
+            return self._reply(req, "exhausted", self._why, None)
+        self.last = {"digest": digest.hex(), "update": update}
+        self.done = t
+        self._save_state()
+        return self._reply(req, "ok", "", update)
+
+    def _run(self, t: int, message: np.ndarray) -> np.ndarray | None:
+        c, p = self.cfg, self.plan
+        round_plan = SiloPlan(p.name, p.n, p.q, p.steps_per_pass, p.target, p.noise_multiplier,
+                              declared=self.algorithm.privacy_events(
+                                  accounting.dpsgd_event(p.q, p.noise_multiplier,
+                                                         p.steps_per_pass), 1, target=p.target))
+        method = self.job["method"]
+        try:  # reserve this round in the lifetime store before any row is read
+            job = open_job(self.store, {method: [round_plan]}, lifetime={c.name: c.lifetime},
+                           explicit_lifetime=True, command=f"silo {c.name} round {t}",
+                           noise=c.noise, accountant=self.tcfg.accountant,
+                           fingerprints={c.name: self.fingerprint})
+        except BudgetExceeded as e:
+            self.exhausted, self._why = True, str(e)[:4000]
+            self._save_state()
+            return None
+        self.trainer.ledgers = job.ledgers(method)
+        try:
+            if os.environ.get(CRASH_ENV) == str(t):
+                os._exit(17)  # a crash after the charge: the reservation stays counted
+            self.state, update = self.algorithm.silo_step(
+                self.state, self.algorithm.broadcast(self._server_like(message)),
+                self.trainer, t)
+        except BaseException:
+            job.settle("failed")
+            raise
+        job.settle()
+        return None if update is None else np.asarray(update, dtype=np.float64)
+
+    def _server_like(self, message=None):
+        from silofl.algorithms.base import ServerState
+        return ServerState(np.zeros(self.model.init_params().shape[0]) if message is None
+                           else message)
+
+    def _reply(self, req, status, reason, update):
+        rep = {"protocol": W.PROTOCOL, "kind": "update", "silo": self.cfg.name,
+               "status": status, "reason": reason, "job_hash": self.hash or "",
+               "round": req["round"], "signature": ""}
+        rep["signature"] = W.sign(self.key, rep, update)
+        return rep, update
+
+    # -- state on disk ------------------------------------------------------------------
+    def personal_model(self) -> np.ndarray:
+        """(P,) the model this silo uses for prediction (needs the server's last message
+        for methods whose personal model is the shared one)."""
+        return self.state.params[0]
+
+    def evaluate(self, message: np.ndarray | None = None) -> float:
+        """Test metric of the silo's personal model on its own test set (stays local);
+        methods whose personal model is the shared one use `message` (default: the last
+        shared model received, one round behind the server's final model)."""
+        from silofl.algorithms.base import ServerState
+        message = getattr(self, "message", None) if message is None else message
+        srv = ServerState(self.state.params[0] if message is None else message)
+        w = self.algorithm.personal_models(self.state, srv)[0]
+        fn = M.metric_fn(M.default_metric(self.job["task"]), self.model.name)
+        return float(fn(self.silo.y_test, self.model.predict(w, self.silo.X_test)))
+
+    def _paths(self):
+        d = Path(self.cfg.state_dir)
+        return d / "state.npz", d / "state.json"
+
+    def _save_state(self) -> None:
+        arrays, meta = self._paths()
+        arrays.parent.mkdir(parents=True, exist_ok=True)
+        import io
+        buf = io.BytesIO()
+        extra = {} if self.last is None or self.last["update"] is None else \
+            {"last_update": self.last["update"]}
+        np.savez(buf, params=self.state.params, **extra)
+        write_bytes_atomic(arrays, buf.getvalue())
+        write_json_atomic(meta, {
+            "silo": self.cfg.name, "job_hash": self.hash, "round": self.done,
+            "exhausted": self.exhausted, "reason": getattr(self, "_why", ""),
+            "last_digest": None if self.last is None else self.last["digest"],
+            "state": {k: v for k, v in vars(self.state).items() if k != "params"},
+            "noise": self.cfg.noise})
+
+    def _load_state(self) -> None:
+        arrays, meta = self._paths()
+        if not meta.is_file():
+            return
+        m = json.loads(meta.read_text())
+        if m.get("job_hash") != self.hash:
+            raise ConfigError(f"silo {self.cfg.name!r}: {meta.parent} holds the state of "
+                              "another job; give this job a fresh state_dir")
+        with np.load(arrays, allow_pickle=False) as z:
+            params = z["params"]
+            last = z["last_update"] if "last_update" in z else None
+        slice_state(self.state, 0)  # shape check by construction
+        self.state = type(self.state)(params, **m["state"]) if m["state"] else \
+            type(self.state)(params)
+        self.done, self.exhausted = int(m["round"]), bool(m["exhausted"])
+        self._why = m.get("reason", "")
+        if m["last_digest"] is not None:
+            self.last = {"digest": m["last_digest"], "update": last}
+
+
+def new_nonce() -> str:
+    return secrets.token_hex(16)

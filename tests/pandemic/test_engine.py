@@ -1,0 +1,200 @@
+"""One engine: the node-level privacy unit of the core trainer and planner, and the
+pandemic track running on it (`pandemic.engine`, `pipeline.train` through
+`runtime.simulator.simulate`).
+
+The reference results (`data/pipeline_reference.*`) were recorded by running the
+*previous* pipeline — its own round, local pass, server step, noise streams and σ
+bisection, at commit fdbbcdd — with `data/record_pipeline_reference.py`, before that code
+was replaced by the engine. Same seeds, seeded noise: the engine must give the same bits.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from silofl.algorithms import make_algorithm
+from silofl.cli import app
+from silofl.data.federation import PrivacyTarget
+from silofl.data.heart import load_heart_disease
+from silofl.errors import ConfigError, PrivacyError
+from silofl.models import make_model
+from silofl.pandemic import pipeline as P
+from silofl.pandemic import read_dataset, synthesize
+from silofl.pandemic.node_dp import NodeLevelDpEvent, calibrate_node_sigma, node_steps
+from silofl.runtime.plan import TrainingConfig, plan_silos
+from silofl.runtime.simulator import simulate
+from silofl.training.trainer import SiloArrays
+
+REF = Path(__file__).parent / "data"
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def ref_data(tmp_path_factory):
+    """The outbreak the reference was recorded on (4000 persons, 4 regions, seed 7)."""
+    out = tmp_path_factory.mktemp("engine") / "small"
+    synthesize(out, persons=4000, regions=4, seed=7)
+    return read_dataset(out, with_target=True)
+
+
+# --- the pandemic track on the engine reproduces the previous pipeline ------------------
+
+META = json.loads((REF / "pipeline_reference.json").read_text())
+
+
+@pytest.mark.parametrize("name", sorted(META))
+def test_engine_reproduces_the_previous_pipeline_bit_for_bit(ref_data, name):
+    m = META[name]
+    pm = P.train(ref_data, P.PandemicConfig(**m["config"]))
+    want = np.load(REF / "pipeline_reference.npz")[name]
+    assert pm.regions == m["regions"]
+    assert np.array_equal(pm.weights, want)  # same batches, noise, steps and server mean
+    assert [p["noise_multiplier"] for p in pm.privacy] == m["sigma"]  # same calibration
+    assert [p["steps"] for p in pm.privacy] == m["steps"]
+    assert [p.get("epsilon_spent") for p in pm.privacy] == m["epsilon_spent"]
+
+
+# --- the node-level unit on tabular data (each person one example: S = 1) ----------------
+
+def _heart(eps=3.0):
+    return load_heart_disease(seed=0).with_targets(PrivacyTarget(eps, 1e-4))
+
+
+def test_node_level_unit_on_tabular_data_plans_samples_and_charges_node_events(monkeypatch):
+    fed = _heart()
+    b, rounds = 16, 3
+    cfg = TrainingConfig(rounds=rounds, batch_size=b, lr=0.1, noise="seeded", seed=2,
+                         privacy_unit="node", node_S=1, adjacency="node+edges")
+    alg = make_algorithm("mrmtl", lam=0.3)
+    plans = plan_silos(fed, alg, cfg)
+    for p, s in zip(plans, fed.silos):
+        steps = node_steps(s.n_train, b, 1.0)
+        assert p.steps_per_pass == steps and p.q == b / s.n_train
+        # the planner's σ is the node-level bisection for the whole run
+        assert p.noise_multiplier == calibrate_node_sigma(
+            3.0 * (1 - 1e-7), s.n_train, 1, b, steps * rounds, 1e-4, adjacency="node+edges")
+        d = p.to_dict()
+        assert d["privacy_unit"] == "node" and d["affected_examples"] == 1
+    drawn = []
+    real = SiloArrays.gather
+
+    def spy(self, silos, idx):
+        drawn.append((int(silos[0]), np.array(idx[0])))
+        return real(self, silos, idx)
+    monkeypatch.setattr(SiloArrays, "gather", spy)
+    res = simulate(fed, make_model("logistic", fed.dim), alg, cfg, plans=plans)
+    # every step: exactly b distinct rows of one silo (no Poisson sizes, no repeats)
+    per_silo = Counter(k for k, _ in drawn)
+    assert all(len(i) == b and len(set(i.tolist())) == b for _, i in drawn)
+    assert all(i.max() < fed.silos[k].n_train for k, i in drawn)
+    assert [per_silo[k] for k in range(4)] == [p.steps_per_pass * rounds for p in plans]
+    for led, p in zip(res.ledgers, plans):
+        evs = [e.event for e in led.entries]
+        assert len(evs) == rounds and all(isinstance(e, NodeLevelDpEvent) for e in evs)
+        assert evs[0] == NodeLevelDpEvent(p.n, 1, b, p.noise_multiplier, p.steps_per_pass,
+                                          "node+edges")
+        assert {e.label for e in led.entries} == {"node-dpsgd"}
+        assert 0.97 * 3.0 < led.epsilon("rdp") <= 3.0
+    assert np.isfinite(res.final_pooled) and res.final_pooled > 0.6  # it learns (AUC)
+    again = simulate(fed, make_model("logistic", fed.dim), alg, cfg, plans=plans)
+    assert np.array_equal(res.params, again.params)  # seeded: reproducible
+
+
+def test_node_level_unit_refuses_what_it_cannot_account_for():
+    fed = _heart()
+    node = dict(privacy_unit="node", node_S=1)
+    with pytest.raises(ConfigError, match="not available with privacy_unit = 'node'"):
+        plan_silos(fed, make_algorithm("ifca", lam=0.3), TrainingConfig(rounds=10, **node))
+    with pytest.raises(ConfigError, match="without replacement"):
+        plan_silos(fed, make_algorithm("mrmtl"), TrainingConfig(batch_size=10_000, **node))
+    with pytest.raises(ConfigError, match="privacy_unit must be"):
+        TrainingConfig(privacy_unit="person").validate()
+    with pytest.raises(ConfigError, match="adjacency"):
+        TrainingConfig(privacy_unit="node", adjacency="edge").validate()
+    with pytest.raises(ConfigError, match="method must be one of"):
+        P.PandemicConfig(method="weight_erosion").validate()
+    # the trainer's example-level-only accesses are refused at node level, nothing read
+    cfg = TrainingConfig(rounds=1, batch_size=8, noise="seeded", **node)
+    plans = plan_silos(fed, make_algorithm("fedavg"), cfg)
+    from silofl.runtime.simulator import node_unit
+    from silofl.training.dpsgd import GradientRule
+    from silofl.training.trainer import LocalTrainer
+    from silofl.privacy.ledger import Ledger
+    from silofl.privacy.randomness import Randomness
+    tr = LocalTrainer(make_model("logistic", fed.dim),
+                      SiloArrays.stack([s.X_train for s in fed.silos],
+                                       [s.y_train for s in fed.silos]),
+                      GradientRule(1.0, np.array([p.noise_multiplier for p in plans])), 8,
+                      np.array([p.steps_per_pass for p in plans]), 0.1, 0.0,
+                      Randomness.seeded(0), [Ledger(p.name, p.target) for p in plans],
+                      node=node_unit(fed, cfg))
+    with pytest.raises(PrivacyError, match="example level only"):
+        tr.gradients(np.zeros((4, fed.dim + 1)))
+    assert all(not led.entries for led in tr.ledgers)
+
+
+# --- every local-pass method on the pandemic data -----------------------------------------
+
+@pytest.mark.parametrize("method,passes", [("fedavg", 1), ("local", 1), ("ditto", 2)])
+def test_other_methods_run_on_graph_data_and_charge_their_passes(ref_data, method, passes):
+    cfg = P.PandemicConfig(rounds=2, batch_size=64, epsilon=6.0, noise="seeded", seed=1,
+                           method=method, lam=0.1)
+    pm = P.train(ref_data, cfg)
+    scores = P.predict(ref_data, pm)
+    assert pm.weights.shape[0] == 4 and np.all(np.isfinite(scores)) and scores.std() > 0
+    if method == "fedavg":  # one shared model: every region's weights agree
+        assert np.allclose(pm.weights, pm.weights[0])
+    else:
+        assert not np.allclose(pm.weights, pm.weights[0])
+    n = np.bincount(ref_data.region)
+    for p, n_k in zip(pm.privacy, n):
+        assert p["steps"] == node_steps(int(n_k), 64, 1.0) * 2 * passes
+        # each pass charged as a node-level event; the whole run within ε = 6
+        assert 0.97 * 6.0 < p["epsilon_spent"] <= 6.0
+    assert pm.config.method == method and all(p["method"] == method for p in pm.privacy)
+
+
+def test_cli_trains_another_method_on_graph_data(small_outbreak, tmp_path):
+    r = runner.invoke(app, ["pandemic", "train", "--data", str(small_outbreak), "--rounds", "1",
+                            "--batch", "64", "--scratch", "--method", "fedavg",
+                            "--model", str(tmp_path / "m")])
+    assert r.exit_code == 0, r.output
+    assert "fedavg" in r.output
+    assert json.loads((tmp_path / "m" / "model.json").read_text())["config"]["method"] == "fedavg"
+    r = runner.invoke(app, ["pandemic", "train", "--data", str(small_outbreak), "--rounds", "1",
+                            "--scratch", "--method", "ifca", "--model", str(tmp_path / "x")])
+    assert r.exit_code != 0 and "method must be one of" in " ".join(r.output.split())
+    assert not (tmp_path / "x").exists()
+
+
+@pytest.mark.parametrize("noise", ["secure", "seeded"])
+def test_node_level_noise_has_the_calibrated_scale(noise):
+    """Examples whose gradient is 0 (x = 0, y = 0, linear model at 0): after T steps at
+    lr = 1 each coordinate is −Σ z_t / b with z_t ~ N(0, σ²C²), i.e. N(0, σ²C²T/b²)."""
+    from scipy import stats
+
+    from silofl.privacy.ledger import Ledger
+    from silofl.privacy.randomness import Randomness
+    from silofl.training.dpsgd import GradientRule
+    from silofl.training.sampling import NodeUnit
+    from silofl.training.trainer import LocalTrainer
+    K, n, d, b, T, C = 40, 50, 24, 10, 30, 0.5
+    sigma = np.linspace(0.5, 3.0, K)
+    data = SiloArrays.stack([np.zeros((n, d))] * K, [np.zeros(n)] * K)
+    ledgers = [Ledger(f"s{k}", PrivacyTarget(1e6, 1e-5)) for k in range(K)]
+    tr = LocalTrainer(make_model("linear", d), data, GradientRule(C, sigma), b,
+                      np.full(K, T), 1.0, 0.0,
+                      Randomness.os_entropy() if noise == "secure" else Randomness.seeded(3),
+                      ledgers, node=NodeUnit(1, "node", tuple(f"s{k}" for k in range(K)), 3))
+    W = tr.run(np.zeros((K, d + 1)), round=1)
+    z = W / (sigma[:, None] * C * np.sqrt(T) / b)
+    assert stats.kstest(z.ravel(), "norm").pvalue > 1e-3
+    assert 0.9 < z.std() < 1.1 and list(tr.steps_done) == [T] * K
+    assert all(led.entries[0].event == NodeLevelDpEvent(n, 1, b, s, T, "node")
+               for led, s in zip(ledgers, sigma))

@@ -1,0 +1,390 @@
+"""Networked runtime (runtime/network): silo and server processes over Flower gRPC on
+127.0.0.1 with TLS, every run bounded by timeouts; and the silo's checks in-process."""
+
+from __future__ import annotations
+
+import os
+import socket
+import logging
+import multiprocessing
+import sys
+import time
+import tomllib
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("flwr")
+
+import silofl.runtime.network.flower  # noqa: E402,F401  (imported once, before forking)
+from silofl import cli  # noqa: E402
+from silofl.data.federation import PrivacyTarget  # noqa: E402
+from silofl.privacy import events  # noqa: E402
+from silofl.privacy.budget import BudgetStore  # noqa: E402
+from silofl.privacy.ledger import tightest  # noqa: E402
+from silofl.runtime.network import deploy, messages as W  # noqa: E402
+from silofl.runtime.network.server import ServerProgram, load_server_config  # noqa: E402
+from silofl.runtime.network.silo import (SiloProgram, job_algorithm, job_config,  # noqa: E402
+                                         job_model, load_silo_config, new_nonce)
+
+JOB = {"rounds": 3, "lam": 0.5, "lr": 0.1, "batch_size": 16, "local_epochs": 0.5}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def consortium(tmp: Path, job=None, **kw) -> dict:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return deploy.init(tmp / "c", demo="heart", noise="seeded",
+                           address=f"127.0.0.1:{free_port()}", job={**JOB, **(job or {})},
+                           **kw)
+
+
+def edit_toml(path, section: str, **values) -> None:
+    """Set keys of one section in a config written by deploy.init (flat TOML)."""
+    raw = tomllib.loads(Path(path).read_text())
+    raw[section].update(values)
+    Path(path).write_text(deploy._toml(raw))
+
+
+def _child(args, log, env) -> None:
+    """A silo or server process: the `silofl` CLI, forked from this already-imported
+    interpreter (separate memory; only loopback gRPC between the processes)."""
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    sys.stdout = open(1, "w", buffering=1, closefd=False)  # not pytest's capture
+    sys.stderr = open(2, "w", buffering=1, closefd=False)
+    for h in logging.getLogger("flwr").handlers:
+        if isinstance(h, logging.StreamHandler):
+            h.setStream(sys.stderr)
+    os.environ.update(env or {})
+    sys.argv = ["silofl", *args]
+    code = 0
+    try:
+        cli.main()
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else 1
+    except BaseException:
+        code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def start(args, log: Path, env=None):
+    p = multiprocessing.get_context("fork").Process(target=_child, args=(args, log, env))
+    p.start()
+    return p
+
+
+def serving(server_cfg, proc, timeout: float = 20.0) -> None:
+    """Wait until the server listens (silos started earlier back off for seconds)."""
+    host, port = load_server_config(server_cfg).address.rsplit(":", 1)
+    end = time.monotonic() + timeout
+    while time.monotonic() < end and proc.is_alive():
+        with socket.socket() as s:
+            if s.connect_ex((host, int(port))) == 0:
+                return
+        time.sleep(0.05)
+    raise AssertionError("the server did not start listening")
+
+
+def finish(procs, timeout: float = 25.0) -> list[int]:
+    """Wait for every process (killing all on timeout); their exit codes."""
+    end = time.monotonic() + timeout
+    try:
+        for p in procs:
+            p.join(timeout=max(0.1, end - time.monotonic()))
+        return [p.exitcode for p in procs]
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+                p.join()
+
+
+def wait_exit(p, timeout: float) -> int | None:
+    p.join(timeout=timeout)
+    return p.exitcode
+
+
+def steps_in_store(path, name) -> tuple[int, list[str]]:
+    """DP-SGD steps counted for `name` in its store, and the statuses of its charges."""
+    with BudgetStore(path) as store:
+        rows = store.charges(name)
+    steps = sum(c * r["count"] for r in rows
+                for c in events.flatten(events.from_json(r["event"])).values())
+    return steps, [r["status"] for r in rows]
+
+
+def silo_params(silo_cfg) -> np.ndarray:
+    cfg = load_silo_config(silo_cfg)
+    with np.load(Path(cfg.state_dir) / "state.npz") as z:
+        return z["params"][0]
+
+
+def simulator_params(server_cfg) -> tuple[np.ndarray, list]:
+    from silofl.data.heart import load_heart_disease
+    from silofl.runtime.simulator import simulate
+    job = load_server_config(server_cfg).job
+    fed = load_heart_disease(seed=0).with_targets(PrivacyTarget(1.0, 1e-5))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        res = simulate(fed, job_model(job), job_algorithm(job), job_config(job),
+                       hosting="per_silo")
+    return res.params, res.plans
+
+
+def test_network_mrmtl_equals_simulator_and_stores_hold_exactly_the_steps(tmp_path):
+    w = consortium(tmp_path)
+    procs = [start(["server", "--config", w["server"]], tmp_path / "server.log")]
+    serving(w["server"], procs[0])
+    procs += [start(["silo", "--config", p, "--wait", "30"], tmp_path / f"{i}.log")
+              for i, p in enumerate(w["silos"].values())]
+    codes = finish(procs)
+    assert codes == [0] * 5, (tmp_path / "server.log").read_text()[-3000:]
+    assert "TLS on" in (tmp_path / "server.log").read_text()
+    sim, plans = simulator_params(w["server"])
+    for k, (name, cfg) in enumerate(w["silos"].items()):
+        np.testing.assert_array_equal(silo_params(cfg), sim[k])
+        steps, status = steps_in_store(load_silo_config(cfg).budget_store, name)
+        assert steps == JOB["rounds"] * plans[k].steps_per_pass
+        assert status == ["charged"] * JOB["rounds"]
+
+
+def test_budget_exhausted_silo_leaves_others_go_on_and_intruders_cannot_join(tmp_path):
+    w = consortium(tmp_path, min_silos=2)
+    names = list(w["silos"])
+    small = names[2]
+    # a lifetime budget between what one and two rounds spend: the silo runs round 1 only
+    probe = load_silo_config(w["silos"][small])
+    probe.budget_store = tmp_path / "probe.sqlite"  # the silo's own store stays untouched
+    prog = SiloProgram(probe)
+    srv = ServerProgram(load_server_config(w["server"]))
+    prog.join({"protocol": W.PROTOCOL, "kind": "join", "job": W.canonical(srv.job).decode(),
+               "nonce": new_nonce()})
+    ev = prog.trainer.round_events()[0]
+    from dp_accounting import SelfComposedDpEvent
+    e1, e2 = (tightest(SelfComposedDpEvent(ev, r), 1e-5)[0] for r in (1, 2))
+    prog.store.close()
+    edit_toml(w["silos"][small], "silo", lifetime_epsilon=(e1 + e2) / 2)
+    # an intruder: a registered name with a key the server does not know
+    bad = Path(w["silos"][names[0]]).with_name("intruder.toml")
+    bad.write_text(Path(w["silos"][names[0]]).read_text())
+    deploy.write_silo_key(tmp_path / "c", "intruder")
+    edit_toml(bad, "silo", private_key="keys/intruder.key", state_dir="state/intruder",
+              budget_store="stores/intruder.sqlite")
+    # a client that does not trust the consortium CA cannot even connect (TLS)
+    other_ca = tmp_path / "other_ca.pem"
+    from cryptography.hazmat.primitives import serialization
+    other_ca.write_bytes(deploy.make_ca()[1].public_bytes(serialization.Encoding.PEM))
+    notls = Path(w["silos"][names[1]]).with_name("notls.toml")
+    notls.write_text(Path(w["silos"][names[1]]).read_text())
+    edit_toml(notls, "silo", state_dir="state/notls", budget_store="stores/notls.sqlite")
+    edit_toml(notls, "server", root_certificate=str(other_ca))
+    procs = [start(["server", "--config", w["server"]], tmp_path / "server.log")]
+    serving(w["server"], procs[0])
+    procs += [start(["silo", "--config", str(bad), "--wait", "10"], tmp_path / "bad.log")]
+    time.sleep(1.0)  # the intruder connects first
+    procs += [start(["silo", "--config", p, "--wait", "30"], tmp_path / f"{i}.log")
+              for i, p in enumerate(w["silos"].values())]
+    procs += [start(["silo", "--config", str(notls), "--wait", "4"], tmp_path / "notls.log")]
+    codes = finish(procs)
+    log = (tmp_path / "server.log").read_text()
+    assert codes[0] == 0 and codes[2:6] == [0] * 4, log[-3000:]
+    assert "rejected at join" in log and "no valid signature" in log
+    summary = ServerProgram(load_server_config(w["server"])).summary()["silos"]
+    assert summary[small]["status"] == "exhausted" and summary[small]["rounds"] == [1]
+    for n in names:
+        if n != small:
+            assert summary[n]["rounds"] == [1, 2, 3]
+    steps, status = steps_in_store(load_silo_config(w["silos"][small]).budget_store, small)
+    assert steps == prog.plan.steps_per_pass and status == ["charged"]
+    with BudgetStore(load_silo_config(w["silos"][small]).budget_store) as store:
+        assert store.spent(small)["within_target"]
+    # neither outsider ran anything
+    with BudgetStore(tmp_path / "c" / "stores" / "intruder.sqlite") as store:
+        assert all(store.charges(n) == [] for n in store.silos())  # reserved nothing
+    assert codes[6] != 0 and not (tmp_path / "c" / "state" / "notls").exists()
+
+
+def test_silo_refuses_what_its_own_plan_and_store_do_not_allow(tmp_path):
+    w = consortium(tmp_path)
+    name, path = next(iter(w["silos"].items()))
+    prog = SiloProgram(load_silo_config(path))
+    srv = ServerProgram(load_server_config(w["server"]))
+    join = {"protocol": W.PROTOCOL, "kind": "join", "nonce": new_nonce()}
+    # more rounds than the silo allows, or another noise mode: refused at join
+    for change in ({"rounds": 50}, {"noise": "secure"}, {"method": "ditto"}):
+        rep = prog.join({**join, "job": W.canonical({**srv.job, **change}).decode()})
+        assert rep["status"] == "refused", change
+    rep = prog.join({**join, "job": W.canonical(srv.job).decode()})
+    assert srv.accept_join(rep).status == "ok"
+    good = srv.request(name, 1)
+    for change in ({"sigma": good["sigma"] / 2}, {"steps": good["steps"] + 1},
+                   {"q": min(1.0, good["q"] * 2)}, {"method": "fedavg"}, {"round": 4}):
+        rep, update = prog.round({**good, **change}, [srv.message])
+        assert rep["status"] == "refused" and update is None, change
+    assert prog.store.charges(name) == []  # nothing reserved, nothing read
+    rep, update = prog.round(good, [srv.message])
+    assert rep["status"] == "ok" and update.shape == (1, srv.message.size)
+    # the server lost the reply: the same request is answered again, not run again
+    rep2, update2 = prog.round(good, [srv.message])
+    np.testing.assert_array_equal(update, update2)
+    assert steps_in_store(prog.cfg.budget_store, name)[0] == prog.plan.steps_per_pass
+    # the same round with another message is refused (a round runs once)
+    rep3, _ = prog.round(good, [srv.message + 1.0])
+    assert rep3["status"] == "refused"
+    # a silo whose store is spent answers "exhausted" and runs nothing
+    prog.cfg.lifetime_epsilon = 1e-3
+    with BudgetStore(prog.cfg.budget_store) as s:
+        s.set_target(name, PrivacyTarget(1e-3, 1e-5), "test: a nearly spent silo")
+    rep4, _ = prog.round(srv.request(name, 2), [srv.message])
+    assert rep4["status"] == "exhausted" and prog.exhausted
+    assert steps_in_store(prog.cfg.budget_store, name)[0] == prog.plan.steps_per_pass
+
+
+def test_malformed_oversized_and_forged_messages_are_rejected(tmp_path, monkeypatch):
+    w = consortium(tmp_path)
+    name, path = next(iter(w["silos"].items()))
+    prog = SiloProgram(load_silo_config(path))
+    srv = ServerProgram(load_server_config(w["server"]))
+    rep = prog.join({"protocol": W.PROTOCOL, "kind": "join", "nonce": new_nonce(),
+                     "job": W.canonical(srv.job).decode()})
+    srv.accept_join(rep)
+    good = srv.request(name, 1)
+    P = srv.message.size
+    bad_requests = [({**good, "extra": 1}, [srv.message]), ({**good, "round": "1"}, [srv.message]),
+                    ({**good, "protocol": "silofl-net/0"}, [srv.message]),
+                    (good, [srv.message, srv.message]), (good, [np.full(P, np.nan)]),
+                    (good, [srv.message.astype(np.float32)]), (good, [np.zeros(P + 1)])]
+    for fields, arrays in bad_requests:
+        with pytest.raises(W.ProtocolError):
+            prog.round(fields, arrays)
+    monkeypatch.setattr(W, "MAX_ARRAY_BYTES", 8 * (P - 1))
+    with pytest.raises(W.ProtocolError, match="exceeds the limit"):
+        prog.round(good, [srv.message])
+    monkeypatch.undo()
+    assert prog.store.charges(name) == []
+    rep, update = prog.round(good, [srv.message])
+    # a forged or altered update does not verify against the silo's registered key
+    with pytest.raises(W.ProtocolError, match="signature"):
+        srv.accept_update(name, 1, rep, [update + 1e-9])
+    with pytest.raises(W.ProtocolError, match="signature"):
+        srv.accept_update(name, 1, {**rep, "round": 1, "reason": "x"}, [update])
+    with pytest.raises(W.ProtocolError):
+        srv.accept_update(name, 1, rep, [np.zeros((1, P + 3))])
+    assert srv.accept_update(name, 1, rep, [update])[0] == "ok"
+
+
+def test_silo_crash_mid_round_and_rejoin(tmp_path):
+    w = consortium(tmp_path, job={"rounds": 4}, min_silos=2)
+    edit_toml(w["server"], "server", rejoin_wait=15.0)
+    names = list(w["silos"])
+    crash = names[0]
+    procs = [start(["server", "--config", w["server"]], tmp_path / "server.log")]
+    serving(w["server"], procs[0])
+    procs += [start(["silo", "--config", p, "--wait", "30"], tmp_path / f"{i}.log",
+                    env={"SILOFL_FAULT_SILO_CRASH_ROUND": "2"} if n == crash else None)
+              for i, (n, p) in enumerate(w["silos"].items())]
+    assert wait_exit(procs[1], 30) == 17  # crashed in round 2, after its charge
+    procs.append(start(["silo", "--config", w["silos"][crash], "--wait", "30"],
+                       tmp_path / "rejoin.log"))
+    codes = finish(procs[:1] + procs[2:])
+    assert codes == [0] * 5, (tmp_path / "server.log").read_text()[-3000:]
+    summary = ServerProgram(load_server_config(w["server"])).summary()["silos"]
+    assert summary[crash]["rounds"] == [1, 3, 4]
+    for n in names[1:]:
+        assert summary[n]["rounds"] == [1, 2, 3, 4]
+    steps, status = steps_in_store(load_silo_config(w["silos"][crash]).budget_store, crash)
+    per_round = SiloProgram(load_silo_config(w["silos"][crash])).store  # reopen: it is shared
+    per_round.close()
+    # rounds 1, 3, 4 executed; round 2 was charged before the crash and stays counted
+    assert sorted(status) == ["charged"] * 3 + ["reserved"]
+    _, plans = simulator_params(w["server"])
+    assert steps == 4 * plans[0].steps_per_pass
+
+
+def test_server_restart_resumes_from_its_checkpoint(tmp_path):
+    w = consortium(tmp_path, job={"rounds": 4})
+    procs = [start(["server", "--config", w["server"]], tmp_path / "server1.log",
+                   env={"SILOFL_FAULT_SERVER_EXIT_ROUND": "2"})]
+    serving(w["server"], procs[0])
+    procs += [start(["silo", "--config", p, "--wait", "30"], tmp_path / f"{i}.log")
+              for i, p in enumerate(w["silos"].values())]
+    assert wait_exit(procs[0], 30) == 17
+    assert ServerProgram(load_server_config(w["server"])).done == 2
+    procs[0] = start(["server", "--config", w["server"]], tmp_path / "server2.log")
+    codes = finish(procs)
+    assert codes == [0] * 5, (tmp_path / "server2.log").read_text()[-3000:]
+    # resumed, not restarted: the same models as an uninterrupted run, each step charged once
+    sim, plans = simulator_params(w["server"])
+    for k, (name, cfg) in enumerate(w["silos"].items()):
+        np.testing.assert_array_equal(silo_params(cfg), sim[k])
+        steps, _ = steps_in_store(load_silo_config(cfg).budget_store, name)
+        assert steps == 4 * plans[k].steps_per_pass
+
+
+def test_config_errors_are_specific(tmp_path):
+    from silofl.errors import ConfigError
+    w = consortium(tmp_path)
+    edit_toml(w["server"], "server", min_silos=9)
+    with pytest.raises(ConfigError, match="min_silos"):
+        load_server_config(w["server"])
+    edit_toml(w["server"], "server", min_silos=2)
+    edit_toml(w["server"], "job", method="ifca")
+    with pytest.raises(ConfigError, match="does not run over the network"):
+        load_server_config(w["server"])
+    p = next(iter(w["silos"].values()))
+    raw = Path(p).read_text().replace('root_certificate = "certs/ca.pem"', "")
+    Path(p).write_text(raw)
+    with pytest.raises(ConfigError, match="TLS is required"):
+        load_silo_config(p)
+    with pytest.raises(ConfigError, match="not empty"):
+        deploy.init(tmp_path / "c", demo="heart")
+    # the CLI: a clear error, exit code 2, nothing written
+    from typer.testing import CliRunner
+    for args, msg in ((["--method", "ifca"], "does not run over the network"),
+                      (["--rounds", "0"], "rounds must be a positive integer"),
+                      (["--noise", "weak"], "noise must be")):
+        res = CliRunner().invoke(cli.app, ["deploy", "init", "--out", str(tmp_path / "x"),
+                                           "--demo", "heart", *args])
+        assert res.exit_code == 2 and msg in " ".join(res.output.split())
+        assert not (tmp_path / "x").exists()
+
+
+@pytest.mark.parametrize("method", ["fedavg", "ditto", "finetune", "local"])
+def test_silo_and_server_programs_run_the_simulators_code(tmp_path, method):
+    """Every network method, programs driven in-process (the transport is tested above):
+    the same models as the simulator's per-silo mode, each store holding what ran."""
+    w = consortium(tmp_path, job={"method": method, "rounds": 2})
+    for p in w["silos"].values():
+        edit_toml(p, "silo", methods=[method])
+    srv = ServerProgram(load_server_config(w["server"]))
+    silos = {n: SiloProgram(load_silo_config(p)) for n, p in w["silos"].items()}
+    for s in silos.values():
+        srv.accept_join(s.join({"protocol": W.PROTOCOL, "kind": "join", "nonce": new_nonce(),
+                                "job": W.canonical(srv.job).decode()}))
+    for t in (1, 2):
+        ups = {}
+        for n, s in silos.items():
+            rep, u = s.round(srv.request(n, t), [srv.message])
+            status, u = srv.accept_update(n, t, rep, [] if u is None else [u])
+            assert status == "ok"
+            ups[n] = u
+        srv.step(t, ups)
+    sim, plans = simulator_params(w["server"])
+    alg = job_algorithm(srv.job)
+    from silofl.algorithms.base import ServerState
+    for k, (n, s) in enumerate(silos.items()):
+        personal = alg.personal_models(s.state, ServerState(srv.server.params))[0]
+        np.testing.assert_array_equal(personal, sim[k])
+        steps, _ = steps_in_store(s.cfg.budget_store, n)
+        assert steps == 2 * alg.passes_per_round * plans[k].steps_per_pass
