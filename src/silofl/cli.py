@@ -982,6 +982,90 @@ def pandemic_train(data: Path = typer.Option(..., "--data", help="directory of t
     console.print(f"Saved model to [bold]{escape(str(model_dir))}[/]")
 
 
+# --- node-level privacy audit of the pandemic pipeline (silofl.audit.pandemic) -----------
+@pandemic_app.command("audit")
+def pandemic_audit(data: Path = typer.Option(..., "--data", help="directory of the 7 inputs"),
+                   region: Optional[str] = typer.Option(
+                       None, "--region", help="region audited, e.g. region-51001 or 51001 "
+                       "(default: the first)"),
+                   kind: str = typer.Option("one-run", "--kind", help="one-run | multi-run"),
+                   canaries: Optional[int] = typer.Option(
+                       None, "--canaries", help="one-run: canary persons (default "
+                       "min(200, region size)); multi-run: 1"),
+                   contacts: int = typer.Option(5, "--contacts",
+                                                help="home contacts per canary (≤ S-1)"),
+                   runs: int = typer.Option(100, "--runs",
+                                            help="multi-run: jobs on each of D and D′"),
+                   confidence: float = typer.Option(0.95, "--confidence"),
+                   out: Path = typer.Option(None, "--out", help=(
+                       "directory for audit.json and audit.html (default "
+                       "runs/pandemic-audit-<time>)")),
+                   centralized: bool = typer.Option(False, help="one silo instead of regions"),
+                   rounds: int = typer.Option(2), epsilon: float = typer.Option(5.0),
+                   batch: int = typer.Option(512), lam: float = typer.Option(0.1),
+                   lr: float = typer.Option(0.3), S: int = typer.Option(20, "--S"),
+                   seed: int = typer.Option(0),
+                   noise: str = typer.Option("secure", help="secure or seeded"),
+                   adjacency: str = typer.Option("node+edges", help="node+edges or node"),
+                   preprocessing: str = typer.Option("declared",
+                                                     help="declared, private or uncharged"),
+                   method: str = typer.Option("mrmtl", "--method"),
+                   store: Path = typer.Option(Path("runs/budget.sqlite"), "--store", help=(
+                       "lifetime budget store charged by a one-run audit")),
+                   scratch: bool = typer.Option(False, "--scratch", help=(
+                       "charge an in-memory scratch budget (required for multi-run)")),
+                   quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress bar")):
+    """Audit node-level DP of `pandemic train` with canary persons: the region's claimed ε
+    beside an empirical lower bound (exit 3 on a violation). The one-run audit trains once
+    on the region's data (charged to --store, or --scratch); multi-run needs --scratch."""
+    st = None
+    try:
+        _need_pandemic_extra()
+        from silofl.audit import audit_table, write_audit
+        from silofl.audit.pandemic import audit_pandemic
+        from silofl.errors import ConfigError
+        from silofl.pandemic import read_dataset
+        from silofl.privacy.budget import BudgetStore
+        cfg = _pandemic_config(centralized, rounds, epsilon, batch, lam, lr, S, False, seed,
+                               noise, adjacency, preprocessing, method)
+        cfg.validate()
+        if kind == "multi-run" and not scratch:  # refused before anything is read
+            raise ConfigError("a multi-run audit trains --runs jobs on each of D and D′: an "
+                              "experiment, not a release; add --scratch, or use --kind "
+                              "one-run on the real store")
+        with console.status("reading data…"):
+            ds = read_dataset(data)
+        st = BudgetStore(None if scratch else store)
+        dest = out if out is not None else Path("runs") / \
+            time.strftime("pandemic-audit-%Y%m%d-%H%M%S")
+        with Progress(TextColumn("audit"), BarColumn(), TextColumn("{task.completed}/"
+                      "{task.total} jobs"), TimeElapsedColumn(), console=err,
+                      disable=quiet) as prog:
+            task = prog.add_task("audit", total=None)
+            rep = audit_pandemic(ds, cfg, region=region, kind=kind, canaries=canaries,
+                                 contacts=contacts, runs=runs, confidence=confidence,
+                                 store=st, on_progress=lambda d, t: prog.update(
+                                     task, completed=d, total=t))
+        files = write_audit(rep, dest)
+    except SiloflError as e:
+        _fail(e)
+    finally:
+        if st is not None:
+            st.close()
+    from silofl.audit.engine import LOWER_BOUND_NOTE
+    console.print(audit_table(rep))
+    console.print(f"Neighbouring: {escape(rep.neighbouring)}. Budget store: "
+                  f"{escape(rep.store or 'scratch (in memory)')}. {rep.seconds:.1f} s. "
+                  f"Note: {escape(LOWER_BOUND_NOTE)}.")
+    for note in rep.notes:
+        err.print(f"[bold yellow]note:[/] {escape(note)}")
+    console.print(f"Audit: [bold]{escape(str(files[0]))}[/], {escape(str(files[1]))}")
+    if rep.violations:  # exit 3: the audit ran and refuted a claim (2 is bad input)
+        err.print(f"[bold red]VIOLATION[/]: the lower bound exceeds the claimed ε for "
+                  f"{escape(', '.join(rep.violations))}")
+        raise typer.Exit(3)
+
+
 @pandemic_app.command("predict")
 def pandemic_predict(data: Path = typer.Option(..., "--data"),
                      model_dir: Path = typer.Option(Path("pandemic-model"), "--model"),

@@ -1,0 +1,300 @@
+"""Node-level audit of the pandemic pipeline with canary *persons* (`silofl pandemic audit`).
+
+The node-level guarantee (`pandemic.node_dp`) is for *replacement* of one person: under
+"node+edges" the person's attributes, states and contacts, under "node" their attributes
+and states on a fixed contact graph. The audit tests exactly that relation. It appends m
+*canary slots* to one region; each slot holds either
+
+* the canary (in): a synthetic person of its own one-person household at a declared age,
+  with ``contacts`` home contacts to region members (4 h every evening, at the contact's
+  residence) and an infection history the model cannot explain — S and I alternating
+  every day, so every training window holds a new infection (a positive label in each of
+  its examples) while its own contacts need not be infectious; or
+* the null person (out): the same slot never infected (state S every day; label 0) and —
+  under "node+edges" — without any contact. Under "node" the graph is public and fixed,
+  so the null person keeps the canary's contacts and only the states differ.
+
+Either way the region has the same n in D and D′, so σ, b/n and the accounting are those
+of the real job. Training is the real `pandemic.pipeline.train` (its planner, σ, node-level
+ledgers, budget reservation, preprocessing mode); the auditor then scores each canary
+black-box: minus its mean loss under the released region model over every training
+window of its "in" examples (features rebuilt on the region with every slot "in").
+
+* one run: each slot "in" with probability ½ (OS-entropy coin flips unless seeded), one
+  training job, `bounds.one_run_audit`;
+* many runs: one slot, `runs` jobs with it "out" (D) and `runs` with it "in" (D′),
+  interleaved; statistics (the score and every coordinate of the region's model) feed
+  `bounds.multi_run_epsilon`. Needs a scratch store.
+
+Canaries read only public facts (region membership and the contacts' residence ids, which
+describe places); the scores are post-processing of the release.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Callable
+
+import numpy as np
+
+from silofl.audit import bounds
+from silofl.audit.engine import (AUDIT_NOTE, KINDS, LOWER_BOUND_NOTE, AuditReport,
+                                 SiloAudit)
+from silofl.errors import ConfigError
+from silofl.privacy.budget import SCRATCH_NOTE, BudgetStore
+
+#: canaries when not given: at most 200, at most the region's persons
+DEFAULT_CANARIES = 200
+#: contacts of each canary when not given (at most S − 1)
+DEFAULT_CONTACTS = 5
+CANARY_AGE = 40
+_EVENING, _HOURS = 18 * 3600, 4 * 3600
+
+
+def neighbouring_text(adjacency: str) -> str:
+    """What D and D′ differ in, for the output (the accountant's relation, made concrete)."""
+    from silofl.pandemic.node_dp import ADJACENCY_TEXT
+    what = ("the canary (its record, its alternating S/I history and its home contacts) or "
+            "the null person (never infected, no contacts)" if adjacency == "node+edges" else
+            "the canary (alternating S/I history) or the null person (never infected) — "
+            "with the same contacts in both, the graph being public")
+    return (f"{adjacency}: {ADJACENCY_TEXT[adjacency]}. In the audit each canary slot of "
+            f"the region holds {what}; the region's size is the same in D and D′")
+
+
+@dataclasses.dataclass(frozen=True)
+class CanaryPersons:
+    """m canary slots for `region` (a silo name): contacts (m, k) global person indices."""
+
+    region: str
+    contacts: np.ndarray
+
+    @property
+    def m(self) -> int:
+        return int(self.contacts.shape[0])
+
+
+def _regions(data, cfg) -> dict[str, np.ndarray]:
+    from silofl.pandemic.pipeline import region_groups
+    return {r.name: r.persons for r in region_groups(data, cfg)}
+
+
+def make_canary_persons(data, cfg, region: str, m: int, contacts: int,
+                        rng: np.random.Generator) -> CanaryPersons:
+    """`m` canary slots for `region`, each with `contacts` distinct contacts drawn
+    uniformly from the region's members. ConfigError for an unknown region, m outside
+    [1, n_region], or contacts outside [1, min(S − 1, n_region)]."""
+    members = _regions(data, cfg)
+    if region not in members:
+        raise ConfigError(f"unknown region {region!r}; this dataset's regions are "
+                          f"{', '.join(members)} (--region)")
+    n = members[region].size
+    if not 1 <= m <= n:
+        raise ConfigError(f"{m} canaries do not fit {region} ({n} persons): use between 1 "
+                          f"and {n} (--canaries); more would outnumber the persons whose "
+                          "guarantee is audited")
+    hi = min(cfg.S - 1, n)
+    if not 1 <= contacts <= hi:
+        raise ConfigError(f"a canary needs between 1 and {hi} contacts (S − 1 = "
+                          f"{cfg.S - 1}, {n} persons in {region}), got {contacts}")
+    picks = np.stack([rng.choice(members[region], size=contacts, replace=False)
+                      for _ in range(m)])
+    return CanaryPersons(region, picks.astype(np.int64))
+
+
+def insert_persons(data, c: CanaryPersons, included: np.ndarray, adjacency: str):
+    """`data` with the m slots of `c` appended as persons (ids after the largest), "in"
+    slots as the canary, "out" slots as the null person (module docstring). Returns a new
+    PandemicData (the input is not modified) and the slots' global person indices (m,)."""
+    from silofl.pandemic.readers import ContactNetwork, IdIndex
+    from silofl.pandemic.schema import ActivityType
+    inc = np.asarray(included, bool)
+    m, k = c.contacts.shape
+    P, T = data.num_persons, data.num_days
+    slots = np.arange(P, P + m)
+    first = c.contacts[:, 0]
+    region = data.region[first]  # the region of its contacts (centralized: any)
+
+    def cat(a, v):
+        return np.concatenate([a, np.asarray(v).astype(a.dtype)])
+    pids = cat(data.pids, int(data.pids.max()) + 1 + np.arange(m))
+    hids = int(data.households["hid"].max()) + 1 + np.arange(m)
+    households = data.households.__class__(
+        {"hid": cat(data.households["hid"].to_numpy(), hids),
+         "hh_size": cat(data.households["hh_size"].to_numpy(), np.ones(m))})
+    alternating = (np.arange(T) % 2).astype(np.int8)  # S, I, S, I, ...: a new infection daily
+    states = np.zeros((m, T), np.int8)
+    states[inc] = alternating
+    has_edges = inc if adjacency == "node+edges" else np.ones(m, bool)
+    src = np.repeat(slots[has_edges], k)
+    dst = c.contacts[has_edges].ravel()
+    lid = np.repeat(data.home_lid[first][has_edges], k)
+    if np.any(lid < 0):  # a contact without a residence: meet at any listed location
+        lid = np.where(lid < 0, data.network.lid[0] if len(data.network) else 0, lid)
+    e = src.size
+    net = data.network
+    network = ContactNetwork(
+        src=cat(net.src, src), dst=cat(net.dst, dst), lid=cat(net.lid, lid),
+        start_time=cat(net.start_time, np.full(e, _EVENING)),
+        duration=cat(net.duration, np.full(e, _HOURS)),
+        activity1=cat(net.activity1, np.full(e, int(ActivityType.HOME))),
+        activity2=cat(net.activity2, np.full(e, int(ActivityType.HOME))))
+    new = dataclasses.replace(
+        data, pids=pids, pid_index=IdIndex(pids), hid=cat(data.hid, hids),
+        person_number=cat(data.person_number, np.ones(m)),
+        age=cat(data.age, np.full(m, CANARY_AGE)), sex=cat(data.sex, np.ones(m)),
+        hh_size=cat(data.hh_size, np.ones(m)), home_lid=cat(data.home_lid, data.home_lid[first]),
+        county=cat(data.county, data.county[first]), region=cat(data.region, region),
+        households=households, network=network,
+        states=np.ascontiguousarray(np.concatenate([data.states, states])),
+        target=None if data.target is None else cat(data.target, np.zeros(m)))
+    return new, slots
+
+
+def canary_scores(data_in, pm, region: str, slots: np.ndarray) -> np.ndarray:
+    """(m,) black-box scores: minus each canary's mean focal loss under `region`'s released
+    (raw-input) model over all training windows, its examples built on `data_in` (every
+    slot "in") with the constants the model was trained with (declared/private; uncharged:
+    refit, as in prediction)."""
+    from silofl.pandemic.pipeline import (_as_constants, build_features, model_inputs,
+                                          new_model, region_groups)
+    cfg = pm.config
+    r = next(g for g in region_groups(data_in, cfg) if g.name == region)
+    saved = pm.constants.get(region) if cfg.preprocessing == "private" else None
+    build_features(data_in, r, cfg, None if saved is None else _as_constants(saved))
+    F = r.features
+    local = np.searchsorted(r.persons, slots)  # region persons are sorted indices
+    lo, hi = F.train_window_range
+    model = new_model(F, cfg)
+    w = pm.weights[pm.regions.index(region)]
+    total = np.zeros(local.size)
+    for we in range(lo, hi + 1):  # one batch per window: a batch holds ≤ n persons
+        X, y = F.gather(local, we)
+        total += model.loss(w, model_inputs(F, X, cfg.pooling), y.astype(np.float64))
+    return -total / (hi - lo + 1)
+
+
+class PandemicAuditReport(AuditReport):
+    """An `AuditReport` whose neighbouring relation is the node-level one."""
+
+    def __init__(self, *a, neighbouring: str, **kw):
+        super().__init__(*a, **kw)
+        self.neighbouring = neighbouring
+
+    def to_dict(self) -> dict:
+        return dict(super().to_dict(), neighbouring_relation=self.neighbouring)
+
+
+def _claim(pm, region: str) -> dict:
+    return next(p for p in pm.privacy if p["region"] == region)
+
+
+def audit_pandemic(data, cfg, *, region: str | None = None, kind: str = "one-run",
+                   canaries: int | None = None, contacts: int = DEFAULT_CONTACTS,
+                   runs: int = 100, confidence: float = 0.95,
+                   store: BudgetStore | None = None, seed: int | None = None,
+                   on_progress: Callable[[int, int], None] | None = None
+                   ) -> PandemicAuditReport:
+    """Audit node-level `pipeline.train(data, cfg)` for `region` (default: the first).
+
+    canaries: one-run slots (default min(200, n_region)); multi-run uses one (leave it
+    None or 1). runs: multi-run jobs on each of D and D′. store: one-run: the budget store
+    charged (None: an in-memory scratch store, said so); multi-run: must be None or
+    scratch. seed: canaries and coin flips (default OS entropy). Everything that can fail
+    on bad input fails before any budget is reserved."""
+    from silofl.pandemic.pipeline import train
+    t0 = time.perf_counter()
+    if kind not in KINDS:
+        raise ConfigError(f"unknown audit kind {kind!r}; choose one of {', '.join(KINDS)}")
+    cfg.validate()
+    if not cfg.private:
+        raise ConfigError("an audit compares a claimed ε with an empirical lower bound, but "
+                          "this run is not private (--no-privacy); drop it")
+    if not 0.5 <= confidence < 1:
+        raise ConfigError(f"confidence must be in [0.5, 1), got {confidence}")
+    members = _regions(data, cfg)
+    region = next(iter(members)) if region is None else str(region)
+    if region not in members and f"region-{region}" in members:
+        region = f"region-{region}"  # a bare county code
+    if region not in members:
+        raise ConfigError(f"unknown region {region!r}; this dataset's regions are "
+                          f"{', '.join(members)} (--region)")
+    rng = np.random.default_rng(seed)
+    neighbouring = neighbouring_text(cfg.adjacency)
+    notes = [AUDIT_NOTE, f"neighbouring: {neighbouring}",
+             f"canaries: {contacts} home contacts each, drawn uniformly from {region}'s "
+             "members; the job's σ was calibrated for the region with its canary slots in"]
+    if kind == "one-run":
+        m = canaries if canaries is not None else min(DEFAULT_CANARIES,
+                                                      members[region].size)
+        if m < 2:
+            raise ConfigError(f"a one-run audit needs at least 2 canaries, got {m}")
+        c = make_canary_persons(data, cfg, region, m, contacts, rng)
+        inc = rng.random(m) < 0.5
+        audited, slots = insert_persons(data, c, inc, cfg.adjacency)
+        st = store if store is not None else BudgetStore(None)
+        if on_progress:
+            on_progress(0, 1)
+        pm = train(audited, cfg, store=st, command="silofl pandemic audit (one run)")
+        if on_progress:
+            on_progress(1, 1)
+        everyone, _ = insert_persons(data, c, np.ones(m, bool), cfg.adjacency)
+        sc = {"black-box": canary_scores(everyone, pm, region, slots)}
+        claim = _claim(pm, region)
+        res = bounds.one_run_audit(sc, inc, claim["delta"], confidence)
+        run_ids = [claim.get("run_id") or "-"]
+        notes += [n for n in pm.notes if n not in notes]
+        notes.append("the audit job trains every region, so it is charged to every "
+                     "region's budget (the audited region's with its canary slots in)")
+        scratch, path = st.scratch, None if st.path is None else str(st.path)
+    else:
+        if store is not None and not store.scratch:
+            raise ConfigError("a multi-run audit trains `runs` jobs on each of D and D′: "
+                              "an experiment, not a release, that would spend many jobs' "
+                              "worth of the region's lifetime budget. Run it on a scratch "
+                              "store (--scratch), or use --kind one-run on the real store")
+        if canaries not in (None, 1):
+            raise ConfigError("a multi-run audit uses one canary (D′ = D with the canary "
+                              "in its slot); leave --canaries out or set it to 1")
+        if runs < 8:
+            raise ConfigError(f"a multi-run audit needs at least 8 runs per dataset (half "
+                              f"choose the test, half bound it), got {runs}")
+        c = make_canary_persons(data, cfg, region, 1, contacts, rng)
+        d = [insert_persons(data, c, np.array([w]), cfg.adjacency) for w in (False, True)]
+        slots = d[1][1]
+        stats: tuple[dict, dict] = ({}, {})
+        claim, eps = None, 0.0
+        for i in range(2 * runs):
+            which = i % 2  # interleaved, so a drift in time cannot pose as a signal
+            pm = train(d[which][0], cfg, store=BudgetStore(None),
+                       command="silofl pandemic audit (multi run)")
+            claim = _claim(pm, region)
+            eps = max(eps, claim["epsilon_spent"])
+            out = {"black-box": float(canary_scores(d[1][0], pm, region, slots)[0])}
+            for j, v in enumerate(pm.weights[pm.regions.index(region)]):
+                out[f"model coordinate {j}"] = float(v)
+            for key, v in out.items():
+                stats[which].setdefault(key, []).append(v)
+            if on_progress:
+                on_progress(i + 1, 2 * runs)
+        res = bounds.multi_run_epsilon({k: np.array(v) for k, v in stats[0].items()},
+                                       {k: np.array(v) for k, v in stats[1].items()},
+                                       claim["delta"], confidence)
+        res["runs"] = runs
+        claim = dict(claim, epsilon_spent=eps)
+        run_ids = [f"{2 * runs} scratch jobs"]
+        notes += [SCRATCH_NOTE, f"multi-run: {runs} jobs on D and {runs} on D′, each on "
+                  "its own scratch store"]
+        notes += [n for n in pm.notes if n not in notes]
+        scratch, path = True, None
+    res["adjacency"] = cfg.adjacency
+    row = SiloAudit(region, claim["epsilon_spent"], claim["target_epsilon"], claim["delta"],
+                    res["epsilon"], res)
+    return PandemicAuditReport(kind, [row], [cfg.method], notes, path, scratch, run_ids,
+                               time.perf_counter() - t0, confidence, cfg.noise,
+                               neighbouring=neighbouring)
+
+
+__all__ = ["audit_pandemic", "make_canary_persons", "insert_persons", "canary_scores",
+           "CanaryPersons", "PandemicAuditReport", "neighbouring_text", "LOWER_BOUND_NOTE"]
