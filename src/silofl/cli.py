@@ -347,7 +347,7 @@ def audit(config: Optional[Path] = typer.Option(None, "--config", "-c",
     job, the claimed ε beside an empirical lower bound, violations flagged. Canary runs use
     the silo's data: they are charged to its budget (or a scratch store, marked so)."""
     from silofl.audit import audit as run_audit
-    from silofl.audit import audit_table, write_audit
+    from silofl.audit import write_audit
     warnings.showwarning = _show_warning
     try:
         cfg = _job_config(config, store, scratch, out)
@@ -365,15 +365,22 @@ def audit(config: Optional[Path] = typer.Option(None, "--config", "-c",
         files = write_audit(rep, dest)
     except SiloflError as e:
         _fail(e)
-    console.print(audit_table(rep))
+    _audit_footer(rep, files, f"Methods audited together: {', '.join(rep.methods)}. Noise: "
+                              f"{rep.noise}.")
+
+
+def _audit_footer(rep, files, what: str) -> None:
+    """The audit table, what was audited, notes, files; exit 3 on a violation (2 is bad
+    input)."""
     from silofl.audit.engine import LOWER_BOUND_NOTE
-    console.print(f"Methods audited together: {escape(', '.join(rep.methods))}. Noise: "
-                  f"{rep.noise}. Budget store: {escape(rep.store or 'scratch (in memory)')}. "
+    from silofl.audit.report import audit_table
+    console.print(audit_table(rep))
+    console.print(f"{escape(what)} Budget store: {escape(rep.store or 'scratch (in memory)')}. "
                   f"{rep.seconds:.1f} s. Note: {escape(LOWER_BOUND_NOTE)}.")
     for note in rep.notes:
         err.print(f"[bold yellow]note:[/] {escape(note)}")
     console.print(f"Audit: [bold]{escape(str(files[0]))}[/], {escape(str(files[1]))}")
-    if rep.violations:  # exit 3: the audit ran and refuted a claim (2 is bad input)
+    if rep.violations:  # the audit ran and refuted a claim
         err.print(f"[bold red]VIOLATION[/]: the lower bound exceeds the claimed ε for "
                   f"{escape(', '.join(rep.violations))}")
         raise typer.Exit(3)
@@ -1021,7 +1028,7 @@ def pandemic_audit(data: Path = typer.Option(..., "--data", help="directory of t
     st = None
     try:
         _need_pandemic_extra()
-        from silofl.audit import audit_table, write_audit
+        from silofl.audit import write_audit
         from silofl.audit.pandemic import audit_pandemic
         from silofl.errors import ConfigError
         from silofl.pandemic import read_dataset
@@ -1052,18 +1059,7 @@ def pandemic_audit(data: Path = typer.Option(..., "--data", help="directory of t
     finally:
         if st is not None:
             st.close()
-    from silofl.audit.engine import LOWER_BOUND_NOTE
-    console.print(audit_table(rep))
-    console.print(f"Neighbouring: {escape(rep.neighbouring)}. Budget store: "
-                  f"{escape(rep.store or 'scratch (in memory)')}. {rep.seconds:.1f} s. "
-                  f"Note: {escape(LOWER_BOUND_NOTE)}.")
-    for note in rep.notes:
-        err.print(f"[bold yellow]note:[/] {escape(note)}")
-    console.print(f"Audit: [bold]{escape(str(files[0]))}[/], {escape(str(files[1]))}")
-    if rep.violations:  # exit 3: the audit ran and refuted a claim (2 is bad input)
-        err.print(f"[bold red]VIOLATION[/]: the lower bound exceeds the claimed ε for "
-                  f"{escape(', '.join(rep.violations))}")
-        raise typer.Exit(3)
+    _audit_footer(rep, files, f"Neighbouring: {rep.neighbouring}.")
 
 
 @pandemic_app.command("predict")
@@ -1124,15 +1120,29 @@ def deploy_init(
         epsilon: float = typer.Option(1.0, "--epsilon", help="each silo's ε for this job"),
         delta: float = typer.Option(1e-5, "--delta"),
         noise: str = typer.Option("secure", "--noise", help="secure | seeded (experiments)"),
-        overwrite: bool = typer.Option(False, "--overwrite")):
+        overwrite: bool = typer.Option(False, "--overwrite"),
+        set_: Optional[list[str]] = typer.Option(
+            None, "--set", help="a [job] setting KEY=VALUE (TOML value), e.g. clusters=3, "
+            "we_user='Cleveland' (repeat)")):
     """Write server.toml, silo_<name>.toml, the consortium CA, the server's TLS certificate
     and each silo's signing key into one folder (one-machine demo; see README for how to
     spread it over institutions)."""
+    import tomllib
+    from silofl.errors import ConfigError
     from silofl.runtime.network import deploy
     try:
+        job = {"method": method, "rounds": rounds}
+        for item in set_ or []:  # --set key=value: the value read as TOML, else as text
+            key, eq, value = item.partition("=")
+            if not eq or not key.strip():
+                raise ConfigError(f"--set {item!r}: expected KEY=VALUE, e.g. clusters=3")
+            try:
+                job[key.strip()] = tomllib.loads(f"v = {value}")["v"]
+            except tomllib.TOMLDecodeError:
+                job[key.strip()] = value
         written = deploy.init(out, silos=silo, demo=demo, address=address, hosts=host,
                               epsilon=epsilon, delta=delta, noise=noise, overwrite=overwrite,
-                              job={"method": method, "rounds": rounds})
+                              job=job)
     except SiloflError as e:
         _fail(e)
     t = Table(title=f"consortium in {escape(str(out))}")
