@@ -28,7 +28,7 @@ import numpy as np
 
 from silofl.algorithms.base import ServerState, SiloState
 from silofl.algorithms.mrmtl import MRMTL
-from silofl.data.federation import PrivacyTarget
+from silofl.data.federation import PrivacyTarget, SiloCollection
 from silofl.errors import ConfigError
 
 #: methods that run on graph data: built on local passes only (the node-level unit has
@@ -52,18 +52,10 @@ class GraphSilo:
 
 
 @dataclass
-class GraphFederation:
+class GraphFederation(SiloCollection):
     silos: list[GraphSilo]
     task: str = "binary"
     name: str = "pandemic"
-
-    @property
-    def names(self) -> list[str]:
-        return [s.name for s in self.silos]
-
-    @property
-    def num_silos(self) -> int:
-        return len(self.silos)
 
 
 def exact_mean(W: np.ndarray, sizes: np.ndarray) -> np.ndarray:
