@@ -339,8 +339,14 @@ def test_config_errors_are_specific(tmp_path):
     with pytest.raises(ConfigError, match="min_silos"):
         load_server_config(w["server"])
     edit_toml(w["server"], "server", min_silos=2)
-    edit_toml(w["server"], "job", method="ifca")
+    edit_toml(w["server"], "job", method="sgd_magic")
     with pytest.raises(ConfigError, match="does not run over the network"):
+        load_server_config(w["server"])
+    edit_toml(w["server"], "job", method="ifca", clusters=9)  # more clusters than silos
+    with pytest.raises(ConfigError, match="clusters = 9 is more than the 4 silos"):
+        load_server_config(w["server"])
+    edit_toml(w["server"], "job", method="weight_erosion", clusters=2, we_user="Mars")
+    with pytest.raises(ConfigError, match="user 'Mars' is not a silo"):
         load_server_config(w["server"])
     p = next(iter(w["silos"].values()))
     raw = Path(p).read_text().replace('root_certificate = "certs/ca.pem"', "")
@@ -351,7 +357,7 @@ def test_config_errors_are_specific(tmp_path):
         deploy.init(tmp_path / "c", demo="heart")
     # the CLI: a clear error, exit code 2, nothing written
     from typer.testing import CliRunner
-    for args, msg in ((["--method", "ifca"], "does not run over the network"),
+    for args, msg in ((["--method", "sgd_magic"], "does not run over the network"),
                       (["--rounds", "0"], "rounds must be a positive integer"),
                       (["--noise", "weak"], "noise must be")):
         res = CliRunner().invoke(cli.app, ["deploy", "init", "--out", str(tmp_path / "x"),
@@ -388,3 +394,222 @@ def test_silo_and_server_programs_run_the_simulators_code(tmp_path, method):
         np.testing.assert_array_equal(personal, sim[k])
         steps, _ = steps_in_store(s.cfg.budget_store, n)
         assert steps == 2 * alg.passes_per_round * plans[k].steps_per_pass
+
+
+def _drive(srv, silos, rounds, absent=()):
+    """Silo and server programs in-process: join, then each round every silo (but `absent`
+    ones) answers the server's request, then the server step."""
+    for s in silos.values():
+        srv.accept_join(s.join({"protocol": W.PROTOCOL, "kind": "join", "nonce": new_nonce(),
+                                "job": W.canonical(srv.job).decode()}))
+    for t in range(1, rounds + 1):
+        ups = {}
+        for n, s in silos.items():
+            if n in absent:
+                continue
+            rep, u = s.round(srv.request(n, t), [srv.message])
+            status, u = srv.accept_update(n, t, rep, [] if u is None else [u])
+            assert status == "ok", rep["reason"]
+            ups[n] = u
+        srv.step(t, ups)
+
+
+def _store_events(path, name):
+    """The multiset of base DP events charged to `name` in a store (all rows)."""
+    with BudgetStore(path) as store:
+        rows = store.charges(name)
+    out = {}
+    for r in rows:
+        for e, c in events.flatten(events.from_json(r["event"])).items():
+            out[repr(e)] = out.get(repr(e), 0) + c * r["count"]
+    return out, [r["status"] for r in rows]
+
+
+@pytest.mark.parametrize("method,extra", [
+    ("ifca", {"selection_rounds": 0.5}),
+    ("ifca_local", {"selection_rounds": 0.5, "clusters": 3}),
+    ("ifca_finetune", {"selection_rounds": 0.3, "finetune_fraction": 0.7}),
+    ("ifca_mrmtl", {"selection_rounds": 0.3}),
+    ("mocha", {}),
+    ("weight_erosion", {"we_update": "gradient", "we_p_d": 0.5}),
+    ("weight_erosion", {"we_update": "local_sgd", "we_p_d": 0.5})])
+def test_cluster_mocha_and_erosion_over_the_network_equal_the_simulator(tmp_path, method, extra):
+    """IFCA (private cluster selection in each silo's own store), Mocha (the released models
+    broadcast, each silo its own row) and Weight Erosion (the user named in the job): the
+    silo and server programs give the simulator's per-silo models, and each silo's store
+    holds exactly the events the simulator's store holds for that silo."""
+    from silofl.data.heart import load_heart_disease
+    from silofl.runtime.simulator import simulate
+    fed = load_heart_disease(seed=0).with_targets(PrivacyTarget(1.0, 1e-5))
+    job = {"method": method, "rounds": 3, **extra}
+    if method == "weight_erosion":
+        job["we_user"] = fed.names[1]
+    w = consortium(tmp_path, job=job)
+    for p in w["silos"].values():
+        edit_toml(p, "silo", methods=[method])
+    srv = ServerProgram(load_server_config(w["server"]))
+    silos = {n: SiloProgram(load_silo_config(p)) for n, p in w["silos"].items()}
+    _drive(srv, silos, 3)
+    alg = job_algorithm(srv.job)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        res = simulate(fed, job_model(srv.job), alg, job_config(srv.job), hosting="per_silo",
+                       store=BudgetStore(tmp_path / "sim.sqlite"))
+    for k, (n, s) in enumerate(silos.items()):
+        np.testing.assert_array_equal(alg.personal_models(s.state, srv.server)[0],
+                                      res.params[k])
+        got, status = _store_events(s.cfg.budget_store, n)
+        assert got == _store_events(tmp_path / "sim.sqlite", n)[0]
+        assert set(status) == {"charged"} and len(status) >= 3
+        assert 0.0 <= s.evaluate() <= 1.0  # the silo's local metric of its personal model
+        if method.startswith("ifca"):  # each selection round's selection, in its own store
+            sel = [c for e, c in got.items() if e.startswith("ZCDpEvent")]
+            assert sel == [alg.schedule(3).select_until]
+
+
+def test_erosion_and_mocha_go_on_without_a_silo_and_ifca_refuses_a_foreign_sigma(tmp_path):
+    """A silo missing a round: Weight Erosion leaves its α and drops its row (present
+    False), Mocha keeps its last released model; a silo refuses a request whose σ is not
+    the one it calibrated (IFCA), nothing charged."""
+    from silofl.data.heart import load_heart_disease
+    names = load_heart_disease(seed=0).names
+    for method, job in (("weight_erosion", {"we_user": names[0], "we_p_d": 0.5}),
+                        ("mocha", {})):
+        w = consortium(tmp_path / method, job={"method": method, "rounds": 2, **job},
+                       min_silos=2)
+        for p in w["silos"].values():
+            edit_toml(p, "silo", methods=[method])
+        srv = ServerProgram(load_server_config(w["server"]))
+        silos = {n: SiloProgram(load_silo_config(p)) for n, p in w["silos"].items()}
+        before = srv.server.params.copy()
+        _drive(srv, silos, 2, absent={names[3]})
+        if method == "weight_erosion":
+            assert srv.server.alpha[3] == 1.0 and srv.server.alpha[0] == 1.0
+            assert np.all(np.isfinite(srv.server.params))
+        else:
+            np.testing.assert_array_equal(srv.server.params[3], before[3])
+            assert not np.array_equal(srv.server.params[0], before[0])
+        assert srv.summary()["silos"][names[3]]["rounds"] == []
+        assert _store_events(silos[names[3]].cfg.budget_store, names[3])[1] == []
+    w = consortium(tmp_path / "ifca", job={"method": "ifca", "rounds": 2})
+    p = w["silos"][names[0]]
+    edit_toml(p, "silo", methods=["ifca"])
+    srv = ServerProgram(load_server_config(w["server"]))
+    silo = SiloProgram(load_silo_config(p))
+    srv.accept_join(silo.join({"protocol": W.PROTOCOL, "kind": "join", "nonce": new_nonce(),
+                               "job": W.canonical(srv.job).decode()}))
+    req = {**srv.request(names[0], 1), "sigma": srv.silos[names[0]].sigma / 2}
+    rep, u = silo.round(req, [srv.message])
+    assert rep["status"] == "refused" and "sigma" in rep["reason"] and u is None
+    assert _store_events(silo.cfg.budget_store, names[0])[1] == []
+    assert srv.message.shape == (2 * srv.P,)  # the G candidate models, broadcast
+    # a (correctly signed) update naming a cluster that does not exist is rejected
+    rep, u = silo.round(srv.request(names[0], 1), [srv.message])
+    assert rep["status"] == "ok" and u.shape == (1, srv.P + 1)
+    forged = u.copy()
+    forged[0, 0] = 5.0
+    rep["signature"] = W.sign(silo.key, rep, forged)
+    with pytest.raises(W.ProtocolError, match="not one of the 2 clusters"):
+        srv.accept_update(names[0], 1, rep, [forged])
+
+
+@pytest.mark.parametrize("method", ["privatekt", "fedavg_ldp"])
+def test_local_dp_methods_over_the_network_equal_the_simulator(tmp_path, method):
+    """PrivateKT / FedAvg-LDP: the server asks only its public selection among the silos
+    whose plan covers one more upload; each asked silo charges its upload (randomized
+    response / noised update) in its own store before reading. Same models and the same
+    charged events as the simulator's per-silo mode; the public set is pinned by its hash."""
+    import dp_accounting as dpa
+    from silofl.data.heart import load_heart_disease
+    from silofl.runtime.simulator import simulate
+    fed = load_heart_disease(seed=0).with_targets(PrivacyTarget(1.0, 1e-5))
+    # a public, unlabeled set for the test: the silos' test features (declared public here)
+    fed.meta["public_X"] = np.concatenate([s.X_test for s in fed.silos])
+    job = {"method": method, "rounds": 3, "ldp_epsilon": 0.4, "kt_samples": 2,
+           "kt_server_epochs": 1, "local_epochs": 0.5}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        w = deploy.init(tmp_path / "c", federation=fed, noise="seeded", job=job,
+                        address=f"127.0.0.1:{free_port()}")
+    srv = ServerProgram(load_server_config(w["server"]))
+    silos = {n: SiloProgram(load_silo_config(p)) for n, p in w["silos"].items()}
+    for s in silos.values():
+        srv.accept_join(s.join({"protocol": W.PROTOCOL, "kind": "join", "nonce": new_nonce(),
+                                "job": W.canonical(srv.job).decode()}))
+    asked = []
+    for t in (1, 2, 3):
+        ups = {}
+        for n in srv.selected(t, list(silos)):
+            rep, u = silos[n].round(srv.request(n, t), [srv.message])
+            status, u = srv.accept_update(n, t, rep, [] if u is None else [u])
+            assert status == "ok", rep["reason"]
+            ups[n] = u
+        asked.append(sorted(ups))
+        srv.step(t, ups)
+    assert all(0 < len(a) < 4 for a in asked)  # a sample of the silos, each round
+    from silofl.runtime.network.silo import load_public
+    alg = job_algorithm(srv.job, load_public(srv.cfg.public_data, "test"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        res = simulate(fed, job_model(srv.job), alg, job_config(srv.job), hosting="per_silo",
+                       store=BudgetStore(tmp_path / "sim.sqlite"))
+    np.testing.assert_array_equal(srv.server.params, res.params[0])
+    for n, s in silos.items():
+        got, status = _store_events(s.cfg.budget_store, n)
+        assert got == _store_events(tmp_path / "sim.sqlite", n)[0]
+        uploads = sum(n in a for a in asked)
+        assert uploads <= s.cap and set(status) <= {"charged"}
+        want = events.flatten(dpa.SelfComposedDpEvent(alg.upload_event(), uploads)) \
+            if uploads else {}
+        assert got == {repr(e): c for e, c in want.items()}
+    if method != "privatekt":
+        return
+    # a broadcast whose knowledge-transfer indices point outside the public set is refused
+    n, s = next(iter(silos.items()))
+    bad = srv.message.copy()
+    bad[-1] = len(fed.meta["public_X"]) + 3
+    rep, u = s.round(srv.request(n, 3), [bad])  # checked before anything else
+    assert rep["status"] == "refused" and "knowledge-transfer" in rep["reason"] and u is None
+    # a silo whose public set differs from the pinned one refuses the job
+    p = next(iter(w["silos"].values()))
+    np.savez(tmp_path / "c" / "other.npz", X=fed.meta["public_X"][:-1])
+    edit_toml(p, "silo", public_data="other.npz", state_dir="state/x",
+              budget_store="stores/x.sqlite")
+    rep = SiloProgram(load_silo_config(p)).join(
+        {"protocol": W.PROTOCOL, "kind": "join", "nonce": new_nonce(),
+         "job": W.canonical(srv.job).decode()})
+    assert rep["status"] == "refused" and "differs" in rep["reason"]
+
+
+def test_privatekt_over_tls_processes_asks_only_the_selected_silos(tmp_path):
+    """PrivateKT with 4 silo processes + 1 server over TLS: the server asks each round only
+    its public selection; the final global model equals the simulator's per-silo mode."""
+    from silofl.data.heart import load_heart_disease
+    from silofl.runtime.simulator import simulate
+    from silofl.runtime.network.silo import load_public
+    fed = load_heart_disease(seed=0).with_targets(PrivacyTarget(1.0, 1e-5))
+    fed.meta["public_X"] = np.concatenate([s.X_test for s in fed.silos])  # public here
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        w = deploy.init(tmp_path / "c", federation=fed, noise="seeded", min_silos=1,
+                        address=f"127.0.0.1:{free_port()}",
+                        job={"method": "privatekt", "rounds": 3, "ldp_epsilon": 0.4,
+                             "kt_server_epochs": 1, "local_epochs": 0.5})
+    procs = [start(["server", "--config", w["server"]], tmp_path / "server.log")]
+    serving(w["server"], procs[0])
+    procs += [start(["silo", "--config", p, "--wait", "30"], tmp_path / f"{i}.log")
+              for i, p in enumerate(w["silos"].values())]
+    codes = finish(procs)
+    assert codes == [0] * 5, (tmp_path / "server.log").read_text()[-3000:]
+    cfg = load_server_config(w["server"])
+    with np.load(Path(cfg.state_dir) / "server.npz") as z:
+        final = z["params"]
+    job = cfg.job
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        res = simulate(fed, job_model(job), job_algorithm(job, load_public(cfg.public_data,
+                                                                           "t")),
+                       job_config(job), hosting="per_silo")
+    np.testing.assert_array_equal(final, res.params[0])
+    rounds = [r["silos"] for r in ServerProgram(cfg).log]
+    assert len(rounds) == 3 and all(0 < len(r) < 4 for r in rounds)

@@ -1153,6 +1153,10 @@ def deploy_init(
         t.add_row(escape(name), f"silofl silo --config {escape(path)}")
     console.print(t)
     console.print("certs/ca.key signs the server certificate: keep it offline in production.")
+    if "flower" in written:  # Flower's SuperLink/SuperNode route (README: SecAgg+)
+        console.print(f"Flower App for flower-superlink/flower-supernode/flwr run: "
+                      f"{escape(written['flower']['app'])} (FLWR_HOME="
+                      f"{escape(written['flower']['flower_home'])})")
 
 
 @deploy_app.command("key")
@@ -1169,6 +1173,10 @@ def deploy_key(name: str = typer.Option(..., "--name", help="this silo's name"),
     priv, pub = deploy.write_silo_key(out, fid)
     console.print(f"private key {escape(str(priv))} (keep it here, mode 0600); public key "
                   f"{escape(str(pub))} (send it to the coordinator)")
+    from silofl.runtime.network.flower_app import write_node_auth_key
+    _, ssh_pub = write_node_auth_key(priv)  # the same key for SuperNode authentication
+    console.print(f"SuperLink route: {escape(str(ssh_pub))} is what the coordinator "
+                  "registers (flwr supernode register)")
 
 
 @app.command("silo")

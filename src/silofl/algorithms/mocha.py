@@ -51,12 +51,15 @@ class Mocha(Algorithm):
         return SiloState(W.copy()), MochaServer(W, np.eye(num_silos) / num_silos)
 
     def broadcast(self, server: MochaServer):
+        """(W (K, P), Ω (K, K)); a networked silo k also gets its index: (W, Ω, [k])."""
         return server.params, server.omega
 
     def silo_step(self, silos, message, trainer, round):
-        W_prev, omega = message
-        diag = np.diag(omega)
-        cross = omega @ W_prev - diag[:, None] * W_prev  # Σ_{j≠k} Ω_kj w_j
+        W_prev, omega, *hosted = message
+        # the rows of the silos this process hosts: all (simulator) or its own (network)
+        rows = hosted[0] if hosted else slice(None)
+        diag = np.diag(omega)[rows]
+        cross = omega[rows] @ W_prev - diag[:, None] * W_prev[rows]  # Σ_{j≠k} Ω_kj w_j
         # λ(Ω_kk w_k + cross_k) written as the trainer's pull λ_k (w_k − anchor_k)
         new = trainer.run(silos.params, anchor=-cross / diag[:, None], lam=self.lam * diag,
                           round=round)

@@ -184,8 +184,12 @@ class _LocalDP(Algorithm):
         return dpa.SelfComposedDpEvent(self.upload_event(), cap) if cap else dpa.NoOpDpEvent()
 
     def _select(self, trainer, round: int) -> np.ndarray:
-        ok = local_dp.eligible(trainer, self.upload_event())
-        return local_dp.select(ok, self.client_fraction,
+        return self.select_clients(local_dp.eligible(trainer, self.upload_event()), round)
+
+    def select_clients(self, eligible: np.ndarray, round: int) -> np.ndarray:
+        """The server's public choice of this round's clients among the (N,) eligible ones
+        (also what a networked server asks: `runtime.network.hosting`)."""
+        return local_dp.select(eligible, self.client_fraction,
                                np.random.default_rng([self.seed, round, 0x5e1]))
 
     def personal_models(self, silos, server):

@@ -8,12 +8,16 @@ Writes (library `cryptography`, no hand-made crypto):
     data/<silo>.npz                   with `--demo heart`: each hospital's own split
     silo_<silo>.toml                  one per silo (its data, ε, δ, store, server, keys)
     server.toml                       method, rounds, hyperparameters, silos' public keys
+    keys/<silo>.ssh, .ssh.pub         the same key in OpenSSH form (SuperNode authentication)
+    flower_app/, flower_home/         the Flower App and `flwr` connection (SuperLink route)
 
 In a real deployment each silo generates its key itself and sends only the .pub file to
 the coordinator (`silofl deploy key`); the folder layout is the same.
 """
 
 from __future__ import annotations
+
+import json
 
 import datetime
 import ipaddress
@@ -139,14 +143,18 @@ def _check_job(job: dict, fed) -> None:
     from silofl.runtime.network.silo import JOB_KEYS, check_job, job_algorithm, job_config
     from silofl.runtime.network import messages
     full = {**JOB_DEFAULTS, "method": "mrmtl", "rounds": 20, "dim": 1, **job}
+    public = None if fed is None else fed.meta.get("public_X")
     if fed is not None:
         full.update(dim=fed.dim, task=fed.task)
+        if public is not None:  # PrivateKT's public set: written as data/public.npz
+            from silofl.runtime.network.silo import public_sha256
+            full["public_sha256"] = public_sha256(public)
     bad = set(full) - set(JOB_KEYS)
     if bad:
         raise ConfigError(f"unknown job setting(s) {sorted(bad)}")
     try:
         full = check_job(full)
-        job_algorithm(full)
+        job_algorithm(full, public)
         job_config(full).validate()
     except messages.ProtocolError as e:
         raise ConfigError(str(e)) from None
@@ -180,7 +188,7 @@ def init(out: Path, *, silos: list[str] | None = None, demo: str | None = None,
         raise ConfigError(f"noise must be 'secure' or 'seeded' (experiments), got {noise!r}")
     if ":" not in address or not address.rsplit(":", 1)[1].isdigit():
         raise ConfigError(f"address must be host:port, got {address!r}")
-    _check_job({**(job or {}), "noise": noise}, fed)
+    _check_job({"silos": json.dumps(names), **(job or {}), "noise": noise}, fed)
     host = address.rsplit(":", 1)[0].strip("[]")
     hosts = list(dict.fromkeys([host, *(hosts or []), "127.0.0.1", "localhost"]))
     out.mkdir(parents=True, exist_ok=True)
@@ -194,6 +202,11 @@ def init(out: Path, *, silos: list[str] | None = None, demo: str | None = None,
     for p in ("ca.key", "server.key"):
         (out / "certs" / p).chmod(0o600)
     job = dict(job or {})
+    public = None if fed is None else fed.meta.get("public_X")
+    if public is not None:  # public, unlabeled: the same file for the server and every silo
+        buf = io.BytesIO()
+        np.savez(buf, X=np.asarray(public, dtype=np.float64))
+        write_bytes_atomic(out / "data" / "public.npz", buf.getvalue())
     if fed is not None:
         job.setdefault("dim", fed.dim)
         job.setdefault("task", fed.task)
@@ -213,15 +226,24 @@ def init(out: Path, *, silos: list[str] | None = None, demo: str | None = None,
                         "delta": float(delta), "lifetime_epsilon": float(epsilon),
                         "budget_store": f"stores/{f}.sqlite", "state_dir": f"state/{f}",
                         "private_key": f"keys/{f}.key", "noise": noise,
-                        "max_rounds": int(job["rounds"]), "methods": [job["method"]]},
+                        "max_rounds": int(job["rounds"]), "methods": [job["method"]],
+                        **({"public_data": "data/public.npz"} if public is not None else {})},
                "server": {"address": address, **tls}}
         write_text_atomic(out / f"silo_{f}.toml", _toml(cfg))
         written["silos"][n] = str(out / f"silo_{f}.toml")
     srv = {"address": address, "state_dir": "state/server", "expected_silos": len(names),
            "min_silos": int(min_silos or max(1, len(names) // 2))}
+    if public is not None:
+        srv["public_data"] = "data/public.npz"
     srv.update({"insecure": True} if insecure else
                {"root_certificate": "certs/ca.pem", "certificate": "certs/server.pem",
                 "private_key": "certs/server.key"})
     write_text_atomic(out / "server.toml", _toml({
         "server": srv, "job": job, "silos": {n: f"keys/{silo_file_id(n)}.pub" for n in names}}))
+    # Flower's SuperLink/SuperNode route: the Flower App, the flwr CLI's connection, and
+    # each silo's key as OpenSSH files for SuperNode authentication (runtime/network/flower_app)
+    from silofl.runtime.network import flower_app
+    written["flower"] = flower_app.write_app(out, out / "server.toml", address, insecure)
+    for n in names:
+        flower_app.write_node_auth_key(out / "keys" / f"{silo_file_id(n)}.key")
     return written

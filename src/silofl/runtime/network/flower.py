@@ -23,7 +23,7 @@ from flwr.common import (GetPropertiesIns, FitIns, Parameters, ReconnectIns,
                          ndarrays_to_parameters, parameters_to_ndarrays)
 from flwr.server import Server, SimpleClientManager
 
-from silofl.errors import SiloflError
+from silofl.errors import ConfigError, SiloflError
 from silofl.runtime.network import messages as W
 from silofl.runtime.network.server import ServerConfig, ServerProgram
 from silofl.runtime.network.silo import SiloConfig, SiloProgram, new_nonce
@@ -163,7 +163,9 @@ class SiloflStrategy(fl.server.strategy.Strategy):
                 f" s, fewer than min_silos = {self.p.cfg.min_silos}; stopping after round "
                 f"{self.p.done} (checkpointed; restart the server to resume)")
         params = ndarrays_to_parameters([self.p.message])
-        return [(proxy, FitIns(params, self.p.request(name, t))) for proxy, name in active]
+        asked = set(self.p.selected(t, [name for _, name in active]))  # local-DP: a sample
+        return [(proxy, FitIns(params, self.p.request(name, t))) for proxy, name in active
+                if name in asked]
 
     def aggregate_fit(self, server_round, results, failures):
         t = self.p.done + 1
@@ -206,6 +208,10 @@ class SiloflStrategy(fl.server.strategy.Strategy):
 def run_server(cfg: ServerConfig) -> ServerProgram:
     """Serve the job's remaining rounds (resuming from the checkpoint); returns the program."""
     from flwr.server.superlink.fleet.grpc_bidi.grpc_server import start_grpc_server
+    if cfg.secagg:
+        raise ConfigError("secagg = true runs on Flower's SuperLink/SuperNode route "
+                          "(`flwr run`, see README 'SecAgg+'), not with `silofl server`; "
+                          "remove it here or use that route")
     program = ServerProgram(cfg)
     remaining = cfg.job["rounds"] - program.done
     if remaining <= 0:

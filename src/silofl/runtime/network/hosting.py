@@ -17,17 +17,226 @@ from silofl.algorithms.base import Algorithm, SiloState
 from silofl.errors import ConfigError
 from silofl.privacy.randomness import Randomness
 
-#: methods whose silo step sends one update row per silo and whose server step needs only
-#: the responders' rows and weights (a weighted mean): these run over the network
-NETWORK_METHODS = ("local", "fedavg", "mrmtl", "ditto", "finetune")
+#: methods that run over the network: their silo step runs on one silo's share of the
+#: state, and their update travels as one row per silo (`encode_update`)
+NETWORK_METHODS = ("local", "fedavg", "mrmtl", "ditto", "finetune", "ifca", "ifca_local",
+                   "ifca_finetune", "ifca_mrmtl", "mocha", "weight_erosion", "privatekt",
+                   "fedavg_ldp")
 
 
 def check_network_method(name: str) -> None:
     if name not in NETWORK_METHODS:
         raise ConfigError(
-            f"method {name!r} does not run over the network yet: its server step needs every "
-            f"silo's state (or a silo-side choice the server coordinates). Network methods: "
+            f"method {name!r} does not run over the network. Network methods: "
             f"{', '.join(NETWORK_METHODS)}; run {name!r} in the simulator (`silofl run`)")
+
+
+# --- one silo's view of the broadcast, and the silos' updates on the wire ----------------
+# The algorithms' own silo_step/server_step run unchanged; these functions only cut the
+# broadcast to what silo k's step needs, and put the per-silo updates back together for the
+# server step. The wire carries one float64 vector per message (`messages.check_array`).
+
+def _family(algorithm) -> str:
+    from silofl.algorithms.ifca import IFCA
+    from silofl.algorithms.mocha import Mocha
+    from silofl.algorithms.privatekt import FedAvgLDP, PrivateKT
+    from silofl.algorithms.weight_erosion import WeightErosion
+    for cls, fam in ((IFCA, "ifca"), (Mocha, "mocha"), (WeightErosion, "erosion"),
+                     (PrivateKT, "kt"), (FedAvgLDP, "ldp")):
+        if isinstance(algorithm, cls):
+            return fam
+    return "mean"
+
+
+def silo_message(algorithm, message, k: int):
+    """What silo k's `silo_step` (on its one-silo state) receives: Mocha's (W, Ω) with the
+    row index k (its penalty couples it to the other silos' released models); others as is."""
+    if _family(algorithm) == "mocha":
+        W, omega = message[:2]
+        return W, omega, np.array([k])
+    return message
+
+
+def round_events(algorithm, pass_event, t: int, rounds: int, target):
+    """What round t of `rounds` costs one silo (reserved in its store before the round):
+    the round's local passes, plus for the IFCA family in a selection round its private
+    cluster selection (ε_sel = selection_fraction·ε_k); other methods' one-round events."""
+    if local_dp_family(algorithm):  # one upload through the local mechanism
+        import dp_accounting as dpa
+        return dpa.SelfComposedDpEvent(algorithm.upload_event(), 1)
+    if _family(algorithm) == "ifca":
+        import dp_accounting as dpa
+        from silofl.training import selection
+        train = dpa.SelfComposedDpEvent(pass_event, algorithm.passes_per_round)
+        if t > algorithm.schedule(rounds).select_until:
+            return train
+        eps = algorithm.selection_fraction * target.epsilon
+        return dpa.ComposedDpEvent((train, selection.selection_event(eps)))
+    return algorithm.privacy_events(pass_event, 1, target=target)
+
+
+def local_dp_family(algorithm) -> bool:
+    """PrivateKT and FedAvg-LDP: the server picks each round's clients (public randomness)
+    among those whose plan covers one more upload; only those are asked."""
+    return _family(algorithm) in ("kt", "ldp")
+
+
+def select_silos(algorithm, eligible: np.ndarray, round: int) -> np.ndarray:
+    """Indices of the silos asked in `round`: the local-DP methods' public selection among
+    the (K,) eligible silos; every eligible silo for the other methods."""
+    if local_dp_family(algorithm):
+        return algorithm.select_clients(np.asarray(eligible, bool), round)
+    return np.flatnonzero(eligible)
+
+
+def encode_message(algorithm, message) -> np.ndarray:
+    """The broadcast as one flat float64 vector: (P,), IFCA's (G·P,), Mocha's (K·P + K²,),
+    PrivateKT's (P + K_kt,) model and indices of this round's public KT samples."""
+    fam = _family(algorithm)
+    if fam == "mocha":
+        W, omega = message[:2]
+        return np.concatenate([np.ravel(W), np.ravel(omega)]).astype(np.float64)
+    if fam == "kt":
+        return np.concatenate([message.params, message.kt]).astype(np.float64)
+    return np.ravel(np.asarray(message, dtype=np.float64))
+
+
+def decode_message(algorithm, flat: np.ndarray, K: int, P: int):
+    """Inverse of `encode_message` for K silos and P parameters."""
+    fam = _family(algorithm)
+    if fam == "mocha":
+        return flat[:K * P].reshape(K, P), flat[K * P:].reshape(K, K)
+    if fam == "ifca":
+        return flat.reshape(-1, P)
+    if fam == "kt":  # what a client's step reads: the model and the KT indices
+        from silofl.algorithms.privatekt import KTServer
+        C = algorithm.num_classes
+        idx = flat[P:]
+        kt = idx.astype(np.int64) if np.all(idx == np.floor(idx)) else np.full(len(idx), -1)
+        return KTServer(flat[:P], kt, np.zeros(0, np.int64), np.zeros((0, C)))
+    return flat
+
+
+def server_view(algorithm, decoded):
+    """A server-state stand-in built from a decoded broadcast, enough for
+    `personal_models` at a silo (IFCA: the cluster models; Mocha: W; others: the model)."""
+    from silofl.algorithms.base import ServerState
+    fam = _family(algorithm)
+    if fam == "ifca":
+        from silofl.algorithms.ifca import ClusterServer
+        return ClusterServer(decoded)
+    if fam == "kt":
+        return decoded
+    return ServerState(decoded[0] if fam == "mocha" else decoded)
+
+
+def message_size(algorithm, K: int, P: int) -> int:
+    fam = _family(algorithm)
+    return {"mocha": K * P + K * K, "ifca": getattr(algorithm, "clusters", 1) * P,
+            "kt": P + getattr(algorithm, "samples", 0)}.get(fam, P)
+
+
+def encode_update(algorithm, update) -> np.ndarray | None:
+    """One silo's update as a (1, M) row: IFCA [choice, Δ] (the choice is the DP-selected
+    cluster, charged), Weight Erosion [epochs, lr, g] (public counters and its DP gradient),
+    others the (1, P) row itself. None stays None (a round without upload)."""
+    if update is None:
+        return None
+    fam = _family(algorithm)
+    if fam == "ifca":
+        return np.concatenate([update.choice[:, None].astype(float), update.delta], axis=1)
+    if fam == "erosion":
+        e = np.broadcast_to(np.asarray(update.epochs, float), (update.grads.shape[0],))
+        return np.concatenate([e[:, None], np.full((len(e), 1), update.lr), update.grads], 1)
+    if fam == "kt":  # [uploaded?, its K_kt randomized-response labels, β, lr, b]
+        up = len(update.clients)
+        labels = update.labels[0] if up else np.zeros(algorithm.samples)
+        return np.concatenate([[up], labels, [update.beta, update.lr, update.batch]])[None]
+    if fam == "ldp":  # [uploaded?, its clipped and noised change]
+        up = len(update.clients)
+        return np.concatenate([[up], update.delta[0] if up else
+                               np.zeros(update.delta.shape[1])])[None].astype(np.float64)
+    return np.asarray(update, dtype=np.float64)
+
+
+def check_row(algorithm, row: np.ndarray, *, lr: float, batch: int, n: int,
+              round: int) -> str | None:
+    """Why a silo's (1, M) row is malformed for the algorithm (None: fine). The public
+    fields a silo sends along must be the ones the server expects: IFCA's cluster index an
+    integer in [0, G); Weight Erosion's epoch counter ⌊(r − 1)·b/n⌋ and the job's lr;
+    the local-DP flag 0/1, PrivateKT's labels classes in [0, C) and β, lr, b the job's."""
+    fam, r = _family(algorithm), row[0]
+    if fam == "ifca" and not (r[0] == int(r[0]) and 0 <= r[0] < algorithm.clusters):
+        return f"cluster index {r[0]!r} is not one of the {algorithm.clusters} clusters"
+    if fam == "erosion" and (r[0] != np.floor((round - 1) * batch / n) or r[1] != lr):
+        return "epoch counter or step size differs from the job's"
+    if fam in ("kt", "ldp") and r[0] not in (0.0, 1.0):
+        return f"upload flag {r[0]!r} is not 0 or 1"
+    if fam == "kt":
+        labels, beta = r[1:-3], r[-3]
+        if not (np.all(labels == np.floor(labels)) and np.all(labels >= 0)
+                and np.all(labels < algorithm.num_classes)):
+            return "labels are not classes of the task"
+        if beta != algorithm.beta or r[-2] != lr or r[-1] != batch:
+            return "β, lr or batch size differs from the job's"
+    return None
+
+
+def check_message(algorithm, decoded) -> str | None:
+    """Why a decoded broadcast is malformed (None: fine): PrivateKT's KT indices must be
+    distinct integers indexing the public set."""
+    if _family(algorithm) == "kt":
+        kt = decoded.kt
+        n = len(algorithm.public)
+        if len(set(kt.tolist())) != len(kt) or np.any(kt < 0) or np.any(kt >= n):
+            return f"knowledge-transfer indices must be distinct, in [0, {n})"
+    return None
+
+
+def update_width(algorithm, P: int) -> int:
+    return {"ifca": P + 1, "erosion": P + 2, "kt": getattr(algorithm, "samples", 0) + 4,
+            "ldp": P + 1}.get(_family(algorithm), P)
+
+
+def merge_updates(algorithm, rows: dict[int, np.ndarray | None], weights: dict[int, float],
+                  K: int, round: int):
+    """The server step's (update, weights) from the encoded rows of the silos k that answered
+    (`rows[k]`, (1, M)): IFCA over the answering silos only; Weight Erosion and Mocha over all
+    K silos (an absent silo: NaN gradient and `present` False / a zero change); the
+    averaging methods over the answering silos' rows, weights renormalized over them."""
+    ks = sorted(rows)
+    fam = _family(algorithm)
+    if any(rows[k] is None for k in ks):
+        return None, np.array([weights[k] for k in ks], float)
+    if not ks and fam in ("kt", "ldp"):
+        raise ConfigError(f"{algorithm.name}: no silo is eligible for another upload (every "
+                          "plan's uploads are spent); the run cannot go on")
+    R = np.concatenate([rows[k] for k in ks]) if ks else None
+    w = np.array([weights[k] for k in ks], float)
+    if fam == "ifca":
+        from silofl.algorithms.ifca import ClusterUpdate
+        return ClusterUpdate(R[:, 1:], R[:, 0].astype(np.int64)), w
+    if fam == "erosion":
+        from silofl.algorithms.weight_erosion import ErosionUpdate
+        P = R.shape[1] - 2
+        grads, epochs = np.full((K, P), np.nan), np.zeros(K)
+        grads[ks], epochs[ks] = R[:, 2:], R[:, 0]
+        present = None if len(ks) == K else np.isin(np.arange(K), ks)
+        return ErosionUpdate(grads, epochs, float(R[0, 1]), present, round), np.ones(K)
+    if fam == "mocha":
+        full = np.zeros((K, R.shape[1]))
+        full[ks] = R
+        return full, np.ones(K)
+    if fam in ("kt", "ldp"):
+        from silofl.algorithms.privatekt import KTUpdate, LDPUpdate
+        up = [i for i, k in enumerate(ks) if R[i, 0] == 1]
+        clients = np.array([ks[i] for i in up], dtype=np.int64)
+        if fam == "ldp":
+            return LDPUpdate(clients, R[up, 1:]), np.ones(len(up))
+        labels = R[up, 1:-3].astype(np.int64)
+        return KTUpdate(clients, labels, float(R[0, -3]), float(R[0, -2]),
+                        int(R[0, -1])), np.ones(len(up))
+    return R, w
 
 
 def silo_randomness(mode: str, seed: int, name: str) -> Randomness:
@@ -59,14 +268,23 @@ def per_silo_step(algorithm: Algorithm, silos: SiloState, message, trainers: lis
                   round: int):
     """`algorithm.silo_step` run by each silo on its own one-silo trainer (as the network
     does), results stacked: (state of K silos, (K, P) update or None)."""
-    states, updates = [], []
+    states, rows = [], {}
+    asked = set(range(len(trainers)))
+    if local_dp_family(algorithm):  # the server's selection, as a networked server makes it
+        from silofl.training import local_dp
+        ok = [local_dp.eligible(tr, algorithm.upload_event())[0] for tr in trainers]
+        asked = set(select_silos(algorithm, np.array(ok), round).tolist())
     for k, trainer in enumerate(trainers):
-        s, u = algorithm.silo_step(slice_state(silos, k), message, trainer, round)
+        if k not in asked:
+            states.append(slice_state(silos, k))
+            continue
+        s, u = algorithm.silo_step(slice_state(silos, k), silo_message(algorithm, message, k),
+                                   trainer, round)
         states.append(s)
-        updates.append(u)
-    if any(u is None for u in updates):
-        return stack_states(states), None
-    return stack_states(states), np.concatenate(updates)
+        rows[k] = encode_update(algorithm, u)
+    K = len(trainers)
+    update, _ = merge_updates(algorithm, rows, dict.fromkeys(range(K), 1.0), K, round)
+    return stack_states(states), update
 
 
 def per_silo_trainers(fed, model, cfg, plans, ledgers) -> list:

@@ -25,15 +25,23 @@ from silofl.errors import ConfigError, SiloflError
 from silofl.privacy.accounting import DEFAULT_ACCOUNTANT
 from silofl.experiments.atomic import write_bytes_atomic, write_json_atomic
 from silofl.runtime.network import messages as W
+from silofl.runtime.network.hosting import (check_row, encode_message, local_dp_family,
+                                            merge_updates, select_silos, update_width)
 from silofl.runtime.network.silo import (JOB_KEYS, check_job, job_algorithm, job_config,
-                                         job_model)
+                                         job_model, job_silos, load_public,
+                                         public_sha256)
 
 #: fault injection for tests and drills: exit abruptly after checkpointing this round
 CRASH_ENV = "SILOFL_FAULT_SERVER_EXIT_ROUND"
 JOB_DEFAULTS = {"lam": 0.3, "weighted": True, "finetune_fraction": 0.5, "model": "logistic",
                 "task": "binary", "num_classes": 2, "local_epochs": 1.0, "batch_size": 32,
                 "lr": 0.1, "clip": 1.0, "l2": 0.0, "accountant": DEFAULT_ACCOUNTANT,
-                "noise": "secure", "seed": 0}
+                "noise": "secure", "seed": 0, "clusters": 2, "selection_fraction": 0.03,
+                "selection_rounds": 0.1, "we_user": "", "we_p_s": 0.2, "we_p_d": 0.01,
+                "we_update": "gradient", "ldp_epsilon": 5.0, "ldp_mechanism": "gaussian",
+                "ldp_delta": 1e-5, "client_fraction": 0.5, "max_participation": 0,
+                "kt_samples": 2, "kt_buffer": 25, "kt_self_train": 0.1, "kt_server_epochs": 5,
+                "kt_server_lr": 0.0, "public_seed": 0, "public_sha256": ""}
 
 
 @dataclass
@@ -49,6 +57,7 @@ class ServerConfig:
     round_timeout: float = 600.0    # s a round may take (a silo slower is left out)
     rejoin_wait: float = 0.0        # s to wait each round for silos that dropped out
     secagg: bool = False
+    public_data: Path | None = None  # PrivateKT's public set (.npz with X), as the silos'
 
 
 def load_server_config(path: str | Path) -> ServerConfig:
@@ -68,12 +77,23 @@ def load_server_config(path: str | Path) -> ServerConfig:
         raise ConfigError(f"{path}: unknown [job] key(s) {sorted(bad)}; known: "
                           f"{', '.join(sorted(JOB_KEYS))}")
     job = {**JOB_DEFAULTS, **j}
-    for k in ("local_epochs", "lr", "clip", "l2", "lam", "finetune_fraction"):
+    # the silos of the job in [silos] order (silo k = the k-th registered), unless stated
+    job.setdefault("silos", json.dumps([str(n) for n in silos]))
+    for k in ("local_epochs", "lr", "clip", "l2", "lam", "finetune_fraction",
+              "selection_fraction", "selection_rounds", "we_p_s", "we_p_d", "ldp_epsilon",
+              "ldp_delta", "client_fraction", "kt_self_train", "kt_server_lr"):
         if isinstance(job.get(k), int) and not isinstance(job.get(k), bool):
             job[k] = float(job[k])
+    public_path = base / s["public_data"] if "public_data" in s else None
+    public = load_public(public_path, f"server config {path}")
+    if public is not None:  # pinned in the job: every silo checks its own copy against it
+        job["public_sha256"] = public_sha256(public)
     try:
         job = check_job({k: job[k] for k in JOB_KEYS})
-        job_algorithm(job)  # validates the method for the network
+        if sorted(job_silos(job)) != sorted(str(n) for n in silos):
+            raise ConfigError(f"{path}: [job] silos {job_silos(job)} must name exactly the "
+                              f"registered [silos] {sorted(silos)}")
+        job_algorithm(job, public)  # validates the method for the network
         job_config(job).validate()
         insecure = bool(s.get("insecure", False))
         certs = None
@@ -89,7 +109,7 @@ def load_server_config(path: str | Path) -> ServerConfig:
             join_timeout=float(s.get("join_timeout", 60.0)),
             round_timeout=float(s.get("round_timeout", 600.0)),
             rejoin_wait=float(s.get("rejoin_wait", 0.0)),
-            secagg=bool(s.get("secagg", False)))
+            secagg=bool(s.get("secagg", False)), public_data=public_path)
     except KeyError as e:
         raise ConfigError(f"{path}: missing key {e.args[0]!r} (TLS needs root_certificate, "
                           "certificate and private_key under [server]; `silofl deploy init` "
@@ -101,9 +121,9 @@ def load_server_config(path: str | Path) -> ServerConfig:
     if not 1 <= cfg.min_silos <= cfg.expected_silos <= len(silos):
         raise ConfigError(f"{path}: need 1 ≤ min_silos ({cfg.min_silos}) ≤ expected_silos "
                           f"({cfg.expected_silos}) ≤ registered silos ({len(silos)})")
-    if cfg.secagg:
-        raise ConfigError(f"{path}: secagg = true is not available yet in this version; "
-                          "remove it (updates are protected by DP and TLS, not SecAgg+)")
+    if cfg.secagg and job["method"] not in ("fedavg", "mrmtl"):  # secagg.SECAGG_METHODS
+        raise ConfigError(f"{path}: secagg = true needs a method whose server step is a "
+                          f"weighted mean (fedavg, mrmtl), not {job['method']!r}; remove it")
     return cfg
 
 
@@ -126,9 +146,12 @@ class ServerProgram:
         self.cfg = cfg
         self.job = cfg.job
         self.hash = W.job_hash(self.job)
-        self.algorithm = job_algorithm(self.job)
+        self.algorithm = job_algorithm(self.job, load_public(cfg.public_data, "server"))
         model = job_model(self.job)
-        _, self.server = self.algorithm.init(model.init_params(), 1, rounds=self.job["rounds"])
+        self.names = job_silos(self.job)  # silo k = names[k], as in the simulator
+        self.P = model.init_params().shape[0]
+        _, self.server = self.algorithm.init(model.init_params(), len(self.names),
+                                             rounds=self.job["rounds"])
         self.keys = {n: W.load_public_key(p) for n, p in cfg.silos.items()}
         self.silos: dict[str, Registered] = {}
         self.done = 0
@@ -137,7 +160,7 @@ class ServerProgram:
 
     @property
     def message(self) -> np.ndarray:
-        return np.asarray(self.algorithm.broadcast(self.server), dtype=np.float64)
+        return encode_message(self.algorithm, self.algorithm.broadcast(self.server))
 
     def accept_join(self, reply: dict) -> Registered | None:
         """Check a join reply (schema, signature of a registered silo, job): the silo's
@@ -158,6 +181,17 @@ class ServerProgram:
         self.silos[reg.name] = reg
         return reg
 
+    def selected(self, t: int, available: list[str]) -> list[str]:
+        """The silos to ask in round t among the `available` ones still in the job: all of
+        them, or for a local-DP method the public selection among those whose reported
+        plan covers one more upload (each silo still checks for itself)."""
+        ok = np.array([n in available and n in self.silos and self.silos[n].status == "ok"
+                       and (not local_dp_family(self.algorithm)
+                            or len(self.silos[n].rounds) < self.silos[n].steps)
+                       for n in self.names])
+        self.asked = [self.names[k] for k in select_silos(self.algorithm, ok, t)]
+        return [n for n in available if n in self.asked]
+
     def request(self, name: str, t: int) -> dict:
         r = self.silos[name]
         return {"protocol": W.PROTOCOL, "kind": "round", "job_hash": self.hash, "round": t,
@@ -170,10 +204,16 @@ class ServerProgram:
         if rep["silo"] != name:
             raise W.ProtocolError(f"reply from the connection of silo {name!r} claims to be "
                                   f"from {rep['silo']!r}; rejected")
-        P = self.message.shape[0]
-        shape = (1, P) if rep["status"] == "ok" and len(arrays) else None
+        shape = (1, update_width(self.algorithm, self.P)) \
+            if rep["status"] == "ok" and len(arrays) else None
         update = W.check_array(arrays, shape, "update")
         W.verify(self.keys[name], rep, update)
+        if update is not None:
+            bad = check_row(self.algorithm, update, lr=self.job["lr"],
+                            batch=self.job["batch_size"], n=self.silos[name].n_train,
+                            round=t)
+            if bad:
+                raise W.ProtocolError(f"silo {name!r}: malformed update ({bad}); rejected")
         if rep["round"] != t or rep["job_hash"] != self.hash:
             raise W.ProtocolError(f"silo {name!r} answered round {rep['round']} of job "
                                   f"{rep['job_hash'][:8]}, expected round {t}; rejected")
@@ -181,20 +221,29 @@ class ServerProgram:
             self.silos[name].status, self.silos[name].reason = rep["status"], rep["reason"]
         return rep["status"], update
 
-    def step(self, t: int, updates: dict[str, np.ndarray | None]) -> None:
+    def step(self, t: int, updates: dict[str, np.ndarray | None],
+             mean: np.ndarray | None = None) -> None:
         """The server step over the silos that ran round t, weights renormalized over
-        them (min_silos rule), then checkpoint."""
-        if len(updates) < self.cfg.min_silos:
+        them (min_silos rule), then checkpoint. `mean` (1, P): SecAgg+ gave only the
+        weighted mean of the rows of `updates`' silos (their values are then None)."""
+        need = self.cfg.min_silos
+        if local_dp_family(self.algorithm):  # only the selected silos were asked
+            need = min(need, len(getattr(self, "asked", [])) or need)
+        if len(updates) < need:
             raise SiloflError(
                 f"round {t}: only {len(updates)} silo(s) ran it ({', '.join(updates) or 'none'})"
                 f", fewer than min_silos = {self.cfg.min_silos}; the run stops after round "
                 f"{self.done} (checkpointed in {self.cfg.state_dir}; restart the server to "
                 "resume when enough silos are back)")
-        names = sorted(updates)
-        weights = np.array([self.silos[n].n_train if self.job["weighted"] else 1.0
-                            for n in names], dtype=float)
-        rows = [updates[n] for n in names]
-        update = None if any(r is None for r in rows) else np.concatenate(rows)
+        names = sorted(updates, key=self.names.index)
+        weighted = self.job["weighted"] and getattr(self.algorithm, "weighted", True)
+        idx = {n: self.names.index(n) for n in names}
+        update, weights = merge_updates(
+            self.algorithm, {idx[n]: updates[n] for n in names},
+            {idx[n]: float(self.silos[n].n_train) if weighted else 1.0 for n in names},
+            len(self.names), t)
+        if mean is not None:  # the weighted mean, with weight 1, is the same server step
+            update, weights = np.asarray(mean, dtype=np.float64).reshape(1, -1), np.ones(1)
         self.server = self.algorithm.server_step(self.server, update, weights)
         for n in names:
             self.silos[n].rounds.append(t)

@@ -28,6 +28,7 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
+import dp_accounting as dpa
 import numpy as np
 
 from silofl.algorithms import make_algorithm
@@ -41,7 +42,11 @@ from silofl.privacy.budget import BudgetStore
 from silofl.privacy.ledger import Ledger
 from silofl.runtime.job import fingerprint, open_job
 from silofl.runtime.network import messages as W
-from silofl.runtime.network.hosting import check_network_method, silo_randomness, slice_state
+from silofl.runtime.network.hosting import (check_message, check_network_method,
+                                            decode_message,
+                                            encode_update, local_dp_family,
+                                            message_size, round_events, server_view,
+                                            silo_message, silo_randomness, slice_state)
 from silofl.runtime.plan import SiloPlan, TrainingConfig, plan_silos
 from silofl.training.dpsgd import GradientRule
 from silofl.training.trainer import LocalTrainer, SiloArrays
@@ -52,7 +57,18 @@ CRASH_ENV = "SILOFL_FAULT_SILO_CRASH_ROUND"
 JOB_KEYS = {"method": str, "lam": float, "weighted": bool, "finetune_fraction": float,
             "model": str, "task": str, "num_classes": int, "dim": int, "rounds": int,
             "batch_size": int, "local_epochs": float, "lr": float, "clip": float,
-            "l2": float, "accountant": str, "noise": str, "seed": int}
+            "l2": float, "accountant": str, "noise": str, "seed": int,
+            # the silos of the job, in order (a JSON list of names: silo k is names[k])
+            "silos": str,
+            # IFCA family (clusters, share of ε per selection, share of rounds selecting)
+            "clusters": int, "selection_fraction": float, "selection_rounds": float,
+            # Weight Erosion: the user silo's name, penalties, what each silo sends
+            "we_user": str, "we_p_s": float, "we_p_d": float, "we_update": str,
+            # local-DP methods (PrivateKT, FedAvg-LDP) and the public set's SHA-256 ("" none)
+            "ldp_epsilon": float, "ldp_mechanism": str, "ldp_delta": float,
+            "client_fraction": float, "max_participation": int, "kt_samples": int,
+            "kt_buffer": int, "kt_self_train": float, "kt_server_epochs": int,
+            "kt_server_lr": float, "public_seed": int, "public_sha256": str}
 
 
 def check_job(job: dict) -> dict:
@@ -70,10 +86,69 @@ def job_config(job: dict) -> TrainingConfig:
                           seed=job["seed"], eval_every=job["rounds"])
 
 
-def job_algorithm(job: dict):
+def job_silos(job: dict) -> list[str]:
+    """The job's silo names in order (ProtocolError for a malformed list)."""
+    try:
+        names = json.loads(job["silos"])
+    except json.JSONDecodeError:
+        names = None
+    if not isinstance(names, list) or not names or not all(
+            isinstance(n, str) and n for n in names) or len(set(names)) != len(names):
+        raise W.ProtocolError(f"job: 'silos' must be a JSON list of distinct silo names, got "
+                              f"{job['silos'][:200]!r}")
+    return names
+
+
+def job_algorithm(job: dict, public: np.ndarray | None = None):
+    """The job's algorithm, bound to the job's silos (names resolve to indices) and, for
+    PrivateKT, to the public set `public` (whose SHA-256 the job states)."""
     check_network_method(job["method"])
-    return make_algorithm(job["method"], lam=job["lam"], weighted=job["weighted"],
-                          finetune_fraction=job["finetune_fraction"])
+    alg = make_algorithm(
+        job["method"], lam=job["lam"], weighted=job["weighted"],
+        finetune_fraction=job["finetune_fraction"], clusters=job["clusters"],
+        selection_fraction=job["selection_fraction"], selection_rounds=job["selection_rounds"],
+        we_user=job["we_user"] or None, we_p_s=job["we_p_s"], we_p_d=job["we_p_d"],
+        we_options={"update": job["we_update"]}, ldp_epsilon=job["ldp_epsilon"],
+        ldp_mechanism=job["ldp_mechanism"], ldp_delta=job["ldp_delta"],
+        client_fraction=job["client_fraction"], max_participation=job["max_participation"],
+        kt_samples=job["kt_samples"], kt_buffer=job["kt_buffer"],
+        kt_self_train=job["kt_self_train"], kt_server_epochs=job["kt_server_epochs"],
+        kt_server_lr=job["kt_server_lr"], public_seed=job["public_seed"])
+    names = job_silos(job)
+    alg.bind_silos(names)
+    if hasattr(alg, "bind_data"):  # PrivateKT: the public set, checked against the job
+        if public is None or public_sha256(public) != job["public_sha256"]:
+            raise ConfigError(
+                f"{job['method']} needs the public set D_p on the server and every silo: "
+                "set public_data (an .npz with X) under [server] and [silo]; the job states "
+                f"its SHA-256 ({job['public_sha256'][:12] or 'none'}), and "
+                + ("none is given" if public is None else "the file given differs"))
+        from types import SimpleNamespace
+        stand_in = SimpleNamespace(meta={"public_X": public}, task=job["task"],
+                                   num_classes=job["num_classes"],
+                                   silos=[SimpleNamespace(X_train=public[:1])])
+        alg.bind_data(stand_in, job_model(job))
+    alg.check_plan(len(names), job["rounds"], job["accountant"])
+    return alg
+
+
+def public_sha256(X: np.ndarray) -> str:
+    """SHA-256 of a public array (its float64 bytes and shape): what the job pins."""
+    import hashlib
+    X = np.ascontiguousarray(X, dtype=np.float64)
+    return hashlib.sha256(X.tobytes() + str(X.shape).encode()).hexdigest()
+
+
+def load_public(path: Path | None, who: str) -> np.ndarray | None:
+    """The public set X (an .npz with key X) or None; DataError naming the file."""
+    if path is None:
+        return None
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            return np.asarray(z["X"], dtype=np.float64)
+    except (OSError, KeyError, ValueError) as e:
+        raise DataError(f"{who}: cannot read the public set {str(path)!r} ({e}); it must be "
+                        "an .npz with an array X (public, unlabeled examples)") from None
 
 
 def job_model(job: dict):
@@ -94,7 +169,8 @@ class SiloConfig:
     root_certificate: Path | None  # None: plain gRPC (only with insecure = true)
     noise: str = "secure"
     max_rounds: int = 1000
-    methods: tuple[str, ...] = ("mrmtl", "fedavg", "local", "ditto", "finetune")
+    methods: tuple[str, ...] = ("mrmtl", "fedavg", "local", "ditto", "finetune")  # consented
+    public_data: Path | None = None  # PrivateKT's public set D_p (.npz with X)
 
     @property
     def target(self) -> PrivacyTarget:
@@ -132,7 +208,8 @@ def load_silo_config(path: str | Path) -> SiloConfig:
             private_key=rel(s["private_key"]), server_address=str(srv["address"]),
             root_certificate=root, noise=str(s.get("noise", "secure")),
             max_rounds=int(s.get("max_rounds", 1000)),
-            methods=tuple(s.get("methods", SiloConfig.methods)))
+            methods=tuple(s.get("methods", SiloConfig.methods)),
+            public_data=rel(s.get("public_data")))
     except KeyError as e:
         raise ConfigError(f"{path}: missing key {e.args[0]!r} (see `silofl deploy init` for a "
                           "complete silo config)") from None
@@ -181,9 +258,8 @@ class SiloProgram:
             job = check_job(json.loads(req["job"]))
             reply["job_hash"] = W.job_hash(job)
             self._accept(job)
-            reply.update(n_train=self.plan.n, q=float(self.plan.q),
-                         steps=int(self.plan.steps_per_pass),
-                         sigma=float(self.plan.noise_multiplier))
+            steps, q, sigma = self.reported
+            reply.update(n_train=self.plan.n, q=q, steps=steps, sigma=sigma)
             if self.exhausted:
                 reply.update(status="exhausted", reason="budget exhausted in an earlier round")
         except (SiloflError, json.JSONDecodeError) as e:  # refused, with the reason
@@ -205,6 +281,9 @@ class SiloProgram:
         if job["dim"] != self.silo.X_train.shape[1]:
             raise ConfigError(f"silo {c.name!r} has {self.silo.X_train.shape[1]} features, the "
                               f"job's model expects {job['dim']}")
+        names = job_silos(job)
+        if c.name not in names:
+            raise ConfigError(f"silo {c.name!r} is not among the job's silos {names}")
         h = W.job_hash(job)
         if self.hash == h:
             return
@@ -213,10 +292,26 @@ class SiloProgram:
                               "silo process")
         # the store's lifetime target must be the one this config states (else refuse now)
         self.store.register({c.name: c.lifetime}, explicit=True)
-        algorithm, tcfg, model = job_algorithm(job), job_config(job), job_model(job)
-        fed = Federation([self.silo], self.feature_names or
-                         [f"x{i}" for i in range(job["dim"])], job["task"], job["num_classes"])
-        plan: SiloPlan = plan_silos(fed, algorithm, tcfg)[0]  # σ from our own (ε_k, δ_k)
+        algorithm = job_algorithm(job, load_public(c.public_data, f"silo {c.name!r}"))
+        tcfg, model = job_config(job), job_model(job)
+        k, me = names.index(c.name), self.silo
+        # plan as the simulator does for a federation of these silos; only our own plan
+        # (our data, our (ε_k, δ_k)) is used — the others are stand-ins so that settings
+        # naming silos or counting them (clusters ≤ K, the user silo) are checked alike
+        fed = Federation([me if n == c.name else Silo(n, me.X_train, me.y_train, me.X_test,
+                                                      me.y_test, me.target) for n in names],
+                         self.feature_names or [f"x{i}" for i in range(job["dim"])],
+                         job["task"], job["num_classes"])
+        plan: SiloPlan = plan_silos(fed, algorithm, tcfg)[k]  # σ from our own (ε_k, δ_k)
+        self.index, self.K = k, len(names)
+        # what the silo reports and then requires of every request: (steps, q, σ); for a
+        # local-DP method `steps` is the number of uploads its plan allows, σ is 0
+        self.uploads, self.cap = 0, None
+        if local_dp_family(algorithm):
+            d = plan.declared
+            self.cap = int(d.count) if isinstance(d, dpa.SelfComposedDpEvent) else 0
+        self.reported = (self.cap if self.cap is not None else int(plan.steps_per_pass),
+                         float(plan.q), float(plan.noise_multiplier or 0.0))
         self.algorithm, self.tcfg, self.model, self.plan = algorithm, tcfg, model, plan
         self.job, self.hash = job, h
         self.trainer = LocalTrainer(
@@ -226,7 +321,8 @@ class SiloProgram:
             steps_per_round=np.array([self.plan.steps_per_pass]), lr=self.tcfg.lr,
             l2=self.tcfg.l2, rng=silo_randomness(c.noise, job["seed"], c.name),
             ledgers=[Ledger(c.name, c.target, self.tcfg.accountant, None, allowance={})])
-        self.state, _ = self.algorithm.init(self.model.init_params(), 1, rounds=job["rounds"])
+        state, _ = self.algorithm.init(self.model.init_params(), self.K, rounds=job["rounds"])
+        self.state = slice_state(state, k)  # our share of the K silos' state
         self.done, self.last = 0, None
         try:
             self._load_state()
@@ -241,19 +337,25 @@ class SiloProgram:
         req = W.check_fields(fields, W.ROUND_REQUEST, "round")
         if self.plan is None:
             return self._reply(req, "refused", "no job accepted yet (join first)", None)
-        message = W.check_array(list(arrays), self.algorithm.broadcast(
-            self._server_like()).shape, "round")
-        p, t = self.plan, req["round"]
+        P = self.model.init_params().shape[0]
+        message = W.check_array(list(arrays), (message_size(self.algorithm, self.K, P),),
+                                "round")
+        t = req["round"]
         wrong = [f"{k} {req[k]!r} ≠ {v!r}" for k, v in (
             ("job_hash", self.hash), ("silo", self.cfg.name), ("method", self.job["method"]),
-            ("steps", int(p.steps_per_pass)), ("q", float(p.q)),
-            ("sigma", float(p.noise_multiplier))) if req[k] != v]
+            ("steps", self.reported[0]), ("q", self.reported[1]),
+            ("sigma", self.reported[2])) if req[k] != v]
         if wrong:
             return self._reply(req, "refused", "request differs from this silo's own plan: "
                                + "; ".join(wrong) + "; nothing was run", None)
         if not 1 <= t <= self.job["rounds"]:
             return self._reply(req, "refused", f"round {t} is outside the job's 1.."
                                f"{self.job['rounds']}; nothing was run", None)
+        bad = check_message(self.algorithm, decode_message(
+            self.algorithm, message, self.K, self.model.init_params().shape[0]))
+        if bad:
+            return self._reply(req, "refused", f"malformed broadcast: {bad}; nothing was run",
+                               None)
         digest = W.signed_bytes({}, message)
         if self.last is not None and t == self.done:
             if self.last["digest"] == digest.hex():   # the server lost our reply: resend it
@@ -265,21 +367,30 @@ class SiloProgram:
                                f"round {self.done}", None)
         if self.exhausted:
             return self._reply(req, "exhausted", "budget exhausted", None)
+        if self.cap is not None and self.uploads >= self.cap:
+            self.exhausted, self._why = True, (f"all {self.cap} uploads this silo's plan "
+                                               "allows are spent")
+            self._save_state()
+            return self._reply(req, "exhausted", self._why, None)
         self.message = message  # the latest shared model (FedAvg's model for prediction)
         update = self._run(t, message)
         if update is None and self.exhausted:
             return self._reply(req, "exhausted", self._why, None)
         self.last = {"digest": digest.hex(), "update": update}
         self.done = t
+        if self.cap is not None:
+            self.uploads += int(update[0, 0] == 1)
         self._save_state()
         return self._reply(req, "ok", "", update)
 
     def _run(self, t: int, message: np.ndarray) -> np.ndarray | None:
         c, p = self.cfg, self.plan
         round_plan = SiloPlan(p.name, p.n, p.q, p.steps_per_pass, p.target, p.noise_multiplier,
-                              declared=self.algorithm.privacy_events(
+                              declared=round_events(
+                                  self.algorithm, None if self.cap is not None else
                                   accounting.dpsgd_event(p.q, p.noise_multiplier,
-                                                         p.steps_per_pass), 1, target=p.target))
+                                                         p.steps_per_pass),
+                                  t, self.job["rounds"], p.target))
         method = self.job["method"]
         try:  # reserve this round in the lifetime store before any row is read
             job = open_job(self.store, {method: [round_plan]}, lifetime={c.name: c.lifetime},
@@ -295,18 +406,18 @@ class SiloProgram:
             if os.environ.get(CRASH_ENV) == str(t):
                 os._exit(17)  # a crash after the charge: the reservation stays counted
             self.state, update = self.algorithm.silo_step(
-                self.state, self.algorithm.broadcast(self._server_like(message)),
-                self.trainer, t)
+                self.state, self._view(message), self.trainer, t)
         except BaseException:
             job.settle("failed")
             raise
         job.settle()
-        return None if update is None else np.asarray(update, dtype=np.float64)
+        return encode_update(self.algorithm, update)
 
-    def _server_like(self, message=None):
-        from silofl.algorithms.base import ServerState
-        return ServerState(np.zeros(self.model.init_params().shape[0]) if message is None
-                           else message)
+    def _view(self, flat: np.ndarray):
+        """Silo k's view of the flat broadcast (what its silo_step receives)."""
+        P = self.model.init_params().shape[0]
+        return silo_message(self.algorithm, decode_message(self.algorithm, flat, self.K, P),
+                            self.index)
 
     def _reply(self, req, status, reason, update):
         rep = {"protocol": W.PROTOCOL, "kind": "update", "silo": self.cfg.name,
@@ -327,7 +438,12 @@ class SiloProgram:
         shared model received, one round behind the server's final model)."""
         from silofl.algorithms.base import ServerState
         message = getattr(self, "message", None) if message is None else message
-        srv = ServerState(self.state.params[0] if message is None else message)
+        if message is None:
+            srv = ServerState(self.state.params[0])
+        else:
+            view = decode_message(self.algorithm, message, self.K,
+                                  self.model.init_params().shape[0])
+            srv = server_view(self.algorithm, view)
         w = self.algorithm.personal_models(self.state, srv)[0]
         fn = M.metric_fn(M.default_metric(self.job["task"]), self.model.name)
         return float(fn(self.silo.y_test, self.model.predict(w, self.silo.X_test)))
@@ -343,13 +459,20 @@ class SiloProgram:
         buf = io.BytesIO()
         extra = {} if self.last is None or self.last["update"] is None else \
             {"last_update": self.last["update"]}
-        np.savez(buf, params=self.state.params, **extra)
+        fields = vars(self.state)
+        arrays_ = {k if k == "params" else f"state_{k}": v for k, v in fields.items()
+                   if isinstance(v, np.ndarray)}
+        np.savez(buf, **arrays_, **extra)
         write_bytes_atomic(arrays, buf.getvalue())
         write_json_atomic(meta, {
             "silo": self.cfg.name, "job_hash": self.hash, "round": self.done,
             "exhausted": self.exhausted, "reason": getattr(self, "_why", ""),
+            "uploads": getattr(self, "uploads", 0),
             "last_digest": None if self.last is None else self.last["digest"],
-            "state": {k: v for k, v in vars(self.state).items() if k != "params"},
+            # scalar fields (rounds done, …); arrays are in the .npz, the rest (IFCA's
+            # public schedule) is rebuilt from the job at restart
+            "state": {k: v for k, v in fields.items()
+                      if isinstance(v, (int, float, str, bool)) or v is None},
             "noise": self.cfg.noise})
 
     def _load_state(self) -> None:
@@ -361,12 +484,13 @@ class SiloProgram:
             raise ConfigError(f"silo {self.cfg.name!r}: {meta.parent} holds the state of "
                               "another job; give this job a fresh state_dir")
         with np.load(arrays, allow_pickle=False) as z:
-            params = z["params"]
+            saved = {k[6:]: z[k] for k in z.files if k.startswith("state_")}
+            saved["params"] = z["params"]
             last = z["last_update"] if "last_update" in z else None
-        slice_state(self.state, 0)  # shape check by construction
-        self.state = type(self.state)(params, **m["state"]) if m["state"] else \
-            type(self.state)(params)
+        import dataclasses
+        self.state = dataclasses.replace(self.state, **saved, **m["state"])
         self.done, self.exhausted = int(m["round"]), bool(m["exhausted"])
+        self.uploads = int(m.get("uploads", 0))
         self._why = m.get("reason", "")
         if m["last_digest"] is not None:
             self.last = {"digest": m["last_digest"], "update": last}

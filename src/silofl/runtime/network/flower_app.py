@@ -1,0 +1,369 @@
+"""Flower's own deployment route: a Flower App (ServerApp + ClientApp) run by
+`flower-superlink` / `flower-supernode` / `flwr run`, optionally with SecAgg+.
+
+Same programs as the legacy route (`flower.py`): the ServerApp drives
+`server.ServerProgram` through `flower.SiloflStrategy` under Flower's `DefaultWorkflow`;
+the ClientApp wraps `silo.SiloProgram` in `flower.SiloClient`. There is no second
+algorithm implementation here, only transport.
+
+* The ClientApp reads its silo.toml from the SuperNode's `--node-config
+  'silo-config="/path/silo.toml"'`: its own data, (ε_k, δ_k), budget store, state and
+  signing key. SuperNode starts a fresh ClientApp process per message, so the accepted
+  (public) job description is kept in the run's `Context.state` and re-accepted from the
+  silo's own state on disk before each round — the silo's checks and its store are the
+  same as on the legacy route. `require-secagg=true` in the node config makes the silo
+  refuse any round that is not SecAgg+-masked.
+* The ServerApp reads server.toml from the run config (`server-config`). With
+  `secagg = true` (FedAvg, MR-MTL) the fit round is Flower's `SecAggPlusWorkflow`: each
+  silo's update is quantized, masked and summed; the server unmasks only the weighted
+  mean (settings and extra error: `secagg`). Join and round replies stay signed by each
+  silo's key (round replies over their fields only, not the update's hash); the masked
+  updates themselves cannot be checked individually (the server never sees them): who may
+  send them is enforced by SuperNode authentication.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import zlib
+from pathlib import Path
+
+import numpy as np
+from flwr.app import ConfigRecord, Context, Error, Message, RecordDict
+from flwr.clientapp import ClientApp
+from flwr.client.mod import secaggplus_mod
+from flwr.common import parameters_to_ndarrays
+from flwr.common.secure_aggregation.secaggplus_constants import Key, RECORD_KEY_CONFIGS
+from flwr.server import LegacyContext, ServerApp
+from flwr.server import ServerConfig as FlowerServerConfig
+from flwr.server.workflow import DefaultWorkflow, SecAggPlusWorkflow
+from flwr.serverapp import Grid
+
+from silofl.errors import ConfigError, SiloflError
+from silofl.experiments.atomic import write_json_atomic
+from silofl.privacy.randomness import Randomness
+from silofl.runtime.network import messages as W
+from silofl.runtime.network import secagg as S
+from silofl.runtime.network.flower import SiloClient, SiloflStrategy
+from silofl.runtime.network.server import ServerProgram, load_server_config
+from silofl.runtime.network.silo import SiloProgram, load_silo_config
+
+log = logging.getLogger("flwr.silofl")
+STATE_KEY = "silofl"      # Context.state record holding the accepted join request
+
+
+# --- client (SuperNode side) ----------------------------------------------------------
+
+class AppSiloClient(SiloClient):
+    """`SiloClient` for a per-message ClientApp process: remembers the accepted job in the
+    run's Context.state; reports its public weight to SecAgg+ (n_k, or 1 unweighted)."""
+
+    def __init__(self, program: SiloProgram, context: Context, secagg: bool):
+        super().__init__(program)
+        self.context, self.secagg = context, secagg
+
+    def get_properties(self, config):
+        reply = super().get_properties(config)
+        if reply.get("status") == "ok":   # keep only the public join request
+            self.context.state.config_records[STATE_KEY] = ConfigRecord(
+                {k: str(v) for k, v in config.items()})
+        return reply
+
+    def fit(self, parameters, config):
+        c = self.program.cfg
+        if c.noise == "seeded" and self.program.plan is not None:
+            # a fresh process per message would restart the seeded stream every round (the
+            # same noise each round): key the experiment stream by the round as well
+            self.program.trainer.rng = Randomness.for_mode("seeded", [
+                int(self.program.job["seed"]), zlib.crc32(c.name.encode()),
+                int(config.get("round", 0))])
+        arrays, _, rep = super().fit(parameters, config)
+        if not self.secagg:
+            return arrays, 0, rep
+        if rep["status"] != "ok":
+            # nothing may enter a masked sum: fail this message (SecAgg+ treats the silo
+            # as dropped out; the server re-joins it next round and learns its status)
+            raise SiloflError(f"silo {self.program.cfg.name}: {rep['status']}: "
+                              f"{rep['reason'][:500]}")
+        weight = self.program.plan.n if self.program.job["weighted"] else 1
+        # sign the reply's fields without the update: a signature over the update's hash
+        # would let the server confirm a guessed update, which SecAgg+ is meant to hide
+        rep = {**rep, "signature": ""}
+        rep["signature"] = W.sign(self.program.key, rep, None)
+        return arrays, int(weight), rep
+
+
+def _is_secagg(msg) -> bool:
+    rec = msg.content.config_records.get(RECORD_KEY_CONFIGS)
+    return rec is not None and Key.STAGE in rec
+
+
+def _client_fn(context: Context):
+    path = context.node_config.get("silo-config")
+    if not path:
+        raise ConfigError("this SuperNode has no silo config: start it with --node-config "
+                          "'silo-config=\"/path/to/silo_<name>.toml\"'")
+    program = SiloProgram(load_silo_config(str(path)))
+    joined = context.state.config_records.get(STATE_KEY)
+    if joined is not None:   # re-accept the job from the silo's own state on disk
+        program.join(dict(joined))
+    secagg = bool(context.state.config_records.get("silofl_secagg", {}).get("on", False))
+    return AppSiloClient(program, context, secagg).to_client()
+
+
+def _silofl_mod(msg, ctxt, call_next):
+    """Route masked rounds through `secaggplus_mod`; refuse plain rounds when the node
+    config says `require-secagg=true` (the silo, not the server, decides)."""
+    secagg = _is_secagg(msg)
+    ctxt.state.config_records["silofl_secagg"] = ConfigRecord({"on": secagg})
+    if msg.metadata.message_type == "train" and not secagg and \
+            bool(ctxt.node_config.get("require-secagg", False)):
+        raise SiloflError("this silo requires SecAgg+ (node config require-secagg=true) "
+                          "and the server sent an unmasked round; refused, nothing was run")
+    if secagg:
+        return secaggplus_mod(msg, ctxt, call_next)
+    return call_next(msg, ctxt)
+
+
+client_app = ClientApp(client_fn=_client_fn, mods=[_silofl_mod])
+
+
+# --- server (SuperLink side) ----------------------------------------------------------
+
+class SecAggStrategy(SiloflStrategy):
+    """`SiloflStrategy` whose round is a SecAgg+ sum: sets the workflow's public settings
+    for the silos asked, and runs the server step on the unmasked weighted mean."""
+
+    def __init__(self, program: ServerProgram, workflow: SecAggPlusWorkflow):
+        super().__init__(program)
+        self.workflow, self.asked = workflow, []
+
+    def configure_fit(self, server_round, parameters, client_manager):
+        ins = super().configure_fit(server_round, parameters, client_manager)
+        regs = [self.p.silos[self.names[proxy.cid]] for proxy, _ in ins]
+        if len(regs) < 2:
+            raise SiloflError(f"round {self.p.done + 1}: SecAgg+ needs at least 2 silos, "
+                              f"{len(regs)} available; stopping (checkpointed)")
+        S.check_capacity(len(regs))
+        job, wf = self.p.job, self.workflow
+        wf.clipping_range = S.clipping_range([vars(r) for r in regs], job["lr"], job["clip"],
+                                             job["rounds"], job["method"])
+        wf.max_weight = S.max_weight([r.n_train if job["weighted"] else 1.0 for r in regs])
+        wf.reconstruction_threshold = S.reconstruction_threshold(len(regs))
+        self.asked = [r.name for r in regs]
+        return ins
+
+    def aggregate_fit(self, server_round, results, failures):
+        t = self.p.done + 1
+        names = []
+        for proxy, res in results:
+            name = self.names.get(proxy.cid)
+            try:
+                rep = W.check_fields(dict(res.metrics), W.ROUND_REPLY, "update")
+                if name is None or rep["silo"] != name or rep["round"] != t or \
+                        rep["job_hash"] != self.p.hash or rep["status"] != "ok":
+                    raise W.ProtocolError(f"reply of {name!r} does not match round {t}")
+                W.verify(self.p.keys[name], rep, None)   # signed by that silo's key
+            except W.ProtocolError as e:   # its masked vector is already in the sum
+                raise SiloflError(f"round {t}: the SecAgg+ sum includes a reply that fails "
+                                  f"the checks ({e}); a masked sum cannot be split, the run "
+                                  f"stops (checkpointed after round {self.p.done})") from None
+            names.append(name)
+        for name in set(self.asked) - set(names):   # dropped out: re-join next round
+            for cid in [c for c, n in self.names.items() if n == name]:
+                del self.names[cid]
+            log.warning("round %d: silo %s left the SecAgg+ round; it is asked to re-join",
+                        t, name)
+        mean = None
+        if results:
+            mean = np.asarray(parameters_to_ndarrays(results[0][1].parameters)[0],
+                              dtype=np.float64).reshape(1, -1)
+        self.p.step(t, {n: None for n in names}, mean=mean)
+        log.info("round %d done with SecAgg+ over %d silo(s): %s (clipping range %.4g)", t,
+                 len(names), ", ".join(sorted(names)), self.workflow.clipping_range)
+        return None, {}
+
+
+def run_server_app(grid, context: Context) -> ServerProgram:
+    """The ServerApp body: serve the remaining rounds of server.toml's job (resuming from
+    its checkpoint); writes `<state_dir>/summary.json`."""
+    path = context.run_config.get("server-config")
+    if not path:
+        raise ConfigError("run config has no server-config; pass --run-config "
+                          "'server-config=\"/path/to/server.toml\"' to flwr run")
+    cfg = load_server_config(str(path))
+    program = ServerProgram(cfg)
+    remaining = cfg.job["rounds"] - program.done
+    if remaining > 0:
+        workflow = None
+        strategy = SiloflStrategy(program)
+        if cfg.secagg:
+            # all silos share with all (num_shares 1.0); the majority threshold is set per
+            # round for the silos asked (SecAggStrategy.configure_fit)
+            workflow = SecAggPlusWorkflow(num_shares=1.0, reconstruction_threshold=0.5,
+                                          timeout=cfg.round_timeout)
+            strategy = SecAggStrategy(program, workflow)
+        legacy = LegacyContext(context, config=FlowerServerConfig(
+            num_rounds=remaining, round_timeout=cfg.round_timeout), strategy=strategy)
+        DefaultWorkflow(fit_workflow=workflow)(grid, legacy)
+    Path(cfg.state_dir).mkdir(parents=True, exist_ok=True)
+    write_json_atomic(Path(cfg.state_dir) / "summary.json",
+                      {**program.summary(), "secagg": cfg.secagg})
+    return program
+
+
+server_app = ServerApp()
+
+
+@server_app.main()
+def _server_main(grid, context: Context) -> None:
+    run_server_app(grid, context)
+
+
+# --- in-process transport (tests, benchmarks of the protocol without process start-up) ---
+
+class _Run:
+    run_id = 1
+
+
+class LoopbackGrid(Grid):
+    """For tests and benchmarks: delivers each message to `client_app` in this process,
+    one persistent Context per node (as a SuperNode keeps it); a ClientApp exception
+    becomes an error reply (as a SuperNode reports it). No network, no isolation."""
+
+    def __init__(self, node_configs: dict[int, dict]):  # node id → its --node-config
+        from flwr.supercore.task_identity import TaskIdentity
+        # what the SuperLink sets for a ServerApp process
+        TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 1
+        self.contexts = {nid: Context(run_id=1, node_id=nid, node_config=cfg,
+                                      state=RecordDict(), run_config={})
+                         for nid, cfg in node_configs.items()}
+
+    def set_run(self, run):
+        pass
+
+    @property
+    def run(self):
+        return _Run()
+
+    def create_message(self, content, message_type, dst_node_id, group_id, ttl=None):
+        return Message(content, dst_node_id=dst_node_id, message_type=message_type,
+                       group_id=group_id, ttl=ttl)
+
+    def get_node_ids(self):
+        return list(self.contexts)
+
+    def push_messages(self, messages):
+        raise NotImplementedError
+
+    def pull_messages(self, message_ids):
+        raise NotImplementedError
+
+    def send_and_receive(self, messages, *, timeout=None):
+        out = []
+        for m in messages:
+            try:
+                # a copy, as if serialized: the ClientApp must not touch the server's objects
+                out.append(client_app(copy.deepcopy(m), self.contexts[m.metadata.dst_node_id]))
+            except Exception as e:  # the SuperNode reports a ClientApp exception
+                out.append(Message(Error(code=1, reason=str(e)), reply_to=m))
+        return out
+
+
+# --- what `silofl deploy init` writes for this route ------------------------------------
+
+SHIM = '"""Flower App entry points of this consortium (silofl)."""\n' \
+       "from silofl.runtime.network import flower_app as _app\n\n" \
+       "server_app = _app.server_app\nclient_app = _app.client_app\n"
+
+
+def write_app(out: Path, server_toml: Path, address: str, insecure: bool) -> dict:
+    """Write `<out>/flower_app/` (pyproject + entry-point shim for `flwr run`) and
+    `<out>/flower_home/config.toml` (the SuperLink connection for the `flwr` CLI)."""
+    from silofl.runtime.network.deploy import write_text_atomic
+    out = Path(out).resolve()
+    app, home = out / "flower_app", out / "flower_home"
+    write_text_atomic(app / "pyproject.toml", f"""[build-system]
+requires = ["hatchling"]
+build-backend = "hatchling.build"
+
+[project]
+name = "silofl-consortium"
+version = "1.0.0"
+description = "silofl networked runtime (ServerApp + ClientApp)"
+license = "Apache-2.0"
+dependencies = []
+
+[tool.hatch.build.targets.wheel]
+packages = ["."]
+
+[tool.flwr.app]
+publisher = "silofl"
+
+[tool.flwr.app.components]
+serverapp = "silofl_app:server_app"
+clientapp = "silofl_app:client_app"
+
+[tool.flwr.app.config]
+server-config = "{Path(server_toml).resolve()}"
+""")
+    write_text_atomic(app / "silofl_app.py", SHIM)
+    tls = "insecure = true" if insecure else f'root-certificates = "{out / "certs" / "ca.pem"}"'
+    write_text_atomic(home / "config.toml", f"""[superlink]
+default = "consortium"
+
+[superlink.consortium]
+address = "{address}"
+{tls}
+""")
+    return {"app": str(app), "flower_home": str(home)}
+
+
+def write_node_auth_key(private_pem: Path) -> tuple[Path, Path]:
+    """The silo's signing key also as OpenSSH files for SuperNode authentication
+    (`flower-supernode --auth-supernode-private-key`, `flwr supernode register`)."""
+    from cryptography.hazmat.primitives import serialization as ser
+    from silofl.runtime.network.deploy import write_bytes_atomic
+    key = W.load_private_key(private_pem)
+    priv, pub = Path(private_pem).with_suffix(".ssh"), Path(private_pem).with_suffix(".ssh.pub")
+    write_bytes_atomic(priv, key.private_bytes(ser.Encoding.PEM, ser.PrivateFormat.OpenSSH,
+                                               ser.NoEncryption()))
+    priv.chmod(0o600)
+    write_bytes_atomic(pub, key.public_key().public_bytes(ser.Encoding.OpenSSH,
+                                                          ser.PublicFormat.OpenSSH))
+    return priv, pub
+
+
+# --- one-machine demo: SuperLink + one SuperNode per silo + `flwr run` ------------------
+
+def local_commands(out: Path, silo_configs: dict[str, str], port: int, *,
+                   node_auth: bool = True, bin_dir: str | None = None) -> dict:
+    """The exact commands of a one-machine deployment of `silofl deploy init`'s folder
+    `out` (TLS with its CA; SuperNode authentication with each silo's OpenSSH key):
+    {"superlink": argv, "register": [argv], "supernodes": {silo: argv}, "run": argv}.
+    Run them with env FLWR_HOME=<out>/flower_home. Multi-machine: the same commands, with
+    the SuperLink's host in place of 127.0.0.1 (and in `deploy init --address`)."""
+    import tomllib
+    out = Path(out).resolve()
+    b = (lambda n: str(Path(bin_dir) / n)) if bin_dir else (lambda n: n)  # noqa: E731
+    certs = out / "certs"
+    link = [b("flower-superlink"), "--ssl-ca-certfile", str(certs / "ca.pem"),
+            "--ssl-certfile", str(certs / "server.pem"), "--ssl-keyfile",
+            str(certs / "server.key"), "--port", str(port),
+            "--disable-runtime-dependency-installation"]
+    if node_auth:
+        link.append("--enable-supernode-auth")
+    register, nodes = [], {}
+    for i, (name, cfg) in enumerate(sorted(silo_configs.items())):
+        key = Path(tomllib.loads(Path(cfg).read_text())["silo"]["private_key"])
+        key = (Path(cfg).parent / key).with_suffix(".ssh")
+        if node_auth:
+            register.append([b("flwr"), "supernode", "register", str(key) + ".pub",
+                             "consortium"])
+        nodes[name] = [b("flower-supernode"), "--root-certificates", str(certs / "ca.pem"),
+                       "--superlink", f"127.0.0.1:{port}", "--port", str(port + 1 + i),
+                       "--node-config", f'silo-config="{Path(cfg).resolve()}"'] + (
+            ["--auth-supernode-private-key", str(key)] if node_auth else [])
+    run = [b("flwr"), "run", str(out / "flower_app"), "consortium", "--stream"]
+    return {"superlink": link, "register": register, "supernodes": nodes, "run": run}

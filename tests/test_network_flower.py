@@ -1,0 +1,239 @@
+"""Flower's SuperLink/SuperNode route (runtime/network/flower_app) and SecAgg+ on it.
+
+Function level: the ServerApp body (`run_server_app`, Flower's DefaultWorkflow and
+SecAggPlusWorkflow) and the ClientApp (`client_app`, with Flower's `secaggplus_mod`) talk
+through `flower_app.LoopbackGrid`, a Grid that hands each (copied) message to the ClientApp
+in this process with that SuperNode's own Context — the real protocol code, without
+process start-up.
+End to end: one run of real `flower-superlink` + `flower-supernode` processes on 127.0.0.1
+with TLS and SuperNode authentication, and an unregistered SuperNode that cannot join.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import tomllib
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("flwr")
+
+from flwr.app import Context, RecordDict  # noqa: E402
+
+from silofl.errors import ConfigError, SiloflError  # noqa: E402
+from silofl.privacy import events  # noqa: E402
+from silofl.privacy.budget import BudgetStore  # noqa: E402
+from silofl.runtime.network import deploy, flower_app, secagg as S  # noqa: E402
+from silofl.runtime.network.server import load_server_config  # noqa: E402
+
+JOB = {"rounds": 1, "lr": 0.1, "batch_size": 16, "local_epochs": 0.5, "lam": 0.5}
+BIN = Path(sys.executable).parent
+
+
+def consortium(tmp: Path, method: str, secagg: bool, port: int = 9092, rounds: int = 1):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        w = deploy.init(tmp, demo="heart", noise="seeded", address=f"127.0.0.1:{port}",
+                        job={**JOB, "method": method, "rounds": rounds})
+    raw = tomllib.loads((tmp / "server.toml").read_text())
+    raw["server"].update(secagg=secagg, join_timeout=20.0)
+    (tmp / "server.toml").write_text(deploy._toml(raw))
+    return w
+
+
+def run_loopback(tmp: Path, method: str, secagg: bool, require: bool = False):
+    w = consortium(tmp, method, secagg)
+    nodes = {100 + i: {"silo-config": str(p), **({"require-secagg": True} if require else {})}
+             for i, p in enumerate(sorted(w["silos"].values()))}
+    grid = flower_app.LoopbackGrid(nodes)
+    ctx = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(),
+                  run_config={"server-config": str(tmp / "server.toml")})
+    return flower_app.run_server_app(grid, ctx), w
+
+
+def deploy_silos(folder: Path) -> dict[str, Path]:
+    return {tomllib.loads(p.read_text())["silo"]["name"]: p for p in folder.glob("silo_*.toml")}
+
+
+def charged_steps(cfg, name: str) -> int:
+    """DP-SGD steps charged in silo `name`'s own store (0 when it holds none)."""
+    silo = tomllib.loads(Path(cfg).read_text())["silo"]
+    path = Path(cfg).parent / silo["budget_store"]
+    if not path.exists():
+        return 0
+    with BudgetStore(path) as store:
+        rows = store.charges(name)
+    return sum(c * r["count"] for r in rows
+               for c in events.flatten(events.from_json(r["event"])).values())
+
+
+@pytest.mark.parametrize("method", ["fedavg", "mrmtl"])
+def test_secagg_mean_equals_plain_mean_within_stated_error(tmp_path, method):
+    plain, _ = run_loopback(tmp_path / "plain", method, secagg=False)
+    masked, w = run_loopback(tmp_path / "secagg", method, secagg=True)
+    assert plain.done == masked.done == 1
+    # same seeded batches and noise: the only difference is SecAgg+'s quantization
+    regs = list(masked.silos.values())
+    c = S.clipping_range([vars(r) for r in regs], masked.job["lr"], masked.job["clip"],
+                         masked.job["rounds"], method)
+    diff = np.abs(plain.server.params - masked.server.params)
+    assert diff.max() <= S.mean_error_bound(len(regs), c)
+    assert diff.max() > 0  # the sum really went through masking/quantization
+    assert np.abs(plain.server.params).max() > 100 * S.mean_error_bound(len(regs), c)
+    summary = json.loads((Path(w["server"]).parent / "state/server/summary.json").read_text())
+    assert summary["secagg"] and all(s["rounds"] == [1] for s in summary["silos"].values())
+    # each silo charged exactly the round it ran (its DP-SGD steps), in its own store
+    for name, cfg in w["silos"].items():
+        assert charged_steps(cfg, name) == masked.silos[name].steps > 0
+
+
+def test_secagg_round_goes_on_when_a_silo_is_exhausted(tmp_path):
+    """A silo whose lifetime budget covers one of two rounds fails its second masked
+    round before anything is charged; SecAgg+ removes it from the sum, the others finish."""
+    w = consortium(tmp_path / "c", "fedavg", secagg=True, rounds=2)
+    small = sorted(w["silos"])[0]
+    raw = tomllib.loads(Path(w["silos"][small]).read_text())
+    raw["silo"]["lifetime_epsilon"] = 0.85 * raw["silo"]["epsilon"]
+    Path(w["silos"][small]).write_text(deploy._toml(raw))
+    raw = tomllib.loads((tmp_path / "c" / "server.toml").read_text())
+    raw["server"]["min_silos"] = 3
+    (tmp_path / "c" / "server.toml").write_text(deploy._toml(raw))
+    grid = flower_app.LoopbackGrid({100 + i: {"silo-config": str(w["silos"][n])}
+                                    for i, n in enumerate(sorted(w["silos"]))})
+    ctx = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(),
+                  run_config={"server-config": str(tmp_path / "c" / "server.toml")})
+    prog = flower_app.run_server_app(grid, ctx)
+    assert prog.done == 2 and np.all(np.isfinite(prog.server.params))
+    assert prog.silos[small].rounds == [1]
+    assert all(prog.silos[n].rounds == [1, 2] for n in w["silos"] if n != small)
+    assert charged_steps(w["silos"][small], small) == prog.silos[small].steps
+    for n in w["silos"]:
+        if n != small:
+            assert charged_steps(w["silos"][n], n) == 2 * prog.silos[n].steps
+
+
+def test_silo_requiring_secagg_refuses_plain_rounds_before_any_charge(tmp_path):
+    with pytest.raises(SiloflError, match="min_silos"):
+        run_loopback(tmp_path / "c", "fedavg", secagg=False, require=True)
+    w = {n: p for n, p in deploy_silos(tmp_path / "c").items()}
+    assert all(charged_steps(cfg, name) == 0 for name, cfg in w.items())
+
+
+def test_secagg_config_checks(tmp_path):
+    consortium(tmp_path / "c", "ditto", secagg=True)
+    with pytest.raises(ConfigError, match="weighted mean"):
+        load_server_config(tmp_path / "c" / "server.toml")
+    consortium(tmp_path / "d", "fedavg", secagg=True)
+    from silofl.runtime.network.flower import run_server
+    with pytest.raises(ConfigError, match="SuperLink"):
+        run_server(load_server_config(tmp_path / "d" / "server.toml"))
+    assert S.reconstruction_threshold(2) == 2 and S.reconstruction_threshold(23) == 12
+    with pytest.raises(ValueError, match="overflows"):
+        S.check_capacity(1024)
+
+
+# --- real processes --------------------------------------------------------------------
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _ports_free(port: int, n: int) -> bool:
+    for p in range(port, port + n):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", p))
+            except OSError:
+                return False
+    return True
+
+
+@pytest.fixture
+def deployment(tmp_path):
+    """A consortium folder, TLS SuperLink with SuperNode authentication on loopback."""
+    port = _free_port()
+    while not _ports_free(port, 16):
+        port = _free_port()
+    out = tmp_path / "c"
+    w = consortium(out, "fedavg", secagg=False, port=port)
+    cmds = flower_app.local_commands(out, w["silos"], port, bin_dir=str(BIN))
+    env = {**os.environ, "FLWR_HOME": str(out / "flower_home"),
+           "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"}
+    procs = []
+
+    def start(argv, log):
+        procs.append(subprocess.Popen(argv, env=env, stdout=open(tmp_path / log, "w"),
+                                      stderr=subprocess.STDOUT))
+        return procs[-1]
+
+    start(cmds["superlink"], "superlink.log")
+    yield out, w, cmds, env, start, tmp_path
+    for p in procs:
+        p.terminate()
+    for p in procs:
+        try:
+            p.wait(10)
+        except subprocess.TimeoutExpired:
+            p.kill()
+
+
+def _wait_registered(cmd, env, deadline):
+    while time.time() < deadline:  # the SuperLink may still be starting
+        r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=30)
+        if r.returncode == 0:
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"could not register a SuperNode: {r.stdout[-500:]}{r.stderr[-500:]}")
+
+
+def test_superlink_route_tls_node_auth_end_to_end(deployment):
+    """Two hospitals as SuperNodes (TLS, registered keys) run a FedAvg round through
+    `flwr run`; a SuperNode with an unregistered key and one without the consortium CA
+    cannot join. (SecAgg+ is exercised at function level above: over real processes each
+    of its 4 stages costs a SuperNode poll and a ClientApp process start — see README.)"""
+    out, w, cmds, env, start, tmp = deployment
+    names = sorted(cmds["supernodes"])
+    run, intruder = names[:2], names[2]
+    raw = tomllib.loads((out / "server.toml").read_text())
+    raw["server"].update(expected_silos=2, min_silos=2)
+    raw["silos"] = {n: raw["silos"][n] for n in run}
+    (out / "server.toml").write_text(deploy._toml(raw))
+    deadline = time.time() + 30
+    for cmd in cmds["register"]:
+        if any(f"{deploy.silo_file_id(n)}.ssh.pub" in cmd[3] for n in run):
+            _wait_registered(cmd, env, deadline)
+    for n in run:
+        start(cmds["supernodes"][n], f"node_{deploy.silo_file_id(n)}.log")
+    bad_key = start(cmds["supernodes"][intruder] + ["--max-retries", "0"], "badkey.log")
+    no_ca = [a for a in cmds["supernodes"][intruder] if a != str(out / "certs" / "ca.pem")]
+    no_ca = [("--insecure" if a == "--root-certificates" else a) for a in no_ca]
+    no_ca[no_ca.index("--port") + 1] = str(int(no_ca[no_ca.index("--port") + 1]) + 10)
+    no_tls = start(no_ca + ["--max-retries", "0"], "notls.log")
+    r = subprocess.run(cmds["run"], env=env, capture_output=True, text=True, timeout=150)
+    summary = out / "state" / "server" / "summary.json"
+    assert summary.is_file(), r.stdout[-3000:] + r.stderr[-2000:]
+    s = json.loads(summary.read_text())
+    assert s["rounds_done"] == 1 and not s["secagg"]
+    assert sorted(s["silos"]) == run and all(v["rounds"] == [1] for v in s["silos"].values())
+    for name in run:  # each hospital charged exactly its round, in its own store
+        assert charged_steps(w["silos"][name], name) == s["silos"][name]["steps"] > 0
+    for p, log in ((bad_key, "badkey.log"), (no_tls, "notls.log")):
+        try:
+            rc = p.wait(20)
+        except subprocess.TimeoutExpired:
+            rc = None
+        text = (tmp / log).read_text()
+        assert rc not in (None, 0) and "SuperNode ID" not in text, text[-1500:]
+    assert "No SuperNode found with the given public key" in \
+        (tmp / "superlink.log").read_text()
+    assert charged_steps(w["silos"][intruder], intruder) == 0
