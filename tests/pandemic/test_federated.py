@@ -19,7 +19,7 @@ from silofl.errors import BudgetExceeded, ConfigError  # noqa: E402
 from silofl.pandemic import federated as F  # noqa: E402
 from silofl.pandemic import pipeline as P  # noqa: E402
 from silofl.pandemic import read_dataset  # noqa: E402
-from silofl.pandemic.flower_app import InProcessClientProxy, run_in_process  # noqa: E402
+from silofl.runtime.network.flower import InProcessClientProxy, run_in_process  # noqa: E402
 from silofl.pandemic.node_dp import node_epsilon  # noqa: E402
 from silofl.pandemic.partition import input_directory, input_paths, partition_by_region  # noqa: E402
 from silofl.pandemic.silo import client_state  # noqa: E402
@@ -262,3 +262,62 @@ def test_flower_with_private_preprocessing_reproduces_train(data, parts, tmp_pat
     got = pd.read_csv(tmp_path / "p.csv")
     assert np.array_equal(got["score"].to_numpy(),
                           expected[data.pid_index.lookup(got["pid"].to_numpy())])
+
+
+def test_one_in_process_driver_runs_the_networked_silo_and_server_programs(tmp_path):
+    """The driver above is the networked runtime's (`runtime.network.flower`): through it
+    the tabular silo/server programs join by signed `get_properties` and run signed rounds
+    in Flower's `Server` loop. Each request gets a fresh silo program (as SuperNode and the
+    challenge do) that re-accepts the job from its own state on disk; the models equal the
+    same programs driven by hand, and each silo's store holds one charge per round."""
+    import warnings
+    from silofl.runtime.network import deploy, messages as W
+    from silofl.runtime.network.flower import SiloClient, SiloflStrategy
+    from silofl.runtime.network.server import ServerProgram, load_server_config
+    from silofl.runtime.network.silo import SiloProgram, load_silo_config, new_nonce
+    job = {"rounds": 2, "lam": 0.5, "lr": 0.1, "batch_size": 16, "local_epochs": 0.5}
+    runs = {}
+    for how in ("flower", "by_hand"):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            w = deploy.init(tmp_path / how, demo="heart", noise="seeded", job=job)
+        srv = ServerProgram(load_server_config(w["server"]))
+        joined: dict[str, dict] = {}
+
+        def program(name, w=w, joined=joined):  # a fresh silo, re-joined from its disk
+            prog = SiloProgram(load_silo_config(w["silos"][name]))
+            if name in joined:
+                prog.join(joined[name])
+            return prog
+
+        if how == "flower":
+            class Client(SiloClient):
+                def get_properties(self, config):
+                    rep = super().get_properties(config)
+                    if rep.get("status") == "ok":
+                        joined[self.program.cfg.name] = dict(config)
+                    return rep
+            run_in_process(SiloflStrategy(srv), job["rounds"],
+                           {n: (lambda c: Client(program(c))) for n in w["silos"]})
+        else:
+            for n in w["silos"]:
+                joined[n] = {"protocol": W.PROTOCOL, "kind": "join", "nonce": new_nonce(),
+                             "job": W.canonical(srv.job).decode()}
+                srv.accept_join(program(n).join(joined[n]))
+            for t in (1, 2):
+                ups = {}
+                for n in w["silos"]:
+                    rep, u = program(n).round(srv.request(n, t), [srv.message])
+                    assert srv.accept_update(n, t, rep, [] if u is None else [u])[0] == "ok"
+                    ups[n] = u
+                srv.step(t, ups)
+        silos = {n: program(n) for n in w["silos"]}
+        assert srv.done == 2 and all(s.done == 2 for s in silos.values())
+        runs[how] = (srv.server.params, {n: s.personal_model() for n, s in silos.items()},
+                     {n: len(s.store.charges(n)) for n, s in silos.items()})
+    (g1, p1, c1), (g2, p2, c2) = runs["flower"], runs["by_hand"]
+    np.testing.assert_array_equal(g1, g2)
+    assert p1.keys() == p2.keys() and len(p1) >= 2
+    for n in p1:
+        np.testing.assert_array_equal(p1[n], p2[n])
+    assert c1 == c2 and all(c == 2 for c in c1.values())  # one reservation per round

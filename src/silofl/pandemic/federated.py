@@ -21,8 +21,8 @@ Every factory takes an optional ``config`` (a `pipeline.PandemicConfig`, default
 default recipe with node-level ε = 5 per region, node+edges adjacency, secure noise,
 declared preprocessing); the challenge's runtime passes none.
 Each client's config sets its own privacy target — the server never does.  Without a
-network or Flower's simulation engine, `flower_app.run_in_process` runs the same
-factories in one process.
+network or Flower's simulation engine, `flower_app.run_in_process` (the networked
+runtime's driver, `silofl.runtime.network.flower`) runs the same factories in one process.
 """
 
 from __future__ import annotations

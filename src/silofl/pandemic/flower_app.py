@@ -8,28 +8,25 @@ Parameters on the wire are one float64 vector: the region's weights (client → 
 the mean model (server → client); in round 1 the server sends no tensor, meaning "start
 from the common initialization" (its length depends on the clients' data layout).
 
-`run_in_process` drives a strategy and client factories through Flower's own `Server`
-loop without a network or a simulation engine: each request builds a fresh client from
-its factory, as the challenge's runtime does, so every client must rebuild its state
-from ``client_dir``.
+`run_in_process` (the networked runtime's, `silofl.runtime.network.flower`) drives a
+strategy and client factories through Flower's own `Server` loop without a network or a
+simulation engine: each request builds a fresh client from its factory, as the
+challenge's runtime does, so every client must rebuild its state from ``client_dir``.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Callable
 
 import flwr as fl
-from flwr.common import (
-    Code, DisconnectRes, EvaluateIns, EvaluateRes, FitIns, FitRes, GetParametersRes,
-    GetPropertiesRes, Parameters, Status, ndarrays_to_parameters, parameters_to_ndarrays,
-)
-from flwr.server import Server, SimpleClientManager
-from flwr.server.client_proxy import ClientProxy
+from flwr.common import (EvaluateIns, FitIns, Parameters, ndarrays_to_parameters,
+                         parameters_to_ndarrays)
 
 from silofl.errors import SiloflError
 from silofl.pandemic import silo
 from silofl.pandemic.pipeline import PandemicConfig
+# the networked runtime's in-process Flower driver (one for both tracks), re-exported
+from silofl.runtime.network.flower import InProcessClientProxy, run_in_process  # noqa: F401
 
 
 class TrainClient(fl.client.NumPyClient):
@@ -143,46 +140,3 @@ class TestStrategy(fl.server.strategy.Strategy):
 
     def evaluate(self, server_round, parameters):
         return None
-
-
-# --- running without a network ----------------------------------------------------------
-
-class InProcessClientProxy(ClientProxy):
-    """Forwards each request to a fresh client from ``client_fn`` in this process."""
-
-    def __init__(self, cid: str, client_fn: Callable[[str], fl.client.NumPyClient]):
-        super().__init__(cid)
-        self.client_fn = client_fn
-
-    def _client(self):
-        return self.client_fn(self.cid).to_client()
-
-    def get_properties(self, ins, timeout, group_id) -> GetPropertiesRes:
-        return GetPropertiesRes(Status(Code.OK, ""), {})
-
-    def get_parameters(self, ins, timeout, group_id) -> GetParametersRes:
-        return self._client().get_parameters(ins)
-
-    def fit(self, ins: FitIns, timeout, group_id) -> FitRes:
-        return self._client().fit(ins)
-
-    def evaluate(self, ins: EvaluateIns, timeout, group_id) -> EvaluateRes:
-        return self._client().evaluate(ins)
-
-    def reconnect(self, ins, timeout, group_id) -> DisconnectRes:
-        return DisconnectRes("")
-
-
-def run_in_process(strategy, num_rounds: int,
-                   client_fns: dict[str, Callable[[str], fl.client.NumPyClient]],
-                   max_workers: int | None = 1):
-    """Run Flower's `Server` loop for ``num_rounds`` with in-process clients (one
-    factory per cid); returns Flower's History.  ``max_workers=1`` runs the clients one
-    after another (deterministic logs; set more to run them in threads)."""
-    manager = SimpleClientManager()
-    for cid in sorted(client_fns):
-        manager.register(InProcessClientProxy(cid, client_fns[cid]))
-    server = Server(client_manager=manager, strategy=strategy)
-    server.set_max_workers(max_workers)
-    history, _ = server.fit(num_rounds=num_rounds, timeout=None)
-    return history

@@ -16,12 +16,15 @@ import logging
 import threading
 import time
 from pathlib import Path
+from typing import Callable
 
 import flwr as fl
 import grpc
-from flwr.common import (GetPropertiesIns, FitIns, Parameters, ReconnectIns,
-                         ndarrays_to_parameters, parameters_to_ndarrays)
+from flwr.common import (DisconnectRes, EvaluateIns, EvaluateRes, FitIns, FitRes,
+                         GetParametersRes, GetPropertiesIns, GetPropertiesRes, Parameters,
+                         ReconnectIns, ndarrays_to_parameters, parameters_to_ndarrays)
 from flwr.server import Server, SimpleClientManager
+from flwr.server.client_proxy import ClientProxy
 
 from silofl.errors import ConfigError, SiloflError
 from silofl.runtime.network import messages as W
@@ -203,6 +206,52 @@ class SiloflStrategy(fl.server.strategy.Strategy):
 
     def evaluate(self, server_round, parameters):
         return None
+
+
+# --- in process (no network) -----------------------------------------------------------
+
+class InProcessClientProxy(ClientProxy):
+    """Forwards each request to a fresh client from ``client_fn(cid)`` in this process:
+    Flower's `Server` loop without gRPC or a simulation engine. A fresh client per request
+    is what SuperNode and the PETs challenge's runtime do, so a client must keep what it
+    remembers on disk (the silo programs here and `silofl.pandemic.silo` both do)."""
+
+    def __init__(self, cid: str, client_fn: Callable[[str], fl.client.NumPyClient]):
+        super().__init__(cid)
+        self.client_fn = client_fn
+
+    def _client(self):
+        return self.client_fn(self.cid).to_client()
+
+    def get_properties(self, ins, timeout, group_id) -> GetPropertiesRes:
+        return self._client().get_properties(ins)
+
+    def get_parameters(self, ins, timeout, group_id) -> GetParametersRes:
+        return self._client().get_parameters(ins)
+
+    def fit(self, ins: FitIns, timeout, group_id) -> FitRes:
+        return self._client().fit(ins)
+
+    def evaluate(self, ins: EvaluateIns, timeout, group_id) -> EvaluateRes:
+        return self._client().evaluate(ins)
+
+    def reconnect(self, ins, timeout, group_id) -> DisconnectRes:
+        return DisconnectRes("")
+
+
+def run_in_process(strategy, num_rounds: int,
+                   client_fns: dict[str, Callable[[str], fl.client.NumPyClient]],
+                   max_workers: int | None = 1):
+    """Run Flower's `Server` loop with ``strategy`` for ``num_rounds`` over in-process
+    clients (one factory per cid, `InProcessClientProxy`); returns Flower's History.
+    ``max_workers=1`` runs the clients one after another (deterministic logs)."""
+    manager = SimpleClientManager()
+    for cid in sorted(client_fns):
+        manager.register(InProcessClientProxy(cid, client_fns[cid]))
+    server = Server(client_manager=manager, strategy=strategy)
+    server.set_max_workers(max_workers)
+    history, _ = server.fit(num_rounds=num_rounds, timeout=None)
+    return history
 
 
 def run_server(cfg: ServerConfig) -> ServerProgram:
