@@ -26,6 +26,7 @@ from silofl.errors import SiloflError
 from silofl.pandemic import silo
 from silofl.pandemic.pipeline import PandemicConfig
 # the networked runtime's in-process Flower driver (one for both tracks), re-exported
+from silofl.runtime.network.flower import FitOnlyStrategy
 from silofl.runtime.network.flower import InProcessClientProxy, run_in_process  # noqa: F401
 
 
@@ -75,7 +76,7 @@ def _all_clients(client_manager) -> list:
     return [clients[cid] for cid in sorted(clients)]
 
 
-class TrainStrategy(fl.server.strategy.Strategy):
+class TrainStrategy(FitOnlyStrategy):
     """MR-MTL server: broadcast the mean model, average the regions' models by size."""
 
     def __init__(self, server_dir: Path, config: PandemicConfig):
@@ -100,15 +101,6 @@ class TrainStrategy(fl.server.strategy.Strategy):
         silo.save_server_state(self.server_dir, mean, server_round,
                                [dict(res.metrics) for _, res in results])
         return ndarrays_to_parameters([mean]), {}
-
-    def configure_evaluate(self, server_round, parameters, client_manager):
-        return []
-
-    def aggregate_evaluate(self, server_round, results, failures):
-        return None, {}
-
-    def evaluate(self, server_round, parameters):
-        return None
 
 
 class TestStrategy(fl.server.strategy.Strategy):

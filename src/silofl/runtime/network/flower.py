@@ -88,7 +88,21 @@ def run_silo(cfg: SiloConfig, *, max_wait: float = 120.0) -> SiloProgram:
 
 # --- server --------------------------------------------------------------------------
 
-class SiloflStrategy(fl.server.strategy.Strategy):
+class FitOnlyStrategy(fl.server.strategy.Strategy):
+    """A strategy whose rounds only fit: no evaluation round, no server-side evaluation
+    (silos keep their metrics)."""
+
+    def configure_evaluate(self, server_round, parameters, client_manager):
+        return []
+
+    def aggregate_evaluate(self, server_round, results, failures):
+        return None, {}
+
+    def evaluate(self, server_round, parameters):
+        return None
+
+
+class SiloflStrategy(FitOnlyStrategy):
     """Joins silos (authenticated), sends each round's requests, runs the server step."""
 
     def __init__(self, program: ServerProgram):
@@ -197,15 +211,6 @@ class SiloflStrategy(fl.server.strategy.Strategy):
         self.p.step(t, updates)
         log.info("round %d done with %d silo(s): %s", t, len(updates), ", ".join(sorted(updates)))
         return None, {}
-
-    def configure_evaluate(self, server_round, parameters, client_manager):
-        return []
-
-    def aggregate_evaluate(self, server_round, results, failures):
-        return None, {}
-
-    def evaluate(self, server_round, parameters):
-        return None
 
 
 # --- in process (no network) -----------------------------------------------------------
