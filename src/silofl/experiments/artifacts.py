@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import difflib
 import importlib.metadata
-import io
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,7 +35,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from silofl.experiments.atomic import dumps_strict, write_bytes_atomic
+from silofl.experiments.atomic import dumps_strict, write_bytes_atomic, write_npz_atomic
 from silofl.errors import ConfigError, DataError
 from silofl.privacy.ledger import silo_file_id
 
@@ -106,12 +105,6 @@ def _json_bytes(obj) -> bytes:
     return dumps_strict(obj, indent=1, ensure_ascii=False).encode()
 
 
-def _npz_bytes(**arrays) -> bytes:
-    buf = io.BytesIO()
-    np.savez(buf, **arrays)
-    return buf.getvalue()
-
-
 def _privacy_statement(rep, r, k: int) -> dict:
     from silofl.experiments.run import ADJACENCY
     base = {"adjacency": ADJACENCY, "noise": rep.noise, "notes": rep.notes(),
@@ -161,8 +154,9 @@ def save_models(rep) -> Path:
         for k, name in enumerate(r.silos):
             fid = silo_file_id(name)
             files = {"params": f"model-{fid}.npz", "card": f"card-{fid}.json"}
-            write_bytes_atomic(d / files["params"], _npz_bytes(
-                params=np.asarray(r.params[k], dtype=np.float64), spec=np.array(spec_json)))
+            write_npz_atomic(d / files["params"],
+                             params=np.asarray(r.params[k], dtype=np.float64),
+                             spec=np.array(spec_json))
             plan = r.plans[k].to_dict() if r.plans else {}
             card = {
                 "format": FORMAT, "format_version": FORMAT_VERSION,
@@ -192,8 +186,8 @@ def save_models(rep) -> Path:
             silos.append({"name": name, "file_id": fid, **files})
         shared = r.shared if r.method["name"] != "local" else None  # Local has no server model
         if shared is not None:
-            write_bytes_atomic(d / "shared.npz", _npz_bytes(params=np.asarray(shared, np.float64),
-                                                       spec=np.array(spec_json)))
+            write_npz_atomic(d / "shared.npz", params=np.asarray(shared, np.float64),
+                             spec=np.array(spec_json))
         manifest = {"format": FORMAT, "format_version": FORMAT_VERSION,
                     "silofl_version": version, "method": label, "method_params": r.method,
                     "model": spec, "task": info["task"], "classes": info["classes"],

@@ -8,6 +8,7 @@ one. JSON is strict: NaN and ±inf become null (RFC 8259 has no token for them),
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import os
@@ -34,6 +35,13 @@ def write_bytes_atomic(path: str | Path, data: bytes) -> None:
 
 def write_text_atomic(path: str | Path, text: str) -> None:
     write_bytes_atomic(path, text.encode("utf-8"))
+
+
+def write_npz_atomic(path: str | Path, *, compressed: bool = False, **arrays) -> None:
+    """Write `arrays` as one .npz (zip-compressed with `compressed`), atomically."""
+    buf = io.BytesIO()
+    (np.savez_compressed if compressed else np.savez)(buf, **arrays)
+    write_bytes_atomic(path, buf.getvalue())
 
 
 def json_safe(obj, nonfinite: list[str] | None = None, where: str = ""):
@@ -71,7 +79,6 @@ def write_json_atomic(path: str | Path, obj, **kw) -> None:
 
 def savefig_atomic(fig, path: str | Path, **kw) -> None:
     """`fig.savefig` to a temp file, then os.replace: no truncated PNG on a crash."""
-    import io
     buf = io.BytesIO()
     fig.savefig(buf, format=Path(path).suffix.lstrip(".") or "png", **kw)
     write_bytes_atomic(path, buf.getvalue())

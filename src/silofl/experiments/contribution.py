@@ -63,8 +63,8 @@ from rich.markup import escape
 from rich.table import Table
 
 from silofl.errors import ConfigError, DataError
-from silofl.experiments.atomic import (json_safe, savefig_atomic, write_bytes_atomic,
-                                       write_json_atomic, write_text_atomic)
+from silofl.experiments.atomic import (json_safe, savefig_atomic,
+                                       write_json_atomic, write_npz_atomic, write_text_atomic)
 from silofl.privacy.ledger import silo_file_id
 
 MAX_EXACT = 10           # exact Shapley up to 10 other silos (2^10 coalitions)
@@ -397,13 +397,10 @@ def save_round_log(path: Path, log: RoundLog, meta: dict) -> bool:
     larger than MAX_LOG_BYTES. Released quantities only: no private data."""
     if log.grads.nbytes + log.params.nbytes > MAX_LOG_BYTES:
         return False
-    import io
-    buf = io.BytesIO()
-    np.savez_compressed(buf, params=log.params, grads=log.grads, alpha=log.alpha, lr=log.lr,
-                        present=log.present,
-                        meta=np.array(json.dumps(dict(meta, format=LOG_FORMAT))))
     path.parent.mkdir(parents=True, exist_ok=True)
-    write_bytes_atomic(path, buf.getvalue())
+    write_npz_atomic(path, compressed=True, params=log.params, grads=log.grads,
+                     alpha=log.alpha, lr=log.lr, present=log.present,
+                     meta=np.array(json.dumps(dict(meta, format=LOG_FORMAT))))
     return True
 
 

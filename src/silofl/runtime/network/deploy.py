@@ -21,7 +21,6 @@ import json
 
 import datetime
 import ipaddress
-import io
 import re
 from pathlib import Path
 
@@ -111,10 +110,9 @@ def demo_data(name: str, seed: int = 0):
 
 
 def write_silo_data(path: Path, silo, feature_names: list[str]) -> None:
-    buf = io.BytesIO()
-    np.savez(buf, X_train=silo.X_train, y_train=silo.y_train, X_test=silo.X_test,
-             y_test=silo.y_test, feature_names=np.array(feature_names, dtype=str))
-    write_bytes_atomic(path, buf.getvalue())
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    atomic.write_npz_atomic(path, X_train=silo.X_train, y_train=silo.y_train, X_test=silo.X_test,
+                     y_test=silo.y_test, feature_names=np.array(feature_names, dtype=str))
 
 
 def _toml_value(v) -> str:
@@ -204,9 +202,8 @@ def init(out: Path, *, silos: list[str] | None = None, demo: str | None = None,
     job = dict(job or {})
     public = None if fed is None else fed.meta.get("public_X")
     if public is not None:  # public, unlabeled: the same file for the server and every silo
-        buf = io.BytesIO()
-        np.savez(buf, X=np.asarray(public, dtype=np.float64))
-        write_bytes_atomic(out / "data" / "public.npz", buf.getvalue())
+        (out / "data").mkdir(parents=True, exist_ok=True)
+        atomic.write_npz_atomic(out / "data" / "public.npz", X=np.asarray(public, dtype=np.float64))
     if fed is not None:
         job.setdefault("dim", fed.dim)
         job.setdefault("task", fed.task)

@@ -11,7 +11,6 @@ clear error. After every completed round the server state is checkpointed to dis
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import time
@@ -23,7 +22,7 @@ import numpy as np
 
 from silofl.errors import ConfigError, SiloflError
 from silofl.privacy.accounting import DEFAULT_ACCOUNTANT
-from silofl.experiments.atomic import write_bytes_atomic, write_json_atomic
+from silofl.experiments.atomic import write_json_atomic, write_npz_atomic
 from silofl.runtime.network import messages as W
 from silofl.runtime.network.hosting import (check_row, encode_message, local_dp_family,
                                             merge_updates, select_silos, update_width)
@@ -261,10 +260,8 @@ class ServerProgram:
     def _save(self) -> None:
         arrays, meta = self._paths()
         arrays.parent.mkdir(parents=True, exist_ok=True)
-        buf = io.BytesIO()
-        fields = {k: v for k, v in vars(self.server).items() if isinstance(v, np.ndarray)}
-        np.savez(buf, **fields)
-        write_bytes_atomic(arrays, buf.getvalue())
+        write_npz_atomic(arrays, **{k: v for k, v in vars(self.server).items()
+                                    if isinstance(v, np.ndarray)})
         write_json_atomic(meta, {
             "job_hash": self.hash, "job": self.job, "round": self.done,
             "state_type": type(self.server).__name__,

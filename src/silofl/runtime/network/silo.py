@@ -34,7 +34,7 @@ import numpy as np
 from silofl.algorithms import make_algorithm
 from silofl.data.federation import Federation, PrivacyTarget, Silo
 from silofl.errors import BudgetExceeded, ConfigError, DataError, SiloflError
-from silofl.experiments.atomic import write_bytes_atomic, write_json_atomic
+from silofl.experiments.atomic import write_json_atomic, write_npz_atomic
 from silofl.models import make_model
 from silofl.models import metrics as M
 from silofl.privacy import accounting
@@ -455,15 +455,12 @@ class SiloProgram:
     def _save_state(self) -> None:
         arrays, meta = self._paths()
         arrays.parent.mkdir(parents=True, exist_ok=True)
-        import io
-        buf = io.BytesIO()
         extra = {} if self.last is None or self.last["update"] is None else \
             {"last_update": self.last["update"]}
         fields = vars(self.state)
         arrays_ = {k if k == "params" else f"state_{k}": v for k, v in fields.items()
                    if isinstance(v, np.ndarray)}
-        np.savez(buf, **arrays_, **extra)
-        write_bytes_atomic(arrays, buf.getvalue())
+        write_npz_atomic(arrays, **arrays_, **extra)
         write_json_atomic(meta, {
             "silo": self.cfg.name, "job_hash": self.hash, "round": self.done,
             "exhausted": self.exhausted, "reason": getattr(self, "_why", ""),
