@@ -613,3 +613,41 @@ def test_privatekt_over_tls_processes_asks_only_the_selected_silos(tmp_path):
     np.testing.assert_array_equal(final, res.params[0])
     rounds = [r["silos"] for r in ServerProgram(cfg).log]
     assert len(rounds) == 3 and all(0 < len(r) < 4 for r in rounds)
+
+
+def test_graph_regions_as_tls_processes_equal_in_process_pandemic_training(tmp_path):
+    """One engine for graph data too: `silofl deploy init --regions` gives every region of
+    a pandemic dataset its own folder and silo config; each region runs as its own
+    `silofl silo` process (node-level unit, its own store) against `silofl server` over TLS,
+    and the seeded run's personal models equal `pipeline.train` in one process bit for
+    bit; each store holds exactly the rounds its region ran."""
+    from silofl.pandemic import pipeline as P
+    from silofl.pandemic import read_dataset, synthesize
+    from silofl.runtime.network.silo import open_program
+    synthesize(tmp_path / "outbreak", persons=2400, regions=3, seed=5)
+    rounds = 2
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        w = deploy.init(tmp_path / "c", regions=tmp_path / "outbreak", noise="seeded",
+                        address=f"127.0.0.1:{free_port()}", epsilon=6.0, delta=1e-5,
+                        job={"rounds": rounds, "batch_size": 64, "seed": 2}, min_silos=3)
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    server = start(["server", "--config", w["server"]], logs / "server.log")
+    serving(w["server"], server)
+    silos = [start(["silo", "--config", cfg, "--wait", "20"], logs / f"{i}.log")
+             for i, cfg in enumerate(w["silos"].values())]
+    codes = finish([server, *silos], timeout=90.0)
+    assert codes == [0] * (1 + len(silos)), [p.read_text()[-2000:] for p in logs.iterdir()]
+    ref = P.train(read_dataset(tmp_path / "outbreak"), P.PandemicConfig(
+        rounds=rounds, batch_size=64, epsilon=6.0, delta=1e-5, seed=2, noise="seeded"))
+    assert sorted(ref.regions) == sorted(w["silos"])
+    for k, name in enumerate(ref.regions):
+        prog = open_program(load_silo_config(w["silos"][name]))
+        assert prog.resume() and prog.done == rounds
+        np.testing.assert_array_equal(P.raw_weights(prog.final_model(), prog.region),
+                                      ref.weights[k])
+        charges = prog.store.charges(name)
+        assert [(c["label"], c["status"]) for c in charges] == [("node-dpsgd", "charged")] * 2
+        assert prog.store.spent(name)["epsilon"] == pytest.approx(
+            ref.privacy[k]["epsilon_spent"], rel=1e-9)

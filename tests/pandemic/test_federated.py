@@ -1,7 +1,8 @@
-"""The challenge's federated entry points (Flower), driven in-process without a network:
-the federated run reproduces the in-process `train` bit for bit, every client's ledger
-holds exactly the rounds it trained, and the test clients write the challenge's
-prediction files."""
+"""The challenge's federated entry points: a preset over the networked runtime (the
+silo program with graph data, the networked server), driven in-process without a network.
+The federated run reproduces the in-process `train` bit for bit, every client's lifetime
+store holds exactly the rounds it trained, the silo refuses what its plan and store do
+not allow, and the test clients write the challenge's prediction files."""
 
 from __future__ import annotations
 
@@ -15,16 +16,33 @@ import pytest
 
 pytest.importorskip("flwr")
 
-from silofl.errors import BudgetExceeded, ConfigError  # noqa: E402
+from silofl.errors import ConfigError, SiloflError  # noqa: E402
 from silofl.pandemic import federated as F  # noqa: E402
 from silofl.pandemic import pipeline as P  # noqa: E402
 from silofl.pandemic import read_dataset  # noqa: E402
-from silofl.runtime.network.flower import InProcessClientProxy, run_in_process  # noqa: E402
 from silofl.pandemic.node_dp import node_epsilon  # noqa: E402
 from silofl.pandemic.partition import input_directory, input_paths, partition_by_region  # noqa: E402
-from silofl.pandemic.silo import client_state  # noqa: E402
+from silofl.privacy.budget import BudgetStore  # noqa: E402
+from silofl.runtime.network import messages as W  # noqa: E402
+from silofl.runtime.network.flower import run_in_process  # noqa: E402
 
 CFG = P.PandemicConfig(rounds=2, batch_size=64, epsilon=8.0, seed=3, noise="seeded")
+
+
+def _fa():
+    from silofl.pandemic import flower_app
+    return flower_app
+
+
+def train_clients(parts, work, cfg):
+    """Client factories of the challenge (a fresh client per request, as its runtime)."""
+    return {cid: (lambda c, f=folder: F.train_client_factory(
+        c, *input_paths(f), work / "clients" / c, config=cfg)) for cid, folder in parts.items()}
+
+
+def silo(parts, work, cid):
+    """Client ``cid``'s silo program, re-opened from its client_dir (test-stage settings)."""
+    return _fa().open_region_silo(cid, input_paths(parts[cid]), work / "clients" / cid, None)
 
 
 @pytest.fixture(scope="module")
@@ -44,33 +62,12 @@ def in_process(data):
 
 @pytest.fixture(scope="module")
 def federated(parts, tmp_path_factory):
-    """Two rounds driven by hand: initialize → (configure_fit → client.fit →
-    aggregate_fit) × 2.  Every proxy call builds a fresh client from the factory, as the
-    challenge's runtime does.  Returns (work dir, mean model after each round, FitRes
-    metrics of the last round)."""
-    from flwr.common import parameters_to_ndarrays
-    from flwr.server import SimpleClientManager
+    """Two rounds through Flower's server loop over the challenge factories."""
     work = tmp_path_factory.mktemp("fed")
     strategy, rounds = F.train_strategy_factory(work / "server", config=CFG)
     assert rounds == CFG.rounds
-    manager = SimpleClientManager()
-    for cid, folder in parts.items():
-        manager.register(InProcessClientProxy(cid, lambda c, f=folder: F.train_client_factory(
-            c, *input_paths(f), work / "clients" / c, config=CFG)))
-    params = strategy.initialize_parameters(manager)
-    assert parameters_to_ndarrays(params) == []  # round 1: the common initialization
-    means, metrics = [], {}
-    for t in range(1, rounds + 1):
-        instructions = strategy.configure_fit(t, params, manager)
-        assert sorted(p.cid for p, _ in instructions) == sorted(parts)
-        assert all(ins.config["round"] == t for _, ins in instructions)
-        results = [(proxy, proxy.fit(ins, None, None)) for proxy, ins in instructions]
-        results.reverse()  # arrival order must not matter
-        params, _ = strategy.aggregate_fit(t, results, [])
-        means.append(parameters_to_ndarrays(params)[0])
-        metrics = {p.cid: (res.metrics, res.num_examples, parameters_to_ndarrays(res.parameters)[0])
-                   for p, res in results}
-    return work, means, metrics
+    run_in_process(strategy, rounds, train_clients(parts, work, CFG))
+    return work
 
 
 def test_partitions_hold_each_region_and_only_its_contacts(data, parts):
@@ -92,72 +89,100 @@ def test_partitions_hold_each_region_and_only_its_contacts(data, parts):
 
 
 def test_flower_rounds_reproduce_in_process_training(data, parts, in_process, federated):
-    work, means, metrics = federated
+    work = federated
     sizes = {cid: int((data.region == k).sum()) for k, cid in enumerate(in_process.regions)}
+    updates = []
     for k, cid in enumerate(in_process.regions):
-        state = np.load(work / "clients" / cid / "state.npz")
+        prog = silo(parts, work, cid)
+        assert prog.done == 2 and prog.n_train == sizes[cid]
         # the same silo-side code, the same random streams: identical bits
-        assert np.array_equal(state["w_raw"], in_process.weights[k])
-        m, n, w = metrics[cid]
-        assert n == sizes[cid] and np.array_equal(w, state["w"])
-    # the server step is the size-weighted mean of what the clients sent
-    W = np.stack([metrics[c][2] for c in in_process.regions])
+        assert np.array_equal(P.raw_weights(prog.final_model(), prog.region),
+                              in_process.weights[k])
+        updates.append(prog.last["update"][0])  # what it sent in round 2
+    # the server step is the size-weighted mean of what the regions sent (exact sums)
+    server = _fa().challenge_server(work / "server")
     n = np.array([sizes[c] for c in in_process.regions], float)
-    assert np.allclose(means[-1], (n[:, None] * W).sum(0) / n.sum(), rtol=0, atol=1e-12)
-    assert np.array_equal(means[-1], P.server_step(W[::-1], n[::-1]))
-    assert not np.array_equal(means[0], means[1])
-    assert np.array_equal(np.load(work / "server" / "mean_latest.npy"), means[-1])
-    server = json.loads((work / "server" / "server.json").read_text())
-    assert server["round"] == 2 and len(server["clients"]) == len(parts)
+    W_ = np.stack(updates)
+    assert server.done == 2
+    assert np.array_equal(server.server.params, P.server_step(W_[::-1], n[::-1]))
+    assert np.allclose(server.server.params, (n[:, None] * W_).sum(0) / n.sum(), atol=1e-12)
+    assert all(r.rounds == [1, 2] for r in server.silos.values())
 
 
-def test_each_client_ledger_holds_exactly_its_rounds(in_process, federated):
-    work, _, metrics = federated
+def test_each_client_store_holds_exactly_its_rounds(parts, in_process, federated):
     for entry in in_process.privacy:
         cid = entry["region"]
-        lines = [json.loads(x) for x in
-                 (work / "clients" / cid / "ledger.jsonl").read_text().splitlines()]
-        assert [x["round"] for x in lines] == [1, 2]
-        assert all(x["silo"] == cid and x["label"] == "node-dpsgd" for x in lines)
-        steps = sum(x["event"]["steps"] for x in lines)
-        state = client_state(work / "clients" / cid)
-        assert state["rounds"] == [1, 2]
-        p = state["privacy"]
-        assert steps == p["steps"] == entry["steps"]
-        assert p["noise_multiplier"] == entry["noise_multiplier"]
-        assert p["epsilon_spent"] == pytest.approx(entry["epsilon_spent"], rel=1e-12)
-        assert p["epsilon_spent"] == pytest.approx(
-            node_epsilon(p["n"], p["S"], CFG.batch_size, p["noise_multiplier"], steps,
-                         p["delta"], adjacency=CFG.adjacency))
-        assert p["epsilon_spent"] <= CFG.epsilon * (1 + 1e-9)
-        assert metrics[cid][0]["epsilon_spent"] == pytest.approx(p["epsilon_spent"])
+        prog = silo(parts, federated, cid)
+        charges = prog.store.charges(cid)
+        # one reservation per round, settled to the node-level steps that ran
+        assert [(c["label"], c["count"], c["status"], c["run_status"]) for c in charges] \
+            == [("node-dpsgd", 1, "charged", "finished")] * 2
+        steps = sum(json.loads(c["event"])["steps"] for c in charges)
+        assert steps == entry["steps"] and prog.plan.noise_multiplier == entry["noise_multiplier"]
+        spent = prog.store.spent(cid)
+        assert spent["target_epsilon"] == CFG.epsilon and spent["unfinished_runs"] == 0
+        assert spent["epsilon"] == pytest.approx(entry["epsilon_spent"], rel=1e-9)
+        assert spent["epsilon"] == pytest.approx(node_epsilon(
+            prog.region.n, CFG.S, CFG.batch_size, entry["noise_multiplier"], steps,
+            1.0 / prog.region.n, adjacency=CFG.adjacency), rel=1e-9)
+        assert spent["epsilon"] <= CFG.epsilon * (1 + 1e-9)
 
 
-def test_a_round_past_the_budget_or_repeated_is_refused(parts, federated):
-    from flwr.common import FitIns, ndarrays_to_parameters
-    work, means, _ = federated
-    cid, folder = next(iter(parts.items()))
+def test_the_silo_refuses_what_its_plan_or_store_does_not_allow(parts, federated, tmp_path):
+    work = federated
+    cid = sorted(parts)[0]
     cdir = work / "clients" / cid
-    before = {f: (cdir / f).read_bytes() for f in ("ledger.jsonl", "state.npz", "state.json")}
-    client = F.train_client_factory(cid, *input_paths(folder), cdir, config=CFG)
-    # σ was calibrated for 2 rounds: the client's lifetime store refuses a third, and
-    # nothing runs
-    with pytest.raises(BudgetExceeded, match="lifetime"):
-        client.fit([means[-1]], {"round": 3})
-    with pytest.raises(ConfigError, match="already trained round 2"):
-        client.fit([means[-1]], {"round": 2})
-    assert {f: (cdir / f).read_bytes() for f in before} == before
-    # a client_dir of another run (another config) is refused before anything runs
-    other = P.PandemicConfig(rounds=3, batch_size=64, epsilon=8.0, seed=3)
+    before = {f: f.read_bytes() for f in sorted((cdir / "state").rglob("*"))}
+    prog = silo(parts, work, cid)
+    charged = prog.store.charges(cid)
+    server = _fa().challenge_server(work / "server")
+    req = server.request(cid, 3)
+    # the job had 2 rounds: a third is refused, and so is a repeat with another message
+    rep, up = prog.round(req, [server.message])
+    assert rep["status"] == "refused" and "outside the job" in rep["reason"] and up is None
+    rep, _ = prog.round({**req, "round": 2}, [server.message + 1.0])
+    assert rep["status"] == "refused" and "already ran" in rep["reason"]
+    # a server asking for another σ than the silo calibrated is refused
+    rep, _ = prog.round({**server.request(cid, 2), "sigma": 1.0}, [server.message])
+    assert rep["status"] == "refused" and "sigma" in rep["reason"]
+    assert prog.store.charges(cid) == charged  # nothing was charged
+    prog.store.close()
+    assert {f: f.read_bytes() for f in sorted((cdir / "state").rglob("*"))} == before
+    # the same region in a new run with its lifetime store: σ was calibrated to spend its
+    # whole target, so the store refuses the first round and the run stops, nothing read
+    new = tmp_path / "rerun"
+    (new / "clients" / cid).mkdir(parents=True)
+    shutil.copy(cdir / "budget.sqlite", new / "clients" / cid / "budget.sqlite")
+    again = P.PandemicConfig(**{**CFG.__dict__, "seed": 4})
+    strategy, rounds = F.train_strategy_factory(new / "server", config=again)
+    with pytest.raises(SiloflError, match="fewer than min_silos"):
+        run_in_process(strategy, rounds, train_clients({cid: parts[cid]}, new, again))
+    with BudgetStore(new / "clients" / cid / "budget.sqlite") as store:
+        assert len(store.charges(cid)) == 2  # the old run's rounds only
+    state = json.loads((new / "clients" / cid / "state" / "state.json").read_text())
+    assert state["exhausted"] and "lifetime" in state["reason"]
+    # a client_dir of another run (another ε) is refused before anything runs
+    other = P.PandemicConfig(**{**CFG.__dict__, "epsilon": 4.0})
     with pytest.raises(ConfigError, match="different run"):
-        client = F.train_client_factory(cid, *input_paths(folder), cdir, config=other)
-        client.to_client().fit(FitIns(ndarrays_to_parameters([]), {"round": 3}))
-    assert {f: (cdir / f).read_bytes() for f in before} == before
+        F.train_client_factory(cid, *input_paths(parts[cid]), cdir, config=other)
+
+
+def test_a_client_claiming_a_pinned_region_with_another_key_is_rejected(parts, tmp_path):
+    cid = sorted(parts)[0]
+    work = tmp_path
+    strategy, _ = F.train_strategy_factory(work / "server", config=CFG)
+    run_in_process(strategy, 1, train_clients({cid: parts[cid]}, work, CFG))
+    # an impostor: the same region's files, a fresh client_dir (so a fresh key)
+    strategy, _ = F.train_strategy_factory(work / "server", config=CFG)
+    impostor = {cid: lambda c: F.train_client_factory(
+        c, *input_paths(parts[cid]), work / "impostor", config=CFG)}
+    with pytest.raises(W.ProtocolError, match="another key"):
+        run_in_process(strategy, 1, impostor)
 
 
 def test_test_stage_writes_challenge_predictions(data, parts, in_process, federated,
                                                   tmp_path):
-    work, _, _ = federated
+    work = federated
     strategy, rounds = F.test_strategy_factory(work / "server")
     assert rounds == 1
 
@@ -212,56 +237,27 @@ def test_missing_flower_is_a_config_error(monkeypatch, tmp_path):
         F.train_strategy_factory(tmp_path)
 
 
-def test_each_client_keeps_a_lifetime_store_settled_every_round(parts, federated):
-    from silofl.privacy.budget import BudgetStore
-    work, _, _ = federated
-    for cid in parts:
-        cdir = work / "clients" / cid
-        state = client_state(cdir)
-        with BudgetStore(cdir / "budget.sqlite") as store:
-            charges = store.charges(cid)
-            assert [(c["label"], c["count"], c["status"], c["run_status"]) for c in charges] \
-                == [("node-dpsgd", 1, "charged", "finished")] * 2  # one run per round
-            spent = store.spent(cid)
-            assert spent["target_epsilon"] == CFG.epsilon and spent["unfinished_runs"] == 0
-            assert spent["epsilon"] == pytest.approx(state["privacy"]["epsilon_spent"],
-                                                     rel=1e-9)
-        assert state["privacy"]["lifetime_epsilon_spent"] == pytest.approx(spent["epsilon"])
-
-
 def test_flower_with_private_preprocessing_reproduces_train(data, parts, tmp_path):
-    """The release is charged once, in round 1, saved in client_dir and reused: the
-    seeded federated run equals the in-process one, predictions included."""
-    from silofl.pandemic.silo import client_predict
-    from silofl.privacy.budget import BudgetStore
+    """The release is reserved with round 1, charged once before it reads a record, kept
+    in the silo's state and reused: the seeded federated run equals the in-process one,
+    predictions included."""
     cfg = P.PandemicConfig(rounds=2, batch_size=64, epsilon=8.0, seed=3, noise="seeded",
                            preprocessing="private")
     ref = P.train(data, cfg)
     strategy, rounds = F.train_strategy_factory(tmp_path / "server", config=cfg)
-    run_in_process(strategy, rounds, {
-        cid: (lambda c, f=folder: F.train_client_factory(c, *input_paths(f),
-                                                         tmp_path / "clients" / c, config=cfg))
-        for cid, folder in parts.items()})
+    run_in_process(strategy, rounds, train_clients(parts, tmp_path, cfg))
     expected = P.predict(data, ref)
     for k, cid in enumerate(ref.regions):
-        cdir = tmp_path / "clients" / cid
-        assert np.array_equal(np.load(cdir / "state.npz")["w_raw"], ref.weights[k])
-        saved = json.loads((cdir / "preprocessing.json").read_text())
+        prog = silo(parts, tmp_path, cid)
+        assert np.array_equal(P.raw_weights(prog.final_model(), prog.region), ref.weights[k])
+        saved = json.loads((tmp_path / "clients" / cid / "state" / "region.json").read_text())
         assert saved["constants"] == ref.constants[cid] and saved["constants"]["source"] == "private"
-        lines = [json.loads(x) for x in (cdir / "ledger.jsonl").read_text().splitlines()]
-        assert [(x["round"], x["label"]) for x in lines] == [
-            (0, "preprocess"), (1, "node-dpsgd"), (2, "node-dpsgd")]
-        with BudgetStore(cdir / "budget.sqlite") as store:
-            assert sorted(c["label"] for c in store.charges(cid)) == [
-                "node-dpsgd", "node-dpsgd", "preprocess"]
-    cid, folder = next(iter(parts.items()))
-    fmt = tmp_path / "fmt.csv"
-    pd.DataFrame({"pid": pd.read_csv(folder / "va_person.csv")["pid"], "score": 0.0}).to_csv(
-        fmt, index=False)
-    client_predict(cid, input_paths(folder), tmp_path / "clients" / cid, fmt, tmp_path / "p.csv")
-    got = pd.read_csv(tmp_path / "p.csv")
-    assert np.array_equal(got["score"].to_numpy(),
-                          expected[data.pid_index.lookup(got["pid"].to_numpy())])
+        assert sorted((c["label"], c["count"]) for c in prog.store.charges(cid)) == [
+            ("node-dpsgd", 1), ("node-dpsgd", 1), ("preprocess", 1)]
+        assert prog.store.spent(cid)["epsilon"] == pytest.approx(
+            ref.privacy[k]["epsilon_spent"], rel=1e-9)
+        scores = prog.predict()
+        assert np.array_equal(scores, expected[data.pid_index.lookup(prog.data.pids)])
 
 
 def test_one_in_process_driver_runs_the_networked_silo_and_server_programs(tmp_path):

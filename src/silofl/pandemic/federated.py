@@ -1,17 +1,19 @@
-"""The PETs challenge's federated entry points (pandemic track), backed by Flower.
+"""The PETs challenge's federated entry points (pandemic track): a preset over the
+networked runtime (`silofl.runtime.network`), see `flower_app`.
 
 The challenge's runtime calls four factories.  Each client holds one region's seven
 input files (see `partition.partition_by_region` to split a dataset that way) and a
 private ``client_dir`` that persists between rounds and between the training and test
 stages; the server has ``server_dir``:
 
-* ``train_client_factory(cid, <7 paths>, client_dir)`` → a Flower client whose `fit` is
-  one round of the region's local MR-MTL pass under node-level DP: the round is reserved
-  in the region's lifetime budget store (``client_dir/budget.sqlite``; refused if it
-  would exceed the lifetime target) and charged to its ledger
-  (``client_dir/ledger.jsonl``) before its examples are read, then settled;
-* ``train_strategy_factory(server_dir)`` → (strategy, rounds): the server broadcasts
-  the mean model and averages the regions' models weighted by size;
+* ``train_client_factory(cid, <7 paths>, client_dir)`` → a Flower client running the
+  networked silo program of its region (`network.RegionSiloProgram`): it checks every
+  request against its own plan, reserves each round in its lifetime budget store
+  (``client_dir/budget.sqlite``; refused when it would exceed the lifetime target) before
+  its records are read, runs the algorithm's silo step and settles;
+* ``train_strategy_factory(server_dir)`` → (strategy, rounds): a roster pins the clients'
+  keys, then the networked server program runs the algorithm's server step (MR-MTL: the
+  size-weighted mean of the region models);
 * ``test_client_factory(cid, <7 paths>, client_dir, preds_format_path,
   preds_dest_path)`` → a client that writes its persons' risk scores (``pid,score``,
   in the order of the format file) with its personalized model;
@@ -19,10 +21,11 @@ stages; the server has ``server_dir``:
 
 Every factory takes an optional ``config`` (a `pipeline.PandemicConfig`, default: the
 default recipe with node-level ε = 5 per region, node+edges adjacency, secure noise,
-declared preprocessing); the challenge's runtime passes none.
-Each client's config sets its own privacy target — the server never does.  Without a
-network or Flower's simulation engine, `flower_app.run_in_process` (the networked
-runtime's driver, `silofl.runtime.network.flower`) runs the same factories in one process.
+declared preprocessing); the challenge's runtime passes none.  ``config.method`` may be
+any of `engine.NODE_METHODS`.  Each client's config sets its own privacy target — the
+server never does.  Without a network or Flower's simulation engine,
+`flower_app.run_in_process` (the networked runtime's driver) runs the same factories in
+one process.
 """
 
 from __future__ import annotations
@@ -65,6 +68,10 @@ def train_strategy_factory(server_dir: Path, config: PandemicConfig | None = Non
     clients' reported ε are saved in ``server_dir`` after every round."""
     cfg = config or PandemicConfig()
     cfg.validate()
+    if not cfg.private:
+        raise ConfigError("the federated entry points run private jobs only (each region "
+                          "enforces its budget); train a non-private baseline in process "
+                          "(`silofl pandemic train --no-private`)")
     return _flower().TrainStrategy(Path(server_dir), cfg), cfg.rounds
 
 

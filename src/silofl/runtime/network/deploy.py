@@ -33,6 +33,7 @@ from cryptography.x509.oid import NameOID
 from silofl.errors import ConfigError
 from silofl.experiments import atomic
 from silofl.privacy.ledger import silo_file_id
+from silofl.runtime.network import messages as W
 
 
 _NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
@@ -50,11 +51,6 @@ def write_text_atomic(path: Path, text: str) -> None:
 def _pem_key(key) -> bytes:
     return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
                              serialization.NoEncryption())
-
-
-def _pem_pub(key) -> bytes:
-    return key.public_key().public_bytes(serialization.Encoding.PEM,
-                                         serialization.PublicFormat.SubjectPublicKeyInfo)
 
 
 def make_ca(days: int = 365):
@@ -97,7 +93,7 @@ def write_silo_key(folder: Path, name: str) -> tuple[Path, Path]:
     priv, pub = folder / "keys" / f"{name}.key", folder / "keys" / f"{name}.pub"
     write_bytes_atomic(priv, _pem_key(key))
     priv.chmod(0o600)
-    write_bytes_atomic(pub, _pem_pub(key))
+    write_bytes_atomic(pub, W.public_pem(key).encode())
     return priv, pub
 
 
@@ -158,17 +154,102 @@ def _check_job(job: dict, fed) -> None:
         raise ConfigError(str(e)) from None
 
 
+def _write_certs(out: Path, address: str, hosts: list[str] | None) -> None:
+    """The consortium CA and the server's TLS certificate for `address` and `hosts`."""
+    host = address.rsplit(":", 1)[0].strip("[]")
+    hosts = list(dict.fromkeys([host, *(hosts or []), "127.0.0.1", "localhost"]))
+    out.mkdir(parents=True, exist_ok=True)
+    ca_key, ca_cert = make_ca()
+    srv_key, srv_cert = make_server_cert(ca_key, ca_cert, hosts)
+    pem = serialization.Encoding.PEM
+    write_bytes_atomic(out / "certs" / "ca.pem", ca_cert.public_bytes(pem))
+    write_bytes_atomic(out / "certs" / "ca.key", _pem_key(ca_key))
+    write_bytes_atomic(out / "certs" / "server.pem", srv_cert.public_bytes(pem))
+    write_bytes_atomic(out / "certs" / "server.key", _pem_key(srv_key))
+    for p in ("ca.key", "server.key"):
+        (out / "certs" / p).chmod(0o600)
+
+
+def _write_server(out: Path, names: list[str], job: dict, address: str, min_silos,
+                  insecure: bool, extra: dict | None = None, tables: dict | None = None):
+    srv = {"address": address, "state_dir": "state/server", "expected_silos": len(names),
+           "min_silos": int(min_silos or max(1, len(names) // 2)), **(extra or {})}
+    srv.update({"insecure": True} if insecure else
+               {"root_certificate": "certs/ca.pem", "certificate": "certs/server.pem",
+                "private_key": "certs/server.key"})
+    write_text_atomic(out / "server.toml", _toml({
+        "server": srv, "job": job, **(tables or {}),
+        "silos": {n: f"keys/{silo_file_id(n)}.pub" for n in names}}))
+    # Flower's SuperLink/SuperNode route: the Flower App, the flwr CLI's connection, and
+    # each silo's key as OpenSSH files for SuperNode authentication (runtime/network/flower_app)
+    from silofl.runtime.network import flower_app
+    written = flower_app.write_app(out, out / "server.toml", address, insecure)
+    for n in names:
+        flower_app.write_node_auth_key(out / "keys" / f"{silo_file_id(n)}.key")
+    return written
+
+
+def _silo_toml(n: str, data: str, epsilon: float, delta: float, noise: str, job: dict,
+               address: str, insecure: bool, **extra) -> dict:
+    f = silo_file_id(n)
+    tls = {"insecure": True} if insecure else {"root_certificate": "certs/ca.pem"}
+    return {"silo": {"name": n, "data": data, "epsilon": float(epsilon),
+                     "delta": float(delta), "lifetime_epsilon": float(epsilon),
+                     "budget_store": f"stores/{f}.sqlite", "state_dir": f"state/{f}",
+                     "private_key": f"keys/{f}.key", "noise": noise,
+                     "max_rounds": int(job["rounds"]), "methods": [job["method"]], **extra},
+            "server": {"address": address, **tls}}
+
+
+def _init_regions(out: Path, dataset: Path, *, address, hosts, epsilon, delta, job,
+                  min_silos, noise, insecure, silos) -> dict:
+    """`init` for graph data: one silo per region of a pandemic dataset."""
+    from silofl.runtime.network.silo import data_module
+    if silos:
+        raise ConfigError("--regions names the silos itself (one per region of the data); "
+                          "drop --silo/--demo")
+    if noise not in ("secure", "seeded"):
+        raise ConfigError(f"noise must be 'secure' or 'seeded' (experiments), got {noise!r}")
+    if ":" not in address or not address.rsplit(":", 1)[1].isdigit():
+        raise ConfigError(f"address must be host:port, got {address!r}")
+    if not dataset.is_dir():
+        raise ConfigError(f"--regions must be a folder of the seven pandemic files, got "
+                          f"{str(dataset)!r}")
+    settings = {"method": "mrmtl", "rounds": 20, **(job or {}), "noise": noise}
+    out.mkdir(parents=True, exist_ok=True)
+    parts, full = data_module("graph").deploy_regions(dataset, out / "data", settings)
+    _write_certs(out, address, hosts)
+    names = list(parts)
+    written = {"silos": {}, "server": str(out / "server.toml")}
+    for n in names:
+        write_silo_key(out, silo_file_id(n))
+        cfg = _silo_toml(n, str(parts[n].relative_to(out)), epsilon, delta, noise, full,
+                         address, insecure, data_kind="graph")
+        write_text_atomic(out / f"silo_{silo_file_id(n)}.toml", _toml(cfg))
+        written["silos"][n] = str(out / f"silo_{silo_file_id(n)}.toml")
+    graph = {k: v for k, v in json.loads(full["graph"]).items() if v is not None}
+    flat = {k: v for k, v in full.items() if k not in ("graph", "silos")}
+    written["flower"] = _write_server(out, names, flat, address, min_silos, insecure,
+                                      tables={"job.graph": graph})
+    return written
+
+
 def init(out: Path, *, silos: list[str] | None = None, demo: str | None = None,
          address: str = "127.0.0.1:9092", hosts: list[str] | None = None,
          epsilon: float = 1.0, delta: float = 1e-5, job: dict | None = None,
          min_silos: int | None = None, noise: str = "secure", insecure: bool = False,
-         overwrite: bool = False, federation=None) -> dict:
+         overwrite: bool = False, federation=None, regions: Path | None = None) -> dict:
     """Write a consortium folder (see the module doc). Returns what was written.
-    `federation` (Python API) writes each of its silos' data like `demo`."""
+    `federation` (Python API) writes each of its silos' data like `demo`; `regions` (a
+    pandemic dataset folder) gives each region its own folder and a graph job."""
     out = Path(out)
     if out.exists() and any(out.iterdir()) and not overwrite:
         raise ConfigError(f"{out} exists and is not empty; choose a new folder (key "
                           "material is never overwritten silently) or pass --overwrite")
+    if regions is not None:
+        return _init_regions(out, Path(regions), address=address, hosts=hosts,
+                             epsilon=epsilon, delta=delta, job=job, min_silos=min_silos,
+                             noise=noise, insecure=insecure, silos=silos or demo)
     fed = demo_data(demo) if demo else federation
     names = list(silos or (fed.names if fed is not None else []))
     if not names:
@@ -187,18 +268,7 @@ def init(out: Path, *, silos: list[str] | None = None, demo: str | None = None,
     if ":" not in address or not address.rsplit(":", 1)[1].isdigit():
         raise ConfigError(f"address must be host:port, got {address!r}")
     _check_job({"silos": json.dumps(names), **(job or {}), "noise": noise}, fed)
-    host = address.rsplit(":", 1)[0].strip("[]")
-    hosts = list(dict.fromkeys([host, *(hosts or []), "127.0.0.1", "localhost"]))
-    out.mkdir(parents=True, exist_ok=True)
-    ca_key, ca_cert = make_ca()
-    srv_key, srv_cert = make_server_cert(ca_key, ca_cert, hosts)
-    pem = serialization.Encoding.PEM
-    write_bytes_atomic(out / "certs" / "ca.pem", ca_cert.public_bytes(pem))
-    write_bytes_atomic(out / "certs" / "ca.key", _pem_key(ca_key))
-    write_bytes_atomic(out / "certs" / "server.pem", srv_cert.public_bytes(pem))
-    write_bytes_atomic(out / "certs" / "server.key", _pem_key(srv_key))
-    for p in ("ca.key", "server.key"):
-        (out / "certs" / p).chmod(0o600)
+    _write_certs(out, address, hosts)
     job = dict(job or {})
     public = None if fed is None else fed.meta.get("public_X")
     if public is not None:  # public, unlabeled: the same file for the server and every silo
@@ -212,35 +282,17 @@ def init(out: Path, *, silos: list[str] | None = None, demo: str | None = None,
     job.setdefault("rounds", 20)
     job.setdefault("noise", noise)
     written = {"silos": {}, "server": str(out / "server.toml")}
-    tls = {"insecure": True} if insecure else {"root_certificate": "certs/ca.pem"}
     for n in names:
         f = silo_file_id(n)
         write_silo_key(out, f)
         data = f"data/{f}.npz"
         if fed is not None:
             write_silo_data(out / data, fed.silo(n), fed.feature_names)
-        cfg = {"silo": {"name": n, "data": data, "epsilon": float(epsilon),
-                        "delta": float(delta), "lifetime_epsilon": float(epsilon),
-                        "budget_store": f"stores/{f}.sqlite", "state_dir": f"state/{f}",
-                        "private_key": f"keys/{f}.key", "noise": noise,
-                        "max_rounds": int(job["rounds"]), "methods": [job["method"]],
-                        **({"public_data": "data/public.npz"} if public is not None else {})},
-               "server": {"address": address, **tls}}
+        cfg = _silo_toml(n, data, epsilon, delta, noise, job, address, insecure,
+                         **({"public_data": "data/public.npz"} if public is not None else {}))
         write_text_atomic(out / f"silo_{f}.toml", _toml(cfg))
         written["silos"][n] = str(out / f"silo_{f}.toml")
-    srv = {"address": address, "state_dir": "state/server", "expected_silos": len(names),
-           "min_silos": int(min_silos or max(1, len(names) // 2))}
-    if public is not None:
-        srv["public_data"] = "data/public.npz"
-    srv.update({"insecure": True} if insecure else
-               {"root_certificate": "certs/ca.pem", "certificate": "certs/server.pem",
-                "private_key": "certs/server.key"})
-    write_text_atomic(out / "server.toml", _toml({
-        "server": srv, "job": job, "silos": {n: f"keys/{silo_file_id(n)}.pub" for n in names}}))
-    # Flower's SuperLink/SuperNode route: the Flower App, the flwr CLI's connection, and
-    # each silo's key as OpenSSH files for SuperNode authentication (runtime/network/flower_app)
-    from silofl.runtime.network import flower_app
-    written["flower"] = flower_app.write_app(out, out / "server.toml", address, insecure)
-    for n in names:
-        flower_app.write_node_auth_key(out / "keys" / f"{silo_file_id(n)}.key")
+    written["flower"] = _write_server(
+        out, names, job, address, min_silos, insecure,
+        {"public_data": "data/public.npz"} if public is not None else None)
     return written

@@ -29,7 +29,7 @@ from flwr.server.client_proxy import ClientProxy
 from silofl.errors import ConfigError, SiloflError
 from silofl.runtime.network import messages as W
 from silofl.runtime.network.server import ServerConfig, ServerProgram
-from silofl.runtime.network.silo import SiloConfig, SiloProgram, new_nonce
+from silofl.runtime.network.silo import SiloConfig, SiloProgram, new_nonce, open_program
 
 log = logging.getLogger("flwr.silofl")  # through Flower's handlers
 
@@ -45,6 +45,8 @@ class SiloClient(fl.client.NumPyClient):
 
     def get_properties(self, config):
         try:
+            if config.get("kind") == "hello":
+                return self.program.hello(dict(config))
             return self.program.join(dict(config))
         except W.ProtocolError as e:
             log.warning("silo %s: rejected a malformed join request: %s",
@@ -70,7 +72,7 @@ class SiloClient(fl.client.NumPyClient):
 def run_silo(cfg: SiloConfig, *, max_wait: float = 120.0) -> SiloProgram:
     """Connect to the server and serve rounds until it disconnects (or `max_wait` seconds
     pass without a connection). Returns the program (its state is also on disk)."""
-    program = SiloProgram(cfg)
+    program = open_program(cfg)
     root = None if cfg.root_certificate is None else Path(cfg.root_certificate).read_bytes()
     client = SiloClient(program).to_client()
     while True:
@@ -219,7 +221,7 @@ class InProcessClientProxy(ClientProxy):
     """Forwards each request to a fresh client from ``client_fn(cid)`` in this process:
     Flower's `Server` loop without gRPC or a simulation engine. A fresh client per request
     is what SuperNode and the PETs challenge's runtime do, so a client must keep what it
-    remembers on disk (the silo programs here and `silofl.pandemic.silo` both do)."""
+    remembers on disk (the silo programs do: `SiloProgram.resume`)."""
 
     def __init__(self, cid: str, client_fn: Callable[[str], fl.client.NumPyClient]):
         super().__init__(cid)

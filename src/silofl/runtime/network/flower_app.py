@@ -47,7 +47,7 @@ from silofl.runtime.network import messages as W
 from silofl.runtime.network import secagg as S
 from silofl.runtime.network.flower import SiloClient, SiloflStrategy
 from silofl.runtime.network.server import ServerProgram, load_server_config
-from silofl.runtime.network.silo import SiloProgram, load_silo_config
+from silofl.runtime.network.silo import SiloProgram, load_silo_config, open_program
 
 log = logging.getLogger("flwr.silofl")
 STATE_KEY = "silofl"      # Context.state record holding the accepted join request
@@ -104,7 +104,7 @@ def _client_fn(context: Context):
     if not path:
         raise ConfigError("this SuperNode has no silo config: start it with --node-config "
                           "'silo-config=\"/path/to/silo_<name>.toml\"'")
-    program = SiloProgram(load_silo_config(str(path)))
+    program = open_program(load_silo_config(str(path)))
     joined = context.state.config_records.get(STATE_KEY)
     if joined is not None:   # re-accept the job from the silo's own state on disk
         program.join(dict(joined))

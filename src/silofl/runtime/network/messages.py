@@ -35,6 +35,9 @@ JOIN_REQUEST = {"protocol": str, "kind": str, "job": str, "nonce": str}
 JOIN_REPLY = {"protocol": str, "kind": str, "silo": str, "status": str, "reason": str,
               "job_hash": str, "n_train": int, "q": float, "steps": int, "sigma": float,
               "nonce": str, "signature": str}
+HELLO_REQUEST = {"protocol": str, "kind": str, "nonce": str}
+HELLO_REPLY = {"protocol": str, "kind": str, "silo": str, "public_key": str, "dim": int,
+               "nonce": str, "signature": str}
 ROUND_REQUEST = {"protocol": str, "kind": str, "job_hash": str, "round": int, "method": str,
                  "steps": int, "q": float, "sigma": float, "silo": str}
 ROUND_REPLY = {"protocol": str, "kind": str, "silo": str, "status": str, "reason": str,
@@ -134,6 +137,22 @@ def load_private_key(path) -> ec.EllipticCurvePrivateKey:
                             "key `silofl deploy init` wrote for this silo") from None
     if not isinstance(key, ec.EllipticCurvePrivateKey):
         raise ProtocolError(f"{path}: not an elliptic-curve private key")
+    return key
+
+
+def public_pem(key: ec.EllipticCurvePrivateKey) -> str:
+    """The PEM text of a private key's public half."""
+    return key.public_key().public_bytes(serialization.Encoding.PEM,
+                                         serialization.PublicFormat.SubjectPublicKeyInfo).decode()
+
+
+def public_key_from_pem(text: str) -> ec.EllipticCurvePublicKey:
+    try:
+        key = serialization.load_pem_public_key(text.encode())
+    except ValueError as e:
+        raise ProtocolError(f"not a PEM public key: {e}") from None
+    if not isinstance(key, ec.EllipticCurvePublicKey):
+        raise ProtocolError("not an elliptic-curve public key")
     return key
 
 

@@ -26,9 +26,9 @@ from silofl.experiments.atomic import write_json_atomic, write_npz_atomic
 from silofl.runtime.network import messages as W
 from silofl.runtime.network.hosting import (check_row, encode_message, local_dp_family,
                                             merge_updates, select_silos, update_width)
-from silofl.runtime.network.silo import (JOB_KEYS, check_job, job_algorithm, job_config,
-                                         job_model, job_silos, load_public,
-                                         public_sha256)
+from silofl.runtime.network.silo import (JOB_KEYS, check_job, data_module, job_algorithm,
+                                         job_config, job_model, job_params0, job_silos,
+                                         load_public, public_sha256)
 
 #: fault injection for tests and drills: exit abruptly after checkpointing this round
 CRASH_ENV = "SILOFL_FAULT_SERVER_EXIT_ROUND"
@@ -40,7 +40,8 @@ JOB_DEFAULTS = {"lam": 0.3, "weighted": True, "finetune_fraction": 0.5, "model":
                 "we_update": "gradient", "ldp_epsilon": 5.0, "ldp_mechanism": "gaussian",
                 "ldp_delta": 1e-5, "client_fraction": 0.5, "max_participation": 0,
                 "kt_samples": 2, "kt_buffer": 25, "kt_self_train": 0.1, "kt_server_epochs": 5,
-                "kt_server_lr": 0.0, "public_seed": 0, "public_sha256": ""}
+                "kt_server_lr": 0.0, "public_seed": 0, "public_sha256": "",
+                "data_kind": "tabular", "graph": ""}
 
 
 @dataclass
@@ -76,6 +77,8 @@ def load_server_config(path: str | Path) -> ServerConfig:
         raise ConfigError(f"{path}: unknown [job] key(s) {sorted(bad)}; known: "
                           f"{', '.join(sorted(JOB_KEYS))}")
     job = {**JOB_DEFAULTS, **j}
+    if isinstance(job["graph"], dict):  # [job.graph]: graph data's settings, as JSON
+        job["graph"] = json.dumps(job["graph"], sort_keys=True)
     # the silos of the job in [silos] order (silo k = the k-th registered), unless stated
     job.setdefault("silos", json.dumps([str(n) for n in silos]))
     for k in ("local_epochs", "lr", "clip", "l2", "lam", "finetune_fraction",
@@ -93,7 +96,11 @@ def load_server_config(path: str | Path) -> ServerConfig:
             raise ConfigError(f"{path}: [job] silos {job_silos(job)} must name exactly the "
                               f"registered [silos] {sorted(silos)}")
         job_algorithm(job, public)  # validates the method for the network
-        job_config(job).validate()
+        graph = data_module(job["data_kind"])
+        if graph is None:
+            job_config(job).validate()
+        else:
+            graph.check_job(job)
         insecure = bool(s.get("insecure", False))
         certs = None
         if not insecure:
@@ -148,9 +155,9 @@ class ServerProgram:
         self.algorithm = job_algorithm(self.job, load_public(cfg.public_data, "server"))
         model = job_model(self.job)
         self.names = job_silos(self.job)  # silo k = names[k], as in the simulator
-        self.P = model.init_params().shape[0]
-        _, self.server = self.algorithm.init(model.init_params(), len(self.names),
-                                             rounds=self.job["rounds"])
+        start = job_params0(self.job, model)
+        self.P = start.shape[0]
+        _, self.server = self.algorithm.init(start, len(self.names), rounds=self.job["rounds"])
         self.keys = {n: W.load_public_key(p) for n, p in cfg.silos.items()}
         self.silos: dict[str, Registered] = {}
         self.done = 0

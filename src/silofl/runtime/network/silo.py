@@ -21,6 +21,7 @@ Only the update (what the algorithm sends) leaves the silo — test metrics stay
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import secrets
@@ -68,7 +69,23 @@ JOB_KEYS = {"method": str, "lam": float, "weighted": bool, "finetune_fraction": 
             "ldp_epsilon": float, "ldp_mechanism": str, "ldp_delta": float,
             "client_fraction": float, "max_participation": int, "kt_samples": int,
             "kt_buffer": int, "kt_self_train": float, "kt_server_epochs": int,
-            "kt_server_lr": float, "public_seed": int, "public_sha256": str}
+            "kt_server_lr": float, "public_seed": int, "public_sha256": str,
+            # the kind of data the job trains on (`DATA_KINDS`) and, for graph data, its
+            # public settings (JSON; the pandemic track's, `silofl.pandemic.network`)
+            "data_kind": str, "graph": str}
+
+#: data kinds → the module supplying their job model, algorithm and silo program, imported
+#: on use (the runtime does not import the optional tracks): "tabular" rows in an .npz
+#: (this module), "graph" the pandemic track's persons and contacts (node-level unit)
+DATA_KINDS = {"tabular": None, "graph": "silofl.pandemic.network"}
+
+
+def data_module(kind: str):
+    """The module of data kind `kind` (None: tabular); ProtocolError for an unknown kind."""
+    if kind not in DATA_KINDS:
+        raise W.ProtocolError(f"data_kind {kind!r} is not one of {', '.join(DATA_KINDS)}")
+    name = DATA_KINDS[kind]
+    return None if name is None else importlib.import_module(name)
 
 
 def check_job(job: dict) -> dict:
@@ -102,6 +119,9 @@ def job_silos(job: dict) -> list[str]:
 def job_algorithm(job: dict, public: np.ndarray | None = None):
     """The job's algorithm, bound to the job's silos (names resolve to indices) and, for
     PrivateKT, to the public set `public` (whose SHA-256 the job states)."""
+    graph = data_module(job["data_kind"])
+    if graph is not None:
+        return graph.job_algorithm(job)
     check_network_method(job["method"])
     alg = make_algorithm(
         job["method"], lam=job["lam"], weighted=job["weighted"],
@@ -152,13 +172,23 @@ def load_public(path: Path | None, who: str) -> np.ndarray | None:
 
 
 def job_model(job: dict):
+    graph = data_module(job["data_kind"])
+    if graph is not None:
+        return graph.job_model(job)
     return make_model(job["model"], job["dim"], job["num_classes"])
+
+
+def job_params0(job: dict, model) -> np.ndarray:
+    """(P,) the common starting point of the job's model (server and every silo)."""
+    graph = data_module(job["data_kind"])
+    return model.init_params() if graph is None else graph.job_params0(job, model)
 
 
 @dataclass
 class SiloConfig:
     name: str
-    data: Path                 # .npz with X_train, y_train, X_test, y_test, feature_names
+    data: Path                 # tabular: .npz with X_train, y_train, X_test, y_test,
+                               # feature_names; graph: the folder of the 7 pandemic files
     epsilon: float             # this job's target (σ is calibrated for it)
     delta: float
     lifetime_epsilon: float    # the store's lifetime target (first time the store sees us)
@@ -171,6 +201,7 @@ class SiloConfig:
     max_rounds: int = 1000
     methods: tuple[str, ...] = ("mrmtl", "fedavg", "local", "ditto", "finetune")  # consented
     public_data: Path | None = None  # PrivateKT's public set D_p (.npz with X)
+    data_kind: str = "tabular"       # `DATA_KINDS`
 
     @property
     def target(self) -> PrivacyTarget:
@@ -209,7 +240,8 @@ def load_silo_config(path: str | Path) -> SiloConfig:
             root_certificate=root, noise=str(s.get("noise", "secure")),
             max_rounds=int(s.get("max_rounds", 1000)),
             methods=tuple(s.get("methods", SiloConfig.methods)),
-            public_data=rel(s.get("public_data")))
+            public_data=rel(s.get("public_data")),
+            data_kind=str(s.get("data_kind", "tabular")))
     except KeyError as e:
         raise ConfigError(f"{path}: missing key {e.args[0]!r} (see `silofl deploy init` for a "
                           "complete silo config)") from None
@@ -217,6 +249,9 @@ def load_silo_config(path: str | Path) -> SiloConfig:
         raise ConfigError(f"{path}: invalid value: {e}") from None
     if cfg.noise not in ("secure", "seeded"):
         raise ConfigError(f"{path}: [silo] noise must be 'secure' or 'seeded', got {cfg.noise!r}")
+    if cfg.data_kind not in DATA_KINDS:
+        raise ConfigError(f"{path}: [silo] data_kind must be one of {', '.join(DATA_KINDS)}, "
+                          f"got {cfg.data_kind!r}")
     cfg.target, cfg.lifetime  # validates ε, δ
     return cfg
 
@@ -235,17 +270,98 @@ def load_silo_data(cfg: SiloConfig) -> tuple[Silo, list[str]]:
     return silo, names
 
 
+def open_program(cfg: SiloConfig, key=None) -> "SiloProgram":
+    """The silo program for the config's data kind (graph data: the pandemic track's)."""
+    graph = data_module(cfg.data_kind)
+    return SiloProgram(cfg, key) if graph is None else graph.RegionSiloProgram(cfg, key)
+
+
+#: the accepted join request, kept in the state dir so that a fresh program (a new process
+#: per request: SuperNode, the PETs challenge's runtime) re-accepts the same job (`resume`)
+JOIN_FILE = "join.json"
+
+
 class SiloProgram:
-    """One silo: `join(job, nonce)` then `round(request, message)` per round."""
+    """One silo: `join(job, nonce)` then `round(request, message)` per round.
+
+    What depends on the kind of data is in the `_data_*` hooks (tabular rows here; graph
+    data in `silofl.pandemic.network.RegionSiloProgram`): reading the silo's own data, the
+    checks of a job against it, the silo's plan, its trainer, the model's start and what
+    one local pass costs. Everything else — the checks of every request, the reservation
+    in the lifetime store, the algorithm's silo step, state on disk — is shared."""
 
     def __init__(self, cfg: SiloConfig, key=None):
         self.cfg = cfg
         self.key = key if key is not None else W.load_private_key(cfg.private_key)
-        self.silo, self.feature_names = load_silo_data(cfg)
-        self.fingerprint = fingerprint(self.silo.X_train, self.silo.y_train)
+        self._data_open()
         self.store = BudgetStore(cfg.budget_store)
         self.job = self.hash = self.plan = None
         self.exhausted = False
+
+    # -- the data hooks (tabular) ---------------------------------------------------------
+    def _data_open(self) -> None:
+        """Read the silo's own data: sets `n_train`, `dim` (model inputs), `fingerprint`."""
+        self.silo, self.feature_names = load_silo_data(self.cfg)
+        self.n_train, self.dim = self.silo.X_train.shape
+        self.fingerprint = fingerprint(self.silo.X_train, self.silo.y_train)
+
+    def _data_check(self, job: dict) -> None:
+        """ConfigError when the job does not fit this silo's data."""
+        if job["data_kind"] != "tabular":
+            raise ConfigError(f"silo {self.cfg.name!r} holds tabular data, the job trains on "
+                              f"{job['data_kind']!r} data")
+        if job["dim"] != self.dim:
+            raise ConfigError(f"silo {self.cfg.name!r} has {self.dim} features, the "
+                              f"job's model expects {job['dim']}")
+
+    def _data_plan(self, job: dict, algorithm, tcfg: TrainingConfig) -> SiloPlan:
+        """This silo's plan (σ from its own (ε_k, δ_k)), as the simulator plans a federation
+        of the job's silos; the others are stand-ins so that settings naming or counting
+        silos (clusters ≤ K, the user silo) are checked alike."""
+        c, me, names = self.cfg, self.silo, job_silos(job)
+        fed = Federation([me if n == c.name else Silo(n, me.X_train, me.y_train, me.X_test,
+                                                      me.y_test, me.target) for n in names],
+                         self.feature_names or [f"x{i}" for i in range(job["dim"])],
+                         job["task"], job["num_classes"])
+        return plan_silos(fed, algorithm, tcfg)[names.index(c.name)]
+
+    def _data_trainer(self) -> LocalTrainer:
+        """The one-silo trainer over the silo's rows (ledgers are set per round)."""
+        return LocalTrainer(
+            model=self.model, data=SiloArrays.stack([self.silo.X_train], [self.silo.y_train]),
+            rule=GradientRule(self.tcfg.clip, np.array([self.plan.noise_multiplier])),
+            batch_size=self.tcfg.batch_size,
+            steps_per_round=np.array([self.plan.steps_per_pass]), lr=self.tcfg.lr,
+            l2=self.tcfg.l2, rng=silo_randomness(self.cfg.noise, self.job["seed"],
+                                                 self.cfg.name),
+            ledgers=[Ledger(self.cfg.name, self.cfg.target, self.tcfg.accountant, None,
+                            allowance={})])
+
+    def _data_pass_event(self):
+        """What one local pass costs (DP-SGD's steps at the planned q, σ)."""
+        p = self.plan
+        return accounting.dpsgd_event(p.q, p.noise_multiplier, p.steps_per_pass)
+
+    def _data_extra_events(self, t: int) -> list:
+        """Charges of round t besides the algorithm's (graph data: a preprocessing release)."""
+        return []
+
+    def _data_before_step(self, t: int, ledger: Ledger) -> None:
+        """Run after round t is reserved, before the silo step (graph: the release)."""
+
+    def _data_evaluate(self, w: np.ndarray) -> float:
+        fn = M.metric_fn(M.default_metric(self.job["task"]), self.model.name)
+        return float(fn(self.silo.y_test, self.model.predict(w, self.silo.X_test)))
+
+    # -- hello (a roster that pins keys on first use: the PETs challenge preset) ---------
+    def hello(self, fields: dict) -> dict:
+        """Name, public key (PEM) and model inputs, signed with the silo's key."""
+        req = W.check_fields(fields, W.HELLO_REQUEST, "hello")
+        reply = {"protocol": W.PROTOCOL, "kind": "hi", "silo": self.cfg.name,
+                 "public_key": W.public_pem(self.key), "dim": int(self.dim),
+                 "nonce": req["nonce"], "signature": ""}
+        reply["signature"] = W.sign(self.key, reply, None)
+        return reply
 
     # -- join -------------------------------------------------------------------------
     def join(self, fields: dict) -> dict:
@@ -258,6 +374,7 @@ class SiloProgram:
             job = check_job(json.loads(req["job"]))
             reply["job_hash"] = W.job_hash(job)
             self._accept(job)
+            self._keep_join(req)
             steps, q, sigma = self.reported
             reply.update(n_train=self.plan.n, q=q, steps=steps, sigma=sigma)
             if self.exhausted:
@@ -278,9 +395,7 @@ class SiloProgram:
         if job["noise"] != c.noise:
             raise ConfigError(f"silo {c.name!r} draws {c.noise} noise; the job asks for "
                               f"{job['noise']!r} (only the silo chooses its noise)")
-        if job["dim"] != self.silo.X_train.shape[1]:
-            raise ConfigError(f"silo {c.name!r} has {self.silo.X_train.shape[1]} features, the "
-                              f"job's model expects {job['dim']}")
+        self._data_check(job)
         names = job_silos(job)
         if c.name not in names:
             raise ConfigError(f"silo {c.name!r} is not among the job's silos {names}")
@@ -294,16 +409,13 @@ class SiloProgram:
         self.store.register({c.name: c.lifetime}, explicit=True)
         algorithm = job_algorithm(job, load_public(c.public_data, f"silo {c.name!r}"))
         tcfg, model = job_config(job), job_model(job)
-        k, me = names.index(c.name), self.silo
-        # plan as the simulator does for a federation of these silos; only our own plan
-        # (our data, our (ε_k, δ_k)) is used — the others are stand-ins so that settings
-        # naming silos or counting them (clusters ≤ K, the user silo) are checked alike
-        fed = Federation([me if n == c.name else Silo(n, me.X_train, me.y_train, me.X_test,
-                                                      me.y_test, me.target) for n in names],
-                         self.feature_names or [f"x{i}" for i in range(job["dim"])],
-                         job["task"], job["num_classes"])
-        plan: SiloPlan = plan_silos(fed, algorithm, tcfg)[k]  # σ from our own (ε_k, δ_k)
-        self.index, self.K = k, len(names)
+        self.job, self.algorithm, self.tcfg, self.model = job, algorithm, tcfg, model
+        try:
+            plan = self._data_plan(job, algorithm, tcfg)  # σ from our own (ε_k, δ_k)
+        except BaseException:
+            self.job = None
+            raise
+        self.index, self.K = names.index(c.name), len(names)
         # what the silo reports and then requires of every request: (steps, q, σ); for a
         # local-DP method `steps` is the number of uploads its plan allows, σ is 0
         self.uploads, self.cap = 0, None
@@ -312,17 +424,11 @@ class SiloProgram:
             self.cap = int(d.count) if isinstance(d, dpa.SelfComposedDpEvent) else 0
         self.reported = (self.cap if self.cap is not None else int(plan.steps_per_pass),
                          float(plan.q), float(plan.noise_multiplier or 0.0))
-        self.algorithm, self.tcfg, self.model, self.plan = algorithm, tcfg, model, plan
-        self.job, self.hash = job, h
-        self.trainer = LocalTrainer(
-            model=self.model, data=SiloArrays.stack([self.silo.X_train], [self.silo.y_train]),
-            rule=GradientRule(self.tcfg.clip, np.array([self.plan.noise_multiplier])),
-            batch_size=self.tcfg.batch_size,
-            steps_per_round=np.array([self.plan.steps_per_pass]), lr=self.tcfg.lr,
-            l2=self.tcfg.l2, rng=silo_randomness(c.noise, job["seed"], c.name),
-            ledgers=[Ledger(c.name, c.target, self.tcfg.accountant, None, allowance={})])
-        state, _ = self.algorithm.init(self.model.init_params(), self.K, rounds=job["rounds"])
-        self.state = slice_state(state, k)  # our share of the K silos' state
+        self.plan, self.hash = plan, h
+        self.trainer = self._data_trainer()
+        self.P = int(job_params0(job, model).shape[0])
+        state, _ = self.algorithm.init(job_params0(job, model), self.K, rounds=job["rounds"])
+        self.state = slice_state(state, self.index)  # our share of the K silos' state
         self.done, self.last = 0, None
         try:
             self._load_state()
@@ -337,8 +443,7 @@ class SiloProgram:
         req = W.check_fields(fields, W.ROUND_REQUEST, "round")
         if self.plan is None:
             return self._reply(req, "refused", "no job accepted yet (join first)", None)
-        P = self.model.init_params().shape[0]
-        message = W.check_array(list(arrays), (message_size(self.algorithm, self.K, P),),
+        message = W.check_array(list(arrays), (message_size(self.algorithm, self.K, self.P),),
                                 "round")
         t = req["round"]
         wrong = [f"{k} {req[k]!r} ≠ {v!r}" for k, v in (
@@ -352,7 +457,7 @@ class SiloProgram:
             return self._reply(req, "refused", f"round {t} is outside the job's 1.."
                                f"{self.job['rounds']}; nothing was run", None)
         bad = check_message(self.algorithm, decode_message(
-            self.algorithm, message, self.K, self.model.init_params().shape[0]))
+            self.algorithm, message, self.K, self.P))
         if bad:
             return self._reply(req, "refused", f"malformed broadcast: {bad}; nothing was run",
                                None)
@@ -385,12 +490,13 @@ class SiloProgram:
 
     def _run(self, t: int, message: np.ndarray) -> np.ndarray | None:
         c, p = self.cfg, self.plan
+        declared = round_events(self.algorithm, None if self.cap is not None else
+                                self._data_pass_event(), t, self.job["rounds"], p.target)
+        extra = self._data_extra_events(t)
+        if extra:
+            declared = dpa.ComposedDpEvent([*extra, declared])
         round_plan = SiloPlan(p.name, p.n, p.q, p.steps_per_pass, p.target, p.noise_multiplier,
-                              declared=round_events(
-                                  self.algorithm, None if self.cap is not None else
-                                  accounting.dpsgd_event(p.q, p.noise_multiplier,
-                                                         p.steps_per_pass),
-                                  t, self.job["rounds"], p.target))
+                              declared=declared)
         method = self.job["method"]
         try:  # reserve this round in the lifetime store before any row is read
             job = open_job(self.store, {method: [round_plan]}, lifetime={c.name: c.lifetime},
@@ -405,6 +511,7 @@ class SiloProgram:
         try:
             if os.environ.get(CRASH_ENV) == str(t):
                 os._exit(17)  # a crash after the charge: the reservation stays counted
+            self._data_before_step(t, self.trainer.ledgers[0])
             self.state, update = self.algorithm.silo_step(
                 self.state, self._view(message), self.trainer, t)
         except BaseException:
@@ -415,9 +522,8 @@ class SiloProgram:
 
     def _view(self, flat: np.ndarray):
         """Silo k's view of the flat broadcast (what its silo_step receives)."""
-        P = self.model.init_params().shape[0]
-        return silo_message(self.algorithm, decode_message(self.algorithm, flat, self.K, P),
-                            self.index)
+        return silo_message(self.algorithm, decode_message(self.algorithm, flat, self.K,
+                                                           self.P), self.index)
 
     def _reply(self, req, status, reason, update):
         rep = {"protocol": W.PROTOCOL, "kind": "update", "silo": self.cfg.name,
@@ -432,25 +538,43 @@ class SiloProgram:
         for methods whose personal model is the shared one)."""
         return self.state.params[0]
 
-    def evaluate(self, message: np.ndarray | None = None) -> float:
-        """Test metric of the silo's personal model on its own test set (stays local);
-        methods whose personal model is the shared one use `message` (default: the last
-        shared model received, one round behind the server's final model)."""
+    def final_model(self, message: np.ndarray | None = None) -> np.ndarray:
+        """(P,) the silo's personal model; methods whose personal model is the shared one
+        use `message` (default: the last shared model received, one round behind the
+        server's final model)."""
         from silofl.algorithms.base import ServerState
         message = getattr(self, "message", None) if message is None else message
         if message is None:
             srv = ServerState(self.state.params[0])
         else:
-            view = decode_message(self.algorithm, message, self.K,
-                                  self.model.init_params().shape[0])
-            srv = server_view(self.algorithm, view)
-        w = self.algorithm.personal_models(self.state, srv)[0]
-        fn = M.metric_fn(M.default_metric(self.job["task"]), self.model.name)
-        return float(fn(self.silo.y_test, self.model.predict(w, self.silo.X_test)))
+            srv = server_view(self.algorithm,
+                              decode_message(self.algorithm, message, self.K, self.P))
+        return self.algorithm.personal_models(self.state, srv)[0]
+
+    def evaluate(self, message: np.ndarray | None = None) -> float:
+        """Test metric of the silo's personal model (`final_model`) on its own test set
+        (stays local)."""
+        return self._data_evaluate(self.final_model(message))
 
     def _paths(self):
         d = Path(self.cfg.state_dir)
         return d / "state.npz", d / "state.json"
+
+    def _keep_join(self, req: dict) -> None:
+        Path(self.cfg.state_dir).mkdir(parents=True, exist_ok=True)
+        write_json_atomic(Path(self.cfg.state_dir) / JOIN_FILE, req)
+
+    def resume(self) -> bool:
+        """Re-accept the job this silo accepted before (kept in its state dir), as a fresh
+        process must; True when there was one. Refusals raise ConfigError."""
+        path = Path(self.cfg.state_dir) / JOIN_FILE
+        if not path.is_file():
+            return False
+        rep = self.join(json.loads(path.read_text()))
+        if rep["status"] == "refused":
+            raise ConfigError(f"silo {self.cfg.name!r} cannot resume the job kept in {path}: "
+                              f"{rep['reason']}")
+        return True
 
     def _save_state(self) -> None:
         arrays, meta = self._paths()
