@@ -152,7 +152,10 @@ def test_the_silo_refuses_what_its_plan_or_store_does_not_allow(parts, federated
     # whole target, so the store refuses the first round and the run stops, nothing read
     new = tmp_path / "rerun"
     (new / "clients" / cid).mkdir(parents=True)
-    shutil.copy(cdir / "budget.sqlite", new / "clients" / cid / "budget.sqlite")
+    import sqlite3
+    with sqlite3.connect(cdir / "budget.sqlite") as a, \
+            sqlite3.connect(new / "clients" / cid / "budget.sqlite") as b:
+        a.backup(b)  # the store with its write-ahead log (a file copy could miss it)
     again = P.PandemicConfig(**{**CFG.__dict__, "seed": 4})
     strategy, rounds = F.train_strategy_factory(new / "server", config=again)
     with pytest.raises(SiloflError, match="fewer than min_silos"):
@@ -161,6 +164,14 @@ def test_the_silo_refuses_what_its_plan_or_store_does_not_allow(parts, federated
         assert len(store.charges(cid)) == 2  # the old run's rounds only
     state = json.loads((new / "clients" / cid / "state" / "state.json").read_text())
     assert state["exhausted"] and "lifetime" in state["reason"]
+    # a job whose preprocessing reads the region's statistics without a charge is refused
+    loose = P.PandemicConfig(**{**CFG.__dict__, "preprocessing": "uncharged"})
+    strategy, rounds = F.train_strategy_factory(new / "loose", config=loose)
+    with pytest.raises(SiloflError, match="fewer than min_silos"):
+        run_in_process(strategy, rounds, train_clients({cid: parts[cid]}, new / "l", loose))
+    state = json.loads((new / "l" / "clients" / cid / "state" / "join.json").read_text()) \
+        if (new / "l" / "clients" / cid / "state" / "join.json").exists() else None
+    assert state is None  # refused at join: no job accepted, nothing read for training
     # a client_dir of another run (another ε) is refused before anything runs
     other = P.PandemicConfig(**{**CFG.__dict__, "epsilon": 4.0})
     with pytest.raises(ConfigError, match="different run"):

@@ -216,6 +216,10 @@ class RegionSiloProgram(SiloProgram):
             raise ConfigError(f"silo {c.name!r} holds graph data (a pandemic region), the job "
                               f"trains on {job['data_kind']!r} data")
         cfg = job_pandemic_config(job, epsilon=c.epsilon, delta=c.delta, noise=c.noise)
+        if cfg.preprocessing == "uncharged":  # the silo's guarantee would not hold
+            raise ConfigError(f"silo {c.name!r} does not run preprocessing = 'uncharged' (its "
+                              "region's statistics, read without any charge, would shape "
+                              "the model); use 'declared' or 'private'")
         self._build(cfg)
         got = input_dim(self.region.features, cfg.pooling)
         if job["dim"] != got:

@@ -112,6 +112,7 @@ class SiloflStrategy(FitOnlyStrategy):
         self.p = program
         self.names: dict[str, str] = {}   # Flower connection id → silo name
         self.rejected: set[str] = set()
+        self.declined: set[str] = set()
         self.started = False
         self.lock = threading.Lock()
 
@@ -136,6 +137,7 @@ class SiloflStrategy(FitOnlyStrategy):
             return
         if reg.status != "ok":
             log.warning("silo %s declined the job: %s", reg.name, reg.reason)
+            self.declined.add(proxy.cid)
             self._drop(proxy)
             return
         for cid, name in list(self.names.items()):
@@ -165,15 +167,21 @@ class SiloflStrategy(FitOnlyStrategy):
         deadline, grace = now + self.p.cfg.join_timeout, now + self.p.cfg.rejoin_wait
         if not self.started:  # first round of this process (fresh or resumed): wait for all
             grace, self.started = deadline, True
+        self.declined = set()  # connections that answered this round's join with a no
         while True:
-            for cid, proxy in list(client_manager.all().items()):
-                if cid not in self.names and cid not in self.rejected:
+            conns = client_manager.all()
+            for cid, proxy in list(conns.items()):
+                if cid not in self.names and cid not in self.rejected | self.declined:
                     self._join(proxy)
             active = self._active(client_manager)
-            # every silo still in the job, or enough of them once the grace period is over
+            # every silo still in the job, or enough of them once the grace period is over;
+            # or every expected silo is connected and has answered (waiting changes nothing)
             everyone = sum(r.status == "ok" for r in self.p.silos.values())
+            answered = len(conns) >= self.p.cfg.expected_silos and all(
+                c in self.names or c in self.rejected | self.declined for c in conns)
             if len(active) >= max(need, everyone) or len(active) >= need and \
-                    time.monotonic() > grace or time.monotonic() > deadline:
+                    time.monotonic() > grace or time.monotonic() > deadline or answered \
+                    and len(active) < need:
                 break
             time.sleep(0.05)
         if len(active) < self.p.cfg.min_silos:
