@@ -24,6 +24,7 @@ from silofl.privacy import accounting, events
 from silofl.privacy.budget import SCRATCH_NOTE, BudgetStore
 from silofl.privacy.ledger import Ledger
 from silofl.privacy.randomness import Randomness
+from silofl.runtime.job import Job
 from silofl.runtime.plan import SEEDED_NOTE
 from silofl.training import sampling as TS
 from silofl.training.trainer import LocalTrainer
@@ -203,10 +204,17 @@ def test_reservation_covers_preprocessing_and_rounds_and_settles_to_executed(
         if k.get("labels", True):
             log.append(("read",))
         return real_gather(self, *a, **k)
+    settled, real_settle = [], Job.settle
+
+    def settle(self, status="finished"):  # the one budget path: a runtime.job.Job
+        settled.append(status)
+        return real_settle(self, status)
     monkeypatch.setattr(BudgetStore, "reserve", reserve)
     monkeypatch.setattr(P, "release_vectors", release)
     monkeypatch.setattr(NeighbourhoodFeatures, "gather", gather)
+    monkeypatch.setattr(Job, "settle", settle)
     pm = P.train(data, cfg, store=store)
+    assert settled == ["finished"]
     assert log[0][0] == "reserve" and [x[0] for x in log].count("reserve") == 1
     want = sorted((r, label, k) for r in pm.regions
                   for label, k in (("preprocess", 1), ("node-dpsgd", 3)))
@@ -232,6 +240,7 @@ def test_reservation_covers_preprocessing_and_rounds_and_settles_to_executed(
     monkeypatch.setattr(LocalTrainer, "run", failing)
     with pytest.raises(RuntimeError):
         P.train(data, cfg, store=store2)
+    assert settled == ["finished", "failed"]
     for name in pm.regions:
         charges = store2.charges(name)
         assert sorted((c["label"], c["count"], c["status"]) for c in charges) == [
@@ -240,6 +249,56 @@ def test_reservation_covers_preprocessing_and_rounds_and_settles_to_executed(
         assert store2.spent(name)["epsilon"] < store.spent(name)["epsilon"]
     store.close()
     store2.close()
+
+
+# --- one budget path: runtime.job reserves and settles the regions ------------------------
+
+def _planned(data, cfg):
+    """Regions planned from public facts only (sizes): no record is read."""
+    regions = P.region_groups(data, cfg)
+    return regions, P.plan_regions(regions, cfg)
+
+
+def test_regions_reserve_through_runtime_job_exactly_what_they_may_spend(data):
+    cfg = P.PandemicConfig(**{**CFG, "rounds": 3}, preprocessing="private")
+    regions, plans = _planned(data, cfg)
+    store = BudgetStore(None)
+    job = P.reserve_regions(store, regions, cfg, plans, command="test")
+    assert isinstance(job, Job) and store.run_status(job.run_id) == "reserved"
+    ledgers = job.ledgers(cfg.method)  # simulate asks again: the same ledgers, no new allowance
+    assert all(a is r.ledger for a, r in zip(ledgers, regions))
+    with pytest.raises(ValueError, match="already handed out"):
+        job.ledgers(cfg.method, restored={})
+    r = regions[0]
+    ev = P.round_event(r, cfg)  # one object every round, as the core trainer charges
+    r.ledger.charge(P.preprocess_event(r, cfg), round=0, label="preprocess")
+    for t in (1, 2, 3):
+        r.ledger.charge(ev, round=t, label="node-dpsgd")
+    with pytest.raises(BudgetExceeded, match="not covered by what this run reserved"):
+        r.ledger.charge(P.round_event(r, cfg), round=4, label="node-dpsgd")
+    with pytest.raises(BudgetExceeded, match="not covered"):  # one release, not two
+        r.ledger.charge(P.preprocess_event(r, cfg), round=0, label="preprocess")
+    job.settle()
+    assert store.run_status(job.run_id) == "finished"
+    assert [(c["label"], c["count"], c["status"]) for c in store.charges(r.name)] == [
+        ("preprocess", 1, "charged"), ("node-dpsgd", 3, "charged")]
+    for other in regions[1:]:  # settled to what executed: nothing
+        assert store.charges(other.name) == [] and store.spent(other.name)["epsilon"] == 0
+    assert store.spent(r.name)["epsilon"] == pytest.approx(r.ledger.epsilon("rdp"), rel=1e-9)
+
+
+def test_a_reservation_short_of_the_plan_is_refused_before_the_store_is_touched(data):
+    cfg = P.PandemicConfig(**CFG)
+    regions, plans = _planned(data, cfg)
+    store = BudgetStore(None)
+    short = {r.name: P.planned_charges(r, cfg, rounds=[1]) for r in regions}
+    with pytest.raises(ValueError, match="do not cover its plan"):
+        P.reserve_regions(store, regions, cfg, plans, command="t", charges=short)
+    other = {r.name: [P.PlannedCharge(r.name, "fedavg", c.label, c.event, c.count)
+                      for c in P.planned_charges(r, cfg)] for r in regions}
+    with pytest.raises(ValueError, match="is not one of method 'mrmtl'"):
+        P.reserve_regions(store, regions, cfg, plans, command="t", charges=other)
+    assert store.silos() == []  # nothing registered, nothing reserved
 
 
 def test_cli_second_train_is_refused_with_exit_2_and_writes_nothing(small_outbreak, tmp_path):

@@ -11,12 +11,14 @@ not a second engine: σ is calibrated by `runtime.plan.plan_job` (``privacy_unit
 the preprocessing release composed in), rounds run in `runtime.simulator.simulate`, every
 local pass in `training.trainer.LocalTrainer` with the node-level unit (fixed-size
 batches from `training.sampling.node_streams`, `NodeLevelDpEvent` charges), reading
-examples through `engine.GraphSource` (neighbourhood features gathered per batch).  So
-any method built on local passes runs on graph data (``method``: `engine.NODE_METHODS`).
-What stays here: regions, features and their constants, the budget reservation
-(`open_budget`, labels `ROUND_LABEL`/`PREPROCESS_LABEL`), the model file, prediction and
-the challenge's entry points.  Results equal the previous stand-alone pipeline bit for
-bit (seeded noise; tests/pandemic/test_engine.py).
+examples through `engine.GraphSource` (neighbourhood features gathered per batch), the
+budget reserved and settled by `runtime.job` (`open_job`/`Job`, as the tabular track).
+So any method built on local passes runs on graph data (``method``:
+`engine.NODE_METHODS`).  What stays here: regions, features and their constants, what a
+run reserves (`planned_charges`, labels `ROUND_LABEL`/`PREPROCESS_LABEL`,
+`reserve_regions`), the model file, prediction and the challenge's entry points.  Results
+equal the previous stand-alone pipeline bit for bit (seeded noise;
+tests/pandemic/test_engine.py).
 
 **What is guaranteed, and what is assumed** (every model states it, `privacy_entry`):
 
@@ -106,11 +108,11 @@ import hashlib
 import json
 import math
 import time
-from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
+import dp_accounting as dpa
 import numpy as np
 
 from silofl.data.federation import PrivacyTarget
@@ -132,11 +134,11 @@ from silofl.pandemic.node_dp import (
 )
 from silofl.pandemic.partition import input_directory
 from silofl.pandemic.readers import PandemicData, read_dataset
-from silofl.privacy import events
-from silofl.privacy.budget import SCRATCH_NOTE, BudgetStore, PlannedCharge, new_run_id
+from silofl.privacy.budget import SCRATCH_NOTE, BudgetStore, PlannedCharge
 from silofl.privacy.ledger import Ledger
 from silofl.privacy.randomness import Randomness
-from silofl.runtime.plan import SEEDED_NOTE, TrainingConfig, plan_job
+from silofl.runtime.job import Job, open_job
+from silofl.runtime.plan import SEEDED_NOTE, SiloPlan, TrainingConfig, plan_job
 from silofl.training import sampling as TS
 from silofl.training.dpsgd import GradientRule
 from silofl.training.trainer import LocalTrainer
@@ -147,7 +149,6 @@ PREPROCESSING = ("declared", "private", "uncharged")
 #: ``cfg.method``, MR-MTL by default)
 ROUND_LABEL = TS.NODE_LABEL  # "node-dpsgd"
 PREPROCESS_LABEL = "preprocess"
-METHOD = "mrmtl"
 #: what every node-level model assumes besides the pruning
 SIZES_ASSUMPTION = ("region sizes n are treated as public: they set each region's "
                     "sampling rate b/n, its noise calibration and the averaging weights")
@@ -439,8 +440,9 @@ def plan_regions(regions: list[Region], cfg: PandemicConfig) -> list:
     """Steps, calibrated σ (and the private preprocessing's σ) per region — from public
     facts only (n, S, the config), before any record is read — by the core planner
     (`runtime.plan.plan_job`, node-level unit, the preprocessing release composed in).
-    Regions get a ledger checked against their target (`open_budget` replaces it by one
-    limited to what the budget store reserved). Returns the planner's `SiloPlan`s."""
+    Regions get a ledger checked against their target (`reserve_regions` replaces it by
+    the job's, limited to what the budget store reserved). Returns the planner's
+    `SiloPlan`s."""
     for r in regions:
         if cfg.batch_size > r.n:
             raise ConfigError(f"batch_size {cfg.batch_size} is larger than {r.name} "
@@ -461,7 +463,7 @@ def plan_regions(regions: list[Region], cfg: PandemicConfig) -> list:
         if cfg.private:
             r.sigma = p.noise_multiplier
             r.ledger = Ledger(r.name, PrivacyTarget(cfg.epsilon, r.delta))
-            r.ledger.preflight(events.compose(planned_counts(r, cfg)))
+            r.ledger.preflight(charged_event(planned_charges(r, cfg)))
     return plans
 
 
@@ -498,13 +500,9 @@ def planned_charges(r: Region, cfg: PandemicConfig, rounds: list[int] | None = N
     return out
 
 
-def planned_counts(r: Region, cfg: PandemicConfig, **kw) -> Counter:
-    """Base-event counts of `planned_charges` (a ledger's allowance)."""
-    out: Counter = Counter()
-    for p in planned_charges(r, cfg, **kw):
-        for e, c in events.flatten(p.event).items():
-            out[e] += c * p.count
-    return out
+def charged_event(charges: list[PlannedCharge]) -> dpa.DpEvent:
+    """``charges`` (each its event × count) as one composed dp_accounting event."""
+    return dpa.ComposedDpEvent([dpa.SelfComposedDpEvent(c.event, c.count) for c in charges])
 
 
 def region_fingerprint(data: PandemicData, r: Region) -> str:
@@ -518,90 +516,31 @@ def region_fingerprint(data: PandemicData, r: Region) -> str:
     return h.hexdigest()[:16]
 
 
-@dataclass
-class Reservation:
-    """One run's reservation in a budget store and the ledgers that spend it."""
-
-    store: BudgetStore
-    run_id: str
-    regions: list[Region]
-    method: str = METHOD
-    settled: bool = False
-    start: dict = field(default_factory=dict)  # region → ledger entries before this run
-
-    @property
-    def scratch(self) -> bool:
-        return self.store.scratch
-
-    def ledgers(self, method: str, ledger_dir=None, restored=None) -> list[Ledger]:
-        """The regions' ledgers (the `runtime.job.Job` interface `simulate` spends)."""
-        return [r.ledger for r in self.regions]
-
-    def executed(self) -> list[PlannedCharge]:
-        out = []
-        for r in self.regions:
-            by: Counter = Counter()  # equal events (every round's) are one charge × count
-            for entry in r.ledger.entries[self.start.get(r.name, 0):]:
-                by[(entry.label, entry.event)] += 1
-            out += [PlannedCharge(r.name, self.method, label, ev, k)
-                    for (label, ev), k in by.items()]
-        return out
-
-    def settle(self, status: str = "finished") -> None:
-        """Replace the reservation by what the ledgers executed (once)."""
-        if not self.settled:
-            self.store.settle(self.run_id, self.executed(), status=status)
-            self.settled = True
-
-
-def open_budget(store: BudgetStore, regions: list[Region], cfg: PandemicConfig, *,
-                command: str, charges: dict[str, list[PlannedCharge]] | None = None,
-                fingerprints: dict[str, str] | None = None,
-                allowance: dict[str, Counter] | None = None) -> Reservation:
-    """Register every region's lifetime target (``cfg``'s, unless the store already holds
-    one) and reserve ``charges`` (default: the whole run, `planned_charges`) in one
-    transaction — BudgetExceeded, nothing reserved, if any region's lifetime budget
-    cannot pay.  Each region then gets a ledger that may spend only what was reserved
-    (plus ``allowance``: what it already spent in earlier calls of the same run)."""
+def reserve_regions(store: BudgetStore, regions: list[Region], cfg: PandemicConfig,
+                    plans: list[SiloPlan], *, command: str,
+                    charges: dict[str, list[PlannedCharge]] | None = None,
+                    fingerprints: dict[str, str] | None = None) -> Job:
+    """`runtime.job.open_job` for the regions: register each region's lifetime target
+    (``cfg``'s, unless the store already holds one) and reserve ``charges`` (default: the
+    whole run, `planned_charges`: labels "preprocess"/"node-dpsgd", which must cover the
+    ``plans``' declared rounds) in one transaction — BudgetExceeded, nothing reserved, if
+    any region's lifetime budget cannot pay.  Each region then gets the job's ledger
+    (``r.ledger``), which may spend only what was reserved; `simulate` is handed the same
+    ledgers through the job."""
     charges = charges if charges is not None else {r.name: planned_charges(r, cfg)
                                                    for r in regions}
-    store.register({r.name: PrivacyTarget(cfg.epsilon, r.delta) for r in regions})
-    run_id = new_run_id()
-    store.reserve(run_id, [c for r in regions for c in charges[r.name]], command=command,
-                  noise=cfg.noise, fingerprints=fingerprints)
-    for r in regions:
-        counts: Counter = Counter((allowance or {}).get(r.name, Counter()))
-        for p in charges[r.name]:
-            for e, c in events.flatten(p.event).items():
-                counts[e] += c * p.count
-        r.ledger = Ledger(r.name, PrivacyTarget(cfg.epsilon, r.delta), allowance=counts)
-    return Reservation(store, run_id, regions, cfg.method)
-
-
-# --- streams -------------------------------------------------------------------------------
-
-def region_streams(seed: int, name: str, round: int) -> tuple[np.random.Generator,
-                                                            Randomness]:
-    """The *seeded* (batch generator, noise source) of one region in one round
-    (`training.sampling.seeded_streams`, what the core trainer draws). Reproducible: not
-    a privacy guarantee."""
-    return TS.seeded_streams(seed, name, round)
-
-
-def secure_randomness() -> Randomness:
-    """A CSPRNG keyed from OS entropy (`training.sampling.secure_randomness`)."""
-    return TS.secure_randomness()
+    job = open_job(store, {cfg.method: plans},
+                   lifetime={r.name: PrivacyTarget(cfg.epsilon, r.delta) for r in regions},
+                   command=command, noise=cfg.noise, accountant="rdp",
+                   fingerprints=fingerprints,
+                   reserve={cfg.method: [c for r in regions for c in charges[r.name]]})
+    for r, led in zip(regions, job.ledgers(cfg.method)):
+        r.ledger = led
+    return job
 
 
 def node_unit(names, cfg: PandemicConfig) -> TS.NodeUnit:
     return TS.NodeUnit(cfg.S, cfg.adjacency, tuple(names), cfg.seed)
-
-
-def round_streams(cfg: PandemicConfig, r: Region, round: int):
-    """(batch sampler with ``.draw(b)``, noise `Randomness`) of ``r`` in ``round`` (round
-    0: the private preprocessing release): `training.sampling.node_streams`, the
-    streams of the core trainer's node-level passes."""
-    return TS.node_streams(node_unit([r.name], cfg), 0, round, r.n, cfg.noise == "secure")
 
 
 POOLINGS = ("summary", "mean", "concat")
@@ -833,7 +772,9 @@ def private_release(r: Region, cfg: PandemicConfig, inputs: dict) -> None:
                            "budget (use pipeline.train)")
     r.ledger.charge(preprocess_event(r, cfg), round=0, label=PREPROCESS_LABEL)
     F = r.features
-    sampler, noise = round_streams(cfg, r, 0)
+    # round 0 of the core trainer's node-level streams (secure: fresh OS entropy)
+    sampler, noise = TS.node_streams(node_unit([r.name], cfg), 0, 0, r.n,
+                                     cfg.noise == "secure")
     persons = np.arange(r.n) if r.pre_batch >= r.n else np.sort(sampler.draw(r.pre_batch))
     windows = F.sample_windows(np.random.default_rng([int(cfg.seed), 0x5CA1E]), r.n)
     V, widths = release_vectors(F, persons, age=inputs["age"],
@@ -941,18 +882,6 @@ def region_trainer(model: FocalLoss, regions: list[Region],
         node=node_unit([r.name for r in regions], cfg), label=ROUND_LABEL)
 
 
-def region_round(model: FocalLoss, w: np.ndarray, anchor: np.ndarray, r: Region,
-                 cfg: PandemicConfig, round: int) -> np.ndarray:
-    """One region's silo-side MR-MTL work in round ``round`` on the core trainer (as in
-    the in-process `train`): charge the round's DP-SGD steps to the region's ledger
-    (BudgetExceeded, and nothing runs, if they do not fit), then — only then — read
-    labelled examples for the local pass from ``w`` towards ``anchor`` (the mean model).
-    The Flower client (`silofl.pandemic.silo`) runs this. Returns the new (P,) weights
-    (in the standardized input space when ``r.shift`` is set)."""
-    trainer = region_trainer(model, [r], cfg)
-    return trainer.run(w[None], anchor=anchor[None], lam=cfg.lam, round=round)[0]
-
-
 def server_step(W: np.ndarray, sizes: np.ndarray) -> np.ndarray:
     """The MR-MTL server step: the mean of the region models (K, P) weighted by region
     size (K,) (`engine.exact_mean`: exactly rounded, independent of arrival order)."""
@@ -1035,27 +964,6 @@ def raw_weights(w: np.ndarray, r: Region) -> np.ndarray:
     return w if r.shift is None else fold_scaling(w, r.shift, r.scale)
 
 
-def _local_pass(model: FocalLoss, w: np.ndarray, anchor: np.ndarray, r: Region,
-                cfg: PandemicConfig, sampler, noise: Randomness, epoch: int) -> np.ndarray:
-    windows = r.features.epoch_windows(cfg.seed, epoch)  # a random window per person per epoch
-    b = cfg.batch_size
-    for _ in range(r.steps_per_round):
-        persons = sampler.draw(b)
-        X, y = r.features.gather(persons, windows[persons].astype(np.int64))
-        X = model_inputs(r.features, X, cfg.pooling)
-        if r.shift is not None:
-            X = ((X - r.shift) / r.scale).astype(np.float32)
-        X, y = X[None], y[None].astype(np.float64)
-        mask = np.ones((1, b))
-        if cfg.private:
-            g = model.clipped_grad_sum(w[None], X, y, mask, cfg.clip)[0]
-            g = (g + noise.normal(g.shape) * r.sigma * cfg.clip) / b
-        else:
-            g = model.grad_sum(w[None], X, y, mask)[0] / b
-        w = w - cfg.lr * (g + cfg.lam * (w - anchor))
-    return w
-
-
 def train(data: PandemicData, cfg: PandemicConfig,
           on_round: Callable[[int, int], None] | None = None, *,
           store: BudgetStore | None = None,
@@ -1072,30 +980,30 @@ def train(data: PandemicData, cfg: PandemicConfig,
     check_t_window(cfg.t_window, data.num_days)  # fail before anything is reserved
     regions = region_groups(data, cfg)  # membership and sizes only (public)
     plans = plan_regions(regions, cfg)
-    reservation = None
+    job = None
     if cfg.private:
         store = store if store is not None else BudgetStore(None)
         fps = {r.name: region_fingerprint(data, r) for r in regions}
-        reservation = open_budget(store, regions, cfg, command=command, fingerprints=fps)
+        job = reserve_regions(store, regions, cfg, plans, command=command, fingerprints=fps)
     try:
-        pm = _train_reserved(data, cfg, regions, on_round, t0, plans, reservation)
-        if reservation is not None:
-            reservation.settle()
+        pm = _train_reserved(data, cfg, regions, on_round, t0, plans, job)
+        if job is not None:
+            job.settle()
     except BaseException:
-        if reservation is not None:
-            reservation.settle("failed")
+        if job is not None:
+            job.settle("failed")
         raise
     scratch = store is None or store.scratch
     pm.notes = run_notes(cfg, scratch)
     pm.privacy = [privacy_entry(r, cfg, cfg.rounds, store if cfg.private else None,
-                                reservation.run_id if reservation else None)
+                                job.run_id if job else None)
                   for r in regions]
     return pm
 
 
 def _train_reserved(data: PandemicData, cfg: PandemicConfig, regions: list[Region],
                     on_round, t0: float, plans: list | None = None,
-                    reservation: "Reservation | None" = None) -> PandemicModel:
+                    job: Job | None = None) -> PandemicModel:
     """Features (a private preprocessing release charged first), input scaling, then
     ``cfg.method`` on the core engine (`runtime.simulator.simulate` with the regions as
     a `GraphSource` and the node-level unit), spending the regions' ledgers."""
@@ -1110,7 +1018,7 @@ def _train_reserved(data: PandemicData, cfg: PandemicConfig, regions: list[Regio
     model = new_model(regions[0].features, cfg)
     t1 = time.perf_counter()
     res = simulate(graph_federation(regions, cfg), model, make_method(cfg.method, cfg.lam),
-                   training_config(cfg), plans=plans, job=reservation, method=cfg.method,
+                   training_config(cfg), plans=plans, job=job, method=cfg.method,
                    source=region_source(regions, cfg), params0=initial_weights(model, cfg),
                    on_round=(lambda t, _: on_round(t, cfg.rounds)) if on_round else None)
     W = np.stack([raw_weights(res.params[k], r) for k, r in enumerate(regions)])

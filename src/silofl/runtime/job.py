@@ -9,7 +9,9 @@ spend it.
 Every private access of a job — preprocessing statistics, every method's DP-SGD steps and
 selections — is reserved in one transaction before the first one happens; the ledgers
 refuse anything the reservation does not cover. If the process dies before `settle`, the
-whole reservation stays counted.
+whole reservation stays counted. Both tracks reserve here: the tabular experiments and the
+pandemic pipeline (`pandemic.pipeline.reserve_regions`: node-level charges recorded by
+label via `reserve`, its preprocessing release spent through the method's ledgers).
 """
 
 from __future__ import annotations
@@ -56,6 +58,9 @@ class Job:
     _extra: list[PlannedCharge] = field(default_factory=list)  # reserved outside methods
     _extra_done: list[PlannedCharge] = field(default_factory=list)
     _restored: dict = field(default_factory=dict)  # (method, silo) → entries of an earlier run
+    #: (method, silo) → base-event counts its ledger may spend (default: the plan's declared
+    #: events; `open_job(reserve=...)`: the charges reserved for that method)
+    _allowance: dict = field(default_factory=dict)
     settled: bool = False
 
     @property
@@ -67,8 +72,11 @@ class Job:
         """The per-run ledgers of `method`, one per silo, each allowed exactly what the job
         reserved for that method on that silo. `restored[silo]` (resuming) are entries an
         earlier process charged for this method, already settled in the store: the ledger
-        counts them, and they are not settled again."""
+        counts them, and they are not settled again. Asking again for the same method without any of these returns the same ledgers
+        (a caller that charges before `simulate`, then hands it the job)."""
         if method in self._ledgers:
+            if ledger_dir is None and restored is None:
+                return self._ledgers[method]
             raise ValueError(f"ledgers for {method!r} were already handed out")
         out = []
         for p in self.planned[method]:
@@ -77,7 +85,8 @@ class Job:
                 ledger_dir.mkdir(parents=True, exist_ok=True)
                 path = ledger_dir / f"{silo_file_id(p.name)}.jsonl"
             old = (restored or {}).get(p.name, [])
-            allowance = Counter(events.flatten(p.declared))
+            reserved = self._allowance.get((method, p.name))
+            allowance = Counter(events.flatten(p.declared) if reserved is None else reserved)
             for e in old:
                 allowance.update(events.flatten(e.event))
             led = Ledger(p.name, self.targets[p.name], self.accountant, path,
@@ -119,16 +128,47 @@ def open_job(store: BudgetStore, plans: dict[str, list], *,
              lifetime: dict[str, PrivacyTarget], explicit_lifetime: bool = False,
              command: str, noise: str, accountant: str,
              fingerprints: dict[str, str] | None = None,
-             extra: list[PlannedCharge] | None = None) -> Job:
+             extra: list[PlannedCharge] | None = None,
+             reserve: dict[str, list[PlannedCharge]] | None = None) -> Job:
     """Register the silos' lifetime targets and reserve everything the job will spend:
     every method's declared events per silo (`plans`: method → [SiloPlan]) and `extra`
-    charges (e.g. preprocessing). Raises BudgetExceeded, reserving nothing, if any silo's
-    lifetime budget cannot cover it."""
-    store.register(lifetime, explicit=explicit_lifetime)
-    planned = [PlannedCharge(p.name, method, "plan", p.declared)
-               for method, ps in plans.items() for p in ps]
+    charges (e.g. preprocessing, spent with `Job.spend_extra`). Raises BudgetExceeded,
+    reserving nothing, if any silo's lifetime budget cannot cover it.
+
+    `reserve[method]` (optional) is what to record for that method instead of one "plan"
+    charge of each silo's declared events: labelled charges (e.g. "node-dpsgd" × rounds)
+    and anything else the method's own ledgers charge (e.g. a preprocessing release its
+    silo steps make). Per silo they must cover the declared events (ValueError
+    otherwise); the method's ledgers may then spend exactly them."""
+    planned, allowances = [], {}
+    for method, ps in plans.items():
+        if method not in (reserve or {}):
+            planned += [PlannedCharge(p.name, method, "plan", p.declared) for p in ps]
+            continue
+        allowances.update(_covering(method, ps, reserve[method]))  # before touching the store
+        planned += reserve[method]
     planned += list(extra or [])
+    store.register(lifetime, explicit=explicit_lifetime)
     run_id = new_run_id()
     store.reserve(run_id, planned, command=command, noise=noise, fingerprints=fingerprints)
     targets = {p.name: p.target for ps in plans.values() for p in ps}
-    return Job(store, run_id, accountant, dict(plans), targets, _extra=list(extra or []))
+    return Job(store, run_id, accountant, dict(plans), targets, _extra=list(extra or []),
+               _allowance=allowances)
+
+
+def _covering(method: str, plans: list, charges: list[PlannedCharge]) -> dict:
+    """(method, silo) → base-event counts of `charges`, checked to be `method`'s charges on
+    the plans' silos and to cover each plan's declared events."""
+    out = {(method, p.name): Counter() for p in plans}
+    for c in charges:
+        if (c.method, c.silo) not in out:
+            raise ValueError(f"charge {c.label!r} of {c.method!r} on {c.silo!r} is not one "
+                             f"of method {method!r}'s silos")
+        for e, k in events.flatten(c.event).items():
+            out[(method, c.silo)][e] += k * c.count
+    for p in plans:
+        have = out[(method, p.name)]
+        if any(k > have.get(e, 0) for e, k in events.flatten(p.declared).items()):
+            raise ValueError(f"the charges reserved for {method!r} on {p.name!r} do not "
+                             "cover its plan's declared events")
+    return out

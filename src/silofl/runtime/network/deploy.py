@@ -267,7 +267,9 @@ def init(out: Path, *, silos: list[str] | None = None, demo: str | None = None,
         raise ConfigError(f"noise must be 'secure' or 'seeded' (experiments), got {noise!r}")
     if ":" not in address or not address.rsplit(":", 1)[1].isdigit():
         raise ConfigError(f"address must be host:port, got {address!r}")
-    _check_job({"silos": json.dumps(names), **(job or {}), "noise": noise}, fed)
+    from silofl.runtime.network.silo import tables_as_json
+    job = tables_as_json(job or {})  # Weight Erosion's join/leave tables: JSON strings
+    _check_job({"silos": json.dumps(names), **job, "noise": noise}, fed)
     _write_certs(out, address, hosts)
     job = dict(job or {})
     public = None if fed is None else fed.meta.get("public_X")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import zlib
+from types import SimpleNamespace
 
 import numpy as np
 
@@ -81,12 +82,91 @@ def local_dp_family(algorithm) -> bool:
     return _family(algorithm) in ("kt", "ldp")
 
 
+def erosion_schedule(algorithm) -> bool:
+    """Weight Erosion with a participation schedule (participation < 1, join or leave
+    rounds): each round only the silos of its public schedule (`present`) take part."""
+    return _family(algorithm) == "erosion" and algorithm.scheduled
+
+
+def asks_subset(algorithm) -> bool:
+    """Whether the server asks only a public subset of the silos each round (local-DP
+    selection, Weight Erosion's schedule): `min_silos` then counts among those asked."""
+    return local_dp_family(algorithm) or erosion_schedule(algorithm)
+
+
 def select_silos(algorithm, eligible: np.ndarray, round: int) -> np.ndarray:
     """Indices of the silos asked in `round`: the local-DP methods' public selection among
-    the (K,) eligible silos; every eligible silo for the other methods."""
+    the (K,) eligible silos; Weight Erosion's scheduled silos (its own public `present`)
+    among them; every eligible silo for the other methods."""
     if local_dp_family(algorithm):
         return algorithm.select_clients(np.asarray(eligible, bool), round)
+    if erosion_schedule(algorithm):
+        return np.flatnonzero(np.asarray(eligible, bool) & algorithm.present(round))
     return np.flatnonzero(eligible)
+
+
+def not_scheduled(algorithm, round: int, k: int) -> str | None:
+    """Why silo k must not run `round` (None: it may): Weight Erosion's public schedule
+    leaves it out. The silo computes this itself, so a server cannot make it spend budget
+    on a round it does not take part in."""
+    if not erosion_schedule(algorithm) or algorithm.present(round)[k]:
+        return None
+    return (f"this silo is absent from round {round} in Weight Erosion's public schedule "
+            f"(we_participation {algorithm.participation:g}, we_join_round "
+            f"{algorithm.join_round}, we_leave_round {algorithm.leave_round}, schedule seed "
+            f"{algorithm.seed}); a round it does not take part in is not run, nothing was "
+            "charged")
+
+
+class _AsRowK:
+    """Silo k's one-silo trainer posing as row k of K hosted silos, for a step that masks
+    and counts all K silos (Weight Erosion's schedule): calls run on row k only (its entry
+    of the `silos` mask), results come back in row k (the other rows: NaN gradients,
+    unchanged models, never read or charged); `data.n` (K,) holds silo k's count in row k
+    (the other entries are placeholders whose results are dropped)."""
+
+    def __init__(self, trainer, k: int, K: int):
+        self._trainer, self._k = trainer, k
+        n = np.ones(K)
+        n[k] = trainer.data.n[0]
+        self.data = SimpleNamespace(n=n)
+
+    def __getattr__(self, name):
+        return getattr(self._trainer, name)
+
+    def _row(self, a):
+        return None if a is None else np.asarray(a)[self._k:self._k + 1]
+
+    def gradients(self, W, round=0, label="dpsgd", silos=None):
+        out = np.full(np.shape(W), np.nan)
+        out[self._k:self._k + 1] = self._trainer.gradients(
+            self._row(W), round=round, label=label, silos=self._row(silos))
+        return out
+
+    def run(self, W0, anchor=None, lam=0.0, round=0, label=None, silos=None):
+        out = np.array(W0, dtype=float, copy=True)
+        lam = lam if np.ndim(lam) == 0 else self._row(lam)
+        out[self._k:self._k + 1] = self._trainer.run(
+            self._row(W0), self._row(anchor), lam, round=round, label=label,
+            silos=self._row(silos))
+        return out
+
+
+def own_step(algorithm, state: SiloState, view, trainer, round: int, k: int):
+    """`algorithm.silo_step` of silo k on its one-silo `state` and `trainer`, `view` its
+    cut of the broadcast (`silo_message`): (state, update). Weight Erosion's scheduled
+    step masks and counts all K silos: it runs on a K-row stand-in (`_AsRowK`, only row k
+    computed) and silo k keeps its own row of the result."""
+    if not erosion_schedule(algorithm):
+        return algorithm.silo_step(state, view, trainer, round)
+    K = len(algorithm.present(round))
+    wide = dataclasses.replace(state, params=np.repeat(state.params, K, axis=0))
+    wide, update = algorithm.silo_step(wide, view, _AsRowK(trainer, k, K), round)
+    row = slice(k, k + 1)
+    epochs = np.asarray(update.epochs, float)
+    update = dataclasses.replace(update, grads=update.grads[row],
+                                 epochs=epochs[row] if epochs.ndim else epochs)
+    return dataclasses.replace(wide, params=wide.params[row]), update
 
 
 def encode_message(algorithm, message) -> np.ndarray:
@@ -160,16 +240,22 @@ def encode_update(algorithm, update) -> np.ndarray | None:
 
 
 def check_row(algorithm, row: np.ndarray, *, lr: float, batch: int, n: int,
-              round: int) -> str | None:
-    """Why a silo's (1, M) row is malformed for the algorithm (None: fine). The public
+              round: int, silo: int = 0) -> str | None:
+    """Why silo `silo`'s (1, M) row is malformed for the algorithm (None: fine). The public
     fields a silo sends along must be the ones the server expects: IFCA's cluster index an
-    integer in [0, G); Weight Erosion's epoch counter ⌊(r − 1)·b/n⌋ and the job's lr;
-    the local-DP flag 0/1, PrivateKT's labels classes in [0, C) and β, lr, b the job's."""
+    integer in [0, G); Weight Erosion's epoch counter ⌊(r − 1)·b/n⌋ (r: the round, or with
+    count = "participated" the rounds the silo took part in, from the public schedule) and
+    the job's lr; the local-DP flag 0/1, PrivateKT's labels classes in [0, C) and β, lr, b
+    the job's."""
     fam, r = _family(algorithm), row[0]
     if fam == "ifca" and not (r[0] == int(r[0]) and 0 <= r[0] < algorithm.clusters):
         return f"cluster index {r[0]!r} is not one of the {algorithm.clusters} clusters"
-    if fam == "erosion" and (r[0] != np.floor((round - 1) * batch / n) or r[1] != lr):
-        return "epoch counter or step size differs from the job's"
+    if fam == "erosion":
+        used = round
+        if algorithm.count == "participated" and erosion_schedule(algorithm):
+            used = int(algorithm.taken_part(round)[silo])
+        if r[0] != np.floor((used - 1) * batch / n) or r[1] != lr:
+            return "epoch counter or step size differs from the job's"
     if fam in ("kt", "ldp") and r[0] not in (0.0, 1.0):
         return f"upload flag {r[0]!r} is not 0 or 1"
     if fam == "kt":
@@ -221,7 +307,9 @@ def merge_updates(algorithm, rows: dict[int, np.ndarray | None], weights: dict[i
         P = R.shape[1] - 2
         grads, epochs = np.full((K, P), np.nan), np.zeros(K)
         grads[ks], epochs[ks] = R[:, 2:], R[:, 0]
-        present = None if len(ks) == K else np.isin(np.arange(K), ks)
+        # who sent a row; always a mask under a schedule (its server step places newcomers)
+        present = None if len(ks) == K and not erosion_schedule(algorithm) else \
+            np.isin(np.arange(K), ks)
         return ErosionUpdate(grads, epochs, float(R[0, 1]), present, round), np.ones(K)
     if fam == "mocha":
         full = np.zeros((K, R.shape[1]))
@@ -269,17 +357,18 @@ def per_silo_step(algorithm: Algorithm, silos: SiloState, message, trainers: lis
     """`algorithm.silo_step` run by each silo on its own one-silo trainer (as the network
     does), results stacked: (state of K silos, (K, P) update or None)."""
     states, rows = [], {}
-    asked = set(range(len(trainers)))
-    if local_dp_family(algorithm):  # the server's selection, as a networked server makes it
+    ok = np.ones(len(trainers), bool)
+    if local_dp_family(algorithm):  # eligible: plans covering one more upload
         from silofl.training import local_dp
-        ok = [local_dp.eligible(tr, algorithm.upload_event())[0] for tr in trainers]
-        asked = set(select_silos(algorithm, np.array(ok), round).tolist())
+        ok = np.array([local_dp.eligible(tr, algorithm.upload_event())[0] for tr in trainers])
+    # the server's selection (local DP) or schedule (Weight Erosion), as a networked one asks
+    asked = set(select_silos(algorithm, ok, round).tolist())
     for k, trainer in enumerate(trainers):
         if k not in asked:
             states.append(slice_state(silos, k))
             continue
-        s, u = algorithm.silo_step(slice_state(silos, k), silo_message(algorithm, message, k),
-                                   trainer, round)
+        s, u = own_step(algorithm, slice_state(silos, k), silo_message(algorithm, message, k),
+                        trainer, round, k)
         states.append(s)
         rows[k] = encode_update(algorithm, u)
     K = len(trainers)

@@ -24,11 +24,12 @@ from silofl.errors import ConfigError, SiloflError
 from silofl.privacy.accounting import DEFAULT_ACCOUNTANT
 from silofl.experiments.atomic import write_json_atomic, write_npz_atomic
 from silofl.runtime.network import messages as W
-from silofl.runtime.network.hosting import (check_row, encode_message, local_dp_family,
-                                            merge_updates, select_silos, update_width)
+from silofl.runtime.network.hosting import (asks_subset, check_row, encode_message,
+                                            local_dp_family, merge_updates, select_silos,
+                                            update_width)
 from silofl.runtime.network.silo import (JOB_KEYS, check_job, data_module, job_algorithm,
                                          job_config, job_model, job_params0, job_silos,
-                                         load_public, public_sha256)
+                                         load_public, public_sha256, tables_as_json)
 
 #: fault injection for tests and drills: exit abruptly after checkpointing this round
 CRASH_ENV = "SILOFL_FAULT_SERVER_EXIT_ROUND"
@@ -37,7 +38,9 @@ JOB_DEFAULTS = {"lam": 0.3, "weighted": True, "finetune_fraction": 0.5, "model":
                 "lr": 0.1, "clip": 1.0, "l2": 0.0, "accountant": DEFAULT_ACCOUNTANT,
                 "noise": "secure", "seed": 0, "clusters": 2, "selection_fraction": 0.03,
                 "selection_rounds": 0.1, "we_user": "", "we_p_s": 0.2, "we_p_d": 0.01,
-                "we_update": "gradient", "ldp_epsilon": 5.0, "ldp_mechanism": "gaussian",
+                "we_update": "gradient", "we_participation": 1.0, "we_join_round": "{}",
+                "we_leave_round": "{}", "we_count": "rounds", "we_newcomer": "one",
+                "ldp_epsilon": 5.0, "ldp_mechanism": "gaussian",
                 "ldp_delta": 1e-5, "client_fraction": 0.5, "max_participation": 0,
                 "kt_samples": 2, "kt_buffer": 25, "kt_self_train": 0.1, "kt_server_epochs": 5,
                 "kt_server_lr": 0.0, "public_seed": 0, "public_sha256": "",
@@ -76,13 +79,14 @@ def load_server_config(path: str | Path) -> ServerConfig:
     if bad:
         raise ConfigError(f"{path}: unknown [job] key(s) {sorted(bad)}; known: "
                           f"{', '.join(sorted(JOB_KEYS))}")
-    job = {**JOB_DEFAULTS, **j}
+    job = tables_as_json({**JOB_DEFAULTS, **j})
     if isinstance(job["graph"], dict):  # [job.graph]: graph data's settings, as JSON
         job["graph"] = json.dumps(job["graph"], sort_keys=True)
     # the silos of the job in [silos] order (silo k = the k-th registered), unless stated
     job.setdefault("silos", json.dumps([str(n) for n in silos]))
     for k in ("local_epochs", "lr", "clip", "l2", "lam", "finetune_fraction",
-              "selection_fraction", "selection_rounds", "we_p_s", "we_p_d", "ldp_epsilon",
+              "selection_fraction", "selection_rounds", "we_p_s", "we_p_d",
+              "we_participation", "ldp_epsilon",
               "ldp_delta", "client_fraction", "kt_self_train", "kt_server_lr"):
         if isinstance(job.get(k), int) and not isinstance(job.get(k), bool):
             job[k] = float(job[k])
@@ -190,7 +194,8 @@ class ServerProgram:
     def selected(self, t: int, available: list[str]) -> list[str]:
         """The silos to ask in round t among the `available` ones still in the job: all of
         them, or for a local-DP method the public selection among those whose reported
-        plan covers one more upload (each silo still checks for itself)."""
+        plan covers one more upload, or for Weight Erosion with a participation schedule
+        the silos of round t's public schedule (each silo still checks for itself)."""
         ok = np.array([n in available and n in self.silos and self.silos[n].status == "ok"
                        and (not local_dp_family(self.algorithm)
                             or len(self.silos[n].rounds) < self.silos[n].steps)
@@ -217,7 +222,7 @@ class ServerProgram:
         if update is not None:
             bad = check_row(self.algorithm, update, lr=self.job["lr"],
                             batch=self.job["batch_size"], n=self.silos[name].n_train,
-                            round=t)
+                            round=t, silo=self.names.index(name))
             if bad:
                 raise W.ProtocolError(f"silo {name!r}: malformed update ({bad}); rejected")
         if rep["round"] != t or rep["job_hash"] != self.hash:
@@ -233,7 +238,7 @@ class ServerProgram:
         them (min_silos rule), then checkpoint. `mean` (1, P): SecAgg+ gave only the
         weighted mean of the rows of `updates`' silos (their values are then None)."""
         need = self.cfg.min_silos
-        if local_dp_family(self.algorithm):  # only the selected silos were asked
+        if asks_subset(self.algorithm):  # only the selected (scheduled) silos were asked
             need = min(need, len(getattr(self, "asked", [])) or need)
         if len(updates) < need:
             raise SiloflError(

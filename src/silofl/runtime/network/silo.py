@@ -46,7 +46,8 @@ from silofl.runtime.network import messages as W
 from silofl.runtime.network.hosting import (check_message, check_network_method,
                                             decode_message,
                                             encode_update, local_dp_family,
-                                            message_size, round_events, server_view,
+                                            message_size, not_scheduled, own_step,
+                                            round_events, server_view,
                                             silo_message, silo_randomness, slice_state)
 from silofl.runtime.plan import SiloPlan, TrainingConfig, plan_silos
 from silofl.training.dpsgd import GradientRule
@@ -63,8 +64,12 @@ JOB_KEYS = {"method": str, "lam": float, "weighted": bool, "finetune_fraction": 
             "silos": str,
             # IFCA family (clusters, share of ε per selection, share of rounds selecting)
             "clusters": int, "selection_fraction": float, "selection_rounds": float,
-            # Weight Erosion: the user silo's name, penalties, what each silo sends
+            # Weight Erosion: the user silo's name, penalties, what each silo sends, and the
+            # public participation schedule (join/leave: a JSON object {silo name: round};
+            # the schedule's seed is `seed`)
             "we_user": str, "we_p_s": float, "we_p_d": float, "we_update": str,
+            "we_participation": float, "we_join_round": str, "we_leave_round": str,
+            "we_count": str, "we_newcomer": str,
             # local-DP methods (PrivateKT, FedAvg-LDP) and the public set's SHA-256 ("" none)
             "ldp_epsilon": float, "ldp_mechanism": str, "ldp_delta": float,
             "client_fraction": float, "max_participation": int, "kt_samples": int,
@@ -88,10 +93,23 @@ def data_module(kind: str):
     return None if name is None else importlib.import_module(name)
 
 
+#: job keys whose value, a table {silo name: round}, travels as its JSON string
+JOB_TABLES = ("we_join_round", "we_leave_round")
+
+
+def tables_as_json(job: dict) -> dict:
+    """`job` with a table (dict) under a `JOB_TABLES` key (a TOML table, `--set
+    we_join_round={b=3}`) replaced by its canonical JSON string."""
+    return {k: json.dumps(v, sort_keys=True) if k in JOB_TABLES and isinstance(v, dict)
+            else v for k, v in job.items()}
+
+
 def check_job(job: dict) -> dict:
     """The public job description with exactly `JOB_KEYS` (ProtocolError otherwise)."""
     W.check_fields({**job, "protocol": W.PROTOCOL, "kind": "job"},
                    {**JOB_KEYS, "protocol": str, "kind": str}, "job")
+    for key in JOB_TABLES:
+        job_rounds(job, key)
     # ints where floats are expected are the same number: one canonical form to hash
     return {k: float(v) if JOB_KEYS[k] is float else v for k, v in job.items()}
 
@@ -116,6 +134,20 @@ def job_silos(job: dict) -> list[str]:
     return names
 
 
+def job_rounds(job: dict, key: str) -> dict:
+    """Weight Erosion's join or leave rounds {silo name: round} from the job's JSON string
+    `key` (ProtocolError naming the key for a malformed one; the rounds themselves are
+    checked by the algorithm)."""
+    try:
+        rounds = json.loads(job[key])
+    except json.JSONDecodeError:
+        rounds = None
+    if not isinstance(rounds, dict):
+        raise W.ProtocolError(f"job: {key!r} must be a JSON object {{silo name: round}}, e.g. "
+                              f"'{{\"b\": 3}}' ('{{}}': none), got {job[key][:200]!r}")
+    return rounds
+
+
 def job_algorithm(job: dict, public: np.ndarray | None = None):
     """The job's algorithm, bound to the job's silos (names resolve to indices) and, for
     PrivateKT, to the public set `public` (whose SHA-256 the job states)."""
@@ -128,7 +160,12 @@ def job_algorithm(job: dict, public: np.ndarray | None = None):
         finetune_fraction=job["finetune_fraction"], clusters=job["clusters"],
         selection_fraction=job["selection_fraction"], selection_rounds=job["selection_rounds"],
         we_user=job["we_user"] or None, we_p_s=job["we_p_s"], we_p_d=job["we_p_d"],
-        we_options={"update": job["we_update"]}, ldp_epsilon=job["ldp_epsilon"],
+        we_options={"update": job["we_update"], "participation": job["we_participation"],
+                    "join_round": job_rounds(job, "we_join_round"),
+                    "leave_round": job_rounds(job, "we_leave_round"),
+                    "count": job["we_count"], "newcomer": job["we_newcomer"],
+                    "seed": job["seed"]},  # the schedule's public seed, as training.seed
+        ldp_epsilon=job["ldp_epsilon"],
         ldp_mechanism=job["ldp_mechanism"], ldp_delta=job["ldp_delta"],
         client_fraction=job["client_fraction"], max_participation=job["max_participation"],
         kt_samples=job["kt_samples"], kt_buffer=job["kt_buffer"],
@@ -456,6 +493,9 @@ class SiloProgram:
         if not 1 <= t <= self.job["rounds"]:
             return self._reply(req, "refused", f"round {t} is outside the job's 1.."
                                f"{self.job['rounds']}; nothing was run", None)
+        absent = not_scheduled(self.algorithm, t, self.index)  # our own copy of the schedule
+        if absent:
+            return self._reply(req, "refused", absent, None)
         bad = check_message(self.algorithm, decode_message(
             self.algorithm, message, self.K, self.P))
         if bad:
@@ -512,8 +552,8 @@ class SiloProgram:
             if os.environ.get(CRASH_ENV) == str(t):
                 os._exit(17)  # a crash after the charge: the reservation stays counted
             self._data_before_step(t, self.trainer.ledgers[0])
-            self.state, update = self.algorithm.silo_step(
-                self.state, self._view(message), self.trainer, t)
+            self.state, update = own_step(self.algorithm, self.state, self._view(message),
+                                          self.trainer, t, self.index)
         except BaseException:
             job.settle("failed")
             raise
