@@ -19,7 +19,6 @@ pytest.importorskip("flwr")
 from silofl.data.federation import PrivacyTarget  # noqa: E402
 from silofl.data.heart import load_heart_disease  # noqa: E402
 from silofl.errors import ConfigError  # noqa: E402
-from silofl.privacy import events  # noqa: E402
 from silofl.privacy.budget import BudgetStore  # noqa: E402
 from silofl.runtime.network import deploy, messages as W  # noqa: E402
 from silofl.runtime.network.server import ServerProgram, load_server_config  # noqa: E402
@@ -27,6 +26,7 @@ from silofl.runtime.network.silo import (SiloProgram, check_job, job_algorithm, 
                                          job_config, job_model, load_silo_config,
                                          new_nonce)
 from silofl.runtime.simulator import simulate  # noqa: E402
+from test_network import _store_events  # noqa: E402  (tests/ is on the import path)
 
 ROUNDS = 6
 # heart: Cleveland, Hungary (the user u_0), Switzerland (joins at 3), VA Long Beach (leaves
@@ -60,15 +60,12 @@ def consortium(tmp: Path, **job) -> dict:
 def store_rows(store, name) -> tuple[list[int], dict, set]:
     """From a silo's charges in a store: the rounds charged (each networked charge's run
     command ends with its round), the multiset of base DP events, and the statuses."""
+    got, statuses = _store_events(store, name)
     with BudgetStore(store) as s:
         rows = s.charges(name)
-    got = {}
-    for r in rows:
-        for e, c in events.flatten(events.from_json(r["event"])).items():
-            got[repr(e)] = got.get(repr(e), 0) + c * r["count"]
     rounds = sorted(int(r["command"].rsplit(" ", 1)[1]) for r in rows
                     if r["command"].startswith("silo "))
-    return rounds, got, {r["status"] for r in rows}
+    return rounds, got, set(statuses)
 
 
 def drive(program: ServerProgram, silos: dict) -> None:
