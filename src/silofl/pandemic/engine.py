@@ -15,7 +15,7 @@ data:
   (names, sizes, targets; no test rows: evaluation happens in `pipeline.evaluate`).
 * `RegionMRMTL` — MR-MTL whose server step is the exactly rounded (``math.fsum``)
   size-weighted mean of the region *models*: the result does not depend on the order in
-  which regions report (the Flower server, `silo.server_aggregate`, computes the same).
+  which regions report (a networked server, `runtime.network.server`, runs the same step).
 """
 
 from __future__ import annotations
