@@ -21,6 +21,7 @@ pytest.importorskip("flwr")
 import silofl.runtime.network.flower  # noqa: E402,F401  (imported once, before forking)
 from silofl import cli  # noqa: E402
 from silofl.data.federation import PrivacyTarget  # noqa: E402
+from silofl.errors import ConfigError  # noqa: E402
 from silofl.privacy import events  # noqa: E402
 from silofl.privacy.budget import BudgetStore  # noqa: E402
 from silofl.privacy.ledger import tightest  # noqa: E402
@@ -651,3 +652,8 @@ def test_graph_regions_as_tls_processes_equal_in_process_pandemic_training(tmp_p
         assert [(c["label"], c["status"]) for c in charges] == [("node-dpsgd", "charged")] * 2
         assert prog.store.spent(name)["epsilon"] == pytest.approx(
             ref.privacy[k]["epsilon_spent"], rel=1e-9)
+    # SecAgg+'s clipping range bounds model changes; regions send models: refused
+    text = Path(w["server"]).read_text().replace("[server]\n", "[server]\nsecagg = true\n", 1)
+    Path(w["server"]).write_text(text)
+    with pytest.raises(ConfigError, match="tabular jobs"):
+        load_server_config(w["server"])

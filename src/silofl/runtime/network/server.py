@@ -131,6 +131,10 @@ def load_server_config(path: str | Path) -> ServerConfig:
     if not 1 <= cfg.min_silos <= cfg.expected_silos <= len(silos):
         raise ConfigError(f"{path}: need 1 ≤ min_silos ({cfg.min_silos}) ≤ expected_silos "
                           f"({cfg.expected_silos}) ≤ registered silos ({len(silos)})")
+    if cfg.secagg and job["data_kind"] != "tabular":
+        raise ConfigError(f"{path}: secagg = true is for tabular jobs: a graph job's regions "
+                          "send their models (not bounded changes), which SecAgg+'s clipping "
+                          "range does not cover; remove it")
     if cfg.secagg and job["method"] not in ("fedavg", "mrmtl"):  # secagg.SECAGG_METHODS
         raise ConfigError(f"{path}: secagg = true needs a method whose server step is a "
                           f"weighted mean (fedavg, mrmtl), not {job['method']!r}; remove it")
