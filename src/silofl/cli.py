@@ -902,6 +902,53 @@ def _pandemic_config(centralized, rounds, epsilon, batch, lam, lr, S, no_privacy
                           preprocessing=preprocessing, method=method)
 
 
+def _pandemic_tuning(mode: str, lams: str, trials: float, cfg):
+    """`--tuning`: None, or the `TuningConfig` of a privately tuned graph run (checked by
+    `tuning.graph.check_setting` before anything is read or reserved)."""
+    from silofl.errors import ConfigError
+    from silofl.experiments.config import TuningConfig
+    if mode == "none":
+        return None
+    if mode != "private":
+        raise ConfigError(f"--tuning must be 'none' or 'private', got {mode!r}")
+    try:
+        grid = [float(x) for x in lams.split(",") if x.strip()]
+    except ValueError:
+        raise ConfigError(f"--tuning-lam must be comma-separated numbers, e.g. "
+                          f"0.01,0.1,1; got {lams!r}") from None
+    tc = TuningConfig(mode="private", method=cfg.method, lam=grid, mean_trials=trials,
+                      pivot_lam=cfg.lam)
+    from silofl.tuning.graph import check_setting
+    check_setting(tc, cfg)
+    return tc
+
+
+def _pandemic_tuning_table(privacy: list[dict]) -> Table:
+    """Per region: the released setting and the RepeatAndSelect release's own ε."""
+    first = privacy[0]["tuning"]
+    h = first["h_distribution"]
+    dist = (f"TNB(η={h['eta']:g}, γ={h['gamma']:.3g})" if h["distribution"] == "tnb"
+            else f"Poisson(μ={h['mu']:g})")
+    t = Table(title=f"tuned privately: h_k ~ {dist}, E\\[h] = {h['mean_trials']:.3g} "
+                    "(secret per region)")
+    for c in ["region", "chosen λ", "chosen lr", "score persons", "score Δ", "score noise",
+              "RepeatAndSelect ε", "ε spent (all)"]:
+        t.add_column(c, justify="left" if c == "region" else "right")
+    for p in privacy:
+        tu = p["tuning"]
+        ch, v = tu.get("chosen") or {}, tu["validation"]
+        pivot = ch.get("pivot", True)
+        t.add_row(escape(p["region"]), "pivot λ̄" if pivot else f"{ch['lam']:g}",
+                  "-" if pivot else f"{ch['lr']:g}", str(v["persons"]),
+                  f"{v['sensitivity']:.3g}", f"{v['noise_std']:.3g}",
+                  f"{tu.get('charged_epsilon', float('nan')):.3f}",
+                  f"{p['epsilon_spent']:.3f}")
+    t.caption = ("score: mean focal loss clipped to [0, B] at the last labelled window; "
+                 "Δ = min(A, m)·B/m (A examples change per replaced person); ε spent "
+                 "includes the pivot and the whole tuned release")
+    return t
+
+
 @pandemic_app.command("train")
 def pandemic_train(data: Path = typer.Option(..., "--data", help="directory of the 7 inputs"),
                    model_dir: Path = typer.Option(Path("pandemic-model"), "--model"),
@@ -927,7 +974,17 @@ def pandemic_train(data: Path = typer.Option(..., "--data", help="directory of t
                        "charge an in-memory scratch budget: an experiment, not a release")),
                    method: str = typer.Option("mrmtl", "--method", help=(
                        "federated algorithm on the core engine: mrmtl, local, fedavg, "
-                       "finetune, ditto or mocha (--lam is its λ)"))):
+                       "finetune, ditto or mocha (--lam is its λ)")),
+                   tuning: str = typer.Option("none", "--tuning", help=(
+                       "none, or private: tune λ per region (mrmtl/ditto) by a random "
+                       "number of trials, best released by a noisy node-level score; "
+                       "the whole release is charged (README 'Private tuning on graph "
+                       "data')")),
+                   tuning_lam: str = typer.Option("0.01,0.03,0.1,0.3,1", "--tuning-lam",
+                                                  help="λ grid of --tuning private"),
+                   tuning_trials: float = typer.Option(10.0, "--tuning-trials", help=(
+                       "mean number of trials h per region (h ~ geometric with this "
+                       "mean, drawn secretly in each region)"))):
     """Train per-region risk models (MR-MTL by default, node-level DP) and save them. A private run
     first reserves its whole spending in the lifetime budget store (refused, exit 2,
     nothing written, if a region's lifetime budget cannot pay)."""
@@ -941,6 +998,7 @@ def pandemic_train(data: Path = typer.Option(..., "--data", help="directory of t
         cfg = _pandemic_config(centralized, rounds, epsilon, batch, lam, lr, S, no_privacy,
                                seed, noise, adjacency, preprocessing, method)
         cfg.validate()
+        tc = _pandemic_tuning(tuning, tuning_lam, tuning_trials, cfg)
         with console.status("reading data…"):
             ds = read_dataset(data)
         if cfg.private:
@@ -949,7 +1007,7 @@ def pandemic_train(data: Path = typer.Option(..., "--data", help="directory of t
                       "{task.total}"), TimeElapsedColumn(), console=err) as prog:
             task = prog.add_task("train", total=rounds)
             pm = train(ds, cfg, on_round=lambda t, T: prog.update(task, completed=t),
-                       store=st, command="silofl pandemic train")
+                       store=st, command="silofl pandemic train", tuning=tc)
         pm.save(model_dir)
     except SiloflError as e:
         _fail(e)
@@ -972,6 +1030,8 @@ def pandemic_train(data: Path = typer.Option(..., "--data", help="directory of t
                       f"{p['noise_multiplier']:.3g}", f"{p['epsilon_spent']:.3f}",
                       f"{p['delta']:.2g}", life)
         console.print(t)
+        if pm.privacy and "tuning" in pm.privacy[0]:
+            console.print(_pandemic_tuning_table(pm.privacy))
         console.print(f"Adjacency ({cfg.adjacency}): {escape(ADJACENCY_TEXT[cfg.adjacency])}.")
         console.print(f"Assumptions: {escape(PRUNING_ASSUMPTION)}; "
                       f"{escape(SIZES_ASSUMPTION)}.")

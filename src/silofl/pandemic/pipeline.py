@@ -16,9 +16,9 @@ budget reserved and settled by `runtime.job` (`open_job`/`Job`, as the tabular t
 So any method built on local passes runs on graph data (``method``:
 `engine.NODE_METHODS`).  What stays here: regions, features and their constants, what a
 run reserves (`planned_charges`, labels `ROUND_LABEL`/`PREPROCESS_LABEL`,
-`reserve_regions`), the model file, prediction and the challenge's entry points.  Results
-equal the previous stand-alone pipeline bit for bit (seeded noise;
-tests/pandemic/test_engine.py).
+`reserve_regions`; a privately tuned run: `tuned_method`, `tuned_charges`), the model
+file, prediction and the challenge's entry points.  Results equal the previous
+stand-alone pipeline bit for bit (seeded noise; tests/pandemic/test_engine.py).
 
 **What is guaranteed, and what is assumed** (every model states it, `privacy_entry`):
 
@@ -436,13 +436,14 @@ def graph_federation(regions: list[Region], cfg: PandemicConfig) -> GraphFederat
                                       if cfg.private else None) for r in regions])
 
 
-def plan_regions(regions: list[Region], cfg: PandemicConfig) -> list:
+def plan_regions(regions: list[Region], cfg: PandemicConfig, algorithm=None) -> list:
     """Steps, calibrated σ (and the private preprocessing's σ) per region — from public
     facts only (n, S, the config), before any record is read — by the core planner
     (`runtime.plan.plan_job`, node-level unit, the preprocessing release composed in).
     Regions get a ledger checked against their target (`reserve_regions` replaces it by
     the job's, limited to what the budget store reserved). Returns the planner's
-    `SiloPlan`s."""
+    `SiloPlan`s.  ``algorithm``: what runs instead of ``cfg.method`` (private tuning:
+    `tuned_method`)."""
     for r in regions:
         if cfg.batch_size > r.n:
             raise ConfigError(f"batch_size {cfg.batch_size} is larger than {r.name} "
@@ -456,14 +457,17 @@ def plan_regions(regions: list[Region], cfg: PandemicConfig) -> list:
                     r.delta, adjacency=cfg.adjacency)
     extra = {r.name: preprocess_event(r, cfg) for r in regions} \
         if cfg.private_preprocessing else None
-    plans = plan_job(graph_federation(regions, cfg), [make_method(cfg.method, cfg.lam)],
-                     training_config(cfg), extra)[0]
+    plans = plan_job(graph_federation(regions, cfg),
+                     [algorithm or make_method(cfg.method, cfg.lam)], training_config(cfg),
+                     extra)[0]
     for r, p in zip(regions, plans):
         r.steps_per_round = p.steps_per_pass
         if cfg.private:
             r.sigma = p.noise_multiplier
             r.ledger = Ledger(r.name, PrivacyTarget(cfg.epsilon, r.delta))
-            r.ledger.preflight(charged_event(planned_charges(r, cfg)))
+            r.ledger.preflight(charged_event(
+                planned_charges(r, cfg) if algorithm is None else
+                tuned_charges(r, cfg, algorithm)))
     return plans
 
 
@@ -497,6 +501,61 @@ def planned_charges(r: Region, cfg: PandemicConfig, rounds: list[int] | None = N
     if rounds:
         out.append(PlannedCharge(r.name, cfg.method, ROUND_LABEL, round_event(r, cfg),
                                  len(rounds) * passes_per_round(cfg)))
+    return out
+
+
+# --- private tuning (silofl.tuning on graph data; README "Private tuning on graph data") ---
+
+#: ledger labels of a tuned run: the pivot's passes, the RepeatAndSelect release
+PIVOT_LABEL, TUNING_LABEL = "dpsgd-pivot", "tuning"
+
+
+def tuned_method(regions: list[Region], cfg: PandemicConfig, tc):
+    """``cfg.method`` (MR-MTL or Ditto) privately tuned per region (`TuningConfig` ``tc``,
+    checked by `tuning.graph.check_setting`): `TunedPersonalization` with one node-level
+    `NodeValidation` score per region (read only after its charge)."""
+    from silofl.tuning.graph import DEFAULT_LOSS_BOUND, NodeValidation
+    from silofl.tuning.private import TunedPersonalization
+    from silofl.tuning.setup import distribution
+    val = [NodeValidation(r, (lambda X, r=r: region_inputs(r, cfg, X)),
+                          affected=affected_examples(r.n, r.S, cfg.adjacency),
+                          loss_bound=DEFAULT_LOSS_BOUND, seed=cfg.seed) for r in regions]
+    return TunedPersonalization(list(tc.lam), distribution(tc), val,
+                                lrs=list(tc.lr) or None, pivot=cfg.method,
+                                pivot_lam=tc.pivot_lam, score_ratio=tc.score_ratio,
+                                loss_bound=DEFAULT_LOSS_BOUND)
+
+
+def tuned_charges(r: Region, cfg: PandemicConfig, alg) -> list[PlannedCharge]:
+    """What a tuned run of ``r`` spends: the private preprocessing (if any), the pivot's
+    passes (every round) and one RepeatAndSelect of a trial — the very events
+    `TunedPersonalization` charges, so the job's ledgers allow exactly them."""
+    from silofl.tuning import accounting as TA
+    from silofl.tuning.private import score_sigma
+    ev = round_event(r, cfg)
+    out = planned_charges(r, cfg, rounds=[])
+    out.append(PlannedCharge(r.name, cfg.method, PIVOT_LABEL, ev, cfg.rounds))
+    out.append(PlannedCharge(r.name, cfg.method, TUNING_LABEL, TA.select_event(
+        ev, cfg.rounds, alg.dist, score_sigma(ev, cfg.rounds, alg.score_ratio))))
+    return out
+
+
+def tuning_entry(r: Region, k: int, cfg: PandemicConfig, alg) -> dict:
+    """Region k's tuning record: the distribution of h (h_k itself stays secret), the
+    grid, the score (window, persons, Δ, noise), the ε of the RepeatAndSelect charge alone
+    and the released setting."""
+    from silofl.privacy import accounting, events
+    from silofl.tuning.graph import describe_release
+    from silofl.tuning.private import score_sigma
+    out = describe_release(alg, k)
+    sig = score_sigma(round_event(r, cfg), cfg.rounds, alg.score_ratio)
+    out["validation"].update(noise_multiplier=sig,
+                             noise_std=sig * alg.validation[k].sensitivity())
+    out["trial_steps"] = r.steps_per_round * cfg.rounds
+    sel = [e for e in (r.ledger.entries if r.ledger else []) if e.label == TUNING_LABEL]
+    if sel:
+        out["charged_epsilon"] = accounting.epsilon(sel[0].event, r.delta, "rdp")
+        out["event"] = events.to_dict(sel[0].event)
     return out
 
 
@@ -967,26 +1026,41 @@ def raw_weights(w: np.ndarray, r: Region) -> np.ndarray:
 def train(data: PandemicData, cfg: PandemicConfig,
           on_round: Callable[[int, int], None] | None = None, *,
           store: BudgetStore | None = None,
-          command: str = "silofl.pandemic.train") -> PandemicModel:
+          command: str = "silofl.pandemic.train", tuning=None) -> PandemicModel:
     """MR-MTL over regions (or one centralized model) with node-level DP-SGD.
 
     Private runs charge ``store`` (None: an in-memory scratch store, flagged in the
     model): everything the run will spend is reserved per region before any record is
     read (BudgetExceeded, nothing read, if a region's lifetime budget cannot pay), the
     ledgers spend only that, and the store is settled to what executed — also when the
-    run fails."""
+    run fails.
+
+    ``tuning`` (an `experiments.config.TuningConfig` with mode "private"): ``cfg.method``
+    (mrmtl or ditto) tuned privately per region (`tuned_method`; README "Private tuning
+    on graph data"), the whole RepeatAndSelect release reserved and charged; the pivot's
+    public λ̄ is ``tuning.pivot_lam`` (the CLI passes ``--lam``), and
+    ``validation_fraction`` does not apply (the score reads every person's example at a
+    public window, `tuning.graph.NodeValidation`)."""
     cfg.validate()
     t0 = time.perf_counter()
+    tc = tuning if tuning is not None and tuning.mode != "none" else None
+    if tc is not None:
+        from silofl.tuning.graph import check_setting
+        check_setting(tc, cfg)  # fail before anything is reserved
     check_t_window(cfg.t_window, data.num_days)  # fail before anything is reserved
     regions = region_groups(data, cfg)  # membership and sizes only (public)
-    plans = plan_regions(regions, cfg)
+    alg = tuned_method(regions, cfg, tc) if tc is not None else None
+    plans = plan_regions(regions, cfg, alg)
     job = None
     if cfg.private:
         store = store if store is not None else BudgetStore(None)
         fps = {r.name: region_fingerprint(data, r) for r in regions}
-        job = reserve_regions(store, regions, cfg, plans, command=command, fingerprints=fps)
+        charges = None if alg is None else {r.name: tuned_charges(r, cfg, alg)
+                                            for r in regions}
+        job = reserve_regions(store, regions, cfg, plans, command=command, fingerprints=fps,
+                              charges=charges)
     try:
-        pm = _train_reserved(data, cfg, regions, on_round, t0, plans, job)
+        pm = _train_reserved(data, cfg, regions, on_round, t0, plans, job, alg)
         if job is not None:
             job.settle()
     except BaseException:
@@ -998,12 +1072,16 @@ def train(data: PandemicData, cfg: PandemicConfig,
     pm.privacy = [privacy_entry(r, cfg, cfg.rounds, store if cfg.private else None,
                                 job.run_id if job else None)
                   for r in regions]
+    if alg is not None:  # the pivot's steps, the tuned release, the released setting
+        for k, (r, entry) in enumerate(zip(regions, pm.privacy)):
+            entry.update(method=alg.name, steps=r.steps_per_round * cfg.rounds,
+                         tuning=tuning_entry(r, k, cfg, alg))
     return pm
 
 
 def _train_reserved(data: PandemicData, cfg: PandemicConfig, regions: list[Region],
                     on_round, t0: float, plans: list | None = None,
-                    job: Job | None = None) -> PandemicModel:
+                    job: Job | None = None, algorithm=None) -> PandemicModel:
     """Features (a private preprocessing release charged first), input scaling, then
     ``cfg.method`` on the core engine (`runtime.simulator.simulate` with the regions as
     a `GraphSource` and the node-level unit), spending the regions' ledgers."""
@@ -1017,7 +1095,8 @@ def _train_reserved(data: PandemicData, cfg: PandemicConfig, regions: list[Regio
     t_scale = time.perf_counter() - t_scale
     model = new_model(regions[0].features, cfg)
     t1 = time.perf_counter()
-    res = simulate(graph_federation(regions, cfg), model, make_method(cfg.method, cfg.lam),
+    res = simulate(graph_federation(regions, cfg), model,
+                   algorithm or make_method(cfg.method, cfg.lam),
                    training_config(cfg), plans=plans, job=job, method=cfg.method,
                    source=region_source(regions, cfg), params0=initial_weights(model, cfg),
                    on_round=(lambda t, _: on_round(t, cfg.rounds)) if on_round else None)

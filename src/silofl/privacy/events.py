@@ -15,7 +15,10 @@ from silofl.errors import PrivacyError
 
 #: events silofl defines itself (dp_accounting has no type for them), by their dict's
 #: "event" name → "module:Class" (imported lazily: privacy must not import pandemic)
-CUSTOM_EVENTS = {"node_level_dp": "silofl.pandemic.node_dp:NodeLevelDpEvent"}
+CUSTOM_EVENTS = {"node_level_dp": "silofl.pandemic.node_dp:NodeLevelDpEvent",
+                 # private tuning on graph data (silofl.tuning.graph)
+                 "node_repeat_and_select": "silofl.tuning.graph:NodeRepeatAndSelectEvent",
+                 "gaussian_score": "silofl.tuning.graph:GaussianScoreEvent"}
 
 
 def to_dict(event) -> dict:

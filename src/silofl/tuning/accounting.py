@@ -46,22 +46,39 @@ def check_accountable(dist: TrialDistribution) -> None:
 def noise_of(round_event) -> float:
     """σ of the (Poisson-subsampled) Gaussian inside a DP-SGD event."""
     e = round_event
+    if _node(e):  # node level: the event carries its σ
+        return float(e.sigma)
     while not isinstance(e, dpa.GaussianDpEvent):
         e = e.event
     return float(e.noise_multiplier)
+
+
+def _node(event) -> bool:
+    """A node-level pass event (own RDP curve): tuned through `tuning.graph`'s events."""
+    from silofl.tuning.graph import is_node_event
+    return is_node_event(event)
 
 
 def trial_event(round_event, rounds: int, score_sigma: float):
     """One trial: `rounds` local passes (each `round_event`) and one Gaussian score release
     with noise multiplier `score_sigma` (std = σ · sensitivity)."""
     # a tuple, not a list: the event is a base event (hashed) of ledgers and the store
+    if _node(round_event):  # node level: a score event with its own curve (tuning.graph)
+        from silofl.tuning.graph import GaussianScoreEvent
+        score = GaussianScoreEvent(float(score_sigma))
+    else:
+        score = dpa.GaussianDpEvent(float(score_sigma))
     return dpa.ComposedDpEvent((events.hashable(dpa.SelfComposedDpEvent(round_event, rounds)),
-                                dpa.GaussianDpEvent(float(score_sigma))))
+                                score))
 
 
 def select_event(round_event, rounds: int, dist: TrialDistribution, score_sigma: float):
     """The random-h, best-only release of the trials."""
     check_accountable(dist)
+    if _node(round_event):  # dp_accounting's RepeatAndSelect cannot wrap node-level events
+        from silofl.tuning.graph import NodeRepeatAndSelectEvent
+        return NodeRepeatAndSelectEvent(round_event, int(rounds), float(score_sigma),
+                                        float(dist.mean), float(dist.shape))
     return RepeatAndSelectDpEvent(trial_event(round_event, rounds, score_sigma),
                                       float(dist.mean), float(dist.shape))
 
@@ -96,6 +113,11 @@ def fast_rdp(event) -> np.ndarray | None:
             if inner is None:
                 return None
             total += c * _repeat_and_select_rdp(inner, e.mean, e.shape)
+        elif _node(e):  # node level (tuning.graph): curves of their own at RDP_ORDERS
+            part = _node_rdp(e)
+            if part is None:
+                return None
+            total += c * part
         else:
             part = acc._fast_rdp_of_items([(e, c)])
             if part is None:
@@ -105,6 +127,18 @@ def fast_rdp(event) -> np.ndarray | None:
 
 
 _A = np.asarray(acc.RDP_ORDERS, dtype=float)
+
+
+def _node_rdp(e) -> np.ndarray | None:
+    """A node-level event's RDP at RDP_ORDERS; a `NodeRepeatAndSelectEvent` through the
+    vectorized TNB formula (None for Poisson: the library's bound is the slow part, so
+    there is no faster aid than the search itself)."""
+    from silofl.tuning.graph import NodeRepeatAndSelectEvent
+    if isinstance(e, NodeRepeatAndSelectEvent):
+        if math.isinf(e.shape):
+            return None
+        return _repeat_and_select_rdp(e.trial_rdp(_A), e.mean, e.shape)
+    return np.asarray(e.rdp(_A), dtype=float)
 
 
 @lru_cache(maxsize=256)
@@ -149,7 +183,9 @@ def epsilon_of(event, delta: float) -> float:
 
 
 def is_tuned(event) -> bool:
-    return any(isinstance(e, RepeatAndSelectDpEvent) for e in acc._counts(event))
+    from silofl.tuning.graph import NodeRepeatAndSelectEvent
+    return any(isinstance(e, (RepeatAndSelectDpEvent, NodeRepeatAndSelectEvent))
+               for e in acc._counts(event))
 
 
 __all__ = ["check_accountable", "epsilon_of", "fast_rdp", "naive_event", "noise_of",

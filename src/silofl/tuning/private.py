@@ -17,7 +17,8 @@ Per silo k (all silos in one process here, each with its own draws):
    server's model with the trial's λ — these passes are paid by the charge of step 1 and
    kept apart in per-trial sub-ledgers that allow exactly one trial's steps each;
 4. after the last round it scores each trial on its own validation rows (clipped loss or
-   error rate, sensitivity 1/(m_k − 1) as in `training.selection`) plus Gaussian noise, and
+   error rate, sensitivity 1/(m_k − 1) as in `training.selection`; graph data: a
+   node-level score, `tuning.graph.NodeValidation`) plus Gaussian noise, and
    releases the trial with the best noisy score as its personal model. h_k = 0 (Poisson)
    releases the pivot, which was released already.
 
@@ -55,7 +56,11 @@ SELECTS = ("random", "em")
 
 
 def score_sigma(round_event, rounds: int, ratio: float) -> float:
-    """Noise multiplier of the validation-score release (see the module docstring)."""
+    """Noise multiplier of the validation-score release (see the module docstring; node
+    level: `tuning.graph.node_score_sigma`)."""
+    from silofl.tuning.graph import is_node_event, node_score_sigma
+    if is_node_event(round_event):
+        return node_score_sigma(round_event, rounds, ratio)
     sigma = TA.noise_of(round_event)
     counts = events.flatten(round_event)
     (base, steps), = counts.items()
@@ -154,7 +159,7 @@ class TunedPersonalization(Algorithm):
         if len(self.validation) != num_silos:
             raise ConfigError(f"private tuning needs one validation set per silo "
                               f"({num_silos}), got {len(self.validation)}")
-        small = [k for k, (_, y) in enumerate(self.validation) if len(y) < 2]
+        small = [k for k, v in enumerate(self.validation) if _size(v) < 2]
         if small:
             raise ConfigError(f"private tuning scores trials on each silo's validation rows; "
                               f"silo(s) {small} have fewer than 2. Raise the validation "
@@ -256,7 +261,8 @@ class TunedPersonalization(Algorithm):
             d = trainer.data
             data = SiloArrays(d.n[own], rows=None if d.rows is None else d.rows[own],
                               X=None if d.X is None else d.X[own],
-                              y=None if d.y is None else d.y[own])
+                              y=None if d.y is None else d.y[own]) \
+                if isinstance(d, SiloArrays) else TrialSource(d, own)
             ledgers, rule = None, trainer.rule
             if trainer.rule.private:
                 rule = GradientRule(trainer.rule.clip, trainer.rule.noise_multiplier[own])
@@ -271,7 +277,8 @@ class TunedPersonalization(Algorithm):
             sub = LocalTrainer(model=trainer.model, data=data, rule=rule,
                                batch_size=trainer.batch_size,
                                steps_per_round=trainer.steps_per_round[own], lr=float(lr),
-                               l2=trainer.l2, rng=trainer.rng, ledgers=ledgers)
+                               l2=trainer.l2, rng=trainer.rng, ledgers=ledgers,
+                               **_node_kwargs(trainer, own, rows))
             out.append((sub, rows))
         self._subs = {key: out}
         return out
@@ -286,7 +293,6 @@ class TunedPersonalization(Algorithm):
             mine = np.nonzero(silos.owner == k)[0]
             if not mine.size:
                 continue  # h_k = 0: the pivot (already released) stays the model
-            X, y = self.validation[k]
             if trainer.rule.private and self.select == "random":
                 sig = score_sigma(trainer.round_events()[k], self._rounds, self.score_ratio)
                 for t in mine:  # each trial's sub-ledger pays its score before it is read
@@ -294,8 +300,7 @@ class TunedPersonalization(Algorithm):
                     sub.ledgers[j].charge(TA.trial_event(trainer.round_events()[k],
                                                          self._rounds, sig).events[1],
                                           round=round, label="score")
-            s = selection.scores(trainer.model, silos.trials[mine], X, y, self.loss_bound)
-            sens = selection.sensitivity(trainer.model, len(y), self.loss_bound)
+            s, sens = self._scores(trainer.model, k, silos.trials[mine])
             if trainer.rule.private and self.select == "em":  # paid in `_start`
                 eps = self.em_fraction * trainer.ledgers[k].target.epsilon
                 best = mine[selection.noisy_argmin(s, eps, sens, trainer.rng)]
@@ -309,6 +314,49 @@ class TunedPersonalization(Algorithm):
                              chosen=chosen)
         self.last_release = released_settings(out)  # what left the silos (not h_k)
         return out
+
+    def _scores(self, model, k: int, candidates: np.ndarray) -> tuple[np.ndarray, float]:
+        """(raw scores (G,), sensitivity) of silo k's candidates on its validation set:
+        rows (X, y) scored by `training.selection`, or an object with ``scores`` and
+        ``sensitivity`` (graph data: `tuning.graph.NodeValidation`, node-level Δ)."""
+        v = self.validation[k]
+        if hasattr(v, "scores"):
+            return v.scores(model, candidates), v.sensitivity(model)
+        X, y = v
+        return (selection.scores(model, candidates, X, y, self.loss_bound),
+                selection.sensitivity(model, len(y), self.loss_bound))
+
+
+def _size(validation) -> int:
+    """Rows (or persons) a validation set scores over."""
+    return validation.size if hasattr(validation, "scores") else len(validation[1])
+
+
+class TrialSource:
+    """A trainer data source whose silo t is silo ``owner[t]`` of ``source`` (the trials
+    of a graph region read the region's examples; `SiloArrays` are copied instead)."""
+
+    def __init__(self, source, owner: np.ndarray):
+        self.source, self.owner = source, np.asarray(owner)
+        self.n = source.n[self.owner]
+
+    def start_round(self, round: int) -> None:
+        start = getattr(self.source, "start_round", None)
+        if start is not None:
+            start(round)
+
+    def gather(self, silos: np.ndarray, idx: np.ndarray):
+        return self.source.gather(self.owner[np.asarray(silos)], idx)
+
+
+def _node_kwargs(trainer, own: np.ndarray, rows: np.ndarray) -> dict:
+    """A trial sub-trainer's privacy unit: the parent's (node level: one name per trial,
+    so seeded trials draw their own batches and noise, not their region's)."""
+    if trainer.node is None:
+        return {}
+    from dataclasses import replace
+    names = tuple(f"{trainer.node.names[k]}#trial{t}" for k, t in zip(own, rows))
+    return {"node": replace(trainer.node, names=names), "label": trainer.label}
 
 
 def released_settings(silos: TunedSiloState) -> list[dict]:

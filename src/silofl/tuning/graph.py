@@ -1,0 +1,263 @@
+"""Private tuning on graph data: the node-level pieces (thesis appendix E on the pandemic
+track, `pandemic.pipeline.train(..., tuning=...)`).
+
+The tuned release is the tabular one (`tuning.private.TunedPersonalization`): each region
+draws a secret h_k ~ TNB/Poisson, trains h_k trials of random (λ, lr) beside a pivot model,
+scores every trial with Gaussian noise and releases only the best. What changes at node
+level (one *person* is the privacy unit, `pandemic.node_dp`):
+
+* **The score** (`NodeValidation`).  A trial's raw score on region k is the mean clipped
+  focal loss  s(w) = (1/m) Σ_i min(ℓ(w; x_i, y_i), B)  over the examples of m persons at
+  one public, data-independent window: window_end = T − t_pred, the last window whose
+  label week is fully observed (closest to the prediction target), of every person of
+  the region (m = n) or, above `SCORE_PERSONS`, of a public seeded sample of m persons
+  (it depends on n only).  No rows are held out: under node-level adjacency a held-out
+  person still sits in training persons' neighbourhoods, so carving gains nothing; the
+  base mechanism of RepeatAndSelect is (training, score) on the same data.
+  *Sensitivity*: replacing one person changes at most A = `node_dp.affected_examples(n,
+  S, adjacency)` examples (S under "node", 2S − 1 under "node+edges"), each clipped loss
+  by at most B, and m is public, so  Δ = min(A, m) · B / m  (replacement adjacency).
+  The noise is N(0, (σ_s Δ)²), charged as a Gaussian of noise multiplier σ_s
+  (`GaussianScoreEvent`, RDP α / (2σ_s²)).  It holds under the same uncharged pruning
+  assumption as training (`node_dp.PRUNING_ASSUMPTION`) and needs model inputs that are a
+  function of the person's example alone: declared or privately released constants.
+  With ``preprocessing="uncharged"`` every example depends on region-wide statistics, so
+  no such bound exists and tuning is refused (`check_setting`).
+* **The score's noise multiplier** (`node_score_sigma`): a public function of the run,
+  σ_s = ratio · σ / (2 √(T · E[ρ²])), ρ ~ Hypergeometric(n, A, b), T a trial's steps:
+  one node-level step's RDP is ≈ 2α E[ρ²]/σ² to first order, so σ/(2√(T E[ρ²])) is the
+  Gaussian with about a trial's RDP and ratio 2 gives the score about a quarter of it.
+* **The accounting** (`NodeRepeatAndSelectEvent`).  dp_accounting's RepeatAndSelect
+  cannot wrap node-level events (it has no type for them), so this event brings its own
+  RDP curve: dp_accounting's `_compute_rdp_repeat_and_select` (Papernot & Steinke 2022,
+  Theorem 2 for TNB, Theorem 6 for Poisson) applied to one trial's curve
+  (rounds × the node-level pass + the Gaussian score) at `node_dp.DEFAULT_ORDERS`.  The
+  whole tuned run of a region is  Compose(pivot passes, NodeRepeatAndSelect(trial)),
+  calibrated by the planner to the region's target and reserved before the first read.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import dp_accounting as dpa
+import numpy as np
+
+from silofl.errors import ConfigError, PrivacyError
+
+#: the public cap on the persons a score is computed over (a seeded sample above it)
+SCORE_PERSONS = 20_000
+#: default clip bound B of a per-example focal loss in the score
+DEFAULT_LOSS_BOUND = 1.0
+SCORE_EVENT = "gaussian_score"
+SELECT_EVENT = "node_repeat_and_select"
+
+
+def is_node_event(event) -> bool:
+    """A pass event that brings its own RDP curve (node level), not a dp_accounting one."""
+    return not isinstance(event, dpa.DpEvent) and hasattr(event, "rdp")
+
+
+# --- events --------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class GaussianScoreEvent:
+    """One Gaussian release of a scalar score with noise std σ · Δ (Δ its sensitivity
+    under the node-level adjacency): RDP α / (2σ²).  Plain data with its own curve, so it
+    composes with node-level DP-SGD events in one ledger."""
+
+    sigma: float
+
+    def __post_init__(self):
+        s = float(self.sigma)
+        if not (math.isfinite(s) and s > 0):
+            raise PrivacyError(f"score noise multiplier must be positive, got {self.sigma!r}")
+        object.__setattr__(self, "sigma", s)
+
+    def rdp(self, orders) -> np.ndarray:
+        return np.asarray(orders, dtype=float) / (2.0 * self.sigma ** 2)
+
+    def to_dict(self) -> dict:
+        return {"event": SCORE_EVENT, "mechanism": "Gaussian release of one validation "
+                "score, std = sigma * node-level sensitivity", "sigma": self.sigma}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "GaussianScoreEvent":
+        if d.get("event") != SCORE_EVENT:
+            raise PrivacyError(f"not a {SCORE_EVENT} event: {d.get('event')!r}")
+        return cls(d["sigma"])
+
+
+@dataclass(frozen=True)
+class NodeRepeatAndSelectEvent:
+    """Papernot & Steinke's RepeatAndSelect of one node-level trial: ``rounds`` passes of
+    ``round_event`` (a `NodeLevelDpEvent`) and one `GaussianScoreEvent(score_sigma)`,
+    repeated h ~ D times (``mean`` = E[h], ``shape`` = η for TNB, ∞ for Poisson), only
+    the best released."""
+
+    round_event: object
+    rounds: int
+    score_sigma: float
+    mean: float
+    shape: float
+
+    @property
+    def event(self):
+        """One trial, as the composition its sub-ledger may spend (tuple: hashable)."""
+        from silofl.tuning.accounting import trial_event
+        return trial_event(self.round_event, int(self.rounds), self.score_sigma)
+
+    def trial_rdp(self, orders) -> np.ndarray:
+        return (self.rounds * np.asarray(self.round_event.rdp(orders), dtype=float)
+                + GaussianScoreEvent(self.score_sigma).rdp(orders))
+
+    def rdp(self, orders) -> np.ndarray:
+        """dp_accounting's RepeatAndSelect formula on the trial's curve at ``orders``."""
+        from dp_accounting.rdp.rdp_privacy_accountant import _compute_rdp_repeat_and_select
+        orders = np.asarray(orders, dtype=float)
+        return np.asarray(_compute_rdp_repeat_and_select(
+            orders, self.trial_rdp(orders), float(self.mean), float(self.shape)), float)
+
+    def to_dict(self) -> dict:
+        return {"event": SELECT_EVENT,
+                "mechanism": "RepeatAndSelect (Papernot & Steinke 2022) of one trial: "
+                             "rounds x node-level pass + Gaussian validation score",
+                "round_event": self.round_event.to_dict(), "rounds": int(self.rounds),
+                "score_sigma": float(self.score_sigma), "mean": float(self.mean),
+                "shape": "inf" if math.isinf(self.shape) else float(self.shape)}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "NodeRepeatAndSelectEvent":
+        from silofl.privacy import events
+        if d.get("event") != SELECT_EVENT:
+            raise PrivacyError(f"not a {SELECT_EVENT} event: {d.get('event')!r}")
+        return cls(events.from_dict(d["round_event"]), int(d["rounds"]),
+                   float(d["score_sigma"]), float(d["mean"]), float(d["shape"]))
+
+
+def node_score_sigma(round_event, rounds: int, ratio: float) -> float:
+    """σ_s of the score release for node-level passes (module docstring):
+    ratio · σ / (2 √(T · E[ρ²])), T = rounds × the pass's steps, ρ ~ Hyp(n, A, b)."""
+    e = round_event
+    n, A, b = int(e.n), int(e.affected), int(e.b)
+    mean = b * A / n
+    var = mean * (1 - A / n) * (n - b) / (n - 1) if n > 1 else 0.0
+    T = int(rounds) * int(e.steps)
+    return float(ratio) * float(e.sigma) / (2.0 * math.sqrt(T * (var + mean * mean)))
+
+
+# --- the node-level validation score -------------------------------------------------------
+
+class NodeValidation:
+    """The validation score of one region (module docstring).
+
+    region: has ``.features`` (`NeighbourhoodFeatures`, built after the reservation),
+    ``.n`` and ``.name``; inputs(X) maps gathered examples (B, D) to model inputs
+    (B, P − 1); affected: A, the examples one replaced person changes; loss_bound: B;
+    seed: keys the public person sample when n > `SCORE_PERSONS`.  Nothing is read until
+    `scores` is called (after the trial's score charge)."""
+
+    def __init__(self, region, inputs, *, affected: int,
+                 loss_bound: float = DEFAULT_LOSS_BOUND, seed: int = 0,
+                 max_persons: int = SCORE_PERSONS):
+        if not (math.isfinite(loss_bound) and loss_bound > 0):
+            raise ConfigError(f"tuning loss_bound (the clip B of a per-example loss in the "
+                              f"validation score) must be positive, got {loss_bound}")
+        self.region, self.inputs = region, inputs
+        self.affected, self.loss_bound = int(affected), float(loss_bound)
+        n = int(region.n)
+        self.persons = np.arange(n) if n <= max_persons else np.sort(
+            np.random.default_rng([int(seed), 0x5C0E]).choice(n, max_persons, replace=False))
+        self._examples = None
+
+    @property
+    def size(self) -> int:
+        """m, the persons scored (public: a function of n)."""
+        return int(self.persons.size)
+
+    def sensitivity(self, model=None) -> float:
+        """Δ = min(A, m) · B / m under the node-level (replacement) adjacency."""
+        return min(self.affected, self.size) * self.loss_bound / self.size
+
+    def window_end(self) -> int:
+        """The public window: the last one whose label week is observed (T − t_pred)."""
+        return int(self.region.features.train_window_range[1])
+
+    def examples(self, batch: int = 4096) -> tuple[np.ndarray, np.ndarray]:
+        """(X (m, P − 1), y (m,)) at `window_end` — reads the region's private data."""
+        if self._examples is None:
+            F, we, Xs, ys = self.region.features, self.window_end(), [], []
+            for lo in range(0, self.size, batch):
+                p = self.persons[lo:lo + batch]
+                X, y = F.gather(p, np.full(p.size, we, dtype=np.int64))
+                Xs.append(np.asarray(self.inputs(X), dtype=np.float64))
+                ys.append(np.asarray(y, dtype=np.float64))
+            self._examples = (np.concatenate(Xs), np.concatenate(ys))
+        return self._examples
+
+    def scores(self, model, candidates: np.ndarray) -> np.ndarray:
+        """(G,) raw score (mean clipped loss, lower is better) of each candidate (G, P)."""
+        X, y = self.examples()
+        return np.array([np.clip(model.loss(w, X, y), 0.0, self.loss_bound).mean()
+                         for w in np.atleast_2d(candidates)])
+
+    def describe(self) -> dict:
+        return {"score": "mean per-person focal loss clipped to [0, B]",
+                "window_end": "T - t_pred (last labelled window; public)",
+                "persons": self.size, "loss_bound": self.loss_bound,
+                "affected_examples": self.affected, "sensitivity": self.sensitivity()}
+
+
+# --- which settings have an honest node-level score ----------------------------------------
+
+def check_setting(tc, cfg) -> None:
+    """Refuse (ConfigError) what the graph route cannot do honestly, before anything is
+    reserved: ``tc`` a `TuningConfig`, ``cfg`` a `PandemicConfig`."""
+    from silofl.tuning import setup
+    if tc.mode != "private":
+        raise ConfigError(f"graph tuning mode must be 'private' (or pass no tuning), got "
+                          f"{tc.mode!r}")
+    if not cfg.private:
+        raise ConfigError("private tuning needs a private run (its selection is charged "
+                          "to each region's node-level budget); drop --no-privacy, or "
+                          "train fixed settings without tuning")
+    if cfg.method not in setup.TUNABLE:
+        raise ConfigError(f"private tuning tunes mrmtl or ditto (their λ), not method "
+                          f"{cfg.method!r}; use --method mrmtl or ditto")
+    if tc.method != cfg.method:
+        raise ConfigError(f"tuning.method {tc.method!r} differs from the run's method "
+                          f"{cfg.method!r}; set them alike")
+    if tc.select != "random":
+        raise ConfigError("graph tuning supports select = 'random' (random h, "
+                          "RepeatAndSelect) only: the exponential-mechanism route is "
+                          "accounted with zCDP, which does not compose with node-level "
+                          "events here")
+    if cfg.preprocessing == "uncharged":
+        raise ConfigError(
+            "private tuning needs an honest node-level validation score: its sensitivity "
+            "bound (≤ A examples change per replaced person) holds only if every model "
+            "input is a function of the person's own example, but preprocessing = "
+            "'uncharged' standardizes with region-wide statistics of the data, so one "
+            "person can move every example's score. Use preprocessing 'declared' or "
+            "'private'")
+    setup.validate(tc)
+    if not tc.lam:
+        raise ConfigError("tuning.lam is empty; list the λ values to try, e.g. "
+                          "--tuning-lam 0.01,0.1,1")
+
+
+def describe_release(alg, k: int) -> dict:
+    """The tuning part of region k's privacy entry (``alg`` a `TunedPersonalization`
+    after its run). h_k is never included: it is secret; only its distribution is."""
+    chosen = (alg.last_release or [None] * (k + 1))[k]
+    return {"tuned": "privately (random-h RepeatAndSelect, node-level)",
+            "h_distribution": alg.dist.describe(), "lam_grid": list(alg.lams),
+            "lr_grid": alg.lrs, "pivot_lam": alg.pivot_lam, "pivot": alg.pivot,
+            "score_ratio": alg.score_ratio, "validation": alg.validation[k].describe(),
+            "chosen": chosen}
+
+
+__all__ = ["DEFAULT_LOSS_BOUND", "GaussianScoreEvent", "NodeRepeatAndSelectEvent",
+           "NodeValidation", "SCORE_PERSONS", "check_setting", "describe_release",
+           "is_node_event", "node_score_sigma"]
