@@ -894,12 +894,13 @@ def pandemic_synth(persons: int = typer.Option(10_000, help="number of persons")
 
 def _pandemic_config(centralized, rounds, epsilon, batch, lam, lr, S, no_privacy, seed,
                      noise="secure", adjacency="node+edges", preprocessing="declared",
-                     method="mrmtl"):
+                     method="mrmtl", clusters=2, we_user=None, we_update="gradient"):
     from silofl.pandemic.pipeline import PandemicConfig
     return PandemicConfig(federated=not centralized, rounds=rounds, epsilon=epsilon,
                           batch_size=batch, lam=lam, lr=lr, S=S, private=not no_privacy,
                           seed=seed, noise=noise, adjacency=adjacency,
-                          preprocessing=preprocessing, method=method)
+                          preprocessing=preprocessing, method=method, clusters=clusters,
+                          we_user=we_user, we_update=we_update)
 
 
 def _pandemic_tuning(mode: str, lams: str, trials: float, cfg):
@@ -974,7 +975,16 @@ def pandemic_train(data: Path = typer.Option(..., "--data", help="directory of t
                        "charge an in-memory scratch budget: an experiment, not a release")),
                    method: str = typer.Option("mrmtl", "--method", help=(
                        "federated algorithm on the core engine: mrmtl, local, fedavg, "
-                       "finetune, ditto or mocha (--lam is its λ)")),
+                       "finetune, ditto, mocha (--lam is its λ), ifca, ifca_local, "
+                       "ifca_finetune, ifca_mrmtl or weight_erosion")),
+                   clusters: int = typer.Option(2, "--clusters", help=(
+                       "the IFCA family: number of cluster models (≤ regions)")),
+                   we_user: Optional[str] = typer.Option(None, "--we-user", help=(
+                       "weight_erosion: the user region its model is personalized for, "
+                       "e.g. region-51001")),
+                   we_update: str = typer.Option("gradient", "--we-update", help=(
+                       "weight_erosion: what each region sends per round: gradient (one "
+                       "node-level DP-SGD step) or local_sgd (a local pass)")),
                    tuning: str = typer.Option("none", "--tuning", help=(
                        "none, or private: tune λ per region (mrmtl/ditto) by a random "
                        "number of trials, best released by a noisy node-level score; "
@@ -996,7 +1006,8 @@ def pandemic_train(data: Path = typer.Option(..., "--data", help="directory of t
         from silofl.pandemic.pipeline import SEEDED_NOTE, SIZES_ASSUMPTION, train
         from silofl.privacy.budget import BudgetStore
         cfg = _pandemic_config(centralized, rounds, epsilon, batch, lam, lr, S, no_privacy,
-                               seed, noise, adjacency, preprocessing, method)
+                               seed, noise, adjacency, preprocessing, method, clusters,
+                               we_user, we_update)
         cfg.validate()
         tc = _pandemic_tuning(tuning, tuning_lam, tuning_trials, cfg)
         with console.status("reading data…"):
@@ -1032,6 +1043,11 @@ def pandemic_train(data: Path = typer.Option(..., "--data", help="directory of t
         console.print(t)
         if pm.privacy and "tuning" in pm.privacy[0]:
             console.print(_pandemic_tuning_table(pm.privacy))
+        sel = pm.privacy[0].get("selections") if pm.privacy else None
+        if sel:  # the IFCA family: its private cluster selections are in the ε above
+            console.print(f"Cluster selections: {sel['count']} per region, each an "
+                          f"exponential mechanism at ε = {sel['epsilon']:.3g} "
+                          f"(sensitivity {escape(sel['sensitivity'])}), in the ε above.")
         console.print(f"Adjacency ({cfg.adjacency}): {escape(ADJACENCY_TEXT[cfg.adjacency])}.")
         console.print(f"Assumptions: {escape(PRUNING_ASSUMPTION)}; "
                       f"{escape(SIZES_ASSUMPTION)}.")

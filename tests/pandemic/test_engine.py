@@ -22,7 +22,7 @@ from silofl.algorithms import make_algorithm
 from silofl.cli import app
 from silofl.data.federation import PrivacyTarget
 from silofl.data.heart import load_heart_disease
-from silofl.errors import ConfigError, PrivacyError
+from silofl.errors import ConfigError
 from silofl.models import make_model
 from silofl.pandemic import pipeline as P
 from silofl.pandemic import read_dataset, synthesize
@@ -110,7 +110,7 @@ def test_node_level_unit_refuses_what_it_cannot_account_for():
     fed = _heart()
     node = dict(privacy_unit="node", node_S=1)
     with pytest.raises(ConfigError, match="not available with privacy_unit = 'node'"):
-        plan_silos(fed, make_algorithm("ifca", lam=0.3), TrainingConfig(rounds=10, **node))
+        plan_silos(fed, make_algorithm("fedavg_ldp"), TrainingConfig(rounds=10, **node))
     with pytest.raises(ConfigError, match="without replacement"):
         plan_silos(fed, make_algorithm("mrmtl"), TrainingConfig(batch_size=10_000, **node))
     with pytest.raises(ConfigError, match="privacy_unit must be"):
@@ -118,25 +118,7 @@ def test_node_level_unit_refuses_what_it_cannot_account_for():
     with pytest.raises(ConfigError, match="adjacency"):
         TrainingConfig(privacy_unit="node", adjacency="edge").validate()
     with pytest.raises(ConfigError, match="method must be one of"):
-        P.PandemicConfig(method="weight_erosion").validate()
-    # the trainer's example-level-only accesses are refused at node level, nothing read
-    cfg = TrainingConfig(rounds=1, batch_size=8, noise="seeded", **node)
-    plans = plan_silos(fed, make_algorithm("fedavg"), cfg)
-    from silofl.runtime.simulator import node_unit
-    from silofl.training.dpsgd import GradientRule
-    from silofl.training.trainer import LocalTrainer
-    from silofl.privacy.ledger import Ledger
-    from silofl.privacy.randomness import Randomness
-    tr = LocalTrainer(make_model("logistic", fed.dim),
-                      SiloArrays.stack([s.X_train for s in fed.silos],
-                                       [s.y_train for s in fed.silos]),
-                      GradientRule(1.0, np.array([p.noise_multiplier for p in plans])), 8,
-                      np.array([p.steps_per_pass for p in plans]), 0.1, 0.0,
-                      Randomness.seeded(0), [Ledger(p.name, p.target) for p in plans],
-                      node=node_unit(fed, cfg))
-    with pytest.raises(PrivacyError, match="example level only"):
-        tr.gradients(np.zeros((4, fed.dim + 1)))
-    assert all(not led.entries for led in tr.ledgers)
+        P.PandemicConfig(method="privatekt").validate()
 
 
 # --- every local-pass method on the pandemic data -----------------------------------------
@@ -168,7 +150,8 @@ def test_cli_trains_another_method_on_graph_data(small_outbreak, tmp_path):
     assert "fedavg" in r.output
     assert json.loads((tmp_path / "m" / "model.json").read_text())["config"]["method"] == "fedavg"
     r = runner.invoke(app, ["pandemic", "train", "--data", str(small_outbreak), "--rounds", "1",
-                            "--scratch", "--method", "ifca", "--model", str(tmp_path / "x")])
+                            "--scratch", "--method", "privatekt", "--model",
+                            str(tmp_path / "x")])
     assert r.exit_code != 0 and "method must be one of" in " ".join(r.output.split())
     assert not (tmp_path / "x").exists()
 

@@ -14,7 +14,8 @@ SGD on the plain mean of the silos' gradients. When ‖g_0‖ = 0 the distance i
 seed's Example 4) for every silo whose gradient differs from g_0.
 
 Privacy. Each g_i is one DP-SGD gradient under silo i's own target (`LocalTrainer.gradients`:
-one Poisson-sampled Gaussian step per round, charged before the data is read); distances,
+one Poisson-sampled Gaussian step per round — on graph data one node-level step, b persons
+without replacement, `NodeLevelDpEvent(steps=1)` — charged before the data is read); distances,
 weights and the update are post-processing. The plan fixes one step per round whatever
 `local_epochs` says (with `update = "local_sgd"`: the pass's steps, see below). The server
 uses |S_i| (training counts, as weighted FedAvg does).
@@ -254,9 +255,14 @@ class WeightErosion(Algorithm):
         self.aggregation.check(num_silos)
 
     def privacy_events(self, round_event, rounds, target=None):
-        if self.update == "gradient" and not isinstance(round_event, dpa.PoissonSampledDpEvent):
+        # one step: a Poisson-sampled Gaussian (example level) or a node-level DP-SGD event
+        # with steps = 1 (`pandemic.node_dp.NodeLevelDpEvent`, graph data)
+        one_step = isinstance(round_event, dpa.PoissonSampledDpEvent) or (
+            type(round_event).__name__ == "NodeLevelDpEvent" and round_event.steps == 1)
+        if self.update == "gradient" and not one_step:
             raise PrivacyError("weight_erosion takes one DP-SGD step per round: its round "
-                               f"event must be one Poisson-sampled step, got {round_event}")
+                               "event must be one Poisson-sampled step (or one node-level "
+                               f"step), got {round_event}")
         # the worst case, every round: a silo that misses rounds is charged less at settling
         return dpa.SelfComposedDpEvent(round_event, rounds)
 

@@ -31,9 +31,12 @@ from silofl.algorithms.mrmtl import MRMTL
 from silofl.data.federation import PrivacyTarget, SiloCollection
 from silofl.errors import ConfigError
 
-#: methods that run on graph data: built on local passes only (the node-level unit has
-#: no accounting for private selections or one-step gradient releases)
-NODE_METHODS = ("mrmtl", "local", "fedavg", "finetune", "ditto", "mocha")
+#: methods that run on graph data (node-level unit): those built on local passes, the
+#: IFCA family (node-level cluster selection, `training.selection.node_sensitivity`) and
+#: Weight Erosion (one node-level DP-SGD step per round, or its local pass); not the
+#: local-DP methods (privatekt, fedavg_ldp), whose uploads are accounted per example
+NODE_METHODS = ("mrmtl", "local", "fedavg", "finetune", "ditto", "mocha", "ifca",
+                "ifca_local", "ifca_finetune", "ifca_mrmtl", "weight_erosion")
 
 
 @dataclass
@@ -80,13 +83,70 @@ class RegionMRMTL(MRMTL):
         return ServerState(exact_mean(update, weights))
 
 
-def make_method(name: str, lam: float):
-    """The algorithm `name` (one of `NODE_METHODS`) for graph data."""
+def make_method(name: str, lam: float, **options):
+    """The algorithm `name` (one of `NODE_METHODS`) for graph data; `options` are
+    `algorithms.make_algorithm`'s (clusters, selection_fraction, selection_rounds for the
+    IFCA family; we_user — a region name —, we_p_s, we_p_d, we_options for Weight
+    Erosion)."""
     from silofl.algorithms import make_algorithm
     if name not in NODE_METHODS:
         raise ConfigError(f"method {name!r} cannot run on the pandemic data (node-level "
                           f"privacy unit); choose one of {', '.join(NODE_METHODS)}")
-    return RegionMRMTL(lam) if name == "mrmtl" else make_algorithm(name, lam=lam)
+    if name == "weight_erosion" and not options.get("we_user"):
+        raise ConfigError("weight_erosion personalizes one model for a user region: set "
+                          "we_user to a region's name (e.g. we_user = 'region-51001'; "
+                          "`silofl pandemic train --we-user`)")
+    return RegionMRMTL(lam) if name == "mrmtl" else make_algorithm(name, lam=lam, **options)
+
+
+def method_of(cfg, names: list[str] | None = None):
+    """`make_method` for a `pipeline.PandemicConfig` (its method, λ and method options),
+    bound to the region `names` when given (Weight Erosion's user is a region name)."""
+    alg = make_method(cfg.method, cfg.lam, clusters=cfg.clusters, we_user=cfg.we_user,
+                      we_options={"update": cfg.we_update})
+    if names is not None:
+        alg.bind_silos(list(names))
+    return alg
+
+
+def selection_charges(alg, silo: str, method: str, epsilon: float, rounds: list[int],
+                      total_rounds: int) -> list:
+    """The budget-store charges of the IFCA family's private cluster selections among
+    `rounds` (1-based, of a `total_rounds` run) on one region with target ε `epsilon`:
+    one ε_sel = selection_fraction·ε exponential mechanism (ε_sel²/8-zCDP, label
+    "select") per selection round. [] for other methods."""
+    from silofl.algorithms.ifca import IFCA, SELECT_LABEL
+    from silofl.privacy.budget import PlannedCharge
+    from silofl.training import selection
+    if not isinstance(alg, IFCA):
+        return []
+    until = alg.schedule(total_rounds).select_until
+    count = sum(1 for t in rounds if t <= until)
+    if not count:
+        return []
+    event = selection.selection_event(alg.selection_fraction * float(epsilon))
+    return [PlannedCharge(silo, method, SELECT_LABEL, event, count)]
+
+
+def selection_summary(alg, n: int, S: int, adjacency: str, epsilon: float,
+                      rounds: int) -> dict | None:
+    """What a region's privacy record says about the IFCA family's private cluster
+    selections in a `rounds`-round run (None for other methods): how many, the ε of each,
+    its zCDP ρ and the sensitivity it ran at. The graph model is a classifier (focal
+    loss), so the score is the training error rate (B = 1) and Δ = A/n
+    (`training.selection.node_sensitivity`)."""
+    from silofl.pandemic.node_dp import affected_examples
+    charges = selection_charges(alg, "", "", epsilon, list(range(1, rounds + 1)), rounds)
+    if not charges:
+        return None
+    eps = alg.selection_fraction * float(epsilon)
+    A = affected_examples(int(n), int(S), adjacency)
+    return {"count": charges[0].count, "epsilon": eps, "zcdp_rho": charges[0].event.rho,
+            "mechanism": "exponential mechanism (report-noisy-min, Gumbel), "
+                         "node-level replacement adjacency",
+            "score": "training error rate over all n persons' examples at the round's "
+                     "training windows",
+            "sensitivity": f"A/n = {A}/{int(n)} = {A / int(n):.4g} (A = affected examples)"}
 
 
 class GraphSource:

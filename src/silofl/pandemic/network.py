@@ -31,7 +31,7 @@ import numpy as np
 
 from silofl.errors import ConfigError
 from silofl.experiments.atomic import write_json_atomic
-from silofl.pandemic.engine import NODE_METHODS, make_method
+from silofl.pandemic.engine import NODE_METHODS, method_of
 from silofl.pandemic.features import FeatureConstants
 from silofl.pandemic.pipeline import (
     PandemicConfig, Region, build_features, declared_constants, fit_region_scaling,
@@ -50,6 +50,11 @@ from silofl.runtime.network.silo import SiloProgram, check_job as check_job_keys
 GRAPH_KEYS = ("S", "priority", "pooling", "t_window", "standardize", "bias_init",
               "prior_weight", "gamma", "alpha", "adjacency", "preprocessing",
               "preprocessing_share", "declared")
+#: method settings of a job that a graph job leaves at `JOB_DEFAULTS` (its method is
+#: built from the `PandemicConfig`: clusters, we_user and we_update travel)
+FIXED_METHOD_KEYS = ("selection_fraction", "selection_rounds", "we_p_s", "we_p_d",
+                     "we_participation", "we_join_round", "we_leave_round", "we_count",
+                     "we_newcomer", "finetune_fraction")
 #: the region's released preprocessing and the input scaling its training used
 REGION_FILE = "region.json"
 
@@ -68,7 +73,9 @@ def graph_job(cfg: PandemicConfig, names: list[str], dim: int) -> dict:
            "noise": cfg.noise, "seed": cfg.seed, "model": "focal", "task": "binary",
            "num_classes": 2, "dim": int(dim), "weighted": True,
            "silos": json.dumps(list(names)), "data_kind": "graph",
-           "graph": json.dumps({k: getattr(cfg, k) for k in GRAPH_KEYS}, sort_keys=True)}
+           "graph": json.dumps({k: getattr(cfg, k) for k in GRAPH_KEYS}, sort_keys=True),
+           "clusters": int(cfg.clusters), "we_user": cfg.we_user or "",
+           "we_update": cfg.we_update}
     job = check_job_keys(job)
     check_job(job)
     return job
@@ -88,7 +95,8 @@ def job_pandemic_config(job: dict, *, epsilon: float = 1.0, delta: float | None 
         federated=True, **g, rounds=job["rounds"], local_epochs=job["local_epochs"],
         batch_size=job["batch_size"], lr=job["lr"], clip=job["clip"], lam=job["lam"],
         method=job["method"], seed=job["seed"], noise=job["noise"] if noise is None else noise,
-        private=True, epsilon=epsilon, delta=delta)
+        private=True, epsilon=epsilon, delta=delta, clusters=job["clusters"],
+        we_user=job["we_user"] or None, we_update=job["we_update"])
     cfg.validate()
     return cfg
 
@@ -104,6 +112,12 @@ def check_job(job: dict) -> None:
     if job["method"] not in NODE_METHODS:
         raise ConfigError(f"graph job: method {job['method']!r} cannot run on graph data; "
                           f"choose one of {', '.join(NODE_METHODS)}")
+    # the method settings a graph job carries are `PandemicConfig`'s (clusters, we_user,
+    # we_update), which plan and run alike; the others keep their defaults
+    other = [f"{k} = {job[k]!r}" for k in FIXED_METHOD_KEYS if job[k] != JOB_DEFAULTS[k]]
+    if other:
+        raise ConfigError("graph job: " + "; ".join(other) + " — on graph data these keep "
+                          "their defaults (settable: clusters, we_user, we_update)")
     cfg = job_pandemic_config(job)
     if cfg.pooling == "summary" and job["dim"] != input_dim(None, "summary"):
         raise ConfigError(f"graph job: summary pooling gives {input_dim(None, 'summary')} "
@@ -112,8 +126,7 @@ def check_job(job: dict) -> None:
 
 def job_algorithm(job: dict):
     check_job(job)
-    alg = make_method(job["method"], job["lam"])
-    alg.bind_silos(job_silos(job))
+    alg = method_of(job_pandemic_config(job), job_silos(job))
     alg.check_plan(len(job_silos(job)), job["rounds"], job["accountant"])
     return alg
 
@@ -228,7 +241,16 @@ class RegionSiloProgram(SiloProgram):
         self.pcfg = cfg
 
     def _data_plan(self, job, algorithm, tcfg):
-        return plan_regions([self.region], self.pcfg)[0]
+        """This region's plan from its own (ε, δ). Methods that name or count regions
+        (the IFCA family: clusters ≤ regions; Weight Erosion: the user region) are planned
+        over the job's regions, the others being stand-ins of this one (σ depends on the
+        region's own n, S and target only), as the tabular silo does."""
+        names = job_silos(job)
+        if job["method"] not in ("weight_erosion",) and not job["method"].startswith("ifca"):
+            return plan_regions([self.region], self.pcfg)[0]
+        regions = [self.region if n == self.cfg.name else
+                   Region(n, self.region.persons, S=self.pcfg.S) for n in names]
+        return plan_regions(regions, self.pcfg)[names.index(self.cfg.name)]
 
     def _data_trainer(self):
         r, c = self.region, self.cfg

@@ -121,7 +121,8 @@ from silofl.models.glm import FocalLoss
 from silofl.pandemic import metrics as PM
 from silofl.pandemic.baseline import sir_baseline_scores
 from silofl.pandemic.engine import (
-    NODE_METHODS, GraphFederation, GraphSilo, GraphSource, exact_mean, make_method,
+    NODE_METHODS, GraphFederation, GraphSilo, GraphSource, exact_mean, method_of,
+    selection_charges, selection_summary,
 )
 from silofl.pandemic.features import (
     DECLARED_CONSTANTS, DECLARED_SOURCES, N_STATES, PRIVATE_BOUNDS, FeatureConstants,
@@ -202,6 +203,10 @@ class PandemicConfig:
                                   # (e.g. another region's lon_mean/lat_mean)
     method: str = "mrmtl"       # the federated algorithm (`engine.NODE_METHODS`); lam is
                                 # its λ where it has one (mrmtl, ditto, mocha)
+    clusters: int = 2           # the IFCA family: cluster models (≤ regions)
+    we_user: str | None = None  # weight_erosion: the user region u_0 (a region name)
+    we_update: str = "gradient"  # weight_erosion: one node-level DP-SGD step per round
+                                 # ("gradient") or a local pass ("local_sgd")
 
     def validate(self) -> None:
         check_S(self.S)
@@ -240,7 +245,8 @@ class PandemicConfig:
         declared_constants(self)  # unknown names or bad values fail here
         if self.method not in NODE_METHODS:
             raise ConfigError(f"method must be one of {', '.join(NODE_METHODS)} (methods "
-                              f"built on local passes), got {self.method!r}")
+                              f"with node-level accounting), got {self.method!r}")
+        method_of(self)  # the method's own settings (clusters, we_user) fail here
 
     @property
     def private_preprocessing(self) -> bool:
@@ -457,9 +463,8 @@ def plan_regions(regions: list[Region], cfg: PandemicConfig, algorithm=None) -> 
                     r.delta, adjacency=cfg.adjacency)
     extra = {r.name: preprocess_event(r, cfg) for r in regions} \
         if cfg.private_preprocessing else None
-    plans = plan_job(graph_federation(regions, cfg),
-                     [algorithm or make_method(cfg.method, cfg.lam)], training_config(cfg),
-                     extra)[0]
+    plans = plan_job(graph_federation(regions, cfg), [algorithm or method_of(cfg)],
+                     training_config(cfg), extra)[0]
     for r, p in zip(regions, plans):
         r.steps_per_round = p.steps_per_pass
         if cfg.private:
@@ -473,7 +478,7 @@ def plan_regions(regions: list[Region], cfg: PandemicConfig, algorithm=None) -> 
 
 def passes_per_round(cfg: PandemicConfig) -> int:
     """Local passes per round of ``cfg.method`` (Ditto: 2)."""
-    return make_method(cfg.method, cfg.lam).passes_per_round
+    return method_of(cfg).passes_per_round
 
 
 def round_event(r: Region, cfg: PandemicConfig) -> NodeLevelDpEvent:
@@ -501,6 +506,9 @@ def planned_charges(r: Region, cfg: PandemicConfig, rounds: list[int] | None = N
     if rounds:
         out.append(PlannedCharge(r.name, cfg.method, ROUND_LABEL, round_event(r, cfg),
                                  len(rounds) * passes_per_round(cfg)))
+    if cfg.private:  # the IFCA family's private cluster selections (label "select")
+        out += selection_charges(method_of(cfg), r.name, cfg.method, cfg.epsilon, rounds,
+                                 cfg.rounds)
     return out
 
 
@@ -1007,6 +1015,9 @@ def privacy_entry(r: Region, cfg: PandemicConfig, rounds: int,
                      assumptions=[PRUNING_ASSUMPTION, SIZES_ASSUMPTION],
                      preprocessing=preprocessing_entry(r, cfg),
                      notes=run_notes(cfg, store is None or store.scratch))
+        sel = selection_summary(method_of(cfg), r.n, r.S, cfg.adjacency, cfg.epsilon, rounds)
+        if sel:  # the IFCA family's cluster selections (in epsilon_spent)
+            entry["selections"] = sel
     if r.ledger:
         entry.update(target_epsilon=cfg.epsilon, delta=r.ledger.target.delta,
                      epsilon_spent=r.ledger.epsilon("rdp"), accountant="rdp")
@@ -1096,7 +1107,7 @@ def _train_reserved(data: PandemicData, cfg: PandemicConfig, regions: list[Regio
     model = new_model(regions[0].features, cfg)
     t1 = time.perf_counter()
     res = simulate(graph_federation(regions, cfg), model,
-                   algorithm or make_method(cfg.method, cfg.lam),
+                   algorithm or method_of(cfg, [r.name for r in regions]),
                    training_config(cfg), plans=plans, job=job, method=cfg.method,
                    source=region_source(regions, cfg), params0=initial_weights(model, cfg),
                    on_round=(lambda t, _: on_round(t, cfg.rounds)) if on_round else None)

@@ -132,10 +132,19 @@ def _own_curve(key: frozenset) -> np.ndarray | None:
     own = [not isinstance(e, dpa.DpEvent) for e, _ in key]
     if not any(own):
         return None
-    if not all(own):
-        raise PrivacyError("cannot compose node-level events with dp_accounting events in "
-                           "one ledger; keep them in separate ledgers")
-    return sum(c * np.asarray(e.rdp(RDP_ORDERS_FINE), dtype=float) for e, c in _sorted(key))
+    # zCDP events (private selections) compose with them exactly: ρ-zCDP (with ξ) is
+    # (α, ξ + ρα)-RDP at every order α
+    if not all(o or isinstance(e, dpa.ZCDpEvent) for (e, _), o in zip(key, own)):
+        raise PrivacyError("cannot compose node-level events with dp_accounting events "
+                           "other than zCDP in one ledger; keep them in separate ledgers")
+    return sum(c * _curve(e) for e, c in _sorted(key))
+
+
+def _curve(e) -> np.ndarray:
+    """RDP at RDP_ORDERS_FINE of an event with its own curve, or of a zCDP event."""
+    if isinstance(e, dpa.ZCDpEvent):
+        return e.xi + e.rho * np.asarray(RDP_ORDERS_FINE, dtype=float)
+    return np.asarray(e.rdp(RDP_ORDERS_FINE), dtype=float)
 
 
 # --- which accountant --------------------------------------------------------------------

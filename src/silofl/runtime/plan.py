@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from collections import Counter
 from dataclasses import dataclass, field
 
 import dp_accounting as dpa
@@ -30,10 +31,10 @@ NOISE_MODES = ("secure", "seeded")
 #: person of a graph who appears in ≤ S examples; fixed-size batches without replacement,
 #: `pandemic.node_dp` accounting)
 PRIVACY_UNITS = ("example", "node")
-#: methods whose private accesses are accounted at example level only (a one-step
-#: gradient release, a private selection, local-DP uploads)
-EXAMPLE_LEVEL_ONLY = frozenset({"weight_erosion", "ifca", "ifca_local", "ifca_finetune",
-                                "ifca_mrmtl", "privatekt", "fedavg_ldp"})
+#: methods whose private accesses are accounted at example level only (local-DP uploads);
+#: the IFCA family's selections and Weight Erosion's one-step gradients have node-level
+#: versions (`training.selection.node_sensitivity`, `LocalTrainer.gradients`)
+EXAMPLE_LEVEL_ONLY = frozenset({"privatekt", "fedavg_ldp"})
 #: what every output of a run with reproducible noise says
 SEEDED_NOTE = "reproducible noise — not a privacy guarantee"
 #: calibrate to slightly below the target, so that re-evaluating the same composition
@@ -224,14 +225,16 @@ def _base_plans(fed: Federation, algorithm: Algorithm, cfg: TrainingConfig) -> l
 
 def _node_plans(fed: Federation, algorithm: Algorithm, cfg: TrainingConfig) -> list[SiloPlan]:
     """Plans under the node-level unit: every step a batch of exactly b of the silo's n
-    persons (b ≤ n), `node_dp.node_steps` steps per epoch; refused for methods whose
-    other private accesses are accounted at example level only."""
+    persons (b ≤ n), `node_dp.node_steps` steps per epoch (Weight Erosion's gradient: one
+    step per round); refused for methods whose private accesses are accounted at example
+    level only (local-DP uploads). σ is calibrated in `_calibrate_node` for everything
+    composed: the passes, the IFCA family's selections (zCDP) and any preprocessing."""
     from silofl.pandemic.node_dp import node_steps
     if algorithm.name in EXAMPLE_LEVEL_ONLY or not getattr(algorithm, "calibrated", True):
         raise ConfigError(
-            f"{algorithm.name} is not available with privacy_unit = 'node': its private "
-            "selections, gradient releases or local-DP uploads are accounted at example "
-            "level only; use local, fedavg, mrmtl, finetune, ditto or mocha")
+            f"{algorithm.name} is not available with privacy_unit = 'node': its local-DP "
+            "uploads are accounted at example level only; use local, fedavg, mrmtl, "
+            "finetune, ditto, mocha, the ifca family or weight_erosion")
     plans = []
     for s in fed.silos:
         if cfg.batch_size > s.n_train:
@@ -315,21 +318,28 @@ def _calibrate(algorithms: list[Algorithm], plans: list[SiloPlan], cfg: Training
 
 
 def _calibrate_node(algorithms, plans, cfg, pre, eps: float, delta: float) -> float | None:
-    """The node-level fast path: the methods' events are one node-level step repeated
-    (any number of passes and rounds) and `pre` (if any) brings its own RDP curve:
-    `node_dp.calibrate_node_sigma` bisects σ for the total steps with `pre` composed in —
-    the calibration the pandemic pipeline always used. None: use the generic search."""
+    """The node-level fast path: the methods' σ-dependent events are one node-level step
+    repeated (any number of passes and rounds); the rest — `pre` (if any) and the IFCA
+    family's selections (zCDP: RDP ξ + ρα) — bring fixed RDP curves composed in as
+    `base_rdp`: `node_dp.calibrate_node_sigma` bisects σ for the total steps — the
+    calibration the pandemic pipeline always used. None: use the generic search."""
     from silofl.pandemic.node_dp import DEFAULT_ORDERS, calibrate_node_sigma
     p = plans[0]
     counts = events.flatten(_job_event(algorithms, plans, cfg, 1.0, None))
+    fixed = {e: c for e, c in counts.items() if isinstance(e, dpa.ZCDpEvent)}
+    counts = {e: c for e, c in counts.items() if e not in fixed}
     if any(type(e).__name__ != "NodeLevelDpEvent" for e in counts):
         return None
-    base = None
+    parts = Counter(fixed)
     if pre is not None:
-        parts = events.flatten(pre)
-        if any(not hasattr(e, "rdp") for e in parts):
+        parts.update(events.flatten(pre))  # Counter: adds counts of repeated events
+    orders = np.asarray(DEFAULT_ORDERS, dtype=float)
+    base = None
+    if parts:
+        if any(not (hasattr(e, "rdp") or isinstance(e, dpa.ZCDpEvent)) for e in parts):
             return None
-        base = sum(c * e.rdp(DEFAULT_ORDERS) for e, c in parts.items())
+        base = sum(c * (e.xi + e.rho * orders if isinstance(e, dpa.ZCDpEvent)
+                        else e.rdp(DEFAULT_ORDERS)) for e, c in parts.items())
     total = sum(e.steps * c for e, c in counts.items())
     try:
         return calibrate_node_sigma(eps, p.n, p.node["S"], p.node["batch_size"], total, delta,

@@ -15,9 +15,34 @@ Scores (lower is better, units: a rate or a mean loss, no per-example sums):
   ≤ 1)"; clipping each example rather than the mean keeps Δ at B/(n − 1) instead of B.
 
 As everywhere in silofl, a silo's size n is treated as public (it also sets q = b/n).
+
 ε-EM satisfies ε²/8-zCDP (Rogers & Steinke's bounded-range analysis, thesis §1.2), which
 `selection_event` declares for the RDP accountant. dp_accounting's PLD accountant has no
 zCDP support, so runs with private selection are accounted under RDP only.
+
+Node level (graph data, `node_sensitivity`, `LocalTrainer.select_cluster` with a
+`NodeUnit`). A region of n persons has n examples, one per person: its neighbourhood
+vector at the round's training window (public: a function of the seed and the round) and
+its label. The score is the same mean, over all n of them. Neighbouring regions differ by
+*replacing* one person v (n stays fixed and public, as in `pandemic.node_dp`). Which
+examples can change: v's own (attributes, states, label); the ≤ S − 1 examples that hold
+v in a neighbour slot (pruning bounds every person's appearances by S); and under
+"node+edges" (v's contacts are private too) the ≤ S − 1 examples of v's new contacts. So
+at most A = `node_dp.affected_examples(n, S, adjacency)` = S ("node") or 2S − 1
+("node+edges") examples change, never more than n; every other example — its features,
+window and label — is identical. Each changed example's term moves within [0, B] (its
+clipped loss) or {0, 1} (its error), so the sum of the n terms moves by at most A·B and
+the mean by
+
+    Δ_node = A·B / n        (B = 1 for the error rate).
+
+There is no add/remove case (n is fixed), hence n, not n − 1. The event is unchanged: the
+ε-exponential mechanism run at the sensitivity of the neighbouring relation is ε-DP and
+ε²/8-zCDP for that relation, here node-level replacement, so `selection_event(ε)` is what
+each node-level selection costs; it composes with the node-level DP-SGD steps in RDP
+(ρ-zCDP is (α, ρα)-RDP). As every node-level bound here it counts only the examples that
+contain the replaced person (`node_dp.PRUNING_ASSUMPTION`), and the model's input scaling
+must be public (declared or a charged release), as for DP-SGD.
 """
 
 from __future__ import annotations
@@ -46,6 +71,15 @@ def uses_loss(model: Model) -> bool:
 def sensitivity(model: Model, n: int, loss_bound: float = DEFAULT_LOSS_BOUND) -> float:
     """Δ of the score on a silo with n ≥ 2 training examples (see the module docstring)."""
     return (loss_bound if uses_loss(model) else 1.0) / (n - 1)
+
+
+def node_sensitivity(model: Model, n: int, S: int, adjacency: str,
+                     loss_bound: float = DEFAULT_LOSS_BOUND) -> float:
+    """Δ of the mean score over all n examples of a region under node-level replacement
+    adjacency: A·B/n, A = `node_dp.affected_examples(n, S, adjacency)` (module docstring)."""
+    from silofl.pandemic.node_dp import affected_examples  # lazy: pandemic is optional
+    bound = loss_bound if uses_loss(model) else 1.0
+    return affected_examples(int(n), int(S), adjacency) * bound / int(n)
 
 
 def scores(model: Model, candidates: np.ndarray, X: np.ndarray, y: np.ndarray,

@@ -10,7 +10,9 @@ choice among candidate models (IFCA): the other private data accesses, charged f
 The privacy unit is a choice (`node`): example level (default; Poisson sampling, batched
 across silos) or node level (`sampling.NodeUnit`: one person of a graph appears in ≤ S
 examples; every step a batch of exactly b units drawn without replacement, silo by silo,
-charged as `pandemic.node_dp.NodeLevelDpEvent`s). The data source is `SiloArrays` or any
+charged as `pandemic.node_dp.NodeLevelDpEvent`s; a `gradients` release is one such step,
+and a cluster selection scores all n persons' examples at Δ = `selection.node_sensitivity`).
+The data source is `SiloArrays` or any
 object with ``n`` (K,) and ``gather(silos, idx)`` (graph data: `pandemic.engine.GraphSource`).
 """
 
@@ -27,7 +29,8 @@ from silofl.privacy.ledger import Ledger
 from silofl.privacy.randomness import Randomness
 from silofl.training import selection
 from silofl.training.dpsgd import GradientRule, round_noise
-from silofl.training.sampling import NodeUnit, node_streams, poisson_batches
+from silofl.training.sampling import (NodeUnit, node_streams, poisson_batches,
+                                      secure_randomness, seeded_streams)
 
 
 @dataclass
@@ -74,6 +77,12 @@ class SiloArrays:
         flat = (silos[:, None] * self.X.shape[1] + idx).ravel()
         X = self.X.reshape((-1,) + self.X.shape[2:]).take(flat, axis=0)
         return X.reshape(idx.shape + self.X.shape[2:]), self.y.ravel().take(flat).reshape(idx.shape), None
+
+
+#: persons per gather when a node-level selection scores a whole region
+SCORE_CHUNK = 4096
+#: the seeded stream index of a node-level selection's noise (distinct from pass streams)
+SELECT_STREAM = 999
 
 
 @dataclass
@@ -180,8 +189,11 @@ class LocalTrainer:
         candidates: (G, P) shared by all silos or (K, G, P); epsilon: (K,) or scalar, the ε of
         this one selection per silo (ignored in the non-private mode, which takes the exact
         argmin). Every silo's ledger is checked, then all are charged ε²/8-zCDP, before any
-        training row is read."""
-        self._example_level_only("a private cluster selection (IFCA)")
+        training row is read.
+
+        Node level: the score is the mean over all n persons' examples (at the round's
+        windows, read in chunks), run at `selection.node_sensitivity` = A·B/n; the Gumbel
+        noise comes from the silo's own stream (`_node_noise`), as its local passes do."""
         K = len(self.data.n)
         cands = np.asarray(candidates, dtype=float)
         if cands.ndim == 2:
@@ -199,6 +211,8 @@ class LocalTrainer:
             for ledger, event in zip(self.ledgers, evs):
                 ledger.charge(event, round=round, label=label)
         choice = np.empty(K, dtype=np.int64)
+        if self.node is not None:
+            return self._select_node(cands, eps, round, loss_bound, choice)
         for k in range(K):  # one silo at a time: a whole training set per gather
             n_k = int(self.data.n[k])
             X, y, _ = self.data.gather(np.array([k]), np.arange(n_k)[None, :])
@@ -211,21 +225,75 @@ class LocalTrainer:
         self.selections_done += 1
         return choice
 
-    def gradients(self, W: np.ndarray, round: int = 0, label: str = "dpsgd",
+    def _select_node(self, cands: np.ndarray, eps: np.ndarray | None, round: int,
+                     loss_bound: float, choice: np.ndarray) -> np.ndarray:
+        """`select_cluster` under the node-level unit (already charged): silo by silo, the
+        mean score over all n_k examples (chunks of `SCORE_CHUNK` persons), then
+        report-noisy-min at Δ = A·B/n_k with the silo's own noise stream."""
+        for k in range(len(self.data.n)):
+            n_k = int(self.data.n[k])
+            score = self._node_scores(k, cands[k], round, loss_bound)
+            if eps is None:
+                choice[k] = int(np.argmin(score))
+            else:
+                delta_s = selection.node_sensitivity(self.model, n_k, self.node.S,
+                                                     self.node.adjacency, loss_bound)
+                choice[k] = selection.noisy_argmin(score, eps[k], delta_s,
+                                                   self._node_noise(k, round, SELECT_STREAM))
+        self.selections_done += 1
+        return choice
+
+    def _node_scores(self, k: int, candidates: np.ndarray, round: int,
+                     loss_bound: float) -> np.ndarray:
+        """(G,) silo k's selection score of each candidate (G, P): the mean over all its
+        n_k persons' examples at `round`'s windows (`selection.scores` per chunk of
+        `SCORE_CHUNK` persons). Reads silo k's data: callers charge first."""
+        start = getattr(self.data, "start_round", None)
+        if start is not None:  # the round's windows, as its local pass reads them
+            start(round)
+        n_k = int(self.data.n[k])
+        total = np.zeros(candidates.shape[0])
+        for lo in range(0, n_k, SCORE_CHUNK):
+            persons = np.arange(lo, min(lo + SCORE_CHUNK, n_k))
+            X, y, _ = self.data.gather(np.array([k]), persons[None, :])
+            # the chunk's mean × its size: the chunk's sum (rates and losses alike)
+            total += selection.scores(self.model, candidates, X[0], y[0],
+                                      loss_bound) * persons.size
+        return total / n_k
+
+    def _node_noise(self, k: int, round: int, stream: int) -> Randomness:
+        """Silo k's noise source for a node-level release other than a local pass: a fresh
+        CSPRNG (secure), or its seeded stream keyed by (seed, name, round, stream), so a
+        silo trained alone draws what it draws in the simulator."""
+        if self.rng.secure:
+            return secure_randomness()
+        return seeded_streams(self.node.seed, self.node.names[k], round, stream)[1]
+
+    def gradients(self, W: np.ndarray, round: int = 0, label: str | None = None,
                   silos: np.ndarray | None = None) -> np.ndarray:
         """One DP-SGD gradient estimate per hosted silo at W (K, P), with l2·W added (a
         public function of W): one Poisson batch (q_k = b/n_k), clipped, noised and scaled
         exactly like a step of `run`, and charged as one DP-SGD step before the data is read.
-        Returns (K, P); the parameters are not changed.
+        Returns (K, P); the parameters are not changed. `label`: the ledger label (default
+        the trainer's: "dpsgd", or "node-dpsgd" at node level).
+
+        Node level: one step of the node-level mechanism (exactly b persons without
+        replacement, clipped, N(0, σ²C²) added, divided by b), charged as a
+        `NodeLevelDpEvent` with steps = 1.
 
         `silos` (K,) bool: only these silos take part — only they are charged and read; the
         rows of the others are NaN."""
-        self._example_level_only("a one-step gradient release (Weight Erosion)")
+        label = self.label if label is None else label
         ids = self._subset(silos)
         W = np.asarray(W, dtype=float)
         K = len(self.data.n)
         if W.shape[0] != K:
             raise ValueError(f"W must hold one model per silo ({K}, P), got {W.shape}")
+        if self.node is not None:
+            ids = np.arange(K) if ids is None else ids
+            if self.rule.private:
+                self._charge_all(self.step_events(), round, label, ids)
+            return self._gradients_node(W, ids, round)
         if ids is not None:
             return self._gradients_of(W, ids, round, label)
         if self.rule.private:
@@ -264,11 +332,42 @@ class LocalTrainer:
         self.steps_done[ids] += 1
         return out
 
-    def _example_level_only(self, what: str) -> None:
-        if self.node is not None:
-            raise PrivacyError(f"{what} is accounted at example level only; the node-level "
-                               "privacy unit supports methods built on local passes "
-                               "(local, fedavg, mrmtl, finetune, ditto, mocha)")
+    def _gradients_node(self, W: np.ndarray, ids: np.ndarray, round: int) -> np.ndarray:
+        """`gradients` under the node-level unit (already charged) for the silos `ids`:
+        each one step of `_node_grad` from a pass stream of its own (`_next_pass`)."""
+        start = getattr(self.data, "start_round", None)
+        if start is not None:
+            start(round)
+        out = np.full(W.shape, np.nan)
+        b = int(self.batch_size)
+        for k in ids:
+            k = int(k)
+            sampler, noise = node_streams(self.node, k, round, int(self.data.n[k]),
+                                          self.rng.secure, self._next_pass(k, round))
+            g = self._node_grad(k, W[k], sampler, noise, b)
+            out[k] = g + self.l2 * W[k] if self.l2 else g
+            self.steps_done[k] += 1
+        return out
+
+    def _next_pass(self, k: int, round: int) -> int:
+        """The index of silo k's next pass stream in `round` (Ditto's second pass, a
+        gradient after a pass, … each draw from a stream of their own)."""
+        i = self._passes.get((k, round), 0)
+        self._passes[(k, round)] = i + 1
+        return i
+
+    def _node_grad(self, k: int, w: np.ndarray, sampler, noise: Randomness,
+                   b: int) -> np.ndarray:
+        """One node-level DP-SGD estimate at w (P,) for silo k: exactly b persons drawn
+        without replacement, clipped sum plus N(0, σ_k²C²) (private rule), divided by b."""
+        X, y, sq = self.data.gather(np.array([k]), sampler.draw(b)[None, :])
+        mask = np.ones((1, b))
+        if self.rule.private:
+            aux = {} if sq is None else {"x_sqnorm": sq}
+            g = self.model.clipped_grad_sum(w[None], X, y, mask, self.rule.clip, **aux)[0]
+            sigma = float(self.rule.noise_multiplier[k])
+            return (g + noise.normal(g.shape) * sigma * self.rule.clip) / b
+        return self.model.grad_sum(w[None], X, y, mask)[0] / b
 
     def run(self, W0: np.ndarray, anchor: np.ndarray | None = None,
             lam: float | np.ndarray = 0.0, round: int = 0, label: str | None = None,
@@ -342,28 +441,15 @@ class LocalTrainer:
         if start is not None:
             start(round)
         b = int(self.batch_size)
-        secure = self.rng.secure
-        private = self.rule.private
         pull = anchor is not None and bool(np.any(lam != 0))
-        mask = np.ones((1, b))
         for k in ids:
             k = int(k)
-            pass_index = self._passes.get((k, round), 0)
-            self._passes[(k, round)] = pass_index + 1
-            sampler, noise = node_streams(self.node, k, round, int(self.data.n[k]), secure,
-                                          pass_index)
+            sampler, noise = node_streams(self.node, k, round, int(self.data.n[k]),
+                                          self.rng.secure, self._next_pass(k, round))
             lam_k = float(lam if lam.ndim == 0 else lam[k])
-            sigma = float(self.rule.noise_multiplier[k]) if private else 0.0
-            w, silo = W[k], np.array([k])
+            w = W[k]
             for _ in range(int(self.steps_per_round[k])):
-                X, y, sq = self.data.gather(silo, sampler.draw(b)[None, :])
-                aux = {} if sq is None else {"x_sqnorm": sq}
-                if private:
-                    g = self.model.clipped_grad_sum(w[None], X, y, mask, self.rule.clip,
-                                                    **aux)[0]
-                    g = (g + noise.normal(g.shape) * sigma * self.rule.clip) / b
-                else:
-                    g = self.model.grad_sum(w[None], X, y, mask)[0] / b
+                g = self._node_grad(k, w, sampler, noise, b)
                 if self.l2:
                     g = g + self.l2 * w
                 if pull:
