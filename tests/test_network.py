@@ -466,6 +466,10 @@ def test_cluster_mocha_and_erosion_over_the_network_equal_the_simulator(tmp_path
         if method.startswith("ifca"):  # each selection round's selection, in its own store
             sel = [c for e, c in got.items() if e.startswith("ZCDpEvent")]
             assert sel == [alg.schedule(3).select_until]
+        # a restarted silo (a fresh process) still holds the last broadcast it received
+        fresh = SiloProgram(load_silo_config(w["silos"][n]))
+        assert fresh.resume() and fresh.done == 3
+        np.testing.assert_array_equal(fresh.final_model(), s.final_model())
 
 
 def test_erosion_and_mocha_go_on_without_a_silo_and_ifca_refuses_a_foreign_sigma(tmp_path):

@@ -574,8 +574,8 @@ class SiloProgram:
 
     # -- state on disk ------------------------------------------------------------------
     def personal_model(self) -> np.ndarray:
-        """(P,) the model this silo uses for prediction (needs the server's last message
-        for methods whose personal model is the shared one)."""
+        """(P,) the silo's own parameters (its last local model); what it predicts with is
+        `final_model` (the shared model for methods whose personal model is shared)."""
         return self.state.params[0]
 
     def final_model(self, message: np.ndarray | None = None) -> np.ndarray:
@@ -585,6 +585,9 @@ class SiloProgram:
         from silofl.algorithms.base import ServerState
         message = getattr(self, "message", None) if message is None else message
         if message is None:
+            if message_size(self.algorithm, self.K, self.P) != self.P:
+                raise ConfigError(f"silo {self.cfg.name!r} has received no broadcast yet; its "
+                                  f"{self.job['method']} model needs one (run a round first)")
             srv = ServerState(self.state.params[0])
         else:
             srv = server_view(self.algorithm,
@@ -621,6 +624,8 @@ class SiloProgram:
         arrays.parent.mkdir(parents=True, exist_ok=True)
         extra = {} if self.last is None or self.last["update"] is None else \
             {"last_update": self.last["update"]}
+        if getattr(self, "message", None) is not None:  # the last shared model received
+            extra["last_message"] = self.message
         fields = vars(self.state)
         arrays_ = {k if k == "params" else f"state_{k}": v for k, v in fields.items()
                    if isinstance(v, np.ndarray)}
@@ -648,6 +653,8 @@ class SiloProgram:
             saved = {k[6:]: z[k] for k in z.files if k.startswith("state_")}
             saved["params"] = z["params"]
             last = z["last_update"] if "last_update" in z else None
+            if "last_message" in z:
+                self.message = z["last_message"]
         import dataclasses
         self.state = dataclasses.replace(self.state, **saved, **m["state"])
         self.done, self.exhausted = int(m["round"]), bool(m["exhausted"])
