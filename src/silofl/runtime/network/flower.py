@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable
 
@@ -120,6 +121,8 @@ class SiloflStrategy(FitOnlyStrategy):
         return Parameters(tensors=[], tensor_type="numpy.ndarray")
 
     def _join(self, proxy) -> None:
+        """One connection's join: the round trip runs in parallel with the others' (a
+        thread each, `_join_all`); what it changes is changed under the lock."""
         job = W.canonical(self.p.job).decode()
         nonce = new_nonce()
         ins = GetPropertiesIns({"protocol": W.PROTOCOL, "kind": "join", "job": job,
@@ -129,23 +132,38 @@ class SiloflStrategy(FitOnlyStrategy):
             props = dict(res.properties)
             if props.get("nonce") != nonce:
                 raise W.ProtocolError("join reply does not answer this server's nonce")
-            reg = self.p.accept_join(props)
+            with self.lock:
+                reg = self.p.accept_join(props)
         except Exception as e:  # an unauthenticated or broken client does not join
             log.warning("connection %s rejected at join: %s", proxy.cid, e)
-            self.rejected.add(proxy.cid)
+            with self.lock:
+                self.rejected.add(proxy.cid)
             self._drop(proxy)
             return
         if reg.status != "ok":
             log.warning("silo %s declined the job: %s", reg.name, reg.reason)
-            self.declined.add(proxy.cid)
+            with self.lock:
+                self.declined.add(proxy.cid)
             self._drop(proxy)
             return
-        for cid, name in list(self.names.items()):
-            if name == reg.name:      # the silo reconnected: its old connection is stale
-                del self.names[cid]
-        self.names[proxy.cid] = reg.name
+        with self.lock:
+            for cid, name in list(self.names.items()):
+                if name == reg.name:      # the silo reconnected: its old connection is stale
+                    del self.names[cid]
+            self.names[proxy.cid] = reg.name
         log.info("silo %s joined (n = %d, q = %.4g, steps = %d, sigma = %.4g)", reg.name,
                  reg.n_train, reg.q, reg.steps, reg.sigma)
+
+    def _join_all(self, proxies: list) -> None:
+        """Join these connections at once: on the SuperLink route every join is a message
+        round trip (a SuperNode poll and a fresh ClientApp), so one after another the
+        start-up grew with the number of silos."""
+        if len(proxies) <= 1:
+            for proxy in proxies:
+                self._join(proxy)
+            return
+        with ThreadPoolExecutor(max_workers=min(32, len(proxies))) as pool:
+            list(pool.map(self._join, proxies))
 
     def _drop(self, proxy) -> None:
         """Ask a connection to leave (the silo's client returns)."""
@@ -170,9 +188,8 @@ class SiloflStrategy(FitOnlyStrategy):
         self.declined = set()  # connections that answered this round's join with a no
         while True:
             conns = client_manager.all()
-            for cid, proxy in list(conns.items()):
-                if cid not in self.names and cid not in self.rejected | self.declined:
-                    self._join(proxy)
+            self._join_all([proxy for cid, proxy in sorted(conns.items())
+                            if cid not in self.names and cid not in self.rejected | self.declined])
             active = self._active(client_manager)
             # every silo still in the job, or enough of them once the grace period is over;
             # or every expected silo is connected and has answered (waiting changes nothing)
