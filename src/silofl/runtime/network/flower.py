@@ -252,20 +252,27 @@ class InProcessClientProxy(ClientProxy):
         super().__init__(cid)
         self.client_fn = client_fn
 
+    #: in-process clients answer one request at a time (the server's parallel joins queue
+    #: here): one process, and the clients' files are not written by two requests at once
+    lock = threading.Lock()
+
     def _client(self):
         return self.client_fn(self.cid).to_client()
 
     def get_properties(self, ins, timeout, group_id) -> GetPropertiesRes:
-        return self._client().get_properties(ins)
+        with self.lock:
+            return self._client().get_properties(ins)
 
     def get_parameters(self, ins, timeout, group_id) -> GetParametersRes:
         return self._client().get_parameters(ins)
 
     def fit(self, ins: FitIns, timeout, group_id) -> FitRes:
-        return self._client().fit(ins)
+        with self.lock:
+            return self._client().fit(ins)
 
     def evaluate(self, ins: EvaluateIns, timeout, group_id) -> EvaluateRes:
-        return self._client().evaluate(ins)
+        with self.lock:
+            return self._client().evaluate(ins)
 
     def reconnect(self, ins, timeout, group_id) -> DisconnectRes:
         return DisconnectRes("")
@@ -276,7 +283,8 @@ def run_in_process(strategy, num_rounds: int,
                    max_workers: int | None = 1):
     """Run Flower's `Server` loop with ``strategy`` for ``num_rounds`` over in-process
     clients (one factory per cid, `InProcessClientProxy`); returns Flower's History.
-    ``max_workers=1`` runs the clients one after another (deterministic logs)."""
+    The clients answer one request at a time (`InProcessClientProxy.lock`), whatever
+    ``max_workers`` Flower's loop is given."""
     manager = SimpleClientManager()
     for cid in sorted(client_fns):
         manager.register(InProcessClientProxy(cid, client_fns[cid]))

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import threading
 import zlib
 from pathlib import Path
 
@@ -227,6 +228,9 @@ class _Run:
     run_id = 1
 
 
+_DELIVERY = threading.Lock()
+
+
 class LoopbackGrid(Grid):
     """For tests and benchmarks: delivers each message to `client_app` in this process,
     one persistent Context per node (as a SuperNode keeps it); a ClientApp exception
@@ -261,6 +265,10 @@ class LoopbackGrid(Grid):
         raise NotImplementedError
 
     def send_and_receive(self, messages, *, timeout=None):
+        with _DELIVERY:  # one message at a time, as one process (parallel joins queue here)
+            return self._deliver(messages)
+
+    def _deliver(self, messages):
         out = []
         for m in messages:
             try:
