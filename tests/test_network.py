@@ -398,16 +398,16 @@ def test_silo_and_server_programs_run_the_simulators_code(tmp_path, method):
 
 
 def _drive(srv, silos, rounds, absent=()):
-    """Silo and server programs in-process: join, then each round every silo (but `absent`
-    ones) answers the server's request, then the server step."""
+    """Silo and server programs in-process: join, then each round every silo the server
+    asks (its selection among those not `absent`) answers its request, then the server
+    step."""
     for s in silos.values():
         srv.accept_join(s.join({"protocol": W.PROTOCOL, "kind": "join", "nonce": new_nonce(),
                                 "job": W.canonical(srv.job).decode()}))
     for t in range(1, rounds + 1):
         ups = {}
-        for n, s in silos.items():
-            if n in absent:
-                continue
+        for n in srv.selected(t, [n for n in silos if n not in absent]):  # who is asked
+            s = silos[n]
             rep, u = s.round(srv.request(n, t), [srv.message])
             status, u = srv.accept_update(n, t, rep, [] if u is None else [u])
             assert status == "ok", rep["reason"]
@@ -620,22 +620,17 @@ def test_privatekt_over_tls_processes_asks_only_the_selected_silos(tmp_path):
     assert len(rounds) == 3 and all(0 < len(r) < 4 for r in rounds)
 
 
-def test_graph_regions_as_tls_processes_equal_in_process_pandemic_training(tmp_path):
-    """One engine for graph data too: `silofl deploy init --regions` gives every region of
-    a pandemic dataset its own folder and silo config; each region runs as its own
-    `silofl silo` process (node-level unit, its own store) against `silofl server` over TLS,
-    and the seeded run's personal models equal `pipeline.train` in one process bit for
-    bit; each store holds exactly the rounds its region ran."""
-    from silofl.pandemic import pipeline as P
-    from silofl.pandemic import read_dataset, synthesize
-    from silofl.runtime.network.silo import open_program
+def run_regions(tmp_path: Path, job: dict) -> dict:
+    """A 2400-person outbreak in 3 regions deployed with `deploy init --regions` (seeded,
+    ε = 6, δ = 1e-5), run as 3 `silofl silo` processes + `silofl server` over TLS; returns
+    what deploy wrote (after every process exited 0)."""
+    from silofl.pandemic import synthesize
     synthesize(tmp_path / "outbreak", persons=2400, regions=3, seed=5)
-    rounds = 2
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         w = deploy.init(tmp_path / "c", regions=tmp_path / "outbreak", noise="seeded",
                         address=f"127.0.0.1:{free_port()}", epsilon=6.0, delta=1e-5,
-                        job={"rounds": rounds, "batch_size": 64, "seed": 2}, min_silos=3)
+                        job=job, min_silos=3)
     logs = tmp_path / "logs"
     logs.mkdir()
     server = start(["server", "--config", w["server"]], logs / "server.log")
@@ -644,6 +639,20 @@ def test_graph_regions_as_tls_processes_equal_in_process_pandemic_training(tmp_p
              for i, cfg in enumerate(w["silos"].values())]
     codes = finish([server, *silos], timeout=90.0)
     assert codes == [0] * (1 + len(silos)), [p.read_text()[-2000:] for p in logs.iterdir()]
+    return w
+
+
+def test_graph_regions_as_tls_processes_equal_in_process_pandemic_training(tmp_path):
+    """One engine for graph data too: `silofl deploy init --regions` gives every region of
+    a pandemic dataset its own folder and silo config; each region runs as its own
+    `silofl silo` process (node-level unit, its own store) against `silofl server` over TLS,
+    and the seeded run's personal models equal `pipeline.train` in one process bit for
+    bit; each store holds exactly the rounds its region ran."""
+    from silofl.pandemic import pipeline as P
+    from silofl.pandemic import read_dataset
+    from silofl.runtime.network.silo import open_program
+    rounds = 2
+    w = run_regions(tmp_path, {"rounds": rounds, "batch_size": 64, "seed": 2})
     ref = P.train(read_dataset(tmp_path / "outbreak"), P.PandemicConfig(
         rounds=rounds, batch_size=64, epsilon=6.0, delta=1e-5, seed=2, noise="seeded"))
     assert sorted(ref.regions) == sorted(w["silos"])

@@ -26,7 +26,7 @@ from silofl.runtime.network.silo import (SiloProgram, check_job, job_algorithm, 
                                          job_config, job_model, load_silo_config,
                                          new_nonce)
 from silofl.runtime.simulator import simulate  # noqa: E402
-from test_network import _store_events  # noqa: E402  (tests/ is on the import path)
+from test_network import _drive, _store_events  # noqa: E402  (tests/ is on the import path)
 
 ROUNDS = 6
 # heart: Cleveland, Hungary (the user u_0), Switzerland (joins at 3), VA Long Beach (leaves
@@ -71,18 +71,7 @@ def store_rows(store, name) -> tuple[list[int], dict, set]:
 def drive(program: ServerProgram, silos: dict) -> None:
     """Join every silo, then each round ask the server's selection, as `silofl server`'s
     strategy does (`SiloflStrategy.configure_fit`), and run the server step."""
-    for s in silos.values():
-        program.accept_join(s.join({"protocol": W.PROTOCOL, "kind": "join",
-                                    "nonce": new_nonce(),
-                                    "job": W.canonical(program.job).decode()}))
-    for t in range(1, ROUNDS + 1):
-        updates = {}
-        for n in program.selected(t, list(silos)):
-            rep, u = silos[n].round(program.request(n, t), [program.message])
-            status, u = program.accept_update(n, t, rep, [] if u is None else [u])
-            assert status == "ok", rep["reason"]
-            updates[n] = u
-        program.step(t, updates)
+    _drive(program, silos, ROUNDS)
 
 
 def scheduled(job: dict) -> np.ndarray:

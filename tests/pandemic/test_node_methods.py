@@ -366,28 +366,12 @@ def test_networked_graph_job_runs_ifca_like_pipeline_train(tmp_path):
     ifca: every region reserves its selection with round 1 in its own store, and the seeded
     run's models and ε equal `pipeline.train` in one process bit for bit."""
     pytest.importorskip("flwr")
-    from test_network import finish, free_port, serving, start  # the process helpers
-
+    from test_network import run_regions  # the process helpers
     from silofl.algorithms.ifca import ClusterServer
-    from silofl.pandemic import synthesize
-    from silofl.runtime.network import deploy
     from silofl.runtime.network.server import load_server_config
     from silofl.runtime.network.silo import load_silo_config, open_program
-    synthesize(tmp_path / "outbreak", persons=2400, regions=3, seed=5)
-    job = {"rounds": 2, "batch_size": 64, "seed": 2, "method": "ifca", "clusters": 2}
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        w = deploy.init(tmp_path / "c", regions=tmp_path / "outbreak", noise="seeded",
-                        address=f"127.0.0.1:{free_port()}", epsilon=6.0, delta=1e-5,
-                        job=job, min_silos=3)
-    logs = tmp_path / "logs"
-    logs.mkdir()
-    server = start(["server", "--config", w["server"]], logs / "server.log")
-    serving(w["server"], server)
-    silos = [start(["silo", "--config", cfg, "--wait", "20"], logs / f"{i}.log")
-             for i, cfg in enumerate(w["silos"].values())]
-    codes = finish([server, *silos], timeout=90.0)
-    assert codes == [0] * 4, [p.read_text()[-2000:] for p in logs.iterdir()]
+    w = run_regions(tmp_path, {"rounds": 2, "batch_size": 64, "seed": 2, "method": "ifca",
+                               "clusters": 2})
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         ref = P.train(read_dataset(tmp_path / "outbreak"), P.PandemicConfig(
