@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import shutil
 import sys
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -328,3 +329,21 @@ def test_one_in_process_driver_runs_the_networked_silo_and_server_programs(tmp_p
     for n in p1:
         np.testing.assert_array_equal(p1[n], p2[n])
     assert c1 == c2 and all(c == 2 for c in c1.values())  # one reservation per round
+
+
+def test_deploy_regions_checks_settings_before_writing(small_outbreak, tmp_path):
+    """`silofl deploy init --regions`: a bad graph setting or an unknown one is refused
+    with nothing written; a good one writes one silo config per region and a graph job."""
+    import tomllib
+    from silofl.runtime.network import deploy
+    for bad, match in (({"pooling": "bogus"}, "pooling"), ({"Ss": 3}, "unknown setting"),
+                       ({"method": "weight_erosion"}, "we_user")):
+        with pytest.raises(ConfigError, match=match):
+            deploy.init(tmp_path / "c", regions=small_outbreak, job=bad)
+        assert not (tmp_path / "c").exists()
+    w = deploy.init(tmp_path / "c", regions=small_outbreak, job={"S": 10, "rounds": 3})
+    assert sorted(w["silos"]) == [f"region-{c}" for c in (51001, 51003, 51005, 51007)]
+    server = tomllib.loads((tmp_path / "c" / "server.toml").read_text())
+    assert server["job"]["data_kind"] == "graph" and server["job"]["graph"]["S"] == 10
+    silo = tomllib.loads(Path(w["silos"]["region-51001"]).read_text())["silo"]
+    assert silo["data_kind"] == "graph" and (tmp_path / "c" / silo["data"]).is_dir()

@@ -316,6 +316,7 @@ def deploy_regions(dataset: Path, data_dir: Path, job: dict) -> tuple[dict, dict
         raise ConfigError(f"graph job: unknown setting(s) {bad}; known: {', '.join(sorted(known))}")
     cfg = PandemicConfig(**settings)
     cfg.validate()
+    method_of(cfg)  # the method's own settings (clusters, we_user) fail before any write
     parts = partition_by_region(dataset, data_dir)
     first = read_dataset(next(iter(parts.values())))
     r = Region("probe", np.arange(first.num_persons), S=cfg.S)

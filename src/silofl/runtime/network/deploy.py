@@ -216,8 +216,14 @@ def _init_regions(out: Path, dataset: Path, *, address, hosts, epsilon, delta, j
         raise ConfigError(f"--regions must be a folder of the seven pandemic files, got "
                           f"{str(dataset)!r}")
     settings = {"method": "mrmtl", "rounds": 20, **(job or {}), "noise": noise}
-    out.mkdir(parents=True, exist_ok=True)
-    parts, full = data_module("graph").deploy_regions(dataset, out / "data", settings)
+    fresh = not out.exists()
+    try:  # settings are checked before anything is written; a failure leaves no folder
+        parts, full = data_module("graph").deploy_regions(dataset, out / "data", settings)
+    except BaseException:
+        if fresh and out.exists():
+            import shutil
+            shutil.rmtree(out)
+        raise
     _write_certs(out, address, hosts)
     names = list(parts)
     written = {"silos": {}, "server": str(out / "server.toml")}
