@@ -286,8 +286,17 @@ class RegionSiloProgram(SiloProgram):
             "scale": None if r.scale is None else r.scale.tolist()})
 
     def _data_evaluate(self, w: np.ndarray) -> float:
-        raise ConfigError("a pandemic region is scored by its predictions "
-                          "(`RegionSiloProgram.predict`), not by a held-out metric")
+        """AUPRC of the region's predictions against its own target file (the challenge's
+        score; stays in the silo); ConfigError when its folder holds no target."""
+        from silofl.pandemic.metrics import average_precision
+        from silofl.pandemic.schema import TARGET
+        folder = Path(self.cfg.data)
+        if not any((folder / f).is_file() for f in TARGET.filenames()):
+            raise ConfigError(f"silo {self.cfg.name!r}: no target file in {folder} to score "
+                              "its predictions against")
+        y = read_dataset(folder, with_target=True).target.astype(np.int64)
+        return average_precision(y, predict_region(self.region, raw_weights(w, self.region),
+                                                   self.pcfg))
 
     # -- prediction -----------------------------------------------------------------------
     def predict(self, message: np.ndarray | None = None) -> np.ndarray:
