@@ -366,3 +366,42 @@ def test_exponential_mechanism_route_charges_grid_and_selection():
         assert counts[dpa.ZCDpEvent((0.1 * 3.0) ** 2 / 8)] == 1  # ε_sel = 0.1 · 3, zCDP
         assert led.report()["epsilon"] <= 3.0
     assert len(alg.last_release) == 4 and all(r["lam"] in LAMS for r in alg.last_release)
+
+
+def test_a_privately_tuned_run_cannot_be_resumed(tmp_path):
+    """A tuned run killed mid-way leaves its checkpoint; resuming it would re-read the
+    trials' later rounds beyond the one RepeatAndSelect charge, so it is refused, and the
+    store keeps exactly what it held (the killed run's reservation stays counted)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from silofl.experiments.run import resume_run
+    cfg = _run_toml(tmp_path, {}, methods=["mrmtl"], rounds=400)
+    proc = subprocess.Popen([sys.executable, "-m", "silofl.cli", "run", "-c", str(cfg), "-q"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline and proc.poll() is None:
+            done = list((tmp_path / "runs").glob("*/checkpoint/*.state.pkl"))
+            if done:
+                break
+            time.sleep(0.02)
+        assert proc.poll() is None, "the run ended before it could be killed"
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    run_dir = next((tmp_path / "runs").iterdir())
+    assert (run_dir / "checkpoint" / "job.json").is_file()
+    with BudgetStore(tmp_path / "budget.sqlite") as store:
+        before = {n: store.charges(n) for n in store.silos()}
+    with pytest.raises(ConfigError, match="privately tuned run"):
+        resume_run(run_dir)
+    res = CliRunner().invoke(app, ["run", "--resume", str(run_dir), "-q"])
+    assert res.exit_code != 0 and "privately tuned run" in " ".join(res.output.split())
+    with BudgetStore(tmp_path / "budget.sqlite") as store:
+        assert {n: store.charges(n) for n in store.silos()} == before and before

@@ -361,6 +361,11 @@ def resume_run(run_dir: str | Path,
     info = json.loads(jf.read_text())
     cfg = config_from_dict(info["config"])
     p = _prepare(cfg)
+    if cfg.tuning.mode == "private":
+        raise ConfigError("resuming a privately tuned run is not supported: the trials would "
+                          "re-read the rounds after the checkpoint, and the tuned release's "
+                          "RepeatAndSelect charge covers one run of each trial. Start a new "
+                          "run (the killed run's charges stay counted)")
     if p.prep.private:
         raise ConfigError("resuming a run with private preprocessing is not supported: its "
                           "noisy statistics cannot be derived again without spending budget "
