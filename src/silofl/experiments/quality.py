@@ -56,7 +56,8 @@ def assess(r, model, fed, label: str) -> dict:
 
     Returns a JSON-ready dict: ``metric``, ``pooled``, ``baseline`` {name, value},
     ``beats_baseline`` (None when undefined), ``warning`` (None when it beats it),
-    ``predicts_one_class``, ``per_silo`` [{silo, n_test, value, baseline, ci95, tiny}],
+    ``predicts_one_class``, ``per_silo`` [{silo, n_test, value, baseline, ci95, tiny,
+    beats_baseline}],
     ``tiny_silos`` and, for classification, ``all_test_rows`` {accuracy, majority_rate,
     balanced_accuracy, and for binary tasks roc_auc, auprc, positive_rate}."""
     metric = r.metric
@@ -77,6 +78,7 @@ def assess(r, model, fed, label: str) -> dict:
                 p = M.predicted_classes(sc, model.name)
                 one_class.append(len(np.unique(p)) == 1)
                 ys.append(y), scores.append(sc), preds.append(p)
+        entry["beats_baseline"] = _beats(metric, value, entry["baseline"])
         per.append(entry)
     n = np.array([e["n_test"] for e in per], float)
     vals = np.array([e["value"] for e in per], float)

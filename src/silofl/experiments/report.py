@@ -48,7 +48,8 @@ def results_table(rep) -> Group:
         t.add_column(name, justify="left" if name == "method" else "right")
     if private:
         t.add_column("max ε over\nsilos (this\nmethod)", justify="right")
-    s = Table(title=f"per silo: final test {metric} (n = test rows, 95% CI)")
+    s = Table(title=f"per silo: final test {metric} (n = test rows, 95% CI, the silo's "
+                    f"{_SILO_BASELINE_NAME.get(metric, 'baseline')})")
     for name in ["method", "worst silo", "best silo"]:
         s.add_column(name, justify="left" if name == "method" else "right")
     silos = res[0].silos
@@ -63,7 +64,8 @@ def results_table(rep) -> Group:
             p = r.privacy()
             row.append(f"{_max_eps(x['epsilon'] for x in p)} ({_kinds(p)})")
         t.add_row(*row)
-        s.add_row(rep.label(r), *_worst_best(vals, silos, higher, q["per_silo"] if q else None))
+        s.add_row(rep.label(r), *_worst_best(vals, silos, higher,
+                                             q["per_silo"] if q else None, metric))
     if rep.notes():
         t.caption = "; ".join(rep.notes())
     if q0 is not None:
@@ -128,18 +130,26 @@ def _metric_cell(x) -> str:
     return f"{x:.4f}" if np.isfinite(x) else "inf (diverged)"
 
 
-def _silo_cell(v: float, silo: str, entry: dict | None) -> str:
+def _silo_cell(v: float, silo: str, entry: dict | None, metric: str = "") -> str:
     """`v silo`, with the silo's test size and 95% interval where known."""
     cell = f"{_metric_cell(v)} {silo}"
     if entry is None:
         return cell
     ci = entry.get("ci95")
     extra = f"n={entry['n_test']}" + (f", {ci[0]:.2f}–{ci[1]:.2f}" if ci else "")
+    base = entry.get("baseline")
+    if base is not None and np.isfinite(base):  # the silo's own bar (majority rate, …)
+        extra += f", {_SILO_BASELINE.get(metric, 'base')} {base:.2f}"
     return f"{cell}\n{extra}{', TINY' if entry['tiny'] else ''}"
 
 
-def _worst_best(vals: np.ndarray, silos, higher: bool, per: list[dict] | None = None
-                ) -> list[str]:
+_SILO_BASELINE = {"accuracy": "maj.", "auprc": "pos.", "roc_auc": "base", "mse": "var."}
+_SILO_BASELINE_NAME = {"accuracy": "majority-class rate (maj.)", "auprc": "positive rate",
+                       "roc_auc": "uninformative AUROC", "mse": "test-label variance (var.)"}
+
+
+def _worst_best(vals: np.ndarray, silos, higher: bool, per: list[dict] | None = None,
+                metric: str = "") -> list[str]:
     """Worst and best silo; a silo whose metric is non-finite is the worst (never hidden).
     With `per` (the per-silo assessment) cells carry test size and interval, and silos
     with tiny test sets are ranked only when every silo's is tiny."""
@@ -150,7 +160,7 @@ def _worst_best(vals: np.ndarray, silos, higher: bool, per: list[dict] | None = 
     ok = np.flatnonzero(rank)
 
     def cell(k):
-        return _silo_cell(vals[k], silos[k], per[k] if per is not None else None)
+        return _silo_cell(vals[k], silos[k], per[k] if per is not None else None, metric)
     if bad.any():
         k = int(np.flatnonzero(bad)[0])
         worst = cell(k) + (f" (+{int(bad.sum()) - 1})" if bad.sum() > 1 else "")
