@@ -155,7 +155,9 @@ def _all_rows(fed, ys, scores, preds) -> dict:
 
 
 def _fmt(x: float) -> str:
-    return "n/a" if x is None or np.isnan(x) else f"{x:.4f}" if np.isfinite(x) else "inf"
+    if x is None or np.isnan(x):
+        return "n/a"
+    return "inf" if not np.isfinite(x) else f"{x:.4f}" if abs(x) < 1e6 else f"{x:.4g}"
 
 
 def warnings_of(quality: dict) -> list[str]:

@@ -69,14 +69,14 @@ def results_table(rep) -> Group:
     if rep.notes():
         t.caption = "; ".join(rep.notes())
     if q0 is not None:
-        t.caption = "; ".join(([t.caption] if t.caption else []) + [
-            "baseline: the best constant prediction on the same test rows (a test-set "
-            "statistic, not privatized)"])
+        s.caption = ("baselines: the best constant prediction on the same test rows (test-set "
+                     "statistics, like the metrics: not privatized)")
     if q0 is not None and q0["tiny_silos"]:
         tiny = [e for e in q0["per_silo"] if e["tiny"]]
-        s.caption = (f"{len(tiny)} silo(s) with fewer than {TINY_TEST} test rows are not "
-                     "ranked: " + ", ".join(f"{e['silo']} (n={e['n_test']})" for e in tiny[:8])
-                     + (", …" if len(tiny) > 8 else "") + " (summary.json has every silo)")
+        s.caption += (f"; {len(tiny)} silo(s) with fewer than {TINY_TEST} test rows are not "
+                      "ranked: " + ", ".join(f"{e['silo']} (n={e['n_test']})"
+                                             for e in tiny[:8])
+                      + (", …" if len(tiny) > 8 else "") + " (summary.json has every silo)")
     return Group(t, s)
 
 
@@ -127,7 +127,9 @@ def _metric_cell(x) -> str:
     """A metric, or why there is none: inf = diverged, NaN = undefined (e.g. no test rows)."""
     if x is None or np.isnan(x):
         return "n/a"
-    return f"{x:.4f}" if np.isfinite(x) else "inf (diverged)"
+    if not np.isfinite(x):
+        return "inf (diverged)"
+    return f"{x:.4f}" if abs(x) < 1e6 else f"{x:.4g}"  # a near-diverged MSE stays readable
 
 
 def _silo_cell(v: float, silo: str, entry: dict | None, metric: str = "") -> str:
@@ -136,11 +138,15 @@ def _silo_cell(v: float, silo: str, entry: dict | None, metric: str = "") -> str
     if entry is None:
         return cell
     ci = entry.get("ci95")
-    extra = f"n={entry['n_test']}" + (f", {ci[0]:.2f}–{ci[1]:.2f}" if ci else "")
+    extra = f"n={entry['n_test']}" + (f", {_short(ci[0])}–{_short(ci[1])}" if ci else "")
     base = entry.get("baseline")
     if base is not None and np.isfinite(base):  # the silo's own bar (majority rate, …)
-        extra += f", {_SILO_BASELINE.get(metric, 'base')} {base:.2f}"
+        extra += f", {_SILO_BASELINE.get(metric, 'base')} {_short(base)}"
     return f"{cell}\n{extra}{', TINY' if entry['tiny'] else ''}"
+
+
+def _short(x: float) -> str:
+    return f"{x:.2f}" if abs(x) < 1e4 else f"{x:.2g}"
 
 
 _SILO_BASELINE = {"accuracy": "maj.", "auprc": "pos.", "roc_auc": "base", "mse": "var."}
