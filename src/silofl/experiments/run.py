@@ -47,7 +47,9 @@ ASSUMPTIONS = (
     "Silo sizes n_k are treated as public: they set the sampling rate q = b/n_k, the noise "
     "calibration, the averaging weights (weighted = true) and IFCA's score sensitivity.",
     "Per-round test metrics are computed on each silo's held-out test rows for the "
-    "researcher and are not privatized: release the models, not those metrics.",
+    "researcher and are not privatized: release the models, not those metrics. The same "
+    "holds for the baselines beside them in summary.json (majority-class rate, test-label "
+    "variance, positive rate) and the per-silo test sizes.",
     "DP noise is drawn in floating point (the usual floating-point caveat of Mironov 2012 "
     "applies).",
 )
