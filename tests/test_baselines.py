@@ -118,6 +118,11 @@ def test_majority_class_model_is_flagged_in_terminal_and_json(tmp_path):
         assert f"warning: {q['warning']}" in flat  # printed in the terminal
         assert f"{q['baseline']['value']:.4f}" in flat  # the rate beside the result
         assert hist[label]["final_quality"]["warning"] == q["warning"]
+        for e in q["per_silo"]:  # test size and a Wilson interval, checked with SciPy
+            k = round(e["value"] * e["n_test"])
+            want = binomtest(k, e["n_test"]).proportion_ci(method="wilson")
+            assert e["ci95"] == pytest.approx([want.low, want.high], abs=1e-9)
+            assert e["baseline"] == pytest.approx(e["value"])  # one class, per silo too
     assert "NOT" in flat and "BEATEN" in flat  # marked in the table (a wrapped cell)
     assert "balanced" in flat and "AUROC" in flat and "AUPRC" in flat
     assert "not privatized" in summary["quality_note"]

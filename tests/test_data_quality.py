@@ -162,3 +162,18 @@ def test_min_silo_rows_off_by_default_and_checked():
         check_settings(-1, "refuse")
     with pytest.raises(ConfigError, match="small_silos must be one of refuse, drop"):
         check_settings(3, "dorp")
+
+
+def test_min_silo_rows_applies_to_every_source_and_to_its_privacy_overrides():
+    """The built-in heart data: Switzerland has 25 test rows. Its [privacy.silos] override
+    does not stop it from being dropped (it is listed instead)."""
+    from silofl.experiments import build
+    raw = {"data": {"min_silo_rows": 30}, "privacy": {"silos": {"Switzerland": {"epsilon": 0.5}}}}
+    with pytest.raises(DataError, match=r"'Switzerland' \(\d+ training / 25 test rows\)"):
+        build.load_raw(config_from_dict(raw).data)
+    raw["data"]["small_silos"] = "drop"
+    cfg = config_from_dict(raw)
+    fed = build.apply_privacy(build.load_raw(cfg.data), cfg)
+    assert "Switzerland" not in fed.names and len(fed.names) == 3
+    assert [d["silo"] for d in fed.meta["dropped_silos"]] == ["Switzerland"]
+    assert all(s.n_test >= 30 and s.n_train >= 30 for s in fed.silos)

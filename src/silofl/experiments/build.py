@@ -245,7 +245,10 @@ def apply_privacy(fed, cfg: Config):
         return fed
     default = PrivacyTarget(pc.epsilon, pc.delta)
     overrides = {}
+    dropped = {d["silo"] for d in fed.meta.get("dropped_silos", [])}  # listed in the output
     for name, sp in pc.silos.items():
+        if name in dropped and name not in fed.names:
+            continue
         if name not in fed.names:
             near = difflib.get_close_matches(name, fed.names, n=1)
             hint = f" Did you mean {near[0]!r}?" if near else ""
