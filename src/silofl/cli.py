@@ -64,7 +64,8 @@ def run(config: Optional[Path] = typer.Option(None, "--config", "-c",
         quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress bar")):
     """Train Local, FedAvg and MR-MTL (or the configured methods) at each silo's own
     privacy target and print a comparison table; writes a run directory."""
-    from silofl.experiments.report import flamby_comparison, privacy_table, results_table
+    from silofl.experiments.report import (flamby_comparison, privacy_table, quality_lines,
+                                           results_table)
     from silofl.experiments.run import ADJACENCY
     from silofl.experiments.run import resume_run
     from silofl.experiments.run import run as run_experiment
@@ -92,6 +93,8 @@ def run(config: Optional[Path] = typer.Option(None, "--config", "-c",
     except SiloflError as e:
         _fail(e)
     console.print(results_table(rep))
+    for line in quality_lines(rep):  # a useless model never looks fine
+        console.print(f"[bold yellow]warning:[/] {escape(line)}")
     if (fl := flamby_comparison(rep)) is not None:  # built-in heart data only
         console.print(escape(fl))
     if (pt := privacy_table(rep)) is not None:

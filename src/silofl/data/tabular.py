@@ -23,6 +23,14 @@ Missing feature values (`missing=`): ``"impute"`` (default) keeps them for prepr
 Rows whose label or silo is missing are always dropped; the counts are stored in
 ``meta["dropped"]`` and a `UserWarning` is emitted.
 
+Values that are no measurement are never clipped silently: a numeric feature value that is
+±inf or of magnitude above `HUGE` (1e100; e.g. a 1e308 placeholder) is a DataError naming
+the column and the number of such cells, or -- where the schema declares bounds, which
+clip -- a warning saying how many were clipped. A feature column with no value in any row
+is a DataError (a warning with a declared schema that makes it nullable: a silo may not
+record it), and a CSV header that names a column twice is a DataError (pandas would
+silently rename the second ``x`` to ``x.1``).
+
 Preprocessing (`standardize=`, `impute=`; modes in `silofl.data.preprocess`) defaults to
 "auto": declared statistics from the schema. The ``*_raw`` functions stop before it, for
 callers that charge private statistics first (`plan_preprocessing` / `apply_preprocessing`).
@@ -41,6 +49,8 @@ import pandas as pd
 
 from silofl.data.federation import Federation, split_silo
 from silofl.data.preprocess import PreprocessSpec, RawFederation, preprocess_without_budget
+from silofl.data.silo_size import check_settings, limit_silos
+from silofl.data.table_checks import HUGE, check_all_missing, check_header_unique
 from silofl.data.schema import (MISSING_LEVEL, ColumnSpec, LabelSpec, Schema, as_schema,
                                 infer_schema, parse_numeric, value_key)
 from silofl.errors import ConfigError, DataError
@@ -66,13 +76,15 @@ def load_table(path: str | Path, silo_column: str, label_column: str, *, schema=
 def load_table_raw(path: str | Path, silo_column: str, label_column: str, *, schema=None,
                    task: str = "auto", features: Sequence[str] | None = None,
                    test_fraction: float = 0.2, seed: int = 0, missing: str = "impute",
-                   categorical_max_levels: int = 50) -> RawFederation:
+                   categorical_max_levels: int = 50, min_silo_rows: int = 0,
+                   small_silos: str = "refuse") -> RawFederation:
     """`load_table` up to (not including) preprocessing: a `RawFederation`."""
     df = read_table(path, text_columns=[silo_column])
     raw = federation_from_frame_raw(
         df, silo_column, label_column, schema=schema, task=task, features=features,
         test_fraction=test_fraction, seed=seed, missing=missing,
-        categorical_max_levels=categorical_max_levels, name=Path(path).name.split(".")[0])
+        categorical_max_levels=categorical_max_levels, name=Path(path).name.split(".")[0],
+        min_silo_rows=min_silo_rows, small_silos=small_silos)
     raw.meta["source"] = str(path)
     return raw
 
@@ -105,6 +117,8 @@ def read_table(path: str | Path, text_columns: Sequence[str] = ()) -> pd.DataFra
     except Exception as e:  # parser, decoding, gzip and Arrow errors all mean "unreadable"
         raise DataError(f"could not read {str(p)!r}: {type(e).__name__}; check that the "
                         "file is a valid, uncorrupted table of the type its extension says") from None
+    if suffix in (".csv", ".csv.gz"):
+        check_header_unique(p, df)
     return df
 
 
@@ -145,9 +159,13 @@ def federation_from_frame_raw(df: pd.DataFrame, silo_column: str, label_column: 
                               features: Sequence[str] | None = None,
                               test_fraction: float = 0.2, seed: int = 0,
                               missing: str = "impute", categorical_max_levels: int = 50,
-                              name: str = "table") -> RawFederation:
+                              name: str = "table", min_silo_rows: int = 0,
+                              small_silos: str = "refuse") -> RawFederation:
     """Encode and split a table without computing any statistic: a `RawFederation` whose X
-    (n_k, d) float64 holds NaN where a nullable value is missing."""
+    (n_k, d) float64 holds NaN where a nullable value is missing. Silos with fewer than
+    `min_silo_rows` training or test rows are refused or dropped (`small_silos`; see
+    `silofl.data.silo_size`) before the silos are checked."""
+    check_settings(min_silo_rows, small_silos)
     enc = encode_table(df, label_column, silo_column=silo_column, schema=schema, task=task,
                        features=features, missing=missing,
                        categorical_max_levels=categorical_max_levels, name=name)
@@ -155,10 +173,13 @@ def federation_from_frame_raw(df: pd.DataFrame, silo_column: str, label_column: 
     rng = np.random.default_rng(seed)
     silos = [split_silo(str(s), enc.X[codes == k], enc.y[codes == k], test_fraction, rng)
              for k, s in enumerate(order)]
+    silos, small = limit_silos(silos, min_silo_rows, small_silos)
     meta = {"silo_column": str(silo_column), "label_column": str(label_column),
             "missing": missing, "dropped": enc.dropped, "warnings": enc.notes, "seed": seed,
             "test_fraction": test_fraction,
             "schema": enc.schema.source if not enc.schema.drafted else "read from the data"}
+    if small:
+        meta["dropped_silos"] = small
     if enc.schema.drafted:
         meta["schema_from_data"] = True
     if enc.schema.label.kind != "regression":
@@ -248,6 +269,7 @@ def encode_table(df: pd.DataFrame, label_column: str, *, silo_column: str | None
             dropped[what] = int(bad.sum())
             notes.append(f"dropped {int(bad.sum())} row(s) with a missing {col!r} value")
             df, rows = df.loc[~bad], rows[~bad]
+    check_all_missing(df, feats, schema, missing, name)
     if missing == "error":
         cols = [c for c in feats if df[c].isna().any()]
         if cols:
@@ -376,11 +398,23 @@ def _encode_column(s: pd.Series, spec: ColumnSpec, silos) -> list[np.ndarray]:
                        "fix them, turn placeholders such as '?' into missing values, or "
                        "declare the column categorical")
         b = spec.bounds
+        huge = ~isna & ~(np.abs(vals) <= HUGE)  # ±inf, or a placeholder such as 1e308
+        inf = int(np.isinf(vals[huge]).sum())
+        what = "are infinite" if inf == huge.sum() else \
+            f"are {'infinite or ' if inf else ''}of magnitude above {HUGE:g}"
+        if huge.any() and b is None:
+            raise _bad(spec.name, huge, what, silos,
+                       "such values are no measurement (a placeholder or an overflow): fix "
+                       "them, leave them empty (declare the column nullable), or declare "
+                       "lower/upper bounds to clip them")
+        if huge.any():
+            warnings.warn(f"column {spec.name!r}: {int(huge.sum())} value(s) {what} "
+                          f"and are clipped to the declared "
+                          f"bounds [{b[0]:g}, {b[1]:g}]; if they are placeholders for "
+                          "unknown values, leave those cells empty instead", UserWarning,
+                          stacklevel=2)
         if b is not None:  # declared bounds: clipping is data-independent
             vals = np.clip(vals, *b)
-        elif np.isinf(vals).any():
-            raise _bad(spec.name, np.isinf(vals), "are infinite", silos,
-                       "declare lower/upper bounds (values are clipped to them) or fix the data")
     return [vals[:, None]] + ([isna.astype(np.float64)[:, None]] if spec.nullable else [])
 
 

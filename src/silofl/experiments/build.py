@@ -14,6 +14,7 @@ from silofl.data.federation import Federation, PrivacyTarget
 from silofl.data.preprocess import (PreprocessSpec, RawFederation, plan_preprocessing,
                                     preprocess_without_budget)
 from silofl.data.schema import load_schema
+from silofl.data.silo_size import check_settings, limit_federation
 from silofl.errors import ConfigError
 from silofl.experiments.config import Config, DataConfig
 from silofl.models import TORCH_MODELS, check_input, make_model
@@ -152,7 +153,14 @@ def plan_data(dc: DataConfig, raw: RawFederation, accountant: str | None):
 
 
 def load_raw(dc: DataConfig) -> RawFederation:
-    """The encoded, split silos before any data-dependent preprocessing."""
+    """The encoded, split silos before any data-dependent preprocessing, without the silos
+    that [data] min_silo_rows drops (listed in ``meta["dropped_silos"]``; refused unless
+    [data] small_silos = "drop")."""
+    check_settings(dc.min_silo_rows, dc.small_silos)
+    return limit_federation(_load_raw(dc), dc.min_silo_rows, dc.small_silos)
+
+
+def _load_raw(dc: DataConfig) -> RawFederation:
     common = dict(test_fraction=dc.test_fraction, seed=dc.seed)
     if dc.schema and dc.source not in ("heart", "table", "school", "exam", "titanic"):
         raise ConfigError(f"data.schema applies to tables (heart, table, school, exam, "
@@ -184,7 +192,8 @@ def load_raw(dc: DataConfig) -> RawFederation:
         _refuse_split_keys(dc, f"data.silo_column = {dc.silo_column!r} names the silos")
         return D.load_table_raw(dc.path, dc.silo_column, dc.label_column, task=dc.task,
                                 features=dc.features or None, missing=dc.missing,
-                                schema=_schema(dc), **common)
+                                schema=_schema(dc), min_silo_rows=dc.min_silo_rows,
+                                small_silos=dc.small_silos, **common)
     if dc.source == "exam":
         return D.load_exam_raw(min_size=dc.min_silo_size, schema=_schema(dc), **common)
     if dc.source == "mnist":  # images: pixels share the public [0, 1] scale
@@ -236,7 +245,10 @@ def apply_privacy(fed, cfg: Config):
         return fed
     default = PrivacyTarget(pc.epsilon, pc.delta)
     overrides = {}
+    dropped = {d["silo"] for d in fed.meta.get("dropped_silos", [])}  # listed in the output
     for name, sp in pc.silos.items():
+        if name in dropped and name not in fed.names:
+            continue
         if name not in fed.names:
             near = difflib.get_close_matches(name, fed.names, n=1)
             hint = f" Did you mean {near[0]!r}?" if near else ""

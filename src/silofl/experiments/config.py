@@ -50,6 +50,9 @@ class DataConfig:
     label_purity: float = 0.8      # by_label: share of each class kept by its own silo
     min_silo_size: int = 0         # split: fewest rows per silo (0 = 10); exam: leave
                                    # out schools with fewer students (0 = keep all 65)
+    min_silo_rows: int = 0         # every silo: fewest training rows and fewest test rows
+                                   # (0 = off; silofl.data.silo_size)
+    small_silos: str = "refuse"    # a silo below min_silo_rows: refuse (error) | drop (listed)
     # mnist: Rotated & Masked MNIST (silofl.data.mnist)
     train_per_silo: int = 0        # 0 = the source's default: mnist 1500, mnist_dirichlet 600
     test_per_silo: int = 0         # 0 = mnist 250, mnist_dirichlet 125

@@ -7,11 +7,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+from rich.console import Group
 from rich.table import Table
 
 from silofl.experiments.atomic import (json_safe, savefig_atomic, write_json_atomic,
                                        write_text_atomic)
 from silofl.experiments.selection import eps_label, privacy_check, select_best
+from silofl.experiments.quality import TINY_TEST
 from silofl.models.metrics import HIGHER_IS_BETTER
 
 #: what the reader of any report must know about the guarantee's scope
@@ -23,53 +25,156 @@ ASSUMPTION_TEXT = (
     "privatized.")
 
 
-def results_table(rep) -> Table:
-    """Method, pooled metric, worst and best silo, and the largest ε any silo spent."""
+def results_table(rep) -> Group:
+    """Two tables. The first: method, pooled metric, the baseline it must beat (the best
+    constant prediction on the same test rows), for binary tasks balanced accuracy, AUROC
+    and AUPRC, and the largest ε any silo spent. The second: worst and best silo, with
+    test size and 95% interval (tiny test sets are not ranked). `quality_lines` has the
+    warnings to print below them."""
     res = rep.results
     metric = res[0].metric
     higher = HIGHER_IS_BETTER[metric]
     private = rep.config.privacy.enabled
+    quality = getattr(rep, "quality", None) or {}
     title = "private: silo-specific example-level DP" if private else "NON-PRIVATE"
     t = Table(title=f"silofl run ({title})")
-    for name in ["method", f"pooled {metric}", "worst silo", "best silo"]:
+    q0 = quality.get(rep.label(res[0]))
+    extra = _extra_columns(metric, q0)
+    cols = ["method", f"pooled\n{metric}"]
+    if q0 is not None:
+        cols.append(_BASELINE_HEADER.get(metric, "baseline"))
+    cols += [name for name, _ in extra]
+    for name in cols:
         t.add_column(name, justify="left" if name == "method" else "right")
     if private:
-        t.add_column("max ε over silos\n(this method)", justify="right")
+        t.add_column("max ε over\nsilos (this\nmethod)", justify="right")
+    s = Table(title=f"per silo: final test {metric} (n = test rows, 95% CI, the silo's "
+                    f"{_SILO_BASELINE_NAME.get(metric, 'baseline')})")
+    for name in ["method", "worst silo", "best silo"]:
+        s.add_column(name, justify="left" if name == "method" else "right")
     silos = res[0].silos
     for r in res:
         vals = np.array(r.final_per_silo, float)
-        row = [rep.label(r), _metric_cell(r.final_pooled), *_worst_best(vals, silos, higher)]
+        q = quality.get(rep.label(r))
+        row = [rep.label(r), _metric_cell(r.final_pooled)]
+        if q0 is not None:
+            row.append(_baseline_cell(q))
+        row += [_extra_cell(q, key) for _, key in extra]
         if private:
             p = r.privacy()
             row.append(f"{_max_eps(x['epsilon'] for x in p)} ({_kinds(p)})")
         t.add_row(*row)
+        s.add_row(rep.label(r), *_worst_best(vals, silos, higher,
+                                             q["per_silo"] if q else None, metric))
     if rep.notes():
         t.caption = "; ".join(rep.notes())
-    return t
+    if q0 is not None:
+        s.caption = ("baselines: the best constant prediction on the same test rows (test-set "
+                     "statistics, like the metrics: not privatized)")
+    if q0 is not None and q0["tiny_silos"]:
+        tiny = [e for e in q0["per_silo"] if e["tiny"]]
+        s.caption += (f"; {len(tiny)} silo(s) with fewer than {TINY_TEST} test rows are not "
+                      "ranked: " + ", ".join(f"{e['silo']} (n={e['n_test']})"
+                                             for e in tiny[:8])
+                      + (", …" if len(tiny) > 8 else "") + " (summary.json has every silo)")
+    return Group(t, s)
+
+
+_BASELINE_HEADER = {"accuracy": "majority-\nclass rate", "auprc": "positive\nrate",
+                    "roc_auc": "uninform.\nAUROC", "mse": "MSE of\ntest mean"}
+
+
+def _extra_cell(q: dict | None, key: str) -> str:
+    rows = (q or {}).get("all_test_rows", {})
+    cell = _metric_cell(rows.get(key))
+    if key == "auprc" and rows.get("positive_rate") is not None:  # AUPRC's own baseline
+        cell += f"\n(pos. {rows['positive_rate']:.3f})"
+    return cell
+
+
+def _extra_columns(metric: str, q: dict | None) -> list[tuple[str, str]]:
+    """Binary tasks: the figures over all test rows beside the configured metric."""
+    if q is None or "roc_auc" not in q.get("all_test_rows", {}):
+        return []
+    out = [] if metric == "accuracy" else [("accuracy\n(all rows)", "accuracy")]
+    return out + [("balanced\naccuracy", "balanced_accuracy"), ("AUROC", "roc_auc"),
+                  ("AUPRC", "auprc")]
+
+
+def _baseline_cell(q: dict | None) -> str:
+    if q is None:
+        return "n/a"
+    cell = _metric_cell(q["baseline"]["value"])
+    return cell + ("\nNOT BEATEN" if q["warning"] else "")
+
+
+def quality_lines(rep) -> list[str]:
+    """The warnings to print below the results table: every method that does not beat
+    its baseline (`silofl.experiments.quality`), and the silos dropped by
+    [data] min_silo_rows."""
+    from silofl.experiments.quality import warnings_of
+    out = warnings_of(getattr(rep, "quality", None) or {})
+    dropped = getattr(rep, "dropped_silos", None) or []
+    if dropped:
+        out.append(f"{len(dropped)} silo(s) dropped by [data] min_silo_rows (small_silos = "
+                   "\"drop\"), not trained or scored: " + ", ".join(
+                       f"{d['silo']} ({d['n_train']} train / {d['n_test']} test rows)"
+                       for d in dropped))
+    return out
 
 
 def _metric_cell(x) -> str:
     """A metric, or why there is none: inf = diverged, NaN = undefined (e.g. no test rows)."""
     if x is None or np.isnan(x):
         return "n/a"
-    return f"{x:.4f}" if np.isfinite(x) else "inf (diverged)"
+    if not np.isfinite(x):
+        return "inf (diverged)"
+    return f"{x:.4f}" if abs(x) < 1e6 else f"{x:.4g}"  # a near-diverged MSE stays readable
 
 
-def _worst_best(vals: np.ndarray, silos, higher: bool) -> list[str]:
-    """Worst and best silo; a silo whose metric is non-finite is the worst (never hidden)."""
+def _silo_cell(v: float, silo: str, entry: dict | None, metric: str = "") -> str:
+    """`v silo`, with the silo's test size and 95% interval where known."""
+    cell = f"{_metric_cell(v)} {silo}"
+    if entry is None:
+        return cell
+    ci = entry.get("ci95")
+    extra = f"n={entry['n_test']}" + (f", {_short(ci[0])}–{_short(ci[1])}" if ci else "")
+    base = entry.get("baseline")
+    if base is not None and np.isfinite(base):  # the silo's own bar (majority rate, …)
+        extra += f", {_SILO_BASELINE.get(metric, 'base')} {_short(base)}"
+    return f"{cell}\n{extra}{', TINY' if entry['tiny'] else ''}"
+
+
+def _short(x: float) -> str:
+    return f"{x:.2f}" if abs(x) < 1e4 else f"{x:.2g}"
+
+
+_SILO_BASELINE = {"accuracy": "maj.", "auprc": "pos.", "roc_auc": "base", "mse": "var."}
+_SILO_BASELINE_NAME = {"accuracy": "majority-class rate (maj.)", "auprc": "positive rate",
+                       "roc_auc": "uninformative AUROC", "mse": "test-label variance (var.)"}
+
+
+def _worst_best(vals: np.ndarray, silos, higher: bool, per: list[dict] | None = None,
+                metric: str = "") -> list[str]:
+    """Worst and best silo; a silo whose metric is non-finite is the worst (never hidden).
+    With `per` (the per-silo assessment) cells carry test size and interval, and silos
+    with tiny test sets are ranked only when every silo's is tiny."""
     bad = ~np.isfinite(vals)
-    ok = np.flatnonzero(~bad)
+    rank = ~bad
+    if per is not None and (rank & ~np.array([e["tiny"] for e in per])).any():
+        rank &= ~np.array([e["tiny"] for e in per])
+    ok = np.flatnonzero(rank)
+
+    def cell(k):
+        return _silo_cell(vals[k], silos[k], per[k] if per is not None else None, metric)
     if bad.any():
         k = int(np.flatnonzero(bad)[0])
-        worst = f"{_metric_cell(vals[k])} {silos[k]}" + (f" (+{int(bad.sum()) - 1})"
-                                                         if bad.sum() > 1 else "")
+        worst = cell(k) + (f" (+{int(bad.sum()) - 1})" if bad.sum() > 1 else "")
     elif ok.size:
-        k = ok[np.argmin(vals[ok])] if higher else ok[np.argmax(vals[ok])]
-        worst = f"{vals[k]:.4f} {silos[k]}"
+        worst = cell(ok[np.argmin(vals[ok])] if higher else ok[np.argmax(vals[ok])])
     if not ok.size:
         return [worst, "n/a"]
-    k = ok[np.argmax(vals[ok])] if higher else ok[np.argmin(vals[ok])]
-    return [worst, f"{vals[k]:.4f} {silos[k]}"]
+    return [worst, cell(ok[np.argmax(vals[ok])] if higher else ok[np.argmin(vals[ok])])]
 
 
 def _kinds(entries) -> str:

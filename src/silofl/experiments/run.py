@@ -47,7 +47,9 @@ ASSUMPTIONS = (
     "Silo sizes n_k are treated as public: they set the sampling rate q = b/n_k, the noise "
     "calibration, the averaging weights (weighted = true) and IFCA's score sensitivity.",
     "Per-round test metrics are computed on each silo's held-out test rows for the "
-    "researcher and are not privatized: release the models, not those metrics.",
+    "researcher and are not privatized: release the models, not those metrics. The same "
+    "holds for the baselines beside them in summary.json (majority-class rate, test-label "
+    "variance, positive rate) and the per-silo test sizes.",
     "DP noise is drawn in floating point (the usual floating-point caveat of Mironov 2012 "
     "applies).",
 )
@@ -89,6 +91,11 @@ class RunReport:
     #: what saving the models needs (`artifacts.release_info`): model spec, schema, feature
     #: names, task/classes, per-silo preprocessing constants and raw-data fingerprints
     release: dict = field(default_factory=dict)
+    #: per method label, the final models against the baseline they must beat
+    #: (`silofl.experiments.quality.assess`): test-set statistics, not privatized
+    quality: dict = field(default_factory=dict)
+    #: silos left out by [data] min_silo_rows with small_silos = "drop": {silo, n_train, n_test}
+    dropped_silos: list = field(default_factory=list)
 
     @property
     def noise(self) -> str:
@@ -117,8 +124,16 @@ class RunReport:
                "methods": [{"method": self.label(r), **r.method, "metric": r.metric,
                             "pooled": r.final_pooled,
                             "per_silo": dict(zip(r.silos, r.final_per_silo)),
-                            "seconds": r.seconds} for r in self.results],
+                            "seconds": r.seconds,
+                            **({"quality": self.quality[self.label(r)]}
+                               if self.label(r) in self.quality else {})}
+                           for r in self.results],
                "combined_privacy": self.combined_privacy}
+        if self.quality:  # a useless model never looks fine (README "Reading the results")
+            from silofl.experiments.quality import QUALITY_NOTE, warnings_of
+            out["quality_warnings"] = warnings_of(self.quality)
+            out["quality_note"] = QUALITY_NOTE
+        out["dropped_silos"] = list(self.dropped_silos)
         if any(ALPHA_KEY in r.history.extra for r in self.results):
             out["weight_erosion_alpha"] = (
                 f"{ALPHA_PNG}: each silo's weight α_i after every round (user highlighted); "
@@ -278,7 +293,9 @@ def _execute(cfg: Config, p: _Prepared, fed, job, run_dir: Path | None,
         job.settle()
     report = RunReport(run_dir, cfg, results, _combined(results, p.extra), uncharged=list(
         fed.meta.get("uncharged", [])), preprocessing=fed.meta.get("preprocessing"),
-        release=artifacts.release_info(cfg, p.model, fed), resumed=resumed or [])
+        release=artifacts.release_info(cfg, p.model, fed), resumed=resumed or [],
+        dropped_silos=list(p.raw.meta.get("dropped_silos", [])))
+    report.quality = _assess(report, p.model, fed)
     if job is not None:
         report.run_id, report.scratch = job.run_id, job.scratch
         report.store = None if job.store.path is None else str(job.store.path)
@@ -287,6 +304,13 @@ def _execute(cfg: Config, p: _Prepared, fed, job, run_dir: Path | None,
         _write_outputs(report)
         shutil.rmtree(run_dir / CHECKPOINT, ignore_errors=True)  # finished: nothing to resume
     return report
+
+
+def _assess(rep: RunReport, model, fed) -> dict:
+    """Each method's final models against the best constant prediction on the same test
+    rows (`quality.assess`), keyed like history.json."""
+    from silofl.experiments.quality import assess
+    return {rep.label(r): assess(r, model, fed, rep.label(r)) for r in rep.results}
 
 
 #: the key of Weight Erosion's α in a run's `History.extra` (history.json) and its figure
@@ -508,7 +532,9 @@ def _toml_safe(d):
 def _write_outputs(rep: RunReport) -> None:
     from silofl.experiments.report import plot_history
     d = rep.run_dir
-    hist = {rep.label(r): {"metric": r.metric, "silos": r.silos, **r.history.to_dict()}
+    hist = {rep.label(r): {"metric": r.metric, "silos": r.silos, **r.history.to_dict(),
+                           **({"final_quality": rep.quality[rep.label(r)]}
+                              if rep.label(r) in rep.quality else {})}
             for r in rep.results}
     write_json_atomic(d / "history.json", hist)
     privacy = {"accountant_for_calibration": rep.config.privacy.accountant,

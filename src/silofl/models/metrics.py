@@ -88,6 +88,58 @@ def metric_fn(name: str, model_name: str):
     return METRICS[name]
 
 
+def predicted_classes(scores, model_name: str = "") -> np.ndarray:
+    """Class ids a model's scores stand for: argmax of (n, C) probabilities, a positive
+    margin for the SVM, probability ≥ 0.5 for (n,) binary scores."""
+    scores = np.asarray(scores)
+    if scores.ndim == 2:
+        return np.argmax(scores, axis=1)
+    if model_name == "svm":
+        return (scores > 0).astype(np.int64)
+    return (scores >= 0.5).astype(np.int64)
+
+
+def balanced_accuracy(y, pred) -> float:
+    """Mean recall over the classes present in `y` (scikit-learn's
+    `balanced_accuracy_score`); `pred` are class ids (`predicted_classes`). A model that
+    predicts one class scores 1/C here whatever the class balance; NaN for no rows."""
+    y, pred = np.asarray(y).astype(np.int64), np.asarray(pred).astype(np.int64)
+    if y.size == 0:
+        return float("nan")
+    return float(np.mean([np.mean(pred[y == c] == c) for c in np.unique(y)]))
+
+
+def majority_rate(y) -> float:
+    """Share of the most frequent class among the labels `y`: the best accuracy a model
+    that always predicts one class can reach on these rows (NaN for no rows)."""
+    y = np.asarray(y)
+    if y.size == 0:
+        return float("nan")
+    _, counts = np.unique(y, return_counts=True)
+    return float(counts.max() / y.size)
+
+
+def constant_mse(y) -> float:
+    """MSE of predicting the mean of `y` itself (their variance): the best any constant
+    prediction can do on these rows (NaN for no rows)."""
+    y = np.asarray(y, float)
+    return float(np.mean((y - y.mean()) ** 2)) if y.size else float("nan")
+
+
+def wilson_interval(successes: int, n: int, z: float = 1.959963984540054
+                    ) -> tuple[float, float]:
+    """Wilson score interval of a proportion `successes`/`n` (default: 95%); (NaN, NaN)
+    for n = 0. Unlike the normal interval it stays inside [0, 1] and is not zero-width
+    at 0/n or n/n, which matters for the small test sets of small silos."""
+    if n <= 0:
+        return float("nan"), float("nan")
+    p = successes / n
+    denom = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / denom
+    half = z * np.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
+    return float(max(0.0, centre - half)), float(min(1.0, centre + half))
+
+
 def pooled(values: np.ndarray, weights: np.ndarray) -> float:
     """Test-count-weighted mean over silos, ignoring silos where the metric is undefined
     (NaN). A silo at ±inf (a diverged model) makes the pooled figure inf: never hidden."""
