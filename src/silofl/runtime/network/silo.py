@@ -49,6 +49,9 @@ from silofl.runtime.network.hosting import (check_message, check_network_method,
                                             message_size, not_scheduled, own_step,
                                             round_events, server_view,
                                             silo_message, silo_randomness, slice_state)
+from silofl.runtime.network.silo_table import (TableSettings, read_silo_table,
+                                               schema_sha256, table_settings)
+from silofl.runtime.network.silo_table import preprocess as table_preprocess
 from silofl.runtime.plan import SiloPlan, TrainingConfig, plan_silos
 from silofl.training.dpsgd import GradientRule
 from silofl.training.trainer import LocalTrainer, SiloArrays
@@ -77,7 +80,10 @@ JOB_KEYS = {"method": str, "lam": float, "weighted": bool, "finetune_fraction": 
             "kt_server_lr": float, "public_seed": int, "public_sha256": str,
             # the kind of data the job trains on (`DATA_KINDS`) and, for graph data, its
             # public settings (JSON; the pandemic track's, `silofl.pandemic.network`)
-            "data_kind": str, "graph": str}
+            "data_kind": str, "graph": str,
+            # a silo's own table: the consortium's declared schema (its SHA-256, "" for
+            # pre-encoded .npz data) and the declared preprocessing modes every silo applies
+            "schema_sha256": str, "standardize": str, "impute": str}
 
 #: data kinds → the module supplying their job model, algorithm and silo program, imported
 #: on use (the runtime does not import the optional tracks): "tabular" rows in an .npz
@@ -239,6 +245,12 @@ class SiloConfig:
     methods: tuple[str, ...] = ("mrmtl", "fedavg", "local", "ditto", "finetune")  # consented
     public_data: Path | None = None  # PrivateKT's public set D_p (.npz with X)
     data_kind: str = "tabular"       # `DATA_KINDS`
+    table: TableSettings | None = None  # [data]: the silo's own table and the shared schema
+    run_dir: Path | None = None      # where the released models go (default: state_dir)
+
+    @property
+    def release_dir(self) -> Path:
+        return Path(self.run_dir if self.run_dir is not None else self.state_dir)
 
     @property
     def target(self) -> PrivacyTarget:
@@ -258,9 +270,14 @@ def load_silo_config(path: str | Path) -> SiloConfig:
         raise ConfigError(f"cannot read silo config {str(path)!r}: {e}") from None
     base = path.parent
     s, srv = raw.get("silo", {}), raw.get("server", {})
-    unknown = set(raw) - {"silo", "server"}
+    unknown = set(raw) - {"silo", "server", "data"}
     if unknown:
-        raise ConfigError(f"{path}: unknown section(s) {sorted(unknown)}; use [silo], [server]")
+        raise ConfigError(f"{path}: unknown section(s) {sorted(unknown)}; use [silo], "
+                          "[server], [data]")
+    table = table_settings(raw.get("data", {}), base, str(path))
+    if table is not None and "data" in s:
+        raise ConfigError(f"{path}: [silo] data and [data] both name the silo's data; keep "
+                          "[data] (its own table and the consortium's schema)")
     try:
         eps = float(s["epsilon"])
         rel = lambda v: None if v is None else (base / v)  # noqa: E731
@@ -270,7 +287,8 @@ def load_silo_config(path: str | Path) -> SiloConfig:
             raise ConfigError(f"{path}: [server] root_certificate is missing; TLS is required "
                               "(set insecure = true only for a local experiment)")
         cfg = SiloConfig(
-            name=str(s["name"]), data=rel(s["data"]), epsilon=eps, delta=float(s["delta"]),
+            name=str(s["name"]), data=table.path if table else rel(s["data"]), epsilon=eps,
+            delta=float(s["delta"]),
             lifetime_epsilon=float(s.get("lifetime_epsilon", eps)),
             budget_store=rel(s["budget_store"]), state_dir=rel(s["state_dir"]),
             private_key=rel(s["private_key"]), server_address=str(srv["address"]),
@@ -278,7 +296,8 @@ def load_silo_config(path: str | Path) -> SiloConfig:
             max_rounds=int(s.get("max_rounds", 1000)),
             methods=tuple(s.get("methods", SiloConfig.methods)),
             public_data=rel(s.get("public_data")),
-            data_kind=str(s.get("data_kind", "tabular")))
+            data_kind=str(s.get("data_kind", "tabular")), table=table,
+            run_dir=rel(s.get("run_dir")))
     except KeyError as e:
         raise ConfigError(f"{path}: missing key {e.args[0]!r} (see `silofl deploy init` for a "
                           "complete silo config)") from None
@@ -337,8 +356,16 @@ class SiloProgram:
 
     # -- the data hooks (tabular) ---------------------------------------------------------
     def _data_open(self) -> None:
-        """Read the silo's own data: sets `n_train`, `dim` (model inputs), `fingerprint`."""
-        self.silo, self.feature_names = load_silo_data(self.cfg)
+        """Read the silo's own data: sets `n_train`, `dim` (model inputs), `fingerprint`.
+        A table is encoded by the schema here and preprocessed at join (the job's modes)."""
+        self.schema = self.raw = None
+        if self.cfg.table is not None:
+            self.raw, self.schema = read_silo_table(self.cfg.name, self.cfg.table,
+                                                    self.cfg.target)
+            self.silo, self.feature_names = self.raw.silos[0], list(self.raw.feature_names)
+            self.schema_hash = schema_sha256(self.schema)
+        else:
+            self.silo, self.feature_names = load_silo_data(self.cfg)
         self.n_train, self.dim = self.silo.X_train.shape
         self.fingerprint = fingerprint(self.silo.X_train, self.silo.y_train)
 
@@ -347,9 +374,20 @@ class SiloProgram:
         if job["data_kind"] != "tabular":
             raise ConfigError(f"silo {self.cfg.name!r} holds tabular data, the job trains on "
                               f"{job['data_kind']!r} data")
+        mine = self.schema_hash if self.schema is not None else ""
+        if job["schema_sha256"] != mine:
+            raise ConfigError(
+                f"silo {self.cfg.name!r} refuses the job: its schema "
+                f"({mine[:12] or 'none: pre-encoded .npz data'}) differs from the job's "
+                f"({job['schema_sha256'][:12] or 'none'}). The consortium shares one declared "
+                "schema: use the coordinator's schema.toml unchanged")
         if job["dim"] != self.dim:
             raise ConfigError(f"silo {self.cfg.name!r} has {self.dim} features, the "
                               f"job's model expects {job['dim']}")
+        if self.raw is not None:  # declared preprocessing only: no statistic, no cost
+            fed = table_preprocess(self.raw, job)
+            self.silo = fed.silos[0]
+            self.constants = fed.meta["constants"]
 
     def _data_plan(self, job: dict, algorithm, tcfg: TrainingConfig) -> SiloPlan:
         """This silo's plan (σ from its own (ε_k, δ_k)), as the simulator plans a federation

@@ -1,0 +1,157 @@
+"""A silo's own table (CSV, CSV.gz, Parquet) read with the consortium's declared schema.
+
+The schema is the only thing the silos share. Each silo reads its own file with the same
+reader `silofl run` uses (`silofl.data.tabular`), encodes it by the schema, splits its rows
+into train/test with its own seed and preprocesses them with *declared* constants only
+(schema bounds, means, fills: public, no cost). The job names the schema by its SHA-256
+(`schema_sha256`) and the feature count (`dim`); a silo whose schema differs refuses the job.
+
+Private preprocessing (statistics of the silo's rows) would have to be charged to the
+silo's own store before it reads them; the networked runtime does not do that yet, so it is
+refused with the fix rather than computed uncharged.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from silofl.data.federation import Federation, PrivacyTarget, Silo
+from silofl.data.preprocess import PreprocessSpec, RawFederation, preprocess_without_budget
+from silofl.data.schema import Schema, load_schema
+from silofl.errors import ConfigError, DataError
+
+#: the [data] keys of a silo config: the simulator's `DataConfig` keys a silo's own table uses
+DATA_KEYS = ("path", "schema", "test_fraction", "seed", "missing")
+#: preprocessing modes a networked job can run (nothing charged, nothing read uncharged)
+NETWORK_PREPROCESSING = ("auto", "declared", "none")
+_SILO_COLUMN = "__silofl_silo__"  # the silo column when the schema names none
+
+
+def schema_sha256(schema: Schema) -> str:
+    """SHA-256 of the schema's canonical JSON (its meaning, not its file's spelling)."""
+    text = json.dumps(schema.to_dict(), sort_keys=True, separators=(",", ":"),
+                      ensure_ascii=False)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def read_schema(path: Path, who: str) -> Schema:
+    """The declared schema at `path` (a ConfigError naming `who` and the file otherwise)."""
+    if not Path(path).is_file():
+        raise ConfigError(f"{who}: schema file {str(path)!r} not found; every silo and the "
+                          "server keep a copy of the consortium's declared schema "
+                          "(`silofl deploy init --schema` writes one into each folder)")
+    return load_schema(path)
+
+
+@dataclass
+class TableSettings:
+    """A silo's [data] section: its own table, the shared schema and its own split."""
+
+    path: Path
+    schema: Path
+    test_fraction: float = 0.2
+    seed: int = 0
+    missing: str = "impute"
+
+
+def table_settings(raw: dict, base: Path, where: str) -> TableSettings | None:
+    """The [data] section of a silo config (paths relative to `base`); None when absent.
+    Defaults are the simulator's `DataConfig` defaults."""
+    if not raw:
+        return None
+    from silofl.experiments.config import DataConfig
+    bad = set(raw) - set(DATA_KEYS)
+    if bad:
+        raise ConfigError(f"{where}: unknown [data] key(s) {sorted(bad)}; a silo's [data] "
+                          f"takes {', '.join(DATA_KEYS)}")
+    for key in ("path", "schema"):
+        if not isinstance(raw.get(key), str) or not raw[key].strip():
+            raise ConfigError(f"{where}: [data] {key} must name a file (the silo's own table; "
+                              "the consortium's schema)")
+    if raw["path"].startswith("<"):
+        raise ConfigError(f"{where}: [data] path is still the placeholder {raw['path']!r}; "
+                          "write the path of this silo's own table (CSV, CSV.gz or Parquet)")
+    d = DataConfig()
+    tf = raw.get("test_fraction", d.test_fraction)
+    if isinstance(tf, bool) or not isinstance(tf, (int, float)) or not 0 < tf < 1:
+        raise ConfigError(f"{where}: [data] test_fraction must be in (0, 1), got {tf!r}")
+    seed = raw.get("seed", d.seed)
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise ConfigError(f"{where}: [data] seed must be an integer, got {seed!r}")
+    missing = raw.get("missing", d.missing)
+    if missing not in ("impute", "drop", "error"):
+        raise ConfigError(f"{where}: [data] missing must be impute, drop or error, got "
+                          f"{missing!r}")
+    return TableSettings(base / raw["path"], base / raw["schema"], float(tf), seed, missing)
+
+
+def read_silo_table(name: str, ts: TableSettings, target: PrivacyTarget
+                    ) -> tuple[RawFederation, Schema]:
+    """This silo's rows encoded by the schema and split (no statistic computed): a
+    one-silo `RawFederation` and the schema. Every row of the file is the silo's own: a
+    silo column in it, if any, is overwritten with the silo's name."""
+    from silofl.data.tabular import federation_from_frame_raw, read_table
+    schema = read_schema(ts.schema, f"silo {name!r}")
+    col = schema.silo_column or _SILO_COLUMN
+    df = read_table(ts.path, text_columns=[col])
+    df[col] = name
+    raw = federation_from_frame_raw(df, col, schema.label.name, schema=schema,
+                                    test_fraction=ts.test_fraction, seed=ts.seed,
+                                    missing=ts.missing, name=f"silo {name!r}")
+    if not raw.silos or raw.silos[0].n_train < 1:
+        raise DataError(f"silo {name!r}: its table {str(ts.path)!r} has no training rows "
+                        "left after the split; it needs more rows")
+    raw.silos[0] = Silo(name, raw.silos[0].X_train, raw.silos[0].y_train,
+                        raw.silos[0].X_test, raw.silos[0].y_test, target)
+    return raw, schema
+
+
+def preprocess_spec(job: dict) -> PreprocessSpec:
+    """The job's preprocessing modes, refused unless they cost nothing (declared/none)."""
+    for key in ("standardize", "impute"):
+        if job[key] not in NETWORK_PREPROCESSING or key == "impute" and job[key] == "none":
+            raise ConfigError(
+                f"job: {key} = {job[key]!r} cannot run over the network: private statistics "
+                "would have to be charged to each silo's own store before its rows are read, "
+                "which the networked runtime does not do yet, and uncharged ones are never "
+                "computed. Use 'auto' or 'declared' (constants from the schema's public "
+                "bounds, means and fills; no cost)" + (" or 'none'" if key == "standardize"
+                                                        else ""))
+    return PreprocessSpec(job["standardize"], job["impute"])
+
+
+def preprocess(raw: RawFederation, job: dict) -> Federation:
+    """The silo's rows preprocessed with declared constants only (no budget needed)."""
+    return preprocess_without_budget(raw, preprocess_spec(job), "a networked silo")
+
+
+def declared_constants(schema: Schema, job: dict) -> dict:
+    """The constants new rows need (`clip`, `fill`, `standardize`), from the schema alone:
+    declared preprocessing is data-independent, so it is computed on a placeholder row."""
+    from silofl.data.tabular import federation_from_frame_raw
+    import pandas as pd
+    row = {}
+    for c in schema.columns:
+        if c.kind == "numeric":
+            row[c.name] = c.lower if c.lower is not None else 0.0
+        elif c.kind == "binary":
+            row[c.name] = 0
+        else:
+            row[c.name] = c.levels[0]
+    lab = schema.label
+    values = list(lab.classes) if lab.kind != "regression" else [lab.lower or 0.0, 1.0]
+    col = schema.silo_column or _SILO_COLUMN
+    df = pd.DataFrame([{**row, lab.name: values[i % len(values)]}
+                       for i in range(4 * len(values))])
+    df[col] = "shared"
+    raw = federation_from_frame_raw(df, col, lab.name, schema=schema, test_fraction=0.25,
+                                    seed=0, name="schema")
+    fed = preprocess(raw, job)
+    const = fed.meta["constants"]
+    return {"clip": const["clip"], **const["silos"]["shared"]}
+
