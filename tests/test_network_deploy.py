@@ -248,6 +248,13 @@ def test_placeholder_table_and_defaults_from_the_simulators_config(tmp_path):
         (t.batch_size, t.lr, t.rounds)
     assert JOB_DEFAULTS["accountant"] == p.accountant
     assert tomllib.loads(Path(w["silos"]["A"]).read_text())["silo"]["delta"] == p.delta
+    # --store-dir: each silo's lifetime store at a path the operator chose, outside the folder
+    w2 = deploy.init(tmp_path / "c2", schema=SCHEMA, silos=["A", "B"],
+                     tables=["A=a.csv", "B=b.csv"], store_dir=tmp_path / "stores")
+    cfg = load_silo_config(w2["silos"]["B"])
+    from silofl.privacy.ledger import silo_file_id
+    assert cfg.budget_store == (tmp_path / "stores" / f"{silo_file_id('B')}.sqlite").resolve()
+    assert cfg.data == Path("b.csv").resolve() and cfg.release_dir == Path(w2["silos"]["B"]).parent
 
 
 def _silo_with_own_table(tmp_path, name: str, schema_text: str | None = None):

@@ -1250,6 +1250,9 @@ def deploy_init(
         t.add_row(escape(name), f"silofl silo --config {escape(path)}")
     console.print(t)
     console.print("certs/ca.key signs the server certificate: keep it offline in production.")
+    if written.get("unnamed_rows"):
+        err.print(f"[yellow]note:[/] {written['unnamed_rows']} row(s) of the --split table "
+                  "have no silo name and were left out")
     for name, data in written.get("tables", {}).items():
         if data.startswith("<"):
             console.print(f"silo {escape(name)}: write the path of its own table under [data] "

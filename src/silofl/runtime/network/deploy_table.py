@@ -62,7 +62,7 @@ def _split_frames(split: Path, silo_column: str | None, names: list[str] | None)
         raise ConfigError(f"--silo {unknown} has no rows in {str(split)!r} (column "
                           f"{silo_column!r} names {present})")
     frames = {n: df[(col == n).fillna(False).to_numpy()] for n in chosen}
-    return frames
+    return frames, int(col.isna().sum())
 
 
 def _tables(items: list[str] | None, names: list[str]) -> dict[str, str]:
@@ -89,7 +89,8 @@ def init_tables(out: Path, *, schema: Path, silos: list[str] | None, tables: lis
     sch = read_schema(schema, "--schema")
     if split is not None and tables:
         raise ConfigError("--split writes each silo's table itself; drop --table")
-    frames = _split_frames(split, silo_column or sch.silo_column, silos) if split else None
+    frames, unnamed = _split_frames(split, silo_column or sch.silo_column, silos) \
+        if split else (None, 0)
     names = list(frames) if frames is not None else list(silos or [])
     deploy.check_names(names, "name the silos (--silo A --silo B …) or give --split")
     paths = _tables(tables, names)
@@ -105,7 +106,7 @@ def init_tables(out: Path, *, schema: Path, silos: list[str] | None, tables: lis
     declared_constants(sch, {**_defaults(), **job})  # the preprocessing runs on the schema
     fresh = not out.exists()
     try:
-        return _write(out, sch, schema, names, frames, paths, job, address=address,
+        return _write(out, sch, schema, names, frames, unnamed, paths, job, address=address,
                       hosts=hosts, epsilon=epsilon, delta=delta, min_silos=min_silos,
                       noise=noise, insecure=insecure, store_dir=store_dir)
     except BaseException:
@@ -121,14 +122,15 @@ def _defaults() -> dict:
     return JOB_DEFAULTS
 
 
-def _write(out: Path, sch, schema_file: Path, names, frames, paths, job, *, address, hosts,
-           epsilon, delta, min_silos, noise, insecure, store_dir) -> dict:
+def _write(out: Path, sch, schema_file: Path, names, frames, unnamed, paths, job, *, address,
+           hosts, epsilon, delta, min_silos, noise, insecure, store_dir) -> dict:
     from silofl.runtime.network import deploy, flower_app
     write_bytes_atomic = deploy.write_bytes_atomic  # makes the folders it writes into
     text = Path(schema_file).read_bytes()
     deploy._write_certs(out, address, hosts)
     write_bytes_atomic(out / "schema.toml", text)
-    written = {"silos": {}, "server": str(out / "server.toml"), "tables": {}}
+    written = {"silos": {}, "server": str(out / "server.toml"), "tables": {},
+               "unnamed_rows": unnamed}
     for n in names:
         f = silo_file_id(n)
         home = out / "silos" / f
