@@ -303,3 +303,66 @@ def test_silo_encodes_its_own_table_like_silofl_run(tmp_path):
     np.testing.assert_array_equal(prog.silo.y_test, ref.silos[0].y_test)
     assert prog.dim == srv.job["dim"] == len(load_schema(SCHEMA).feature_names)
     json.dumps(prog.constants)  # what the card will carry is plain data
+
+
+def test_saved_models_reproduce_what_the_silo_and_server_computed(tmp_path):
+    """The card's preprocessing applied to a silo's raw rows gives exactly the features it
+    trained on: its saved model predicts what its own model gives on its own preprocessed
+    test rows, and the server's shared model likewise (declared constants, from the
+    schema alone, equal the silos')."""
+    from silofl.runtime.network import release
+    from silofl.runtime.network.silo import job_model
+    table = tmp_path / "t.csv"
+    df = messy_table(table)
+    for n in HOSPITALS:
+        df[df["dataset"] == n].to_csv(tmp_path / f"{n}.csv", index=False)
+    w = deploy.init(tmp_path / "c", schema=SCHEMA, silos=HOSPITALS, noise="seeded",
+                    tables=[f"{n}={tmp_path / f'{n}.csv'}" for n in HOSPITALS],
+                    job={"rounds": 2, "method": "fedavg"})
+    for p in w["silos"].values():
+        raw = tomllib.loads(Path(p).read_text())
+        raw["silo"]["methods"] = ["fedavg"]
+        Path(p).write_text(deploy._toml(raw))
+    srv = ServerProgram(load_server_config(w["server"]))
+    silos = {n: SiloProgram(load_silo_config(p)) for n, p in w["silos"].items()}
+    job = W.canonical(srv.job).decode()
+    for s in silos.values():
+        rep = s.join({"protocol": W.PROTOCOL, "kind": "join", "nonce": new_nonce(), "job": job})
+        assert rep["status"] == "ok", rep["reason"]
+        srv.accept_join(rep)
+    for t in (1, 2):
+        updates = {}
+        for n, s in silos.items():
+            rep, upd = s.round(srv.request(n, t), [srv.message])
+            updates[n] = srv.accept_update(n, t, rep, [] if upd is None else [upd])[1]
+        srv.step(t, updates)
+    model = job_model(srv.job)
+    shared_dir = release.save_server_release(srv)
+    for n, s in silos.items():
+        run = release.save_silo_release(s)
+        raw_test = s.raw.silos[0].X_test  # encoded, before preprocessing (NaN = missing)
+        assert np.isnan(raw_test).any()  # the messy table's gaps reach the card's fills
+        mine = load_run(run).predictor(n).predict(raw_test)
+        np.testing.assert_allclose(mine, model.predict(s.final_model(), s.silo.X_test),
+                                   rtol=1e-12, atol=1e-12)
+        shared = load_run(shared_dir).predictor(release.SHARED).predict(raw_test)
+        np.testing.assert_allclose(shared, model.predict(srv.server.params, s.silo.X_test),
+                                   rtol=1e-12, atol=1e-12)
+        # FedAvg's personal model is the shared model one round behind (its last broadcast)
+        assert not np.allclose(mine, shared)
+
+
+def test_silo_cli_names_the_missing_table_and_exits_2(tmp_path):
+    """A newcomer starts a silo before writing its table's path, then with a wrong path:
+    a specific error and exit code 2 each time, no traceback, nothing charged."""
+    from typer.testing import CliRunner
+    w = deploy.init(tmp_path / "c", schema=SCHEMA, silos=["A", "B"])
+    res = CliRunner().invoke(cli.app, ["silo", "--config", w["silos"]["A"], "--wait", "1"])
+    assert res.exit_code == 2 and "placeholder" in " ".join(res.output.split())
+    raw = tomllib.loads(Path(w["silos"]["A"]).read_text())
+    raw["data"]["path"] = "missing.csv"
+    Path(w["silos"]["A"]).write_text(deploy._toml(raw))
+    res = CliRunner().invoke(cli.app, ["silo", "--config", w["silos"]["A"], "--wait", "1"])
+    text = " ".join(res.output.split())
+    assert res.exit_code == 2 and "data file not found" in text and "missing.csv" in text
+    assert not (Path(w["silos"]["A"]).parent / "budget.sqlite").exists()
