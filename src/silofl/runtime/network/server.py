@@ -168,8 +168,12 @@ def load_server_config(path: str | Path) -> ServerConfig:
 def _schema_job(job: dict, stated: dict, schema_path: Path, path: Path) -> None:
     """Fill the job's schema hash, feature count, task and classes from the declared schema
     (ConfigError where [job] states them otherwise)."""
-    from silofl.runtime.network.silo_table import read_schema, schema_sha256
+    from silofl.runtime.network.silo_table import preprocess_spec, read_schema, schema_sha256
     schema = read_schema(schema_path, f"server config {path}")
+    try:
+        preprocess_spec(job)  # what every silo will apply: it must cost nothing
+    except ConfigError as e:
+        raise ConfigError(f"{path}: [job] {e}") from None
     lab = schema.label
     derived = {"schema_sha256": schema_sha256(schema), "dim": len(schema.feature_names),
                "task": lab.kind,

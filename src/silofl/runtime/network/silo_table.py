@@ -18,8 +18,6 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-
 from silofl.data.federation import Federation, PrivacyTarget, Silo
 from silofl.data.preprocess import PreprocessSpec, RawFederation, preprocess_without_budget
 from silofl.data.schema import Schema, load_schema
