@@ -11,6 +11,11 @@ Writes (library `cryptography`, no hand-made crypto):
     keys/<silo>.ssh, .ssh.pub         the same key in OpenSSH form (SuperNode authentication)
     flower_app/, flower_home/         the Flower App and `flwr` connection (SuperLink route)
 
+With `--schema` (the consortium's declared schema) each silo instead gets its own folder
+`silos/<silo>/` and reads its own table (`deploy_table`); the job's defaults are the
+simulator's (`server.JOB_DEFAULTS`, `default_rounds`, `default_delta`). Every route checks
+its extras (flwr) and its settings before writing, and removes what it wrote on a failure.
+
 In a real deployment each silo generates its key itself and sends only the .pub file to
 the coordinator (`silofl deploy key`); the folder layout is the same.
 """
