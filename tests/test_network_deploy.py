@@ -366,3 +366,17 @@ def test_silo_cli_names_the_missing_table_and_exits_2(tmp_path):
     text = " ".join(res.output.split())
     assert res.exit_code == 2 and "data file not found" in text and "missing.csv" in text
     assert not (Path(w["silos"]["A"]).parent / "budget.sqlite").exists()
+
+
+def test_a_failure_while_writing_the_demo_leaves_no_folder(tmp_path, monkeypatch):
+    real, calls = deploy.write_bytes_atomic, {"n": 0}
+
+    def failing(path, data):
+        calls["n"] += 1
+        if calls["n"] == 7:
+            raise OSError("disk full")
+        real(path, data)
+    monkeypatch.setattr(deploy, "write_bytes_atomic", failing)
+    with pytest.raises(OSError):
+        deploy.init(tmp_path / "c", demo="heart")
+    assert calls["n"] == 7 and not (tmp_path / "c").exists()

@@ -346,8 +346,22 @@ def init(out: Path, *, silos: list[str] | None = None, demo: str | None = None,
     from silofl.runtime.network.silo import tables_as_json
     job = tables_as_json(job or {})  # Weight Erosion's join/leave tables: JSON strings
     _check_job({"silos": json.dumps(names), **job, "noise": noise}, fed)
+    fresh = not out.exists()
+    try:
+        return _write_legacy(out, names, fed, dict(job or {}), address=address, hosts=hosts,
+                             epsilon=epsilon, delta=delta, min_silos=min_silos, noise=noise,
+                             insecure=insecure)
+    except BaseException:  # nothing half-written: remove what this call wrote
+        if fresh and out.exists():
+            import shutil
+            shutil.rmtree(out, ignore_errors=True)
+        raise
+
+
+def _write_legacy(out: Path, names: list[str], fed, job: dict, *, address, hosts, epsilon,
+                  delta, min_silos, noise, insecure) -> dict:
+    """`init`'s writes for pre-encoded data (--demo, or a Python federation)."""
     _write_certs(out, address, hosts)
-    job = dict(job or {})
     public = None if fed is None else fed.meta.get("public_X")
     if public is not None:  # public, unlabeled: the same file for the server and every silo
         (out / "data").mkdir(parents=True, exist_ok=True)
