@@ -200,7 +200,7 @@ def test_deploy_init_refuses_bad_options_before_writing_anything(tmp_path, monke
         (["--schema", str(SCHEMA), "--silo", "A", "--table", "B=x.csv"], "not one of"),
         (["--schema", str(SCHEMA), "--silo", "A", "--table", "A"], "NAME=PATH"),
         (["--schema", str(SCHEMA), "--silo", "A", "--silo", "B", "--set",
-          "standardize='private'"], "cannot run over the network"),
+          "standardize='uncharged'"], "without a charge are never computed"),
         (["--schema", str(SCHEMA), "--silo", "A", "--method", "magic"],
          "does not run over the network"),
         (["--table", "A=x.csv", "--demo", "heart"], "go with --schema"),
@@ -380,3 +380,72 @@ def test_a_failure_while_writing_the_demo_leaves_no_folder(tmp_path, monkeypatch
     with pytest.raises(OSError):
         deploy.init(tmp_path / "c", demo="heart")
     assert calls["n"] == 7 and not (tmp_path / "c").exists()
+
+
+def _drive(srv, silos: dict, rounds) -> None:
+    for t in rounds:
+        updates = {}
+        for n, s in silos.items():
+            rep, upd = s.round(srv.request(n, t), [srv.message])
+            assert rep["status"] == "ok", rep["reason"]
+            updates[n] = srv.accept_update(n, t, rep, [] if upd is None else [upd])[1]
+        srv.step(t, updates)
+
+
+def test_private_preprocessing_is_charged_at_the_silo_once_and_survives_a_restart(tmp_path):
+    """standardize/impute = 'private': each silo's Gaussian release is composed into its σ,
+    reserved with its first round and spent before it reads a row; a restarted silo applies
+    the released constants from its state (no second release, no second charge); its card's
+    ε covers the release and equals what its store counts; the server keeps no shared
+    model, which would have no single preprocessing."""
+    from silofl.privacy.budget import BudgetStore
+    from silofl.runtime.network import release
+    from silofl.runtime.network.silo import job_model
+    df = messy_table(tmp_path / "t.csv")
+    for n in HOSPITALS:
+        df[df["dataset"] == n].to_csv(tmp_path / f"{n}.csv", index=False)
+    w = deploy.init(tmp_path / "c", schema=SCHEMA, silos=HOSPITALS, noise="seeded",
+                    tables=[f"{n}={tmp_path / f'{n}.csv'}" for n in HOSPITALS],
+                    job={"rounds": 2, "standardize": "private", "impute": "private"})
+    srv = ServerProgram(load_server_config(w["server"]))
+    silos = {n: SiloProgram(load_silo_config(p)) for n, p in w["silos"].items()}
+    job = W.canonical(srv.job).decode()
+    for s in silos.values():
+        rep = s.join({"protocol": W.PROTOCOL, "kind": "join", "nonce": new_nonce(), "job": job})
+        assert rep["status"] == "ok", rep["reason"]
+        assert s.release_pending and s.plan.calibrated_for.endswith("preprocessing")
+        srv.accept_join(rep)
+    name = "Hungary"
+    store = Path(load_silo_config(w["silos"][name]).budget_store)
+    with BudgetStore(store) as st:
+        assert not st.charges(name)  # joined and planned: nothing spent, nothing read
+    _drive(srv, silos, [1])
+    first = silos[name]
+    X1, constants = first.silo.X_train.copy(), first.constants
+    assert not first.release_pending and not np.isnan(X1).any()
+    # the private constants differ from the declared ones (a release, not the schema's)
+    from silofl.runtime.network.silo_table import declared_constants
+    declared = declared_constants(first.schema, {**srv.job, "standardize": "declared",
+                                                 "impute": "declared"})
+    assert constants["silos"][name]["standardize"] != declared["standardize"]
+    # a restart: a fresh program re-accepts the job from its state dir, no new release
+    silos[name] = again = SiloProgram(load_silo_config(w["silos"][name]))
+    assert again.resume() and not again.release_pending
+    np.testing.assert_array_equal(again.silo.X_train, X1)
+    _drive(srv, silos, [2])
+    with BudgetStore(store) as st:
+        labels = [r["label"] for r in st.charges(name)]
+        spent = st.spent(name)
+    assert labels.count("preprocess") == 1 and len(labels) == 3, labels  # + 2 rounds
+    assert 0.9 * again.cfg.epsilon < spent["epsilon"] <= again.cfg.epsilon * (1 + 1e-6)
+    run = release.save_silo_release(again)
+    card = load_run(run).model_card(name)
+    assert abs(card["privacy"]["epsilon"] - spent["epsilon"]) < 1e-6 * spent["epsilon"]
+    assert "private preprocessing release" in card["privacy"]["statement"]
+    raw_test = again.raw.silos[0].X_test
+    np.testing.assert_allclose(load_run(run).predictor(name).predict(raw_test),
+                               job_model(srv.job).predict(again.final_model(),
+                                                          again.silo.X_test),
+                               rtol=1e-12, atol=1e-12)
+    with pytest.raises(ConfigError, match="no single preprocessing"):
+        release.save_server_release(srv)

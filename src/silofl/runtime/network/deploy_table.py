@@ -84,6 +84,7 @@ def init_tables(out: Path, *, schema: Path, silos: list[str] | None, tables: lis
                 store_dir: Path | None) -> dict:
     """Check everything, then write the consortium folder (see the module doc)."""
     from silofl.runtime.network import deploy
+    from silofl.runtime.network.silo import check_job
     from silofl.runtime.network.silo_table import read_schema, schema_sha256
     check_extras()
     sch = read_schema(schema, "--schema")
@@ -102,8 +103,8 @@ def init_tables(out: Path, *, schema: Path, silos: list[str] | None, tables: lis
     job.setdefault("rounds", deploy.default_rounds())
     deploy.check_common(address, noise)
     deploy._check_job({"silos": json.dumps(names), **job}, None)
-    from silofl.runtime.network.silo_table import declared_constants
-    declared_constants(sch, {**_defaults(), **job})  # the preprocessing runs on the schema
+    from silofl.runtime.network.silo_table import check_preprocessing
+    check_preprocessing(sch, check_job({**_defaults(), "silos": json.dumps(names), **job}))
     fresh = not out.exists()
     try:
         return _write(out, sch, schema, names, frames, unnamed, paths, job, address=address,

@@ -65,15 +65,18 @@ def _write(root: Path, job: dict, model, entry: dict, params: np.ndarray, card: 
     return d
 
 
-def _preprocessing(names: list[str], schema, constants: dict | None) -> dict:
+def _preprocessing(names: list[str], schema, constants: dict | None,
+                   private: bool = False) -> dict:
     c = constants or {}
     silo = next(iter((c.get("silos") or {}).values()), None) if "silos" in c else c
     silo = silo or {}
     return {"feature_names": names, "schema": None if schema is None else schema.to_dict(),
-            "steps": "declared (schema constants; no cost)" if schema is not None else
-            "none: pre-encoded .npz data", "clip": c.get("clip", {}),
+            "steps": ("private: this silo's charged Gaussian release (post-processed)"
+                      if private else "declared (schema constants; no cost)")
+            if schema is not None else "none: pre-encoded .npz data", "clip": c.get("clip", {}),
             "fill": silo.get("fill", {}), "standardize": silo.get("standardize", {}),
-            "order": ORDER, "note": "declared constants are public (from the schema)"}
+            "order": ORDER, "note": "declared constants are public (from the schema); "
+            "private ones are post-processed outputs of this silo's charged release"}
 
 
 def silo_privacy(program) -> dict:
@@ -85,6 +88,10 @@ def silo_privacy(program) -> dict:
     pass_event = None if program.cap is not None else program._data_pass_event()
     rounds = [round_events(program.algorithm, pass_event, t, job["rounds"], p.target)
               for t in range(1, program.done + 1)]
+    prep = getattr(program, "prep", None)
+    released = prep is not None and prep.private and not program.release_pending
+    if released:  # the private preprocessing release, charged with its first round
+        rounds.append(prep.events[c.name])
     eps, kind = tightest(dpa.ComposedDpEvent(rounds), c.delta) if rounds else (0.0, "none")
     life = program.store.spent(c.name)
     notes = [f"lifetime store {Path(c.budget_store).resolve()}: {life['epsilon']:.4g} of ε "
@@ -95,8 +102,9 @@ def silo_privacy(program) -> dict:
         notes.append(f"the silo stopped early: {getattr(program, '_why', '')[:300]}")
     statement = (f"this model: ({eps:.4g}, {c.delta:g})-DP for the records of silo "
                  f"{c.name!r} (add/remove one record), {kind} accountant, composed over the "
-                 f"{program.done} round(s) it ran of the job's {job['rounds']} (calibrated at "
-                 f"the silo for its job target ε = {c.epsilon:g})")
+                 f"{program.done} round(s) it ran of the job's {job['rounds']}"
+                 + (" and its private preprocessing release" if released else "")
+                 + f" (calibrated at the silo for its job target ε = {c.epsilon:g})")
     if local_dp_family(program.algorithm):
         statement += "; each upload also passed the job's local-DP mechanism"
     if c.noise == "seeded":
@@ -124,7 +132,8 @@ def save_silo_release(program) -> Path:
     privacy = silo_privacy(program)
     names = list(program.feature_names or [f"x{i}" for i in range(job["dim"])])
     card = _card(job, c.name, fid, program.model, names, program.schema,
-                 getattr(program, "constants", None), privacy, entry)
+                 getattr(program, "constants", None), privacy, entry,
+                 private=bool(getattr(program, "prep", None) and program.prep.private))
     card.update(n_train=int(program.plan.n), job_hash=program.hash)
     _write(c.release_dir, job, program.model, entry, params, card, _extra(
         job, program.hash, names, program.schema, privacy, program.hash[:16]))
@@ -133,7 +142,8 @@ def save_silo_release(program) -> Path:
 
 def save_server_release(program) -> Path | None:
     """Write the server's shared model (None: the method has none, e.g. Local, IFCA's
-    clusters, Mocha); returns the run folder."""
+    clusters, Mocha); returns the run folder. ConfigError when the silos preprocessed with
+    their own private constants: the shared model then has no one preprocessing to save."""
     from silofl.runtime.network.silo_table import declared_constants, read_schema
     from silofl.runtime.network.silo import job_model
     from silofl.runtime.simulator import _shared
@@ -142,6 +152,11 @@ def save_server_release(program) -> Path | None:
     shared = _shared(program.server) if job["method"] != "local" else None
     if shared is None or np.ndim(shared) != 1 or program.done == 0:
         return None
+    from silofl.runtime.network.silo_table import is_private
+    if job["data_kind"] == "tabular" and is_private(job):
+        raise ConfigError("the silos standardized/imputed with their own private constants, "
+                          "so the shared model has no single preprocessing to save with it; "
+                          "use each silo's own saved model")
     schema = None if cfg.schema is None else read_schema(cfg.schema, "server")
     constants = None if schema is None else declared_constants(schema, job)
     names = schema.feature_names if schema is not None else \
@@ -169,13 +184,14 @@ def save_server_release(program) -> Path | None:
     return cfg.release_dir
 
 
-def _card(job, name, fid, model, names, schema, constants, privacy, entry) -> dict:
+def _card(job, name, fid, model, names, schema, constants, privacy, entry,
+          private: bool = False) -> dict:
     return {"format": FORMAT, "format_version": FORMAT_VERSION,
             "silofl_version": silofl_version(), "kind": "model card", "silo": name,
             "file_id": fid, "method": {"label": job["method"], **_method(job)},
             "hyperparameters": {k: job[k] for k in HYPER if k in job},
             "model": _spec(job, model), "task": job["task"], "classes": _classes(schema),
-            "preprocessing": _preprocessing(names, schema, constants),
+            "preprocessing": _preprocessing(names, schema, constants, private),
             "privacy": privacy, "files": {k: entry[k] for k in ("params", "card")},
             "networked": True}
 

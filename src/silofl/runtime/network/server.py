@@ -52,6 +52,7 @@ def _job_defaults() -> dict:
             "we_leave_round": json.dumps(t.we_leave_round, sort_keys=True),
             "model": m.name, "accountant": p.accountant, "noise": p.noise,
             "standardize": d.standardize, "impute": d.impute,
+            "preprocess_share": d.preprocess_share,
             # network-only: the task and classes come from the schema (or are stated), the
             # public set of PrivateKT is pinned by its hash, graph data by its settings
             "task": "binary", "num_classes": 2, "public_seed": 0, "public_sha256": "",
@@ -168,10 +169,11 @@ def load_server_config(path: str | Path) -> ServerConfig:
 def _schema_job(job: dict, stated: dict, schema_path: Path, path: Path) -> None:
     """Fill the job's schema hash, feature count, task and classes from the declared schema
     (ConfigError where [job] states them otherwise)."""
-    from silofl.runtime.network.silo_table import preprocess_spec, read_schema, schema_sha256
+    from silofl.runtime.network.silo_table import (check_preprocessing, read_schema,
+                                                   schema_sha256)
     schema = read_schema(schema_path, f"server config {path}")
-    try:
-        preprocess_spec(job)  # what every silo will apply: it must cost nothing
+    try:  # what every silo will apply: never uncharged; private steps need declared bounds
+        check_preprocessing(schema, {**job, "preprocess_share": float(job["preprocess_share"])})
     except ConfigError as e:
         raise ConfigError(f"{path}: [job] {e}") from None
     lab = schema.label

@@ -52,7 +52,8 @@ from silofl.runtime.network.hosting import (check_message, check_network_method,
 from silofl.runtime.network.silo_table import (TableSettings, read_silo_table,
                                                schema_sha256, table_settings)
 from silofl.runtime.network.silo_table import preprocess as table_preprocess
-from silofl.runtime.plan import SiloPlan, TrainingConfig, plan_silos
+from silofl.runtime.network import silo_table
+from silofl.runtime.plan import SiloPlan, TrainingConfig, plan_job
 from silofl.training.dpsgd import GradientRule
 from silofl.training.trainer import LocalTrainer, SiloArrays
 
@@ -83,7 +84,8 @@ JOB_KEYS = {"method": str, "lam": float, "weighted": bool, "finetune_fraction": 
             "data_kind": str, "graph": str,
             # a silo's own table: the consortium's declared schema (its SHA-256, "" for
             # pre-encoded .npz data) and the declared preprocessing modes every silo applies
-            "schema_sha256": str, "standardize": str, "impute": str}
+            "schema_sha256": str, "standardize": str, "impute": str,
+            "preprocess_share": float}
 
 #: data kinds → the module supplying their job model, algorithm and silo program, imported
 #: on use (the runtime does not import the optional tracks): "tabular" rows in an .npz
@@ -384,12 +386,55 @@ class SiloProgram:
         if job["dim"] != self.dim:
             raise ConfigError(f"silo {self.cfg.name!r} has {self.dim} features, the "
                               f"job's model expects {job['dim']}")
-        if self.raw is not None:  # declared preprocessing only: no statistic, no cost
+        if self.raw is not None and self.hash is None:  # once per job (a re-join keeps it)
+            self._table_plan(job)
+
+    def _table_plan(self, job: dict) -> None:
+        """Plan the table's preprocessing: declared (free) is applied now; a private
+        release waits for the first round this silo runs, which reserves it (the rows
+        stand in with their gaps zeroed until then: planning reads only n)."""
+        self.prep = silo_table.plan(self.raw, job, self.cfg.target)
+        self.release_pending = self.prep.private
+        if not self.prep.private:
             fed = table_preprocess(self.raw, job)
-            self.silo = fed.silos[0]
-            self.constants = fed.meta["constants"]
+            self.silo, self.constants = fed.silos[0], fed.meta["constants"]
+            return
+        s = self.raw.silos[0]
+        self.silo = Silo(s.name, np.nan_to_num(s.X_train), s.y_train, np.nan_to_num(s.X_test),
+                         s.y_test, s.target)
+        self.constants = None
+
+    def _table_extra(self) -> list:
+        """The private preprocessing release still to run, as the store's extra charge."""
+        if not getattr(self, "release_pending", False):
+            return []
+        from silofl.privacy.budget import PlannedCharge
+        from silofl.runtime.job import NO_METHOD
+        return [PlannedCharge(self.cfg.name, NO_METHOD, "preprocess",
+                              self.prep.events[self.cfg.name])]
+
+    def _table_release(self, job) -> None:
+        """The private release, recorded as spent in the round's reservation first; then
+        the trainer works on the preprocessed rows (kept in the state: never released
+        twice by one state)."""
+        job.spend_extra(self.cfg.name, "preprocess")
+        fed = silo_table.release(self.raw, self.prep, self.job)
+        self._use_constants(fed)
+
+    def _use_constants(self, fed) -> None:
+        self.silo, self.constants = fed.silos[0], fed.meta["constants"]
+        self.release_pending = False
+        ledgers = getattr(self.trainer, "ledgers", None)
+        self.trainer = self._data_trainer()
+        if ledgers is not None:
+            self.trainer.ledgers = ledgers
 
     def _data_plan(self, job: dict, algorithm, tcfg: TrainingConfig) -> SiloPlan:
+        """See `_silo_plan`; a private preprocessing release is composed into σ."""
+        extra = {e.silo: e.event for e in self._table_extra()}
+        return self._silo_plan(job, algorithm, tcfg, extra)
+
+    def _silo_plan(self, job: dict, algorithm, tcfg: TrainingConfig, extra) -> SiloPlan:
         """This silo's plan (σ from its own (ε_k, δ_k)), as the simulator plans a federation
         of the job's silos; the others are stand-ins so that settings naming or counting
         silos (clusters ≤ K, the user silo) are checked alike."""
@@ -398,7 +443,7 @@ class SiloProgram:
                                                       me.y_test, me.target) for n in names],
                          self.feature_names or [f"x{i}" for i in range(job["dim"])],
                          job["task"], job["num_classes"])
-        return plan_silos(fed, algorithm, tcfg)[names.index(c.name)]
+        return plan_job(fed, [algorithm], tcfg, extra)[0][names.index(c.name)]
 
     def _data_trainer(self) -> LocalTrainer:
         """The one-silo trainer over the silo's rows (ledgers are set per round)."""
@@ -580,7 +625,8 @@ class SiloProgram:
             job = open_job(self.store, {method: [round_plan]}, lifetime={c.name: c.lifetime},
                            explicit_lifetime=True, command=f"silo {c.name} round {t}",
                            noise=c.noise, accountant=self.tcfg.accountant,
-                           fingerprints={c.name: self.fingerprint})
+                           fingerprints={c.name: self.fingerprint},
+                           extra=self._table_extra())
         except BudgetExceeded as e:
             self.exhausted, self._why = True, str(e)[:4000]
             self._save_state()
@@ -589,6 +635,8 @@ class SiloProgram:
         try:
             if os.environ.get(CRASH_ENV) == str(t):
                 os._exit(17)  # a crash after the charge: the reservation stays counted
+            if self._table_extra():  # the private release, reserved with this round
+                self._table_release(job)
             self._data_before_step(t, self.trainer.ledgers[0])
             self.state, update = own_step(self.algorithm, self.state, self._view(message),
                                           self.trainer, t, self.index)
@@ -677,7 +725,10 @@ class SiloProgram:
             # public schedule) is rebuilt from the job at restart
             "state": {k: v for k, v in fields.items()
                       if isinstance(v, (int, float, str, bool)) or v is None},
-            "noise": self.cfg.noise})
+            "noise": self.cfg.noise,
+            # a private preprocessing release (a DP output): applied again at a restart
+            "constants": self.constants if getattr(self, "prep", None) is not None
+            and self.prep.private and not self.release_pending else None})
 
     def _load_state(self) -> None:
         arrays, meta = self._paths()
@@ -698,6 +749,8 @@ class SiloProgram:
         self.done, self.exhausted = int(m["round"]), bool(m["exhausted"])
         self.uploads = int(m.get("uploads", 0))
         self._why = m.get("reason", "")
+        if m.get("constants") is not None and self.raw is not None:
+            self._use_constants(silo_table.apply_constants(self.raw, m["constants"]))
         if m["last_digest"] is not None:
             self.last = {"digest": m["last_digest"], "update": last}
 

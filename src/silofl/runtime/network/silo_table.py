@@ -6,9 +6,12 @@ into train/test with its own seed and preprocesses them with *declared* constant
 (schema bounds, means, fills: public, no cost). The job names the schema by its SHA-256
 (`schema_sha256`) and the feature count (`dim`); a silo whose schema differs refuses the job.
 
-Private preprocessing (statistics of the silo's rows) would have to be charged to the
-silo's own store before it reads them; the networked runtime does not do that yet, so it is
-refused with the fix rather than computed uncharged.
+Private preprocessing (`standardize`/`impute` = "private": one Gaussian release of the
+silo's own statistics, `preprocess_share` of its ε) is planned at join from public facts
+(`plan_preprocessing`), composed into the silo's σ calibration, reserved in its store with
+the first round it runs and recorded as spent before the release reads a row (the
+simulator's protocol, `silofl run`); its constants are kept in the silo's state so that a
+restart applies them rather than releasing again. Uncharged statistics are never computed.
 """
 
 from __future__ import annotations
@@ -25,8 +28,8 @@ from silofl.errors import ConfigError, DataError
 
 #: the [data] keys of a silo config: the simulator's `DataConfig` keys a silo's own table uses
 DATA_KEYS = ("path", "schema", "test_fraction", "seed", "missing")
-#: preprocessing modes a networked job can run (nothing charged, nothing read uncharged)
-NETWORK_PREPROCESSING = ("auto", "declared", "none")
+#: preprocessing modes a networked job can run (charged at the silo, or free; never uncharged)
+NETWORK_PREPROCESSING = ("auto", "declared", "private", "none")
 _SILO_COLUMN = "__silofl_silo__"  # the silo column when the schema names none
 
 
@@ -114,13 +117,63 @@ def preprocess_spec(job: dict) -> PreprocessSpec:
     for key in ("standardize", "impute"):
         if job[key] not in NETWORK_PREPROCESSING or key == "impute" and job[key] == "none":
             raise ConfigError(
-                f"job: {key} = {job[key]!r} cannot run over the network: private statistics "
-                "would have to be charged to each silo's own store before its rows are read, "
-                "which the networked runtime does not do yet, and uncharged ones are never "
-                "computed. Use 'auto' or 'declared' (constants from the schema's public "
-                "bounds, means and fills; no cost)" + (" or 'none'" if key == "standardize"
-                                                        else ""))
-    return PreprocessSpec(job["standardize"], job["impute"])
+                f"job: {key} = {job[key]!r} cannot run over the network: statistics read "
+                "from a silo's rows without a charge are never computed there. Use 'auto' or "
+                "'declared' (the schema's public bounds, means and fills; no cost) or "
+                "'private' (a Gaussian release charged to each silo's own store)"
+                + (" or 'none'" if key == "standardize" else ""))
+    return PreprocessSpec(job["standardize"], job["impute"], job["preprocess_share"])
+
+
+def is_private(job: dict) -> bool:
+    """Whether the job's preprocessing releases private statistics at each silo."""
+    return "private" in (job["standardize"], job["impute"])
+
+
+def plan(raw: RawFederation, job: dict, target: PrivacyTarget):
+    """The silo's preprocessing plan (public facts only: schema, n, its target)."""
+    from silofl.data.preprocess import plan_preprocessing
+    return plan_preprocessing(raw, preprocess_spec(job), {raw.names[0]: target},
+                              accountant=job["accountant"])
+
+
+def release(raw: RawFederation, prep, job: dict) -> Federation:
+    """Apply the plan; a private one draws its noise from the silo's own stream (secure, or
+    seeded by (seed, silo) for experiments). Call only once its event is charged."""
+    import zlib
+    from silofl.data.preprocess import apply_preprocessing
+    from silofl.privacy.randomness import Randomness
+    name = raw.names[0]
+    rng = Randomness.for_mode(job["noise"], None if job["noise"] == "secure" else
+                              [int(job["seed"]), 0x9E7, zlib.crc32(name.encode("utf-8"))])
+    return apply_preprocessing(raw, prep, rng)
+
+
+def apply_constants(raw: RawFederation, constants: dict) -> Federation:
+    """The silo's rows with constants released earlier (kept in its state): clip, fill,
+    (x - center) / scale, as `apply_preprocessing` did — no statistic is computed again."""
+    import numpy as np
+    name = raw.names[0]
+    own = constants["silos"][name]
+    index = {n: j for j, n in enumerate(raw.feature_names)}
+    s = raw.silos[0]
+    out = []
+    for X in (s.X_train, s.X_test):
+        X = np.array(X, dtype=np.float64)
+        for col, (lo, hi) in constants["clip"].items():
+            X[:, index[col]] = np.clip(X[:, index[col]], lo, hi)
+        for col, fill in own["fill"].items():
+            j = index[col]
+            X[np.isnan(X[:, j]), j] = fill
+        for col, (center, scale) in own["standardize"].items():
+            j = index[col]
+            X[:, j] = (X[:, j] - center) / scale
+        out.append(X)
+    silo = Silo(name, out[0], s.y_train, out[1], s.y_test, s.target)
+    meta = {**raw.meta, "constants": constants}
+    meta.pop("schema_from_data", None)
+    return Federation([silo], list(raw.feature_names), raw.task, raw.num_classes, raw.name,
+                      meta)
 
 
 def preprocess(raw: RawFederation, job: dict) -> Federation:
@@ -128,9 +181,23 @@ def preprocess(raw: RawFederation, job: dict) -> Federation:
     return preprocess_without_budget(raw, preprocess_spec(job), "a networked silo")
 
 
+def check_preprocessing(schema: Schema, job: dict) -> None:
+    """ConfigError unless every silo can run the job's preprocessing with this schema
+    (e.g. private steps need declared bounds): planned on placeholder rows."""
+    raw = _placeholder(schema)
+    plan(raw, job, PrivacyTarget(1.0, 1e-4))
+
+
 def declared_constants(schema: Schema, job: dict) -> dict:
     """The constants new rows need (`clip`, `fill`, `standardize`), from the schema alone:
     declared preprocessing is data-independent, so it is computed on a placeholder row."""
+    fed = preprocess(_placeholder(schema), job)
+    const = fed.meta["constants"]
+    return {"clip": const["clip"], **const["silos"]["shared"]}
+
+
+def _placeholder(schema: Schema) -> RawFederation:
+    """Rows that fit the schema (no one's data): for checks of data-independent steps."""
     from silofl.data.tabular import federation_from_frame_raw
     import pandas as pd
     row = {}
@@ -147,9 +214,6 @@ def declared_constants(schema: Schema, job: dict) -> dict:
     df = pd.DataFrame([{**row, lab.name: values[i % len(values)]}
                        for i in range(4 * len(values))])
     df[col] = "shared"
-    raw = federation_from_frame_raw(df, col, lab.name, schema=schema, test_fraction=0.25,
-                                    seed=0, name="schema")
-    fed = preprocess(raw, job)
-    const = fed.meta["constants"]
-    return {"clip": const["clip"], **const["silos"]["shared"]}
+    return federation_from_frame_raw(df, col, lab.name, schema=schema, test_fraction=0.25,
+                                     seed=0, name="schema")
 
