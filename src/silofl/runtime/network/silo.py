@@ -1,12 +1,13 @@
 """The silo program: one institution's side of a networked run.
 
-It loads only its own data file, keeps its own lifetime budget store and per-round ledger,
+It loads only its own data (its own table read with the consortium's declared schema,
+`silo_table`, or a pre-encoded .npz), keeps its own lifetime budget store and per-round ledger,
 plans its own σ from its own (ε_k, δ_k) and the public job description, and for every
 round the server requests it checks the work (job, method, steps, q, σ, round) against its
 own plan and its own store *before* reading a row:
 
 * a job it does not accept (method not allowed, more rounds than `max_rounds`, another
-  noise mode than its own, a different feature count) is refused at join;
+  noise mode than its own, another schema, a different feature count) is refused at join;
 * a request whose steps, q or σ differ from what the silo calibrated is refused;
 * each round reserves that round's DP-SGD events in the silo's store (`open_job`); when
   the store refuses (lifetime target reached) the silo answers "exhausted" and takes no
@@ -51,7 +52,6 @@ from silofl.runtime.network.hosting import (check_message, check_network_method,
                                             silo_message, silo_randomness, slice_state)
 from silofl.runtime.network.silo_table import (TableSettings, read_silo_table,
                                                schema_sha256, table_settings)
-from silofl.runtime.network.silo_table import preprocess as table_preprocess
 from silofl.runtime.network import silo_table
 from silofl.runtime.plan import SiloPlan, TrainingConfig, plan_job
 from silofl.training.dpsgd import GradientRule
@@ -339,7 +339,7 @@ def open_program(cfg: SiloConfig, key=None) -> "SiloProgram":
 JOIN_FILE = "join.json"
 
 
-class SiloProgram:
+class SiloProgram(silo_table.TableHooks):
     """One silo: `join(job, nonce)` then `round(request, message)` per round.
 
     What depends on the kind of data is in the `_data_*` hooks (tabular rows here; graph
@@ -388,46 +388,6 @@ class SiloProgram:
                               f"job's model expects {job['dim']}")
         if self.raw is not None and self.hash is None:  # once per job (a re-join keeps it)
             self._table_plan(job)
-
-    def _table_plan(self, job: dict) -> None:
-        """Plan the table's preprocessing: declared (free) is applied now; a private
-        release waits for the first round this silo runs, which reserves it (the rows
-        stand in with their gaps zeroed until then: planning reads only n)."""
-        self.prep = silo_table.plan(self.raw, job, self.cfg.target)
-        self.release_pending = self.prep.private
-        if not self.prep.private:
-            fed = table_preprocess(self.raw, job)
-            self.silo, self.constants = fed.silos[0], fed.meta["constants"]
-            return
-        s = self.raw.silos[0]
-        self.silo = Silo(s.name, np.nan_to_num(s.X_train), s.y_train, np.nan_to_num(s.X_test),
-                         s.y_test, s.target)
-        self.constants = None
-
-    def _table_extra(self) -> list:
-        """The private preprocessing release still to run, as the store's extra charge."""
-        if not getattr(self, "release_pending", False):
-            return []
-        from silofl.privacy.budget import PlannedCharge
-        from silofl.runtime.job import NO_METHOD
-        return [PlannedCharge(self.cfg.name, NO_METHOD, "preprocess",
-                              self.prep.events[self.cfg.name])]
-
-    def _table_release(self, job) -> None:
-        """The private release, recorded as spent in the round's reservation first; then
-        the trainer works on the preprocessed rows (kept in the state: never released
-        twice by one state)."""
-        job.spend_extra(self.cfg.name, "preprocess")
-        fed = silo_table.release(self.raw, self.prep, self.job)
-        self._use_constants(fed)
-
-    def _use_constants(self, fed) -> None:
-        self.silo, self.constants = fed.silos[0], fed.meta["constants"]
-        self.release_pending = False
-        ledgers = getattr(self.trainer, "ledgers", None)
-        self.trainer = self._data_trainer()
-        if ledgers is not None:
-            self.trainer.ledgers = ledgers
 
     def _data_plan(self, job: dict, algorithm, tcfg: TrainingConfig) -> SiloPlan:
         """See `_silo_plan`; a private preprocessing release is composed into σ."""

@@ -217,3 +217,49 @@ def _placeholder(schema: Schema) -> RawFederation:
     return federation_from_frame_raw(df, col, lab.name, schema=schema, test_fraction=0.25,
                                      seed=0, name="schema")
 
+
+class TableHooks:
+    """The silo program's steps for a table (mixed into `SiloProgram`): its preprocessing
+    plan, the private release as an extra charge of the first round it runs, and the
+    released constants (kept in its state)."""
+
+    def _table_plan(self, job: dict) -> None:
+        """Plan the table's preprocessing: declared (free) is applied now; a private
+        release waits for the first round this silo runs, which reserves it (the rows
+        stand in with their gaps zeroed until then: planning reads only n)."""
+        self.prep = plan(self.raw, job, self.cfg.target)
+        self.release_pending = self.prep.private
+        if not self.prep.private:
+            fed = preprocess(self.raw, job)
+            self.silo, self.constants = fed.silos[0], fed.meta["constants"]
+            return
+        import numpy as np
+        s = self.raw.silos[0]
+        self.silo = Silo(s.name, np.nan_to_num(s.X_train), s.y_train, np.nan_to_num(s.X_test),
+                         s.y_test, s.target)
+        self.constants = None
+
+    def _table_extra(self) -> list:
+        """The private preprocessing release still to run, as the store's extra charge."""
+        if not getattr(self, "release_pending", False):
+            return []
+        from silofl.privacy.budget import PlannedCharge
+        from silofl.runtime.job import NO_METHOD
+        return [PlannedCharge(self.cfg.name, NO_METHOD, "preprocess",
+                              self.prep.events[self.cfg.name])]
+
+    def _table_release(self, job) -> None:
+        """The private release, recorded as spent in the round's reservation first; then
+        the trainer works on the preprocessed rows (kept in the state: never released
+        twice by one state)."""
+        job.spend_extra(self.cfg.name, "preprocess")
+        fed = release(self.raw, self.prep, self.job)
+        self._use_constants(fed)
+
+    def _use_constants(self, fed) -> None:
+        self.silo, self.constants = fed.silos[0], fed.meta["constants"]
+        self.release_pending = False
+        ledgers = getattr(self.trainer, "ledgers", None)
+        self.trainer = self._data_trainer()
+        if ledgers is not None:
+            self.trainer.ledgers = ledgers
