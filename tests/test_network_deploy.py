@@ -72,6 +72,13 @@ def _env() -> dict:
     return env
 
 
+def auroc(score: np.ndarray, y: np.ndarray) -> float:
+    """Mann-Whitney AUROC (ties count half): P(score of a positive > score of a negative)."""
+    pos, neg = score[y == 1], score[y == 0]
+    greater = (pos[:, None] > neg[None, :]).sum() + 0.5 * (pos[:, None] == neg[None, :]).sum()
+    return float(greater / (len(pos) * len(neg)))
+
+
 def wait_listening(port: int, proc: subprocess.Popen, log: Path) -> None:
     """Readiness: the server's port accepts connections (no sleep-as-synchronisation:
     polled, bounded, failing with the server's log)."""
@@ -162,9 +169,15 @@ def test_three_hospitals_deploy_from_the_cli_over_tls_and_predict(tmp_path):
         saved = load_run(run)
         py = saved.predictor(name).predict(df.drop(columns=["disease"]))
         np.testing.assert_allclose(pred["score"].to_numpy(), py, rtol=1e-9, atol=1e-12)
-        # a useful model: better than always answering the majority class on these rows
-        acc = float((pred["class"].to_numpy() == y).mean())
-        assert acc > majority, (name, acc, majority)
+        # a useful model: it ranks the pooled rows far better than a constant score (AUROC
+        # 0.5; a hospital's personal model is calibrated to its own prevalence, so its
+        # accuracy on the others' rows is not the measure), and the shared model beats the
+        # majority-class rate
+        auc, acc = auroc(pred["score"].to_numpy(), y), float((pred["class"] == y).mean())
+        print(f"{name}: AUROC {auc:.3f}, accuracy {acc:.3f} (majority {majority:.3f})")
+        assert auc > 0.7, (name, auc)
+        if name == "shared":
+            assert acc > majority + 0.1, (acc, majority)
         card = saved.model_card(name)
         assert card["networked"] and card["privacy"]["private"]
     card = load_run(homes["Hungary"]).model_card("Hungary")
