@@ -31,6 +31,8 @@ from silofl.runtime.network.silo import (SiloProgram, job_algorithm, job_config,
                                          job_model, load_silo_config, new_nonce)
 
 JOB = {"rounds": 3, "lam": 0.5, "lr": 0.1, "batch_size": 16, "local_epochs": 0.5}
+#: each silo's δ as `deploy init` writes it: the simulator's [privacy] delta (one config model)
+DELTA = deploy.default_delta()
 
 
 def free_port() -> int:
@@ -135,7 +137,7 @@ def simulator_params(server_cfg) -> tuple[np.ndarray, list]:
     from silofl.data.heart import load_heart_disease
     from silofl.runtime.simulator import simulate
     job = load_server_config(server_cfg).job
-    fed = load_heart_disease(seed=0).with_targets(PrivacyTarget(1.0, 1e-5))
+    fed = load_heart_disease(seed=0).with_targets(PrivacyTarget(1.0, DELTA))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         res = simulate(fed, job_model(job), job_algorithm(job), job_config(job),
@@ -173,7 +175,7 @@ def test_budget_exhausted_silo_leaves_others_go_on_and_intruders_cannot_join(tmp
                "nonce": new_nonce()})
     ev = prog.trainer.round_events()[0]
     from dp_accounting import SelfComposedDpEvent
-    e1, e2 = (tightest(SelfComposedDpEvent(ev, r), 1e-5)[0] for r in (1, 2))
+    e1, e2 = (tightest(SelfComposedDpEvent(ev, r), DELTA)[0] for r in (1, 2))
     prog.store.close()
     edit_toml(w["silos"][small], "silo", lifetime_epsilon=(e1 + e2) / 2)
     # an intruder: a registered name with a key the server does not know
@@ -246,7 +248,7 @@ def test_silo_refuses_what_its_own_plan_and_store_do_not_allow(tmp_path):
     # a silo whose store is spent answers "exhausted" and runs nothing
     prog.cfg.lifetime_epsilon = 1e-3
     with BudgetStore(prog.cfg.budget_store) as s:
-        s.set_target(name, PrivacyTarget(1e-3, 1e-5), "test: a nearly spent silo")
+        s.set_target(name, PrivacyTarget(1e-3, DELTA), "test: a nearly spent silo")
     rep4, _ = prog.round(srv.request(name, 2), [srv.message])
     assert rep4["status"] == "exhausted" and prog.exhausted
     assert steps_in_store(prog.cfg.budget_store, name)[0] == prog.plan.steps_per_pass
@@ -441,7 +443,7 @@ def test_cluster_mocha_and_erosion_over_the_network_equal_the_simulator(tmp_path
     holds exactly the events the simulator's store holds for that silo."""
     from silofl.data.heart import load_heart_disease
     from silofl.runtime.simulator import simulate
-    fed = load_heart_disease(seed=0).with_targets(PrivacyTarget(1.0, 1e-5))
+    fed = load_heart_disease(seed=0).with_targets(PrivacyTarget(1.0, DELTA))
     job = {"method": method, "rounds": 3, **extra}
     if method == "weight_erosion":
         job["we_user"] = fed.names[1]
@@ -527,7 +529,7 @@ def test_local_dp_methods_over_the_network_equal_the_simulator(tmp_path, method)
     import dp_accounting as dpa
     from silofl.data.heart import load_heart_disease
     from silofl.runtime.simulator import simulate
-    fed = load_heart_disease(seed=0).with_targets(PrivacyTarget(1.0, 1e-5))
+    fed = load_heart_disease(seed=0).with_targets(PrivacyTarget(1.0, DELTA))
     # a public, unlabeled set for the test: the silos' test features (declared public here)
     fed.meta["public_X"] = np.concatenate([s.X_test for s in fed.silos])
     job = {"method": method, "rounds": 3, "ldp_epsilon": 0.4, "kt_samples": 2,
@@ -592,7 +594,7 @@ def test_privatekt_over_tls_processes_asks_only_the_selected_silos(tmp_path):
     from silofl.data.heart import load_heart_disease
     from silofl.runtime.simulator import simulate
     from silofl.runtime.network.silo import load_public
-    fed = load_heart_disease(seed=0).with_targets(PrivacyTarget(1.0, 1e-5))
+    fed = load_heart_disease(seed=0).with_targets(PrivacyTarget(1.0, DELTA))
     fed.meta["public_X"] = np.concatenate([s.X_test for s in fed.silos])  # public here
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

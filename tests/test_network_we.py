@@ -21,6 +21,8 @@ from silofl.data.heart import load_heart_disease  # noqa: E402
 from silofl.errors import ConfigError  # noqa: E402
 from silofl.privacy.budget import BudgetStore  # noqa: E402
 from silofl.runtime.network import deploy, messages as W  # noqa: E402
+
+DELTA = deploy.default_delta()  # each silo's δ as `deploy init` writes it
 from silofl.runtime.network.server import ServerProgram, load_server_config  # noqa: E402
 from silofl.runtime.network.silo import (SiloProgram, check_job, job_algorithm,  # noqa: E402
                                          job_config, job_model, load_silo_config,
@@ -115,7 +117,7 @@ def test_scheduled_erosion_over_the_network_equals_the_per_silo_simulator(tmp_pa
     cfg = load_server_config(w["server"])
     program = ServerProgram(cfg)
     drive(program, {n: SiloProgram(load_silo_config(p)) for n, p in w["silos"].items()})
-    fed = load_heart_disease(seed=0).with_targets(PrivacyTarget(1.0, 1e-5))
+    fed = load_heart_disease(seed=0).with_targets(PrivacyTarget(1.0, DELTA))
     check_schedule_kept(w, program, fed.names)
     alg = job_algorithm(cfg.job)
     with warnings.catch_warnings():

@@ -1194,13 +1194,30 @@ def deploy_init(
         regions: Optional[Path] = typer.Option(
             None, "--regions", help="a pandemic dataset folder (the 7 challenge files): one "
             "silo per region, each with its own folder; graph job (--set S=20, pooling=…)"),
+        schema: Optional[Path] = typer.Option(
+            None, "--schema", help="the consortium's declared schema (TOML): each silo gets "
+            "its own folder and reads its own table with it"),
+        table: Optional[list[str]] = typer.Option(
+            None, "--table", help="NAME=PATH: silo NAME's own table (repeat; default: a "
+            "placeholder in its silo.toml to fill in)"),
+        split: Optional[Path] = typer.Option(
+            None, "--split", help="one-machine demo: a table with a silo column, cut into "
+            "one CSV per silo folder"),
+        silo_column: Optional[str] = typer.Option(
+            None, "--silo-column", help="--split: the column naming each row's silo "
+            "(default: the schema's silo_column)"),
+        store_dir: Optional[Path] = typer.Option(
+            None, "--store-dir", help="folder for each silo's lifetime budget store "
+            "(<silo>.sqlite; default: budget.sqlite in the silo's own folder)"),
         address: str = typer.Option("127.0.0.1:9092", "--address", help="server host:port"),
         host: Optional[list[str]] = typer.Option(None, "--host",
                                                  help="extra server host name/IP for TLS"),
         method: str = typer.Option("mrmtl", "--method"),
-        rounds: int = typer.Option(20, "--rounds"),
+        rounds: Optional[int] = typer.Option(
+            None, "--rounds", help="default: the simulator's [training] rounds"),
         epsilon: float = typer.Option(1.0, "--epsilon", help="each silo's ε for this job"),
-        delta: float = typer.Option(1e-5, "--delta"),
+        delta: Optional[float] = typer.Option(
+            None, "--delta", help="default: the simulator's [privacy] delta"),
         noise: str = typer.Option("secure", "--noise", help="secure | seeded (experiments)"),
         overwrite: bool = typer.Option(False, "--overwrite"),
         set_: Optional[list[str]] = typer.Option(
@@ -1213,7 +1230,7 @@ def deploy_init(
     from silofl.errors import ConfigError
     from silofl.runtime.network import deploy
     try:
-        job = {"method": method, "rounds": rounds}
+        job = {"method": method, **({} if rounds is None else {"rounds": rounds})}
         for item in set_ or []:  # --set key=value: the value read as TOML, else as text
             key, eq, value = item.partition("=")
             if not eq or not key.strip():
@@ -1224,7 +1241,8 @@ def deploy_init(
                 job[key.strip()] = value
         written = deploy.init(out, silos=silo, demo=demo, address=address, hosts=host,
                               epsilon=epsilon, delta=delta, noise=noise, overwrite=overwrite,
-                              job=job, regions=regions)
+                              job=job, regions=regions, schema=schema, tables=table,
+                              split=split, silo_column=silo_column, store_dir=store_dir)
     except SiloflError as e:
         _fail(e)
     t = Table(title=f"consortium in {escape(str(out))}")
@@ -1235,6 +1253,13 @@ def deploy_init(
         t.add_row(escape(name), f"silofl silo --config {escape(path)}")
     console.print(t)
     console.print("certs/ca.key signs the server certificate: keep it offline in production.")
+    if written.get("unnamed_rows"):
+        err.print(f"[yellow]note:[/] {written['unnamed_rows']} row(s) of the --split table "
+                  "have no silo name and were left out")
+    for name, data in written.get("tables", {}).items():
+        if data.startswith("<"):
+            console.print(f"silo {escape(name)}: write the path of its own table under [data] "
+                          f"path in {escape(written['silos'][name])}")
     if "flower" in written:  # Flower's SuperLink/SuperNode route (README: SecAgg+)
         console.print(f"Flower App for flower-superlink/flower-supernode/flwr run: "
                       f"{escape(written['flower']['app'])} (FLWR_HOME="
@@ -1288,6 +1313,7 @@ def silo_cmd(config: Path = typer.Option(..., "--config", help="this silo's silo
     t.add_row(str(program.done), "exhausted" if program.exhausted else "ok",
               escape(metric), escape(str(cfg.budget_store)))
     console.print(t)
+    _save_release("silo", program)
 
 
 @app.command("server")
@@ -1313,6 +1339,25 @@ def server_cmd(config: Path = typer.Option(..., "--config", help="the job's serv
     console.print(t)
     from silofl.experiments.atomic import write_json_atomic
     write_json_atomic(Path(cfg.state_dir) / "summary.json", s)
+    _save_release("server", program)
+
+
+def _save_release(role: str, program) -> None:
+    """Save the released model (runtime/network/release) and say where it is."""
+    from silofl.runtime.network import release
+    try:
+        where = (release.save_silo_release if role == "silo"
+                 else release.save_server_release)(program)
+    except SiloflError as e:
+        err.print(f"[yellow]no model saved:[/] {escape(str(e))}")
+        return
+    if where is None:
+        console.print(f"{escape(program.job['method'])} has no single shared model; the "
+                      "silos saved their own")
+        return
+    who = program.cfg.name if role == "silo" else release.SHARED
+    console.print(f"Saved the model to [bold]{escape(str(where))}[/]: silofl predict --run "
+                  f"{escape(str(where))} --silo {escape(who)} --data <rows.csv> --out <preds.csv>")
 # --- end networked runtime ------------------------------------------------------------
 
 

@@ -11,6 +11,11 @@ Writes (library `cryptography`, no hand-made crypto):
     keys/<silo>.ssh, .ssh.pub         the same key in OpenSSH form (SuperNode authentication)
     flower_app/, flower_home/         the Flower App and `flwr` connection (SuperLink route)
 
+With `--schema` (the consortium's declared schema) each silo instead gets its own folder
+`silos/<silo>/` and reads its own table (`deploy_table`); the job's defaults are the
+simulator's (`server.JOB_DEFAULTS`, `default_rounds`, `default_delta`). Every route checks
+its extras (flwr) and its settings before writing, and removes what it wrote on a failure.
+
 In a real deployment each silo generates its key itself and sends only the .pub file to
 the coordinator (`silofl deploy key`); the folder layout is the same.
 """
@@ -136,7 +141,7 @@ def _check_job(job: dict, fed) -> None:
     from silofl.runtime.network.server import JOB_DEFAULTS
     from silofl.runtime.network.silo import JOB_KEYS, check_job, job_algorithm, job_config
     from silofl.runtime.network import messages
-    full = {**JOB_DEFAULTS, "method": "mrmtl", "rounds": 20, "dim": 1, **job}
+    full = {**JOB_DEFAULTS, "method": "mrmtl", "rounds": default_rounds(), "dim": 1, **job}
     public = None if fed is None else fed.meta.get("public_X")
     if fed is not None:
         full.update(dim=fed.dim, task=fed.task)
@@ -215,7 +220,7 @@ def _init_regions(out: Path, dataset: Path, *, address, hosts, epsilon, delta, j
     if not dataset.is_dir():
         raise ConfigError(f"--regions must be a folder of the seven pandemic files, got "
                           f"{str(dataset)!r}")
-    settings = {"method": "mrmtl", "rounds": 20, **(job or {}), "noise": noise}
+    settings = {"method": "mrmtl", "rounds": default_rounds(), **(job or {}), "noise": noise}
     fresh = not out.exists()
     try:  # settings are checked before anything is written; a failure leaves no folder
         parts, full = data_module("graph").deploy_regions(dataset, out / "data", settings)
@@ -240,24 +245,89 @@ def _init_regions(out: Path, dataset: Path, *, address, hosts, epsilon, delta, j
     return written
 
 
+def default_rounds() -> int:
+    """The simulator's `[training] rounds` default (one configuration model)."""
+    from silofl.experiments.config import TrainingSection
+    return TrainingSection().rounds
+
+
+def default_delta() -> float:
+    """The simulator's `[privacy] delta` default (one configuration model)."""
+    from silofl.experiments.config import PrivacyConfig
+    return PrivacyConfig().delta
+
+
+def tables_json(job: dict | None) -> dict:
+    from silofl.runtime.network.silo import tables_as_json
+    return tables_as_json(job or {})
+
+
+def check_names(names: list[str], empty: str) -> None:
+    """ConfigError for no, duplicate or unprintable silo names."""
+    if not names:
+        raise ConfigError(empty)
+    for n in names:
+        if not n.strip() or len(n) > 64 or any(c in n for c in "\n\r\t\"\\"):
+            raise ConfigError(f"silo name {n!r}: use 1-64 printable characters, no quotes, "
+                              "backslashes or line breaks")
+    if len(set(names)) != len(names):
+        raise ConfigError(f"duplicate silo names in {names}")
+
+
+def check_common(address: str, noise: str) -> None:
+    if noise not in ("secure", "seeded"):
+        raise ConfigError(f"noise must be 'secure' or 'seeded' (experiments), got {noise!r}")
+    if ":" not in address or not address.rsplit(":", 1)[1].isdigit():
+        raise ConfigError(f"address must be host:port, got {address!r}")
+
+
 def init(out: Path, *, silos: list[str] | None = None, demo: str | None = None,
          address: str = "127.0.0.1:9092", hosts: list[str] | None = None,
-         epsilon: float = 1.0, delta: float = 1e-5, job: dict | None = None,
+         epsilon: float = 1.0, delta: float | None = None, job: dict | None = None,
          min_silos: int | None = None, noise: str = "secure", insecure: bool = False,
-         overwrite: bool = False, federation=None, regions: Path | None = None) -> dict:
+         overwrite: bool = False, federation=None, regions: Path | None = None,
+         schema: Path | None = None, tables: list[str] | None = None,
+         split: Path | None = None, silo_column: str | None = None,
+         store_dir: Path | None = None) -> dict:
     """Write a consortium folder (see the module doc). Returns what was written.
     `federation` (Python API) writes each of its silos' data like `demo`; `regions` (a
-    pandemic dataset folder) gives each region its own folder and a graph job."""
+    pandemic dataset folder) gives each region its own folder and a graph job; `schema`
+    (the consortium's declared schema) gives each silo its own folder reading its own
+    table (`tables` NAME=PATH, or the demo table `split` cut by `silo_column`; see
+    `deploy_table`). `delta` defaults to the simulator's [privacy] delta."""
     out = Path(out)
+    delta = default_delta() if delta is None else delta
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {str(out)!r} is a file; choose a new folder")
     if out.exists() and any(out.iterdir()) and not overwrite:
         raise ConfigError(f"{out} exists and is not empty; choose a new folder (key "
                           "material is never overwritten silently) or pass --overwrite")
+    if schema is None and (tables or split or silo_column or store_dir):
+        raise ConfigError("--table, --split, --silo-column and --store-dir go with --schema "
+                          "(the consortium's declared schema)")
+    if schema is not None:
+        if demo or regions or federation is not None:
+            raise ConfigError("--schema deploys silos that read their own tables; drop "
+                              "--demo/--regions (or --schema)")
+        from silofl.runtime.network.deploy_table import init_tables
+        return init_tables(out, schema=Path(schema), silos=silos, tables=tables,
+                           split=None if split is None else Path(split),
+                           silo_column=silo_column, address=address, hosts=hosts,
+                           epsilon=epsilon, delta=delta, job=job or {},
+                           min_silos=min_silos, noise=noise, insecure=insecure,
+                           store_dir=store_dir)
+    from silofl.runtime.network.deploy_table import check_extras
+    check_extras()
     if regions is not None:
         return _init_regions(out, Path(regions), address=address, hosts=hosts,
                              epsilon=epsilon, delta=delta, job=job, min_silos=min_silos,
                              noise=noise, insecure=insecure, silos=silos or demo)
     fed = demo_data(demo) if demo else federation
     names = list(silos or (fed.names if fed is not None else []))
+    if fed is None:  # no data to write and no schema: the silos could not start
+        raise ConfigError("give --schema (the consortium's declared schema; each silo then "
+                          "reads its own table: --table NAME=PATH, or --split TABLE "
+                          "--silo-column COL for a one-machine demo) or --demo heart")
     if not names:
         raise ConfigError("name the silos (--silo A --silo B …) or use --demo heart")
     for n in names:
@@ -276,8 +346,22 @@ def init(out: Path, *, silos: list[str] | None = None, demo: str | None = None,
     from silofl.runtime.network.silo import tables_as_json
     job = tables_as_json(job or {})  # Weight Erosion's join/leave tables: JSON strings
     _check_job({"silos": json.dumps(names), **job, "noise": noise}, fed)
+    fresh = not out.exists()
+    try:
+        return _write_legacy(out, names, fed, dict(job or {}), address=address, hosts=hosts,
+                             epsilon=epsilon, delta=delta, min_silos=min_silos, noise=noise,
+                             insecure=insecure)
+    except BaseException:  # nothing half-written: remove what this call wrote
+        if fresh and out.exists():
+            import shutil
+            shutil.rmtree(out, ignore_errors=True)
+        raise
+
+
+def _write_legacy(out: Path, names: list[str], fed, job: dict, *, address, hosts, epsilon,
+                  delta, min_silos, noise, insecure) -> dict:
+    """`init`'s writes for pre-encoded data (--demo, or a Python federation)."""
     _write_certs(out, address, hosts)
-    job = dict(job or {})
     public = None if fed is None else fed.meta.get("public_X")
     if public is not None:  # public, unlabeled: the same file for the server and every silo
         (out / "data").mkdir(parents=True, exist_ok=True)
@@ -287,7 +371,7 @@ def init(out: Path, *, silos: list[str] | None = None, demo: str | None = None,
         job.setdefault("task", fed.task)
         job.setdefault("num_classes", max(fed.num_classes, 2))
     job.setdefault("method", "mrmtl")
-    job.setdefault("rounds", 20)
+    job.setdefault("rounds", default_rounds())
     job.setdefault("noise", noise)
     written = {"silos": {}, "server": str(out / "server.toml")}
     for n in names:

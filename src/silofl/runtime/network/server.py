@@ -21,7 +21,6 @@ from pathlib import Path
 import numpy as np
 
 from silofl.errors import ConfigError, SiloflError
-from silofl.privacy.accounting import DEFAULT_ACCOUNTANT
 from silofl.experiments.atomic import write_json_atomic, write_npz_atomic
 from silofl.runtime.network import messages as W
 from silofl.runtime.network.hosting import (asks_subset, check_row, encode_message,
@@ -33,18 +32,34 @@ from silofl.runtime.network.silo import (JOB_KEYS, check_job, data_module, job_a
 
 #: fault injection for tests and drills: exit abruptly after checkpointing this round
 CRASH_ENV = "SILOFL_FAULT_SERVER_EXIT_ROUND"
-JOB_DEFAULTS = {"lam": 0.3, "weighted": True, "finetune_fraction": 0.5, "model": "logistic",
-                "task": "binary", "num_classes": 2, "local_epochs": 1.0, "batch_size": 32,
-                "lr": 0.1, "clip": 1.0, "l2": 0.0, "accountant": DEFAULT_ACCOUNTANT,
-                "noise": "secure", "seed": 0, "clusters": 2, "selection_fraction": 0.03,
-                "selection_rounds": 0.1, "we_user": "", "we_p_s": 0.2, "we_p_d": 0.01,
-                "we_update": "gradient", "we_participation": 1.0, "we_join_round": "{}",
-                "we_leave_round": "{}", "we_count": "rounds", "we_newcomer": "one",
-                "ldp_epsilon": 5.0, "ldp_mechanism": "gaussian",
-                "ldp_delta": 1e-5, "client_fraction": 0.5, "max_participation": 0,
-                "kt_samples": 2, "kt_buffer": 25, "kt_self_train": 0.1, "kt_server_epochs": 5,
-                "kt_server_lr": 0.0, "public_seed": 0, "public_sha256": "",
-                "data_kind": "tabular", "graph": ""}
+
+
+def _job_defaults() -> dict:
+    """The job's defaults, read from the simulator's configuration model
+    (`silofl.experiments.config`): one set of keys and defaults for `silofl run` and the
+    network. Only what has no simulator counterpart is stated here."""
+    from silofl.experiments.config import Config
+    c = Config()
+    t, p, d, m = c.training, c.privacy, c.data, c.model
+    same = ("lam", "weighted", "finetune_fraction", "local_epochs", "batch_size", "lr",
+            "clip", "l2", "seed", "clusters", "selection_fraction", "selection_rounds",
+            "we_user", "we_p_s", "we_p_d", "we_update", "we_participation", "we_count",
+            "we_newcomer", "ldp_epsilon", "ldp_mechanism", "ldp_delta", "client_fraction",
+            "max_participation", "kt_samples", "kt_buffer", "kt_self_train",
+            "kt_server_epochs", "kt_server_lr")
+    return {**{k: getattr(t, k) for k in same},
+            "we_join_round": json.dumps(t.we_join_round, sort_keys=True),
+            "we_leave_round": json.dumps(t.we_leave_round, sort_keys=True),
+            "model": m.name, "accountant": p.accountant, "noise": p.noise,
+            "standardize": d.standardize, "impute": d.impute,
+            "preprocess_share": d.preprocess_share,
+            # network-only: the task and classes come from the schema (or are stated), the
+            # public set of PrivateKT is pinned by its hash, graph data by its settings
+            "task": "binary", "num_classes": 2, "public_seed": 0, "public_sha256": "",
+            "data_kind": "tabular", "graph": "", "schema_sha256": ""}
+
+
+JOB_DEFAULTS = _job_defaults()
 
 
 @dataclass
@@ -61,6 +76,12 @@ class ServerConfig:
     rejoin_wait: float = 0.0        # s to wait each round for silos that dropped out
     secagg: bool = False
     public_data: Path | None = None  # PrivateKT's public set (.npz with X), as the silos'
+    schema: Path | None = None       # the consortium's declared schema (tables at the silos)
+    run_dir: Path | None = None      # where the shared model goes (default: state_dir)
+
+    @property
+    def release_dir(self) -> Path:
+        return Path(self.run_dir if self.run_dir is not None else self.state_dir)
 
 
 def load_server_config(path: str | Path) -> ServerConfig:
@@ -94,6 +115,9 @@ def load_server_config(path: str | Path) -> ServerConfig:
     public = load_public(public_path, f"server config {path}")
     if public is not None:  # pinned in the job: every silo checks its own copy against it
         job["public_sha256"] = public_sha256(public)
+    schema_path = base / s["schema"] if "schema" in s else None
+    if schema_path is not None:  # the job names the schema by its hash, and its shape
+        _schema_job(job, j, schema_path, path)
     try:
         job = check_job({k: job[k] for k in JOB_KEYS})
         if sorted(job_silos(job)) != sorted(str(n) for n in silos):
@@ -119,7 +143,8 @@ def load_server_config(path: str | Path) -> ServerConfig:
             join_timeout=float(s.get("join_timeout", 60.0)),
             round_timeout=float(s.get("round_timeout", 600.0)),
             rejoin_wait=float(s.get("rejoin_wait", 0.0)),
-            secagg=bool(s.get("secagg", False)), public_data=public_path)
+            secagg=bool(s.get("secagg", False)), public_data=public_path,
+            schema=schema_path, run_dir=base / s["run_dir"] if "run_dir" in s else None)
     except KeyError as e:
         raise ConfigError(f"{path}: missing key {e.args[0]!r} (TLS needs root_certificate, "
                           "certificate and private_key under [server]; `silofl deploy init` "
@@ -139,6 +164,28 @@ def load_server_config(path: str | Path) -> ServerConfig:
         raise ConfigError(f"{path}: secagg = true needs a method whose server step is a "
                           f"weighted mean (fedavg, mrmtl), not {job['method']!r}; remove it")
     return cfg
+
+
+def _schema_job(job: dict, stated: dict, schema_path: Path, path: Path) -> None:
+    """Fill the job's schema hash, feature count, task and classes from the declared schema
+    (ConfigError where [job] states them otherwise)."""
+    from silofl.runtime.network.silo_table import (check_preprocessing, read_schema,
+                                                   schema_sha256)
+    schema = read_schema(schema_path, f"server config {path}")
+    try:  # what every silo will apply: never uncharged; private steps need declared bounds
+        check_preprocessing(schema, {**job, "preprocess_share": float(job["preprocess_share"])})
+    except ConfigError as e:
+        raise ConfigError(f"{path}: [job] {e}") from None
+    lab = schema.label
+    derived = {"schema_sha256": schema_sha256(schema), "dim": len(schema.feature_names),
+               "task": lab.kind,
+               "num_classes": max(len(lab.classes), 2) if lab.kind != "regression" else 2}
+    wrong = [f"{k} = {stated[k]!r} (the schema gives {v!r})" for k, v in derived.items()
+             if k in stated and stated[k] != v]
+    if wrong:
+        raise ConfigError(f"{path}: [job] " + "; ".join(wrong) + "; remove them: the "
+                          "schema decides")
+    job.update(derived)
 
 
 @dataclass

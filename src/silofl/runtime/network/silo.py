@@ -1,12 +1,13 @@
 """The silo program: one institution's side of a networked run.
 
-It loads only its own data file, keeps its own lifetime budget store and per-round ledger,
+It loads only its own data (its own table read with the consortium's declared schema,
+`silo_table`, or a pre-encoded .npz), keeps its own lifetime budget store and per-round ledger,
 plans its own σ from its own (ε_k, δ_k) and the public job description, and for every
 round the server requests it checks the work (job, method, steps, q, σ, round) against its
 own plan and its own store *before* reading a row:
 
 * a job it does not accept (method not allowed, more rounds than `max_rounds`, another
-  noise mode than its own, a different feature count) is refused at join;
+  noise mode than its own, another schema, a different feature count) is refused at join;
 * a request whose steps, q or σ differ from what the silo calibrated is refused;
 * each round reserves that round's DP-SGD events in the silo's store (`open_job`); when
   the store refuses (lifetime target reached) the silo answers "exhausted" and takes no
@@ -49,7 +50,10 @@ from silofl.runtime.network.hosting import (check_message, check_network_method,
                                             message_size, not_scheduled, own_step,
                                             round_events, server_view,
                                             silo_message, silo_randomness, slice_state)
-from silofl.runtime.plan import SiloPlan, TrainingConfig, plan_silos
+from silofl.runtime.network.silo_table import (TableSettings, read_silo_table,
+                                               schema_sha256, table_settings)
+from silofl.runtime.network import silo_table
+from silofl.runtime.plan import SiloPlan, TrainingConfig, plan_job
 from silofl.training.dpsgd import GradientRule
 from silofl.training.trainer import LocalTrainer, SiloArrays
 
@@ -77,7 +81,11 @@ JOB_KEYS = {"method": str, "lam": float, "weighted": bool, "finetune_fraction": 
             "kt_server_lr": float, "public_seed": int, "public_sha256": str,
             # the kind of data the job trains on (`DATA_KINDS`) and, for graph data, its
             # public settings (JSON; the pandemic track's, `silofl.pandemic.network`)
-            "data_kind": str, "graph": str}
+            "data_kind": str, "graph": str,
+            # a silo's own table: the consortium's declared schema (its SHA-256, "" for
+            # pre-encoded .npz data) and the declared preprocessing modes every silo applies
+            "schema_sha256": str, "standardize": str, "impute": str,
+            "preprocess_share": float}
 
 #: data kinds → the module supplying their job model, algorithm and silo program, imported
 #: on use (the runtime does not import the optional tracks): "tabular" rows in an .npz
@@ -239,6 +247,12 @@ class SiloConfig:
     methods: tuple[str, ...] = ("mrmtl", "fedavg", "local", "ditto", "finetune")  # consented
     public_data: Path | None = None  # PrivateKT's public set D_p (.npz with X)
     data_kind: str = "tabular"       # `DATA_KINDS`
+    table: TableSettings | None = None  # [data]: the silo's own table and the shared schema
+    run_dir: Path | None = None      # where the released models go (default: state_dir)
+
+    @property
+    def release_dir(self) -> Path:
+        return Path(self.run_dir if self.run_dir is not None else self.state_dir)
 
     @property
     def target(self) -> PrivacyTarget:
@@ -258,9 +272,14 @@ def load_silo_config(path: str | Path) -> SiloConfig:
         raise ConfigError(f"cannot read silo config {str(path)!r}: {e}") from None
     base = path.parent
     s, srv = raw.get("silo", {}), raw.get("server", {})
-    unknown = set(raw) - {"silo", "server"}
+    unknown = set(raw) - {"silo", "server", "data"}
     if unknown:
-        raise ConfigError(f"{path}: unknown section(s) {sorted(unknown)}; use [silo], [server]")
+        raise ConfigError(f"{path}: unknown section(s) {sorted(unknown)}; use [silo], "
+                          "[server], [data]")
+    table = table_settings(raw.get("data", {}), base, str(path))
+    if table is not None and "data" in s:
+        raise ConfigError(f"{path}: [silo] data and [data] both name the silo's data; keep "
+                          "[data] (its own table and the consortium's schema)")
     try:
         eps = float(s["epsilon"])
         rel = lambda v: None if v is None else (base / v)  # noqa: E731
@@ -270,7 +289,8 @@ def load_silo_config(path: str | Path) -> SiloConfig:
             raise ConfigError(f"{path}: [server] root_certificate is missing; TLS is required "
                               "(set insecure = true only for a local experiment)")
         cfg = SiloConfig(
-            name=str(s["name"]), data=rel(s["data"]), epsilon=eps, delta=float(s["delta"]),
+            name=str(s["name"]), data=table.path if table else rel(s["data"]), epsilon=eps,
+            delta=float(s["delta"]),
             lifetime_epsilon=float(s.get("lifetime_epsilon", eps)),
             budget_store=rel(s["budget_store"]), state_dir=rel(s["state_dir"]),
             private_key=rel(s["private_key"]), server_address=str(srv["address"]),
@@ -278,7 +298,8 @@ def load_silo_config(path: str | Path) -> SiloConfig:
             max_rounds=int(s.get("max_rounds", 1000)),
             methods=tuple(s.get("methods", SiloConfig.methods)),
             public_data=rel(s.get("public_data")),
-            data_kind=str(s.get("data_kind", "tabular")))
+            data_kind=str(s.get("data_kind", "tabular")), table=table,
+            run_dir=rel(s.get("run_dir")))
     except KeyError as e:
         raise ConfigError(f"{path}: missing key {e.args[0]!r} (see `silofl deploy init` for a "
                           "complete silo config)") from None
@@ -318,7 +339,7 @@ def open_program(cfg: SiloConfig, key=None) -> "SiloProgram":
 JOIN_FILE = "join.json"
 
 
-class SiloProgram:
+class SiloProgram(silo_table.TableHooks):
     """One silo: `join(job, nonce)` then `round(request, message)` per round.
 
     What depends on the kind of data is in the `_data_*` hooks (tabular rows here; graph
@@ -337,8 +358,16 @@ class SiloProgram:
 
     # -- the data hooks (tabular) ---------------------------------------------------------
     def _data_open(self) -> None:
-        """Read the silo's own data: sets `n_train`, `dim` (model inputs), `fingerprint`."""
-        self.silo, self.feature_names = load_silo_data(self.cfg)
+        """Read the silo's own data: sets `n_train`, `dim` (model inputs), `fingerprint`.
+        A table is encoded by the schema here and preprocessed at join (the job's modes)."""
+        self.schema = self.raw = None
+        if self.cfg.table is not None:
+            self.raw, self.schema = read_silo_table(self.cfg.name, self.cfg.table,
+                                                    self.cfg.target)
+            self.silo, self.feature_names = self.raw.silos[0], list(self.raw.feature_names)
+            self.schema_hash = schema_sha256(self.schema)
+        else:
+            self.silo, self.feature_names = load_silo_data(self.cfg)
         self.n_train, self.dim = self.silo.X_train.shape
         self.fingerprint = fingerprint(self.silo.X_train, self.silo.y_train)
 
@@ -347,11 +376,25 @@ class SiloProgram:
         if job["data_kind"] != "tabular":
             raise ConfigError(f"silo {self.cfg.name!r} holds tabular data, the job trains on "
                               f"{job['data_kind']!r} data")
+        mine = self.schema_hash if self.schema is not None else ""
+        if job["schema_sha256"] != mine:
+            raise ConfigError(
+                f"silo {self.cfg.name!r} refuses the job: its schema "
+                f"({mine[:12] or 'none: pre-encoded .npz data'}) differs from the job's "
+                f"({job['schema_sha256'][:12] or 'none'}). The consortium shares one declared "
+                "schema: use the coordinator's schema.toml unchanged")
         if job["dim"] != self.dim:
             raise ConfigError(f"silo {self.cfg.name!r} has {self.dim} features, the "
                               f"job's model expects {job['dim']}")
+        if self.raw is not None and self.hash is None:  # once per job (a re-join keeps it)
+            self._table_plan(job)
 
     def _data_plan(self, job: dict, algorithm, tcfg: TrainingConfig) -> SiloPlan:
+        """See `_silo_plan`; a private preprocessing release is composed into σ."""
+        extra = {e.silo: e.event for e in self._table_extra()}
+        return self._silo_plan(job, algorithm, tcfg, extra)
+
+    def _silo_plan(self, job: dict, algorithm, tcfg: TrainingConfig, extra) -> SiloPlan:
         """This silo's plan (σ from its own (ε_k, δ_k)), as the simulator plans a federation
         of the job's silos; the others are stand-ins so that settings naming or counting
         silos (clusters ≤ K, the user silo) are checked alike."""
@@ -360,7 +403,7 @@ class SiloProgram:
                                                       me.y_test, me.target) for n in names],
                          self.feature_names or [f"x{i}" for i in range(job["dim"])],
                          job["task"], job["num_classes"])
-        return plan_silos(fed, algorithm, tcfg)[names.index(c.name)]
+        return plan_job(fed, [algorithm], tcfg, extra)[0][names.index(c.name)]
 
     def _data_trainer(self) -> LocalTrainer:
         """The one-silo trainer over the silo's rows (ledgers are set per round)."""
@@ -542,7 +585,8 @@ class SiloProgram:
             job = open_job(self.store, {method: [round_plan]}, lifetime={c.name: c.lifetime},
                            explicit_lifetime=True, command=f"silo {c.name} round {t}",
                            noise=c.noise, accountant=self.tcfg.accountant,
-                           fingerprints={c.name: self.fingerprint})
+                           fingerprints={c.name: self.fingerprint},
+                           extra=self._table_extra())
         except BudgetExceeded as e:
             self.exhausted, self._why = True, str(e)[:4000]
             self._save_state()
@@ -551,6 +595,8 @@ class SiloProgram:
         try:
             if os.environ.get(CRASH_ENV) == str(t):
                 os._exit(17)  # a crash after the charge: the reservation stays counted
+            if self._table_extra():  # the private release, reserved with this round
+                self._table_release(job)
             self._data_before_step(t, self.trainer.ledgers[0])
             self.state, update = own_step(self.algorithm, self.state, self._view(message),
                                           self.trainer, t, self.index)
@@ -639,7 +685,10 @@ class SiloProgram:
             # public schedule) is rebuilt from the job at restart
             "state": {k: v for k, v in fields.items()
                       if isinstance(v, (int, float, str, bool)) or v is None},
-            "noise": self.cfg.noise})
+            "noise": self.cfg.noise,
+            # a private preprocessing release (a DP output): applied again at a restart
+            "constants": self.constants if getattr(self, "prep", None) is not None
+            and self.prep.private and not self.release_pending else None})
 
     def _load_state(self) -> None:
         arrays, meta = self._paths()
@@ -660,6 +709,8 @@ class SiloProgram:
         self.done, self.exhausted = int(m["round"]), bool(m["exhausted"])
         self.uploads = int(m.get("uploads", 0))
         self._why = m.get("reason", "")
+        if m.get("constants") is not None and self.raw is not None:
+            self._use_constants(silo_table.apply_constants(self.raw, m["constants"]))
         if m["last_digest"] is not None:
             self.last = {"digest": m["last_digest"], "update": last}
 

@@ -1,0 +1,171 @@
+"""`silofl deploy init --schema`: a consortium whose silos each read their own table.
+
+Writes (everything checked before the first byte is written; on any failure the folder is
+removed, so nothing is left half-written)::
+
+    server.toml, schema.toml          the job (schema hash, feature count …) and its schema
+    certs/                            the consortium CA and the server's TLS certificate
+    keys/<silo>.pub                   each silo's registered public key (the server's list)
+    silos/<silo>/silo.toml            the silo's config: [silo], [data], [server]
+    silos/<silo>/schema.toml, ca.pem  the shared schema and the CA that signs the server
+    silos/<silo>/keys/<silo>.key      the silo's signing key (stays at the silo)
+    silos/<silo>/data.csv             with --split: the silo's own rows of a demo table
+    flower_app/, flower_home/         Flower's SuperLink route, as `deploy init` writes it
+
+Each `silos/<silo>/` folder is what that institution keeps: it holds no other silo's rows
+and, after a job, its own released model (`models/`), its state and (by default) its
+lifetime budget store.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+from pathlib import Path
+
+from silofl.errors import ConfigError, DataError
+from silofl.privacy.ledger import silo_file_id
+
+#: what `deploy init` and the programs it configures import, with the extra to install
+EXTRAS = {"flwr": "flower", "cryptography": "flower"}
+PLACEHOLDER = "<path of this silo's own table: CSV, CSV.gz or Parquet>"
+
+
+def _module_available(name: str) -> bool:
+    return importlib.util.find_spec(name) is not None
+
+
+def check_extras() -> None:
+    """ConfigError naming the pip command when a package the network needs is missing."""
+    missing = [m for m in EXTRAS if not _module_available(m)]
+    if missing:
+        extras = sorted({EXTRAS[m] for m in missing})
+        raise ConfigError(f"the networked runtime needs {', '.join(missing)}, which is not "
+                          f"installed: pip install 'silofl[{','.join(extras)}]' (nothing was "
+                          "written)")
+
+
+def _split_frames(split: Path, silo_column: str | None, names: list[str] | None) -> dict:
+    """{silo name: its rows} of the demo table `split`, cut by `silo_column`."""
+    from silofl.data.tabular import read_table
+    if not silo_column:
+        raise ConfigError("--split needs --silo-column, the column naming each row's silo")
+    df = read_table(split, text_columns=[silo_column])
+    if silo_column not in df.columns:
+        raise DataError(f"--silo-column {silo_column!r} is not a column of {str(split)!r}")
+    col = df[silo_column].astype("string").str.strip()
+    present = list(dict.fromkeys(col.dropna()))
+    chosen = names or present
+    unknown = [n for n in chosen if n not in present]
+    if unknown:
+        raise ConfigError(f"--silo {unknown} has no rows in {str(split)!r} (column "
+                          f"{silo_column!r} names {present})")
+    frames = {n: df[(col == n).fillna(False).to_numpy()] for n in chosen}
+    return frames, int(col.isna().sum())
+
+
+def _tables(items: list[str] | None, names: list[str]) -> dict[str, str]:
+    out = {}
+    for item in items or []:
+        name, eq, path = item.partition("=")
+        if not eq or not name.strip() or not path.strip():
+            raise ConfigError(f"--table {item!r}: expected NAME=PATH, e.g. A=/data/a.csv")
+        if name not in names:
+            raise ConfigError(f"--table {item!r}: {name!r} is not one of the silos {names}")
+        out[name] = str(Path(path).resolve())
+    return out
+
+
+def init_tables(out: Path, *, schema: Path, silos: list[str] | None, tables: list[str] | None,
+                split: Path | None, silo_column: str | None, address: str,
+                hosts: list[str] | None, epsilon: float, delta: float, job: dict,
+                min_silos: int | None, noise: str, insecure: bool,
+                store_dir: Path | None) -> dict:
+    """Check everything, then write the consortium folder (see the module doc)."""
+    from silofl.runtime.network import deploy
+    from silofl.runtime.network.silo import check_job
+    from silofl.runtime.network.silo_table import read_schema, schema_sha256
+    check_extras()
+    sch = read_schema(schema, "--schema")
+    if split is not None and tables:
+        raise ConfigError("--split writes each silo's table itself; drop --table")
+    frames, unnamed = _split_frames(split, silo_column or sch.silo_column, silos) \
+        if split else (None, 0)
+    names = list(frames) if frames is not None else list(silos or [])
+    deploy.check_names(names, "name the silos (--silo A --silo B …) or give --split")
+    paths = _tables(tables, names)
+    lab = sch.label
+    job = {"method": "mrmtl", **deploy.tables_json(job), "noise": noise,
+           "schema_sha256": schema_sha256(sch), "dim": len(sch.feature_names),
+           "task": lab.kind,
+           "num_classes": max(len(lab.classes), 2) if lab.kind != "regression" else 2}
+    job.setdefault("rounds", deploy.default_rounds())
+    deploy.check_common(address, noise)
+    deploy._check_job({"silos": json.dumps(names), **job}, None)
+    from silofl.runtime.network.silo_table import check_preprocessing
+    check_preprocessing(sch, check_job({**_defaults(), "silos": json.dumps(names), **job}))
+    fresh = not out.exists()
+    try:
+        return _write(out, sch, schema, names, frames, unnamed, paths, job, address=address,
+                      hosts=hosts, epsilon=epsilon, delta=delta, min_silos=min_silos,
+                      noise=noise, insecure=insecure, store_dir=store_dir)
+    except BaseException:
+        if out.exists():
+            shutil.rmtree(out, ignore_errors=True)
+            if not fresh:
+                out.mkdir()
+        raise
+
+
+def _defaults() -> dict:
+    from silofl.runtime.network.server import JOB_DEFAULTS
+    return JOB_DEFAULTS
+
+
+def _write(out: Path, sch, schema_file: Path, names, frames, unnamed, paths, job, *, address,
+           hosts, epsilon, delta, min_silos, noise, insecure, store_dir) -> dict:
+    from silofl.runtime.network import deploy, flower_app
+    write_bytes_atomic = deploy.write_bytes_atomic  # makes the folders it writes into
+    text = Path(schema_file).read_bytes()
+    deploy._write_certs(out, address, hosts)
+    write_bytes_atomic(out / "schema.toml", text)
+    written = {"silos": {}, "server": str(out / "server.toml"), "tables": {},
+               "unnamed_rows": unnamed}
+    for n in names:
+        f = silo_file_id(n)
+        home = out / "silos" / f
+        priv, pub = deploy.write_silo_key(home, f)
+        write_bytes_atomic(out / "keys" / f"{f}.pub", pub.read_bytes())
+        flower_app.write_node_auth_key(priv)
+        write_bytes_atomic(home / "schema.toml", text)
+        write_bytes_atomic(home / "ca.pem", (out / "certs" / "ca.pem").read_bytes())
+        if frames is not None:
+            write_bytes_atomic(home / "data.csv", frames[n].to_csv(index=False).encode())
+            data = "data.csv"
+        else:
+            data = paths.get(n, PLACEHOLDER)
+        store = str(Path(store_dir).resolve() / f"{f}.sqlite") if store_dir else "budget.sqlite"
+        cfg = deploy._silo_toml(n, data, epsilon, delta, noise, job, address, insecure)
+        cfg["silo"].update(budget_store=store, state_dir="state", run_dir=".",
+                           private_key=f"keys/{f}.key")
+        cfg["silo"].pop("data")
+        if not insecure:
+            cfg["server"]["root_certificate"] = "ca.pem"
+        cfg = {"silo": cfg["silo"], "data": {"path": data, "schema": "schema.toml"},
+               "server": cfg["server"]}
+        deploy.write_text_atomic(home / "silo.toml", deploy._toml(cfg))
+        written["silos"][n] = str(home / "silo.toml")
+        written["tables"][n] = data if data == PLACEHOLDER else str(home / data) \
+            if frames is not None else data
+    srv = {"address": address, "state_dir": "state/server", "run_dir": "server",
+           "schema": "schema.toml", "expected_silos": len(names),
+           "min_silos": int(min_silos or max(1, len(names) // 2))}
+    srv.update({"insecure": True} if insecure else
+               {"root_certificate": "certs/ca.pem", "certificate": "certs/server.pem",
+                "private_key": "certs/server.key"})
+    deploy.write_text_atomic(out / "server.toml", deploy._toml({
+        "server": srv, "job": job,
+        "silos": {n: f"keys/{silo_file_id(n)}.pub" for n in names}}))
+    written["flower"] = flower_app.write_app(out, out / "server.toml", address, insecure)
+    return written

@@ -1,0 +1,210 @@
+"""The models a networked job releases, saved in the format of `silofl run`
+(`silofl.experiments.artifacts`), so that `silofl predict --run <folder>` and `load_run`
+work on them.
+
+* Each silo saves its own personal model and model card in its own folder
+  (``[silo] run_dir``, default its state dir): ``models/<method>/``.
+* The server saves the shared model (methods with one) in ``[server] run_dir`` (default its
+  state dir) as the pseudo-silo ``shared``, with a card that says whose guarantee covers it.
+
+Saving is post-processing of what the job already released (the silo's DP-SGD outputs and
+the broadcasts): it reads no rows and charges nothing. A card states only the guarantee the
+code gives: the silo's own (ε, δ) under its own accountant, composed over the rounds it
+ran, the adjacency, its noise mode and its store's path and lifetime position.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import dp_accounting as dpa
+import numpy as np
+
+from silofl.errors import ConfigError
+from silofl.experiments.artifacts import FORMAT, FORMAT_VERSION, silofl_version
+from silofl.experiments.atomic import dumps_strict, write_bytes_atomic, write_npz_atomic
+from silofl.privacy.ledger import silo_file_id, tightest
+
+SHARED = "shared"  # the pseudo-silo name of the server's model (`predict --silo shared`)
+HYPER = ("rounds", "local_epochs", "batch_size", "lr", "clip", "l2", "seed", "weighted")
+ORDER = ("encode by the schema, clip to 'clip', fill gaps with 'fill', then (x - center) / "
+         "scale per 'standardize'")
+
+
+def _json(obj) -> bytes:
+    return dumps_strict(obj, indent=1, ensure_ascii=False).encode()
+
+
+def _spec(job: dict, model) -> dict:
+    return {"name": job["model"], "dim": int(job["dim"]), "num_classes": int(job["num_classes"]),
+            "options": {}, "num_params": int(model.num_params)}
+
+
+def _method(job: dict) -> dict:
+    keys = ("lam", "finetune_fraction", "clusters", "we_user")
+    return {"name": job["method"], **{k: job[k] for k in keys}}
+
+
+def _write(root: Path, job: dict, model, entry: dict, params: np.ndarray, card: dict,
+           extra: dict) -> Path:
+    """models/<method>/ with one model, its card and the manifest (artifacts' format)."""
+    d = Path(root) / "models" / job["method"]
+    d.mkdir(parents=True, exist_ok=True)
+    spec = _spec(job, model)
+    write_npz_atomic(d / entry["params"], params=np.asarray(params, dtype=np.float64),
+                     spec=np.array(json.dumps(spec)))
+    write_bytes_atomic(d / entry["card"], _json(card))
+    write_bytes_atomic(d / "manifest.json", _json({
+        "format": FORMAT, "format_version": FORMAT_VERSION, "silofl_version": silofl_version(),
+        "method": job["method"], "method_params": _method(job), "model": spec,
+        "task": job["task"], "silos": [entry], "networked": True, "job_hash": extra["job"],
+        **{k: extra[k] for k in ("classes", "feature_names", "input_shape", "schema",
+                                 "private", "noise", "notes", "run_id", "shared",
+                                 "shared_kind")}}))
+    return d
+
+
+def _preprocessing(names: list[str], schema, constants: dict | None,
+                   private: bool = False) -> dict:
+    c = constants or {}
+    silo = next(iter((c.get("silos") or {}).values()), None) if "silos" in c else c
+    silo = silo or {}
+    return {"feature_names": names, "schema": None if schema is None else schema.to_dict(),
+            "steps": ("private: this silo's charged Gaussian release (post-processed)"
+                      if private else "declared (schema constants; no cost)")
+            if schema is not None else "none: pre-encoded .npz data", "clip": c.get("clip", {}),
+            "fill": silo.get("fill", {}), "standardize": silo.get("standardize", {}),
+            "order": ORDER, "note": "declared constants are public (from the schema); "
+            "private ones are post-processed outputs of this silo's charged release"}
+
+
+def silo_privacy(program) -> dict:
+    """What protects the records of this silo in its released model: its own target, the
+    composition of the rounds it ran (reserved in its store before each ran), its store."""
+    from silofl.experiments.run import ADJACENCY
+    from silofl.runtime.network.hosting import local_dp_family, round_events
+    c, p, job = program.cfg, program.plan, program.job
+    pass_event = None if program.cap is not None else program._data_pass_event()
+    rounds = [round_events(program.algorithm, pass_event, t, job["rounds"], p.target)
+              for t in range(1, program.done + 1)]
+    prep = getattr(program, "prep", None)
+    released = prep is not None and prep.private and not program.release_pending
+    if released:  # the private preprocessing release, charged with its first round
+        rounds.append(prep.events[c.name])
+    eps, kind = tightest(dpa.ComposedDpEvent(rounds), c.delta) if rounds else (0.0, "none")
+    life = program.store.spent(c.name)
+    notes = [f"lifetime store {Path(c.budget_store).resolve()}: {life['epsilon']:.4g} of ε "
+             f"{life['target_epsilon']:g} spent (δ {life['delta']:g}) by every job it counted"]
+    if c.noise == "seeded":
+        notes.append("seeded noise: reproducible experiment noise, NOT a privacy guarantee")
+    if program.exhausted:
+        notes.append(f"the silo stopped early: {getattr(program, '_why', '')[:300]}")
+    statement = (f"this model: ({eps:.4g}, {c.delta:g})-DP for the records of silo "
+                 f"{c.name!r} (add/remove one record), {kind} accountant, composed over the "
+                 f"{program.done} round(s) it ran of the job's {job['rounds']}"
+                 + (" and its private preprocessing release" if released else "")
+                 + f" (calibrated at the silo for its job target ε = {c.epsilon:g})")
+    if local_dp_family(program.algorithm):
+        statement += "; each upload also passed the job's local-DP mechanism"
+    if c.noise == "seeded":
+        statement += "; " + notes[-1 if not program.exhausted else -2]
+    return {"private": True, "statement": statement, "adjacency": ADJACENCY,
+            "noise": c.noise, "epsilon": eps, "delta": c.delta, "accountant": kind,
+            "target_epsilon": c.epsilon, "rounds_run": program.done,
+            "noise_multiplier": p.noise_multiplier, "q": p.q, "steps_per_pass": p.steps_per_pass,
+            "budget_store": str(Path(c.budget_store).resolve()), "lifetime": life, "notes": notes,
+            "uncharged": [], "scratch_store": False}
+
+
+def save_silo_release(program) -> Path:
+    """Write the silo's released personal model and its card under its release dir; returns
+    the run folder (what `silofl predict --run` takes)."""
+    if program.job is None or program.done == 0:
+        raise ConfigError(f"silo {program.cfg.name!r} ran no round: no model to save")
+    if program.job["data_kind"] != "tabular":
+        raise ConfigError("graph regions keep their model in their state dir (pandemic track)")
+    c, job = program.cfg, program.job
+    fid = silo_file_id(c.name)
+    entry = {"name": c.name, "file_id": fid, "params": f"model-{fid}.npz",
+             "card": f"card-{fid}.json"}
+    params = program.final_model()
+    privacy = silo_privacy(program)
+    names = list(program.feature_names or [f"x{i}" for i in range(job["dim"])])
+    card = _card(job, c.name, fid, program.model, names, program.schema,
+                 getattr(program, "constants", None), privacy, entry,
+                 private=bool(getattr(program, "prep", None) and program.prep.private))
+    card.update(n_train=int(program.plan.n), job_hash=program.hash)
+    _write(c.release_dir, job, program.model, entry, params, card, _extra(
+        job, program.hash, names, program.schema, privacy, program.hash[:16]))
+    return c.release_dir
+
+
+def save_server_release(program) -> Path | None:
+    """Write the server's shared model (None: the method has none, e.g. Local, IFCA's
+    clusters, Mocha); returns the run folder. ConfigError when the silos preprocessed with
+    their own private constants: the shared model then has no one preprocessing to save."""
+    from silofl.runtime.network.silo_table import declared_constants, read_schema
+    from silofl.runtime.network.silo import job_model
+    from silofl.runtime.simulator import _shared
+    job, cfg = program.job, program.cfg
+    model = job_model(job)
+    shared = _shared(program.server) if job["method"] != "local" else None
+    if shared is None or np.ndim(shared) != 1 or program.done == 0:
+        return None
+    from silofl.runtime.network.silo_table import is_private
+    if job["data_kind"] == "tabular" and is_private(job):
+        raise ConfigError("the silos standardized/imputed with their own private constants, "
+                          "so the shared model has no single preprocessing to save with it; "
+                          "use each silo's own saved model")
+    schema = None if cfg.schema is None else read_schema(cfg.schema, "server")
+    constants = None if schema is None else declared_constants(schema, job)
+    names = schema.feature_names if schema is not None else \
+        [f"x{i}" for i in range(job["dim"])]
+    entry = {"name": SHARED, "file_id": SHARED, "params": "shared.npz",
+             "card": f"card-{SHARED}.json"}
+    privacy = {
+        "private": True, "adjacency": "add/remove one record of any one silo",
+        "statement": ("the shared model is post-processing of the silos' DP updates: the "
+                      "records of each silo are protected by the guarantee in that silo's "
+                      "own model card (its (ε, δ), calibrated and charged at the silo; the "
+                      "server never sees them)"),
+        "noise": job["noise"], "silos": {n: {"sigma": r.sigma, "q": r.q, "steps": r.steps,
+                                              "rounds": r.rounds}
+                                          for n, r in program.silos.items()},
+        "notes": ([f"noise = {job['noise']!r}: reproducible experiment noise, NOT a privacy "
+                   "guarantee"] if job["noise"] == "seeded" else []),
+        "uncharged": [], "budget_store": None, "scratch_store": False}
+    card = _card(job, SHARED, SHARED, model, names, schema, constants,
+                 privacy, entry)
+    card.update(rounds_done=program.done, job_hash=program.hash)
+    _write(cfg.release_dir, job, model, entry, shared, card, {
+        **_extra(job, program.hash, names, schema, privacy, program.hash[:16]),
+        "shared": "shared.npz", "shared_kind": "server model"})
+    return cfg.release_dir
+
+
+def _card(job, name, fid, model, names, schema, constants, privacy, entry,
+          private: bool = False) -> dict:
+    return {"format": FORMAT, "format_version": FORMAT_VERSION,
+            "silofl_version": silofl_version(), "kind": "model card", "silo": name,
+            "file_id": fid, "method": {"label": job["method"], **_method(job)},
+            "hyperparameters": {k: job[k] for k in HYPER if k in job},
+            "model": _spec(job, model), "task": job["task"], "classes": _classes(schema),
+            "preprocessing": _preprocessing(names, schema, constants, private),
+            "privacy": privacy, "files": {k: entry[k] for k in ("params", "card")},
+            "networked": True}
+
+
+def _classes(schema):
+    if schema is None or schema.label.kind == "regression":
+        return None
+    return list(schema.label.classes)
+
+
+def _extra(job, job_hash, names, schema, privacy, run_id) -> dict:
+    return {"job": job_hash, "classes": _classes(schema), "feature_names": list(names),
+            "input_shape": [int(job["dim"])],
+            "schema": None if schema is None else schema.to_dict(),
+            "private": privacy["private"], "noise": job["noise"], "notes": privacy["notes"],
+            "run_id": run_id, "shared": None, "shared_kind": None}

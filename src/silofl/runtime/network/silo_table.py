@@ -1,0 +1,265 @@
+"""A silo's own table (CSV, CSV.gz, Parquet) read with the consortium's declared schema.
+
+The schema is the only thing the silos share. Each silo reads its own file with the same
+reader `silofl run` uses (`silofl.data.tabular`), encodes it by the schema, splits its rows
+into train/test with its own seed and preprocesses them with *declared* constants only
+(schema bounds, means, fills: public, no cost). The job names the schema by its SHA-256
+(`schema_sha256`) and the feature count (`dim`); a silo whose schema differs refuses the job.
+
+Private preprocessing (`standardize`/`impute` = "private": one Gaussian release of the
+silo's own statistics, `preprocess_share` of its ε) is planned at join from public facts
+(`plan_preprocessing`), composed into the silo's σ calibration, reserved in its store with
+the first round it runs and recorded as spent before the release reads a row (the
+simulator's protocol, `silofl run`); its constants are kept in the silo's state so that a
+restart applies them rather than releasing again. Uncharged statistics are never computed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from silofl.data.federation import Federation, PrivacyTarget, Silo
+from silofl.data.preprocess import PreprocessSpec, RawFederation, preprocess_without_budget
+from silofl.data.schema import Schema, load_schema
+from silofl.errors import ConfigError, DataError
+
+#: the [data] keys of a silo config: the simulator's `DataConfig` keys a silo's own table uses
+DATA_KEYS = ("path", "schema", "test_fraction", "seed", "missing")
+#: preprocessing modes a networked job can run (charged at the silo, or free; never uncharged)
+NETWORK_PREPROCESSING = ("auto", "declared", "private", "none")
+_SILO_COLUMN = "__silofl_silo__"  # the silo column when the schema names none
+
+
+def schema_sha256(schema: Schema) -> str:
+    """SHA-256 of the schema's canonical JSON (its meaning, not its file's spelling)."""
+    text = json.dumps(schema.to_dict(), sort_keys=True, separators=(",", ":"),
+                      ensure_ascii=False)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def read_schema(path: Path, who: str) -> Schema:
+    """The declared schema at `path` (a ConfigError naming `who` and the file otherwise)."""
+    if not Path(path).is_file():
+        raise ConfigError(f"{who}: schema file {str(path)!r} not found; every silo and the "
+                          "server keep a copy of the consortium's declared schema "
+                          "(`silofl deploy init --schema` writes one into each folder)")
+    return load_schema(path)
+
+
+@dataclass
+class TableSettings:
+    """A silo's [data] section: its own table, the shared schema and its own split."""
+
+    path: Path
+    schema: Path
+    test_fraction: float = 0.2
+    seed: int = 0
+    missing: str = "impute"
+
+
+def table_settings(raw: dict, base: Path, where: str) -> TableSettings | None:
+    """The [data] section of a silo config (paths relative to `base`); None when absent.
+    Defaults are the simulator's `DataConfig` defaults."""
+    if not raw:
+        return None
+    from silofl.experiments.config import DataConfig
+    bad = set(raw) - set(DATA_KEYS)
+    if bad:
+        raise ConfigError(f"{where}: unknown [data] key(s) {sorted(bad)}; a silo's [data] "
+                          f"takes {', '.join(DATA_KEYS)}")
+    for key in ("path", "schema"):
+        if not isinstance(raw.get(key), str) or not raw[key].strip():
+            raise ConfigError(f"{where}: [data] {key} must name a file (the silo's own table; "
+                              "the consortium's schema)")
+    if raw["path"].startswith("<"):
+        raise ConfigError(f"{where}: [data] path is still the placeholder {raw['path']!r}; "
+                          "write the path of this silo's own table (CSV, CSV.gz or Parquet)")
+    d = DataConfig()
+    tf = raw.get("test_fraction", d.test_fraction)
+    if isinstance(tf, bool) or not isinstance(tf, (int, float)) or not 0 < tf < 1:
+        raise ConfigError(f"{where}: [data] test_fraction must be in (0, 1), got {tf!r}")
+    seed = raw.get("seed", d.seed)
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise ConfigError(f"{where}: [data] seed must be an integer, got {seed!r}")
+    missing = raw.get("missing", d.missing)
+    if missing not in ("impute", "drop", "error"):
+        raise ConfigError(f"{where}: [data] missing must be impute, drop or error, got "
+                          f"{missing!r}")
+    return TableSettings(base / raw["path"], base / raw["schema"], float(tf), seed, missing)
+
+
+def read_silo_table(name: str, ts: TableSettings, target: PrivacyTarget
+                    ) -> tuple[RawFederation, Schema]:
+    """This silo's rows encoded by the schema and split (no statistic computed): a
+    one-silo `RawFederation` and the schema. Every row of the file is the silo's own: a
+    silo column in it, if any, is overwritten with the silo's name."""
+    from silofl.data.tabular import federation_from_frame_raw, read_table
+    schema = read_schema(ts.schema, f"silo {name!r}")
+    col = schema.silo_column or _SILO_COLUMN
+    df = read_table(ts.path, text_columns=[col])
+    df[col] = name
+    raw = federation_from_frame_raw(df, col, schema.label.name, schema=schema,
+                                    test_fraction=ts.test_fraction, seed=ts.seed,
+                                    missing=ts.missing, name=f"silo {name!r}")
+    if not raw.silos or raw.silos[0].n_train < 1:
+        raise DataError(f"silo {name!r}: its table {str(ts.path)!r} has no training rows "
+                        "left after the split; it needs more rows")
+    raw.silos[0] = Silo(name, raw.silos[0].X_train, raw.silos[0].y_train,
+                        raw.silos[0].X_test, raw.silos[0].y_test, target)
+    return raw, schema
+
+
+def preprocess_spec(job: dict) -> PreprocessSpec:
+    """The job's preprocessing modes, refused unless they cost nothing (declared/none)."""
+    for key in ("standardize", "impute"):
+        if job[key] not in NETWORK_PREPROCESSING or key == "impute" and job[key] == "none":
+            raise ConfigError(
+                f"job: {key} = {job[key]!r} cannot run over the network: statistics read "
+                "from a silo's rows without a charge are never computed there. Use 'auto' or "
+                "'declared' (the schema's public bounds, means and fills; no cost) or "
+                "'private' (a Gaussian release charged to each silo's own store)"
+                + (" or 'none'" if key == "standardize" else ""))
+    return PreprocessSpec(job["standardize"], job["impute"], job["preprocess_share"])
+
+
+def is_private(job: dict) -> bool:
+    """Whether the job's preprocessing releases private statistics at each silo."""
+    return "private" in (job["standardize"], job["impute"])
+
+
+def plan(raw: RawFederation, job: dict, target: PrivacyTarget):
+    """The silo's preprocessing plan (public facts only: schema, n, its target)."""
+    from silofl.data.preprocess import plan_preprocessing
+    return plan_preprocessing(raw, preprocess_spec(job), {raw.names[0]: target},
+                              accountant=job["accountant"])
+
+
+def release(raw: RawFederation, prep, job: dict) -> Federation:
+    """Apply the plan; a private one draws its noise from the silo's own stream (secure, or
+    seeded by (seed, silo) for experiments). Call only once its event is charged."""
+    import zlib
+    from silofl.data.preprocess import apply_preprocessing
+    from silofl.privacy.randomness import Randomness
+    name = raw.names[0]
+    rng = Randomness.for_mode(job["noise"], None if job["noise"] == "secure" else
+                              [int(job["seed"]), 0x9E7, zlib.crc32(name.encode("utf-8"))])
+    return apply_preprocessing(raw, prep, rng)
+
+
+def apply_constants(raw: RawFederation, constants: dict) -> Federation:
+    """The silo's rows with constants released earlier (kept in its state): clip, fill,
+    (x - center) / scale, as `apply_preprocessing` did — no statistic is computed again."""
+    import numpy as np
+    name = raw.names[0]
+    own = constants["silos"][name]
+    index = {n: j for j, n in enumerate(raw.feature_names)}
+    s = raw.silos[0]
+    out = []
+    for X in (s.X_train, s.X_test):
+        X = np.array(X, dtype=np.float64)
+        for col, (lo, hi) in constants["clip"].items():
+            X[:, index[col]] = np.clip(X[:, index[col]], lo, hi)
+        for col, fill in own["fill"].items():
+            j = index[col]
+            X[np.isnan(X[:, j]), j] = fill
+        for col, (center, scale) in own["standardize"].items():
+            j = index[col]
+            X[:, j] = (X[:, j] - center) / scale
+        out.append(X)
+    silo = Silo(name, out[0], s.y_train, out[1], s.y_test, s.target)
+    meta = {**raw.meta, "constants": constants}
+    meta.pop("schema_from_data", None)
+    return Federation([silo], list(raw.feature_names), raw.task, raw.num_classes, raw.name,
+                      meta)
+
+
+def preprocess(raw: RawFederation, job: dict) -> Federation:
+    """The silo's rows preprocessed with declared constants only (no budget needed)."""
+    return preprocess_without_budget(raw, preprocess_spec(job), "a networked silo")
+
+
+def check_preprocessing(schema: Schema, job: dict) -> None:
+    """ConfigError unless every silo can run the job's preprocessing with this schema
+    (e.g. private steps need declared bounds): planned on placeholder rows."""
+    raw = _placeholder(schema)
+    plan(raw, job, PrivacyTarget(1.0, 1e-4))
+
+
+def declared_constants(schema: Schema, job: dict) -> dict:
+    """The constants new rows need (`clip`, `fill`, `standardize`), from the schema alone:
+    declared preprocessing is data-independent, so it is computed on a placeholder row."""
+    fed = preprocess(_placeholder(schema), job)
+    const = fed.meta["constants"]
+    return {"clip": const["clip"], **const["silos"]["shared"]}
+
+
+def _placeholder(schema: Schema) -> RawFederation:
+    """Rows that fit the schema (no one's data): for checks of data-independent steps."""
+    from silofl.data.tabular import federation_from_frame_raw
+    import pandas as pd
+    row = {}
+    for c in schema.columns:
+        if c.kind == "numeric":
+            row[c.name] = c.lower if c.lower is not None else 0.0
+        elif c.kind == "binary":
+            row[c.name] = 0
+        else:
+            row[c.name] = c.levels[0]
+    lab = schema.label
+    values = list(lab.classes) if lab.kind != "regression" else [lab.lower or 0.0, 1.0]
+    col = schema.silo_column or _SILO_COLUMN
+    df = pd.DataFrame([{**row, lab.name: values[i % len(values)]}
+                       for i in range(4 * len(values))])
+    df[col] = "shared"
+    return federation_from_frame_raw(df, col, lab.name, schema=schema, test_fraction=0.25,
+                                     seed=0, name="schema")
+
+
+class TableHooks:
+    """The silo program's steps for a table (mixed into `SiloProgram`): its preprocessing
+    plan, the private release as an extra charge of the first round it runs, and the
+    released constants (kept in its state)."""
+
+    def _table_plan(self, job: dict) -> None:
+        """Plan the table's preprocessing: declared (free) is applied now; a private
+        release waits for the first round this silo runs, which reserves it (the rows
+        stand in with their gaps zeroed until then: planning reads only n)."""
+        self.prep = plan(self.raw, job, self.cfg.target)
+        self.release_pending = self.prep.private
+        if not self.prep.private:
+            fed = preprocess(self.raw, job)
+            self.silo, self.constants = fed.silos[0], fed.meta["constants"]
+            return
+        import numpy as np
+        s = self.raw.silos[0]
+        self.silo = Silo(s.name, np.nan_to_num(s.X_train), s.y_train, np.nan_to_num(s.X_test),
+                         s.y_test, s.target)
+        self.constants = None
+
+    def _table_extra(self) -> list:
+        """The private preprocessing release still to run, as the store's extra charge."""
+        if not getattr(self, "release_pending", False):
+            return []
+        from silofl.privacy.budget import PlannedCharge
+        from silofl.runtime.job import NO_METHOD
+        return [PlannedCharge(self.cfg.name, NO_METHOD, "preprocess",
+                              self.prep.events[self.cfg.name])]
+
+    def _table_release(self, job) -> None:
+        """The private release, recorded as spent in the round's reservation first; then
+        the trainer works on the preprocessed rows (kept in the state: never released
+        twice by one state)."""
+        job.spend_extra(self.cfg.name, "preprocess")
+        fed = release(self.raw, self.prep, self.job)
+        self._use_constants(fed)
+
+    def _use_constants(self, fed) -> None:
+        self.silo, self.constants = fed.silos[0], fed.meta["constants"]
+        self.release_pending = False
+        ledgers = getattr(self.trainer, "ledgers", None)
+        self.trainer = self._data_trainer()
+        if ledgers is not None:
+            self.trainer.ledgers = ledgers
