@@ -43,6 +43,7 @@ from silofl.data.federation import Federation, split_silo
 from silofl.data.preprocess import PreprocessSpec, RawFederation, preprocess_without_budget
 from silofl.data.schema import (MISSING_LEVEL, ColumnSpec, LabelSpec, Schema, as_schema,
                                 infer_schema, parse_numeric, value_key)
+from silofl.data.table_text import check_encoding_name, check_separator, decode_error
 from silofl.errors import ConfigError, DataError
 
 MISSING_CATEGORY = MISSING_LEVEL
@@ -66,9 +67,11 @@ def load_table(path: str | Path, silo_column: str, label_column: str, *, schema=
 def load_table_raw(path: str | Path, silo_column: str, label_column: str, *, schema=None,
                    task: str = "auto", features: Sequence[str] | None = None,
                    test_fraction: float = 0.2, seed: int = 0, missing: str = "impute",
-                   categorical_max_levels: int = 50) -> RawFederation:
-    """`load_table` up to (not including) preprocessing: a `RawFederation`."""
-    df = read_table(path, text_columns=[silo_column])
+                   categorical_max_levels: int = 50, read_options: dict | None = None
+                   ) -> RawFederation:
+    """`load_table` up to (not including) preprocessing: a `RawFederation`.
+    `read_options`: `read_table`'s sep, encoding and drop."""
+    df = read_table(path, text_columns=[silo_column], **(read_options or {}))
     raw = federation_from_frame_raw(
         df, silo_column, label_column, schema=schema, task=task, features=features,
         test_fraction=test_fraction, seed=seed, missing=missing,
@@ -77,22 +80,31 @@ def load_table_raw(path: str | Path, silo_column: str, label_column: str, *, sch
     return raw
 
 
-def read_table(path: str | Path, text_columns: Sequence[str] = ()) -> pd.DataFrame:
+def read_table(path: str | Path, text_columns: Sequence[str] = (), *, sep: str = "",
+               encoding: str = "", drop: Sequence[str] = (),
+               settings: tuple[str, str, str] = ("[data] sep", "[data] encoding",
+                                                 "[data] drop")) -> pd.DataFrame:
     """Read a table by extension, turning every failure into a `DataError` naming the path.
 
     `text_columns` (e.g. the silo column) are read from a CSV as exact text: "01", "1.0"
     and "1" stay distinct and "NA"/"None"/"null" stay names (only an empty cell is missing).
+    A CSV is read with separator `sep` (default ",") and text encoding `encoding` (default
+    UTF-8); a file that needs others is refused naming the setting (`settings`: how the
+    caller spells sep, encoding and drop). Columns in `drop` are removed after reading.
     """
     p = Path(path)
     if not p.exists():
-        raise DataError(f"data file not found: {str(p)!r}; check the path "
-                        f"(relative paths are resolved from {str(Path.cwd())!r})")
+        rel = "" if p.is_absolute() else \
+            f" (relative paths are resolved from {str(Path.cwd())!r})"
+        raise DataError(f"data file not found: {str(p)!r}; check the path{rel}")
     if not p.is_file():
         raise DataError(f"data path {str(p)!r} is not a file; pass a .csv, .csv.gz or .parquet file")
     suffix = "".join(p.suffixes[-2:]).lower() if p.name.lower().endswith(".gz") else p.suffix.lower()
+    enc = check_encoding_name(encoding or "utf-8", settings[1])
     try:
         if suffix in (".csv", ".csv.gz"):
-            df = _read_csv(p, [str(c) for c in text_columns if c is not None])
+            df = _read_csv(p, [str(c) for c in text_columns if c is not None], sep, enc,
+                           settings[0])
         elif suffix in (".parquet", ".pq"):
             df = pd.read_parquet(p)
         else:
@@ -102,21 +114,41 @@ def read_table(path: str | Path, text_columns: Sequence[str] = ()) -> pd.DataFra
         raise
     except pd.errors.EmptyDataError:
         raise DataError(f"data file {str(p)!r} is empty; it needs a header row and data rows") from None
+    except UnicodeDecodeError as e:
+        raise decode_error(p, enc, e, settings[1]) from None
     except Exception as e:  # parser, decoding, gzip and Arrow errors all mean "unreadable"
         raise DataError(f"could not read {str(p)!r}: {type(e).__name__}; check that the "
                         "file is a valid, uncorrupted table of the type its extension says") from None
-    return df
+    return drop_columns(df, drop, p, settings[2])
 
 
-def _read_csv(p: Path, text_columns: list[str]) -> pd.DataFrame:
+def _read_csv(p: Path, text_columns: list[str], sep: str, encoding: str,
+              sep_setting: str) -> pd.DataFrame:
     from pandas._libs.parsers import STR_NA_VALUES
-    header = pd.read_csv(p, nrows=0).columns if text_columns else []
+    opts = {"sep": sep or ",", "encoding": encoding}
+    header = pd.read_csv(p, nrows=0, **opts).columns
+    if not sep:  # a one-column header with ';' in it: say which setting reads the file
+        check_separator(p, header, sep_setting)
     text = [c for c in text_columns if c in header]
     if not text:
-        return pd.read_csv(p)
+        return pd.read_csv(p, **opts)
     # default NA markers everywhere except the text columns, where only "" is missing
     na = {c: ([""] if c in text else sorted(STR_NA_VALUES)) for c in header}
-    return pd.read_csv(p, dtype={c: str for c in text}, keep_default_na=False, na_values=na)
+    return pd.read_csv(p, dtype={c: str for c in text}, keep_default_na=False, na_values=na,
+                       **opts)
+
+
+def drop_columns(df: pd.DataFrame, drop: Sequence[str], p: Path, setting: str) -> pd.DataFrame:
+    """`df` without the columns in `drop` (e.g. dates, identifiers); DataError naming
+    `setting` for a column the table lacks."""
+    if isinstance(drop, str):
+        raise ConfigError(f"{setting} must be a list of column names, e.g. [\"{drop}\"]")
+    names = [str(c) for c in drop]
+    missing = [c for c in names if c not in df.columns]
+    if missing:
+        raise DataError(f"{setting} lists {missing}, which {str(p)!r} does not have; "
+                        f"its columns: {', '.join(map(str, df.columns[:40]))}")
+    return df.drop(columns=names) if names else df
 
 
 def federation_from_frame(df: pd.DataFrame, silo_column: str, label_column: str, *,

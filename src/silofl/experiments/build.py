@@ -184,7 +184,9 @@ def load_raw(dc: DataConfig) -> RawFederation:
         _refuse_split_keys(dc, f"data.silo_column = {dc.silo_column!r} names the silos")
         return D.load_table_raw(dc.path, dc.silo_column, dc.label_column, task=dc.task,
                                 features=dc.features or None, missing=dc.missing,
-                                schema=_schema(dc), **common)
+                                schema=_schema(dc), read_options={
+                                    "sep": dc.sep, "encoding": dc.encoding, "drop": dc.drop},
+                                **common)
     if dc.source == "exam":
         return D.load_exam_raw(min_size=dc.min_silo_size, schema=_schema(dc), **common)
     if dc.source == "mnist":  # images: pixels share the public [0, 1] scale
