@@ -1,8 +1,9 @@
 """How a run config is put together from its file and the command line.
 
-* Paths written in a config file are relative to that file's folder, for every command
+* Paths written in a config file (`PATH_KEYS`: data.path, data.schema, budget.store,
+  sweep.results) are relative to that file's folder, for every command
   (`resolve_config_paths`); paths given with ``--set`` on the command line are relative
-  to the working directory, like any other command-line path.
+  to the working directory, like any other command-line path, and so is [output] dir.
 * ``--set SECTION.KEY=VALUE`` overrides one key (`apply_overrides`): VALUE is read as a
   TOML value (``3``, ``0.5``, ``true``, ``["local", "fedavg"]``, ``'text'``), and as plain
   text when it is not valid TOML.
@@ -20,9 +21,10 @@ from pathlib import Path
 
 from silofl.errors import ConfigError
 
-#: (section, key) of every config key that names a file or folder
-PATH_KEYS = (("data", "path"), ("data", "schema"), ("budget", "store"), ("output", "dir"),
-             ("sweep", "results"))
+#: (section, key) of every config key that names a file the job reads or keeps. Not
+#: [output] dir: like --out it is where runs are written, relative to the working
+#: directory (a run folder's saved config.toml must not move it into the run folder).
+PATH_KEYS = (("data", "path"), ("data", "schema"), ("budget", "store"), ("sweep", "results"))
 
 
 def _resolve(root: Path, value: str) -> str:
