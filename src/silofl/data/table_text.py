@@ -40,14 +40,23 @@ def decode_error(p: Path, encoding: str, e: UnicodeDecodeError, setting: str) ->
         where = ""
     except UnicodeDecodeError as first:
         line = data[:first.start].count(b"\n") + 1
-        where = f" at byte offset {first.start} (line {line})"
+        where = f" at byte offset {first.start} (line {line}: {first.reason})"
     except (OSError, LookupError, EOFError):
-        where = ""
+        where = f" ({e.reason})"
     return DataError(
-        f"could not read {str(p)!r} as {encoding} text: invalid byte sequence{where} "
-        f"({e.reason}). If the file was saved in another encoding (spreadsheets often use "
-        f"Latin-1 or Windows-1252), set {setting} = \"latin-1\" (or \"cp1252\", "
-        "\"utf-16\"); if it is not a text table at all, check the file")
+        f"could not read {str(p)!r} as {encoding} text: invalid byte sequence{where}. "
+        f"If the file was saved in another encoding (spreadsheets often use "
+        f"Latin-1 or Windows-1252), {_setting(setting, 'latin-1')} (or cp1252, utf-16); if "
+        "it is not a text table at all, check the file")
+
+
+def _setting(setting: str, value: str) -> str:
+    """How to give `value`: ``--sep ";"`` on the command line, ``[data] sep = ";"`` in a
+    config file."""
+    if setting.startswith("--"):
+        return f'pass {setting} "{value}"'
+    return f'set {setting} = "{value}"'
+
 
 
 def check_separator(p: Path, header: pd.Index, sep_setting: str) -> None:
@@ -61,4 +70,4 @@ def check_separator(p: Path, header: pd.Index, sep_setting: str) -> None:
             raise DataError(
                 f"{str(p)!r} was read as a single column whose header contains {word}s "
                 f"({name.count(sep) + 1} names): the file looks {word}-separated, not "
-                f"comma-separated; set {sep_setting} = \"{shown}\"")
+                f"comma-separated; {_setting(sep_setting, shown)}")
