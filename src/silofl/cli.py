@@ -19,10 +19,8 @@ from rich.table import Table
 from silofl.errors import SiloflError
 
 # No pretty tracebacks: they print local variables, i.e. every silo's arrays (see `main`).
-# rich_markup_mode=None everywhere: help texts name config sections ("[budget] store"),
-# which rich markup would swallow as unknown style tags.
 app = typer.Typer(add_completion=False, no_args_is_help=False, pretty_exceptions_enable=False,
-                  rich_markup_mode=None, help="Private, personalized cross-silo federated learning.")
+                  help="Private, personalized cross-silo federated learning.")
 console = Console()
 err = Console(stderr=True)
 
@@ -686,7 +684,7 @@ def report(results: SweepResults, out: ReportDir = None, epsilon: FigureEpsilon 
     console.print(f"Report: [bold]{escape(str(d / 'report.html'))}[/] (+ PNGs, summary.json)")
 
 
-schema_app = typer.Typer(rich_markup_mode=None, help="Declared schemas: the public facts preprocessing may use.")
+schema_app = typer.Typer(help="Declared schemas: the public facts preprocessing may use.")
 app.add_typer(schema_app, name="schema")
 
 
@@ -759,7 +757,7 @@ def predict(run_dir: Path = typer.Option(..., "--run", help="a run directory (ru
         err.print(f"[bold yellow]note:[/] {escape(note)}")
 
 
-budget_app = typer.Typer(rich_markup_mode=None, help="Lifetime privacy budgets per silo (the budget store).")
+budget_app = typer.Typer(help="Lifetime privacy budgets per silo (the budget store).")
 app.add_typer(budget_app, name="budget")
 StorePath = Annotated[Path, typer.Option("--store", help="the budget store (SQLite file)")]
 
@@ -891,7 +889,7 @@ def _need_pandemic_extra() -> None:
                           "scikit-network); install it with: pip install -e '.[pandemic]'") from None
 
 
-pandemic_app = typer.Typer(rich_markup_mode=None, help="Pandemic forecasting (US/UK PETs challenge schema).")
+pandemic_app = typer.Typer(help="Pandemic forecasting (US/UK PETs challenge schema).")
 app.add_typer(pandemic_app, name="pandemic")
 from silofl.theory.cli import theory_app  # noqa: E402  (MR-MTL mean-estimation theory)
 app.add_typer(theory_app, name="theory")
@@ -1205,7 +1203,7 @@ def pandemic_predict(data: Path = typer.Option(..., "--data"),
 
 
 # --- networked runtime: silofl deploy init / silo / server (runtime/network) ----------
-deploy_app = typer.Typer(rich_markup_mode=None, help="Set up a consortium: per-silo configs, TLS and signing keys.")
+deploy_app = typer.Typer(help="Set up a consortium: per-silo configs, TLS and signing keys.")
 app.add_typer(deploy_app, name="deploy")
 
 
@@ -1389,6 +1387,9 @@ def write_crash_log(e: BaseException) -> Path | None:
     except OSError:
         return None
 
+
+from silofl.cli_help import escape_help  # noqa: E402
+escape_help(app)  # "[budget] store" in a help text prints literally
 
 if __name__ == "__main__":
     main()
