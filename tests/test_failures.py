@@ -576,6 +576,10 @@ CASES = [
     C("train-epsilon-inf", _pandemic("pandemic", "train", "--data", "{data}", "--model",
                                      "{d}/m", "--epsilon", "inf", "--store", "{d}/b.sqlite"),
       "epsilon"),
+    C("train-store-under-file", lambda env, d: _pandemic(
+        "pandemic", "train", "--data", "{data}", "--model", "{d}/m", "--store",
+        str(_touch(d / "notes.txt") / "b.sqlite"))(env, d), "budget store",
+      "is a regular file"),  # the second corpus (test_failures_second.py) has the rest
     C("train-rounds-zero", _pandemic("pandemic", "train", "--data", "{data}", "--model",
                                      "{d}/m", "--rounds", "0", "--store", "{d}/b.sqlite"),
       "rounds"),

@@ -235,7 +235,7 @@ def _sweep(**sections):
                         "lam": [0.1], "lr": [0.1], "seeds": [0], "workers": 1,
                         "results": str(d / "results.jsonl"), **sections.get("sweep", {})}
         raw["privacy"].pop("epsilon")
-        raw["budget"] = {}  # scratch stores: a sweep with a store needs a declared total
+        raw["budget"] = sections.get("budget", {})  # none: scratch stores
         (d / "sweep.toml").write_text(tomli_w.dumps(raw))
         return ["sweep", "-q", str(d / "sweep.toml")]
     return setup
@@ -296,6 +296,11 @@ CASES = [
     C("store-set-under-file", lambda env, d: ["run", "-q", "-c", str(_cfg(env, d)), "--set",
                                               f"budget.store='{_touch(d / 'f')}/s.sqlite'"],
       "is a regular file"),
+    C("sweep-store-under-file", lambda env, d: _sweep(budget={
+        "store": str(_touch(d / "notes.txt") / "b.sqlite"), "epsilon": 10.0})(env, d),
+      "[budget] store", "notes.txt", "is a regular file"),
+    C("budget-show-store-under-file", lambda env, d: [
+        "budget", "show", "--store", str(_touch(d / "f") / "s.sqlite")], "does not exist"),
     # --- saved models: damaged, deleted, swapped ----------------------------------------
     C("model-truncated", _predict(_truncate), "model file of silo 'north'",
       "model-", ".npz", "does not match the SHA-256", "restore the run directory"),

@@ -289,10 +289,11 @@ def load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] 
     """Read a TOML config file (None → all defaults). Paths in the file are relative to
     its folder; `overrides` are ``--set SECTION.KEY=VALUE`` items applied on top (their
     paths relative to the working directory); see `silofl.experiments.config_input`."""
-    from silofl.experiments.config_input import apply_overrides, resolve_config_paths
+    from silofl.experiments.config_input import (apply_overrides, check_config_paths,
+                                                 resolve_config_paths)
     raw = {} if path is None else resolve_config_paths(read_toml(path, "config file"),
                                                          Path(path).resolve().parent)
-    return config_from_dict(apply_overrides(raw, overrides))
+    return config_from_dict(check_config_paths(apply_overrides(raw, overrides)))
 
 
 def read_toml(path: str | Path, what: str) -> dict:

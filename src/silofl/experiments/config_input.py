@@ -52,6 +52,16 @@ def resolve_config_paths(raw: dict, root: str | Path) -> dict:
     return raw
 
 
+def check_config_paths(raw: dict) -> dict:
+    """Refuse a [budget] store that cannot be created (a folder above it is a regular
+    file) when the config is read, before any command opens it; returns `raw`."""
+    store = (raw.get("budget") or {}).get("store") if isinstance(raw.get("budget"), dict) \
+        else None
+    if isinstance(store, str) and store.strip() and not raw["budget"].get("scratch"):
+        check_writable_file(store, "[budget] store")
+    return raw
+
+
 def parse_override(item: str) -> tuple[list[str], object]:
     """``"training.rounds=5"`` -> (["training", "rounds"], 5); ConfigError if malformed."""
     key, eq, value = item.partition("=")
