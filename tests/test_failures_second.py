@@ -269,6 +269,8 @@ CASES = [
     C("sweep-delta-half", _sweep(privacy={"delta": 0.5}), "privacy.delta", "(0, 0.5)"),
     C("sweep-epsilon-1e6", _sweep(sweep={"epsilon": [1e6]}), "epsilon", "(0, 100]"),
     C("delta-half-rdp", _run(privacy={"delta": 0.6, "accountant": "rdp"}), "privacy.delta"),
+    C("target-too-loose-for-pld", _run(privacy={"epsilon": 100.0, "delta": 0.4}),
+      "silo 'north'", "noise multiplier below 0.15", "lower epsilon or delta"),
     # --- run --set ------------------------------------------------------------------------
     C("set-epsilon-1e6", _run("--set", "privacy.epsilon=1e6"), "privacy.epsilon",
       "(0, 100]"),
@@ -604,8 +606,9 @@ def test_calibration_refuses_targets_it_cannot_compute():
         A.calibrate_dpsgd(2.0, 0.6, 0.2, 20)
     with pytest.raises(PrivacyError, match="epsilon must be positive"):
         A.calibrate(lambda s: A.dpsgd_event(0.2, s, 20), math.nan, 1e-5)
-    with pytest.raises(CalibrationError, match="below 0.15"):
+    with pytest.raises(PrivacyError, match="below 0.15") as e:
         A.calibrate_dpsgd(100.0, 0.49, 0.2, 20)  # in range, but σ would be < 0.15
+    assert not isinstance(e.value, CalibrationError)  # not "too strict": too loose
     sigma = A.calibrate_dpsgd(100.0, 1e-4, 0.2, 20)  # the ceiling itself still works
     assert 0.15 <= sigma < 1 and A.epsilon(A.dpsgd_event(0.2, sigma, 20), 1e-4) <= 100
 

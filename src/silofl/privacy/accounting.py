@@ -82,7 +82,7 @@ _ZERO_SLACK = 1e-12
 SIGMA_MAX = 1e4
 # PLD calibration never evaluates σ below this: at σ ≈ 0.1 with a small sampling rate the
 # subsampled Gaussian's loss range spans 1e11+ grid points (measured: MemoryError at 6 GiB,
-# while σ = 0.15 takes ~1 s); a target met only below it is refused (CalibrationError)
+# while σ = 0.15 takes ~1 s); a target met only below it is refused (PrivacyError)
 _PLD_SIGMA_FLOOR = 0.15
 
 PLD_DISCRETIZATION = PLD_BASE_GRID  # the reference grid (kept for callers of 0.x)
@@ -886,7 +886,7 @@ def _pld_root(eps, target: float, delta: float, guess: float | None,
     start = min(max(guess, _PLD_SIGMA_FLOOR), SIGMA_MAX) if guess else 1.0
     lo, e_lo, hi, e_hi = _bracket(eps, target, start)
     if lo is None:  # met even at the floor: the true σ lies where PLD cannot go
-        raise CalibrationError(
+        raise PrivacyError(  # not CalibrationError ("too strict"): this target is too loose
             f"ε = {target:g} at δ = {delta:g} is met with a noise multiplier below "
             f"{_PLD_SIGMA_FLOOR:g}, where the PLD accountant's grid no longer fits in memory "
             "(and such a target protects little); lower epsilon or delta, or set "
