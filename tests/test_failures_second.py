@@ -314,6 +314,9 @@ CASES = [
       "(method 'local')", "does not match"),
     C("model-card-swapped", _predict(_swap_cards), "model card of silo 'north'",
       "does not match"),
+    C("manifest-swapped-methods", _predict(lambda run: shutil.copyfile(
+        run / "models" / "local" / "manifest.json", run / "models" / "fedavg" / "manifest.json")),
+      "describes method 'local'", "'fedavg'"),
     C("old-run-truncated", _predict(_old_manifest(_truncate)), "model file of silo 'north'",
       "is damaged"),
     C("old-run-cards-swapped", _predict(_old_manifest(_swap_cards)),

@@ -433,5 +433,8 @@ def load_run(path) -> SavedRun:
         if man["format_version"] > FORMAT_VERSION:
             raise ConfigError(f"{str(f)!r} has model format {man['format_version']}; this "
                               f"silofl reads up to {FORMAT_VERSION}: upgrade silofl")
+        if man.get("method") != f.parent.name:  # a manifest copied from another method
+            raise ConfigError(f"{str(f)!r} describes method {man.get('method')!r}, not the "
+                              f"folder {f.parent.name!r} it is in: restore the run directory")
         manifests[man["method"]] = man
     return SavedRun(p, manifests)

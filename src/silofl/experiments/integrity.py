@@ -61,10 +61,11 @@ def verify_entry(folder: Path, entry: dict, silo: str, label: str) -> None:
     except (OSError, ValueError):
         raise DataError(f"model card {where} {str(folder / entry['card'])!r} is damaged "
                         f"(not valid JSON); {_FIX}") from None
-    if card.get("silo") != silo or (card.get("method") or {}).get("label") != label:
+    said_silo = card.get("silo", silo)  # only what the card states is compared
+    said_label = (card.get("method") or {}).get("label", label)
+    if said_silo != silo or said_label != label:
         raise DataError(f"model card {str(folder / entry['card'])!r} describes silo "
-                        f"{card.get('silo')!r} (method "
-                        f"{(card.get('method') or {}).get('label')!r}), not silo {silo!r} "
+                        f"{said_silo!r} (method {said_label!r}), not silo {silo!r} "
                         f"(method {label!r}): files were swapped; {_FIX}")
 
 
