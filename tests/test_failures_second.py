@@ -426,11 +426,6 @@ def test_every_failure_is_clean(case: Case, env: Env, tmp_path, monkeypatch):
     assert _snapshot(env.run_dir) == run_before
 
 
-def test_corpus_cases_are_distinct():
-    ids = [c.values[0].id for c in CASES]
-    assert len(ids) == len(set(ids))
-
-
 # --- what is not a failure any more ---------------------------------------------------------
 
 def _ok(args: list[str]):

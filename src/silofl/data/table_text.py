@@ -1,4 +1,4 @@
-"""Reading a CSV's text the way its author saved it: encoding and separator.
+"""Reading a CSV's text the way its author saved it: encoding, separator, dropped columns.
 
 `read_table` (silofl.data.tabular) reads UTF-8, comma-separated files by default. A file
 saved by a spreadsheet in another locale is often Latin-1/CP-1252 or semicolon-separated;
@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import codecs
 import gzip
+from collections.abc import Sequence
 from pathlib import Path
 
 import pandas as pd
 
-from silofl.errors import DataError
+from silofl.errors import ConfigError, DataError
 
 #: separators a one-column header is checked for
 _OTHER_SEPARATORS = {";": "semicolon", "\t": "tab", "|": "pipe"}
@@ -71,3 +72,16 @@ def check_separator(p: Path, header: pd.Index, sep_setting: str) -> None:
                 f"{str(p)!r} was read as a single column whose header contains {word}s "
                 f"({name.count(sep) + 1} names): the file looks {word}-separated, not "
                 f"comma-separated; {_setting(sep_setting, shown)}")
+
+
+def drop_columns(df: pd.DataFrame, drop: Sequence[str], p: Path, setting: str) -> pd.DataFrame:
+    """`df` without the columns in `drop` (e.g. dates, identifiers); DataError naming
+    `setting` for a column the table lacks."""
+    if isinstance(drop, str):
+        raise ConfigError(f"{setting} must be a list of column names, e.g. [\"{drop}\"]")
+    names = [str(c) for c in drop]
+    missing = [c for c in names if c not in df.columns]
+    if missing:
+        raise DataError(f"{setting} lists {missing}, which {str(p)!r} does not have; "
+                        f"its columns: {', '.join(map(str, df.columns[:40]))}")
+    return df.drop(columns=names) if names else df

@@ -43,7 +43,8 @@ from silofl.data.federation import Federation, split_silo
 from silofl.data.preprocess import PreprocessSpec, RawFederation, preprocess_without_budget
 from silofl.data.schema import (MISSING_LEVEL, ColumnSpec, LabelSpec, Schema, as_schema,
                                 infer_schema, parse_numeric, value_key)
-from silofl.data.table_text import check_encoding_name, check_separator, decode_error
+from silofl.data.table_text import (check_encoding_name, check_separator, decode_error,
+                                    drop_columns)
 from silofl.errors import ConfigError, DataError
 
 MISSING_CATEGORY = MISSING_LEVEL
@@ -136,19 +137,6 @@ def _read_csv(p: Path, text_columns: list[str], sep: str, encoding: str,
     na = {c: ([""] if c in text else sorted(STR_NA_VALUES)) for c in header}
     return pd.read_csv(p, dtype={c: str for c in text}, keep_default_na=False, na_values=na,
                        **opts)
-
-
-def drop_columns(df: pd.DataFrame, drop: Sequence[str], p: Path, setting: str) -> pd.DataFrame:
-    """`df` without the columns in `drop` (e.g. dates, identifiers); DataError naming
-    `setting` for a column the table lacks."""
-    if isinstance(drop, str):
-        raise ConfigError(f"{setting} must be a list of column names, e.g. [\"{drop}\"]")
-    names = [str(c) for c in drop]
-    missing = [c for c in names if c not in df.columns]
-    if missing:
-        raise DataError(f"{setting} lists {missing}, which {str(p)!r} does not have; "
-                        f"its columns: {', '.join(map(str, df.columns[:40]))}")
-    return df.drop(columns=names) if names else df
 
 
 def federation_from_frame(df: pd.DataFrame, silo_column: str, label_column: str, *,
