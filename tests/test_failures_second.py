@@ -330,6 +330,14 @@ CASES = [
     C("predict-out-other-spelling", _predict(out=lambda d, src: d / "sub" / ".." / src.name),
       "is the input table"),
     C("predict-out-is-dir", _predict(out=lambda d, src: d), "--out", "is a directory"),
+    C("predict-out-under-file", _predict(out=lambda d, src: _touch(d / "f") / "p.csv"),
+      "--out", "is a regular file"),
+    C("draft-out-under-file", lambda env, d: [
+        "schema", "draft", str(env.csv), "--label-column", "outcome", "--out",
+        str(_touch(d / "f") / "s.toml")], "--out", "is a regular file"),
+    C("draft-out-folder-missing", _plain("schema", "draft", "{csv}", "--label-column",
+                                         "outcome", "--out", "{d}/nodir/s.toml"),
+      "the folder of --out does not exist", "nodir"),
     C("predict-out-in-models", _predict(out=lambda d, src: d / "run" / "models" / "p.csv"),
       "inside the run's saved models"),
     # --- tables: encoding, separator, dates, drop ---------------------------------------

@@ -706,6 +706,7 @@ def schema_draft(data: Path = typer.Argument(..., help="the table (CSV, CSV.gz, 
         if out.exists():
             raise SiloflError(f"{str(out)!r} exists; choose another --out (a reviewed "
                               "schema is never overwritten)")
+        _check_out_file(out)
         from silofl.data.column_roles import likely_non_features
         frame = read_table(data, sep=sep, encoding=encoding,
                            settings=("--sep", "--encoding", "--drop"))
@@ -721,6 +722,15 @@ def schema_draft(data: Path = typer.Argument(..., help="the table (CSV, CSV.gz, 
                   "level and class against public documentation (a data dictionary, a "
                   "registry's coding manual), then delete the line `drafted = true` and pass "
                   "it as \\[data] schema.")
+
+
+def _check_out_file(out: Path) -> None:
+    """--out names a file to write: its folder must exist (nothing is created for it)."""
+    from silofl.experiments.config_input import check_writable_file
+    check_writable_file(out, "--out")
+    if not out.parent.is_dir():
+        raise SiloflError(f"the folder of --out does not exist: {str(out.parent)!r}; "
+                          "create it first or choose another path")
 
 
 @app.command()
@@ -741,8 +751,7 @@ def predict(run_dir: Path = typer.Option(..., "--run", help="a run directory (ru
     try:
         from silofl.experiments.integrity import check_out_not_input
         check_out_not_input(out, data, run_dir)
-        if not out.parent.is_dir():
-            raise SiloflError(f"the folder of --out does not exist: {str(out.parent)!r}")
+        _check_out_file(out)
         saved = load_run(run_dir)
         pred = saved.predictor(silo, method)
         frame = pred.predict_frame(read_table(data, sep=sep, encoding=encoding,
