@@ -520,9 +520,24 @@ def test_tables_read_with_the_offered_settings(tmp_path):
     a = load_table_raw(tmp_path / "plain.csv", "hospital", "outcome", schema=schema)
     b = load_table_raw(tmp_path / "semi.csv", "hospital", "outcome", schema=schema,
                        read_options={"sep": ";", "encoding": "cp1252"})
-    for sa, sb in zip(a.silos, b.silos):
-        np.testing.assert_array_equal(sa.X_train, sb.X_train)
-        np.testing.assert_array_equal(sa.y_train, sb.y_train)
+    df.to_csv(tmp_path / "bom.csv", index=False, encoding="utf-8-sig")  # Excel's UTF-8
+    c = load_table_raw(tmp_path / "bom.csv", "hospital", "outcome", schema=schema)
+    for other in (b, c):
+        assert [s.name for s in other.silos] == [s.name for s in a.silos]
+        for sa, sb in zip(a.silos, other.silos):
+            np.testing.assert_array_equal(sa.X_train, sb.X_train)
+            np.testing.assert_array_equal(sa.y_train, sb.y_train)
+
+
+def test_set_keys_are_toml_keys():
+    from silofl.experiments.config_input import apply_overrides, parse_override
+    assert parse_override('privacy.silos."VA Long Beach".epsilon=0.5') == (
+        ["privacy", "silos", "VA Long Beach", "epsilon"], 0.5)
+    assert parse_override("training.we_user=a=b") == (["training", "we_user"], "a=b")
+    assert parse_override("training.methods=['local']")[1] == ["local"]
+    raw = apply_overrides({"privacy": {"epsilon": 2.0}},
+                          ['privacy.silos."VA Long Beach".epsilon=0.5'])
+    assert raw == {"privacy": {"epsilon": 2.0, "silos": {"VA Long Beach": {"epsilon": 0.5}}}}
 
 
 def test_a_date_column_is_dropped_by_config(env, tmp_path, monkeypatch):

@@ -44,8 +44,9 @@ def decode_error(p: Path, encoding: str, e: UnicodeDecodeError, setting: str) ->
         where = f" at byte offset {first.start} (line {line}: {first.reason})"
     except (OSError, LookupError, EOFError):
         where = f" ({e.reason})"
+    shown = "utf-8" if encoding == "utf-8-sig" else encoding
     return DataError(
-        f"could not read {str(p)!r} as {encoding} text: invalid byte sequence{where}. "
+        f"could not read {str(p)!r} as {shown} text: invalid byte sequence{where}. "
         f"If the file was saved in another encoding (spreadsheets often use "
         f"Latin-1 or Windows-1252), {_setting(setting, 'latin-1')} (or cp1252, utf-16); if "
         "it is not a text table at all, check the file")

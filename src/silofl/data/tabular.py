@@ -101,7 +101,8 @@ def read_table(path: str | Path, text_columns: Sequence[str] = (), *, sep: str =
     if not p.is_file():
         raise DataError(f"data path {str(p)!r} is not a file; pass a .csv, .csv.gz or .parquet file")
     suffix = "".join(p.suffixes[-2:]).lower() if p.name.lower().endswith(".gz") else p.suffix.lower()
-    enc = check_encoding_name(encoding or "utf-8", settings[1])
+    # utf-8-sig: UTF-8 that drops a spreadsheet's byte-order mark from the first header
+    enc = check_encoding_name(encoding or "utf-8-sig", settings[1])
     try:
         if suffix in (".csv", ".csv.gz"):
             df = _read_csv(p, [str(c) for c in text_columns if c is not None], sep, enc,

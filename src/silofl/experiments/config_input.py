@@ -65,15 +65,30 @@ def check_config_paths(raw: dict) -> dict:
 def parse_override(item: str) -> tuple[list[str], object]:
     """``"training.rounds=5"`` -> (["training", "rounds"], 5); ConfigError if malformed."""
     key, eq, value = item.partition("=")
-    parts = [p.strip() for p in key.split(".")]
-    if not eq or len(parts) < 2 or not all(parts):
+    parts = _key_parts(key) if eq else []
+    if len(parts) < 2:
         raise ConfigError(f"--set {item!r}: expected SECTION.KEY=VALUE, e.g. "
-                          "training.rounds=5 or privacy.epsilon=0.5")
+                          "training.rounds=5 or privacy.epsilon=0.5 (quote a key with "
+                          "spaces or dots: privacy.silos.\"VA Long Beach\".epsilon=0.5)")
     try:
         parsed = tomllib.loads(f"v = {value}")["v"]
     except tomllib.TOMLDecodeError:
         parsed = value.strip()
     return parts, parsed
+
+
+def _key_parts(key: str) -> list[str]:
+    """A dotted TOML key as its parts (quoted parts may hold dots and spaces); [] if it
+    is not a valid key."""
+    try:
+        node = tomllib.loads(f"{key} = 0")
+    except tomllib.TOMLDecodeError:
+        return []
+    parts = []
+    while isinstance(node, dict) and len(node) == 1:
+        (k, node), = node.items()
+        parts.append(k)
+    return parts
 
 
 def _check_key(parts: list[str], item: str) -> None:
