@@ -517,7 +517,7 @@ CASES = [
       "exactly one of --steps"),
     C("account-search-too-big", _account("--n", "1000", "--batch", "999", "--delta", "1e-5",
                                          "--steps", "1", "--epsilon", "100"),
-      "needs more than"),
+      "noise multiplier below 0.15", "lower epsilon or delta"),  # was: out of memory
     C("account-node-sigma-tiny", _account("--node-level", "--n", "1000", "--batch", "64",
                                           "--epochs", "1", "--sigma", "1e-3"), "--sigma"),
     C("account-node-epochs-neg", _account("--node-level", "--n", "1000", "--batch", "64",
@@ -576,6 +576,13 @@ CASES = [
     C("train-epsilon-inf", _pandemic("pandemic", "train", "--data", "{data}", "--model",
                                      "{d}/m", "--epsilon", "inf", "--store", "{d}/b.sqlite"),
       "epsilon"),
+    C("train-store-under-file", lambda env, d: _pandemic(
+        "pandemic", "train", "--data", "{data}", "--model", "{d}/m", "--store",
+        str(_touch(d / "notes.txt") / "b.sqlite"))(env, d), "budget store",
+      "is a regular file"),  # the second corpus (test_failures_second.py) has the rest
+    C("train-epsilon-1e6", _pandemic("pandemic", "train", "--data", "{data}", "--model",
+                                     "{d}/m", "--batch", "16", "--epsilon", "1e6", "--store",
+                                     "{d}/b.sqlite"), "epsilon", "(0, 100]"),
     C("train-rounds-zero", _pandemic("pandemic", "train", "--data", "{data}", "--model",
                                      "{d}/m", "--rounds", "0", "--store", "{d}/b.sqlite"),
       "rounds"),

@@ -61,7 +61,11 @@ def run(config: Optional[Path] = typer.Option(None, "--config", "-c",
         resume: Optional[Path] = typer.Option(None, "--resume", help=(
             "continue a killed run from its last checkpoint (its run directory; the config "
             "it started with is used)")),
-        quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress bar")):
+        quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress bar"),
+        set_: Optional[list[str]] = typer.Option(
+            None, "--set", help="override a config key SECTION.KEY=VALUE (TOML value), e.g. "
+            "training.rounds=5 or privacy.epsilon=0.5 (repeat; paths relative to the "
+            "working directory; paths in the config file are relative to that file)")):
     """Train Local, FedAvg and MR-MTL (or the configured methods) at each silo's own
     privacy target and print a comparison table; writes a run directory."""
     from silofl.experiments.report import (flamby_comparison, privacy_table, quality_lines,
@@ -71,10 +75,11 @@ def run(config: Optional[Path] = typer.Option(None, "--config", "-c",
     from silofl.experiments.run import run as run_experiment
     warnings.showwarning = _show_warning
     try:
-        if resume is not None and (config or out or no_privacy or scratch):
+        if resume is not None and (config or out or no_privacy or scratch or set_):
             raise SiloflError("--resume continues a run with the config it started with; "
                               "give only --resume DIR (and optionally --store, -q)")
-        cfg = _job_config(config, store, scratch, out, no_privacy=no_privacy)
+        cfg = _job_config(config, store, scratch, out, no_privacy=no_privacy,
+                          overrides=set_ or ())
         with Progress(TextColumn("{task.description:<10}"), BarColumn(), TextColumn(
                 "{task.completed}/{task.total} rounds  {task.fields[metric]}"),
                 TimeElapsedColumn(), console=err, disable=quiet, transient=False) as prog:
@@ -112,11 +117,12 @@ def run(config: Optional[Path] = typer.Option(None, "--config", "-c",
 
 
 def _job_config(config: Optional[Path], store: Optional[Path], scratch: bool,
-                out: Optional[Path], *, no_privacy: bool = False):
+                out: Optional[Path], *, no_privacy: bool = False,
+                overrides: tuple[str, ...] | list[str] = ()):
     """The config of a job command (run, rank, erosion) with its CLI overrides, its output
     paths checked before anything is reserved or written."""
     from silofl.experiments.config import load_config
-    cfg = load_config(config)
+    cfg = load_config(config, overrides)
     if no_privacy:
         cfg.privacy.enabled = False
     if store is not None:
@@ -145,6 +151,9 @@ def _check_run_paths(cfg, out: Optional[Path]) -> None:
     if cfg.budget.store and not cfg.budget.scratch and Path(cfg.budget.store).is_dir():
         raise SiloflError(f"budget store {cfg.budget.store!r} is a directory; name a file "
                           "(e.g. budget.sqlite) with --store or [budget] store")
+    if cfg.budget.store and not cfg.budget.scratch:
+        from silofl.experiments.config_input import check_writable_file
+        check_writable_file(cfg.budget.store, "budget store (--store or [budget] store)")
 
 
 @app.command()
@@ -340,7 +349,7 @@ def audit(config: Optional[Path] = typer.Option(None, "--config", "-c",
           runs: int = typer.Option(200, "--runs", help="multi-run: jobs on each of D and D′"),
           confidence: float = typer.Option(0.95, "--confidence", help="of the lower bound"),
           out: Optional[Path] = typer.Option(None, "--out", help=(
-              "directory for audit.json and audit.html (default: \\[output] dir, else runs/, "
+              "directory for audit.json and audit.html (default: [output] dir, else runs/, "
               "plus audit-<time>)")),
           store: Optional[Path] = typer.Option(None, "--store", help="lifetime budget store"),
           scratch: bool = typer.Option(False, "--scratch", help=(
@@ -633,7 +642,7 @@ ReportDir = Annotated[Optional[Path], typer.Option(
     "--out", help="directory (default: RESULTS-report/)")]
 FigureEpsilon = Annotated[Optional[float], typer.Option(
     "--epsilon", help="ε of the λ and over-rounds figures (a swept value; "
-    "default: \\[report] epsilon or the middle ε)")]
+    "default: [report] epsilon or the middle ε)")]
 
 
 @app.command()
@@ -686,7 +695,10 @@ app.add_typer(schema_app, name="schema")
 def schema_draft(data: Path = typer.Argument(..., help="the table (CSV, CSV.gz, Parquet)"),
                  label_column: str = typer.Option(..., "--label-column"),
                  silo_column: Optional[str] = typer.Option(None, "--silo-column"),
-                 out: Path = typer.Option(..., "--out", help="TOML file to write")):
+                 out: Path = typer.Option(..., "--out", help="TOML file to write"),
+                 sep: str = typer.Option("", "--sep", help="CSV column separator (default ,)"),
+                 encoding: str = typer.Option("", "--encoding",
+                                              help="CSV text encoding (default utf-8)")):
     """Write a schema *draft* read from the data (feature kinds, observed ranges, levels,
     label classes) for a person to check against public documentation. It is marked
     `drafted = true` and refused until that line is deleted: values read from the data are
@@ -697,14 +709,31 @@ def schema_draft(data: Path = typer.Argument(..., help="the table (CSV, CSV.gz, 
         if out.exists():
             raise SiloflError(f"{str(out)!r} exists; choose another --out (a reviewed "
                               "schema is never overwritten)")
-        text = draft_schema(read_table(data), silo_column, label_column)
+        _check_out_file(out)
+        from silofl.data.column_roles import likely_non_features
+        frame = read_table(data, sep=sep, encoding=encoding,
+                           settings=("--sep", "--encoding", "--drop"))
+        text = draft_schema(frame, silo_column, label_column)
+        left_out = likely_non_features(frame, silo_column, label_column)
         _write_atomic(out, text)
     except SiloflError as e:
         _fail(e)
+    for col, why in left_out.items():
+        err.print(f"[bold yellow]note:[/] column {escape(repr(col))} left out of the draft: "
+                  f"{escape(why)} (see the end of the file)")
     console.print(f"Wrote a schema draft to [bold]{escape(str(out))}[/]. Check every bound, "
                   "level and class against public documentation (a data dictionary, a "
                   "registry's coding manual), then delete the line `drafted = true` and pass "
-                  "it as [data] schema.")
+                  "it as \\[data] schema.")
+
+
+def _check_out_file(out: Path) -> None:
+    """--out names a file to write: its folder must exist (nothing is created for it)."""
+    from silofl.experiments.config_input import check_writable_file
+    check_writable_file(out, "--out")
+    if not out.parent.is_dir():
+        raise SiloflError(f"the folder of --out does not exist: {str(out.parent)!r}; "
+                          "create it first or choose another path")
 
 
 @app.command()
@@ -713,18 +742,23 @@ def predict(run_dir: Path = typer.Option(..., "--run", help="a run directory (ru
             method: Optional[str] = typer.Option(
                 None, "--method", help="method label or name (needed when the run has several)"),
             data: Path = typer.Option(..., "--data", help="rows to score (CSV, CSV.gz, Parquet)"),
-            out: Path = typer.Option(..., "--out", help="CSV to write: one row per input row")):
+            out: Path = typer.Option(..., "--out", help="CSV to write: one row per input row"),
+            sep: str = typer.Option("", "--sep", help="CSV column separator (default ,)"),
+            encoding: str = typer.Option("", "--encoding",
+                                         help="CSV text encoding (default utf-8)")):
     """Apply a silo's saved model, with the preprocessing it was trained with, to new rows.
     Post-processing of released models: reads no training data, spends no budget."""
     from silofl.data import read_table
     from silofl.experiments.artifacts import POST_PROCESSING, load_run
     from silofl.experiments.atomic import write_bytes_atomic
     try:
+        from silofl.experiments.integrity import check_out_not_input
+        check_out_not_input(out, data, run_dir)
+        _check_out_file(out)
         saved = load_run(run_dir)
         pred = saved.predictor(silo, method)
-        frame = pred.predict_frame(read_table(data))
-        if not out.parent.is_dir():
-            raise SiloflError(f"the folder of --out does not exist: {str(out.parent)!r}")
+        frame = pred.predict_frame(read_table(data, sep=sep, encoding=encoding,
+                                              settings=("--sep", "--encoding", "--drop")))
         write_bytes_atomic(out, frame.to_csv(index=False).encode())
     except SiloflError as e:
         _fail(e)
@@ -1228,8 +1262,11 @@ def deploy_init(
     spread it over institutions)."""
     import tomllib
     from silofl.errors import ConfigError
+    from silofl.experiments.config import check_privacy_target
     from silofl.runtime.network import deploy
     try:
+        # before anything is written
+        check_privacy_target(epsilon, deploy.default_delta() if delta is None else delta, "--")
         job = {"method": method, **({} if rounds is None else {"rounds": rounds})}
         for item in set_ or []:  # --set key=value: the value read as TOML, else as text
             key, eq, value = item.partition("=")
@@ -1408,6 +1445,9 @@ def write_crash_log(e: BaseException) -> Path | None:
     except OSError:
         return None
 
+
+from silofl.cli_help import escape_help  # noqa: E402
+escape_help(app)  # "[budget] store" in a help text prints literally
 
 if __name__ == "__main__":
     main()

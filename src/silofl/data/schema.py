@@ -468,6 +468,11 @@ def draft_schema(df: pd.DataFrame, silo_column: str | None, label_column: str, *
     for col in (label_column, silo_column, *(features or ())):
         if col is not None and col not in df.columns:
             raise DataError(f"draft_schema: the table has no column {col!r}")
+    from silofl.data.column_roles import left_out_block, likely_non_features
+    left_out = {}  # likely identifiers and dates are never drafted as features silently
+    if features is None:
+        left_out = likely_non_features(df, silo_column, label_column)
+        features = [c for c in df.columns if c not in (silo_column, label_column, *left_out)]
     schema = infer_schema(df, silo_column, label_column, features=features, task=task,
                           bounds=True, categorical_max_levels=categorical_max_levels)
     notes = {}
@@ -480,7 +485,8 @@ def draft_schema(df: pd.DataFrame, silo_column: str | None, label_column: str, *
         elif c.kind == "categorical":
             notes[c.name] = "levels as found in the data: list every documented level"
     header = DRAFT_HEADER.format(name=f" for {name}" if name else "")
-    return schema.to_toml(header, notes)
+    return schema.to_toml(header, notes) + left_out_block(left_out)
+
 
 
 def _infer_column(s: pd.Series, name: str, bounds: bool, max_levels: int) -> ColumnSpec:
@@ -488,7 +494,7 @@ def _infer_column(s: pd.Series, name: str, bounds: bool, max_levels: int) -> Col
     if pd.api.types.is_datetime64_any_dtype(s.dtype) or pd.api.types.is_timedelta64_dtype(s.dtype):
         raise DataError(f"feature column {name!r} holds dates/times, which cannot be encoded "
                         "directly; convert it to a number (e.g. days since a reference date) "
-                        "or leave it out of the features")
+                        f"or leave it out with [data] drop = [{json.dumps(name)}]")
     b = parse_binary(s)
     if b is not None and b.notna().any():
         return ColumnSpec(name, "binary", nullable=nullable)
@@ -507,6 +513,13 @@ def _infer_column(s: pd.Series, name: str, bounds: bool, max_levels: int) -> Col
     keys = {}
     for v in obs.tolist():
         keys.setdefault(value_key(v), v)
+    from silofl.data.column_roles import date_reason
+    if len(keys) > max_levels and date_reason(s, name):
+        raise DataError(
+            f"feature column {name!r} holds date-like text, which cannot be encoded "
+            f"directly; leave it out with [data] drop = [{json.dumps(name)}] (or list the "
+            "columns you want in [data] features, or declare a schema without it), or "
+            "convert it to a number (e.g. days since a public reference date) first")
     if len(keys) > max_levels:
         raise DataError(
             f"non-numeric feature that cannot be encoded: column {name!r} has {len(keys)} "

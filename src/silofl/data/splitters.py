@@ -364,10 +364,11 @@ def split_frame(df: pd.DataFrame, label_column: str, split: str, *, schema=None,
     return preprocess_without_budget(raw, PreprocessSpec(standardize, impute), "split_frame")
 
 
-def split_table_raw(path: str | Path, label_column: str, split: str, **kw) -> RawFederation:
-    """Read a CSV/Parquet file (see `silofl.data.tabular.read_table`) and `split_frame_raw`
-    it."""
-    raw = split_frame_raw(read_table(path), label_column, split,
+def split_table_raw(path: str | Path, label_column: str, split: str,
+                    read_options: dict | None = None, **kw) -> RawFederation:
+    """Read a CSV/Parquet file (see `silofl.data.tabular.read_table`; `read_options`: its
+    sep, encoding and drop) and `split_frame_raw` it."""
+    raw = split_frame_raw(read_table(path, **(read_options or {})), label_column, split,
                           name=Path(path).name.split(".")[0], **kw)
     raw.meta["source"] = str(path)
     return raw

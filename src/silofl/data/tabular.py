@@ -53,6 +53,8 @@ from silofl.data.silo_size import check_settings, limit_silos
 from silofl.data.table_checks import HUGE, check_all_missing, check_header_unique
 from silofl.data.schema import (MISSING_LEVEL, ColumnSpec, LabelSpec, Schema, as_schema,
                                 infer_schema, parse_numeric, value_key)
+from silofl.data.table_text import (check_encoding_name, check_separator, decode_error,
+                                    drop_columns)
 from silofl.errors import ConfigError, DataError
 
 MISSING_CATEGORY = MISSING_LEVEL
@@ -77,9 +79,11 @@ def load_table_raw(path: str | Path, silo_column: str, label_column: str, *, sch
                    task: str = "auto", features: Sequence[str] | None = None,
                    test_fraction: float = 0.2, seed: int = 0, missing: str = "impute",
                    categorical_max_levels: int = 50, min_silo_rows: int = 0,
-                   small_silos: str = "refuse") -> RawFederation:
-    """`load_table` up to (not including) preprocessing: a `RawFederation`."""
-    df = read_table(path, text_columns=[silo_column])
+                   small_silos: str = "refuse", read_options: dict | None = None
+                   ) -> RawFederation:
+    """`load_table` up to (not including) preprocessing: a `RawFederation`.
+    `read_options`: `read_table`'s sep, encoding and drop."""
+    df = read_table(path, text_columns=[silo_column], **(read_options or {}))
     raw = federation_from_frame_raw(
         df, silo_column, label_column, schema=schema, task=task, features=features,
         test_fraction=test_fraction, seed=seed, missing=missing,
@@ -89,22 +93,32 @@ def load_table_raw(path: str | Path, silo_column: str, label_column: str, *, sch
     return raw
 
 
-def read_table(path: str | Path, text_columns: Sequence[str] = ()) -> pd.DataFrame:
+def read_table(path: str | Path, text_columns: Sequence[str] = (), *, sep: str = "",
+               encoding: str = "", drop: Sequence[str] = (),
+               settings: tuple[str, str, str] = ("[data] sep", "[data] encoding",
+                                                 "[data] drop")) -> pd.DataFrame:
     """Read a table by extension, turning every failure into a `DataError` naming the path.
 
     `text_columns` (e.g. the silo column) are read from a CSV as exact text: "01", "1.0"
     and "1" stay distinct and "NA"/"None"/"null" stay names (only an empty cell is missing).
+    A CSV is read with separator `sep` (default ",") and text encoding `encoding` (default
+    UTF-8); a file that needs others is refused naming the setting (`settings`: how the
+    caller spells sep, encoding and drop). Columns in `drop` are removed after reading.
     """
     p = Path(path)
     if not p.exists():
-        raise DataError(f"data file not found: {str(p)!r}; check the path "
-                        f"(relative paths are resolved from {str(Path.cwd())!r})")
+        rel = "" if p.is_absolute() else \
+            f" (relative paths are resolved from {str(Path.cwd())!r})"
+        raise DataError(f"data file not found: {str(p)!r}; check the path{rel}")
     if not p.is_file():
         raise DataError(f"data path {str(p)!r} is not a file; pass a .csv, .csv.gz or .parquet file")
     suffix = "".join(p.suffixes[-2:]).lower() if p.name.lower().endswith(".gz") else p.suffix.lower()
+    # utf-8-sig: UTF-8 that drops a spreadsheet's byte-order mark from the first header
+    enc = check_encoding_name(encoding or "utf-8-sig", settings[1])
     try:
         if suffix in (".csv", ".csv.gz"):
-            df = _read_csv(p, [str(c) for c in text_columns if c is not None])
+            df = _read_csv(p, [str(c) for c in text_columns if c is not None], sep, enc,
+                           settings[0])
         elif suffix in (".parquet", ".pq"):
             df = pd.read_parquet(p)
         else:
@@ -114,23 +128,30 @@ def read_table(path: str | Path, text_columns: Sequence[str] = ()) -> pd.DataFra
         raise
     except pd.errors.EmptyDataError:
         raise DataError(f"data file {str(p)!r} is empty; it needs a header row and data rows") from None
+    except UnicodeDecodeError as e:
+        raise decode_error(p, enc, e, settings[1]) from None
     except Exception as e:  # parser, decoding, gzip and Arrow errors all mean "unreadable"
         raise DataError(f"could not read {str(p)!r}: {type(e).__name__}; check that the "
                         "file is a valid, uncorrupted table of the type its extension says") from None
     if suffix in (".csv", ".csv.gz"):
-        check_header_unique(p, df)
-    return df
+        check_header_unique(p, df, sep=sep or ",", encoding=enc)
+    return drop_columns(df, drop, p, settings[2])
 
 
-def _read_csv(p: Path, text_columns: list[str]) -> pd.DataFrame:
+def _read_csv(p: Path, text_columns: list[str], sep: str, encoding: str,
+              sep_setting: str) -> pd.DataFrame:
     from pandas._libs.parsers import STR_NA_VALUES
-    header = pd.read_csv(p, nrows=0).columns if text_columns else []
+    opts = {"sep": sep or ",", "encoding": encoding}
+    header = pd.read_csv(p, nrows=0, **opts).columns
+    if not sep:  # a one-column header with ';' in it: say which setting reads the file
+        check_separator(p, header, sep_setting)
     text = [c for c in text_columns if c in header]
     if not text:
-        return pd.read_csv(p)
+        return pd.read_csv(p, **opts)
     # default NA markers everywhere except the text columns, where only "" is missing
     na = {c: ([""] if c in text else sorted(STR_NA_VALUES)) for c in header}
-    return pd.read_csv(p, dtype={c: str for c in text}, keep_default_na=False, na_values=na)
+    return pd.read_csv(p, dtype={c: str for c in text}, keep_default_na=False, na_values=na,
+                       **opts)
 
 
 def federation_from_frame(df: pd.DataFrame, silo_column: str, label_column: str, *,

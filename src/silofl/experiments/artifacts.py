@@ -37,6 +37,8 @@ import pandas as pd
 
 from silofl.experiments.atomic import dumps_strict, write_bytes_atomic, write_npz_atomic
 from silofl.errors import ConfigError, DataError
+from silofl.experiments.integrity import (file_hashes, load_params, sha256_file, verify_entry,
+                                          verify_file)
 from silofl.privacy.ledger import silo_file_id
 
 FORMAT = "silofl-models"
@@ -183,7 +185,8 @@ def save_models(rep) -> Path:
                 "privacy": _privacy_statement(rep, r, k),
                 "files": files}
             write_bytes_atomic(d / files["card"], _json_bytes(card))
-            silos.append({"name": name, "file_id": fid, **files})
+            silos.append({"name": name, "file_id": fid, **files,
+                          "sha256": file_hashes(d, files)})  # checked on load
         shared = r.shared if r.method["name"] != "local" else None  # Local has no server model
         if shared is not None:
             write_npz_atomic(d / "shared.npz", params=np.asarray(shared, np.float64),
@@ -196,7 +199,9 @@ def save_models(rep) -> Path:
                     "noise": rep.noise, "notes": rep.notes(), "run_id": rep.run_id,
                     "silos": silos, "shared": "shared.npz" if shared is not None else None,
                     "shared_kind": None if shared is None else
-                    ("clusters" if np.ndim(shared) == 2 else "server model")}
+                    ("clusters" if np.ndim(shared) == 2 else "server model"),
+                    "shared_sha256": None if shared is None else
+                    sha256_file(d / "shared.npz")}
         write_bytes_atomic(d / "manifest.json", _json_bytes(manifest))
     return root
 
@@ -383,6 +388,7 @@ class SavedRun:
         man = self._manifests[label]
         for s in man["silos"]:
             if s["name"] == silo:
+                verify_entry(self.path / "models" / label, s, silo, label)
                 return man, s, self.path / "models" / label
         _choose("silo", silo, [s["name"] for s in man["silos"]])
 
@@ -392,8 +398,7 @@ class SavedRun:
 
     def predictor(self, silo: str, method: str | None = None) -> Predictor:
         man, s, d = self._entry(silo, method)
-        with np.load(d / s["params"], allow_pickle=False) as z:
-            params = np.array(z["params"])
+        params = load_params(d / s["params"], f"model file of silo {silo!r}")
         return Predictor(silo, man["method"], self.model_card(silo, method), man, params)
 
     def shared(self, method: str | None = None) -> np.ndarray | None:
@@ -401,9 +406,9 @@ class SavedRun:
         man = self.manifest(method)
         if not man.get("shared"):
             return None
-        with np.load(self.path / "models" / man["method"] / man["shared"],
-                     allow_pickle=False) as z:
-            return np.array(z["params"])
+        path = self.path / "models" / man["method"] / man["shared"]
+        verify_file(path, man.get("shared_sha256"), "shared model file")
+        return load_params(path, "shared model file")
 
 
 def load_run(path) -> SavedRun:
@@ -428,5 +433,8 @@ def load_run(path) -> SavedRun:
         if man["format_version"] > FORMAT_VERSION:
             raise ConfigError(f"{str(f)!r} has model format {man['format_version']}; this "
                               f"silofl reads up to {FORMAT_VERSION}: upgrade silofl")
+        if man.get("method") != f.parent.name:  # a manifest copied from another method
+            raise ConfigError(f"{str(f)!r} describes method {man.get('method')!r}, not the "
+                              f"folder {f.parent.name!r} it is in: restore the run directory")
         manifests[man["method"]] = man
     return SavedRun(p, manifests)

@@ -28,6 +28,7 @@ SOURCES = ("heart", "table", "school", "exam", "titanic", "mnist", "synthetic",
 SOURCE_KEYS = {
     "mnist": ("train_per_silo", "test_per_silo", "mask_prob"),
     "mnist_dirichlet": ("public_fraction", "public_size", "flatten"),
+    "table": ("sep", "encoding", "drop"),  # how its CSV is read
 }
 #: keys two MNIST sources share (allowed under either)
 MNIST_SHARED = {"train_per_silo": ("mnist", "mnist_dirichlet"),
@@ -127,7 +128,12 @@ def _split_table(dc: DataConfig) -> RawFederation:
         return D.load_titanic_raw(dc.split, missing=dc.missing, schema=_schema(dc), **kw)
     return D.split_table_raw(dc.path, dc.label_column, dc.split, schema=_schema(dc),
                              task=dc.task, features=dc.features or None, missing=dc.missing,
-                             **kw)
+                             read_options=_read_options(dc), **kw)
+
+
+def _read_options(dc: DataConfig) -> dict:
+    """[data] sep, encoding and drop: how `read_table` reads a CSV table."""
+    return {"sep": dc.sep, "encoding": dc.encoding, "drop": dc.drop}
 
 
 def _schema(dc: DataConfig):
@@ -193,7 +199,8 @@ def _load_raw(dc: DataConfig) -> RawFederation:
         return D.load_table_raw(dc.path, dc.silo_column, dc.label_column, task=dc.task,
                                 features=dc.features or None, missing=dc.missing,
                                 schema=_schema(dc), min_silo_rows=dc.min_silo_rows,
-                                small_silos=dc.small_silos, **common)
+                                small_silos=dc.small_silos, read_options=_read_options(dc),
+                                **common)
     if dc.source == "exam":
         return D.load_exam_raw(min_size=dc.min_silo_size, schema=_schema(dc), **common)
     if dc.source == "mnist":  # images: pixels share the public [0, 1] scale

@@ -26,6 +26,9 @@ class DataConfig:
     features: list = field(default_factory=list)  # table: feature columns (default: all)
     missing: str = "impute"        # impute | drop | error (see silofl.data.tabular)
     test_fraction: float = 0.2
+    sep: str = ""                  # table (CSV): column separator ("" = ","), e.g. ";"
+    encoding: str = ""             # table (CSV): text encoding ("" = utf-8), e.g. "latin-1"
+    drop: list = field(default_factory=list)  # table: columns to leave out (dates, ids)
     schema: str = ""               # declared schema (TOML) of a table: public bounds, levels…
     # preprocessing (silofl.data.preprocess): auto | declared | private | uncharged | none
     standardize: str = "auto"      # auto = declared from the schema (no cost)
@@ -191,6 +194,9 @@ class Config:
         d = dataclasses.asdict(self)
         if self.tuning == TuningConfig():  # older configs (and their fingerprints) lack it
             d.pop("tuning")
+        for key in ("sep", "encoding", "drop"):  # likewise the table reading options
+            if not d["data"][key]:
+                d["data"].pop(key)
         d["privacy"]["silos"] = {k: {kk: vv for kk, vv in v.items() if vv is not None}
                                  for k, v in d["privacy"]["silos"].items()}
         return d
@@ -256,14 +262,41 @@ def config_from_dict(raw: dict) -> Config:
         raise ConfigError(f"'data.test_fraction' must be in (0, 1), got {tf}; runs report "
                           "metrics on each silo's held-out test rows, so keep some "
                           "(e.g. test_fraction = 0.2)")
+    _check_privacy_section(parts["privacy"])
     return Config(**parts)
 
 
-def load_config(path: str | Path | None) -> Config:
-    """Read a TOML config file (None → all defaults)."""
-    if path is None:
-        return Config()
-    return config_from_dict(read_toml(path, "config file"))
+def check_privacy_target(epsilon, delta, where: str = "") -> tuple[float, float]:
+    """The one range check of a job's (ε, δ) (silofl.privacy.targets: 0 < ε ≤ 100,
+    0 < δ < 0.5), shared by configs and `deploy init`; ConfigError naming `where`."""
+    from silofl.errors import PrivacyError
+    from silofl.privacy.targets import check_target
+    try:
+        return check_target(epsilon, delta, where)
+    except PrivacyError as e:
+        raise ConfigError(str(e)) from None
+
+
+def _check_privacy_section(pc: PrivacyConfig) -> None:
+    if not pc.enabled:
+        return
+    check_privacy_target(pc.epsilon, pc.delta, "privacy.")
+    for name, sp in pc.silos.items():
+        check_privacy_target(pc.epsilon if sp.epsilon is None else sp.epsilon,
+                             pc.delta if sp.delta is None else sp.delta,
+                             f"privacy.silos.{name}.")
+
+
+def load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] = ()
+                ) -> Config:
+    """Read a TOML config file (None → all defaults). Paths in the file are relative to
+    its folder; `overrides` are ``--set SECTION.KEY=VALUE`` items applied on top (their
+    paths relative to the working directory); see `silofl.experiments.config_input`."""
+    from silofl.experiments.config_input import (apply_overrides, check_config_paths,
+                                                 resolve_config_paths)
+    raw = {} if path is None else resolve_config_paths(read_toml(path, "config file"),
+                                                         Path(path).resolve().parent)
+    return config_from_dict(check_config_paths(apply_overrides(raw, overrides)))
 
 
 def read_toml(path: str | Path, what: str) -> dict:

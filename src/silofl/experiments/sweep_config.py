@@ -232,7 +232,10 @@ def _check_private_tuning(s: SweepSection, base: Config) -> None:
 
 def load_sweep_config(path: str | Path) -> SweepConfig:
     """Read and validate a sweep TOML file (paths in it are relative to its directory)."""
-    return sweep_config_from_dict(read_toml(path, "sweep config"), Path(path).resolve().parent)
+    from silofl.experiments.config_input import check_config_paths, resolve_config_paths
+    root = Path(path).resolve().parent  # one rule for every config: relative to its folder
+    raw = check_config_paths(resolve_config_paths(read_toml(path, "sweep config"), root))
+    return sweep_config_from_dict(raw, root)
 
 
 __all__ = ["LAMBDA_METHODS", "ReportSection", "SweepConfig", "SweepSection",

@@ -75,6 +75,7 @@ from scipy.special import logsumexp
 
 from silofl.errors import CalibrationError, PrivacyError
 from silofl.privacy.accounting import RDP_ORDERS_FINE, rdp_to_epsilon
+from silofl.privacy.targets import check_epsilon
 
 # The ledger's grid for node-level events (`accounting.RDP_ORDERS_FINE`): calibration and
 # the ledger check must agree. 1.001 … 1.24, then dp_accounting's default orders and the
@@ -240,6 +241,7 @@ def calibrate_node_sigma(target_epsilon: float, n: int, S: int, b: int, steps: i
         raise PrivacyError(f"target epsilon must be a number, got {target_epsilon!r}") from None
     if not (math.isfinite(target) and target > 0):
         raise PrivacyError(f"target epsilon must be a positive finite number, got {target}")
+    check_epsilon(target, "target ")  # ≤ 100, as every calibration (privacy.targets)
     n, S, b, _ = _check(n, S, b, 1.0)
     steps = _int("steps", steps, 1, "; calibration needs at least one training step")
     delta = _delta(delta, n)

@@ -41,6 +41,7 @@ from dp_accounting.rdp.rdp_privacy_accountant import DEFAULT_RDP_ORDERS
 from scipy.special import gammaln, log_ndtr, ndtr
 
 from silofl.errors import CalibrationError, PrivacyError
+from silofl.privacy.targets import check_target
 
 Accountant = Literal["rdp", "pld"]
 ACCOUNTANTS: tuple[str, ...] = ("rdp", "pld")
@@ -79,6 +80,10 @@ _TAIL = 1e-15  # PLD tail mass truncated per composition, counted as infinite lo
 # floating-point noise in a near-zero curve can never turn into a zero ε
 _ZERO_SLACK = 1e-12
 SIGMA_MAX = 1e4
+# PLD calibration never evaluates σ below this: at σ ≈ 0.1 with a small sampling rate the
+# subsampled Gaussian's loss range spans 1e11+ grid points (measured: MemoryError at 6 GiB,
+# while σ = 0.15 takes ~1 s); a target met only below it is refused (PrivacyError)
+_PLD_SIGMA_FLOOR = 0.15
 
 PLD_DISCRETIZATION = PLD_BASE_GRID  # the reference grid (kept for callers of 0.x)
 
@@ -758,6 +763,7 @@ def calibrate_dpsgd(target_epsilon: float, delta: float, q: float, steps: int,
     accountant `kind` (RDP: to ~1e-5 relative in σ; PLD: ε within 0.2% of the target).
     Raises CalibrationError when no σ ≤ 1e4 reaches it."""
     _check_q_sigma(q, 1.0)
+    check_target(target_epsilon, delta, "calibration target ")  # finite search, bounded grid
     if kind == "pld":  # start from the CLT (Gaussian DP) approximation of the PLD
         guess, minimal = _gdp_sigma(target_epsilon, delta, q, steps), False
     else:  # the closed-form RDP σ is the answer, up to dp_accounting's verification
@@ -804,6 +810,7 @@ def calibrate(make_event: Callable[[float], dpa.DpEvent], target_epsilon: float,
     is the accountant's own figure (the one reported), whatever the guess was."""
     if not target_epsilon > 0:
         raise PrivacyError(f"target epsilon must be positive, got {target_epsilon}")
+    check_target(target_epsilon, delta, "calibration target ")  # finite search, bounded grid
     _check_kind(kind)
     kind = accountant_for(make_event(1.0), kind)
 
@@ -876,9 +883,14 @@ def _calibrate_pld(key_of, target: float, delta: float, guess: float | None,
 
 def _pld_root(eps, target: float, delta: float, guess: float | None,
               rel_tol: float) -> float:
-    lo, e_lo, hi, e_hi = _bracket(eps, target, min(guess, SIGMA_MAX) if guess else 1.0)
-    if lo is None:  # feasible down to σ = 1e-2
-        return hi
+    start = min(max(guess, _PLD_SIGMA_FLOOR), SIGMA_MAX) if guess else 1.0
+    lo, e_lo, hi, e_hi = _bracket(eps, target, start)
+    if lo is None:  # met even at the floor: the true σ lies where PLD cannot go
+        raise PrivacyError(  # not CalibrationError ("too strict"): this target is too loose
+            f"ε = {target:g} at δ = {delta:g} is met with a noise multiplier below "
+            f"{_PLD_SIGMA_FLOOR:g}, where the PLD accountant's grid no longer fits in memory "
+            "(and such a target protects little); lower epsilon or delta, or set "
+            "[privacy] accountant = \"rdp\"")
     if hi is None:
         _unreachable(eps, SIGMA_MAX, target, delta)
     f_lo = math.log(e_lo / target) if math.isfinite(e_lo) else math.inf
@@ -914,18 +926,18 @@ def _pld_root(eps, target: float, delta: float, guess: float | None,
 def _bracket(eps, target: float, s: float):
     """(lo, ε(lo), hi, ε(hi)) with ε(lo) > target ≥ ε(hi), found by stepping along the
     local power law ε ∝ σ^−p (a few evaluations from any start); lo is None when even
-    σ = 1e-2 meets the target, hi is None when σ = SIGMA_MAX does not."""
+    σ = _PLD_SIGMA_FLOOR meets the target, hi is None when σ = SIGMA_MAX does not."""
     e, p = eps(s), 1.0
     while True:
         if e > target and s >= SIGMA_MAX:
             return s, e, None, None
-        if e <= target and s <= 1e-2:
+        if e <= target and s <= _PLD_SIGMA_FLOOR:
             return None, None, s, e
         if e > 0 and math.isfinite(e):
             ratio = (e / target) ** (1 / p) * (1.02 if e > target else 0.98)  # overshoot
         else:
             ratio = 10.0 if e > target else 0.1
-        s2 = min(max(s * min(max(ratio, 0.1), 10.0), 1e-2), SIGMA_MAX)
+        s2 = min(max(s * min(max(ratio, 0.1), 10.0), _PLD_SIGMA_FLOOR), SIGMA_MAX)
         e2 = eps(s2)
         if (e2 > target) != (e > target):
             return (s, e, s2, e2) if e > target else (s2, e2, s, e)

@@ -94,7 +94,12 @@ class BudgetStore:
             if self.path.is_dir():
                 raise BudgetStoreError(f"budget store {str(self.path)!r} is a directory; "
                                        "give a file path such as runs/budget.sqlite")
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+            except (FileExistsError, NotADirectoryError):  # a folder above is a plain file
+                raise BudgetStoreError(f"budget store {str(self.path)!r} cannot be created: a "
+                                       "folder above it is a regular file, not a folder; "
+                                       "choose a path inside a folder") from None
         try:
             self._db = sqlite3.connect(":memory:" if path is None else str(self.path),
                                        timeout=timeout, isolation_level=None)

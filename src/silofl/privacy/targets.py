@@ -1,0 +1,74 @@
+"""The range of privacy targets silofl accepts, checked in one place.
+
+Why these bounds:
+
+* δ < 0.5. A mechanism that publishes a random half of the records outright satisfies
+  (0, 0.5)-DP, so δ ≥ 0.5 promises nothing; and calibrating against it drives the noise
+  multiplier towards 0, where the PLD accountant's grid (one point per 1e-5 of privacy
+  loss) grows without bound and runs out of memory.
+* 0 < ε ≤ 100. ε = 100 already allows a likelihood ratio of e^100 ≈ 2.7e43 between
+  neighbouring datasets, i.e. no protection; beyond ~709 the Gaussian trade-off
+  Φ(..) − e^ε Φ(..) overflows a float, and σ falls below the accountants' working range.
+  `silofl account` uses the same ceiling.
+"""
+
+from __future__ import annotations
+
+import math
+
+from silofl.errors import PrivacyError
+
+EPSILON_MAX = 100.0
+DELTA_MAX = 0.5
+
+
+def _number(value, name: str, where: str) -> float:
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        raise PrivacyError(f"{where}{name} must be a number, got {value!r}") from None
+    if math.isnan(v):
+        raise PrivacyError(f"{where}{name} must be a number, got nan")
+    return v
+
+
+def check_epsilon(epsilon, where: str = "", name: str = "epsilon") -> float:
+    """`epsilon` as a float in (0, EPSILON_MAX]; PrivacyError naming `where` otherwise.
+
+    Parameters
+    ----------
+    epsilon : the value (any number-like).
+    where : a prefix naming the setting, e.g. ``"'privacy.' "`` or ``"--"``.
+    name : the setting's name inside `where`.
+    """
+    e = _number(epsilon, name, where)
+    if not e > 0:
+        raise PrivacyError(f"{where}{name} must be positive, got {e:g}: ε = 0 would need "
+                           "infinite noise; use e.g. epsilon = 1.0 (smaller is more private)")
+    if not e <= EPSILON_MAX:
+        raise PrivacyError(
+            f"{where}{name} must be in (0, {EPSILON_MAX:g}], got {e:g}: ε above "
+            f"{EPSILON_MAX:g} protects nobody (a likelihood ratio of e^{EPSILON_MAX:g}) and "
+            "makes the noise calibration overflow; use e.g. epsilon = 1.0 (smaller is "
+            "more private)")
+    return e
+
+
+def check_delta(delta, where: str = "", name: str = "delta") -> float:
+    """`delta` as a float in (0, DELTA_MAX); PrivacyError naming `where` otherwise."""
+    d = _number(delta, name, where)
+    if not d > 0:
+        raise PrivacyError(f"{where}{name} must be positive, got {d:g}: the Gaussian "
+                           "mechanism needs δ > 0; use a value well below 1/n, e.g. "
+                           "delta = 1e-5")
+    if not d < DELTA_MAX:
+        raise PrivacyError(
+            f"{where}{name} must be in (0, {DELTA_MAX:g}), got {d:g}: δ ≥ {DELTA_MAX:g} is "
+            "met by publishing half the records outright (and exhausts the accountant's "
+            "memory); use a value well below 1/n, e.g. delta = 1e-5")
+    return d
+
+
+def check_target(epsilon, delta, where: str = "") -> tuple[float, float]:
+    """Both checks: (ε, δ) as floats, or PrivacyError naming the setting."""
+    return check_epsilon(epsilon, where), check_delta(delta, where)
