@@ -28,7 +28,7 @@ pytest.importorskip("flwr")
 
 from silofl import cli  # noqa: E402
 from silofl.data.heart import heart_disease_frame  # noqa: E402
-from silofl.errors import ConfigError  # noqa: E402
+from silofl.errors import ConfigError, DataError  # noqa: E402
 from silofl.experiments.artifacts import load_run  # noqa: E402
 from silofl.runtime.network import deploy, deploy_table  # noqa: E402
 from silofl.runtime.network import messages as W  # noqa: E402
@@ -363,6 +363,16 @@ def test_saved_models_reproduce_what_the_silo_and_server_computed(tmp_path):
                                    rtol=1e-12, atol=1e-12)
         # FedAvg's personal model is the shared model one round behind (its last broadcast)
         assert not np.allclose(mine, shared)
+    # the manifests carry hashes, as `silofl run`'s do: a silo's model file replaced by
+    # another valid model (the server's, which differs by a round) is refused on load
+    a = Path(release.save_silo_release(silos[HOSPITALS[0]]))
+    fa = next((a / "models" / "fedavg").glob("model-*.npz"))
+    fa.write_bytes((Path(shared_dir) / "models" / "fedavg" / "shared.npz").read_bytes())
+    with pytest.raises(DataError, match="SHA-256"):
+        load_run(a).predictor(HOSPITALS[0])
+    (Path(shared_dir) / "models" / "fedavg" / "shared.npz").write_bytes(b"truncated")
+    with pytest.raises(DataError, match="SHA-256"):
+        load_run(shared_dir).predictor(release.SHARED)
 
 
 def test_silo_cli_names_the_missing_table_and_exits_2(tmp_path):

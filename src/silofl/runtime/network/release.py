@@ -23,6 +23,7 @@ import numpy as np
 
 from silofl.errors import ConfigError
 from silofl.experiments.artifacts import FORMAT, FORMAT_VERSION, silofl_version
+from silofl.experiments.integrity import file_hashes, sha256_file
 from silofl.experiments.atomic import dumps_strict, write_bytes_atomic, write_npz_atomic
 from silofl.privacy.ledger import silo_file_id, tightest
 
@@ -55,13 +56,16 @@ def _write(root: Path, job: dict, model, entry: dict, params: np.ndarray, card: 
     write_npz_atomic(d / entry["params"], params=np.asarray(params, dtype=np.float64),
                      spec=np.array(json.dumps(spec)))
     write_bytes_atomic(d / entry["card"], _json(card))
+    # hashes checked on load, as for `silofl run`'s models (a swapped/truncated file is refused)
+    entry = {**entry, "sha256": file_hashes(d, {k: entry[k] for k in ("params", "card")})}
+    shared_sha = sha256_file(d / extra["shared"]) if extra.get("shared") else None
     write_bytes_atomic(d / "manifest.json", _json({
         "format": FORMAT, "format_version": FORMAT_VERSION, "silofl_version": silofl_version(),
         "method": job["method"], "method_params": _method(job), "model": spec,
         "task": job["task"], "silos": [entry], "networked": True, "job_hash": extra["job"],
         **{k: extra[k] for k in ("classes", "feature_names", "input_shape", "schema",
                                  "private", "noise", "notes", "run_id", "shared",
-                                 "shared_kind")}}))
+                                 "shared_kind")}, "shared_sha256": shared_sha}))
     return d
 
 
