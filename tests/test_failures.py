@@ -695,8 +695,14 @@ def test_every_failure_is_clean(case: Case, env: Env, outbreak, tmp_path, monkey
         assert _snapshot(outbreak) == outbreak_before
 
 
-def test_corpus_is_large_enough():
-    assert len(CASES) >= 100
+def test_corpus_cases_are_distinct_and_each_names_its_error():
+    """Each case must be its own (pytest would silently suffix a repeated id) and must
+    check the message's words, not only the exit code."""
+    cases = [p.values[0] for p in CASES]
+    ids = [c.id for c in cases]
+    assert len(set(ids)) == len(ids), sorted({i for i in ids if ids.count(i) > 1})
+    assert [c.id for c in cases if not any(w.strip() for w in c.words)] == []
+    assert len(cases) >= 100  # the corpus the README describes
 
 
 # --- what is not a failure any more ---------------------------------------------------------
