@@ -1,16 +1,18 @@
 """Does the DP model learn, and are its inputs what they claim to be?
 
 * On a 10k-person synthetic outbreak the default recipe (node-level ε = 5 per region,
-  node+edges adjacency, declared preprocessing constants, secure noise) ranks next
-  week's infections well above the positive rate and the SIR baseline.  The noise is
-  drawn from OS entropy, so every run differs: over 20 runs the lift over the positive
-  rate had median 33.5× and minimum 16.7× (threshold 3×); before these defaults (node
-  adjacency, uncharged standardization, seeded noise) seeds 0/1 gave 25.7×/21.3×.
+  node+edges adjacency, declared preprocessing constants), run with seeded noise so that
+  the seed fixes the noise draw, ranks next week's infections at a mean lift over the
+  positive rate (AUPRC / rate) that untrained and random-direction models fail.  (It does
+  not beat the hand-set equal-weight summary score, ≈ 33×: the inputs are informative
+  by design; see the README's caveat.)
 * `summary_inputs` equals a slow count from the raw CSV records (read with pandas, not
   with silofl's readers) for a few persons, with and without pruning.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import numpy as np
 import pandas as pd
@@ -27,20 +29,61 @@ def outbreak(learning_outbreak):
     return read_dataset(learning_outbreak, with_target=True)
 
 
-@pytest.mark.parametrize("seed", [0, 1])
-def test_default_dp_recipe_beats_positive_rate_and_sir(outbreak, seed):
-    cfg = P.PandemicConfig(seed=seed)
-    assert cfg.private and cfg.epsilon == 5.0 and cfg.pooling == "summary"
-    assert (cfg.noise, cfg.adjacency, cfg.preprocessing) == ("secure", "node+edges", "declared")
-    pm = P.train(outbreak, cfg)
+#: Seeds of the training runs (seeded noise: each seed is one reproducible noise draw).
+SEEDS = (0, 1, 2, 3)
+#: Lift (AUPRC / positive rate) the trained models must reach on average. Measured with
+#: these seeds: 34.6×, 27.7×, 65.1×, 36.3× (mean 40.9×). Uninformed models with the same
+#: weight norms fail it: all-zero weights 1×, random directions mean ≈ 10× (checked below).
+MIN_MEAN_LIFT = 20.0
+
+
+def _lift(outbreak, pm) -> float:
     ev = P.evaluate(outbreak, P.predict(outbreak, pm))
+    return ev["auprc"] / ev["positive_rate"]
+
+
+@pytest.fixture(scope="module")
+def trained(outbreak):
+    """The default recipe with seeded noise (the default draws OS entropy: not reproducible)."""
+    base = P.PandemicConfig()
+    assert base.private and base.epsilon == 5.0 and base.pooling == "summary"
+    assert (base.noise, base.adjacency, base.preprocessing) == ("secure", "node+edges", "declared")
+    return {s: P.train(outbreak, dataclasses.replace(base, seed=s, noise="seeded"))
+            for s in SEEDS}
+
+
+def test_default_dp_recipe_learns_to_rank_next_weeks_infections(outbreak, trained):
     assert outbreak.target.sum() >= 20  # enough positives for AUPRC to be meaningful
-    assert ev["auprc"] >= 3 * ev["positive_rate"], ev
-    assert ev["auprc"] > ev["auprc_sir_baseline"], ev
-    assert len(pm.privacy) == outbreak.num_regions
-    for p in pm.privacy:
-        assert p["noise_multiplier"] > 0 and p["epsilon_spent"] <= 5.0 * (1 + 1e-9)
-        assert p["affected_examples"] == 2 * p["S"] - 1 and p["preprocessing"]["uncharged"] == []
+    lifts = [_lift(outbreak, trained[s]) for s in SEEDS]
+    assert np.mean(lifts) >= MIN_MEAN_LIFT, lifts
+    for pm in trained.values():
+        assert len(pm.privacy) == outbreak.num_regions
+        for p in pm.privacy:
+            assert p["noise_multiplier"] > 0 and p["epsilon_spent"] <= 5.0 * (1 + 1e-9)
+            assert p["affected_examples"] == 2 * p["S"] - 1
+            assert p["preprocessing"]["uncharged"] == []
+
+
+def test_the_learning_threshold_is_failed_by_uninformed_models(outbreak, trained):
+    """Power check of MIN_MEAN_LIFT: untrained (zero) weights, and random directions with
+    each trained model's norm, do not reach it on this outbreak."""
+    pm = trained[SEEDS[0]]
+    assert _lift(outbreak, dataclasses.replace(pm, weights=np.zeros_like(pm.weights))) < 1.5
+    rng = np.random.default_rng(0)
+    lifts = []
+    for s in SEEDS:
+        for _ in range(5):
+            w = rng.normal(size=trained[s].weights.shape)
+            w *= np.linalg.norm(trained[s].weights) / np.linalg.norm(w)
+            lifts.append(_lift(outbreak, dataclasses.replace(trained[s], weights=w)))
+    assert np.mean(lifts) < MIN_MEAN_LIFT, lifts
+
+
+def test_the_seed_controls_the_noise(outbreak, trained):
+    """Same seed, same model (bit for bit: one process); another seed, another noise draw."""
+    again = P.train(outbreak, trained[SEEDS[0]].config)
+    assert np.array_equal(again.weights, trained[SEEDS[0]].weights)
+    assert not np.allclose(trained[SEEDS[0]].weights, trained[SEEDS[1]].weights)
 
 
 def test_untrained_summary_score_is_already_informative(outbreak):
