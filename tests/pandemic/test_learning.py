@@ -1,11 +1,12 @@
 """Does the DP model learn, and are its inputs what they claim to be?
 
-* On a 10k-person synthetic outbreak the default recipe (node-level ε = 5 per region,
-  node+edges adjacency, declared preprocessing constants), run with seeded noise so that
-  the seed fixes the noise draw, ranks next week's infections at a mean lift over the
-  positive rate (AUPRC / rate) that untrained and random-direction models fail.  (It does
-  not beat the hand-set equal-weight summary score, ≈ 33×: the inputs are informative
-  by design; see the README's caveat.)
+* On a 10k-person synthetic outbreak (27 positives), with seeded noise so that the seed
+  fixes every draw: training from all-zero weights (no DP) learns from the labels to
+  rank next week's infections (lift = AUPRC / positive rate ≥ 15× on every seed), which
+  the untrained model (1×) and random directions (≈ 8.5×) fail; and the default DP recipe
+  (node-level ε = 5 per region, node+edges, declared constants) keeps most of the
+  untrained prior's ranking (≈ 33×: the inputs are informative by design, see the
+  README), which random directions do not.
 * `summary_inputs` equals a slow count from the raw CSV records (read with pandas, not
   with silofl's readers) for a few persons, with and without pruning.
 """
@@ -13,6 +14,7 @@
 from __future__ import annotations
 
 import dataclasses
+from types import SimpleNamespace
 
 import numpy as np
 import pandas as pd
@@ -31,10 +33,14 @@ def outbreak(learning_outbreak):
 
 #: Seeds of the training runs (seeded noise: each seed is one reproducible noise draw).
 SEEDS = (0, 1, 2, 3)
-#: Lift (AUPRC / positive rate) the trained models must reach on average. Measured with
-#: these seeds: 34.6×, 27.7×, 65.1×, 36.3× (mean 40.9×). Uninformed models with the same
-#: weight norms fail it: all-zero weights 1×, random directions mean ≈ 10× (checked below).
-MIN_MEAN_LIFT = 20.0
+#: Lift (AUPRC / positive rate) that training from all-zero weights, without DP, must reach
+#: on every seed: it can only come from the labels. Measured: 27.7×, 22.7×, 29.8×, 24.8×.
+#: The untrained (zero) model gets 1×, random weight directions ≈ 8.5× on average.
+MIN_LEARNED_LIFT = 15.0
+#: Share of the untrained prior model's lift (≈ 33×) the DP recipe must keep on average over
+#: the seeds. Measured: 34.6×, 27.7×, 65.1×, 36.3× (mean 40.9×). At ε = 5 DP-SGD mostly keeps
+#: the prior's direction (README): this guards against training that destroys it.
+MIN_KEPT_SHARE = 0.6
 
 
 def _lift(outbreak, pm) -> float:
@@ -42,9 +48,30 @@ def _lift(outbreak, pm) -> float:
     return ev["auprc"] / ev["positive_rate"]
 
 
+def _with(pm, weights):
+    return dataclasses.replace(pm, weights=np.broadcast_to(weights, pm.weights.shape).copy())
+
+
+def _untrained(pm):
+    """`pm` at the common starting point (prior weights, bias_init): no training at all."""
+    cfg = pm.config
+    return _with(pm, P.initial_weights(SimpleNamespace(num_params=pm.weights.shape[-1]), cfg))
+
+
+def _random_directions(outbreak, models, draws: int = 5) -> list[float]:
+    rng = np.random.default_rng(0)
+    out = []
+    for pm in models:
+        for _ in range(draws):
+            w = rng.normal(size=pm.weights.shape)
+            out.append(_lift(outbreak, _with(pm, w * np.linalg.norm(pm.weights)
+                                             / np.linalg.norm(w))))
+    return out
+
+
 @pytest.fixture(scope="module")
-def trained(outbreak):
-    """The default recipe with seeded noise (the default draws OS entropy: not reproducible)."""
+def dp_models(outbreak):
+    """The default recipe with seeded noise (its default draws OS entropy: not reproducible)."""
     base = P.PandemicConfig()
     assert base.private and base.epsilon == 5.0 and base.pooling == "summary"
     assert (base.noise, base.adjacency, base.preprocessing) == ("secure", "node+edges", "declared")
@@ -52,11 +79,32 @@ def trained(outbreak):
             for s in SEEDS}
 
 
-def test_default_dp_recipe_learns_to_rank_next_weeks_infections(outbreak, trained):
+@pytest.fixture(scope="module")
+def from_zero(outbreak):
+    """Non-private training from all-zero input weights: what it ranks, it learned."""
+    base = P.PandemicConfig(private=False, prior_weight=0.0, noise="seeded")
+    return {s: P.train(outbreak, dataclasses.replace(base, seed=s)) for s in SEEDS}
+
+
+def test_training_learns_to_rank_from_the_labels(outbreak, from_zero):
     assert outbreak.target.sum() >= 20  # enough positives for AUPRC to be meaningful
-    lifts = [_lift(outbreak, trained[s]) for s in SEEDS]
-    assert np.mean(lifts) >= MIN_MEAN_LIFT, lifts
-    for pm in trained.values():
+    lifts = [_lift(outbreak, from_zero[s]) for s in SEEDS]
+    assert min(lifts) >= MIN_LEARNED_LIFT, lifts
+    # power check: models that learned nothing fail the threshold on this outbreak
+    pm = from_zero[SEEDS[0]]
+    assert _lift(outbreak, _untrained(pm)) < 1.5   # all-zero weights: constant scores
+    rand = _random_directions(outbreak, from_zero.values())
+    assert np.mean(rand) < MIN_LEARNED_LIFT, rand
+
+
+def test_default_dp_recipe_keeps_the_priors_ranking(outbreak, dp_models):
+    untrained = _lift(outbreak, _untrained(dp_models[SEEDS[0]]))
+    lifts = [_lift(outbreak, dp_models[s]) for s in SEEDS]
+    assert np.mean(lifts) >= MIN_KEPT_SHARE * untrained, (lifts, untrained)
+    # power check: random directions of the same norms lose it
+    rand = _random_directions(outbreak, dp_models.values())
+    assert np.mean(rand) < MIN_KEPT_SHARE * untrained, (rand, untrained)
+    for pm in dp_models.values():
         assert len(pm.privacy) == outbreak.num_regions
         for p in pm.privacy:
             assert p["noise_multiplier"] > 0 and p["epsilon_spent"] <= 5.0 * (1 + 1e-9)
@@ -64,26 +112,11 @@ def test_default_dp_recipe_learns_to_rank_next_weeks_infections(outbreak, traine
             assert p["preprocessing"]["uncharged"] == []
 
 
-def test_the_learning_threshold_is_failed_by_uninformed_models(outbreak, trained):
-    """Power check of MIN_MEAN_LIFT: untrained (zero) weights, and random directions with
-    each trained model's norm, do not reach it on this outbreak."""
-    pm = trained[SEEDS[0]]
-    assert _lift(outbreak, dataclasses.replace(pm, weights=np.zeros_like(pm.weights))) < 1.5
-    rng = np.random.default_rng(0)
-    lifts = []
-    for s in SEEDS:
-        for _ in range(5):
-            w = rng.normal(size=trained[s].weights.shape)
-            w *= np.linalg.norm(trained[s].weights) / np.linalg.norm(w)
-            lifts.append(_lift(outbreak, dataclasses.replace(trained[s], weights=w)))
-    assert np.mean(lifts) < MIN_MEAN_LIFT, lifts
-
-
-def test_the_seed_controls_the_noise(outbreak, trained):
+def test_the_seed_controls_the_noise(outbreak, dp_models):
     """Same seed, same model (bit for bit: one process); another seed, another noise draw."""
-    again = P.train(outbreak, trained[SEEDS[0]].config)
-    assert np.array_equal(again.weights, trained[SEEDS[0]].weights)
-    assert not np.allclose(trained[SEEDS[0]].weights, trained[SEEDS[1]].weights)
+    again = P.train(outbreak, dp_models[SEEDS[0]].config)
+    assert np.array_equal(again.weights, dp_models[SEEDS[0]].weights)
+    assert not np.allclose(dp_models[SEEDS[0]].weights, dp_models[SEEDS[1]].weights)
 
 
 def test_untrained_summary_score_is_already_informative(outbreak):
