@@ -205,6 +205,7 @@ def test_cli_trains_another_method_on_graph_data(small_outbreak, tmp_path):
     assert not (tmp_path / "x").exists()
 
 
+@pytest.mark.statistical
 @pytest.mark.parametrize("noise", ["secure", "seeded"])
 def test_node_level_noise_has_the_calibrated_scale(noise):
     """Examples whose gradient is 0 (x = 0, y = 0, linear model at 0): after T steps at
