@@ -15,6 +15,12 @@ from pathlib import Path
 
 import pytest
 
+# pytest-xdist workers run with COLUMNS=80, and silofl.cli builds its rich Consoles at import:
+# they would keep that width for good and ignore the COLUMNS a test passes to CliRunner (so
+# wide tables would wrap differently under `make test` than in a single test). Tests that
+# need a width set it themselves; the user's terminal must not matter either.
+os.environ.pop("COLUMNS", None)
+
 #: Per-user locations silofl (and Flower) read from the environment.
 USER_DIRS = {
     "SILOFL_HOME": "silofl_home",
