@@ -164,6 +164,7 @@ def _job_config(tmp_path: Path, store: Path, rounds: int, eps: float = 4.0) -> P
     return p
 
 
+@pytest.mark.slow
 def test_sigkill_mid_training_keeps_the_reservation_and_the_rerun_sees_it(tmp_path):
     store = tmp_path / "budget.sqlite"
     long = _job_config(tmp_path, store, rounds=5_000, eps=4.0)
@@ -214,6 +215,7 @@ def _race(path, barrier, results):
         results.put("refused")
 
 
+@pytest.mark.slow
 def test_two_concurrent_processes_cannot_overspend(tmp_path):
     path = tmp_path / "b.sqlite"
     ev = A.dpsgd_event(0.1, 6.0, 300)

@@ -105,6 +105,7 @@ def _weights(d, csv: str, standardize: str) -> np.ndarray:
     return np.array(out)
 
 
+@pytest.mark.slow
 @pytest.mark.statistical
 @pytest.mark.parametrize("standardize,leaks", [("auto", False), ("private", False),
                                                ("uncharged", True)])

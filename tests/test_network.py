@@ -191,6 +191,7 @@ def test_network_mrmtl_equals_simulator_and_stores_hold_exactly_the_steps(tmp_pa
         assert status == ["charged"] * JOB["rounds"]
 
 
+@pytest.mark.slow
 @pytest.mark.network
 def test_budget_exhausted_silo_leaves_others_go_on_and_intruders_cannot_join(tmp_path):
     w = consortium(tmp_path, min_silos=2)
@@ -317,6 +318,7 @@ def test_malformed_oversized_and_forged_messages_are_rejected(tmp_path, monkeypa
     assert srv.accept_update(name, 1, rep, [update])[0] == "ok"
 
 
+@pytest.mark.slow
 @pytest.mark.network
 def test_silo_crash_mid_round_and_rejoin(tmp_path):
     w = consortium(tmp_path, job={"rounds": 4}, min_silos=2)
@@ -346,6 +348,7 @@ def test_silo_crash_mid_round_and_rejoin(tmp_path):
     assert steps == 4 * plans[0].steps_per_pass
 
 
+@pytest.mark.slow
 @pytest.mark.network
 def test_server_restart_resumes_from_its_checkpoint(tmp_path):
     w = consortium(tmp_path, job={"rounds": 4})
@@ -620,6 +623,7 @@ def test_local_dp_methods_over_the_network_equal_the_simulator(tmp_path, method)
     assert rep["status"] == "refused" and "differs" in rep["reason"]
 
 
+@pytest.mark.slow
 @pytest.mark.network
 def test_privatekt_over_tls_processes_asks_only_the_selected_silos(tmp_path):
     """PrivateKT with 4 silo processes + 1 server over TLS: the server asks each round only
@@ -679,6 +683,7 @@ def run_regions(tmp_path: Path, job: dict) -> dict:
     return w
 
 
+@pytest.mark.slow
 @pytest.mark.network
 def test_graph_regions_as_tls_processes_equal_in_process_pandemic_training(tmp_path):
     """One engine for graph data too: `silofl deploy init --regions` gives every region of

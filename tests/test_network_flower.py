@@ -274,6 +274,7 @@ def _wait_online(env, count: int, deadline) -> None:
     raise AssertionError(f"{count} SuperNode(s) not online within {READY_S:g} s: {nodes}")
 
 
+@pytest.mark.slow
 @pytest.mark.network
 def test_superlink_route_tls_node_auth_end_to_end(deployment):
     """Two hospitals as SuperNodes (TLS, registered keys) run a FedAvg round through

@@ -92,6 +92,7 @@ def _pld_eps(event, delta, grid=1e-4):
 
 # --- reported ε == independent accounting of the executed steps ------------------------------
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["local", "mrmtl"])
 def test_reported_epsilon_matches_dp_accounting_for_executed_steps(gather_log, method):
     fed, cfg = _fed(), _cfg()

@@ -211,6 +211,7 @@ def test_bad_inputs_are_clear_errors(small_fed):
 
 # --- end to end ----------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_privatekt_beats_chance_and_ldp_on_updates():
     """The CPU-sized setting at its smallest: 20 clients × 150 real digits, Dirichlet(0.5),
     a softmax GLM, ε = 5 per round for every method."""

@@ -78,6 +78,7 @@ def _ledgers(d: Path) -> dict:
     return {str(p.relative_to(d)): p.read_text() for p in sorted((d / "ledgers").rglob("*.jsonl"))}
 
 
+@pytest.mark.slow
 def test_seeded_run_killed_and_resumed_equals_an_uninterrupted_run(tmp_path):
     ref = run_experiment(config_from_dict(_config("seeded")), tmp_path / "ref")
     d = _killed_then_resumed(tmp_path, "seeded")
@@ -103,6 +104,7 @@ def test_seeded_run_killed_and_resumed_equals_an_uninterrupted_run(tmp_path):
     assert any("interrupted" in n for n in notes)
 
 
+@pytest.mark.slow
 def test_secure_run_killed_and_resumed_stays_within_its_budget(tmp_path):
     d = _killed_then_resumed(tmp_path, "secure")
     priv = json.loads((d / "privacy_report.json").read_text())

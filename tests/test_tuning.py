@@ -370,6 +370,7 @@ def test_exponential_mechanism_route_charges_grid_and_selection():
     assert len(alg.last_release) == 4 and all(r["lam"] in LAMS for r in alg.last_release)
 
 
+@pytest.mark.slow
 def test_a_privately_tuned_run_cannot_be_resumed(tmp_path):
     """A tuned run killed mid-way leaves its checkpoint; resuming it would re-read the
     trials' later rounds beyond the one RepeatAndSelect charge, so it is refused, and the

@@ -86,6 +86,7 @@ def from_zero(outbreak):
     return {s: P.train(outbreak, dataclasses.replace(base, seed=s)) for s in SEEDS}
 
 
+@pytest.mark.slow
 @pytest.mark.statistical
 def test_training_learns_to_rank_from_the_labels(outbreak, from_zero):
     assert outbreak.target.sum() >= 20  # enough positives for AUPRC to be meaningful
@@ -98,6 +99,7 @@ def test_training_learns_to_rank_from_the_labels(outbreak, from_zero):
     assert np.mean(rand) < MIN_LEARNED_LIFT, rand
 
 
+@pytest.mark.slow
 @pytest.mark.statistical
 def test_default_dp_recipe_keeps_the_priors_ranking(outbreak, dp_models):
     untrained = _lift(outbreak, _untrained(dp_models[SEEDS[0]]))

@@ -363,6 +363,7 @@ def test_graph_jobs_carry_the_method_settings():
         job_algorithm(graph_job(P.PandemicConfig(method="ifca", clusters=4), names, 12))
 
 
+@pytest.mark.slow
 def test_networked_graph_job_runs_ifca_like_pipeline_train(tmp_path):
     """Each region its own `silofl silo` process against `silofl server` (TLS), method
     ifca: every region reserves its selection with round 1 in its own store, and the seeded
