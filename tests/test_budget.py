@@ -185,7 +185,12 @@ def test_sigkill_mid_training_keeps_the_reservation_and_the_rerun_sees_it(tmp_pa
             time.sleep(0.2)
         else:
             pytest.fail("the job never reserved its budget")
-        time.sleep(1.0)  # mid-training
+        while time.monotonic() < deadline and proc.poll() is None:  # mid-training: a round
+            if any(f.stat().st_size for f in tmp_path.glob("runs/*/ledgers/*/*.jsonl")):
+                break  # has been written to some silo's ledger
+            time.sleep(0.05)  # poll interval
+        else:
+            pytest.fail("the job never reached a training round")
         assert proc.poll() is None, "the long job ended before it could be killed"
         proc.send_signal(signal.SIGKILL)
         proc.wait(30)
