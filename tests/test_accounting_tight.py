@@ -13,7 +13,6 @@ import importlib.metadata
 import json
 import logging
 import math
-import time
 from collections import Counter
 from pathlib import Path
 
@@ -133,18 +132,25 @@ def test_gaussians_compose_exactly_into_one_and_order_does_not_matter():
     assert A.epsilon(E.compose(Counter(counts)), 1e-6, "pld") == x
 
 
-def test_an_already_seen_composition_is_checked_in_microseconds():
+def test_an_already_seen_composition_is_served_from_the_cache(monkeypatch):
+    """Re-checking an equal composition (new objects, as ledgers build) must not recompute
+    anything: with every accounting path made to fail, the answer still comes, and equals
+    the first. (Its time, microseconds, is printed by benchmarks/bench_accounting.py.)"""
     ev = dpa.ComposedDpEvent([_event(0.05, 1.1, 400), _event(0.1, 2.0, 50)])
-    for kind in A.ACCOUNTANTS:
-        A.epsilon(ev, 1e-5, kind)
+    A.clear_caches()
+    first = A.epsilons(ev, 1e-5)
     counts = Counter(E.flatten(ev))
-    times = []
-    for _ in range(50):
-        fresh = E.compose(Counter(counts))  # equal composition, new objects, as ledgers build
-        t0 = time.perf_counter()
-        A.epsilons(fresh, 1e-5)
-        times.append(time.perf_counter() - t0)
-    assert np.median(times) < 1e-3
+
+    def recompute(*a, **k):
+        raise AssertionError("an already-seen composition was recomputed")
+    for name in ("_rdp_epsilon", "_pld_epsilon", "_own_curve"):
+        monkeypatch.setattr(A, name, recompute)
+    for _ in range(3):
+        fresh = E.compose(Counter(counts))  # equal composition, new objects
+        assert fresh is not ev and A.epsilons(fresh, 1e-5) == first
+    A.clear_caches()  # power check: without the cache the same call recomputes
+    with pytest.raises(AssertionError, match="recomputed"):
+        A.epsilons(E.compose(Counter(counts)), 1e-5)
 
 
 # --- RDP at fractional orders -------------------------------------------------------------
@@ -208,15 +214,12 @@ def test_rdp_to_epsilon_is_dp_accountings_conversion_and_never_rounds_down():
 ])
 def test_pld_calibration_leaves_at_most_two_percent_unused(target, delta, q, steps):
     A.clear_caches()
-    t0 = time.perf_counter()
     sigma = A.calibrate_dpsgd(target, delta, q, steps)
-    elapsed = time.perf_counter() - t0
     ev = _event(q, sigma, steps)
     assert A.epsilon(ev, delta) <= target  # the reported (PLD) figure meets it
     ref = _dp_pld(ev, delta, 1e-5)  # PLD's own measure
     assert 0.98 * target <= ref <= target
     if steps == 9600:
-        assert elapsed < 1.0  # the benchmark target (≈ 0.1 s here)
         assert sigma == pytest.approx(19.6, abs=0.05)
         rdp_sigma = A.calibrate_dpsgd(target, delta, q, steps, "rdp")
         assert rdp_sigma == pytest.approx(20.84, abs=0.05)
@@ -312,10 +315,9 @@ def test_node_level_finer_grid_never_reports_more():
         assert new <= old * (1 + 1e-12)
 
 
-def test_node_level_calibration_stays_fast_and_tight():
-    t0 = time.perf_counter()
+def test_node_level_calibration_is_tight():
+    # (its time, target < 0.5 s, is printed by benchmarks/bench_accounting.py)
     sigma = calibrate_node_sigma(1.0, 100_000, 20, 512, 195)
-    assert time.perf_counter() - t0 < 0.5
     assert 0.99 <= node_epsilon(100_000, 20, 512, sigma, 195) <= 1.0
 
 

@@ -241,6 +241,7 @@ def test_real_mechanism_passes_the_multi_run_audit(silo):
     assert row.lower_bound < CLAIM and not row.violation, row.details
 
 
+@pytest.mark.slow
 def test_quarter_noise_is_flagged(silo, quarter_noise):
     # actual ε far above 1, but a multi-run bound is capped near ln(runs): over 8 repeats of
     # this audit the bound ranged 1.4–2.3 with 600 runs; 1000 runs keep it clear of 1
@@ -295,6 +296,7 @@ def test_heart_one_run_stays_below_and_reports(tmp_path):
     assert "audit" in files[1].read_text() and "scratch" in files[1].read_text()
 
 
+@pytest.mark.slow
 def test_school_one_run_stays_below():
     cfg = config_from_dict({"data": {"source": "school"}, "model": {"name": "linear"},
                             "training": {"methods": ["fedavg"], "rounds": 5},

@@ -102,6 +102,7 @@ def test_real_mechanism_stays_below_one_run(data, region, adjacency, tmp_path):
     assert out["violations"] == [] and out["silos"][0]["details"]["adjacency"] == adjacency
 
 
+@pytest.mark.slow
 def test_real_mechanism_stays_below_multi_run(data, region):
     rep = audit_pandemic(data, _cfg(), region=region, kind="multi-run", runs=20)
     (row,) = rep.rows
@@ -109,6 +110,7 @@ def test_real_mechanism_stays_below_multi_run(data, region):
     assert not row.violation, row.details
 
 
+@pytest.mark.slow
 def test_replayed_noise_is_flagged(data, region, replayed_noise):
     """With the noise and batches replayed, every run on D gives one model and every run on
     D′ another: the multi-run bound reaches its maximum for 20 + 20 runs (≈ 0.81) > 0.5."""

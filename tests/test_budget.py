@@ -164,6 +164,7 @@ def _job_config(tmp_path: Path, store: Path, rounds: int, eps: float = 4.0) -> P
     return p
 
 
+@pytest.mark.slow
 def test_sigkill_mid_training_keeps_the_reservation_and_the_rerun_sees_it(tmp_path):
     store = tmp_path / "budget.sqlite"
     long = _job_config(tmp_path, store, rounds=5_000, eps=4.0)
@@ -171,8 +172,8 @@ def test_sigkill_mid_training_keeps_the_reservation_and_the_rerun_sees_it(tmp_pa
                              "-q"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
     try:
-        deadline = time.time() + 120
-        while time.time() < deadline:  # wait until the job has reserved and is training
+        deadline = time.monotonic() + 300  # bound, not a window: the loop ends when ready
+        while time.monotonic() < deadline:  # wait until the job has reserved and is training
             if store.exists():
                 try:
                     with sqlite3.connect(store) as db:
@@ -184,7 +185,12 @@ def test_sigkill_mid_training_keeps_the_reservation_and_the_rerun_sees_it(tmp_pa
             time.sleep(0.2)
         else:
             pytest.fail("the job never reserved its budget")
-        time.sleep(1.0)  # mid-training
+        while time.monotonic() < deadline and proc.poll() is None:  # mid-training: a round
+            if any(f.stat().st_size for f in tmp_path.glob("runs/*/ledgers/*/*.jsonl")):
+                break  # has been written to some silo's ledger
+            time.sleep(0.05)  # poll interval
+        else:
+            pytest.fail("the job never reached a training round")
         assert proc.poll() is None, "the long job ended before it could be killed"
         proc.send_signal(signal.SIGKILL)
         proc.wait(30)
@@ -214,6 +220,7 @@ def _race(path, barrier, results):
         results.put("refused")
 
 
+@pytest.mark.slow
 def test_two_concurrent_processes_cannot_overspend(tmp_path):
     path = tmp_path / "b.sqlite"
     ev = A.dpsgd_event(0.1, 6.0, 300)
@@ -228,8 +235,8 @@ def test_two_concurrent_processes_cannot_overspend(tmp_path):
         for p in procs:
             p.start()
         for p in procs:
-            p.join(60)
-        got = sorted(results.get(timeout=5) for _ in procs)
+            p.join(300)  # bound; they finish in seconds
+        got = sorted(results.get(timeout=300) for _ in procs)
         assert got == ["ok", "refused"]
         assert BudgetStore(path).spent("a")["epsilon"] <= (one + two) / 2
 

@@ -162,6 +162,7 @@ def test_run_with_no_arguments_writes_run_directory(workdir):
     assert load_config(d / "config.toml").to_dict() == load_config(None).to_dict()
 
 
+@pytest.mark.slow
 def test_run_with_config_on_csv(workdir, csv):
     cfg = _config(workdir / "small.toml", csv, output={"name": "small"})
     res = _invoke(["run", "--config", str(cfg), "-q"])

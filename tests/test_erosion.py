@@ -144,6 +144,7 @@ def test_majority_baseline():
     assert (score, c) == (2.0, 2.0)
 
 
+@pytest.mark.slow
 def test_cli_writes_png_and_json(csv, tmp_path):
     cfg = tmp_path / "run.toml"
     cfg.write_text(tomli_w.dumps(_cfg(csv)))

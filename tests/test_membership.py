@@ -55,6 +55,7 @@ def epsilon_lower_bound(on_d: np.ndarray, on_d1: np.ndarray, delta: float,
     return max(0.0, *bounds)
 
 
+@pytest.mark.statistical
 def test_lower_bound_detects_a_leak_and_respects_a_sound_mechanism():
     rng = np.random.default_rng(0)
     # a deterministic leak: the statistic differs with no noise → the bound is large
@@ -104,6 +105,8 @@ def _weights(d, csv: str, standardize: str) -> np.ndarray:
     return np.array(out)
 
 
+@pytest.mark.slow
+@pytest.mark.statistical
 @pytest.mark.parametrize("standardize,leaks", [("auto", False), ("private", False),
                                                ("uncharged", True)])
 def test_membership_lower_bound_against_the_claim(neighbours, standardize, leaks):

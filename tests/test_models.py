@@ -334,7 +334,26 @@ def test_model_task_mismatch_raises_config_error(name, task):
                                        ("softmax", "multiclass"), ("softmax", "binary"),
                                        ("svm", "binary"), ("focal", "binary")])
 def test_model_task_match_accepted(name, task):
-    make_model(name, 3).check_task(task)
+    """An accepted pair must also work: the model's loss on labels of that task falls
+    under plain gradient descent (its own per-example gradients) on learnable data."""
+    k = 3 if task == "multiclass" else 2
+    m = make_model(name, 3, k)
+    m.check_task(task)  # accepted: no error
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(200, 3))
+    s = X @ np.array([1.5, -2.0, 0.5])
+    y = {"regression": s, "binary": (s > 0).astype(np.int64),
+         "multiclass": np.digitize(s, [-1.0, 1.0]).astype(np.int64)}[task]
+    w = m.init_params()
+    before = float(m.loss(w, X, y).mean())
+    for _ in range(50):
+        g = m.per_example_grads(w, X, y)
+        assert g.shape == (len(y), w.size) and np.all(np.isfinite(g))
+        w = w - 0.1 * g.mean(axis=0)
+    after = float(m.loss(w, X, y).mean())
+    assert np.isfinite(before) and after < 0.8 * before, (before, after)
+    p = m.predict(w, X)
+    assert p.shape == ((len(y), k) if name == "softmax" else (len(y),)) and np.all(np.isfinite(p))
 
 
 def test_simulate_rejects_model_for_wrong_task():

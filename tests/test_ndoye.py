@@ -110,6 +110,7 @@ def test_cv_release_reserved_before_any_data_read(csv, monkeypatch):
     assert all(store.spent(n)["epsilon"] <= 2.0 for n in SILOS)
 
 
+@pytest.mark.statistical
 def test_cv_noise_scale_matches_sigma_b_over_n(tmp_path, monkeypatch):
     names = [f"s{k:03d}" for k in range(150)]
     csv = _table(tmp_path / "many.csv", names=names, n=60, flip="")

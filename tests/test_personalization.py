@@ -157,6 +157,7 @@ def test_selection_is_charged_before_any_data_is_read(monkeypatch):
 
 # --- the exponential mechanism ---------------------------------------------------------------
 
+@pytest.mark.statistical
 def test_private_selection_follows_the_exponential_mechanism(cached_epsilon):
     """Many silos holding the same 21 examples choose among 3 candidates with error rates
     2/21, 6/21 and 10/21: the empirical choice frequencies must match
@@ -184,6 +185,7 @@ def test_private_selection_follows_the_exponential_mechanism(cached_epsilon):
     assert ledgers[0].spent_counts() == Counter({dpa.ZCDpEvent(eps ** 2 / 8): 1})
 
 
+@pytest.mark.statistical
 def test_gumbel_draws_are_standard_gumbel_in_both_modes():
     for rng in (Randomness.seeded(0), Randomness.os_entropy()):
         g = rng.gumbel(20000)

@@ -92,6 +92,7 @@ def _pld_eps(event, delta, grid=1e-4):
 
 # --- reported ε == independent accounting of the executed steps ------------------------------
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["local", "mrmtl"])
 def test_reported_epsilon_matches_dp_accounting_for_executed_steps(gather_log, method):
     fed, cfg = _fed(), _cfg()
@@ -348,6 +349,7 @@ def _check_std(z, expected):
     assert abs(z.mean()) < 6 * expected / np.sqrt(n)
 
 
+@pytest.mark.statistical
 @pytest.mark.parametrize("rng_kind", ["seeded", "secure"])
 def test_add_noise_has_requested_std(rng_kind):
     rng = Randomness.seeded(11) if rng_kind == "seeded" else Randomness.os_entropy()
@@ -429,6 +431,7 @@ def test_secure_draws_differ_between_instances_seeded_reproduce():
     assert a.spawn().secure
 
 
+@pytest.mark.statistical
 def test_secure_uniform_and_normal_shapes_and_ranges():
     r = Randomness.os_entropy()
     u = r.uniform((200, 50))

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import math
-import time
 from collections import Counter
 
 import dp_accounting as dpa
@@ -137,14 +136,13 @@ def test_rr_that_keeps_every_label_is_non_private_not_a_crash():
         assert acc.epsilon(ev, DELTA, "pld") == math.inf
         assert acc.epsilon(ev, DELTA, "rdp") == math.inf
     # just below the cliff the event is still the executed RR (its p is 1 − β exactly),
-    # and its PLD is quick (the grid used to follow RR's vanishing loss std: 90 s here)
+    # (its PLD used to take 90 s here, the grid following RR's vanishing loss std; the time
+    # is printed by benchmarks/bench_accounting.py)
     beta = ldp.rr_keep_probability(30.0, 1, 10)
     ev = ldp.rr_event(30.0, 1, 10)
     assert 0 < ev.noise_parameter == 1.0 - beta
-    t0 = time.perf_counter()
     assert acc.epsilon(dpa.SelfComposedDpEvent(ev, 7), DELTA, "pld") == \
         pytest.approx(210.0, rel=1e-3)
-    assert time.perf_counter() - t0 < 10.0
 
 
 def test_privatekt_at_a_noiseless_epsilon_is_refused_before_any_read(tiny_fed, monkeypatch):

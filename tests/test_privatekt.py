@@ -54,6 +54,7 @@ def test_beta_is_eq6_and_the_dp_accounting_event_has_ratio_e_eps_over_k():
     assert accounting.epsilon(ev, 1e-12, "pld") == pytest.approx(eps / K, rel=0.01)
 
 
+@pytest.mark.statistical
 def test_randomized_response_flip_frequencies_match_beta():
     C, beta, n = 10, ldp.rr_keep_probability(2.0, 1, 10), 40000
     out = ldp.randomized_response(np.full(n, 3), beta, C, Randomness.seeded(0))
@@ -210,6 +211,7 @@ def test_bad_inputs_are_clear_errors(small_fed):
 
 # --- end to end ----------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_privatekt_beats_chance_and_ldp_on_updates():
     """The CPU-sized setting at its smallest: 20 clients × 150 real digits, Dirichlet(0.5),
     a softmax GLM, ε = 5 per round for every method."""

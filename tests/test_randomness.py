@@ -151,6 +151,7 @@ def test_forked_child_never_repeats_the_parents_keystream(monkeypatch, prefetche
 
 # --- uniforms ---------------------------------------------------------------------------------
 
+@pytest.mark.statistical
 def test_secure_uniform_range_grid_and_distribution():
     r = Randomness.secure()
     u = r.uniform(400_000)
@@ -172,6 +173,7 @@ def test_secure_uniform_extremes_are_in_0_1(monkeypatch):
     np.testing.assert_array_equal(u, [2.0**-53, 1.0, 0.5, 0.5 + 2.0**-53])
 
 
+@pytest.mark.statistical
 def test_secure_gumbel_is_standard_gumbel():
     g = Randomness.secure().gumbel(200_000)
     assert np.all(np.isfinite(g))
@@ -180,6 +182,7 @@ def test_secure_gumbel_is_standard_gumbel():
 
 # --- Gaussians --------------------------------------------------------------------------------
 
+@pytest.mark.statistical
 def test_secure_normal_matches_the_standard_normal(secure_normals):
     z = secure_normals
     n = z.size
@@ -194,6 +197,7 @@ def test_secure_normal_matches_the_standard_normal(secure_normals):
     assert abs(np.corrcoef(z[:-1:2], z[1::2])[0, 1]) < 5 / math.sqrt(n / 2)
 
 
+@pytest.mark.statistical
 @pytest.mark.parametrize("t", [2.0, 3.0, 3.5, 4.0])
 def test_secure_normal_tail_frequencies(secure_normals, t):
     """P(|Z| > t) within a 5-sd binomial interval: a sampler with truncated or thin tails
@@ -235,6 +239,7 @@ def test_secure_normal_shapes_and_odd_sizes():
     assert len(np.unique(z)) == z.size
 
 
+@pytest.mark.statistical
 def test_secure_prefetched_blocks_are_fresh_normals(monkeypatch):
     monkeypatch.setattr(R, "PREFETCH", True)  # the background thread even on one CPU
     r = Randomness.secure()

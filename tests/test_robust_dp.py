@@ -176,6 +176,7 @@ def test_synthetic23_plain_mean_fails(synthetic23):
         assert synthetic23.harm("mean", attack) > 5, attack
 
 
+@pytest.mark.slow
 def test_synthetic23_a_little_is_enough_is_the_known_weak_spot(synthetic23):
     # honest updates are mostly DP noise, so "mean − 1·std" hides in it and pulls the
     # median/trimmed mean the same way every round; the harm grows with the rounds (30
@@ -199,6 +200,7 @@ def test_heart_plain_mean_fails(heart):
 
 # --- School: all 139 schools, 28 attackers -------------------------------------------------
 
+@pytest.mark.slow
 def test_school_what_holds(school):
     # multi-Krum keeps exactly the 111 honest updates (−2.1%: below its own honest run);
     # the mean: +57% (scaled), MSE ≈ 10³ (gaussian)

@@ -378,6 +378,7 @@ def test_missing_torch_is_a_config_error_with_the_install_hint(monkeypatch):
     assert make_model("logistic", 3).num_params == 4  # GLMs do not need torch
 
 
+@pytest.mark.slow
 def test_convnet_benchmark_quick_mode_runs():
     script = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_convnet.py"
     res = subprocess.run([sys.executable, str(script), "--quick", "--batch", "20"],

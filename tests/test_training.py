@@ -44,6 +44,7 @@ def _check_structure(idx, mask, n):
 
 # --- Poisson sampling ------------------------------------------------------------------------
 
+@pytest.mark.statistical
 def test_poisson_batch_sizes_mean_variance_and_inclusion_several_silos():
     n = np.array([200, 50, 1000, 7])
     q = np.array([0.1, 0.5, 0.01, 0.3])

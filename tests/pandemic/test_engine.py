@@ -5,7 +5,9 @@ pandemic track running on it (`pandemic.engine`, `pipeline.train` through
 The reference results (`data/pipeline_reference.*`) were recorded by running the
 *previous* pipeline — its own round, local pass, server step, noise streams and σ
 bisection, at commit fdbbcdd — with `data/record_pipeline_reference.py`, before that code
-was replaced by the engine. Same seeds, seeded noise: the engine must give the same bits.
+was replaced by the engine. Same seeds, seeded noise: the engine must give the same results,
+up to the last-digit rounding that differs between machines (REF_RTOL); within one process a
+second run must give the same bits.
 """
 
 from __future__ import annotations
@@ -47,17 +49,64 @@ def ref_data(tmp_path_factory):
 
 META = json.loads((REF / "pipeline_reference.json").read_text())
 
+#: Relative tolerance against the stored reference. It was recorded on another machine:
+#: BLAS kernels (and with them the order of float sums) differ per CPU model, so the same
+#: batches, noise and steps give results that differ in the last digits (seen: 7.9998243371807805
+#: vs 7.999824337180775, 7e-15 relative). Two rounds of ~40 DP-SGD steps amplify such rounding
+#: by far less than 1e5, so 1e-9 leaves a wide margin; anything the reference pins (another
+#: batch, noise draw, step count or σ — σ's bisection tolerance is 1e-4) moves results by
+#: 1e-4 or more (`test_reference_tolerance_tells_another_noise_draw_apart`).
+REF_RTOL = 1e-9
+
+
+def _close(got, want) -> bool:
+    got, want = np.asarray(got, dtype=float), np.asarray(want, dtype=float)
+    return got.shape == want.shape and np.allclose(
+        got, want, rtol=REF_RTOL, atol=REF_RTOL * float(np.abs(want).max(initial=0.0)))
+
+
+def _nums(values) -> list[float]:
+    """Floats, with None (a non-private run has no σ or ε) as NaN."""
+    return [np.nan if v is None else float(v) for v in values]
+
+
+def _same(got, want) -> bool:
+    """Equal None positions, and the rest within REF_RTOL."""
+    got, want = _nums(got), _nums(want)
+    return list(np.isnan(got)) == list(np.isnan(want)) and \
+        _close(np.nan_to_num(got), np.nan_to_num(want))
+
 
 @pytest.mark.parametrize("name", sorted(META))
-def test_engine_reproduces_the_previous_pipeline_bit_for_bit(ref_data, name):
+def test_engine_reproduces_the_previous_pipeline(ref_data, name):
     m = META[name]
-    pm = P.train(ref_data, P.PandemicConfig(**m["config"]))
+    cfg = P.PandemicConfig(**m["config"])
+    pm = P.train(ref_data, cfg)
     want = np.load(REF / "pipeline_reference.npz")[name]
     assert pm.regions == m["regions"]
-    assert np.array_equal(pm.weights, want)  # same batches, noise, steps and server mean
-    assert [p["noise_multiplier"] for p in pm.privacy] == m["sigma"]  # same calibration
-    assert [p["steps"] for p in pm.privacy] == m["steps"]
-    assert [p.get("epsilon_spent") for p in pm.privacy] == m["epsilon_spent"]
+    assert [p["steps"] for p in pm.privacy] == m["steps"]   # integers: exact
+    # same batches, noise, steps and server mean, up to the cross-machine rounding above
+    assert _close(pm.weights, want), np.abs(pm.weights - want).max()
+    assert _same([p["noise_multiplier"] for p in pm.privacy], m["sigma"])  # calibration
+    assert _same([p.get("epsilon_spent") for p in pm.privacy], m["epsilon_spent"])
+    # same process, same machine, same seeds: identical to the bit
+    again = P.train(ref_data, cfg)
+    assert np.array_equal(again.weights, pm.weights)
+    drop = ("run_id",)  # a fresh id per run, by design
+    assert [{k: v for k, v in p.items() if k not in drop} for p in again.privacy] == \
+        [{k: v for k, v in p.items() if k not in drop} for p in pm.privacy]
+
+
+def test_reference_tolerance_tells_another_noise_draw_apart(ref_data):
+    """Power check of REF_RTOL: the seed alone (another noise draw and batches) moves the
+    result far outside it, so the reference comparison can fail."""
+    name = "mrmtl_declared"
+    m = META[name]
+    pm = P.train(ref_data, P.PandemicConfig(**{**m["config"], "seed": m["config"]["seed"] + 1}))
+    want = np.load(REF / "pipeline_reference.npz")[name]
+    assert pm.weights.shape == want.shape
+    rel = np.abs(pm.weights - want).max() / np.abs(want).max()
+    assert rel > 1e4 * REF_RTOL, rel
 
 
 # --- the node-level unit on tabular data (each person one example: S = 1) ----------------
@@ -156,6 +205,7 @@ def test_cli_trains_another_method_on_graph_data(small_outbreak, tmp_path):
     assert not (tmp_path / "x").exists()
 
 
+@pytest.mark.statistical
 @pytest.mark.parametrize("noise", ["secure", "seeded"])
 def test_node_level_noise_has_the_calibrated_scale(noise):
     """Examples whose gradient is 0 (x = 0, y = 0, linear model at 0): after T steps at

@@ -97,6 +97,7 @@ def test_secure_rounds_draw_everything_from_their_stream(data, monkeypatch):
     assert np.array_equal(runs[0], runs[1]) and not np.array_equal(runs[0], runs[2])
 
 
+@pytest.mark.statistical
 def test_uniform_batches_are_exact_and_uniform():
     class Fixed(Randomness):
         def __init__(self, ks):

@@ -1,16 +1,20 @@
 """Does the DP model learn, and are its inputs what they claim to be?
 
-* On a 10k-person synthetic outbreak the default recipe (node-level ε = 5 per region,
-  node+edges adjacency, declared preprocessing constants, secure noise) ranks next
-  week's infections well above the positive rate and the SIR baseline.  The noise is
-  drawn from OS entropy, so every run differs: over 20 runs the lift over the positive
-  rate had median 33.5× and minimum 16.7× (threshold 3×); before these defaults (node
-  adjacency, uncharged standardization, seeded noise) seeds 0/1 gave 25.7×/21.3×.
+* On a 10k-person synthetic outbreak (27 positives), with seeded noise so that the seed
+  fixes every draw: training from all-zero weights (no DP) learns from the labels to
+  rank next week's infections (lift = AUPRC / positive rate ≥ 15× on every seed), which
+  the untrained model (1×) and random directions (≈ 8.5×) fail; and the default DP recipe
+  (node-level ε = 5 per region, node+edges, declared constants) keeps most of the
+  untrained prior's ranking (≈ 33×: the inputs are informative by design, see the
+  README), which random directions do not.
 * `summary_inputs` equals a slow count from the raw CSV records (read with pandas, not
   with silofl's readers) for a few persons, with and without pruning.
 """
 
 from __future__ import annotations
+
+import dataclasses
+from types import SimpleNamespace
 
 import numpy as np
 import pandas as pd
@@ -27,20 +31,96 @@ def outbreak(learning_outbreak):
     return read_dataset(learning_outbreak, with_target=True)
 
 
-@pytest.mark.parametrize("seed", [0, 1])
-def test_default_dp_recipe_beats_positive_rate_and_sir(outbreak, seed):
-    cfg = P.PandemicConfig(seed=seed)
-    assert cfg.private and cfg.epsilon == 5.0 and cfg.pooling == "summary"
-    assert (cfg.noise, cfg.adjacency, cfg.preprocessing) == ("secure", "node+edges", "declared")
-    pm = P.train(outbreak, cfg)
+#: Seeds of the training runs (seeded noise: each seed is one reproducible noise draw).
+SEEDS = (0, 1, 2, 3)
+#: Lift (AUPRC / positive rate) that training from all-zero weights, without DP, must reach
+#: on every seed: it can only come from the labels. Measured: 27.7×, 22.7×, 29.8×, 24.8×.
+#: The untrained (zero) model gets 1×, random weight directions ≈ 8.5× on average.
+MIN_LEARNED_LIFT = 15.0
+#: Share of the untrained prior model's lift (≈ 33×) the DP recipe must keep on average over
+#: the seeds. Measured: 34.6×, 27.7×, 65.1×, 36.3× (mean 40.9×). At ε = 5 DP-SGD mostly keeps
+#: the prior's direction (README): this guards against training that destroys it.
+MIN_KEPT_SHARE = 0.6
+
+
+def _lift(outbreak, pm) -> float:
     ev = P.evaluate(outbreak, P.predict(outbreak, pm))
+    return ev["auprc"] / ev["positive_rate"]
+
+
+def _with(pm, weights):
+    return dataclasses.replace(pm, weights=np.broadcast_to(weights, pm.weights.shape).copy())
+
+
+def _untrained(pm):
+    """`pm` at the common starting point (prior weights, bias_init): no training at all."""
+    cfg = pm.config
+    return _with(pm, P.initial_weights(SimpleNamespace(num_params=pm.weights.shape[-1]), cfg))
+
+
+def _random_directions(outbreak, models, draws: int = 5) -> list[float]:
+    rng = np.random.default_rng(0)
+    out = []
+    for pm in models:
+        for _ in range(draws):
+            w = rng.normal(size=pm.weights.shape)
+            out.append(_lift(outbreak, _with(pm, w * np.linalg.norm(pm.weights)
+                                             / np.linalg.norm(w))))
+    return out
+
+
+@pytest.fixture(scope="module")
+def dp_models(outbreak):
+    """The default recipe with seeded noise (its default draws OS entropy: not reproducible)."""
+    base = P.PandemicConfig()
+    assert base.private and base.epsilon == 5.0 and base.pooling == "summary"
+    assert (base.noise, base.adjacency, base.preprocessing) == ("secure", "node+edges", "declared")
+    return {s: P.train(outbreak, dataclasses.replace(base, seed=s, noise="seeded"))
+            for s in SEEDS}
+
+
+@pytest.fixture(scope="module")
+def from_zero(outbreak):
+    """Non-private training from all-zero input weights: what it ranks, it learned."""
+    base = P.PandemicConfig(private=False, prior_weight=0.0, noise="seeded")
+    return {s: P.train(outbreak, dataclasses.replace(base, seed=s)) for s in SEEDS}
+
+
+@pytest.mark.slow
+@pytest.mark.statistical
+def test_training_learns_to_rank_from_the_labels(outbreak, from_zero):
     assert outbreak.target.sum() >= 20  # enough positives for AUPRC to be meaningful
-    assert ev["auprc"] >= 3 * ev["positive_rate"], ev
-    assert ev["auprc"] > ev["auprc_sir_baseline"], ev
-    assert len(pm.privacy) == outbreak.num_regions
-    for p in pm.privacy:
-        assert p["noise_multiplier"] > 0 and p["epsilon_spent"] <= 5.0 * (1 + 1e-9)
-        assert p["affected_examples"] == 2 * p["S"] - 1 and p["preprocessing"]["uncharged"] == []
+    lifts = [_lift(outbreak, from_zero[s]) for s in SEEDS]
+    assert min(lifts) >= MIN_LEARNED_LIFT, lifts
+    # power check: models that learned nothing fail the threshold on this outbreak
+    pm = from_zero[SEEDS[0]]
+    assert _lift(outbreak, _untrained(pm)) < 1.5   # all-zero weights: constant scores
+    rand = _random_directions(outbreak, from_zero.values())
+    assert np.mean(rand) < MIN_LEARNED_LIFT, rand
+
+
+@pytest.mark.slow
+@pytest.mark.statistical
+def test_default_dp_recipe_keeps_the_priors_ranking(outbreak, dp_models):
+    untrained = _lift(outbreak, _untrained(dp_models[SEEDS[0]]))
+    lifts = [_lift(outbreak, dp_models[s]) for s in SEEDS]
+    assert np.mean(lifts) >= MIN_KEPT_SHARE * untrained, (lifts, untrained)
+    # power check: random directions of the same norms lose it
+    rand = _random_directions(outbreak, dp_models.values())
+    assert np.mean(rand) < MIN_KEPT_SHARE * untrained, (rand, untrained)
+    for pm in dp_models.values():
+        assert len(pm.privacy) == outbreak.num_regions
+        for p in pm.privacy:
+            assert p["noise_multiplier"] > 0 and p["epsilon_spent"] <= 5.0 * (1 + 1e-9)
+            assert p["affected_examples"] == 2 * p["S"] - 1
+            assert p["preprocessing"]["uncharged"] == []
+
+
+def test_the_seed_controls_the_noise(outbreak, dp_models):
+    """Same seed, same model (bit for bit: one process); another seed, another noise draw."""
+    again = P.train(outbreak, dp_models[SEEDS[0]].config)
+    assert np.array_equal(again.weights, dp_models[SEEDS[0]].weights)
+    assert not np.allclose(dp_models[SEEDS[0]].weights, dp_models[SEEDS[1]].weights)
 
 
 def test_untrained_summary_score_is_already_informative(outbreak):

@@ -167,6 +167,7 @@ def _node_trainer(X, y, S=3, b=8, sigma=2.0, target=1e3, allowance=None, secure=
                         node=NodeUnit(S, "node+edges", ("r",), 3), label=NODE_LABEL)
 
 
+@pytest.mark.statistical
 def test_node_selection_follows_the_exponential_mechanism():
     """Each node-level selection is charged ε²/8-zCDP first, and its choices follow
     exp(−ε s/(2Δ)) with Δ = A/n (chi-square), not the example-level Δ = 1/(n − 1)."""
@@ -191,6 +192,7 @@ def test_node_selection_follows_the_exponential_mechanism():
     assert stats.chisquare(counts, R * p_example).pvalue < 1e-6
 
 
+@pytest.mark.statistical
 def test_node_gradient_is_one_charged_node_level_step():
     """`gradients` at node level: charged NodeLevelDpEvent(steps=1) before any read; the
     release is the clipped mean of exactly b persons plus N(0, (σC/b)²) per coordinate
@@ -361,6 +363,7 @@ def test_graph_jobs_carry_the_method_settings():
         job_algorithm(graph_job(P.PandemicConfig(method="ifca", clusters=4), names, 12))
 
 
+@pytest.mark.slow
 def test_networked_graph_job_runs_ifca_like_pipeline_train(tmp_path):
     """Each region its own `silofl silo` process against `silofl server` (TLS), method
     ifca: every region reserves its selection with round 1 in its own store, and the seeded

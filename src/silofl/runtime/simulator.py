@@ -133,7 +133,10 @@ def simulate(fed: Federation, model: Model, algorithm: Algorithm, cfg: TrainingC
     model.check_task(fed.task)
     bind_data(algorithm, fed, model)
     metric = metric or M.default_metric(fed.task)
-    plans = plans if plans is not None else plan_silos(fed, algorithm, cfg)
+    if plans is None:
+        plans = plan_silos(fed, algorithm, cfg)
+    else:  # plans made elsewhere (a sweep's parent process) were bound on another instance
+        algorithm.bind_silos(fed.names)
     method = method or algorithm.name
     ledgers, own = None, None
     if cfg.private:
