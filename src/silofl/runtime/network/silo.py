@@ -354,6 +354,7 @@ class SiloProgram(silo_table.TableHooks):
         self._data_open()
         self.store = BudgetStore(cfg.budget_store)
         self.job = self.hash = self.plan = None
+        self.done, self.last = 0, None  # rounds served (0 until a job is joined)
         self.exhausted = False
 
     # -- the data hooks (tabular) ---------------------------------------------------------
