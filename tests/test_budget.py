@@ -40,6 +40,13 @@ DELTA = 1e-5
 runner = CliRunner()
 
 
+@pytest.fixture(autouse=True)
+def home(tmp_path, monkeypatch):
+    """Every test's own silofl home: default stores and the registry never touch ~."""
+    monkeypatch.setenv("SILOFL_HOME", str(tmp_path / "home"))
+    return tmp_path / "home"
+
+
 def _fed(eps=2.0, seed=0):
     return linear_silos(num_silos=3, sizes=[60, 80, 100], dim=3, seed=seed).with_targets(
         PrivacyTarget(eps, DELTA))
@@ -378,7 +385,9 @@ def test_an_unexpected_error_in_training_prints_no_record(tmp_path, monkeypatch,
     # the failed job left no run directory, and its charges stay in the store
     o = tmp_path / "o"
     assert [p.name for p in o.iterdir() if p.is_dir()] == []
-    with BudgetStore(o / "budget.sqlite") as st:
+    assert not (o / "budget.sqlite").exists()  # never a store in the output folder
+    # the built-in heart data charges the (labelled) demo store in the silofl home
+    with BudgetStore(tmp_path / "home" / "stores" / "demo-heart.sqlite", demo=True) as st:
         assert st.silos() and all(st.spent(n)["unfinished_runs"] == 0 for n in st.silos())
 
 
