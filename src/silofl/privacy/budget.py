@@ -137,6 +137,10 @@ class BudgetStore:
                 self._db.execute("PRAGMA journal_mode=WAL")
                 self._db.execute("PRAGMA synchronous=FULL")
             self._db.execute("PRAGMA foreign_keys=ON")
+            # deleted content (e.g. the unkeyed fingerprints a migration replaces) is
+            # overwritten, not left in free pages of the file
+            self._db.execute("PRAGMA secure_delete=ON")
+            migrated = False
             with self._tx():
                 for stmt in filter(str.strip, _SCHEMA.split(";")):
                     self._db.execute(stmt)
@@ -150,6 +154,7 @@ class BudgetStore:
                                      ("demo" if demo else "lifetime",))
                 elif row[0] == "1":
                     self._migrate_v1()
+                    migrated = True
                 elif row[0] != str(SCHEMA_VERSION):
                     raise BudgetStoreError(
                         f"budget store {self.where} has schema version {row[0]}, this "
@@ -165,6 +170,8 @@ class BudgetStore:
                 if demo and (kind is None or kind[0] != "demo"):
                     raise BudgetStoreError(f"budget store {self.where} is a lifetime store, "
                                            "not the demo store; it is never restarted")
+            if migrated:  # the old pages leave the write-ahead log too
+                self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         except sqlite3.DatabaseError as e:
             raise self._db_error(e) from None
 
@@ -499,6 +506,7 @@ class BudgetStore:
         (a deleted or edited ledger file) is charged as recorded. Executing more than was
         reserved is refused (the per-run ledgers make that impossible in silofl), and so
         is settling a run that is not reserved (settled already)."""
+        self._check_reserved(run_id)
         executed = self._with_floor(run_id, executed)
         reserved: dict[str, Counter] = {}
         for text, name, count in self._read(
@@ -519,12 +527,7 @@ class BudgetStore:
                                        "reserved; its reservation stays counted")
         now = time.time()
         with self._tx():
-            st = self._db.execute("SELECT status FROM runs WHERE id = ?",
-                                  (run_id,)).fetchone()
-            if st is None or st[0] != "reserved":
-                state = "unknown" if st is None else f"already settled ({st[0]})"
-                raise BudgetStoreError(f"run {run_id} is {state} in budget store "
-                                       f"{self.where}; nothing was changed")
+            self._check_reserved(run_id)  # again: another process may have settled it
             rows = self._db.execute(
                 "SELECT DISTINCT silo_id, epoch, fingerprint FROM charges WHERE run_id = ? "
                 "AND status = 'reserved'", (run_id,)).fetchall()
@@ -546,6 +549,13 @@ class BudgetStore:
                                          events.to_json(p.event), p.count, now, fp))
             self._db.execute("UPDATE runs SET finished = ?, status = ? WHERE id = ?",
                              (now, status, run_id))
+
+    def _check_reserved(self, run_id: str) -> None:
+        st = self._db.execute("SELECT status FROM runs WHERE id = ?", (run_id,)).fetchone()
+        if st is None or st[0] != "reserved":
+            state = "unknown" if st is None else f"already settled ({st[0]})"
+            raise BudgetStoreError(f"run {run_id} is {state} in budget store {self.where}; "
+                                   "nothing was changed")
 
     def _with_floor(self, run_id: str, executed: list[PlannedCharge]
                     ) -> list[PlannedCharge]:
