@@ -37,7 +37,6 @@ report made with it says so.
 from __future__ import annotations
 
 import os
-import re
 import secrets
 import sqlite3
 import time
@@ -53,6 +52,7 @@ from silofl.errors import BudgetExceeded, SiloflError
 from silofl.privacy import accounting, events
 from silofl.privacy import runlock, store_paths
 from silofl.privacy.ledger import tightest
+from silofl.privacy.store_schema import migrate_v1
 
 SCHEMA_VERSION = 2
 SCRATCH_NOTE = "scratch budget store: an experiment, not a release"
@@ -153,7 +153,7 @@ class BudgetStore:
                     self._db.execute("INSERT INTO meta VALUES ('kind', ?)",
                                      ("demo" if demo else "lifetime",))
                 elif row[0] == "1":
-                    self._migrate_v1()
+                    migrate_v1(self._db, SCHEMA_VERSION)
                     migrated = True
                 elif row[0] != str(SCHEMA_VERSION):
                     raise BudgetStoreError(
@@ -174,32 +174,6 @@ class BudgetStore:
                 self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         except sqlite3.DatabaseError as e:
             raise self._db_error(e) from None
-
-    def _migrate_v1(self) -> None:
-        """Schema 1 -> 2 (inside the opening transaction): owner and parent columns on
-        runs, the progress table, a secret, and every stored fingerprint re-keyed (an
-        unkeyed digest could be tested against guessed records)."""
-        self._db.execute("ALTER TABLE runs ADD COLUMN proc_start TEXT")
-        self._db.execute("ALTER TABLE runs ADD COLUMN parent TEXT")
-        secret = secrets.token_hex(32)
-        self._db.execute("INSERT INTO meta VALUES ('secret', ?)", (secret,))
-        self._db.execute("INSERT INTO meta VALUES ('kind', 'lifetime')")
-        key = secret.encode()
-        for cid, fp in self._db.execute("SELECT id, fingerprint FROM charges WHERE "
-                                        "fingerprint IS NOT NULL").fetchall():
-            self._db.execute("UPDATE charges SET fingerprint = ? WHERE id = ?",
-                             (store_paths.keyed(key, fp), cid))
-        for lid, detail in self._db.execute("SELECT id, detail FROM log WHERE action = "
-                                            "'data-changed'").fetchall():
-            self._db.execute("UPDATE log SET detail = ? WHERE id = ?", (re.sub(
-                r"\b[0-9a-f]{16}\b", lambda m: store_paths.keyed(key, m.group(0)), detail),
-                lid))
-        self._db.execute("UPDATE meta SET value = ? WHERE key = 'schema'",
-                         (str(SCHEMA_VERSION),))
-        self._db.execute("INSERT INTO log (time, silo_id, action, reason, detail) VALUES "
-                         "(?, NULL, 'migrate', 'schema 1 -> 2', 'fingerprints re-keyed; "
-                         "runs record their owner; progress is recorded per charge')",
-                         (time.time(),))
 
     def keyed(self, digest: str) -> str:
         """The store's keyed fingerprint of a data digest (the secret never leaves)."""
