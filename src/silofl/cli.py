@@ -768,17 +768,7 @@ def _open_store(path: Optional[Path], deployment: str = "default"):
                           f"it (default: <silofl home>/stores/<deployment>.sqlite, here "
                           f"{store_paths.default_store_path(deployment)}; the built-in heart "
                           f"data's demo store is {store_paths.demo_store_path()})")
-    return BudgetStore(path, demo=_is_demo(path))
-
-
-def _is_demo(path: Path) -> bool:
-    import sqlite3
-    try:
-        with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as db:
-            row = db.execute("SELECT value FROM meta WHERE key = 'kind'").fetchone()
-    except sqlite3.DatabaseError:
-        return False  # BudgetStore gives the specific error
-    return row is not None and row[0] == "demo"
+    return BudgetStore(path, demo=store_paths.is_demo_store(path))
 
 
 @budget_app.command("show")

@@ -68,6 +68,19 @@ def demo_store_path() -> Path:
     return silofl_home() / "stores" / f"demo-{DEMO_SOURCE}.sqlite"
 
 
+def is_demo_store(path: Path) -> bool:
+    """Whether the existing store file `path` is the demo store (read-only look)."""
+    try:
+        db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        try:
+            row = db.execute("SELECT value FROM meta WHERE key = 'kind'").fetchone()
+        finally:
+            db.close()
+    except sqlite3.DatabaseError:
+        return False  # opening it as a BudgetStore gives the specific error
+    return row is not None and row[0] == "demo"
+
+
 # --- the machine registry ---------------------------------------------------------------
 
 def _private_file(path: Path, make) -> bytes:
