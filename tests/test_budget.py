@@ -178,21 +178,21 @@ def test_sigkill_mid_training_keeps_the_reservation_and_the_rerun_sees_it(tmp_pa
                              "-q"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
     try:
-        deadline = time.time() + 120
-        while time.time() < deadline:  # wait until the job has reserved and is training
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:  # until the store shows 20 rounds trained
             if store.exists():
                 try:
                     with sqlite3.connect(store) as db:
-                        n = db.execute("SELECT COUNT(*) FROM charges").fetchone()[0]
+                        n = db.execute("SELECT COALESCE(SUM(count), 0) FROM progress WHERE "
+                                       "label = 'dpsgd'").fetchone()[0]
                 except sqlite3.OperationalError:
                     n = 0
-                if n:
+                if n >= 20:
                     break
-            time.sleep(0.2)
+            assert proc.poll() is None, "the long job ended before it could be killed"
+            time.sleep(0.05)
         else:
-            pytest.fail("the job never reserved its budget")
-        time.sleep(1.0)  # mid-training
-        assert proc.poll() is None, "the long job ended before it could be killed"
+            pytest.fail("the job never started training")
         proc.send_signal(signal.SIGKILL)
         proc.wait(30)
     finally:
