@@ -404,3 +404,46 @@ def test_set_target_below_what_was_spent_is_refused_with_the_figures(tmp_path):
                               str(round(spent * 2, 3)), "--delta", "1e-5", "--reason", "ok",
                               "--yes", "--store", str(path)])
     assert res.exit_code == 0, res.output
+
+
+def _kill_at(proc, ledger: Path, n: int) -> None:
+    try:
+        _wait_lines(proc, ledger, n)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def test_a_resumed_run_killed_again_resumes_from_the_chain(tmp_path):
+    """Kill, resume, kill the resumed process, resume: each killed process is settled
+    once, to what it executed, and the store ends with no unfinished run."""
+    cfg = _heart(tmp_path, 400)
+    run_dir = tmp_path / "runs" / "job"
+    ledger = run_dir / "ledgers" / "local" / f"{silo_file_id('Cleveland')}.jsonl"
+    _kill_at(_start(cfg), ledger, 100)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    second = subprocess.Popen([sys.executable, "-m", "silofl.cli", "run", "--resume",
+                               str(run_dir), "-q"], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, env=env)
+    _kill_at(second, ledger, 250)
+    rep = resume_run(run_dir)
+    with BudgetStore(tmp_path / "budget.sqlite") as st:
+        first = json.loads((run_dir / "ledgers" / "local" / f"{silo_file_id('Cleveland')}"
+                            ".jsonl").read_text().splitlines()[0])["run"]
+        chain, r = [first], first
+        while (own := st.owner(r))["child"] is not None:
+            r = own["child"]
+            chain.append(r)
+        assert len(chain) == 3 and chain[-1] == rep.run_id
+        assert [st.owner(x)["status"] for x in chain] == ["killed", "killed", "finished"]
+        for n in st.silos():
+            assert st.spent(n)["unfinished_runs"] == 0
+            steps = {x: sum(c["count"] for c in st.charges(n) if c["run"] == x and
+                            c["label"] == "dpsgd") for x in chain}
+            # every process charged at least the rounds it ran: the first ≥ 100; the
+            # second's file reached 250 lines, of which at most the first's were kept
+            assert steps[chain[0]] >= 100
+            assert steps[chain[1]] >= 250 - steps[chain[0]]
+            assert sum(steps.values()) >= 400
