@@ -449,3 +449,18 @@ def test_a_resumed_run_killed_again_resumes_from_the_chain(tmp_path):
             assert steps[chain[0]] >= 100
             assert steps[chain[1]] >= 250 - steps[chain[0]]
             assert sum(steps.values()) >= 400
+
+
+def test_deleting_the_default_store_is_flagged_on_the_next_run(tmp_path, home, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    cfg = _synthetic(tmp_path)
+    assert runner.invoke(app, ["run", "-c", str(cfg), "-q"]).exit_code == 0
+    store = home / "stores" / "default.sqlite"
+    for p in store.parent.glob("default.sqlite*"):
+        p.unlink()  # the attack: a fresh file at the same path
+    res = runner.invoke(app, ["run", "-c", str(cfg), "-q"])
+    assert res.exit_code == 0, res.output  # flagged loudly, and kept in the new store's log
+    assert "NEW budget store created" in _flat(res.output)
+    assert "deleted or replaced" in _flat(res.output)
+    with BudgetStore(store) as st:
+        assert any(x["action"] == "charged-elsewhere" for x in st.log())

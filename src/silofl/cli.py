@@ -77,6 +77,8 @@ def run(config: Optional[Path] = typer.Option(None, "--config", "-c",
     from silofl.experiments.run import run as run_experiment
     from silofl.experiments.signals import describe, exit_code, terminate_as_interrupt
     warnings.showwarning = _show_warning
+    # a new store / data charged elsewhere is said every time, even twice in one process
+    warnings.filterwarnings("always", message=r".*budget store")
     try:
         if resume is not None and (config or out or no_privacy or scratch):
             raise SiloflError("--resume continues a run with the config it started with; "

@@ -395,7 +395,10 @@ class BudgetStore:
             warnings.warn(f"could not check the machine registry of charged data in "
                           f"{store_paths.silofl_home()}: {e}", stacklevel=3)
             return
-        flagged = {n: w for n, w in elsewhere.items() if n in new}
+        here = str(self.path.resolve())
+        flagged = {n: [x if x != here else f"{x} itself (this file was deleted or replaced "
+                       "since: those charges are gone from it)" for x in w]
+                   for n, w in elsewhere.items() if n in new}
         if not flagged:
             return
         text = "; ".join(f"silo {n!r}: already charged in {', '.join(w)}"
@@ -408,9 +411,9 @@ class BudgetStore:
                     (time.time(), self._silo(name)[0], "the same data was charged in "
                      "another budget store on this machine", ", ".join(flagged[name])))
         warnings.warn(
-            f"budget store {self.where} is new for data that other stores on this machine "
-            f"have already charged ({text}). Its lifetime position does NOT include those "
-            "charges: the same people's privacy was spent there too. Use that store "
+            f"budget store {self.where} is new for data that was already charged on this "
+            f"machine ({text}). Its lifetime position does NOT include those charges: the "
+            "same people's privacy was spent there too. Use (or restore) that store "
             "(--store) unless this really is a separate budget", stacklevel=3)
 
     def record_progress(self, run_id: str, rows: list[tuple[str, str, str, str, int]]

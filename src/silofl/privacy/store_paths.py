@@ -122,8 +122,9 @@ def _registry() -> sqlite3.Connection:
 
 def note_charged(store: Path, silos: dict[str, str]) -> dict[str, list[str]]:
     """Record that `store` charged each silo's data (`silos`: name -> data digest, never
-    stored); returns, per silo, the *other* stores on this machine that charged the same
-    data before."""
+    stored); returns, per silo, every store path on this machine that charged the same
+    data before — this store's own path included (for a silo new to this store, that
+    means the file was deleted or replaced since)."""
     key = machine_key()
     where = str(Path(store).resolve())
     out: dict[str, list[str]] = {}
@@ -133,8 +134,8 @@ def note_charged(store: Path, silos: dict[str, str]) -> dict[str, list[str]]:
         for name, digest in silos.items():
             fp = keyed(key, digest)
             others = [r[0] for r in db.execute(
-                "SELECT DISTINCT store FROM charged WHERE fp = ? AND store != ? ORDER BY "
-                "time", (fp, where))]
+                "SELECT store FROM charged WHERE fp = ? GROUP BY store ORDER BY MIN(time)",
+                (fp,))]
             if others:
                 out[name] = others
             db.execute("INSERT OR IGNORE INTO charged VALUES (?, ?, ?, ?)",
