@@ -24,8 +24,8 @@ from silofl.experiments.config import config_from_dict, load_config
 from silofl.experiments.run import run as run_experiment
 from silofl.privacy import accounting as A
 from silofl.privacy.accounting import RDP_ORDERS
-from silofl.privacy.budget import SCRATCH_NOTE
 from silofl.privacy.ledger import silo_file_id
+from silofl.privacy.store_paths import DEMO_NOTE
 from silofl.runtime.plan import SEEDED_NOTE, TrainingConfig, plan_silos
 
 logging.getLogger("absl").setLevel(logging.ERROR)
@@ -107,6 +107,7 @@ def _config(path: Path, csv: Path, *, schema: bool = True, **sections) -> Path:
 @pytest.fixture
 def workdir(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("SILOFL_HOME", str(tmp_path / "home"))  # default stores live here
     return tmp_path
 
 
@@ -124,7 +125,10 @@ def test_run_with_no_arguments_writes_run_directory(workdir):
     assert res.exit_code == 0, res.output
     runs = [p for p in (workdir / "runs").iterdir() if p.is_dir()]
     assert len(runs) == 1
-    assert (workdir / "runs" / "budget.sqlite").is_file()  # the lifetime budget store
+    # the built-in public data charges the labelled demo store in the silofl home, never a
+    # store in the output folder (another folder would be another budget)
+    assert (workdir / "home" / "stores" / "demo-heart.sqlite").is_file()
+    assert not (workdir / "runs" / "budget.sqlite").exists()
     d = runs[0]
     for f in ("config.toml", "history.json", "privacy_report.json", "summary.json",
               "metric_over_rounds.png"):
@@ -153,7 +157,8 @@ def test_run_with_no_arguments_writes_run_directory(workdir):
     assert len(priv["combined"]) == 4
     for c in priv["combined"]:
         assert c["within_target"] and c["epsilon"] <= 1.0 and c["methods"] == 3
-    assert priv["noise"] == "secure" and priv["notes"] == []
+    assert priv["noise"] == "secure" and priv["notes"] == [DEMO_NOTE]  # labelled
+    assert priv["demo_store"] and priv["budget_store"].endswith("demo-heart.sqlite")
     assert [x["silo"] for x in priv["lifetime"]] == silos
     assert "add/remove one record" in priv["neighbouring_relation"]
     summary = json.loads((d / "summary.json").read_text())
@@ -210,13 +215,17 @@ def test_run_api_is_deterministic_and_writes_nothing_without_output_dir(workdir,
                     "label_column": "outcome", "schema": str(workdir / "schema.toml")},
            "training": {"rounds": 3, "batch_size": 8, "methods": ["mrmtl"], "lam": 1.0},
            "privacy": {"epsilon": 2.0, "delta": 1e-4, "noise": "seeded"},
+           "budget": {"epsilon": 6.0},  # room for both runs
            "output": {"dir": ""}}
     a = run_experiment(config_from_dict(raw))
     b = run_experiment(config_from_dict(raw))
     assert a.run_dir is None and not (workdir / "runs").exists()
     assert a.results[0].history.to_dict() == b.results[0].history.to_dict()
-    # reproducible noise and a scratch store (nowhere to keep one) are said in the outputs
-    assert a.scratch and a.summary()["notes"] == [SEEDED_NOTE, SCRATCH_NOTE]
+    # no output directory is no escape: both runs are charged to the default store
+    assert not a.scratch and a.store == b.store == str(workdir / "home" / "stores" /
+                                                       "default.sqlite")
+    assert a.summary()["budget_store"] == a.store
+    assert a.summary()["notes"] == [SEEDED_NOTE]
     assert a.summary()["methods"][0]["method"] == "mrmtl(λ=1)"
 
 

@@ -655,10 +655,13 @@ def _snapshot(d: Path) -> dict:
 
 
 def _charges(d: Path) -> int:
+    """Charges in every budget store under `d` (the case's default stores included: its
+    silofl home is under `d`); the machine registry has no charges table."""
     n = 0
     for p in d.rglob("*.sqlite"):
         with sqlite3.connect(p) as con:
-            n += con.execute("SELECT COUNT(*) FROM charges").fetchone()[0]
+            if con.execute("SELECT 1 FROM sqlite_master WHERE name = 'charges'").fetchone():
+                n += con.execute("SELECT COUNT(*) FROM charges").fetchone()[0]
     return n
 
 
@@ -680,6 +683,7 @@ def test_every_failure_is_clean(case: Case, env: Env, outbreak, tmp_path, monkey
     env.outbreak = outbreak
     d = tmp_path / "case"
     d.mkdir()
+    monkeypatch.setenv("SILOFL_HOME", str(d / "silofl-home"))  # default stores: checked too
     args = case.setup(env, d)
     before = _snapshot(d)
     results_before = env.results.read_bytes()

@@ -24,7 +24,7 @@ from silofl import cli  # noqa: E402
 from silofl.data.federation import PrivacyTarget  # noqa: E402
 from silofl.errors import ConfigError  # noqa: E402
 from silofl.privacy import events  # noqa: E402
-from silofl.privacy.budget import BudgetStore  # noqa: E402
+from silofl.privacy.budget import BudgetStore, BudgetStoreError  # noqa: E402
 from silofl.privacy.ledger import tightest  # noqa: E402
 from silofl.runtime.network import deploy, messages as W  # noqa: E402
 from silofl.runtime.network.server import ServerProgram, load_server_config  # noqa: E402
@@ -284,9 +284,12 @@ def test_silo_refuses_what_its_own_plan_and_store_do_not_allow(tmp_path):
     rep3, _ = prog.round(good, [srv.message + 1.0])
     assert rep3["status"] == "refused"
     # a silo whose store is spent answers "exhausted" and runs nothing
-    prog.cfg.lifetime_epsilon = 1e-3
     with BudgetStore(prog.cfg.budget_store) as s:
-        s.set_target(name, PrivacyTarget(1e-3, DELTA), "test: a nearly spent silo")
+        delta, spent = s.target(name).delta, s.spent(name)["epsilon"]
+        with pytest.raises(BudgetStoreError, match="already spent"):  # below it: refused
+            s.set_target(name, PrivacyTarget(spent / 2, delta), "test")
+        s.set_target(name, PrivacyTarget(spent, delta), "test: a fully spent silo")
+    prog.cfg.lifetime_epsilon = spent
     rep4, _ = prog.round(srv.request(name, 2), [srv.message])
     assert rep4["status"] == "exhausted" and prog.exhausted
     assert steps_in_store(prog.cfg.budget_store, name)[0] == prog.plan.steps_per_pass

@@ -31,19 +31,28 @@ ROUNDS = 300
 METHODS = ["local", "mrmtl"]
 
 
-def _config(noise: str) -> dict:
+@pytest.fixture(autouse=True)
+def home(tmp_path, monkeypatch):
+    """Every test's own silofl home (inherited by the subprocesses it starts)."""
+    monkeypatch.setenv("SILOFL_HOME", str(tmp_path / "home"))
+    return tmp_path / "home"
+
+
+def _config(noise: str, store: Path | None = None) -> dict:
+    # an explicit lifetime store (the built-in data's default is the demo store)
     return {"training": {"rounds": ROUNDS, "methods": METHODS},
             "privacy": {"epsilon": 1.0, "delta": 1e-4, "noise": noise},
             # a resumed run re-reads the rounds after its last checkpoint: room for them
-            "budget": {"epsilon": 2.0}, "output": {"name": "job"}}
+            "budget": {"epsilon": 2.0, **({"store": str(store)} if store else {})},
+            "output": {"name": "job"}}
 
 
 def _killed_then_resumed(tmp: Path, noise: str) -> Path:
     """Start the job in a subprocess, SIGKILL it at a random round of a random method,
     resume it through the CLI; returns the run directory."""
     cfg = tmp / "job.toml"
-    cfg.write_text(tomli_w.dumps(_config(noise)))
     out = tmp / "runs"
+    cfg.write_text(tomli_w.dumps(_config(noise, out / "budget.sqlite")))
     proc = subprocess.Popen([sys.executable, "-m", "silofl.cli", "run", "--config", str(cfg),
                              "--out", str(out), "-q"], stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL,
@@ -75,12 +84,16 @@ def _killed_then_resumed(tmp: Path, noise: str) -> Path:
 
 
 def _ledgers(d: Path) -> dict:
-    return {str(p.relative_to(d)): p.read_text() for p in sorted((d / "ledgers").rglob("*.jsonl"))}
+    """Each ledger file's lines without their run id (which differs between any two runs)."""
+    return {str(p.relative_to(d)): [{k: v for k, v in json.loads(x).items() if k != "run"}
+                                    for x in p.read_text().splitlines()]
+            for p in sorted((d / "ledgers").rglob("*.jsonl"))}
 
 
 @pytest.mark.slow
 def test_seeded_run_killed_and_resumed_equals_an_uninterrupted_run(tmp_path):
-    ref = run_experiment(config_from_dict(_config("seeded")), tmp_path / "ref")
+    ref = run_experiment(config_from_dict(_config("seeded", tmp_path / "ref" / "budget.sqlite")),
+                         tmp_path / "ref")
     d = _killed_then_resumed(tmp_path, "seeded")
     assert _ledgers(d) == _ledgers(ref.run_dir)
     for label in ("local", "mrmtl(λ=0.3)"):
@@ -94,6 +107,7 @@ def test_seeded_run_killed_and_resumed_equals_an_uninterrupted_run(tmp_path):
     # what the uninterrupted run spent (rounds after the checkpoint were read twice)
     with BudgetStore(d.parent / "budget.sqlite") as st, \
             BudgetStore(ref.run_dir.parent / "budget.sqlite") as st0:
+        assert st.silos() == st0.silos() != []
         for name in st.silos():
             spent, spent0 = st.spent(name), st0.spent(name)
             assert spent["unfinished_runs"] == 0
@@ -112,9 +126,10 @@ def test_secure_run_killed_and_resumed_stays_within_its_budget(tmp_path):
     for rows in priv["methods"].values():  # the model's ledger: exactly the planned rounds
         for row in rows:
             assert row["within_target"]
-    for name, text in _ledgers(d).items():
-        assert [json.loads(x)["round"] for x in text.splitlines()] == list(range(1, ROUNDS + 1))
+    for name, lines in _ledgers(d).items():
+        assert [x["round"] for x in lines] == list(range(1, ROUNDS + 1))
     with BudgetStore(d.parent / "budget.sqlite") as st:
+        assert st.silos()
         for name in st.silos():
             assert st.spent(name)["epsilon"] <= 2.0 and st.spent(name)["unfinished_runs"] == 0
 

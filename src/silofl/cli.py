@@ -44,7 +44,11 @@ def _fail(e: Exception) -> None:
 
 
 def _show_warning(message, category, filename, lineno, file=None, line=None):
-    err.print(f"[yellow]warning:[/] {escape(str(message))}")
+    text = escape(str(message))
+    if "budget store" in str(message):  # a new store, or data charged elsewhere: loudly
+        err.print(f"[bold yellow]warning: {text}[/]")
+    else:
+        err.print(f"[yellow]warning:[/] {text}")
 
 
 @app.command()
@@ -55,12 +59,15 @@ def run(config: Optional[Path] = typer.Option(None, "--config", "-c",
                                         help="train without DP (comparison only)"),
         store: Optional[Path] = typer.Option(
             None, "--store", help="lifetime budget store (default: [budget] store, else "
-            "budget.sqlite in the output directory)"),
+            "the deployment's store <silofl home>/stores/<deployment>.sqlite)"),
         scratch: bool = typer.Option(False, "--scratch", help=(
             "charge an in-memory scratch budget: an experiment, not a release")),
         resume: Optional[Path] = typer.Option(None, "--resume", help=(
             "continue a killed run from its last checkpoint (its run directory; the config "
             "it started with is used)")),
+        force_resume: bool = typer.Option(False, "--force-resume", help=(
+            "resume although the run's owner is on another host (only when you know it is "
+            "dead)")),
         quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress bar"),
         set_: Optional[list[str]] = typer.Option(
             None, "--set", help="override a config key SECTION.KEY=VALUE (TOML value), e.g. "
@@ -73,11 +80,16 @@ def run(config: Optional[Path] = typer.Option(None, "--config", "-c",
     from silofl.experiments.run import ADJACENCY
     from silofl.experiments.run import resume_run
     from silofl.experiments.run import run as run_experiment
+    from silofl.experiments.signals import describe, exit_code, terminate_as_interrupt
     warnings.showwarning = _show_warning
+    # a new store / data charged elsewhere is said every time, even twice in one process
+    warnings.filterwarnings("always", message=r".*budget store")
     try:
         if resume is not None and (config or out or no_privacy or scratch or set_):
             raise SiloflError("--resume continues a run with the config it started with; "
                               "give only --resume DIR (and optionally --store, -q)")
+        if force_resume and resume is None:
+            raise SiloflError("--force-resume only applies with --resume DIR")
         cfg = _job_config(config, store, scratch, out, no_privacy=no_privacy,
                           overrides=set_ or ())
         with Progress(TextColumn("{task.description:<10}"), BarColumn(), TextColumn(
@@ -89,14 +101,19 @@ def run(config: Optional[Path] = typer.Option(None, "--config", "-c",
                 if label not in tasks:
                     tasks[label] = prog.add_task(label, total=total, metric="")
                 prog.update(tasks[label], completed=t, metric=f"{pooled:.4f}")
-            if resume is not None:
-                from silofl.privacy.budget import BudgetStore
-                rep = resume_run(resume, on_progress,
-                                 store=BudgetStore(store) if store is not None else None)
-            else:
-                rep = run_experiment(cfg, out, on_progress)
+            with terminate_as_interrupt():
+                if resume is not None:
+                    from silofl.privacy.budget import BudgetStore
+                    rep = resume_run(resume, on_progress, force=force_resume,
+                                     store=BudgetStore(store) if store is not None else None)
+                else:
+                    rep = run_experiment(cfg, out, on_progress)
     except SiloflError as e:
         _fail(e)
+    except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM: settled; say what and how to go on
+        for line in describe(e):
+            err.print(f"[bold yellow]{escape(line)}[/]")
+        raise typer.Exit(exit_code(e)) from None
     console.print(results_table(rep))
     for line in quality_lines(rep):  # a useless model never looks fine
         console.print(f"[bold yellow]warning:[/] {escape(line)}")
@@ -105,7 +122,7 @@ def run(config: Optional[Path] = typer.Option(None, "--config", "-c",
     if (pt := privacy_table(rep)) is not None:
         console.print(pt)
         console.print(f"Adjacency: {escape(ADJACENCY)}. Noise: {rep.noise}. Budget store: "
-                      f"{escape(rep.store or 'scratch (in memory)')}, run {rep.run_id}. "
+                      f"{escape(rep.store_text() or '')}, run {rep.run_id}. "
                       "Assumed: silo sizes are public; per-round test metrics are not "
                       "privatized (privacy_report.json states every assumption).")
     else:
@@ -154,6 +171,9 @@ def _check_run_paths(cfg, out: Optional[Path]) -> None:
     if cfg.budget.store and not cfg.budget.scratch:
         from silofl.experiments.config_input import check_writable_file
         check_writable_file(cfg.budget.store, "budget store (--store or [budget] store)")
+    if not cfg.budget.store:
+        from silofl.privacy.store_paths import check_deployment
+        check_deployment(cfg.budget.deployment)
 
 
 @app.command()
@@ -771,26 +791,35 @@ def predict(run_dir: Path = typer.Option(..., "--run", help="a run directory (ru
 
 budget_app = typer.Typer(help="Lifetime privacy budgets per silo (the budget store).")
 app.add_typer(budget_app, name="budget")
-StorePath = Annotated[Path, typer.Option("--store", help="the budget store (SQLite file)")]
+StorePath = Annotated[Optional[Path], typer.Option("--store", help=(
+    "the budget store (SQLite file; default: the deployment's store, "
+    "<silofl home>/stores/<deployment>.sqlite)"))]
+Deployment = Annotated[str, typer.Option("--deployment", help=(
+    "the deployment whose default store to use ([budget] deployment)"))]
 
 
-def _open_store(path: Path):
+def _open_store(path: Optional[Path], deployment: str = "default"):
+    from silofl.privacy import store_paths
     from silofl.privacy.budget import BudgetStore
+    path = path if path is not None else store_paths.default_store_path(deployment)
     if not path.is_file():
         raise SiloflError(f"budget store {str(path)!r} does not exist; a private run creates "
-                          "it (default: budget.sqlite in the output directory)")
-    return BudgetStore(path)
+                          f"it (default: <silofl home>/stores/<deployment>.sqlite, here "
+                          f"{store_paths.default_store_path(deployment)}; the built-in heart "
+                          f"data's demo store is {store_paths.demo_store_path()})")
+    return BudgetStore(path, demo=store_paths.is_demo_store(path))
 
 
 @budget_app.command("show")
-def budget_show(store: StorePath = Path("runs/budget.sqlite"),
+def budget_show(store: StorePath = None, deployment: Deployment = "default",
                 silo: Optional[str] = typer.Option(None, help="one silo, with its charges"),
                 as_json: bool = typer.Option(False, "--json", help="print JSON")):
     """Per silo: lifetime target, ε spent (composed, under the guarantee accountant and
     under RDP and PLD), what remains, and the charges by run."""
     from silofl.privacy.budget import BudgetStoreError
     try:
-        with _open_store(store) as st:
+        with _open_store(store, deployment) as st:
+            shown = st.describe()
             names = [silo] if silo else st.silos()
             rows = [st.spent(n) for n in names]
             charges = {n: st.charges(n) for n in names}
@@ -799,9 +828,10 @@ def budget_show(store: StorePath = Path("runs/budget.sqlite"),
         _fail(e)
     if as_json:
         from silofl.experiments.atomic import dumps_strict
-        console.print_json(dumps_strict({"silos": rows, "charges": charges, "log": log}))
+        console.print_json(dumps_strict({"store": shown, "silos": rows, "charges": charges,
+                                         "log": log}))
         return
-    t = Table(title=f"lifetime budgets in {escape(str(store))}")
+    t = Table(title=f"lifetime budgets in {escape(shown)}")
     for c in ["silo", "target ε, δ", "spent ε", "RDP / PLD", "remaining", "runs",
               "unfinished"]:
         t.add_column(c, justify="left" if c == "silo" else "right")
@@ -829,12 +859,12 @@ def budget_show(store: StorePath = Path("runs/budget.sqlite"),
 
 
 @budget_app.command("export")
-def budget_export(store: StorePath = Path("runs/budget.sqlite"),
+def budget_export(store: StorePath = None, deployment: Deployment = "default",
                   out: Optional[Path] = typer.Option(None, "--out", help="JSON file "
                                                      "(default: print)")):
     """Everything in the store (silos, every charge, runs, log) as JSON."""
     try:
-        with _open_store(store) as st:
+        with _open_store(store, deployment) as st:
             data = st.export()
     except SiloflError as e:
         _fail(e)
@@ -854,7 +884,7 @@ def _write_atomic(path: Path, text: str) -> None:
 @budget_app.command("reset")
 def budget_reset(silo: str = typer.Option(..., help="the silo whose budget restarts"),
                  reason: str = typer.Option(..., help="why (logged in the store)"),
-                 store: StorePath = Path("runs/budget.sqlite"),
+                 store: StorePath = None, deployment: Deployment = "default",
                  new_cohort: bool = typer.Option(False, "--new-cohort", help=(
                      "the silo's data is a genuinely new cohort of people")),
                  yes: bool = typer.Option(False, "--yes", help="confirm")):
@@ -865,7 +895,7 @@ def budget_reset(silo: str = typer.Option(..., help="the silo whose budget resta
         if not yes:
             raise SiloflError("a budget reset forgets what the silo has spent; repeat with "
                               "--yes to confirm (it is logged with your --reason)")
-        with _open_store(store) as st:
+        with _open_store(store, deployment) as st:
             epoch = st.reset(silo, reason, new_cohort=new_cohort)
     except SiloflError as e:
         _fail(e)
@@ -877,7 +907,7 @@ def budget_reset(silo: str = typer.Option(..., help="the silo whose budget resta
 def budget_set_target(silo: str = typer.Option(...), epsilon: float = typer.Option(...),
                       delta: float = typer.Option(...),
                       reason: str = typer.Option(..., help="why (logged in the store)"),
-                      store: StorePath = Path("runs/budget.sqlite"),
+                      store: StorePath = None, deployment: Deployment = "default",
                       yes: bool = typer.Option(False, "--yes", help="confirm")):
     """Change a silo's lifetime target (logged with its reason)."""
     from silofl.data.federation import PrivacyTarget
@@ -885,11 +915,27 @@ def budget_set_target(silo: str = typer.Option(...), epsilon: float = typer.Opti
         if not yes:
             raise SiloflError("changing a lifetime target changes the guarantee every person "
                               "in the silo gets; repeat with --yes to confirm (logged)")
-        with _open_store(store) as st:
+        with _open_store(store, deployment) as st:
             st.set_target(silo, PrivacyTarget(epsilon, delta), reason)
     except SiloflError as e:
         _fail(e)
     console.print(f"Silo {escape(silo)}: lifetime target ε = {epsilon:g}, δ = {delta:g}")
+
+
+def _cli_store(store: Optional[Path], scratch: bool):
+    """The store a command charges: scratch, --store, or the default deployment's store
+    (announced loudly when this creates it)."""
+    from silofl.privacy import store_paths
+    from silofl.privacy.budget import BudgetStore
+    if scratch:
+        return BudgetStore(None)
+    st = BudgetStore(store if store is not None else store_paths.default_store_path())
+    if st.created:
+        err.print(f"[bold yellow]NEW budget store created: {escape(str(st.path))}[/] (no "
+                  "earlier charges are in it)")
+    else:
+        err.print(f"budget store: {escape(st.describe())}")
+    return st
 
 
 def _need_pandemic_extra() -> None:
@@ -1006,8 +1052,9 @@ def pandemic_train(data: Path = typer.Option(..., "--data", help="directory of t
                        "data-dependent constants: declared (public numbers), private "
                        "(charged node-level release) or uncharged (fit on the data, not "
                        "charged)")),
-                   store: Path = typer.Option(Path("runs/budget.sqlite"), "--store", help=(
-                       "lifetime budget store (SQLite): runs on the same data compose")),
+                   store: Optional[Path] = typer.Option(None, "--store", help=(
+                       "lifetime budget store (SQLite): runs on the same data compose "
+                       "(default: <silofl home>/stores/default.sqlite)")),
                    scratch: bool = typer.Option(False, "--scratch", help=(
                        "charge an in-memory scratch budget: an experiment, not a release")),
                    method: str = typer.Option("mrmtl", "--method", help=(
@@ -1050,7 +1097,7 @@ def pandemic_train(data: Path = typer.Option(..., "--data", help="directory of t
         with console.status("reading data…"):
             ds = read_dataset(data)
         if cfg.private:
-            st = BudgetStore(None if scratch else store)
+            st = _cli_store(store, scratch)
         with Progress(TextColumn("training"), BarColumn(), TextColumn("round {task.completed}/"
                       "{task.total}"), TimeElapsedColumn(), console=err) as prog:
             task = prog.add_task("train", total=rounds)
@@ -1130,8 +1177,9 @@ def pandemic_audit(data: Path = typer.Option(..., "--data", help="directory of t
                    preprocessing: str = typer.Option("declared",
                                                      help="declared, private or uncharged"),
                    method: str = typer.Option("mrmtl", "--method"),
-                   store: Path = typer.Option(Path("runs/budget.sqlite"), "--store", help=(
-                       "lifetime budget store charged by a one-run audit")),
+                   store: Optional[Path] = typer.Option(None, "--store", help=(
+                       "lifetime budget store charged by a one-run audit (default: "
+                       "<silofl home>/stores/default.sqlite)")),
                    scratch: bool = typer.Option(False, "--scratch", help=(
                        "charge an in-memory scratch budget (required for multi-run)")),
                    quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress bar")):
@@ -1155,7 +1203,7 @@ def pandemic_audit(data: Path = typer.Option(..., "--data", help="directory of t
                               "one-run on the real store")
         with console.status("reading data…"):
             ds = read_dataset(data)
-        st = BudgetStore(None if scratch else store)
+        st = _cli_store(store, scratch)
         dest = out if out is not None else Path("runs") / \
             time.strftime("pandemic-audit-%Y%m%d-%H%M%S")
         with Progress(TextColumn("audit"), BarColumn(), TextColumn("{task.completed}/"

@@ -198,7 +198,7 @@ def _claims(results, p, silo: str) -> dict:
 
 def _notes(cfg, store: BudgetStore, uncharged, extra=()) -> list[str]:
     return run_mod.job_notes(private=True, noise=cfg.privacy.noise, scratch=store.scratch,
-                             uncharged=uncharged, extra=[AUDIT_NOTE, *extra])
+                             demo=store.demo, uncharged=uncharged, extra=[AUDIT_NOTE, *extra])
 
 
 def _one_run(cfg, raw, names, canaries, confidence, store, rng, t0, on_progress):

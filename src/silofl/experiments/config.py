@@ -145,7 +145,10 @@ class PrivacyConfig:
 class BudgetConfig:
     """The lifetime budget store (`silofl.privacy.budget`). [privacy] epsilon/delta are
     this job's target; the store keeps each silo's lifetime target and every charge."""
-    store: str = ""                # SQLite file ("" = budget.sqlite in the output directory)
+    store: str = ""                # SQLite file ("" = the deployment's store in the silofl
+                                   # home: <home>/stores/<deployment>.sqlite, see
+                                   # silofl.privacy.store_paths)
+    deployment: str = "default"    # names the default store (one per user and deployment)
     scratch: bool = False          # in-memory store: an experiment, not a release
     epsilon: float | None = None   # lifetime ε per silo when first seen (default: the job's)
     delta: float | None = None     # lifetime δ (default: the job's)

@@ -99,6 +99,7 @@ class ErosionReport:
     run_id: str | None = None
     store: str | None = None
     scratch: bool = False
+    demo: bool = False            # the demo store of the public built-in data
     run_dir: Path | None = None
     combined_privacy: list[dict] = field(default_factory=list)
     uncharged: list[str] = field(default_factory=list)
@@ -116,7 +117,7 @@ class ErosionReport:
 
     def notes(self) -> list[str]:
         return job_notes(private=self.private, noise=self.noise, scratch=self.scratch,
-                         uncharged=self.uncharged, extra=[METRIC_NOTE, BASELINE_NOTE,
+                         demo=self.demo, uncharged=self.uncharged, extra=[METRIC_NOTE, BASELINE_NOTE,
                                                           *self.contribution_notes])
 
     def to_dict(self) -> dict:
@@ -260,6 +261,7 @@ def erosion_for_users(cfg: Config, users=None, *, out_dir: Path | None = None,
         if job is not None:
             rep.run_id, rep.scratch = job.run_id, job.scratch
             rep.store = None if job.store.path is None else str(job.store.path)
+            rep.demo = job.store.demo
             rep.lifetime = [job.store.spent(n) for n in names]
         # contribution report: released updates + the user's own test rows, nothing charged
         _contributions(rep, fed, p.model, {u: logs[label_for(u)] for u in users},

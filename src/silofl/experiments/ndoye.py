@@ -74,6 +74,7 @@ class Ranking:
     run_id: str | None = None
     store: str | None = None
     scratch: bool = False
+    demo: bool = False            # the demo store of the public built-in data
     run_dir: Path | None = None
     combined_privacy: list[dict] = field(default_factory=list)
     uncharged: list[str] = field(default_factory=list)
@@ -93,7 +94,7 @@ class Ranking:
 
     def notes(self) -> list[str]:
         return job_notes(private=self.private, noise=self.noise, scratch=self.scratch,
-                         uncharged=self.uncharged, extra=[USER_LOSS_NOTE, MATRIX_NOTE],
+                         demo=self.demo, uncharged=self.uncharged, extra=[USER_LOSS_NOTE, MATRIX_NOTE],
                          nonprivate="NON-PRIVATE ranking: CV losses are released exactly; "
                                     "no budget was charged")
 
@@ -266,6 +267,7 @@ def rank_silos(cfg: Config, user: str, *, top: int | None = None,
     if job is not None:
         rep.run_id, rep.scratch = job.run_id, job.scratch
         rep.store = None if job.store.path is None else str(job.store.path)
+        rep.demo = job.store.demo
     if run_dir:
         _write(rep)
     return rep

@@ -16,6 +16,7 @@ import json
 import pickle
 import shutil
 import time
+import warnings
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,9 +32,10 @@ from silofl.experiments.atomic import (json_safe, write_bytes_atomic, write_json
                                       write_text_atomic)
 from silofl.data.preprocess import apply_preprocessing
 from silofl.errors import ConfigError
+from silofl.experiments import signals
 from silofl.experiments.config import Config, config_from_dict
-from silofl.privacy import accounting, events
-from silofl.privacy.budget import SCRATCH_NOTE, BudgetStore, PlannedCharge
+from silofl.privacy import accounting, events, runlock, store_paths
+from silofl.privacy.budget import SCRATCH_NOTE, BudgetStore, BudgetStoreError, PlannedCharge
 from silofl.privacy.ledger import read_entries, silo_file_id, tightest
 from silofl.privacy.randomness import Randomness
 from silofl.runtime.job import NO_METHOD, fingerprints, open_job
@@ -64,14 +66,17 @@ LOCAL_DP_NOTE = ("{}: each client's upload in a round is ε-LDP for its whole lo
 
 
 def job_notes(*, private: bool, noise: str, scratch: bool, uncharged=(), extra=(),
-              nonprivate: str = NONPRIVATE_NOTE) -> list[str]:
+              nonprivate: str = NONPRIVATE_NOTE, demo: bool = False) -> list[str]:
     """The notes every output of a job carries, in this order: non-private, reproducible
-    noise, scratch store, then `extra` (the command's own), then every uncharged item."""
+    noise, scratch (or demo) store, then `extra` (the command's own), then every
+    uncharged item."""
     out = [] if private else [nonprivate]
     if private and noise == "seeded":
         out.append(SEEDED_NOTE)
     if private and scratch:
         out.append(SCRATCH_NOTE)
+    if private and demo:
+        out.append(store_paths.DEMO_NOTE)
     return out + list(extra) + [f"uncharged: {u}" for u in uncharged]
 
 
@@ -84,6 +89,8 @@ class RunReport:
     run_id: str | None = None
     store: str | None = None      # the budget store's path (None: scratch / non-private)
     scratch: bool = False
+    demo: bool = False            # the demo store of the public built-in data
+    store_created: bool = False   # this job created the store file
     lifetime: list[dict] = field(default_factory=list)  # per silo, after this job
     uncharged: list[str] = field(default_factory=list)  # data reads no budget covers
     preprocessing: dict | None = None  # what preprocessing did (fed.meta["preprocessing"])
@@ -106,10 +113,18 @@ class RunReport:
         local = [r.method["name"] for r in self.results
                  if r.method["name"] in LOCAL_DP_METHODS]
         return job_notes(private=self.config.privacy.enabled, noise=self.noise,
-                         scratch=self.scratch, uncharged=self.uncharged,
+                         scratch=self.scratch, demo=self.demo, uncharged=self.uncharged,
                          extra=self.resumed + ([LOCAL_DP_NOTE.format(", ".join(local))]
                                                if local and self.config.privacy.enabled
                                                else []))
+
+    def store_text(self) -> str | None:
+        """The budget store as every output names it (None: a non-private job)."""
+        if not self.config.privacy.enabled:
+            return None
+        if self.store is None:
+            return "scratch (in memory)"
+        return f"{self.store} (demo store)" if self.demo else self.store
 
     def label(self, r: RunResult) -> str:
         m = r.method
@@ -121,6 +136,7 @@ class RunReport:
         out = {"run_dir": str(self.run_dir) if self.run_dir else None,
                "private": self.config.privacy.enabled, "noise": self.noise,
                "notes": self.notes(), "run_id": self.run_id,
+               "budget_store": self.store_text(), "budget_store_created": self.store_created,
                "methods": [{"method": self.label(r), **r.method, "metric": r.metric,
                             "pooled": r.final_pooled,
                             "per_silo": dict(zip(r.silos, r.final_per_silo)),
@@ -206,8 +222,8 @@ def run(cfg: Config, out_dir: Path | None = None,
     """Run every method in `cfg` as one job. The run directory is `out_dir` (or
     [output].dir) plus [output].name; with no directory configured (output.dir = "")
     nothing is written. Private jobs charge the lifetime budget store: `store`, else
-    [budget] store, else budget.sqlite in the output directory (a scratch in-memory store
-    with [budget] scratch = true or when no directory is configured). With
+    `open_store` ([budget] store, else the deployment's store in the silofl home; a
+    scratch in-memory store with [budget] scratch = true). With
     [output] checkpoint_every > 0 the run directory keeps a checkpoint, so a killed run
     continues with `resume_run`."""
     # --- everything that can fail on bad input, before any data access ---------------
@@ -233,9 +249,8 @@ def run(cfg: Config, out_dir: Path | None = None,
         if run_dir and cfg.output.checkpoint_every:
             _write_job_file(run_dir, cfg, job)
         return _execute(cfg, p, fed, job, run_dir, on_progress)
-    except KeyboardInterrupt:
-        if job is not None:
-            job.settle("interrupted")
+    except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM (`signals.Terminated`)
+        signals.attach(e, job, run_dir, CHECKPOINT)
         if run_dir is not None and not (run_dir / CHECKPOINT).is_dir():
             shutil.rmtree(run_dir, ignore_errors=True)
         raise
@@ -299,6 +314,7 @@ def _execute(cfg: Config, p: _Prepared, fed, job, run_dir: Path | None,
     if job is not None:
         report.run_id, report.scratch = job.run_id, job.scratch
         report.store = None if job.store.path is None else str(job.store.path)
+        report.demo, report.store_created = job.store.demo, job.store.created
         report.lifetime = [job.store.spent(n) for n in fed.names]
     if run_dir:
         _write_outputs(report)
@@ -362,20 +378,25 @@ def _write_job_file(run_dir: Path, cfg: Config, job) -> None:
     write_json_atomic(run_dir / CHECKPOINT / "job.json", {
         "format": 1, "config": _toml_safe(cfg.to_dict()),
         "run_id": job.run_id if job else None,
-        "store": str(job.store.path) if job and job.store.path else None})
+        "store": str(job.store.path.resolve()) if job and job.store.path else None,
+        "demo": bool(job and job.store.demo)})
 
 
 def resume_run(run_dir: str | Path,
                on_progress: Callable[[str, int, int, float], None] | None = None, *,
-               store: BudgetStore | None = None) -> RunReport:
+               store: BudgetStore | None = None, force: bool = False) -> RunReport:
     """Continue a killed `run` from its last checkpoint, with the config it started with.
 
-    Budget: the killed process's reservation is settled to what its ledgers show it
-    executed (every charge, including rounds after the last checkpoint, whose outputs were
-    lost); the rest of the job — the remaining rounds of the interrupted method and the
-    methods not yet run — is reserved anew. Nothing is charged twice and nothing is
-    forgotten; rounds re-run after the checkpoint read the data again and are charged
-    again. Seeded runs continue their noise stream exactly; secure runs draw fresh entropy."""
+    Budget: the run that last worked on this folder (the original run, or the latest
+    resume of it: the store links each resume to the run it continues) is settled to what
+    it executed — its ledger lines, and never less than the store recorded as its progress
+    (so deleted or edited ledger files change nothing) — unless it settled itself (Ctrl-C,
+    SIGTERM). Resuming is refused while that run's owner (pid, host, start time) is alive:
+    settling a live run would let it go on reading data nothing covers. An owner on
+    another host cannot be checked: `force` (only when it is known to be dead). The rest of
+    the job is reserved anew. Rounds re-run after the checkpoint read the data again and
+    are charged again. Seeded runs continue their noise stream exactly; secure runs draw
+    fresh entropy."""
     run_dir = Path(run_dir)
     jf = run_dir / CHECKPOINT / "job.json"
     if not jf.is_file():
@@ -400,52 +421,101 @@ def resume_run(run_dir: str | Path,
             done[label] = pickle.loads(_result_path(run_dir, label).read_bytes())
         elif _state_path(run_dir, label).is_file():
             states[label] = pickle.loads(_state_path(run_dir, label).read_bytes())
-    # what each method's ledgers hold on disk, and what of it the checkpoint keeps
-    names = p.raw.names
-    restored, executed = {}, []
-    for label in p.labels:
-        if label in done:
-            continue
-        kept = states[label]["round"] if label in states else 0
-        restored[label] = {}
-        for name in names:
-            path = run_dir / "ledgers" / label / f"{silo_file_id(name)}.jsonl"
-            entries = read_entries(path)
-            executed += [PlannedCharge(name, label, e.label, e.event) for e in entries]
-            keep = [e for e in entries if e.round <= kept]
-            restored[label][name] = keep
-            if path.exists():  # the model's own trail: rounds after the checkpoint are re-run
-                write_text_atomic(path, "".join(_ledger_line(name, e) for e in keep))
-    job, resumed = None, [f"resumed from {CHECKPOINT} at " + ", ".join(
-        f"{lb}: round {states[lb]['round'] if lb in states else 0}" for lb in restored)]
-    raw_fps = fingerprints(p.raw)  # recorded in the (silo-internal) store only
+    job, latest = None, info["run_id"]
     if p.tcfg.private:
-        store = store if store is not None else (BudgetStore(Path(info["store"]))
-                                                 if info["store"] else BudgetStore(None))
-        old = info["run_id"]
-        if store.run_status(old) == "reserved":  # killed: settle to what it executed
-            executed += [PlannedCharge(n, NO_METHOD, "preprocess", e) for n, e in
-                         p.extra.items()]
-            executed += [PlannedCharge(led.silo, lb, e.label, e.event)
-                         for lb, r in done.items() for led in r.ledgers for e in led.entries]
-            store.settle(old, executed, status="killed")
+        store = store if store is not None else (
+            BudgetStore(Path(info["store"]), demo=bool(info.get("demo")))
+            if info["store"] else BudgetStore(None))
+        latest = _settle_previous(store, info["run_id"], run_dir, p, force)
+    restored = _restore_ledgers(run_dir, p, done, states)
+    resumed = [f"resumed from {CHECKPOINT} at " + ", ".join(
+        f"{lb}: round {states[lb]['round'] if lb in states else 0}" for lb in restored)]
+    raw_fps = fingerprints(p.raw)  # digests: the store keeps only their keyed hash
+    if p.tcfg.private:
         remaining = {lb: [_remaining(pl, restored[lb].get(pl.name, [])) for pl in plans]
                      for lb, plans in zip(p.labels, p.plans) if lb in restored}
         job = open_job(store, remaining, lifetime=_lifetime(cfg, p.raw),
                        command="silofl run --resume", noise=p.tcfg.noise,
-                       accountant=p.tcfg.accountant, fingerprints=raw_fps)
-        resumed.append(f"run {old} was interrupted; its executed charges stay in the budget "
-                       f"store and the rest of the job is run {job.run_id}")
+                       accountant=p.tcfg.accountant, fingerprints=raw_fps, parent=latest)
+        resumed.append(f"run {latest} was interrupted; its executed charges stay in the "
+                       f"budget store and the rest of the job is run {job.run_id}")
         if p.tcfg.noise == "secure":
             resumed.append("secure noise after resuming is drawn with fresh OS entropy")
     try:
         fed = _preprocess(p, cfg)
         return _execute(cfg, p, fed, job, run_dir, on_progress, done=done,
                         states=states, restored=restored, resumed=resumed)
-    except BaseException:
-        if job is not None:
-            job.settle("interrupted")
+    except KeyboardInterrupt as e:
+        signals.attach(e, job, run_dir, CHECKPOINT)
         raise
+    except BaseException:
+        if job is not None and not job.settled:
+            job.settle("failed")
+        raise
+
+
+def _settle_previous(store: BudgetStore, first: str, run_dir: Path, p: _Prepared,
+                     force: bool) -> str:
+    """The run a resume continues: the latest in the chain of resumes from `first`,
+    settled to what it executed if it was killed. Refused while its owner lives."""
+    latest, seen = first, {first}
+    while True:
+        own = store.owner(latest)
+        if own is None:
+            raise ConfigError(f"budget store {store.where} has no run {latest} (the run this "
+                              "folder belongs to); pass the store it was charged to with "
+                              "--store")
+        if own["child"] is None or own["child"] in seen:
+            break
+        latest = own["child"]
+        seen.add(latest)
+    if own["status"] == "finished":
+        raise ConfigError(f"run {latest} of this folder already finished; nothing to resume")
+    if own["status"] != "reserved":  # settled itself (interrupted, failed) or by a resume
+        return latest
+    alive = runlock.owner_alive(own["pid"], own["host"], own["proc_start"])
+    if alive:
+        raise ConfigError(
+            f"run {latest} is still running (pid {own['pid']} on this host); resuming it now "
+            "would settle a live run's reservation while it goes on reading data. Wait for "
+            f"it to end, or stop it (kill -TERM {own['pid']}: it settles what it executed "
+            "and prints how to resume), then resume")
+    if alive is None and not force:
+        raise ConfigError(
+            f"run {latest} belongs to pid {own['pid']} on host {own['host']!r}, which cannot "
+            "be checked from here; if you know that process is dead, resume with "
+            "--force-resume")
+    executed = []
+    for label in p.labels:  # the ledger lines that run wrote (the store's progress floors them)
+        for name in p.raw.names:
+            path = run_dir / "ledgers" / label / f"{silo_file_id(name)}.jsonl"
+            executed += [PlannedCharge(name, label, e.label, e.event)
+                         for e in read_entries(path, run=latest)]
+    if latest == first:  # the original run also spent its preprocessing
+        executed += [PlannedCharge(n, NO_METHOD, "preprocess", e) for n, e in p.extra.items()]
+    try:
+        store.settle(latest, executed, status="killed")
+    except BudgetStoreError as e:
+        raise ConfigError(f"cannot settle the interrupted run {latest}: {e}") from None
+    return latest
+
+
+def _restore_ledgers(run_dir: Path, p: _Prepared, done: dict, states: dict) -> dict:
+    """Per method not done, per silo: the ledger entries the checkpoint keeps (rounds up
+    to its round); each file is rewritten to them (rounds after it are re-run)."""
+    restored = {}
+    for label in p.labels:
+        if label in done:
+            continue
+        kept = states[label]["round"] if label in states else 0
+        restored[label] = {}
+        for name in p.raw.names:
+            path = run_dir / "ledgers" / label / f"{silo_file_id(name)}.jsonl"
+            keep = [e for e in read_entries(path) if e.round <= kept]
+            restored[label][name] = keep
+            if path.exists():  # the model's own trail: rounds after the checkpoint are re-run
+                write_text_atomic(path, "".join(_ledger_line(name, e) for e in keep))
+    return restored
 
 
 def _remaining(plan, kept: list):
@@ -457,17 +527,36 @@ def _remaining(plan, kept: list):
 
 
 def _ledger_line(name: str, e) -> str:
-    return json.dumps({"silo": name, "round": e.round, "label": e.label,
-                       "event": events.to_dict(e.event)}) + "\n"
+    line = {"silo": name, "round": e.round, "label": e.label,
+            "event": events.to_dict(e.event)}
+    if e.run is not None:
+        line["run"] = e.run
+    return json.dumps(line) + "\n"
 
 
-def open_store(cfg: Config, base: Path | None) -> BudgetStore:
-    """The lifetime budget store a job charges (see `run`)."""
+def open_store(cfg: Config, base: Path | None = None) -> BudgetStore:
+    """The lifetime budget store a job charges: a scratch in-memory store with [budget]
+    scratch = true; else [budget] store; else the built-in public heart data's demo store;
+    else the deployment's store in the silofl home (`store_paths.default_store_path`).
+    Never a file in the output folder: another folder or --out must not be a new budget.
+    (`base`, the output folder, is no longer used.) A store created here is announced
+    loudly (a warning naming its path)."""
     if cfg.budget.scratch:
         return BudgetStore(None)
+    demo = False
     if cfg.budget.store:
-        return BudgetStore(Path(cfg.budget.store))
-    return BudgetStore(None if base is None else base / "budget.sqlite")
+        path = Path(cfg.budget.store)
+    elif cfg.data.source == store_paths.DEMO_SOURCE:
+        path, demo = store_paths.demo_store_path(), True
+    else:
+        path = store_paths.default_store_path(cfg.budget.deployment)
+    st = BudgetStore(path, demo=demo)
+    if st.created:
+        warnings.warn(f"NEW budget store created: {path}{' (demo store)' if demo else ''}. "
+                      "It holds no earlier charges: if these silos' data was charged in "
+                      "another store, that spending is not counted here (use that store "
+                      "with --store)", stacklevel=2)
+    return st
 
 
 def _lifetime(cfg: Config, fed) -> dict[str, PrivacyTarget]:
@@ -543,6 +632,7 @@ def _write_outputs(rep: RunReport) -> None:
                "uncharged": rep.uncharged, "preprocessing": rep.preprocessing,
                "run_id": rep.run_id,
                "budget_store": rep.store, "scratch_store": rep.scratch,
+               "demo_store": rep.demo, "budget_store_created": rep.store_created,
                "job": ("The job's methods share each silo's target for this job: one σ per "
                        "silo is calibrated for their composition. 'combined' is the job's "
                        "spend per silo; 'lifetime' is everything the silo has spent so far."),

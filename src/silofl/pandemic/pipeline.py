@@ -1179,8 +1179,9 @@ def fit(person_data_path, household_data_path, residence_location_data_path,
     """Mirror of the challenge's centralized `fit`: trains on the seven input files (any
     names and folders; see `partition.input_directory`) and saves the model to
     ``model_dir``.  ``config`` defaults to the centralized recipe; a private run charges
-    ``store`` (default: the lifetime store ``model_dir/budget.sqlite``, so fitting again
-    into the same folder composes with, and is limited by, what was spent before)."""
+    ``store`` (default: the user's default lifetime store,
+    ``silofl.privacy.store_paths.default_store_path()``, so fitting again — into any
+    folder — composes with, and is limited by, what was spent before)."""
     paths = (person_data_path, household_data_path, residence_location_data_path,
              activity_location_data_path, activity_location_assignment_data_path,
              population_network_data_path, disease_outcome_data_path)
@@ -1188,7 +1189,8 @@ def fit(person_data_path, household_data_path, residence_location_data_path,
     data = read_dataset(input_directory(paths, model_dir / "inputs"))
     cfg = config or PandemicConfig(federated=False)
     if store is None and cfg.private:
-        with BudgetStore(model_dir / "budget.sqlite") as st:
+        from silofl.privacy.store_paths import default_store_path
+        with BudgetStore(default_store_path()) as st:
             pm = train(data, cfg, store=st, command="silofl.pandemic.fit")
     else:
         pm = train(data, cfg, store=store, command="silofl.pandemic.fit")

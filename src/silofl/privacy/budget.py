@@ -19,7 +19,17 @@ silo; older charges stay in the database for audit but are no longer composed. A
 of the data a silo trains on (new patients) is recorded and shown; the budget carries
 over, because the composition still covers everyone present in both versions.
 
-The store is silo-internal (it holds data fingerprints); it is not a report to publish.
+Progress (schema 2): every charge a run's ledgers make is also recorded in the store, in
+its own transaction, before the data is read (`record_progress`); settling never goes
+below what the store recorded, so deleting or editing a run folder's ledger files cannot
+make the store forget executed work. Each run row names its owner (pid, host, process
+start time, `silofl.privacy.runlock`), so a resume can refuse while the owner is alive.
+
+Data fingerprints are keyed: the store keeps HMAC-SHA256(secret, digest of the rows) with
+a secret in its meta table that no output ever shows, so a guess of one record's value
+cannot be tested against the store's content.
+
+The store is silo-internal; it is not a report to publish.
 `path=None` gives an in-memory *scratch* store: an experiment, not a release — every
 report made with it says so.
 """
@@ -27,10 +37,11 @@ report made with it says so.
 from __future__ import annotations
 
 import os
-import socket
+import secrets
 import sqlite3
 import time
 import uuid
+import warnings
 from collections import Counter
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -39,9 +50,11 @@ from pathlib import Path
 from silofl.data.federation import PrivacyTarget
 from silofl.errors import BudgetExceeded, SiloflError
 from silofl.privacy import accounting, events
+from silofl.privacy import runlock, store_paths
 from silofl.privacy.ledger import tightest
+from silofl.privacy.store_schema import migrate_v1
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 SCRATCH_NOTE = "scratch budget store: an experiment, not a release"
 
 _SCHEMA = """
@@ -51,7 +64,8 @@ CREATE TABLE IF NOT EXISTS silos (
     delta REAL NOT NULL, epoch INTEGER NOT NULL DEFAULT 0, created REAL NOT NULL);
 CREATE TABLE IF NOT EXISTS runs (
     id TEXT PRIMARY KEY, command TEXT NOT NULL, started REAL NOT NULL, finished REAL,
-    status TEXT NOT NULL, noise TEXT NOT NULL, host TEXT NOT NULL, pid INTEGER NOT NULL);
+    status TEXT NOT NULL, noise TEXT NOT NULL, host TEXT NOT NULL, pid INTEGER NOT NULL,
+    proc_start TEXT, parent TEXT);
 CREATE TABLE IF NOT EXISTS charges (
     id INTEGER PRIMARY KEY, silo_id INTEGER NOT NULL REFERENCES silos(id),
     epoch INTEGER NOT NULL, run_id TEXT NOT NULL REFERENCES runs(id),
@@ -59,6 +73,10 @@ CREATE TABLE IF NOT EXISTS charges (
     count INTEGER NOT NULL, status TEXT NOT NULL, time REAL NOT NULL, fingerprint TEXT);
 CREATE INDEX IF NOT EXISTS charges_by_silo ON charges (silo_id, epoch);
 CREATE INDEX IF NOT EXISTS charges_by_run ON charges (run_id);
+CREATE TABLE IF NOT EXISTS progress (
+    run_id TEXT NOT NULL REFERENCES runs(id), silo_id INTEGER NOT NULL REFERENCES silos(id),
+    method TEXT NOT NULL, label TEXT NOT NULL, event TEXT NOT NULL, count INTEGER NOT NULL,
+    PRIMARY KEY (run_id, silo_id, method, label, event));
 CREATE TABLE IF NOT EXISTS log (
     id INTEGER PRIMARY KEY, time REAL NOT NULL, silo_id INTEGER, action TEXT NOT NULL,
     reason TEXT NOT NULL, detail TEXT NOT NULL DEFAULT '');
@@ -87,19 +105,31 @@ def new_run_id() -> str:
 class BudgetStore:
     """Per-silo lifetime budgets in the SQLite file `path` (None: in-memory scratch)."""
 
-    def __init__(self, path: str | Path | None, *, timeout: float = 30.0):
+    def __init__(self, path: str | Path | None, *, timeout: float = 30.0,
+                 demo: bool = False):
         self.path = None if path is None else Path(path)
         self.scratch = path is None
+        #: the file did not exist before this object opened it (say so loudly)
+        self.created = False
+        #: the demo store of the built-in public data (`store_paths.DEMO_NOTE`)
+        self.demo = demo
         if self.path is not None:
             if self.path.is_dir():
                 raise BudgetStoreError(f"budget store {str(self.path)!r} is a directory; "
-                                       "give a file path such as runs/budget.sqlite")
+                                       "give a file path such as stores/budget.sqlite")
+            for parent in self.path.parents:
+                if parent.exists():
+                    if not parent.is_dir():
+                        raise BudgetStoreError(
+                            f"budget store {str(self.path)!r} cannot be created: "
+                            f"{str(parent)!r} is a file, not a folder; choose another path")
+                    break
             try:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
-            except (FileExistsError, NotADirectoryError):  # a folder above is a plain file
-                raise BudgetStoreError(f"budget store {str(self.path)!r} cannot be created: a "
-                                       "folder above it is a regular file, not a folder; "
-                                       "choose a path inside a folder") from None
+            except OSError as e:
+                raise BudgetStoreError(f"cannot create the folder of budget store "
+                                       f"{str(self.path)!r}: {e.strerror}") from None
+            self.created = not self.path.exists()
         try:
             self._db = sqlite3.connect(":memory:" if path is None else str(self.path),
                                        timeout=timeout, isolation_level=None)
@@ -107,6 +137,10 @@ class BudgetStore:
                 self._db.execute("PRAGMA journal_mode=WAL")
                 self._db.execute("PRAGMA synchronous=FULL")
             self._db.execute("PRAGMA foreign_keys=ON")
+            # deleted content (e.g. the unkeyed fingerprints a migration replaces) is
+            # overwritten, not left in free pages of the file
+            self._db.execute("PRAGMA secure_delete=ON")
+            migrated = False
             with self._tx():
                 for stmt in filter(str.strip, _SCHEMA.split(";")):
                     self._db.execute(stmt)
@@ -114,17 +148,47 @@ class BudgetStore:
                 if row is None:
                     self._db.execute("INSERT INTO meta VALUES ('schema', ?)",
                                      (str(SCHEMA_VERSION),))
+                    self._db.execute("INSERT INTO meta VALUES ('secret', ?)",
+                                     (secrets.token_hex(32),))
+                    self._db.execute("INSERT INTO meta VALUES ('kind', ?)",
+                                     ("demo" if demo else "lifetime",))
+                elif row[0] == "1":
+                    migrate_v1(self._db, SCHEMA_VERSION)
+                    migrated = True
                 elif row[0] != str(SCHEMA_VERSION):
                     raise BudgetStoreError(
                         f"budget store {self.where} has schema version {row[0]}, this "
                         f"silofl reads version {SCHEMA_VERSION}; use a matching silofl")
+                self._secret = self._db.execute(
+                    "SELECT value FROM meta WHERE key='secret'").fetchone()[0].encode()
+                kind = self._db.execute("SELECT value FROM meta WHERE key='kind'").fetchone()
+                if kind is not None and kind[0] == "demo" and not demo:
+                    raise BudgetStoreError(
+                        f"budget store {self.where} is a demo store (public built-in data, "
+                        "its budget restarts when spent); it cannot guard a private source. "
+                        "Name another store with --store or [budget] store")
+                if demo and (kind is None or kind[0] != "demo"):
+                    raise BudgetStoreError(f"budget store {self.where} is a lifetime store, "
+                                           "not the demo store; it is never restarted")
+            if migrated:  # the old pages leave the write-ahead log too
+                self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         except sqlite3.DatabaseError as e:
             raise self._db_error(e) from None
+
+    def keyed(self, digest: str) -> str:
+        """The store's keyed fingerprint of a data digest (the secret never leaves)."""
+        return store_paths.keyed(self._secret, digest)
 
     # -- plumbing -------------------------------------------------------------------------
     @property
     def where(self) -> str:
         return "(in-memory scratch)" if self.path is None else repr(str(self.path))
+
+    def describe(self) -> str:
+        """What outputs print about this store: its path and kind."""
+        if self.path is None:
+            return "scratch (in memory)"
+        return f"{self.path} (demo store)" if self.demo else str(self.path)
 
     def _db_error(self, e: Exception) -> BudgetStoreError:
         msg = str(e)
@@ -196,6 +260,16 @@ class BudgetStore:
                     self._db.execute("INSERT INTO silos (name, epsilon, delta, created) "
                                      "VALUES (?, ?, ?, ?)", (name, t.epsilon, t.delta,
                                                              time.time()))
+                elif explicit and (row[1], row[2]) != (t.epsilon, t.delta) and self.demo:
+                    # public data: the demo follows the config (logged); if the job then
+                    # does not fit, `open_job` restarts the demo budget
+                    self._db.execute("UPDATE silos SET epsilon = ?, delta = ? WHERE id = ?",
+                                     (t.epsilon, t.delta, row[0]))
+                    self._db.execute(
+                        "INSERT INTO log (time, silo_id, action, reason, detail) VALUES "
+                        "(?, ?, 'set-target', 'demo store: the config states the target', ?)",
+                        (time.time(), row[0], f"ε {row[1]:g} -> {t.epsilon:g}, "
+                                              f"δ {row[2]:g} -> {t.delta:g}"))
                 elif explicit and (row[1], row[2]) != (t.epsilon, t.delta):
                     raise BudgetStoreError(
                         f"silo {name!r} has lifetime target ε = {row[1]:g}, δ = {row[2]:g} in "
@@ -235,10 +309,13 @@ class BudgetStore:
 
     # -- the protocol ---------------------------------------------------------------------
     def reserve(self, run_id: str, planned: list[PlannedCharge], *, command: str,
-                noise: str, fingerprints: dict[str, str] | None = None) -> None:
+                noise: str, fingerprints: dict[str, str] | None = None,
+                parent: str | None = None) -> None:
         """Check every silo's lifetime budget against `planned` and record it as reserved,
         all in one transaction: either every charge is recorded or none is
-        (BudgetExceeded names every silo that cannot pay)."""
+        (BudgetExceeded names every silo that cannot pay). `fingerprints` are digests of
+        each silo's rows; the store keeps only their keyed hash. `parent`: the settled run
+        this one continues (a resume); a run is continued at most once."""
         by_silo: dict[str, Counter] = {}
         for p in planned:
             if p.count < 0:
@@ -246,9 +323,13 @@ class BudgetStore:
             bucket = by_silo.setdefault(p.silo, Counter())
             for e, c in events.flatten(p.event).items():
                 bucket[e] += c * p.count
-        fingerprints = fingerprints or {}
+        digests = fingerprints or {}
+        fingerprints = {n: self.keyed(d) for n, d in digests.items()}
         now = time.time()
+        fresh = []  # silos with no charge in this store before: checked in the registry
         with self._tx():
+            if parent is not None:
+                self._check_parent(parent)
             problems = []
             ids = {}
             for name, added in by_silo.items():
@@ -272,8 +353,13 @@ class BudgetStore:
                     "silo's data governance allows — raise its lifetime target with "
                     "`silofl budget set-target`; for an experiment use a scratch store "
                     "(--scratch), whose reports say it is not a release")
-            self._db.execute("INSERT INTO runs VALUES (?, ?, ?, NULL, 'reserved', ?, ?, ?)",
-                             (run_id, command, now, noise, socket.gethostname(), os.getpid()))
+            self._db.execute(
+                "INSERT INTO runs VALUES (?, ?, ?, NULL, 'reserved', ?, ?, ?, ?, ?)",
+                (run_id, command, now, noise, runlock.host(), os.getpid(),
+                 runlock.process_start(os.getpid()), parent))
+            fresh = [n for n in ids if self._db.execute(
+                "SELECT 1 FROM charges WHERE silo_id = ? LIMIT 1", (ids[n][0],)).fetchone()
+                is None]
             for name, fp in fingerprints.items():
                 if name in ids:
                     self._note_fingerprint(ids[name][0], ids[name][3], fp, run_id, now)
@@ -285,6 +371,97 @@ class BudgetStore:
                     "'reserved', ?, ?)", (sid, epoch, run_id, p.method, p.label,
                                           events.to_json(p.event), p.count, now,
                                           fingerprints.get(p.silo)))
+        if self.path is not None and not self.demo and digests:
+            self._check_registry({n: d for n, d in digests.items() if n in ids},
+                                 set(fresh) | (set(ids) if self.created else set()))
+
+    def _check_parent(self, parent: str) -> None:
+        row = self._db.execute("SELECT status FROM runs WHERE id = ?", (parent,)).fetchone()
+        if row is None or row[0] == "reserved":
+            state = "unknown" if row is None else "not settled"
+            raise BudgetStoreError(f"run {parent} is {state} in budget store {self.where}; "
+                                   "it cannot be continued")
+        child = self._db.execute("SELECT id FROM runs WHERE parent = ?", (parent,)).fetchone()
+        if child is not None:
+            raise BudgetStoreError(f"run {parent} was already continued by run {child[0]} "
+                                   "(another resume); resume that run instead")
+
+    def _check_registry(self, digests: dict[str, str], new: set[str]) -> None:
+        """Record this store's charges in the machine registry; a silo new to this store
+        whose data another store already charged is flagged (warning + store log)."""
+        try:
+            elsewhere = store_paths.note_charged(self.path, digests)
+        except (OSError, sqlite3.DatabaseError) as e:
+            warnings.warn(f"could not check the machine registry of charged data in "
+                          f"{store_paths.silofl_home()}: {e}", stacklevel=3)
+            return
+        here = str(self.path.resolve())
+        flagged = {n: [x if x != here else f"{x} itself (this file was deleted or replaced "
+                       "since: those charges are gone from it)" for x in w]
+                   for n, w in elsewhere.items() if n in new}
+        if not flagged:
+            return
+        text = "; ".join(f"silo {n!r}: already charged in {', '.join(w)}"
+                         for n, w in flagged.items())
+        with self._tx():
+            for name in flagged:
+                self._db.execute(
+                    "INSERT INTO log (time, silo_id, action, reason, detail) VALUES "
+                    "(?, ?, 'charged-elsewhere', ?, ?)",
+                    (time.time(), self._silo(name)[0], "the same data was charged in "
+                     "another budget store on this machine", ", ".join(flagged[name])))
+        warnings.warn(
+            f"budget store {self.where} is new for data that was already charged on this "
+            f"machine ({text}). Its lifetime position does NOT include those charges: the "
+            "same people's privacy was spent there too. Use (or restore) that store "
+            "(--store) unless this really is a separate budget", stacklevel=3)
+
+    def record_progress(self, run_id: str, rows: list[tuple[str, str, str, str, int]]
+                        ) -> None:
+        """Record charges `run_id` is about to execute — (silo, method, label, event
+        JSON, count) — in one transaction, before the data is read. Settling never goes
+        below them. Refused if the run is no longer reserved (settled by another process:
+        the caller must stop before reading anything)."""
+        try:
+            # durable against a killed process (WAL); a power loss may lose the last
+            # records, but the reservation they narrow stays counted in full
+            self._db.execute("PRAGMA synchronous=NORMAL")
+            with self._tx():
+                st = self._db.execute("SELECT status FROM runs WHERE id = ?",
+                                      (run_id,)).fetchone()
+                if st is None or st[0] != "reserved":
+                    raise BudgetStoreError(
+                        f"run {run_id} is no longer reserved in budget store {self.where} "
+                        f"({'unknown' if st is None else st[0]}): another process settled it. "
+                        "Stopping before any further data is read")
+                for silo, method, label, event, count in rows:
+                    sid = self._silo(silo)[0]
+                    self._db.execute(
+                        "INSERT INTO progress VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT "
+                        "(run_id, silo_id, method, label, event) DO UPDATE SET "
+                        "count = count + excluded.count",
+                        (run_id, sid, method, label, event, count))
+        finally:
+            if self.path is not None:
+                self._db.execute("PRAGMA synchronous=FULL")
+
+    def progress(self, run_id: str) -> list[PlannedCharge]:
+        """What the store recorded `run_id` as executing (see `record_progress`)."""
+        return [PlannedCharge(name, method, label, events.from_json(ev), count)
+                for name, method, label, ev, count in self._read(
+                    "SELECT s.name, p.method, p.label, p.event, p.count FROM progress p "
+                    "JOIN silos s ON s.id = p.silo_id WHERE p.run_id = ? ORDER BY s.id, "
+                    "p.method, p.label", (run_id,))]
+
+    def owner(self, run_id: str) -> dict | None:
+        """The run's owner (pid, host, proc_start), status, parent and child."""
+        rows = self._read("SELECT pid, host, proc_start, status, parent, command FROM runs "
+                          "WHERE id = ?", (run_id,))
+        if not rows:
+            return None
+        child = self._read("SELECT id FROM runs WHERE parent = ?", (run_id,))
+        return dict(zip(("pid", "host", "proc_start", "status", "parent", "command"), rows[0]),
+                    child=child[0][0] if child else None)
 
     def _note_fingerprint(self, sid: int, epoch: int, fp: str, run_id: str,
                           now: float) -> None:
@@ -301,8 +478,13 @@ class BudgetStore:
 
     def settle(self, run_id: str, executed: list[PlannedCharge], *,
                status: str = "finished") -> None:
-        """Replace `run_id`'s reservation by what it executed. Executing more than was
-        reserved is refused (the per-run ledgers make that impossible in silofl)."""
+        """Replace `run_id`'s reservation by what it executed, never by less than the
+        store recorded as its progress (`record_progress`): what `executed` misses of it
+        (a deleted or edited ledger file) is charged as recorded. Executing more than was
+        reserved is refused (the per-run ledgers make that impossible in silofl), and so
+        is settling a run that is not reserved (settled already)."""
+        self._check_reserved(run_id)
+        executed = self._with_floor(run_id, executed)
         reserved: dict[str, Counter] = {}
         for text, name, count in self._read(
                 "SELECT c.event, s.name, c.count FROM charges c JOIN silos s ON "
@@ -322,6 +504,7 @@ class BudgetStore:
                                        "reserved; its reservation stays counted")
         now = time.time()
         with self._tx():
+            self._check_reserved(run_id)  # again: another process may have settled it
             rows = self._db.execute(
                 "SELECT DISTINCT silo_id, epoch, fingerprint FROM charges WHERE run_id = ? "
                 "AND status = 'reserved'", (run_id,)).fetchall()
@@ -343,6 +526,28 @@ class BudgetStore:
                                          events.to_json(p.event), p.count, now, fp))
             self._db.execute("UPDATE runs SET finished = ?, status = ? WHERE id = ?",
                              (now, status, run_id))
+
+    def _check_reserved(self, run_id: str) -> None:
+        st = self._db.execute("SELECT status FROM runs WHERE id = ?", (run_id,)).fetchone()
+        if st is None or st[0] != "reserved":
+            state = "unknown" if st is None else f"already settled ({st[0]})"
+            raise BudgetStoreError(f"run {run_id} is {state} in budget store {self.where}; "
+                                   "nothing was changed")
+
+    def _with_floor(self, run_id: str, executed: list[PlannedCharge]
+                    ) -> list[PlannedCharge]:
+        """`executed` plus whatever the store's progress records of `run_id` beyond it,
+        compared per (silo, method, label, event)."""
+        have: Counter = Counter()
+        for p in executed:
+            have[(p.silo, p.method, p.label, events.to_json(p.event))] += p.count
+        extra = []
+        for p in self.progress(run_id):
+            key = (p.silo, p.method, p.label, events.to_json(p.event))
+            short = p.count - have.get(key, 0)
+            if short > 0:
+                extra.append(PlannedCharge(p.silo, p.method, p.label, p.event, short))
+        return list(executed) + extra
 
     def run_status(self, run_id: str) -> str | None:
         """'reserved' (not settled: running, or killed), 'finished', 'failed', …; None if
@@ -369,13 +574,24 @@ class BudgetStore:
         return epoch
 
     def set_target(self, name: str, target: PrivacyTarget, reason: str) -> None:
-        """Change a silo's lifetime target (logged with `reason`)."""
+        """Change a silo's lifetime target (logged with `reason`). A target below what
+        the silo has already spent (composed at the new δ) is refused with the figures:
+        it would print a lifetime position the released models already break."""
         if not reason or not reason.strip():
             raise BudgetStoreError("changing a lifetime target needs a reason (it is logged)")
         with self._tx():
             row = self._silo(name)
             if row is None:
                 raise BudgetStoreError(f"silo {name!r} is not in budget store {self.where}")
+            spent, kind = tightest(events.compose(self._counted(row[0], row[3])),
+                                   target.delta)
+            if not spent <= target.epsilon:
+                raise BudgetStoreError(
+                    f"silo {name!r} has already spent ε = {spent:.4g} ({kind}, at δ = "
+                    f"{target.delta:g}, reserved and executed charges of the current epoch); "
+                    f"the requested lifetime target ε = {target.epsilon:g} is below that. "
+                    "Nothing was changed: a target can only be lowered to at least what is "
+                    "spent")
             self._db.execute("UPDATE silos SET epsilon = ?, delta = ? WHERE id = ?",
                              (target.epsilon, target.delta, row[0]))
             self._db.execute("INSERT INTO log (time, silo_id, action, reason, detail) "
@@ -412,7 +628,11 @@ class BudgetStore:
                 "schema_version": SCHEMA_VERSION,
                 "silos": [dict(self.spent(n),
                                charges=self.charges(n, all_epochs=True)) for n in self.silos()],
+                "store_kind": "demo" if self.demo else ("scratch" if self.scratch
+                                                        else "lifetime"),
                 "runs": [dict(zip(("id", "command", "started", "finished", "status", "noise",
-                                   "host", "pid"), r))
-                         for r in self._read("SELECT * FROM runs ORDER BY started")],
+                                   "host", "pid", "proc_start", "parent"), r))
+                         for r in self._read(
+                             "SELECT id, command, started, finished, status, noise, host, "
+                             "pid, proc_start, parent FROM runs ORDER BY started")],
                 "log": self.log()}

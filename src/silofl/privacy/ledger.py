@@ -22,6 +22,7 @@ import json
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 from silofl.data.federation import PrivacyTarget
 from silofl.errors import BudgetExceeded
@@ -37,9 +38,10 @@ def tightest(event, delta: float) -> tuple[float, str]:
     return eps[kind], kind
 
 
-def read_entries(path: Path) -> list[Entry]:
+def read_entries(path: Path, run: str | None = None) -> list[Entry]:
     """The entries of a ledger file (one JSON line per charge); a torn last line (a kill
-    mid-write) is dropped: its charge was never acted on."""
+    mid-write) is dropped: its charge was never acted on. With `run`, only the lines that
+    run wrote (lines without a run id, from older versions, count for any run)."""
     out = []
     lines = path.read_text().split("\n") if path.exists() else []
     for i, line in enumerate(lines):
@@ -51,7 +53,9 @@ def read_entries(path: Path) -> list[Entry]:
             if i == len(lines) - 1:
                 break
             raise
-        out.append(Entry(d["round"], d["label"], events.from_dict(d["event"])))
+        if run is None or d.get("run", run) == run:
+            out.append(Entry(d["round"], d["label"], events.from_dict(d["event"]),
+                             d.get("run")))
     return out
 
 
@@ -67,6 +71,7 @@ class Entry:
     round: int
     label: str
     event: object
+    run: str | None = None  # the budget-store run that charged it
 
 
 @dataclass
@@ -78,6 +83,11 @@ class Ledger:
     #: base-event counts reserved for this run in the budget store (None: check ε instead)
     allowance: Counter | None = None
     entries: list[Entry] = field(default_factory=list)
+    #: the budget-store run these charges belong to (written on each ledger line)
+    run_id: str | None = None
+    #: called with (event, round, label) after a charge passes its checks and before it
+    #: is recorded here: the job records it in the budget store (progress) first
+    on_charge: Callable | None = field(default=None, repr=False)
     _spent: Counter = field(default_factory=Counter, repr=False)
     _verified: Counter = field(default_factory=Counter, repr=False)
     # Fast path for the per-round charge (a run charges every silo every round): the same
@@ -85,6 +95,13 @@ class Ledger:
     # and no event is hashed (dp_accounting events hash recursively, which dominated).
     _by_id: dict = field(default_factory=dict, repr=False)  # id → [event, spent, verified]
     _pending: list = field(default_factory=list, repr=False)  # charges not yet in _spent
+
+    def __getstate__(self) -> dict:
+        """Pickled (checkpointed results) without the store hook: a connection is not
+        state, and a restored ledger charges nothing more."""
+        state = dict(self.__dict__)
+        state["on_charge"] = None
+        return state
 
     def _sync(self) -> None:
         for added in self._pending:
@@ -153,14 +170,19 @@ class Ledger:
         if not self._covered_after(added):
             self._sync()
             self._check(self._spent + added, f"{label} in round {round}")
+        if self.on_charge is not None:
+            self.on_charge(event, round, label)
         self._pending.append(added)
         for e, c in added.items():
             self._slot(e)[1] += c
-        self.entries.append(Entry(round, label, event))
+        self.entries.append(Entry(round, label, event, self.run_id))
         if self.path is not None:
+            line = {"silo": self.silo, "round": round, "label": label,
+                    "event": events.to_dict(event)}
+            if self.run_id is not None:
+                line["run"] = self.run_id
             with open(self.path, "a") as f:
-                f.write(json.dumps({"silo": self.silo, "round": round, "label": label,
-                                    "event": events.to_dict(event)}) + "\n")
+                f.write(json.dumps(line) + "\n")
 
     def restore(self, entries: list[Entry]) -> None:
         """Take back entries an earlier process of the same run charged (read from this

@@ -8,8 +8,11 @@ spend it.
 
 Every private access of a job — preprocessing statistics, every method's DP-SGD steps and
 selections — is reserved in one transaction before the first one happens; the ledgers
-refuse anything the reservation does not cover. If the process dies before `settle`, the
-whole reservation stays counted. Both tracks reserve here: the tabular experiments and the
+refuse anything the reservation does not cover, and every charge they make is recorded
+in the store (`BudgetStore.record_progress`) before the data is read, so settling — by
+this process, or by a resume after it was killed — never goes below what executed, even
+if the run folder's ledger files are gone. If the process dies before `settle`, the whole
+reservation stays counted until a resume settles it. Both tracks reserve here: the tabular experiments and the
 pandemic pipeline (`pandemic.pipeline.reserve_regions`: node-level charges recorded by
 label via `reserve`, its preprocessing release spent through the method's ledgers).
 """
@@ -18,12 +21,14 @@ from __future__ import annotations
 
 import hashlib
 from collections import Counter
+from functools import partial
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from silofl.data.federation import Federation, PrivacyTarget
+from silofl.errors import BudgetExceeded
 from silofl.privacy import events
 from silofl.privacy.budget import BudgetStore, PlannedCharge, new_run_id
 from silofl.privacy.ledger import Ledger, silo_file_id
@@ -33,8 +38,9 @@ NO_METHOD = "-"
 
 
 def fingerprint(X: np.ndarray, y: np.ndarray) -> str:
-    """A short hash of one silo's training rows, recorded with its charges so that a
-    change of the data (new patients) shows in the budget store."""
+    """A digest of one silo's training rows. Never written anywhere as is: the budget
+    store keeps its keyed hash (`BudgetStore.keyed`), so that a change of the data (new
+    patients) shows in the store while a guessed record cannot be tested against it."""
     h = hashlib.sha256()
     for a in (X, y):
         a = np.ascontiguousarray(a)
@@ -62,6 +68,16 @@ class Job:
     #: events; `open_job(reserve=...)`: the charges reserved for that method)
     _allowance: dict = field(default_factory=dict)
     settled: bool = False
+    #: the demo store restarted its budget to fit this job (public built-in data only)
+    demo_restarted: bool = False
+    _json: dict = field(default_factory=dict, repr=False)  # id(event) → (event, JSON)
+
+    def _progress(self, method: str, silo: str, event, round: int, label: str) -> None:
+        """A ledger's charge, recorded in the store before the data is read."""
+        hit = self._json.get(id(event))
+        if hit is None or hit[0] is not event:
+            hit = self._json[id(event)] = (event, events.to_json(event))
+        self.store.record_progress(self.run_id, [(silo, method, label, hit[1], 1)])
 
     @property
     def scratch(self) -> bool:
@@ -90,7 +106,8 @@ class Job:
             for e in old:
                 allowance.update(events.flatten(e.event))
             led = Ledger(p.name, self.targets[p.name], self.accountant, path,
-                         allowance=allowance)
+                         allowance=allowance, run_id=self.run_id,
+                         on_charge=partial(self._progress, method, p.name))
             led.restore(old)
             self._restored[(method, p.name)] = len(old)
             out.append(led)
@@ -101,6 +118,8 @@ class Job:
         """Record that the reserved extra charge (`label`) of `silo` is about to execute."""
         for c in self._extra:
             if c.silo == silo and c.label == label:
+                self.store.record_progress(self.run_id, [(c.silo, c.method, c.label,
+                                                          events.to_json(c.event), c.count)])
                 self._extra_done.append(c)
                 return
         raise KeyError(f"no reserved {label!r} charge for silo {silo!r}")
@@ -129,7 +148,8 @@ def open_job(store: BudgetStore, plans: dict[str, list], *,
              command: str, noise: str, accountant: str,
              fingerprints: dict[str, str] | None = None,
              extra: list[PlannedCharge] | None = None,
-             reserve: dict[str, list[PlannedCharge]] | None = None) -> Job:
+             reserve: dict[str, list[PlannedCharge]] | None = None,
+             parent: str | None = None) -> Job:
     """Register the silos' lifetime targets and reserve everything the job will spend:
     every method's declared events per silo (`plans`: method → [SiloPlan]) and `extra`
     charges (e.g. preprocessing, spent with `Job.spend_extra`). Raises BudgetExceeded,
@@ -139,7 +159,12 @@ def open_job(store: BudgetStore, plans: dict[str, list], *,
     charge of each silo's declared events: labelled charges (e.g. "node-dpsgd" × rounds)
     and anything else the method's own ledgers charge (e.g. a preprocessing release its
     silo steps make). Per silo they must cover the declared events (ValueError
-    otherwise); the method's ledgers may then spend exactly them."""
+    otherwise); the method's ledgers may then spend exactly them. `parent`: the settled
+    run this job continues (a resume).
+
+    On the demo store of the public built-in data (`store.demo`) a job that does not fit
+    restarts the budget of its silos there (logged) and reserves again, so the demo can be
+    repeated; every other store refuses."""
     planned, allowances = [], {}
     for method, ps in plans.items():
         if method not in (reserve or {}):
@@ -150,10 +175,22 @@ def open_job(store: BudgetStore, plans: dict[str, list], *,
     planned += list(extra or [])
     store.register(lifetime, explicit=explicit_lifetime)
     run_id = new_run_id()
-    store.reserve(run_id, planned, command=command, noise=noise, fingerprints=fingerprints)
+    restarted = False
+    try:
+        store.reserve(run_id, planned, command=command, noise=noise,
+                      fingerprints=fingerprints, parent=parent)
+    except BudgetExceeded:
+        if not store.demo:
+            raise
+        for name in sorted({p.silo for p in planned}):
+            store.reset(name, "demo store (public built-in data): budget restarted so the "
+                        "demo can be repeated")
+        store.reserve(run_id, planned, command=command, noise=noise,
+                      fingerprints=fingerprints, parent=parent)
+        restarted = True
     targets = {p.name: p.target for ps in plans.values() for p in ps}
     return Job(store, run_id, accountant, dict(plans), targets, _extra=list(extra or []),
-               _allowance=allowances)
+               _allowance=allowances, demo_restarted=restarted)
 
 
 def _covering(method: str, plans: list, charges: list[PlannedCharge]) -> dict:
