@@ -436,7 +436,7 @@ def test_private_preprocessing_is_charged_at_the_silo_once_and_survives_a_restar
     for s in silos.values():
         rep = s.join({"protocol": W.PROTOCOL, "kind": "join", "nonce": new_nonce(), "job": job})
         assert rep["status"] == "ok", rep["reason"]
-        assert s.release_pending and s.plan.calibrated_for.endswith("preprocessing")
+        assert s.table_release_due and s.plan.calibrated_for.endswith("preprocessing")
         srv.accept_join(rep)
     name = "Hungary"
     store = Path(load_silo_config(w["silos"][name]).budget_store)
@@ -445,7 +445,7 @@ def test_private_preprocessing_is_charged_at_the_silo_once_and_survives_a_restar
     _drive(srv, silos, [1])
     first = silos[name]
     X1, constants = first.silo.X_train.copy(), first.constants
-    assert not first.release_pending and not np.isnan(X1).any()
+    assert not first.table_release_due and not np.isnan(X1).any()
     # the private constants differ from the declared ones (a release, not the schema's)
     from silofl.runtime.network.silo_table import declared_constants
     declared = declared_constants(first.schema, {**srv.job, "standardize": "declared",
@@ -453,7 +453,7 @@ def test_private_preprocessing_is_charged_at_the_silo_once_and_survives_a_restar
     assert constants["silos"][name]["standardize"] != declared["standardize"]
     # a restart: a fresh program re-accepts the job from its state dir, no new release
     silos[name] = again = SiloProgram(load_silo_config(w["silos"][name]))
-    assert again.resume() and not again.release_pending
+    assert again.resume() and not again.table_release_due
     np.testing.assert_array_equal(again.silo.X_train, X1)
     _drive(srv, silos, [2])
     with BudgetStore(store) as st:

@@ -39,7 +39,9 @@ def _app_options(version: bool = typer.Option(False, "--version", callback=_vers
 
 
 def _fail(e: Exception) -> None:
-    err.print(f"[bold red]error:[/] {escape(str(e))}")
+    # soft_wrap: the terminal wraps the line, so a path is never split by an inserted newline
+    # (the message can be copied as it is)
+    err.print(f"[bold red]error:[/] {escape(str(e))}", soft_wrap=True)
     raise typer.Exit(2)
 
 

@@ -689,7 +689,7 @@ class SiloProgram(silo_table.TableHooks):
             "noise": self.cfg.noise,
             # a private preprocessing release (a DP output): applied again at a restart
             "constants": self.constants if getattr(self, "prep", None) is not None
-            and self.prep.private and not self.release_pending else None})
+            and self.prep.private and not self.table_release_due else None})
 
     def _load_state(self) -> None:
         arrays, meta = self._paths()

@@ -228,7 +228,7 @@ class TableHooks:
         release waits for the first round this silo runs, which reserves it (the rows
         stand in with their gaps zeroed until then: planning reads only n)."""
         self.prep = plan(self.raw, job, self.cfg.target)
-        self.release_pending = self.prep.private
+        self.table_release_due = self.prep.private
         if not self.prep.private:
             fed = preprocess(self.raw, job)
             self.silo, self.constants = fed.silos[0], fed.meta["constants"]
@@ -241,7 +241,7 @@ class TableHooks:
 
     def _table_extra(self) -> list:
         """The private preprocessing release still to run, as the store's extra charge."""
-        if not getattr(self, "release_pending", False):
+        if not getattr(self, "table_release_due", False):
             return []
         from silofl.privacy.budget import PlannedCharge
         from silofl.runtime.job import NO_METHOD
@@ -258,7 +258,7 @@ class TableHooks:
 
     def _use_constants(self, fed) -> None:
         self.silo, self.constants = fed.silos[0], fed.meta["constants"]
-        self.release_pending = False
+        self.table_release_due = False
         ledgers = getattr(self.trainer, "ledgers", None)
         self.trainer = self._data_trainer()
         if ledgers is not None:
