@@ -30,6 +30,7 @@ from silofl import cli  # noqa: E402
 from silofl.data.heart import heart_disease_frame  # noqa: E402
 from silofl.errors import ConfigError, DataError  # noqa: E402
 from silofl.experiments.artifacts import load_run  # noqa: E402
+from silofl.privacy.store_paths import default_store_path  # noqa: E402
 from silofl.runtime.network import deploy, deploy_table  # noqa: E402
 from silofl.runtime.network import messages as W  # noqa: E402
 from silofl.runtime.network.server import (JOB_DEFAULTS, ServerProgram,  # noqa: E402
@@ -119,7 +120,9 @@ def test_three_hospitals_deploy_from_the_cli_over_tls_and_predict(tmp_path):
         own = pd.read_csv(home / cfg["data"]["path"])
         assert set(own["dataset"]) == {name} and len(own) == int((df["dataset"] == name).sum())
         assert (home / "schema.toml").read_bytes() == SCHEMA.read_bytes()
-        assert cfg["silo"]["budget_store"] == "budget.sqlite"
+        # no store path in the folder: the silo charges its user's lifetime store, so a new
+        # `deploy init` folder is not a new budget
+        assert "budget_store" not in cfg["silo"] and cfg["silo"]["deployment"] == "default"
     logs = {n: tmp_path / f"{n}.log" for n in ["server", *HOSPITALS]}
     files = {n: open(p, "w") for n, p in logs.items()}
     procs = {"server": subprocess.Popen(
@@ -185,7 +188,7 @@ def test_three_hospitals_deploy_from_the_cli_over_tls_and_predict(tmp_path):
     # the card states the silo's own guarantee: its (ε, δ), the rounds it ran, its store
     assert p["delta"] == deploy.default_delta() and p["rounds_run"] == rounds
     assert 0 < p["epsilon"] <= p["target_epsilon"] * (1 + 1e-6)
-    assert p["budget_store"] == str((homes["Hungary"] / "budget.sqlite").resolve())
+    assert p["budget_store"] == str(default_store_path().resolve())
     assert abs(p["lifetime"]["epsilon"] - p["epsilon"]) < 1e-6 * p["epsilon"]
     assert "add/remove one record" in p["adjacency"] and p["noise"] == "secure"
     shared_card = load_run(c / "server").model_card("shared")
@@ -389,6 +392,7 @@ def test_silo_cli_names_the_missing_table_and_exits_2(tmp_path):
     text = " ".join(res.output.split())
     assert res.exit_code == 2 and "data file not found" in text and "missing.csv" in text
     assert not (Path(w["silos"]["A"]).parent / "budget.sqlite").exists()
+    assert not default_store_path().exists()  # the data is read before the store opens
 
 
 def test_a_failure_while_writing_the_demo_leaves_no_folder(tmp_path, monkeypatch):

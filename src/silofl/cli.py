@@ -1292,7 +1292,7 @@ def deploy_init(
             "(default: the schema's silo_column)"),
         store_dir: Optional[Path] = typer.Option(
             None, "--store-dir", help="folder for each silo's lifetime budget store "
-            "(<silo>.sqlite; default: budget.sqlite in the silo's own folder)"),
+            "(<silo>.sqlite; default: each silo user's lifetime store, <silofl home>/stores/default.sqlite)"),
         address: str = typer.Option("127.0.0.1:9092", "--address", help="server host:port"),
         host: Optional[list[str]] = typer.Option(None, "--host",
                                                  help="extra server host name/IP for TLS"),

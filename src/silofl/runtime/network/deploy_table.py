@@ -145,10 +145,13 @@ def _write(out: Path, sch, schema_file: Path, names, frames, unnamed, paths, job
             data = "data.csv"
         else:
             data = paths.get(n, PLACEHOLDER)
-        store = str(Path(store_dir).resolve() / f"{f}.sqlite") if store_dir else "budget.sqlite"
         cfg = deploy._silo_toml(n, data, epsilon, delta, noise, job, address, insecure)
-        cfg["silo"].update(budget_store=store, state_dir="state", run_dir=".",
-                           private_key=f"keys/{f}.key")
+        cfg["silo"].update(state_dir="state", run_dir=".", private_key=f"keys/{f}.key")
+        if store_dir:
+            cfg["silo"]["budget_store"] = str(Path(store_dir).resolve() / f"{f}.sqlite")
+        else:  # the user's lifetime store at the silo (not this folder: a new folder made
+            del cfg["silo"]["budget_store"]  # by a new `deploy init` is not a new budget)
+            cfg["silo"]["deployment"] = "default"
         cfg["silo"].pop("data")
         if not insecure:
             cfg["server"]["root_certificate"] = "ca.pem"

@@ -263,6 +263,16 @@ class SiloConfig:
         return PrivacyTarget(self.lifetime_epsilon, self.delta)
 
 
+def _store_path(s: dict, rel) -> Path:
+    """[silo] budget_store, else the user's lifetime store of [silo] deployment (default
+    "default"): the same store whichever folder the silo's config lives in, so a new
+    `deploy init` folder is not a new budget."""
+    if "budget_store" in s:
+        return rel(s["budget_store"])
+    from silofl.privacy.store_paths import check_deployment, default_store_path
+    return default_store_path(check_deployment(str(s.get("deployment", "default"))))
+
+
 def load_silo_config(path: str | Path) -> SiloConfig:
     """Read silo.toml (paths relative to its folder); ConfigError naming the bad key."""
     path = Path(path)
@@ -292,7 +302,7 @@ def load_silo_config(path: str | Path) -> SiloConfig:
             name=str(s["name"]), data=table.path if table else rel(s["data"]), epsilon=eps,
             delta=float(s["delta"]),
             lifetime_epsilon=float(s.get("lifetime_epsilon", eps)),
-            budget_store=rel(s["budget_store"]), state_dir=rel(s["state_dir"]),
+            budget_store=_store_path(s, rel), state_dir=rel(s["state_dir"]),
             private_key=rel(s["private_key"]), server_address=str(srv["address"]),
             root_certificate=root, noise=str(s.get("noise", "secure")),
             max_rounds=int(s.get("max_rounds", 1000)),
