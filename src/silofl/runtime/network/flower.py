@@ -76,6 +76,9 @@ def run_silo(cfg: SiloConfig, *, max_wait: float = 120.0) -> SiloProgram:
     program = open_program(cfg)
     root = None if cfg.root_certificate is None else Path(cfg.root_certificate).read_bytes()
     client = SiloClient(program).to_client()
+    # reconnecting after a lost connection is bounded like the first connection: `max_wait`
+    # seconds since the last round this silo served (a server gone for good ends the silo)
+    seen, deadline = program.done, time.monotonic() + max_wait
     while True:
         try:
             fl.client.start_client(server_address=cfg.server_address, client=client,
@@ -84,9 +87,15 @@ def run_silo(cfg: SiloConfig, *, max_wait: float = 120.0) -> SiloProgram:
                                    max_retries=None, max_wait_time=max_wait)
             return program  # the server ended the job (or could not be reached)
         except grpc.RpcError as e:  # the server went away mid-job: wait for it to return
+            if program.done != seen:
+                seen, deadline = program.done, time.monotonic() + max_wait
+            if time.monotonic() >= deadline:
+                log.warning("silo %s: the server has not come back within %g s; stopping "
+                            "(state kept: round %d)", cfg.name, max_wait, program.done)
+                return program
             log.warning("silo %s: connection to the server lost (%s); reconnecting "
                         "(state kept: round %d)", cfg.name, e.code(), program.done)
-            time.sleep(0.5)
+            time.sleep(0.5)  # back-off before the next attempt, not a synchronisation
 
 
 # --- server --------------------------------------------------------------------------
