@@ -254,6 +254,7 @@ def test_budget_exhausted_silo_leaves_others_go_on_and_intruders_cannot_join(tmp
     # the rejected intruder ends with a clean refusal, not an unexpected error
     bad_log = (tmp_path / "bad.log").read_text()
     assert "unexpected" not in bad_log and codes[1] in (0, 2), bad_log[-2000:]
+    assert "ran no round" in " ".join(bad_log.split()), bad_log[-2000:]
 
 
 def test_silo_refuses_what_its_own_plan_and_store_do_not_allow(tmp_path):

@@ -1397,7 +1397,9 @@ def silo_cmd(config: Path = typer.Option(..., "--config", help="this silo's silo
         metric = f"{program.evaluate():.4f}"
     except SiloflError:  # nothing to score against (a region without its target file)
         metric = "n/a"
-    t.add_row(str(program.done), "exhausted" if program.exhausted else "ok",
+    status = "exhausted" if program.exhausted else "ok" if program.done else \
+        "ran no round (not asked: rejected at join? see the server's log)"
+    t.add_row(str(program.done), status,
               escape(metric), escape(str(cfg.budget_store)))
     console.print(t)
     _save_release("silo", program)
