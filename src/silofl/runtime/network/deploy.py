@@ -328,14 +328,7 @@ def init(out: Path, *, silos: list[str] | None = None, demo: str | None = None,
         raise ConfigError("give --schema (the consortium's declared schema; each silo then "
                           "reads its own table: --table NAME=PATH, or --split TABLE "
                           "--silo-column COL for a one-machine demo) or --demo heart")
-    if not names:
-        raise ConfigError("name the silos (--silo A --silo B …) or use --demo heart")
-    for n in names:
-        if not n.strip() or len(n) > 64 or any(c in n for c in "\n\r\t\"\\"):
-            raise ConfigError(f"silo name {n!r}: use 1-64 printable characters, no quotes, "
-                              "backslashes or line breaks")
-    if len(set(names)) != len(names):
-        raise ConfigError(f"duplicate silo names in {names}")
+    check_names(names, "name the silos (--silo A --silo B …) or use --demo heart")
     if fed is not None and set(names) - set(fed.names):
         raise ConfigError(f"--demo {demo} has silos {fed.names}; unknown: "
                           f"{sorted(set(names) - set(fed.names))}")
