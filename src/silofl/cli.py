@@ -36,6 +36,9 @@ def _version(value: bool) -> None:
 def _app_options(version: bool = typer.Option(False, "--version", callback=_version,
                                               is_eager=True, help="print the version")):
     """Private, personalized cross-silo federated learning."""
+    # every command prints warnings as one `warning:` line, never Python's
+    # "file.py:330: UserWarning ... <source line>" (predict, schema draft, deploy init …)
+    warnings.showwarning = _show_warning
 
 
 def _fail(e: Exception) -> None:
@@ -1445,8 +1448,10 @@ def _save_release(role: str, program) -> None:
                       "silos saved their own")
         return
     who = program.cfg.name if role == "silo" else release.SHARED
+    import shlex  # a command the user can paste: 'VA Long Beach' must stay one argument
     console.print(f"Saved the model to [bold]{escape(str(where))}[/]: silofl predict --run "
-                  f"{escape(str(where))} --silo {escape(who)} --data <rows.csv> --out <preds.csv>")
+                  f"{escape(shlex.quote(str(where)))} --silo {escape(shlex.quote(who))} "
+                  "--data <rows.csv> --out <preds.csv>")
 # --- end networked runtime ------------------------------------------------------------
 
 

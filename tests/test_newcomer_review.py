@@ -1,0 +1,168 @@
+"""A newcomer's walk-through (issue 19, acceptance): three hospitals' messy CSVs to
+predictions, from the CLI and the README only. Each test is a step that did not work as a
+newcomer would expect, reproduced on a small table:
+
+- `predict` printed the clip warnings as Python's ``file.py:330: UserWarning`` with a
+  source line (every command now prints one ``warning:`` line);
+- `predict --run runs` (the folder of runs, not one run) said "run again";
+- a run with several methods asked for ``method:`` where the CLI option is ``--method``;
+- `deploy init --schema s --table A=… --table B=…` (the README's form) was refused with
+  "name the silos", and a mistyped table path was accepted silently;
+- a hospital with a Latin-1 / semicolon export could not deploy at all: the reader told it
+  to set ``[data] encoding``, which a silo's config refused as an unknown key.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import tomli_w
+from typer.testing import CliRunner
+
+from silofl.cli import app
+from silofl.data.federation import PrivacyTarget
+from silofl.errors import ConfigError
+from silofl.runtime.network.silo_table import read_silo_table, table_settings
+
+logging.getLogger("absl").setLevel(logging.ERROR)
+
+SILOS = ("north", "south", "east")
+SCHEMA = {"silo_column": "hospital",
+          "label": {"name": "outcome", "kind": "binary", "classes": [0, 1]},
+          "columns": [{"name": "x", "kind": "numeric", "lower": -4, "upper": 4},
+                      {"name": "colour", "kind": "categorical",
+                       "levels": ["blue", "green", "réd"]}]}
+
+
+def _frame(n: int = 30, seed: int = 0) -> pd.DataFrame:
+    rng = np.random.default_rng(seed)
+    parts = []
+    for h in SILOS:
+        x = rng.normal(size=n).round(3)
+        y = (x > 0).astype(int)
+        y[:2] = [0, 1]
+        parts.append(pd.DataFrame({"hospital": h, "x": x,
+                                   "colour": rng.choice(["réd", "green", "blue"], n),
+                                   "outcome": y}))
+    return pd.concat(parts, ignore_index=True)
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory) -> Path:
+    """A finished run with two methods (local, fedavg) under <root>/runs/saved."""
+    root = tmp_path_factory.mktemp("newcomer")
+    _frame().to_csv(root / "t.csv", index=False)
+    (root / "schema.toml").write_text(tomli_w.dumps(SCHEMA))
+    raw = {"data": {"source": "table", "path": "t.csv", "silo_column": "hospital",
+                    "label_column": "outcome", "schema": "schema.toml"},
+           "training": {"rounds": 2, "batch_size": 4, "methods": ["local", "fedavg"]},
+           "privacy": {"epsilon": 2.0, "delta": 1e-4, "noise": "seeded"},
+           "budget": {"store": "store.sqlite"},
+           "output": {"dir": str(root / "runs"), "name": "saved"}}
+    (root / "run.toml").write_text(tomli_w.dumps(raw))
+    res = CliRunner().invoke(app, ["run", "-q", "-c", str(root / "run.toml")])
+    assert res.exit_code == 0, res.output
+    return root / "runs" / "saved"
+
+
+def test_predict_prints_a_clip_warning_as_one_line_not_a_python_warning(saved, tmp_path):
+    rows = _frame(seed=1)
+    rows["x"] = rows["x"].astype(float)
+    rows.loc[3, "x"] = np.inf  # a placeholder a spreadsheet export writes
+    rows.to_csv(tmp_path / "new.csv", index=False)
+    # a fresh process: in this one `silofl run` (the fixture) already set the printer
+    res = subprocess.run([sys.executable, "-m", "silofl.cli", "predict", "--run", str(saved),
+                          "--silo", "north", "--method", "local",
+                          "--data", str(tmp_path / "new.csv"), "--out", str(tmp_path / "p.csv")],
+                         capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "COLUMNS": "200"})
+    assert res.returncode == 0, res.stderr
+    assert "warning: column 'x': 1 value(s) are infinite" in res.stderr
+    assert "UserWarning" not in res.stderr and ".py:" not in res.stderr
+
+
+def test_predict_on_the_folder_of_runs_names_a_run_directory(saved, tmp_path):
+    res = CliRunner().invoke(app, ["predict", "--run", str(saved.parent), "--silo", "north",
+                                   "--method", "local", "--data", str(saved / "config.toml"),
+                                   "--out", str(tmp_path / "p.csv")])
+    text = " ".join(res.output.split())
+    assert res.exit_code == 2, res.output
+    assert "folder of runs" in text and str(saved) in text
+    assert "run again" not in text
+    assert not (tmp_path / "p.csv").exists()
+
+
+def test_predict_without_method_names_the_cli_option(saved, tmp_path):
+    _frame(seed=2).to_csv(tmp_path / "new.csv", index=False)
+    res = CliRunner().invoke(app, ["predict", "--run", str(saved), "--silo", "north",
+                                   "--data", str(tmp_path / "new.csv"),
+                                   "--out", str(tmp_path / "p.csv")])
+    assert res.exit_code == 2, res.output
+    assert "--method" in res.output and "'fedavg'" in res.output
+
+
+needs_flower = pytest.mark.skipif(
+    not all(importlib.util.find_spec(m) for m in ("flwr", "cryptography")),
+    reason="the network extra (silofl[flower]) is not installed")
+
+
+@needs_flower
+def test_deploy_init_takes_the_silo_names_from_table(tmp_path):
+    (tmp_path / "schema.toml").write_text(tomli_w.dumps(SCHEMA))
+    for h in ("north", "south"):
+        _frame().query("hospital == @h").to_csv(tmp_path / f"{h}.csv", index=False)
+    res = CliRunner().invoke(app, ["deploy", "init", "--out", str(tmp_path / "c"),
+                                   "--schema", str(tmp_path / "schema.toml"),
+                                   "--table", f"north={tmp_path / 'north.csv'}",
+                                   "--table", f"south={tmp_path / 'typo.csv'}"])
+    assert res.exit_code == 0, res.output
+    folders = sorted(p.name.split("-")[0] for p in (tmp_path / "c" / "silos").iterdir())
+    assert folders == ["north", "south"]
+    text = " ".join(res.output.split())
+    assert "--table south:" in text and "typo.csv" in text and "not a file" in text
+    assert "--table north:" not in text
+
+
+@needs_flower
+def test_deploy_init_refuses_one_silo_named_twice_by_table(tmp_path):
+    (tmp_path / "schema.toml").write_text(tomli_w.dumps(SCHEMA))
+    res = CliRunner().invoke(app, ["deploy", "init", "--out", str(tmp_path / "c"),
+                                   "--schema", str(tmp_path / "schema.toml"),
+                                   "--table", "north=a.csv", "--table", "north=b.csv"])
+    assert res.exit_code == 2, res.output
+    assert "twice" in res.output
+    assert not (tmp_path / "c").exists()
+
+
+def test_a_silo_reads_its_latin1_semicolon_export(tmp_path):
+    (tmp_path / "schema.toml").write_text(tomli_w.dumps(SCHEMA), encoding="utf-8")
+    rows = _frame().query("hospital == 'north'")
+    rows.to_csv(tmp_path / "north.csv", index=False, sep=";", encoding="latin-1")
+    target = PrivacyTarget(1.0, 1e-4)
+    plain = table_settings({"path": "north.csv", "schema": "schema.toml"}, tmp_path, "s")
+    with pytest.raises(Exception, match=r"\[data\] encoding"):  # what the reader says
+        read_silo_table("north", plain, target)
+    ts = table_settings({"path": "north.csv", "schema": "schema.toml",
+                         "encoding": "latin-1", "sep": ";"}, tmp_path, "silo.toml")
+    raw, _ = read_silo_table("north", ts, target)
+    s = raw.silos[0]
+    assert s.n_train + len(s.y_test) == len(rows)
+    # the silo's rows are the file's rows: same labels, in some split
+    assert sorted(np.concatenate([s.y_train, s.y_test]).tolist()) == \
+        sorted(rows["outcome"].tolist())
+
+
+@pytest.mark.parametrize("bad, word", [({"encoding": 1}, "encoding"), ({"sep": [";"]}, "sep"),
+                                       ({"drop": "visit_date"}, "drop"),
+                                       ({"encodng": "latin-1"}, "encodng")])
+def test_a_silo_refuses_a_bad_reader_setting(tmp_path, bad, word):
+    with pytest.raises(ConfigError, match=word):
+        table_settings({"path": "t.csv", "schema": "s.toml", **bad}, tmp_path, "silo.toml")
