@@ -166,3 +166,45 @@ def test_a_silo_reads_its_latin1_semicolon_export(tmp_path):
 def test_a_silo_refuses_a_bad_reader_setting(tmp_path, bad, word):
     with pytest.raises(ConfigError, match=word):
         table_settings({"path": "t.csv", "schema": "s.toml", **bad}, tmp_path, "silo.toml")
+
+
+def test_schema_draft_points_out_placeholders_and_spellings(tmp_path):
+    """A 1e308 placeholder became ``upper = 1e+308`` and four spellings of one category
+    became four levels, silently."""
+    df = _frame()
+    df["x"] = df["x"].astype(float)
+    df.loc[4, "x"], df.loc[40, "x"] = 1e308, -np.inf
+    df["colour"] = df["colour"].replace({"blue": "BLUE"})
+    df.loc[[5, 6], "colour"] = ["blue", "Blue "]
+    df.loc[7, "colour"] = "red"  # 'réd' without the accent
+    df.to_csv(tmp_path / "t.csv", index=False)
+    res = subprocess.run([sys.executable, "-m", "silofl.cli", "schema", "draft",
+                          str(tmp_path / "t.csv"), "--label-column", "outcome",
+                          "--silo-column", "hospital", "--out", str(tmp_path / "s.toml")],
+                         capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "COLUMNS": "200"})
+    assert res.returncode == 0, res.stderr
+    import tomllib
+    doc = tomllib.loads((tmp_path / "s.toml").read_text(encoding="utf-8"))
+    x = next(c for c in doc["columns"] if c["name"] == "x")
+    finite = df["x"][np.isfinite(df["x"]) & (df["x"].abs() < 1e100)]
+    assert (x["lower"], x["upper"]) == (finite.min(), finite.max())
+    assert "column 'x': 2 cell(s) hold ±inf or a magnitude above 1e+100" in res.stderr
+    assert "column 'colour': " in res.stderr and "spelled several ways" in res.stderr
+    assert "UserWarning" not in res.stderr
+    text = (tmp_path / "s.toml").read_text(encoding="utf-8")
+    assert "'BLUE' / 'Blue' / 'blue'" in text or "'BLUE' / 'blue' / 'Blue'" in text
+    assert "'réd' / 'red'" in text or "'red' / 'réd'" in text
+
+
+@pytest.mark.parametrize("levels, groups", [
+    (["Female", "Male"], []),
+    (["Female", "M", "Male", "fémale"], [["Female", "fémale"], ["Male", "M"]]),
+    (["typical angina", "atypical angina", "non-anginal", "non-Angina l"],
+     [["non-anginal", "non-Angina l"]]),
+    (["A", "AB", "B"], []),      # blood groups: 'A' starts 'AB' but both are short codes
+    ([0, 1, "0"], []),           # numbers are matched by value elsewhere, not here
+])
+def test_spelling_groups(levels, groups):
+    from silofl.data.draft_checks import spelling_groups
+    assert spelling_groups(levels) == groups

@@ -484,6 +484,9 @@ def draft_schema(df: pd.DataFrame, silo_column: str | None, label_column: str, *
             notes[c.name] = "no observed value: declare lower/upper from documentation"
         elif c.kind == "categorical":
             notes[c.name] = "levels as found in the data: list every documented level"
+    from silofl.data.draft_checks import draft_warnings
+    for col, lines in draft_warnings(df, schema).items():
+        notes[col] = "\n# ".join([*lines, notes[col]] if col in notes else lines)
     header = DRAFT_HEADER.format(name=f" for {name}" if name else "")
     return schema.to_toml(header, notes) + left_out_block(left_out)
 
@@ -500,7 +503,9 @@ def _infer_column(s: pd.Series, name: str, bounds: bool, max_levels: int) -> Col
         return ColumnSpec(name, "binary", nullable=nullable)
     num = parse_numeric(s)
     if num is not None:
-        obs = num[np.isfinite(num)]
+        from silofl.data.table_checks import HUGE
+        # ±inf and 1e308 are an export's placeholders, not measurements: never a bound
+        obs = num[np.isfinite(num) & (np.abs(num) <= HUGE)]
         if len(obs) and np.isin(obs, (0.0, 1.0)).all():
             return ColumnSpec(name, "binary", nullable=nullable)
         lo = hi = None
