@@ -208,3 +208,18 @@ def test_schema_draft_points_out_placeholders_and_spellings(tmp_path):
 def test_spelling_groups(levels, groups):
     from silofl.data.draft_checks import spelling_groups
     assert spelling_groups(levels) == groups
+
+
+def test_set_a_list_key_to_one_word_shows_the_list_form(saved, tmp_path):
+    """`--set training.methods=local` (a newcomer's first try) names the form that works,
+    and that form runs."""
+    cfg = saved.parent.parent / "run.toml"
+    base = ["run", "-q", "-c", str(cfg), "--scratch", "--out", str(tmp_path / "runs"),
+            "--set", "training.rounds=1"]
+    res = CliRunner().invoke(app, [*base, "--set", "training.methods=local"])
+    assert res.exit_code == 2, res.output
+    text = " ".join(res.output.split())
+    assert """--set 'training.methods=["local"]'""" in text
+    assert not (tmp_path / "runs").exists()
+    res = CliRunner().invoke(app, [*base, "--set", 'training.methods=["local"]'])
+    assert res.exit_code == 0, res.output
