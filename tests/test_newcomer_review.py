@@ -223,3 +223,19 @@ def test_set_a_list_key_to_one_word_shows_the_list_form(saved, tmp_path):
     assert not (tmp_path / "runs").exists()
     res = CliRunner().invoke(app, [*base, "--set", 'training.methods=["local"]'])
     assert res.exit_code == 0, res.output
+
+
+def test_a_networked_silo_shows_its_baseline_beside_its_metric():
+    """Over the network each silo printed only 'test metric (local) 0.8919': the one-class
+    model that `silofl run` flags looked fine at the silo."""
+    from silofl.experiments.quality import silo_line
+    y = np.array([0] * 33 + [1] * 4)                     # 33/37 = 0.8919 majority
+    one_class = float(np.mean(y == 0))
+    line = silo_line("accuracy", one_class, y)
+    assert line.startswith(f"{33 / 37:.4f} accuracy (maj. {33 / 37:.4f}, n=37")
+    assert "NOT BEATEN" in line and "TINY" not in line
+    better = silo_line("accuracy", 35 / 37, y)
+    assert "NOT BEATEN" not in better
+    small = silo_line("accuracy", 0.9, y[:10])
+    assert "TINY" in small and "n=10" in small
+    assert "NOT BEATEN" in silo_line("mse", 2.0, np.array([0.0, 1.0, 2.0]))  # var 2/3

@@ -1397,7 +1397,14 @@ def silo_cmd(config: Path = typer.Option(..., "--config", help="this silo's silo
     for c in ("rounds run", "status", "test metric (local)", "store"):
         t.add_column(c)
     try:  # tabular: the default metric on its test rows; a region: AUPRC on its target
-        metric = f"{program.evaluate():.4f}"
+        value = program.evaluate()
+        metric = f"{value:.4f}"
+        silo = getattr(program, "silo", None)
+        if program.job.get("data_kind", "table") != "graph" and silo is not None:
+            # beside its baseline, as `silofl run` shows it: a one-class model is flagged
+            from silofl.experiments.quality import silo_line
+            from silofl.models.metrics import default_metric
+            metric = silo_line(default_metric(program.job["task"]), value, silo.y_test)
     except SiloflError:  # nothing to score against (a region without its target file)
         metric = "n/a"
     status = "exhausted" if program.exhausted else "ok" if program.done else \
