@@ -239,3 +239,48 @@ def test_a_networked_silo_shows_its_baseline_beside_its_metric():
     small = silo_line("accuracy", 0.9, y[:10])
     assert "TINY" in small and "n=10" in small
     assert "NOT BEATEN" in silo_line("mse", 2.0, np.array([0.0, 1.0, 2.0]))  # var 2/3
+
+
+def _deploy(tmp_path, *args):
+    (tmp_path / "schema.toml").write_text(tomli_w.dumps(SCHEMA), encoding="utf-8")
+    return CliRunner().invoke(app, ["deploy", "init", "--out", str(tmp_path / "c"),
+                                    "--schema", str(tmp_path / "schema.toml"), *args])
+
+
+@needs_flower
+def test_deploy_init_splits_a_latin1_semicolon_table_with_sep_and_encoding(tmp_path):
+    _frame().to_csv(tmp_path / "all.csv", index=False, sep=";", encoding="latin-1")
+    res = _deploy(tmp_path, "--split", str(tmp_path / "all.csv"))
+    assert res.exit_code == 2, res.output
+    text = " ".join(res.output.split())
+    assert "--encoding" in text or "--sep" in text       # a setting deploy init has
+    assert "[data]" not in text and not (tmp_path / "c").exists()
+    res = _deploy(tmp_path, "--split", str(tmp_path / "all.csv"), "--sep", ";",
+                  "--encoding", "latin-1")
+    assert res.exit_code == 0, res.output
+    cut = {p.parent.name.split("-")[0]: pd.read_csv(p)
+           for p in (tmp_path / "c" / "silos").glob("*/data.csv")}
+    assert sorted(cut) == sorted(SILOS)
+    assert (cut["north"]["colour"] == "réd").any()       # decoded, not mangled
+
+
+@needs_flower
+@pytest.mark.parametrize("args, words", [
+    (["--silo", "A", "--set", "round=3"], ["'round'", "did you mean 'rounds'"]),
+    (["--silo", "A", "--address", "127.0.0.1:99999"], ["port 99999", "1..65535"]),
+    (["--silo", "A", "--sep", ";"], ["--split", "[data] sep"]),
+])
+def test_deploy_init_refuses_a_newcomers_typo_clearly(tmp_path, args, words):
+    res = _deploy(tmp_path, *args)
+    text = " ".join(res.output.split())
+    assert res.exit_code == 2, res.output
+    for w in words:
+        assert w in text
+    assert not (tmp_path / "c").exists()
+
+
+@needs_flower
+def test_deploy_init_placeholder_note_keeps_its_section_name(tmp_path):
+    res = _deploy(tmp_path, "--silo", "A")
+    assert res.exit_code == 0, res.output
+    assert "own table under [data] path" in " ".join(res.output.split())

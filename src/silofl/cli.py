@@ -1293,6 +1293,10 @@ def deploy_init(
         silo_column: Optional[str] = typer.Option(
             None, "--silo-column", help="--split: the column naming each row's silo "
             "(default: the schema's silo_column)"),
+        sep: str = typer.Option("", "--sep", help="--split: the table's CSV separator "
+                                "(default ,)"),
+        encoding: str = typer.Option("", "--encoding", help="--split: the table's CSV "
+                                     "text encoding (default utf-8)"),
         store_dir: Optional[Path] = typer.Option(
             None, "--store-dir", help="folder for each silo's lifetime budget store "
             "(<silo>.sqlite; default: each silo user's lifetime store, <silofl home>/stores/default.sqlite)"),
@@ -1332,7 +1336,8 @@ def deploy_init(
         written = deploy.init(out, silos=silo, demo=demo, address=address, hosts=host,
                               epsilon=epsilon, delta=delta, noise=noise, overwrite=overwrite,
                               job=job, regions=regions, schema=schema, tables=table,
-                              split=split, silo_column=silo_column, store_dir=store_dir)
+                              split=split, silo_column=silo_column, store_dir=store_dir,
+                              split_sep=sep, split_encoding=encoding)
     except SiloflError as e:
         _fail(e)
     t = Table(title=f"consortium in {escape(str(out))}")
@@ -1348,7 +1353,7 @@ def deploy_init(
                   "have no silo name and were left out")
     for name, data in written.get("tables", {}).items():
         if data.startswith("<"):
-            console.print(f"silo {escape(name)}: write the path of its own table under [data] "
+            console.print(f"silo {escape(name)}: write the path of its own table under \\[data] "
                           f"path in {escape(written['silos'][name])}")
     if "flower" in written:  # Flower's SuperLink/SuperNode route (README: SecAgg+)
         console.print(f"Flower App for flower-superlink/flower-supernode/flwr run: "

@@ -351,8 +351,8 @@ class BudgetStore:
                     f"{self.where}; `silofl budget show` lists every charge). Spend less "
                     "(fewer rounds or methods, a smaller ε for this run), or — only if the "
                     "silo's data governance allows — raise its lifetime target with "
-                    "`silofl budget set-target`; for an experiment use a scratch store "
-                    "(--scratch), whose reports say it is not a release")
+                    "`silofl budget set-target`; for an experiment on one machine use a scratch "
+                    "store (`silofl run --scratch`), whose reports say it is not a release")
             self._db.execute(
                 "INSERT INTO runs VALUES (?, ?, ?, NULL, 'reserved', ?, ?, ?, ?, ?)",
                 (run_id, command, now, noise, runlock.host(), os.getpid(),

@@ -47,12 +47,15 @@ def check_extras() -> None:
                           "written)")
 
 
-def _split_frames(split: Path, silo_column: str | None, names: list[str] | None) -> dict:
-    """{silo name: its rows} of the demo table `split`, cut by `silo_column`."""
+def _split_frames(split: Path, silo_column: str | None, names: list[str] | None,
+                  read: tuple[str, str] = ("", "")) -> dict:
+    """{silo name: its rows} of the demo table `split`, cut by `silo_column` (read with
+    `read` = (sep, encoding), the CLI's --sep/--encoding)."""
     from silofl.data.tabular import read_table
     if not silo_column:
         raise ConfigError("--split needs --silo-column, the column naming each row's silo")
-    df = read_table(split, text_columns=[silo_column])
+    df = read_table(split, text_columns=[silo_column], sep=read[0], encoding=read[1],
+                    settings=("--sep", "--encoding", "--drop"))
     if silo_column not in df.columns:
         raise DataError(f"--silo-column {silo_column!r} is not a column of {str(split)!r}")
     col = df[silo_column].astype("string").str.strip()
@@ -96,7 +99,7 @@ def init_tables(out: Path, *, schema: Path, silos: list[str] | None, tables: lis
                 split: Path | None, silo_column: str | None, address: str,
                 hosts: list[str] | None, epsilon: float, delta: float, job: dict,
                 min_silos: int | None, noise: str, insecure: bool,
-                store_dir: Path | None) -> dict:
+                store_dir: Path | None, split_read: tuple[str, str] = ("", "")) -> dict:
     """Check everything, then write the consortium folder (see the module doc)."""
     from silofl.runtime.network import deploy
     from silofl.runtime.network.silo import check_job
@@ -105,7 +108,7 @@ def init_tables(out: Path, *, schema: Path, silos: list[str] | None, tables: lis
     sch = read_schema(schema, "--schema")
     if split is not None and tables:
         raise ConfigError("--split writes each silo's table itself; drop --table")
-    frames, unnamed = _split_frames(split, silo_column or sch.silo_column, silos) \
+    frames, unnamed = _split_frames(split, silo_column or sch.silo_column, silos, split_read) \
         if split else (None, 0)
     names = list(frames) if frames is not None else list(silos or _table_names(tables))
     deploy.check_names(names, "name the silos (--silo A --silo B …, or --table A=PATH …) "
