@@ -284,3 +284,22 @@ def test_deploy_init_placeholder_note_keeps_its_section_name(tmp_path):
     res = _deploy(tmp_path, "--silo", "A")
     assert res.exit_code == 0, res.output
     assert "own table under [data] path" in " ".join(res.output.split())
+
+
+@needs_flower
+def test_a_second_server_on_a_taken_port_is_a_clear_error(tmp_path):
+    """Flower exits with code 1 and its own line when the port is taken; `silofl server`
+    says which address, why, and where to change it (exit 2)."""
+    import socket
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        res = _deploy(tmp_path, "--silo", "A", "--address", f"127.0.0.1:{port}")
+        assert res.exit_code == 0, res.output
+        res = CliRunner().invoke(app, ["server", "--config",
+                                       str(tmp_path / "c" / "server.toml")])
+    text = " ".join(res.output.split())
+    assert res.exit_code == 2, res.output
+    assert f"cannot listen on 127.0.0.1:{port}" in text and "[server] address" in text
+    assert "unexpected error" not in text

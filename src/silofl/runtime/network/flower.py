@@ -319,8 +319,15 @@ def run_server(cfg: ServerConfig) -> ServerProgram:
     server = Server(client_manager=manager, strategy=strategy)
     certs = None if cfg.certificates is None else tuple(Path(p).read_bytes()
                                                           for p in cfg.certificates)
-    grpc_server = start_grpc_server(client_manager=manager, server_address=cfg.address,
-                                    max_message_length=W.GRPC_MAX_MESSAGE, certificates=certs)
+    try:
+        grpc_server = start_grpc_server(client_manager=manager, server_address=cfg.address,
+                                        max_message_length=W.GRPC_MAX_MESSAGE,
+                                        certificates=certs)
+    except SystemExit as e:  # Flower exits (code 1, its own text) when the port is taken
+        raise ConfigError(f"the server cannot listen on {cfg.address} ({e.code}): is another "
+                          "`silofl server` (or another program) using that port? Stop it, or "
+                          "choose another port in [server] address (and in every silo's "
+                          "[server] address; `deploy init --address`)") from None
     log.info("silofl server on %s, TLS %s, rounds %d..%d", cfg.address,
              "on" if certs else "OFF", program.done + 1, cfg.job["rounds"])
     try:
