@@ -303,3 +303,30 @@ def test_a_second_server_on_a_taken_port_is_a_clear_error(tmp_path):
     assert res.exit_code == 2, res.output
     assert f"cannot listen on 127.0.0.1:{port}" in text and "[server] address" in text
     assert "unexpected error" not in text
+
+
+def test_a_silos_new_store_is_not_flagged_as_deleted_at_its_second_round(tmp_path,
+                                                                          monkeypatch):
+    """A networked silo reserves every round on one BudgetStore object. Its fresh store
+    was flagged 'charged elsewhere … itself (this file was deleted or replaced since)' at
+    every round after the first (seen in `silofl budget show` after a 3-round job)."""
+    import dp_accounting as dpa
+    from silofl.privacy.budget import BudgetStore, PlannedCharge
+    monkeypatch.setenv("SILOFL_HOME", str(tmp_path / "home"))
+    ev = dpa.GaussianDpEvent(8.0)
+    st = BudgetStore(tmp_path / "silo.sqlite")
+    st.register({"A": PrivacyTarget(5.0, 1e-4)})
+    for r in range(3):
+        st.reserve(f"r{r}", [PlannedCharge("A", "mrmtl", "dpsgd", ev)], command="silo",
+                   noise="secure", fingerprints={"A": "digest-of-A's-rows"})
+    assert [x for x in st.log() if x["action"] == "charged-elsewhere"] == []
+    st.close()
+    # the genuine case still flags: the file replaced, the same data charged again
+    (tmp_path / "silo.sqlite").unlink()
+    with pytest.warns(UserWarning, match="deleted or replaced"):
+        st = BudgetStore(tmp_path / "silo.sqlite")
+        st.register({"A": PrivacyTarget(5.0, 1e-4)})
+        st.reserve("r9", [PlannedCharge("A", "mrmtl", "dpsgd", ev)], command="silo",
+                   noise="secure", fingerprints={"A": "digest-of-A's-rows"})
+    assert [x["action"] for x in st.log()].count("charged-elsewhere") == 1
+    st.close()

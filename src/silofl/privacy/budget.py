@@ -111,6 +111,10 @@ class BudgetStore:
         self.scratch = path is None
         #: the file did not exist before this object opened it (say so loudly)
         self.created = False
+        # silos this object has already recorded in the machine registry: a store created
+        # by this object is new only for its first reservation (a networked silo reserves
+        # every round on one object; later rounds are not "new" nor "deleted since")
+        self._registered: set[str] = set()
         #: the demo store of the built-in public data (`store_paths.DEMO_NOTE`)
         self.demo = demo
         if self.path is not None:
@@ -372,8 +376,9 @@ class BudgetStore:
                                           events.to_json(p.event), p.count, now,
                                           fingerprints.get(p.silo)))
         if self.path is not None and not self.demo and digests:
-            self._check_registry({n: d for n, d in digests.items() if n in ids},
-                                 set(fresh) | (set(ids) if self.created else set()))
+            new = set(fresh) | (set(ids) - self._registered if self.created else set())
+            self._check_registry({n: d for n, d in digests.items() if n in ids}, new)
+            self._registered |= set(ids)
 
     def _check_parent(self, parent: str) -> None:
         row = self._db.execute("SELECT status FROM runs WHERE id = ?", (parent,)).fetchone()
