@@ -330,3 +330,30 @@ def test_a_silos_new_store_is_not_flagged_as_deleted_at_its_second_round(tmp_pat
                    noise="secure", fingerprints={"A": "digest-of-A's-rows"})
     assert [x["action"] for x in st.log()].count("charged-elsewhere") == 1
     st.close()
+
+
+def test_schema_draft_with_a_misspelt_column_names_the_option_and_the_columns(tmp_path):
+    _frame().to_csv(tmp_path / "t.csv", index=False)
+    res = CliRunner().invoke(app, ["schema", "draft", str(tmp_path / "t.csv"),
+                                   "--label-column", "Outcome", "--silo-column", "hospital",
+                                   "--out", str(tmp_path / "s.toml")])
+    text = " ".join(res.output.split())
+    assert res.exit_code == 2, res.output
+    assert "--label-column 'Outcome'" in text and "did you mean 'outcome'?" in text
+    assert "'colour'" in text and "draft_schema" not in text
+    assert not (tmp_path / "s.toml").exists()
+
+
+def test_predict_names_the_data_file_and_every_missing_column(saved, tmp_path):
+    wide = _frame(seed=3).drop(columns=["colour"])
+    for i in range(25):  # a schema-less cut of a wide export
+        wide[f"extra{i}"] = 0
+    wide.drop(columns=["x"]).to_csv(tmp_path / "cut.csv", index=False)
+    res = CliRunner().invoke(app, ["predict", "--run", str(saved), "--silo", "north",
+                                   "--method", "local", "--data", str(tmp_path / "cut.csv"),
+                                   "--out", str(tmp_path / "p.csv")])
+    text = " ".join(res.output.split())
+    assert res.exit_code == 2, res.output
+    assert f"--data {str(tmp_path / 'cut.csv')!r}" in text
+    assert "lacks 2 column(s)" in text and "'x'" in text and "'colour'" in text
+    assert not (tmp_path / "p.csv").exists()

@@ -774,6 +774,7 @@ def predict(run_dir: Path = typer.Option(..., "--run", help="a run directory (ru
     """Apply a silo's saved model, with the preprocessing it was trained with, to new rows.
     Post-processing of released models: reads no training data, spends no budget."""
     from silofl.data import read_table
+    from silofl.errors import DataError
     from silofl.experiments.artifacts import POST_PROCESSING, load_run
     from silofl.experiments.atomic import write_bytes_atomic
     try:
@@ -782,8 +783,12 @@ def predict(run_dir: Path = typer.Option(..., "--run", help="a run directory (ru
         _check_out_file(out)
         saved = load_run(run_dir)
         pred = saved.predictor(silo, method)
-        frame = pred.predict_frame(read_table(data, sep=sep, encoding=encoding,
-                                              settings=("--sep", "--encoding", "--drop")))
+        rows = read_table(data, sep=sep, encoding=encoding,
+                          settings=("--sep", "--encoding", "--drop"))
+        try:
+            frame = pred.predict_frame(rows)
+        except DataError as e:  # say which file: the encoder only knows it as 'input'
+            raise DataError(f"--data {str(data)!r}: {e}") from None
         write_bytes_atomic(out, frame.to_csv(index=False).encode())
     except SiloflError as e:
         _fail(e)

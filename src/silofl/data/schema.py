@@ -465,9 +465,13 @@ def draft_schema(df: pd.DataFrame, silo_column: str | None, label_column: str, *
     ``drafted = true``: `load_schema` refuses it until that line is deleted."""
     df = df.copy()
     df.columns = [str(c) for c in df.columns]
-    for col in (label_column, silo_column, *(features or ())):
+    for col, opt in ((label_column, "--label-column"), (silo_column, "--silo-column"),
+                     *((f, "feature") for f in features or ())):
         if col is not None and col not in df.columns:
-            raise DataError(f"draft_schema: the table has no column {col!r}")
+            near = difflib.get_close_matches(col, list(df.columns), n=1, cutoff=0.6)
+            hint = f"; did you mean {near[0]!r}?" if near else "."
+            raise DataError(f"{opt} {col!r} is not a column of the table{hint} Its columns: "
+                            f"{', '.join(map(repr, df.columns))}")
     from silofl.data.column_roles import left_out_block, likely_non_features
     left_out = {}  # likely identifiers and dates are never drafted as features silently
     if features is None:
