@@ -357,3 +357,35 @@ def test_predict_names_the_data_file_and_every_missing_column(saved, tmp_path):
     assert f"--data {str(tmp_path / 'cut.csv')!r}" in text
     assert "lacks 2 column(s)" in text and "'x'" in text and "'colour'" in text
     assert not (tmp_path / "p.csv").exists()
+
+
+@needs_flower
+def test_a_second_process_of_one_silo_is_refused_before_it_connects(tmp_path):
+    """Two `silofl silo --config same.toml` split the job's rounds between them and both
+    saved "the" model into one folder (seen: 5 rounds in one, 4 in the other)."""
+    from silofl.runtime.network.silo import load_silo_config
+    from silofl.runtime.network.silo_lock import hold
+    _frame().to_csv(tmp_path / "all.csv", index=False)
+    res = _deploy(tmp_path, "--split", str(tmp_path / "all.csv"), "--address",
+                  "127.0.0.1:1")  # nothing listens there: the test never connects
+    assert res.exit_code == 0, res.output
+    conf = next((tmp_path / "c" / "silos").glob("north-*/silo.toml"))
+    cfg = load_silo_config(conf)
+    with hold(cfg.state_dir, cfg.name):  # the first process, alive
+        before = sorted(p.name for p in Path(cfg.state_dir).iterdir())
+        res = CliRunner().invoke(app, ["silo", "--config", str(conf), "--wait", "1"])
+        text = " ".join(res.output.split())
+        assert res.exit_code == 2, res.output
+        assert "already running" in text and str(cfg.state_dir) in text
+        assert f"process {os.getpid()}" in text
+        assert sorted(p.name for p in Path(cfg.state_dir).iterdir()) == before
+    with hold(cfg.state_dir, cfg.name):  # released when the holder ends
+        pass
+
+
+def test_the_silo_lock_leaves_no_folder_when_the_silo_is_refused(tmp_path):
+    from silofl.runtime.network.silo_lock import hold
+    with pytest.raises(ConfigError):
+        with hold(tmp_path / "state", "A"):
+            raise ConfigError("bad table")
+    assert not (tmp_path / "state").exists()

@@ -1394,13 +1394,21 @@ def silo_cmd(config: Path = typer.Option(..., "--config", help="this silo's silo
     budget store, train on its own data only, send back the update."""
     from silofl.runtime.network.flower import run_silo
     from silofl.runtime.network.silo import load_silo_config
-    try:
-        cfg = load_silo_config(config)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", DeprecationWarning)
-            program = run_silo(cfg, max_wait=wait)
-    except SiloflError as e:
-        _fail(e)
+    from silofl.runtime.network.silo_lock import hold
+    with contextlib.ExitStack() as lock:
+        try:
+            cfg = load_silo_config(config)
+            lock.enter_context(hold(cfg.state_dir, cfg.name))  # one process per silo state
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", DeprecationWarning)
+                program = run_silo(cfg, max_wait=wait)
+        except SiloflError as e:
+            _fail(e)
+        _silo_report(program, cfg)
+
+
+def _silo_report(program, cfg) -> None:
+    """The silo's closing table and its saved model (under the state-folder lock)."""
     if program.job is None:
         _fail(SiloflError(f"silo {cfg.name!r} never received a job it accepted"))
     t = Table(title=f"silo {escape(cfg.name)}")
