@@ -389,3 +389,21 @@ def test_the_silo_lock_leaves_no_folder_when_the_silo_is_refused(tmp_path):
         with hold(tmp_path / "state", "A"):
             raise ConfigError("bad table")
     assert not (tmp_path / "state").exists()
+
+
+@needs_flower
+def test_silo_and_server_logs_carry_no_flower_deprecation_banner():
+    """Every silo log began with Flower's 15-line 'DEPRECATED FEATURE … flower-supernode
+    --insecure' banner: noise an operator running with TLS cannot act on."""
+    from silofl.runtime.network.flower import _quiet_deprecations
+
+    def record(msg: str) -> logging.LogRecord:
+        return logging.LogRecord("flwr", logging.WARNING, __file__, 1, msg, ("x",), None)
+    _quiet_deprecations()
+    _quiet_deprecations()  # idempotent: one filter
+    flower = logging.getLogger("flwr")
+    assert not flower.filter(record("DEPRECATED FEATURE: %s\n  removed soon"))
+    assert not flower.filter(record("FEATURE UPDATE: %s"))
+    assert flower.filter(record("round 1: silo %s exhausted"))  # silofl's own warnings stay
+    assert len([f for f in flower.filters if getattr(f, "__name__", "") ==
+                "_drop_flower_deprecation"]) == 1
