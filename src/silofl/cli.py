@@ -36,6 +36,9 @@ def _version(value: bool) -> None:
 def _app_options(version: bool = typer.Option(False, "--version", callback=_version,
                                               is_eager=True, help="print the version")):
     """Private, personalized cross-silo federated learning."""
+    # every command prints warnings as one `warning:` line, never Python's
+    # "file.py:330: UserWarning ... <source line>" (predict, schema draft, deploy init …)
+    warnings.showwarning = _show_warning
 
 
 def _fail(e: Exception) -> None:
@@ -771,6 +774,7 @@ def predict(run_dir: Path = typer.Option(..., "--run", help="a run directory (ru
     """Apply a silo's saved model, with the preprocessing it was trained with, to new rows.
     Post-processing of released models: reads no training data, spends no budget."""
     from silofl.data import read_table
+    from silofl.errors import DataError
     from silofl.experiments.artifacts import POST_PROCESSING, load_run
     from silofl.experiments.atomic import write_bytes_atomic
     try:
@@ -779,8 +783,12 @@ def predict(run_dir: Path = typer.Option(..., "--run", help="a run directory (ru
         _check_out_file(out)
         saved = load_run(run_dir)
         pred = saved.predictor(silo, method)
-        frame = pred.predict_frame(read_table(data, sep=sep, encoding=encoding,
-                                              settings=("--sep", "--encoding", "--drop")))
+        rows = read_table(data, sep=sep, encoding=encoding,
+                          settings=("--sep", "--encoding", "--drop"))
+        try:
+            frame = pred.predict_frame(rows)
+        except DataError as e:  # say which file: the encoder only knows it as 'input'
+            raise DataError(f"--data {str(data)!r}: {e}") from None
         write_bytes_atomic(out, frame.to_csv(index=False).encode())
     except SiloflError as e:
         _fail(e)
@@ -1290,6 +1298,10 @@ def deploy_init(
         silo_column: Optional[str] = typer.Option(
             None, "--silo-column", help="--split: the column naming each row's silo "
             "(default: the schema's silo_column)"),
+        sep: str = typer.Option("", "--sep", help="--split: the table's CSV separator "
+                                "(default ,)"),
+        encoding: str = typer.Option("", "--encoding", help="--split: the table's CSV "
+                                     "text encoding (default utf-8)"),
         store_dir: Optional[Path] = typer.Option(
             None, "--store-dir", help="folder for each silo's lifetime budget store "
             "(<silo>.sqlite; default: each silo user's lifetime store, <silofl home>/stores/default.sqlite)"),
@@ -1329,7 +1341,8 @@ def deploy_init(
         written = deploy.init(out, silos=silo, demo=demo, address=address, hosts=host,
                               epsilon=epsilon, delta=delta, noise=noise, overwrite=overwrite,
                               job=job, regions=regions, schema=schema, tables=table,
-                              split=split, silo_column=silo_column, store_dir=store_dir)
+                              split=split, silo_column=silo_column, store_dir=store_dir,
+                              split_sep=sep, split_encoding=encoding)
     except SiloflError as e:
         _fail(e)
     t = Table(title=f"consortium in {escape(str(out))}")
@@ -1345,7 +1358,7 @@ def deploy_init(
                   "have no silo name and were left out")
     for name, data in written.get("tables", {}).items():
         if data.startswith("<"):
-            console.print(f"silo {escape(name)}: write the path of its own table under [data] "
+            console.print(f"silo {escape(name)}: write the path of its own table under \\[data] "
                           f"path in {escape(written['silos'][name])}")
     if "flower" in written:  # Flower's SuperLink/SuperNode route (README: SecAgg+)
         console.print(f"Flower App for flower-superlink/flower-supernode/flwr run: "
@@ -1381,20 +1394,35 @@ def silo_cmd(config: Path = typer.Option(..., "--config", help="this silo's silo
     budget store, train on its own data only, send back the update."""
     from silofl.runtime.network.flower import run_silo
     from silofl.runtime.network.silo import load_silo_config
-    try:
-        cfg = load_silo_config(config)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", DeprecationWarning)
-            program = run_silo(cfg, max_wait=wait)
-    except SiloflError as e:
-        _fail(e)
+    from silofl.runtime.network.silo_lock import hold
+    with contextlib.ExitStack() as lock:
+        try:
+            cfg = load_silo_config(config)
+            lock.enter_context(hold(cfg.state_dir, cfg.name))  # one process per silo state
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", DeprecationWarning)
+                program = run_silo(cfg, max_wait=wait)
+        except SiloflError as e:
+            _fail(e)
+        _silo_report(program, cfg)
+
+
+def _silo_report(program, cfg) -> None:
+    """The silo's closing table and its saved model (under the state-folder lock)."""
     if program.job is None:
         _fail(SiloflError(f"silo {cfg.name!r} never received a job it accepted"))
     t = Table(title=f"silo {escape(cfg.name)}")
     for c in ("rounds run", "status", "test metric (local)", "store"):
         t.add_column(c)
     try:  # tabular: the default metric on its test rows; a region: AUPRC on its target
-        metric = f"{program.evaluate():.4f}"
+        value = program.evaluate()
+        metric = f"{value:.4f}"
+        silo = getattr(program, "silo", None)
+        if program.job.get("data_kind", "table") != "graph" and silo is not None:
+            # beside its baseline, as `silofl run` shows it: a one-class model is flagged
+            from silofl.experiments.quality import silo_line
+            from silofl.models.metrics import default_metric
+            metric = silo_line(default_metric(program.job["task"]), value, silo.y_test)
     except SiloflError:  # nothing to score against (a region without its target file)
         metric = "n/a"
     status = "exhausted" if program.exhausted else "ok" if program.done else \
@@ -1445,8 +1473,10 @@ def _save_release(role: str, program) -> None:
                       "silos saved their own")
         return
     who = program.cfg.name if role == "silo" else release.SHARED
+    import shlex  # a command the user can paste: 'VA Long Beach' must stay one argument
     console.print(f"Saved the model to [bold]{escape(str(where))}[/]: silofl predict --run "
-                  f"{escape(str(where))} --silo {escape(who)} --data <rows.csv> --out <preds.csv>")
+                  f"{escape(shlex.quote(str(where)))} --silo {escape(shlex.quote(who))} "
+                  "--data <rows.csv> --out <preds.csv>")
 # --- end networked runtime ------------------------------------------------------------
 
 

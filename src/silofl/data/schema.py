@@ -465,9 +465,13 @@ def draft_schema(df: pd.DataFrame, silo_column: str | None, label_column: str, *
     ``drafted = true``: `load_schema` refuses it until that line is deleted."""
     df = df.copy()
     df.columns = [str(c) for c in df.columns]
-    for col in (label_column, silo_column, *(features or ())):
+    for col, opt in ((label_column, "--label-column"), (silo_column, "--silo-column"),
+                     *((f, "feature") for f in features or ())):
         if col is not None and col not in df.columns:
-            raise DataError(f"draft_schema: the table has no column {col!r}")
+            near = difflib.get_close_matches(col, list(df.columns), n=1, cutoff=0.6)
+            hint = f"; did you mean {near[0]!r}?" if near else "."
+            raise DataError(f"{opt} {col!r} is not a column of the table{hint} Its columns: "
+                            f"{', '.join(map(repr, df.columns))}")
     from silofl.data.column_roles import left_out_block, likely_non_features
     left_out = {}  # likely identifiers and dates are never drafted as features silently
     if features is None:
@@ -484,6 +488,9 @@ def draft_schema(df: pd.DataFrame, silo_column: str | None, label_column: str, *
             notes[c.name] = "no observed value: declare lower/upper from documentation"
         elif c.kind == "categorical":
             notes[c.name] = "levels as found in the data: list every documented level"
+    from silofl.data.draft_checks import draft_warnings
+    for col, lines in draft_warnings(df, schema).items():
+        notes[col] = "\n# ".join([*lines, notes[col]] if col in notes else lines)
     header = DRAFT_HEADER.format(name=f" for {name}" if name else "")
     return schema.to_toml(header, notes) + left_out_block(left_out)
 
@@ -500,7 +507,9 @@ def _infer_column(s: pd.Series, name: str, bounds: bool, max_levels: int) -> Col
         return ColumnSpec(name, "binary", nullable=nullable)
     num = parse_numeric(s)
     if num is not None:
-        obs = num[np.isfinite(num)]
+        from silofl.data.table_checks import HUGE
+        # ±inf and 1e308 are an export's placeholders, not measurements: never a bound
+        obs = num[np.isfinite(num) & (np.abs(num) <= HUGE)]
         if len(obs) and np.isin(obs, (0.0, 1.0)).all():
             return ColumnSpec(name, "binary", nullable=nullable)
         lo = hi = None

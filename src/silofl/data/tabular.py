@@ -366,11 +366,13 @@ def _check_schema_fits(df, schema: Schema, silo_column, label_column, task, feat
     lacking = [c for c in schema.column_names if c not in df.columns]
     if lacking:
         hints = []
-        for c in lacking[:5]:
+        for c in lacking[:20]:  # column names, never values: list them (a newcomer's
+            # cut-down export lacked 10 and saw 5)
             near = difflib.get_close_matches(c, list(df.columns), n=1, cutoff=0.6)
             hints.append(f"{c!r}" + (f" (did you mean {near[0]!r}?)" if near else ""))
         raise DataError(f"table {name!r} lacks {len(lacking)} column(s) its schema declares: "
-                        + ", ".join(hints) + "; fix the table or the schema")
+                        + ", ".join(hints) + (" …" if len(lacking) > 20 else "")
+                        + "; fix the table or the schema")
 
 
 def _bad(col: str, bad: np.ndarray, what: str, silos: np.ndarray | None, hint: str) -> DataError:

@@ -369,7 +369,7 @@ class SavedRun:
             if len(labels) == 1:
                 return labels[0]
             raise ConfigError(f"this run saved {len(labels)} methods; choose one with "
-                              f"method: {', '.join(repr(m) for m in labels)}")
+                              f"--method (method= in Python): {', '.join(repr(m) for m in labels)}")
         if method in labels:
             return method
         same = [m for m in labels if self._manifests[m]["method_params"]["name"] == method]
@@ -420,6 +420,11 @@ def load_run(path) -> SavedRun:
         raise ConfigError(f"run directory not found: {str(p)!r}")
     found = sorted(root.glob("*/manifest.json")) if root.is_dir() else []
     if not found:
+        # a newcomer passes the folder of runs (`runs`), not one run (`runs/<time>`)
+        inner = sorted({str(q.parents[2]) for q in p.glob("*/models/*/manifest.json")})
+        if inner:
+            raise ConfigError(f"{str(p)!r} is a folder of runs, not one run: pass one of its "
+                              f"run directories, e.g. --run {inner[-1]!r}")
         raise ConfigError(f"{str(p)!r} holds no saved models (no models/<method>/manifest.json)"
                           "; runs of silofl before model saving kept none: run again")
     manifests = {}

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import json
 import tomllib
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -242,8 +243,12 @@ def _coerce(value, default, where):
         return float(value)
     if kind is bool and not isinstance(value, bool) or \
             kind is not bool and isinstance(value, bool) or not isinstance(value, kind):
+        hint = ""
+        if kind is list and isinstance(value, str):  # `--set training.methods=local`
+            hint = (f"; write a list, e.g. {where.rpartition('.')[2]} = [{json.dumps(value)}] "
+                    f"(on the command line: --set '{where}=[{json.dumps(value)}]')")
         raise ConfigError(f"'{where}' must be of type {kind.__name__} (like {default!r}), "
-                          f"got {value!r}")
+                          f"got {value!r}{hint}")
     return value
 
 

@@ -163,3 +163,19 @@ def _fmt(x: float) -> str:
 def warnings_of(quality: dict) -> list[str]:
     """The warning lines of a run's assessments (label → `assess`), in method order."""
     return [q["warning"] for q in quality.values() if q.get("warning")]
+
+
+def silo_line(metric: str, value: float, y_test: np.ndarray) -> str:
+    """One networked silo's test figure beside its baseline, e.g. ``0.8919 (maj. 0.8919,
+    n=37, NOT BEATEN, TINY)``: a silo's own terminal must not make a one-class model look
+    fine any more than `silofl run` does."""
+    y = np.asarray(y_test)
+    base = _baseline(metric, y)
+    short = {"accuracy": "maj.", "auprc": "pos. rate", "roc_auc": "baseline",
+             "mse": "const."}[metric]
+    parts = [f"{short} {_fmt(base)}", f"n={len(y)}"]
+    if _beats(metric, value, base) is False:
+        parts.append("NOT BEATEN")
+    if len(y) < TINY_TEST:
+        parts.append("TINY")
+    return f"{_fmt(value)} {metric} ({', '.join(parts)})"

@@ -111,6 +111,10 @@ class BudgetStore:
         self.scratch = path is None
         #: the file did not exist before this object opened it (say so loudly)
         self.created = False
+        # silos this object has already recorded in the machine registry: a store created
+        # by this object is new only for its first reservation (a networked silo reserves
+        # every round on one object; later rounds are not "new" nor "deleted since")
+        self._registered: set[str] = set()
         #: the demo store of the built-in public data (`store_paths.DEMO_NOTE`)
         self.demo = demo
         if self.path is not None:
@@ -351,8 +355,8 @@ class BudgetStore:
                     f"{self.where}; `silofl budget show` lists every charge). Spend less "
                     "(fewer rounds or methods, a smaller ε for this run), or — only if the "
                     "silo's data governance allows — raise its lifetime target with "
-                    "`silofl budget set-target`; for an experiment use a scratch store "
-                    "(--scratch), whose reports say it is not a release")
+                    "`silofl budget set-target`; for an experiment on one machine use a scratch "
+                    "store (`silofl run --scratch`), whose reports say it is not a release")
             self._db.execute(
                 "INSERT INTO runs VALUES (?, ?, ?, NULL, 'reserved', ?, ?, ?, ?, ?)",
                 (run_id, command, now, noise, runlock.host(), os.getpid(),
@@ -372,8 +376,9 @@ class BudgetStore:
                                           events.to_json(p.event), p.count, now,
                                           fingerprints.get(p.silo)))
         if self.path is not None and not self.demo and digests:
-            self._check_registry({n: d for n, d in digests.items() if n in ids},
-                                 set(fresh) | (set(ids) if self.created else set()))
+            new = set(fresh) | (set(ids) - self._registered if self.created else set())
+            self._check_registry({n: d for n, d in digests.items() if n in ids}, new)
+            self._registered |= set(ids)
 
     def _check_parent(self, parent: str) -> None:
         row = self._db.execute("SELECT status FROM runs WHERE id = ?", (parent,)).fetchone()

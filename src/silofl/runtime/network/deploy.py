@@ -150,7 +150,11 @@ def _check_job(job: dict, fed) -> None:
             full["public_sha256"] = public_sha256(public)
     bad = set(full) - set(JOB_KEYS)
     if bad:
-        raise ConfigError(f"unknown job setting(s) {sorted(bad)}")
+        import difflib
+        hints = [f"{k!r} (did you mean {near[0]!r}?)" if near else repr(k) for k in sorted(bad)
+                 for near in [difflib.get_close_matches(k, JOB_KEYS, n=1)]]
+        raise ConfigError(f"unknown job setting(s) {', '.join(hints)}; --set takes the [job] "
+                          f"keys: {', '.join(sorted(JOB_KEYS))}")
     try:
         full = check_job(full)
         job_algorithm(full, public)
@@ -215,8 +219,7 @@ def _init_regions(out: Path, dataset: Path, *, address, hosts, epsilon, delta, j
                           "drop --silo/--demo")
     if noise not in ("secure", "seeded"):
         raise ConfigError(f"noise must be 'secure' or 'seeded' (experiments), got {noise!r}")
-    if ":" not in address or not address.rsplit(":", 1)[1].isdigit():
-        raise ConfigError(f"address must be host:port, got {address!r}")
+    check_address(address)
     if not dataset.is_dir():
         raise ConfigError(f"--regions must be a folder of the seven pandemic files, got "
                           f"{str(dataset)!r}")
@@ -274,11 +277,19 @@ def check_names(names: list[str], empty: str) -> None:
         raise ConfigError(f"duplicate silo names in {names}")
 
 
+def check_address(address: str) -> None:
+    """ConfigError unless `address` is host:port with a port a server can listen on."""
+    host, colon, port = address.rpartition(":")
+    if not colon or not host.strip() or not port.isdigit():
+        raise ConfigError(f"address must be host:port, e.g. 127.0.0.1:9092, got {address!r}")
+    if not 1 <= int(port) <= 65535:
+        raise ConfigError(f"address {address!r}: port {port} is not in 1..65535")
+
+
 def check_common(address: str, noise: str) -> None:
     if noise not in ("secure", "seeded"):
         raise ConfigError(f"noise must be 'secure' or 'seeded' (experiments), got {noise!r}")
-    if ":" not in address or not address.rsplit(":", 1)[1].isdigit():
-        raise ConfigError(f"address must be host:port, got {address!r}")
+    check_address(address)
 
 
 def init(out: Path, *, silos: list[str] | None = None, demo: str | None = None,
@@ -288,13 +299,14 @@ def init(out: Path, *, silos: list[str] | None = None, demo: str | None = None,
          overwrite: bool = False, federation=None, regions: Path | None = None,
          schema: Path | None = None, tables: list[str] | None = None,
          split: Path | None = None, silo_column: str | None = None,
-         store_dir: Path | None = None) -> dict:
+         store_dir: Path | None = None, split_sep: str = "", split_encoding: str = "") -> dict:
     """Write a consortium folder (see the module doc). Returns what was written.
     `federation` (Python API) writes each of its silos' data like `demo`; `regions` (a
     pandemic dataset folder) gives each region its own folder and a graph job; `schema`
     (the consortium's declared schema) gives each silo its own folder reading its own
     table (`tables` NAME=PATH, or the demo table `split` cut by `silo_column`; see
-    `deploy_table`). `delta` defaults to the simulator's [privacy] delta."""
+    `deploy_table`; `split_sep`/`split_encoding` read a `split` table that is not UTF-8 or
+    comma-separated). `delta` defaults to the simulator's [privacy] delta."""
     out = Path(out)
     delta = default_delta() if delta is None else delta
     if out.exists() and not out.is_dir():
@@ -302,6 +314,9 @@ def init(out: Path, *, silos: list[str] | None = None, demo: str | None = None,
     if out.exists() and any(out.iterdir()) and not overwrite:
         raise ConfigError(f"{out} exists and is not empty; choose a new folder (key "
                           "material is never overwritten silently) or pass --overwrite")
+    if (split_sep or split_encoding) and split is None:
+        raise ConfigError("--sep/--encoding read the --split table; a silo's own table "
+                          "(--table) takes [data] sep / encoding in its silo.toml")
     if schema is None and (tables or split or silo_column or store_dir):
         raise ConfigError("--table, --split, --silo-column and --store-dir go with --schema "
                           "(the consortium's declared schema)")
@@ -315,7 +330,7 @@ def init(out: Path, *, silos: list[str] | None = None, demo: str | None = None,
                            silo_column=silo_column, address=address, hosts=hosts,
                            epsilon=epsilon, delta=delta, job=job or {},
                            min_silos=min_silos, noise=noise, insecure=insecure,
-                           store_dir=store_dir)
+                           store_dir=store_dir, split_read=(split_sep, split_encoding))
     from silofl.runtime.network.deploy_table import check_extras
     check_extras()
     if regions is not None:
@@ -334,8 +349,7 @@ def init(out: Path, *, silos: list[str] | None = None, demo: str | None = None,
                           f"{sorted(set(names) - set(fed.names))}")
     if noise not in ("secure", "seeded"):
         raise ConfigError(f"noise must be 'secure' or 'seeded' (experiments), got {noise!r}")
-    if ":" not in address or not address.rsplit(":", 1)[1].isdigit():
-        raise ConfigError(f"address must be host:port, got {address!r}")
+    check_address(address)
     from silofl.runtime.network.silo import tables_as_json
     job = tables_as_json(job or {})  # Weight Erosion's join/leave tables: JSON strings
     _check_job({"silos": json.dumps(names), **job, "noise": noise}, fed)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import shutil
+import warnings
 from pathlib import Path
 
 from silofl.errors import ConfigError, DataError
@@ -46,12 +47,15 @@ def check_extras() -> None:
                           "written)")
 
 
-def _split_frames(split: Path, silo_column: str | None, names: list[str] | None) -> dict:
-    """{silo name: its rows} of the demo table `split`, cut by `silo_column`."""
+def _split_frames(split: Path, silo_column: str | None, names: list[str] | None,
+                  read: tuple[str, str] = ("", "")) -> dict:
+    """{silo name: its rows} of the demo table `split`, cut by `silo_column` (read with
+    `read` = (sep, encoding), the CLI's --sep/--encoding)."""
     from silofl.data.tabular import read_table
     if not silo_column:
         raise ConfigError("--split needs --silo-column, the column naming each row's silo")
-    df = read_table(split, text_columns=[silo_column])
+    df = read_table(split, text_columns=[silo_column], sep=read[0], encoding=read[1],
+                    settings=("--sep", "--encoding", "--drop"))
     if silo_column not in df.columns:
         raise DataError(f"--silo-column {silo_column!r} is not a column of {str(split)!r}")
     col = df[silo_column].astype("string").str.strip()
@@ -73,15 +77,29 @@ def _tables(items: list[str] | None, names: list[str]) -> dict[str, str]:
             raise ConfigError(f"--table {item!r}: expected NAME=PATH, e.g. A=/data/a.csv")
         if name not in names:
             raise ConfigError(f"--table {item!r}: {name!r} is not one of the silos {names}")
+        if name in out:
+            raise ConfigError(f"--table names silo {name!r} twice; give one table per silo")
         out[name] = str(Path(path).resolve())
+        if not Path(out[name]).is_file():
+            # the table may live only on the silo's machine; on one machine this is a typo
+            warnings.warn(f"--table {name}: {out[name]!r} is not a file on this machine; "
+                          "the silo cannot start until its [data] path names its table "
+                          f"(edit its silo.toml, or run deploy init again with the right path)",
+                          stacklevel=2)
     return out
+
+
+def _table_names(items: list[str] | None) -> list[str]:
+    """The silo names `--table NAME=PATH` gives, in order: they name the silos when no
+    --silo does (the README's `--table A=… --table B=…`)."""
+    return list(dict.fromkeys(i.partition("=")[0] for i in items or [] if "=" in i))
 
 
 def init_tables(out: Path, *, schema: Path, silos: list[str] | None, tables: list[str] | None,
                 split: Path | None, silo_column: str | None, address: str,
                 hosts: list[str] | None, epsilon: float, delta: float, job: dict,
                 min_silos: int | None, noise: str, insecure: bool,
-                store_dir: Path | None) -> dict:
+                store_dir: Path | None, split_read: tuple[str, str] = ("", "")) -> dict:
     """Check everything, then write the consortium folder (see the module doc)."""
     from silofl.runtime.network import deploy
     from silofl.runtime.network.silo import check_job
@@ -90,10 +108,11 @@ def init_tables(out: Path, *, schema: Path, silos: list[str] | None, tables: lis
     sch = read_schema(schema, "--schema")
     if split is not None and tables:
         raise ConfigError("--split writes each silo's table itself; drop --table")
-    frames, unnamed = _split_frames(split, silo_column or sch.silo_column, silos) \
+    frames, unnamed = _split_frames(split, silo_column or sch.silo_column, silos, split_read) \
         if split else (None, 0)
-    names = list(frames) if frames is not None else list(silos or [])
-    deploy.check_names(names, "name the silos (--silo A --silo B …) or give --split")
+    names = list(frames) if frames is not None else list(silos or _table_names(tables))
+    deploy.check_names(names, "name the silos (--silo A --silo B …, or --table A=PATH …) "
+                       "or give --split")
     paths = _tables(tables, names)
     lab = sch.label
     job = {"method": "mrmtl", **deploy.tables_json(job), "noise": noise,

@@ -35,6 +35,19 @@ from silofl.runtime.network.silo import SiloConfig, SiloProgram, new_nonce, open
 log = logging.getLogger("flwr.silofl")  # through Flower's handlers
 
 
+def _drop_flower_deprecation(record: logging.LogRecord) -> bool:
+    """Flower warns at every start that `start_client`/`start_server` are deprecated, with
+    a `flower-supernode --insecure` example: noise for a silo's operator (it runs with TLS
+    and cannot act on it; README "How the transport is built" says so once)."""
+    return not str(record.msg).lstrip().startswith(("DEPRECATED FEATURE", "FEATURE UPDATE"))
+
+
+def _quiet_deprecations() -> None:
+    flower = logging.getLogger("flwr")
+    if _drop_flower_deprecation not in flower.filters:
+        flower.addFilter(_drop_flower_deprecation)
+
+
 # --- silo ----------------------------------------------------------------------------
 
 class SiloClient(fl.client.NumPyClient):
@@ -73,6 +86,7 @@ class SiloClient(fl.client.NumPyClient):
 def run_silo(cfg: SiloConfig, *, max_wait: float = 120.0) -> SiloProgram:
     """Connect to the server and serve rounds until it disconnects (or `max_wait` seconds
     pass without a connection). Returns the program (its state is also on disk)."""
+    _quiet_deprecations()
     program = open_program(cfg)
     root = None if cfg.root_certificate is None else Path(cfg.root_certificate).read_bytes()
     client = SiloClient(program).to_client()
@@ -310,6 +324,7 @@ def run_server(cfg: ServerConfig) -> ServerProgram:
         raise ConfigError("secagg = true runs on Flower's SuperLink/SuperNode route "
                           "(`flwr run`, see README 'SecAgg+'), not with `silofl server`; "
                           "remove it here or use that route")
+    _quiet_deprecations()
     program = ServerProgram(cfg)
     remaining = cfg.job["rounds"] - program.done
     if remaining <= 0:
@@ -319,8 +334,15 @@ def run_server(cfg: ServerConfig) -> ServerProgram:
     server = Server(client_manager=manager, strategy=strategy)
     certs = None if cfg.certificates is None else tuple(Path(p).read_bytes()
                                                           for p in cfg.certificates)
-    grpc_server = start_grpc_server(client_manager=manager, server_address=cfg.address,
-                                    max_message_length=W.GRPC_MAX_MESSAGE, certificates=certs)
+    try:
+        grpc_server = start_grpc_server(client_manager=manager, server_address=cfg.address,
+                                        max_message_length=W.GRPC_MAX_MESSAGE,
+                                        certificates=certs)
+    except SystemExit as e:  # Flower exits (code 1, its own text) when the port is taken
+        raise ConfigError(f"the server cannot listen on {cfg.address} ({e.code}): is another "
+                          "`silofl server` (or another program) using that port? Stop it, or "
+                          "choose another port in [server] address (and in every silo's "
+                          "[server] address; `deploy init --address`)") from None
     log.info("silofl server on %s, TLS %s, rounds %d..%d", cfg.address,
              "on" if certs else "OFF", program.done + 1, cfg.job["rounds"])
     try:

@@ -27,7 +27,7 @@ from silofl.data.schema import Schema, load_schema
 from silofl.errors import ConfigError, DataError
 
 #: the [data] keys of a silo config: the simulator's `DataConfig` keys a silo's own table uses
-DATA_KEYS = ("path", "schema", "test_fraction", "seed", "missing")
+DATA_KEYS = ("path", "schema", "test_fraction", "seed", "missing", "sep", "encoding", "drop")
 #: preprocessing modes a networked job can run (charged at the silo, or free; never uncharged)
 NETWORK_PREPROCESSING = ("auto", "declared", "private", "none")
 _SILO_COLUMN = "__silofl_silo__"  # the silo column when the schema names none
@@ -58,6 +58,9 @@ class TableSettings:
     test_fraction: float = 0.2
     seed: int = 0
     missing: str = "impute"
+    sep: str = ""             # CSV separator ("" = ","), as `silofl run`'s [data] sep
+    encoding: str = ""        # CSV text encoding ("" = utf-8), as [data] encoding
+    drop: tuple[str, ...] = ()
 
 
 def table_settings(raw: dict, base: Path, where: str) -> TableSettings | None:
@@ -88,7 +91,21 @@ def table_settings(raw: dict, base: Path, where: str) -> TableSettings | None:
     if missing not in ("impute", "drop", "error"):
         raise ConfigError(f"{where}: [data] missing must be impute, drop or error, got "
                           f"{missing!r}")
-    return TableSettings(base / raw["path"], base / raw["schema"], float(tf), seed, missing)
+    # a hospital's own export may be Latin-1 or semicolon-separated: the reader's own
+    # error names these keys, so a silo must accept them (as `silofl run` does)
+    text = {}
+    for key in ("sep", "encoding"):
+        v = raw.get(key, "")
+        if not isinstance(v, str):
+            raise ConfigError(f"{where}: [data] {key} must be a string, e.g. "
+                              + ('sep = ";"' if key == "sep" else 'encoding = "latin-1"'))
+        text[key] = v
+    drop = raw.get("drop", [])
+    if not isinstance(drop, list) or not all(isinstance(c, str) for c in drop):
+        raise ConfigError(f"{where}: [data] drop must be a list of column names, e.g. "
+                          'drop = ["visit_date"]')
+    return TableSettings(base / raw["path"], base / raw["schema"], float(tf), seed, missing,
+                         text["sep"], text["encoding"], tuple(drop))
 
 
 def read_silo_table(name: str, ts: TableSettings, target: PrivacyTarget
@@ -99,7 +116,8 @@ def read_silo_table(name: str, ts: TableSettings, target: PrivacyTarget
     from silofl.data.tabular import federation_from_frame_raw, read_table
     schema = read_schema(ts.schema, f"silo {name!r}")
     col = schema.silo_column or _SILO_COLUMN
-    df = read_table(ts.path, text_columns=[col])
+    df = read_table(ts.path, text_columns=[col], sep=ts.sep, encoding=ts.encoding,
+                    drop=ts.drop)
     df[col] = name
     raw = federation_from_frame_raw(df, col, schema.label.name, schema=schema,
                                     test_fraction=ts.test_fraction, seed=ts.seed,
