@@ -405,6 +405,13 @@ def resume_run(run_dir: str | Path,
                           "started; its budget reservation stays counted). Start a new run")
     info = json.loads(jf.read_text())
     cfg = config_from_dict(info["config"])
+    if info.get("demo") and cfg.data.source != store_paths.DEMO_SOURCE:
+        # job.json is a plain file: the restartable demo store is for the built-in public
+        # data only, whatever the file says (checked before any data is read)
+        raise ConfigError(f"{str(jf)!r} names the demo budget store but its config reads "
+                          f"data.source {cfg.data.source!r}: the demo store (its budget "
+                          "restarts) guards only the built-in heart data. The job file was "
+                          "edited; start a new run, which charges the source's lifetime store")
     p = _prepare(cfg)
     if cfg.tuning.mode == "private":
         raise ConfigError("resuming a privately tuned run is not supported: the trials would "
