@@ -62,3 +62,41 @@ def test_an_edited_job_file_cannot_charge_private_data_to_the_demo_store(tmp_pat
         assert st.silos() == ["Cleveland", "Hungary", "Switzerland", "VA Long Beach"]
         assert all(c["run_status"] == "interrupted" for n in st.silos()
                    for c in st.charges(n))  # nothing new was reserved or charged
+
+
+def _private_table(d: Path) -> dict:
+    """A private CSV with a silo column and a declared schema: a job config for it."""
+    import numpy as np
+    rng = np.random.default_rng(7)
+    n = 300
+    age = rng.normal(50, 10, n).round(1)
+    rows = ["age,bp,site,y"] + [
+        f"{a},{rng.normal(120, 15):.0f},{'ABC'[i % 3]},{int(a + rng.normal(0, 5) > 50)}"
+        for i, a in enumerate(age)]
+    (d / "private.csv").write_text("\n".join(rows) + "\n")
+    (d / "schema.toml").write_text(
+        'source = "the study protocol"\nsilo_column = "site"\n'
+        '[label]\nname = "y"\nkind = "binary"\nclasses = [0, 1]\n'
+        '[[columns]]\nname = "age"\nkind = "numeric"\nlower = 0\nupper = 120\n'
+        'nullable = false\n'
+        '[[columns]]\nname = "bp"\nkind = "numeric"\nlower = 40\nupper = 250\n'
+        'nullable = false\n')
+    return {"data": {"source": "table", "path": str(d / "private.csv"), "label_column": "y",
+                     "silo_column": "site", "schema": str(d / "schema.toml")},
+            "model": {"name": "logistic"}, "training": {"rounds": 2, "methods": ["local"]},
+            "output": {"dir": ""}}
+
+
+def test_a_new_deployment_is_flagged_even_with_another_split_of_the_same_rows(tmp_path):
+    base = _private_table(tmp_path)
+    with BudgetStore(store_paths.default_store_path()) as st:
+        run_experiment(config_from_dict(base), store=st)
+    # the attack: the same rows, another train/test split, in a new deployment's store
+    for i, change in enumerate(({"seed": 5}, {"test_fraction": 0.3})):
+        cfg = dict(base, data=dict(base["data"], **change),
+                   budget={"deployment": f"other{i}"})
+        with pytest.warns(UserWarning, match="already charged"):
+            run_experiment(config_from_dict(cfg))
+        with BudgetStore(store_paths.default_store_path(f"other{i}")) as st:
+            flagged = {x["silo"] for x in st.log() if x["action"] == "charged-elsewhere"}
+        assert flagged == {"A", "B", "C"}

@@ -49,8 +49,30 @@ def fingerprint(X: np.ndarray, y: np.ndarray) -> str:
     return h.hexdigest()[:16]
 
 
+def silo_digest(silo) -> str:
+    """A digest of one silo's rows, training and test together and in no particular
+    order: what the budget store keys (`BudgetStore.keyed`) and the machine registry
+    compares. Another train/test split of the same rows (data.seed, data.test_fraction,
+    tuning's validation rows) is the same people: it must not look like new data to the
+    registry that flags a new store for data charged elsewhere. Never written as is."""
+    parts = []
+    for X, y in ((silo.X_train, silo.y_train), (silo.X_test, silo.y_test)):
+        n = len(y)
+        parts.append(np.column_stack([np.asarray(X, np.float64).reshape(n, -1),
+                                      np.asarray(y, np.float64).reshape(n, -1)]))
+    rows = np.ascontiguousarray(np.concatenate(parts))
+    if rows.shape[0] == 0:
+        return fingerprint(rows, np.zeros(0))
+    # one opaque item per row, sorted bytewise: the digest ignores the rows' order
+    items = rows.view(np.dtype((np.void, rows.dtype.itemsize * rows.shape[1]))).ravel()
+    h = hashlib.sha256(str(rows.shape[1]).encode())
+    h.update(np.sort(items).tobytes())
+    return h.hexdigest()[:16]
+
+
 def fingerprints(fed: Federation) -> dict[str, str]:
-    return {s.name: fingerprint(s.X_train, s.y_train) for s in fed.silos}
+    """Per silo, `silo_digest` of its rows."""
+    return {s.name: silo_digest(s) for s in fed.silos}
 
 
 @dataclass
