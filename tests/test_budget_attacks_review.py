@@ -100,3 +100,40 @@ def test_a_new_deployment_is_flagged_even_with_another_split_of_the_same_rows(tm
         with BudgetStore(store_paths.default_store_path(f"other{i}")) as st:
             flagged = {x["silo"] for x in st.log() if x["action"] == "charged-elsewhere"}
         assert flagged == {"A", "B", "C"}
+
+
+def test_a_second_deploy_init_of_a_python_federation_is_not_a_new_budget(tmp_path):
+    pytest.importorskip("flwr")
+    from silofl.runtime.network import deploy
+    from silofl.runtime.network.silo import load_silo_config
+    fed = deploy.demo_data("heart")  # handed over as a consortium's own federation
+    stores = []
+    for folder in ("first", "second"):  # the attack: deploy the same silos again elsewhere
+        w = deploy.init(tmp_path / folder, federation=fed, noise="seeded")
+        stores.append({n: load_silo_config(p).budget_store for n, p in w["silos"].items()})
+    assert stores[0] == stores[1]
+    assert set(stores[0].values()) == {store_paths.default_store_path()}
+
+
+@pytest.mark.parametrize("delta", [0.5, 0.9])
+def test_a_lifetime_delta_that_promises_nothing_is_refused_everywhere(tmp_path, delta):
+    """δ ≥ 0.5 composed every charge to ε ≈ 0: `[budget] delta = 0.9` let a silo run any
+    number of jobs while its store printed "spent 0.000"."""
+    from typer.testing import CliRunner
+    from silofl.cli import app
+    from silofl.data.federation import PrivacyTarget
+    from silofl.errors import SiloflError
+    base = _private_table(tmp_path)
+    with pytest.raises(ConfigError, match="budget.delta"):
+        config_from_dict(dict(base, budget={"epsilon": 1.0, "delta": delta}))
+    path = tmp_path / "b.sqlite"
+    with BudgetStore(path) as st:
+        with pytest.raises(SiloflError, match="0.5"):  # any caller: a silo, the pandemic track
+            st.register({"a": PrivacyTarget(1.0, delta)})
+        st.register({"a": PrivacyTarget(1.0, 1e-4)})
+    res = CliRunner().invoke(app, ["budget", "set-target", "--silo", "a", "--epsilon", "5",
+                                   "--delta", str(delta), "--reason", "r", "--yes",
+                                   "--store", str(path)])
+    assert res.exit_code == 2 and "0.5" in res.output, res.output
+    with BudgetStore(path) as st:
+        assert st.target("a") == PrivacyTarget(1.0, 1e-4) and st.log() == []

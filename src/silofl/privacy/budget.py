@@ -98,6 +98,16 @@ class PlannedCharge:
     count: int = 1
 
 
+def _check_lifetime(name: str, t: PrivacyTarget) -> None:
+    """A lifetime target in the range every job target is held to (`privacy.targets`):
+    under δ ≥ 0.5 every charge composes to ε ≈ 0, so the budget would never run out."""
+    from silofl.privacy.targets import check_target
+    try:
+        check_target(t.epsilon, t.delta, f"the lifetime target of silo {name!r}: ")
+    except SiloflError as e:
+        raise BudgetStoreError(f"{e}. Nothing was changed") from None
+
+
 def new_run_id() -> str:
     return time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:8]
 
@@ -253,6 +263,8 @@ class BudgetStore:
         """Give silos seen for the first time their lifetime target. A silo already in the
         store keeps its target; with `explicit` (the user stated the lifetime target in
         the config) a different stated target is an error rather than silently ignored."""
+        for name, t in targets.items():  # before the transaction: nothing is written
+            _check_lifetime(name, t)
         with self._tx():
             for name, t in targets.items():
                 row = self._silo(name)
@@ -579,6 +591,7 @@ class BudgetStore:
         it would print a lifetime position the released models already break."""
         if not reason or not reason.strip():
             raise BudgetStoreError("changing a lifetime target needs a reason (it is logged)")
+        _check_lifetime(name, target)
         with self._tx():
             row = self._silo(name)
             if row is None:
