@@ -137,3 +137,30 @@ def test_a_lifetime_delta_that_promises_nothing_is_refused_everywhere(tmp_path, 
     assert res.exit_code == 2 and "0.5" in res.output, res.output
     with BudgetStore(path) as st:
         assert st.target("a") == PrivacyTarget(1.0, 1e-4) and st.log() == []
+
+
+def test_a_store_restored_from_an_older_copy_is_flagged(tmp_path):
+    """cp store backup; run; cp backup store: the store forgot the run in between. The
+    machine registry counts the runs each store reserved, so the next run says so."""
+    import shutil
+    import warnings
+    cfg = config_from_dict(dict(_private_table(tmp_path), budget={"epsilon": 5.0}))
+    store = store_paths.default_store_path()
+    run_experiment(cfg)
+    backup = tmp_path / "backup.sqlite"
+    with BudgetStore(store) as st:  # a consistent copy, as `sqlite3 .backup` would make
+        st._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    shutil.copyfile(store, backup)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # an ordinary second run: nothing to flag
+        run_experiment(cfg)
+    with BudgetStore(store) as st:
+        st._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    shutil.copyfile(backup, store)  # the attack: the second run's charges are gone
+    with pytest.warns(UserWarning, match="fewer runs than"):
+        run_experiment(cfg)
+    with BudgetStore(store) as st:
+        assert [x["action"] for x in st.log()].count("store-rolled-back") == 1
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # flagged once, then counted from there
+        run_experiment(cfg)

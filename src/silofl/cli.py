@@ -854,7 +854,7 @@ def budget_show(store: StorePath = None, deployment: Deployment = "default",
         console.print(ct)
     for entry in log:
         console.print(f"{time.strftime('%Y-%m-%d %H:%M', time.localtime(entry['time']))} "
-                      f"{escape(str(entry['silo']))}: {entry['action']} — "
+                      f"{escape(str(entry['silo'] or '(whole store)'))}: {entry['action']} — "
                       f"{escape(entry['reason'])} ({escape(entry['detail'])})")
     console.print("'remaining' is target − spent; privacy costs compose, they do not add up, "
                   "so a new run may fit more or less than that.")

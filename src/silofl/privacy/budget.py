@@ -403,10 +403,14 @@ class BudgetStore:
         whose data another store already charged is flagged (warning + store log)."""
         try:
             elsewhere = store_paths.note_charged(self.path, digests)
+            runs = self._read("SELECT COUNT(*) FROM runs")[0][0]
+            counted = store_paths.note_run(self.path, runs)
         except (OSError, sqlite3.DatabaseError) as e:
             warnings.warn(f"could not check the machine registry of charged data in "
                           f"{store_paths.silofl_home()}: {e}", stacklevel=3)
             return
+        if counted is not None:
+            self._flag_rollback(counted, runs)
         here = str(self.path.resolve())
         flagged = {n: [x if x != here else f"{x} itself (this file was deleted or replaced "
                        "since: those charges are gone from it)" for x in w]
@@ -427,6 +431,20 @@ class BudgetStore:
             f"machine ({text}). Its lifetime position does NOT include those charges: the "
             "same people's privacy was spent there too. Use (or restore) that store "
             "(--store) unless this really is a separate budget", stacklevel=3)
+
+    def _flag_rollback(self, counted: int, runs: int) -> None:
+        """The store holds fewer runs than this machine saw it reserve: warn and log."""
+        text = (f"budget store {self.where} holds {runs} run(s) including this one, fewer runs "
+                f"than the {counted} this machine saw it reserve before: the file was "
+                "deleted, replaced or restored from an older copy, and the charges made "
+                "since are NOT in its lifetime position. Restore the latest copy of the "
+                "store")
+        with self._tx():
+            self._db.execute("INSERT INTO log (time, silo_id, action, reason, detail) VALUES "
+                             "(?, NULL, 'store-rolled-back', ?, ?)",
+                             (time.time(), "the machine registry counted more runs in this "
+                              "store", f"{counted} run(s) counted, {runs} present"))
+        warnings.warn(text, stacklevel=4)
 
     def record_progress(self, run_id: str, rows: list[tuple[str, str, str, str, int]]
                         ) -> None:
