@@ -164,3 +164,30 @@ def test_a_store_restored_from_an_older_copy_is_flagged(tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # flagged once, then counted from there
         run_experiment(cfg)
+
+
+def test_ctrl_c_right_after_the_reservation_never_prints_a_false_nothing_charged(
+        tmp_path, monkeypatch):
+    """Ctrl-C in the instant after the reservation commits (during the machine-registry
+    check, before any data is read) used to escape the job's handler: the terminal said
+    "no budget was reserved, nothing was charged" while the store kept the whole job
+    reserved, with no run folder to resume it from. Now that reservation is released
+    (nothing was read) and the message is true."""
+    from typer.testing import CliRunner
+    from silofl.cli import app
+
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(store_paths, "note_charged", interrupted)
+    cfg = dict(_private_table(tmp_path), output={"dir": str(tmp_path / "runs")})
+    import tomli_w
+    (tmp_path / "job.toml").write_text(tomli_w.dumps(cfg))
+    res = CliRunner().invoke(app, ["run", "-c", str(tmp_path / "job.toml"), "-q"])
+    assert res.exit_code == 130, res.output
+    with BudgetStore(store_paths.default_store_path()) as st:
+        assert st.silos() == ["A", "B", "C"]
+        for n in st.silos():
+            assert st.spent(n)["unfinished_runs"] == 0
+            assert st.charges(n) == []  # no data was read: nothing is charged
+    assert "nothing was charged" in " ".join(res.output.split())
+    assert not (tmp_path / "runs").exists()

@@ -20,6 +20,7 @@ label via `reserve`, its preprocessing release spent through the method's ledger
 from __future__ import annotations
 
 import hashlib
+import sqlite3
 from collections import Counter
 from functools import partial
 from dataclasses import dataclass, field
@@ -199,20 +200,36 @@ def open_job(store: BudgetStore, plans: dict[str, list], *,
     run_id = new_run_id()
     restarted = False
     try:
-        store.reserve(run_id, planned, command=command, noise=noise,
-                      fingerprints=fingerprints, parent=parent)
-    except BudgetExceeded:
-        if not store.demo:
-            raise
-        for name in sorted({p.silo for p in planned}):
-            store.reset(name, "demo store (public built-in data): budget restarted so the "
-                        "demo can be repeated")
-        store.reserve(run_id, planned, command=command, noise=noise,
-                      fingerprints=fingerprints, parent=parent)
-        restarted = True
+        try:
+            store.reserve(run_id, planned, command=command, noise=noise,
+                          fingerprints=fingerprints, parent=parent)
+        except BudgetExceeded:
+            if not store.demo:
+                raise
+            for name in sorted({p.silo for p in planned}):
+                store.reset(name, "demo store (public built-in data): budget restarted so "
+                            "the demo can be repeated")
+            store.reserve(run_id, planned, command=command, noise=noise,
+                          fingerprints=fingerprints, parent=parent)
+            restarted = True
+    except KeyboardInterrupt:  # Ctrl-C / SIGTERM before the caller holds the job
+        _release_unstarted(store, run_id)
+        raise
     targets = {p.name: p.target for ps in plans.values() for p in ps}
     return Job(store, run_id, accountant, dict(plans), targets, _extra=list(extra or []),
                _allowance=allowances, demo_restarted=restarted)
+
+
+def _release_unstarted(store: BudgetStore, run_id: str) -> None:
+    """An interrupt after `run_id`'s reservation committed (e.g. in the registry check)
+    but before its caller got the job: nothing was read, so it settles to nothing. If
+    that fails (the interrupt left a transaction open), the reservation stays counted."""
+    from silofl.privacy.budget import BudgetStoreError
+    try:
+        if store.run_status(run_id) == "reserved":
+            store.settle(run_id, [], status="interrupted")
+    except (BudgetStoreError, sqlite3.DatabaseError):
+        pass
 
 
 def _covering(method: str, plans: list, charges: list[PlannedCharge]) -> dict:
