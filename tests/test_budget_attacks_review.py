@@ -157,7 +157,7 @@ def test_a_store_restored_from_an_older_copy_is_flagged(tmp_path):
     with BudgetStore(store) as st:
         st._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     shutil.copyfile(backup, store)  # the attack: the second run's charges are gone
-    with pytest.warns(UserWarning, match="fewer runs than"):
+    with pytest.warns(UserWarning, match="fewer runs than this machine saw"):
         run_experiment(cfg)
     with BudgetStore(store) as st:
         assert [x["action"] for x in st.log()].count("store-rolled-back") == 1

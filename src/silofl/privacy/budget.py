@@ -385,7 +385,7 @@ class BudgetStore:
                                           events.to_json(p.event), p.count, now,
                                           fingerprints.get(p.silo)))
         if self.path is not None and not self.demo and digests:
-            self._check_registry({n: d for n, d in digests.items() if n in ids},
+            self._check_registry(run_id, {n: d for n, d in digests.items() if n in ids},
                                  set(fresh) | (set(ids) if self.created else set()))
 
     def _check_parent(self, parent: str) -> None:
@@ -399,19 +399,19 @@ class BudgetStore:
             raise BudgetStoreError(f"run {parent} was already continued by run {child[0]} "
                                    "(another resume); resume that run instead")
 
-    def _check_registry(self, digests: dict[str, str], new: set[str]) -> None:
-        """Record this store's charges in the machine registry; a silo new to this store
-        whose data another store already charged is flagged (warning + store log)."""
+    def _check_registry(self, run_id: str, digests: dict[str, str], new: set[str]) -> None:
+        """Record this store's charges and its latest run in the machine registry; a silo
+        new to this store whose data another store already charged is flagged, and so is
+        a store that lacks the run recorded before this one (warning + store log)."""
         try:
             elsewhere = store_paths.note_charged(self.path, digests)
-            runs = self._read("SELECT COUNT(*) FROM runs")[0][0]
-            counted = store_paths.note_run(self.path, runs)
+            before = store_paths.swap_last_run(self.path, run_id)
         except (OSError, sqlite3.DatabaseError) as e:
             warnings.warn(f"could not check the machine registry of charged data in "
                           f"{store_paths.silofl_home()}: {e}", stacklevel=3)
             return
-        if counted is not None:
-            self._flag_rollback(counted, runs)
+        if before is not None and self.run_status(before) is None:
+            self._flag_rollback(before)
         here = str(self.path.resolve())
         flagged = {n: [x if x != here else f"{x} itself (this file was deleted or replaced "
                        "since: those charges are gone from it)" for x in w]
@@ -433,18 +433,17 @@ class BudgetStore:
             "same people's privacy was spent there too. Use (or restore) that store "
             "(--store) unless this really is a separate budget", stacklevel=3)
 
-    def _flag_rollback(self, counted: int, runs: int) -> None:
-        """The store holds fewer runs than this machine saw it reserve: warn and log."""
-        text = (f"budget store {self.where} holds {runs} run(s) including this one, fewer runs "
-                f"than the {counted} this machine saw it reserve before: the file was "
-                "deleted, replaced or restored from an older copy, and the charges made "
-                "since are NOT in its lifetime position. Restore the latest copy of the "
-                "store")
+    def _flag_rollback(self, missing: str) -> None:
+        """The store lacks a run this machine saw it reserve: warn and log."""
+        text = (f"budget store {self.where} has fewer runs than this machine saw it reserve: "
+                f"run {missing} is missing, so the file was deleted, replaced or restored "
+                "from an older copy, and the charges made since are NOT in its lifetime "
+                "position. Restore the latest copy of the store")
         with self._tx():
             self._db.execute("INSERT INTO log (time, silo_id, action, reason, detail) VALUES "
                              "(?, NULL, 'store-rolled-back', ?, ?)",
-                             (time.time(), "the machine registry counted more runs in this "
-                              "store", f"{counted} run(s) counted, {runs} present"))
+                             (time.time(), "a run the machine registry saw reserved here "
+                              "is missing", f"run {missing}"))
         warnings.warn(text, stacklevel=4)
 
     def record_progress(self, run_id: str, rows: list[tuple[str, str, str, str, int]]

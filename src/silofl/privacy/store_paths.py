@@ -117,30 +117,27 @@ def _registry() -> sqlite3.Connection:
     db = sqlite3.connect(str(path), timeout=30.0, isolation_level=None)
     db.execute("CREATE TABLE IF NOT EXISTS charged (fp TEXT NOT NULL, store TEXT NOT NULL, "
                "silo TEXT NOT NULL, time REAL NOT NULL, PRIMARY KEY (fp, store, silo))")
-    db.execute("CREATE TABLE IF NOT EXISTS stores (store TEXT PRIMARY KEY, "
-               "runs INTEGER NOT NULL)")
+    db.execute("CREATE TABLE IF NOT EXISTS last_run (store TEXT PRIMARY KEY, "
+               "run TEXT NOT NULL)")
     return db
 
 
-def note_run(store: Path, runs: int) -> int | None:
-    """Count one more run reserved in `store`, which now holds `runs` runs (this one
-    included). A store never deletes a run, so holding no more runs than the registry
-    counted before means the file was replaced, deleted or restored from an older copy
-    (its charges since are gone): returns that count then (and counts from `runs` on),
-    else None. Runs of other processes not yet noted only make `runs` larger."""
+def swap_last_run(store: Path, run_id: str) -> str | None:
+    """Record `run_id` as the latest run reserved in `store`; returns the run recorded
+    before (None: the first). A store never deletes a run, so a store lacking that earlier
+    run was deleted, replaced or restored from an older copy (its charges since are
+    gone). Concurrent runs are safe: whichever run is recorded had committed before."""
     where = str(Path(store).resolve())
     db = _registry()
     try:
         db.execute("BEGIN IMMEDIATE")
-        row = db.execute("SELECT runs FROM stores WHERE store = ?", (where,)).fetchone()
-        lost = row is not None and runs <= row[0]
-        db.execute("INSERT INTO stores VALUES (?, ?) ON CONFLICT (store) DO UPDATE SET "
-                   "runs = excluded.runs", (where, runs if lost or row is None
-                                            else row[0] + 1))
+        row = db.execute("SELECT run FROM last_run WHERE store = ?", (where,)).fetchone()
+        db.execute("INSERT INTO last_run VALUES (?, ?) ON CONFLICT (store) DO UPDATE SET "
+                   "run = excluded.run", (where, run_id))
         db.execute("COMMIT")
     finally:
         db.close()
-    return row[0] if lost else None
+    return None if row is None else row[0]
 
 
 def note_charged(store: Path, silos: dict[str, str]) -> dict[str, list[str]]:
