@@ -191,3 +191,20 @@ def test_ctrl_c_right_after_the_reservation_never_prints_a_false_nothing_charged
             assert st.charges(n) == []  # no data was read: nothing is charged
     assert "nothing was charged" in " ".join(res.output.split())
     assert not (tmp_path / "runs").exists()
+
+
+def test_resuming_against_a_deleted_store_creates_no_empty_store(tmp_path):
+    """A refused resume used to leave an empty store at the deleted store's path, so the
+    next run charged it without the loud 'NEW budget store created' announcement."""
+    out = {"dir": str(tmp_path / "runs"), "name": "p", "checkpoint_every": 1}
+    run_dir = _interrupted(dict(_private_table(tmp_path), output=out,
+                                training={"rounds": 10, "methods": ["local"]}))
+    store = store_paths.default_store_path()
+    for f in store.parent.glob(store.name + "*"):
+        f.unlink()  # the attack (or an accident): the store file is gone
+    with pytest.raises(ConfigError, match="does not exist"):
+        resume_run(run_dir)
+    assert not store.exists()
+    with pytest.warns(UserWarning, match="NEW budget store created"):
+        run_experiment(config_from_dict(dict(_private_table(tmp_path),
+                                             output={"dir": ""})))

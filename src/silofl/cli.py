@@ -106,6 +106,9 @@ def run(config: Optional[Path] = typer.Option(None, "--config", "-c",
             with terminate_as_interrupt():
                 if resume is not None:
                     from silofl.privacy.budget import BudgetStore
+                    if store is not None and not Path(store).is_file():
+                        raise SiloflError(f"--store {str(store)!r} does not exist; a resume "
+                                          "continues a run in the store it was charged to")
                     rep = resume_run(resume, on_progress, force=force_resume,
                                      store=BudgetStore(store) if store is not None else None)
                 else:

@@ -430,6 +430,11 @@ def resume_run(run_dir: str | Path,
             states[label] = pickle.loads(_state_path(run_dir, label).read_bytes())
     job, latest = None, info["run_id"]
     if p.tcfg.private:
+        if store is None and info["store"] and not Path(info["store"]).is_file():
+            # opening it would create an empty store, unannounced to the next run
+            raise ConfigError(f"budget store {info['store']!r}, which this run was charged "
+                              "to, does not exist (deleted or moved): restore it, or pass "
+                              "its new path with --store. Nothing was created or charged")
         store = store if store is not None else (
             BudgetStore(Path(info["store"]), demo=bool(info.get("demo")))
             if info["store"] else BudgetStore(None))
