@@ -208,3 +208,23 @@ def test_resuming_against_a_deleted_store_creates_no_empty_store(tmp_path):
     with pytest.warns(UserWarning, match="NEW budget store created"):
         run_experiment(config_from_dict(dict(_private_table(tmp_path),
                                              output={"dir": ""})))
+
+
+def test_a_reset_budget_is_named_in_every_later_output(tmp_path):
+    """`budget reset` (not --new-cohort: the same people) starts a fresh epoch; the next
+    run's outputs printed a clean lifetime position with no word of the reset."""
+    from typer.testing import CliRunner
+    from silofl.cli import app
+    cfg = dict(_private_table(tmp_path), budget={"epsilon": 5.0},
+               output={"dir": str(tmp_path / "runs"), "name": "second"})
+    first = run_experiment(config_from_dict(dict(cfg, output={"dir": ""})))
+    assert not any("reset" in n for n in first.notes())
+    res = CliRunner().invoke(app, ["budget", "reset", "--silo", "B", "--reason",
+                                   "board approval 7", "--yes"])
+    assert res.exit_code == 0, res.output
+    rep = run_experiment(config_from_dict(cfg))
+    reset = [n for n in rep.notes() if "was reset" in n]
+    assert len(reset) == 1 and "'B'" in reset[0] and "board approval 7" in reset[0]
+    for name in ("summary.json", "privacy_report.json"):
+        notes = json.loads((rep.run_dir / name).read_text())["notes"]
+        assert reset[0] in notes

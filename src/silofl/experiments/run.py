@@ -80,6 +80,18 @@ def job_notes(*, private: bool, noise: str, scratch: bool, uncharged=(), extra=(
     return out + list(extra) + [f"uncharged: {u}" for u in uncharged]
 
 
+def reset_notes(lifetime: list[dict], demo: bool = False) -> list[str]:
+    """One note per silo whose lifetime budget was reset (`budget reset`, not a new
+    cohort): its printed lifetime position leaves out the same people's earlier charges.
+    (The demo store's restarts are said by its own note.)"""
+    if demo:
+        return []
+    return [f"the lifetime budget of silo {r['silo']!r} was reset (epoch {r['epoch']}, "
+            f"reason: {r['reset']['reason']}): its lifetime position counts only the charges "
+            "since then, not the earlier charges on the same data"
+            for r in lifetime if r.get("reset")]
+
+
 @dataclass
 class RunReport:
     run_dir: Path | None
@@ -116,7 +128,8 @@ class RunReport:
                          scratch=self.scratch, demo=self.demo, uncharged=self.uncharged,
                          extra=self.resumed + ([LOCAL_DP_NOTE.format(", ".join(local))]
                                                if local and self.config.privacy.enabled
-                                               else []))
+                                               else []) + reset_notes(self.lifetime,
+                                                                      self.demo))
 
     def store_text(self) -> str | None:
         """The budget store as every output names it (None: a non-private job)."""

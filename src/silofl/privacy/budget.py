@@ -315,10 +315,16 @@ class BudgetStore:
         both = accounting.epsilons(event, delta)
         reserved = self._read("SELECT COUNT(DISTINCT run_id) FROM charges WHERE silo_id = ? "
                               "AND epoch = ? AND status = 'reserved'", (sid, epoch))[0][0]
+        # the latest `reset` (not a new cohort): the same people's earlier charges are out
+        last = self._read("SELECT action, reason, time FROM log WHERE silo_id = ? AND action "
+                          "IN ('reset', 'new-cohort') ORDER BY id DESC LIMIT 1", (sid,))
+        reset = ({"reason": last[0][1], "time": last[0][2]}
+                 if last and last[0][0] == "reset" else None)
         return {"silo": name, "target_epsilon": eps_t, "delta": delta, "epoch": epoch,
                 "epsilon": eps, "accountant": kind, "epsilon_rdp": both["rdp"],
                 "epsilon_pld": both["pld"], "remaining": max(eps_t - eps, 0.0),
-                "unfinished_runs": reserved, "within_target": eps <= eps_t}
+                "unfinished_runs": reserved, "within_target": eps <= eps_t,
+                "reset": reset}
 
     # -- the protocol ---------------------------------------------------------------------
     def reserve(self, run_id: str, planned: list[PlannedCharge], *, command: str,
