@@ -228,3 +228,19 @@ def test_a_reset_budget_is_named_in_every_later_output(tmp_path):
     for name in ("summary.json", "privacy_report.json"):
         notes = json.loads((rep.run_dir / name).read_text())["notes"]
         assert reset[0] in notes
+
+
+def test_renaming_a_silo_in_the_same_store_is_flagged_as_a_rename(tmp_path):
+    """The same rows under a new silo name are a new silo to the store (a fresh budget);
+    the registry flags it, and says why: not 'this file was deleted'."""
+    cfg = dict(_private_table(tmp_path), budget={"epsilon": 5.0})
+    run_experiment(config_from_dict(cfg))
+    csv = tmp_path / "private.csv"
+    csv.write_text(csv.read_text().replace(",A,", ",A2,"))  # the attack: rename silo A
+    schema = tmp_path / "schema.toml"
+    with pytest.warns(UserWarning) as caught:
+        run_experiment(config_from_dict(cfg))
+    text = " ".join(" ".join(str(w.message) for w in caught).split())
+    assert "silo 'A2': already charged" in text
+    assert "as silo 'A'" in text and "deleted or replaced" not in text
+    assert schema.is_file()

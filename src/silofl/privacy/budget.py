@@ -419,8 +419,7 @@ class BudgetStore:
         if before is not None and self.run_status(before) is None:
             self._flag_rollback(before)
         here = str(self.path.resolve())
-        flagged = {n: [x if x != here else f"{x} itself (this file was deleted or replaced "
-                       "since: those charges are gone from it)" for x in w]
+        flagged = {n: [x if x != here else self._here(n, digests[n]) for x in w]
                    for n, w in elsewhere.items() if n in new}
         if not flagged:
             return
@@ -438,6 +437,16 @@ class BudgetStore:
             f"machine ({text}). Its lifetime position does NOT include those charges: the "
             "same people's privacy was spent there too. Use (or restore) that store "
             "(--store) unless this really is a separate budget", stacklevel=3)
+
+    def _here(self, name: str, digest: str) -> str:
+        """How this store itself charged the data of `name` before: under another silo
+        name (a rename is not a new budget), or the file was deleted or replaced."""
+        other = [n for n in store_paths.names_in(self.path, digest) if n != name]
+        if other:
+            return (f"this store as silo {other[0]!r} (the same data under another silo "
+                    "name: a renamed silo is not a new budget)")
+        return (f"{self.path.resolve()} itself (this file was deleted or replaced since: "
+                "those charges are gone from it)")
 
     def _flag_rollback(self, missing: str) -> None:
         """The store lacks a run this machine saw it reserve: warn and log."""

@@ -144,7 +144,8 @@ def note_charged(store: Path, silos: dict[str, str]) -> dict[str, list[str]]:
     """Record that `store` charged each silo's data (`silos`: name -> data digest, never
     stored); returns, per silo, every store path on this machine that charged the same
     data before — this store's own path included (for a silo new to this store, that
-    means the file was deleted or replaced since)."""
+    means the file was deleted or replaced since, or the data was charged there under
+    another silo name: see `names_in`)."""
     key = machine_key()
     where = str(Path(store).resolve())
     out: dict[str, list[str]] = {}
@@ -164,3 +165,15 @@ def note_charged(store: Path, silos: dict[str, str]) -> dict[str, list[str]]:
     finally:
         db.close()
     return out
+
+
+def names_in(store: Path, digest: str) -> list[str]:
+    """The silo names under which `store` charged data with `digest` (a renamed silo)."""
+    fp = keyed(machine_key(), digest)
+    db = _registry()
+    try:
+        return [r[0] for r in db.execute(
+            "SELECT silo FROM charged WHERE fp = ? AND store = ? ORDER BY time",
+            (fp, str(Path(store).resolve())))]
+    finally:
+        db.close()
