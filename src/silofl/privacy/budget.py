@@ -41,7 +41,6 @@ import secrets
 import sqlite3
 import time
 import uuid
-import warnings
 from collections import Counter
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -50,7 +49,7 @@ from pathlib import Path
 from silofl.data.federation import PrivacyTarget
 from silofl.errors import BudgetExceeded, SiloflError
 from silofl.privacy import accounting, events
-from silofl.privacy import runlock, store_paths
+from silofl.privacy import runlock, store_paths, store_registry
 from silofl.privacy.ledger import tightest
 from silofl.privacy.store_schema import migrate_v1
 
@@ -391,7 +390,7 @@ class BudgetStore:
                                           events.to_json(p.event), p.count, now,
                                           fingerprints.get(p.silo)))
         if self.path is not None and not self.demo and digests:
-            self._check_registry(run_id, {n: d for n, d in digests.items() if n in ids},
+            store_registry.check(self, run_id, {n: d for n, d in digests.items() if n in ids},
                                  set(fresh) | (set(ids) if self.created else set()))
 
     def _check_parent(self, parent: str) -> None:
@@ -404,62 +403,6 @@ class BudgetStore:
         if child is not None:
             raise BudgetStoreError(f"run {parent} was already continued by run {child[0]} "
                                    "(another resume); resume that run instead")
-
-    def _check_registry(self, run_id: str, digests: dict[str, str], new: set[str]) -> None:
-        """Record this store's charges and its latest run in the machine registry; a silo
-        new to this store whose data another store already charged is flagged, and so is
-        a store that lacks the run recorded before this one (warning + store log)."""
-        try:
-            elsewhere = store_paths.note_charged(self.path, digests)
-            before = store_paths.swap_last_run(self.path, run_id)
-        except (OSError, sqlite3.DatabaseError) as e:
-            warnings.warn(f"could not check the machine registry of charged data in "
-                          f"{store_paths.silofl_home()}: {e}", stacklevel=3)
-            return
-        if before is not None and self.run_status(before) is None:
-            self._flag_rollback(before)
-        here = str(self.path.resolve())
-        flagged = {n: [x if x != here else self._here(n, digests[n]) for x in w]
-                   for n, w in elsewhere.items() if n in new}
-        if not flagged:
-            return
-        text = "; ".join(f"silo {n!r}: already charged in {', '.join(w)}"
-                         for n, w in flagged.items())
-        with self._tx():
-            for name in flagged:
-                self._db.execute(
-                    "INSERT INTO log (time, silo_id, action, reason, detail) VALUES "
-                    "(?, ?, 'charged-elsewhere', ?, ?)",
-                    (time.time(), self._silo(name)[0], "the same data was charged in "
-                     "another budget store on this machine", ", ".join(flagged[name])))
-        warnings.warn(
-            f"budget store {self.where} is new for data that was already charged on this "
-            f"machine ({text}). Its lifetime position does NOT include those charges: the "
-            "same people's privacy was spent there too. Use (or restore) that store "
-            "(--store) unless this really is a separate budget", stacklevel=3)
-
-    def _here(self, name: str, digest: str) -> str:
-        """How this store itself charged the data of `name` before: under another silo
-        name (a rename is not a new budget), or the file was deleted or replaced."""
-        other = [n for n in store_paths.names_in(self.path, digest) if n != name]
-        if other:
-            return (f"this store as silo {other[0]!r} (the same data under another silo "
-                    "name: a renamed silo is not a new budget)")
-        return (f"{self.path.resolve()} itself (this file was deleted or replaced since: "
-                "those charges are gone from it)")
-
-    def _flag_rollback(self, missing: str) -> None:
-        """The store lacks a run this machine saw it reserve: warn and log."""
-        text = (f"budget store {self.where} has fewer runs than this machine saw it reserve: "
-                f"run {missing} is missing, so the file was deleted, replaced or restored "
-                "from an older copy, and the charges made since are NOT in its lifetime "
-                "position. Restore the latest copy of the store")
-        with self._tx():
-            self._db.execute("INSERT INTO log (time, silo_id, action, reason, detail) VALUES "
-                             "(?, NULL, 'store-rolled-back', ?, ?)",
-                             (time.time(), "a run the machine registry saw reserved here "
-                              "is missing", f"run {missing}"))
-        warnings.warn(text, stacklevel=4)
 
     def record_progress(self, run_id: str, rows: list[tuple[str, str, str, str, int]]
                         ) -> None:
