@@ -244,3 +244,13 @@ def test_renaming_a_silo_in_the_same_store_is_flagged_as_a_rename(tmp_path):
     assert "silo 'A2': already charged" in text
     assert "as silo 'A'" in text and "deleted or replaced" not in text
     assert schema.is_file()
+
+
+def test_the_python_api_cannot_hand_a_private_job_the_demo_store(tmp_path):
+    """`run(cfg, store=BudgetStore(<demo store>, demo=True))`: the demo store restarts
+    when spent, so it may only ever charge the built-in public heart data."""
+    path = store_paths.demo_store_path()
+    with BudgetStore(path, demo=True) as demo:
+        with pytest.raises(ConfigError, match="demo store"):
+            run_experiment(config_from_dict(_private_table(tmp_path)), store=demo)
+        assert demo.silos() == []  # nothing registered, nothing reserved

@@ -246,6 +246,7 @@ def run(cfg: Config, out_dir: Path | None = None,
     raw_fps = fingerprints(p.raw)  # of the raw training rows: what the budget store records
     if p.tcfg.private:
         store = store if store is not None else open_store(cfg, base)
+        check_demo_store(cfg, store)
         job = open_job(store, dict(zip(p.labels, p.plans)), lifetime=_lifetime(cfg, p.raw),
                        explicit_lifetime=cfg.budget.epsilon is not None,
                        command="silofl run", noise=p.tcfg.noise, accountant=p.tcfg.accountant,
@@ -451,6 +452,7 @@ def resume_run(run_dir: str | Path,
         store = store if store is not None else (
             BudgetStore(Path(info["store"]), demo=bool(info.get("demo")))
             if info["store"] else BudgetStore(None))
+        check_demo_store(cfg, store)
         latest = _settle_previous(store, info["run_id"], run_dir, p, force)
     restored = _restore_ledgers(run_dir, p, done, states)
     resumed = [f"resumed from {CHECKPOINT} at " + ", ".join(
@@ -582,6 +584,22 @@ def open_store(cfg: Config, base: Path | None = None) -> BudgetStore:
                       "another store, that spending is not counted here (use that store "
                       "with --store)", stacklevel=2)
     return st
+
+
+def check_demo_store(cfg: Config, store: BudgetStore) -> None:
+    """Refuse the demo store (its budget restarts when spent) for any source but the
+    built-in public heart data, however the store was handed over (Python API, job file).
+
+    Raises
+    ------
+    ConfigError
+        before anything is registered or reserved.
+    """
+    if store.demo and cfg.data.source != store_paths.DEMO_SOURCE:
+        raise ConfigError(f"budget store {store.where} is the demo store (its budget "
+                          f"restarts); data.source {cfg.data.source!r} is not the built-in "
+                          "public heart data. Charge the source's lifetime store (leave "
+                          "[budget] store empty) or name another store")
 
 
 def _lifetime(cfg: Config, fed) -> dict[str, PrivacyTarget]:
