@@ -109,6 +109,9 @@ def run(config: Optional[Path] = typer.Option(None, "--config", "-c",
             with terminate_as_interrupt():
                 if resume is not None:
                     from silofl.privacy.budget import BudgetStore
+                    if store is not None and not Path(store).is_file():
+                        raise SiloflError(f"--store {str(store)!r} does not exist; a resume "
+                                          "continues a run in the store it was charged to")
                     rep = resume_run(resume, on_progress, force=force_resume,
                                      store=BudgetStore(store) if store is not None else None)
                 else:
@@ -862,7 +865,7 @@ def budget_show(store: StorePath = None, deployment: Deployment = "default",
         console.print(ct)
     for entry in log:
         console.print(f"{time.strftime('%Y-%m-%d %H:%M', time.localtime(entry['time']))} "
-                      f"{escape(str(entry['silo']))}: {entry['action']} — "
+                      f"{escape(str(entry['silo'] or '(whole store)'))}: {entry['action']} — "
                       f"{escape(entry['reason'])} ({escape(entry['detail'])})")
     console.print("'remaining' is target − spent; privacy costs compose, they do not add up, "
                   "so a new run may fit more or less than that.")

@@ -137,9 +137,10 @@ def audit(cfg, *, kind: str = "one-run", silo: str | None = None,
 # --- the engine ----------------------------------------------------------------------------
 
 def _store(cfg, store: BudgetStore | None) -> BudgetStore:
-    if store is not None:
-        return store
-    return run_mod.open_store(cfg, run_mod._base_dir(cfg, None))
+    store = store if store is not None else run_mod.open_store(cfg, run_mod._base_dir(cfg,
+                                                                                      None))
+    run_mod.check_demo_store(cfg, store)
+    return store
 
 
 def _run_job(cfg, p, store: BudgetStore, command: str):

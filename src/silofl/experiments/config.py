@@ -271,6 +271,11 @@ def config_from_dict(raw: dict) -> Config:
                           "metrics on each silo's held-out test rows, so keep some "
                           "(e.g. test_fraction = 0.2)")
     _check_privacy_section(parts["privacy"])
+    b = parts["budget"]  # a lifetime target: δ ≥ 0.5 would compose every charge to ε ≈ 0
+    if b.epsilon is not None or b.delta is not None:
+        pc = parts["privacy"]
+        check_privacy_target(pc.epsilon if b.epsilon is None else b.epsilon,
+                             pc.delta if b.delta is None else b.delta, "budget.")
     return Config(**parts)
 
 

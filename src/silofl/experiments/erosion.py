@@ -43,7 +43,8 @@ from silofl.experiments import build
 from silofl.experiments.atomic import json_safe, savefig_atomic, write_json_atomic
 from silofl.experiments.config import Config
 from silofl.experiments.run import (ADJACENCY, _base_dir, _combined, _lifetime, _make_run_dir,
-                                    _prepare, _preprocess, job_notes, open_store)
+                                    _prepare, _preprocess, check_demo_store, job_notes,
+                                    open_store)
 from silofl.models import metrics as M
 from silofl.privacy.budget import BudgetStore, PlannedCharge
 from silofl.privacy.ledger import silo_file_id
@@ -213,6 +214,7 @@ def erosion_for_users(cfg: Config, users=None, *, out_dir: Path | None = None,
     job = None
     if p.tcfg.private:
         store = store if store is not None else open_store(cfg, base)
+        check_demo_store(cfg, store)
         job = open_job(store, dict(zip(p.labels, p.plans)), lifetime=_lifetime(cfg, p.raw),
                        explicit_lifetime=cfg.budget.epsilon is not None,
                        command="silofl erosion --user " + " --user ".join(users),

@@ -38,7 +38,8 @@ from silofl.errors import ConfigError
 from silofl.experiments.atomic import json_safe, savefig_atomic, write_json_atomic
 from silofl.experiments.config import Config
 from silofl.experiments.run import (ADJACENCY, _base_dir, _combined, _lifetime, _make_run_dir,
-                                    _prepare, _preprocess, job_notes, open_store)
+                                    _prepare, _preprocess, check_demo_store, job_notes,
+                                    open_store)
 from silofl.privacy import accounting
 from silofl.privacy.budget import BudgetStore, PlannedCharge
 from silofl.privacy.randomness import Randomness
@@ -209,6 +210,7 @@ def rank_silos(cfg: Config, user: str, *, top: int | None = None,
     job = None
     if p.tcfg.private:
         store = store if store is not None else open_store(cfg, base)
+        check_demo_store(cfg, store)
         extra = [PlannedCharge(n, NO_METHOD, "preprocess", e) for n, e in prep_extra.items()]
         extra += [PlannedCharge(n, NO_METHOD, CV_LABEL, e) for n, e in cv_events.items()]
         job = open_job(store, dict(zip(p.labels, p.plans)), lifetime=_lifetime(cfg, p.raw),

@@ -80,6 +80,18 @@ def job_notes(*, private: bool, noise: str, scratch: bool, uncharged=(), extra=(
     return out + list(extra) + [f"uncharged: {u}" for u in uncharged]
 
 
+def reset_notes(lifetime: list[dict], demo: bool = False) -> list[str]:
+    """One note per silo whose lifetime budget was reset (`budget reset`, not a new
+    cohort): its printed lifetime position leaves out the same people's earlier charges.
+    (The demo store's restarts are said by its own note.)"""
+    if demo:
+        return []
+    return [f"the lifetime budget of silo {r['silo']!r} was reset (epoch {r['epoch']}, "
+            f"reason: {r['reset']['reason']}): its lifetime position counts only the charges "
+            "since then, not the earlier charges on the same data"
+            for r in lifetime if r.get("reset")]
+
+
 @dataclass
 class RunReport:
     run_dir: Path | None
@@ -116,7 +128,8 @@ class RunReport:
                          scratch=self.scratch, demo=self.demo, uncharged=self.uncharged,
                          extra=self.resumed + ([LOCAL_DP_NOTE.format(", ".join(local))]
                                                if local and self.config.privacy.enabled
-                                               else []))
+                                               else []) + reset_notes(self.lifetime,
+                                                                      self.demo))
 
     def store_text(self) -> str | None:
         """The budget store as every output names it (None: a non-private job)."""
@@ -233,6 +246,7 @@ def run(cfg: Config, out_dir: Path | None = None,
     raw_fps = fingerprints(p.raw)  # of the raw training rows: what the budget store records
     if p.tcfg.private:
         store = store if store is not None else open_store(cfg, base)
+        check_demo_store(cfg, store)
         job = open_job(store, dict(zip(p.labels, p.plans)), lifetime=_lifetime(cfg, p.raw),
                        explicit_lifetime=cfg.budget.epsilon is not None,
                        command="silofl run", noise=p.tcfg.noise, accountant=p.tcfg.accountant,
@@ -405,6 +419,13 @@ def resume_run(run_dir: str | Path,
                           "started; its budget reservation stays counted). Start a new run")
     info = json.loads(jf.read_text())
     cfg = config_from_dict(info["config"])
+    if info.get("demo") and cfg.data.source != store_paths.DEMO_SOURCE:
+        # job.json is a plain file: the restartable demo store is for the built-in public
+        # data only, whatever the file says (checked before any data is read)
+        raise ConfigError(f"{str(jf)!r} names the demo budget store but its config reads "
+                          f"data.source {cfg.data.source!r}: the demo store (its budget "
+                          "restarts) guards only the built-in heart data. The job file was "
+                          "edited; start a new run, which charges the source's lifetime store")
     p = _prepare(cfg)
     if cfg.tuning.mode == "private":
         raise ConfigError("resuming a privately tuned run is not supported: the trials would "
@@ -423,9 +444,15 @@ def resume_run(run_dir: str | Path,
             states[label] = pickle.loads(_state_path(run_dir, label).read_bytes())
     job, latest = None, info["run_id"]
     if p.tcfg.private:
+        if store is None and info["store"] and not Path(info["store"]).is_file():
+            # opening it would create an empty store, unannounced to the next run
+            raise ConfigError(f"budget store {info['store']!r}, which this run was charged "
+                              "to, does not exist (deleted or moved): restore it, or pass "
+                              "its new path with --store. Nothing was created or charged")
         store = store if store is not None else (
             BudgetStore(Path(info["store"]), demo=bool(info.get("demo")))
             if info["store"] else BudgetStore(None))
+        check_demo_store(cfg, store)
         latest = _settle_previous(store, info["run_id"], run_dir, p, force)
     restored = _restore_ledgers(run_dir, p, done, states)
     resumed = [f"resumed from {CHECKPOINT} at " + ", ".join(
@@ -557,6 +584,22 @@ def open_store(cfg: Config, base: Path | None = None) -> BudgetStore:
                       "another store, that spending is not counted here (use that store "
                       "with --store)", stacklevel=2)
     return st
+
+
+def check_demo_store(cfg: Config, store: BudgetStore) -> None:
+    """Refuse the demo store (its budget restarts when spent) for any source but the
+    built-in public heart data, however the store was handed over (Python API, job file).
+
+    Raises
+    ------
+    ConfigError
+        before anything is registered or reserved.
+    """
+    if store.demo and cfg.data.source != store_paths.DEMO_SOURCE:
+        raise ConfigError(f"budget store {store.where} is the demo store (its budget "
+                          f"restarts); data.source {cfg.data.source!r} is not the built-in "
+                          "public heart data. Charge the source's lifetime store (leave "
+                          "[budget] store empty) or name another store")
 
 
 def _lifetime(cfg: Config, fed) -> dict[str, PrivacyTarget]:

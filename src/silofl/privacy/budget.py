@@ -41,7 +41,6 @@ import secrets
 import sqlite3
 import time
 import uuid
-import warnings
 from collections import Counter
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -50,7 +49,7 @@ from pathlib import Path
 from silofl.data.federation import PrivacyTarget
 from silofl.errors import BudgetExceeded, SiloflError
 from silofl.privacy import accounting, events
-from silofl.privacy import runlock, store_paths
+from silofl.privacy import runlock, store_paths, store_registry
 from silofl.privacy.ledger import tightest
 from silofl.privacy.store_schema import migrate_v1
 
@@ -96,6 +95,16 @@ class PlannedCharge:
     label: str    # e.g. "dpsgd", "select", "preprocess"
     event: object
     count: int = 1
+
+
+def _check_lifetime(name: str, t: PrivacyTarget) -> None:
+    """A lifetime target in the range every job target is held to (`privacy.targets`):
+    under δ ≥ 0.5 every charge composes to ε ≈ 0, so the budget would never run out."""
+    from silofl.privacy.targets import check_target
+    try:
+        check_target(t.epsilon, t.delta, f"the lifetime target of silo {name!r}: ")
+    except SiloflError as e:
+        raise BudgetStoreError(f"{e}. Nothing was changed") from None
 
 
 def new_run_id() -> str:
@@ -257,6 +266,9 @@ class BudgetStore:
         """Give silos seen for the first time their lifetime target. A silo already in the
         store keeps its target; with `explicit` (the user stated the lifetime target in
         the config) a different stated target is an error rather than silently ignored."""
+        for name, t in targets.items():  # before the transaction: nothing is written
+            if not self.scratch:  # a scratch store guards nothing (Python experiments)
+                _check_lifetime(name, t)
         with self._tx():
             for name, t in targets.items():
                 row = self._silo(name)
@@ -306,10 +318,16 @@ class BudgetStore:
         both = accounting.epsilons(event, delta)
         reserved = self._read("SELECT COUNT(DISTINCT run_id) FROM charges WHERE silo_id = ? "
                               "AND epoch = ? AND status = 'reserved'", (sid, epoch))[0][0]
+        # the latest `reset` (not a new cohort): the same people's earlier charges are out
+        last = self._read("SELECT action, reason, time FROM log WHERE silo_id = ? AND action "
+                          "IN ('reset', 'new-cohort') ORDER BY id DESC LIMIT 1", (sid,))
+        reset = ({"reason": last[0][1], "time": last[0][2]}
+                 if last and last[0][0] == "reset" else None)
         return {"silo": name, "target_epsilon": eps_t, "delta": delta, "epoch": epoch,
                 "epsilon": eps, "accountant": kind, "epsilon_rdp": both["rdp"],
                 "epsilon_pld": both["pld"], "remaining": max(eps_t - eps, 0.0),
-                "unfinished_runs": reserved, "within_target": eps <= eps_t}
+                "unfinished_runs": reserved, "within_target": eps <= eps_t,
+                "reset": reset}
 
     # -- the protocol ---------------------------------------------------------------------
     def reserve(self, run_id: str, planned: list[PlannedCharge], *, command: str,
@@ -376,8 +394,11 @@ class BudgetStore:
                                           events.to_json(p.event), p.count, now,
                                           fingerprints.get(p.silo)))
         if self.path is not None and not self.demo and digests:
+            # a silo is new to a store once (the newcomer review: a networked silo's own new
+            # store was re-flagged at every round of the same process)
             new = set(fresh) | (set(ids) - self._registered if self.created else set())
-            self._check_registry({n: d for n, d in digests.items() if n in ids}, new)
+            store_registry.check(self, run_id, {n: d for n, d in digests.items() if n in ids},
+                                 new)
             self._registered |= set(ids)
 
     def _check_parent(self, parent: str) -> None:
@@ -390,36 +411,6 @@ class BudgetStore:
         if child is not None:
             raise BudgetStoreError(f"run {parent} was already continued by run {child[0]} "
                                    "(another resume); resume that run instead")
-
-    def _check_registry(self, digests: dict[str, str], new: set[str]) -> None:
-        """Record this store's charges in the machine registry; a silo new to this store
-        whose data another store already charged is flagged (warning + store log)."""
-        try:
-            elsewhere = store_paths.note_charged(self.path, digests)
-        except (OSError, sqlite3.DatabaseError) as e:
-            warnings.warn(f"could not check the machine registry of charged data in "
-                          f"{store_paths.silofl_home()}: {e}", stacklevel=3)
-            return
-        here = str(self.path.resolve())
-        flagged = {n: [x if x != here else f"{x} itself (this file was deleted or replaced "
-                       "since: those charges are gone from it)" for x in w]
-                   for n, w in elsewhere.items() if n in new}
-        if not flagged:
-            return
-        text = "; ".join(f"silo {n!r}: already charged in {', '.join(w)}"
-                         for n, w in flagged.items())
-        with self._tx():
-            for name in flagged:
-                self._db.execute(
-                    "INSERT INTO log (time, silo_id, action, reason, detail) VALUES "
-                    "(?, ?, 'charged-elsewhere', ?, ?)",
-                    (time.time(), self._silo(name)[0], "the same data was charged in "
-                     "another budget store on this machine", ", ".join(flagged[name])))
-        warnings.warn(
-            f"budget store {self.where} is new for data that was already charged on this "
-            f"machine ({text}). Its lifetime position does NOT include those charges: the "
-            "same people's privacy was spent there too. Use (or restore) that store "
-            "(--store) unless this really is a separate budget", stacklevel=3)
 
     def record_progress(self, run_id: str, rows: list[tuple[str, str, str, str, int]]
                         ) -> None:
@@ -584,6 +575,7 @@ class BudgetStore:
         it would print a lifetime position the released models already break."""
         if not reason or not reason.strip():
             raise BudgetStoreError("changing a lifetime target needs a reason (it is logged)")
+        _check_lifetime(name, target)
         with self._tx():
             row = self._silo(name)
             if row is None:

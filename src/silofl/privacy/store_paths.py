@@ -117,14 +117,35 @@ def _registry() -> sqlite3.Connection:
     db = sqlite3.connect(str(path), timeout=30.0, isolation_level=None)
     db.execute("CREATE TABLE IF NOT EXISTS charged (fp TEXT NOT NULL, store TEXT NOT NULL, "
                "silo TEXT NOT NULL, time REAL NOT NULL, PRIMARY KEY (fp, store, silo))")
+    db.execute("CREATE TABLE IF NOT EXISTS last_run (store TEXT PRIMARY KEY, "
+               "run TEXT NOT NULL)")
     return db
+
+
+def swap_last_run(store: Path, run_id: str) -> str | None:
+    """Record `run_id` as the latest run reserved in `store`; returns the run recorded
+    before (None: the first). A store never deletes a run, so a store lacking that earlier
+    run was deleted, replaced or restored from an older copy (its charges since are
+    gone). Concurrent runs are safe: whichever run is recorded had committed before."""
+    where = str(Path(store).resolve())
+    db = _registry()
+    try:
+        db.execute("BEGIN IMMEDIATE")
+        row = db.execute("SELECT run FROM last_run WHERE store = ?", (where,)).fetchone()
+        db.execute("INSERT INTO last_run VALUES (?, ?) ON CONFLICT (store) DO UPDATE SET "
+                   "run = excluded.run", (where, run_id))
+        db.execute("COMMIT")
+    finally:
+        db.close()
+    return None if row is None else row[0]
 
 
 def note_charged(store: Path, silos: dict[str, str]) -> dict[str, list[str]]:
     """Record that `store` charged each silo's data (`silos`: name -> data digest, never
     stored); returns, per silo, every store path on this machine that charged the same
     data before — this store's own path included (for a silo new to this store, that
-    means the file was deleted or replaced since)."""
+    means the file was deleted or replaced since, or the data was charged there under
+    another silo name: see `names_in`)."""
     key = machine_key()
     where = str(Path(store).resolve())
     out: dict[str, list[str]] = {}
@@ -144,3 +165,15 @@ def note_charged(store: Path, silos: dict[str, str]) -> dict[str, list[str]]:
     finally:
         db.close()
     return out
+
+
+def names_in(store: Path, digest: str) -> list[str]:
+    """The silo names under which `store` charged data with `digest` (a renamed silo)."""
+    fp = keyed(machine_key(), digest)
+    db = _registry()
+    try:
+        return [r[0] for r in db.execute(
+            "SELECT silo FROM charged WHERE fp = ? AND store = ? ORDER BY time",
+            (fp, str(Path(store).resolve())))]
+    finally:
+        db.close()

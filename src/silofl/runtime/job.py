@@ -20,6 +20,7 @@ label via `reserve`, its preprocessing release spent through the method's ledger
 from __future__ import annotations
 
 import hashlib
+import sqlite3
 from collections import Counter
 from functools import partial
 from dataclasses import dataclass, field
@@ -49,8 +50,30 @@ def fingerprint(X: np.ndarray, y: np.ndarray) -> str:
     return h.hexdigest()[:16]
 
 
+def silo_digest(silo) -> str:
+    """A digest of one silo's rows, training and test together and in no particular
+    order: what the budget store keys (`BudgetStore.keyed`) and the machine registry
+    compares. Another train/test split of the same rows (data.seed, data.test_fraction,
+    tuning's validation rows) is the same people: it must not look like new data to the
+    registry that flags a new store for data charged elsewhere. Never written as is."""
+    parts = []
+    for X, y in ((silo.X_train, silo.y_train), (silo.X_test, silo.y_test)):
+        n = len(y)
+        parts.append(np.column_stack([np.asarray(X, np.float64).reshape(n, -1),
+                                      np.asarray(y, np.float64).reshape(n, -1)]))
+    rows = np.ascontiguousarray(np.concatenate(parts))
+    if rows.shape[0] == 0:
+        return fingerprint(rows, np.zeros(0))
+    # one opaque item per row, sorted bytewise: the digest ignores the rows' order
+    items = rows.view(np.dtype((np.void, rows.dtype.itemsize * rows.shape[1]))).ravel()
+    h = hashlib.sha256(str(rows.shape[1]).encode())
+    h.update(np.sort(items).tobytes())
+    return h.hexdigest()[:16]
+
+
 def fingerprints(fed: Federation) -> dict[str, str]:
-    return {s.name: fingerprint(s.X_train, s.y_train) for s in fed.silos}
+    """Per silo, `silo_digest` of its rows."""
+    return {s.name: silo_digest(s) for s in fed.silos}
 
 
 @dataclass
@@ -177,20 +200,36 @@ def open_job(store: BudgetStore, plans: dict[str, list], *,
     run_id = new_run_id()
     restarted = False
     try:
-        store.reserve(run_id, planned, command=command, noise=noise,
-                      fingerprints=fingerprints, parent=parent)
-    except BudgetExceeded:
-        if not store.demo:
-            raise
-        for name in sorted({p.silo for p in planned}):
-            store.reset(name, "demo store (public built-in data): budget restarted so the "
-                        "demo can be repeated")
-        store.reserve(run_id, planned, command=command, noise=noise,
-                      fingerprints=fingerprints, parent=parent)
-        restarted = True
+        try:
+            store.reserve(run_id, planned, command=command, noise=noise,
+                          fingerprints=fingerprints, parent=parent)
+        except BudgetExceeded:
+            if not store.demo:
+                raise
+            for name in sorted({p.silo for p in planned}):
+                store.reset(name, "demo store (public built-in data): budget restarted so "
+                            "the demo can be repeated")
+            store.reserve(run_id, planned, command=command, noise=noise,
+                          fingerprints=fingerprints, parent=parent)
+            restarted = True
+    except KeyboardInterrupt:  # Ctrl-C / SIGTERM before the caller holds the job
+        _release_unstarted(store, run_id)
+        raise
     targets = {p.name: p.target for ps in plans.values() for p in ps}
     return Job(store, run_id, accountant, dict(plans), targets, _extra=list(extra or []),
                _allowance=allowances, demo_restarted=restarted)
+
+
+def _release_unstarted(store: BudgetStore, run_id: str) -> None:
+    """An interrupt after `run_id`'s reservation committed (e.g. in the registry check)
+    but before its caller got the job: nothing was read, so it settles to nothing. If
+    that fails (the interrupt left a transaction open), the reservation stays counted."""
+    from silofl.privacy.budget import BudgetStoreError
+    try:
+        if store.run_status(run_id) == "reserved":
+            store.settle(run_id, [], status="interrupted")
+    except (BudgetStoreError, sqlite3.DatabaseError):
+        pass
 
 
 def _covering(method: str, plans: list, charges: list[PlannedCharge]) -> dict:

@@ -199,12 +199,19 @@ def _write_server(out: Path, names: list[str], job: dict, address: str, min_silo
 
 
 def _silo_toml(n: str, data: str, epsilon: float, delta: float, noise: str, job: dict,
-               address: str, insecure: bool, **extra) -> dict:
+               address: str, insecure: bool, *, folder_store: bool = True,
+               **extra) -> dict:
+    """A silo's config. `folder_store`: its budget store is a file in the deploy folder
+    (the built-in public demo only); otherwise the silo charges its user's lifetime store
+    ([silo] deployment "default"), so deploying the same data again into another folder
+    is not a new budget."""
     f = silo_file_id(n)
     tls = {"insecure": True} if insecure else {"root_certificate": "certs/ca.pem"}
+    store = ({"budget_store": f"stores/{f}.sqlite"} if folder_store
+             else {"deployment": "default"})
     return {"silo": {"name": n, "data": data, "epsilon": float(epsilon),
                      "delta": float(delta), "lifetime_epsilon": float(epsilon),
-                     "budget_store": f"stores/{f}.sqlite", "state_dir": f"state/{f}",
+                     **store, "state_dir": f"state/{f}",
                      "private_key": f"keys/{f}.key", "noise": noise,
                      "max_rounds": int(job["rounds"]), "methods": [job["method"]], **extra},
             "server": {"address": address, **tls}}
@@ -238,7 +245,7 @@ def _init_regions(out: Path, dataset: Path, *, address, hosts, epsilon, delta, j
     for n in names:
         write_silo_key(out, silo_file_id(n))
         cfg = _silo_toml(n, str(parts[n].relative_to(out)), epsilon, delta, noise, full,
-                         address, insecure, data_kind="graph")
+                         address, insecure, folder_store=False, data_kind="graph")
         write_text_atomic(out / f"silo_{silo_file_id(n)}.toml", _toml(cfg))
         written["silos"][n] = str(out / f"silo_{silo_file_id(n)}.toml")
     graph = {k: v for k, v in json.loads(full["graph"]).items() if v is not None}
@@ -357,7 +364,7 @@ def init(out: Path, *, silos: list[str] | None = None, demo: str | None = None,
     try:
         return _write_legacy(out, names, fed, dict(job or {}), address=address, hosts=hosts,
                              epsilon=epsilon, delta=delta, min_silos=min_silos, noise=noise,
-                             insecure=insecure)
+                             insecure=insecure, folder_store=bool(demo))
     except BaseException:  # nothing half-written: remove what this call wrote
         if fresh and out.exists():
             import shutil
@@ -366,8 +373,9 @@ def init(out: Path, *, silos: list[str] | None = None, demo: str | None = None,
 
 
 def _write_legacy(out: Path, names: list[str], fed, job: dict, *, address, hosts, epsilon,
-                  delta, min_silos, noise, insecure) -> dict:
-    """`init`'s writes for pre-encoded data (--demo, or a Python federation)."""
+                  delta, min_silos, noise, insecure, folder_store: bool = False) -> dict:
+    """`init`'s writes for pre-encoded data (--demo, or a Python federation: private data,
+    charged to each silo's lifetime store, never to a store in this folder)."""
     _write_certs(out, address, hosts)
     public = None if fed is None else fed.meta.get("public_X")
     if public is not None:  # public, unlabeled: the same file for the server and every silo
@@ -388,7 +396,7 @@ def _write_legacy(out: Path, names: list[str], fed, job: dict, *, address, hosts
         if fed is not None:
             write_silo_data(out / data, fed.silo(n), fed.feature_names)
         cfg = _silo_toml(n, data, epsilon, delta, noise, job, address, insecure,
-                         **({"public_data": "data/public.npz"} if public is not None else {}))
+                         folder_store=folder_store, **({"public_data": "data/public.npz"} if public is not None else {}))
         write_text_atomic(out / f"silo_{f}.toml", _toml(cfg))
         written["silos"][n] = str(out / f"silo_{f}.toml")
     written["flower"] = _write_server(

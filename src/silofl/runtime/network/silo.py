@@ -42,7 +42,7 @@ from silofl.models import metrics as M
 from silofl.privacy import accounting
 from silofl.privacy.budget import BudgetStore
 from silofl.privacy.ledger import Ledger
-from silofl.runtime.job import fingerprint, open_job
+from silofl.runtime.job import open_job, silo_digest
 from silofl.runtime.network import messages as W
 from silofl.runtime.network.hosting import (check_message, check_network_method,
                                             decode_message,
@@ -380,7 +380,7 @@ class SiloProgram(silo_table.TableHooks):
         else:
             self.silo, self.feature_names = load_silo_data(self.cfg)
         self.n_train, self.dim = self.silo.X_train.shape
-        self.fingerprint = fingerprint(self.silo.X_train, self.silo.y_train)
+        self.fingerprint = silo_digest(self.silo)  # train and test rows, any order
 
     def _data_check(self, job: dict) -> None:
         """ConfigError when the job does not fit this silo's data."""
