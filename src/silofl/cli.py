@@ -51,9 +51,9 @@ def _fail(e: Exception) -> None:
 def _show_warning(message, category, filename, lineno, file=None, line=None):
     text = escape(str(message))
     if "budget store" in str(message):  # a new store, or data charged elsewhere: loudly
-        err.print(f"[bold yellow]warning: {text}[/]")
-    else:
-        err.print(f"[yellow]warning:[/] {text}")
+        err.print(f"[bold yellow]warning: {text}[/]", soft_wrap=True)
+    else:  # soft_wrap as in _fail: paths in a warning are never split by a newline
+        err.print(f"[yellow]warning:[/] {text}", soft_wrap=True)
 
 
 @app.command()
