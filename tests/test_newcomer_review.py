@@ -407,3 +407,23 @@ def test_silo_and_server_logs_carry_no_flower_deprecation_banner():
     assert flower.filter(record("round 1: silo %s exhausted"))  # silofl's own warnings stay
     assert len([f for f in flower.filters if getattr(f, "__name__", "") ==
                 "_drop_flower_deprecation"]) == 1
+
+
+@pytest.mark.parametrize("source", [None, "titanic"])
+def test_own_table_keys_under_a_built_in_source_are_refused(tmp_path, source):
+    """A newcomer writes [data] path/label_column/silo_column but forgets source = "table":
+    the default source (the built-in heart data) would train and report on the demo data
+    as if it were theirs. Refused, naming the keys and the fix; nothing charged."""
+    from silofl.privacy.store_paths import default_store_path, demo_store_path
+    _frame().to_csv(tmp_path / "mine.csv", index=False)
+    data = {"path": "mine.csv", "label_column": "outcome", "silo_column": "hospital"}
+    if source:
+        data["source"] = source
+    (tmp_path / "run.toml").write_text(tomli_w.dumps({"data": data}))
+    res = CliRunner().invoke(app, ["run", "-q", "-c", str(tmp_path / "run.toml"),
+                                   "--out", str(tmp_path / "runs")])
+    text = " ".join(res.output.split())
+    assert res.exit_code == 2, res.output
+    assert "data.path" in text and 'source = "table"' in text
+    assert not (tmp_path / "runs").exists()
+    assert not default_store_path().exists() and not demo_store_path().exists()

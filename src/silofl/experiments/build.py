@@ -42,6 +42,20 @@ DEFAULT_SILOS = {"table": 10, "mnist": 40, "mnist_dirichlet": 80}  # data.num_si
 GENERATORS = {"linear": D.linear_silos, "mean": D.mean_estimation, "vehicle": D.vehicle_like}
 
 
+def _check_own_table_keys(dc: DataConfig) -> None:
+    """A table's keys under a built-in source: the source would train on its own data while
+    the user believes their table was used (the default source is the heart demo)."""
+    used = [k for k in ("path", "label_column", "silo_column")
+            if getattr(dc, k) and not (k == "path" and dc.source in ("table", "school"))
+            and dc.source != "table"]
+    if used:
+        keys = ", ".join(f"data.{k}" for k in used)
+        raise ConfigError(f"{keys} name your own table, but data.source is {dc.source!r} "
+                          "(the default is the built-in heart data), which ignores them; add "
+                          "source = \"table\" under [data] to train on your table (or "
+                          f"remove {keys})")
+
+
 def _check_source_keys(dc: DataConfig) -> None:
     """Refuse source-specific keys (set away from their defaults) under another source."""
     default = DataConfig()
@@ -53,6 +67,7 @@ def _check_source_keys(dc: DataConfig) -> None:
                 raise ConfigError(f"data.{key} applies only to data.source = 'table', 'heart' "
                                   f"or 'titanic' (simulated silos), but the source is "
                                   f"{dc.source!r}; remove data.{key}")
+    _check_own_table_keys(dc)
     for source, keys in SOURCE_KEYS.items():
         if dc.source == source:
             continue
