@@ -140,7 +140,7 @@ def timings() -> None:
     """Times the tests do not assert (no wall-clock windows in tests)."""
     from collections import Counter
 
-    from silofl.pandemic.node_dp import calibrate_node_sigma
+    from silofl.privacy.node_level import calibrate_node_sigma
     from silofl.privacy import events as E
     from silofl.privacy import ldp
 

@@ -566,7 +566,7 @@ def _print_quantities(title: str, out: dict, as_json: bool) -> None:
 
 
 def _account_node(n, b, delta, steps, epochs, sigma, epsilon, S, as_json):
-    from silofl.pandemic import node_dp
+    from silofl.privacy import node_level as node_dp
     try:
         if (steps is None) == (epochs is None):
             raise SiloflError("give exactly one of --steps or --epochs")
@@ -1099,7 +1099,7 @@ def pandemic_train(data: Path = typer.Option(..., "--data", help="directory of t
     try:
         _need_pandemic_extra()
         from silofl.pandemic import read_dataset
-        from silofl.pandemic.node_dp import ADJACENCY_TEXT, PRUNING_ASSUMPTION
+        from silofl.privacy.node_level import ADJACENCY_TEXT, PRUNING_ASSUMPTION
         from silofl.pandemic.pipeline import SEEDED_NOTE, SIZES_ASSUMPTION, train
         from silofl.privacy.budget import BudgetStore
         cfg = _pandemic_config(centralized, rounds, epsilon, batch, lam, lr, S, no_privacy,

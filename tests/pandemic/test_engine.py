@@ -28,7 +28,7 @@ from silofl.errors import ConfigError
 from silofl.models import make_model
 from silofl.pandemic import pipeline as P
 from silofl.pandemic import read_dataset, synthesize
-from silofl.pandemic.node_dp import NodeLevelDpEvent, calibrate_node_sigma, node_steps
+from silofl.privacy.node_level import NodeLevelDpEvent, calibrate_node_sigma, node_steps
 from silofl.runtime.plan import TrainingConfig, plan_silos
 from silofl.runtime.simulator import simulate
 from silofl.training.trainer import SiloArrays

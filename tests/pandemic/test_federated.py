@@ -21,7 +21,7 @@ from silofl.errors import ConfigError, SiloflError  # noqa: E402
 from silofl.pandemic import federated as F  # noqa: E402
 from silofl.pandemic import pipeline as P  # noqa: E402
 from silofl.pandemic import read_dataset  # noqa: E402
-from silofl.pandemic.node_dp import node_epsilon  # noqa: E402
+from silofl.privacy.node_level import node_epsilon  # noqa: E402
 from silofl.pandemic.partition import input_directory, input_paths, partition_by_region  # noqa: E402
 from silofl.privacy.budget import BudgetStore  # noqa: E402
 from silofl.runtime.network import messages as W  # noqa: E402

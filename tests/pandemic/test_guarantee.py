@@ -19,7 +19,7 @@ from silofl.pandemic import features as FT
 from silofl.pandemic import pipeline as P
 from silofl.pandemic import read_dataset
 from silofl.pandemic.features import NeighbourhoodFeatures, build_neighbourhood_features
-from silofl.pandemic.sampling import UniformBatches, uniform_integers
+from silofl.training.node_sampling import UniformBatches, uniform_integers
 from silofl.privacy import accounting, events
 from silofl.privacy.budget import SCRATCH_NOTE, BudgetStore
 from silofl.privacy.ledger import Ledger

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from silofl.errors import CalibrationError, PrivacyError
-from silofl.pandemic.node_dp import (
+from silofl.privacy.node_level import (
     DEFAULT_ORDERS, NodeLevelDpEvent, affected_examples, calibrate_node_sigma, node_epsilon,
     node_rdp, node_steps,
 )

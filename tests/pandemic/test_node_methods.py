@@ -25,7 +25,7 @@ from silofl.pandemic import pipeline as P
 from silofl.pandemic import read_dataset
 from silofl.pandemic.engine import GraphSource
 from silofl.pandemic.features import build_neighbourhood_features
-from silofl.pandemic.node_dp import (NodeLevelDpEvent, affected_examples, node_epsilon,
+from silofl.privacy.node_level import (NodeLevelDpEvent, affected_examples, node_epsilon,
                                      node_steps)
 from silofl.privacy.accounting import RDP_ORDERS_FINE
 from silofl.privacy.budget import BudgetStore

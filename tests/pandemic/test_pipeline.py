@@ -15,7 +15,7 @@ from silofl.errors import BudgetExceeded, ConfigError
 from silofl.pandemic import read_dataset
 from silofl.pandemic import pipeline as P
 from silofl.pandemic.features import NeighbourhoodFeatures
-from silofl.pandemic.node_dp import node_epsilon, node_steps
+from silofl.privacy.node_level import node_epsilon, node_steps
 
 runner = CliRunner()
 

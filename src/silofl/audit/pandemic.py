@@ -54,7 +54,7 @@ _EVENING, _HOURS = 18 * 3600, 4 * 3600
 
 def neighbouring_text(adjacency: str) -> str:
     """What D and D′ differ in, for the output (the accountant's relation, made concrete)."""
-    from silofl.pandemic.node_dp import ADJACENCY_TEXT
+    from silofl.privacy.node_level import ADJACENCY_TEXT
     what = ("the canary (its record, its alternating S/I history and its home contacts) or "
             "the null person (never infected, no contacts)" if adjacency == "node+edges" else
             "the canary (alternating S/I history) or the null person (never infected) — "

@@ -135,7 +135,7 @@ def selection_summary(alg, n: int, S: int, adjacency: str, epsilon: float,
     its zCDP ρ and the sensitivity it ran at. The graph model is a classifier (focal
     loss), so the score is the training error rate (B = 1) and Δ = A/n
     (`training.selection.node_sensitivity`)."""
-    from silofl.pandemic.node_dp import affected_examples
+    from silofl.privacy.node_level import affected_examples
     charges = selection_charges(alg, "", "", epsilon, list(range(1, rounds + 1)), rounds)
     if not charges:
         return None

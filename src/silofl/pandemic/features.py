@@ -508,7 +508,7 @@ class NeighbourhoodFeatures:
 
     @property
     def node_dp_S(self) -> int:
-        """The ``S`` to give `silofl.pandemic.node_dp`; PrivacyError when the examples
+        """The ``S`` to give `silofl.privacy.node_level`; PrivacyError when the examples
         carry graph features that depend on people outside them."""
         if self.graph_features:
             raise PrivacyError(

@@ -2,7 +2,7 @@
 
 Every person's training example is built from a *fixed* set of neighbours: the same
 person always gets the same neighbours, so sampling is really a pruning of the contact
-graph, done once and cached.  The node-level accountant (`silofl.pandemic.node_dp`)
+graph, done once and cached.  The node-level accountant (`silofl.privacy.node_level`)
 needs every person to appear in at most ``S`` examples — its own plus at most ``S − 1``
 other people's neighbourhoods.  With ``ℓ = 1`` hop, person ``w`` appears in ``u``'s
 example iff ``u`` kept ``w`` as a neighbour, so we bound the degree of an *undirected*

@@ -129,7 +129,7 @@ from silofl.pandemic.features import (
     NeighbourhoodFeatures, build_neighbourhood_features, build_node_table, check_S,
     check_t_window,
 )
-from silofl.pandemic.node_dp import (
+from silofl.privacy.node_level import (
     ADJACENCIES, ADJACENCY_TEXT, PRUNING_ASSUMPTION, NodeLevelDpEvent, affected_examples,
     calibrate_node_sigma,
 )

@@ -14,8 +14,8 @@ import dp_accounting as dpa
 from silofl.errors import PrivacyError
 
 #: events silofl defines itself (dp_accounting has no type for them), by their dict's
-#: "event" name → "module:Class" (imported lazily: privacy must not import pandemic)
-CUSTOM_EVENTS = {"node_level_dp": "silofl.pandemic.node_dp:NodeLevelDpEvent",
+#: "event" name → "module:Class" (imported lazily)
+CUSTOM_EVENTS = {"node_level_dp": "silofl.privacy.node_level:NodeLevelDpEvent",
                  # private tuning on graph data (silofl.tuning.graph)
                  "node_repeat_and_select": "silofl.tuning.graph:NodeRepeatAndSelectEvent",
                  "gaussian_score": "silofl.tuning.graph:GaussianScoreEvent"}

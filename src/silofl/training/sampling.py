@@ -52,7 +52,7 @@ def _positions(u: np.ndarray, inv_log1mq: np.ndarray) -> np.ndarray:
 # --- node-level privacy unit --------------------------------------------------------------
 # Batches of exactly b of a silo's n units, drawn uniformly *without replacement*, one
 # draw per step — the sampling the node-level (hypergeometric) accountant assumes
-# (`silofl.pandemic.node_dp`). The samplers live in `silofl.pandemic.sampling` (numba,
+# (`silofl.privacy.node_level`). The samplers live in `silofl.training.node_sampling` (numba,
 # exact rejection sampling from the secure stream); imported lazily: numba is optional.
 
 #: the ledger label of a node-level local pass
@@ -97,7 +97,7 @@ def node_streams(unit: NodeUnit, silo: int, round: int, n: int, secure: bool,
     """(sampler with ``.draw(b)``, noise `Randomness`) of silo `silo` for one local pass
     in `round`. Secure: one fresh OS-entropy CSPRNG for both, batches by exact partial
     Fisher–Yates (`UniformBatches`); seeded: `seeded_streams` (``rng.choice`` batches)."""
-    from silofl.pandemic.sampling import SeededBatches, UniformBatches
+    from silofl.training.node_sampling import SeededBatches, UniformBatches
     if secure:
         rand = secure_randomness()
         return UniformBatches(n, rand), rand

@@ -137,7 +137,7 @@ class LocalTrainer:
         """Silo k's charge for `steps` DP-SGD steps under the trainer's privacy unit."""
         if self.node is None:
             return accounting.dpsgd_event(self.q[k], self.rule.noise_multiplier[k], steps)
-        from silofl.pandemic.node_dp import NodeLevelDpEvent  # lazy: pandemic is optional
+        from silofl.privacy.node_level import NodeLevelDpEvent  # lazy: the node-level unit (scipy-heavy)
         return NodeLevelDpEvent(int(self.data.n[k]), self.node.S, int(self.batch_size),
                                 float(self.rule.noise_multiplier[k]), steps,
                                 self.node.adjacency)
