@@ -388,8 +388,11 @@ BAD_DATA = [
 @pytest.mark.parametrize("data,words", BAD_DATA, ids=[str(i) for i in range(len(BAD_DATA))])
 def test_bad_data_config(heart_csv, data, words):
     base = {"source": "table", "path": str(heart_csv), "label_column": "disease"}
+    cfg = {**base, **data}
+    if cfg["source"] != "table":  # a table's keys under another source are their own error
+        cfg = {k: v for k, v in cfg.items() if k not in ("path", "label_column")}
     with pytest.raises((ConfigError, DataError), match=words):
-        _fed(**{**base, **data})
+        _fed(**cfg)
 
 
 def test_unknown_data_key_gets_hint():
