@@ -21,6 +21,7 @@ from typing import Callable
 import numpy as np
 import pandas as pd
 import pytest
+from silo_tables import three_silo_frame
 import tomli_w
 from pandemic.conftest import small_outbreak  # noqa: F401 — the shared pandemic fixture
 from typer.testing import CliRunner
@@ -32,7 +33,6 @@ from silofl.models.metrics import accuracy, mse, pooled
 
 logging.getLogger("absl").setLevel(logging.ERROR)
 
-SILOS = ("north", "south", "east")
 SECRET = 987654.321  # a record value no message may quote
 SCHEMA = {"silo_column": "hospital",
           "label": {"name": "outcome", "kind": "binary", "classes": [0, 1]},
@@ -44,16 +44,7 @@ REG_SCHEMA = {"silo_column": "hospital", "label": {"name": "outcome", "kind": "r
 
 
 def _frame(n: int = 30) -> pd.DataFrame:
-    rng = np.random.default_rng(0)
-    parts = []
-    for h in SILOS:
-        x = rng.normal(size=n).round(3)
-        y = (x > 0).astype(int)
-        y[:2] = [0, 1]
-        parts.append(pd.DataFrame({"hospital": h, "x": x,
-                                   "colour": rng.choice(["red", "green", "blue"], n),
-                                   "outcome": y}))
-    return pd.concat(parts, ignore_index=True)
+    return three_silo_frame(n)
 
 
 @dataclass

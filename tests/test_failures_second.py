@@ -26,6 +26,7 @@ from typing import Callable
 import numpy as np
 import pandas as pd
 import pytest
+from silo_tables import three_silo_frame
 import tomli_w
 from typer.testing import CliRunner
 
@@ -33,7 +34,6 @@ from silofl.cli import app
 
 logging.getLogger("absl").setLevel(logging.ERROR)
 
-SILOS = ("north", "south", "east")
 SECRET = "SECRETVALUE"  # a record value no message may quote
 SCHEMA = {"silo_column": "hospital",
           "label": {"name": "outcome", "kind": "binary", "classes": [0, 1]},
@@ -43,16 +43,7 @@ SCHEMA = {"silo_column": "hospital",
 
 
 def _frame(n: int = 30) -> pd.DataFrame:
-    rng = np.random.default_rng(0)
-    parts = []
-    for h in SILOS:
-        x = rng.normal(size=n).round(3)
-        y = (x > 0).astype(int)
-        y[:2] = [0, 1]
-        parts.append(pd.DataFrame({"hospital": h, "x": x,
-                                   "colour": rng.choice(["red", "green", "blue"], n),
-                                   "outcome": y}))
-    return pd.concat(parts, ignore_index=True)
+    return three_silo_frame(n)
 
 
 @dataclass

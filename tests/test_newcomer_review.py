@@ -25,6 +25,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import tomli_w
+from silo_tables import SILOS, three_silo_frame
 from typer.testing import CliRunner
 
 from silofl.cli import app
@@ -34,7 +35,6 @@ from silofl.runtime.network.silo_table import read_silo_table, table_settings
 
 logging.getLogger("absl").setLevel(logging.ERROR)
 
-SILOS = ("north", "south", "east")
 SCHEMA = {"silo_column": "hospital",
           "label": {"name": "outcome", "kind": "binary", "classes": [0, 1]},
           "columns": [{"name": "x", "kind": "numeric", "lower": -4, "upper": 4},
@@ -43,16 +43,7 @@ SCHEMA = {"silo_column": "hospital",
 
 
 def _frame(n: int = 30, seed: int = 0) -> pd.DataFrame:
-    rng = np.random.default_rng(seed)
-    parts = []
-    for h in SILOS:
-        x = rng.normal(size=n).round(3)
-        y = (x > 0).astype(int)
-        y[:2] = [0, 1]
-        parts.append(pd.DataFrame({"hospital": h, "x": x,
-                                   "colour": rng.choice(["réd", "green", "blue"], n),
-                                   "outcome": y}))
-    return pd.concat(parts, ignore_index=True)
+    return three_silo_frame(n, seed, colours=("réd", "green", "blue"))  # a non-ASCII level
 
 
 @pytest.fixture(scope="module")
