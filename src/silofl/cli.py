@@ -1325,9 +1325,9 @@ def deploy_init(
     """Write server.toml, silo_<name>.toml, the consortium CA, the server's TLS certificate
     and each silo's signing key into one folder (one-machine demo; see README for how to
     spread it over institutions)."""
-    import tomllib
     from silofl.errors import ConfigError
     from silofl.experiments.config import check_privacy_target
+    from silofl.experiments.config_input import toml_value
     from silofl.runtime.network import deploy
     try:
         # before anything is written
@@ -1337,10 +1337,7 @@ def deploy_init(
             key, eq, value = item.partition("=")
             if not eq or not key.strip():
                 raise ConfigError(f"--set {item!r}: expected KEY=VALUE, e.g. clusters=3")
-            try:
-                job[key.strip()] = tomllib.loads(f"v = {value}")["v"]
-            except tomllib.TOMLDecodeError:
-                job[key.strip()] = value
+            job[key.strip()] = toml_value(value, value)
         written = deploy.init(out, silos=silo, demo=demo, address=address, hosts=host,
                               epsilon=epsilon, delta=delta, noise=noise, overwrite=overwrite,
                               job=job, regions=regions, schema=schema, tables=table,

@@ -70,11 +70,16 @@ def parse_override(item: str) -> tuple[list[str], object]:
         raise ConfigError(f"--set {item!r}: expected SECTION.KEY=VALUE, e.g. "
                           "training.rounds=5 or privacy.epsilon=0.5 (quote a key with "
                           "spaces or dots: privacy.silos.\"VA Long Beach\".epsilon=0.5)")
+    return parts, toml_value(value, value.strip())
+
+
+def toml_value(text: str, fallback: object) -> object:
+    """A `--set` value read as TOML (5, 0.5, true, "a", [1, 2]); `fallback` when `text` is
+    not a TOML value (e.g. a bare word)."""
     try:
-        parsed = tomllib.loads(f"v = {value}")["v"]
+        return tomllib.loads(f"v = {text}")["v"]
     except tomllib.TOMLDecodeError:
-        parsed = value.strip()
-    return parts, parsed
+        return fallback
 
 
 def _key_parts(key: str) -> list[str]:
