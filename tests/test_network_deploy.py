@@ -37,7 +37,7 @@ from silofl.runtime.network.server import (JOB_DEFAULTS, ServerProgram,  # noqa:
                                            load_server_config)
 from silofl.runtime.network.silo import SiloProgram, load_silo_config, new_nonce  # noqa: E402
 
-SCHEMA = Path(cli.__file__).parent / "data" / "builtin" / "heart_schema.toml"
+SCHEMA = Path(cli.__file__).parents[1] / "data" / "builtin" / "heart_schema.toml"
 HOSPITALS = ["Cleveland", "Hungary", "VA Long Beach"]
 TIMEOUT = 300.0  # s: generous bound for a loaded 2-core machine; fails with the logs
 
@@ -68,7 +68,7 @@ def silofl(*args: str, cwd: Path, timeout: float = TIMEOUT) -> subprocess.Comple
 
 def _env() -> dict:
     env = dict(os.environ)
-    src = str(Path(cli.__file__).resolve().parents[1])
+    src = str(Path(cli.__file__).resolve().parents[2])  # src/silofl/cli/__init__.py
     env["PYTHONPATH"] = os.pathsep.join([src, env.get("PYTHONPATH", "")])
     return env
 
