@@ -45,7 +45,8 @@ def deploy_init(
                                      "text encoding (default utf-8)"),
         store_dir: Optional[Path] = typer.Option(
             None, "--store-dir", help="folder for each silo's lifetime budget store "
-            "(<silo>.sqlite; default: each silo user's lifetime store, <silofl home>/stores/default.sqlite)"),
+            "(<silo>.sqlite; default: each silo user's lifetime store, "
+            "<silofl home>/stores/default.sqlite)"),
         address: str = typer.Option("127.0.0.1:9092", "--address", help="server host:port"),
         host: Optional[list[str]] = typer.Option(None, "--host",
                                                  help="extra server host name/IP for TLS"),
@@ -83,6 +84,11 @@ def deploy_init(
                               split_sep=sep, split_encoding=encoding)
     except SiloflError as e:
         _fail(e)
+    _deploy_report(out, written)
+
+
+def _deploy_report(out: Path, written: dict) -> None:
+    """What `deploy init` prints: how to start each role, and what is left to fill in."""
     t = Table(title=f"consortium in {escape(str(out))}")
     t.add_column("role")
     t.add_column("start with")

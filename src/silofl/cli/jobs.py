@@ -40,9 +40,6 @@ def run(config: Optional[Path] = typer.Option(None, "--config", "-c",
             "working directory; paths in the config file are relative to that file)")):
     """Train Local, FedAvg and MR-MTL (or the configured methods) at each silo's own
     privacy target and print a comparison table; writes a run directory."""
-    from silofl.experiments.report import (flamby_comparison, privacy_table, quality_lines,
-                                           results_table)
-    from silofl.experiments.run import ADJACENCY
     from silofl.experiments.run import resume_run
     from silofl.experiments.run import run as run_experiment
     from silofl.experiments.signals import describe, exit_code, terminate_as_interrupt
@@ -82,6 +79,14 @@ def run(config: Optional[Path] = typer.Option(None, "--config", "-c",
         for line in describe(e):
             err.print(f"[bold yellow]{escape(line)}[/]")
         raise typer.Exit(exit_code(e)) from None
+    _run_report(rep)
+
+
+def _run_report(rep) -> None:
+    """What `silofl run` prints: results, quality warnings, the privacy table, the footer."""
+    from silofl.experiments.report import (flamby_comparison, privacy_table, quality_lines,
+                                           results_table)
+    from silofl.experiments.run import ADJACENCY
     console.print(results_table(rep))
     for line in quality_lines(rep):  # a useless model never looks fine
         console.print(f"[bold yellow]warning:[/] {escape(line)}")

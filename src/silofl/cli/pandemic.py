@@ -42,7 +42,8 @@ def _need_pandemic_extra() -> None:
         import sknetwork  # noqa: F401
     except ImportError:
         raise SiloflError("the pandemic pipeline needs the 'pandemic' extra (numba, "
-                          "scikit-network); install it with: pip install -e '.[pandemic]'") from None
+                          "scikit-network); install it with: pip install -e "
+                          "'.[pandemic]'") from None
 
 pandemic_app = typer.Typer(help="Pandemic forecasting (US/UK PETs challenge schema).")
 app.add_typer(pandemic_app, name="pandemic")
@@ -67,7 +68,8 @@ def pandemic_synth(persons: int = typer.Option(10_000, help="number of persons")
     console.print(f"Wrote {persons} persons in {regions} regions to [bold]{out}[/]: "
                   f"{st.get('contacts', '?')} contacts, ever infected "
                   f"{st.get('ever_infected_fraction', float('nan')):.2%}, newly infected in "
-                  f"the final week {st.get('final_window_new_infection_fraction', float('nan')):.2%}")
+                  "the final week "
+                  f"{st.get('final_window_new_infection_fraction', float('nan')):.2%}")
 
 
 def _pandemic_config(centralized, rounds, epsilon, batch, lam, lr, S, no_privacy, seed,
@@ -181,9 +183,7 @@ def pandemic_train(data: Path = typer.Option(..., "--data", help="directory of t
     try:
         _need_pandemic_extra()
         from silofl.pandemic import read_dataset
-        from silofl.privacy.node_level import ADJACENCY_TEXT, PRUNING_ASSUMPTION
-        from silofl.pandemic.pipeline import SEEDED_NOTE, SIZES_ASSUMPTION, train
-        from silofl.privacy.budget import BudgetStore
+        from silofl.pandemic.pipeline import train
         cfg = _pandemic_config(centralized, rounds, epsilon, batch, lam, lr, S, no_privacy,
                                seed, noise, adjacency, preprocessing, method, clusters,
                                we_user, we_update)
@@ -204,6 +204,14 @@ def pandemic_train(data: Path = typer.Option(..., "--data", help="directory of t
     finally:
         if st is not None:
             st.close()
+    _pandemic_train_report(pm, model_dir)
+
+
+def _pandemic_train_report(pm, model_dir: Path) -> None:
+    """What `pandemic train` prints: the node-level privacy per region (or that there is
+    none), tuning and cluster selections, assumptions, notes, where the model is."""
+    from silofl.pandemic.pipeline import SEEDED_NOTE, SIZES_ASSUMPTION
+    from silofl.privacy.node_level import ADJACENCY_TEXT, PRUNING_ASSUMPTION
     cfg = pm.config
     if not cfg.private:
         console.print("No differential privacy: this run is for comparison only.")
@@ -288,7 +296,6 @@ def pandemic_audit(data: Path = typer.Option(..., "--data", help="directory of t
         from silofl.audit.pandemic import audit_pandemic
         from silofl.errors import ConfigError
         from silofl.pandemic import read_dataset
-        from silofl.privacy.budget import BudgetStore
         cfg = _pandemic_config(centralized, rounds, epsilon, batch, lam, lr, S, False, seed,
                                noise, adjacency, preprocessing, method)
         cfg.validate()
