@@ -1,7 +1,7 @@
 """The `silofl` command line: one module per command group, parsing and printing only;
 every command is a thin layer over the Python API.
 
-`app` is the Typer app (`silofl.cli.app`); importing this package registers every command
+`app` is the Typer app (`silofl.cli.root`); importing this package registers every command
 on it, in the order `silofl --help` lists them, and `main` is the console entry point."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 
 from rich.markup import escape
 
-from silofl.cli.app import app, err
+from silofl.cli.root import app, err
 from silofl.cli.help import escape_help
 
 # Each module registers its commands on `app` when imported: this order is the order of

@@ -10,7 +10,7 @@ from typing import Optional
 import typer
 from rich.table import Table
 
-from silofl.cli.app import _fail, app, console
+from silofl.cli.root import _fail, app, console
 from silofl.errors import SiloflError
 
 

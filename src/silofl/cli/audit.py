@@ -10,11 +10,13 @@ from typing import Optional
 
 import typer
 from rich.markup import escape
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from silofl.cli.app import _fail, _show_warning, app, console, err
+from silofl.cli.root import _fail, _show_warning, app, console, err
 from silofl.cli.common import _job_config
 from silofl.errors import SiloflError
+
+# rich.progress is imported inside the commands that draw a bar: `silofl --help` and
+# the other commands do not load it.
 
 
 @app.command()
@@ -36,6 +38,8 @@ def audit(config: Optional[Path] = typer.Option(None, "--config", "-c",
     """Measure empirically that each silo's guarantee holds: canary runs through the real
     job, the claimed ε beside an empirical lower bound, violations flagged. Canary runs use
     the silo's data: they are charged to its budget (or a scratch store, marked so)."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
     from silofl.audit import audit as run_audit
     from silofl.audit import write_audit
     warnings.showwarning = _show_warning

@@ -11,7 +11,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from silofl.cli.app import _fail, app, console
+from silofl.cli.root import _fail, app, console
 from silofl.cli.common import _write_atomic
 from silofl.errors import SiloflError
 

@@ -11,7 +11,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from silofl.cli.app import _fail, app, console, err
+from silofl.cli.root import _fail, app, console, err
 from silofl.errors import SiloflError
 
 deploy_app = typer.Typer(help="Set up a consortium: per-silo configs, TLS and signing keys.")

@@ -8,12 +8,14 @@ from typing import Optional
 
 import typer
 from rich.markup import escape
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from silofl.cli.app import _fail, _show_warning, app, console, err
+from silofl.cli.root import _fail, _show_warning, app, console, err
 from silofl.cli.common import _job_config
 from silofl.errors import SiloflError
+
+# rich.progress is imported inside the commands that draw a bar: `silofl --help` and
+# the other commands do not load it.
 
 
 @app.command()
@@ -40,6 +42,8 @@ def run(config: Optional[Path] = typer.Option(None, "--config", "-c",
             "working directory; paths in the config file are relative to that file)")):
     """Train Local, FedAvg and MR-MTL (or the configured methods) at each silo's own
     privacy target and print a comparison table; writes a run directory."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
     from silofl.experiments.run import resume_run
     from silofl.experiments.run import run as run_experiment
     from silofl.experiments.signals import describe, exit_code, terminate_as_interrupt
@@ -220,6 +224,8 @@ def ldp_compare(config: Optional[Path] = typer.Option(None, "--config", "-c", he
                     "store per job: an experiment, not a release)"))):
     """PrivateKT, FedAvg with local DP on clipped updates and FedAvg with DP-SGD at the same
     per-round ε (training.ldp_epsilon): accuracy against rounds, cumulative ε per client."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
     from silofl.experiments.config import load_config
     from silofl.experiments.figures import check_out_dir
     from silofl.experiments.ldp_compare import METHODS, compare
@@ -267,6 +273,8 @@ def contrib(run_dir: Path = typer.Argument(..., help="a `silofl erosion` run dir
     """Contribution report of a Weight Erosion run (per user: α over rounds, Ndoye rank,
     leave-one-out, Shapley), rebuilt from its released round logs and the user's own
     held-out rows: no training, nothing charged."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
     from silofl.experiments import contribution as C
     from silofl.experiments.figures import check_out_dir
     warnings.showwarning = _show_warning

@@ -12,12 +12,14 @@ from typing import Optional
 
 import typer
 from rich.markup import escape
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from silofl.cli.app import _fail, app, console, err
+from silofl.cli.root import _fail, app, console, err
 from silofl.cli.audit import _audit_footer
 from silofl.errors import SiloflError
+
+# rich.progress is imported inside the commands that draw a bar: `silofl --help` and
+# the other commands do not load it.
 
 
 def _cli_store(store: Optional[Path], scratch: bool):
@@ -179,6 +181,7 @@ def pandemic_train(data: Path = typer.Option(..., "--data", help="directory of t
     """Train per-region risk models (MR-MTL by default, node-level DP) and save them. A private run
     first reserves its whole spending in the lifetime budget store (refused, exit 2,
     nothing written, if a region's lifetime budget cannot pay)."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
     st = None
     try:
         _need_pandemic_extra()
@@ -289,6 +292,7 @@ def pandemic_audit(data: Path = typer.Option(..., "--data", help="directory of t
     """Audit node-level DP of `pandemic train` with canary persons: the region's claimed ε
     beside an empirical lower bound (exit 3 on a violation). The one-run audit trains once
     on the region's data (charged to --store, or --scratch); multi-run needs --scratch."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
     st = None
     try:
         _need_pandemic_extra()

@@ -8,7 +8,7 @@ from typing import Optional
 import typer
 from rich.markup import escape
 
-from silofl.cli.app import _fail, app, console, err
+from silofl.cli.root import _fail, app, console, err
 from silofl.cli.common import _check_out_file, _write_atomic
 from silofl.errors import SiloflError
 

@@ -8,10 +8,12 @@ from typing import Annotated, Optional
 
 import typer
 from rich.markup import escape
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from silofl.cli.app import _fail, _show_warning, app, console, err
+from silofl.cli.root import _fail, _show_warning, app, console, err
 from silofl.errors import SiloflError
+
+# rich.progress is imported inside the commands that draw a bar: `silofl --help` and
+# the other commands do not load it.
 
 
 def _report_dir(results: Path, out: Optional[Path]) -> Path:
@@ -28,7 +30,8 @@ def sweep(config: Path = typer.Argument(..., help="sweep TOML: run sections + [s
           quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress bar")):
     """Run (or resume) a privacy-utility sweep: methods × ε × λ × lr × seeds, one JSON line
     per finished run; then print the best settings chosen on validation data."""
-    from rich.progress import MofNCompleteColumn, TimeRemainingColumn
+    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
+                               TimeElapsedColumn, TimeRemainingColumn)
 
     from silofl.experiments.report import selection_table
     from silofl.experiments.selection import select_best

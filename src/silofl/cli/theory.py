@@ -13,7 +13,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from silofl.cli.app import _fail, app, console, err
+from silofl.cli.root import _fail, app, console, err
 from silofl.errors import ConfigError, SiloflError
 
 theory_app = typer.Typer(help=(

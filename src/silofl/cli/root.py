@@ -1,5 +1,6 @@
-"""The `silofl` Typer app, its two consoles, and the one error and warning printers every
-command group uses (a command module imports `app` from here and registers on it)."""
+"""The root of the `silofl` command line: the Typer app, its two consoles, and the one error
+and warning printers every command group uses (a command module imports `app` from here and
+registers on it). Not named `app.py`: `silofl.cli.app` is the Typer app itself."""
 
 from __future__ import annotations
 
