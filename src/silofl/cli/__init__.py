@@ -50,12 +50,13 @@ def crash_frames(e: BaseException) -> str:
     """The traceback of `e` (and its causes) as frames only: no messages, no locals."""
     import traceback
     lines, seen = [], set()
-    while e is not None and id(e) not in seen:
-        seen.add(id(e))
-        lines.append(f"{type(e).__module__}.{type(e).__qualname__} (message withheld)")
-        for fr in traceback.extract_tb(e.__traceback__):
+    cur: BaseException | None = e
+    while cur is not None and id(cur) not in seen:
+        seen.add(id(cur))
+        lines.append(f"{type(cur).__module__}.{type(cur).__qualname__} (message withheld)")
+        for fr in traceback.extract_tb(cur.__traceback__):
             lines.append(f"  {fr.filename}:{fr.lineno} in {fr.name}: {(fr.line or '').strip()}")
-        e = e.__cause__ or e.__context__
+        cur = cur.__cause__ or cur.__context__
     return "\n".join(lines) + "\n"
 
 

@@ -190,8 +190,8 @@ def erosion(config: Optional[Path] = typer.Option(None, "--config", "-c",
     except SiloflError as e:
         _fail(e)
     t = Table(title=f"Weight Erosion per user: final {rep.metric} on the user's test rows")
-    for c in ("user", "Global", "Weight Erosion", "Local", "majority", "final α (others)"):
-        t.add_column(c, justify="left" if c in ("user", "final α (others)") else "right")
+    for col in ("user", "Global", "Weight Erosion", "Local", "majority", "final α (others)"):
+        t.add_column(col, justify="left" if col in ("user", "final α (others)") else "right")
     for u in rep.users:
         c = rep.curves[u]
         alpha = ", ".join(f"{s} {c.alpha[-1][k]:.2f}" for k, s in enumerate(rep.silos)

@@ -123,9 +123,9 @@ def theory_show(K: int = K_OPT, n: str = N_OPT, sigma2: str = SIGMA2_OPT,
         t = Table(title="E(λ) (Lemma 1.6.7) and the part due to DP, Δ_DP(λ) (Thm 1.6.8)")
         for c in ("λ", "E(λ)", "Δ_DP(λ)"):
             t.add_column(c, justify="right")
-        for lam, e, d in zip(summ["lambdas"], h["error_at_lambda"],
-                             h["privacy_gap_at_lambda"]):
-            t.add_row(f"{lam:g}", _g(e), _g(d))
+        for lam, error, d in zip(summ["lambdas"], h["error_at_lambda"],
+                                 h["privacy_gap_at_lambda"]):
+            t.add_row(f"{lam:g}", _g(error), _g(d))
         console.print(t)
     if summ["model"]["clip_mass"] > 1e-4:
         err.print(f"[bold yellow]note:[/] {summ['model']['clip_mass']:.2g} of the data "
