@@ -11,8 +11,8 @@ from pathlib import Path
 
 from rich.markup import escape
 
-from silofl.cli.root import app, err
 from silofl.cli.help import escape_help
+from silofl.cli.root import app, err
 
 # Each module registers its commands on `app` when imported: this order is the order of
 # `silofl --help` (commands first, then groups), so the import sorter must leave it alone.

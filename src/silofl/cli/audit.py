@@ -11,8 +11,8 @@ from typing import Optional
 import typer
 from rich.markup import escape
 
+from silofl.cli.common import JobStore, Quiet, Scratch, _job_config
 from silofl.cli.root import _fail, _show_warning, app, console, err
-from silofl.cli.common import _job_config
 from silofl.errors import SiloflError
 
 # rich.progress is imported inside the commands that draw a bar: `silofl --help` and
@@ -31,10 +31,9 @@ def audit(config: Optional[Path] = typer.Option(None, "--config", "-c",
           out: Optional[Path] = typer.Option(None, "--out", help=(
               "directory for audit.json and audit.html (default: [output] dir, else runs/, "
               "plus audit-<time>)")),
-          store: Optional[Path] = typer.Option(None, "--store", help="lifetime budget store"),
-          scratch: bool = typer.Option(False, "--scratch", help=(
-              "charge an in-memory scratch budget: an experiment, not a release")),
-          quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress bar")):
+          store: JobStore = None,
+          scratch: Scratch = False,
+          quiet: Quiet = False):
     """Measure empirically that each silo's guarantee holds: canary runs through the real
     job, the claimed ε beside an empirical lower bound, violations flagged. Canary runs use
     the silo's data: they are charged to its budget (or a scratch store, marked so)."""

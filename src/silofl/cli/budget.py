@@ -11,8 +11,8 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from silofl.cli.root import _fail, app, console
 from silofl.cli.common import _write_atomic
+from silofl.cli.root import _fail, app, console
 from silofl.errors import SiloflError
 
 budget_app = typer.Typer(help="Lifetime privacy budgets per silo (the budget store).")

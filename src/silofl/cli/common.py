@@ -4,9 +4,18 @@ output paths checked, and a file named by --out."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import Annotated, Optional
+
+import typer
 
 from silofl.errors import SiloflError
+
+# Options several commands share (one declaration, one help text).
+Scratch = Annotated[bool, typer.Option("--scratch", help=(
+    "charge an in-memory scratch budget: an experiment, not a release"))]
+Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="no progress bar")]
+RunsOut = Annotated[Optional[Path], typer.Option("--out", help="directory for run folders")]
+JobStore = Annotated[Optional[Path], typer.Option("--store", help="lifetime budget store")]
 
 
 def _job_config(config: Optional[Path], store: Optional[Path], scratch: bool,

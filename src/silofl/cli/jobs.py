@@ -10,8 +10,8 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
+from silofl.cli.common import JobStore, Quiet, RunsOut, Scratch, _job_config
 from silofl.cli.root import _fail, _show_warning, app, console, err
-from silofl.cli.common import _job_config
 from silofl.errors import SiloflError
 
 # rich.progress is imported inside the commands that draw a bar: `silofl --help` and
@@ -21,21 +21,20 @@ from silofl.errors import SiloflError
 @app.command()
 def run(config: Optional[Path] = typer.Option(None, "--config", "-c",
                                               help="TOML config (default: built-in heart data)"),
-        out: Optional[Path] = typer.Option(None, "--out", help="directory for run folders"),
+        out: RunsOut = None,
         no_privacy: bool = typer.Option(False, "--no-privacy",
                                         help="train without DP (comparison only)"),
         store: Optional[Path] = typer.Option(
             None, "--store", help="lifetime budget store (default: [budget] store, else "
             "the deployment's store <silofl home>/stores/<deployment>.sqlite)"),
-        scratch: bool = typer.Option(False, "--scratch", help=(
-            "charge an in-memory scratch budget: an experiment, not a release")),
+        scratch: Scratch = False,
         resume: Optional[Path] = typer.Option(None, "--resume", help=(
             "continue a killed run from its last checkpoint (its run directory; the config "
             "it started with is used)")),
         force_resume: bool = typer.Option(False, "--force-resume", help=(
             "resume although the run's owner is on another host (only when you know it is "
             "dead)")),
-        quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress bar"),
+        quiet: Quiet = False,
         set_: Optional[list[str]] = typer.Option(
             None, "--set", help="override a config key SECTION.KEY=VALUE (TOML value), e.g. "
             "training.rounds=5 or privacy.epsilon=0.5 (repeat; paths relative to the "
@@ -125,10 +124,9 @@ def rank(config: Optional[Path] = typer.Option(None, "--config", "-c",
          top: Optional[int] = typer.Option(None, "--top", help="select the K best silos"),
          threshold: Optional[float] = typer.Option(
              None, "--threshold", help="select silos with transfer loss ≤ T"),
-         out: Optional[Path] = typer.Option(None, "--out", help="directory for run folders"),
-         store: Optional[Path] = typer.Option(None, "--store", help="lifetime budget store"),
-         scratch: bool = typer.Option(False, "--scratch", help=(
-             "charge an in-memory scratch budget: an experiment, not a release")),
+         out: RunsOut = None,
+         store: JobStore = None,
+         scratch: Scratch = False,
          bound: float = typer.Option(1.0, "--bound", help="per-example loss bound B"),
          cv_share: float = typer.Option(0.1, "--cv-share", help=(
              "share of each silo's ε spent on its private CV loss"))):
@@ -166,10 +164,9 @@ def erosion(config: Optional[Path] = typer.Option(None, "--config", "-c",
                                                 help="'all': every silo as the user (default)"),
             user: Optional[list[str]] = typer.Option(None, "--user", help=(
                 "a user silo (its name); repeat for several")),
-            out: Optional[Path] = typer.Option(None, "--out", help="directory for run folders"),
-            store: Optional[Path] = typer.Option(None, "--store", help="lifetime budget store"),
-            scratch: bool = typer.Option(False, "--scratch", help=(
-                "charge an in-memory scratch budget: an experiment, not a release")),
+            out: RunsOut = None,
+            store: JobStore = None,
+            scratch: Scratch = False,
             contributions: bool = typer.Option(True, "--contributions/--no-contributions",
                                                help=("make each user's contribution report "
                                                      "now (else later: silofl contrib)"))):
@@ -269,7 +266,7 @@ def contrib(run_dir: Path = typer.Argument(..., help="a `silofl erosion` run dir
             max_exact: int = typer.Option(
                 10, "--max-exact", help="exact Shapley up to this many other silos"),
             seed: int = typer.Option(0, "--seed", help="seed of the Monte-Carlo orders"),
-            quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress bar")):
+            quiet: Quiet = False):
     """Contribution report of a Weight Erosion run (per user: α over rounds, Ndoye rank,
     leave-one-out, Shapley), rebuilt from its released round logs and the user's own
     held-out rows: no training, nothing charged."""

@@ -14,8 +14,9 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from silofl.cli.root import _fail, app, console, err
 from silofl.cli.audit import _audit_footer
+from silofl.cli.common import Quiet, Scratch
+from silofl.cli.root import _fail, app, console, err
 from silofl.errors import SiloflError
 
 # rich.progress is imported inside the commands that draw a bar: `silofl --help` and
@@ -154,8 +155,7 @@ def pandemic_train(data: Path = typer.Option(..., "--data", help="directory of t
                    store: Optional[Path] = typer.Option(None, "--store", help=(
                        "lifetime budget store (SQLite): runs on the same data compose "
                        "(default: <silofl home>/stores/default.sqlite)")),
-                   scratch: bool = typer.Option(False, "--scratch", help=(
-                       "charge an in-memory scratch budget: an experiment, not a release")),
+                   scratch: Scratch = False,
                    method: str = typer.Option("mrmtl", "--method", help=(
                        "federated algorithm on the core engine: mrmtl, local, fedavg, "
                        "finetune, ditto, mocha (--lam is its λ), ifca, ifca_local, "
@@ -288,7 +288,7 @@ def pandemic_audit(data: Path = typer.Option(..., "--data", help="directory of t
                        "<silofl home>/stores/default.sqlite)")),
                    scratch: bool = typer.Option(False, "--scratch", help=(
                        "charge an in-memory scratch budget (required for multi-run)")),
-                   quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress bar")):
+                   quiet: Quiet = False):
     """Audit node-level DP of `pandemic train` with canary persons: the region's claimed ε
     beside an empirical lower bound (exit 3 on a violation). The one-run audit trains once
     on the region's data (charged to --store, or --scratch); multi-run needs --scratch."""

@@ -8,8 +8,8 @@ from typing import Optional
 import typer
 from rich.markup import escape
 
-from silofl.cli.root import _fail, app, console, err
 from silofl.cli.common import _check_out_file
+from silofl.cli.root import _fail, app, console, err
 from silofl.errors import SiloflError
 
 

@@ -9,6 +9,7 @@ from typing import Annotated, Optional
 import typer
 from rich.markup import escape
 
+from silofl.cli.common import Quiet
 from silofl.cli.root import _fail, _show_warning, app, console, err
 from silofl.errors import SiloflError
 
@@ -27,7 +28,7 @@ def sweep(config: Path = typer.Argument(..., help="sweep TOML: run sections + [s
               "the config file)"),
           workers: Optional[int] = typer.Option(None, "--workers", "-j",
                                                 help="processes (default: sweep.workers)"),
-          quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress bar")):
+          quiet: Quiet = False):
     """Run (or resume) a privacy-utility sweep: methods × ε × λ × lr × seeds, one JSON line
     per finished run; then print the best settings chosen on validation data."""
     from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
