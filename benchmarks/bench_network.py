@@ -545,7 +545,7 @@ def app_main(silos: list[int], rounds: int, timeout: float, json_path: str | Non
                                   f"{r['startup_s']:.0f} s")
     facts["load_avg_end"] = os.getloadavg()
     if json_path:
-        from silofl.experiments.atomic import write_json_atomic
+        from silofl.io import write_json_atomic
         write_json_atomic(json_path, {"machine": facts, "bare_clientapp_start": bare,
                                       "runs": runs})
         console.print(f"wrote {json_path}")

@@ -551,7 +551,7 @@ def _bounded_accounting():
 
 def _print_quantities(title: str, out: dict, as_json: bool) -> None:
     if as_json:
-        from silofl.experiments.atomic import dumps_strict, json_safe
+        from silofl.io import dumps_strict, json_safe
         bad: list[str] = []
         json_safe(out, bad)
         # strict JSON: an infinite ε prints as null, named under "nonfinite"
@@ -779,7 +779,7 @@ def predict(run_dir: Path = typer.Option(..., "--run", help="a run directory (ru
     from silofl.data import read_table
     from silofl.errors import DataError
     from silofl.experiments.artifacts import POST_PROCESSING, load_run
-    from silofl.experiments.atomic import write_bytes_atomic
+    from silofl.io import write_bytes_atomic
     try:
         from silofl.experiments.integrity import check_out_not_input
         check_out_not_input(out, data, run_dir)
@@ -840,7 +840,7 @@ def budget_show(store: StorePath = None, deployment: Deployment = "default",
     except (SiloflError, BudgetStoreError) as e:
         _fail(e)
     if as_json:
-        from silofl.experiments.atomic import dumps_strict
+        from silofl.io import dumps_strict
         console.print_json(dumps_strict({"store": shown, "silos": rows, "charges": charges,
                                          "log": log}))
         return
@@ -890,7 +890,7 @@ def budget_export(store: StorePath = None, deployment: Deployment = "default",
 
 
 def _write_atomic(path: Path, text: str) -> None:
-    from silofl.experiments.atomic import write_text_atomic
+    from silofl.io import write_text_atomic
     write_text_atomic(path, text)
 
 
@@ -1454,7 +1454,7 @@ def server_cmd(config: Path = typer.Option(..., "--config", help="the job's serv
         t.add_row(escape(name), r["status"], str(len(r["rounds"])), f"{r['sigma']:.4g}",
                   f"{r['q']:.4g}", str(r["steps"]))
     console.print(t)
-    from silofl.experiments.atomic import write_json_atomic
+    from silofl.io import write_json_atomic
     write_json_atomic(Path(cfg.state_dir) / "summary.json", s)
     _save_release("server", program)
 

@@ -8,7 +8,7 @@ from pathlib import Path
 from rich.table import Table
 
 from silofl.audit.bounds import GDP_ASSUMPTION
-from silofl.experiments.atomic import json_safe, write_json_atomic, write_text_atomic
+from silofl.io import json_safe, write_json_atomic, write_text_atomic
 
 
 def audit_table(rep) -> Table:

@@ -35,7 +35,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from silofl.experiments.atomic import dumps_strict, write_bytes_atomic, write_npz_atomic
+from silofl.io import dumps_strict, write_bytes_atomic, write_npz_atomic
 from silofl.errors import ConfigError, DataError
 from silofl.experiments.integrity import (file_hashes, load_params, sha256_file, verify_entry,
                                           verify_file)
@@ -52,7 +52,7 @@ def silofl_version() -> str:
     try:
         return importlib.metadata.version("silofl")
     except importlib.metadata.PackageNotFoundError:  # run from a source tree
-        from silofl import __version__
+        from silofl._version import __version__
         return __version__
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import difflib
 import inspect
 
-from silofl import data as D
+import silofl.data as D
 from silofl.algorithms import make_algorithm
 from silofl.algorithms.base import Algorithm
 from silofl.data import heart as _heart

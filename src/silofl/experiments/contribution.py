@@ -63,7 +63,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from silofl.errors import ConfigError, DataError
-from silofl.experiments.atomic import (json_safe, savefig_atomic,
+from silofl.io import (json_safe, savefig_atomic,
                                        write_json_atomic, write_npz_atomic, write_text_atomic)
 from silofl.privacy.ledger import silo_file_id
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from silofl.errors import ConfigError
-from silofl.experiments.atomic import savefig_atomic
+from silofl.io import savefig_atomic
 from silofl.experiments.selection import curve_over_rounds, lambda_curve, select_best
 
 TITLES = {"privacy_utility": "(a) Privacy-utility trade-off",

@@ -10,7 +10,7 @@ import numpy as np
 from rich.console import Group
 from rich.table import Table
 
-from silofl.experiments.atomic import (json_safe, savefig_atomic, write_json_atomic,
+from silofl.io import (json_safe, savefig_atomic, write_json_atomic,
                                        write_text_atomic)
 from silofl.experiments.selection import eps_label, privacy_check, select_best
 from silofl.experiments.quality import TINY_TEST

@@ -28,7 +28,7 @@ import tomli_w
 from silofl.algorithms import LAMBDA_METHODS, LOCAL_DP_METHODS
 from silofl.data.federation import PrivacyTarget
 from silofl.experiments import artifacts, build
-from silofl.experiments.atomic import (json_safe, write_bytes_atomic, write_json_atomic,
+from silofl.io import (json_safe, write_bytes_atomic, write_json_atomic,
                                       write_text_atomic)
 from silofl.data.preprocess import apply_preprocessing
 from silofl.errors import ConfigError

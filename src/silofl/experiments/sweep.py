@@ -52,7 +52,7 @@ from silofl.algorithms import LAMBDA_METHODS, make_algorithm
 from silofl.data.federation import Federation, PrivacyTarget, split_silo
 from silofl.errors import ConfigError, DataError, SiloflError
 from silofl.experiments import build
-from silofl.experiments.atomic import write_text_atomic
+from silofl.io import write_text_atomic
 from silofl.experiments.sweep_config import _ALG_DEFAULTS, SweepConfig
 from silofl.models.base import Model
 from silofl.models.metrics import HIGHER_IS_BETTER, default_metric

@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from silofl.errors import ConfigError
-from silofl.experiments.atomic import write_json_atomic
+from silofl.io import write_json_atomic
 from silofl.pandemic.engine import NODE_METHODS, method_of
 from silofl.pandemic.features import FeatureConstants
 from silofl.pandemic.pipeline import (

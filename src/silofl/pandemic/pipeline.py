@@ -302,7 +302,7 @@ class PandemicModel:
         model.json never points at a missing or truncated weights file)."""
         import io
 
-        from silofl.experiments.atomic import write_bytes_atomic, write_json_atomic
+        from silofl.io import write_bytes_atomic, write_json_atomic
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         buf = io.BytesIO()

@@ -141,7 +141,7 @@ def _curve(label, m: me.MeanEstimation, eta, gamma, s_untuned: float, tau2: floa
 
 def draw_fig17(numbers: dict, path: Path) -> None:
     """The PNG of `fig17_numbers`: one panel per model, error vs λ (log-log)."""
-    from silofl.experiments.atomic import savefig_atomic
+    from silofl.io import savefig_atomic
     from silofl.experiments.figures import _plt
     plt = _plt()
     panels = numbers["panels"]
@@ -190,7 +190,7 @@ def draw_fig17(numbers: dict, path: Path) -> None:
 def fig17(out_dir: Path, **kw) -> tuple[dict, dict]:
     """Compute Fig. 1.7 and write fig17.png and fig17.json into out_dir (created).
     Returns (numbers, {"png": path, "json": path}). Nothing is written on bad input."""
-    from silofl.experiments.atomic import write_json_atomic
+    from silofl.io import write_json_atomic
     from silofl.experiments.figures import check_out_dir
     out_dir = Path(out_dir)
     check_out_dir(out_dir)

@@ -118,7 +118,7 @@ def plot_comparison(head: dict, rows: list[dict], path: Path, title: str = "") -
 
 def write_comparison(head: dict, records: list[dict], results: Path):
     """Table, and beside the results file <stem>-tuning.json / .png. Returns (table, files)."""
-    from silofl.experiments.atomic import json_safe, write_json_atomic
+    from silofl.io import json_safe, write_json_atomic
     rows = comparison(head, records)
     results = Path(results)
     js = results.with_name(results.stem + "-tuning.json")

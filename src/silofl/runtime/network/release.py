@@ -24,7 +24,7 @@ import numpy as np
 from silofl.errors import ConfigError
 from silofl.experiments.artifacts import FORMAT, FORMAT_VERSION, silofl_version
 from silofl.experiments.integrity import file_hashes, sha256_file
-from silofl.experiments.atomic import dumps_strict, write_bytes_atomic, write_npz_atomic
+from silofl.io import dumps_strict, write_bytes_atomic, write_npz_atomic
 from silofl.privacy.ledger import silo_file_id, tightest
 
 SHARED = "shared"  # the pseudo-silo name of the server's model (`predict --silo shared`)

@@ -36,7 +36,7 @@ import numpy as np
 from silofl.algorithms import make_algorithm
 from silofl.data.federation import Federation, PrivacyTarget, Silo
 from silofl.errors import BudgetExceeded, ConfigError, DataError, SiloflError
-from silofl.experiments.atomic import write_json_atomic, write_npz_atomic
+from silofl.io import write_json_atomic, write_npz_atomic
 from silofl.models import make_model
 from silofl.models import metrics as M
 from silofl.privacy import accounting
