@@ -50,7 +50,8 @@ from pathlib import Path
 
 import numpy as np
 
-from silofl.data import PrivacyTarget, vehicle_like
+from silofl.data import vehicle_like
+from silofl.privacy.targets import PrivacyTarget
 from silofl.data.federation import Federation
 from silofl.runtime.network import deploy
 from silofl.runtime.network.flower import run_server, run_silo

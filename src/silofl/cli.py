@@ -923,7 +923,7 @@ def budget_set_target(silo: str = typer.Option(...), epsilon: float = typer.Opti
                       store: StorePath = None, deployment: Deployment = "default",
                       yes: bool = typer.Option(False, "--yes", help="confirm")):
     """Change a silo's lifetime target (logged with its reason)."""
-    from silofl.data.federation import PrivacyTarget
+    from silofl.privacy.targets import PrivacyTarget
     try:
         if not yes:
             raise SiloflError("changing a lifetime target changes the guarantee every person "

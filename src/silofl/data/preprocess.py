@@ -51,7 +51,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from silofl.data.federation import Federation, PrivacyTarget, Silo, SiloCollection, Task
+from silofl.data.federation import Federation, Silo, SiloCollection, Task
+from silofl.privacy.targets import PrivacyTarget
 from silofl.data.schema import ColumnSpec
 from silofl.errors import ConfigError, DataError, PrivacyError
 

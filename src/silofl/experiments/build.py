@@ -10,7 +10,8 @@ import silofl.data as D
 from silofl.algorithms import make_algorithm
 from silofl.algorithms.base import Algorithm
 from silofl.data import heart as _heart
-from silofl.data.federation import Federation, PrivacyTarget
+from silofl.data.federation import Federation
+from silofl.privacy.targets import PrivacyTarget
 from silofl.data.preprocess import (PreprocessSpec, RawFederation, plan_preprocessing,
                                     preprocess_without_budget)
 from silofl.data.schema import load_schema

@@ -26,7 +26,7 @@ import numpy as np
 import tomli_w
 
 from silofl.algorithms import LAMBDA_METHODS, LOCAL_DP_METHODS
-from silofl.data.federation import PrivacyTarget
+from silofl.privacy.targets import PrivacyTarget
 from silofl.experiments import artifacts, build
 from silofl.io import (json_safe, write_bytes_atomic, write_json_atomic,
                                       write_text_atomic)

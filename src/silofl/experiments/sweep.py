@@ -49,7 +49,8 @@ import dp_accounting as dpa
 import numpy as np
 
 from silofl.algorithms import LAMBDA_METHODS, make_algorithm
-from silofl.data.federation import Federation, PrivacyTarget, split_silo
+from silofl.data.federation import Federation, split_silo
+from silofl.privacy.targets import PrivacyTarget
 from silofl.errors import ConfigError, DataError, SiloflError
 from silofl.experiments import build
 from silofl.io import write_text_atomic

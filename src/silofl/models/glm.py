@@ -13,7 +13,8 @@ import numpy as np
 from scipy.special import expit, log_expit, logsumexp, softmax
 
 from silofl.errors import ConfigError
-from silofl.models.base import Model, clip_bound
+from silofl.models.base import Model
+from silofl.privacy.clipping import clip_bound
 
 
 class GLM(Model):

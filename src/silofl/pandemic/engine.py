@@ -28,7 +28,8 @@ import numpy as np
 
 from silofl.algorithms.base import ServerState, SiloState
 from silofl.algorithms.mrmtl import MRMTL
-from silofl.data.federation import PrivacyTarget, SiloCollection
+from silofl.data.federation import SiloCollection
+from silofl.privacy.targets import PrivacyTarget
 from silofl.errors import ConfigError
 
 #: methods that run on graph data (node-level unit): those built on local passes, the

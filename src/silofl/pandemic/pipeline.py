@@ -115,7 +115,7 @@ from typing import Callable
 import dp_accounting as dpa
 import numpy as np
 
-from silofl.data.federation import PrivacyTarget
+from silofl.privacy.targets import PrivacyTarget
 from silofl.errors import ConfigError, PrivacyError
 from silofl.models.glm import FocalLoss
 from silofl.pandemic import metrics as PM

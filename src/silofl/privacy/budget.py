@@ -46,7 +46,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from silofl.data.federation import PrivacyTarget
+from silofl.privacy.targets import PrivacyTarget
 from silofl.errors import BudgetExceeded, SiloflError
 from silofl.privacy import accounting, events
 from silofl.privacy import runlock, store_paths, store_registry

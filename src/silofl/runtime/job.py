@@ -28,7 +28,8 @@ from pathlib import Path
 
 import numpy as np
 
-from silofl.data.federation import Federation, PrivacyTarget
+from silofl.data.federation import Federation
+from silofl.privacy.targets import PrivacyTarget
 from silofl.errors import BudgetExceeded
 from silofl.privacy import events
 from silofl.privacy.budget import BudgetStore, PlannedCharge, new_run_id

@@ -20,7 +20,8 @@ import dp_accounting as dpa
 import numpy as np
 
 from silofl.algorithms.base import Algorithm
-from silofl.data.federation import Federation, PrivacyTarget
+from silofl.data.federation import Federation
+from silofl.privacy.targets import PrivacyTarget
 from silofl.errors import CalibrationError, ConfigError, PrivacyError
 from silofl.privacy import accounting, events
 from silofl.tuning import accounting as tuning_accounting

@@ -15,7 +15,8 @@ from typing import Callable
 import numpy as np
 
 from silofl.algorithms.base import Algorithm
-from silofl.data.federation import Federation, PrivacyTarget
+from silofl.data.federation import Federation
+from silofl.privacy.targets import PrivacyTarget
 from silofl.errors import ConfigError
 from silofl.models import metrics as M
 from silofl.models.base import Model
