@@ -71,7 +71,11 @@ class Model:
                          for k in range(W.shape[0])])
 
 
+#: Built-in model classes by name, for `check_task`'s advice; models.glm adds the GLMs (so
+#: this module never imports its subclasses)
+NAMED_MODELS: dict[str, type[Model]] = {}
+
+
 def _models_for(task: str) -> list[str]:
-    from silofl.models.glm import MODELS
     # the torch MLP fits every task (the ConvNet too, on image data)
-    return [n for n, cls in MODELS.items() if task in cls.tasks] + ["mlp"]
+    return [n for n, cls in NAMED_MODELS.items() if task in cls.tasks] + ["mlp"]
