@@ -82,7 +82,7 @@ def run(config: Optional[Path] = typer.Option(None, "--config", "-c",
     privacy target and print a comparison table; writes a run directory."""
     from silofl.experiments.report import (flamby_comparison, privacy_table, quality_lines,
                                            results_table)
-    from silofl.experiments.run import ADJACENCY
+    from silofl.privacy.targets import ADJACENCY
     from silofl.experiments.run import resume_run
     from silofl.experiments.run import run as run_experiment
     from silofl.experiments.signals import describe, exit_code, terminate_as_interrupt
@@ -622,7 +622,7 @@ def sweep(config: Path = typer.Argument(..., help="sweep TOML: run sections + [s
     from rich.progress import MofNCompleteColumn, TimeRemainingColumn
 
     from silofl.experiments.report import selection_table
-    from silofl.experiments.selection import select_best
+    from silofl.tuning.selection import select_best
     from silofl.experiments.sweep import NOT_COUNTED, read_results, run_sweep
     from silofl.experiments.sweep_config import load_sweep_config
     warnings.showwarning = _show_warning
@@ -694,7 +694,7 @@ def report(results: SweepResults, out: ReportDir = None, epsilon: FigureEpsilon 
     """Write an HTML report (figures, best hyperparameters, ε spent vs target per silo),
     the PNGs and summary.json; print the main table."""
     from silofl.experiments.report import selection_table, write_report
-    from silofl.experiments.selection import select_best
+    from silofl.tuning.selection import select_best
     from silofl.experiments.sweep import read_results
     try:
         head, records = read_results(results)
@@ -1162,7 +1162,7 @@ def pandemic_train(data: Path = typer.Option(..., "--data", help="directory of t
     console.print(f"Saved model to [bold]{escape(str(model_dir))}[/]")
 
 
-# --- node-level privacy audit of the pandemic pipeline (silofl.audit.pandemic) -----------
+# --- node-level privacy audit of the pandemic pipeline (silofl.pandemic.audit) -----------
 @pandemic_app.command("audit")
 def pandemic_audit(data: Path = typer.Option(..., "--data", help="directory of the 7 inputs"),
                    region: Optional[str] = typer.Option(
@@ -1203,7 +1203,7 @@ def pandemic_audit(data: Path = typer.Option(..., "--data", help="directory of t
     try:
         _need_pandemic_extra()
         from silofl.audit import write_audit
-        from silofl.audit.pandemic import audit_pandemic
+        from silofl.pandemic.audit import audit_pandemic
         from silofl.errors import ConfigError
         from silofl.pandemic import read_dataset
         from silofl.privacy.budget import BudgetStore
@@ -1460,8 +1460,8 @@ def server_cmd(config: Path = typer.Option(..., "--config", help="the job's serv
 
 
 def _save_release(role: str, program) -> None:
-    """Save the released model (runtime/network/release) and say where it is."""
-    from silofl.runtime.network import release
+    """Save the released model (experiments/release) and say where it is."""
+    from silofl.experiments import release
     try:
         where = (release.save_silo_release if role == "silo"
                  else release.save_server_release)(program)

@@ -35,11 +35,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from silofl.io import dumps_strict, write_bytes_atomic, write_npz_atomic
 from silofl.errors import ConfigError, DataError
-from silofl.experiments.integrity import (file_hashes, load_params, sha256_file, verify_entry,
-                                          verify_file)
+from silofl.experiments.integrity import load_params, verify_entry, verify_file
+from silofl.io import (dumps_strict, file_hashes, sha256_file, write_bytes_atomic,
+                       write_npz_atomic)
 from silofl.privacy.ledger import silo_file_id
+from silofl.privacy.targets import ADJACENCY
 
 FORMAT = "silofl-models"
 FORMAT_VERSION = 1
@@ -108,7 +109,6 @@ def _json_bytes(obj) -> bytes:
 
 
 def _privacy_statement(rep, r, k: int) -> dict:
-    from silofl.experiments.run import ADJACENCY
     base = {"adjacency": ADJACENCY, "noise": rep.noise, "notes": rep.notes(),
             "uncharged": list(rep.uncharged), "run_id": rep.run_id,
             "budget_store": rep.store, "scratch_store": rep.scratch}

@@ -12,7 +12,7 @@ from rich.table import Table
 
 from silofl.io import (json_safe, savefig_atomic, write_json_atomic,
                                        write_text_atomic)
-from silofl.experiments.selection import eps_label, privacy_check, select_best
+from silofl.tuning.selection import eps_label, privacy_check, select_best
 from silofl.experiments.quality import TINY_TEST
 from silofl.models.metrics import HIGHER_IS_BETTER
 

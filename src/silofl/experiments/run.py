@@ -26,7 +26,7 @@ import numpy as np
 import tomli_w
 
 from silofl.algorithms import LAMBDA_METHODS, LOCAL_DP_METHODS
-from silofl.privacy.targets import PrivacyTarget
+from silofl.privacy.targets import ADJACENCY, PrivacyTarget
 from silofl.experiments import artifacts, build
 from silofl.io import (json_safe, write_bytes_atomic, write_json_atomic,
                                       write_text_atomic)
@@ -43,8 +43,6 @@ from silofl.runtime.plan import SEEDED_NOTE, plan_job
 from silofl.runtime.simulator import RunResult, bind_data, simulate
 from silofl.tuning import setup as tuning_setup
 
-ADJACENCY = ("add/remove one record (example-level DP within each silo; each silo's "
-             "guarantee covers the records in its own data)")
 ASSUMPTIONS = (
     "Silo sizes n_k are treated as public: they set the sampling rate q = b/n_k, the noise "
     "calibration, the averaging weights (weighted = true) and IFCA's score sensitivity.",

@@ -21,6 +21,9 @@ import numpy as np
 
 from silofl.errors import PrivacyError
 
+#: The neighbouring relation of every example-level guarantee (a run's cards and reports)
+ADJACENCY = ("add/remove one record (example-level DP within each silo; each silo's "
+             "guarantee covers the records in its own data)")
 EPSILON_MAX = 100.0
 DELTA_MAX = 0.5
 

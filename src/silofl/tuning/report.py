@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from silofl.experiments.selection import choose, group_runs, mean_std
+from silofl.tuning.selection import choose, group_runs, mean_std
 
 NOT_A_GUARANTEE = "uncounted: selection cost NOT counted — not a privacy guarantee"
 
