@@ -55,6 +55,9 @@ import pandas as pd
 
 from silofl.data.values import parse_binary, parse_numeric
 from silofl.errors import ConfigError, DataError
+from silofl.data.column_roles import left_out_block, likely_non_features, date_reason
+from silofl.data.draft_checks import draft_warnings
+from silofl.data.table_checks import HUGE
 
 KINDS = ("numeric", "binary", "categorical")
 LABEL_KINDS = ("binary", "multiclass", "regression")
@@ -473,7 +476,6 @@ def draft_schema(df: pd.DataFrame, silo_column: str | None, label_column: str, *
             hint = f"; did you mean {near[0]!r}?" if near else "."
             raise DataError(f"{opt} {col!r} is not a column of the table{hint} Its columns: "
                             f"{', '.join(map(repr, df.columns))}")
-    from silofl.data.column_roles import left_out_block, likely_non_features
     left_out = {}  # likely identifiers and dates are never drafted as features silently
     if features is None:
         left_out = likely_non_features(df, silo_column, label_column)
@@ -489,7 +491,6 @@ def draft_schema(df: pd.DataFrame, silo_column: str | None, label_column: str, *
             notes[c.name] = "no observed value: declare lower/upper from documentation"
         elif c.kind == "categorical":
             notes[c.name] = "levels as found in the data: list every documented level"
-    from silofl.data.draft_checks import draft_warnings
     for col, lines in draft_warnings(df, schema).items():
         notes[col] = "\n# ".join([*lines, notes[col]] if col in notes else lines)
     header = DRAFT_HEADER.format(name=f" for {name}" if name else "")
@@ -508,7 +509,6 @@ def _infer_column(s: pd.Series, name: str, bounds: bool, max_levels: int) -> Col
         return ColumnSpec(name, "binary", nullable=nullable)
     num = parse_numeric(s)
     if num is not None:
-        from silofl.data.table_checks import HUGE
         # ±inf and 1e308 are an export's placeholders, not measurements: never a bound
         obs = num[np.isfinite(num) & (np.abs(num) <= HUGE)]
         if len(obs) and np.isin(obs, (0.0, 1.0)).all():
@@ -523,7 +523,6 @@ def _infer_column(s: pd.Series, name: str, bounds: bool, max_levels: int) -> Col
     keys = {}
     for v in obs.tolist():
         keys.setdefault(value_key(v), v)
-    from silofl.data.column_roles import date_reason
     if len(keys) > max_levels and date_reason(s, name):
         raise DataError(
             f"feature column {name!r} holds date-like text, which cannot be encoded "

@@ -42,6 +42,10 @@ from silofl.runtime.job import NO_METHOD, fingerprints, open_job
 from silofl.runtime.plan import SEEDED_NOTE, plan_job
 from silofl.runtime.simulator import RunResult, bind_data, simulate
 from silofl.tuning import setup as tuning_setup
+from silofl.experiments.figures import alpha_over_rounds
+from silofl.experiments.quality import assess, QUALITY_NOTE, warnings_of
+from silofl.experiments.reference import add_nonprivate_reference
+from silofl.experiments.report import plot_history
 
 ASSUMPTIONS = (
     "Silo sizes n_k are treated as public: they set the sampling rate q = b/n_k, the noise "
@@ -157,7 +161,6 @@ class RunReport:
                            for r in self.results],
                "combined_privacy": self.combined_privacy}
         if self.quality:  # a useless model never looks fine (README "Reading the results")
-            from silofl.experiments.quality import QUALITY_NOTE, warnings_of
             out["quality_warnings"] = warnings_of(self.quality)
             out["quality_note"] = QUALITY_NOTE
         out["dropped_silos"] = list(self.dropped_silos)
@@ -314,7 +317,6 @@ def _execute(cfg: Config, p: _Prepared, fed, job, run_dir: Path | None,
         if every:
             write_bytes_atomic(_result_path(run_dir, label), pickle.dumps(r))
         results.append(r)
-    from silofl.experiments.reference import add_nonprivate_reference  # public data only
     add_nonprivate_reference(cfg, fed, p.model, p.algorithms, p.tcfg, results)
     if job is not None:
         job.settle()
@@ -337,7 +339,6 @@ def _execute(cfg: Config, p: _Prepared, fed, job, run_dir: Path | None,
 def _assess(rep: RunReport, model, fed) -> dict:
     """Each method's final models against the best constant prediction on the same test
     rows (`quality.assess`), keyed like history.json."""
-    from silofl.experiments.quality import assess
     return {rep.label(r): assess(r, model, fed, rep.label(r)) for r in rep.results}
 
 
@@ -360,7 +361,6 @@ def record_alpha(r: RunResult, alg, rounds: int) -> None:
 def plot_alpha(rep: "RunReport", path: Path) -> bool:
     """`ALPHA_PNG`: α of every silo over rounds, the user highlighted (False: no Weight
     Erosion in the run, nothing drawn)."""
-    from silofl.experiments.figures import alpha_over_rounds
     for r in rep.results:
         a = r.history.extra.get(ALPHA_KEY)
         if a and a["per_silo"]:
@@ -660,7 +660,6 @@ def _toml_safe(d):
 
 
 def _write_outputs(rep: RunReport) -> None:
-    from silofl.experiments.report import plot_history
     d = rep.run_dir
     hist = {rep.label(r): {"metric": r.metric, "silos": r.silos, **r.history.to_dict(),
                            **({"final_quality": rep.quality[rep.label(r)]}

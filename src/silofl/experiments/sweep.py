@@ -60,7 +60,9 @@ from silofl.models.metrics import HIGHER_IS_BETTER, default_metric
 from silofl.privacy.budget import SCRATCH_NOTE, BudgetStore
 from silofl.runtime.plan import SEEDED_NOTE, TrainingConfig, plan_silos
 from silofl.runtime.simulator import bind_data, simulate
-from silofl.tuning import setup as tuning_setup
+from silofl.tuning import accounting as TA, setup as tuning_setup
+from silofl.privacy import accounting as acc
+from silofl.tuning.private import score_sigma
 
 FORMAT = 1
 HEADER_KIND = "silofl-sweep"
@@ -270,8 +272,6 @@ def tuning_summary(sc: SweepConfig, spec: RunSpec, alg, res, prep: Prepared) -> 
     released (part of the RepeatAndSelect output; h_k is not: it stays in the silo), and
     for comparison the ε (max over silos, at the same σ_k) of a naive grid of E[h] trials
     and of the uncounted choice over the whole sweep grid, both by composition."""
-    from silofl.tuning import accounting as TA
-    from silofl.tuning.private import score_sigma
     out = {**alg.describe(), "released": getattr(alg, "last_release", None)}
     if not spec.private or alg.select != "random":
         return out
@@ -296,7 +296,6 @@ def tuning_summary(sc: SweepConfig, spec: RunSpec, alg, res, prep: Prepared) -> 
 
 
 def _round_event(p):
-    from silofl.privacy import accounting as acc
     return acc.dpsgd_event(p.q, p.noise_multiplier, p.steps_per_pass)
 
 

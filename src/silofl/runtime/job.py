@@ -32,7 +32,7 @@ from silofl.data.federation import Federation
 from silofl.privacy.targets import PrivacyTarget
 from silofl.errors import BudgetExceeded
 from silofl.privacy import events
-from silofl.privacy.budget import BudgetStore, PlannedCharge, new_run_id
+from silofl.privacy.budget import BudgetStore, BudgetStoreError, PlannedCharge, new_run_id
 from silofl.privacy.ledger import Ledger, silo_file_id
 
 #: the method name of charges made outside any method (e.g. preprocessing)
@@ -225,7 +225,6 @@ def _release_unstarted(store: BudgetStore, run_id: str) -> None:
     """An interrupt after `run_id`'s reservation committed (e.g. in the registry check)
     but before its caller got the job: nothing was read, so it settles to nothing. If
     that fails (the interrupt left a transaction open), the reservation stays counted."""
-    from silofl.privacy.budget import BudgetStoreError
     try:
         if store.run_status(run_id) == "reserved":
             store.settle(run_id, [], status="interrupted")
