@@ -22,6 +22,7 @@ import numpy as np
 from silofl.errors import ConfigError, PrivacyError
 from silofl.privacy import accounting
 from silofl.tuning.distributions import TrialDistribution, tnb
+from silofl.tuning.distributions import tnb_mean  # noqa: F401  (silofl.theory.tnb_mean)
 
 
 def _check_eta(eta: float) -> None:
@@ -35,11 +36,6 @@ def _check_mean(mean: float) -> None:
     if not (isinstance(mean, (int, float)) and math.isfinite(mean) and mean > 1):
         raise ConfigError(f"the expected number of trials E[h] must be a finite number > 1, "
                           f"got {mean!r}")
-
-
-def tnb_mean(eta: float, gamma: float) -> float:
-    """E[h] of TNB(η, γ) (thesis App. E.1), from `silofl.tuning.distributions`."""
-    return _tnb(eta, gamma=gamma).mean
 
 
 def tnb_gamma(eta: float, mean: float) -> float:
