@@ -65,3 +65,14 @@ def test_atomic_writes_replace_whole_files_and_hashes_match_hashlib(tmp_path):
     assert [p.name for p in f.parent.iterdir()] == ["b.json"]  # no temp file left
     assert io.sha256_file(f) == hashlib.sha256(f.read_bytes()).hexdigest()
     assert io.file_hashes(f.parent, {"doc": "b.json"}) == {"doc": io.sha256_file(f)}
+
+
+def test_one_array_digest_sees_values_dtype_and_shape():
+    from silofl.runtime.job import fingerprint
+    x = np.arange(6.0)
+    d = io.array_digest(x.reshape(2, 3), np.zeros(2))
+    assert d == fingerprint(x.reshape(2, 3), np.zeros(2)) and len(d) == 16
+    assert d != io.array_digest(x.reshape(3, 2), np.zeros(2))            # shape
+    assert d != io.array_digest(x.reshape(2, 3).astype(np.float32), np.zeros(2))  # dtype
+    x[0] = 1e-300
+    assert d != io.array_digest(x.reshape(2, 3), np.zeros(2))            # values

@@ -114,5 +114,28 @@ def file_hashes(folder: str | Path, files: dict[str, str]) -> dict[str, str]:
     return {role: sha256_file(Path(folder) / name) for role, name in files.items()}
 
 
-__all__ = ["dumps_strict", "file_hashes", "json_safe", "savefig_atomic", "sha256_file",
+def array_digest(*arrays: np.ndarray, length: int = 16) -> str:
+    """Hex SHA-256 of arrays' dtypes, shapes and bytes, cut to `length` characters.
+
+    Parameters
+    ----------
+    *arrays : ndarray
+        Any shapes and dtypes; each is hashed in C order.
+    length : int
+        How many hex characters to keep (16: 64 bits, enough to see a change of data).
+
+    Returns
+    -------
+    str
+        The digest (never a keyed hash: callers that store it key it first).
+    """
+    h = hashlib.sha256()
+    for a in arrays:
+        a = np.ascontiguousarray(a)
+        h.update(str((a.dtype.str, a.shape)).encode())
+        h.update(a.tobytes())
+    return h.hexdigest()[:length]
+
+
+__all__ = ["array_digest", "dumps_strict", "file_hashes", "json_safe", "savefig_atomic", "sha256_file",
            "write_bytes_atomic", "write_json_atomic", "write_npz_atomic", "write_text_atomic"]

@@ -104,7 +104,6 @@ outbreaks of 20k persons in 4 regions, positive rate ≈ 0.3%):
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import time
@@ -143,7 +142,7 @@ from silofl.runtime.plan import SEEDED_NOTE, SiloPlan, TrainingConfig, plan_job
 from silofl.training import sampling as TS
 from silofl.training.dpsgd import GradientRule
 from silofl.training.trainer import LocalTrainer
-from silofl.io import write_bytes_atomic, write_json_atomic
+from silofl.io import array_digest, write_bytes_atomic, write_json_atomic
 from silofl.privacy import accounting, events
 from silofl.privacy.store_paths import default_store_path
 from silofl.runtime.simulator import simulate
@@ -574,12 +573,7 @@ def charged_event(charges: list[PlannedCharge]) -> dpa.DpEvent:
 def region_fingerprint(data: PandemicData, r: Region) -> str:
     """A short hash of the region's persons and states, recorded with its charges so a
     change of the data shows in the (silo-internal) budget store."""
-    h = hashlib.sha256()
-    for a in (data.pids[r.persons], data.states[r.persons]):
-        a = np.ascontiguousarray(a)
-        h.update(str((a.dtype.str, a.shape)).encode())
-        h.update(a.tobytes())
-    return h.hexdigest()[:16]
+    return array_digest(data.pids[r.persons], data.states[r.persons])
 
 
 def reserve_regions(store: BudgetStore, regions: list[Region], cfg: PandemicConfig,
