@@ -1,6 +1,6 @@
 """silofl: private, personalized cross-silo federated learning."""
 
-__version__ = "0.1.0"
+from silofl._version import __version__
 
 
 def load_run(path):

@@ -27,7 +27,7 @@ from typing import Callable
 
 import numpy as np
 
-from silofl.audit import bounds
+import silofl.audit.bounds as bounds
 from silofl.audit.canaries import Canaries, check_canaries, insert, make_canaries
 from silofl.errors import ConfigError
 from silofl.experiments import build

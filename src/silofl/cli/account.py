@@ -139,7 +139,7 @@ def _bounded_accounting():
 
 def _print_quantities(title: str, out: dict, as_json: bool) -> None:
     if as_json:
-        from silofl.experiments.atomic import dumps_strict, json_safe
+        from silofl.io import dumps_strict, json_safe
         bad: list[str] = []
         json_safe(out, bad)
         # strict JSON: an infinite ε prints as null, named under "nonfinite"

@@ -53,7 +53,7 @@ def budget_show(store: StorePath = None, deployment: Deployment = "default",
     except (SiloflError, BudgetStoreError) as e:
         _fail(e)
     if as_json:
-        from silofl.experiments.atomic import dumps_strict
+        from silofl.io import dumps_strict
         console.print_json(dumps_strict({"store": shown, "silos": rows, "charges": charges,
                                          "log": log}))
         return
@@ -131,7 +131,7 @@ def budget_set_target(silo: str = typer.Option(...), epsilon: float = typer.Opti
                       store: StorePath = None, deployment: Deployment = "default",
                       yes: bool = typer.Option(False, "--yes", help="confirm")):
     """Change a silo's lifetime target (logged with its reason)."""
-    from silofl.data.federation import PrivacyTarget
+    from silofl.privacy.targets import PrivacyTarget
     try:
         if not yes:
             raise SiloflError("changing a lifetime target changes the guarantee every person "

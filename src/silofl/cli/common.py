@@ -63,5 +63,5 @@ def _check_out_file(out: Path) -> None:
 
 
 def _write_atomic(path: Path, text: str) -> None:
-    from silofl.experiments.atomic import write_text_atomic
+    from silofl.io import write_text_atomic
     write_text_atomic(path, text)

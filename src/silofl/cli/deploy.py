@@ -198,14 +198,14 @@ def server_cmd(config: Path = typer.Option(..., "--config", help="the job's serv
         t.add_row(escape(name), r["status"], str(len(r["rounds"])), f"{r['sigma']:.4g}",
                   f"{r['q']:.4g}", str(r["steps"]))
     console.print(t)
-    from silofl.experiments.atomic import write_json_atomic
+    from silofl.io import write_json_atomic
     write_json_atomic(Path(cfg.state_dir) / "summary.json", s)
     _save_release("server", program)
 
 
 def _save_release(role: str, program) -> None:
-    """Save the released model (runtime/network/release) and say where it is."""
-    from silofl.runtime.network import release
+    """Save the released model (experiments/release) and say where it is."""
+    from silofl.experiments import release
     try:
         where = (release.save_silo_release if role == "silo"
                  else release.save_server_release)(program)

@@ -89,7 +89,7 @@ def _run_report(rep) -> None:
     """What `silofl run` prints: results, quality warnings, the privacy table, the footer."""
     from silofl.experiments.report import (flamby_comparison, privacy_table, quality_lines,
                                            results_table)
-    from silofl.experiments.run import ADJACENCY
+    from silofl.privacy.targets import ADJACENCY
     console.print(results_table(rep))
     for line in quality_lines(rep):  # a useless model never looks fine
         console.print(f"[bold yellow]warning:[/] {escape(line)}")

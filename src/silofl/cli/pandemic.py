@@ -255,7 +255,7 @@ def _pandemic_train_report(pm, model_dir: Path) -> None:
     console.print(f"Saved model to [bold]{escape(str(model_dir))}[/]")
 
 
-# --- node-level privacy audit of the pandemic pipeline (silofl.audit.pandemic) -----------
+# --- node-level privacy audit of the pandemic pipeline (silofl.pandemic.audit) -----------
 @pandemic_app.command("audit")
 def pandemic_audit(data: Path = typer.Option(..., "--data", help="directory of the 7 inputs"),
                    region: Optional[str] = typer.Option(
@@ -297,7 +297,7 @@ def pandemic_audit(data: Path = typer.Option(..., "--data", help="directory of t
     try:
         _need_pandemic_extra()
         from silofl.audit import write_audit
-        from silofl.audit.pandemic import audit_pandemic
+        from silofl.pandemic.audit import audit_pandemic
         from silofl.errors import ConfigError
         from silofl.pandemic import read_dataset
         cfg = _pandemic_config(centralized, rounds, epsilon, batch, lam, lr, S, False, seed,

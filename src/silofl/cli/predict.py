@@ -28,7 +28,7 @@ def predict(run_dir: Path = typer.Option(..., "--run", help="a run directory (ru
     from silofl.data import read_table
     from silofl.errors import DataError
     from silofl.experiments.artifacts import POST_PROCESSING, load_run
-    from silofl.experiments.atomic import write_bytes_atomic
+    from silofl.io import write_bytes_atomic
     try:
         from silofl.experiments.integrity import check_out_not_input
         check_out_not_input(out, data, run_dir)

@@ -35,7 +35,7 @@ def sweep(config: Path = typer.Argument(..., help="sweep TOML: run sections + [s
                                TimeElapsedColumn, TimeRemainingColumn)
 
     from silofl.experiments.report import selection_table
-    from silofl.experiments.selection import select_best
+    from silofl.tuning.selection import select_best
     from silofl.experiments.sweep import NOT_COUNTED, read_results, run_sweep
     from silofl.experiments.sweep_config import load_sweep_config
     warnings.showwarning = _show_warning
@@ -107,7 +107,7 @@ def report(results: SweepResults, out: ReportDir = None, epsilon: FigureEpsilon 
     """Write an HTML report (figures, best hyperparameters, ε spent vs target per silo),
     the PNGs and summary.json; print the main table."""
     from silofl.experiments.report import selection_table, write_report
-    from silofl.experiments.selection import select_best
+    from silofl.tuning.selection import select_best
     from silofl.experiments.sweep import read_results
     try:
         head, records = read_results(results)

@@ -99,7 +99,7 @@ def theory_show(K: int = K_OPT, n: str = N_OPT, sigma2: str = SIGMA2_OPT,
                                                         help="also write the numbers here")):
     """Closed forms: each silo's σ_loc², λ*, the errors of Local, FedAvg and MR-MTL(λ*), the
     λ range where MR-MTL beats both endpoints, and E(λ) over the thesis's λ grid."""
-    from silofl.experiments.atomic import write_json_atomic
+    from silofl.io import write_json_atomic
     from silofl.theory.model import summary
     try:
         m = _model(K, n, sigma2, tau2, clip, epsilon, delta, no_privacy, accountant)

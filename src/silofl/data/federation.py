@@ -9,25 +9,10 @@ from typing import Literal
 
 import numpy as np
 
-from silofl.errors import DataError, PrivacyError
+from silofl.errors import DataError
+from silofl.privacy.targets import PrivacyTarget
 
 Task = Literal["binary", "multiclass", "regression"]
-
-
-@dataclass(frozen=True)
-class PrivacyTarget:
-    """A silo's own (ε, δ) for example-level DP on its own records."""
-
-    epsilon: float
-    delta: float
-
-    def __post_init__(self):
-        if not np.isfinite(self.epsilon) or self.epsilon <= 0:
-            raise PrivacyError(f"epsilon must be a positive number, got {self.epsilon}; "
-                               "use e.g. epsilon = 1.0 (smaller is more private)")
-        if not (0 < self.delta < 1):
-            raise PrivacyError(f"delta must lie strictly between 0 and 1, got {self.delta}; "
-                               "use a value well below 1/n, e.g. delta = 1e-5")
 
 
 @dataclass

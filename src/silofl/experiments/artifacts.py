@@ -35,11 +35,19 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from silofl.experiments.atomic import dumps_strict, write_bytes_atomic, write_npz_atomic
 from silofl.errors import ConfigError, DataError
-from silofl.experiments.integrity import (file_hashes, load_params, sha256_file, verify_entry,
-                                          verify_file)
+from silofl.experiments.integrity import load_params, verify_entry, verify_file
+from silofl.io import (dumps_strict, file_hashes, sha256_file, write_bytes_atomic,
+                       write_npz_atomic)
 from silofl.privacy.ledger import silo_file_id
+from silofl.privacy.targets import ADJACENCY
+from silofl._version import __version__
+from silofl.data.exam import EXAM_SCHEMA
+from silofl.data.heart import heart_schema
+from silofl.data.schema import load_schema, schema_from_dict
+from silofl.data.school import school_schema
+from silofl.data.tabular import encode_table
+from silofl.models import make_model
 
 FORMAT = "silofl-models"
 FORMAT_VERSION = 1
@@ -52,7 +60,6 @@ def silofl_version() -> str:
     try:
         return importlib.metadata.version("silofl")
     except importlib.metadata.PackageNotFoundError:  # run from a source tree
-        from silofl import __version__
         return __version__
 
 
@@ -61,17 +68,13 @@ def silofl_version() -> str:
 def _run_schema(dc) -> dict | None:
     """The declared schema the run encoded its table with (None: no schema, e.g. images,
     generated data, or a table encoded from the data itself)."""
-    from silofl.data.schema import load_schema, schema_from_dict
     if dc.schema:
         return load_schema(dc.schema).to_dict()
     if dc.source == "heart":
-        from silofl.data.heart import heart_schema
         return heart_schema().to_dict()
     if dc.source == "school":
-        from silofl.data.school import school_schema
         return school_schema().to_dict()
     if dc.source == "exam":
-        from silofl.data.exam import EXAM_SCHEMA
         return schema_from_dict(EXAM_SCHEMA, where="exam schema").to_dict()
     return None
 
@@ -108,7 +111,6 @@ def _json_bytes(obj) -> bytes:
 
 
 def _privacy_statement(rep, r, k: int) -> dict:
-    from silofl.experiments.run import ADJACENCY
     base = {"adjacency": ADJACENCY, "noise": rep.noise, "notes": rep.notes(),
             "uncharged": list(rep.uncharged), "run_id": rep.run_id,
             "budget_store": rep.store, "scratch_store": rep.scratch}
@@ -226,7 +228,6 @@ class Predictor:
     params: np.ndarray
 
     def __post_init__(self):
-        from silofl.models import make_model
         spec = self.manifest["model"]
         self.model = make_model(spec["name"], spec["dim"], spec["num_classes"],
                                 **spec["options"])
@@ -249,8 +250,6 @@ class Predictor:
         return self.card
 
     def _encode(self, df: pd.DataFrame) -> np.ndarray:
-        from silofl.data.schema import schema_from_dict
-        from silofl.data.tabular import encode_table
         if self.manifest.get("schema") is None:
             raise DataError("this run has no declared schema saved, so a table cannot be "
                             "encoded; pass an array of encoded features in the order of "

@@ -26,9 +26,9 @@ import numpy as np
 import tomli_w
 
 from silofl.algorithms import LAMBDA_METHODS, LOCAL_DP_METHODS
-from silofl.data.federation import PrivacyTarget
+from silofl.privacy.targets import ADJACENCY, PrivacyTarget
 from silofl.experiments import artifacts, build
-from silofl.experiments.atomic import (json_safe, write_bytes_atomic, write_json_atomic,
+from silofl.io import (json_safe, write_bytes_atomic, write_json_atomic,
                                       write_text_atomic)
 from silofl.data.preprocess import apply_preprocessing
 from silofl.errors import ConfigError
@@ -42,9 +42,11 @@ from silofl.runtime.job import NO_METHOD, fingerprints, open_job
 from silofl.runtime.plan import SEEDED_NOTE, plan_job
 from silofl.runtime.simulator import RunResult, bind_data, simulate
 from silofl.tuning import setup as tuning_setup
+from silofl.experiments.figures import alpha_over_rounds
+from silofl.experiments.quality import assess, QUALITY_NOTE, warnings_of
+from silofl.experiments.reference import add_nonprivate_reference
+from silofl.experiments.report import plot_history
 
-ADJACENCY = ("add/remove one record (example-level DP within each silo; each silo's "
-             "guarantee covers the records in its own data)")
 ASSUMPTIONS = (
     "Silo sizes n_k are treated as public: they set the sampling rate q = b/n_k, the noise "
     "calibration, the averaging weights (weighted = true) and IFCA's score sensitivity.",
@@ -159,7 +161,6 @@ class RunReport:
                            for r in self.results],
                "combined_privacy": self.combined_privacy}
         if self.quality:  # a useless model never looks fine (README "Reading the results")
-            from silofl.experiments.quality import QUALITY_NOTE, warnings_of
             out["quality_warnings"] = warnings_of(self.quality)
             out["quality_note"] = QUALITY_NOTE
         out["dropped_silos"] = list(self.dropped_silos)
@@ -316,7 +317,6 @@ def _execute(cfg: Config, p: _Prepared, fed, job, run_dir: Path | None,
         if every:
             write_bytes_atomic(_result_path(run_dir, label), pickle.dumps(r))
         results.append(r)
-    from silofl.experiments.reference import add_nonprivate_reference  # public data only
     add_nonprivate_reference(cfg, fed, p.model, p.algorithms, p.tcfg, results)
     if job is not None:
         job.settle()
@@ -339,7 +339,6 @@ def _execute(cfg: Config, p: _Prepared, fed, job, run_dir: Path | None,
 def _assess(rep: RunReport, model, fed) -> dict:
     """Each method's final models against the best constant prediction on the same test
     rows (`quality.assess`), keyed like history.json."""
-    from silofl.experiments.quality import assess
     return {rep.label(r): assess(r, model, fed, rep.label(r)) for r in rep.results}
 
 
@@ -362,7 +361,6 @@ def record_alpha(r: RunResult, alg, rounds: int) -> None:
 def plot_alpha(rep: "RunReport", path: Path) -> bool:
     """`ALPHA_PNG`: α of every silo over rounds, the user highlighted (False: no Weight
     Erosion in the run, nothing drawn)."""
-    from silofl.experiments.figures import alpha_over_rounds
     for r in rep.results:
         a = r.history.extra.get(ALPHA_KEY)
         if a and a["per_silo"]:
@@ -662,7 +660,6 @@ def _toml_safe(d):
 
 
 def _write_outputs(rep: RunReport) -> None:
-    from silofl.experiments.report import plot_history
     d = rep.run_dir
     hist = {rep.label(r): {"metric": r.metric, "silos": r.silos, **r.history.to_dict(),
                            **({"final_quality": rep.quality[rep.label(r)]}

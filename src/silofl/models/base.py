@@ -8,9 +8,9 @@ A backend only has to provide `per_example_grads`, `predict` and `loss`; the def
 `clipped_grad_sum` clips each row to L2 norm ≤ clip and sums. The GLMs override it with a
 closed form that never builds the (K, B, P) gradient tensor.
 
-Every backend clips to `clip_bound(clip)` = clip / (1 + CLIP_MARGIN), slightly inside the
-ball, so that rounding (float32 data, a float32 cast of the clip factor) can never leave a
-clipped per-example gradient above `clip` — the sensitivity the noise is calibrated to.
+Every backend clips to `silofl.privacy.clipping.clip_bound(clip)`, slightly inside the ball,
+so that rounding can never leave a clipped per-example gradient above `clip` — the
+sensitivity the noise is calibrated to.
 """
 
 from __future__ import annotations
@@ -18,18 +18,7 @@ from __future__ import annotations
 import numpy as np
 
 from silofl.errors import ConfigError
-
-#: Relative margin of every clipping: 2⁻²⁰ ≈ 9.5e-7, 16 float32 ulps at 1. The float32 paths
-#: err by at most ≈ 2.5·2⁻²⁴ (‖x‖² stored in float32 from the unrounded data, the float32
-#: data itself, the clip factor cast to float32; float64 steps add ~1e-15), so 2⁻²⁰ covers
-#: them 6× over while shrinking clipped gradients by under a millionth (no utility cost).
-CLIP_MARGIN = 2.0**-20
-
-
-def clip_bound(clip: float) -> float:
-    """The norm clipping aims at: clip / (1 + CLIP_MARGIN), so that the clipped gradient as
-    computed in floating point has norm ≤ clip."""
-    return float(clip) / (1.0 + CLIP_MARGIN)
+from silofl.privacy.clipping import clip_bound
 
 
 class Model:
@@ -82,7 +71,11 @@ class Model:
                          for k in range(W.shape[0])])
 
 
+#: Built-in model classes by name, for `check_task`'s advice; models.glm adds the GLMs (so
+#: this module never imports its subclasses)
+NAMED_MODELS: dict[str, type[Model]] = {}
+
+
 def _models_for(task: str) -> list[str]:
-    from silofl.models.glm import MODELS
     # the torch MLP fits every task (the ConvNet too, on image data)
-    return [n for n, cls in MODELS.items() if task in cls.tasks] + ["mlp"]
+    return [n for n, cls in NAMED_MODELS.items() if task in cls.tasks] + ["mlp"]

@@ -42,6 +42,7 @@ from scipy.special import gammaln, log_ndtr, ndtr
 
 from silofl.errors import CalibrationError, PrivacyError
 from silofl.privacy.targets import check_target
+from silofl.privacy.events import flatten
 
 Accountant = Literal["rdp", "pld"]
 ACCOUNTANTS: tuple[str, ...] = ("rdp", "pld")
@@ -117,7 +118,6 @@ def _check_kind(kind) -> None:
 
 
 def _counts(event) -> dict:
-    from silofl.privacy.events import flatten
     return flatten(event)
 
 

@@ -46,7 +46,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from silofl.data.federation import PrivacyTarget
+from silofl.privacy.targets import PrivacyTarget, check_target
 from silofl.errors import BudgetExceeded, SiloflError
 from silofl.privacy import accounting, events
 from silofl.privacy import runlock, store_paths, store_registry
@@ -100,7 +100,6 @@ class PlannedCharge:
 def _check_lifetime(name: str, t: PrivacyTarget) -> None:
     """A lifetime target in the range every job target is held to (`privacy.targets`):
     under δ ≥ 0.5 every charge composes to ε ≈ 0, so the budget would never run out."""
-    from silofl.privacy.targets import check_target
     try:
         check_target(t.epsilon, t.delta, f"the lifetime target of silo {name!r}: ")
     except SiloflError as e:

@@ -20,10 +20,13 @@ import dp_accounting as dpa
 import numpy as np
 
 from silofl.algorithms.base import Algorithm
-from silofl.data.federation import Federation, PrivacyTarget
+from silofl.data.federation import Federation
+from silofl.privacy.targets import PrivacyTarget
 from silofl.errors import CalibrationError, ConfigError, PrivacyError
 from silofl.privacy import accounting, events
 from silofl.tuning import accounting as tuning_accounting
+from silofl.privacy.node_level import (node_steps, NodeLevelDpEvent, DEFAULT_ORDERS,
+                                       calibrate_node_sigma, ADJACENCY_TEXT, affected_examples)
 
 
 NOISE_MODES = ("secure", "seeded")
@@ -125,7 +128,6 @@ class SiloPlan:
                "delta": self.target.delta if self.target else None,
                "calibrated_for": self.calibrated_for}
         if self.node is not None:
-            from silofl.privacy.node_level import ADJACENCY_TEXT, affected_examples
             adj = self.node["adjacency"]
             out.update(privacy_unit="node", S=self.node["S"], adjacency=adj,
                        adjacency_text=ADJACENCY_TEXT[adj],
@@ -229,7 +231,6 @@ def _node_plans(fed: Federation, algorithm: Algorithm, cfg: TrainingConfig) -> l
     step per round); refused for methods whose private accesses are accounted at example
     level only (local-DP uploads). σ is calibrated in `_calibrate_node` for everything
     composed: the passes, the IFCA family's selections (zCDP) and any preprocessing."""
-    from silofl.privacy.node_level import node_steps
     if algorithm.name in EXAMPLE_LEVEL_ONLY or not getattr(algorithm, "calibrated", True):
         raise ConfigError(
             f"{algorithm.name} is not available with privacy_unit = 'node': its local-DP "
@@ -263,7 +264,6 @@ def pass_event(p: SiloPlan, sigma: float):
     Poisson-sampled Gaussian (example level) or a `NodeLevelDpEvent` (node level)."""
     if p.node is None:
         return accounting.dpsgd_event(p.q, sigma, p.steps_per_pass)
-    from silofl.privacy.node_level import NodeLevelDpEvent
     return NodeLevelDpEvent(p.n, p.node["S"], p.node["batch_size"], sigma, p.steps_per_pass,
                             p.node["adjacency"])
 
@@ -323,7 +323,6 @@ def _calibrate_node(algorithms, plans, cfg, pre, eps: float, delta: float) -> fl
     family's selections (zCDP: RDP ξ + ρα) — bring fixed RDP curves composed in as
     `base_rdp`: `node_dp.calibrate_node_sigma` bisects σ for the total steps — the
     calibration the pandemic pipeline always used. None: use the generic search."""
-    from silofl.privacy.node_level import DEFAULT_ORDERS, calibrate_node_sigma
     p = plans[0]
     counts = events.flatten(_job_event(algorithms, plans, cfg, 1.0, None))
     fixed = {e: c for e, c in counts.items() if isinstance(e, dpa.ZCDpEvent)}

@@ -15,7 +15,8 @@ from typing import Callable
 import numpy as np
 
 from silofl.algorithms.base import Algorithm
-from silofl.data.federation import Federation, PrivacyTarget
+from silofl.data.federation import Federation
+from silofl.privacy.targets import PrivacyTarget
 from silofl.errors import ConfigError
 from silofl.models import metrics as M
 from silofl.models.base import Model
@@ -27,6 +28,7 @@ from silofl.runtime.plan import SiloPlan, TrainingConfig, noise_multipliers, pla
 from silofl.training.dpsgd import GradientRule
 from silofl.training.sampling import NODE_LABEL, NodeUnit
 from silofl.training.trainer import LocalTrainer, SiloArrays
+from silofl.runtime.network.hosting import per_silo_step, per_silo_trainers
 
 
 @dataclass
@@ -199,7 +201,6 @@ def _train(fed, model, algorithm, cfg, metric, plans, ledgers, on_round, eval_se
                if getattr(algorithm, "weighted", True) else np.ones(fed.num_silos))
     step = algorithm.silo_step
     if hosting == "per_silo":  # each silo its own trainer and stream, as on the network
-        from silofl.runtime.network.hosting import per_silo_step, per_silo_trainers
         trainers = per_silo_trainers(fed, model, cfg, plans, ledgers)
         step = lambda s, m, _joint, t: per_silo_step(algorithm, s, m, trainers, t)  # noqa: E731
     test_counts = np.array([s.n_test for s in fed.silos])

@@ -21,7 +21,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from silofl.data.federation import Federation, PrivacyTarget, Silo
+from silofl.data.federation import Federation, Silo
+from silofl.privacy.targets import PrivacyTarget
 from silofl.data.preprocess import PreprocessSpec, RawFederation, preprocess_without_budget
 from silofl.data.schema import Schema, load_schema
 from silofl.errors import ConfigError, DataError
