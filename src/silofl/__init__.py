@@ -29,6 +29,9 @@ _API: dict[str, tuple[str, str]] = {
     "SiloflError": ("silofl.errors", "SiloflError"),
     "ConfigError": ("silofl.errors", "ConfigError"),
     "DataError": ("silofl.errors", "DataError"),
+    "PrivacyError": ("silofl.errors", "PrivacyError"),
+    "CalibrationError": ("silofl.errors", "CalibrationError"),
+    "BudgetExceeded": ("silofl.errors", "BudgetExceeded"),
     "BudgetStoreError": ("silofl.privacy.budget", "BudgetStoreError"),
     # federations and data loading
     "Federation": ("silofl.data.federation", "Federation"),
@@ -59,6 +62,7 @@ _API: dict[str, tuple[str, str]] = {
     "RunReport": ("silofl.experiments.run", "RunReport"),
     "load_sweep_config": ("silofl.experiments.sweep_config", "load_sweep_config"),
     "run_sweep": ("silofl.experiments.sweep", "run_sweep"),
+    "write_report": ("silofl.experiments.report", "write_report"),
     # the lifetime budget store
     "BudgetStore": ("silofl.privacy.budget", "BudgetStore"),
     # accounting
@@ -91,9 +95,11 @@ if TYPE_CHECKING:  # pragma: no cover - what type checkers and mkdocstrings read
     from silofl.data.schema import Schema, load_schema
     from silofl.data.splitters import split_table
     from silofl.data.tabular import federation_from_frame, load_table
-    from silofl.errors import ConfigError, DataError, SiloflError
+    from silofl.errors import (BudgetExceeded, CalibrationError, ConfigError, DataError,
+                               PrivacyError, SiloflError)
     from silofl.experiments.artifacts import Predictor, SavedRun, load_run
     from silofl.experiments.config import Config, load_config
+    from silofl.experiments.report import write_report
     from silofl.experiments.run import RunReport, resume_run, run
     from silofl.experiments.sweep import run_sweep
     from silofl.experiments.sweep_config import load_sweep_config
