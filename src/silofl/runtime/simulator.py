@@ -58,7 +58,7 @@ class RunResult:
     silos : list of str
         Silo names, in order (K).
     history : History
-        Metric per evaluated round: ``rounds``, ``pooled`` and ``per_silo`` [round][silo].
+        Metric per evaluated round: ``rounds``, ``pooled`` and ``per_silo[round][silo]``.
     final_per_silo : list of float
         Each silo's final metric on its own test set (K values).
     final_pooled : float
