@@ -5,6 +5,7 @@ for every message)."""
 
 import ast
 import inspect
+import itertools
 import json
 import subprocess
 import sys
@@ -22,7 +23,7 @@ PUBLIC = [n for n in silofl.__all__ if n != "__version__"]
 def _section(doc: str, name: str) -> bool:
     """True when the NumPy-style docstring `doc` has a section `name` (title + dashes)."""
     lines = [line.strip() for line in inspect.cleandoc(doc).splitlines()]
-    return any(a == name and b and set(b) == {"-"} for a, b in zip(lines, lines[1:]))
+    return any(a == name and b and set(b) == {"-"} for a, b in itertools.pairwise(lines))
 
 
 def test_every_public_name_resolves_to_its_home_module():
@@ -30,6 +31,10 @@ def test_every_public_name_resolves_to_its_home_module():
         module, attr = silofl._API[name]
         obj = getattr(silofl, name)
         assert obj is getattr(__import__(module, fromlist=[attr]), attr), name
+
+
+def test_all_is_the_table():
+    assert sorted(silofl.__all__) == sorted(["__version__", *silofl._API])
 
 
 def test_the_type_checking_block_mirrors_the_table():
@@ -91,7 +96,7 @@ HEAVY = ("numpy", "scipy", "pandas", "torch", "flwr", "dp_accounting", "matplotl
 
 def test_import_silofl_is_cheap():
     code = ("import sys, json, silofl; print(json.dumps(sorted(m for m in sys.modules "
-            "if m.split('.')[0] in %r or m.startswith('silofl.'))))" % (HEAVY,))
+            f"if m.split('.')[0] in {HEAVY!r} or m.startswith('silofl.'))))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, timeout=60)
     assert json.loads(out.stdout) == []

@@ -82,7 +82,55 @@ _API: dict[str, tuple[str, str]] = {
     "Predictor": ("silofl.experiments.artifacts", "Predictor"),
 }
 
-__all__ = ["__version__", *_API]
+#: the public API, sorted (a literal: linters, type checkers and the docs
+#: read it without running this module; a test checks it against `_API`)
+__all__ = [
+    "METHODS",
+    "Algorithm",
+    "AuditReport",
+    "BudgetExceeded",
+    "BudgetStore",
+    "BudgetStoreError",
+    "CalibrationError",
+    "Config",
+    "ConfigError",
+    "DataError",
+    "Federation",
+    "Model",
+    "Predictor",
+    "PrivacyError",
+    "PrivacyTarget",
+    "RunReport",
+    "RunResult",
+    "SavedRun",
+    "Schema",
+    "Silo",
+    "SiloflError",
+    "TrainingConfig",
+    "__version__",
+    "calibrate",
+    "calibrate_dpsgd",
+    "dpsgd_event",
+    "epsilon",
+    "epsilons",
+    "federation_from_frame",
+    "load_config",
+    "load_heart_disease",
+    "load_run",
+    "load_schema",
+    "load_sweep_config",
+    "load_table",
+    "make_algorithm",
+    "make_model",
+    "resume_run",
+    "run",
+    "run_audit",
+    "run_sweep",
+    "simulate",
+    "split_table",
+    "write_audit",
+    "write_report",
+]
 
 if TYPE_CHECKING:  # pragma: no cover - what type checkers and mkdocstrings read
     from silofl.algorithms import METHODS, make_algorithm
@@ -95,8 +143,14 @@ if TYPE_CHECKING:  # pragma: no cover - what type checkers and mkdocstrings read
     from silofl.data.schema import Schema, load_schema
     from silofl.data.splitters import split_table
     from silofl.data.tabular import federation_from_frame, load_table
-    from silofl.errors import (BudgetExceeded, CalibrationError, ConfigError, DataError,
-                               PrivacyError, SiloflError)
+    from silofl.errors import (
+        BudgetExceeded,
+        CalibrationError,
+        ConfigError,
+        DataError,
+        PrivacyError,
+        SiloflError,
+    )
     from silofl.experiments.artifacts import Predictor, SavedRun, load_run
     from silofl.experiments.config import Config, load_config
     from silofl.experiments.report import write_report
@@ -105,8 +159,13 @@ if TYPE_CHECKING:  # pragma: no cover - what type checkers and mkdocstrings read
     from silofl.experiments.sweep_config import load_sweep_config
     from silofl.models import make_model
     from silofl.models.base import Model
-    from silofl.privacy.accounting import (calibrate, calibrate_dpsgd, dpsgd_event, epsilon,
-                                           epsilons)
+    from silofl.privacy.accounting import (
+        calibrate,
+        calibrate_dpsgd,
+        dpsgd_event,
+        epsilon,
+        epsilons,
+    )
     from silofl.privacy.budget import BudgetStore, BudgetStoreError
     from silofl.runtime.plan import TrainingConfig
     from silofl.runtime.simulator import RunResult, simulate
