@@ -41,7 +41,20 @@ def _how(kind: str, d: dict) -> str:
 
 
 def write_audit(rep, out_dir: Path) -> list[Path]:
-    """audit.json (strict JSON, atomic) and audit.html (the audit panel) in `out_dir`."""
+    """Write an audit's report files.
+
+    Parameters
+    ----------
+    rep : AuditReport
+        From `run_audit`.
+    out_dir : Path
+        The folder written (created if needed).
+
+    Returns
+    -------
+    list of Path
+        audit.json (strict JSON, written atomically) and audit.html (the audit panel).
+    """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     nonfinite: list[str] = []

@@ -178,7 +178,28 @@ class LabelSpec:
 
 @dataclass(frozen=True)
 class Schema:
-    """Feature columns (in order) and label of a table; see the module docstring."""
+    """The declared feature columns (in order) and label of a table.
+
+    A schema fixes the columns, their encoding and the label classes, so every silo
+    encodes its own table identically and nothing is read from pooled data (see the
+    module ``silofl.data.schema``).
+
+    Attributes
+    ----------
+    columns : tuple of ColumnSpec
+        The feature columns: name, kind (numeric, binary, categorical), bounds, levels,
+        nullable.
+    label : LabelSpec
+        The label column and its task/classes.
+    silo_column : str or None
+        The column naming each row's silo, where the table holds several silos.
+    source : str
+        Where the schema came from (a file path), for reports.
+    drafted : bool
+        A draft read from data: refused until reviewed.
+    description : str
+        Free text.
+    """
 
     columns: tuple[ColumnSpec, ...]
     label: LabelSpec
@@ -201,14 +222,32 @@ class Schema:
         return self.label.kind
 
     def column(self, name: str) -> ColumnSpec:
+        """The spec of column `name`.
+
+        Parameters
+        ----------
+        name : str
+            A column name.
+
+        Returns
+        -------
+        ColumnSpec
+            Its spec; ConfigError if the schema has no such column.
+        """
         for c in self.columns:
             if c.name == name:
                 return c
         raise ConfigError(f"the schema has no column {name!r}")
 
     def value_columns(self) -> dict[int, ColumnSpec]:
-        """{encoded index: spec} of the numeric and binary value columns (not one-hot levels
-        or missing indicators): the columns imputation and standardization act on."""
+        """The numeric and binary value columns, by encoded index.
+
+        Returns
+        -------
+        dict of int to ColumnSpec
+            ``{encoded index: spec}`` of the columns imputation and standardization act
+            on (not one-hot levels or missing indicators).
+        """
         out, j = {}, 0
         for c in self.columns:
             if c.kind != "categorical":
@@ -217,6 +256,13 @@ class Schema:
         return out
 
     def to_dict(self) -> dict:
+        """This schema as plain data (the TOML file's tables).
+
+        Returns
+        -------
+        dict
+            ``{"label": ..., "columns": [...]}`` plus the optional keys that are set.
+        """
         out: dict = {}
         if self.drafted:
             out["drafted"] = True
@@ -231,16 +277,44 @@ class Schema:
         return out
 
     def to_toml(self, header: str = "", notes: Mapping[str, str] | None = None) -> str:
-        """This schema as TOML text (`header` lines become comments at the top; `notes`
-        maps a column name to a comment written above its table)."""
+        """This schema as TOML text.
+
+        Parameters
+        ----------
+        header : str, default ""
+            Lines written as comments at the top.
+        notes : mapping of str to str, optional
+            A comment written above a column's table, by column name.
+
+        Returns
+        -------
+        str
+            TOML text that `load_schema` reads back.
+        """
         return _to_toml(self.to_dict(), header, notes or {})
 
 
 # --- reading and validation ---------------------------------------------------------------
 
 def load_schema(path: str | Path) -> Schema:
-    """Read and validate a TOML schema file; ConfigError naming the file on any problem,
-    and a refusal for drafts (``drafted = true``)."""
+    """Read and validate a TOML schema file.
+
+    Parameters
+    ----------
+    path : str or Path
+        The schema file (see `Schema`; `silofl.data.draft_schema` writes a draft).
+
+    Returns
+    -------
+    Schema
+        The declared columns and label.
+
+    Raises
+    ------
+    ConfigError
+        Naming the file on any problem; a draft (``drafted = true``) is refused until a
+        person has reviewed it and removed that line.
+    """
     p = Path(path)
     if not p.is_file():
         raise ConfigError(f"schema file not found: {str(p)!r}; write one (see "

@@ -186,6 +186,29 @@ class TuningConfig:
 
 @dataclass
 class Config:
+    """A job's configuration: the sections of a TOML file, with defaults.
+
+    Read one with `load_config`; the same keys work in TOML, as ``--set SECTION.KEY=VALUE``
+    and here.
+
+    Attributes
+    ----------
+    data : DataConfig
+        [data]: the source (built-in, table, split, ...), its columns and schema.
+    model : ModelConfig
+        [model]: the model's name and options.
+    training : TrainingSection
+        [training]: rounds, batch size, lr, clip, methods and their settings.
+    privacy : PrivacyConfig
+        [privacy]: enabled, ε, δ, per-silo targets, accountant, noise.
+    budget : BudgetConfig
+        [budget]: the lifetime store, deployment, lifetime targets.
+    output : OutputConfig
+        [output]: the run directory, checkpoints.
+    tuning : TuningConfig
+        [tuning]: private hyperparameter tuning.
+    """
+
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     training: TrainingSection = field(default_factory=TrainingSection)
@@ -195,6 +218,14 @@ class Config:
     tuning: TuningConfig = field(default_factory=TuningConfig)
 
     def to_dict(self) -> dict:
+        """The configuration as plain data (what a run directory's config.toml holds).
+
+        Returns
+        -------
+        dict
+            Section name to key/value dict; optional keys left at their defaults are
+            omitted.
+        """
         d = dataclasses.asdict(self)
         if self.tuning == TuningConfig():  # older configs (and their fingerprints) lack it
             d.pop("tuning")
@@ -302,9 +333,28 @@ def _check_privacy_section(pc: PrivacyConfig) -> None:
 
 def load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] = ()
                 ) -> Config:
-    """Read a TOML config file (None → all defaults). Paths in the file are relative to
-    its folder; `overrides` are ``--set SECTION.KEY=VALUE`` items applied on top (their
-    paths relative to the working directory); see `silofl.experiments.config_input`."""
+    """Read and validate a job's TOML configuration.
+
+    Parameters
+    ----------
+    path : str, Path or None
+        The TOML file (None: all defaults, the built-in heart-disease job). Paths in the
+        file are relative to its folder.
+    overrides : sequence of str, default ()
+        ``SECTION.KEY=VALUE`` items applied on top, as ``--set`` does (their paths
+        relative to the working directory).
+
+    Returns
+    -------
+    Config
+        The validated configuration.
+
+    Raises
+    ------
+    ConfigError
+        An unknown key (with the nearest valid one) or an invalid value, naming the file
+        and key.
+    """
     from silofl.experiments.config_input import (apply_overrides, check_config_paths,
                                                  resolve_config_paths)
     raw = {} if path is None else resolve_config_paths(read_toml(path, "config file"),

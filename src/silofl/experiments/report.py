@@ -322,8 +322,22 @@ def selection_table(head: dict, rows: list[dict]) -> Table:
 
 
 def write_report(results: Path, out_dir: Path, epsilon: float | None = None) -> dict:
-    """HTML page + PNG figures + summary.json for a results file (`epsilon`: the ε of the
-    fixed-ε figures, default the header's report ε). Returns the summary."""
+    """Write a sweep's report: an HTML page, PNG figures and summary.json.
+
+    Parameters
+    ----------
+    results : Path
+        A sweep's JSON-lines results file (`run_sweep`'s ``outcome.results``).
+    out_dir : Path
+        The folder written (created if needed).
+    epsilon : float, optional
+        The ε of the fixed-ε figures (default: the results header's report ε).
+
+    Returns
+    -------
+    dict
+        The summary (what summary.json holds).
+    """
     import base64
     import html
 

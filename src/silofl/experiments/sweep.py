@@ -542,8 +542,34 @@ Progress = Callable[[int, int, dict | None], None]
 
 def run_sweep(sc: SweepConfig, *, results: str | Path | None = None, workers: int | None = None,
               on_progress: Progress | None = None) -> SweepOutcome:
-    """Run (or resume) the sweep. `on_progress(done, total, record)` is called once before
-    the first run (record None; done = runs already recorded) and after every run."""
+    """Run (or resume) a privacy-utility sweep, as ``silofl sweep`` does.
+
+    Runs already in the results file are skipped, so a killed sweep resumes.
+
+    Parameters
+    ----------
+    sc : SweepConfig
+        From `load_sweep_config`.
+    results : str or Path, optional
+        The JSON-lines results file (default: the sweep's own).
+    workers : int, optional
+        Worker processes (default: the sweep's; they are spawned, so call this under
+        ``if __name__ == "__main__":`` or pass workers=1).
+    on_progress : callable (done, total, record) -> None, optional
+        Called once before the first run (record None; done = runs already recorded) and
+        after every run.
+
+    Returns
+    -------
+    SweepOutcome
+        ``results`` (the file's path), ``total``, ``skipped``, ``executed``, ``seconds``.
+
+    Raises
+    ------
+    ConfigError
+        Before anything is written: a plan that cannot run, or a lifetime store without
+        the budget for the sweep.
+    """
     t0 = time.perf_counter()
     path = Path(results) if results is not None else sc.results_path
     workers = sc.sweep.workers if workers is None else workers

@@ -231,7 +231,24 @@ def _check_private_tuning(s: SweepSection, base: Config) -> None:
 
 
 def load_sweep_config(path: str | Path) -> SweepConfig:
-    """Read and validate a sweep TOML file (paths in it are relative to its directory)."""
+    """Read and validate a sweep TOML file.
+
+    Parameters
+    ----------
+    path : str or Path
+        The sweep file (paths in it are relative to its directory); see
+        ``examples/school-quick.toml``.
+
+    Returns
+    -------
+    SweepConfig
+        The base job, the grid of ε, methods and seeds, and the report settings.
+
+    Raises
+    ------
+    ConfigError
+        An unknown key or an invalid value.
+    """
     from silofl.experiments.config_input import check_config_paths, resolve_config_paths
     root = Path(path).resolve().parent  # one rule for every config: relative to its folder
     raw = check_config_paths(resolve_config_paths(read_toml(path, "sweep config"), root))

@@ -22,15 +22,49 @@ from silofl.privacy.clipping import clip_bound
 
 
 class Model:
+    """The interface every model implements: a pure function of a flat parameter vector.
+
+    Build one with `silofl.make_model`. A backend provides `per_example_grads`,
+    `predict` and `loss`; `clipped_grad_sum` and `grad_sum` have generic defaults.
+
+    Attributes
+    ----------
+    name : str
+        The model's name ("logistic", "mlp", ...).
+    tasks : tuple of str
+        The federation tasks it accepts ("binary", "multiclass", "regression").
+    num_params : int
+        P, the length of the flat parameter vector.
+    """
+
     name: str = "model"
     #: which Federation tasks this model accepts
     tasks: tuple[str, ...] = ()
     num_params: int
 
     def init_params(self) -> np.ndarray:
+        """The starting parameters.
+
+        Returns
+        -------
+        numpy.ndarray
+            Shape (P,) float64 (zeros unless the backend overrides it).
+        """
         return np.zeros(self.num_params)
 
     def check_task(self, task: str) -> None:
+        """Refuse data of a task this model cannot learn.
+
+        Parameters
+        ----------
+        task : str
+            The federation's task.
+
+        Raises
+        ------
+        ConfigError
+            `task` is not in `tasks`; the message lists models that fit it.
+        """
         if task not in self.tasks:
             raise ConfigError(
                 f"model {self.name!r} needs {' or '.join(self.tasks)} labels but the data is "
@@ -39,23 +73,85 @@ class Model:
 
     # -- per-example ----------------------------------------------------------------
     def per_example_grads(self, w: np.ndarray, X: np.ndarray, y: np.ndarray) -> np.ndarray:
-        """(n, P) gradients of each example's loss at parameters w (P,)."""
+        """Each example's loss gradient.
+
+        Parameters
+        ----------
+        w : numpy.ndarray
+            Parameters, shape (P,).
+        X : numpy.ndarray
+            Examples, shape (n, d) or (n, C, H, W).
+        y : numpy.ndarray
+            Labels, shape (n,).
+
+        Returns
+        -------
+        numpy.ndarray
+            Shape (n, P).
+        """
         raise NotImplementedError
 
     def loss(self, w: np.ndarray, X: np.ndarray, y: np.ndarray) -> np.ndarray:
-        """(n,) per-example losses."""
+        """Each example's loss.
+
+        Parameters
+        ----------
+        w : numpy.ndarray
+            Parameters, shape (P,).
+        X : numpy.ndarray
+            Examples, shape (n, ...).
+        y : numpy.ndarray
+            Labels, shape (n,).
+
+        Returns
+        -------
+        numpy.ndarray
+            Shape (n,).
+        """
         raise NotImplementedError
 
     def predict(self, w: np.ndarray, X: np.ndarray) -> np.ndarray:
-        """Scores: (n,) for regression/binary (probability of class 1 or value),
-        (n, C) class probabilities for multiclass."""
+        """The model's scores.
+
+        Parameters
+        ----------
+        w : numpy.ndarray
+            Parameters, shape (P,).
+        X : numpy.ndarray
+            Examples, shape (n, ...).
+
+        Returns
+        -------
+        numpy.ndarray
+            (n,) for regression/binary (the value, or the probability of class 1), (n, C)
+            class probabilities for multiclass.
+        """
         raise NotImplementedError
 
     # -- batched over silos ---------------------------------------------------------
     def clipped_grad_sum(self, W, X, y, mask, clip, **aux):
-        """Σ_i min(1, c/‖g_i‖) g_i over unmasked rows, per silo → (K, P), with
-        c = clip_bound(clip) (norms in float64). `aux` may carry precomputed per-row
-        quantities a backend can use (or ignore)."""
+        """The sum of clipped per-example gradients, per silo: Σ_i min(1, c/‖g_i‖) g_i.
+
+        Parameters
+        ----------
+        W : numpy.ndarray
+            Each silo's parameters, shape (K, P).
+        X : numpy.ndarray
+            Batches, shape (K, B, ...).
+        y : numpy.ndarray
+            Labels, shape (K, B).
+        mask : numpy.ndarray
+            Shape (K, B): 1 for real rows, 0 for padding.
+        clip : float
+            The L2 norm bound C; rows are clipped to c = clip_bound(C) (norms in float64).
+        **aux
+            Precomputed per-row quantities a backend can use (or ignore).
+
+        Returns
+        -------
+        numpy.ndarray
+            Shape (K, P).
+        """
         c = clip_bound(clip)
         out = np.zeros_like(W)
         for k in range(W.shape[0]):
@@ -66,7 +162,24 @@ class Model:
         return out
 
     def grad_sum(self, W, X, y, mask):
-        """Σ_i g_i over unmasked rows, per silo → (K, P) (the non-private path)."""
+        """The sum of per-example gradients over unmasked rows (the non-private path).
+
+        Parameters
+        ----------
+        W : numpy.ndarray
+            Shape (K, P).
+        X : numpy.ndarray
+            Shape (K, B, ...).
+        y : numpy.ndarray
+            Shape (K, B).
+        mask : numpy.ndarray
+            Shape (K, B).
+
+        Returns
+        -------
+        numpy.ndarray
+            Shape (K, P).
+        """
         return np.stack([(self.per_example_grads(W[k], X[k], y[k]) * mask[k][:, None]).sum(0)
                          for k in range(W.shape[0])])
 

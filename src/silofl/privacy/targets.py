@@ -82,7 +82,20 @@ def check_target(epsilon, delta, where: str = "") -> tuple[float, float]:
 
 @dataclass(frozen=True)
 class PrivacyTarget:
-    """A silo's own (ε, δ) for example-level DP on its own records."""
+    """A silo's own (ε, δ) for example-level DP on its own records.
+
+    Parameters
+    ----------
+    epsilon : float
+        ε > 0 (dimensionless; smaller is more private).
+    delta : float
+        δ in (0, 1); use a value well below 1/n for n records.
+
+    Raises
+    ------
+    PrivacyError
+        ε not a positive finite number, or δ outside (0, 1).
+    """
 
     epsilon: float
     delta: float

@@ -47,7 +47,43 @@ _CALIBRATION_MARGIN = 1e-7
 
 @dataclass(frozen=True)
 class TrainingConfig:
-    """Settings shared by all silos. Units: lr per step, clip in L2 norm of a gradient."""
+    """Training settings shared by all silos (each silo's σ comes from its own target).
+
+    Attributes
+    ----------
+    rounds : int, default 100
+        Federated rounds.
+    local_epochs : float, default 1.0
+        Expected passes over a silo's training data per round.
+    batch_size : int, default 32
+        Expected batch size b; each silo samples with Poisson rate q_k = b / n_k.
+    lr : float, default 0.1
+        Learning rate, per step.
+    clip : float, default 1.0
+        C, the L2 norm bound of each per-example gradient.
+    l2 : float, default 0.0
+        L2 regularization of the loss.
+    private : bool, default True
+        DP-SGD with calibrated noise and budget charges (False: no guarantee, no charge).
+    accountant : {"pld", "rdp"}, default "pld"
+        The accountant σ is calibrated and ε reported with.
+    noise : {"secure", "seeded"}, default "secure"
+        "secure": a CSPRNG keyed from OS entropy; "seeded": reproducible experiments
+        only, not a privacy guarantee (every output says so).
+    seed : int, default 0
+        Seed of the seeded noise and of model initialization.
+    eval_every : int, default 1
+        Evaluate the test metric every this many rounds.
+    noise_multiplier : float or None, default None
+        A fixed σ instead of calibrating it (the ledgers still refuse anything over the
+        target).
+    privacy_unit : {"example", "node"}, default "example"
+        One training row, or one person of a contact graph.
+    node_S : int, default 1
+        Node level: the most examples one person appears in.
+    adjacency : {"node+edges", "node"}, default "node+edges"
+        Node level: a person and their contacts, or a fixed public graph.
+    """
 
     rounds: int = 100
     local_epochs: float = 1.0
@@ -70,6 +106,13 @@ class TrainingConfig:
     adjacency: str = "node+edges"
 
     def validate(self) -> None:
+        """Check every setting.
+
+        Raises
+        ------
+        ConfigError
+            The first invalid setting, with its valid range.
+        """
         def bad(msg):
             raise ConfigError(msg)
         if not (isinstance(self.rounds, int) and self.rounds >= 1):
