@@ -99,8 +99,12 @@ def level_text(v) -> str:
 
 @dataclass(frozen=True)
 class ColumnSpec:
-    """One declared feature column. Numeric bounds, mean, scale and fill are in the
-    column's own units; `levels` are the declared categories in order."""
+    """One declared column, of a feature table or of a declared graph/long table.
+
+    A feature column (`kind` in `KINDS`) has numeric bounds, mean, scale and fill in its
+    own units and `levels`, its declared categories in order. A storage column of a
+    declared table (`kind` in `silofl.data.columnar.STORAGE_KINDS`) has a `dtype` it is
+    held in, and for kind "state" its `levels` (the letters of the codes 0, 1, ...)."""
 
     name: str
     kind: str
@@ -112,6 +116,14 @@ class ColumnSpec:
     levels: tuple = ()
     nullable: bool = False
     description: str = ""
+    #: storage dtype of a declared graph/long table's column (`silofl.data.columnar`);
+    #: None for a schema's feature columns, which are encoded as float features
+    dtype: str | None = None
+
+    @property
+    def np_dtype(self) -> np.dtype:
+        """The NumPy dtype the column is held in (storage columns; float64 otherwise)."""
+        return np.dtype(self.dtype or "float64")
 
     @property
     def bounds(self) -> tuple[float, float] | None:
