@@ -1203,7 +1203,7 @@ def pandemic_audit(data: Path = typer.Option(..., "--data", help="directory of t
     try:
         _need_pandemic_extra()
         from silofl.audit import write_audit
-        from silofl.audit.pandemic import audit_pandemic
+        from silofl.pandemic.audit import audit_pandemic
         from silofl.errors import ConfigError
         from silofl.pandemic import read_dataset
         from silofl.privacy.budget import BudgetStore
