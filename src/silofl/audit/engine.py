@@ -4,7 +4,7 @@ mechanism and its canaries as a plug-in (`Mechanism`).
 * one run: m canaries per audited unit (a silo, a region), each included with probability
   ½ (the auditor's own coin flips), one training job with every audited unit's canaries;
   each canary is scored on the released models and the guesses turn into a bound by
-  `bounds.one_run_audit`.
+  `silofl.audit.bounds.one_run_audit`.
 * many runs: neighbouring datasets D and D′ (D with one canary in), `runs` jobs each,
   interleaved so a drift in time cannot pose as a signal; statistics of the released
   models feed `bounds.multi_run_epsilon`.
@@ -23,7 +23,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from silofl.audit import bounds
+from silofl.audit.bounds import multi_run_epsilon, one_run_audit
 from silofl.errors import ConfigError
 
 KINDS = ("one-run", "multi-run")
@@ -205,7 +205,7 @@ def one_run(mech: Mechanism, units: list[str], canaries: Any, confidence: float,
     rows = []
     for unit, (_c, inc) in chosen.items():
         claim = job.claim(unit)
-        res = bounds.one_run_audit(job.scores(unit), inc, claim.delta,
+        res = one_run_audit(job.scores(unit), inc, claim.delta,
                                    per_unit(confidence, len(chosen)))
         rows.append(SiloAudit(unit, claim.epsilon, claim.target_epsilon, claim.delta,
                               res["epsilon"], res))
@@ -246,7 +246,7 @@ def multi_run(mech: Mechanism, units: list[str], canary: Any, runs: int,
             if on_progress:
                 on_progress(done, total)
         assert claim is not None  # runs ≥ MIN_RUNS
-        res = bounds.multi_run_epsilon({k: np.array(v) for k, v in stats[0].items()},
+        res = multi_run_epsilon({k: np.array(v) for k, v in stats[0].items()},
                                        {k: np.array(v) for k, v in stats[1].items()},
                                        claim.delta, per_unit(confidence, len(units)))
         res["runs"] = runs

@@ -24,9 +24,18 @@ from collections.abc import Callable
 
 import numpy as np
 
-from silofl.audit import engine
 from silofl.audit.canaries import Canaries, check_canaries, insert, make_canaries
-from silofl.audit.engine import AUDIT_NOTE, AuditReport, Claim
+from silofl.audit.engine import (
+    AUDIT_NOTE,
+    AuditReport,
+    Claim,
+    canary_count,
+    check_confidence,
+    check_kind,
+    check_runs,
+    multi_run,
+    one_run,
+)
 from silofl.errors import ConfigError
 from silofl.experiments import build
 from silofl.experiments import run as run_mod
@@ -53,7 +62,7 @@ def audit(cfg, *, kind: str = "one-run", silo: str | None = None,
     scratch store when [budget] scratch). seed: the canaries and coin flips (default: OS
     entropy). Everything that can fail on bad input fails before any budget is reserved."""
     t0 = time.perf_counter()
-    engine.check_kind(kind)
+    check_kind(kind)
     if not cfg.privacy.enabled:
         raise ConfigError("an audit compares a claimed ε with an empirical lower bound, but "
                           "this config has no ε claim (privacy is disabled); enable "
@@ -61,7 +70,7 @@ def audit(cfg, *, kind: str = "one-run", silo: str | None = None,
     if cfg.model.name in TORCH_MODELS:
         raise ConfigError(f"auditing supports the GLMs (linear, logistic, focal, svm, "
                           f"softmax), not model {cfg.model.name!r}")
-    engine.check_confidence(confidence)
+    check_confidence(confidence)
     rng = np.random.default_rng(seed)  # None: OS entropy
     raw = build.apply_privacy(build.load_raw(cfg.data), cfg)
     names = [raw.silo(silo).name] if silo is not None else raw.names
@@ -168,7 +177,7 @@ class TableMechanism:
         if isinstance(canaries, Canaries):
             c = canaries
         else:
-            c = make_canaries(self.raw, engine.canary_count(
+            c = make_canaries(self.raw, canary_count(
                 canaries, min(DEFAULT_CANARIES, self.raw.silo(unit).n_train)), rng)
         check_canaries(self.raw, unit, c)
         return c
@@ -211,7 +220,7 @@ def _notes(cfg, store: BudgetStore, uncharged, extra=()) -> list[str]:
 
 def _one_run(cfg, raw, names, canaries, confidence, store, rng, t0, on_progress):
     mech = TableMechanism(cfg, raw, store)
-    rows, _p, _job = engine.one_run(mech, names, canaries, confidence, rng, on_progress)
+    rows, _p, _job = one_run(mech, names, canaries, confidence, rng, on_progress)
     st = mech.st
     return AuditReport("one-run", rows, mech.labels, _notes(
         cfg, st, mech.uncharged,
@@ -230,14 +239,14 @@ def _multi_run(cfg, raw, names, canaries, runs, confidence, store, rng, t0, on_p
                           "the silo's lifetime budget. Run it on a scratch store (--scratch, "
                           "or [budget] scratch = true), or use a one-run audit (--kind one-run)"
                           " on the real store")
-    engine.check_runs(runs)
+    check_runs(runs)
     c = canaries if isinstance(canaries, Canaries) else make_canaries(raw, 1, rng)
     if isinstance(canaries, int) and not isinstance(canaries, bool) and canaries != 1:
         raise ConfigError("a multi-run audit uses one canary (D′ = D + one record); "
                           "leave --canaries out or set it to 1")
     c = Canaries(c.X[:1], c.y[:1])
     mech = TableMechanism(cfg, raw, store)
-    rows = engine.multi_run(mech, names, c, runs, confidence, on_progress)
+    rows = multi_run(mech, names, c, runs, confidence, on_progress)
     run_ids = mech.run_ids
     return AuditReport("multi-run", rows, mech.labels, _notes(
         cfg, BudgetStore(None), mech.uncharged,

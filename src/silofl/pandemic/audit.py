@@ -40,8 +40,18 @@ from collections.abc import Callable
 
 import numpy as np
 
-from silofl.audit import engine
-from silofl.audit.engine import AUDIT_NOTE, LOWER_BOUND_NOTE, AuditReport, Claim
+from silofl.audit.engine import (
+    AUDIT_NOTE,
+    LOWER_BOUND_NOTE,
+    AuditReport,
+    Claim,
+    canary_count,
+    check_confidence,
+    check_kind,
+    check_runs,
+    multi_run,
+    one_run,
+)
 from silofl.data.ids import IdIndex
 from silofl.errors import ConfigError
 from silofl.pandemic.dataset import ContactNetwork
@@ -218,7 +228,7 @@ class PandemicMechanism:
         self.st: BudgetStore | None = None
 
     def draw(self, unit: str, canaries, rng: np.random.Generator) -> CanaryPersons:
-        m = engine.canary_count(canaries, min(DEFAULT_CANARIES, self.members[unit].size))
+        m = canary_count(canaries, min(DEFAULT_CANARIES, self.members[unit].size))
         return make_canary_persons(self.data, self.cfg, unit, m, self.contacts, rng)
 
     def prepare_one(self, chosen):
@@ -271,12 +281,12 @@ def audit_pandemic(data, cfg, *, region: str | None = None, kind: str = "one-run
     scratch. seed: canaries and coin flips (default OS entropy). Everything that can fail
     on bad input fails before any budget is reserved."""
     t0 = time.perf_counter()
-    engine.check_kind(kind)
+    check_kind(kind)
     cfg.validate()
     if not cfg.private:
         raise ConfigError("an audit compares a claimed ε with an empirical lower bound, but "
                           "this run is not private (--no-privacy); drop it")
-    engine.check_confidence(confidence)
+    check_confidence(confidence)
     members = _regions(data, cfg)
     region = _resolve_region(members, region)
     rng = np.random.default_rng(seed)
@@ -286,7 +296,7 @@ def audit_pandemic(data, cfg, *, region: str | None = None, kind: str = "one-run
              "members; the job's σ was calibrated for the region with its canary slots in"]
     mech = PandemicMechanism(data, cfg, members, canaries, contacts, store)
     if kind == "one-run":
-        (row,), _p, _job = engine.one_run(mech, [region], canaries, confidence, rng,
+        (row,), _p, _job = one_run(mech, [region], canaries, confidence, rng,
                                          on_progress)
         pm = mech.pm
         run_ids = [next(p for p in pm.privacy if p["region"] == region).get("run_id") or "-"]
@@ -304,9 +314,9 @@ def audit_pandemic(data, cfg, *, region: str | None = None, kind: str = "one-run
         if canaries not in (None, 1):
             raise ConfigError("a multi-run audit uses one canary (D′ = D with the canary "
                               "in its slot); leave --canaries out or set it to 1")
-        engine.check_runs(runs)
+        check_runs(runs)
         c = make_canary_persons(data, cfg, region, 1, contacts, rng)
-        (row,) = engine.multi_run(mech, [region], c, runs, confidence, on_progress)
+        (row,) = multi_run(mech, [region], c, runs, confidence, on_progress)
         run_ids = [f"{2 * runs} scratch jobs"]
         notes += [SCRATCH_NOTE, f"multi-run: {runs} jobs on D and {runs} on D′, each on "
                   "its own scratch store"]

@@ -520,9 +520,9 @@ PIVOT_LABEL, TUNING_LABEL = "dpsgd-pivot", "tuning"
 
 def tuned_method(regions: list[Region], cfg: PandemicConfig, tc):
     """``cfg.method`` (MR-MTL or Ditto) privately tuned per region (`TuningConfig` ``tc``,
-    checked by `tuning.graph.check_setting`): `TunedPersonalization` with one node-level
+    checked by `pandemic.tuning.check_setting`): `TunedPersonalization` with one node-level
     `NodeValidation` score per region (read only after its charge)."""
-    from silofl.tuning.graph import DEFAULT_LOSS_BOUND, NodeValidation
+    from silofl.pandemic.tuning import DEFAULT_LOSS_BOUND, NodeValidation
     from silofl.tuning.private import TunedPersonalization
     from silofl.tuning.setup import distribution
     val = [NodeValidation(r, (lambda X, r=r: region_inputs(r, cfg, X)),
@@ -553,7 +553,7 @@ def tuning_entry(r: Region, k: int, cfg: PandemicConfig, alg) -> dict:
     grid, the score (window, persons, Δ, noise), the ε of the RepeatAndSelect charge alone
     and the released setting."""
     from silofl.privacy import accounting, events
-    from silofl.tuning.graph import describe_release
+    from silofl.pandemic.tuning import describe_release
     from silofl.tuning.private import score_sigma
     out = describe_release(alg, k)
     sig = score_sigma(round_event(r, cfg), cfg.rounds, alg.score_ratio)
@@ -1051,12 +1051,12 @@ def train(data: PandemicData, cfg: PandemicConfig,
     on graph data"), the whole RepeatAndSelect release reserved and charged; the pivot's
     public λ̄ is ``tuning.pivot_lam`` (the CLI passes ``--lam``), and
     ``validation_fraction`` does not apply (the score reads every person's example at a
-    public window, `tuning.graph.NodeValidation`)."""
+    public window, `pandemic.tuning.NodeValidation`)."""
     cfg.validate()
     t0 = time.perf_counter()
     tc = tuning if tuning is not None and tuning.mode != "none" else None
     if tc is not None:
-        from silofl.tuning.graph import check_setting
+        from silofl.pandemic.tuning import check_setting
         check_setting(tc, cfg)  # fail before anything is reserved
     check_t_window(cfg.t_window, data.num_days)  # fail before anything is reserved
     regions = region_groups(data, cfg)  # membership and sizes only (public)

@@ -18,7 +18,7 @@ Per silo k (all silos in one process here, each with its own draws):
    kept apart in per-trial sub-ledgers that allow exactly one trial's steps each;
 4. after the last round it scores each trial on its own validation rows (clipped loss or
    error rate, sensitivity 1/(m_k − 1) as in `training.selection`; graph data: a
-   node-level score, `tuning.graph.NodeValidation`) plus Gaussian noise, and
+   node-level score, `pandemic.tuning.NodeValidation`) plus Gaussian noise, and
    releases the trial with the best noisy score as its personal model. h_k = 0 (Poisson)
    releases the pivot, which was released already.
 
@@ -43,6 +43,7 @@ from silofl.algorithms.base import (Algorithm, ServerState, SiloState, apply_mea
 from silofl.errors import ConfigError
 from silofl.privacy import events
 from silofl.privacy.ledger import Ledger
+from silofl.privacy.node_tuning import is_node_event, node_score_sigma
 from silofl.training import selection
 from silofl.training.dpsgd import GradientRule
 from silofl.training.trainer import LocalTrainer, SiloArrays
@@ -57,8 +58,7 @@ SELECTS = ("random", "em")
 
 def score_sigma(round_event, rounds: int, ratio: float) -> float:
     """Noise multiplier of the validation-score release (see the module docstring; node
-    level: `tuning.graph.node_score_sigma`)."""
-    from silofl.tuning.graph import is_node_event, node_score_sigma
+    level: `privacy.node_tuning.node_score_sigma`)."""
     if is_node_event(round_event):
         return node_score_sigma(round_event, rounds, ratio)
     sigma = TA.noise_of(round_event)
@@ -318,7 +318,7 @@ class TunedPersonalization(Algorithm):
     def _scores(self, model, k: int, candidates: np.ndarray) -> tuple[np.ndarray, float]:
         """(raw scores (G,), sensitivity) of silo k's candidates on its validation set:
         rows (X, y) scored by `training.selection`, or an object with ``scores`` and
-        ``sensitivity`` (graph data: `tuning.graph.NodeValidation`, node-level Δ)."""
+        ``sensitivity`` (graph data: `pandemic.tuning.NodeValidation`, node-level Δ)."""
         v = self.validation[k]
         if hasattr(v, "scores"):
             return v.scores(model, candidates), v.sensitivity(model)
