@@ -4,7 +4,7 @@ A draft is read from the data, so it inherits the export's faults: a 1e308 or ±
 placeholder became an observed bound (``upper = 1e+308``), and one category spelled several
 ways (``ASYMPTOMATIC``, ``asymptomatic``, ``non-Angina l``; ``fémale``; ``M``) became several
 levels with nothing said. The draft leaves placeholders out of its bounds
-(`schema._infer_column`) and these checks write a comment above each such column and warn
+(`schema_draft._infer_column`) and these checks write a comment above each such column and warn
 in the terminal (column names and counts only: the levels are in the draft file, which is
 read from the data anyway).
 """
@@ -18,6 +18,7 @@ import numpy as np
 import pandas as pd
 
 from silofl.data.table_checks import HUGE
+from silofl.data.values import parse_numeric
 
 
 def _spelling_key(v: str) -> str:
@@ -48,7 +49,6 @@ def spelling_groups(levels) -> list[list[str]]:
 
 def _placeholders(s: pd.Series) -> int:
     """Cells of a numeric column that are ±inf or of magnitude above HUGE."""
-    from silofl.data.tabular import parse_numeric
     num = parse_numeric(s)
     if num is None:
         return 0
