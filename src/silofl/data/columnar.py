@@ -28,11 +28,13 @@ import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
+from silofl.data.ids import stable_argsort
 from silofl.data.schema import ColumnSpec
 from silofl.errors import DataError
 
 __all__ = ["TableSpec", "ColumnarReader", "read_columns", "optional_present", "row_where",
-           "is_parquet", "FILE_EXTENSIONS", "STORAGE_KINDS"]
+           "is_parquet", "FILE_EXTENSIONS", "STORAGE_KINDS", "unique_sorted_ids", "check_known",
+           "check_codes"]
 
 #: Uncompressed CSV bytes handed to the parser at a time.
 CSV_CHUNK_BYTES = 16 << 20
@@ -393,3 +395,46 @@ def optional_present(path: Path, spec: TableSpec) -> list[str]:
         reader._csv_stream.close()
     return [c for c in spec.optional_names if c in reader.names]
 
+
+# --------------------------------------------------------------------------- #
+# Validation of ids and codes (any declared table)
+# --------------------------------------------------------------------------- #
+def unique_sorted_ids(ids: np.ndarray, path: Path, col: str, what: str) -> tuple[np.ndarray, np.ndarray]:
+    """Sort ids; raise DataError naming the first duplicate.  Returns (sorted ids, order)."""
+    order = stable_argsort(ids)
+    s = ids[order]
+    if s.size > 1:
+        dup = np.flatnonzero(s[1:] == s[:-1])
+        if dup.size:
+            j = int(dup[0])
+            a, b = sorted((int(order[j]), int(order[j + 1])))
+            raise DataError(
+                f"{path.name}: duplicate {col} (at {row_where(path, a)} and {row_where(path, b)}); "
+                f"each {what} must appear exactly once — remove the duplicate rows "
+                f"({dup.size} duplicated id(s) in total)"
+            )
+    return s, order
+
+
+def check_known(idx: np.ndarray, values: np.ndarray, path: Path, row0: int, col: str, what: str, fix: str):
+    """Raise DataError at the first row of this batch whose id is unknown (``idx`` < 0, as
+    `IdIndex.lookup` returns), naming file, line, column and `fix`, never the id."""
+    bad = idx < 0
+    if bad.any():
+        where = np.flatnonzero(bad)
+        i = int(where[0])
+        raise DataError(
+            f"{row_where(path, row0 + i)}: column {col!r} refers to an unknown {what} "
+            f"({where.size} unknown reference(s) in this part of the file); {fix}"
+        )
+
+
+def check_codes(values: np.ndarray, allowed, path: Path, row0: int, col: str, what: str):
+    """Raise DataError at the first row of this batch whose code is not in `allowed`."""
+    ok = np.isin(values, np.asarray(allowed, dtype=values.dtype))
+    if not ok.all():
+        i = int(np.flatnonzero(~ok)[0])
+        raise DataError(
+            f"{row_where(path, row0 + i)}: column {col!r} holds an invalid {what} "
+            f"(allowed: {', '.join(str(a) for a in allowed)})"
+        )

@@ -29,9 +29,12 @@ import pandas as pd
 from silofl.data.columnar import (
     ColumnarReader,
     TableSpec,
+    check_codes,
+    check_known,
     optional_present,
     read_columns,
     row_where,
+    unique_sorted_ids,
 )
 from silofl.data.ids import IdIndex, first_occurrence, sorted_unique, stable_argsort
 from silofl.errors import DataError
@@ -93,47 +96,6 @@ def read_table(path: Path | str, spec: TableSpec | str, columns: list[str] | Non
 
 
 # --------------------------------------------------------------------------- #
-# Validation helpers
-# --------------------------------------------------------------------------- #
-def _unique_sorted(ids: np.ndarray, path: Path, col: str, what: str) -> tuple[np.ndarray, np.ndarray]:
-    """Sort ids; raise DataError naming the first duplicate.  Returns (sorted ids, order)."""
-    order = stable_argsort(ids)
-    s = ids[order]
-    if s.size > 1:
-        dup = np.flatnonzero(s[1:] == s[:-1])
-        if dup.size:
-            j = int(dup[0])
-            a, b = sorted((int(order[j]), int(order[j + 1])))
-            raise DataError(
-                f"{path.name}: duplicate {col} (at {row_where(path, a)} and {row_where(path, b)}); "
-                f"each {what} must appear exactly once — remove the duplicate rows "
-                f"({dup.size} duplicated id(s) in total)"
-            )
-    return s, order
-
-
-def _check_known(idx: np.ndarray, values: np.ndarray, path: Path, row0: int, col: str, what: str, fix: str):
-    bad = idx < 0
-    if bad.any():
-        where = np.flatnonzero(bad)
-        i = int(where[0])
-        raise DataError(
-            f"{row_where(path, row0 + i)}: column {col!r} refers to an unknown {what} "
-            f"({where.size} unknown reference(s) in this part of the file); {fix}"
-        )
-
-
-def _check_codes(values: np.ndarray, allowed, path: Path, row0: int, col: str, what: str):
-    ok = np.isin(values, np.asarray(allowed, dtype=values.dtype))
-    if not ok.all():
-        i = int(np.flatnonzero(~ok)[0])
-        raise DataError(
-            f"{row_where(path, row0 + i)}: column {col!r} holds an invalid {what} "
-            f"(allowed: {', '.join(str(a) for a in allowed)})"
-        )
-
-
-# --------------------------------------------------------------------------- #
 # read_dataset
 # --------------------------------------------------------------------------- #
 def read_dataset(directory: Path | str, *, with_target: bool = False, num_days: int | None = None) -> PandemicData:
@@ -161,45 +123,81 @@ def read_dataset(directory: Path | str, *, with_target: bool = False, num_days: 
         other than S/I/R.  The message names the file, column and line.
     """
     directory = Path(directory)
-    specs = dict(TABLES)
-    paths = {key: find_table_file(directory, spec) for key, spec in specs.items()}
+    paths = {key: find_table_file(directory, spec) for key, spec in TABLES.items()}
     if with_target:
         paths[TARGET.key] = find_table_file(directory, TARGET)
+    hh_ids, hh_size, hid_index = _households(paths["households"])
+    persons = _persons(paths["persons"], hid_index)
+    residence, activity, lid_index, rl_index = _locations(paths)
+    pid_index = persons["pid_index"]
+    assignment = _assignment(paths["activity_location_assignment"], pid_index, lid_index)
+    home_lid, county, region, region_codes = _homes(assignment, persons, hh_ids, residence,
+                                                   rl_index)
+    network = _network(paths["population_network"], pid_index, lid_index)
+    pids = persons["pids"]
+    states = _read_outcomes(paths["disease_outcome_training"], pid_index, pids, num_days)
+    target = _read_target(paths[TARGET.key], pid_index, pids) if with_target else None
+    return PandemicData(
+        pids=pids,
+        pid_index=pid_index,
+        hid=persons["hid"],
+        person_number=persons["person_number"],
+        age=persons["age"],
+        sex=persons["sex"],
+        hh_size=hh_size[persons["hidx"]],
+        home_lid=home_lid,
+        county=county,
+        region=region,
+        region_codes=region_codes,
+        households=pd.DataFrame({"hid": hh_ids, "hh_size": hh_size}, copy=False),
+        residence_locations=residence,
+        activity_locations=activity,
+        assignment=assignment,
+        network=network,
+        states=states,
+        target=target,
+        directory=directory,
+        lid_index=lid_index,
+    )
 
-    # ---- households ----------------------------------------------------------
-    p = paths["households"]
-    hh = ColumnarReader(p, specs["households"], ["hid", "hh_size"]).read_all()
-    hh_ids, order = _unique_sorted(hh["hid"], p, "hid", "household")
+
+_UNKNOWN_LID = "every lid must be an rlid of va_residence_locations or an alid of va_activity_locations"
+
+
+def _households(p: Path) -> tuple[np.ndarray, np.ndarray, IdIndex]:
+    """(sorted hids, their hh_size, an index of the hids)."""
+    hh = ColumnarReader(p, TABLES["households"], ["hid", "hh_size"]).read_all()
+    hh_ids, order = unique_sorted_ids(hh["hid"], p, "hid", "household")
     hh_size = hh["hh_size"][order]
     if hh_size.size and hh_size.min() < 0:
         i = int(np.flatnonzero(hh["hh_size"] < 0)[0])
         raise DataError(f"{row_where(p, i)}: hh_size is negative; use the household's size")
-    hid_index = IdIndex(hh_ids)
-    households = pd.DataFrame({"hid": hh_ids, "hh_size": hh_size}, copy=False)
+    return hh_ids, hh_size, IdIndex(hh_ids)
 
-    # ---- persons -------------------------------------------------------------
-    p = paths["persons"]
-    pe = ColumnarReader(p, specs["persons"], ["pid", "hid", "person_number", "age", "sex"]).read_all()
-    pids, order = _unique_sorted(pe["pid"], p, "pid", "person")
-    pid_index = IdIndex(pids)
+
+def _persons(p: Path, hid_index: IdIndex) -> dict:
+    """The per-person columns sorted by pid, their index, and each person's household row."""
+    pe = ColumnarReader(p, TABLES["persons"], ["pid", "hid", "person_number", "age", "sex"]).read_all()
+    pids, order = unique_sorted_ids(pe["pid"], p, "pid", "person")
     hid = pe["hid"][order]
     hidx = hid_index.lookup(hid)
-    _check_known(hidx, hid, p, 0, "hid", "household", "every person's hid must appear in va_household")
+    check_known(hidx, hid, p, 0, "hid", "household", "every person's hid must appear in va_household")
     age = pe["age"][order]
     if age.size and age.max() > 130:
         i = int(np.flatnonzero(pe["age"] > 130)[0])
         raise DataError(f"{row_where(p, i)}: age is implausible; ages must lie in 0..130")
-    _check_codes(pe["sex"], (1, 2), p, 0, "sex", "sex code (1 male, 2 female)")
-    sex = pe["sex"][order]
-    person_number = pe["person_number"][order]
-    del pe
+    check_codes(pe["sex"], (1, 2), p, 0, "sex", "sex code (1 male, 2 female)")
+    return {"pids": pids, "pid_index": IdIndex(pids), "hid": hid, "hidx": hidx, "age": age,
+            "sex": pe["sex"][order], "person_number": pe["person_number"][order]}
 
-    # ---- locations -----------------------------------------------------------
+
+def _locations(paths: dict[str, Path]) -> tuple[pd.DataFrame, pd.DataFrame, IdIndex, IdIndex]:
+    """(residence table, activity-location table, index of all lids, index of the rlids)."""
     p = paths["residence_locations"]
-    spec = specs["residence_locations"]
+    spec = TABLES["residence_locations"]
     rl_cols = ["rlid", "longitude", "latitude"] + optional_present(p, spec)
     rl = ColumnarReader(p, spec, rl_cols).read_all()
-    rlids, order = _unique_sorted(rl["rlid"], p, "rlid", "residence location")
+    rlids, order = unique_sorted_ids(rl["rlid"], p, "rlid", "residence location")
     residence = pd.DataFrame(
         {
             "rlid": rlids,
@@ -211,8 +209,8 @@ def read_dataset(directory: Path | str, *, with_target: bool = False, num_days: 
     )
     p = paths["activity_locations"]
     al_cols = ["alid", "longitude", "latitude", *LOCATION_FLAGS]
-    al = ColumnarReader(p, specs["activity_locations"], al_cols).read_all()
-    alids, order = _unique_sorted(al["alid"], p, "alid", "activity location")
+    al = ColumnarReader(p, TABLES["activity_locations"], al_cols).read_all()
+    alids, order = unique_sorted_ids(al["alid"], p, "alid", "activity location")
     activity = pd.DataFrame({c: (alids if c == "alid" else al[c][order]) for c in al_cols}, copy=False)
     all_lids = np.concatenate([rlids, alids])
     all_lids.sort()
@@ -223,38 +221,43 @@ def read_dataset(directory: Path | str, *, with_target: bool = False, num_days: 
             f"{paths['activity_locations'].name}; location ids share one space (the lid "
             "column refers to either), so renumber one of the tables"
         )
-    lid_index = IdIndex(all_lids)
-    rl_index = IdIndex(rlids)
+    return residence, activity, IdIndex(all_lids), IdIndex(rlids)
 
-    # ---- activity location assignment ------------------------------------------
-    p = paths["activity_location_assignment"]
+
+def _assignment(p: Path, pid_index: IdIndex, lid_index: IdIndex) -> pd.DataFrame:
+    """The schedules in file order, pid replaced by the person index ("person")."""
     cols = ["pid", "activity_number", "activity_type", "start_time", "duration", "lid"]
     parts: dict[str, list[np.ndarray]] = {c: [] for c in ["person", *cols[1:]]}
-    for row0, b in ColumnarReader(p, specs["activity_location_assignment"], cols).batches():
+    for row0, b in ColumnarReader(p, TABLES["activity_location_assignment"], cols).batches():
         person = pid_index.lookup(b["pid"])
-        _check_known(person, b["pid"], p, row0, "pid", "person", "every pid must appear in va_person")
-        _check_known(lid_index.lookup(b["lid"]), b["lid"], p, row0, "lid", "location",
-                     "every lid must be an rlid of va_residence_locations or an alid of va_activity_locations")
-        _check_codes(b["activity_type"], ACTIVITY_CODES, p, row0, "activity_type", "activity code")
+        check_known(person, b["pid"], p, row0, "pid", "person", "every pid must appear in va_person")
+        check_known(lid_index.lookup(b["lid"]), b["lid"], p, row0, "lid", "location", _UNKNOWN_LID)
+        check_codes(b["activity_type"], ACTIVITY_CODES, p, row0, "activity_type", "activity code")
         parts["person"].append(person)
         for c in cols[1:]:
             parts[c].append(b[c])
         del b
     assign_cols = {c: _concat(v, ALL_TABLES["activity_location_assignment"], c) for c, v in parts.items()}
     del parts
-    assignment = pd.DataFrame(assign_cols, copy=False)
+    return pd.DataFrame(assign_cols, copy=False)
 
-    # ---- home location and region ---------------------------------------------------
-    P = pids.size
+
+def _homes(assignment: pd.DataFrame, persons: dict, hh_ids: np.ndarray,
+           residence: pd.DataFrame, rl_index: IdIndex) -> tuple[np.ndarray, ...]:
+    """(home_lid, county, region, region_codes) per person: the rlid of a person's first
+    home activity (else their household's), its county, and that county's region."""
+    rlids = residence["rlid"].to_numpy()
+    P = persons["pids"].size
     home_lid = np.full(P, -1, dtype=rlids.dtype if rlids.dtype == np.int64 else np.int32)
-    is_home = assign_cols["activity_type"] == int(ActivityType.HOME)
-    hp = assign_cols["person"][is_home]
-    hl = assign_cols["lid"][is_home]
+    is_home = assignment["activity_type"].to_numpy() == int(ActivityType.HOME)
+    hp = assignment["person"].to_numpy()[is_home]
+    hl = assignment["lid"].to_numpy()[is_home]
     uniq, first = first_occurrence(hp)
     home_lid[uniq] = hl[first]
     del hp, hl, is_home, uniq, first
     # persons without a home activity inherit their household's home
     missing_home = home_lid < 0
+    hidx = persons["hidx"]
     if missing_home.any() and (~missing_home).any():
         hh_home = np.full(hh_ids.size, -1, dtype=home_lid.dtype)
         have = np.flatnonzero(~missing_home)
@@ -268,20 +271,22 @@ def read_dataset(directory: Path | str, *, with_target: bool = False, num_days: 
     region = np.full(P, -1, dtype=np.int16)
     known = county >= 0
     region[known] = np.searchsorted(region_codes, county[known]).astype(np.int16)
+    return home_lid, county, region, region_codes
 
-    # ---- population network ------------------------------------------------------------
-    p = paths["population_network"]
+
+def _network(p: Path, pid_index: IdIndex, lid_index: IdIndex) -> ContactNetwork:
+    """The contacts in file order, pid1/pid2 replaced by person indices (src/dst)."""
     cols = ["pid1", "pid2", "lid", "start_time", "duration", "activity1", "activity2"]
     net_parts: dict[str, list[np.ndarray]] = {c: [] for c in ["src", "dst", *cols[2:]]}
-    for row0, b in ColumnarReader(p, specs["population_network"], cols).batches():
+    fix = "every pid1/pid2 must appear in va_person"
+    for row0, b in ColumnarReader(p, TABLES["population_network"], cols).batches():
         src = pid_index.lookup(b["pid1"])
-        _check_known(src, b["pid1"], p, row0, "pid1", "person", "every pid1/pid2 must appear in va_person")
+        check_known(src, b["pid1"], p, row0, "pid1", "person", fix)
         dst = pid_index.lookup(b["pid2"])
-        _check_known(dst, b["pid2"], p, row0, "pid2", "person", "every pid1/pid2 must appear in va_person")
-        _check_known(lid_index.lookup(b["lid"]), b["lid"], p, row0, "lid", "location",
-                     "every lid must be an rlid of va_residence_locations or an alid of va_activity_locations")
-        _check_codes(b["activity1"], ACTIVITY_CODES, p, row0, "activity1", "activity code")
-        _check_codes(b["activity2"], ACTIVITY_CODES, p, row0, "activity2", "activity code")
+        check_known(dst, b["pid2"], p, row0, "pid2", "person", fix)
+        check_known(lid_index.lookup(b["lid"]), b["lid"], p, row0, "lid", "location", _UNKNOWN_LID)
+        check_codes(b["activity1"], ACTIVITY_CODES, p, row0, "activity1", "activity code")
+        check_codes(b["activity2"], ACTIVITY_CODES, p, row0, "activity2", "activity code")
         net_parts["src"].append(src)
         net_parts["dst"].append(dst)
         for c in cols[2:]:
@@ -291,39 +296,7 @@ def read_dataset(directory: Path | str, *, with_target: bool = False, num_days: 
     net = {}
     for c in list(net_parts):
         net[c] = _concat(net_parts.pop(c), netspec, c)
-    network = ContactNetwork(**net)
-    del net
-
-    # ---- disease outcomes ------------------------------------------------------------------
-    states = _read_outcomes(paths["disease_outcome_training"], pid_index, pids, num_days)
-
-    # ---- target --------------------------------------------------------------------------------
-    target = None
-    if with_target:
-        target = _read_target(paths[TARGET.key], pid_index, pids)
-
-    return PandemicData(
-        pids=pids,
-        pid_index=pid_index,
-        hid=hid,
-        person_number=person_number,
-        age=age,
-        sex=sex,
-        hh_size=hh_size[hidx],
-        home_lid=home_lid,
-        county=county,
-        region=region,
-        region_codes=region_codes,
-        households=households,
-        residence_locations=residence,
-        activity_locations=activity,
-        assignment=assignment,
-        network=network,
-        states=states,
-        target=target,
-        directory=directory,
-        lid_index=lid_index,
-    )
+    return ContactNetwork(**net)
 
 
 def _concat(parts: list[np.ndarray], spec: TableSpec, col: str) -> np.ndarray:
@@ -353,7 +326,7 @@ def _read_outcomes(path: Path, pid_index: IdIndex, pids: np.ndarray, num_days: i
     for row0, b in ColumnarReader(path, TABLES["disease_outcome_training"], ["day", "pid", "state"]).batches():
         day = b["day"]
         idx = pid_index.lookup(b["pid"])
-        _check_known(idx, b["pid"], path, row0, "pid", "person", "every pid must appear in va_person")
+        check_known(idx, b["pid"], path, row0, "pid", "person", "every pid must appear in va_person")
         if day.size:
             dmin, dmax = int(day.min()), int(day.max())
             if dmin < 0:
@@ -426,9 +399,9 @@ def _raise_duplicate_outcome(path: Path, pid_index: IdIndex, D: int, extra: int)
 def _read_target(path: Path, pid_index: IdIndex, pids: np.ndarray) -> np.ndarray:
     t = ColumnarReader(path, TARGET, ["pid", "infected"]).read_all()
     idx = pid_index.lookup(t["pid"])
-    _check_known(idx, t["pid"], path, 0, "pid", "person", "every pid must appear in va_person")
-    _unique_sorted(t["pid"], path, "pid", "person")
-    _check_codes(t["infected"], (0, 1), path, 0, "infected", "label")
+    check_known(idx, t["pid"], path, 0, "pid", "person", "every pid must appear in va_person")
+    unique_sorted_ids(t["pid"], path, "pid", "person")
+    check_codes(t["infected"], (0, 1), path, 0, "infected", "label")
     target = np.full(pids.size, -1, dtype=np.int8)
     target[idx] = t["infected"]
     if (target < 0).any():
