@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -124,7 +124,7 @@ class ColumnarReader:
         self.spec = spec
         self.columns = columns
         self.colspecs = [spec.column(c) for c in columns]
-        self._csv_stream = None
+        self._csv_stream: Any = None  # the open CSV stream (pyarrow NativeFile)
         self._pending = b""
         if is_parquet(path):
             try:

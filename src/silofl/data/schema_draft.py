@@ -106,7 +106,7 @@ def _infer_column(s: pd.Series, name: str, bounds: bool, max_levels: int) -> Col
                 hi = lo + 1.0
         return ColumnSpec(name, "numeric", lo, hi, nullable=nullable)
     obs = s.dropna()
-    keys = {}
+    keys: dict[float | str, object] = {}
     for v in obs.tolist():
         keys.setdefault(value_key(v), v)
     from silofl.data.column_roles import date_reason
@@ -147,6 +147,7 @@ def _infer_label(s: pd.Series, col: str, task: str) -> LabelSpec:
             raise DataError(f"label column {col!r} is not numeric but task='regression'; use "
                             "task='binary'/'multiclass' or a numeric label")
         return LabelSpec(col, "regression")
+    classes: list[int | float] | list[str]
     if num is not None:
         classes = [int(v) if float(v).is_integer() else float(v) for v in np.unique(num)]
     else:

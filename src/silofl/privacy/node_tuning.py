@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import dp_accounting as dpa
 import numpy as np
@@ -75,7 +76,7 @@ class NodeRepeatAndSelectEvent:
     repeated h ~ D times (``mean`` = E[h], ``shape`` = η for TNB, ∞ for Poisson), only
     the best released."""
 
-    round_event: object
+    round_event: Any  # a node-level pass event (`privacy.node_level.NodeLevelDpEvent`)
     rounds: int
     score_sigma: float
     mean: float

@@ -34,6 +34,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from dataclasses import dataclass
+from typing import Protocol
 
 import dp_accounting as dpa
 import numpy as np
@@ -51,6 +52,24 @@ from silofl.tuning import accounting as TA
 from silofl.tuning.distributions import TrialDistribution
 
 PIVOTS = ("mrmtl", "ditto")
+
+
+class Validation(Protocol):
+    """A silo's validation score as a plug-in of the one tuning path, for units whose
+    score is not rows (X, y) scored by `training.selection` — e.g. graph data's node-level
+    score (`pandemic.tuning.NodeValidation`)."""
+
+    @property
+    def size(self) -> int:
+        """The examples (or persons) scored: public, a function of the silo's size."""
+
+    def scores(self, model, candidates: np.ndarray) -> np.ndarray:
+        """(G,) raw scores (lower is better) of the candidates (G, P); reads private data."""
+
+    def sensitivity(self, model=None) -> float:
+        """The score's sensitivity under the unit's neighbouring relation."""
+
+
 #: "random": random h, best by a Gaussian-noised score (RepeatAndSelect); "em": every grid
 #: setting once, the best chosen by the exponential mechanism (composition + ε²/8-zCDP)
 SELECTS = ("random", "em")
@@ -87,12 +106,13 @@ class TunedSiloState(SiloState):
 class TunedPersonalization(Algorithm):
     """MR-MTL (or Ditto) with λ (and lr) tuned privately per silo. `lams`, `lrs`: the grid
     (lrs None: the run's lr); `dist`: the distribution of h; `validation`: one (X, y) per
-    silo, rows disjoint from its training rows; `pivot_lam` λ̄ (public)."""
+    silo, rows disjoint from its training rows, or one `Validation` per silo (the unit's own
+    score); `pivot_lam` λ̄ (public)."""
 
     name = "mrmtl_tuned"
 
     def __init__(self, lams: list[float], dist: TrialDistribution,
-                 validation: list[tuple[np.ndarray, np.ndarray]], *,
+                 validation: list[tuple[np.ndarray, np.ndarray]] | list[Validation], *,
                  lrs: list[float] | None = None, pivot: str = "mrmtl",
                  pivot_lam: float = 0.1, score_ratio: float = 2.0,
                  loss_bound: float = selection.DEFAULT_LOSS_BOUND, weighted: bool = True,
