@@ -47,8 +47,6 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("silofl.runtime.network.server", "silofl.experiments.config"): "config",
     ("silofl.runtime.network.silo_table", "silofl.experiments.config"): "config",
     # tuning's accounting (helper "acct")
-    ("silofl.tuning.accounting", "silofl.tuning.graph"): "acct",
-    ("silofl.tuning.setup", "silofl.tuning.private"): "acct",
     ("silofl.runtime.plan", "silofl.tuning"): "acct",
     ("silofl.runtime.plan", "silofl.tuning.accounting"): "acct",
     # one silo program on Flower (helper "flower")
