@@ -1100,7 +1100,9 @@ def pandemic_train(data: Path = typer.Option(..., "--data", help="directory of t
         _need_pandemic_extra()
         from silofl.pandemic import read_dataset
         from silofl.privacy.node_level import ADJACENCY_TEXT, PRUNING_ASSUMPTION
-        from silofl.pandemic.pipeline import SEEDED_NOTE, SIZES_ASSUMPTION, train
+        from silofl.pandemic.charges import SIZES_ASSUMPTION
+        from silofl.pandemic.pipeline import train
+        from silofl.runtime.plan import SEEDED_NOTE
         from silofl.privacy.budget import BudgetStore
         cfg = _pandemic_config(centralized, rounds, epsilon, batch, lam, lr, S, no_privacy,
                                seed, noise, adjacency, preprocessing, method, clusters,
