@@ -20,6 +20,7 @@ from silofl.pandemic import features as FT
 from silofl.pandemic import pipeline as P
 from silofl.pandemic import read_dataset
 from silofl.pandemic import regions as pandemic_regions
+from silofl.pandemic import tables as TB
 from silofl.pandemic.challenge import write_predictions
 from silofl.pandemic.charges import (
     UNCHARGED_ITEMS,
@@ -56,8 +57,9 @@ def _no_statistics(monkeypatch):
     def refuse(*a, **k):
         raise AssertionError("an uncharged statistic of the data was computed")
     monkeypatch.setattr(FT, "fitted_constants", refuse)
-    monkeypatch.setattr(FT, "_edge_stats", refuse)
-    monkeypatch.setattr(FT, "boxcox_lambda", refuse)
+    monkeypatch.setattr(FT, "contact_stats", refuse)
+    monkeypatch.setattr(TB, "contact_stats", refuse)
+    monkeypatch.setattr(TB, "boxcox_lambda", refuse)
     monkeypatch.setattr(pandemic_regions, "fit_input_scaling", refuse)
 
 
@@ -385,7 +387,7 @@ def test_private_preprocessing_is_charged_before_it_reads_and_leaves_nothing_unc
     for i in reads:  # every release right after its region's preprocessing charge
         assert log[i - 1][0] == "charge" and log[i - 1][2] == "preprocess"
     assert not any("uncharged" in n for n in pm.notes)
-    decl = FT.DECLARED_CONSTANTS
+    decl = TB.DECLARED_CONSTANTS
     for name, p in zip(pm.regions, pm.privacy):
         pre = p["preprocessing"]
         assert pre["mode"] == "private" and pre["uncharged"] == []

@@ -16,9 +16,9 @@ import numpy as np
 
 from silofl.data.federation import PrivacyTarget
 from silofl.pandemic.engine import method_of, selection_charges, selection_summary
-from silofl.pandemic.features import DECLARED_SOURCES
 from silofl.pandemic.inputs import SUMMARY_DECLARED_SOURCE
 from silofl.pandemic.readers import PandemicData
+from silofl.pandemic.tables import DECLARED_SOURCES
 from silofl.privacy.budget import SCRATCH_NOTE, BudgetStore, PlannedCharge
 from silofl.privacy.node_level import (
     ADJACENCY_TEXT,

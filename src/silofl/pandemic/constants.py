@@ -1,6 +1,6 @@
 """Where a region's data-dependent feature constants come from.
 
-Declared (public numbers, `features.DECLARED_CONSTANTS` with the config's overrides) or a
+Declared (public numbers, `tables.DECLARED_CONSTANTS` with the config's overrides) or a
 private release: one Gaussian sum over the region's persons, charged to the region's ledger
 before anything is read (`private_release`).  The "uncharged" mode fits them on the region
 inside `features` and is listed as uncharged (`charges.uncharged_items`).
@@ -15,14 +15,14 @@ import numpy as np
 
 from silofl.errors import ConfigError, PrivacyError
 from silofl.pandemic.charges import PREPROCESS_LABEL, node_unit, preprocess_event
-from silofl.pandemic.features import (
+from silofl.pandemic.features import NeighbourhoodFeatures
+from silofl.pandemic.inputs import SUMMARY_FEATURES, summary_inputs
+from silofl.pandemic.tables import (
     DECLARED_CONSTANTS,
     PRIVATE_BOUNDS,
     FeatureConstants,
-    NeighbourhoodFeatures,
     build_node_table,
 )
-from silofl.pandemic.inputs import SUMMARY_FEATURES, summary_inputs
 from silofl.training import sampling as TS
 
 if TYPE_CHECKING:
@@ -49,7 +49,7 @@ MIN_PRIVATE_STD = 0.02
 
 
 def declared_constants(cfg: PandemicConfig) -> FeatureConstants:
-    """`features.DECLARED_CONSTANTS` with ``cfg.declared``'s overrides."""
+    """`tables.DECLARED_CONSTANTS` with ``cfg.declared``'s overrides."""
     extra = dict(cfg.declared or {})
     known = set(DECLARED_CONSTANTS.to_dict()) - {"source"}
     bad = sorted(set(extra) - known)
@@ -87,7 +87,7 @@ def release_vectors(F: NeighbourhoodFeatures, persons: np.ndarray, *, age: np.nd
     coordinate's range.  Every vector is a function of the person's own example only
     (their attributes, their ≤ S − 1 kept edges, their summary inputs at a seeded window):
 
-    * age, log household size: (u, u²), u ∈ [−1, 1] from `features.PRIVATE_BOUNDS`;
+    * age, log household size: (u, u²), u ∈ [−1, 1] from `tables.PRIVATE_BOUNDS`;
     * kept edges e of the person (k1 = S − 1 slots): (deg/k1, Σu_dur/k1, Σu_dur²/k1,
       Σu_cnt/k1, Σu_cnt²/k1) with u of log1p(seconds) and log1p(contacts);
     * with summary inputs and ``standardize``: (u_j, u_j²) per column (`SUMMARY_BOUNDS`).

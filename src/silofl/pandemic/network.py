@@ -32,7 +32,6 @@ import numpy as np
 from silofl.errors import ConfigError
 from silofl.experiments.atomic import write_json_atomic
 from silofl.pandemic.engine import NODE_METHODS, method_of
-from silofl.pandemic.features import FeatureConstants
 from silofl.pandemic.charges import preprocess_event, region_fingerprint, round_event
 from silofl.pandemic.constants import declared_constants, private_release
 from silofl.pandemic.inputs import input_dim
@@ -40,6 +39,7 @@ from silofl.pandemic.pipeline import (
     PandemicConfig, initial_weights, plan_regions, predict_region, region_trainer,
 )
 from silofl.pandemic.regions import Region, build_features, fit_region_scaling, raw_weights
+from silofl.pandemic.tables import FeatureConstants
 from silofl.pandemic.readers import PandemicData, read_dataset
 from silofl.privacy.ledger import Ledger
 from silofl.runtime.network import messages as W

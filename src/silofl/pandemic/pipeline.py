@@ -54,7 +54,7 @@ stand-alone pipeline bit for bit (seeded noise; tests/pandemic/test_engine.py).
 * *Preprocessing* (``preprocessing``): every constant computed from data — the
   model-input standardization, the household-size Box-Cox λ and standardization, the age
   and location standardization and the contact (edge) statistics — is ``"declared"``
-  (default: fixed public numbers, `features.DECLARED_CONSTANTS` and
+  (default: fixed public numbers, `tables.DECLARED_CONSTANTS` and
   `SUMMARY_DECLARED`, with their sources), ``"private"`` (one node-level Gaussian release
   per region, `private_release`, charged before it reads anything) or ``"uncharged"``
   (fit on the region without any charge: the old behaviour; listed by name as

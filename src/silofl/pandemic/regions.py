@@ -14,11 +14,7 @@ import numpy as np
 from silofl.errors import ConfigError, PrivacyError
 from silofl.pandemic.constants import declared_constants, private_release
 from silofl.pandemic.engine import GraphSource
-from silofl.pandemic.features import (
-    FeatureConstants,
-    NeighbourhoodFeatures,
-    build_neighbourhood_features,
-)
+from silofl.pandemic.features import NeighbourhoodFeatures, build_neighbourhood_features
 from silofl.pandemic.inputs import (
     declared_input_scaling,
     fit_input_scaling,
@@ -26,6 +22,7 @@ from silofl.pandemic.inputs import (
     model_inputs,
 )
 from silofl.pandemic.readers import PandemicData
+from silofl.pandemic.tables import FeatureConstants
 from silofl.privacy.ledger import Ledger
 
 if TYPE_CHECKING:
