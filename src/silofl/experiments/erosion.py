@@ -282,6 +282,7 @@ def erosion_for_users(cfg: Config, users=None, *, out_dir: Path | None = None,
 
 def _write(rep: ErosionReport) -> None:
     from silofl.experiments import contribution as C
+    from silofl.experiments import contribution_report as CR
     for u, (log, meta) in rep.round_logs.items():  # released quantities only
         if not C.save_round_log(rep.run_dir / C.ROUND_LOGS / f"{silo_file_id(u)}.npz", log,
                                 meta):
@@ -294,7 +295,7 @@ def _write(rep: ErosionReport) -> None:
     for u in rep.users:
         plot_user(rep, u, rep.run_dir / f"erosion_{silo_file_id(u)}.png")
     if rep.contributions:  # contribution.json, contribution.html and their PNGs
-        C.write_reports(rep.run_dir, rep.contributions, rep.contribution_notes)
+        CR.write_reports(rep.run_dir, rep.contributions, rep.contribution_notes)
 
 
 def _contributions(rep: ErosionReport, fed, model, logs: dict, rules: dict,
