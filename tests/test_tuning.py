@@ -23,7 +23,8 @@ from typer.testing import CliRunner
 from silofl.cli import app
 from silofl.data.federation import Federation, PrivacyTarget, Silo
 from silofl.errors import BudgetExceeded, ConfigError
-from silofl.experiments.sweep import carve_validation, read_results, run_sweep
+from silofl.experiments.sweep import carve_validation, run_sweep
+from silofl.experiments.sweep_results import read_results
 from silofl.experiments.sweep_config import sweep_config_from_dict
 from silofl.models.glm import make_model
 from silofl.privacy import accounting, events

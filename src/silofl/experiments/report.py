@@ -328,7 +328,7 @@ def write_report(results: Path, out_dir: Path, epsilon: float | None = None) -> 
     import html
 
     from silofl.experiments import figures
-    from silofl.experiments.sweep import read_results  # local: the sweep engine is heavy
+    from silofl.experiments.sweep_results import read_results
 
     head, records = read_results(results)
     feps = figures.figure_epsilon(head, epsilon)  # bad input: fail before writing anything
