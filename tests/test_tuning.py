@@ -381,7 +381,7 @@ def test_a_privately_tuned_run_cannot_be_resumed(tmp_path):
     import subprocess
     import sys
     import time
-    from silofl.experiments.run import resume_run
+    from silofl.experiments.resume import resume_run
     cfg = _run_toml(tmp_path, {}, methods=["mrmtl"], rounds=400)
     proc = subprocess.Popen([sys.executable, "-m", "silofl.cli", "run", "-c", str(cfg), "-q"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,

@@ -83,7 +83,7 @@ def run(config: Optional[Path] = typer.Option(None, "--config", "-c",
     from silofl.experiments.report import (flamby_comparison, privacy_table, quality_lines,
                                            results_table)
     from silofl.experiments.run import ADJACENCY
-    from silofl.experiments.run import resume_run
+    from silofl.experiments.resume import resume_run
     from silofl.experiments.run import run as run_experiment
     from silofl.experiments.signals import describe, exit_code, terminate_as_interrupt
     warnings.showwarning = _show_warning
