@@ -210,18 +210,7 @@ def erosion_for_users(cfg: Config, users=None, *, out_dir: Path | None = None,
     # one σ per silo for the K users' runs, FedAvg and Local (and preprocessing) composed
     p.plans = plan_job(p.raw, p.algorithms, p.tcfg, extra=p.extra)
     base = _base_dir(cfg, out_dir)
-    raw_fps = fingerprints(p.raw)
-    job = None
-    if p.tcfg.private:
-        store = store if store is not None else open_store(cfg, base)
-        check_demo_store(cfg, store)
-        job = open_job(store, dict(zip(p.labels, p.plans)), lifetime=_lifetime(cfg, p.raw),
-                       explicit_lifetime=cfg.budget.epsilon is not None,
-                       command="silofl erosion --user " + " --user ".join(users),
-                       noise=p.tcfg.noise, accountant=p.tcfg.accountant,
-                       fingerprints=raw_fps,
-                       extra=[PlannedCharge(n, NO_METHOD, "preprocess", e)
-                              for n, e in p.extra.items()])
+    job = _reserve(cfg, p, users, store, base) if p.tcfg.private else None
     # --- reserved: settle whatever happens ---------------------------------------------
     run_dir = None
     try:
@@ -239,17 +228,8 @@ def erosion_for_users(cfg: Config, users=None, *, out_dir: Path | None = None,
                 alphas[label] = np.array(alg.alpha_history)
                 logs[label] = alg.round_log  # released, per round (contribution report)
         metric = results["fedavg"].metric
-        curves = {}
-        for u in users:
-            k = names.index(u)
-            s = fed.silos[k]
-            score, pred = majority_baseline(fed.task, metric, p.model.name, s.y_train,
-                                            s.y_test)
-            col = {lb: [row[k] for row in results[lb].history.per_silo]
-                   for lb in ("fedavg", "local", label_for(u))}
-            curves[u] = UserCurves(u, list(results["fedavg"].history.rounds), col["fedavg"],
-                                   col[label_for(u)], col["local"], score, pred,
-                                   alphas[label_for(u)])
+        curves = {u: _user_curves(fed, names.index(u), u, results, alphas, metric, p.model.name)
+                  for u in users}
         if job is not None:
             job.settle()
         rep = ErosionReport(
@@ -278,6 +258,33 @@ def erosion_for_users(cfg: Config, users=None, *, out_dir: Path | None = None,
         if run_dir is not None:
             shutil.rmtree(run_dir, ignore_errors=True)
         raise
+
+
+def _reserve(cfg: Config, p, users: list[str], store: BudgetStore | None, base: Path | None):
+    """Open the job: every user's run, FedAvg, Local and the preprocessing reserved in the
+    lifetime store before any data is read."""
+    raw_fps = fingerprints(p.raw)
+    store = store if store is not None else open_store(cfg, base)
+    check_demo_store(cfg, store)
+    return open_job(store, dict(zip(p.labels, p.plans)), lifetime=_lifetime(cfg, p.raw),
+                    explicit_lifetime=cfg.budget.epsilon is not None,
+                    command="silofl erosion --user " + " --user ".join(users),
+                    noise=p.tcfg.noise, accountant=p.tcfg.accountant,
+                    fingerprints=raw_fps,
+                    extra=[PlannedCharge(n, NO_METHOD, "preprocess", e)
+                           for n, e in p.extra.items()])
+
+
+def _user_curves(fed, k: int, u: str, results: dict, alphas: dict, metric: str,
+                 model_name: str) -> UserCurves:
+    """User ``u`` (silo ``k``)'s per-round curves: FedAvg, its Weight Erosion run, Local,
+    and the majority-class baseline on its own test rows."""
+    s = fed.silos[k]
+    score, pred = majority_baseline(fed.task, metric, model_name, s.y_train, s.y_test)
+    col = {lb: [row[k] for row in results[lb].history.per_silo]
+           for lb in ("fedavg", "local", label_for(u))}
+    return UserCurves(u, list(results["fedavg"].history.rounds), col["fedavg"],
+                      col[label_for(u)], col["local"], score, pred, alphas[label_for(u)])
 
 
 def _write(rep: ErosionReport) -> None:
