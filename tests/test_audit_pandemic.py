@@ -21,7 +21,8 @@ from silofl.pandemic.audit import (
     make_canary_persons,
     neighbouring_text,
 )
-from silofl.pandemic.pipeline import PandemicConfig, build_region, region_groups, train
+from silofl.pandemic.pipeline import PandemicConfig, train
+from silofl.pandemic.regions import build_region, region_groups
 from silofl.pandemic.synth import generate_outbreak
 from silofl.privacy.budget import BudgetStore
 from silofl.privacy.randomness import Randomness

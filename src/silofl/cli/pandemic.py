@@ -213,7 +213,8 @@ def pandemic_train(data: Path = typer.Option(..., "--data", help="directory of t
 def _pandemic_train_report(pm, model_dir: Path) -> None:
     """What `pandemic train` prints: the node-level privacy per region (or that there is
     none), tuning and cluster selections, assumptions, notes, where the model is."""
-    from silofl.pandemic.pipeline import SEEDED_NOTE, SIZES_ASSUMPTION
+    from silofl.pandemic.charges import SIZES_ASSUMPTION
+    from silofl.runtime.plan import SEEDED_NOTE
     from silofl.privacy.node_level import ADJACENCY_TEXT, PRUNING_ASSUMPTION
     cfg = pm.config
     if not cfg.private:

@@ -90,7 +90,7 @@ class CanaryPersons:
 
 
 def _regions(data, cfg) -> dict[str, np.ndarray]:
-    from silofl.pandemic.pipeline import region_groups
+    from silofl.pandemic.regions import region_groups
     return {r.name: r.persons for r in region_groups(data, cfg)}
 
 
@@ -169,17 +169,13 @@ def canary_scores(data_in, pm, region: str, slots: np.ndarray) -> np.ndarray:
     (raw-input) model over all training windows, its examples built on `data_in` (every
     slot "in") with the constants the model was trained with (declared/private; uncharged:
     refit, as in prediction)."""
-    from silofl.pandemic.pipeline import (
-        _as_constants,
-        build_features,
-        model_inputs,
-        new_model,
-        region_groups,
-    )
+    from silofl.pandemic.inputs import model_inputs
+    from silofl.pandemic.pipeline import new_model
+    from silofl.pandemic.regions import as_constants, build_features, region_groups
     cfg = pm.config
     r = next(g for g in region_groups(data_in, cfg) if g.name == region)
     saved = pm.constants.get(region) if cfg.preprocessing == "private" else None
-    build_features(data_in, r, cfg, None if saved is None else _as_constants(saved))
+    build_features(data_in, r, cfg, None if saved is None else as_constants(saved))
     F = r.features
     local = np.searchsorted(r.persons, slots)  # region persons are sorted indices
     lo, hi = F.train_window_range

@@ -6,7 +6,7 @@ The challenge hands a solution seven file paths (any names, any folders) while
 the two without copying data.  `partition_by_region` writes, for every region, the rows
 of each table that belong to it — the region's persons, their households, schedules,
 outcomes, the locations they visit, and the contacts *among them* (contacts that cross
-regions are dropped, as in the in-process federated mode, `pipeline.build_regions`).
+regions are dropped, as in the in-process federated mode, `regions.build_regions`).
 """
 
 from __future__ import annotations
