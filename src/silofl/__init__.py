@@ -61,7 +61,7 @@ _API: dict[str, tuple[str, str]] = {
     "Config": ("silofl.experiments.config", "Config"),
     "load_config": ("silofl.experiments.config", "load_config"),
     "run": ("silofl.experiments.run", "run"),
-    "resume_run": ("silofl.experiments.run", "resume_run"),
+    "resume_run": ("silofl.experiments.resume", "resume_run"),
     "RunReport": ("silofl.experiments.run", "RunReport"),
     "load_sweep_config": ("silofl.experiments.sweep_config", "load_sweep_config"),
     "run_sweep": ("silofl.experiments.sweep", "run_sweep"),
@@ -160,7 +160,8 @@ if TYPE_CHECKING:  # pragma: no cover - what type checkers and mkdocstrings read
     from silofl.experiments.artifacts import Predictor, SavedRun, load_run
     from silofl.experiments.config import Config, load_config
     from silofl.experiments.report import write_report
-    from silofl.experiments.run import RunReport, resume_run, run
+    from silofl.experiments.resume import resume_run
+    from silofl.experiments.run import RunReport, run
     from silofl.experiments.sweep import run_sweep
     from silofl.experiments.sweep_config import load_sweep_config
     from silofl.models import make_model

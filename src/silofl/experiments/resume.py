@@ -50,7 +50,29 @@ def resume_run(run_dir: str | Path,
     another host cannot be checked: `force` (only when it is known to be dead). The rest of
     the job is reserved anew. Rounds re-run after the checkpoint read the data again and
     are charged again. Seeded runs continue their noise stream exactly; secure runs draw
-    fresh entropy."""
+    fresh entropy.
+
+    Parameters
+    ----------
+    run_dir : str or Path
+        The killed run's directory (it holds a checkpoint).
+    on_progress : callable, optional
+        As for `run`.
+    store : BudgetStore, optional
+        The store the run charged (default: the one its config names).
+    force : bool, default False
+        Settle a run whose owner is on another host (only when it is known to be dead).
+
+    Returns
+    -------
+    RunReport
+        The finished job, as `run` returns it.
+
+    Raises
+    ------
+    ConfigError
+        No resumable run in `run_dir`, or its owner is still alive.
+    """
     run_dir = Path(run_dir)
     info, cfg = _read_job_file(run_dir)
     p = _prepare(cfg)
