@@ -26,6 +26,7 @@ from silofl.errors import CalibrationError, PrivacyError
 from silofl.privacy import node_level as node_dp
 from silofl.privacy.node_level import NodeLevelDpEvent, calibrate_node_sigma, node_epsilon
 from silofl.privacy import accounting as A
+from silofl.privacy import evaluate
 from silofl.privacy import events as E
 
 logging.getLogger("absl").setLevel(logging.ERROR)
@@ -144,7 +145,7 @@ def test_an_already_seen_composition_is_served_from_the_cache(monkeypatch):
     def recompute(*a, **k):
         raise AssertionError("an already-seen composition was recomputed")
     for name in ("_rdp_epsilon", "_pld_epsilon", "_own_curve"):
-        monkeypatch.setattr(A, name, recompute)
+        monkeypatch.setattr(evaluate, name, recompute)  # where ε is evaluated
     for _ in range(3):
         fresh = E.compose(Counter(counts))  # equal composition, new objects
         assert fresh is not ev and A.epsilons(fresh, 1e-5) == first

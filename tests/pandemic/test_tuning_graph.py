@@ -24,7 +24,8 @@ from silofl.pandemic import read_dataset
 from silofl.pandemic.features import NeighbourhoodFeatures, build_neighbourhood_features
 from silofl.privacy import accounting, events
 from silofl.privacy.budget import BudgetStore
-from silofl.tuning.graph import NodeRepeatAndSelectEvent, NodeValidation
+from silofl.privacy.selection import NodeRepeatAndSelectEvent
+from silofl.tuning.graph import NodeValidation
 
 runner = CliRunner()
 TC = dict(mode="private", lam=[0.01, 0.1, 1.0], mean_trials=2.0)

@@ -146,7 +146,7 @@ from silofl.io import array_digest, write_bytes_atomic, write_json_atomic
 from silofl.privacy import accounting, events
 from silofl.privacy.store_paths import default_store_path
 from silofl.runtime.simulator import simulate
-from silofl.tuning import accounting as TA
+from silofl.privacy import selection as TA
 from silofl.tuning.graph import DEFAULT_LOSS_BOUND, NodeValidation, describe_release, check_setting
 from silofl.tuning.private import TunedPersonalization, score_sigma
 from silofl.tuning.setup import distribution

@@ -1,6 +1,6 @@
-"""Turning dp_accounting events into plain data (for ledgers and the budget store on
-disk) and back, and into (base event, count) pairs (so a ledger can tell when a charge
-is already covered)."""
+"""Privacy events: the DP-SGD event factory, and turning dp_accounting events into plain
+data (for ledgers and the budget store on disk) and back, and into (base event, count)
+pairs (so a ledger can tell when a charge is already covered)."""
 
 from __future__ import annotations
 
@@ -17,8 +17,43 @@ from silofl.errors import PrivacyError
 #: "event" name → "module:Class" (imported lazily)
 CUSTOM_EVENTS = {"node_level_dp": "silofl.privacy.node_level:NodeLevelDpEvent",
                  # private tuning on graph data (silofl.tuning.graph)
-                 "node_repeat_and_select": "silofl.tuning.graph:NodeRepeatAndSelectEvent",
-                 "gaussian_score": "silofl.tuning.graph:GaussianScoreEvent"}
+                 "node_repeat_and_select": "silofl.privacy.selection:NodeRepeatAndSelectEvent",
+                 "gaussian_score": "silofl.privacy.selection:GaussianScoreEvent"}
+
+
+def dpsgd_event(q: float, noise_multiplier: float, steps: int = 1) -> dpa.DpEvent:
+    """DP-SGD steps as a dp_accounting event.
+
+    Parameters
+    ----------
+    q : float
+        Poisson sampling rate, in (0, 1].
+    noise_multiplier : float
+        σ: the noise std is σ·C for clipping norm C.
+    steps : int
+        Number of steps (self-composition count).
+
+    Returns
+    -------
+    dp_accounting.DpEvent
+        ``PoissonSampled(q, Gaussian(σ))``, self-composed ``steps`` times.
+    """
+    _check_q_sigma(q, noise_multiplier)
+    base = dpa.PoissonSampledDpEvent(float(q), dpa.GaussianDpEvent(float(noise_multiplier)))
+    return base if steps == 1 else dpa.SelfComposedDpEvent(base, int(steps))
+
+
+def steps_for_epochs(n: int, batch_size: float, epochs: float) -> int:
+    """Number of Poisson-sampled steps that make `epochs` passes in expectation."""
+    return max(1, int(round(epochs * n / batch_size)))
+
+
+def _check_q_sigma(q: float, sigma: float) -> None:
+    if not 0 < q <= 1:
+        raise PrivacyError(f"sampling rate q = batch/n must be in (0, 1], got {q}; "
+                           "use a batch size below the silo's number of training examples")
+    if not sigma > 0:
+        raise PrivacyError(f"noise multiplier must be positive, got {sigma}")
 
 
 def to_dict(event) -> dict:

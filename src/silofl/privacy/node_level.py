@@ -66,15 +66,16 @@ as degree or PageRank invalidate the ``S`` bound
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import Sequence
 
 import numpy as np
 from scipy import stats
 from scipy.special import logsumexp
 
 from silofl.errors import CalibrationError, PrivacyError
-from silofl.privacy.accounting import RDP_ORDERS_FINE, rdp_to_epsilon
+from silofl.privacy.curves import RdpCurveDpEvent
+from silofl.privacy.rdp_curves import RDP_ORDERS_FINE, rdp_to_epsilon
 from silofl.privacy.targets import check_epsilon
 
 # The ledger's grid for node-level events (`accounting.RDP_ORDERS_FINE`): calibration and
@@ -282,12 +283,14 @@ def calibrate_node_sigma(target_epsilon: float, n: int, S: int, b: int, steps: i
 # --- the charge as data ---------------------------------------------------------------
 
 @dataclass(frozen=True)
-class NodeLevelDpEvent:
+class NodeLevelDpEvent(RdpCurveDpEvent):
     """One node-level DP-SGD charge: ``steps`` steps on a region of ``n`` persons, each
     appearing in ≤ ``S`` examples, batches of ``b`` drawn without replacement, noise
     multiplier ``sigma``, under ``adjacency`` (`ADJACENCIES`: the hypergeometric's
-    successes are `affected` = S or 2S − 1).  dp_accounting has no such event type; this
-    one is plain data (`to_dict`/`from_dict` for JSON ledgers) and knows its own ε."""
+    successes are `affected` = S or 2S − 1).  dp_accounting has no such event type: this
+    `DpEvent` brings its own RDP curve (`curves.RdpCurveDpEvent`, composed by
+    `curves.CurveRdpAccountant`), is plain data (`to_dict`/`from_dict` for JSON ledgers)
+    and knows its own ε."""
 
     n: int
     S: int
@@ -329,7 +332,7 @@ class NodeLevelDpEvent:
                 **asdict(self), "affected": self.affected}
 
     @classmethod
-    def from_dict(cls, d: dict) -> "NodeLevelDpEvent":
+    def from_dict(cls, d: dict) -> NodeLevelDpEvent:
         """Dicts written before the adjacency field existed load as "node" (S affected
         examples), which is what they were charged as."""
         if d.get("event") != EVENT_NAME:

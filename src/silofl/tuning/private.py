@@ -46,7 +46,7 @@ from silofl.privacy.ledger import Ledger
 from silofl.training import selection
 from silofl.training.dpsgd import GradientRule
 from silofl.training.trainer import LocalTrainer, SiloArrays
-from silofl.tuning import accounting as TA
+from silofl.privacy import selection as TA
 from silofl.tuning.distributions import TrialDistribution
 
 PIVOTS = ("mrmtl", "ditto")
@@ -58,7 +58,8 @@ SELECTS = ("random", "em")
 def score_sigma(round_event, rounds: int, ratio: float) -> float:
     """Noise multiplier of the validation-score release (see the module docstring; node
     level: `tuning.graph.node_score_sigma`)."""
-    from silofl.tuning.graph import is_node_event, node_score_sigma
+    from silofl.privacy.selection import is_node_event
+    from silofl.tuning.graph import node_score_sigma
     if is_node_event(round_event):
         return node_score_sigma(round_event, rounds, ratio)
     sigma = TA.noise_of(round_event)

@@ -1,4 +1,4 @@
-"""What private tuning costs, as dp_accounting events, and fast σ guesses for them.
+"""What private selection (tuning) costs, as dp_accounting events, and fast σ guesses.
 
 A tuned release (thesis appendix E.3, MR-MTL): each silo trains a *pivot* model with a
 public λ̄ whose updates it sends every round (an ordinary DP-SGD run), and h ~ D trial
@@ -13,26 +13,137 @@ dp_accounting's RDP accountant implements it; its PLD accountant has no such eve
 runs are accounted under RDP, through `privacy.accounting`'s fallback). The naive
 alternative — a fixed grid of h settings, all trained, best one released — is bounded by
 composition: Compose(pivot, h × trial).
+
+At node level (a pass is a `node_level.NodeLevelDpEvent`, an `RdpCurveDpEvent`)
+dp_accounting's RepeatAndSelect cannot wrap the trial, so `NodeRepeatAndSelectEvent` is
+RepeatAndSelect on a curve: a `DpEvent` whose RDP is Papernot & Steinke's bound applied
+to one trial's curve (rounds × the pass + a `GaussianScoreEvent`); the score's
+sensitivity and noise are set in `silofl.tuning.graph`. This module lives in `privacy/`
+so the runtime's planner prices tuned runs without importing the tuning layer; trial
+distributions are duck-typed (`TrialDistributionLike`).
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from functools import lru_cache
+from typing import Protocol
 
 import dp_accounting as dpa
-from dp_accounting.dp_event import RepeatAndSelectDpEvent
 import numpy as np
-from dp_accounting.rdp.rdp_privacy_accountant import (
-    _compute_rdp_repeat_and_select, _gamma_truncated_negative_binomial)
+from dp_accounting.dp_event import RepeatAndSelectDpEvent
 
-from silofl.errors import ConfigError
-from silofl.privacy import accounting as acc
+from silofl.errors import ConfigError, PrivacyError
+from silofl.privacy import _dpa_adapter as adapter
 from silofl.privacy import events
-from silofl.tuning.distributions import TrialDistribution
+from silofl.privacy.calibration import _smallest_sigma
+from silofl.privacy.curves import RdpCurveDpEvent, is_curve_event
+from silofl.privacy.evaluate import _counts, epsilon
+from silofl.privacy.rdp_curves import RDP_ORDERS, _fast_rdp_of_items, rdp_to_epsilon
+
+SCORE_EVENT = "gaussian_score"
+SELECT_EVENT = "node_repeat_and_select"
 
 
-def check_accountable(dist: TrialDistribution) -> None:
+class TrialDistributionLike(Protocol):
+    """What accounting needs of a distribution of the number of trials h
+    (`silofl.tuning.distributions.TrialDistribution`)."""
+
+    eta: float | None
+
+    @property
+    def mean(self) -> float: ...
+
+    @property
+    def shape(self) -> float: ...
+
+
+
+def is_node_event(event) -> bool:
+    """A pass event that brings its own RDP curve (node level), not a dp_accounting one."""
+    return is_curve_event(event)
+
+
+# --- events on a curve ----------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class GaussianScoreEvent(RdpCurveDpEvent):
+    """One Gaussian release of a scalar score with noise std σ · Δ (Δ its sensitivity
+    under the node-level adjacency): RDP α / (2σ²).  A curve event, so it composes with
+    node-level DP-SGD events in one ledger."""
+
+    sigma: float
+
+    def __post_init__(self):
+        s = float(self.sigma)
+        if not (math.isfinite(s) and s > 0):
+            raise PrivacyError(f"score noise multiplier must be positive, got {self.sigma!r}")
+        object.__setattr__(self, "sigma", s)
+
+    def rdp(self, orders) -> np.ndarray:
+        return np.asarray(orders, dtype=float) / (2.0 * self.sigma ** 2)
+
+    def to_dict(self) -> dict:
+        return {"event": SCORE_EVENT, "mechanism": "Gaussian release of one validation "
+                "score, std = sigma * node-level sensitivity", "sigma": self.sigma}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> GaussianScoreEvent:
+        if d.get("event") != SCORE_EVENT:
+            raise PrivacyError(f"not a {SCORE_EVENT} event: {d.get('event')!r}")
+        return cls(d["sigma"])
+
+
+@dataclass(frozen=True)
+class NodeRepeatAndSelectEvent(RdpCurveDpEvent):
+    """Papernot & Steinke's RepeatAndSelect of one node-level trial: ``rounds`` passes of
+    ``round_event`` (a `NodeLevelDpEvent`) and one `GaussianScoreEvent(score_sigma)`,
+    repeated h ~ D times (``mean`` = E[h], ``shape`` = η for TNB, ∞ for Poisson), only
+    the best released."""
+
+    round_event: object
+    rounds: int
+    score_sigma: float
+    mean: float
+    shape: float
+
+    @property
+    def event(self):
+        """One trial, as the composition its sub-ledger may spend (tuple: hashable)."""
+        return trial_event(self.round_event, int(self.rounds), self.score_sigma)
+
+    def trial_rdp(self, orders) -> np.ndarray:
+        """RDP of one trial at ``orders``: rounds × the pass + the score."""
+        return (self.rounds * np.asarray(self.round_event.rdp(orders), dtype=float)
+                + GaussianScoreEvent(self.score_sigma).rdp(orders))
+
+    def rdp(self, orders) -> np.ndarray:
+        """dp_accounting's RepeatAndSelect formula on the trial's curve at ``orders``."""
+        orders = np.asarray(orders, dtype=float)
+        return adapter.repeat_and_select_rdp(orders, self.trial_rdp(orders),
+                                             float(self.mean), float(self.shape))
+
+    def to_dict(self) -> dict:
+        return {"event": SELECT_EVENT,
+                "mechanism": "RepeatAndSelect (Papernot & Steinke 2022) of one trial: "
+                             "rounds x node-level pass + Gaussian validation score",
+                "round_event": self.round_event.to_dict(), "rounds": int(self.rounds),
+                "score_sigma": float(self.score_sigma), "mean": float(self.mean),
+                "shape": "inf" if math.isinf(self.shape) else float(self.shape)}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> NodeRepeatAndSelectEvent:
+        if d.get("event") != SELECT_EVENT:
+            raise PrivacyError(f"not a {SELECT_EVENT} event: {d.get('event')!r}")
+        return cls(events.from_dict(d["round_event"]), int(d["rounds"]),
+                   float(d["score_sigma"]), float(d["mean"]), float(d["shape"]))
+
+
+# --- the charges ------------------------------------------------------------------------
+
+
+def check_accountable(dist: TrialDistributionLike) -> None:
     """dp_accounting's RepeatAndSelect takes η ≥ 0 (or Poisson) and E[h] ≥ 1 only."""
     if dist.shape < 0:
         raise ConfigError(f"tuning eta = {dist.eta:g}: TNB with −1 < η < 0 is a valid "
@@ -54,17 +165,15 @@ def noise_of(round_event) -> float:
 
 
 def _node(event) -> bool:
-    """A node-level pass event (own RDP curve): tuned through `tuning.graph`'s events."""
-    from silofl.tuning.graph import is_node_event
-    return is_node_event(event)
+    """A node-level pass event (own RDP curve): tuned through the curve events above."""
+    return is_curve_event(event)
 
 
 def trial_event(round_event, rounds: int, score_sigma: float):
     """One trial: `rounds` local passes (each `round_event`) and one Gaussian score release
     with noise multiplier `score_sigma` (std = σ · sensitivity)."""
     # a tuple, not a list: the event is a base event (hashed) of ledgers and the store
-    if _node(round_event):  # node level: a score event with its own curve (tuning.graph)
-        from silofl.tuning.graph import GaussianScoreEvent
+    if _node(round_event):  # node level: a score event with its own curve
         score = GaussianScoreEvent(float(score_sigma))
     else:
         score = dpa.GaussianDpEvent(float(score_sigma))
@@ -72,18 +181,17 @@ def trial_event(round_event, rounds: int, score_sigma: float):
                                 score))
 
 
-def select_event(round_event, rounds: int, dist: TrialDistribution, score_sigma: float):
+def select_event(round_event, rounds: int, dist: TrialDistributionLike, score_sigma: float):
     """The random-h, best-only release of the trials."""
     check_accountable(dist)
     if _node(round_event):  # dp_accounting's RepeatAndSelect cannot wrap node-level events
-        from silofl.tuning.graph import NodeRepeatAndSelectEvent
         return NodeRepeatAndSelectEvent(round_event, int(rounds), float(score_sigma),
                                         float(dist.mean), float(dist.shape))
     return RepeatAndSelectDpEvent(trial_event(round_event, rounds, score_sigma),
                                       float(dist.mean), float(dist.shape))
 
 
-def tuned_event(round_event, rounds: int, dist: TrialDistribution,
+def tuned_event(round_event, rounds: int, dist: TrialDistributionLike,
                 score_sigma: float | None = None):
     """The whole tuned run of one silo: pivot run + RepeatAndSelect(trials)."""
     sigma = noise_of(round_event) if score_sigma is None else score_sigma
@@ -106,8 +214,8 @@ def fast_rdp(event) -> np.ndarray | None:
     """RDP at `accounting.RDP_ORDERS` from closed forms, also through RepeatAndSelect
     (dp_accounting's own formula applied to the closed-form inner curve); None if some base
     event has no closed form."""
-    total = np.zeros(len(acc.RDP_ORDERS))
-    for e, c in acc._counts(event).items():
+    total = np.zeros(len(RDP_ORDERS))
+    for e, c in _counts(event).items():
         if isinstance(e, RepeatAndSelectDpEvent):
             inner = fast_rdp(e.event)
             if inner is None:
@@ -119,21 +227,20 @@ def fast_rdp(event) -> np.ndarray | None:
                 return None
             total += c * part
         else:
-            part = acc._fast_rdp_of_items([(e, c)])
+            part = _fast_rdp_of_items([(e, c)])
             if part is None:
                 return None
             total += part
     return total
 
 
-_A = np.asarray(acc.RDP_ORDERS, dtype=float)
+_A = np.asarray(RDP_ORDERS, dtype=float)
 
 
 def _node_rdp(e) -> np.ndarray | None:
     """A node-level event's RDP at RDP_ORDERS; a `NodeRepeatAndSelectEvent` through the
     vectorized TNB formula (None for Poisson: the library's bound is the slow part, so
     there is no faster aid than the search itself)."""
-    from silofl.tuning.graph import NodeRepeatAndSelectEvent
     if isinstance(e, NodeRepeatAndSelectEvent):
         if math.isinf(e.shape):
             return None
@@ -143,14 +250,14 @@ def _node_rdp(e) -> np.ndarray | None:
 
 @lru_cache(maxsize=256)
 def _gamma(shape: float, mean: float) -> float:
-    return float(_gamma_truncated_negative_binomial(shape, mean))
+    return adapter.tnb_gamma(shape, mean)
 
 
 def _repeat_and_select_rdp(inner: np.ndarray, mean: float, shape: float) -> np.ndarray:
     """dp_accounting's `_compute_rdp_repeat_and_select` at RDP_ORDERS, vectorized for TNB
     (its order-by-order loops dominate a σ search); the library's own for Poisson."""
     if math.isinf(shape):
-        return np.asarray(_compute_rdp_repeat_and_select(acc.RDP_ORDERS, inner, mean, shape))
+        return adapter.repeat_and_select_rdp(RDP_ORDERS, inner, mean, shape)
     c = (1 + shape) * np.min((1 - 1 / _A) * inner - math.log(_gamma(shape, mean)) / _A)
     out = np.where(_A > 1, inner + math.log(mean) / np.maximum(_A - 1, 1e-300) + c, np.inf)
     # monotonicity of RDP in the order (orders are sorted ascending)
@@ -169,8 +276,8 @@ def sigma_guess(make_event, target: float, delta: float) -> float | None:
         return hit
 
     def eps(s: float) -> float:
-        return acc.rdp_to_epsilon(acc.RDP_ORDERS, fast_rdp(make_event(s)), delta)[0]
-    out = _GUESSES[key] = acc._smallest_sigma(eps, target * (1 - 1e-5))
+        return rdp_to_epsilon(RDP_ORDERS, fast_rdp(make_event(s)), delta)[0]
+    out = _GUESSES[key] = _smallest_sigma(eps, target * (1 - 1e-5))
     return out
 
 
@@ -179,14 +286,16 @@ _GUESSES: dict = {}
 
 def epsilon_of(event, delta: float) -> float:
     """ε of an event under RDP (the accountant that supports RepeatAndSelect)."""
-    return acc.epsilon(event, delta, "rdp")
+    return epsilon(event, delta, "rdp")
 
 
 def is_tuned(event) -> bool:
-    from silofl.tuning.graph import NodeRepeatAndSelectEvent
+    """Whether `event` holds a repeat-and-select charge (dp_accounting's or on a curve)."""
     return any(isinstance(e, (RepeatAndSelectDpEvent, NodeRepeatAndSelectEvent))
-               for e in acc._counts(event))
+               for e in _counts(event))
 
 
-__all__ = ["check_accountable", "epsilon_of", "fast_rdp", "naive_event", "noise_of",
-           "select_event", "sigma_guess", "trial_event", "tuned_event"]
+__all__ = ["GaussianScoreEvent", "NodeRepeatAndSelectEvent", "TrialDistributionLike",
+           "check_accountable", "epsilon_of", "fast_rdp", "is_node_event", "is_tuned",
+           "naive_event", "noise_of", "select_event", "sigma_guess", "trial_event",
+           "tuned_event"]
