@@ -123,15 +123,46 @@ _FILL = 2e-3
 def calibrate(make_event: Callable[[float], dpa.DpEvent], target_epsilon: float,
               delta: float, kind: Accountant = DEFAULT_ACCOUNTANT,
               guess: float | None = None, guess_is_minimal: bool = False,
-              rel_tol: float = 1e-3) -> float:
-    """Smallest σ with ε(make_event(σ)) ≤ target under `kind` (ε falls in σ): for RDP to
-    `rel_tol` in σ, for PLD until ε ≥ (1 − 0.2%)·target (or σ to `rel_tol`).
+              rel_tol: float = 1e-3, *, sigma_max: float | None = None) -> float:
+    """Smallest noise multiplier σ whose event meets a target ε — for every privacy unit.
 
-    An event family `kind` cannot account for is calibrated under `accountant_for` (PLD
-    → RDP for zCDP or node-level events), the accountant `guarantee` checks it with.
-    `guess`, if given, brackets the search; with `guess_is_minimal` (it came from the same
-    accountant's formula) a guess that meets the target is returned at once. Every answer
-    is the accountant's own figure (the one reported), whatever the guess was."""
+    ε falls in σ. For RDP σ is found to `rel_tol`; for PLD until ε ≥ (1 − 0.2%)·target
+    (or σ to `rel_tol`). An event family `kind` cannot account for is calibrated under
+    `accountant_for` (PLD → RDP for zCDP or curve events such as node-level DP-SGD), the
+    accountant `guarantee` checks it with. Every answer is that accountant's own figure
+    (the one reported), whatever the guess was.
+
+    Parameters
+    ----------
+    make_event : callable float -> dp_accounting.DpEvent
+        The unit's event factory: σ ↦ everything the silo releases at noise σ
+        (`events.dpsgd_event` for example-level DP-SGD, a `NodeLevelDpEvent` for
+        node-level, compositions with selections and preprocessing).
+    target_epsilon, delta : float
+        The target (ε, δ); ε in (0, 100], δ in (0, 0.5).
+    kind : {"pld", "rdp"}
+        The preferred accountant.
+    guess : float, optional
+        A starting σ (from a closed form); without one a closed-form guess is tried.
+    guess_is_minimal : bool
+        The guess came from the same accountant's formula: returned at once if it meets
+        the target.
+    rel_tol : float
+        Relative tolerance in σ.
+    sigma_max : float, optional
+        Search RDP by doubling from σ = 1 up to `sigma_max` (no closed-form guess): the
+        search node-level calibration always used, for curve events.
+
+    Returns
+    -------
+    float
+        σ (dimensionless: noise std = σ × sensitivity) meeting the target.
+
+    Raises
+    ------
+    CalibrationError
+        When no σ ≤ `SIGMA_MAX` (or `sigma_max`) reaches the target.
+    """
     if not target_epsilon > 0:
         raise PrivacyError(f"target epsilon must be positive, got {target_epsilon}")
     check_target(target_epsilon, delta, "calibration target ")  # finite search, bounded grid
@@ -146,32 +177,64 @@ def calibrate(make_event: Callable[[float], dpa.DpEvent], target_epsilon: float,
             guess = _fast_composed_guess(make_event, target_epsilon, delta)
         return _calibrate_pld(lambda s: _key(make_event(s)), target_epsilon, delta, guess,
                               rel_tol)
+    if sigma_max is not None:
+        lo, hi = _doubling_bracket(eps, target_epsilon, delta, sigma_max)
+    else:
+        if guess is None:
+            guess = _fast_composed_guess(make_event, target_epsilon, delta)
+            guess_is_minimal = guess is not None
+        if guess is not None and guess_is_minimal and eps(guess) <= target_epsilon:
+            return guess  # a good guess needs only a couple of library evaluations
+        lo, hi = _rdp_bracket(eps, target_epsilon, guess)
+        _unreachable(eps, hi, target_epsilon, delta)
+    return _bisect(eps, target_epsilon, lo, hi, rel_tol)
 
-    if guess is None:
-        guess = _fast_composed_guess(make_event, target_epsilon, delta)
-        guess_is_minimal = guess is not None
+
+def _rdp_bracket(eps, target: float, guess: float | None) -> tuple[float, float]:
+    """(lo, hi) around the smallest feasible σ, from `guess` (or from σ = 1 without one);
+    hi may stay infeasible past SIGMA_MAX (`_unreachable` then says so)."""
     if guess is not None:
-        # a good guess needs only a couple of library evaluations
-        if eps(guess) <= target_epsilon:
-            if guess_is_minimal:
-                return guess
+        if eps(guess) <= target:
             lo, hi = guess / 2, guess
-            while eps(lo) <= target_epsilon and lo > 1e-2:
+            while eps(lo) <= target and lo > 1e-2:
                 lo, hi = lo / 2, lo
         else:
             lo, hi = guess, guess * (1 + 1e-4)  # the aid is off by a hair at most, usually
-            while eps(hi) > target_epsilon:
+            while eps(hi) > target:
                 lo, hi = hi, hi * 1.05 if hi < guess * 1.01 else hi * 2
                 if hi > SIGMA_MAX:
                     break
-    else:
-        lo, hi = 1e-2, 1.0
-        while eps(hi) > target_epsilon and hi <= SIGMA_MAX:
-            lo, hi = hi, hi * 4
-    _unreachable(eps, hi, target_epsilon, delta)
+        return lo, hi
+    lo, hi = 1e-2, 1.0
+    while eps(hi) > target and hi <= SIGMA_MAX:
+        lo, hi = hi, hi * 4
+    return lo, hi
+
+
+def _doubling_bracket(eps, target: float, delta: float,
+                      sigma_max: float) -> tuple[float, float]:
+    """(lo, hi) by doubling σ from 1 up to `sigma_max`, then halving down (to 1e-6): the
+    search node-level calibration has always used (kept: its σ are reported figures)."""
+    hi = 1.0
+    while eps(hi) > target:
+        if hi >= sigma_max:
+            raise CalibrationError(
+                f"no noise multiplier up to {sigma_max:g} reaches ε = {target} at "
+                f"δ = {delta:.3g}")
+        hi = min(hi * 2.0, sigma_max)
+    lo = hi / 2.0
+    while eps(lo) <= target:
+        hi, lo = lo, lo / 2.0
+        if lo < 1e-6:
+            return hi, hi  # feasible down to the floor: nothing to bisect
+    return lo, hi
+
+
+def _bisect(eps, target: float, lo: float, hi: float, rel_tol: float) -> float:
+    """Geometric bisection keeping the feasible end hi (ε(hi) ≤ target)."""
     while hi / lo > 1 + rel_tol:
         mid = math.sqrt(lo * hi)
-        if eps(mid) <= target_epsilon:
+        if eps(mid) <= target:
             hi = mid
         else:
             lo = mid

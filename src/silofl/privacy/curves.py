@@ -14,12 +14,16 @@ accountant interface (`compose`, `supports`, `get_epsilon`, `get_delta`).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import dp_accounting as dpa
 import numpy as np
 from dp_accounting.rdp.rdp_privacy_accountant import compute_delta
 
+from silofl.errors import PrivacyError
 from silofl.privacy.rdp_curves import RDP_ORDERS_FINE, rdp_to_epsilon
+
+CURVE_EVENT = "rdp_curve"
 
 
 class RdpCurveDpEvent(dpa.DpEvent):
@@ -36,6 +40,47 @@ class RdpCurveDpEvent(dpa.DpEvent):
     def to_dict(self) -> dict:
         """JSON-ready description with an ``"event"`` name (`events.CUSTOM_EVENTS`)."""
         raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class FixedRdpCurveEvent(RdpCurveDpEvent):
+    """A release known only by its RDP curve at fixed orders (e.g. what a silo spends
+    besides its training, composed in by a calibration).
+
+    Parameters
+    ----------
+    orders : tuple of float, shape (A,)
+        The orders the curve is given at; `rdp` answers only at these.
+    values : tuple of float, shape (A,)
+        RDP (nats) at `orders`.
+    """
+
+    orders: tuple[float, ...]
+    values: tuple[float, ...]
+
+    def __post_init__(self):
+        orders = tuple(float(a) for a in self.orders)
+        values = tuple(float(v) for v in self.values)
+        if len(orders) != len(values):
+            raise PrivacyError(f"an RDP curve needs one value per order: {len(orders)} "
+                               f"orders, {len(values)} values")
+        object.__setattr__(self, "orders", orders)
+        object.__setattr__(self, "values", values)
+
+    def rdp(self, orders: Sequence[float]) -> np.ndarray:
+        if tuple(float(a) for a in np.asarray(orders, dtype=float)) != self.orders:
+            raise PrivacyError("this RDP curve is known only at the orders it was given at")
+        return np.asarray(self.values, dtype=float)
+
+    def to_dict(self) -> dict:
+        return {"event": CURVE_EVENT, "orders": list(self.orders),
+                "values": list(self.values)}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> FixedRdpCurveEvent:
+        if d.get("event") != CURVE_EVENT:
+            raise PrivacyError(f"not a {CURVE_EVENT} event: {d.get('event')!r}")
+        return cls(tuple(d["orders"]), tuple(d["values"]))
 
 
 class CurveRdpAccountant(dpa.PrivacyAccountant):
@@ -106,4 +151,4 @@ def is_curve_event(event: object) -> bool:
     return isinstance(event, RdpCurveDpEvent)
 
 
-__all__ = ["CurveRdpAccountant", "RdpCurveDpEvent", "is_curve_event"]
+__all__ = ["CurveRdpAccountant", "FixedRdpCurveEvent", "RdpCurveDpEvent", "is_curve_event"]

@@ -16,6 +16,7 @@ from silofl.errors import PrivacyError
 #: events silofl defines itself (dp_accounting has no type for them), by their dict's
 #: "event" name → "module:Class" (imported lazily)
 CUSTOM_EVENTS = {"node_level_dp": "silofl.privacy.node_level:NodeLevelDpEvent",
+                 "rdp_curve": "silofl.privacy.curves:FixedRdpCurveEvent",
                  # private tuning on graph data (silofl.tuning.graph)
                  "node_repeat_and_select": "silofl.privacy.selection:NodeRepeatAndSelectEvent",
                  "gaussian_score": "silofl.privacy.selection:GaussianScoreEvent"}

@@ -69,12 +69,14 @@ import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
+import dp_accounting as dpa
 import numpy as np
 from scipy import stats
 from scipy.special import logsumexp
 
 from silofl.errors import CalibrationError, PrivacyError
-from silofl.privacy.curves import RdpCurveDpEvent
+from silofl.privacy.calibration import calibrate
+from silofl.privacy.curves import FixedRdpCurveEvent, RdpCurveDpEvent
 from silofl.privacy.rdp_curves import RDP_ORDERS_FINE, rdp_to_epsilon
 from silofl.privacy.targets import check_epsilon
 
@@ -226,16 +228,39 @@ def node_steps(n: int, b: int, epochs: float) -> int:
 
 def calibrate_node_sigma(target_epsilon: float, n: int, S: int, b: int, steps: int,
                          delta: float | None = None, *, rel_tol: float = 1e-4,
-                         sigma_max: float = 1e4,
-                         orders: Sequence[float] = DEFAULT_ORDERS,
-                         adjacency: str = "node",
+                         sigma_max: float = 1e4, adjacency: str = "node",
                          base_rdp: np.ndarray | None = None) -> float:
-    """Smallest noise multiplier σ (to ``rel_tol``) whose node-level ε is ≤ target, for
-    ``adjacency``, composed with ``base_rdp`` (RDP at ``orders`` of what else the silo
-    spends, e.g. private preprocessing).
+    """Smallest node-level noise multiplier σ meeting a target ε: the one calibrator
+    (`calibration.calibrate`) with the node-level event factory.
 
-    The returned σ always satisfies the target (bisection keeps the feasible end).
-    Raises CalibrationError when even ``sigma_max`` does not reach it."""
+    Parameters
+    ----------
+    target_epsilon : float
+        Target ε, in (0, 100].
+    n, S, b, steps : int
+        Persons in the region, appearance bound, batch size, DP-SGD steps (≥ 1).
+    delta : float, optional
+        δ; defaults to 1/n.
+    rel_tol : float
+        Relative tolerance in σ (the returned σ always meets the target).
+    sigma_max : float
+        Largest σ tried.
+    adjacency : {"node", "node+edges"}
+        Which examples a replaced person changes (`ADJACENCIES`).
+    base_rdp : numpy.ndarray, shape (len(DEFAULT_ORDERS),), optional
+        RDP at `DEFAULT_ORDERS` of what else the silo spends (e.g. private
+        preprocessing), composed in.
+
+    Returns
+    -------
+    float
+        σ (noise std = σ·C).
+
+    Raises
+    ------
+    CalibrationError
+        When even `sigma_max` does not reach the target, or `base_rdp` alone exceeds it.
+    """
     try:
         target = float(target_epsilon)
     except (TypeError, ValueError):
@@ -247,37 +272,29 @@ def calibrate_node_sigma(target_epsilon: float, n: int, S: int, b: int, steps: i
     steps = _int("steps", steps, 1, "; calibration needs at least one training step")
     delta = _delta(delta, n)
     check_adjacency(adjacency)
-    if base_rdp is not None and node_epsilon(n, S, b, 1.0, 0, delta, orders,
+    if base_rdp is not None and node_epsilon(n, S, b, 1.0, 0, delta,
                                              base_rdp=base_rdp) > target:
         raise CalibrationError(
             f"the silo's other charges (e.g. private preprocessing) alone exceed "
             f"node-level ε = {target} at δ = {delta:.3g}; give them a smaller share")
+    base = None if base_rdp is None else FixedRdpCurveEvent(DEFAULT_ORDERS, tuple(base_rdp))
 
-    def eps(sigma: float) -> float:
-        return node_epsilon(n, S, b, sigma, steps, delta, orders, adjacency=adjacency,
-                            base_rdp=base_rdp)
+    def make_event(sigma: float):
+        ev = NodeLevelDpEvent(n, S, b, sigma, steps, adjacency)
+        return ev if base is None else dpa.ComposedDpEvent((ev, base))
 
-    hi = 1.0
-    while eps(hi) > target:
-        if hi >= sigma_max:
-            raise CalibrationError(
-                f"no noise multiplier up to {sigma_max:g} reaches node-level ε = {target} "
-                f"at δ = {delta:.3g} (n = {n}, S = {S}, b = {b}, {steps} steps; ε at "
-                f"σ = {sigma_max:g} is {eps(sigma_max):.4g}, adjacency {adjacency}); raise "
-                "epsilon, train for fewer steps, use a smaller batch, or prune to a smaller S")
-        hi = min(hi * 2.0, sigma_max)
-    lo = hi / 2.0
-    while eps(lo) <= target:
-        hi, lo = lo, lo / 2.0
-        if lo < 1e-6:
-            return hi
-    while hi / lo > 1.0 + rel_tol:
-        mid = math.sqrt(lo * hi)
-        if eps(mid) <= target:
-            hi = mid
-        else:
-            lo = mid
-    return hi
+    try:
+        return calibrate(make_event, target, delta, "rdp", rel_tol=rel_tol,
+                         sigma_max=sigma_max)
+    except CalibrationError:
+        eps_max = node_epsilon(n, S, b, sigma_max, steps, delta, adjacency=adjacency,
+                               base_rdp=base_rdp)
+        raise CalibrationError(
+            f"no noise multiplier up to {sigma_max:g} reaches node-level ε = {target} "
+            f"at δ = {delta:.3g} (n = {n}, S = {S}, b = {b}, {steps} steps; ε at "
+            f"σ = {sigma_max:g} is {eps_max:.4g}, adjacency {adjacency}); raise "
+            "epsilon, train for fewer steps, use a smaller batch, or prune to a smaller S"
+        ) from None
 
 
 # --- the charge as data ---------------------------------------------------------------
