@@ -66,7 +66,9 @@ def _dp_rdp(event, delta, orders=None):
 
 def test_reference_table_covers_the_required_schedules():
     assert REFERENCE["value_discretization_interval"] == 1e-5
-    assert REFERENCE["dp_accounting"] == importlib.metadata.version("dp-accounting")
+    # the reference was computed with this minor release (pyproject allows >=0.6,<0.7)
+    made_with = REFERENCE["dp_accounting"].split(".")[:2]
+    assert made_with == importlib.metadata.version("dp-accounting").split(".")[:2]
     rows = REFERENCE["rows"]
     assert {round(r["q"], 6) for r in rows} >= {0.0016, 0.01, round(64 / 1500, 6), 0.25, 1.0}
     assert {r["delta"] for r in rows} == {1e-5, 1e-7}

@@ -254,8 +254,8 @@ def _gamma(shape: float, mean: float) -> float:
 
 
 def _repeat_and_select_rdp(inner: np.ndarray, mean: float, shape: float) -> np.ndarray:
-    """dp_accounting's `_compute_rdp_repeat_and_select` at RDP_ORDERS, vectorized for TNB
-    (its order-by-order loops dominate a σ search); the library's own for Poisson."""
+    """dp_accounting's RepeatAndSelect formula (`_dpa_adapter`) at RDP_ORDERS, vectorized
+    for TNB (its order-by-order loops dominate a σ search); the library's own for Poisson."""
     if math.isinf(shape):
         return adapter.repeat_and_select_rdp(RDP_ORDERS, inner, mean, shape)
     c = (1 + shape) * np.min((1 - 1 / _A) * inner - math.log(_gamma(shape, mean)) / _A)

@@ -27,10 +27,10 @@ level (one *person* is the privacy unit, `pandemic.node_dp`):
   σ_s = ratio · σ / (2 √(T · E[ρ²])), ρ ~ Hypergeometric(n, A, b), T a trial's steps:
   one node-level step's RDP is ≈ 2α E[ρ²]/σ² to first order, so σ/(2√(T E[ρ²])) is the
   Gaussian with about a trial's RDP and ratio 2 gives the score about a quarter of it.
-* **The accounting** (`privacy.selection.NodeRepeatAndSelectEvent`).  dp_accounting's RepeatAndSelect
-  cannot wrap node-level events (it has no type for them), so this event brings its own
-  RDP curve: dp_accounting's `_compute_rdp_repeat_and_select` (Papernot & Steinke 2022,
-  Theorem 2 for TNB, Theorem 6 for Poisson) applied to one trial's curve
+* **The accounting** (`privacy.selection.NodeRepeatAndSelectEvent`).  dp_accounting's
+  RepeatAndSelect cannot wrap node-level events (it has no type for them), so this event
+  brings its own RDP curve: dp_accounting's RepeatAndSelect formula (through
+  `privacy._dpa_adapter`; Papernot & Steinke 2022, Theorem 2 for TNB, Theorem 6 for Poisson) applied to one trial's curve
   (rounds × the node-level pass + the Gaussian score) at `node_dp.DEFAULT_ORDERS`.  The
   whole tuned run of a region is  Compose(pivot passes, NodeRepeatAndSelect(trial)),
   calibrated by the planner to the region's target and reserved before the first read.
