@@ -83,9 +83,30 @@ def _fast_composed_guess(make_event, target: float, delta: float) -> float | Non
 @lru_cache(maxsize=4096)
 def calibrate_dpsgd(target_epsilon: float, delta: float, q: float, steps: int,
                     kind: Accountant = DEFAULT_ACCOUNTANT) -> float:
-    """Smallest noise multiplier σ with ε(steps × PoissonGaussian(q, σ)) ≤ target under
-    accountant `kind` (RDP: to ~1e-5 relative in σ; PLD: ε within 0.2% of the target).
-    Raises CalibrationError when no σ ≤ 1e4 reaches it."""
+    """Smallest σ meeting a target ε for example-level DP-SGD: `calibrate` with the
+    `events.dpsgd_event` factory and a closed-form starting point.
+
+    Parameters
+    ----------
+    target_epsilon, delta : float
+        Target (ε, δ).
+    q : float
+        Poisson sampling rate, in (0, 1].
+    steps : int
+        DP-SGD steps.
+    kind : {"pld", "rdp"}
+        RDP: σ to ~1e-5 relative; PLD: ε within 0.2% of the target.
+
+    Returns
+    -------
+    float
+        σ with ε(steps × PoissonGaussian(q, σ)) ≤ target.
+
+    Raises
+    ------
+    CalibrationError
+        When no σ ≤ 1e4 reaches the target.
+    """
     _check_q_sigma(q, 1.0)
     check_target(target_epsilon, delta, "calibration target ")  # finite search, bounded grid
     if kind == "pld":  # start from the CLT (Gaussian DP) approximation of the PLD

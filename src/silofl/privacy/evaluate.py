@@ -38,8 +38,18 @@ DEFAULT_ACCOUNTANT: Accountant = "pld"
 
 
 def make_accountant(kind: Accountant = DEFAULT_ACCOUNTANT) -> dpa.PrivacyAccountant:
-    """A fresh dp_accounting accountant of `kind` (RDP at RDP_ORDERS; PLD at the 1e-5
-    reference grid — `epsilon` picks a grid per composition instead)."""
+    """A fresh dp_accounting accountant of `kind`.
+
+    Parameters
+    ----------
+    kind : {"pld", "rdp"}
+        RDP at `RDP_ORDERS`, or PLD at the 1e-5 reference grid (`epsilon` picks a grid
+        per composition instead).
+
+    Returns
+    -------
+    dp_accounting.PrivacyAccountant
+    """
     _check_kind(kind)
     if kind == "rdp":
         return rdp.RdpAccountant(list(RDP_ORDERS))
@@ -81,8 +91,19 @@ def _own_curve(key: frozenset) -> np.ndarray | None:
 # --- which accountant --------------------------------------------------------------------
 
 def accountant_for(event, preferred: str = DEFAULT_ACCOUNTANT) -> str:
-    """The accountant that gives `event`'s guarantee: `preferred` if it supports every
-    base event, else "rdp" (zCDP events and node-level events have no PLD here)."""
+    """The accountant that gives `event`'s guarantee.
+
+    Parameters
+    ----------
+    event : dp_accounting.DpEvent
+    preferred : {"pld", "rdp"}
+
+    Returns
+    -------
+    str
+        `preferred` if it supports every base event, else "rdp" (zCDP events and curve
+        events such as node-level DP-SGD have no PLD here).
+    """
     _check_kind(preferred)
     if preferred == "pld" and not _pld_supports_key(_key(event)):
         return "rdp"
@@ -90,8 +111,23 @@ def accountant_for(event, preferred: str = DEFAULT_ACCOUNTANT) -> str:
 
 
 def guarantee(event, delta: float, preferred: str = DEFAULT_ACCOUNTANT) -> tuple[float, str]:
-    """(ε, accountant): ε of `event` at `delta` under `accountant_for(event, preferred)`.
-    Budget checks and reports use this, so a check compares the figure it reports."""
+    """ε of `event` with the accountant that produced it.
+
+    Budget checks and reports use this, so a check compares the figure it reports.
+
+    Parameters
+    ----------
+    event : dp_accounting.DpEvent
+    delta : float
+        δ in (0, 1).
+    preferred : {"pld", "rdp"}
+
+    Returns
+    -------
+    (float, str)
+        ε (nats, an upper bound) under `accountant_for(event, preferred)`, and that
+        accountant's name.
+    """
     kind = accountant_for(event, preferred)
     return epsilon(event, delta, kind), kind
 
@@ -114,10 +150,31 @@ def _pld_supports(base) -> bool:
 # --- ε ---------------------------------------------------------------------------------
 
 def epsilon(event, delta: float, kind: Accountant = DEFAULT_ACCOUNTANT) -> float:
-    """ε of `event` at `delta` under accountant `kind` — an upper bound, never rounded
-    down. PrivacyError if `kind` cannot account for the event (see `guarantee` for the
-    fallback). Memoized by the composition's multiset of base events: calibration, the
-    ledger preflight, every check and the report evaluate the same compositions."""
+    """ε of `event` at `delta` under accountant `kind` — an upper bound, never rounded down.
+
+    Memoized by the composition's multiset of base events: calibration, the ledger
+    preflight, every check and the report evaluate the same compositions.
+
+    Parameters
+    ----------
+    event : dp_accounting.DpEvent
+        Any composition of dp_accounting events and curve events.
+    delta : float
+        δ in (0, 1).
+    kind : {"pld", "rdp"}
+        The accountant.
+
+    Returns
+    -------
+    float
+        ε ≥ 0 (``inf`` for a `NonPrivateDpEvent`).
+
+    Raises
+    ------
+    PrivacyError
+        If `kind` cannot account for the event (see `guarantee` for the fallback) or
+        δ is out of range.
+    """
     _check_kind(kind)
     delta = float(delta)
     if not 0 < delta < 1:
@@ -146,14 +203,35 @@ def _epsilon_cached(key: frozenset, delta: float, kind: str) -> float:
 
 
 def epsilons(event, delta: float) -> dict[str, float | None]:
-    """ε under both accountants: {'rdp': …, 'pld': …} (None where an accountant does not
-    support the event: zCDP or node-level events under PLD)."""
+    """ε under both accountants.
+
+    Parameters
+    ----------
+    event : dp_accounting.DpEvent
+    delta : float
+
+    Returns
+    -------
+    dict
+        ``{"rdp": ε, "pld": ε or None}`` (None where PLD does not support the event:
+        zCDP or curve events).
+    """
     key = _key(event)
     return {"rdp": epsilon(event, delta, "rdp"),
             "pld": epsilon(event, delta, "pld") if _pld_supports_key(key) else None}
 
 
 def pld_grid(event, delta: float) -> float:
-    """The discretization interval (nats) of the PLD figure `epsilon(event, delta, "pld")`
-    reports — to reproduce it with dp_accounting's PLDAccountant at that interval."""
+    """The discretization interval of the PLD figure `epsilon(event, delta, "pld")`.
+
+    Parameters
+    ----------
+    event : dp_accounting.DpEvent
+    delta : float
+
+    Returns
+    -------
+    float
+        Interval (nats) to reproduce the figure with dp_accounting's PLDAccountant.
+    """
     return PLD_BASE_GRID * 2.0 ** _pld_search(_key(event), float(delta))[1]

@@ -113,9 +113,22 @@ def _base_rdp(event, idx: tuple | None = None) -> np.ndarray:
 # with a uniform output and under-count).
 
 def rr_rdp(event, orders) -> np.ndarray:
-    """Exact Rényi divergence of k-ary RR (keep w.p. 1 − p, else uniform over k) between
-    its two most distant inputs, at `orders` (> 1): with a = 1 − p + p/k, b = p/k,
-    D_α = log(a^α b^{1−α} + b^α a^{1−α} + (k − 2)·b) / (α − 1)."""
+    """Exact Rényi divergence of k-ary randomized response between its two most distant
+    inputs: with a = 1 − p + p/k, b = p/k,
+    D_α = log(a^α b^{1−α} + b^α a^{1−α} + (k − 2)·b) / (α − 1).
+
+    Parameters
+    ----------
+    event : dp_accounting.RandomizedResponseDpEvent
+        Keep the input w.p. 1 − p (``noise_parameter`` p), else uniform over k buckets.
+    orders : sequence of float, shape (A,)
+        Rényi orders, each > 1.
+
+    Returns
+    -------
+    numpy.ndarray, shape (A,)
+        RDP (nats) at `orders`.
+    """
     p, k = float(event.noise_parameter), int(event.num_buckets)
     orders = np.asarray(orders, dtype=float)
     if k <= 1 or p >= 1:
@@ -144,12 +157,29 @@ class _quiet_absl:
 
 
 def rdp_to_epsilon(orders, rdp_values, delta: float) -> tuple[float, float]:
-    """(ε, optimal order) from an RDP curve: min over α of the improved conversion
-    ε = r + log(1 − 1/α) − log(δα)/(α − 1) (Canonne–Kamath–Steinke 2020, Prop. 12; as
-    dp_accounting's `compute_epsilon`, which it matches). Differences, all pessimistic or
-    equal: orders in (1, 1.01] are used (dp_accounting skips them; our node-level curves
-    are exact there); negative r (roundoff) counts as 0, not as ε = 0; and ε = 0 through
-    the KL bound (TV ≤ √(1 − e^{−r}) ≤ δ, Bretagnolle–Huber) needs 1e-12 slack in r."""
+    """(ε, optimal order) from an RDP curve.
+
+    Min over α of the improved conversion ε = r + log(1 − 1/α) − log(δα)/(α − 1)
+    (Canonne–Kamath–Steinke 2020, Prop. 12; as dp_accounting's `compute_epsilon`, which
+    it matches). Differences, all pessimistic or equal: orders in (1, 1.01] are used
+    (dp_accounting skips them; node-level curves are exact there); negative r (roundoff)
+    counts as 0, not as ε = 0; and ε = 0 through the KL bound (TV ≤ √(1 − e^{−r}) ≤ δ,
+    Bretagnolle–Huber) needs 1e-12 slack in r.
+
+    Parameters
+    ----------
+    orders : sequence of float, shape (A,)
+        Rényi orders, each > 1.
+    rdp_values : sequence of float, shape (A,)
+        RDP (nats) at `orders`.
+    delta : float
+        δ in (0, 1).
+
+    Returns
+    -------
+    (float, float)
+        ε ≥ 0 and the order that attains it.
+    """
     a = np.asarray(orders, dtype=float)
     r = np.asarray(rdp_values, dtype=float)
     if a.shape != r.shape or a.ndim != 1 or a.size == 0 or np.any(a <= 1):

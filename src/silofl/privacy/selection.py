@@ -142,9 +142,19 @@ class NodeRepeatAndSelectEvent(RdpCurveDpEvent):
 
 # --- the charges ------------------------------------------------------------------------
 
-
 def check_accountable(dist: TrialDistributionLike) -> None:
-    """dp_accounting's RepeatAndSelect takes η ≥ 0 (or Poisson) and E[h] ≥ 1 only."""
+    """Refuse a trial distribution RepeatAndSelect cannot account for.
+
+    Parameters
+    ----------
+    dist : TrialDistributionLike
+        Distribution of the number of trials h.
+
+    Raises
+    ------
+    ConfigError
+        Unless η ≥ 0 (or Poisson) and E[h] ≥ 1 (dp_accounting's RepeatAndSelect).
+    """
     if dist.shape < 0:
         raise ConfigError(f"tuning eta = {dist.eta:g}: TNB with −1 < η < 0 is a valid "
                           "distribution but dp_accounting's RepeatAndSelectDpEvent accounts only "
@@ -170,8 +180,22 @@ def _node(event) -> bool:
 
 
 def trial_event(round_event, rounds: int, score_sigma: float):
-    """One trial: `rounds` local passes (each `round_event`) and one Gaussian score release
-    with noise multiplier `score_sigma` (std = σ · sensitivity)."""
+    """One trial: `rounds` local passes and one Gaussian score release.
+
+    Parameters
+    ----------
+    round_event : dp_accounting.DpEvent
+        One local pass (a DP-SGD event, or a `NodeLevelDpEvent`).
+    rounds : int
+        Passes per trial.
+    score_sigma : float
+        Noise multiplier of the score (std = σ · sensitivity).
+
+    Returns
+    -------
+    dp_accounting.ComposedDpEvent
+        Hashable (tuples): a base event of ledgers and the store.
+    """
     # a tuple, not a list: the event is a base event (hashed) of ledgers and the store
     if _node(round_event):  # node level: a score event with its own curve
         score = GaussianScoreEvent(float(score_sigma))
@@ -182,7 +206,21 @@ def trial_event(round_event, rounds: int, score_sigma: float):
 
 
 def select_event(round_event, rounds: int, dist: TrialDistributionLike, score_sigma: float):
-    """The random-h, best-only release of the trials."""
+    """The random-h, best-only release of the trials (RepeatAndSelect).
+
+    Parameters
+    ----------
+    round_event, rounds, score_sigma
+        As in `trial_event`.
+    dist : TrialDistributionLike
+        Distribution of the number of trials h (E[h] = ``dist.mean``, η = ``dist.shape``).
+
+    Returns
+    -------
+    dp_accounting.DpEvent
+        dp_accounting's `RepeatAndSelectDpEvent`, or a `NodeRepeatAndSelectEvent` (on a
+        curve) for node-level passes.
+    """
     check_accountable(dist)
     if _node(round_event):  # dp_accounting's RepeatAndSelect cannot wrap node-level events
         return NodeRepeatAndSelectEvent(round_event, int(rounds), float(score_sigma),
@@ -193,7 +231,19 @@ def select_event(round_event, rounds: int, dist: TrialDistributionLike, score_si
 
 def tuned_event(round_event, rounds: int, dist: TrialDistributionLike,
                 score_sigma: float | None = None):
-    """The whole tuned run of one silo: pivot run + RepeatAndSelect(trials)."""
+    """The whole tuned run of one silo: pivot run + RepeatAndSelect(trials).
+
+    Parameters
+    ----------
+    round_event, rounds, dist
+        As in `select_event`.
+    score_sigma : float, optional
+        Defaults to the pass's own σ (`noise_of`).
+
+    Returns
+    -------
+    dp_accounting.ComposedDpEvent
+    """
     sigma = noise_of(round_event) if score_sigma is None else score_sigma
     return dpa.ComposedDpEvent([dpa.SelfComposedDpEvent(round_event, rounds),
                                 select_event(round_event, rounds, dist, sigma)])

@@ -58,9 +58,8 @@ SELECTS = ("random", "em")
 def score_sigma(round_event, rounds: int, ratio: float) -> float:
     """Noise multiplier of the validation-score release (see the module docstring; node
     level: `tuning.graph.node_score_sigma`)."""
-    from silofl.privacy.selection import is_node_event
     from silofl.tuning.graph import node_score_sigma
-    if is_node_event(round_event):
+    if TA.is_node_event(round_event):
         return node_score_sigma(round_event, rounds, ratio)
     sigma = TA.noise_of(round_event)
     counts = events.flatten(round_event)
