@@ -140,6 +140,19 @@ class NodeRepeatAndSelectEvent(RdpCurveDpEvent):
                    float(d["score_sigma"]), float(d["mean"]), float(d["shape"]))
 
 
+def node_score_sigma(round_event, rounds: int, ratio: float) -> float:
+    """σ_s of the score release for node-level passes (`silofl.tuning.graph`'s docstring):
+    ratio · σ / (2 √(T · E[ρ²])), T = rounds × the pass's steps, ρ ~ Hyp(n, A, b): one
+    node-level step's RDP is ≈ 2α E[ρ²]/σ², so ratio 2 gives the score about a quarter
+    of a trial's RDP."""
+    e = round_event
+    n, A, b = int(e.n), int(e.affected), int(e.b)
+    mean = b * A / n
+    var = mean * (1 - A / n) * (n - b) / (n - 1) if n > 1 else 0.0
+    T = int(rounds) * int(e.steps)
+    return float(ratio) * float(e.sigma) / (2.0 * math.sqrt(T * (var + mean * mean)))
+
+
 # --- the charges ------------------------------------------------------------------------
 
 def check_accountable(dist: TrialDistributionLike) -> None:
@@ -347,5 +360,5 @@ def is_tuned(event) -> bool:
 
 __all__ = ["GaussianScoreEvent", "NodeRepeatAndSelectEvent", "TrialDistributionLike",
            "check_accountable", "epsilon_of", "fast_rdp", "is_node_event", "is_tuned",
-           "naive_event", "noise_of", "select_event", "sigma_guess", "trial_event",
-           "tuned_event"]
+           "naive_event", "node_score_sigma", "noise_of", "select_event", "sigma_guess",
+           "trial_event", "tuned_event"]

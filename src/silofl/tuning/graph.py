@@ -23,7 +23,7 @@ level (one *person* is the privacy unit, `pandemic.node_dp`):
   function of the person's example alone: declared or privately released constants.
   With ``preprocessing="uncharged"`` every example depends on region-wide statistics, so
   no such bound exists and tuning is refused (`check_setting`).
-* **The score's noise multiplier** (`node_score_sigma`): a public function of the run,
+* **The score's noise multiplier** (`privacy.selection.node_score_sigma`): a public function of the run,
   σ_s = ratio · σ / (2 √(T · E[ρ²])), ρ ~ Hypergeometric(n, A, b), T a trial's steps:
   one node-level step's RDP is ≈ 2α E[ρ²]/σ² to first order, so σ/(2√(T E[ρ²])) is the
   Gaussian with about a trial's RDP and ratio 2 gives the score about a quarter of it.
@@ -48,17 +48,6 @@ from silofl.errors import ConfigError
 SCORE_PERSONS = 20_000
 #: default clip bound B of a per-example focal loss in the score
 DEFAULT_LOSS_BOUND = 1.0
-def node_score_sigma(round_event, rounds: int, ratio: float) -> float:
-    """σ_s of the score release for node-level passes (module docstring):
-    ratio · σ / (2 √(T · E[ρ²])), T = rounds × the pass's steps, ρ ~ Hyp(n, A, b)."""
-    e = round_event
-    n, A, b = int(e.n), int(e.affected), int(e.b)
-    mean = b * A / n
-    var = mean * (1 - A / n) * (n - b) / (n - 1) if n > 1 else 0.0
-    T = int(rounds) * int(e.steps)
-    return float(ratio) * float(e.sigma) / (2.0 * math.sqrt(T * (var + mean * mean)))
-
-
 # --- the node-level validation score -------------------------------------------------------
 
 class NodeValidation:
@@ -176,5 +165,4 @@ __all__ = [
     "NodeValidation",
     "check_setting",
     "describe_release",
-    "node_score_sigma",
 ]

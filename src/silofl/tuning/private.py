@@ -38,15 +38,20 @@ from dataclasses import dataclass
 import dp_accounting as dpa
 import numpy as np
 
-from silofl.algorithms.base import (Algorithm, ServerState, SiloState, apply_mean_update,
-                                    check_nonnegative)
+from silofl.algorithms.base import (
+    Algorithm,
+    ServerState,
+    SiloState,
+    apply_mean_update,
+    check_nonnegative,
+)
 from silofl.errors import ConfigError
 from silofl.privacy import events
+from silofl.privacy import selection as TA
 from silofl.privacy.ledger import Ledger
 from silofl.training import selection
 from silofl.training.dpsgd import GradientRule
 from silofl.training.trainer import LocalTrainer, SiloArrays
-from silofl.privacy import selection as TA
 from silofl.tuning.distributions import TrialDistribution
 
 PIVOTS = ("mrmtl", "ditto")
@@ -57,10 +62,9 @@ SELECTS = ("random", "em")
 
 def score_sigma(round_event, rounds: int, ratio: float) -> float:
     """Noise multiplier of the validation-score release (see the module docstring; node
-    level: `tuning.graph.node_score_sigma`)."""
-    from silofl.tuning.graph import node_score_sigma
+    level: `privacy.selection.node_score_sigma`)."""
     if TA.is_node_event(round_event):
-        return node_score_sigma(round_event, rounds, ratio)
+        return TA.node_score_sigma(round_event, rounds, ratio)
     sigma = TA.noise_of(round_event)
     counts = events.flatten(round_event)
     (base, steps), = counts.items()
