@@ -83,29 +83,33 @@ def _fast_composed_guess(make_event, target: float, delta: float) -> float | Non
 @lru_cache(maxsize=4096)
 def calibrate_dpsgd(target_epsilon: float, delta: float, q: float, steps: int,
                     kind: Accountant = DEFAULT_ACCOUNTANT) -> float:
-    """Smallest σ meeting a target ε for example-level DP-SGD: `calibrate` with the
-    `events.dpsgd_event` factory and a closed-form starting point.
+    """The smallest noise multiplier σ that keeps `steps` DP-SGD steps within a target.
+
+    RDP: σ to ~1e-5 relative; PLD: ε within 0.2% below the target.
 
     Parameters
     ----------
-    target_epsilon, delta : float
-        Target (ε, δ).
+    target_epsilon : float
+        ε to reach (> 0).
+    delta : float
+        δ in (0, 1).
     q : float
-        Poisson sampling rate, in (0, 1].
+        Poisson sampling rate in (0, 1].
     steps : int
-        DP-SGD steps.
-    kind : {"pld", "rdp"}
-        RDP: σ to ~1e-5 relative; PLD: ε within 0.2% of the target.
+        Number of DP-SGD steps.
+    kind : {"pld", "rdp"}, default "pld"
+        The accountant.
 
     Returns
     -------
     float
-        σ with ε(steps × PoissonGaussian(q, σ)) ≤ target.
+        σ: the noise standard deviation in units of the clipping norm C, with
+        ``epsilon(dpsgd_event(q, σ, steps), delta, kind) <= target_epsilon``.
 
     Raises
     ------
     CalibrationError
-        When no σ ≤ 1e4 reaches the target.
+        No σ ≤ 1e4 reaches the target.
     """
     _check_q_sigma(q, 1.0)
     check_target(target_epsilon, delta, "calibration target ")  # finite search, bounded grid

@@ -150,7 +150,7 @@ def _pld_supports(base) -> bool:
 # --- ε ---------------------------------------------------------------------------------
 
 def epsilon(event, delta: float, kind: Accountant = DEFAULT_ACCOUNTANT) -> float:
-    """ε of `event` at `delta` under accountant `kind` — an upper bound, never rounded down.
+    """ε of `event` at `delta` under one accountant — an upper bound, never rounded down.
 
     Memoized by the composition's multiset of base events: calibration, the ledger
     preflight, every check and the report evaluate the same compositions.
@@ -158,22 +158,22 @@ def epsilon(event, delta: float, kind: Accountant = DEFAULT_ACCOUNTANT) -> float
     Parameters
     ----------
     event : dp_accounting.DpEvent
-        Any composition of dp_accounting events and curve events.
+        The mechanism, e.g. from `dpsgd_event`, or a composition of events.
     delta : float
         δ in (0, 1).
-    kind : {"pld", "rdp"}
-        The accountant.
+    kind : {"pld", "rdp"}, default "pld"
+        The accountant: privacy loss distributions (tight) or Rényi DP.
 
     Returns
     -------
     float
-        ε ≥ 0 (``inf`` for a `NonPrivateDpEvent`).
+        ε (dimensionless, ≥ 0; ``inf`` when no finite ε holds at this δ).
 
     Raises
     ------
     PrivacyError
-        If `kind` cannot account for the event (see `guarantee` for the fallback) or
-        δ is out of range.
+        δ outside (0, 1), or `kind` cannot account for the event (see `guarantee` in
+        ``silofl.privacy.accounting`` for the fallback).
     """
     _check_kind(kind)
     delta = float(delta)
@@ -203,18 +203,20 @@ def _epsilon_cached(key: frozenset, delta: float, kind: str) -> float:
 
 
 def epsilons(event, delta: float) -> dict[str, float | None]:
-    """ε under both accountants.
+    """ε of `event` under both accountants.
 
     Parameters
     ----------
     event : dp_accounting.DpEvent
+        The mechanism or composition.
     delta : float
+        δ in (0, 1).
 
     Returns
     -------
-    dict
-        ``{"rdp": ε, "pld": ε or None}`` (None where PLD does not support the event:
-        zCDP or curve events).
+    dict of str to float or None
+        ``{"rdp": ε_RDP, "pld": ε_PLD}``; ``None`` where an accountant does not support
+        the event (zCDP or node-level events under PLD).
     """
     key = _key(event)
     return {"rdp": epsilon(event, delta, "rdp"),

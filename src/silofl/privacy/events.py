@@ -23,21 +23,22 @@ CUSTOM_EVENTS = {"node_level_dp": "silofl.privacy.node_level:NodeLevelDpEvent",
 
 
 def dpsgd_event(q: float, noise_multiplier: float, steps: int = 1) -> dpa.DpEvent:
-    """DP-SGD steps as a dp_accounting event.
+    """The privacy event of `steps` DP-SGD steps with Poisson sampling and Gaussian noise.
 
     Parameters
     ----------
     q : float
-        Poisson sampling rate, in (0, 1].
+        Poisson sampling rate in (0, 1]: each record joins a batch independently with
+        probability q (expected batch size / records).
     noise_multiplier : float
-        σ: the noise std is σ·C for clipping norm C.
-    steps : int
-        Number of steps (self-composition count).
+        σ > 0: the Gaussian noise's standard deviation is σ·C for clipping norm C.
+    steps : int, default 1
+        Number of steps composed.
 
     Returns
     -------
     dp_accounting.DpEvent
-        ``PoissonSampled(q, Gaussian(σ))``, self-composed ``steps`` times.
+        ``PoissonSampled(q, Gaussian(σ))``, self-composed `steps` times when steps > 1.
     """
     _check_q_sigma(q, noise_multiplier)
     base = dpa.PoissonSampledDpEvent(float(q), dpa.GaussianDpEvent(float(noise_multiplier)))
