@@ -13,9 +13,8 @@ Supported dp_accounting: the range pinned in pyproject.toml.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import numpy as np
+import numpy.typing as npt
 from dp_accounting import pld
 from dp_accounting.pld import pld_pmf
 from dp_accounting.rdp import rdp_privacy_accountant as _rdp_lib
@@ -51,7 +50,7 @@ def _arrays(pmf) -> DensePmf:
             float(pmf._discretization))
 
 
-def repeat_and_select_rdp(orders: Sequence[float], rdp: Sequence[float], mean: float,
+def repeat_and_select_rdp(orders: npt.ArrayLike, rdp: npt.ArrayLike, mean: float,
                           shape: float) -> np.ndarray:
     """RDP of RepeatAndSelect (Papernot & Steinke 2022, Theorems 2 and 6) of one run whose
     RDP at `orders` is `rdp`: dp_accounting's own formula, for curves that are not

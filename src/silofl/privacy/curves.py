@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import dp_accounting as dpa
 import numpy as np
+import numpy.typing as npt
 from dp_accounting.rdp.rdp_privacy_accountant import compute_delta
 
 from silofl.errors import PrivacyError
@@ -33,7 +34,7 @@ class RdpCurveDpEvent(dpa.DpEvent):
     `rdp`, `to_dict` and a `from_dict` classmethod (ledgers on disk, `events.from_dict`).
     """
 
-    def rdp(self, orders: Sequence[float]) -> np.ndarray:
+    def rdp(self, orders: npt.ArrayLike) -> np.ndarray:
         """RDP (nats) at `orders` (each > 1), shape of `orders`."""
         raise NotImplementedError
 
@@ -67,7 +68,7 @@ class FixedRdpCurveEvent(RdpCurveDpEvent):
         object.__setattr__(self, "orders", orders)
         object.__setattr__(self, "values", values)
 
-    def rdp(self, orders: Sequence[float]) -> np.ndarray:
+    def rdp(self, orders: npt.ArrayLike) -> np.ndarray:
         if tuple(float(a) for a in np.asarray(orders, dtype=float)) != self.orders:
             raise PrivacyError("this RDP curve is known only at the orders it was given at")
         return np.asarray(self.values, dtype=float)
@@ -131,7 +132,7 @@ class CurveRdpAccountant(dpa.PrivacyAccountant):
             return None
         if isinstance(event, RdpCurveDpEvent):
             if do_compose:
-                self._rdp = self._rdp + count * np.asarray(event.rdp(self._orders), dtype=float)
+                self._rdp = self._rdp + count * np.asarray(event.rdp(self._orders), dtype=np.float64)
             return None
         return self.CompositionErrorDetails(
             invalid_event=event,

@@ -90,7 +90,7 @@ def _own_curve(key: frozenset) -> np.ndarray | None:
 
 # --- which accountant --------------------------------------------------------------------
 
-def accountant_for(event, preferred: str = DEFAULT_ACCOUNTANT) -> str:
+def accountant_for(event, preferred: Accountant = DEFAULT_ACCOUNTANT) -> Accountant:
     """The accountant that gives `event`'s guarantee.
 
     Parameters
@@ -110,7 +110,8 @@ def accountant_for(event, preferred: str = DEFAULT_ACCOUNTANT) -> str:
     return preferred
 
 
-def guarantee(event, delta: float, preferred: str = DEFAULT_ACCOUNTANT) -> tuple[float, str]:
+def guarantee(event, delta: float,
+              preferred: Accountant = DEFAULT_ACCOUNTANT) -> tuple[float, str]:
     """ε of `event` with the accountant that produced it.
 
     Budget checks and reports use this, so a check compares the figure it reports.

@@ -71,6 +71,7 @@ from dataclasses import asdict, dataclass
 
 import dp_accounting as dpa
 import numpy as np
+import numpy.typing as npt
 from scipy import stats
 from scipy.special import logsumexp
 
@@ -332,7 +333,7 @@ class NodeLevelDpEvent(RdpCurveDpEvent):
     def default_delta(self) -> float:
         return 1.0 / self.n
 
-    def rdp(self, orders: Sequence[float] = DEFAULT_ORDERS) -> np.ndarray:
+    def rdp(self, orders: npt.ArrayLike = DEFAULT_ORDERS) -> np.ndarray:
         """Composed RDP ``steps · γ(α)`` at ``orders``."""
         return self.steps * node_rdp(orders, self.n, self.affected, self.b, self.sigma)
 

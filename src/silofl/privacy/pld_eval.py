@@ -128,8 +128,9 @@ def _pld_eps_at(key: frozenset, k: int, delta: float) -> float:
     composed = _pld_composed(key, k)
     if composed is None:
         return 0.0
-    remove, add = composed
-    return max(_eps_for_delta(*remove, delta), _eps_for_delta(*add, delta))
+    (lo_r, p_r, inf_r, g_r), (lo_a, p_a, inf_a, g_a) = composed
+    return max(_eps_for_delta(lo_r, p_r, inf_r, g_r, delta),
+               _eps_for_delta(lo_a, p_a, inf_a, g_a, delta))
 
 
 class _LRU(OrderedDict):

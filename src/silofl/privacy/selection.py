@@ -102,7 +102,7 @@ class NodeRepeatAndSelectEvent(RdpCurveDpEvent):
     repeated h ~ D times (``mean`` = E[h], ``shape`` = η for TNB, ∞ for Poisson), only
     the best released."""
 
-    round_event: object
+    round_event: RdpCurveDpEvent
     rounds: int
     score_sigma: float
     mean: float
@@ -115,7 +115,7 @@ class NodeRepeatAndSelectEvent(RdpCurveDpEvent):
 
     def trial_rdp(self, orders) -> np.ndarray:
         """RDP of one trial at ``orders``: rounds × the pass + the score."""
-        return (self.rounds * np.asarray(self.round_event.rdp(orders), dtype=float)
+        return (self.rounds * np.asarray(self.round_event.rdp(orders), dtype=np.float64)
                 + GaussianScoreEvent(self.score_sigma).rdp(orders))
 
     def rdp(self, orders) -> np.ndarray:
