@@ -124,8 +124,19 @@ def check_adjacency(adjacency) -> str:
 
 
 def affected_examples(n: int, S: int, adjacency: str = "node") -> int:
-    """How many of the ``n`` examples one replaced person can change: ``S`` under
-    "node", ``2S − 1`` under "node+edges" (never more than ``n``)."""
+    """How many of the ``n`` examples one replaced person can change.
+
+    Parameters
+    ----------
+    n, S : int
+        Persons and the appearance bound.
+    adjacency : {"node", "node+edges"}
+
+    Returns
+    -------
+    int
+        ``S`` under "node", ``2S − 1`` under "node+edges", never more than ``n``.
+    """
     check_adjacency(adjacency)
     return min(S if adjacency == "node" else 2 * S - 1, n)
 
@@ -176,9 +187,27 @@ def hypergeom_log_pmf(n: int, S: int, b: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def node_rdp(orders, n: int, S: int, b: int, sigma: float) -> np.ndarray:
-    """Per-step RDP γ(α) of Theorem 2.4.4 at every order α (array, shape of orders), with
-    ρ ~ Hypergeometric(n, S, b): here ``S`` is the number of examples one replacement
-    affects (`affected_examples`: S or 2S − 1), each moving by ≤ 2C."""
+    """Per-step RDP γ(α) of Theorem 2.4.4 at every order α.
+
+    Parameters
+    ----------
+    orders : sequence of float, shape (A,)
+        Rényi orders, each > 1.
+    n : int
+        Examples (persons) in the region.
+    S : int
+        Examples one replacement affects (`affected_examples`: S or 2S − 1), each moving
+        by ≤ 2C; the hypergeometric's successes.
+    b : int
+        Batch size (drawn without replacement).
+    sigma : float
+        Noise multiplier.
+
+    Returns
+    -------
+    numpy.ndarray, shape (A,)
+        RDP (nats) of one step, ρ ~ Hypergeometric(n, S, b).
+    """
     n, S, b, sigma = _check(n, S, b, sigma)
     a = _orders(orders)
     rho, logp = hypergeom_log_pmf(n, S, b)
@@ -191,9 +220,30 @@ def node_epsilon_and_order(n: int, S: int, b: int, sigma: float, steps: int,
                            orders: Sequence[float] = DEFAULT_ORDERS, *,
                            adjacency: str = "node",
                            base_rdp: np.ndarray | None = None) -> tuple[float, float]:
-    """(ε, optimal α) after ``steps`` steps; δ defaults to 1/n.  ``S`` bounds the
-    examples a person appears in; ``adjacency`` turns it into the affected examples.
-    ``base_rdp`` (RDP at ``orders``) is composed in: what the silo spends besides."""
+    """(ε, optimal α) of ``steps`` node-level DP-SGD steps.
+
+    Parameters
+    ----------
+    n, S, b : int
+        Persons, appearance bound (`adjacency` turns it into the affected examples),
+        batch size.
+    sigma : float
+        Noise multiplier.
+    steps : int
+        DP-SGD steps (≥ 0).
+    delta : float, optional
+        δ; defaults to 1/n.
+    orders : sequence of float
+        Rényi orders (default `DEFAULT_ORDERS`, the ledger's grid).
+    adjacency : {"node", "node+edges"}
+    base_rdp : numpy.ndarray, shape (len(orders),), optional
+        RDP at `orders` of what the silo spends besides, composed in.
+
+    Returns
+    -------
+    (float, float)
+        ε and the order that attains it (nan when nothing is spent).
+    """
     n, S, b, sigma = _check(n, S, b, sigma)
     steps = _int("steps", steps, 0)
     delta = _delta(delta, n)
@@ -209,14 +259,34 @@ def node_epsilon(n: int, S: int, b: int, sigma: float, steps: int,
                  delta: float | None = None,
                  orders: Sequence[float] = DEFAULT_ORDERS, *,
                  adjacency: str = "node", base_rdp: np.ndarray | None = None) -> float:
-    """Node-level ε of ``steps`` DP-SGD steps (Theorem 2.4.4); δ defaults to 1/n."""
+    """Node-level ε of ``steps`` DP-SGD steps (Theorem 2.4.4); δ defaults to 1/n.
+
+    Parameters and defaults as in `node_epsilon_and_order`.
+
+    Returns
+    -------
+    float
+        ε ≥ 0.
+    """
     return node_epsilon_and_order(n, S, b, sigma, steps, delta, orders,
                                   adjacency=adjacency, base_rdp=base_rdp)[0]
 
 
 def node_steps(n: int, b: int, epochs: float) -> int:
-    """Steps for ``epochs`` epochs of independently drawn size-``b`` batches:
-    ``ceil(epochs · ceil(n / b))`` (so every epoch draws at least n examples)."""
+    """Steps for ``epochs`` epochs of independently drawn size-``b`` batches.
+
+    Parameters
+    ----------
+    n, b : int
+        Persons and batch size (b ≤ n).
+    epochs : float
+        Epochs (> 0).
+
+    Returns
+    -------
+    int
+        ``ceil(epochs · ceil(n / b))``: every epoch draws at least n examples.
+    """
     n = _int("n", n, 1)
     b = _int("batch size b", b, 1)
     if b > n:

@@ -178,7 +178,18 @@ def check_accountable(dist: TrialDistributionLike) -> None:
 
 
 def noise_of(round_event) -> float:
-    """σ of the (Poisson-subsampled) Gaussian inside a DP-SGD event."""
+    """σ of the Gaussian inside a pass event.
+
+    Parameters
+    ----------
+    round_event : dp_accounting.DpEvent
+        A (Poisson-subsampled) Gaussian DP-SGD event, or a node-level pass.
+
+    Returns
+    -------
+    float
+        Its noise multiplier σ.
+    """
     e = round_event
     if _node(e):  # node level: the event carries its σ
         return float(e.sigma)
@@ -263,8 +274,23 @@ def tuned_event(round_event, rounds: int, dist: TrialDistributionLike,
 
 
 def naive_event(round_event, rounds: int, trials: int, score_sigma: float | None = None):
-    """A fixed grid of `trials` settings released best-only, bounded by composition (the
-    bound is tight for some mechanisms: Papernot & Steinke, Proposition 17)."""
+    """A fixed grid of `trials` settings released best-only, bounded by composition
+    (the bound is tight for some mechanisms: Papernot & Steinke, Proposition 17).
+
+    Parameters
+    ----------
+    round_event, rounds
+        As in `trial_event`.
+    trials : int
+        Grid size (every setting is trained).
+    score_sigma : float, optional
+        Defaults to the pass's own σ (`noise_of`).
+
+    Returns
+    -------
+    dp_accounting.ComposedDpEvent
+        Pivot run + `trials` × trial.
+    """
     sigma = noise_of(round_event) if score_sigma is None else score_sigma
     return dpa.ComposedDpEvent([dpa.SelfComposedDpEvent(round_event, rounds),
                                 dpa.SelfComposedDpEvent(trial_event(round_event, rounds, sigma),
@@ -274,9 +300,18 @@ def naive_event(round_event, rounds: int, trials: int, score_sigma: float | None
 # --- fast σ search (an aid: every σ is re-checked with dp_accounting before use) ----------
 
 def fast_rdp(event) -> np.ndarray | None:
-    """RDP at `accounting.RDP_ORDERS` from closed forms, also through RepeatAndSelect
-    (dp_accounting's own formula applied to the closed-form inner curve); None if some base
-    event has no closed form."""
+    """RDP at `RDP_ORDERS` from closed forms, also through RepeatAndSelect
+    (dp_accounting's own formula applied to the closed-form inner curve).
+
+    Parameters
+    ----------
+    event : dp_accounting.DpEvent
+
+    Returns
+    -------
+    numpy.ndarray of shape (len(RDP_ORDERS),), or None
+        RDP (nats), or None if some base event has no closed form.
+    """
     total = np.zeros(len(RDP_ORDERS))
     for e, c in _counts(event).items():
         if isinstance(e, RepeatAndSelectDpEvent):
@@ -328,8 +363,22 @@ def _repeat_and_select_rdp(inner: np.ndarray, mean: float, shape: float) -> np.n
 
 
 def sigma_guess(make_event, target: float, delta: float) -> float | None:
-    """Smallest σ whose closed-form RDP ε of make_event(σ) meets `target` (None without a
-    closed form). Aims 1e-5 below the target so that dp_accounting's check passes first."""
+    """Smallest σ whose closed-form RDP ε of make_event(σ) meets `target` (an aid:
+    the caller re-checks it with the reporting accountant). Aims 1e-5 below the target so
+    that dp_accounting's check passes first.
+
+    Parameters
+    ----------
+    make_event : callable float -> dp_accounting.DpEvent
+        The tuned run as a function of σ.
+    target, delta : float
+        The target (ε, δ).
+
+    Returns
+    -------
+    float or None
+        σ, or None when some base event has no closed form (`fast_rdp`).
+    """
     probe = make_event(1.0)
     if fast_rdp(probe) is None:
         return None
@@ -348,7 +397,18 @@ _GUESSES: dict = {}
 
 
 def epsilon_of(event, delta: float) -> float:
-    """ε of an event under RDP (the accountant that supports RepeatAndSelect)."""
+    """ε of an event under RDP (the accountant that supports RepeatAndSelect).
+
+    Parameters
+    ----------
+    event : dp_accounting.DpEvent
+    delta : float
+
+    Returns
+    -------
+    float
+        ε under the "rdp" accountant.
+    """
     return epsilon(event, delta, "rdp")
 
 
