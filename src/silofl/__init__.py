@@ -76,7 +76,7 @@ _API: dict[str, tuple[str, str]] = {
     "calibrate_dpsgd": ("silofl.privacy.accounting", "calibrate_dpsgd"),
     # empirical audit ("audit" itself is the subpackage silofl.audit, so the function is
     # exported as run_audit: a package attribute cannot be both)
-    "run_audit": ("silofl.audit.engine", "audit"),
+    "run_audit": ("silofl.audit.tabular", "audit"),
     "AuditReport": ("silofl.audit.engine", "AuditReport"),
     "write_audit": ("silofl.audit.report", "write_audit"),
     # saved models
@@ -141,7 +141,7 @@ if TYPE_CHECKING:  # pragma: no cover - what type checkers and mkdocstrings read
     from silofl.algorithms import METHODS, make_algorithm
     from silofl.algorithms.base import Algorithm
     from silofl.audit.engine import AuditReport
-    from silofl.audit.engine import audit as run_audit
+    from silofl.audit.tabular import audit as run_audit
     from silofl.audit.report import write_audit
     from silofl.data.federation import Federation, Silo
     from silofl.privacy.targets import PrivacyTarget

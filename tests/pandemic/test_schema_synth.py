@@ -365,9 +365,9 @@ def test_ambiguous_duplicate_table_files(copy_of):
 
 
 def test_chunked_csv_reading_matches(small_data, small_outbreak, monkeypatch):
-    import silofl.pandemic.readers as readers_mod
+    import silofl.data.columnar as columnar_mod
 
-    monkeypatch.setattr(readers_mod, "CSV_CHUNK_BYTES", 4096)  # many small pieces, lines split across reads
+    monkeypatch.setattr(columnar_mod, "CSV_CHUNK_BYTES", 4096)  # many small pieces, lines split across reads
     d = read_dataset(small_outbreak, with_target=True)
     np.testing.assert_array_equal(d.states, small_data.states)
     np.testing.assert_array_equal(d.network.src, small_data.network.src)

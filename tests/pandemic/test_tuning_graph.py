@@ -1,7 +1,7 @@
-"""Private tuning on graph data (`silofl.tuning.graph`, `pipeline.train(tuning=...)`): the
-store holds exactly the RepeatAndSelect release, the node-level score's sensitivity holds
-for real neighbouring datasets, bad options cost nothing, and an unaffordable run is
-refused before anything is read."""
+"""Private tuning on graph data (`silofl.pandemic.tuning`, `silofl.privacy.node_tuning`,
+`pipeline.train(tuning=...)`): the store holds exactly the RepeatAndSelect release, the
+node-level score's sensitivity holds for real neighbouring datasets, bad options cost
+nothing, and an unaffordable run is refused before anything is read."""
 
 from __future__ import annotations
 
@@ -22,10 +22,10 @@ from silofl.experiments.config import TuningConfig
 from silofl.pandemic import pipeline as P
 from silofl.pandemic import read_dataset
 from silofl.pandemic.features import NeighbourhoodFeatures, build_neighbourhood_features
+from silofl.pandemic.tuning import NodeValidation
 from silofl.privacy import accounting, events
 from silofl.privacy.budget import BudgetStore
-from silofl.privacy.selection import NodeRepeatAndSelectEvent
-from silofl.tuning.graph import NodeValidation
+from silofl.privacy.node_tuning import NodeRepeatAndSelectEvent
 
 runner = CliRunner()
 TC = dict(mode="private", lam=[0.01, 0.1, 1.0], mean_trials=2.0)

@@ -31,6 +31,7 @@ import numpy as np
 
 from silofl.errors import ConfigError
 from silofl.io import write_json_atomic
+from silofl.pandemic.dataset import PandemicData
 from silofl.pandemic.engine import NODE_METHODS, method_of
 from silofl.pandemic.features import FeatureConstants
 from silofl.pandemic.pipeline import (
@@ -38,7 +39,7 @@ from silofl.pandemic.pipeline import (
     initial_weights, input_dim, plan_regions, predict_region, preprocess_event, private_release,
     raw_weights, region_fingerprint, region_trainer, round_event,
 )
-from silofl.pandemic.readers import PandemicData, read_dataset
+from silofl.pandemic.readers import read_dataset
 from silofl.privacy.ledger import Ledger
 from silofl.runtime.network import messages as W
 from silofl.runtime.network.hosting import silo_randomness

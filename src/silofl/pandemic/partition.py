@@ -19,9 +19,10 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
+from silofl.data.columnar import FILE_EXTENSIONS, TableSpec
 from silofl.errors import ConfigError, DataError
 from silofl.pandemic.readers import find_table_file, read_dataset
-from silofl.pandemic.schema import FILE_EXTENSIONS, TABLES, TARGET, TableSpec
+from silofl.pandemic.schema import TABLES, TARGET
 
 #: The seven challenge inputs in the order of the challenge's function arguments.
 INPUT_SPECS: tuple[TableSpec, ...] = tuple(TABLES.values())

@@ -147,7 +147,7 @@ from silofl.privacy import accounting, events
 from silofl.privacy.store_paths import default_store_path
 from silofl.runtime.simulator import simulate
 from silofl.privacy import selection as TA
-from silofl.tuning.graph import DEFAULT_LOSS_BOUND, NodeValidation, describe_release, check_setting
+from silofl.pandemic.tuning import DEFAULT_LOSS_BOUND, NodeValidation, describe_release, check_setting
 from silofl.tuning.private import TunedPersonalization, score_sigma
 from silofl.tuning.setup import distribution
 
@@ -526,7 +526,7 @@ PIVOT_LABEL, TUNING_LABEL = "dpsgd-pivot", "tuning"
 
 def tuned_method(regions: list[Region], cfg: PandemicConfig, tc):
     """``cfg.method`` (MR-MTL or Ditto) privately tuned per region (`TuningConfig` ``tc``,
-    checked by `tuning.graph.check_setting`): `TunedPersonalization` with one node-level
+    checked by `pandemic.tuning.check_setting`): `TunedPersonalization` with one node-level
     `NodeValidation` score per region (read only after its charge)."""
     val = [NodeValidation(r, (lambda X, r=r: region_inputs(r, cfg, X)),
                           affected=affected_examples(r.n, r.S, cfg.adjacency),
@@ -1044,7 +1044,7 @@ def train(data: PandemicData, cfg: PandemicConfig,
     on graph data"), the whole RepeatAndSelect release reserved and charged; the pivot's
     public λ̄ is ``tuning.pivot_lam`` (the CLI passes ``--lam``), and
     ``validation_fraction`` does not apply (the score reads every person's example at a
-    public window, `tuning.graph.NodeValidation`)."""
+    public window, `pandemic.tuning.NodeValidation`)."""
     cfg.validate()
     t0 = time.perf_counter()
     tc = tuning if tuning is not None and tuning.mode != "none" else None

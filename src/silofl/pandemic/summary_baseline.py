@@ -19,11 +19,11 @@ from dataclasses import replace
 import numpy as np
 
 from silofl.errors import ConfigError
+from silofl.pandemic.dataset import PandemicData
 from silofl.pandemic.pipeline import (
     PandemicConfig, build_regions, declared_input_scaling, fit_input_scaling,
     summary_inputs,
 )
-from silofl.pandemic.readers import PandemicData
 
 
 def summary_columns(data: PandemicData, cfg: PandemicConfig,

@@ -73,10 +73,9 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
+from silofl.data.ids import first_occurrence, lexsort, sorted_unique, stable_argsort
 from silofl.errors import ConfigError, DataError
 from silofl.io import sha256_file
-from silofl.pandemic.readers import (ContactNetwork, IdIndex, PandemicData, first_occurrence,
-                                     lexsort, sorted_unique, stable_argsort)
 from silofl.pandemic.schema import (
     ALL_TABLES,
     HORIZON,
@@ -931,6 +930,8 @@ def _stats(o: SyntheticOutbreak) -> dict:
 def _to_pandemic_data(o: SyntheticOutbreak):
     import pandas as pd
 
+    from silofl.data.ids import IdIndex
+    from silofl.pandemic.dataset import ContactNetwork, PandemicData
 
     t = o.tables
     pid_index = IdIndex(o.pids)

@@ -17,9 +17,9 @@ from silofl.errors import PrivacyError
 #: "event" name → "module:Class" (imported lazily)
 CUSTOM_EVENTS = {"node_level_dp": "silofl.privacy.node_level:NodeLevelDpEvent",
                  "rdp_curve": "silofl.privacy.curves:FixedRdpCurveEvent",
-                 # private tuning on graph data (silofl.tuning.graph)
-                 "node_repeat_and_select": "silofl.privacy.selection:NodeRepeatAndSelectEvent",
-                 "gaussian_score": "silofl.privacy.selection:GaussianScoreEvent"}
+                 # private tuning at the node level (silofl.privacy.node_tuning)
+                 "node_repeat_and_select": "silofl.privacy.node_tuning:NodeRepeatAndSelectEvent",
+                 "gaussian_score": "silofl.privacy.node_tuning:GaussianScoreEvent"}
 
 
 def dpsgd_event(q: float, noise_multiplier: float, steps: int = 1) -> dpa.DpEvent:

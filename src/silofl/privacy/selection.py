@@ -15,10 +15,11 @@ alternative — a fixed grid of h settings, all trained, best one released — i
 composition: Compose(pivot, h × trial).
 
 At node level (a pass is a `node_level.NodeLevelDpEvent`, an `RdpCurveDpEvent`)
-dp_accounting's RepeatAndSelect cannot wrap the trial, so `NodeRepeatAndSelectEvent` is
-RepeatAndSelect on a curve: a `DpEvent` whose RDP is Papernot & Steinke's bound applied
-to one trial's curve (rounds × the pass + a `GaussianScoreEvent`); the score's
-sensitivity and noise are set in `silofl.tuning.graph`. This module lives in `privacy/`
+dp_accounting's RepeatAndSelect cannot wrap the trial, so `node_tuning.
+NodeRepeatAndSelectEvent` is RepeatAndSelect on a curve: a `DpEvent` whose RDP is
+Papernot & Steinke's bound applied to one trial's curve (rounds × the pass + a
+`node_tuning.GaussianScoreEvent`); the score's sensitivity is the graph domain's
+(`silofl.pandemic.tuning`). This module lives in `privacy/`
 so the runtime's planner prices tuned runs without importing the tuning layer; trial
 distributions are duck-typed (`TrialDistributionLike`).
 """
@@ -26,7 +27,6 @@ distributions are duck-typed (`TrialDistributionLike`).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from functools import lru_cache
 from typing import Protocol
 
@@ -34,16 +34,19 @@ import dp_accounting as dpa
 import numpy as np
 from dp_accounting.dp_event import RepeatAndSelectDpEvent
 
-from silofl.errors import ConfigError, PrivacyError
+from silofl.errors import ConfigError
 from silofl.privacy import _dpa_adapter as adapter
 from silofl.privacy import events
 from silofl.privacy.calibration import _smallest_sigma
-from silofl.privacy.curves import RdpCurveDpEvent, is_curve_event
+from silofl.privacy.curves import is_curve_event
 from silofl.privacy.evaluate import _counts, epsilon
+from silofl.privacy.node_tuning import (
+    GaussianScoreEvent,
+    NodeRepeatAndSelectEvent,
+    is_node_event,
+    node_score_sigma,
+)
 from silofl.privacy.rdp_curves import RDP_ORDERS, _fast_rdp_of_items, rdp_to_epsilon
-
-SCORE_EVENT = "gaussian_score"
-SELECT_EVENT = "node_repeat_and_select"
 
 
 class TrialDistributionLike(Protocol):
@@ -58,99 +61,6 @@ class TrialDistributionLike(Protocol):
     @property
     def shape(self) -> float: ...
 
-
-
-def is_node_event(event) -> bool:
-    """A pass event that brings its own RDP curve (node level), not a dp_accounting one."""
-    return is_curve_event(event)
-
-
-# --- events on a curve ----------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class GaussianScoreEvent(RdpCurveDpEvent):
-    """One Gaussian release of a scalar score with noise std σ · Δ (Δ its sensitivity
-    under the node-level adjacency): RDP α / (2σ²).  A curve event, so it composes with
-    node-level DP-SGD events in one ledger."""
-
-    sigma: float
-
-    def __post_init__(self):
-        s = float(self.sigma)
-        if not (math.isfinite(s) and s > 0):
-            raise PrivacyError(f"score noise multiplier must be positive, got {self.sigma!r}")
-        object.__setattr__(self, "sigma", s)
-
-    def rdp(self, orders) -> np.ndarray:
-        return np.asarray(orders, dtype=float) / (2.0 * self.sigma ** 2)
-
-    def to_dict(self) -> dict:
-        return {"event": SCORE_EVENT, "mechanism": "Gaussian release of one validation "
-                "score, std = sigma * node-level sensitivity", "sigma": self.sigma}
-
-    @classmethod
-    def from_dict(cls, d: dict) -> GaussianScoreEvent:
-        if d.get("event") != SCORE_EVENT:
-            raise PrivacyError(f"not a {SCORE_EVENT} event: {d.get('event')!r}")
-        return cls(d["sigma"])
-
-
-@dataclass(frozen=True)
-class NodeRepeatAndSelectEvent(RdpCurveDpEvent):
-    """Papernot & Steinke's RepeatAndSelect of one node-level trial: ``rounds`` passes of
-    ``round_event`` (a `NodeLevelDpEvent`) and one `GaussianScoreEvent(score_sigma)`,
-    repeated h ~ D times (``mean`` = E[h], ``shape`` = η for TNB, ∞ for Poisson), only
-    the best released."""
-
-    round_event: RdpCurveDpEvent
-    rounds: int
-    score_sigma: float
-    mean: float
-    shape: float
-
-    @property
-    def event(self):
-        """One trial, as the composition its sub-ledger may spend (tuple: hashable)."""
-        return trial_event(self.round_event, int(self.rounds), self.score_sigma)
-
-    def trial_rdp(self, orders) -> np.ndarray:
-        """RDP of one trial at ``orders``: rounds × the pass + the score."""
-        return (self.rounds * np.asarray(self.round_event.rdp(orders), dtype=np.float64)
-                + GaussianScoreEvent(self.score_sigma).rdp(orders))
-
-    def rdp(self, orders) -> np.ndarray:
-        """dp_accounting's RepeatAndSelect formula on the trial's curve at ``orders``."""
-        orders = np.asarray(orders, dtype=float)
-        return adapter.repeat_and_select_rdp(orders, self.trial_rdp(orders),
-                                             float(self.mean), float(self.shape))
-
-    def to_dict(self) -> dict:
-        return {"event": SELECT_EVENT,
-                "mechanism": "RepeatAndSelect (Papernot & Steinke 2022) of one trial: "
-                             "rounds x node-level pass + Gaussian validation score",
-                "round_event": self.round_event.to_dict(), "rounds": int(self.rounds),
-                "score_sigma": float(self.score_sigma), "mean": float(self.mean),
-                "shape": "inf" if math.isinf(self.shape) else float(self.shape)}
-
-    @classmethod
-    def from_dict(cls, d: dict) -> NodeRepeatAndSelectEvent:
-        if d.get("event") != SELECT_EVENT:
-            raise PrivacyError(f"not a {SELECT_EVENT} event: {d.get('event')!r}")
-        return cls(events.from_dict(d["round_event"]), int(d["rounds"]),
-                   float(d["score_sigma"]), float(d["mean"]), float(d["shape"]))
-
-
-def node_score_sigma(round_event, rounds: int, ratio: float) -> float:
-    """σ_s of the score release for node-level passes (`silofl.tuning.graph`'s docstring):
-    ratio · σ / (2 √(T · E[ρ²])), T = rounds × the pass's steps, ρ ~ Hyp(n, A, b): one
-    node-level step's RDP is ≈ 2α E[ρ²]/σ², so ratio 2 gives the score about a quarter
-    of a trial's RDP."""
-    e = round_event
-    n, A, b = int(e.n), int(e.affected), int(e.b)
-    mean = b * A / n
-    var = mean * (1 - A / n) * (n - b) / (n - 1) if n > 1 else 0.0
-    T = int(rounds) * int(e.steps)
-    return float(ratio) * float(e.sigma) / (2.0 * math.sqrt(T * (var + mean * mean)))
 
 
 # --- the charges ------------------------------------------------------------------------
@@ -319,7 +229,7 @@ def fast_rdp(event) -> np.ndarray | None:
             if inner is None:
                 return None
             total += c * _repeat_and_select_rdp(inner, e.mean, e.shape)
-        elif _node(e):  # node level (tuning.graph): curves of their own at RDP_ORDERS
+        elif _node(e):  # node level (node_tuning): curves of their own at RDP_ORDERS
             part = _node_rdp(e)
             if part is None:
                 return None

@@ -1,4 +1,4 @@
-"""Private tuning on graph data: the node-level pieces (thesis appendix E on the pandemic
+"""Private tuning on graph data: the pandemic domain's pieces (thesis appendix E on the pandemic
 track, `pandemic.pipeline.train(..., tuning=...)`).
 
 The tuned release is the tabular one (`tuning.private.TunedPersonalization`): each region
@@ -23,17 +23,10 @@ level (one *person* is the privacy unit, `pandemic.node_dp`):
   function of the person's example alone: declared or privately released constants.
   With ``preprocessing="uncharged"`` every example depends on region-wide statistics, so
   no such bound exists and tuning is refused (`check_setting`).
-* **The score's noise multiplier** (`privacy.selection.node_score_sigma`): a public function of the run,
-  σ_s = ratio · σ / (2 √(T · E[ρ²])), ρ ~ Hypergeometric(n, A, b), T a trial's steps:
-  one node-level step's RDP is ≈ 2α E[ρ²]/σ² to first order, so σ/(2√(T E[ρ²])) is the
-  Gaussian with about a trial's RDP and ratio 2 gives the score about a quarter of it.
-* **The accounting** (`privacy.selection.NodeRepeatAndSelectEvent`).  dp_accounting's
-  RepeatAndSelect cannot wrap node-level events (it has no type for them), so this event
-  brings its own RDP curve: dp_accounting's RepeatAndSelect formula (through
-  `privacy._dpa_adapter`; Papernot & Steinke 2022, Theorem 2 for TNB, Theorem 6 for Poisson) applied to one trial's curve
-  (rounds × the node-level pass + the Gaussian score) at `node_dp.DEFAULT_ORDERS`.  The
-  whole tuned run of a region is  Compose(pivot passes, NodeRepeatAndSelect(trial)),
-  calibrated by the planner to the region's target and reserved before the first read.
+* **The score's noise multiplier and the accounting** are the privacy layer's
+  (`silofl.privacy.node_tuning`: `node_score_sigma`, `GaussianScoreEvent`,
+  `NodeRepeatAndSelectEvent`); the tuning path is the one of every unit
+  (`silofl.tuning.private`), which takes a `NodeValidation` per region as its validation.
 """
 
 from __future__ import annotations
@@ -48,6 +41,8 @@ from silofl.errors import ConfigError
 SCORE_PERSONS = 20_000
 #: default clip bound B of a per-example focal loss in the score
 DEFAULT_LOSS_BOUND = 1.0
+
+
 # --- the node-level validation score -------------------------------------------------------
 
 class NodeValidation:
@@ -159,10 +154,5 @@ def describe_release(alg, k: int) -> dict:
             "chosen": chosen}
 
 
-__all__ = [
-    "DEFAULT_LOSS_BOUND",
-    "SCORE_PERSONS",
-    "NodeValidation",
-    "check_setting",
-    "describe_release",
-]
+__all__ = ["DEFAULT_LOSS_BOUND", "NodeValidation", "SCORE_PERSONS", "check_setting",
+           "describe_release"]
