@@ -46,9 +46,6 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("silofl.runtime.network.deploy", "silofl.experiments.config"): "config",
     ("silofl.runtime.network.server", "silofl.experiments.config"): "config",
     ("silofl.runtime.network.silo_table", "silofl.experiments.config"): "config",
-    # tuning's accounting (helper "acct")
-    ("silofl.runtime.plan", "silofl.tuning"): "acct",
-    ("silofl.runtime.plan", "silofl.tuning.accounting"): "acct",
     # one silo program on Flower (helper "flower")
     ("silofl.runtime.network.deploy_table", "silofl.runtime.network.deploy"): "flower",
     ("silofl.runtime.network.flower_app", "silofl.runtime.network.deploy"): "flower",

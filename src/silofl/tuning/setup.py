@@ -64,7 +64,7 @@ def validate(tc, *, sweep: bool = False) -> None:
     if tc.select not in ("random", "em"):
         raise ConfigError(f"tuning.select must be 'random' or 'em', got {tc.select!r}")
     if tc.select == "random":
-        from silofl.tuning.accounting import check_accountable
+        from silofl.privacy.selection import check_accountable
         check_accountable(distribution(tc))
 
 
