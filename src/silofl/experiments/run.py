@@ -243,7 +243,7 @@ def run(cfg: Config, out_dir: Path | None = None,
     `open_store` ([budget] store, else the deployment's store in the silofl home; a
     scratch in-memory store with [budget] scratch = true). With
     [output] checkpoint_every > 0 the run directory keeps a checkpoint, so a killed run
-    continues with `resume_run`."""
+    continues with `resume.resume_run`."""
     # --- everything that can fail on bad input, before any data access ---------------
     p = _prepare(cfg)
     base = _base_dir(cfg, out_dir)
