@@ -131,34 +131,25 @@ def make_algorithm(name: str, *, lam: float = 0.3, weighted: bool = True,
         raise ConfigError(f"aggregation {agg.rule!r} applies to {', '.join(ROBUST_METHODS)}, "
                           f"but {name!r} averages with the plain mean; remove {name!r} from "
                           "the methods or set aggregation = 'mean' and attackers = 0")
-    if name == "local":
-        return Local()
-    if name == "fedavg":
-        return FedAvg(weighted, agg)
-    if name == "mrmtl":
-        return MRMTL(lam, weighted, agg)
-    if name == "finetune":
-        return Finetune(finetune_fraction, weighted)
-    if name == "ditto":
-        return Ditto(lam, weighted)
-    if name == "mocha":
-        return Mocha(lam)
-    if name == "ifca":
-        return IFCA(**cluster)
-    if name == "ifca_local":
-        return IFCALocal(**cluster)
-    if name == "ifca_finetune":
-        return IFCAFinetune(finetune_fraction=finetune_fraction, **cluster)
-    if name == "ifca_mrmtl":
-        return IFCAMRMTL(lam, **cluster)
-    if name == "weight_erosion":
-        return WeightErosion("" if we_user is None else we_user, we_p_s, we_p_d, agg,
-                             **we_options)
-    if name == "privatekt":
-        return PrivateKT(**kt)
-    if name == "fedavg_ldp":
-        return FedAvgLDP(ldp_epsilon, ldp_mechanism, ldp_delta, client_fraction,
-                         max_participation, public_seed)
+    build = {
+        "local": lambda: Local(),
+        "fedavg": lambda: FedAvg(weighted, agg),
+        "mrmtl": lambda: MRMTL(lam, weighted, agg),
+        "finetune": lambda: Finetune(finetune_fraction, weighted),
+        "ditto": lambda: Ditto(lam, weighted),
+        "mocha": lambda: Mocha(lam),
+        "ifca": lambda: IFCA(**cluster),
+        "ifca_local": lambda: IFCALocal(**cluster),
+        "ifca_finetune": lambda: IFCAFinetune(finetune_fraction=finetune_fraction, **cluster),
+        "ifca_mrmtl": lambda: IFCAMRMTL(lam, **cluster),
+        "weight_erosion": lambda: WeightErosion("" if we_user is None else we_user, we_p_s,
+                                                we_p_d, agg, **we_options),
+        "privatekt": lambda: PrivateKT(**kt),
+        "fedavg_ldp": lambda: FedAvgLDP(ldp_epsilon, ldp_mechanism, ldp_delta, client_fraction,
+                                        max_participation, public_seed),
+    }
+    if name in build:
+        return build[name]()
     near = difflib.get_close_matches(name, list(METHODS), n=1)
     hint = f" Did you mean {near[0]!r}?" if near else ""
     raise ConfigError(f"unknown method {name!r}; choose from {', '.join(METHODS)}.{hint}")

@@ -7,6 +7,7 @@ a block is listed as read from the pooled table (``uncharged``) by `splitters`.
 from __future__ import annotations
 
 import difflib
+import itertools
 
 import numpy as np
 
@@ -75,8 +76,8 @@ def seed_blocks(split, X, y, names, specs, feature, edges, group_size, rng, min_
         k = np.clip(np.searchsorted(edges, v, side="right") - 1, 0, len(edges) - 2)
         blocks = [np.flatnonzero(~miss & (k == i)) for i in range(len(edges) - 1)]
         values = [f"{names[j]} in [{a:g}, {b:g}{']' if i == len(edges) - 2 else ')'}"
-                  for i, (a, b) in enumerate(zip(edges[:-1], edges[1:]))]
-        ranges: list = [(a, b) for a, b in zip(edges[:-1], edges[1:])]
+                  for i, (a, b) in enumerate(itertools.pairwise(edges))]
+        ranges: list = list(itertools.pairwise(edges))
         sizes = [1] * len(blocks)
         if split == "age_some":
             shared = int(rng.integers(len(blocks)))
@@ -97,8 +98,7 @@ def seed_blocks(split, X, y, names, specs, feature, edges, group_size, rng, min_
         blocks, values, col = _category_blocks(feature, X, names, specs)
         sizes = [1] * len(blocks)
         extra["feature"] = col
-        what = [f"silo membership by the levels of {col!r} in the pooled table (by_category "
-                "split)"]
+        what = [f"silo membership by the levels of {col!r} in the pooled table (by_category split)"]
         hint = "split on another feature or drop the rare level's rows"
     else:  # by_label
         present = np.unique(y)
@@ -184,7 +184,7 @@ def label_parts(y, blocks, purity, rng) -> list[np.ndarray]:
     parts: list[list[np.ndarray]] = [[] for _ in range(k)]
     for c, rows in enumerate(blocks):
         rows = rng.permutation(rows)
-        keep = int(round(purity * len(rows)))
+        keep = round(purity * len(rows))
         parts[c].append(rows[:keep])
         rest = rows[keep:]
         dest = rng.integers(k - 1, size=len(rest))

@@ -161,11 +161,11 @@ def write_reports(out_dir: str | Path, reports: dict[str, Contribution],
            "td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}"
            "td:first-child,th:first-child{text-align:left}"
            ".note{background:#fff4d6;padding:.8em;border-left:4px solid #e0a000}")
-    parts = ["<!doctype html><html><head><meta charset='utf-8'><title>silofl contribution "
-             f"report</title><style>{css}</style></head><body>",
+    parts = [("<!doctype html><html><head><meta charset='utf-8'><title>silofl contribution "
+              f"report</title><style>{css}</style></head><body>"),
              "<h1>Contribution report (Weight Erosion)</h1>",
-             f"<p class='note'><b>For the user silo; sharing it releases numbers computed "
-             f"from the user's test rows, not privatized.</b> {e(ZERO_COST_NOTE)}.</p>"]
+             (f"<p class='note'><b>For the user silo; sharing it releases numbers computed "
+              f"from the user's test rows, not privatized.</b> {e(ZERO_COST_NOTE)}.</p>")]
     for note in notes:
         parts.append(f"<p class='note'>{e(note)}</p>")
     parts.append(f"<h2>How it is computed</h2><p>{e(HOW_TEXT)}</p>")

@@ -11,8 +11,8 @@ import dataclasses
 import json
 import pickle
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from silofl.errors import ConfigError
 from silofl.experiments import signals

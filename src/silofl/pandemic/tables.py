@@ -66,7 +66,7 @@ class FeatureConstants:
     def to_dict(self) -> dict:
         return asdict(self)
 
-    def replace(self, **kw) -> "FeatureConstants":
+    def replace(self, **kw) -> FeatureConstants:
         return FeatureConstants(**{**asdict(self), **kw})
 
 
@@ -107,7 +107,7 @@ PRIVATE_BOUNDS = {"age": (0.0, 100.0), "household": (0.0, math.log(16.0)),
 
 
 def fitted_constants(*, age, household_size, longitude, latitude,
-                     index: "NeighbourIndex") -> FeatureConstants:
+                     index: NeighbourIndex) -> FeatureConstants:
     """The constants fit on the data itself (source "uncharged"): means and standard
     deviations, maximum-likelihood Box-Cox λ.  Not charged to any accountant."""
     age = np.asarray(age, dtype=np.float64)
@@ -313,7 +313,6 @@ def build_location_table(flags, longitude, latitude, location_ids=None,
     order = np.argsort(ids, kind="stable")
     ids = ids[order]
     if n_loc > 1 and np.any(ids[1:] == ids[:-1]):
-        dup = ids[1:][ids[1:] == ids[:-1]][0]
         raise DataError("a location id appears more than once in the location table; "
                         "merge duplicate locations first")
     f = flags.shape[1]
