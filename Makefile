@@ -1,4 +1,5 @@
-# Entry points: `make run` (main job on built-in data), `make test` (whole suite), `make docs`.
+# Entry points: `make run` (main job on built-in data), `make test` (whole suite), `make docs`,
+# `make lint` (ruff and mypy, configured in pyproject.toml).
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -8,7 +9,7 @@ CONSTRAINTS := constraints.txt
 # `make test` runs the whole suite on both cores; worksteal keeps the heavy tests balanced.
 TEST_WORKERS ?= 2
 
-.PHONY: run test docs bench clean
+.PHONY: run test lint docs bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -29,6 +30,12 @@ run: $(VENV)/.core
 
 test: $(VENV)/.test
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist worksteal
+
+# ruff over all Python in the repository; mypy over the core packages (the `files` and
+# `exclude` of [tool.mypy]), so CI fails on a type error in the layers every job builds on.
+lint: $(VENV)/.test
+	$(BIN)/ruff check src tests benchmarks examples
+	$(BIN)/mypy
 
 # The documentation site (docs/, mkdocs.yml) into site/; --strict fails on any warning
 # (a broken link, a name the API reference cannot find).

@@ -1,6 +1,7 @@
 """Federated algorithms, each a silo step and a server step over explicit state."""
 
 import difflib
+from typing import Any
 
 from silofl.algorithms.base import Algorithm, check_fraction, check_nonnegative
 from silofl.algorithms.ditto import Ditto
@@ -12,7 +13,7 @@ from silofl.algorithms.local import Local
 from silofl.algorithms.mocha import Mocha
 from silofl.algorithms.mrmtl import MRMTL
 from silofl.algorithms.privatekt import FedAvgLDP, PrivateKT
-from silofl.algorithms.robust import RULES, ROBUST_METHODS, Aggregator, Attack, Attacked
+from silofl.algorithms.robust import ROBUST_METHODS, RULES, Aggregator, Attack, Attacked
 from silofl.algorithms.weight_erosion import WeightErosion
 from silofl.errors import ConfigError
 
@@ -112,16 +113,16 @@ def make_algorithm(name: str, *, lam: float = 0.3, weighted: bool = True,
     check_nonnegative("weight_erosion size penalty p_s (we_p_s)", we_p_s)
     check_nonnegative("weight_erosion distance penalty p_d (we_p_d)", we_p_d)
     check_fraction("finetune_fraction", finetune_fraction, low_open=False, high_open=False)
-    cluster = dict(clusters=clusters, selection_fraction=selection_fraction,
-                   selection_rounds=selection_rounds, weighted=weighted)
+    cluster: dict[str, Any] = dict(clusters=clusters, selection_fraction=selection_fraction,
+                                   selection_rounds=selection_rounds, weighted=weighted)
     IFCA(**cluster)  # validates the cluster settings
     we_options = dict(we_options or {})
     WeightErosion(0, **we_options)  # validates the Weight Erosion options
     agg = Aggregator(aggregation, attackers, trim_fraction, clip_radius)
-    kt = dict(epsilon=ldp_epsilon, samples=kt_samples, buffer=kt_buffer,
-              self_train=kt_self_train, client_fraction=client_fraction,
-              server_epochs=kt_server_epochs, server_lr=kt_server_lr,
-              max_participation=max_participation, seed=public_seed)
+    kt: dict[str, Any] = dict(epsilon=ldp_epsilon, samples=kt_samples, buffer=kt_buffer,
+                              self_train=kt_self_train, client_fraction=client_fraction,
+                              server_epochs=kt_server_epochs, server_lr=kt_server_lr,
+                              max_participation=max_participation, seed=public_seed)
     PrivateKT(**kt)  # validates the local-DP and PrivateKT settings
     if ldp_mechanism not in ("gaussian", "laplace") or not 0 < ldp_delta < 1:
         raise ConfigError(f"ldp_mechanism must be 'gaussian' or 'laplace' and 0 < ldp_delta "

@@ -14,11 +14,16 @@ noise is calibrated to that declaration and the ledgers charge what actually run
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, cast
 
 import dp_accounting as dpa
 import numpy as np
 
 from silofl.errors import ConfigError
+
+if TYPE_CHECKING:  # annotations only
+    from silofl.privacy.targets import PrivacyTarget
+    from silofl.training.trainer import LocalTrainer
 
 
 @dataclass
@@ -36,7 +41,13 @@ class AggregatingServer(ServerState):
     last_step: np.ndarray | None = None  # (P,) the previous aggregate (centered clipping)
 
 
-class Algorithm:
+#: an algorithm's silo state (a SiloState subclass where it keeps more than the models)
+SiloT = TypeVar("SiloT", bound=SiloState)
+#: an algorithm's server state (ServerState, or its own: IFCA's clusters, MOCHA's Ω)
+ServerT = TypeVar("ServerT")
+
+
+class Algorithm(Generic[SiloT, ServerT]):
     """A federated method: a silo step and a server step over explicit state.
 
     Build one with `silofl.make_algorithm`; `silofl.simulate` runs it in one process and
@@ -61,7 +72,7 @@ class Algorithm:
     fixed_steps_per_pass: int | None = None
 
     def privacy_events(self, round_event: dpa.DpEvent, rounds: int,
-                       target=None) -> dpa.DpEvent:
+                       target: PrivacyTarget | None = None) -> dpa.DpEvent:
         """The privacy cost of a whole run for one silo.
 
         Parameters
@@ -115,7 +126,7 @@ class Algorithm:
         """
 
     def init(self, params0: np.ndarray, num_silos: int,
-             rounds: int | None = None) -> tuple[SiloState, ServerState]:
+             rounds: int | None = None) -> tuple[SiloT, ServerT]:
         """The initial silo and server states.
 
         Parameters
@@ -132,9 +143,11 @@ class Algorithm:
         tuple of (SiloState, ServerState)
             Silo models (K, P) and the server's model (P,), all copies of `params0`.
         """
-        return SiloState(np.tile(params0, (num_silos, 1))), ServerState(params0.copy())
+        # the default serves methods on the plain states; the others override init
+        return (cast(SiloT, SiloState(np.tile(params0, (num_silos, 1)))),
+                cast(ServerT, ServerState(params0.copy())))
 
-    def broadcast(self, server: ServerState) -> np.ndarray:
+    def broadcast(self, server: ServerT) -> Any:
         """What the server sends to the silos at the start of a round.
 
         Parameters
@@ -147,9 +160,10 @@ class Algorithm:
         numpy.ndarray
             By default the shared model, shape (P,).
         """
-        return server.params
+        return cast(ServerState, server).params  # methods with other states override this
 
-    def silo_step(self, silos: SiloState, message: np.ndarray, trainer, round: int):
+    def silo_step(self, silos: SiloT, message: Any, trainer: LocalTrainer,
+                  round: int) -> tuple[SiloT, Any]:
         """One round at the silos: private local training from the server's message.
 
         Parameters
@@ -171,7 +185,7 @@ class Algorithm:
         """
         raise NotImplementedError
 
-    def server_step(self, server: ServerState, update, weights: np.ndarray) -> ServerState:
+    def server_step(self, server: ServerT, update: Any, weights: np.ndarray) -> ServerT:
         """One round at the server: aggregate the silos' updates (post-processing only).
 
         Parameters
@@ -190,7 +204,7 @@ class Algorithm:
         """
         return server
 
-    def personal_models(self, silos: SiloState, server: ServerState) -> np.ndarray:
+    def personal_models(self, silos: SiloT, server: ServerT) -> np.ndarray:
         """The model each silo uses for prediction.
 
         Parameters
@@ -207,7 +221,7 @@ class Algorithm:
         """
         return silos.params
 
-    def describe(self) -> dict:
+    def describe(self) -> dict[str, Any]:
         """The method and its settings, as recorded in results.
 
         Returns
@@ -218,13 +232,23 @@ class Algorithm:
         return {"name": self.name}
 
 
+class UpdateRule(Protocol):
+    """A server's rule over K updates (`robust.Aggregator`; robust imports this module)."""
+
+    def aggregate(self, updates: np.ndarray, weights: np.ndarray, dim: int,
+                  center: np.ndarray | None = None) -> np.ndarray:
+        """The (P,) step from K updates (K, P), screened first."""
+        ...
+
+
 def weighted_mean(update: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """Σ_k w_k·update_k / Σ_k w_k over the rows of `update` (K, P) → (P,)."""
     w = np.asarray(weights, dtype=float)
     return (w[:, None] * update).sum(0) / w.sum()
 
 
 def apply_mean_update(server: ServerState, update: np.ndarray,
-                      weights: np.ndarray, aggregator=None) -> ServerState:
+                      weights: np.ndarray, aggregator: UpdateRule | None = None) -> ServerState:
     """The averaging server step: move the shared model by the weighted mean update, or by
     `aggregator`'s rule (`robust.Aggregator`: screens out non-finite/wrong-shaped rows)."""
     if aggregator is None:
@@ -235,6 +259,7 @@ def apply_mean_update(server: ServerState, update: np.ndarray,
 
 
 def check_nonnegative(name: str, value: float) -> float:
+    """`value` as a float if finite and ≥ 0, else ConfigError naming `name`."""
     if not np.isfinite(value) or value < 0:
         raise ConfigError(f"{name} must be a non-negative number, got {value}")
     return float(value)
@@ -257,6 +282,7 @@ def phase_rounds(fraction: float, rounds: int, at_least: int = 0) -> int:
 
 
 def need_rounds(name: str, rounds: int | None) -> int:
+    """The run's length, which a phased method `name` needs at init (else ConfigError)."""
     if rounds is None:
         raise ConfigError(f"{name} runs in phases and needs the number of rounds: "
                           "call init(params0, num_silos, rounds=...)")

@@ -9,11 +9,21 @@ finetuning phase loses FedAvg's averaging of the silos' noise (thesis Fig. 1.2).
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from silofl.algorithms.base import SiloState, check_fraction, need_rounds, phase_rounds
+from silofl.algorithms.base import (
+    ServerState,
+    SiloState,
+    check_fraction,
+    need_rounds,
+    phase_rounds,
+)
 from silofl.algorithms.fedavg import FedAvg
+
+if TYPE_CHECKING:
+    from silofl.training.trainer import LocalTrainer
 
 
 @dataclass
@@ -22,20 +32,22 @@ class PhasedSilos(SiloState):
     done: int = 0    # rounds completed
 
 
-class Finetune(FedAvg):
+class Finetune(FedAvg[PhasedSilos]):
     name = "finetune"
 
-    def __init__(self, finetune_fraction: float = 0.5, weighted: bool = True):
+    def __init__(self, finetune_fraction: float = 0.5, weighted: bool = True) -> None:
         super().__init__(weighted)
         self.finetune_fraction = check_fraction("finetune_fraction", finetune_fraction,
                                                 low_open=False, high_open=False)
 
-    def init(self, params0, num_silos, rounds=None):
+    def init(self, params0: np.ndarray, num_silos: int,
+             rounds: int | None = None) -> tuple[PhasedSilos, ServerState]:
         silos, server = super().init(params0, num_silos)
         switch = phase_rounds(self.finetune_fraction, need_rounds(self.name, rounds))
         return PhasedSilos(silos.params, switch=switch), server
 
-    def silo_step(self, silos: PhasedSilos, message, trainer, round):
+    def silo_step(self, silos: PhasedSilos, message: np.ndarray, trainer: LocalTrainer,
+                  round: int) -> tuple[PhasedSilos, np.ndarray | None]:
         if round <= silos.switch:  # FedAvg's step
             state, update = super().silo_step(silos, message, trainer, round)
             return replace(silos, params=state.params, done=round), update
@@ -44,13 +56,14 @@ class Finetune(FedAvg):
                  else silos.params)
         return replace(silos, params=trainer.run(start, round=round), done=round), None
 
-    def server_step(self, server, update, weights):
+    def server_step(self, server: ServerState, update: np.ndarray | None,
+                    weights: np.ndarray) -> ServerState:
         return server if update is None else super().server_step(server, update, weights)
 
-    def personal_models(self, silos: PhasedSilos, server):
+    def personal_models(self, silos: PhasedSilos, server: ServerState) -> np.ndarray:
         if silos.done > silos.switch:
             return silos.params
         return super().personal_models(silos, server)
 
-    def describe(self):
+    def describe(self) -> dict[str, Any]:
         return dict(super().describe(), finetune_fraction=self.finetune_fraction)

@@ -28,14 +28,25 @@ accountant.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
 
 import dp_accounting as dpa
 import numpy as np
 
-from silofl.algorithms.base import (Algorithm, SiloState, check_fraction, need_rounds,
-                                    phase_rounds, weighted_mean)
+from silofl.algorithms.base import (
+    Algorithm,
+    SiloState,
+    check_fraction,
+    need_rounds,
+    phase_rounds,
+    weighted_mean,
+)
 from silofl.errors import ConfigError, PrivacyError
 from silofl.training import selection
+
+if TYPE_CHECKING:
+    from silofl.privacy.targets import PrivacyTarget
+    from silofl.training.trainer import LocalTrainer
 
 SELECT_LABEL = "select"
 
@@ -52,8 +63,8 @@ class Schedule:
 
 @dataclass
 class ClusterSilos(SiloState):
-    choice: np.ndarray | None = None    # (K,) cluster each silo chose last (0 before any)
-    schedule: Schedule | None = None
+    choice: np.ndarray                  # (K,) cluster each silo chose last (0 before any)
+    schedule: Schedule
     done: int = 0                       # rounds completed
 
 
@@ -80,13 +91,13 @@ def cluster_means(clusters: np.ndarray, update: ClusterUpdate,
     return out
 
 
-class IFCA(Algorithm):
+class IFCA(Algorithm[ClusterSilos, ClusterServer]):
     name = "ifca"
 
     def __init__(self, clusters: int = 2, selection_fraction: float = 0.03,
                  selection_rounds: float = 0.1, weighted: bool = True, *,
                  loss_bound: float = selection.DEFAULT_LOSS_BOUND, init_scale: float = 0.1,
-                 init_seed: int = 0):
+                 init_seed: int = 0) -> None:
         if isinstance(clusters, bool) or not isinstance(clusters, (int, np.integer)) \
                 or clusters < 1:
             raise ConfigError(f"clusters must be a positive integer (the number of cluster "
@@ -108,18 +119,20 @@ class IFCA(Algorithm):
 
     # -- schedule and privacy ------------------------------------------------------------------
     def schedule(self, rounds: int) -> Schedule:
+        """The run's phases for `rounds` rounds (public: from the settings only)."""
         sel = phase_rounds(self.selection_rounds, rounds, at_least=1)
         return Schedule(rounds, sel, self._federate_until(rounds, sel))
 
     def _federate_until(self, rounds: int, select_until: int) -> int:
         return rounds
 
-    def check_plan(self, num_silos, rounds, accountant):
+    def check_plan(self, num_silos: int, rounds: int, accountant: str | None) -> None:
         if self.clusters > num_silos:
             raise ConfigError(f"{self.name}: clusters = {self.clusters} is more than the "
                               f"{num_silos} silos; use at most {num_silos} clusters")
 
-    def privacy_events(self, round_event, rounds, target=None):
+    def privacy_events(self, round_event: dpa.DpEvent, rounds: int,
+                       target: PrivacyTarget | None = None) -> dpa.DpEvent:
         if target is None:
             raise PrivacyError(f"{self.name}: the selection budget is a share of the silo's "
                                "ε, so privacy_events needs the silo's target")
@@ -130,7 +143,8 @@ class IFCA(Algorithm):
         return dpa.ComposedDpEvent((train, select))  # a tuple keeps it hashable (memoized ε)
 
     # -- the algorithm -------------------------------------------------------------------------
-    def init(self, params0, num_silos, rounds=None):
+    def init(self, params0: np.ndarray, num_silos: int,
+             rounds: int | None = None) -> tuple[ClusterSilos, ClusterServer]:
         sched = self.schedule(need_rounds(self.name, rounds))
         rng = np.random.default_rng(self.init_seed)  # public, data-independent
         clusters = params0 + self.init_scale * rng.standard_normal((self.clusters, len(params0)))
@@ -138,10 +152,11 @@ class IFCA(Algorithm):
                              choice=np.zeros(num_silos, dtype=np.int64), schedule=sched)
         return silos, ClusterServer(clusters)
 
-    def broadcast(self, server: ClusterServer):
+    def broadcast(self, server: ClusterServer) -> np.ndarray:
         return server.clusters
 
-    def silo_step(self, silos: ClusterSilos, message, trainer, round):
+    def silo_step(self, silos: ClusterSilos, message: np.ndarray, trainer: LocalTrainer,
+                  round: int) -> tuple[ClusterSilos, ClusterUpdate | None]:
         sched, choice = silos.schedule, silos.choice
         if round <= sched.select_until:
             eps = trainer.target_epsilons  # None when training without DP (exact argmin)
@@ -155,23 +170,25 @@ class IFCA(Algorithm):
             return replace(silos, params=new, done=round), ClusterUpdate(new - start, choice)
         return self._personal_step(silos, message, trainer, round)
 
-    def _personal_step(self, silos: ClusterSilos, message, trainer, round):
+    def _personal_step(self, silos: ClusterSilos, message: np.ndarray, trainer: LocalTrainer,
+                       round: int) -> tuple[ClusterSilos, ClusterUpdate | None]:
         """After the cluster phase: local training from the chosen cluster model."""
         first = silos.done == silos.schedule.federate_until
         start = message[silos.choice] if first else silos.params
         return replace(silos, params=trainer.run(start, round=round), done=round), None
 
-    def server_step(self, server: ClusterServer, update, weights):
+    def server_step(self, server: ClusterServer, update: ClusterUpdate | None,
+                    weights: np.ndarray) -> ClusterServer:
         if update is None:
             return server
         return ClusterServer(cluster_means(server.clusters, update, weights))
 
-    def personal_models(self, silos: ClusterSilos, server: ClusterServer):
+    def personal_models(self, silos: ClusterSilos, server: ClusterServer) -> np.ndarray:
         if silos.done > silos.schedule.federate_until:
             return silos.params
         return server.clusters[silos.choice]
 
-    def describe(self):
+    def describe(self) -> dict[str, Any]:
         return {"name": self.name, "clusters": self.clusters,
                 "selection_fraction": self.selection_fraction,
                 "selection_rounds": self.selection_rounds, "weighted": self.weighted,
@@ -182,7 +199,7 @@ class IFCA(Algorithm):
 class IFCALocal(IFCA):
     name = "ifca_local"
 
-    def _federate_until(self, rounds, select_until):
+    def _federate_until(self, rounds: int, select_until: int) -> int:
         return select_until
 
 
@@ -191,15 +208,15 @@ class IFCAFinetune(IFCA):
 
     def __init__(self, clusters: int = 2, selection_fraction: float = 0.03,
                  selection_rounds: float = 0.1, weighted: bool = True,
-                 finetune_fraction: float = 0.5, **kw):
+                 finetune_fraction: float = 0.5, **kw: Any) -> None:
         super().__init__(clusters, selection_fraction, selection_rounds, weighted, **kw)
         self.finetune_fraction = check_fraction("finetune_fraction", finetune_fraction,
                                                 low_open=False, high_open=False)
 
-    def _federate_until(self, rounds, select_until):
+    def _federate_until(self, rounds: int, select_until: int) -> int:
         return phase_rounds(self.finetune_fraction, rounds)
 
-    def check_plan(self, num_silos, rounds, accountant):
+    def check_plan(self, num_silos: int, rounds: int, accountant: str | None) -> None:
         super().check_plan(num_silos, rounds, accountant)
         s = self.schedule(rounds)
         if s.federate_until < s.select_until:
@@ -209,5 +226,5 @@ class IFCAFinetune(IFCA):
                 f"{s.select_until} selection rounds (selection_rounds = "
                 f"{self.selection_rounds:g}); raise finetune_fraction or lower selection_rounds")
 
-    def describe(self):
+    def describe(self) -> dict[str, Any]:
         return dict(super().describe(), finetune_fraction=self.finetune_fraction)

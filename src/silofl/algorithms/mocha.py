@@ -18,10 +18,14 @@ DP-SGD steps as Local, FedAvg and MR-MTL and spends exactly the same privacy.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from silofl.algorithms.base import Algorithm, SiloState, check_nonnegative
+
+if TYPE_CHECKING:
+    from silofl.training.trainer import LocalTrainer
 
 #: floor for the Gram eigenvalues (keeps Ω positive definite, so every Ω_kk > 0)
 EIG_FLOOR = 1e-8
@@ -40,21 +44,23 @@ class MochaServer:
     omega: np.ndarray   # (K, K) task-relationship matrix
 
 
-class Mocha(Algorithm):
+class Mocha(Algorithm[SiloState, MochaServer]):
     name = "mocha"
 
-    def __init__(self, lam: float):
+    def __init__(self, lam: float) -> None:
         self.lam = check_nonnegative("lambda (lam)", lam)
 
-    def init(self, params0, num_silos, rounds=None):
+    def init(self, params0: np.ndarray, num_silos: int,
+             rounds: int | None = None) -> tuple[SiloState, MochaServer]:
         W = np.tile(params0, (num_silos, 1))
         return SiloState(W.copy()), MochaServer(W, np.eye(num_silos) / num_silos)
 
-    def broadcast(self, server: MochaServer):
+    def broadcast(self, server: MochaServer) -> tuple[Any, ...]:
         """(W (K, P), Ω (K, K)); a networked silo k also gets its index: (W, Ω, [k])."""
         return server.params, server.omega
 
-    def silo_step(self, silos, message, trainer, round):
+    def silo_step(self, silos: SiloState, message: tuple[Any, ...],
+                  trainer: LocalTrainer, round: int) -> tuple[SiloState, np.ndarray]:
         W_prev, omega, *hosted = message
         # the rows of the silos this process hosts: all (simulator) or its own (network)
         rows = hosted[0] if hosted else slice(None)
@@ -65,9 +71,10 @@ class Mocha(Algorithm):
                           round=round)
         return SiloState(new), new - silos.params
 
-    def server_step(self, server: MochaServer, update, weights):
+    def server_step(self, server: MochaServer, update: np.ndarray,
+                    weights: np.ndarray) -> MochaServer:
         W = server.params + update
         return MochaServer(W, mocha_omega(W))
 
-    def describe(self):
+    def describe(self) -> dict[str, Any]:
         return {"name": self.name, "lam": self.lam}

@@ -33,15 +33,22 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import dp_accounting as dpa
 import numpy as np
 
 from silofl.algorithms.base import Algorithm, ServerState, SiloState, check_fraction
 from silofl.errors import ConfigError
+from silofl.models.base import Model
 from silofl.privacy import ldp
 from silofl.privacy.ledger import tightest
 from silofl.training import local_dp
+
+if TYPE_CHECKING:
+    from silofl.data.federation import Federation
+    from silofl.privacy.targets import PrivacyTarget
+    from silofl.training.trainer import LocalTrainer
 
 
 # --- the pure pieces (Eqs. 3–5, the buffer) ---------------------------------------------------
@@ -73,13 +80,13 @@ def push_fifo(idx: np.ndarray, soft: np.ndarray, new_idx: np.ndarray, new_soft: 
     return idx, soft
 
 
-def class_probs(model, w: np.ndarray, X: np.ndarray) -> np.ndarray:
+def class_probs(model: Model, w: np.ndarray, X: np.ndarray) -> np.ndarray:
     """(n, C) class probabilities of one model (binary models give P(1): C = 2)."""
     p = np.asarray(model.predict(w, X), dtype=float)
     return np.stack([1.0 - p, p], 1) if p.ndim == 1 else p
 
 
-def check_distribution(model, w: np.ndarray, X: np.ndarray, num_classes: int,
+def check_distribution(model: Model, w: np.ndarray, X: np.ndarray, num_classes: int,
                        who: str) -> None:
     """ConfigError unless the model outputs a distribution over `num_classes` classes."""
     raw = np.asarray(model.predict(w, X), dtype=float)
@@ -96,7 +103,7 @@ def check_distribution(model, w: np.ndarray, X: np.ndarray, num_classes: int,
                           "mlp, convnet) on binary or multiclass data")
 
 
-def soft_sgd(model, w: np.ndarray, X: np.ndarray, soft: np.ndarray, epochs: int,
+def soft_sgd(model: Model, w: np.ndarray, X: np.ndarray, soft: np.ndarray, epochs: int,
              batch: int, lr: float, rng: np.random.Generator) -> np.ndarray:
     """SGD of one model w (P,) on public examples X (n, ...) with soft labels (n, C): the loss
     of an example is Σ_c soft_c·loss(x, c), computed as C weighted rows. Returns (P,)."""
@@ -138,7 +145,8 @@ class KTUpdate:
     batch: int
 
 
-def participation_cap(event, rounds: int, target, limit: int = 0) -> int:
+def participation_cap(event: dpa.DpEvent, rounds: int, target: PrivacyTarget | None,
+                      limit: int = 0) -> int:
     """Largest c ≤ min(rounds, limit or rounds) with c uploads within `target` (the figure
     ledgers and the budget store check: `ledger.tightest`)."""
     hi = min(rounds, limit) if limit else rounds
@@ -157,7 +165,11 @@ def participation_cap(event, rounds: int, target, limit: int = 0) -> int:
     return lo
 
 
-class _LocalDP(Algorithm):
+#: a local-DP method's server state
+_ServerT = TypeVar("_ServerT", bound=ServerState)
+
+
+class _LocalDP(Algorithm[SiloState, _ServerT]):
     """What PrivateKT and FedAvg-LDP share: client selection, per-round local events,
     participation caps."""
     #: privacy from a fixed local mechanism per upload: no DP-SGD noise to calibrate
@@ -165,7 +177,7 @@ class _LocalDP(Algorithm):
     weighted = False
 
     def __init__(self, epsilon: float, client_fraction: float, max_participation: int,
-                 seed: int):
+                 seed: int) -> None:
         self.epsilon = ldp.check_epsilon("ldp_epsilon", epsilon)
         self.client_fraction = check_fraction("client_fraction (share of clients per round)",
                                               client_fraction, low_open=True, high_open=False)
@@ -179,11 +191,12 @@ class _LocalDP(Algorithm):
     def upload_event(self) -> dpa.DpEvent:
         raise NotImplementedError
 
-    def privacy_events(self, round_event, rounds, target=None):
+    def privacy_events(self, round_event: dpa.DpEvent, rounds: int,
+                       target: PrivacyTarget | None = None) -> dpa.DpEvent:
         cap = participation_cap(self.upload_event(), rounds, target, self.max_participation)
         return dpa.SelfComposedDpEvent(self.upload_event(), cap) if cap else dpa.NoOpDpEvent()
 
-    def _select(self, trainer, round: int) -> np.ndarray:
+    def _select(self, trainer: LocalTrainer, round: int) -> np.ndarray:
         return self.select_clients(local_dp.eligible(trainer, self.upload_event()), round)
 
     def select_clients(self, eligible: np.ndarray, round: int) -> np.ndarray:
@@ -192,17 +205,17 @@ class _LocalDP(Algorithm):
         return local_dp.select(eligible, self.client_fraction,
                                np.random.default_rng([self.seed, round, 0x5e1]))
 
-    def personal_models(self, silos, server):
+    def personal_models(self, silos: SiloState, server: _ServerT) -> np.ndarray:
         return np.tile(server.params, (silos.params.shape[0], 1))
 
 
-class PrivateKT(_LocalDP):
+class PrivateKT(_LocalDP[KTServer]):
     name = "privatekt"
 
     def __init__(self, epsilon: float = 5.0, samples: int = 2, buffer: int = 25,
                  self_train: float = 0.1, client_fraction: float = 0.5,
                  server_epochs: int = 5, server_lr: float = 0.0, max_participation: int = 0,
-                 seed: int = 0, public: np.ndarray | None = None):
+                 seed: int = 0, public: np.ndarray | None = None) -> None:
         super().__init__(epsilon, client_fraction, max_participation, seed)
         for key, v, lo in (("kt_samples (K)", samples, 1), ("kt_buffer (B)", buffer, 1),
                            ("kt_server_epochs", server_epochs, 0)):
@@ -217,35 +230,44 @@ class PrivateKT(_LocalDP):
             raise ConfigError(f"kt_server_lr must be >= 0 (0 = training.lr), got {server_lr}")
         self.server_lr = float(server_lr)
         self.public = None if public is None else np.asarray(public)
-        self.model = None
+        self.model: Model | None = None
         self.num_classes: int | None = None
 
+    def _bound(self) -> tuple[np.ndarray, Model, int]:
+        """The public set, the model and C, once `bind_data` has run."""
+        if self.public is None or self.model is None or self.num_classes is None:
+            raise ConfigError("privatekt: call bind_data(fed, model) before planning "
+                              "(simulate and `silofl run` do)")
+        return self.public, self.model, self.num_classes
+
     # -- binding to the data (before planning: errors spend nothing) --------------------
-    def bind_data(self, fed, model) -> None:
+    def bind_data(self, fed: Federation, model: Model) -> None:
         """Take the public set (`public` given to the constructor, else fed.meta["public_X"])
         and the model, and check them."""
         if self.public is None:
             self.public = fed.meta.get("public_X")
-        if self.public is None or len(self.public) == 0:
+        public = self.public
+        if public is None or len(public) == 0:
             raise ConfigError("privatekt needs an unlabeled public set D_p and there is none: "
                               "use data.source = 'mnist_dirichlet' with data.public_fraction > 0, "
                               "or pass PrivateKT(public=X) / fed.meta['public_X'] from Python")
         if fed.task not in ("binary", "multiclass"):
             raise ConfigError(f"privatekt transfers class predictions, but the data is a "
                               f"{fed.task} task; use classification data")
-        if tuple(self.public.shape[1:]) != tuple(fed.silos[0].X_train.shape[1:]):
-            raise ConfigError(f"privatekt: public examples have shape {self.public.shape[1:]} "
+        if tuple(public.shape[1:]) != tuple(fed.silos[0].X_train.shape[1:]):
+            raise ConfigError(f"privatekt: public examples have shape {public.shape[1:]} "
                               f"but the clients' have {fed.silos[0].X_train.shape[1:]}")
-        n = len(self.public)
+        n = len(public)
         if self.samples > n:
             raise ConfigError(f"privatekt: kt_samples K = {self.samples} is larger than the "
                               f"public set ({n} examples); lower kt_samples or enlarge D_p")
         self.num_classes = max(int(fed.num_classes), 2)
-        check_distribution(model, model.init_params(), self.public[:4], self.num_classes,
+        check_distribution(model, model.init_params(), public[:4], self.num_classes,
                            "privatekt")
         self.model = model
 
-    def check_plan(self, num_silos, rounds, accountant):
+    def check_plan(self, num_silos: int, rounds: int | None,
+                   accountant: str | None) -> None:
         if self.model is None:
             raise ConfigError("privatekt: call bind_data(fed, model) before planning "
                               "(simulate and `silofl run` do)")
@@ -256,44 +278,52 @@ class PrivateKT(_LocalDP):
                 "floating point): the uploads would be the true predictions, with no privacy. "
                 "Lower ldp_epsilon or raise kt_samples (ε/K ≤ 30)")
 
-    def upload_event(self):
-        return ldp.rr_round_event(self.epsilon, self.samples, self.num_classes)
+    def upload_event(self) -> dpa.DpEvent:
+        return ldp.rr_round_event(self.epsilon, self.samples, self._bound()[2])
 
     @property
     def beta(self) -> float:
-        return ldp.rr_keep_probability(self.epsilon, self.samples, self.num_classes)
+        """The randomized-response keep probability of one uploaded label."""
+        return ldp.rr_keep_probability(self.epsilon, self.samples, self._bound()[2])
 
     # -- the algorithm ----------------------------------------------------------------
-    def init(self, params0, num_silos, rounds=None):
+    def init(self, params0: np.ndarray, num_silos: int,
+             rounds: int | None = None) -> tuple[SiloState, KTServer]:
         self.check_plan(num_silos, rounds, None)
+        public, _, C = self._bound()
         rng = np.random.default_rng([self.seed, 0x6b74])  # public: line 3 of Algorithm 1
-        kt = rng.choice(len(self.public), self.samples, replace=False)
-        C = self.num_classes
+        kt = rng.choice(len(public), self.samples, replace=False)
         return (SiloState(np.tile(params0, (num_silos, 1))),
                 KTServer(params0.copy(), kt, np.zeros(0, dtype=np.int64), np.zeros((0, C)),
                          0, np.zeros(num_silos, dtype=np.int64)))
 
-    def broadcast(self, server: KTServer):
+    def broadcast(self, server: KTServer) -> KTServer:
         return server
 
-    def silo_step(self, silos, message: KTServer, trainer, round):
+    def silo_step(self, silos: SiloState, message: KTServer, trainer: LocalTrainer,
+                  round: int) -> tuple[SiloState, KTUpdate]:
+        public, _, C = self._bound()
         clients = self._select(trainer, round)
         private = trainer.ledgers is not None
         local_dp.charge(trainer, clients, self.upload_event(), round)
         W = local_dp.local_sgd(trainer, np.tile(message.params, (len(clients), 1)), clients)
-        X = self.public[message.kt]
+        X = public[message.kt]
         labels = np.stack([class_probs(trainer.model, w, X).argmax(1) for w in W]) \
             if len(clients) else np.zeros((0, self.samples), dtype=np.int64)
         if private:  # non-private runs upload the true predictions (β = 1)
-            labels = ldp.randomized_response(labels, self.beta, self.num_classes, trainer.rng)
+            labels = ldp.randomized_response(labels, self.beta, C, trainer.rng)
         return silos, KTUpdate(clients, labels, self.beta if private else 1.0,
                                float(trainer.lr), int(trainer.batch_size))
 
-    def server_step(self, server: KTServer, update: KTUpdate, weights):
-        C, t = self.num_classes, server.round + 1
+    def server_step(self, server: KTServer, update: KTUpdate,
+                    weights: np.ndarray) -> KTServer:
+        public, model, C = self._bound()
+        t = server.round + 1
         rng = np.random.default_rng([self.seed, t, 0x5e7])  # public
         lr, batch = self.server_lr or update.lr, update.batch
         idx, soft = server.buffer_idx, server.buffer_soft
+        if server.participation is None:  # a silo's decoded view (runtime.network.hosting)
+            raise ValueError("PrivateKT's server step needs the server's participation counts")
         part = server.participation.copy()
         part[update.clients] += 1
         if len(update.clients):
@@ -305,20 +335,20 @@ class PrivateKT(_LocalDP):
         if len(idx):  # fine-tune on the buffer: Θ_t → Θ'_t
             target = np.clip(soft, 0.0, None)
             target /= np.maximum(target.sum(1, keepdims=True), 1e-12)
-            w = soft_sgd(self.model, w, self.public[idx], target, self.server_epochs,
+            w = soft_sgd(model, w, public[idx], target, self.server_epochs,
                          batch, lr, rng)
-        m = int(np.floor(self.self_train * len(self.public) + 0.5))
+        m = int(np.floor(self.self_train * len(public) + 0.5))
         if m:  # self-training on M confident public samples (Eq. 5): Θ'_t → Θ_{t+1}
-            p = class_probs(self.model, w, self.public)
-            pick = rng.choice(len(self.public), m, replace=False, p=self_train_weights(entropy(p)))
+            p = class_probs(model, w, public)
+            pick = rng.choice(len(public), m, replace=False, p=self_train_weights(entropy(p)))
             hard = np.eye(C)[p[pick].argmax(1)]
-            w = soft_sgd(self.model, w, self.public[pick], hard, 1, batch, lr, rng)
-        p = class_probs(self.model, w, self.public)
-        kt = rng.choice(len(self.public), self.samples, replace=False,
+            w = soft_sgd(model, w, public[pick], hard, 1, batch, lr, rng)
+        p = class_probs(model, w, public)
+        kt = rng.choice(len(public), self.samples, replace=False,
                         p=kt_weights(entropy(p)))                      # Eq. 4
         return KTServer(w, kt, idx, soft, t, part)
 
-    def describe(self):
+    def describe(self) -> dict[str, Any]:
         return {"name": self.name, "ldp_epsilon": self.epsilon, "kt_samples": self.samples,
                 "kt_buffer": self.buffer, "kt_self_train": self.self_train,
                 "client_fraction": self.client_fraction, "kt_server_epochs": self.server_epochs,
@@ -334,12 +364,12 @@ class LDPUpdate:
     delta: np.ndarray    # (k, P) clipped, noised model changes: all that leaves them
 
 
-class FedAvgLDP(_LocalDP):
+class FedAvgLDP(_LocalDP[ServerState]):
     name = "fedavg_ldp"
 
     def __init__(self, epsilon: float = 5.0, mechanism: str = "gaussian",
                  delta: float = 1e-5, client_fraction: float = 0.5,
-                 max_participation: int = 0, seed: int = 0):
+                 max_participation: int = 0, seed: int = 0) -> None:
         super().__init__(epsilon, client_fraction, max_participation, seed)
         if mechanism not in ldp.MECHANISMS:
             raise ConfigError(f"ldp_mechanism must be one of {', '.join(ldp.MECHANISMS)}, "
@@ -350,10 +380,11 @@ class FedAvgLDP(_LocalDP):
         self.mechanism, self.delta = mechanism, float(delta)
         self._event = ldp.update_event(mechanism, self.epsilon, self.delta)
 
-    def upload_event(self):
+    def upload_event(self) -> dpa.DpEvent:
         return self._event
 
-    def silo_step(self, silos, message, trainer, round):
+    def silo_step(self, silos: SiloState, message: np.ndarray, trainer: LocalTrainer,
+                  round: int) -> tuple[SiloState, LDPUpdate]:
         clients = self._select(trainer, round)
         local_dp.charge(trainer, clients, self._event, round)
         start = np.tile(message, (len(clients), 1))
@@ -362,12 +393,13 @@ class FedAvgLDP(_LocalDP):
             delta = ldp.noisy_updates(delta, self._event, trainer.rule.clip, trainer.rng)
         return silos, LDPUpdate(clients, delta)
 
-    def server_step(self, server, update: LDPUpdate, weights):
+    def server_step(self, server: ServerState, update: LDPUpdate,
+                    weights: np.ndarray) -> ServerState:
         if not len(update.clients):
             return server
         return ServerState(server.params + update.delta.mean(0))
 
-    def describe(self):
+    def describe(self) -> dict[str, Any]:
         return {"name": self.name, "ldp_epsilon": self.epsilon, "ldp_mechanism": self.mechanism,
                 "ldp_delta": self.delta if self.mechanism == "gaussian" else None,
                 "client_fraction": self.client_fraction,

@@ -24,11 +24,18 @@ and costs no privacy whatever the rule.
 from __future__ import annotations
 
 import difflib
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from silofl.errors import ConfigError
+
+if TYPE_CHECKING:
+    from silofl.algorithms.base import Algorithm
+    from silofl.data.federation import Federation
+    from silofl.training.trainer import LocalTrainer
 
 RULES = ("mean", "median", "trimmed_mean", "krum", "multi_krum", "centered_clipping")
 #: algorithms whose server step takes an `aggregation` rule
@@ -36,7 +43,8 @@ ROBUST_METHODS = ("fedavg", "mrmtl", "weight_erosion")
 ATTACKS = ("sign_flip", "scaled", "gaussian", "nan", "little")
 
 
-def screen(updates, dim: int) -> tuple[np.ndarray, np.ndarray]:
+def screen(updates: np.ndarray | Sequence[np.ndarray],
+           dim: int) -> tuple[np.ndarray, np.ndarray]:
     """Screen K updates (a (K, P') array or K arrays) against dimension `dim` = P.
     Returns (keep (K,) bool, rows (K, P) float with rejected rows zeroed)."""
     rows = list(updates) if not isinstance(updates, np.ndarray) or updates.ndim == 2 \
@@ -130,7 +138,7 @@ class Aggregator:
     #: updates dropped so far (non-finite or wrong shape), in this process
     rejected: int = field(default=0, compare=False)
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.rule not in RULES:
             near = difflib.get_close_matches(str(self.rule), RULES, n=1)
             hint = f" Did you mean {near[0]!r}?" if near else ""
@@ -184,7 +192,7 @@ class Aggregator:
         c = np.zeros(U.shape[1]) if center is None else center
         return centered_clipping(U, c, self.clip_radius, self.clip_iters)
 
-    def aggregate(self, updates, weights: np.ndarray, dim: int,
+    def aggregate(self, updates: np.ndarray | Sequence[np.ndarray], weights: np.ndarray, dim: int,
                   center: np.ndarray | None = None) -> np.ndarray:
         """Screen then combine K updates into a (P,) step; zeros if none survive."""
         keep, U = screen(updates, dim)
@@ -228,7 +236,7 @@ class Attack:
     z: float = 1.0
     seed: int = 0
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.kind not in ATTACKS:
             raise ValueError(f"unknown attack {self.kind!r}; choose one of {', '.join(ATTACKS)}")
 
@@ -260,7 +268,8 @@ class Attack:
         return U
 
 
-def flip_labels(fed, silos, bounds: tuple[float, float] = (0.0, 1.0)):
+def flip_labels(fed: Federation, silos: Sequence[int] | np.ndarray,
+                bounds: tuple[float, float] = (0.0, 1.0)) -> Federation:
     """Label-flipping data poisoning: a copy of federation `fed` in which the silos with
     indices `silos` train on flipped labels and otherwise run the honest algorithm (their
     updates are genuine DP-SGD on poisoned rows, so no rule can screen them by shape).
@@ -283,15 +292,16 @@ class Attacked:
     """An algorithm whose silo step output is tampered with by `attack` (simulator only):
     everything else is the wrapped algorithm's."""
 
-    def __init__(self, algorithm, attack: Attack):
+    def __init__(self, algorithm: Algorithm, attack: Attack) -> None:
         self.inner, self.attack = algorithm, attack
 
-    def __getattr__(self, name):
+    def __getattr__(self, name: str) -> Any:
         if name == "inner":  # not yet set (e.g. while unpickling)
             raise AttributeError(name)
         return getattr(self.inner, name)
 
-    def silo_step(self, silos, message, trainer, round):
+    def silo_step(self, silos: Any, message: Any, trainer: LocalTrainer,
+                  round: int) -> tuple[Any, Any]:
         silos, update = self.inner.silo_step(silos, message, trainer, round)
         if isinstance(update, np.ndarray):
             return silos, self.attack.apply(update, round)
@@ -301,7 +311,7 @@ class Attacked:
         raise TypeError(f"cannot attack {self.inner.name}'s update of type "
                         f"{type(update).__name__}")
 
-    def describe(self):
+    def describe(self) -> dict[str, Any]:
         return dict(self.inner.describe(), attack={
             "kind": self.attack.kind, "scale": self.attack.scale, "z": self.attack.z,
             "silos": self.attack.silos or None, "count": self.attack.count})

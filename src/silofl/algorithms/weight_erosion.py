@@ -67,14 +67,24 @@ contribution report is computed from these alone).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import dp_accounting as dpa
 import numpy as np
 
-from silofl.algorithms.base import (Algorithm, ServerState, SiloState, check_fraction,
-                                   check_nonnegative)
+from silofl.algorithms.base import (
+    Algorithm,
+    ServerState,
+    SiloState,
+    check_fraction,
+    check_nonnegative,
+)
 from silofl.algorithms.robust import Aggregator, screen
 from silofl.errors import ConfigError, PrivacyError
+
+if TYPE_CHECKING:
+    from silofl.privacy.targets import PrivacyTarget
+    from silofl.training.trainer import LocalTrainer
 
 UPDATES = ("gradient", "local_sgd")     # what each silo sends
 COUNTS = ("rounds", "participated")     # r in the size penalty
@@ -96,21 +106,22 @@ class ErosionUpdate:
     round: int = 0                     # the (1-based) round
 
 
-def check_option(name: str, value, choices: tuple) -> str:
+def check_option(name: str, value: Any, choices: tuple[str, ...]) -> str:
+    """`value` if it is one of `choices`, else ConfigError naming the setting `name`."""
     if value not in choices:
         raise ConfigError(f"weight_erosion {name} must be one of "
                           f"{', '.join(map(repr, choices))}, got {value!r}")
     return value
 
 
-def _check_rounds(name: str, rounds) -> dict:
+def _check_rounds(name: str, rounds: Any) -> dict[str | int, int]:
     """{silo name or index: round ≥ 1} from the config table `name`; ConfigError otherwise."""
     if rounds is None:
         return {}
     if not isinstance(rounds, dict):
         raise ConfigError(f"weight_erosion {name} must map silo names to rounds, e.g. "
                           f"{{\"silo-03\" = 5}}, got {rounds!r}")
-    out = {}
+    out: dict[str | int, int] = {}
     for k, r in rounds.items():
         if isinstance(r, bool) or not isinstance(r, (int, np.integer)) or r < 1:
             raise ConfigError(f"weight_erosion {name}[{k!r}] must be a round number ≥ 1, "
@@ -157,7 +168,7 @@ def erode(alpha: np.ndarray, grads: np.ndarray, epochs: np.ndarray, user: int,
     return new, (new[:, None] * grads).sum(0) / new.sum()
 
 
-class WeightErosion(Algorithm):
+class WeightErosion(Algorithm[SiloState, ErosionServer]):
     name = "weight_erosion"
     weighted = False  # ḡ is weighted by α only, not by silo sizes
     fixed_steps_per_pass: int | None = 1  # per instance: None with update = "local_sgd"
@@ -166,7 +177,7 @@ class WeightErosion(Algorithm):
                  aggregation: Aggregator | None = None, *, update: str = "gradient",
                  participation: float = 1.0, join_round: dict | None = None,
                  leave_round: dict | None = None, count: str = "rounds",
-                 newcomer: str = "one", seed: int = 0):
+                 newcomer: str = "one", seed: int = 0) -> None:
         if isinstance(user, bool) or not isinstance(user, (int, np.integer, str)) \
                 or user == "":
             raise ConfigError(f"weight_erosion needs the user silo u_0 (we_user): a silo "
@@ -176,7 +187,7 @@ class WeightErosion(Algorithm):
         self.user = user if isinstance(user, str) else int(user)
         self.p_s = check_nonnegative("weight_erosion size penalty p_s (we_p_s)", p_s)
         self.p_d = check_nonnegative("weight_erosion distance penalty p_d (we_p_d)", p_d)
-        self.user_index: int | None = None if isinstance(user, str) else self.user
+        self.user_index: int | None = None if isinstance(self.user, str) else self.user
         self.aggregation = aggregation or Aggregator()
         self.update = check_option("update (we_update)", update, UPDATES)
         self.participation = check_fraction("weight_erosion participation (we_participation)",
@@ -231,11 +242,17 @@ class WeightErosion(Algorithm):
                                   f"federation{where}")
         return out
 
-    def check_plan(self, num_silos, rounds, accountant):
+    @property
+    def user_silo(self) -> int:
+        """The user silo's index u_0 (resolved by `bind_silos` when given by name)."""
         if self.user_index is None:
             raise ConfigError(f"weight_erosion: user {self.user!r} is a silo name; plan with "
                               "the federation (plan_silos / simulate) to resolve it")
-        if self.user_index >= num_silos:
+        return self.user_index
+
+    def check_plan(self, num_silos: int, rounds: int | None,
+                   accountant: str | None) -> None:
+        if self.user_silo >= num_silos:
             raise ConfigError(f"weight_erosion: user index {self.user_index} is not a silo of "
                               f"this federation of {num_silos} silos (indices 0..{num_silos - 1})")
         if not self._join and not self._leave:  # not bound to names: indices only
@@ -254,7 +271,8 @@ class WeightErosion(Algorithm):
                                       f"the last round ({rounds}); use 1..{rounds}")
         self.aggregation.check(num_silos)
 
-    def privacy_events(self, round_event, rounds, target=None):
+    def privacy_events(self, round_event: dpa.DpEvent, rounds: int,
+                       target: PrivacyTarget | None = None) -> dpa.DpEvent:
         # one step: a Poisson-sampled Gaussian (example level) or a node-level DP-SGD event
         # with steps = 1 (`pandemic.node_dp.NodeLevelDpEvent`, graph data)
         one_step = isinstance(round_event, dpa.PoissonSampledDpEvent) or (
@@ -266,7 +284,8 @@ class WeightErosion(Algorithm):
         # the worst case, every round: a silo that misses rounds is charged less at settling
         return dpa.SelfComposedDpEvent(round_event, rounds)
 
-    def init(self, params0, num_silos, rounds=None):
+    def init(self, params0: np.ndarray, num_silos: int,
+             rounds: int | None = None) -> tuple[SiloState, ErosionServer]:
         self.check_plan(num_silos, rounds, None)
         self.alpha_history = []
         self.round_log = []
@@ -280,7 +299,7 @@ class WeightErosion(Algorithm):
         """(K,) bool: the silos taking part in `round` (public; see `participation`)."""
         while len(self._present) < round:
             r = len(self._present) + 1
-            self._present.append(participation(r, self._K, self.user_index,
+            self._present.append(participation(r, self._K, self.user_silo,
                                                self.participation, self._join, self._leave,
                                                self.seed))
             self._taken.append(self._taken[-1] + self._present[-1])
@@ -291,7 +310,8 @@ class WeightErosion(Algorithm):
         self.present(max(round, 1))
         return self._taken[round]
 
-    def silo_step(self, silos, message, trainer, round):
+    def silo_step(self, silos: SiloState, message: np.ndarray, trainer: LocalTrainer,
+                  round: int) -> tuple[SiloState, ErosionUpdate]:
         K = silos.params.shape[0]
         start = np.tile(message, (K, 1))
         mask = self.present(round) if self.scheduled else None
@@ -328,7 +348,8 @@ class WeightErosion(Algorithm):
         pool = alpha[np.isfinite(alpha) & ~gone]  # the user's α = 1 is always in
         return float(np.mean(pool) if self.newcomer == "mean" else np.median(pool))
 
-    def server_step(self, server, update, weights):
+    def server_step(self, server: ErosionServer, update: ErosionUpdate,
+                    weights: np.ndarray) -> ErosionServer:
         agg, last = self.aggregation, getattr(server, "last_step", None)
         K = server.alpha.shape[0]
         present = np.ones(K, bool) if update.present is None else np.asarray(update.present)
@@ -342,13 +363,13 @@ class WeightErosion(Algorithm):
             new = self._arrivals(update.round)
             if new.any():  # one value for all of this round's newcomers
                 alpha[new] = self._initial_alpha(alpha, update.round)
-        if not keep[self.user_index]:  # no reference gradient: skip the round
+        if not keep[self.user_silo]:  # no reference gradient: skip the round
             self.alpha_history.append(alpha.copy())
             self._log(server.params, released, alpha, update.lr, present)
             return ErosionServer(server.params.copy(), alpha, last)
         idx = np.flatnonzero(keep)
         epochs = np.broadcast_to(np.asarray(update.epochs, float), keep.shape)[idx]
-        user = int(np.searchsorted(idx, self.user_index))
+        user = int(np.searchsorted(idx, self.user_silo))
         kept_alpha, gbar = erode(alpha[idx], grads[idx], epochs, user, self.p_s, self.p_d)
         alpha[idx] = kept_alpha
         if agg.rule != "mean":  # α_0 = 1 always, so at least the user takes part
@@ -357,15 +378,16 @@ class WeightErosion(Algorithm):
         self._log(server.params, released, alpha, update.lr, present)
         return ErosionServer(server.params - update.lr * gbar, alpha, gbar)
 
-    def _log(self, params, released, alpha, lr, present) -> None:
+    def _log(self, params: np.ndarray, released: np.ndarray, alpha: np.ndarray, lr: float,
+             present: np.ndarray) -> None:
         self.round_log.append({"params": params.copy(), "grads": released,
                                "alpha": alpha.copy(), "lr": float(lr),
                                "present": present.copy()})
 
-    def personal_models(self, silos, server):
+    def personal_models(self, silos: SiloState, server: ErosionServer) -> np.ndarray:
         return np.tile(server.params, (silos.params.shape[0], 1))
 
-    def describe(self):
+    def describe(self) -> dict[str, Any]:
         return {"name": self.name, "user": self.user, "user_index": self.user_index,
                 "p_s": self.p_s, "p_d": self.p_d, **self.options(),
                 **self.aggregation.describe_if_used()}

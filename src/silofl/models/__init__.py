@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Sequence
+from typing import Any
 
 from silofl.errors import ConfigError
 from silofl.models import glm
@@ -20,7 +21,7 @@ TORCH_MODELS = ("mlp", "convnet", "kt_cnn")
 __all__ = ["MODELS", "TORCH_MODELS", "Model", "check_input", "make_model"]
 
 
-def make_model(name: str, dim: int, num_classes: int = 2, **options) -> Model:
+def make_model(name: str, dim: int, num_classes: int = 2, **options: Any) -> Model:
     """Build a model by name.
 
     Parameters

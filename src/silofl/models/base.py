@@ -15,6 +15,8 @@ sensitivity the noise is calibrated to.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from silofl.errors import ConfigError
@@ -129,7 +131,8 @@ class Model:
         raise NotImplementedError
 
     # -- batched over silos ---------------------------------------------------------
-    def clipped_grad_sum(self, W, X, y, mask, clip, **aux):
+    def clipped_grad_sum(self, W: np.ndarray, X: np.ndarray, y: np.ndarray, mask: np.ndarray,
+                         clip: float, **aux: Any) -> np.ndarray:
         """The sum of clipped per-example gradients, per silo: Σ_i min(1, c/‖g_i‖) g_i.
 
         Parameters
@@ -161,7 +164,7 @@ class Model:
             out[k] = (g * np.minimum(1.0, c / np.maximum(norms, 1e-12))[:, None]).sum(0)
         return out
 
-    def grad_sum(self, W, X, y, mask):
+    def grad_sum(self, W: np.ndarray, X: np.ndarray, y: np.ndarray, mask: np.ndarray) -> np.ndarray:
         """The sum of per-example gradients over unmasked rows (the non-private path).
 
         Parameters

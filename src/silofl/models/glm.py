@@ -9,6 +9,8 @@ Binary labels are {0, 1}; hinge and focal map them to ±1 internally.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 from scipy.special import expit, log_expit, logsumexp, softmax
 
@@ -20,7 +22,7 @@ from silofl.privacy.clipping import clip_bound
 class GLM(Model):
     outputs = 1
 
-    def __init__(self, dim: int):
+    def __init__(self, dim: int) -> None:
         self.dim = int(dim)
         self.num_params = self.outputs * (self.dim + 1)
 
@@ -38,20 +40,20 @@ class GLM(Model):
         """∂loss/∂logit, same shape as z."""
         raise NotImplementedError
 
-    def loss_from_logits(self, z, y):
+    def loss_from_logits(self, z: np.ndarray, y: np.ndarray) -> np.ndarray:
         raise NotImplementedError
 
-    def loss(self, w, X, y):
+    def loss(self, w: np.ndarray, X: np.ndarray, y: np.ndarray) -> np.ndarray:
         return self.loss_from_logits(self.logits(w, X), y)
 
-    def per_example_grads(self, w, X, y):
+    def per_example_grads(self, w: np.ndarray, X: np.ndarray, y: np.ndarray) -> np.ndarray:
         r = self.residual(self.logits(w, X), y)
         Xb = np.concatenate([X, np.ones((X.shape[0], 1))], axis=1)
         if self.outputs == 1:
             return r[:, None] * Xb
         return (r[:, :, None] * Xb[:, None, :]).reshape(X.shape[0], -1)
 
-    def _weighted_sum(self, coef, X):
+    def _weighted_sum(self, coef: np.ndarray, X: np.ndarray) -> np.ndarray:
         """Σ_b coef[k,b] ⊗ [X[k,b], 1] → (K, P)."""
         if self.outputs == 1:
             return np.concatenate([np.matmul(coef[:, None, :].astype(X.dtype), X)[:, 0],
@@ -59,7 +61,9 @@ class GLM(Model):
         gw = np.matmul(np.swapaxes(coef, 1, 2), X)  # (K, C, d)
         return np.concatenate([gw, coef.sum(1)[:, :, None]], 2).reshape(coef.shape[0], -1)
 
-    def clipped_grad_sum(self, W, X, y, mask, clip, x_sqnorm=None):
+    def clipped_grad_sum(self, W: np.ndarray, X: np.ndarray, y: np.ndarray, mask: np.ndarray,
+                         clip: float, x_sqnorm: np.ndarray | None = None,
+                         **aux: Any) -> np.ndarray:
         """Σ_b clip(g_kb) over unmasked rows → (K, P) float64, every per-example gradient
         g = r ⊗ [x, 1] clipped to norm ≤ clip_bound(clip) < clip (see models.base).
 
@@ -88,7 +92,7 @@ class GLM(Model):
             coef = r * (bound / den)[..., None]
         return self._weighted_sum(coef, X)
 
-    def grad_sum(self, W, X, y, mask):
+    def grad_sum(self, W: np.ndarray, X: np.ndarray, y: np.ndarray, mask: np.ndarray) -> np.ndarray:
         r = self.residual(self.logits(W, X), y)
         return self._weighted_sum(r * (mask if self.outputs == 1 else mask[..., None]), X)
 
@@ -97,13 +101,13 @@ class LinearRegression(GLM):
     """0.5 · squared error."""
     name, tasks = "linear", ("regression",)
 
-    def residual(self, z, y):
+    def residual(self, z: np.ndarray, y: np.ndarray) -> np.ndarray:
         return z - y
 
-    def loss_from_logits(self, z, y):
+    def loss_from_logits(self, z: np.ndarray, y: np.ndarray) -> np.ndarray:
         return 0.5 * (z - y) ** 2
 
-    def predict(self, w, X):
+    def predict(self, w: np.ndarray, X: np.ndarray) -> np.ndarray:
         return self.logits(w, X)
 
 
@@ -111,13 +115,13 @@ class LogisticRegression(GLM):
     """Binary cross-entropy on logits; labels in {0, 1}."""
     name, tasks = "logistic", ("binary",)
 
-    def residual(self, z, y):
+    def residual(self, z: np.ndarray, y: np.ndarray) -> np.ndarray:
         return expit(z) - y
 
-    def loss_from_logits(self, z, y):
+    def loss_from_logits(self, z: np.ndarray, y: np.ndarray) -> np.ndarray:
         return -(y * log_expit(z) + (1 - y) * log_expit(-z))
 
-    def predict(self, w, X):
+    def predict(self, w: np.ndarray, X: np.ndarray) -> np.ndarray:
         return expit(self.logits(w, X))
 
 
@@ -125,25 +129,26 @@ class FocalLoss(LogisticRegression):
     """Focal loss −α_t (1−p_t)^γ log p_t (Lin et al. 2017) for imbalanced binary data."""
     name = "focal"
 
-    def __init__(self, dim, gamma: float = 2.0, alpha: float = 0.25):
+    def __init__(self, dim: int, gamma: float = 2.0, alpha: float = 0.25) -> None:
         super().__init__(dim)
         if gamma < 0 or not 0 < alpha < 1:
             raise ConfigError(f"focal loss needs gamma ≥ 0 and 0 < alpha < 1, got "
                               f"gamma={gamma}, alpha={alpha}")
         self.gamma, self.alpha = float(gamma), float(alpha)
 
-    def _parts(self, z, y):
+    def _parts(self, z: np.ndarray, y: np.ndarray
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         s = 2 * y - 1
         log_pt = log_expit(s * z)
         pt = np.exp(log_pt)
         at = np.where(y > 0.5, self.alpha, 1 - self.alpha)
         return s, log_pt, pt, at
 
-    def residual(self, z, y):
+    def residual(self, z: np.ndarray, y: np.ndarray) -> np.ndarray:
         s, log_pt, pt, at = self._parts(z, y)
         return s * at * (1 - pt) ** self.gamma * (self.gamma * pt * log_pt - (1 - pt))
 
-    def loss_from_logits(self, z, y):
+    def loss_from_logits(self, z: np.ndarray, y: np.ndarray) -> np.ndarray:
         _, log_pt, pt, at = self._parts(z, y)
         return -at * (1 - pt) ** self.gamma * log_pt
 
@@ -152,14 +157,14 @@ class LinearSVM(GLM):
     """Hinge loss max(0, 1 − s·z) with s = 2y − 1; predict returns the margin z."""
     name, tasks = "svm", ("binary",)
 
-    def residual(self, z, y):
+    def residual(self, z: np.ndarray, y: np.ndarray) -> np.ndarray:
         s = 2 * y - 1
         return np.where(s * z < 1, -s, 0.0)
 
-    def loss_from_logits(self, z, y):
+    def loss_from_logits(self, z: np.ndarray, y: np.ndarray) -> np.ndarray:
         return np.maximum(0.0, 1 - (2 * y - 1) * z)
 
-    def predict(self, w, X):
+    def predict(self, w: np.ndarray, X: np.ndarray) -> np.ndarray:
         return self.logits(w, X)
 
 
@@ -167,23 +172,23 @@ class SoftmaxRegression(GLM):
     """Multinomial logistic regression (softmax cross-entropy); labels 0..C−1."""
     name, tasks = "softmax", ("binary", "multiclass")
 
-    def __init__(self, dim, num_classes: int):
+    def __init__(self, dim: int, num_classes: int) -> None:
         if num_classes < 2:
             raise ConfigError(f"softmax needs at least 2 classes, got {num_classes}")
         self.outputs = int(num_classes)
         super().__init__(dim)
 
-    def _onehot(self, y):
+    def _onehot(self, y: np.ndarray) -> np.ndarray:
         return np.eye(self.outputs)[np.asarray(y, dtype=np.int64)]
 
-    def residual(self, z, y):
+    def residual(self, z: np.ndarray, y: np.ndarray) -> np.ndarray:
         return softmax(z, axis=-1) - self._onehot(y)
 
-    def loss_from_logits(self, z, y):
+    def loss_from_logits(self, z: np.ndarray, y: np.ndarray) -> np.ndarray:
         return logsumexp(z, axis=-1) - np.take_along_axis(
             z, np.asarray(y, dtype=np.int64)[..., None], axis=-1)[..., 0]
 
-    def predict(self, w, X):
+    def predict(self, w: np.ndarray, X: np.ndarray) -> np.ndarray:
         return softmax(self.logits(w, X), axis=-1)
 
 
@@ -193,7 +198,7 @@ MODELS: dict[str, type[GLM]] = {m.name: m for m in
 NAMED_MODELS.update(MODELS)
 
 
-def make_model(name: str, dim: int, num_classes: int = 2, **options) -> Model:
+def make_model(name: str, dim: int, num_classes: int = 2, **options: Any) -> Model:
     """Build a model by name ('linear', 'logistic', 'focal', 'svm', 'softmax')."""
     if name not in MODELS:
         import difflib

@@ -6,17 +6,22 @@ weighted by test counts, so every test example (person) counts equally.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 from scipy.stats import rankdata
 
 from silofl.errors import ConfigError
 
+#: a metric: (labels (n,), scores (n,) or (n, C)) → a number
+Metric = Callable[[np.ndarray, np.ndarray], float]
 
-def _diverged(scores) -> bool:
+
+def _diverged(scores: np.ndarray) -> bool:
     return not np.all(np.isfinite(scores))
 
 
-def accuracy(y, scores) -> float:
+def accuracy(y: np.ndarray, scores: np.ndarray) -> float:
     """NaN when the scores are not finite (a diverged model has no accuracy)."""
     if _diverged(scores):
         return float("nan")
@@ -24,14 +29,14 @@ def accuracy(y, scores) -> float:
     return float(np.mean(pred == y))
 
 
-def margin_accuracy(y, scores) -> float:
+def margin_accuracy(y: np.ndarray, scores: np.ndarray) -> float:
     """Accuracy for margin outputs (SVM): positive margin ⇒ class 1."""
     if _diverged(scores):
         return float("nan")
     return float(np.mean((scores > 0) == (y > 0.5)))
 
 
-def mse(y, scores) -> float:
+def mse(y: np.ndarray, scores: np.ndarray) -> float:
     """inf when the scores are not finite or the error overflows (a diverged model)."""
     if _diverged(scores):
         return float("inf")
@@ -39,7 +44,8 @@ def mse(y, scores) -> float:
         return float(np.mean((scores - y) ** 2))
 
 
-def precision_recall_curve(y, scores) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def precision_recall_curve(y: np.ndarray, scores: np.ndarray
+                           ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Precision and recall at every distinct score, thresholds decreasing.
 
     Tied scores form one threshold (no interpolation), as in scikit-learn's
@@ -67,7 +73,7 @@ def precision_recall_curve(y, scores) -> tuple[np.ndarray, np.ndarray, np.ndarra
     return tp / (last + 1), recall, s[last]
 
 
-def auprc(y, scores) -> float:
+def auprc(y: np.ndarray, scores: np.ndarray) -> float:
     """Average precision: the area under the step-wise precision-recall curve.
 
     AP = Σ_k (R_k − R_{k−1}) · P_k over the distinct thresholds, R_0 = 0 — scikit-learn's
@@ -95,7 +101,7 @@ def auprc(y, scores) -> float:
     return float(np.sum(np.diff(np.r_[0.0, recall]) * precision))
 
 
-def roc_auc(y, scores) -> float:
+def roc_auc(y: np.ndarray, scores: np.ndarray) -> float:
     """Area under the ROC curve (Mann–Whitney U); NaN when y has one class."""
     y = np.asarray(y) > 0.5
     if scores.ndim == 2:
@@ -116,7 +122,7 @@ def default_metric(task: str) -> str:
     return "mse" if task == "regression" else "accuracy"
 
 
-def metric_fn(name: str, model_name: str):
+def metric_fn(name: str, model_name: str) -> Metric:
     if name not in METRICS:
         raise ConfigError(f"unknown metric {name!r}; choose one of {', '.join(METRICS)}")
     if name == "accuracy" and model_name == "svm":
@@ -126,7 +132,7 @@ def metric_fn(name: str, model_name: str):
     return METRICS[name]
 
 
-def predicted_classes(scores, model_name: str = "") -> np.ndarray:
+def predicted_classes(scores: np.ndarray, model_name: str = "") -> np.ndarray:
     """Class ids a model's scores stand for: argmax of (n, C) probabilities, a positive
     margin for the SVM, probability ≥ 0.5 for (n,) binary scores."""
     scores = np.asarray(scores)
@@ -137,7 +143,7 @@ def predicted_classes(scores, model_name: str = "") -> np.ndarray:
     return (scores >= 0.5).astype(np.int64)
 
 
-def balanced_accuracy(y, pred) -> float:
+def balanced_accuracy(y: np.ndarray, pred: np.ndarray) -> float:
     """Mean recall over the classes present in `y` (scikit-learn's
     `balanced_accuracy_score`); `pred` are class ids (`predicted_classes`). A model that
     predicts one class scores 1/C here whatever the class balance; NaN for no rows."""
@@ -147,7 +153,7 @@ def balanced_accuracy(y, pred) -> float:
     return float(np.mean([np.mean(pred[y == c] == c) for c in np.unique(y)]))
 
 
-def majority_rate(y) -> float:
+def majority_rate(y: np.ndarray) -> float:
     """Share of the most frequent class among the labels `y`: the best accuracy a model
     that always predicts one class can reach on these rows (NaN for no rows)."""
     y = np.asarray(y)
@@ -157,7 +163,7 @@ def majority_rate(y) -> float:
     return float(counts.max() / y.size)
 
 
-def constant_mse(y) -> float:
+def constant_mse(y: np.ndarray) -> float:
     """MSE of predicting the mean of `y` itself (their variance): the best any constant
     prediction can do on these rows (NaN for no rows)."""
     y = np.asarray(y, float)
@@ -186,4 +192,6 @@ def pooled(values: np.ndarray, weights: np.ndarray) -> float:
     if inf.any():
         return float(values[inf][0]) if len(set(values[inf].tolist())) == 1 else float("nan")
     ok = np.isfinite(values) & (weights > 0)
-    return float(np.sum(values[ok] * weights[ok]) / np.sum(weights[ok])) if ok.any() else float("nan")
+    if not ok.any():
+        return float("nan")
+    return float(np.sum(values[ok] * weights[ok]) / np.sum(weights[ok]))

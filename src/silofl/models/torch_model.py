@@ -29,6 +29,7 @@ from __future__ import annotations
 import copy
 import os
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -171,11 +172,13 @@ class TorchModel(Model):
         self.silo_vmap = bool(silo_vmap)
 
     # -- pure functions of (param dict, data) -------------------------------------------
-    def _example_loss(self, params, x, y):
+    def _example_loss(self, params: dict[str, torch.Tensor], x: torch.Tensor,
+                      y: torch.Tensor) -> torch.Tensor:
         """Scalar loss of one example x (*input_shape), label y ()."""
         return self._loss(functional_call(self.module, params, (x.unsqueeze(0),))[0], y)
 
-    def _masked_sum_loss(self, params, X, y, m):
+    def _masked_sum_loss(self, params: dict[str, torch.Tensor], X: torch.Tensor,
+                         y: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
         return (self._loss(functional_call(self.module, params, (X,)), y) * m).sum()
 
     # -- conversions -----------------------------------------------------------------
@@ -237,8 +240,9 @@ class TorchModel(Model):
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(self.seed)
             for m in module.modules():
-                if hasattr(m, "reset_parameters"):
-                    m.reset_parameters()
+                reset = getattr(m, "reset_parameters", None)
+                if callable(reset):
+                    reset()
         return torch.cat([p.detach().flatten() for p in module.parameters()]).double().numpy()
 
     def _forward(self, w: np.ndarray, X: np.ndarray) -> torch.Tensor:
@@ -249,7 +253,7 @@ class TorchModel(Model):
                     for i in range(0, max(len(Xt), 1), EVAL_CHUNK)]
         return torch.cat(outs)
 
-    def predict(self, w, X):
+    def predict(self, w: np.ndarray, X: np.ndarray) -> np.ndarray:
         out = self._forward(w, X)
         if self.task == "binary":
             out = torch.sigmoid(out[:, 0])
@@ -259,11 +263,11 @@ class TorchModel(Model):
             out = out[:, 0]
         return _np(out)
 
-    def loss(self, w, X, y):
+    def loss(self, w: np.ndarray, X: np.ndarray, y: np.ndarray) -> np.ndarray:
         with torch.no_grad():
             return _np(self._loss(self._forward(w, X), self._labels(y)))
 
-    def per_example_grads(self, w, X, y):
+    def per_example_grads(self, w: np.ndarray, X: np.ndarray, y: np.ndarray) -> np.ndarray:
         params, Xt, yt = self._params(w), self._inputs(X, 1), self._labels(y)
         if len(Xt) == 0:
             return np.zeros((0, self.num_params))
@@ -285,7 +289,8 @@ class TorchModel(Model):
                              0.0).to(flat[0].dtype)
         return torch.cat([torch.einsum("...b,...bp->...p", factor, g) for g in flat], -1)
 
-    def clipped_grad_sum(self, W, X, y, mask, clip, **aux):
+    def clipped_grad_sum(self, W: np.ndarray, X: np.ndarray, y: np.ndarray, mask: np.ndarray,
+                         clip: float, **aux: Any) -> np.ndarray:
         """Σ_b min(1, clip/‖g_kb‖)·g_kb over unmasked rows → (K, P) float64.
         W (K, P); X (K, B, *input_shape); y, mask (K, B). `aux` (GLM helpers) is ignored."""
         K, B = np.shape(mask)
@@ -307,7 +312,7 @@ class TorchModel(Model):
             out[s] = _np(self._clip_sum(G, m[s], clip))
         return out
 
-    def grad_sum(self, W, X, y, mask):
+    def grad_sum(self, W: np.ndarray, X: np.ndarray, y: np.ndarray, mask: np.ndarray) -> np.ndarray:
         """Σ_b g_kb over unmasked rows → (K, P) float64 (the non-private path: one
         backward pass per silo, no per-example gradients)."""
         m = self._mask(mask, self.dtype)

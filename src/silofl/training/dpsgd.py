@@ -14,6 +14,7 @@ would only distort it.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -21,7 +22,8 @@ from silofl.models.base import Model
 from silofl.privacy.randomness import Randomness
 
 
-def clip_and_sum(model: Model, W, X, y, mask, clip: float, **aux) -> np.ndarray:
+def clip_and_sum(model: Model, W: np.ndarray, X: np.ndarray, y: np.ndarray, mask: np.ndarray,
+                 clip: float, **aux: Any) -> np.ndarray:
     """Σ_i clip_C(g_i) per silo → (K, P)."""
     return model.clipped_grad_sum(W, X, y, mask, clip, **aux)
 
@@ -58,6 +60,7 @@ def round_noise(rng: Randomness, steps: np.ndarray, std: np.ndarray,
 
 
 def scale(grad: np.ndarray, expected_batch: np.ndarray) -> np.ndarray:
+    """Each silo's row divided by its expected batch size q_k·n_k."""
     return grad / np.asarray(expected_batch, dtype=float)[:, None]
 
 
@@ -72,10 +75,20 @@ class GradientRule:
 
     @property
     def private(self) -> bool:
+        """Whether the rule clips and adds noise (False: the non-private mode)."""
         return self.noise_multiplier is not None
 
-    def __call__(self, model, W, X, y, mask, expected_batch, silos, rng,
-                 standard_normal=None, noise=None, **aux) -> np.ndarray:
+    @property
+    def sigmas(self) -> np.ndarray:
+        """(K,) the noise multipliers σ_k of a private rule."""
+        if self.noise_multiplier is None:
+            raise ValueError("the non-private gradient rule has no noise multipliers")
+        return self.noise_multiplier
+
+    def __call__(self, model: Model, W: np.ndarray, X: np.ndarray, y: np.ndarray,
+                 mask: np.ndarray, expected_batch: np.ndarray, silos: np.ndarray | slice,
+                 rng: Randomness, standard_normal: np.ndarray | None = None,
+                 noise: np.ndarray | None = None, **aux: Any) -> np.ndarray:
         """The (k, P) gradient estimate for the k silos `silos` (indices into
         noise_multiplier) from their batch W (k, P), X (k, B, ...), y, mask (k, B).
         Noise comes from `noise` (k, P), draws already scaled to N(0, σ_k²C²) (a training
@@ -87,7 +100,7 @@ class GradientRule:
         if noise is not None:
             clipped += noise
             return scale(clipped, expected_batch)
-        noisy = add_noise(clipped, self.noise_multiplier[silos] * self.clip, rng,
+        noisy = add_noise(clipped, self.sigmas[silos] * self.clip, rng,
                           standard_normal)
         return scale(noisy, expected_batch)
 

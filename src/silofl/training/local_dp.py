@@ -13,14 +13,20 @@ run is used up) is not eligible; the server never selects it, so nothing of it i
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+import dp_accounting as dpa
 import numpy as np
 
 from silofl.errors import BudgetExceeded
 
+if TYPE_CHECKING:  # the trainer imports nothing of this module; annotations only
+    from silofl.training.trainer import LocalTrainer
+
 UPLOAD_LABEL = "ldp-upload"
 
 
-def eligible(trainer, event) -> np.ndarray:
+def eligible(trainer: LocalTrainer, event: dpa.DpEvent) -> np.ndarray:
     """(N,) bool: the hosted clients whose budget covers one more `event` (all of them in
     the non-private mode, which has no ledgers)."""
     N = len(trainer.data.n)
@@ -45,7 +51,7 @@ def select(eligible_mask: np.ndarray, fraction: float, rng: np.random.Generator)
     return np.sort(order[eligible_mask[order]][:m])
 
 
-def charge(trainer, clients: np.ndarray, event, round: int,
+def charge(trainer: LocalTrainer, clients: np.ndarray, event: dpa.DpEvent, round: int,
            label: str = UPLOAD_LABEL) -> None:
     """Charge `event` to each selected client's ledger before its data is read: every one
     is checked first, so either all are charged or none (BudgetExceeded)."""
@@ -57,7 +63,7 @@ def charge(trainer, clients: np.ndarray, event, round: int,
         trainer.ledgers[k].charge(event, round=round, label=label)
 
 
-def local_sgd(trainer, W0: np.ndarray, clients: np.ndarray) -> np.ndarray:
+def local_sgd(trainer: LocalTrainer, W0: np.ndarray, clients: np.ndarray) -> np.ndarray:
     """Non-private minibatch SGD for the selected clients from W0 (k, P): client c takes
     `trainer.steps_per_round[c]` steps (local_epochs passes) of batches of
     `trainer.batch_size` rows in reshuffled epochs, w ← w − lr·(mean gradient + l2·w).

@@ -30,7 +30,7 @@ _TWO53 = 1 << 53
 
 
 @nb.njit(cache=True)
-def _partial_shuffle(perm, offsets):
+def _partial_shuffle(perm: np.ndarray, offsets: np.ndarray) -> np.ndarray:
     """Swap perm[i] with perm[i + offsets[i]] for i = 0..b−1; return perm[:b] (a copy)."""
     b = offsets.shape[0]
     out = np.empty(b, np.int64)

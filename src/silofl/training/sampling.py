@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import zlib
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
@@ -92,8 +93,16 @@ def seeded_streams(seed: int, name: str, round: int,
     return np.random.default_rng([*key, 1]), Randomness.seeded([*key, 7])
 
 
+class BatchSampler(Protocol):
+    """Draws one node-level batch: b distinct unit indices of a silo."""
+
+    def draw(self, b: int) -> np.ndarray:
+        """(b,) int64 indices, without replacement."""
+        ...
+
+
 def node_streams(unit: NodeUnit, silo: int, round: int, n: int, secure: bool,
-                 pass_index: int = 0):
+                 pass_index: int = 0) -> tuple[BatchSampler, Randomness]:
     """(sampler with ``.draw(b)``, noise `Randomness`) of silo `silo` for one local pass
     in `round`. Secure: one fresh OS-entropy CSPRNG for both, batches by exact partial
     Fisher–Yates (`UniformBatches`); seeded: `seeded_streams` (``rng.choice`` batches)."""

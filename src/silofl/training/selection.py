@@ -52,8 +52,8 @@ import numpy as np
 
 from silofl.models import metrics as M
 from silofl.models.base import Model
-from silofl.privacy.randomness import Randomness
 from silofl.privacy.node_level import affected_examples
+from silofl.privacy.randomness import Randomness
 
 #: default clip bound B for per-example losses in regression selection
 DEFAULT_LOSS_BOUND = 1.0

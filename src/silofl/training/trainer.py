@@ -19,19 +19,41 @@ object with ``n`` (K,) and ``gather(silos, idx)`` (graph data: `pandemic.engine.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Protocol
 
+import dp_accounting as dpa
 import numpy as np
 
 from silofl.errors import PrivacyError
 from silofl.models.base import Model
 from silofl.privacy import accounting
 from silofl.privacy.ledger import Ledger
+from silofl.privacy.node_level import NodeLevelDpEvent
 from silofl.privacy.randomness import Randomness
 from silofl.training import selection
 from silofl.training.dpsgd import GradientRule, round_noise
-from silofl.training.sampling import (NodeUnit, node_streams, poisson_batches,
-                                      secure_randomness, seeded_streams)
-from silofl.privacy.node_level import NodeLevelDpEvent
+from silofl.training.sampling import (
+    BatchSampler,
+    NodeUnit,
+    node_streams,
+    poisson_batches,
+    secure_randomness,
+    seeded_streams,
+)
+
+#: one gathered batch: X (k, M, ...), y (k, M) and ‖x‖² (k, M) or None
+Batch = tuple[np.ndarray, np.ndarray, np.ndarray | None]
+
+
+class SiloSource(Protocol):
+    """What a trainer reads private examples from: `SiloArrays`, or graph data
+    (`pandemic.engine.GraphSource`, which also has ``start_round(round)``)."""
+
+    n: np.ndarray  # (K,) examples (or persons) per silo
+
+    def gather(self, silos: np.ndarray, idx: np.ndarray) -> Batch:
+        """Rows idx[j] (k, M) of silo silos[j] (k,): X, y, ‖x‖² (or None)."""
+        ...
 
 
 @dataclass
@@ -50,7 +72,7 @@ class SiloArrays:
     y: np.ndarray | None = None
 
     @classmethod
-    def stack(cls, Xs: list[np.ndarray], ys: list[np.ndarray]) -> "SiloArrays":
+    def stack(cls, Xs: list[np.ndarray], ys: list[np.ndarray]) -> SiloArrays:
         n = np.array([len(y) for y in ys])
         K, m = len(Xs), int(n.max())
         if Xs[0].ndim == 2:
@@ -67,17 +89,21 @@ class SiloArrays:
             X[k, : n[k]], y[k, : n[k]] = Xk, yk
         return cls(n, X=X, y=y)
 
-    def gather(self, silos: np.ndarray, idx: np.ndarray):
+    def gather(self, silos: np.ndarray, idx: np.ndarray) -> Batch:
         """Rows idx[j] of silo silos[j] → X (k, M, ...), y (k, M), ‖x‖² (k, M) or None.
         Every read of private training data goes through here."""
-        if self.rows is not None:
-            flat = (silos[:, None] * self.rows.shape[1] + idx).ravel()
-            b = self.rows.reshape(-1, self.rows.shape[2]).take(flat, axis=0)
-            b = b.reshape(idx.shape + (self.rows.shape[2],))
+        rows, data_X, data_y = self.rows, self.X, self.y
+        if rows is not None:
+            flat = (silos[:, None] * rows.shape[1] + idx).ravel()
+            b = rows.reshape(-1, rows.shape[2]).take(flat, axis=0)
+            b = b.reshape(idx.shape + (rows.shape[2],))
             return b[..., :-2], b[..., -1], b[..., -2]
-        flat = (silos[:, None] * self.X.shape[1] + idx).ravel()
-        X = self.X.reshape((-1,) + self.X.shape[2:]).take(flat, axis=0)
-        return X.reshape(idx.shape + self.X.shape[2:]), self.y.ravel().take(flat).reshape(idx.shape), None
+        if data_X is None or data_y is None:
+            raise ValueError("SiloArrays holds neither packed rows nor X and y")
+        flat = (silos[:, None] * data_X.shape[1] + idx).ravel()
+        X = data_X.reshape((-1,) + data_X.shape[2:]).take(flat, axis=0)
+        y = data_y.ravel().take(flat).reshape(idx.shape)
+        return X.reshape(idx.shape + data_X.shape[2:]), y, None
 
 
 #: persons per gather when a node-level selection scores a whole region
@@ -89,7 +115,7 @@ SELECT_STREAM = 999
 @dataclass
 class LocalTrainer:
     model: Model
-    data: SiloArrays
+    data: SiloSource
     rule: GradientRule
     batch_size: float            # expected batch size b; q_k = b / n_k
     steps_per_round: np.ndarray  # (K,) DP-SGD steps each silo takes per local pass
@@ -105,7 +131,7 @@ class LocalTrainer:
     steps_done: np.ndarray = field(init=False)       # (K,) DP-SGD steps run per silo
     selections_done: np.ndarray = field(init=False)  # (K,) private selections run per silo
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         self.q = np.minimum(1.0, self.batch_size / self.data.n)
         self.expected_batch = self.q * self.data.n
         self.steps_done = np.zeros(len(self.data.n), dtype=np.int64)
@@ -124,6 +150,21 @@ class LocalTrainer:
             self.expected_batch = np.full(len(self.data.n), float(b))
             self._passes: dict[tuple[int, int], int] = {}
 
+    @property
+    def unit(self) -> NodeUnit:
+        """The node-level unit (only node-level code paths ask for it)."""
+        if self.node is None:
+            raise ValueError("this trainer trains at example level: it has no node unit")
+        return self.node
+
+    @property
+    def private_ledgers(self) -> list[Ledger]:
+        """The silos' ledgers (present whenever the rule is private, see __post_init__)."""
+        if self.ledgers is None:
+            raise PrivacyError("a private release needs the silos' ledgers, and this "
+                               "trainer runs in the non-private mode")
+        return self.ledgers
+
     def round_events(self, passes: int = 1) -> list:
         """What `passes` local passes cost each silo, as dp_accounting events (the same
         objects every round, so ledgers can recognise them cheaply)."""
@@ -134,13 +175,13 @@ class LocalTrainer:
                 for k in range(len(self.q))]
         return cached
 
-    def _event(self, k: int, steps: int):
+    def _event(self, k: int, steps: int) -> dpa.DpEvent:
         """Silo k's charge for `steps` DP-SGD steps under the trainer's privacy unit."""
         if self.node is None:
-            return accounting.dpsgd_event(self.q[k], self.rule.noise_multiplier[k], steps)
-        return NodeLevelDpEvent(int(self.data.n[k]), self.node.S, int(self.batch_size),
-                                float(self.rule.noise_multiplier[k]), steps,
-                                self.node.adjacency)
+            return accounting.dpsgd_event(self.q[k], self.rule.sigmas[k], steps)
+        return NodeLevelDpEvent(int(self.data.n[k]), self.unit.S, int(self.batch_size),
+                                float(self.rule.sigmas[k]), steps,
+                                self.unit.adjacency)
 
     def step_events(self) -> list:
         """What one DP-SGD step (one Poisson-sampled Gaussian release) costs each silo."""
@@ -156,8 +197,9 @@ class LocalTrainer:
     def _charge_all(self, evs: list, round: int, label: str,
                     ids: np.ndarray | None = None) -> None:
         """Charge every hosted silo (or only the silos `ids`) its event in `evs` (K,)."""
-        pairs = list(zip(self.ledgers, evs)) if ids is None else \
-            [(self.ledgers[k], evs[k]) for k in ids]
+        ledgers = self.private_ledgers
+        pairs = list(zip(ledgers, evs, strict=True)) if ids is None else \
+            [(ledgers[k], evs[k]) for k in ids]
         for ledger, event in pairs:  # all silos can pay, or none is charged
             ledger.check(event, round=round, label=label)
         for ledger, event in pairs:
@@ -178,7 +220,7 @@ class LocalTrainer:
         """(K,) each hosted silo's target ε (None in the non-private mode)."""
         if not self.rule.private:
             return None
-        return np.array([led.target.epsilon for led in self.ledgers], dtype=float)
+        return np.array([led.target.epsilon for led in self.private_ledgers], dtype=float)
 
     def select_cluster(self, candidates: np.ndarray, epsilon: np.ndarray | float | None,
                        round: int = 0, *, loss_bound: float = selection.DEFAULT_LOSS_BOUND,
@@ -206,9 +248,9 @@ class LocalTrainer:
             if not np.all(np.isfinite(eps) & (eps > 0)):
                 raise PrivacyError(f"selection epsilon must be positive per silo, got {eps}")
             evs = [selection.selection_event(e) for e in eps]
-            for ledger, event in zip(self.ledgers, evs):  # all silos can pay, or none is
+            for ledger, event in zip(self.private_ledgers, evs, strict=True):  # all or none
                 ledger.check(event, round=round, label=label)
-            for ledger, event in zip(self.ledgers, evs):
+            for ledger, event in zip(self.private_ledgers, evs, strict=True):
                 ledger.charge(event, round=round, label=label)
         choice = np.empty(K, dtype=np.int64)
         if self.node is not None:
@@ -236,8 +278,8 @@ class LocalTrainer:
             if eps is None:
                 choice[k] = int(np.argmin(score))
             else:
-                delta_s = selection.node_sensitivity(self.model, n_k, self.node.S,
-                                                     self.node.adjacency, loss_bound)
+                delta_s = selection.node_sensitivity(self.model, n_k, self.unit.S,
+                                                     self.unit.adjacency, loss_bound)
                 choice[k] = selection.noisy_argmin(score, eps[k], delta_s,
                                                    self._node_noise(k, round, SELECT_STREAM))
         self.selections_done += 1
@@ -267,7 +309,7 @@ class LocalTrainer:
         silo trained alone draws what it draws in the simulator."""
         if self.rng.secure:
             return secure_randomness()
-        return seeded_streams(self.node.seed, self.node.names[k], round, stream)[1]
+        return seeded_streams(self.unit.seed, self.unit.names[k], round, stream)[1]
 
     def gradients(self, W: np.ndarray, round: int = 0, label: str | None = None,
                   silos: np.ndarray | None = None) -> np.ndarray:
@@ -342,7 +384,7 @@ class LocalTrainer:
         b = int(self.batch_size)
         for k in ids:
             k = int(k)
-            sampler, noise = node_streams(self.node, k, round, int(self.data.n[k]),
+            sampler, noise = node_streams(self.unit, k, round, int(self.data.n[k]),
                                           self.rng.secure, self._next_pass(k, round))
             g = self._node_grad(k, W[k], sampler, noise, b)
             out[k] = g + self.l2 * W[k] if self.l2 else g
@@ -356,7 +398,7 @@ class LocalTrainer:
         self._passes[(k, round)] = i + 1
         return i
 
-    def _node_grad(self, k: int, w: np.ndarray, sampler, noise: Randomness,
+    def _node_grad(self, k: int, w: np.ndarray, sampler: BatchSampler, noise: Randomness,
                    b: int) -> np.ndarray:
         """One node-level DP-SGD estimate at w (P,) for silo k: exactly b persons drawn
         without replacement, clipped sum plus N(0, σ_k²C²) (private rule), divided by b."""
@@ -365,7 +407,7 @@ class LocalTrainer:
         if self.rule.private:
             aux = {} if sq is None else {"x_sqnorm": sq}
             g = self.model.clipped_grad_sum(w[None], X, y, mask, self.rule.clip, **aux)[0]
-            sigma = float(self.rule.noise_multiplier[k])
+            sigma = float(self.rule.sigmas[k])
             return (g + noise.normal(g.shape) * sigma * self.rule.clip) / b
         return self.model.grad_sum(w[None], X, y, mask)[0] / b
 
@@ -419,12 +461,12 @@ class LocalTrainer:
             sel = slice(None) if active is everyone else active
             X, y, sq = self.data.gather(active, idx[s, pos])
             Ws = W[sel]
+            noise = None if z is None or off is None else z[off[s]:off[s + 1]]
             g = self.rule(self.model, Ws, X, y, mask[s, pos], self.expected_batch[sel],
-                          active, self.rng, noise=None if z is None else z[off[s]:off[s + 1]],
-                          x_sqnorm=sq)
+                          active, self.rng, noise=noise, x_sqnorm=sq)
             if self.l2:
                 g += self.l2 * Ws
-            if pull:
+            if pull and anchor is not None:
                 g += (lam if isinstance(lam, float) else lam[sel]) * (Ws - anchor[sel])
             W[sel] = Ws - self.lr * g
             self.steps_done[sel] += 1
@@ -444,7 +486,7 @@ class LocalTrainer:
         pull = anchor is not None and bool(np.any(lam != 0))
         for k in ids:
             k = int(k)
-            sampler, noise = node_streams(self.node, k, round, int(self.data.n[k]),
+            sampler, noise = node_streams(self.unit, k, round, int(self.data.n[k]),
                                           self.rng.secure, self._next_pass(k, round))
             lam_k = float(lam if lam.ndim == 0 else lam[k])
             w = W[k]
@@ -452,7 +494,7 @@ class LocalTrainer:
                 g = self._node_grad(k, w, sampler, noise, b)
                 if self.l2:
                     g = g + self.l2 * w
-                if pull:
+                if pull and anchor is not None:
                     g = g + lam_k * (w - anchor[k])
                 w = w - self.lr * g
             W[k] = w
