@@ -146,7 +146,7 @@ def _job_config(config: Optional[Path], store: Optional[Path], scratch: bool,
                 overrides: tuple[str, ...] | list[str] = ()):
     """The config of a job command (run, rank, erosion) with its CLI overrides, its output
     paths checked before anything is reserved or written."""
-    from silofl.experiments.config import load_config
+    from silofl.config import load_config
     cfg = load_config(config, overrides)
     if no_privacy:
         cfg.privacy.enabled = False
@@ -177,7 +177,7 @@ def _check_run_paths(cfg, out: Optional[Path]) -> None:
         raise SiloflError(f"budget store {cfg.budget.store!r} is a directory; name a file "
                           "(e.g. budget.sqlite) with --store or [budget] store")
     if cfg.budget.store and not cfg.budget.scratch:
-        from silofl.experiments.config_input import check_writable_file
+        from silofl.config.input import check_writable_file
         check_writable_file(cfg.budget.store, "budget store (--store or [budget] store)")
     if not cfg.budget.store:
         from silofl.privacy.store_paths import check_deployment
@@ -290,7 +290,7 @@ def ldp_compare(config: Optional[Path] = typer.Option(None, "--config", "-c", he
                     "store per job: an experiment, not a release)"))):
     """PrivateKT, FedAvg with local DP on clipped updates and FedAvg with DP-SGD at the same
     per-round ε (training.ldp_epsilon): accuracy against rounds, cumulative ε per client."""
-    from silofl.experiments.config import load_config
+    from silofl.config import load_config
     from silofl.experiments.figures import check_out_dir
     from silofl.experiments.ldp_compare import METHODS, compare
     from silofl.privacy.budget import BudgetStore
@@ -757,7 +757,7 @@ def schema_draft(data: Path = typer.Argument(..., help="the table (CSV, CSV.gz, 
 
 def _check_out_file(out: Path) -> None:
     """--out names a file to write: its folder must exist (nothing is created for it)."""
-    from silofl.experiments.config_input import check_writable_file
+    from silofl.config.input import check_writable_file
     check_writable_file(out, "--out")
     if not out.parent.is_dir():
         raise SiloflError(f"the folder of --out does not exist: {str(out.parent)!r}; "
@@ -1003,7 +1003,7 @@ def _pandemic_tuning(mode: str, lams: str, trials: float, cfg):
     """`--tuning`: None, or the `TuningConfig` of a privately tuned graph run (checked by
     `tuning.graph.check_setting` before anything is read or reserved)."""
     from silofl.errors import ConfigError
-    from silofl.experiments.config import TuningConfig
+    from silofl.config import TuningConfig
     if mode == "none":
         return None
     if mode != "private":
@@ -1326,8 +1326,8 @@ def deploy_init(
     and each silo's signing key into one folder (one-machine demo; see README for how to
     spread it over institutions)."""
     from silofl.errors import ConfigError
-    from silofl.experiments.config import check_privacy_target
-    from silofl.experiments.config_input import toml_value
+    from silofl.config import check_privacy_target
+    from silofl.config.input import toml_value
     from silofl.runtime.network import deploy
     try:
         # before anything is written

@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 
 from silofl.cli import app
 from silofl.errors import BudgetExceeded, ConfigError
-from silofl.experiments.config import TuningConfig
+from silofl.config import TuningConfig
 from silofl.pandemic import pipeline as P
 from silofl.pandemic import read_dataset
 from silofl.pandemic.features import NeighbourhoodFeatures, build_neighbourhood_features

@@ -463,7 +463,7 @@ def from_erosion_dir(run_dir: str | Path, *, ranking: str | Path | None = None,
     the configured data (the user's own rows; nothing is trained or charged).
     `on_progress(user, done, total, unit)` reports each user's Shapley computation."""
     from silofl.experiments import build
-    from silofl.experiments.config import config_from_dict
+    from silofl.config import config_from_dict
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise ConfigError(f"{str(run_dir)!r} is not a directory; pass the run directory "

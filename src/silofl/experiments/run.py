@@ -33,7 +33,7 @@ from silofl.experiments.atomic import (json_safe, write_bytes_atomic, write_json
 from silofl.data.preprocess import apply_preprocessing
 from silofl.errors import ConfigError
 from silofl.experiments import signals
-from silofl.experiments.config import Config, config_from_dict
+from silofl.config import Config, config_from_dict
 from silofl.privacy import accounting, events, runlock, store_paths
 from silofl.privacy.budget import SCRATCH_NOTE, BudgetStore, BudgetStoreError, PlannedCharge
 from silofl.privacy.ledger import read_entries, silo_file_id, tightest

@@ -17,7 +17,6 @@ from silofl.errors import ConfigError
 from silofl.tuning import distributions as D
 
 MODES = ("none", "private")
-SWEEP_MODES = ("none", "private", "uncounted")
 TUNABLE = ("mrmtl", "ditto")
 DEFAULT_MEAN_TRIALS = 10.0
 

@@ -257,13 +257,13 @@ def _init_regions(out: Path, dataset: Path, *, address, hosts, epsilon, delta, j
 
 def default_rounds() -> int:
     """The simulator's `[training] rounds` default (one configuration model)."""
-    from silofl.experiments.config import TrainingSection
+    from silofl.config import TrainingSection
     return TrainingSection().rounds
 
 
 def default_delta() -> float:
     """The simulator's `[privacy] delta` default (one configuration model)."""
-    from silofl.experiments.config import PrivacyConfig
+    from silofl.config import PrivacyConfig
     return PrivacyConfig().delta
 
 

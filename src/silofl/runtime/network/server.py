@@ -36,9 +36,9 @@ CRASH_ENV = "SILOFL_FAULT_SERVER_EXIT_ROUND"
 
 def _job_defaults() -> dict:
     """The job's defaults, read from the simulator's configuration model
-    (`silofl.experiments.config`): one set of keys and defaults for `silofl run` and the
+    (`silofl.config`): one set of keys and defaults for `silofl run` and the
     network. Only what has no simulator counterpart is stated here."""
-    from silofl.experiments.config import Config
+    from silofl.config import Config
     c = Config()
     t, p, d, m = c.training, c.privacy, c.data, c.model
     same = ("lam", "weighted", "finetune_fraction", "local_epochs", "batch_size", "lr",

@@ -68,7 +68,7 @@ def table_settings(raw: dict, base: Path, where: str) -> TableSettings | None:
     Defaults are the simulator's `DataConfig` defaults."""
     if not raw:
         return None
-    from silofl.experiments.config import DataConfig
+    from silofl.config import DataConfig
     bad = set(raw) - set(DATA_KEYS)
     if bad:
         raise ConfigError(f"{where}: unknown [data] key(s) {sorted(bad)}; a silo's [data] "

@@ -1,0 +1,255 @@
+"""The shared base of every configuration section: a pydantic model that refuses unknown
+keys and wrong types, and turns pydantic's errors into one precise `ConfigError`.
+
+Every section (the run's [data] … [tuning], the sweep's [sweep], the silo and server files,
+the pandemic track's options) derives from `Section`, so a mistake reads the same
+everywhere: which file, which ``section.key``, what was given, what is allowed, and a
+"did you mean" when a key is close to a valid one.
+
+Types are strict, as TOML is typed: ``rounds = "10"`` is an error, not 10; an integer is
+accepted (and stored as a float) where a float is expected; ``true`` is never a number.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import re
+import tomllib
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, ClassVar
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from silofl.errors import ConfigError
+
+__all__ = ["Section", "config_error", "did_you_mean", "read_toml", "validate"]
+
+
+def did_you_mean(word: str, choices: list[str], prefix: str = "",
+                 cutoff: float = 0.5) -> str | None:
+    """The valid choice closest to a mistyped `word` (difflib), prefixed; None if none is.
+
+    Parameters
+    ----------
+    word : what was written.
+    choices : the valid names.
+    prefix : put before the match, e.g. ``"training."``.
+    cutoff : difflib's similarity threshold in [0, 1].
+
+    Returns
+    -------
+    ``prefix + match`` or None.
+    """
+    near = difflib.get_close_matches(str(word), list(choices), n=1, cutoff=cutoff)
+    return prefix + near[0] if near else None
+
+
+warnings.filterwarnings(  # `schema` is a key of [data] and [server]; pydantic's deprecated
+    # .schema() method, which such a field hides, is not used
+    "ignore", message='Field name "schema" in ".*" shadows an attribute', category=UserWarning)
+
+
+class _Checked(type(BaseModel)):  # type: ignore[misc]
+    """Constructing a section in Python (``DataConfig(seed="x")``) raises `ConfigError`
+    like the TOML file would; nested sections are validated by pydantic's core (no call)."""
+
+    def __call__(cls, *args: Any, **data: Any) -> Any:
+        try:
+            return super().__call__(*args, **data)
+        except ValidationError as e:
+            raise config_error(e, cls, data, cls.section) from None
+
+
+class Section(BaseModel, metaclass=_Checked):
+    """Base of every configuration section: unknown keys and wrong types are refused.
+
+    `section` names the TOML table a class is read from (``"data"``); errors of a section
+    validated on its own are reported under it. Constructing a section in Python with bad
+    values raises the same `ConfigError` as the TOML file would.
+    """
+
+    model_config = ConfigDict(extra="forbid", strict=True, arbitrary_types_allowed=True)
+    section: ClassVar[str] = ""
+    #: said after "missing key 'section.key'": where a complete file comes from
+    missing_hint: ClassVar[str] = ""
+
+    @classmethod
+    def model_validate(cls, obj: Any, *args: Any, **kwargs: Any):  # type: ignore[override]
+        """Validate a nested dict (e.g. parsed TOML); `ConfigError` on a bad key or value."""
+        return validate(cls, obj, cls.section)
+
+
+#: where a configuration came from: a file's name, or a function of the dotted key at
+#: fault (``--set`` items name themselves)
+Source = str | Callable[[str], str]
+
+
+def validate(cls: type[Section], raw: Any, where: str = "", source: Source = ""):
+    """Validate `raw` (a dict, e.g. a parsed TOML table) into `cls`.
+
+    Parameters
+    ----------
+    cls : the section model.
+    raw : the table as read.
+    where : the dotted name of the table (``"data"``, ``"privacy.silos.A"``); "" for a
+        whole file.
+    source : the file it came from, named in the message ("" when not from a file), or
+        a function of the dotted key at fault that names where it was set.
+
+    Returns
+    -------
+    The validated model. ConfigError naming the file, the key, what was given and what is
+    allowed.
+    """
+    if not isinstance(raw, dict):
+        raise ConfigError(_prefix(source, where) + f"[{where}] must be a table of keys, got "
+                          f"{type(raw).__name__}")
+    try:
+        return BaseModel.model_validate.__func__(cls, raw)  # type: ignore[attr-defined]
+    except ValidationError as e:
+        raise config_error(e, cls, raw, where, source) from None
+    except ConfigError as e:  # raised by a validator: name its key's source
+        key = re.search(r"'([A-Za-z_][\w.]*)'", str(e))
+        pre = _prefix(source, key.group(1) if key else "")
+        if pre and not str(e).startswith(pre):
+            raise ConfigError(pre + str(e)) from None
+        raise
+
+
+def _prefix(source: Source, key: str) -> str:
+    name = source(key) if callable(source) else source
+    return f"{name}: " if name else ""
+
+
+def _order(loc: tuple, raw: Any) -> tuple:
+    """Sort key: where an error's key sits in the input (the first bad key in the file is
+    the one reported, as a reader goes through it)."""
+    out, node = [], raw
+    for part in loc:
+        if isinstance(node, dict) and part in node:
+            out.append(list(node).index(part))
+            node = node[part]
+        else:
+            out.append(len(node) if isinstance(node, dict) else 0)
+            node = None
+    return tuple(out)
+
+
+def _model_at(cls: type[BaseModel], loc: tuple) -> tuple[type[BaseModel] | None, Any]:
+    """The model class holding the last part of `loc`, and that field's default."""
+    model: Any = cls
+    i = 0
+    while i < len(loc):
+        if not (isinstance(model, type) and issubclass(model, BaseModel)):
+            return None, None
+        field = model.model_fields.get(str(loc[i]))
+        if i == len(loc) - 1:
+            return model, None if field is None or field.is_required() else \
+                field.get_default(call_default_factory=True)
+        if field is None:
+            return None, None
+        ann = field.annotation
+        args = getattr(ann, "__args__", ())
+        if isinstance(ann, type) and issubclass(ann, BaseModel):
+            model = ann
+        elif getattr(ann, "__origin__", None) is dict and args and \
+                isinstance(args[-1], type) and issubclass(args[-1], BaseModel):
+            model, i = args[-1], i + 1  # dict[str, Model]: the next part is a name
+        else:
+            return None, None
+        i += 1
+    return model, None
+
+
+_TYPE_NAMES = {"int_type": "int", "float_type": "float", "string_type": "str",
+               "bool_type": "bool", "list_type": "list", "dict_type": "dict",
+               "int_from_float": "int"}
+
+
+def config_error(e: ValidationError, cls: type[BaseModel], raw: Any, where: str = "",
+                 source: Source = "") -> ConfigError:
+    """One `ConfigError` for pydantic's first error (in file order).
+
+    Parameters
+    ----------
+    e : pydantic's errors.
+    cls : the model validated.
+    raw : its input.
+    where : the dotted table name of `cls` ("" for a whole file).
+    source : the file, named in the message.
+
+    Returns
+    -------
+    The error to raise.
+    """
+    err = min(e.errors(), key=lambda x: _order(tuple(x["loc"]), raw))
+    loc = tuple(str(p) for p in err["loc"])
+    full = ".".join(p for p in (where, *loc) if p)
+    kind = err["type"]
+    pre = _prefix(source, full)
+    owner, default = _model_at(cls, loc)
+    if kind == "extra_forbidden":
+        table = full.rpartition(".")[0]
+        known = list(owner.model_fields) if owner is not None else []
+        if not table:  # a whole file's unknown table
+            near = did_you_mean(loc[-1], known)
+            hint = f"; did you mean [{near}]?" if near else f"; sections: {', '.join(known)}"
+            return ConfigError(f"{pre}unknown config section [{loc[-1]}]{hint}")
+        near = did_you_mean(loc[-1], known, f"{table}.")
+        hint = f"; did you mean '{near}'?" if near else f"; valid keys: {', '.join(known)}"
+        return ConfigError(f"{pre}unknown config key '{full}'{hint}")
+    if kind == "missing":
+        hint = getattr(owner, "missing_hint", "") or getattr(cls, "missing_hint", "")
+        ann = owner.model_fields[loc[-1]].annotation if owner is not None else None
+        what = f"section [{full}]" if isinstance(ann, type) and issubclass(ann, BaseModel) \
+            else f"key '{full}'"
+        return ConfigError(f"{pre}missing {what}" + (f" ({hint})" if hint else ""))
+    if kind in ("model_type", "model_attributes_type") or \
+            kind == "dict_type" and isinstance(default, BaseModel):
+        return ConfigError(f"{pre}[{full}] must be a table of keys, got "
+                           f"{type(err['input']).__name__}")
+    if kind in ("value_error", "assertion_error"):
+        msg = str(err.get("ctx", {}).get("error", err["msg"]))
+        return ConfigError(f"{pre}'{full}': {msg}" if full else pre + msg)
+    if kind in _TYPE_NAMES or kind == "float_parsing":
+        value = err["input"]
+        if default is None and _TYPE_NAMES.get(kind) == "float":
+            return ConfigError(f"{pre}'{full}' must be a number, got {value!r}")
+        type_name = type(default).__name__ if default is not None else _TYPE_NAMES[kind]
+        hint = ""
+        if type_name == "list" and isinstance(value, str):  # `--set training.methods=local`
+            hint = (f"; write a list, e.g. {loc[-1]} = [{json.dumps(value)}] "
+                    f"(on the command line: --set '{full}=[{json.dumps(value)}]')")
+        like = f" (like {default!r})" if default is not None else ""
+        return ConfigError(f"{pre}'{full}' must be of type {type_name}{like}, got "
+                           f"{value!r}{hint}")
+    if kind == "literal_error":
+        return ConfigError(f"{pre}'{full}' must be one of {err['ctx']['expected']}, got "
+                           f"{err['input']!r}")
+    return ConfigError(f"{pre}'{full}': {err['msg']}, got {err.get('input')!r}")
+
+
+def read_toml(path: str | Path, what: str) -> dict:
+    """Parse a TOML file; a missing or malformed file is a ConfigError naming `what`.
+
+    Parameters
+    ----------
+    path : the file.
+    what : how to name it in a message ("config file", "silo config").
+
+    Returns
+    -------
+    The parsed tables.
+    """
+    p = Path(path)
+    if p.is_dir():
+        raise ConfigError(f"{what} {str(p)!r} is a directory; pass a .toml file")
+    if not p.is_file():
+        raise ConfigError(f"{what} {str(p)!r} does not exist; pass an existing .toml file")
+    try:
+        return tomllib.loads(p.read_text())
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError, OSError) as e:
+        raise ConfigError(f"cannot read {what} {str(p)!r}: {e}") from None
