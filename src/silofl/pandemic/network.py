@@ -29,6 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
+from silofl.config.base import did_you_mean
 from silofl.errors import ConfigError
 from silofl.experiments.atomic import write_json_atomic
 from silofl.pandemic.engine import NODE_METHODS, method_of
@@ -314,15 +315,16 @@ def deploy_regions(dataset: Path, data_dir: Path, job: dict) -> tuple[dict, dict
     folder per region under ``data_dir`` (`partition.partition_by_region`) and build the
     graph job from ``job``'s settings (`PandemicConfig` field names, e.g. S, pooling,
     method, rounds). Returns ({silo name: its folder}, the job)."""
-    from dataclasses import fields
-
     from silofl.pandemic.partition import partition_by_region
-    known = {f.name for f in fields(PandemicConfig)} - {"federated", "private", "epsilon",
+    known = set(PandemicConfig.model_fields) - {"federated", "private", "epsilon",
                                                          "delta"}
     settings = {k: v for k, v in job.items() if k in known}
     bad = sorted(set(job) - known - {"noise"})
     if bad:
-        raise ConfigError(f"graph job: unknown setting(s) {bad}; known: {', '.join(sorted(known))}")
+        near = [n for n in (did_you_mean(k, sorted(known)) for k in bad) if n]
+        hint = f"; did you mean {', '.join(map(repr, near))}?" if near else ""
+        raise ConfigError(f"graph job: unknown setting(s) {bad}{hint}; known: "
+                          f"{', '.join(sorted(known))}")
     cfg = PandemicConfig(**settings)
     cfg.validate()
     method_of(cfg)  # the method's own settings (clusters, we_user) fail before any write

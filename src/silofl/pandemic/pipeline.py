@@ -108,13 +108,14 @@ import hashlib
 import json
 import math
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, ClassVar
 
 import dp_accounting as dpa
 import numpy as np
 
+from silofl.config.base import Section
 from silofl.data.federation import PrivacyTarget
 from silofl.errors import ConfigError, PrivacyError
 from silofl.models.glm import FocalLoss
@@ -165,9 +166,12 @@ UNCHARGED_ITEMS = (
 )
 
 
-@dataclass
-class PandemicConfig:
-    """Settings; units: lr per step, clip = L2 bound of a per-example gradient."""
+class PandemicConfig(Section):
+    """Settings; units: lr per step, clip = L2 bound of a per-example gradient. A section
+    of the one configuration model (`silofl.config.Section`): unknown keys and wrong types
+    are `ConfigError`s; `validate` adds the track's own checks."""
+
+    section: ClassVar[str] = "pandemic"
 
     federated: bool = True      # one silo per region; False = centralized (one silo)
     S: int = 20                 # each person appears in ≤ S examples (own + S−1 others)
@@ -309,7 +313,7 @@ class PandemicModel:
         np.save(buf, self.weights)
         write_bytes_atomic(directory / "weights.npy", buf.getvalue())
         write_json_atomic(directory / "model.json",
-                          {"config": asdict(self.config), "regions": self.regions,
+                          {"config": self.config.model_dump(), "regions": self.regions,
                            "notes": self.notes, "privacy": self.privacy,
                            "constants": self.constants, "timings": self.timings}, indent=1)
 
@@ -336,7 +340,7 @@ class PandemicModel:
                 **meta["config"]}
         try:
             config = PandemicConfig(**conf)
-        except TypeError:
+        except ConfigError:
             raise damaged("model.json's config has unknown keys") from None
         try:
             weights = np.load(directory / "weights.npy", allow_pickle=False)

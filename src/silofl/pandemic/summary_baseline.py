@@ -14,7 +14,6 @@ the recent-infection summaries (`pipeline.summary_inputs`).
 
 from __future__ import annotations
 
-from dataclasses import replace
 
 import numpy as np
 
@@ -34,7 +33,7 @@ def summary_columns(data: PandemicData, cfg: PandemicConfig,
     if cfg.preprocessing == "private":
         raise ConfigError("the untrained score has no private standardization; use "
                           "preprocessing='declared' or 'uncharged'")
-    cfg = replace(cfg, pooling="summary")
+    cfg = cfg.model_copy(update={"pooling": "summary"})
     raw = np.zeros((data.num_persons, 12), np.float64)
     std = np.zeros_like(raw)
     for r in build_regions(data, cfg):
