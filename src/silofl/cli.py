@@ -616,7 +616,10 @@ def sweep(config: Path = typer.Argument(..., help="sweep TOML: run sections + [s
               "the config file)"),
           workers: Optional[int] = typer.Option(None, "--workers", "-j",
                                                 help="processes (default: sweep.workers)"),
-          quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress bar")):
+          quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress bar"),
+          set_: Optional[list[str]] = typer.Option(
+              None, "--set", help="override a key SECTION.KEY=VALUE (TOML value), e.g. "
+              "sweep.seeds=[0,1] or training.rounds=5 (repeat)")):
     """Run (or resume) a privacy-utility sweep: methods × ε × λ × lr × seeds, one JSON line
     per finished run; then print the best settings chosen on validation data."""
     from rich.progress import MofNCompleteColumn, TimeRemainingColumn
@@ -627,7 +630,7 @@ def sweep(config: Path = typer.Argument(..., help="sweep TOML: run sections + [s
     from silofl.experiments.sweep_config import load_sweep_config
     warnings.showwarning = _show_warning
     try:
-        sc = load_sweep_config(config)
+        sc = load_sweep_config(config, set_ or ())
         with Progress(TextColumn("sweep"), BarColumn(), MofNCompleteColumn(),
                       TextColumn("runs"), TimeElapsedColumn(), TextColumn("ETA"),
                       TimeRemainingColumn(), console=err, disable=quiet) as prog:

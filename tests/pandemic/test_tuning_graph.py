@@ -128,7 +128,7 @@ def test_score_sensitivity_holds_for_neighbouring_datasets(data):
     P.fit_region_scaling(r, cfg)
     B = 0.05  # small: a changed example's loss easily moves by B
     model = P.new_model(r.features, cfg)
-    W = np.stack([P.initial_weights(model, cfg.model_copy(update={"prior_weight": pw}))
+    W = np.stack([P.initial_weights(model, dataclasses.replace(cfg, prior_weight=pw))
                   for pw in (0.1, 1.0)])
 
     def score(region):

@@ -22,10 +22,12 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic.dataclasses import dataclass as pydantic_dataclass
 
 from silofl.errors import ConfigError
 
-__all__ = ["Section", "config_error", "did_you_mean", "read_toml", "validate"]
+__all__ = ["Section", "config_error", "did_you_mean", "read_toml", "section_dataclass",
+           "validate"]
 
 
 def did_you_mean(word: str, choices: list[str], prefix: str = "",
@@ -87,6 +89,36 @@ class Section(BaseModel, metaclass=_Checked):
 Source = str | Callable[[str], str]
 
 
+def section_dataclass(section: str, *, frozen: bool = False) -> Callable[[type], type]:
+    """Make a class a checked dataclass with `Section`'s rules (strict types, no unknown
+    keys, `ConfigError` messages), for value objects that code builds and copies with
+    `dataclasses.replace` (e.g. the engine's `TrainingConfig`).
+
+    Parameters
+    ----------
+    section : the dotted name errors are reported under, e.g. ``"training"``.
+    frozen : as `dataclasses.dataclass`'s.
+
+    Returns
+    -------
+    The class decorator.
+    """
+    def wrap(cls: type) -> type:
+        out: Any = pydantic_dataclass(cls, frozen=frozen, config=Section.model_config)
+        checked = out.__init__
+
+        def __init__(self: Any, *args: Any, **data: Any) -> None:
+            try:
+                checked(self, *args, **data)
+            except ValidationError as e:
+                raise config_error(e, out, data, section) from None
+        __init__.__doc__ = checked.__doc__
+        out.__init__ = __init__
+        out.section = section
+        return out
+    return wrap
+
+
 def validate(cls: type[Section], raw: Any, where: str = "", source: Source = ""):
     """Validate `raw` (a dict, e.g. a parsed TOML table) into `cls`.
 
@@ -138,14 +170,22 @@ def _order(loc: tuple, raw: Any) -> tuple:
     return tuple(out)
 
 
-def _model_at(cls: type[BaseModel], loc: tuple) -> tuple[type[BaseModel] | None, Any]:
+def _fields(cls: Any) -> dict | None:
+    """The pydantic fields of a model or checked dataclass; None for anything else."""
+    if isinstance(cls, type) and issubclass(cls, BaseModel):
+        return cls.model_fields
+    return getattr(cls, "__pydantic_fields__", None) if isinstance(cls, type) else None
+
+
+def _model_at(cls: Any, loc: tuple) -> tuple[Any, Any]:
     """The model class holding the last part of `loc`, and that field's default."""
     model: Any = cls
     i = 0
     while i < len(loc):
-        if not (isinstance(model, type) and issubclass(model, BaseModel)):
+        fields = _fields(model)
+        if fields is None:
             return None, None
-        field = model.model_fields.get(str(loc[i]))
+        field = fields.get(str(loc[i]))
         if i == len(loc) - 1:
             return model, None if field is None or field.is_required() else \
                 field.get_default(call_default_factory=True)
@@ -191,9 +231,9 @@ def config_error(e: ValidationError, cls: type[BaseModel], raw: Any, where: str 
     kind = err["type"]
     pre = _prefix(source, full)
     owner, default = _model_at(cls, loc)
-    if kind == "extra_forbidden":
+    if kind in ("extra_forbidden", "unexpected_keyword_argument"):
         table = full.rpartition(".")[0]
-        known = list(owner.model_fields) if owner is not None else []
+        known = list(_fields(owner) or {})
         if not table:  # a whole file's unknown table
             near = did_you_mean(loc[-1], known)
             hint = f"; did you mean [{near}]?" if near else f"; sections: {', '.join(known)}"
@@ -203,7 +243,7 @@ def config_error(e: ValidationError, cls: type[BaseModel], raw: Any, where: str 
         return ConfigError(f"{pre}unknown config key '{full}'{hint}")
     if kind == "missing":
         hint = getattr(owner, "missing_hint", "") or getattr(cls, "missing_hint", "")
-        ann = owner.model_fields[loc[-1]].annotation if owner is not None else None
+        ann = (_fields(owner) or {})[loc[-1]].annotation if owner is not None else None
         what = f"section [{full}]" if isinstance(ann, type) and issubclass(ann, BaseModel) \
             else f"key '{full}'"
         return ConfigError(f"{pre}missing {what}" + (f" ({hint})" if hint else ""))

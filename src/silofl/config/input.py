@@ -171,8 +171,8 @@ def check_writable_file(path: str | Path, what: str) -> None:
             return
 
 
-def where_set(path: str | Path | None, items: list[str] | tuple[str, ...]
-              ) -> Callable[[str], str]:
+def where_set(path: str | Path | None, items: list[str] | tuple[str, ...],
+              what: str = "config file") -> Callable[[str], str]:
     """Name where a dotted key was set: the ``--set`` item that set it (the last one
     wins), else the config file; for error messages.
 
@@ -180,6 +180,7 @@ def where_set(path: str | Path | None, items: list[str] | tuple[str, ...]
     ----------
     path : the config file (None: no file).
     items : the ``--set`` arguments.
+    what : how to name the file ("config file", "sweep config").
 
     Returns
     -------
@@ -188,7 +189,7 @@ def where_set(path: str | Path | None, items: list[str] | tuple[str, ...]
     given = {}
     for item in items:
         given[".".join(parse_override(item)[0])] = item
-    file = "" if path is None else f"config file {str(path)!r}"
+    file = "" if path is None else f"{what} {str(path)!r}"
 
     def source(key: str) -> str:
         hits = [k for k in given if key == k or key.startswith(k + ".")]

@@ -11,9 +11,10 @@ from typing import ClassVar
 from pydantic import Field, model_validator
 
 from silofl.config.base import Section
+from silofl.config.run import Config
 from silofl.errors import ConfigError
 
-__all__ = ["SWEEP_MODES", "ReportSection", "SweepSection"]
+__all__ = ["SWEEP_MODES", "ReportSection", "SweepFile", "SweepSection"]
 
 #: sweep.tuning: how hyperparameters are chosen (see `SweepSection.tuning`)
 SWEEP_MODES = ("none", "private", "uncounted")
@@ -95,3 +96,11 @@ def _number_list(value: list, where: str, *, positive: bool = False,
     if dup:
         raise ConfigError(f"'{where}' lists {dup} more than once; list every value once")
     return out
+
+
+class SweepFile(Config):
+    """The sections a sweep file may hold: a run's plus [sweep] and [report] (the keys
+    ``silofl sweep --set`` accepts). `silofl.experiments.sweep_config` validates them."""
+
+    sweep: SweepSection = Field(default_factory=SweepSection)
+    report: ReportSection = Field(default_factory=ReportSection)

@@ -23,8 +23,14 @@ from pathlib import Path
 
 from silofl.algorithms import LAMBDA_METHODS, METHODS, make_algorithm
 from silofl.config import Config, config_from_dict, read_toml, validate
-from silofl.config.input import check_config_paths, resolve_config_paths
-from silofl.config.sweep import ReportSection, SweepSection
+from silofl.config.base import Source
+from silofl.config.input import (
+    apply_overrides,
+    check_config_paths,
+    resolve_config_paths,
+    where_set,
+)
+from silofl.config.sweep import ReportSection, SweepFile, SweepSection
 from silofl.errors import ConfigError
 from silofl.tuning import setup as tuning_setup
 
@@ -115,7 +121,7 @@ def validate_sweep(s: SweepSection) -> SweepSection:
     return s
 
 
-def sweep_config_from_dict(raw: dict, root: Path | str = ".", source: str = ""
+def sweep_config_from_dict(raw: dict, root: Path | str = ".", source: Source = ""
                            ) -> SweepConfig:
     """Validate a parsed sweep TOML. Relative paths resolve against `root`; `source` (the
     file) is named in error messages."""
@@ -163,11 +169,15 @@ def _check_private_tuning(s: SweepSection, base: Config) -> None:
                           f"sweep.lam {s.lam}; add it so the fixed-λ̄ baseline is run")
 
 
-def load_sweep_config(path: str | Path) -> SweepConfig:
-    """Read and validate a sweep TOML file (paths in it are relative to its directory)."""
+def load_sweep_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()
+                      ) -> SweepConfig:
+    """Read and validate a sweep TOML file (paths in it are relative to its directory),
+    with ``--set SECTION.KEY=VALUE`` items on top (`silofl.config.input.apply_overrides`;
+    any key of a run config, [sweep] or [report])."""
     root = Path(path).resolve().parent  # one rule for every config: relative to its folder
-    raw = check_config_paths(resolve_config_paths(read_toml(path, "sweep config"), root))
-    return sweep_config_from_dict(raw, root, f"sweep config {str(path)!r}")
+    raw = resolve_config_paths(read_toml(path, "sweep config"), root)
+    raw = check_config_paths(apply_overrides(raw, overrides, model=SweepFile))
+    return sweep_config_from_dict(raw, root, where_set(path, overrides, "sweep config"))
 
 
 __all__ = ["LAMBDA_METHODS", "ReportSection", "SweepConfig", "SweepSection",

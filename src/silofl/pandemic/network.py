@@ -315,8 +315,10 @@ def deploy_regions(dataset: Path, data_dir: Path, job: dict) -> tuple[dict, dict
     folder per region under ``data_dir`` (`partition.partition_by_region`) and build the
     graph job from ``job``'s settings (`PandemicConfig` field names, e.g. S, pooling,
     method, rounds). Returns ({silo name: its folder}, the job)."""
+    from dataclasses import fields
+
     from silofl.pandemic.partition import partition_by_region
-    known = set(PandemicConfig.model_fields) - {"federated", "private", "epsilon",
+    known = {f.name for f in fields(PandemicConfig)} - {"federated", "private", "epsilon",
                                                          "delta"}
     settings = {k: v for k, v in job.items() if k in known}
     bad = sorted(set(job) - known - {"noise"})

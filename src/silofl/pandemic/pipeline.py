@@ -108,14 +108,14 @@ import hashlib
 import json
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable, ClassVar
+from typing import Callable
 
 import dp_accounting as dpa
 import numpy as np
 
-from silofl.config.base import Section
+from silofl.config.base import section_dataclass
 from silofl.data.federation import PrivacyTarget
 from silofl.errors import ConfigError, PrivacyError
 from silofl.models.glm import FocalLoss
@@ -166,12 +166,11 @@ UNCHARGED_ITEMS = (
 )
 
 
-class PandemicConfig(Section):
-    """Settings; units: lr per step, clip = L2 bound of a per-example gradient. A section
-    of the one configuration model (`silofl.config.Section`): unknown keys and wrong types
-    are `ConfigError`s; `validate` adds the track's own checks."""
-
-    section: ClassVar[str] = "pandemic"
+@section_dataclass("pandemic")
+class PandemicConfig:
+    """Settings; units: lr per step, clip = L2 bound of a per-example gradient. A checked
+    dataclass on the configuration model's rules (`silofl.config.section_dataclass`):
+    unknown keys and wrong types are `ConfigError`s; `validate` adds the track's checks."""
 
     federated: bool = True      # one silo per region; False = centralized (one silo)
     S: int = 20                 # each person appears in ≤ S examples (own + S−1 others)
@@ -313,7 +312,7 @@ class PandemicModel:
         np.save(buf, self.weights)
         write_bytes_atomic(directory / "weights.npy", buf.getvalue())
         write_json_atomic(directory / "model.json",
-                          {"config": self.config.model_dump(), "regions": self.regions,
+                          {"config": asdict(self.config), "regions": self.regions,
                            "notes": self.notes, "privacy": self.privacy,
                            "constants": self.constants, "timings": self.timings}, indent=1)
 

@@ -14,6 +14,7 @@ the recent-infection summaries (`pipeline.summary_inputs`).
 
 from __future__ import annotations
 
+from dataclasses import replace
 
 import numpy as np
 
@@ -33,7 +34,7 @@ def summary_columns(data: PandemicData, cfg: PandemicConfig,
     if cfg.preprocessing == "private":
         raise ConfigError("the untrained score has no private standardization; use "
                           "preprocessing='declared' or 'uncharged'")
-    cfg = cfg.model_copy(update={"pooling": "summary"})
+    cfg = replace(cfg, pooling="summary")
     raw = np.zeros((data.num_persons, 12), np.float64)
     std = np.zeros_like(raw)
     for r in build_regions(data, cfg):

@@ -20,6 +20,7 @@ import dp_accounting as dpa
 import numpy as np
 
 from silofl.algorithms.base import Algorithm
+from silofl.config.base import section_dataclass
 from silofl.data.federation import Federation, PrivacyTarget
 from silofl.errors import CalibrationError, ConfigError, PrivacyError
 from silofl.privacy import accounting, events
@@ -42,9 +43,13 @@ SEEDED_NOTE = "reproducible noise — not a privacy guarantee"
 _CALIBRATION_MARGIN = 1e-7
 
 
-@dataclass(frozen=True)
+@section_dataclass("TrainingConfig", frozen=True)
 class TrainingConfig:
-    """Settings shared by all silos. Units: lr per step, clip in L2 norm of a gradient."""
+    """Settings shared by all silos. Units: lr per step, clip in L2 norm of a gradient.
+
+    The engine's settings (a checked dataclass on the configuration model's rules: wrong
+    types and unknown keys are `ConfigError`s); `silofl run` builds it from [training] and
+    [privacy] (`silofl.experiments.build.training_config`), whose defaults are the CLI's."""
 
     rounds: int = 100
     local_epochs: float = 1.0
