@@ -194,3 +194,40 @@ def test_sweep_set_uses_the_same_keys(tmp_path):
     with pytest.raises(ConfigError, match=r"^--set 'sweep.lr=\[-1\]': 'sweep.lr' must hold "
                                           "positive values"):
         load_sweep_config(toml, ["sweep.lr=[-1]"])
+
+
+def _capture(monkeypatch, module: str, name: str) -> dict:
+    """Replace `module.name` by a stub that records its arguments and stops the command."""
+    import importlib
+    seen: dict = {}
+
+    def stub(*args, **kw):
+        seen.update(kw, args=args)
+        raise ConfigError("stopped by the test")
+    monkeypatch.setattr(importlib.import_module(module), name, stub)
+    return seen
+
+
+def test_audit_and_erosion_options_come_from_the_file_unless_given(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from silofl.cli import app
+    monkeypatch.setenv("SILOFL_HOME", str(tmp_path / "home"))
+    toml = _write(tmp_path / "run.toml", '[audit]\nkind = "multi-run"\nruns = 7\n'
+                                         'confidence = 0.9\n[erosion]\nusers = ["Hungary"]\n'
+                                         'contributions = false\n')
+    seen = _capture(monkeypatch, "silofl.audit", "audit")
+    res = CliRunner().invoke(app, ["audit", "-c", str(toml), "--scratch", "--runs", "9"])
+    assert res.exit_code == 2 and "stopped by the test" in res.output
+    assert (seen["kind"], seen["runs"], seen["confidence"]) == ("multi-run", 9, 0.9)
+    seen = _capture(monkeypatch, "silofl.experiments.erosion", "erosion_for_users")
+    res = CliRunner().invoke(app, ["erosion", "-c", str(toml), "--scratch"])
+    assert res.exit_code == 2
+    assert seen["args"][1] == ["Hungary"] and seen["contributions"] is False
+    res = CliRunner().invoke(app, ["erosion", "-c", str(toml), "--scratch", "--users", "all",
+                                   "--contributions"])
+    assert seen["args"][1] is None and seen["contributions"] is True
+    # defaults: the section's, and a saved run config without them is unchanged
+    assert Config().audit.runs == 200 and "audit" not in Config().to_dict()
+    with pytest.raises(ConfigError, match="did you mean 'audit.runs'"):
+        config_from_dict({"audit": {"run": 3}})

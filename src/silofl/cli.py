@@ -236,9 +236,10 @@ def erosion(config: Optional[Path] = typer.Option(None, "--config", "-c",
             store: Optional[Path] = typer.Option(None, "--store", help="lifetime budget store"),
             scratch: bool = typer.Option(False, "--scratch", help=(
                 "charge an in-memory scratch budget: an experiment, not a release")),
-            contributions: bool = typer.Option(True, "--contributions/--no-contributions",
-                                               help=("make each user's contribution report "
-                                                     "now (else later: silofl contrib)"))):
+            contributions: Optional[bool] = typer.Option(
+                None, "--contributions/--no-contributions", help=(
+                    "make each user's contribution report now (else later: silofl contrib; "
+                    "default: [erosion] contributions, true)"))):
     """Weight Erosion with each user silo in turn, against Global (FedAvg), Local and the
     majority class on the user's test rows (seed Figure 1): one job, σ calibrated for all
     users' runs composed, charged like any job."""
@@ -251,8 +252,9 @@ def erosion(config: Optional[Path] = typer.Option(None, "--config", "-c",
             raise SiloflError(f"--users takes 'all', got {users!r}; name single users with "
                               "--user SILO")
         cfg = _job_config(config, store, scratch, out)
-        rep = erosion_for_users(cfg, list(user) if user else None, out_dir=out,
-                                contributions=contributions)
+        users_ = list(user) if user else None if users else cfg.erosion.users or None
+        rep = erosion_for_users(cfg, users_, out_dir=out, contributions=cfg.erosion.contributions
+                                if contributions is None else contributions)
     except SiloflError as e:
         _fail(e)
     t = Table(title=f"Weight Erosion per user: final {rep.metric} on the user's test rows")
@@ -371,11 +373,14 @@ def contrib(run_dir: Path = typer.Argument(..., help="a `silofl erosion` run dir
 def audit(config: Optional[Path] = typer.Option(None, "--config", "-c",
                                                 help="TOML config of the job to audit"),
           silo: Optional[str] = typer.Option(None, "--silo", help="audit one silo (default: all)"),
-          kind: str = typer.Option("one-run", "--kind", help="one-run | multi-run"),
+          kind: Optional[str] = typer.Option(None, "--kind", help=(
+              "one-run | multi-run (default: [audit] kind, one-run)")),
           canaries: Optional[int] = typer.Option(
               None, "--canaries", help="one-run: canaries per silo (default min(1000, n_k))"),
-          runs: int = typer.Option(200, "--runs", help="multi-run: jobs on each of D and D′"),
-          confidence: float = typer.Option(0.95, "--confidence", help="of the lower bound"),
+          runs: Optional[int] = typer.Option(None, "--runs", help=(
+              "multi-run: jobs on each of D and D′ (default: [audit] runs, 200)")),
+          confidence: Optional[float] = typer.Option(None, "--confidence", help=(
+              "of the lower bound (default: [audit] confidence, 0.95)")),
           out: Optional[Path] = typer.Option(None, "--out", help=(
               "directory for audit.json and audit.html (default: [output] dir, else runs/, "
               "plus audit-<time>)")),
@@ -400,8 +405,11 @@ def audit(config: Optional[Path] = typer.Option(None, "--config", "-c",
 
             def on_progress(done, total):
                 prog.update(task, completed=done, total=total)
-            rep = run_audit(cfg, kind=kind, silo=silo, canaries=canaries, runs=runs,
-                            confidence=confidence, on_progress=on_progress)
+            given = dict(kind=kind, silo=silo, canaries=canaries, runs=runs,
+                         confidence=confidence)  # the command line over [audit]
+            a = cfg.audit.model_copy(update={k: v for k, v in given.items() if v is not None})
+            rep = run_audit(cfg, kind=a.kind, silo=a.silo, canaries=a.canaries, runs=a.runs,
+                            confidence=a.confidence, on_progress=on_progress)
         files = write_audit(rep, dest)
     except SiloflError as e:
         _fail(e)

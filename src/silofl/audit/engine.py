@@ -29,6 +29,7 @@ import numpy as np
 
 from silofl.audit import bounds
 from silofl.audit.canaries import Canaries, check_canaries, insert, make_canaries
+from silofl.config import AuditSection
 from silofl.errors import ConfigError
 from silofl.experiments import build
 from silofl.experiments import run as run_mod
@@ -36,6 +37,8 @@ from silofl.models import TORCH_MODELS
 from silofl.privacy.budget import BudgetStore, PlannedCharge
 from silofl.runtime.job import NO_METHOD, fingerprints, open_job
 from silofl.runtime.simulator import simulate
+
+_AUDIT = AuditSection()  # the defaults of [audit] (one place: silofl.config)
 
 KINDS = ("one-run", "multi-run")
 #: canaries per silo when not given: at most 1000, at most the silo's training records
@@ -97,9 +100,9 @@ class AuditReport:
                 "silos": [r.to_dict() for r in self.rows]}
 
 
-def audit(cfg, *, kind: str = "one-run", silo: str | None = None,
-          canaries: int | Canaries | None = None, runs: int = 200,
-          confidence: float = 0.95, store: BudgetStore | None = None,
+def audit(cfg, *, kind: str = _AUDIT.kind, silo: str | None = None,
+          canaries: int | Canaries | None = None, runs: int = _AUDIT.runs,
+          confidence: float = _AUDIT.confidence, store: BudgetStore | None = None,
           seed: int | None = None,
           on_progress: Callable[[int, int], None] | None = None) -> AuditReport:
     """Audit the job `cfg` describes for `silo` (default: every silo).

@@ -14,9 +14,22 @@ from pydantic import Field, field_validator, model_validator
 from silofl.config.base import Section, read_toml, validate
 from silofl.errors import ConfigError
 
-__all__ = ["BudgetConfig", "Config", "DataConfig", "ModelConfig", "OutputConfig",
-           "PrivacyConfig", "SiloPrivacy", "TrainingSection", "TuningConfig",
-           "check_privacy_target", "config_from_dict", "read_toml"]
+__all__ = [
+    "AuditSection",
+    "BudgetConfig",
+    "Config",
+    "DataConfig",
+    "ErosionSection",
+    "ModelConfig",
+    "OutputConfig",
+    "PrivacyConfig",
+    "SiloPrivacy",
+    "TrainingSection",
+    "TuningConfig",
+    "check_privacy_target",
+    "config_from_dict",
+    "read_toml",
+]
 
 
 class DataConfig(Section):
@@ -215,6 +228,26 @@ class TuningConfig(Section):
     em_fraction: float = 0.05      # em: share of each silo's ε for the choice
 
 
+class AuditSection(Section):
+    """[audit]: `silofl audit`'s settings (its command-line options override them; checked
+    by `silofl.audit.engine.audit`)."""
+
+    section: ClassVar[str] = "audit"
+    kind: str = "one-run"          # one-run | multi-run
+    silo: str | None = None        # audit one silo (default: every silo)
+    canaries: int | None = None    # one-run: canaries per silo (default min(1000, n_k))
+    runs: int = 200                # multi-run: jobs on each of D and D′
+    confidence: float = 0.95       # of the lower bound, in [0.5, 1)
+
+
+class ErosionSection(Section):
+    """[erosion]: `silofl erosion`'s settings (its command-line options override them)."""
+
+    section: ClassVar[str] = "erosion"
+    users: list[str] = Field(default_factory=list)  # user silos ([] = every silo in turn)
+    contributions: bool = True     # make each user's contribution report now
+
+
 class Config(Section):
     """A run's configuration: ``Config()`` is every default; ``Config(data={...})``,
     `config_from_dict` (parsed TOML) and `load_config` (a file + ``--set``) validate the
@@ -228,6 +261,8 @@ class Config(Section):
     budget: BudgetConfig = Field(default_factory=BudgetConfig)
     output: OutputConfig = Field(default_factory=OutputConfig)
     tuning: TuningConfig = Field(default_factory=TuningConfig)
+    audit: AuditSection = Field(default_factory=AuditSection)
+    erosion: ErosionSection = Field(default_factory=ErosionSection)
 
     @model_validator(mode="after")
     def _lifetime_in_range(self) -> Config:
@@ -243,8 +278,10 @@ class Config(Section):
         keys left at their default that older versions did not have are left out, so
         fingerprints of older runs hold."""
         d = self.model_dump()
-        if self.tuning == TuningConfig():  # older configs (and their fingerprints) lack it
-            d.pop("tuning")
+        for key, cls in (("tuning", TuningConfig), ("audit", AuditSection),
+                         ("erosion", ErosionSection)):
+            if getattr(self, key) == cls():  # older configs (and fingerprints) lack them
+                d.pop(key)
         for key in ("sep", "encoding", "drop"):  # likewise the table reading options
             if not d["data"][key]:
                 d["data"].pop(key)
