@@ -12,6 +12,7 @@ accepted (and stored as a float) where a float is expected; ``true`` is never a 
 
 from __future__ import annotations
 
+import contextvars
 import difflib
 import json
 import re
@@ -54,18 +55,12 @@ warnings.filterwarnings(  # `schema` is a key of [data] and [server]; pydantic's
     "ignore", message='Field name "schema" in ".*" shadows an attribute', category=UserWarning)
 
 
-class _Checked(type(BaseModel)):  # type: ignore[misc]
-    """Constructing a section in Python (``DataConfig(seed="x")``) raises `ConfigError`
-    like the TOML file would; nested sections are validated by pydantic's core (no call)."""
-
-    def __call__(cls, *args: Any, **data: Any) -> Any:
-        try:
-            return super().__call__(*args, **data)
-        except ValidationError as e:
-            raise config_error(e, cls, data, cls.section) from None
+#: how many `Section` constructions are under way in this thread: pydantic builds nested
+#: sections through their ``__init__``, and only the outermost turns errors into messages
+_DEPTH: contextvars.ContextVar[int] = contextvars.ContextVar("silofl_config_depth", default=0)
 
 
-class Section(BaseModel, metaclass=_Checked):
+class Section(BaseModel):
     """Base of every configuration section: unknown keys and wrong types are refused.
 
     `section` names the TOML table a class is read from (``"data"``); errors of a section
@@ -77,6 +72,17 @@ class Section(BaseModel, metaclass=_Checked):
     section: ClassVar[str] = ""
     #: said after "missing key 'section.key'": where a complete file comes from
     missing_hint: ClassVar[str] = ""
+
+    def __init__(self, /, **data: Any) -> None:
+        token = _DEPTH.set(_DEPTH.get() + 1)
+        try:
+            super().__init__(**data)
+        except ValidationError as e:
+            if _DEPTH.get() > 1:  # nested: pydantic merges it into the outer error
+                raise
+            raise config_error(e, type(self), data, self.section) from None
+        finally:
+            _DEPTH.reset(token)
 
     @classmethod
     def model_validate(cls, obj: Any, *args: Any, **kwargs: Any):  # type: ignore[override]
@@ -139,6 +145,7 @@ def validate(cls: type[Section], raw: Any, where: str = "", source: Source = "")
     if not isinstance(raw, dict):
         raise ConfigError(_prefix(source, where) + f"[{where}] must be a table of keys, got "
                           f"{type(raw).__name__}")
+    token = _DEPTH.set(_DEPTH.get() + 1)
     try:
         return BaseModel.model_validate.__func__(cls, raw)  # type: ignore[attr-defined]
     except ValidationError as e:
@@ -149,6 +156,8 @@ def validate(cls: type[Section], raw: Any, where: str = "", source: Source = "")
         if pre and not str(e).startswith(pre):
             raise ConfigError(pre + str(e)) from None
         raise
+    finally:
+        _DEPTH.reset(token)
 
 
 def _prefix(source: Source, key: str) -> str:

@@ -114,7 +114,7 @@ class ServerSection(Section):
     rejoin_wait: float = 0.0       # s to wait each round for silos that dropped out
     secagg: bool = False           # SecAgg+ over Flower (fedavg, mrmtl; tabular)
     public_data: str | None = None  # PrivateKT's public set (.npz with X), as the silos'
-    schema: str | None = None       # the consortium's declared schema (tables at the silos)
+    schema: str | None = None  # type: ignore[assignment]  # the declared schema
     run_dir: str | None = None      # where the shared model goes (default: state_dir)
 
     @model_validator(mode="after")

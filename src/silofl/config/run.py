@@ -45,7 +45,7 @@ class DataConfig(Section):
     sep: str = ""                  # table (CSV): column separator ("" = ","), e.g. ";"
     encoding: str = ""             # table (CSV): text encoding ("" = utf-8), e.g. "latin-1"
     drop: list = Field(default_factory=list)  # table: columns to leave out (dates, ids)
-    schema: str = ""               # declared schema (TOML) of a table: public bounds, levels…
+    schema: str = ""  # type: ignore[assignment]  # declared schema (TOML): bounds, levels…
     # preprocessing (silofl.data.preprocess): auto | declared | private | uncharged | none
     standardize: str = "auto"      # auto = declared from the schema (no cost)
     impute: str = "auto"           # auto | declared | private | uncharged
