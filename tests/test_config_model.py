@@ -231,3 +231,19 @@ def test_audit_and_erosion_options_come_from_the_file_unless_given(tmp_path, mon
     assert Config().audit.runs == 200 and "audit" not in Config().to_dict()
     with pytest.raises(ConfigError, match="did you mean 'audit.runs'"):
         config_from_dict({"audit": {"run": 3}})
+
+
+def test_a_silos_table_section_is_the_runs_data_keys():
+    from silofl.config import DataConfig
+    from silofl.config.network import SiloDataSection
+    raw = {**_silo(silo__data=None), "data": {"path": "t.csv", "schema": "s.toml"}}
+    d = read_silo_file(raw, "silo.toml").data
+    assert d is not None and (d.test_fraction, d.seed, d.missing) == (
+        DataConfig().test_fraction, DataConfig().seed, DataConfig().missing)
+    assert set(SiloDataSection.model_fields) <= set(DataConfig.model_fields)
+    raw["data"]["encodng"] = "latin-1"
+    with pytest.raises(ConfigError, match="silo.toml: unknown config key 'data.encodng'; "
+                                          "did you mean 'data.encoding'"):
+        read_silo_file(raw, "silo.toml")
+    with pytest.raises(ConfigError, match=r"\[silo\] data and \[data\] both"):
+        read_silo_file({**_silo(), "data": {"path": "t.csv", "schema": "s.toml"}}, "silo.toml")

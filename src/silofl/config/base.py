@@ -20,7 +20,7 @@ import tomllib
 import warnings
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 from pydantic.dataclasses import dataclass as pydantic_dataclass
@@ -201,12 +201,13 @@ def _model_at(cls: Any, loc: tuple) -> tuple[Any, Any]:
         if field is None:
             return None, None
         ann = field.annotation
-        args = getattr(ann, "__args__", ())
-        if isinstance(ann, type) and issubclass(ann, BaseModel):
+        args = [a for a in get_args(ann) if _fields(a) is not None]
+        if _fields(ann) is not None:
             model = ann
-        elif getattr(ann, "__origin__", None) is dict and args and \
-                isinstance(args[-1], type) and issubclass(args[-1], BaseModel):
+        elif get_origin(ann) is dict and args:
             model, i = args[-1], i + 1  # dict[str, Model]: the next part is a name
+        elif args:  # Model | None
+            model = args[0]
         else:
             return None, None
         i += 1

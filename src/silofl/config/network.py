@@ -15,10 +15,12 @@ from typing import Any, ClassVar
 from pydantic import Field, field_validator, model_validator
 
 from silofl.config.base import Section, validate
+from silofl.config.run import DataConfig
 from silofl.errors import ConfigError
 
-__all__ = ["DEFAULT_METHODS", "NOISE_MODES", "ServerFile", "ServerSection", "SiloFile",
-           "SiloSection", "SiloServerSection", "read_server_file", "read_silo_file"]
+__all__ = ["DEFAULT_METHODS", "NOISE_MODES", "ServerFile", "ServerSection",
+           "SiloDataSection", "SiloFile", "SiloSection", "SiloServerSection",
+           "read_server_file", "read_silo_file"]
 
 #: the methods a silo consents to when its [silo] methods is not given
 DEFAULT_METHODS = ("mrmtl", "fedavg", "local", "ditto", "finetune")
@@ -72,21 +74,55 @@ class SiloServerSection(Section):
         return self
 
 
+_RUN_DATA = DataConfig.model_fields  # a silo's own table: the run's [data] defaults
+
+
+class SiloDataSection(Section):
+    """[data] of silo.toml: the silo's own table, the consortium's schema and the silo's
+    own split; the keys and defaults of `silofl run`'s [data] that a table uses."""
+
+    section: ClassVar[str] = "data"
+    path: str                      # the silo's own table (CSV, CSV.gz or Parquet)
+    schema: str  # type: ignore[assignment]  # the consortium's declared schema (TOML)
+    test_fraction: float = _RUN_DATA["test_fraction"].default
+    seed: int = _RUN_DATA["seed"].default
+    missing: str = _RUN_DATA["missing"].default  # impute | drop | error
+    sep: str = _RUN_DATA["sep"].default            # CSV separator ("" = ","), e.g. ";"
+    encoding: str = _RUN_DATA["encoding"].default  # CSV text encoding ("" = utf-8)
+    drop: list[str] = Field(default_factory=list)  # columns to leave out (dates, ids)
+
+    @model_validator(mode="after")
+    def _check(self) -> SiloDataSection:
+        for key in ("path", "schema"):
+            if not getattr(self, key).strip():
+                raise ConfigError(f"[data] {key} must name a file (the silo's own table; "
+                                  "the consortium's schema)")
+        if self.path.startswith("<"):
+            raise ConfigError(f"[data] path is still the placeholder {self.path!r}; write "
+                              "the path of this silo's own table (CSV, CSV.gz or Parquet)")
+        if not 0 < self.test_fraction < 1:
+            raise ConfigError(f"[data] test_fraction must be in (0, 1), got "
+                              f"{self.test_fraction!r}")
+        if self.missing not in ("impute", "drop", "error"):
+            raise ConfigError(f"[data] missing must be impute, drop or error, got "
+                              f"{self.missing!r}")
+        return self
+
+
 class SiloFile(Section):
-    """silo.toml. [data] (the silo's own table and the consortium's schema) is checked by
-    `silofl.runtime.network.silo_table.table_settings` (its defaults: the run's [data])."""
+    """silo.toml: [silo], [server] and, for a table, [data] (instead of [silo] data)."""
 
     missing_hint: ClassVar[str] = _COMPLETE
     silo: SiloSection
     server: SiloServerSection
-    data: dict[str, Any] = Field(default_factory=dict)
+    data: SiloDataSection | None = None
 
     @model_validator(mode="after")
     def _one_data(self) -> SiloFile:
-        if self.data and self.silo.data is not None:
+        if self.data is not None and self.silo.data is not None:
             raise ConfigError("[silo] data and [data] both name the silo's data; keep [data] "
                               "(its own table and the consortium's schema)")
-        if not self.data and self.silo.data is None:
+        if self.data is None and self.silo.data is None:
             raise ConfigError("missing key 'silo.data' (or a [data] table); "
                               f"{_COMPLETE}")
         return self
