@@ -247,3 +247,18 @@ def test_a_silos_table_section_is_the_runs_data_keys():
         read_silo_file(raw, "silo.toml")
     with pytest.raises(ConfigError, match=r"\[silo\] data and \[data\] both"):
         read_silo_file({**_silo(), "data": {"path": "t.csv", "schema": "s.toml"}}, "silo.toml")
+
+
+def test_audit_and_erosion_take_set(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from silofl.cli import app
+    monkeypatch.setenv("SILOFL_HOME", str(tmp_path / "home"))
+    seen = _capture(monkeypatch, "silofl.audit", "audit")
+    res = CliRunner().invoke(app, ["audit", "--scratch", "--set", "audit.runs=50"])
+    assert res.exit_code == 2 and seen["runs"] == 50
+    res = CliRunner().invoke(app, ["audit", "--scratch", "--set", "audit.run=50"])
+    assert res.exit_code == 2 and "Did you mean 'audit.runs'" in res.output
+    seen = _capture(monkeypatch, "silofl.experiments.erosion", "erosion_for_users")
+    res = CliRunner().invoke(app, ["erosion", "--scratch", "--set", "erosion.users=['Hungary']"])
+    assert res.exit_code == 2 and seen["args"][1] == ["Hungary"]

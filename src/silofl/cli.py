@@ -239,7 +239,10 @@ def erosion(config: Optional[Path] = typer.Option(None, "--config", "-c",
             contributions: Optional[bool] = typer.Option(
                 None, "--contributions/--no-contributions", help=(
                     "make each user's contribution report now (else later: silofl contrib; "
-                    "default: [erosion] contributions, true)"))):
+                    "default: [erosion] contributions, true)")),
+            set_: Optional[list[str]] = typer.Option(
+                None, "--set", help="override a config key SECTION.KEY=VALUE (TOML value), e.g. "
+                "erosion.users=['Hungary'] (repeat)")):
     """Weight Erosion with each user silo in turn, against Global (FedAvg), Local and the
     majority class on the user's test rows (seed Figure 1): one job, σ calibrated for all
     users' runs composed, charged like any job."""
@@ -251,7 +254,7 @@ def erosion(config: Optional[Path] = typer.Option(None, "--config", "-c",
         if users is not None and users != "all":
             raise SiloflError(f"--users takes 'all', got {users!r}; name single users with "
                               "--user SILO")
-        cfg = _job_config(config, store, scratch, out)
+        cfg = _job_config(config, store, scratch, out, overrides=set_ or ())
         users_ = list(user) if user else None if users else cfg.erosion.users or None
         rep = erosion_for_users(cfg, users_, out_dir=out, contributions=cfg.erosion.contributions
                                 if contributions is None else contributions)
@@ -387,7 +390,10 @@ def audit(config: Optional[Path] = typer.Option(None, "--config", "-c",
           store: Optional[Path] = typer.Option(None, "--store", help="lifetime budget store"),
           scratch: bool = typer.Option(False, "--scratch", help=(
               "charge an in-memory scratch budget: an experiment, not a release")),
-          quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress bar")):
+          quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress bar"),
+          set_: Optional[list[str]] = typer.Option(
+              None, "--set", help="override a config key SECTION.KEY=VALUE (TOML value), e.g. "
+              "audit.runs=50 (repeat)")):
     """Measure empirically that each silo's guarantee holds: canary runs through the real
     job, the claimed ε beside an empirical lower bound, violations flagged. Canary runs use
     the silo's data: they are charged to its budget (or a scratch store, marked so)."""
@@ -395,7 +401,7 @@ def audit(config: Optional[Path] = typer.Option(None, "--config", "-c",
     from silofl.audit import write_audit
     warnings.showwarning = _show_warning
     try:
-        cfg = _job_config(config, store, scratch, out)
+        cfg = _job_config(config, store, scratch, out, overrides=set_ or ())
         dest = out if out is not None else Path(cfg.output.dir or "runs") / \
             time.strftime("audit-%Y%m%d-%H%M%S")
         with Progress(TextColumn("audit"), BarColumn(), TextColumn("{task.completed}/"
