@@ -68,7 +68,8 @@ class Section(BaseModel):
     values raises the same `ConfigError` as the TOML file would.
     """
 
-    model_config = ConfigDict(extra="forbid", strict=True, arbitrary_types_allowed=True)
+    model_config = ConfigDict(extra="forbid", strict=True, arbitrary_types_allowed=True,
+                              defer_build=True)  # built on first use: cheap imports
     section: ClassVar[str] = ""
     #: said after "missing key 'section.key'": where a complete file comes from
     missing_hint: ClassVar[str] = ""
@@ -110,7 +111,8 @@ def section_dataclass(section: str, *, frozen: bool = False) -> Callable[[type],
     The class decorator.
     """
     def wrap(cls: type) -> type:
-        out: Any = pydantic_dataclass(cls, frozen=frozen, config=Section.model_config)
+        out: Any = pydantic_dataclass(  # built now: a deferred build would replace __init__
+            cls, frozen=frozen, config=ConfigDict(**{**Section.model_config, "defer_build": False}))
         checked = out.__init__
 
         def __init__(self: Any, *args: Any, **data: Any) -> None:

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from silofl.config import Config
 from silofl.config.base import did_you_mean
 from silofl.config.network import ServerSection, read_server_file
 from silofl.errors import ConfigError, SiloflError
@@ -40,7 +41,6 @@ def _job_defaults() -> dict:
     """The job's defaults, read from the simulator's configuration model
     (`silofl.config`): one set of keys and defaults for `silofl run` and the
     network. Only what has no simulator counterpart is stated here."""
-    from silofl.config import Config
     c = Config()
     t, p, d, m = c.training, c.privacy, c.data, c.model
     same = ("lam", "weighted", "finetune_fraction", "local_epochs", "batch_size", "lr",
