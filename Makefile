@@ -1,4 +1,4 @@
-# Two entry points: `make run` (main job on built-in data) and `make test` (whole suite).
+# Entry points: `make run` (main job on built-in data), `make test` (whole suite), `make docs`.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -8,7 +8,7 @@ CONSTRAINTS := constraints.txt
 # `make test` runs the whole suite on both cores; worksteal keeps the heavy tests balanced.
 TEST_WORKERS ?= 2
 
-.PHONY: run test bench clean
+.PHONY: run test docs bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -30,8 +30,13 @@ run: $(VENV)/.core
 test: $(VENV)/.test
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist worksteal
 
+# The documentation site (docs/, mkdocs.yml) into site/; --strict fails on any warning
+# (a broken link, a name the API reference cannot find).
+docs: $(VENV)/.test
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
+
 bench: $(VENV)/.core
 	$(BIN)/python benchmarks/bench_engine.py
 
 clean:
-	rm -rf $(VENV) runs
+	rm -rf $(VENV) runs site

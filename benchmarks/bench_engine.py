@@ -22,7 +22,8 @@ import time
 import numpy as np
 
 from silofl.algorithms import make_algorithm
-from silofl.data import PrivacyTarget, load_school, vehicle_like
+from silofl.data import load_school, vehicle_like
+from silofl.privacy.targets import PrivacyTarget
 from silofl.models import make_model
 from silofl.privacy import accounting, randomness
 from silofl.privacy.ledger import Ledger

@@ -50,7 +50,8 @@ from pathlib import Path
 
 import numpy as np
 
-from silofl.data import PrivacyTarget, vehicle_like
+from silofl.data import vehicle_like
+from silofl.privacy.targets import PrivacyTarget
 from silofl.data.federation import Federation
 from silofl.runtime.network import deploy
 from silofl.runtime.network.flower import run_server, run_silo
@@ -545,7 +546,7 @@ def app_main(silos: list[int], rounds: int, timeout: float, json_path: str | Non
                                   f"{r['startup_s']:.0f} s")
     facts["load_avg_end"] = os.getloadavg()
     if json_path:
-        from silofl.experiments.atomic import write_json_atomic
+        from silofl.io import write_json_atomic
         write_json_atomic(json_path, {"machine": facts, "bare_clientapp_start": bare,
                                       "runs": runs})
         console.print(f"wrote {json_path}")

@@ -43,8 +43,9 @@ from rich.table import Table
 
 from silofl.algorithms import make_algorithm
 from silofl.algorithms.robust import Attack, Attacked, flip_labels
-from silofl.data import PrivacyTarget, load_heart_disease, load_school, vehicle_like
-from silofl.experiments.atomic import json_safe, write_json_atomic
+from silofl.data import load_heart_disease, load_school, vehicle_like
+from silofl.privacy.targets import PrivacyTarget
+from silofl.io import json_safe, write_json_atomic
 from silofl.models import make_model
 from silofl.runtime.plan import TrainingConfig, plan_silos
 from silofl.runtime.simulator import simulate

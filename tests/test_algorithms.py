@@ -12,7 +12,7 @@ from silofl.algorithms import ALGORITHMS, make_algorithm
 from silofl.algorithms import METHODS as ALL_METHODS
 from silofl.algorithms.base import ServerState, SiloState, weighted_mean
 from silofl.data import linear_silos, mean_estimation
-from silofl.data.federation import PrivacyTarget
+from silofl.privacy.targets import PrivacyTarget
 from silofl.errors import ConfigError
 from silofl.models import make_model
 from silofl.privacy import accounting

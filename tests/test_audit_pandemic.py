@@ -12,9 +12,8 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from silofl.audit import audit_pandemic
-from silofl.audit.pandemic import (canary_scores, insert_persons, make_canary_persons,
-                                   neighbouring_text)
+from silofl.pandemic.audit import (audit_pandemic, canary_scores, insert_persons,
+                                   make_canary_persons, neighbouring_text)
 from silofl.errors import ConfigError
 from silofl.pandemic import synthesize
 from silofl.pandemic.pipeline import PandemicConfig, build_region, region_groups, train

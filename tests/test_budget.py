@@ -23,7 +23,7 @@ from typer.testing import CliRunner
 from silofl.algorithms import make_algorithm
 from silofl.cli import app, crash_frames
 from silofl.data import linear_silos
-from silofl.data.federation import PrivacyTarget
+from silofl.privacy.targets import PrivacyTarget
 from silofl.errors import BudgetExceeded
 from silofl.config import config_from_dict
 from silofl.experiments.run import run as run_experiment

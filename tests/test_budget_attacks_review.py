@@ -121,7 +121,7 @@ def test_a_lifetime_delta_that_promises_nothing_is_refused_everywhere(tmp_path, 
     number of jobs while its store printed "spent 0.000"."""
     from typer.testing import CliRunner
     from silofl.cli import app
-    from silofl.data.federation import PrivacyTarget
+    from silofl.privacy.targets import PrivacyTarget
     from silofl.errors import SiloflError
     base = _private_table(tmp_path)
     with pytest.raises(ConfigError, match="budget.delta"):

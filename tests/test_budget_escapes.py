@@ -22,7 +22,7 @@ import tomli_w
 from typer.testing import CliRunner
 
 from silofl.cli import app
-from silofl.data.federation import PrivacyTarget
+from silofl.privacy.targets import PrivacyTarget
 from silofl.errors import ConfigError
 from silofl.config import config_from_dict
 from silofl.experiments.run import resume_run

@@ -19,7 +19,8 @@ from typer.testing import CliRunner
 from silofl.algorithms import make_algorithm
 from silofl.cli import app
 from silofl.data import linear_silos
-from silofl.data.federation import Federation, PrivacyTarget, Silo
+from silofl.data.federation import Federation, Silo
+from silofl.privacy.targets import PrivacyTarget
 from silofl.errors import ConfigError, DataError
 from silofl.config import config_from_dict, load_config
 from silofl.experiments.run import run as run_experiment

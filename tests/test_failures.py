@@ -28,7 +28,7 @@ from typer.testing import CliRunner
 
 from silofl.cli import app
 from silofl.experiments import sweep as sweep_mod
-from silofl.experiments.atomic import dumps_strict, write_json_atomic
+from silofl.io import dumps_strict, write_json_atomic
 from silofl.models.metrics import accuracy, mse, pooled
 
 logging.getLogger("absl").setLevel(logging.ERROR)

@@ -626,7 +626,7 @@ def test_calibration_refuses_targets_it_cannot_compute():
 
 
 def test_saved_models_carry_hashes_that_match(env):
-    from silofl.experiments.integrity import sha256_file
+    from silofl.io import sha256_file
     for method in ("local", "fedavg"):
         man = _manifest(env.run_dir, method)
         d = env.run_dir / "models" / method

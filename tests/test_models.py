@@ -11,7 +11,8 @@ from silofl.data import linear_silos
 from silofl.errors import ConfigError
 from silofl.models import MODELS, make_model
 from silofl.models import metrics as M
-from silofl.models.base import Model, clip_bound
+from silofl.models.base import Model
+from silofl.privacy.clipping import clip_bound
 from silofl.runtime.plan import TrainingConfig
 from silofl.runtime.simulator import simulate
 
@@ -166,7 +167,7 @@ def test_clipping_bounds_every_per_example_norm(name):
         for g in (fast, generic):
             norms = np.linalg.norm(g, axis=1)
             assert np.all(norms <= clip)
-            # clipped to the bound just inside the ball (see models.base.CLIP_MARGIN)
+            # clipped to the bound just inside the ball (see privacy.clipping.CLIP_MARGIN)
             np.testing.assert_allclose(norms, np.minimum(raw_norm, clip_bound(clip)), rtol=1e-9,
                                        atol=1e-12)
             # clipping only rescales: the direction is kept

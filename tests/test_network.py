@@ -21,7 +21,7 @@ pytest.importorskip("flwr")
 
 import silofl.runtime.network.flower  # noqa: E402,F401  (imported once, before forking)
 from silofl import cli  # noqa: E402
-from silofl.data.federation import PrivacyTarget  # noqa: E402
+from silofl.privacy.targets import PrivacyTarget  # noqa: E402
 from silofl.errors import ConfigError  # noqa: E402
 from silofl.privacy import events  # noqa: E402
 from silofl.privacy.budget import BudgetStore, BudgetStoreError  # noqa: E402

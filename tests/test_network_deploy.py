@@ -37,7 +37,7 @@ from silofl.runtime.network.server import (JOB_DEFAULTS, ServerProgram,  # noqa:
                                            load_server_config)
 from silofl.runtime.network.silo import SiloProgram, load_silo_config, new_nonce  # noqa: E402
 
-SCHEMA = Path(cli.__file__).parent / "data" / "builtin" / "heart_schema.toml"
+SCHEMA = Path(cli.__file__).parents[1] / "data" / "builtin" / "heart_schema.toml"
 HOSPITALS = ["Cleveland", "Hungary", "VA Long Beach"]
 TIMEOUT = 300.0  # s: generous bound for a loaded 2-core machine; fails with the logs
 
@@ -68,7 +68,7 @@ def silofl(*args: str, cwd: Path, timeout: float = TIMEOUT) -> subprocess.Comple
 
 def _env() -> dict:
     env = dict(os.environ)
-    src = str(Path(cli.__file__).resolve().parents[1])
+    src = str(Path(cli.__file__).resolve().parents[2])  # src/silofl/cli/__init__.py
     env["PYTHONPATH"] = os.pathsep.join([src, env.get("PYTHONPATH", "")])
     return env
 
@@ -326,7 +326,7 @@ def test_saved_models_reproduce_what_the_silo_and_server_computed(tmp_path):
     trained on: its saved model predicts what its own model gives on its own preprocessed
     test rows, and the server's shared model likewise (declared constants, from the
     schema alone, equal the silos')."""
-    from silofl.runtime.network import release
+    from silofl.experiments import release
     from silofl.runtime.network.silo import job_model
     table = tmp_path / "t.csv"
     df = messy_table(table)
@@ -426,7 +426,7 @@ def test_private_preprocessing_is_charged_at_the_silo_once_and_survives_a_restar
     ε covers the release and equals what its store counts; the server keeps no shared
     model, which would have no single preprocessing."""
     from silofl.privacy.budget import BudgetStore
-    from silofl.runtime.network import release
+    from silofl.experiments import release
     from silofl.runtime.network.silo import job_model
     df = messy_table(tmp_path / "t.csv")
     for n in HOSPITALS:

@@ -16,7 +16,7 @@ import pytest
 
 pytest.importorskip("flwr")
 
-from silofl.data.federation import PrivacyTarget  # noqa: E402
+from silofl.privacy.targets import PrivacyTarget  # noqa: E402
 from silofl.data.heart import load_heart_disease  # noqa: E402
 from silofl.errors import ConfigError  # noqa: E402
 from silofl.privacy.budget import BudgetStore  # noqa: E402

@@ -29,7 +29,7 @@ from silo_tables import SILOS, three_silo_frame
 from typer.testing import CliRunner
 
 from silofl.cli import app
-from silofl.data.federation import PrivacyTarget
+from silofl.privacy.targets import PrivacyTarget
 from silofl.errors import ConfigError
 from silofl.runtime.network.silo_table import read_silo_table, table_settings
 

@@ -20,7 +20,7 @@ from silofl.privacy import accounting as A
 from silofl.algorithms.ifca import IFCA
 from silofl.algorithms.mocha import Mocha, mocha_omega
 from silofl.data import linear_silos, load_heart_disease
-from silofl.data.federation import PrivacyTarget
+from silofl.privacy.targets import PrivacyTarget
 from silofl.errors import BudgetExceeded, ConfigError, PrivacyError
 from silofl.experiments.build import build_algorithms
 from silofl.config import config_from_dict

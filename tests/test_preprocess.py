@@ -12,10 +12,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from silofl.data import (PreprocessSpec, PrivacyTarget, apply_preprocessing,
-                         draft_schema, federation_from_frame, federation_from_frame_raw,
-                         heart_schema, linear_silos, load_heart_disease, load_heart_disease_raw,
-                         load_schema, plan_preprocessing, schema_from_dict, split_frame)
+from silofl.data import (PreprocessSpec, apply_preprocessing, draft_schema, federation_from_frame,
+                         federation_from_frame_raw, heart_schema, linear_silos,
+                         load_heart_disease, load_heart_disease_raw, load_schema,
+                         plan_preprocessing, schema_from_dict, split_frame)
+from silofl.privacy.targets import PrivacyTarget
 from silofl.data import preprocess
 from silofl.data.preprocess import (MIN_STD, moments_from_statistics, release_statistics,
                                     sufficient_statistics)

@@ -19,7 +19,8 @@ from scipy import stats
 
 from silofl.algorithms import make_algorithm
 from silofl.data import linear_silos
-from silofl.data.federation import Federation, PrivacyTarget, Silo
+from silofl.data.federation import Federation, Silo
+from silofl.privacy.targets import PrivacyTarget
 from silofl.errors import BudgetExceeded, CalibrationError, PrivacyError
 from silofl.models import make_model
 from silofl.privacy import accounting as A

@@ -29,7 +29,7 @@ from dp_accounting.rdp.rdp_privacy_accountant import _gamma_truncated_negative_b
 from scipy import stats
 
 from silofl.algorithms import make_algorithm
-from silofl.data.federation import PrivacyTarget
+from silofl.privacy.targets import PrivacyTarget
 from silofl.data.mnist import load_dirichlet_mnist
 from silofl.errors import ConfigError
 from silofl.models import make_model

@@ -16,7 +16,7 @@ from scipy import stats
 from silofl.algorithms import make_algorithm
 from silofl.algorithms.privatekt import (PrivateKT, entropy, kt_weights, push_fifo,
                                          self_train_weights)
-from silofl.data.federation import PrivacyTarget
+from silofl.privacy.targets import PrivacyTarget
 from silofl.data.mnist import load_dirichlet_mnist
 from silofl.errors import ConfigError
 from silofl.models import make_model

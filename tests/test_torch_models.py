@@ -26,7 +26,8 @@ import silofl.models.torch_model as TM  # noqa: E402
 from silofl.algorithms import make_algorithm  # noqa: E402
 from silofl.cli import app  # noqa: E402
 from silofl.data import load_heart_disease  # noqa: E402
-from silofl.data.federation import Federation, PrivacyTarget, Silo  # noqa: E402
+from silofl.data.federation import Federation, Silo  # noqa: E402
+from silofl.privacy.targets import PrivacyTarget
 from silofl.errors import ConfigError, DataError  # noqa: E402
 from silofl.experiments.build import build_model  # noqa: E402
 from silofl.config import config_from_dict  # noqa: E402

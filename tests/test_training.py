@@ -8,7 +8,7 @@ import pytest
 from scipy import stats
 
 from silofl.data import linear_silos
-from silofl.data.federation import PrivacyTarget
+from silofl.privacy.targets import PrivacyTarget
 from silofl.errors import ConfigError
 from silofl.models import make_model
 from silofl.privacy import accounting as A

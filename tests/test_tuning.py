@@ -21,7 +21,8 @@ from scipy import stats
 from typer.testing import CliRunner
 
 from silofl.cli import app
-from silofl.data.federation import Federation, PrivacyTarget, Silo
+from silofl.data.federation import Federation, Silo
+from silofl.privacy.targets import PrivacyTarget
 from silofl.errors import BudgetExceeded, ConfigError
 from silofl.experiments.sweep import carve_validation, read_results, run_sweep
 from silofl.experiments.sweep_config import sweep_config_from_dict

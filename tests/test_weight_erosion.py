@@ -25,7 +25,7 @@ from silofl.algorithms import ALGORITHMS, METHODS, WeightErosion, make_algorithm
 from silofl.algorithms.weight_erosion import ErosionUpdate, participation
 from silofl.cli import app
 from silofl.data import linear_silos
-from silofl.data.federation import PrivacyTarget
+from silofl.privacy.targets import PrivacyTarget
 from silofl.errors import ConfigError
 from silofl.experiments.build import build_algorithms
 from silofl.config import config_from_dict

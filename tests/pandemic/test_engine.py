@@ -22,7 +22,7 @@ from typer.testing import CliRunner
 
 from silofl.algorithms import make_algorithm
 from silofl.cli import app
-from silofl.data.federation import PrivacyTarget
+from silofl.privacy.targets import PrivacyTarget
 from silofl.data.heart import load_heart_disease
 from silofl.errors import ConfigError
 from silofl.models import make_model

@@ -13,7 +13,7 @@ import pytest
 from typer.testing import CliRunner
 
 from silofl.cli import app
-from silofl.data.federation import PrivacyTarget
+from silofl.privacy.targets import PrivacyTarget
 from silofl.errors import BudgetExceeded, DataError
 from silofl.pandemic import features as FT
 from silofl.pandemic import pipeline as P

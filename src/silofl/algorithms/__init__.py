@@ -44,21 +44,70 @@ def make_algorithm(name: str, *, lam: float = 0.3, weighted: bool = True,
                    max_participation: int = 0, kt_samples: int = 2, kt_buffer: int = 25,
                    kt_self_train: float = 0.1, kt_server_epochs: int = 5,
                    kt_server_lr: float = 0.0, public_seed: int = 0) -> Algorithm:
-    """Build an algorithm by name. `lam` is used by the LAMBDA_METHODS, `weighted` by the
-    averaging ones, `finetune_fraction` (share of rounds spent federated) by the finetune
-    variants, and `clusters`, `selection_fraction` (share of the silo's ε per selection) and
-    `selection_rounds` (share of rounds with selection) by the IFCA variants, and `we_user`
-    (the user silo u_0: name or index; required), `we_p_s` (size penalty) and `we_p_d`
-    (distance penalty) by weight_erosion, with `we_options` (keyword arguments of
-    `WeightErosion`: update, participation, join_round, leave_round, count, newcomer,
-    seed); `aggregation` (a rule of `robust.RULES`) with
-    `attackers`, `trim_fraction` and `clip_radius` by the ROBUST_METHODS' server steps. Every
-    value is validated whichever method uses it (a bad setting is an error even if unused;
-    only weight_erosion needs a user). The local-DP methods privatekt and fedavg_ldp use
-    `ldp_epsilon` (per-round ε of a client's upload), `client_fraction`,
-    `max_participation` (0: as many rounds as the target allows) and `public_seed`
-    (selection); fedavg_ldp `ldp_mechanism`, `ldp_delta`; privatekt the kt_* settings
-    (see `algorithms.privatekt`)."""
+    """Build an algorithm by name, validating every setting.
+
+    Every value is validated whichever method uses it (a bad setting is an error even if
+    unused; only weight_erosion needs a user).
+
+    Parameters
+    ----------
+    name : str
+        One of `silofl.METHODS`: "local", "fedavg", "mrmtl", "finetune", "ditto", "mocha",
+        "ifca", "ifca_local", "ifca_finetune", "ifca_mrmtl", "weight_erosion",
+        "privatekt", "fedavg_ldp".
+    lam : float, default 0.3
+        Regularization strength λ ≥ 0 of mrmtl, ditto, mocha, ifca_mrmtl (λ = 0 is Local).
+    weighted : bool, default True
+        Averaging weights by training counts (False: uniform).
+    finetune_fraction : float, default 0.5
+        Share of rounds spent federated, in [0, 1] (the finetune variants).
+    clusters : int, default 2
+        IFCA's number of cluster models.
+    selection_fraction : float, default 0.03
+        Share of the silo's ε spent per private cluster selection (IFCA variants).
+    selection_rounds : float, default 0.1
+        Share of rounds with a selection (IFCA variants).
+    we_user : int or str, optional
+        weight_erosion's user silo u_0 (name or index; required by that method).
+    we_p_s, we_p_d : float, default 0.2, 0.01
+        weight_erosion's size and distance penalties.
+    aggregation : str, default "mean"
+        The server's rule (``silofl.algorithms.RULES``), for fedavg, mrmtl and
+        weight_erosion.
+    attackers : int, default 0
+        Simulated attacking silos (robust aggregation experiments).
+    trim_fraction : float, default 0.1
+        Share trimmed by the trimmed-mean rule.
+    clip_radius : float, default 1.0
+        Radius of centered clipping.
+    we_options : dict, optional
+        Keyword arguments of ``WeightErosion``: update, participation, join_round,
+        leave_round, count, newcomer, seed.
+    ldp_epsilon : float, default 5.0
+        Per-round ε of a client's upload (privatekt, fedavg_ldp).
+    ldp_mechanism : {"gaussian", "laplace"}, default "gaussian"
+        fedavg_ldp's mechanism.
+    ldp_delta : float, default 1e-5
+        fedavg_ldp's δ (Gaussian mechanism).
+    client_fraction : float, default 0.5
+        Share of clients selected per round (local-DP methods).
+    max_participation : int, default 0
+        Rounds a client may take part in (0: as many as its target allows).
+    kt_samples, kt_buffer, kt_self_train, kt_server_epochs, kt_server_lr
+        PrivateKT's settings (see ``silofl.algorithms.privatekt``).
+    public_seed : int, default 0
+        Seed of the public client selection (local-DP methods).
+
+    Returns
+    -------
+    Algorithm
+        The configured method.
+
+    Raises
+    ------
+    ConfigError
+        An unknown name (with the nearest valid one) or an invalid setting.
+    """
     check_nonnegative("lambda (lam)", lam)
     check_nonnegative("weight_erosion size penalty p_s (we_p_s)", we_p_s)
     check_nonnegative("weight_erosion distance penalty p_d (we_p_d)", we_p_d)

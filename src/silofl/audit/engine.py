@@ -27,7 +27,7 @@ from typing import Callable
 
 import numpy as np
 
-from silofl.audit import bounds
+import silofl.audit.bounds as bounds
 from silofl.audit.canaries import Canaries, check_canaries, insert, make_canaries
 from silofl.config import AuditSection
 from silofl.errors import ConfigError
@@ -75,6 +75,32 @@ class SiloAudit:
 
 @dataclass
 class AuditReport:
+    """What `run_audit` returns.
+
+    Attributes
+    ----------
+    kind : str
+        "one-run" or "multi-run".
+    rows : list of SiloAudit
+        Per silo: claimed ε, target, δ, the empirical lower bound, details.
+    methods : list of str
+        The job's methods.
+    notes : list of str
+        What every reader must be told (seeded noise, scratch store, ...).
+    store : str or None
+        The budget store charged.
+    scratch : bool
+        Charged to a scratch store.
+    run_ids : list of str
+        The store's ids of the audit's runs.
+    seconds : float
+        Wall-clock time.
+    confidence : float
+        Confidence of the lower bounds.
+    noise : str
+        The noise mode.
+    """
+
     kind: str
     rows: list[SiloAudit]
     methods: list[str]
@@ -91,6 +117,13 @@ class AuditReport:
         return [r.silo for r in self.rows if r.violation]
 
     def to_dict(self) -> dict:
+        """The report as audit.json records it.
+
+        Returns
+        -------
+        dict
+            Kind, confidence, notes, budget store, violations, and one entry per silo.
+        """
         return {"kind": self.kind, "confidence": self.confidence, "methods": self.methods,
                 "noise": self.noise, "notes": self.notes, "budget_store": self.store,
                 "scratch_store": self.scratch, "run_ids": self.run_ids,
@@ -105,14 +138,48 @@ def audit(cfg, *, kind: str = _AUDIT.kind, silo: str | None = None,
           confidence: float = _AUDIT.confidence, store: BudgetStore | None = None,
           seed: int | None = None,
           on_progress: Callable[[int, int], None] | None = None) -> AuditReport:
-    """Audit the job `cfg` describes for `silo` (default: every silo).
+    """Audit the job `cfg` describes: does each silo's claimed ε survive an attack?
 
-    canaries: one-run: the number m per silo (default min(1000, n_k)) or explicit
-    `Canaries` (raw encoded features); multi-run: explicit `Canaries` whose first record is
-    the canary, else one generated canary. runs: multi-run jobs on each of D and D′.
-    store: the budget store charged (default: as `silofl run`: [budget] store, else a
-    scratch store when [budget] scratch). seed: the canaries and coin flips (default: OS
-    entropy). Everything that can fail on bad input fails before any budget is reserved."""
+    The real job runs with canary records inserted; an attacker guesses which canaries
+    were trained on, giving an empirical lower bound on ε at `confidence`. A bound above
+    the claim is a violation. The audit's own runs are charged to the budget store like
+    any job. Everything that can fail on bad input fails before any budget is reserved.
+
+    Parameters
+    ----------
+    cfg : Config
+        The job (`load_config`); privacy must be enabled.
+    kind : {"one-run", "multi-run"}, default "one-run"
+        One training run with many canaries (Steinke et al. 2023), or many runs on
+        neighbouring datasets D and D′ (Clopper–Pearson).
+    silo : str, optional
+        The silo audited (default: every silo).
+    canaries : int or Canaries, optional
+        one-run: the number m per silo (default min(1000, n_k)) or explicit `Canaries`
+        (raw encoded features); multi-run: explicit `Canaries` whose first record is the
+        canary, else one generated canary.
+    runs : int, default 200
+        multi-run: jobs on each of D and D′.
+    confidence : float, default 0.95
+        Confidence of the lower bound.
+    store : BudgetStore, optional
+        The store charged (default: as `run`: [budget] store, else a scratch store when
+        [budget] scratch).
+    seed : int, optional
+        Seed of the canaries and coin flips (default: OS entropy).
+    on_progress : callable (done, total) -> None, optional
+        Progress of the audit's runs.
+
+    Returns
+    -------
+    AuditReport
+        Per silo the claimed ε and the empirical lower bound.
+
+    Raises
+    ------
+    ConfigError
+        An unknown kind, privacy disabled, or an unsupported model.
+    """
     t0 = time.perf_counter()
     if kind not in KINDS:
         raise ConfigError(f"unknown audit kind {kind!r}; choose one of {', '.join(KINDS)}")

@@ -8,7 +8,8 @@ from pathlib import Path
 from rich.table import Table
 
 from silofl.audit.bounds import GDP_ASSUMPTION
-from silofl.experiments.atomic import json_safe, write_json_atomic, write_text_atomic
+from silofl.audit.engine import LOWER_BOUND_NOTE
+from silofl.io import json_safe, write_json_atomic, write_text_atomic
 
 
 def audit_table(rep) -> Table:
@@ -40,7 +41,20 @@ def _how(kind: str, d: dict) -> str:
 
 
 def write_audit(rep, out_dir: Path) -> list[Path]:
-    """audit.json (strict JSON, atomic) and audit.html (the audit panel) in `out_dir`."""
+    """Write an audit's report files.
+
+    Parameters
+    ----------
+    rep : AuditReport
+        From `run_audit`.
+    out_dir : Path
+        The folder written (created if needed).
+
+    Returns
+    -------
+    list of Path
+        audit.json (strict JSON, written atomically) and audit.html (the audit panel).
+    """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     nonfinite: list[str] = []
@@ -61,7 +75,6 @@ def audit_html(rep) -> str:
     gdp_note = ("<p>† f-DP refinement: the ε refuted for a Gaussian tradeoff curve; "
                 f"{e(GDP_ASSUMPTION)}.</p>" if rep.kind == "one-run" else "")
     notes = "".join(f"<li>{e(n)}</li>" for n in rep.notes)
-    from silofl.audit.engine import LOWER_BOUND_NOTE
     return f"""<!doctype html><html><head><meta charset="utf-8"><title>silofl audit</title>
 <style>body{{font-family:sans-serif;margin:2em}}table{{border-collapse:collapse}}
 td,th{{border:1px solid #ccc;padding:4px 8px;text-align:right}}td:first-child,

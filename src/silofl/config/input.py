@@ -199,17 +199,27 @@ def where_set(path: str | Path | None, items: list[str] | tuple[str, ...],
 
 def load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] = ()
                 ) -> Config:
-    """Read a TOML run config (None → all defaults) with ``--set`` items on top.
+    """Read and validate a job's TOML configuration.
 
     Parameters
     ----------
-    path : the file; paths in it are relative to its folder.
-    overrides : ``--set SECTION.KEY=VALUE`` items (their paths relative to the working
-        directory).
+    path : str, Path or None
+        The TOML file (None: all defaults, the built-in heart-disease job). Paths in the
+        file are relative to its folder.
+    overrides : sequence of str, default ()
+        ``SECTION.KEY=VALUE`` items applied on top, as ``--set`` does (their paths
+        relative to the working directory).
 
     Returns
     -------
-    The validated Config; ConfigError naming the file or the ``--set`` item at fault.
+    Config
+        The validated configuration.
+
+    Raises
+    ------
+    ConfigError
+        An unknown key (with the nearest valid one) or an invalid value, naming the file
+        or the ``--set`` item and the key.
     """
     raw = {} if path is None else resolve_config_paths(read_toml(path, "config file"),
                                                          Path(path).resolve().parent)

@@ -249,9 +249,33 @@ class ErosionSection(Section):
 
 
 class Config(Section):
-    """A run's configuration: ``Config()`` is every default; ``Config(data={...})``,
-    `config_from_dict` (parsed TOML) and `load_config` (a file + ``--set``) validate the
-    same keys with the same messages."""
+    """A job's configuration: the sections of a TOML file, with defaults.
+
+    ``Config()`` is every default; ``Config(data={...})``, `config_from_dict` (parsed
+    TOML) and `load_config` (a file + ``--set SECTION.KEY=VALUE``) validate the same keys
+    with the same messages (`ConfigError`).
+
+    Attributes
+    ----------
+    data : DataConfig
+        [data]: the source (built-in, table, split, ...), its columns and schema.
+    model : ModelConfig
+        [model]: the model's name and options.
+    training : TrainingSection
+        [training]: rounds, batch size, lr, clip, methods and their settings.
+    privacy : PrivacyConfig
+        [privacy]: enabled, ε, δ, per-silo targets, accountant, noise.
+    budget : BudgetConfig
+        [budget]: the lifetime store, deployment, lifetime targets.
+    output : OutputConfig
+        [output]: the run directory, checkpoints.
+    tuning : TuningConfig
+        [tuning]: private hyperparameter tuning.
+    audit : AuditSection
+        [audit]: `silofl audit`'s options.
+    erosion : ErosionSection
+        [erosion]: `silofl erosion`'s options.
+    """
 
     section: ClassVar[str] = ""
     data: DataConfig = Field(default_factory=DataConfig)
@@ -274,9 +298,15 @@ class Config(Section):
         return self
 
     def to_dict(self) -> dict:
-        """The configuration as plain data (a run's saved config, a sweep's fingerprint);
-        keys left at their default that older versions did not have are left out, so
-        fingerprints of older runs hold."""
+        """The configuration as plain data (a run directory's config.toml, a sweep's
+        fingerprint).
+
+        Returns
+        -------
+        dict
+            Section name to key/value dict; optional keys and sections left at their
+            defaults are omitted, so fingerprints of older runs hold.
+        """
         d = self.model_dump()
         for key, cls in (("tuning", TuningConfig), ("audit", AuditSection),
                          ("erosion", ErosionSection)):

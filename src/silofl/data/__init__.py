@@ -3,8 +3,7 @@ data, splitters that turn one table into simulated silos, declared schemas and t
 preprocessing (plan and charge first, then compute)."""
 
 from silofl.data.exam import EXAM_SCHEMA, load_exam, load_exam_raw
-from silofl.data.federation import (Federation, PrivacyTarget, Silo, split_indices, split_silo,
-                                    standardize)
+from silofl.data.federation import Federation, Silo, split_indices, split_silo, standardize
 from silofl.data.heart import (heart_disease_frame, heart_schema, load_heart_disease,
                                load_heart_disease_raw)
 from silofl.data.mnist import load_rotated_masked_mnist
@@ -23,7 +22,7 @@ from silofl.data.tabular import (federation_from_frame, federation_from_frame_ra
                                  load_table_raw, read_table)
 
 __all__ = [
-    "Federation", "PrivacyTarget", "Silo", "split_indices", "split_silo", "standardize",
+    "Federation", "Silo", "split_indices", "split_silo", "standardize",
     "load_table", "load_table_raw", "federation_from_frame", "federation_from_frame_raw",
     "read_table",
     "load_school", "load_school_raw", "school_schema",

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 import numpy as np
 import pandas as pd
 
-from silofl.data.schema import parse_numeric
+from silofl.data.values import parse_numeric
 
 #: column names (split on _ - . space, lower case) that usually identify a person/record
 _ID_WORDS = {"id", "ids", "uid", "uuid", "guid", "mrn", "ssn", "nhs", "email", "phone",

@@ -18,6 +18,7 @@ import numpy as np
 import pandas as pd
 
 from silofl.data.table_checks import HUGE
+from silofl.data.values import parse_numeric
 
 
 def _spelling_key(v: str) -> str:
@@ -48,7 +49,6 @@ def spelling_groups(levels) -> list[list[str]]:
 
 def _placeholders(s: pd.Series) -> int:
     """Cells of a numeric column that are ±inf or of magnitude above HUGE."""
-    from silofl.data.tabular import parse_numeric
     num = parse_numeric(s)
     if num is None:
         return 0

@@ -9,32 +9,29 @@ from typing import Literal
 
 import numpy as np
 
-from silofl.errors import DataError, PrivacyError
+from silofl.errors import DataError
+from silofl.privacy.targets import PrivacyTarget
 
 Task = Literal["binary", "multiclass", "regression"]
 
 
-@dataclass(frozen=True)
-class PrivacyTarget:
-    """A silo's own (ε, δ) for example-level DP on its own records."""
-
-    epsilon: float
-    delta: float
-
-    def __post_init__(self):
-        if not np.isfinite(self.epsilon) or self.epsilon <= 0:
-            raise PrivacyError(f"epsilon must be a positive number, got {self.epsilon}; "
-                               "use e.g. epsilon = 1.0 (smaller is more private)")
-        if not (0 < self.delta < 1):
-            raise PrivacyError(f"delta must lie strictly between 0 and 1, got {self.delta}; "
-                               "use a value well below 1/n, e.g. delta = 1e-5")
-
-
 @dataclass
 class Silo:
-    """One data holder. Arrays: X_* of shape (n, d) float64 for tabular data, or
-    (n, C, H, W) float32 for images (any rank >= 3: one array per example); y_* of shape
-    (n,) (float for regression, int class ids 0..C-1 for classification)."""
+    """One data holder: its training and test examples and its privacy target.
+
+    Parameters
+    ----------
+    name : str
+        The silo's name (unique in its federation).
+    X_train, X_test : numpy.ndarray
+        Examples: shape (n, d) float64 for tabular data, or (n, C, H, W) float32 for
+        images (any rank >= 3: one array per example).
+    y_train, y_test : numpy.ndarray
+        Labels, shape (n,): float for regression, int class ids 0..C-1 for
+        classification.
+    target : PrivacyTarget, optional
+        The silo's own (ε, δ); None until `Federation.with_targets` sets it.
+    """
 
     name: str
     X_train: np.ndarray
@@ -79,11 +76,32 @@ class SiloCollection:
 
 @dataclass
 class Federation(SiloCollection):
-    """Silos with one feature schema. `task` and `num_classes` describe the labels.
+    """Silos with one feature schema and one task; validated on construction.
 
     Tabular federations have rank-2 X and one name per column in `feature_names`. Image
     federations have rank >= 3 X (every silo the same per-example shape, e.g. (1, 28, 28))
     and usually empty `feature_names`; `input_shape` gives the per-example shape either way.
+
+    Parameters
+    ----------
+    silos : list of Silo
+        The silos, in order (their order is the order of every per-silo result).
+    feature_names : list of str
+        One name per input column (tabular data), length d.
+    task : {"binary", "multiclass", "regression"}
+        What the labels are.
+    num_classes : int, default 0
+        Number of classes C (classification); 0 when not declared.
+    name : str, default "federation"
+        A name for messages and reports.
+    meta : dict
+        Provenance and preprocessing notes carried into run outputs.
+
+    Raises
+    ------
+    DataError
+        Shapes disagree, values are not finite, labels are not 0..C-1, a silo has fewer
+        than 2 training examples or a single class.
     """
 
     silos: list[Silo]
@@ -110,7 +128,13 @@ class Federation(SiloCollection):
         return int(np.prod(self.input_shape))
 
     def validate(self) -> None:
-        """Check shapes, finiteness, schema agreement and label sanity for every silo."""
+        """Check shapes, finiteness, schema agreement and label sanity for every silo.
+
+        Raises
+        ------
+        DataError
+            The first problem found, naming the silo, the part and the fix.
+        """
         if not self.silos:
             raise DataError(f"federation {self.name!r} has no silos")
         names = self.names
@@ -169,7 +193,25 @@ class Federation(SiloCollection):
 
     def with_targets(self, default: PrivacyTarget | None,
                      overrides: dict[str, PrivacyTarget] | None = None) -> "Federation":
-        """Return a copy where every silo carries `default` unless overridden by name."""
+        """A copy where every silo carries `default` unless overridden by name.
+
+        Parameters
+        ----------
+        default : PrivacyTarget or None
+            The target of every silo not named in `overrides`.
+        overrides : dict of str to PrivacyTarget, optional
+            Per-silo targets by silo name.
+
+        Returns
+        -------
+        Federation
+            The same data with the targets set (the original is unchanged).
+
+        Raises
+        ------
+        DataError
+            An override names a silo the federation does not have.
+        """
         overrides = overrides or {}
         for name in overrides:
             self.silo(name)  # raises a clear error for unknown silos

@@ -62,10 +62,34 @@ def load_heart_disease_raw(*, test_fraction: float = 0.2, seed: int = 0,
 def load_heart_disease(*, test_fraction: float = 0.2, seed: int = 0,
                        standardize: str | bool = "auto", impute: str = "auto",
                        missing: str = "impute", schema=None) -> Federation:
-    """Four-silo binary federation; X (n_k, 34) float64 with one-hot categorical columns,
-    y (n_k,) int64 in {0, 1} (1 = disease). Default preprocessing is declared (no cost,
-    ``meta["uncharged"] == []``); private modes need `load_heart_disease_raw` and
-    `silofl.data.plan_preprocessing`."""
+    """The built-in UCI heart-disease data: four hospitals, one binary task.
+
+    The data is public (UCI; provenance in ``silofl/data/builtin/PROVENANCE.md``), so a
+    job on it may use the restartable demo budget store.
+
+    Parameters
+    ----------
+    test_fraction : float, default 0.2
+        Share of each hospital's rows held out for testing.
+    seed : int, default 0
+        Seed of the train/test split.
+    standardize : str or bool, default "auto"
+        Feature scaling mode (default: declared statistics, no privacy cost; private
+        modes need `load_heart_disease_raw` and `silofl.data.plan_preprocessing`).
+    impute : str, default "auto"
+        Missing-value mode (default: declared).
+    missing : {"impute", "drop", "error"}, default "impute"
+        Rows with a missing feature value.
+    schema : Schema, dict or path, optional
+        Another schema than the built-in one.
+
+    Returns
+    -------
+    Federation
+        Silos Cleveland, Hungary, Switzerland, VA Long Beach; X (n_k, 34) float64 with
+        one-hot categorical columns, y (n_k,) int64 in {0, 1} (1 = disease);
+        ``meta["uncharged"] == []``.
+    """
     raw = load_heart_disease_raw(test_fraction=test_fraction, seed=seed, missing=missing,
                                  schema=schema)
     return preprocess_without_budget(raw, PreprocessSpec(standardize, impute),

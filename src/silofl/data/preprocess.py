@@ -51,9 +51,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from silofl.data.federation import Federation, PrivacyTarget, Silo, SiloCollection, Task
+from silofl.data.federation import Federation, Silo, SiloCollection, Task
+from silofl.privacy.targets import PrivacyTarget
 from silofl.data.schema import ColumnSpec
 from silofl.errors import ConfigError, DataError, PrivacyError
+from silofl.privacy import accounting
 
 STANDARDIZE_MODES = ("auto", "declared", "private", "uncharged", "none")
 IMPUTE_MODES = ("auto", "declared", "private", "uncharged")
@@ -341,7 +343,6 @@ def plan_preprocessing(raw: RawFederation, spec: PreprocessSpec | None = None,
     if released:
         import dp_accounting as dpa  # local: dp_accounting is slow to import
 
-        from silofl.privacy import accounting
         kind = accountant or accounting.DEFAULT_ACCOUNTANT
         cache: dict[tuple[float, float], float] = {}
         for s in raw.silos:

@@ -53,7 +53,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from silofl.data.values import parse_binary, parse_numeric
 from silofl.errors import ConfigError, DataError
+from silofl.data.column_roles import left_out_block, likely_non_features, date_reason
+from silofl.data.draft_checks import draft_warnings
+from silofl.data.table_checks import HUGE
 
 KINDS = ("numeric", "binary", "categorical")
 LABEL_KINDS = ("binary", "multiclass", "regression")
@@ -174,7 +178,28 @@ class LabelSpec:
 
 @dataclass(frozen=True)
 class Schema:
-    """Feature columns (in order) and label of a table; see the module docstring."""
+    """The declared feature columns (in order) and label of a table.
+
+    A schema fixes the columns, their encoding and the label classes, so every silo
+    encodes its own table identically and nothing is read from pooled data (see the
+    module ``silofl.data.schema``).
+
+    Attributes
+    ----------
+    columns : tuple of ColumnSpec
+        The feature columns: name, kind (numeric, binary, categorical), bounds, levels,
+        nullable.
+    label : LabelSpec
+        The label column and its task/classes.
+    silo_column : str or None
+        The column naming each row's silo, where the table holds several silos.
+    source : str
+        Where the schema came from (a file path), for reports.
+    drafted : bool
+        A draft read from data: refused until reviewed.
+    description : str
+        Free text.
+    """
 
     columns: tuple[ColumnSpec, ...]
     label: LabelSpec
@@ -197,14 +222,32 @@ class Schema:
         return self.label.kind
 
     def column(self, name: str) -> ColumnSpec:
+        """The spec of column `name`.
+
+        Parameters
+        ----------
+        name : str
+            A column name.
+
+        Returns
+        -------
+        ColumnSpec
+            Its spec; ConfigError if the schema has no such column.
+        """
         for c in self.columns:
             if c.name == name:
                 return c
         raise ConfigError(f"the schema has no column {name!r}")
 
     def value_columns(self) -> dict[int, ColumnSpec]:
-        """{encoded index: spec} of the numeric and binary value columns (not one-hot levels
-        or missing indicators): the columns imputation and standardization act on."""
+        """The numeric and binary value columns, by encoded index.
+
+        Returns
+        -------
+        dict of int to ColumnSpec
+            ``{encoded index: spec}`` of the columns imputation and standardization act
+            on (not one-hot levels or missing indicators).
+        """
         out, j = {}, 0
         for c in self.columns:
             if c.kind != "categorical":
@@ -213,6 +256,13 @@ class Schema:
         return out
 
     def to_dict(self) -> dict:
+        """This schema as plain data (the TOML file's tables).
+
+        Returns
+        -------
+        dict
+            ``{"label": ..., "columns": [...]}`` plus the optional keys that are set.
+        """
         out: dict = {}
         if self.drafted:
             out["drafted"] = True
@@ -227,16 +277,44 @@ class Schema:
         return out
 
     def to_toml(self, header: str = "", notes: Mapping[str, str] | None = None) -> str:
-        """This schema as TOML text (`header` lines become comments at the top; `notes`
-        maps a column name to a comment written above its table)."""
+        """This schema as TOML text.
+
+        Parameters
+        ----------
+        header : str, default ""
+            Lines written as comments at the top.
+        notes : mapping of str to str, optional
+            A comment written above a column's table, by column name.
+
+        Returns
+        -------
+        str
+            TOML text that `load_schema` reads back.
+        """
         return _to_toml(self.to_dict(), header, notes or {})
 
 
 # --- reading and validation ---------------------------------------------------------------
 
 def load_schema(path: str | Path) -> Schema:
-    """Read and validate a TOML schema file; ConfigError naming the file on any problem,
-    and a refusal for drafts (``drafted = true``)."""
+    """Read and validate a TOML schema file.
+
+    Parameters
+    ----------
+    path : str or Path
+        The schema file (see `Schema`; `silofl.data.draft_schema` writes a draft).
+
+    Returns
+    -------
+    Schema
+        The declared columns and label.
+
+    Raises
+    ------
+    ConfigError
+        Naming the file on any problem; a draft (``drafted = true``) is refused until a
+        person has reviewed it and removed that line.
+    """
     p = Path(path)
     if not p.is_file():
         raise ConfigError(f"schema file not found: {str(p)!r}; write one (see "
@@ -472,7 +550,6 @@ def draft_schema(df: pd.DataFrame, silo_column: str | None, label_column: str, *
             hint = f"; did you mean {near[0]!r}?" if near else "."
             raise DataError(f"{opt} {col!r} is not a column of the table{hint} Its columns: "
                             f"{', '.join(map(repr, df.columns))}")
-    from silofl.data.column_roles import left_out_block, likely_non_features
     left_out = {}  # likely identifiers and dates are never drafted as features silently
     if features is None:
         left_out = likely_non_features(df, silo_column, label_column)
@@ -488,7 +565,6 @@ def draft_schema(df: pd.DataFrame, silo_column: str | None, label_column: str, *
             notes[c.name] = "no observed value: declare lower/upper from documentation"
         elif c.kind == "categorical":
             notes[c.name] = "levels as found in the data: list every documented level"
-    from silofl.data.draft_checks import draft_warnings
     for col, lines in draft_warnings(df, schema).items():
         notes[col] = "\n# ".join([*lines, notes[col]] if col in notes else lines)
     header = DRAFT_HEADER.format(name=f" for {name}" if name else "")
@@ -507,7 +583,6 @@ def _infer_column(s: pd.Series, name: str, bounds: bool, max_levels: int) -> Col
         return ColumnSpec(name, "binary", nullable=nullable)
     num = parse_numeric(s)
     if num is not None:
-        from silofl.data.table_checks import HUGE
         # ±inf and 1e308 are an export's placeholders, not measurements: never a bound
         obs = num[np.isfinite(num) & (np.abs(num) <= HUGE)]
         if len(obs) and np.isin(obs, (0.0, 1.0)).all():
@@ -522,7 +597,6 @@ def _infer_column(s: pd.Series, name: str, bounds: bool, max_levels: int) -> Col
     keys = {}
     for v in obs.tolist():
         keys.setdefault(value_key(v), v)
-    from silofl.data.column_roles import date_reason
     if len(keys) > max_levels and date_reason(s, name):
         raise DataError(
             f"feature column {name!r} holds date-like text, which cannot be encoded "
@@ -572,53 +646,6 @@ def _infer_label(s: pd.Series, col: str, task: str) -> LabelSpec:
                         "use task='multiclass' or map the labels to two values")
     kind = task if task != "classification" else ("binary" if len(classes) == 2 else "multiclass")
     return LabelSpec(col, kind, tuple(classes))
-
-
-# --- parsing table values ---------------------------------------------------------------------
-
-_BOOL_TEXT = {"true": 1.0, "false": 0.0}
-
-
-def parse_binary(s: pd.Series) -> pd.Series | None:
-    """0/1 floats (NaN kept) if every observed value is a boolean or TRUE/FALSE text (any
-    case); None otherwise. Numeric 0/1 columns are handled by `parse_numeric`."""
-    if pd.api.types.is_bool_dtype(s.dtype):
-        return s.astype("float64")
-    if pd.api.types.is_numeric_dtype(s.dtype):
-        return None
-    obs = s.dropna()
-    out = pd.Series(np.nan, index=s.index, dtype="float64")
-    vals = []
-    for v in obs.tolist():
-        if isinstance(v, (bool, np.bool_)):
-            vals.append(float(v))
-        elif isinstance(v, str) and v.strip().lower() in _BOOL_TEXT:
-            vals.append(_BOOL_TEXT[v.strip().lower()])
-        else:
-            return None
-    out[obs.index] = vals
-    return out
-
-
-def parse_numeric(s: pd.Series) -> np.ndarray | None:
-    """float64 values (NaN where missing) if the column is numeric or every observed value
-    parses as a number; None otherwise (booleans are not numbers here)."""
-    if pd.api.types.is_bool_dtype(s.dtype):
-        return None
-    if pd.api.types.is_numeric_dtype(s.dtype):
-        return s.to_numpy(dtype="float64", na_value=np.nan)
-    if isinstance(s.dtype, pd.CategoricalDtype) or not (
-            pd.api.types.is_object_dtype(s.dtype) or pd.api.types.is_string_dtype(s.dtype)):
-        return None
-    obs = s.dropna()
-    if len(obs) == 0 or any(isinstance(v, (bool, np.bool_)) for v in obs.tolist()):
-        return None
-    parsed = pd.to_numeric(obs.astype(str).str.strip(), errors="coerce")
-    if parsed.isna().any():
-        return None
-    out = np.full(len(s), np.nan)
-    out[s.index.get_indexer(obs.index)] = parsed.to_numpy(dtype="float64")
-    return out
 
 
 # --- TOML writing ---------------------------------------------------------------------------

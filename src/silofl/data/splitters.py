@@ -376,7 +376,36 @@ def split_table_raw(path: str | Path, label_column: str, split: str,
 
 def split_table(path: str | Path, label_column: str, split: str, *,
                 standardize: str | bool = "auto", impute: str = "auto", **kw) -> Federation:
-    """Read a CSV/Parquet file and `split_frame` it."""
+    """Read one table without a silo column and cut it into simulated silos.
+
+    Parameters
+    ----------
+    path : str or Path
+        A CSV (``.csv``, ``.csv.gz``) or Parquet file.
+    label_column : str
+        The target column.
+    split : str
+        How to cut it: one of ``silofl.data.SPLITS`` ("iid", "dirichlet", "quantity",
+        "feature_range", "shared_range", "age_strict", "age_some", "by_category",
+        "by_label").
+    standardize : str or bool, default "auto"
+        Feature scaling mode (see `load_table`).
+    impute : str, default "auto"
+        Missing-value mode (see `load_table`).
+    **kw
+        `split_frame_raw`'s options (schema, task, features, missing, read_options) and
+        the splitter's (num_silos, alpha, feature, seed, test_fraction, ...).
+
+    Returns
+    -------
+    Federation
+        The simulated silos, X (n_k, d) float64, y (n_k,).
+
+    Raises
+    ------
+    DataError, ConfigError
+        An unreadable table or an invalid split setting.
+    """
     raw = split_table_raw(path, label_column, split, **kw)
     return preprocess_without_budget(raw, PreprocessSpec(standardize, impute), "split_table")
 

@@ -52,7 +52,8 @@ from silofl.data.preprocess import PreprocessSpec, RawFederation, preprocess_wit
 from silofl.data.silo_size import check_settings, limit_silos
 from silofl.data.table_checks import HUGE, check_all_missing, check_header_unique
 from silofl.data.schema import (MISSING_LEVEL, ColumnSpec, LabelSpec, Schema, as_schema,
-                                infer_schema, parse_numeric, value_key)
+                                infer_schema, value_key)
+from silofl.data.values import parse_numeric
 from silofl.data.table_text import (check_encoding_name, check_separator, decode_error,
                                     drop_columns)
 from silofl.errors import ConfigError, DataError
@@ -67,8 +68,54 @@ def load_table(path: str | Path, silo_column: str, label_column: str, *, schema=
                test_fraction: float = 0.2, seed: int = 0, standardize: str | bool = "auto",
                impute: str = "auto", missing: str = "impute",
                categorical_max_levels: int = 50) -> Federation:
-    """Read a CSV (``.csv``, ``.csv.gz``) or Parquet (``.parquet``, ``.pq``) file and build a
-    federation from it; see the module docstring and `federation_from_frame`."""
+    """Read one table with a silo column and build a validated federation from it.
+
+    Each row is one example; every silo is split into train/test with one seeded
+    generator. See `federation_from_frame` for what the silos hold.
+
+    Parameters
+    ----------
+    path : str or Path
+        A CSV (``.csv``, ``.csv.gz``) or Parquet (``.parquet``, ``.pq``) file.
+    silo_column : str
+        The column naming the silo of each row.
+    label_column : str
+        The target column.
+    schema : Schema, dict or path, optional
+        The declared schema (`silofl.load_schema`); fixes columns, encodings and label
+        classes so nothing is read from the pooled table. Without one, preprocessing must
+        be opted into as uncharged (see below).
+    task : {"auto", "binary", "multiclass", "regression"}, default "auto"
+        The label's task ("auto": from the schema, else from the labels).
+    features : sequence of str, optional
+        The feature columns (default: every column but the silo and label columns).
+    test_fraction : float, default 0.2
+        Share of each silo's rows held out for testing, in [0, 1).
+    seed : int, default 0
+        Seed of the train/test split (`numpy.random.default_rng(seed)`).
+    standardize : {"auto", "declared", "uncharged", "none"} or bool, default "auto"
+        Feature scaling ("auto": declared statistics from the schema; "private" needs the
+        two-phase API of `silofl.data.preprocess`).
+    impute : {"auto", "declared", "uncharged"}, default "auto"
+        How missing values of nullable columns are filled.
+    missing : {"impute", "drop", "error"}, default "impute"
+        Rows with a missing feature value: keep for imputation, drop, or refuse.
+    categorical_max_levels : int, default 50
+        Without a schema, the most levels a column may have to count as categorical.
+
+    Returns
+    -------
+    Federation
+        One silo per value of `silo_column`, X of shape (n_k, d) float64, y (n_k,).
+
+    Raises
+    ------
+    DataError
+        The file is unreadable or does not match its schema (the message names the
+        column and silos, with counts only, never record values).
+    ConfigError
+        An invalid option.
+    """
     raw = load_table_raw(path, silo_column, label_column, schema=schema, task=task,
                          features=features, test_fraction=test_fraction, seed=seed,
                          missing=missing, categorical_max_levels=categorical_max_levels)
@@ -162,11 +209,52 @@ def federation_from_frame(df: pd.DataFrame, silo_column: str, label_column: str,
                           categorical_max_levels: int = 50, name: str = "table") -> Federation:
     """Build a validated `Federation` from an in-memory table (one row per example).
 
-    Returns silos named ``str(value)`` of `silo_column` in order of first appearance, each
-    with X of shape (n_k, d) float64 (d = len(schema.feature_names)) and y of shape (n_k,)
-    (int64 class ids or float64 targets), preprocessed by the modes `standardize` and
-    `impute` (see `silofl.data.preprocess`; private modes need `federation_from_frame_raw`
-    and the two-phase API)."""
+    Parameters
+    ----------
+    df : pandas.DataFrame
+        The table.
+    silo_column : str
+        The column naming the silo of each row.
+    label_column : str
+        The target column.
+    schema : Schema, dict or path, optional
+        The declared schema (`silofl.load_schema`); fixes columns, encodings and label
+        classes so nothing is read from the pooled table. Without one, preprocessing must
+        be opted into as uncharged (see below).
+    task : {"auto", "binary", "multiclass", "regression"}, default "auto"
+        The label's task ("auto": from the schema, else from the labels).
+    features : sequence of str, optional
+        The feature columns (default: every column but the silo and label columns).
+    test_fraction : float, default 0.2
+        Share of each silo's rows held out for testing, in [0, 1).
+    seed : int, default 0
+        Seed of the train/test split (`numpy.random.default_rng(seed)`).
+    standardize : {"auto", "declared", "uncharged", "none"} or bool, default "auto"
+        Feature scaling ("auto": declared statistics from the schema; "private" needs the
+        two-phase API of `silofl.data.preprocess`).
+    impute : {"auto", "declared", "uncharged"}, default "auto"
+        How missing values of nullable columns are filled.
+    missing : {"impute", "drop", "error"}, default "impute"
+        Rows with a missing feature value: keep for imputation, drop, or refuse.
+    categorical_max_levels : int, default 50
+        Without a schema, the most levels a column may have to count as categorical.
+    name : str, default "table"
+        The federation's name.
+
+    Returns
+    -------
+    Federation
+        Silos named ``str(value)`` of `silo_column` in order of first appearance, each
+        with X of shape (n_k, d) float64 (d = len(schema.feature_names)) and y of shape
+        (n_k,) (int64 class ids or float64 targets), preprocessed by the modes
+        `standardize` and `impute` (private modes need `federation_from_frame_raw` and the
+        two-phase API of `silofl.data.preprocess`).
+
+    Raises
+    ------
+    DataError
+        The table does not match its schema or cannot make a valid federation.
+    """
     spec = _spec(standardize, impute)
     raw = federation_from_frame_raw(
         df, silo_column, label_column, schema=schema, task=task, features=features,

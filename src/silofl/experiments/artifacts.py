@@ -35,11 +35,19 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from silofl.experiments.atomic import dumps_strict, write_bytes_atomic, write_npz_atomic
 from silofl.errors import ConfigError, DataError
-from silofl.experiments.integrity import (file_hashes, load_params, sha256_file, verify_entry,
-                                          verify_file)
+from silofl.experiments.integrity import load_params, verify_entry, verify_file
+from silofl.io import (dumps_strict, file_hashes, sha256_file, write_bytes_atomic,
+                       write_npz_atomic)
 from silofl.privacy.ledger import silo_file_id
+from silofl.privacy.targets import ADJACENCY
+from silofl._version import __version__
+from silofl.data.exam import EXAM_SCHEMA
+from silofl.data.heart import heart_schema
+from silofl.data.schema import load_schema, schema_from_dict
+from silofl.data.school import school_schema
+from silofl.data.tabular import encode_table
+from silofl.models import make_model
 
 FORMAT = "silofl-models"
 FORMAT_VERSION = 1
@@ -52,7 +60,6 @@ def silofl_version() -> str:
     try:
         return importlib.metadata.version("silofl")
     except importlib.metadata.PackageNotFoundError:  # run from a source tree
-        from silofl import __version__
         return __version__
 
 
@@ -61,17 +68,13 @@ def silofl_version() -> str:
 def _run_schema(dc) -> dict | None:
     """The declared schema the run encoded its table with (None: no schema, e.g. images,
     generated data, or a table encoded from the data itself)."""
-    from silofl.data.schema import load_schema, schema_from_dict
     if dc.schema:
         return load_schema(dc.schema).to_dict()
     if dc.source == "heart":
-        from silofl.data.heart import heart_schema
         return heart_schema().to_dict()
     if dc.source == "school":
-        from silofl.data.school import school_schema
         return school_schema().to_dict()
     if dc.source == "exam":
-        from silofl.data.exam import EXAM_SCHEMA
         return schema_from_dict(EXAM_SCHEMA, where="exam schema").to_dict()
     return None
 
@@ -108,7 +111,6 @@ def _json_bytes(obj) -> bytes:
 
 
 def _privacy_statement(rep, r, k: int) -> dict:
-    from silofl.experiments.run import ADJACENCY
     base = {"adjacency": ADJACENCY, "noise": rep.noise, "notes": rep.notes(),
             "uncharged": list(rep.uncharged), "run_id": rep.run_id,
             "budget_store": rep.store, "scratch_store": rep.scratch}
@@ -217,7 +219,24 @@ def _choose(what: str, name: str, valid: list[str]) -> str:
 
 @dataclass
 class Predictor:
-    """One silo's saved model with the preprocessing it was trained with."""
+    """One silo's saved model with the preprocessing it was trained with.
+
+    Get one from `SavedRun.predictor`; it scores new records exactly as the model saw
+    its training data (the saved schema's encoding, clip bounds, fills, scaling).
+
+    Attributes
+    ----------
+    silo : str
+        The silo whose model this is ("shared" for a server's model).
+    method : str
+        The method label.
+    card : dict
+        The model card: method, hyperparameters, preprocessing, privacy statement.
+    manifest : dict
+        The run's manifest for this method (model spec, schema, feature names, task).
+    params : numpy.ndarray
+        The model's parameters, shape (P,).
+    """
 
     silo: str
     method: str
@@ -226,7 +245,6 @@ class Predictor:
     params: np.ndarray
 
     def __post_init__(self):
-        from silofl.models import make_model
         spec = self.manifest["model"]
         self.model = make_model(spec["name"], spec["dim"], spec["num_classes"],
                                 **spec["options"])
@@ -246,11 +264,16 @@ class Predictor:
         return c
 
     def model_card(self) -> dict:
+        """The model card (method, hyperparameters, preprocessing, privacy statement).
+
+        Returns
+        -------
+        dict
+            The card as saved beside the model.
+        """
         return self.card
 
     def _encode(self, df: pd.DataFrame) -> np.ndarray:
-        from silofl.data.schema import schema_from_dict
-        from silofl.data.tabular import encode_table
         if self.manifest.get("schema") is None:
             raise DataError("this run has no declared schema saved, so a table cannot be "
                             "encoded; pass an array of encoded features in the order of "
@@ -266,9 +289,25 @@ class Predictor:
         return enc.X
 
     def transform(self, data) -> np.ndarray:
-        """Features as the model saw them: a DataFrame is encoded by the saved schema; an
-        array is taken as encoded, unpreprocessed features (n, d) in `feature_names` order
-        (NaN = missing); then the saved clip bounds, fills and center/scale are applied."""
+        """Features as the model saw them.
+
+        Parameters
+        ----------
+        data : pandas.DataFrame or array_like
+            A DataFrame is encoded by the saved schema (a label column, if present, is
+            ignored); an array is taken as encoded, unpreprocessed features (n, d) in
+            `feature_names` order (NaN = missing).
+
+        Returns
+        -------
+        numpy.ndarray
+            Shape (n, d) float64 after the saved clip bounds, fills and center/scale.
+
+        Raises
+        ------
+        DataError
+            The input does not match the saved schema or shape.
+        """
         shape = tuple(self.manifest["input_shape"])
         if isinstance(data, pd.DataFrame):
             X = self._encode(data)
@@ -299,14 +338,35 @@ class Predictor:
         return X
 
     def predict(self, data) -> np.ndarray:
-        """The model's scores, as silofl reports them: (n,) P(class 1), SVM margin or value,
-        or (n, C) class probabilities."""
+        """The model's scores, as silofl reports them.
+
+        Parameters
+        ----------
+        data : pandas.DataFrame or array_like
+            New records (see `transform`).
+
+        Returns
+        -------
+        numpy.ndarray
+            (n,) P(class 1), the SVM margin or the value; or (n, C) class probabilities.
+        """
         return np.asarray(self.model.predict(self.params, self.transform(data)))
 
     def predict_frame(self, data) -> pd.DataFrame:
-        """One row per input row: ``score`` and ``class`` (binary; score = P(class 1), or the
-        margin for svm), ``probability[<class>]`` and ``class`` (several outputs), or
-        ``prediction`` (regression)."""
+        """Predictions as a table, one row per input row.
+
+        Parameters
+        ----------
+        data : pandas.DataFrame or array_like
+            New records (see `transform`).
+
+        Returns
+        -------
+        pandas.DataFrame
+            ``score`` and ``class`` (binary; score = P(class 1), or the margin for svm),
+            ``probability[<class>]`` and ``class`` (several classes), or ``prediction``
+            (regression).
+        """
         s = self.predict(data)
         if self.manifest["task"] == "regression":
             return pd.DataFrame({"prediction": s})
@@ -319,8 +379,19 @@ class Predictor:
         return pd.DataFrame({"score": s, "class": [classes[int(p)] for p in pos]})
 
     def to_sklearn(self):
-        """The matching scikit-learn estimator with this model's coefficients, for
-        features from `transform` (GLMs only)."""
+        """The matching scikit-learn estimator with this model's coefficients (GLMs only).
+
+        Returns
+        -------
+        sklearn estimator
+            Ridge/LinearRegression, LogisticRegression or LinearSVC, for features from
+            `transform`.
+
+        Raises
+        ------
+        ConfigError
+            Not a GLM, or scikit-learn is not installed.
+        """
         try:
             from sklearn import linear_model, svm
         except ModuleNotFoundError:
@@ -352,7 +423,15 @@ class Predictor:
 
 
 class SavedRun:
-    """The models of one run directory (`load_run`)."""
+    """The saved models of one run directory; get one with `load_run`.
+
+    Attributes
+    ----------
+    path : Path
+        The run directory.
+    methods : list of str
+        The method labels with saved models.
+    """
 
     def __init__(self, path: Path, manifests: dict[str, dict]):
         self.path, self._manifests = path, manifests
@@ -362,8 +441,24 @@ class SavedRun:
         return list(self._manifests)
 
     def method(self, method: str | None = None) -> str:
-        """The method label `method` names (a label, or a method name if only one label
-        has it); None: the run's only method."""
+        """The method label `method` names.
+
+        Parameters
+        ----------
+        method : str, optional
+            A label, or a method name if only one label has it; None: the run's only
+            method.
+
+        Returns
+        -------
+        str
+            The label.
+
+        Raises
+        ------
+        ConfigError
+            No such method, or several and none chosen.
+        """
         labels = self.methods
         if method is None:
             if len(labels) == 1:
@@ -378,9 +473,33 @@ class SavedRun:
         _choose("method", method, labels)
 
     def manifest(self, method: str | None = None) -> dict:
+        """A method's manifest (model spec, schema, silos and their file hashes).
+
+        Parameters
+        ----------
+        method : str, optional
+            As for `method`.
+
+        Returns
+        -------
+        dict
+            The parsed ``models/<label>/manifest.json``.
+        """
         return self._manifests[self.method(method)]
 
     def silos(self, method: str | None = None) -> list[str]:
+        """The silos with a saved model.
+
+        Parameters
+        ----------
+        method : str, optional
+            As for `method`.
+
+        Returns
+        -------
+        list of str
+            Silo names.
+        """
         return [s["name"] for s in self.manifest(method)["silos"]]
 
     def _entry(self, silo: str, method: str | None) -> tuple[dict, dict, Path]:
@@ -393,16 +512,56 @@ class SavedRun:
         _choose("silo", silo, [s["name"] for s in man["silos"]])
 
     def model_card(self, silo: str, method: str | None = None) -> dict:
+        """A silo's model card (its file's SHA-256 is checked against the manifest).
+
+        Parameters
+        ----------
+        silo : str
+            The silo's name.
+        method : str, optional
+            As for `method`.
+
+        Returns
+        -------
+        dict
+            Method, hyperparameters, preprocessing, privacy statement.
+        """
         _, s, d = self._entry(silo, method)
         return json.loads((d / s["card"]).read_text(encoding="utf-8"))
 
     def predictor(self, silo: str, method: str | None = None) -> Predictor:
+        """A silo's released model, ready to score new records.
+
+        Parameters
+        ----------
+        silo : str
+            The silo's name.
+        method : str, optional
+            As for `method`.
+
+        Returns
+        -------
+        Predictor
+            The model with its preprocessing (files checked against their SHA-256).
+        """
         man, s, d = self._entry(silo, method)
         params = load_params(d / s["params"], f"model file of silo {silo!r}")
         return Predictor(silo, man["method"], self.model_card(silo, method), man, params)
 
     def shared(self, method: str | None = None) -> np.ndarray | None:
-        """The server model(s) of `method`, where it has one (see the module docstring)."""
+        """The server's model(s) of a method, where it keeps one.
+
+        Parameters
+        ----------
+        method : str, optional
+            As for `method`.
+
+        Returns
+        -------
+        numpy.ndarray or None
+            (P,) the shared model, or (G, P) IFCA's cluster models; None where the
+            method keeps none.
+        """
         man = self.manifest(method)
         if not man.get("shared"):
             return None
@@ -412,8 +571,28 @@ class SavedRun:
 
 
 def load_run(path) -> SavedRun:
-    """The saved models of run directory `path`: ``load_run(d).predictor(silo,
-    method).predict(df)``. ConfigError if `path` holds no saved models or a newer format."""
+    """The saved models of a run directory.
+
+    ``load_run(d).predictor(silo, method).predict(df)`` scores new records with a silo's
+    released model. Reading saved models releases nothing new: no budget is charged.
+
+    Parameters
+    ----------
+    path : str or Path
+        A run directory written by `run` or ``silofl run`` (or a deployed silo's or
+        server's folder).
+
+    Returns
+    -------
+    SavedRun
+        Its models by method and silo.
+
+    Raises
+    ------
+    ConfigError
+        `path` is missing, holds no saved models (a folder of runs is named as such), or
+        a newer format.
+    """
     p = Path(path)
     root = p / "models"
     if not p.is_dir():

@@ -6,11 +6,12 @@ from __future__ import annotations
 import difflib
 import inspect
 
-from silofl import data as D
+import silofl.data as D
 from silofl.algorithms import make_algorithm
 from silofl.algorithms.base import Algorithm
 from silofl.data import heart as _heart
-from silofl.data.federation import Federation, PrivacyTarget
+from silofl.data.federation import Federation
+from silofl.privacy.targets import PrivacyTarget
 from silofl.data.preprocess import (PreprocessSpec, RawFederation, plan_preprocessing,
                                     preprocess_without_budget)
 from silofl.data.schema import load_schema
@@ -21,6 +22,7 @@ from silofl.models import TORCH_MODELS, check_input, make_model
 from silofl.models.base import Model
 from silofl.models.metrics import METRICS, default_metric
 from silofl.runtime.plan import TrainingConfig
+from silofl.data.mnist import load_dirichlet_mnist
 
 SOURCES = ("heart", "table", "school", "exam", "titanic", "mnist", "synthetic",
            "mnist_dirichlet")
@@ -224,7 +226,6 @@ def _load_raw(dc: DataConfig) -> RawFederation:
             train_per_silo=dc.train_per_silo or 1500,
             test_per_silo=dc.test_per_silo or 250, mask_prob=dc.mask_prob, seed=dc.seed))
     if dc.source == "mnist_dirichlet":  # PrivateKT's setting: Dirichlet label mixes + D_p
-        from silofl.data.mnist import load_dirichlet_mnist
         return RawFederation.from_federation(load_dirichlet_mnist(
             num_silos=dc.num_silos or DEFAULT_SILOS["mnist_dirichlet"],
             train_per_silo=dc.train_per_silo or 600,

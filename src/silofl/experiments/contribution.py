@@ -63,9 +63,13 @@ from rich.markup import escape
 from rich.table import Table
 
 from silofl.errors import ConfigError, DataError
-from silofl.experiments.atomic import (json_safe, savefig_atomic,
+from silofl.io import (json_safe, savefig_atomic,
                                        write_json_atomic, write_npz_atomic, write_text_atomic)
 from silofl.privacy.ledger import silo_file_id
+from silofl.data.preprocess import apply_preprocessing
+from silofl.experiments import build
+from silofl.config import config_from_dict
+from silofl.models.glm import GLM
 
 MAX_EXACT = 10           # exact Shapley up to 10 other silos (2^10 coalitions)
 PERMUTATIONS = 200       # Monte-Carlo orders beyond
@@ -229,7 +233,6 @@ class ReconstructionGame:
     def losses(self, W: np.ndarray) -> np.ndarray:
         """(M,) mean losses of parameters W (M, P): one batched call for single-output
         GLMs (their logits take a leading axis), else one call per row."""
-        from silofl.models.glm import GLM
         if isinstance(self.model, GLM) and self.model.outputs == 1 and self.X.ndim == 2:
             z = self.model.logits(W, self.X)                              # (M, n)
             return np.mean(self.model.loss_from_logits(z, self.y[None, :]), axis=1)
@@ -462,8 +465,6 @@ def from_erosion_dir(run_dir: str | Path, *, ranking: str | Path | None = None,
     erosion.json and round_logs/<user>.npz, plus the user's held-out rows loaded again from
     the configured data (the user's own rows; nothing is trained or charged).
     `on_progress(user, done, total, unit)` reports each user's Shapley computation."""
-    from silofl.experiments import build
-    from silofl.config import config_from_dict
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise ConfigError(f"{str(run_dir)!r} is not a directory; pass the run directory "
@@ -505,7 +506,6 @@ def from_erosion_dir(run_dir: str | Path, *, ranking: str | Path | None = None,
             X = apply_constants(s.X_test, meta.get("constants"))
         else:
             if fed is None:
-                from silofl.data.preprocess import apply_preprocessing
                 plan = build.plan_data(cfg.data, raw, None)
                 if plan.private:
                     raise DataError(f"{path.name} was logged without private preprocessing "

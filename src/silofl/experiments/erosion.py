@@ -38,9 +38,9 @@ from pathlib import Path
 
 import numpy as np
 
-from silofl.errors import ConfigError
-from silofl.experiments import build
-from silofl.experiments.atomic import json_safe, savefig_atomic, write_json_atomic
+from silofl.errors import ConfigError, SiloflError
+from silofl.experiments import build, contribution as C
+from silofl.io import json_safe, savefig_atomic, write_json_atomic
 from silofl.config import Config
 from silofl.experiments.run import (ADJACENCY, _base_dir, _combined, _lifetime, _make_run_dir,
                                     _prepare, _preprocess, check_demo_store, job_notes,
@@ -51,6 +51,7 @@ from silofl.privacy.ledger import silo_file_id
 from silofl.runtime.job import NO_METHOD, fingerprints, open_job
 from silofl.runtime.plan import plan_job
 from silofl.runtime.simulator import simulate
+from silofl.experiments.figures import alpha_lines
 
 BASELINE_NOTE = ("majority-class baselines are computed from each user's own training labels "
                  "and scored on its own test rows; they are not privatized and not charged: "
@@ -281,7 +282,6 @@ def erosion_for_users(cfg: Config, users=None, *, out_dir: Path | None = None,
 
 
 def _write(rep: ErosionReport) -> None:
-    from silofl.experiments import contribution as C
     for u, (log, meta) in rep.round_logs.items():  # released quantities only
         if not C.save_round_log(rep.run_dir / C.ROUND_LOGS / f"{silo_file_id(u)}.npz", log,
                                 meta):
@@ -302,8 +302,6 @@ def _contributions(rep: ErosionReport, fed, model, logs: dict, rules: dict,
     """Each user's contribution report (`contribution.contribution`) from its run's
     released round log and its own held-out rows; a user it cannot be made for gets a note
     (the job is already settled: nothing here may fail it)."""
-    from silofl.errors import SiloflError
-    from silofl.experiments import contribution as C
     dp = job_notes(private=rep.private, noise=rep.noise, scratch=rep.scratch,
                    uncharged=rep.uncharged)  # what the released updates' guarantee is
     for u in rep.users:
@@ -343,7 +341,6 @@ def plot_user(rep: ErosionReport, user: str, path: Path) -> None:
     ax.legend(fontsize=8)
     sub = rep.calibration if rep.private else "non-private"
     ax.set_title(f"user {user}: p_d = {rep.p_d:g}, p_s = {rep.p_s:g}\n{sub}", fontsize=9)
-    from silofl.experiments.figures import alpha_lines
     alpha_lines(ax2, np.arange(1, len(c.alpha) + 1), c.alpha, rep.silos, user)
     ax2.set_xlabel("round")
     fig.tight_layout()

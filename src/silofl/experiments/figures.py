@@ -17,8 +17,8 @@ from pathlib import Path
 import numpy as np
 
 from silofl.errors import ConfigError
-from silofl.experiments.atomic import savefig_atomic
-from silofl.experiments.selection import curve_over_rounds, lambda_curve, select_best
+from silofl.io import savefig_atomic
+from silofl.tuning.selection import curve_over_rounds, lambda_curve, select_best
 
 TITLES = {"privacy_utility": "(a) Privacy-utility trade-off",
           "mrmtl_lambda": "(b) MR-MTL: test utility vs λ, with and without DP",

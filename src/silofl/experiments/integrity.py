@@ -10,31 +10,17 @@ what their files say about themselves (the card's silo and method, a loadable mo
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from pathlib import Path
 
 import numpy as np
 
-from silofl.errors import DataError
+from silofl.errors import ConfigError, DataError
+from silofl.io import file_hashes, sha256_file
 
 _FIX = ("restore the run directory from a backup, or run the job again (a released model "
         "cannot be rebuilt from a damaged copy)")
-
-
-def sha256_file(path: str | Path) -> str:
-    """Hex SHA-256 of a file's bytes."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def file_hashes(folder: Path, files: dict[str, str]) -> dict[str, str]:
-    """{role: sha256} of `files` ({role: name}) in `folder`, for the manifest."""
-    return {role: sha256_file(Path(folder) / name) for role, name in files.items()}
 
 
 def verify_file(path: Path, expected: str | None, what: str) -> None:
@@ -94,7 +80,6 @@ def _same(a: Path, b: Path) -> bool:
 def check_out_not_input(out: Path, data: Path, run_dir: Path) -> None:
     """`predict --out` must not be its input table (also via a symlink or another
     spelling of the path), a folder, or a file inside the run directory's models."""
-    from silofl.errors import ConfigError
     if _same(Path(out), Path(data)):
         raise ConfigError(f"--out {str(out)!r} is the input table --data {str(data)!r}; "
                           "writing predictions there would destroy the rows being scored. "

@@ -24,10 +24,10 @@ import dp_accounting as dpa
 import numpy as np
 
 from silofl.algorithms import make_algorithm
-from silofl.data.federation import PrivacyTarget
+from silofl.privacy.targets import PrivacyTarget
 from silofl.errors import ConfigError
 from silofl.experiments import build
-from silofl.experiments.atomic import write_json_atomic
+from silofl.io import write_json_atomic
 from silofl.config import Config
 from silofl.privacy import accounting
 from silofl.privacy.budget import BudgetStore

@@ -10,11 +10,14 @@ import numpy as np
 from rich.console import Group
 from rich.table import Table
 
-from silofl.experiments.atomic import (json_safe, savefig_atomic, write_json_atomic,
+from silofl.io import (json_safe, savefig_atomic, write_json_atomic,
                                        write_text_atomic)
-from silofl.experiments.selection import eps_label, privacy_check, select_best
-from silofl.experiments.quality import TINY_TEST
+from silofl.tuning.selection import eps_label, privacy_check, select_best
+from silofl.experiments.quality import TINY_TEST, warnings_of
 from silofl.models.metrics import HIGHER_IS_BETTER
+from silofl.experiments import figures
+from silofl.experiments.reference import reference_of
+from silofl.experiments.sweep import read_results
 
 #: what the reader of any report must know about the guarantee's scope
 ASSUMPTION_TEXT = (
@@ -112,7 +115,6 @@ def quality_lines(rep) -> list[str]:
     """The warnings to print below the results table: every method that does not beat
     its baseline (`silofl.experiments.quality`), and the silos dropped by
     [data] min_silo_rows."""
-    from silofl.experiments.quality import warnings_of
     out = warnings_of(getattr(rep, "quality", None) or {})
     dropped = getattr(rep, "dropped_silos", None) or []
     if dropped:
@@ -217,7 +219,6 @@ def _max_eps(values) -> str:
 def history_lines(rep) -> list[dict]:
     """The lines of `metric_over_rounds.png`: per method its pooled test metric, and where
     recorded (public built-in data only) its non-private reference, dashed."""
-    from silofl.experiments.reference import reference_of
     lines = []
     for r in rep.results:
         label = rep.label(r)
@@ -271,7 +272,6 @@ def mean_per_silo(values) -> float:
 def flamby_comparison(rep) -> str | None:
     """Where the methods stand against FLamby's Fed-Heart-Disease figures, like with like
     (mean per-hospital accuracy); None unless the run is on the built-in heart data."""
-    from silofl.experiments.reference import reference_of
     if rep.config.data.source != "heart" or rep.results[0].metric != "accuracy":
         return None
     f, p = FLAMBY_HEART, rep.config.privacy
@@ -322,13 +322,25 @@ def selection_table(head: dict, rows: list[dict]) -> Table:
 
 
 def write_report(results: Path, out_dir: Path, epsilon: float | None = None) -> dict:
-    """HTML page + PNG figures + summary.json for a results file (`epsilon`: the ε of the
-    fixed-ε figures, default the header's report ε). Returns the summary."""
+    """Write a sweep's report: an HTML page, PNG figures and summary.json.
+
+    Parameters
+    ----------
+    results : Path
+        A sweep's JSON-lines results file (`run_sweep`'s ``outcome.results``).
+    out_dir : Path
+        The folder written (created if needed).
+    epsilon : float, optional
+        The ε of the fixed-ε figures (default: the results header's report ε).
+
+    Returns
+    -------
+    dict
+        The summary (what summary.json holds).
+    """
     import base64
     import html
 
-    from silofl.experiments import figures
-    from silofl.experiments.sweep import read_results  # local: the sweep engine is heavy
 
     head, records = read_results(results)
     feps = figures.figure_epsilon(head, epsilon)  # bad input: fail before writing anything

@@ -26,9 +26,9 @@ import numpy as np
 import tomli_w
 
 from silofl.algorithms import LAMBDA_METHODS, LOCAL_DP_METHODS
-from silofl.data.federation import PrivacyTarget
+from silofl.privacy.targets import ADJACENCY, PrivacyTarget
 from silofl.experiments import artifacts, build
-from silofl.experiments.atomic import (json_safe, write_bytes_atomic, write_json_atomic,
+from silofl.io import (json_safe, write_bytes_atomic, write_json_atomic,
                                       write_text_atomic)
 from silofl.data.preprocess import apply_preprocessing
 from silofl.errors import ConfigError
@@ -42,9 +42,11 @@ from silofl.runtime.job import NO_METHOD, fingerprints, open_job
 from silofl.runtime.plan import SEEDED_NOTE, plan_job
 from silofl.runtime.simulator import RunResult, bind_data, simulate
 from silofl.tuning import setup as tuning_setup
+from silofl.experiments.figures import alpha_over_rounds
+from silofl.experiments.quality import assess, QUALITY_NOTE, warnings_of
+from silofl.experiments.reference import add_nonprivate_reference
+from silofl.experiments.report import plot_history
 
-ADJACENCY = ("add/remove one record (example-level DP within each silo; each silo's "
-             "guarantee covers the records in its own data)")
 ASSUMPTIONS = (
     "Silo sizes n_k are treated as public: they set the sampling rate q = b/n_k, the noise "
     "calibration, the averaging weights (weighted = true) and IFCA's score sensitivity.",
@@ -94,6 +96,32 @@ def reset_notes(lifetime: list[dict], demo: bool = False) -> list[str]:
 
 @dataclass
 class RunReport:
+    """What `run` returns: one job's results and privacy statement.
+
+    Attributes
+    ----------
+    run_dir : Path or None
+        The run directory (None: nothing written).
+    config : Config
+        The job's configuration.
+    results : list of RunResult
+        One per method.
+    combined_privacy : list of dict
+        Per silo: the whole job's ε (all methods composed).
+    run_id : str or None
+        The budget store's id of the job.
+    store : str or None
+        The budget store's path (None: scratch or non-private).
+    scratch, demo : bool
+        Charged to a scratch store / the restartable demo store of public data.
+    lifetime : list of dict
+        Per silo, its lifetime position after this job.
+    uncharged : list of str
+        Data reads no budget covers (each listed in every output).
+    quality : dict
+        Per method label, the final models against the baseline they must beat.
+    """
+
     run_dir: Path | None
     config: Config
     results: list[RunResult]
@@ -121,7 +149,13 @@ class RunReport:
         return self.config.privacy.noise
 
     def notes(self) -> list[str]:
-        """What every reader of this run's outputs must be told."""
+        """What every reader of this run's outputs must be told.
+
+        Returns
+        -------
+        list of str
+            Notes: seeded noise, scratch or demo store, uncharged reads, resets.
+        """
         local = [r.method["name"] for r in self.results
                  if r.method["name"] in LOCAL_DP_METHODS]
         return job_notes(private=self.config.privacy.enabled, noise=self.noise,
@@ -132,7 +166,14 @@ class RunReport:
                                                                       self.demo))
 
     def store_text(self) -> str | None:
-        """The budget store as every output names it (None: a non-private job)."""
+        """The budget store as every output names it.
+
+        Returns
+        -------
+        str or None
+            Its path (marked as demo store), "scratch (in memory)", or None for a
+            non-private job.
+        """
         if not self.config.privacy.enabled:
             return None
         if self.store is None:
@@ -140,12 +181,32 @@ class RunReport:
         return f"{self.store} (demo store)" if self.demo else self.store
 
     def label(self, r: RunResult) -> str:
+        """A method's label in outputs, e.g. ``mrmtl(λ=0.3)``.
+
+        Parameters
+        ----------
+        r : RunResult
+            One of `results`.
+
+        Returns
+        -------
+        str
+            The label.
+        """
         m = r.method
         if m["name"] in LAMBDA_METHODS and "lam" in m:  # every λ method, not only MR-MTL
             return f"{m['name']}(λ={m['lam']:g})"
         return m["name"]
 
     def summary(self) -> dict:
+        """The job as ``summary.json`` records it.
+
+        Returns
+        -------
+        dict
+            Run directory, notes, budget store, per-method metrics and the combined
+            privacy per silo.
+        """
         out = {"run_dir": str(self.run_dir) if self.run_dir else None,
                "private": self.config.privacy.enabled, "noise": self.noise,
                "notes": self.notes(), "run_id": self.run_id,
@@ -159,7 +220,6 @@ class RunReport:
                            for r in self.results],
                "combined_privacy": self.combined_privacy}
         if self.quality:  # a useless model never looks fine (README "Reading the results")
-            from silofl.experiments.quality import QUALITY_NOTE, warnings_of
             out["quality_warnings"] = warnings_of(self.quality)
             out["quality_note"] = QUALITY_NOTE
         out["dropped_silos"] = list(self.dropped_silos)
@@ -232,13 +292,39 @@ def _tuned_algorithms(cfg: Config, algorithms: list, raw, counts) -> list:
 def run(cfg: Config, out_dir: Path | None = None,
         on_progress: Callable[[str, int, int, float], None] | None = None, *,
         store: BudgetStore | None = None) -> RunReport:
-    """Run every method in `cfg` as one job. The run directory is `out_dir` (or
-    [output].dir) plus [output].name; with no directory configured (output.dir = "")
-    nothing is written. Private jobs charge the lifetime budget store: `store`, else
-    `open_store` ([budget] store, else the deployment's store in the silofl home; a
-    scratch in-memory store with [budget] scratch = true). With
-    [output] checkpoint_every > 0 the run directory keeps a checkpoint, so a killed run
-    continues with `resume_run`."""
+    """Run every method in `cfg` as one job, as ``silofl run`` does.
+
+    All methods share each silo's target (their composition is calibrated to it). The
+    whole job is reserved in the lifetime budget store before any data is read, and
+    settled to what executed. With [output] checkpoint_every > 0 the run directory keeps
+    a checkpoint, so a killed run continues with `resume_run`.
+
+    Parameters
+    ----------
+    cfg : Config
+        The job (`load_config`).
+    out_dir : Path, optional
+        Where the run directory goes (default [output] dir), plus [output] name; with
+        no directory configured (output.dir = "") nothing is written.
+    on_progress : callable (method, round, rounds, metric) -> None, optional
+        Called after every evaluated round.
+    store : BudgetStore, optional
+        The store to charge (default: [budget] store, else the deployment's store in the
+        silofl home; a scratch in-memory store with [budget] scratch = true).
+
+    Returns
+    -------
+    RunReport
+        Results per method, the composed privacy per silo, the lifetime position and the
+        run directory (results, ledgers, figures, saved models).
+
+    Raises
+    ------
+    ConfigError, DataError
+        Bad input, before any budget is reserved.
+    BudgetExceeded
+        The job would take a silo over its lifetime target: nothing runs.
+    """
     # --- everything that can fail on bad input, before any data access ---------------
     p = _prepare(cfg)
     base = _base_dir(cfg, out_dir)
@@ -316,7 +402,6 @@ def _execute(cfg: Config, p: _Prepared, fed, job, run_dir: Path | None,
         if every:
             write_bytes_atomic(_result_path(run_dir, label), pickle.dumps(r))
         results.append(r)
-    from silofl.experiments.reference import add_nonprivate_reference  # public data only
     add_nonprivate_reference(cfg, fed, p.model, p.algorithms, p.tcfg, results)
     if job is not None:
         job.settle()
@@ -339,7 +424,6 @@ def _execute(cfg: Config, p: _Prepared, fed, job, run_dir: Path | None,
 def _assess(rep: RunReport, model, fed) -> dict:
     """Each method's final models against the best constant prediction on the same test
     rows (`quality.assess`), keyed like history.json."""
-    from silofl.experiments.quality import assess
     return {rep.label(r): assess(r, model, fed, rep.label(r)) for r in rep.results}
 
 
@@ -362,7 +446,6 @@ def record_alpha(r: RunResult, alg, rounds: int) -> None:
 def plot_alpha(rep: "RunReport", path: Path) -> bool:
     """`ALPHA_PNG`: α of every silo over rounds, the user highlighted (False: no Weight
     Erosion in the run, nothing drawn)."""
-    from silofl.experiments.figures import alpha_over_rounds
     for r in rep.results:
         a = r.history.extra.get(ALPHA_KEY)
         if a and a["per_silo"]:
@@ -410,7 +493,29 @@ def resume_run(run_dir: str | Path,
     another host cannot be checked: `force` (only when it is known to be dead). The rest of
     the job is reserved anew. Rounds re-run after the checkpoint read the data again and
     are charged again. Seeded runs continue their noise stream exactly; secure runs draw
-    fresh entropy."""
+    fresh entropy.
+
+    Parameters
+    ----------
+    run_dir : str or Path
+        The killed run's directory (it holds a checkpoint).
+    on_progress : callable, optional
+        As for `run`.
+    store : BudgetStore, optional
+        The store the run charged (default: the one its config names).
+    force : bool, default False
+        Settle a run whose owner is on another host (only when it is known to be dead).
+
+    Returns
+    -------
+    RunReport
+        The finished job, as `run` returns it.
+
+    Raises
+    ------
+    ConfigError
+        No resumable run in `run_dir`, or its owner is still alive.
+    """
     run_dir = Path(run_dir)
     jf = run_dir / CHECKPOINT / "job.json"
     if not jf.is_file():
@@ -662,7 +767,6 @@ def _toml_safe(d):
 
 
 def _write_outputs(rep: RunReport) -> None:
-    from silofl.experiments.report import plot_history
     d = rep.run_dir
     hist = {rep.label(r): {"metric": r.metric, "silos": r.silos, **r.history.to_dict(),
                            **({"final_quality": rep.quality[rep.label(r)]}

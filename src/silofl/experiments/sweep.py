@@ -49,17 +49,20 @@ import dp_accounting as dpa
 import numpy as np
 
 from silofl.algorithms import LAMBDA_METHODS, make_algorithm
-from silofl.data.federation import Federation, PrivacyTarget, split_silo
+from silofl.data.federation import Federation, split_silo
+from silofl.privacy.targets import PrivacyTarget
 from silofl.errors import ConfigError, DataError, SiloflError
 from silofl.experiments import build
-from silofl.experiments.atomic import write_text_atomic
+from silofl.io import write_text_atomic
 from silofl.experiments.sweep_config import _ALG_DEFAULTS, SweepConfig
 from silofl.models.base import Model
 from silofl.models.metrics import HIGHER_IS_BETTER, default_metric
 from silofl.privacy.budget import SCRATCH_NOTE, BudgetStore
 from silofl.runtime.plan import SEEDED_NOTE, TrainingConfig, plan_silos
 from silofl.runtime.simulator import bind_data, simulate
-from silofl.tuning import setup as tuning_setup
+from silofl.tuning import accounting as TA, setup as tuning_setup
+from silofl.privacy import accounting as acc
+from silofl.tuning.private import score_sigma
 
 FORMAT = 1
 HEADER_KIND = "silofl-sweep"
@@ -269,8 +272,6 @@ def tuning_summary(sc: SweepConfig, spec: RunSpec, alg, res, prep: Prepared) -> 
     released (part of the RepeatAndSelect output; h_k is not: it stays in the silo), and
     for comparison the ε (max over silos, at the same σ_k) of a naive grid of E[h] trials
     and of the uncounted choice over the whole sweep grid, both by composition."""
-    from silofl.tuning import accounting as TA
-    from silofl.tuning.private import score_sigma
     out = {**alg.describe(), "released": getattr(alg, "last_release", None)}
     if not spec.private or alg.select != "random":
         return out
@@ -295,7 +296,6 @@ def tuning_summary(sc: SweepConfig, spec: RunSpec, alg, res, prep: Prepared) -> 
 
 
 def _round_event(p):
-    from silofl.privacy import accounting as acc
     return acc.dpsgd_event(p.q, p.noise_multiplier, p.steps_per_pass)
 
 
@@ -542,8 +542,34 @@ Progress = Callable[[int, int, dict | None], None]
 
 def run_sweep(sc: SweepConfig, *, results: str | Path | None = None, workers: int | None = None,
               on_progress: Progress | None = None) -> SweepOutcome:
-    """Run (or resume) the sweep. `on_progress(done, total, record)` is called once before
-    the first run (record None; done = runs already recorded) and after every run."""
+    """Run (or resume) a privacy-utility sweep, as ``silofl sweep`` does.
+
+    Runs already in the results file are skipped, so a killed sweep resumes.
+
+    Parameters
+    ----------
+    sc : SweepConfig
+        From `load_sweep_config`.
+    results : str or Path, optional
+        The JSON-lines results file (default: the sweep's own).
+    workers : int, optional
+        Worker processes (default: the sweep's; they are spawned, so call this under
+        ``if __name__ == "__main__":`` or pass workers=1).
+    on_progress : callable (done, total, record) -> None, optional
+        Called once before the first run (record None; done = runs already recorded) and
+        after every run.
+
+    Returns
+    -------
+    SweepOutcome
+        ``results`` (the file's path), ``total``, ``skipped``, ``executed``, ``seconds``.
+
+    Raises
+    ------
+    ConfigError
+        Before anything is written: a plan that cannot run, or a lifetime store without
+        the budget for the sweep.
+    """
     t0 = time.perf_counter()
     path = Path(results) if results is not None else sc.results_path
     workers = sc.sweep.workers if workers is None else workers

@@ -171,9 +171,27 @@ def _check_private_tuning(s: SweepSection, base: Config) -> None:
 
 def load_sweep_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()
                       ) -> SweepConfig:
-    """Read and validate a sweep TOML file (paths in it are relative to its directory),
-    with ``--set SECTION.KEY=VALUE`` items on top (`silofl.config.input.apply_overrides`;
-    any key of a run config, [sweep] or [report])."""
+    """Read and validate a sweep TOML file.
+
+    Parameters
+    ----------
+    path : str or Path
+        The sweep file (paths in it are relative to its directory); see
+        ``examples/school-quick.toml``.
+    overrides : sequence of str, default ()
+        ``SECTION.KEY=VALUE`` items applied on top, as ``silofl sweep --set`` does: any
+        key of a run config, [sweep] or [report].
+
+    Returns
+    -------
+    SweepConfig
+        The base job, the grid of ε, methods and seeds, and the report settings.
+
+    Raises
+    ------
+    ConfigError
+        An unknown key or an invalid value, naming the file or the ``--set`` item.
+    """
     root = Path(path).resolve().parent  # one rule for every config: relative to its folder
     raw = resolve_config_paths(read_toml(path, "sweep config"), root)
     raw = check_config_paths(apply_overrides(raw, overrides, model=SweepFile))

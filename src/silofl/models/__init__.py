@@ -21,9 +21,34 @@ __all__ = ["MODELS", "TORCH_MODELS", "Model", "check_input", "make_model"]
 
 
 def make_model(name: str, dim: int, num_classes: int = 2, **options) -> Model:
-    """Build a model by name: a GLM ('linear', 'logistic', 'focal', 'svm', 'softmax') or a
-    neural model ('mlp', 'convnet', 'kt_cnn'; options: task, input_shape, hidden, kernel,
-    seed, device — see `silofl.models.torch_nets.make_torch_model`)."""
+    """Build a model by name.
+
+    Parameters
+    ----------
+    name : str
+        A GLM ("linear", "logistic", "focal", "svm", "softmax"; numpy, closed-form
+        gradients) or a neural model ("mlp", "convnet", "kt_cnn"; needs
+        ``pip install "silofl[torch]"``).
+    dim : int
+        Input features per example (``Federation.dim``).
+    num_classes : int, default 2
+        Classes C of a multiclass model.
+    **options
+        Model options: for the GLMs those of ``silofl.models.glm``; for the neural
+        models task, input_shape, hidden, kernel, seed, device (see
+        ``silofl.models.torch_nets.make_torch_model``).
+
+    Returns
+    -------
+    Model
+        The model, with ``num_params`` P.
+
+    Raises
+    ------
+    ConfigError
+        An unknown name (with the nearest valid one), invalid options, or a neural model
+        without PyTorch installed.
+    """
     if name in TORCH_MODELS:
         try:
             from silofl.models.torch_nets import make_torch_model

@@ -8,9 +8,9 @@ A backend only has to provide `per_example_grads`, `predict` and `loss`; the def
 `clipped_grad_sum` clips each row to L2 norm ≤ clip and sums. The GLMs override it with a
 closed form that never builds the (K, B, P) gradient tensor.
 
-Every backend clips to `clip_bound(clip)` = clip / (1 + CLIP_MARGIN), slightly inside the
-ball, so that rounding (float32 data, a float32 cast of the clip factor) can never leave a
-clipped per-example gradient above `clip` — the sensitivity the noise is calibrated to.
+Every backend clips to `silofl.privacy.clipping.clip_bound(clip)`, slightly inside the ball,
+so that rounding can never leave a clipped per-example gradient above `clip` — the
+sensitivity the noise is calibrated to.
 """
 
 from __future__ import annotations
@@ -18,30 +18,53 @@ from __future__ import annotations
 import numpy as np
 
 from silofl.errors import ConfigError
-
-#: Relative margin of every clipping: 2⁻²⁰ ≈ 9.5e-7, 16 float32 ulps at 1. The float32 paths
-#: err by at most ≈ 2.5·2⁻²⁴ (‖x‖² stored in float32 from the unrounded data, the float32
-#: data itself, the clip factor cast to float32; float64 steps add ~1e-15), so 2⁻²⁰ covers
-#: them 6× over while shrinking clipped gradients by under a millionth (no utility cost).
-CLIP_MARGIN = 2.0**-20
-
-
-def clip_bound(clip: float) -> float:
-    """The norm clipping aims at: clip / (1 + CLIP_MARGIN), so that the clipped gradient as
-    computed in floating point has norm ≤ clip."""
-    return float(clip) / (1.0 + CLIP_MARGIN)
+from silofl.privacy.clipping import clip_bound
 
 
 class Model:
+    """The interface every model implements: a pure function of a flat parameter vector.
+
+    Build one with `silofl.make_model`. A backend provides `per_example_grads`,
+    `predict` and `loss`; `clipped_grad_sum` and `grad_sum` have generic defaults.
+
+    Attributes
+    ----------
+    name : str
+        The model's name ("logistic", "mlp", ...).
+    tasks : tuple of str
+        The federation tasks it accepts ("binary", "multiclass", "regression").
+    num_params : int
+        P, the length of the flat parameter vector.
+    """
+
     name: str = "model"
     #: which Federation tasks this model accepts
     tasks: tuple[str, ...] = ()
     num_params: int
 
     def init_params(self) -> np.ndarray:
+        """The starting parameters.
+
+        Returns
+        -------
+        numpy.ndarray
+            Shape (P,) float64 (zeros unless the backend overrides it).
+        """
         return np.zeros(self.num_params)
 
     def check_task(self, task: str) -> None:
+        """Refuse data of a task this model cannot learn.
+
+        Parameters
+        ----------
+        task : str
+            The federation's task.
+
+        Raises
+        ------
+        ConfigError
+            `task` is not in `tasks`; the message lists models that fit it.
+        """
         if task not in self.tasks:
             raise ConfigError(
                 f"model {self.name!r} needs {' or '.join(self.tasks)} labels but the data is "
@@ -50,23 +73,85 @@ class Model:
 
     # -- per-example ----------------------------------------------------------------
     def per_example_grads(self, w: np.ndarray, X: np.ndarray, y: np.ndarray) -> np.ndarray:
-        """(n, P) gradients of each example's loss at parameters w (P,)."""
+        """Each example's loss gradient.
+
+        Parameters
+        ----------
+        w : numpy.ndarray
+            Parameters, shape (P,).
+        X : numpy.ndarray
+            Examples, shape (n, d) or (n, C, H, W).
+        y : numpy.ndarray
+            Labels, shape (n,).
+
+        Returns
+        -------
+        numpy.ndarray
+            Shape (n, P).
+        """
         raise NotImplementedError
 
     def loss(self, w: np.ndarray, X: np.ndarray, y: np.ndarray) -> np.ndarray:
-        """(n,) per-example losses."""
+        """Each example's loss.
+
+        Parameters
+        ----------
+        w : numpy.ndarray
+            Parameters, shape (P,).
+        X : numpy.ndarray
+            Examples, shape (n, ...).
+        y : numpy.ndarray
+            Labels, shape (n,).
+
+        Returns
+        -------
+        numpy.ndarray
+            Shape (n,).
+        """
         raise NotImplementedError
 
     def predict(self, w: np.ndarray, X: np.ndarray) -> np.ndarray:
-        """Scores: (n,) for regression/binary (probability of class 1 or value),
-        (n, C) class probabilities for multiclass."""
+        """The model's scores.
+
+        Parameters
+        ----------
+        w : numpy.ndarray
+            Parameters, shape (P,).
+        X : numpy.ndarray
+            Examples, shape (n, ...).
+
+        Returns
+        -------
+        numpy.ndarray
+            (n,) for regression/binary (the value, or the probability of class 1), (n, C)
+            class probabilities for multiclass.
+        """
         raise NotImplementedError
 
     # -- batched over silos ---------------------------------------------------------
     def clipped_grad_sum(self, W, X, y, mask, clip, **aux):
-        """Σ_i min(1, c/‖g_i‖) g_i over unmasked rows, per silo → (K, P), with
-        c = clip_bound(clip) (norms in float64). `aux` may carry precomputed per-row
-        quantities a backend can use (or ignore)."""
+        """The sum of clipped per-example gradients, per silo: Σ_i min(1, c/‖g_i‖) g_i.
+
+        Parameters
+        ----------
+        W : numpy.ndarray
+            Each silo's parameters, shape (K, P).
+        X : numpy.ndarray
+            Batches, shape (K, B, ...).
+        y : numpy.ndarray
+            Labels, shape (K, B).
+        mask : numpy.ndarray
+            Shape (K, B): 1 for real rows, 0 for padding.
+        clip : float
+            The L2 norm bound C; rows are clipped to c = clip_bound(C) (norms in float64).
+        **aux
+            Precomputed per-row quantities a backend can use (or ignore).
+
+        Returns
+        -------
+        numpy.ndarray
+            Shape (K, P).
+        """
         c = clip_bound(clip)
         out = np.zeros_like(W)
         for k in range(W.shape[0]):
@@ -77,12 +162,33 @@ class Model:
         return out
 
     def grad_sum(self, W, X, y, mask):
-        """Σ_i g_i over unmasked rows, per silo → (K, P) (the non-private path)."""
+        """The sum of per-example gradients over unmasked rows (the non-private path).
+
+        Parameters
+        ----------
+        W : numpy.ndarray
+            Shape (K, P).
+        X : numpy.ndarray
+            Shape (K, B, ...).
+        y : numpy.ndarray
+            Shape (K, B).
+        mask : numpy.ndarray
+            Shape (K, B).
+
+        Returns
+        -------
+        numpy.ndarray
+            Shape (K, P).
+        """
         return np.stack([(self.per_example_grads(W[k], X[k], y[k]) * mask[k][:, None]).sum(0)
                          for k in range(W.shape[0])])
 
 
+#: Built-in model classes by name, for `check_task`'s advice; models.glm adds the GLMs (so
+#: this module never imports its subclasses)
+NAMED_MODELS: dict[str, type[Model]] = {}
+
+
 def _models_for(task: str) -> list[str]:
-    from silofl.models.glm import MODELS
     # the torch MLP fits every task (the ConvNet too, on image data)
-    return [n for n, cls in MODELS.items() if task in cls.tasks] + ["mlp"]
+    return [n for n, cls in NAMED_MODELS.items() if task in cls.tasks] + ["mlp"]

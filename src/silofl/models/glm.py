@@ -13,7 +13,8 @@ import numpy as np
 from scipy.special import expit, log_expit, logsumexp, softmax
 
 from silofl.errors import ConfigError
-from silofl.models.base import Model, clip_bound
+from silofl.models.base import NAMED_MODELS, Model
+from silofl.privacy.clipping import clip_bound
 
 
 class GLM(Model):
@@ -189,6 +190,7 @@ class SoftmaxRegression(GLM):
 MODELS: dict[str, type[GLM]] = {m.name: m for m in
                                 (LinearRegression, LogisticRegression, FocalLoss,
                                  LinearSVM, SoftmaxRegression)}
+NAMED_MODELS.update(MODELS)
 
 
 def make_model(name: str, dim: int, num_classes: int = 2, **options) -> Model:

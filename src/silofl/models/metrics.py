@@ -39,21 +39,59 @@ def mse(y, scores) -> float:
         return float(np.mean((scores - y) ** 2))
 
 
+def precision_recall_curve(y, scores) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Precision and recall at every distinct score, thresholds decreasing.
+
+    Tied scores form one threshold (no interpolation), as in scikit-learn's
+    ``precision_recall_curve``.
+
+    Parameters
+    ----------
+    y : array_like, shape (n,)
+        Binary labels (positive: > 0.5).
+    scores : ndarray, shape (n,)
+        Higher means more likely positive.
+
+    Returns
+    -------
+    precision, recall, thresholds : ndarray, each shape (m,)
+        m distinct scores in decreasing order; recall is NaN when y has no positives.
+    """
+    y = np.asarray(y) > 0.5
+    order = np.argsort(-scores, kind="mergesort")
+    s, yy = scores[order], y[order]
+    last = np.r_[np.nonzero(np.diff(s))[0], len(s) - 1]  # end of each tie group
+    tp = np.cumsum(yy)[last]
+    pos = y.sum()
+    recall = tp / pos if pos > 0 else np.full(tp.shape, np.nan)
+    return tp / (last + 1), recall, s[last]
+
+
 def auprc(y, scores) -> float:
-    """Average precision (area under the precision-recall curve, step-wise);
-    NaN when y has no positives."""
+    """Average precision: the area under the step-wise precision-recall curve.
+
+    AP = Σ_k (R_k − R_{k−1}) · P_k over the distinct thresholds, R_0 = 0 — scikit-learn's
+    ``average_precision_score`` for binary labels (tested against it), except that without
+    positives AP is undefined and this returns NaN (scikit-learn warns and returns 0).
+
+    Parameters
+    ----------
+    y : array_like, shape (n,)
+        Binary labels (positive: > 0.5).
+    scores : ndarray, shape (n,) or (n, 2)
+        Scores of the positive class (column 1 of a two-column array).
+
+    Returns
+    -------
+    float
+        AP in [0, 1]; NaN without positives or with non-finite scores (a diverged model).
+    """
     y = np.asarray(y) > 0.5
     if scores.ndim == 2:
         scores = scores[:, 1]
     if not y.any() or _diverged(scores):
         return float("nan")
-    order = np.argsort(-scores, kind="mergesort")
-    s, yy = scores[order], y[order]
-    # group ties: precision/recall evaluated at the last index of each distinct score
-    last = np.r_[np.nonzero(np.diff(s))[0], len(s) - 1]
-    tp = np.cumsum(yy)[last]
-    precision = tp / (last + 1)
-    recall = tp / y.sum()
+    precision, recall, _ = precision_recall_curve(y, scores)
     return float(np.sum(np.diff(np.r_[0.0, recall]) * precision))
 
 

@@ -36,7 +36,8 @@ from torch import nn
 from torch.func import functional_call, grad, vmap
 
 from silofl.errors import ConfigError, DataError
-from silofl.models.base import Model, clip_bound
+from silofl.models.base import Model
+from silofl.privacy.clipping import clip_bound
 
 TASKS = ("binary", "multiclass", "regression")
 #: [training] device values (README, "PrivateKT")

@@ -28,8 +28,14 @@ import numpy as np
 
 from silofl.algorithms.base import ServerState, SiloState
 from silofl.algorithms.mrmtl import MRMTL
-from silofl.data.federation import PrivacyTarget, SiloCollection
+from silofl.data.federation import SiloCollection
+from silofl.privacy.targets import PrivacyTarget
 from silofl.errors import ConfigError
+from silofl.algorithms import make_algorithm
+from silofl.algorithms.ifca import IFCA, SELECT_LABEL
+from silofl.privacy.budget import PlannedCharge
+from silofl.privacy.node_level import affected_examples
+from silofl.training import selection
 
 #: methods that run on graph data (node-level unit): those built on local passes, the
 #: IFCA family (node-level cluster selection, `training.selection.node_sensitivity`) and
@@ -88,7 +94,6 @@ def make_method(name: str, lam: float, **options):
     `algorithms.make_algorithm`'s (clusters, selection_fraction, selection_rounds for the
     IFCA family; we_user — a region name —, we_p_s, we_p_d, we_options for Weight
     Erosion)."""
-    from silofl.algorithms import make_algorithm
     if name not in NODE_METHODS:
         raise ConfigError(f"method {name!r} cannot run on the pandemic data (node-level "
                           f"privacy unit); choose one of {', '.join(NODE_METHODS)}")
@@ -115,9 +120,6 @@ def selection_charges(alg, silo: str, method: str, epsilon: float, rounds: list[
     `rounds` (1-based, of a `total_rounds` run) on one region with target ε `epsilon`:
     one ε_sel = selection_fraction·ε exponential mechanism (ε_sel²/8-zCDP, label
     "select") per selection round. [] for other methods."""
-    from silofl.algorithms.ifca import IFCA, SELECT_LABEL
-    from silofl.privacy.budget import PlannedCharge
-    from silofl.training import selection
     if not isinstance(alg, IFCA):
         return []
     until = alg.schedule(total_rounds).select_until
@@ -135,7 +137,6 @@ def selection_summary(alg, n: int, S: int, adjacency: str, epsilon: float,
     its zCDP ρ and the sensitivity it ran at. The graph model is a classifier (focal
     loss), so the score is the training error rate (B = 1) and Δ = A/n
     (`training.selection.node_sensitivity`)."""
-    from silofl.privacy.node_level import affected_examples
     charges = selection_charges(alg, "", "", epsilon, list(range(1, rounds + 1)), rounds)
     if not charges:
         return None

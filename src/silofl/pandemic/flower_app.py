@@ -35,7 +35,7 @@ import flwr as fl
 from flwr.common import EvaluateIns, GetPropertiesIns, Parameters, ndarrays_to_parameters
 
 from silofl.errors import ConfigError, SiloflError
-from silofl.experiments.atomic import write_json_atomic
+from silofl.io import write_json_atomic
 from silofl.pandemic.engine import NODE_METHODS
 from silofl.pandemic.network import RegionSiloProgram, graph_job, region_name
 from silofl.pandemic.partition import input_directory

@@ -1,6 +1,7 @@
 """Ranking metrics for infection-risk scores (NumPy only).
 
-`average_precision` (AUPRC) is defined exactly like scikit-learn's
+`average_precision` (AUPRC) checks its inputs and calls the core's one AUPRC
+(`silofl.models.metrics.auprc`), defined exactly like scikit-learn's
 ``average_precision_score`` for binary labels:
 
     AP = Σ_k (R_k − R_{k−1}) · P_k
@@ -20,6 +21,7 @@ from __future__ import annotations
 import numpy as np
 
 from silofl.errors import ConfigError, DataError
+from silofl.models.metrics import auprc
 
 
 def _check(y_true, scores) -> tuple[np.ndarray, np.ndarray]:
@@ -43,26 +45,11 @@ def positive_rate(y_true) -> float:
     return float(np.mean(y != 0))
 
 
-def precision_recall_curve(y_true, scores) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(precision, recall, thresholds) at every distinct score, thresholds decreasing."""
-    y, s = _check(y_true, scores)
-    order = np.argsort(-s, kind="stable")
-    s, y = s[order], y[order]
-    last = np.r_[np.flatnonzero(np.diff(s)), y.size - 1]  # end of each tie group
-    tps = np.cumsum(y)[last].astype(np.float64)
-    fps = (last + 1) - tps
-    pos = tps[-1] if tps.size else 0.0
-    precision = tps / (tps + fps)
-    recall = tps / pos if pos > 0 else np.full_like(tps, np.nan)
-    return precision, recall, s[last]
-
-
 def average_precision(y_true, scores) -> float:
-    """AUPRC, as scikit-learn's average_precision_score; NaN without positives."""
-    precision, recall, _ = precision_recall_curve(y_true, scores)
-    if recall.size == 0 or np.isnan(recall[-1]):
-        return float("nan")
-    return float(np.sum(np.diff(np.r_[0.0, recall]) * precision))
+    """AUPRC of checked 0/1 labels and finite scores: `silofl.models.metrics.auprc`, the one
+    implementation (scikit-learn's definition; NaN without positives)."""
+    y, s = _check(y_true, scores)
+    return auprc(y, s)
 
 
 def per_region_average_precision(y_true, scores, region) -> dict:

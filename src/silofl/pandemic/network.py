@@ -31,7 +31,7 @@ import numpy as np
 
 from silofl.config.base import did_you_mean
 from silofl.errors import ConfigError
-from silofl.experiments.atomic import write_json_atomic
+from silofl.io import write_json_atomic
 from silofl.pandemic.engine import NODE_METHODS, method_of
 from silofl.pandemic.features import FeatureConstants
 from silofl.pandemic.pipeline import (
@@ -45,6 +45,10 @@ from silofl.runtime.network import messages as W
 from silofl.runtime.network.hosting import silo_randomness
 from silofl.runtime.network.server import JOB_DEFAULTS
 from silofl.runtime.network.silo import SiloProgram, check_job as check_job_keys, job_silos
+from silofl.models.glm import FocalLoss
+from silofl.pandemic.metrics import average_precision
+from silofl.pandemic.partition import partition_by_region
+from silofl.pandemic.schema import TARGET
 
 #: the settings of a `PandemicConfig` that travel in ``job["graph"]``: the public recipe
 #: every region trains with (the rest are the job's own keys, or the silo's: ε, δ, noise)
@@ -133,7 +137,6 @@ def job_algorithm(job: dict):
 
 
 def job_model(job: dict):
-    from silofl.models.glm import FocalLoss
     cfg = job_pandemic_config(job)
     return FocalLoss(job["dim"], gamma=cfg.gamma, alpha=cfg.alpha)
 
@@ -289,8 +292,6 @@ class RegionSiloProgram(SiloProgram):
     def _data_evaluate(self, w: np.ndarray) -> float:
         """AUPRC of the region's predictions against its own target file (the challenge's
         score; stays in the silo); ConfigError when its folder holds no target."""
-        from silofl.pandemic.metrics import average_precision
-        from silofl.pandemic.schema import TARGET
         folder = Path(self.cfg.data)
         if not any((folder / f).is_file() for f in TARGET.filenames()):
             raise ConfigError(f"silo {self.cfg.name!r}: no target file in {folder} to score "
@@ -317,7 +318,6 @@ def deploy_regions(dataset: Path, data_dir: Path, job: dict) -> tuple[dict, dict
     method, rounds). Returns ({silo name: its folder}, the job)."""
     from dataclasses import fields
 
-    from silofl.pandemic.partition import partition_by_region
     known = {f.name for f in fields(PandemicConfig)} - {"federated", "private", "epsilon",
                                                          "delta"}
     settings = {k: v for k, v in job.items() if k in known}

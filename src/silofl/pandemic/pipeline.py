@@ -104,7 +104,6 @@ outbreaks of 20k persons in 4 regions, positive rate ≈ 0.3%):
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import time
@@ -116,7 +115,7 @@ import dp_accounting as dpa
 import numpy as np
 
 from silofl.config.base import section_dataclass
-from silofl.data.federation import PrivacyTarget
+from silofl.privacy.targets import PrivacyTarget
 from silofl.errors import ConfigError, PrivacyError
 from silofl.models.glm import FocalLoss
 from silofl.pandemic import metrics as PM
@@ -144,6 +143,14 @@ from silofl.runtime.plan import SEEDED_NOTE, SiloPlan, TrainingConfig, plan_job
 from silofl.training import sampling as TS
 from silofl.training.dpsgd import GradientRule
 from silofl.training.trainer import LocalTrainer
+from silofl.io import array_digest, write_bytes_atomic, write_json_atomic
+from silofl.privacy import accounting, events
+from silofl.privacy.store_paths import default_store_path
+from silofl.runtime.simulator import simulate
+from silofl.tuning import accounting as TA
+from silofl.tuning.graph import DEFAULT_LOSS_BOUND, NodeValidation, describe_release, check_setting
+from silofl.tuning.private import TunedPersonalization, score_sigma
+from silofl.tuning.setup import distribution
 
 NOISE_MODES = ("secure", "seeded")
 PREPROCESSING = ("declared", "private", "uncharged")
@@ -305,7 +312,6 @@ class PandemicModel:
         model.json never points at a missing or truncated weights file)."""
         import io
 
-        from silofl.experiments.atomic import write_bytes_atomic, write_json_atomic
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         buf = io.BytesIO()
@@ -525,9 +531,6 @@ def tuned_method(regions: list[Region], cfg: PandemicConfig, tc):
     """``cfg.method`` (MR-MTL or Ditto) privately tuned per region (`TuningConfig` ``tc``,
     checked by `tuning.graph.check_setting`): `TunedPersonalization` with one node-level
     `NodeValidation` score per region (read only after its charge)."""
-    from silofl.tuning.graph import DEFAULT_LOSS_BOUND, NodeValidation
-    from silofl.tuning.private import TunedPersonalization
-    from silofl.tuning.setup import distribution
     val = [NodeValidation(r, (lambda X, r=r: region_inputs(r, cfg, X)),
                           affected=affected_examples(r.n, r.S, cfg.adjacency),
                           loss_bound=DEFAULT_LOSS_BOUND, seed=cfg.seed) for r in regions]
@@ -541,8 +544,6 @@ def tuned_charges(r: Region, cfg: PandemicConfig, alg) -> list[PlannedCharge]:
     """What a tuned run of ``r`` spends: the private preprocessing (if any), the pivot's
     passes (every round) and one RepeatAndSelect of a trial — the very events
     `TunedPersonalization` charges, so the job's ledgers allow exactly them."""
-    from silofl.tuning import accounting as TA
-    from silofl.tuning.private import score_sigma
     ev = round_event(r, cfg)
     out = planned_charges(r, cfg, rounds=[])
     out.append(PlannedCharge(r.name, cfg.method, PIVOT_LABEL, ev, cfg.rounds))
@@ -555,9 +556,6 @@ def tuning_entry(r: Region, k: int, cfg: PandemicConfig, alg) -> dict:
     """Region k's tuning record: the distribution of h (h_k itself stays secret), the
     grid, the score (window, persons, Δ, noise), the ε of the RepeatAndSelect charge alone
     and the released setting."""
-    from silofl.privacy import accounting, events
-    from silofl.tuning.graph import describe_release
-    from silofl.tuning.private import score_sigma
     out = describe_release(alg, k)
     sig = score_sigma(round_event(r, cfg), cfg.rounds, alg.score_ratio)
     out["validation"].update(noise_multiplier=sig,
@@ -578,12 +576,7 @@ def charged_event(charges: list[PlannedCharge]) -> dpa.DpEvent:
 def region_fingerprint(data: PandemicData, r: Region) -> str:
     """A short hash of the region's persons and states, recorded with its charges so a
     change of the data shows in the (silo-internal) budget store."""
-    h = hashlib.sha256()
-    for a in (data.pids[r.persons], data.states[r.persons]):
-        a = np.ascontiguousarray(a)
-        h.update(str((a.dtype.str, a.shape)).encode())
-        h.update(a.tobytes())
-    return h.hexdigest()[:16]
+    return array_digest(data.pids[r.persons], data.states[r.persons])
 
 
 def reserve_regions(store: BudgetStore, regions: list[Region], cfg: PandemicConfig,
@@ -1049,7 +1042,7 @@ def train(data: PandemicData, cfg: PandemicConfig,
     ledgers spend only that, and the store is settled to what executed — also when the
     run fails.
 
-    ``tuning`` (an `experiments.config.TuningConfig` with mode "private"): ``cfg.method``
+    ``tuning`` (a `silofl.config.TuningConfig` with mode "private"): ``cfg.method``
     (mrmtl or ditto) tuned privately per region (`tuned_method`; README "Private tuning
     on graph data"), the whole RepeatAndSelect release reserved and charged; the pivot's
     public λ̄ is ``tuning.pivot_lam`` (the CLI passes ``--lam``), and
@@ -1059,7 +1052,6 @@ def train(data: PandemicData, cfg: PandemicConfig,
     t0 = time.perf_counter()
     tc = tuning if tuning is not None and tuning.mode != "none" else None
     if tc is not None:
-        from silofl.tuning.graph import check_setting
         check_setting(tc, cfg)  # fail before anything is reserved
     check_t_window(cfg.t_window, data.num_days)  # fail before anything is reserved
     regions = region_groups(data, cfg)  # membership and sizes only (public)
@@ -1099,7 +1091,6 @@ def _train_reserved(data: PandemicData, cfg: PandemicConfig, regions: list[Regio
     """Features (a private preprocessing release charged first), input scaling, then
     ``cfg.method`` on the core engine (`runtime.simulator.simulate` with the regions as
     a `GraphSource` and the node-level unit), spending the regions' ledgers."""
-    from silofl.runtime.simulator import simulate
     for r in regions:
         build_features(data, r, cfg)
     t_feat = time.perf_counter() - t0
@@ -1192,7 +1183,6 @@ def fit(person_data_path, household_data_path, residence_location_data_path,
     data = read_dataset(input_directory(paths, model_dir / "inputs"))
     cfg = config or PandemicConfig(federated=False)
     if store is None and cfg.private:
-        from silofl.privacy.store_paths import default_store_path
         with BudgetStore(default_store_path()) as st:
             pm = train(data, cfg, store=st, command="silofl.pandemic.fit")
     else:

@@ -74,7 +74,9 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
 from silofl.errors import ConfigError, DataError
-from silofl.pandemic.readers import first_occurrence, lexsort, sorted_unique, stable_argsort
+from silofl.io import sha256_file
+from silofl.pandemic.readers import (ContactNetwork, IdIndex, PandemicData, first_occurrence,
+                                     lexsort, sorted_unique, stable_argsort)
 from silofl.pandemic.schema import (
     ALL_TABLES,
     HORIZON,
@@ -929,7 +931,6 @@ def _stats(o: SyntheticOutbreak) -> dict:
 def _to_pandemic_data(o: SyntheticOutbreak):
     import pandas as pd
 
-    from silofl.pandemic.readers import ContactNetwork, IdIndex, PandemicData
 
     t = o.tables
     pid_index = IdIndex(o.pids)
@@ -1090,17 +1091,6 @@ def _chain(first, it):
     yield from it
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while True:
-            blk = f.read(1 << 22)
-            if not blk:
-                break
-            h.update(blk)
-    return h.hexdigest()
-
-
 def _identity(fmt: str, persons: int, regions: int, seed: int, days: int, horizon: int,
               prm: OutbreakParams) -> dict:
     ident = {
@@ -1128,7 +1118,7 @@ def write_outbreak(o: SyntheticOutbreak, out_dir: Path | str, *, fmt: str = "csv
         path = out_dir / (spec.stem + ext)
         n = _write_file(path, fmt, _batches(key, o))
         rows[key] = n
-        files[path.name] = {"table": key, "rows": n, "bytes": path.stat().st_size, "sha256": _sha256(path)}
+        files[path.name] = {"table": key, "rows": n, "bytes": path.stat().st_size, "sha256": sha256_file(path)}
     manifest = _identity(fmt, o.persons, o.regions, o.seed, o.days, o.horizon, o.params)
     manifest["rows"] = rows
     manifest["files"] = files

@@ -42,6 +42,7 @@ from scipy.special import gammaln, log_ndtr, ndtr
 
 from silofl.errors import CalibrationError, PrivacyError
 from silofl.privacy.targets import check_target
+from silofl.privacy.events import flatten
 
 Accountant = Literal["rdp", "pld"]
 ACCOUNTANTS: tuple[str, ...] = ("rdp", "pld")
@@ -91,7 +92,23 @@ PLD_DISCRETIZATION = PLD_BASE_GRID  # the reference grid (kept for callers of 0.
 # --- events -----------------------------------------------------------------------------
 
 def dpsgd_event(q: float, noise_multiplier: float, steps: int = 1) -> dpa.DpEvent:
-    """`steps` DP-SGD steps with Poisson sampling rate q and noise σ (std = σ·C)."""
+    """The privacy event of `steps` DP-SGD steps with Poisson sampling and Gaussian noise.
+
+    Parameters
+    ----------
+    q : float
+        Poisson sampling rate in (0, 1]: each record joins a batch independently with
+        probability q (expected batch size / records).
+    noise_multiplier : float
+        σ > 0: the Gaussian noise's standard deviation is σ·C for clipping norm C.
+    steps : int, default 1
+        Number of steps composed.
+
+    Returns
+    -------
+    dp_accounting.DpEvent
+        ``PoissonSampled(q, Gaussian(σ))``, self-composed `steps` times when steps > 1.
+    """
     _check_q_sigma(q, noise_multiplier)
     base = dpa.PoissonSampledDpEvent(float(q), dpa.GaussianDpEvent(float(noise_multiplier)))
     return base if steps == 1 else dpa.SelfComposedDpEvent(base, int(steps))
@@ -117,7 +134,6 @@ def _check_kind(kind) -> None:
 
 
 def _counts(event) -> dict:
-    from silofl.privacy.events import flatten
     return flatten(event)
 
 
@@ -192,10 +208,31 @@ def _is_poisson_gaussian(e) -> bool:
 # --- ε ---------------------------------------------------------------------------------
 
 def epsilon(event, delta: float, kind: Accountant = DEFAULT_ACCOUNTANT) -> float:
-    """ε of `event` at `delta` under accountant `kind` — an upper bound, never rounded
-    down. PrivacyError if `kind` cannot account for the event (see `guarantee` for the
-    fallback). Memoized by the composition's multiset of base events: calibration, the
-    ledger preflight, every check and the report evaluate the same compositions."""
+    """ε of `event` at `delta` under one accountant — an upper bound, never rounded down.
+
+    Memoized by the composition's multiset of base events: calibration, the ledger
+    preflight, every check and the report evaluate the same compositions.
+
+    Parameters
+    ----------
+    event : dp_accounting.DpEvent
+        The mechanism, e.g. from `dpsgd_event`, or a composition of events.
+    delta : float
+        δ in (0, 1).
+    kind : {"pld", "rdp"}, default "pld"
+        The accountant: privacy loss distributions (tight) or Rényi DP.
+
+    Returns
+    -------
+    float
+        ε (dimensionless, ≥ 0; ``inf`` when no finite ε holds at this δ).
+
+    Raises
+    ------
+    PrivacyError
+        δ outside (0, 1), or `kind` cannot account for the event (see `guarantee` in
+        ``silofl.privacy.accounting`` for the fallback).
+    """
     _check_kind(kind)
     delta = float(delta)
     if not 0 < delta < 1:
@@ -374,8 +411,21 @@ def clear_caches() -> None:
 
 
 def epsilons(event, delta: float) -> dict[str, float | None]:
-    """ε under both accountants: {'rdp': …, 'pld': …} (None where an accountant does not
-    support the event: zCDP or node-level events under PLD)."""
+    """ε of `event` under both accountants.
+
+    Parameters
+    ----------
+    event : dp_accounting.DpEvent
+        The mechanism or composition.
+    delta : float
+        δ in (0, 1).
+
+    Returns
+    -------
+    dict of str to float or None
+        ``{"rdp": ε_RDP, "pld": ε_PLD}``; ``None`` where an accountant does not support
+        the event (zCDP or node-level events under PLD).
+    """
     key = _key(event)
     return {"rdp": epsilon(event, delta, "rdp"),
             "pld": epsilon(event, delta, "pld") if _pld_supports_key(key) else None}
@@ -759,9 +809,34 @@ def _fast_composed_guess(make_event, target: float, delta: float) -> float | Non
 @lru_cache(maxsize=4096)
 def calibrate_dpsgd(target_epsilon: float, delta: float, q: float, steps: int,
                     kind: Accountant = DEFAULT_ACCOUNTANT) -> float:
-    """Smallest noise multiplier σ with ε(steps × PoissonGaussian(q, σ)) ≤ target under
-    accountant `kind` (RDP: to ~1e-5 relative in σ; PLD: ε within 0.2% of the target).
-    Raises CalibrationError when no σ ≤ 1e4 reaches it."""
+    """The smallest noise multiplier σ that keeps `steps` DP-SGD steps within a target.
+
+    RDP: σ to ~1e-5 relative; PLD: ε within 0.2% below the target.
+
+    Parameters
+    ----------
+    target_epsilon : float
+        ε to reach (> 0).
+    delta : float
+        δ in (0, 1).
+    q : float
+        Poisson sampling rate in (0, 1].
+    steps : int
+        Number of DP-SGD steps.
+    kind : {"pld", "rdp"}, default "pld"
+        The accountant.
+
+    Returns
+    -------
+    float
+        σ: the noise standard deviation in units of the clipping norm C, with
+        ``epsilon(dpsgd_event(q, σ, steps), delta, kind) <= target_epsilon``.
+
+    Raises
+    ------
+    CalibrationError
+        No σ ≤ 1e4 reaches the target.
+    """
     _check_q_sigma(q, 1.0)
     check_target(target_epsilon, delta, "calibration target ")  # finite search, bounded grid
     if kind == "pld":  # start from the CLT (Gaussian DP) approximation of the PLD
@@ -800,14 +875,44 @@ def calibrate(make_event: Callable[[float], dpa.DpEvent], target_epsilon: float,
               delta: float, kind: Accountant = DEFAULT_ACCOUNTANT,
               guess: float | None = None, guess_is_minimal: bool = False,
               rel_tol: float = 1e-3) -> float:
-    """Smallest σ with ε(make_event(σ)) ≤ target under `kind` (ε falls in σ): for RDP to
-    `rel_tol` in σ, for PLD until ε ≥ (1 − 0.2%)·target (or σ to `rel_tol`).
+    """The smallest σ with ε(make_event(σ)) ≤ target, for any family of events.
 
-    An event family `kind` cannot account for is calibrated under `accountant_for` (PLD
-    → RDP for zCDP or node-level events), the accountant `guarantee` checks it with.
-    `guess`, if given, brackets the search; with `guess_is_minimal` (it came from the same
-    accountant's formula) a guess that meets the target is returned at once. Every answer
-    is the accountant's own figure (the one reported), whatever the guess was."""
+    ε must fall as σ grows. For RDP σ is found to `rel_tol`; for PLD until
+    ε ≥ (1 − 0.2%)·target (or σ to `rel_tol`). An event family `kind` cannot account for
+    is calibrated under the accountant that reports it (PLD → RDP for zCDP or node-level
+    events). Every answer is checked with the accountant's own figure (the one
+    reported), whatever the guess was.
+
+    Parameters
+    ----------
+    make_event : callable float -> dp_accounting.DpEvent
+        The mechanism as a function of the noise multiplier σ.
+    target_epsilon : float
+        ε to reach (> 0).
+    delta : float
+        δ in (0, 1).
+    kind : {"pld", "rdp"}, default "pld"
+        The preferred accountant.
+    guess : float, optional
+        A σ that brackets the search.
+    guess_is_minimal : bool, default False
+        The guess came from the same accountant's formula: return it at once if it
+        meets the target.
+    rel_tol : float, default 1e-3
+        Relative precision of σ.
+
+    Returns
+    -------
+    float
+        σ (in units of the clipping norm) with ε(make_event(σ)) ≤ target_epsilon.
+
+    Raises
+    ------
+    PrivacyError
+        A non-positive target or a δ outside (0, 1).
+    CalibrationError
+        No σ ≤ 1e4 reaches the target.
+    """
     if not target_epsilon > 0:
         raise PrivacyError(f"target epsilon must be positive, got {target_epsilon}")
     check_target(target_epsilon, delta, "calibration target ")  # finite search, bounded grid

@@ -46,7 +46,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from silofl.data.federation import PrivacyTarget
+from silofl.privacy.targets import PrivacyTarget, check_target
 from silofl.errors import BudgetExceeded, SiloflError
 from silofl.privacy import accounting, events
 from silofl.privacy import runlock, store_paths, store_registry
@@ -100,7 +100,6 @@ class PlannedCharge:
 def _check_lifetime(name: str, t: PrivacyTarget) -> None:
     """A lifetime target in the range every job target is held to (`privacy.targets`):
     under δ ≥ 0.5 every charge composes to ε ≈ 0, so the budget would never run out."""
-    from silofl.privacy.targets import check_target
     try:
         check_target(t.epsilon, t.delta, f"the lifetime target of silo {name!r}: ")
     except SiloflError as e:
@@ -112,7 +111,41 @@ def new_run_id() -> str:
 
 
 class BudgetStore:
-    """Per-silo lifetime budgets in the SQLite file `path` (None: in-memory scratch)."""
+    """Per-silo lifetime privacy budgets in one SQLite file.
+
+    Every run reserves its planned charges here before it reads any data (`reserve`),
+    records progress before each read (`record_progress`) and settles to what executed
+    (`settle`); a reservation that would take a silo over its lifetime target is
+    refused for the whole job. Nothing an ordinary action does makes the store forget a
+    charge: a `reset` is logged with its reason and earlier charges stay in the file.
+    Old stores are migrated on open.
+
+    Parameters
+    ----------
+    path : str, Path or None
+        The SQLite file (created with its folder if missing); None: an in-memory scratch
+        store (an experiment, not a release).
+    timeout : float, default 30.0
+        Seconds to wait for another process's lock.
+    demo : bool, default False
+        Open (or create) the restartable demo store of public built-in data; a demo store
+        cannot guard a private source, nor a lifetime store act as one.
+
+    Attributes
+    ----------
+    path : Path or None
+        The file.
+    scratch : bool
+        An in-memory store.
+    created : bool
+        This object created the file.
+
+    Raises
+    ------
+    BudgetStoreError
+        The path is a folder or cannot be created, the file is corrupt or of a newer
+        schema, or a demo/lifetime mismatch.
+    """
 
     def __init__(self, path: str | Path | None, *, timeout: float = 30.0,
                  demo: bool = False):
@@ -189,7 +222,18 @@ class BudgetStore:
             raise self._db_error(e) from None
 
     def keyed(self, digest: str) -> str:
-        """The store's keyed fingerprint of a data digest (the secret never leaves)."""
+        """The store's keyed fingerprint of a data digest (the secret never leaves).
+
+        Parameters
+        ----------
+        digest : str
+            A hex digest of a silo's rows.
+
+        Returns
+        -------
+        str
+            HMAC of the digest under the store's secret (hex).
+        """
         return store_paths.keyed(self._secret, digest)
 
     # -- plumbing -------------------------------------------------------------------------
@@ -198,7 +242,13 @@ class BudgetStore:
         return "(in-memory scratch)" if self.path is None else repr(str(self.path))
 
     def describe(self) -> str:
-        """What outputs print about this store: its path and kind."""
+        """What outputs print about this store.
+
+        Returns
+        -------
+        str
+            Its path and kind (lifetime, demo, scratch).
+        """
         if self.path is None:
             return "scratch (in memory)"
         return f"{self.path} (demo store)" if self.demo else str(self.path)
@@ -242,6 +292,7 @@ class BudgetStore:
             raise self._db_error(e) from None
 
     def close(self) -> None:
+        """Close the database connection (also on leaving a ``with`` block)."""
         self._db.close()
 
     def __enter__(self):
@@ -256,16 +307,49 @@ class BudgetStore:
         return rows[0] if rows else None
 
     def silos(self) -> list[str]:
+        """The silos the store knows, in registration order.
+
+        Returns
+        -------
+        list of str
+            Silo names.
+        """
         return [r[0] for r in self._read("SELECT name FROM silos ORDER BY id")]
 
     def target(self, name: str) -> PrivacyTarget | None:
+        """A silo's lifetime target.
+
+        Parameters
+        ----------
+        name : str
+            The silo.
+
+        Returns
+        -------
+        PrivacyTarget or None
+            Its lifetime (ε, δ); None if the store has not seen it.
+        """
         row = self._silo(name)
         return None if row is None else PrivacyTarget(row[1], row[2])
 
     def register(self, targets: dict[str, PrivacyTarget], *, explicit: bool = False) -> None:
-        """Give silos seen for the first time their lifetime target. A silo already in the
-        store keeps its target; with `explicit` (the user stated the lifetime target in
-        the config) a different stated target is an error rather than silently ignored."""
+        """Give silos seen for the first time their lifetime target.
+
+        A silo already in the store keeps its target.
+
+        Parameters
+        ----------
+        targets : dict of str to PrivacyTarget
+            Lifetime targets by silo name.
+        explicit : bool, default False
+            The user stated these targets: a different target for a known silo is an
+            error rather than silently ignored.
+
+        Raises
+        ------
+        BudgetStoreError
+            An explicit target differs from the stored one.
+        """
         for name, t in targets.items():  # before the transaction: nothing is written
             if not self.scratch:  # a scratch store guards nothing (Python experiments)
                 _check_lifetime(name, t)
@@ -305,8 +389,26 @@ class BudgetStore:
         return counts
 
     def spent(self, name: str) -> dict:
-        """The silo's lifetime position: target, ε spent (reserved + executed, composed):
-        the guarantee (`ledger.tightest`) and under RDP and PLD where they apply."""
+        """A silo's lifetime position: its target and what it has spent.
+
+        Parameters
+        ----------
+        name : str
+            The silo.
+
+        Returns
+        -------
+        dict
+            ``target_epsilon``, ``delta``, ``epsilon`` (spent: reserved + executed,
+            composed, the tightest guarantee), ``accountant``, ``epsilon_rdp``,
+            ``epsilon_pld``, ``remaining``, ``unfinished_runs``, ``within_target``,
+            ``epoch``, ``reset``.
+
+        Raises
+        ------
+        BudgetStoreError
+            The store has no such silo.
+        """
         row = self._silo(name)
         if row is None:
             raise BudgetStoreError(f"silo {name!r} is not in budget store {self.where}; "
@@ -333,11 +435,29 @@ class BudgetStore:
     def reserve(self, run_id: str, planned: list[PlannedCharge], *, command: str,
                 noise: str, fingerprints: dict[str, str] | None = None,
                 parent: str | None = None) -> None:
-        """Check every silo's lifetime budget against `planned` and record it as reserved,
-        all in one transaction: either every charge is recorded or none is
-        (BudgetExceeded names every silo that cannot pay). `fingerprints` are digests of
-        each silo's rows; the store keeps only their keyed hash. `parent`: the settled run
-        this one continues (a resume); a run is continued at most once."""
+        """Reserve a run's planned charges, all or nothing, in one transaction.
+
+        Parameters
+        ----------
+        run_id : str
+            The run's id in the store.
+        planned : list of PlannedCharge
+            Every privacy event the run will execute, per silo.
+        command : str
+            What is running (logged).
+        noise : str
+            The noise mode (logged).
+        fingerprints : dict of str to str, optional
+            Digests of each silo's rows; the store keeps only their keyed hash.
+        parent : str, optional
+            The settled run this one continues (a resume); a run is continued at most
+            once.
+
+        Raises
+        ------
+        BudgetExceeded
+            Naming every silo that cannot pay; nothing is recorded.
+        """
         by_silo: dict[str, Counter] = {}
         for p in planned:
             if p.count < 0:
@@ -414,10 +534,23 @@ class BudgetStore:
 
     def record_progress(self, run_id: str, rows: list[tuple[str, str, str, str, int]]
                         ) -> None:
-        """Record charges `run_id` is about to execute — (silo, method, label, event
-        JSON, count) — in one transaction, before the data is read. Settling never goes
-        below them. Refused if the run is no longer reserved (settled by another process:
-        the caller must stop before reading anything)."""
+        """Record charges a run is about to execute, before the data is read.
+
+        Settling never goes below them.
+
+        Parameters
+        ----------
+        run_id : str
+            The run's id in the store.
+        rows : list of (silo, method, label, event JSON, count)
+            The charges.
+
+        Raises
+        ------
+        BudgetStoreError
+            The run is no longer reserved (settled by another process): the caller must
+            stop before reading anything.
+        """
         try:
             # durable against a killed process (WAL); a power loss may lose the last
             # records, but the reservation they narrow stays counted in full
@@ -442,7 +575,18 @@ class BudgetStore:
                 self._db.execute("PRAGMA synchronous=FULL")
 
     def progress(self, run_id: str) -> list[PlannedCharge]:
-        """What the store recorded `run_id` as executing (see `record_progress`)."""
+        """What the store recorded a run as executing (see `record_progress`).
+
+        Parameters
+        ----------
+        run_id : str
+            The run's id in the store.
+
+        Returns
+        -------
+        list of PlannedCharge
+            The recorded charges.
+        """
         return [PlannedCharge(name, method, label, events.from_json(ev), count)
                 for name, method, label, ev, count in self._read(
                     "SELECT s.name, p.method, p.label, p.event, p.count FROM progress p "
@@ -450,7 +594,19 @@ class BudgetStore:
                     "p.method, p.label", (run_id,))]
 
     def owner(self, run_id: str) -> dict | None:
-        """The run's owner (pid, host, proc_start), status, parent and child."""
+        """The process that owns a run.
+
+        Parameters
+        ----------
+        run_id : str
+            The run's id in the store.
+
+        Returns
+        -------
+        dict or None
+            pid, host, proc_start, status, parent, command and child; None for an
+            unknown run.
+        """
         rows = self._read("SELECT pid, host, proc_start, status, parent, command FROM runs "
                           "WHERE id = ?", (run_id,))
         if not rows:
@@ -474,11 +630,25 @@ class BudgetStore:
 
     def settle(self, run_id: str, executed: list[PlannedCharge], *,
                status: str = "finished") -> None:
-        """Replace `run_id`'s reservation by what it executed, never by less than the
-        store recorded as its progress (`record_progress`): what `executed` misses of it
-        (a deleted or edited ledger file) is charged as recorded. Executing more than was
-        reserved is refused (the per-run ledgers make that impossible in silofl), and so
-        is settling a run that is not reserved (settled already)."""
+        """Replace a run's reservation by what it executed.
+
+        Never by less than the store recorded as its progress (`record_progress`): what
+        `executed` misses of it (a deleted or edited ledger file) is charged as recorded.
+
+        Parameters
+        ----------
+        run_id : str
+            The run's id in the store.
+        executed : list of PlannedCharge
+            What the run executed.
+        status : str, default "finished"
+            The run's final status ("finished", "failed", "interrupted", ...).
+
+        Raises
+        ------
+        BudgetStoreError
+            Executing more than was reserved, or settling a run that is not reserved.
+        """
         self._check_reserved(run_id)
         executed = self._with_floor(run_id, executed)
         reserved: dict[str, Counter] = {}
@@ -546,15 +716,47 @@ class BudgetStore:
         return list(executed) + extra
 
     def run_status(self, run_id: str) -> str | None:
-        """'reserved' (not settled: running, or killed), 'finished', 'failed', …; None if
-        the store never saw the run."""
+        """A run's status.
+
+        Parameters
+        ----------
+        run_id : str
+            The run's id in the store.
+
+        Returns
+        -------
+        str or None
+            "reserved" (not settled: running, or killed), "finished", "failed", ...;
+            None if the store never saw the run.
+        """
         rows = self._read("SELECT status FROM runs WHERE id = ?", (run_id,))
         return rows[0][0] if rows else None
 
     # -- administration -------------------------------------------------------------------
     def reset(self, name: str, reason: str, *, new_cohort: bool = False) -> int:
-        """Start a fresh budget for `name` (logged with `reason`); returns the new epoch.
-        Earlier charges stay in the database for audit and are no longer composed."""
+        """Start a fresh budget for a silo (only when its data governance allows it).
+
+        Earlier charges stay in the database for audit and are no longer composed.
+
+        Parameters
+        ----------
+        name : str
+            The silo.
+        reason : str
+            Why (required; logged).
+        new_cohort : bool, default False
+            The silo's data is now other people's (logged as a new cohort, not a reset).
+
+        Returns
+        -------
+        int
+            The new epoch.
+
+        Raises
+        ------
+        BudgetStoreError
+            No reason, or an unknown silo.
+        """
         if not reason or not reason.strip():
             raise BudgetStoreError("a budget reset needs a reason (it is logged)")
         with self._tx():
@@ -570,9 +772,23 @@ class BudgetStore:
         return epoch
 
     def set_target(self, name: str, target: PrivacyTarget, reason: str) -> None:
-        """Change a silo's lifetime target (logged with `reason`). A target below what
-        the silo has already spent (composed at the new δ) is refused with the figures:
-        it would print a lifetime position the released models already break."""
+        """Change a silo's lifetime target.
+
+        Parameters
+        ----------
+        name : str
+            The silo.
+        target : PrivacyTarget
+            The new lifetime target.
+        reason : str
+            Why (logged).
+
+        Raises
+        ------
+        BudgetStoreError
+            A target below what the silo has already spent (composed at the new δ): it
+            would print a lifetime position the released models already break.
+        """
         if not reason or not reason.strip():
             raise BudgetStoreError("changing a lifetime target needs a reason (it is logged)")
         _check_lifetime(name, target)
@@ -598,7 +814,21 @@ class BudgetStore:
                               f"δ {row[2]:g} -> {target.delta:g}"))
 
     def charges(self, name: str, *, all_epochs: bool = False) -> list[dict]:
-        """The silo's charges (current epoch unless `all_epochs`), oldest first."""
+        """A silo's charges, oldest first.
+
+        Parameters
+        ----------
+        name : str
+            The silo.
+        all_epochs : bool, default False
+            Include charges from before resets.
+
+        Returns
+        -------
+        list of dict
+            One dict per charge: epoch, run, command, method, label, event, count,
+            status, time, fingerprint, noise, run_status.
+        """
         row = self._silo(name)
         if row is None:
             raise BudgetStoreError(f"silo {name!r} is not in budget store {self.where}")
@@ -613,6 +843,18 @@ class BudgetStore:
         return [dict(zip(keys, r)) for r in self._read(sql, args)]
 
     def log(self, name: str | None = None) -> list[dict]:
+        """The store's log of registrations, resets and target changes.
+
+        Parameters
+        ----------
+        name : str, optional
+            Only this silo's entries.
+
+        Returns
+        -------
+        list of dict
+            ``time``, ``silo``, ``action``, ``reason``, ``detail``, oldest first.
+        """
         sql = ("SELECT l.time, s.name, l.action, l.reason, l.detail FROM log l LEFT JOIN "
                "silos s ON s.id = l.silo_id" + (" WHERE s.name = ?" if name else "") +
                " ORDER BY l.id")
@@ -620,7 +862,14 @@ class BudgetStore:
                 for r in self._read(sql, (name,) if name else ())]
 
     def export(self) -> dict:
-        """Everything in the store as plain data (JSON-ready)."""
+        """Everything in the store as plain data.
+
+        Returns
+        -------
+        dict
+            The store's path and kind, schema version, every silo's position with all
+            its charges, and the runs; JSON-ready.
+        """
         return {"store": str(self.path) if self.path else None, "scratch": self.scratch,
                 "schema_version": SCHEMA_VERSION,
                 "silos": [dict(self.spent(n),

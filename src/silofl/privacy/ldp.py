@@ -29,6 +29,7 @@ import numpy as np
 
 from silofl.errors import ConfigError, PrivacyError
 from silofl.privacy import accounting
+from silofl.privacy.clipping import clip_bound
 from silofl.privacy.randomness import Randomness
 
 MECHANISMS = ("gaussian", "laplace")
@@ -105,8 +106,7 @@ def update_event(mechanism: str, epsilon: float, delta: float | None) -> dpa.DpE
 
 def clip_updates(update: np.ndarray, clip: float, norm: int) -> np.ndarray:
     """Scale each row of (k, P) so its L`norm` norm is ≤ clip (slightly inside, see
-    `models.base.clip_bound`)."""
-    from silofl.models.base import clip_bound
+    `privacy.clipping.clip_bound`)."""
     # a diverged client's row (NaN/∞, or a norm that overflows) becomes 0, a valid input:
     # a NaN upload would reveal the divergence outside the mechanism (privacy review)
     with np.errstate(over="ignore", invalid="ignore"):

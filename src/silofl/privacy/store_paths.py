@@ -29,6 +29,7 @@ import secrets
 import sqlite3
 import time
 from pathlib import Path
+from silofl.errors import ConfigError
 
 DEFAULT_DEPLOYMENT = "default"
 DEMO_SOURCE = "heart"  # the built-in public data behind `make run`
@@ -51,7 +52,6 @@ def silofl_home() -> Path:
 def check_deployment(name: str) -> str:
     """`name` if it is a valid deployment name (letters, digits, '.', '_', '-')."""
     if not _DEPLOYMENT.match(name or ""):
-        from silofl.errors import ConfigError
         raise ConfigError(f"[budget] deployment {name!r} is not a valid name: use 1-64 "
                           "letters, digits, '.', '_' or '-', starting with a letter or digit "
                           "(it names the store file <silofl home>/stores/<deployment>.sqlite)")

@@ -9,15 +9,31 @@ from __future__ import annotations
 import sqlite3
 import time
 import warnings
-from typing import TYPE_CHECKING
+from contextlib import AbstractContextManager
+from pathlib import Path
+from typing import Any, Protocol
 
 from silofl.privacy import store_paths
 
-if TYPE_CHECKING:  # budget imports this module
-    from silofl.privacy.budget import BudgetStore
+
+class BudgetStore(Protocol):
+    """What this module uses of `silofl.privacy.budget.BudgetStore` (which imports this
+    module, so it is described here rather than imported)."""
+
+    path: Path
+    _db: sqlite3.Connection
+
+    @property
+    def where(self) -> str: ...
+
+    def run_status(self, run_id: str) -> str | None: ...
+
+    def _tx(self) -> AbstractContextManager[Any]: ...
+
+    def _silo(self, name: str) -> Any: ...
 
 
-def check(store: "BudgetStore", run_id: str, digests: dict[str, str], new: set[str]) -> None:
+def check(store: BudgetStore, run_id: str, digests: dict[str, str], new: set[str]) -> None:
     """Record `store`'s charges and its run `run_id` in the machine registry; a silo in
     `new` (new to this store) whose data (`digests`: silo -> data digest) was charged
     elsewhere is flagged, and so is a store that lacks the run recorded before this one
@@ -52,7 +68,7 @@ def check(store: "BudgetStore", run_id: str, digests: dict[str, str], new: set[s
         "(--store) unless this really is a separate budget", stacklevel=3)
 
 
-def _here(store: "BudgetStore", name: str, digest: str) -> str:
+def _here(store: BudgetStore, name: str, digest: str) -> str:
     """How this store itself charged the data of `name` before: under another silo
     name (a rename is not a new budget), or the file was deleted or replaced."""
     other = [n for n in store_paths.names_in(store.path, digest) if n != name]
@@ -63,7 +79,7 @@ def _here(store: "BudgetStore", name: str, digest: str) -> str:
             "those charges are gone from it)")
 
 
-def _flag_rollback(store: "BudgetStore", missing: str) -> None:
+def _flag_rollback(store: BudgetStore, missing: str) -> None:
     """The store lacks a run this machine saw it reserve: warn and log."""
     text = (f"budget store {store.where} has fewer runs than this machine saw it reserve: "
             f"run {missing} is missing, so the file was deleted, replaced or restored "

@@ -15,9 +15,15 @@ Why these bounds:
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+
+import numpy as np
 
 from silofl.errors import PrivacyError
 
+#: The neighbouring relation of every example-level guarantee (a run's cards and reports)
+ADJACENCY = ("add/remove one record (example-level DP within each silo; each silo's "
+             "guarantee covers the records in its own data)")
 EPSILON_MAX = 100.0
 DELTA_MAX = 0.5
 
@@ -72,3 +78,32 @@ def check_delta(delta, where: str = "", name: str = "delta") -> float:
 def check_target(epsilon, delta, where: str = "") -> tuple[float, float]:
     """Both checks: (ε, δ) as floats, or PrivacyError naming the setting."""
     return check_epsilon(epsilon, where), check_delta(delta, where)
+
+
+@dataclass(frozen=True)
+class PrivacyTarget:
+    """A silo's own (ε, δ) for example-level DP on its own records.
+
+    Parameters
+    ----------
+    epsilon : float
+        ε > 0 (dimensionless; smaller is more private).
+    delta : float
+        δ in (0, 1); use a value well below 1/n for n records.
+
+    Raises
+    ------
+    PrivacyError
+        ε not a positive finite number, or δ outside (0, 1).
+    """
+
+    epsilon: float
+    delta: float
+
+    def __post_init__(self):
+        if not np.isfinite(self.epsilon) or self.epsilon <= 0:
+            raise PrivacyError(f"epsilon must be a positive number, got {self.epsilon}; "
+                               "use e.g. epsilon = 1.0 (smaller is more private)")
+        if not (0 < self.delta < 1):
+            raise PrivacyError(f"delta must lie strictly between 0 and 1, got {self.delta}; "
+                               "use a value well below 1/n, e.g. delta = 1e-5")

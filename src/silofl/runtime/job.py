@@ -28,10 +28,12 @@ from pathlib import Path
 
 import numpy as np
 
-from silofl.data.federation import Federation, PrivacyTarget
+from silofl.data.federation import Federation
+from silofl.privacy.targets import PrivacyTarget
 from silofl.errors import BudgetExceeded
+from silofl.io import array_digest
 from silofl.privacy import events
-from silofl.privacy.budget import BudgetStore, PlannedCharge, new_run_id
+from silofl.privacy.budget import BudgetStore, BudgetStoreError, PlannedCharge, new_run_id
 from silofl.privacy.ledger import Ledger, silo_file_id
 
 #: the method name of charges made outside any method (e.g. preprocessing)
@@ -42,12 +44,7 @@ def fingerprint(X: np.ndarray, y: np.ndarray) -> str:
     """A digest of one silo's training rows. Never written anywhere as is: the budget
     store keeps its keyed hash (`BudgetStore.keyed`), so that a change of the data (new
     patients) shows in the store while a guessed record cannot be tested against it."""
-    h = hashlib.sha256()
-    for a in (X, y):
-        a = np.ascontiguousarray(a)
-        h.update(str((a.dtype.str, a.shape)).encode())
-        h.update(a.tobytes())
-    return h.hexdigest()[:16]
+    return array_digest(X, y)
 
 
 def silo_digest(silo) -> str:
@@ -224,7 +221,6 @@ def _release_unstarted(store: BudgetStore, run_id: str) -> None:
     """An interrupt after `run_id`'s reservation committed (e.g. in the registry check)
     but before its caller got the job: nothing was read, so it settles to nothing. If
     that fails (the interrupt left a transaction open), the reservation stays counted."""
-    from silofl.privacy.budget import BudgetStoreError
     try:
         if store.run_status(run_id) == "reserved":
             store.settle(run_id, [], status="interrupted")

@@ -21,10 +21,13 @@ import numpy as np
 
 from silofl.algorithms.base import Algorithm
 from silofl.config.base import section_dataclass
-from silofl.data.federation import Federation, PrivacyTarget
+from silofl.data.federation import Federation
+from silofl.privacy.targets import PrivacyTarget
 from silofl.errors import CalibrationError, ConfigError, PrivacyError
 from silofl.privacy import accounting, events
 from silofl.tuning import accounting as tuning_accounting
+from silofl.privacy.node_level import (node_steps, NodeLevelDpEvent, DEFAULT_ORDERS,
+                                       calibrate_node_sigma, ADJACENCY_TEXT, affected_examples)
 
 
 NOISE_MODES = ("secure", "seeded")
@@ -45,11 +48,47 @@ _CALIBRATION_MARGIN = 1e-7
 
 @section_dataclass("TrainingConfig", frozen=True)
 class TrainingConfig:
-    """Settings shared by all silos. Units: lr per step, clip in L2 norm of a gradient.
+    """Training settings shared by all silos (each silo's σ comes from its own target).
 
-    The engine's settings (a checked dataclass on the configuration model's rules: wrong
-    types and unknown keys are `ConfigError`s); `silofl run` builds it from [training] and
-    [privacy] (`silofl.experiments.build.training_config`), whose defaults are the CLI's."""
+    A checked dataclass on the configuration model's rules (`silofl.config`): wrong types
+    and unknown keys are `ConfigError`s. `silofl run` builds it from [training] and
+    [privacy] (`silofl.experiments.build.training_config`), whose defaults are the CLI's.
+
+    Attributes
+    ----------
+    rounds : int, default 100
+        Federated rounds.
+    local_epochs : float, default 1.0
+        Expected passes over a silo's training data per round.
+    batch_size : int, default 32
+        Expected batch size b; each silo samples with Poisson rate q_k = b / n_k.
+    lr : float, default 0.1
+        Learning rate, per step.
+    clip : float, default 1.0
+        C, the L2 norm bound of each per-example gradient.
+    l2 : float, default 0.0
+        L2 regularization of the loss.
+    private : bool, default True
+        DP-SGD with calibrated noise and budget charges (False: no guarantee, no charge).
+    accountant : {"pld", "rdp"}, default "pld"
+        The accountant σ is calibrated and ε reported with.
+    noise : {"secure", "seeded"}, default "secure"
+        "secure": a CSPRNG keyed from OS entropy; "seeded": reproducible experiments
+        only, not a privacy guarantee (every output says so).
+    seed : int, default 0
+        Seed of the seeded noise and of model initialization.
+    eval_every : int, default 1
+        Evaluate the test metric every this many rounds.
+    noise_multiplier : float or None, default None
+        A fixed σ instead of calibrating it (the ledgers still refuse anything over the
+        target).
+    privacy_unit : {"example", "node"}, default "example"
+        One training row, or one person of a contact graph.
+    node_S : int, default 1
+        Node level: the most examples one person appears in.
+    adjacency : {"node+edges", "node"}, default "node+edges"
+        Node level: a person and their contacts, or a fixed public graph.
+    """
 
     rounds: int = 100
     local_epochs: float = 1.0
@@ -72,6 +111,13 @@ class TrainingConfig:
     adjacency: str = "node+edges"
 
     def validate(self) -> None:
+        """Check every setting.
+
+        Raises
+        ------
+        ConfigError
+            The first invalid setting, with its valid range.
+        """
         def bad(msg):
             raise ConfigError(msg)
         if not (isinstance(self.rounds, int) and self.rounds >= 1):
@@ -130,7 +176,6 @@ class SiloPlan:
                "delta": self.target.delta if self.target else None,
                "calibrated_for": self.calibrated_for}
         if self.node is not None:
-            from silofl.privacy.node_level import ADJACENCY_TEXT, affected_examples
             adj = self.node["adjacency"]
             out.update(privacy_unit="node", S=self.node["S"], adjacency=adj,
                        adjacency_text=ADJACENCY_TEXT[adj],
@@ -234,7 +279,6 @@ def _node_plans(fed: Federation, algorithm: Algorithm, cfg: TrainingConfig) -> l
     step per round); refused for methods whose private accesses are accounted at example
     level only (local-DP uploads). σ is calibrated in `_calibrate_node` for everything
     composed: the passes, the IFCA family's selections (zCDP) and any preprocessing."""
-    from silofl.privacy.node_level import node_steps
     if algorithm.name in EXAMPLE_LEVEL_ONLY or not getattr(algorithm, "calibrated", True):
         raise ConfigError(
             f"{algorithm.name} is not available with privacy_unit = 'node': its local-DP "
@@ -268,7 +312,6 @@ def pass_event(p: SiloPlan, sigma: float):
     Poisson-sampled Gaussian (example level) or a `NodeLevelDpEvent` (node level)."""
     if p.node is None:
         return accounting.dpsgd_event(p.q, sigma, p.steps_per_pass)
-    from silofl.privacy.node_level import NodeLevelDpEvent
     return NodeLevelDpEvent(p.n, p.node["S"], p.node["batch_size"], sigma, p.steps_per_pass,
                             p.node["adjacency"])
 
@@ -328,7 +371,6 @@ def _calibrate_node(algorithms, plans, cfg, pre, eps: float, delta: float) -> fl
     family's selections (zCDP: RDP ξ + ρα) — bring fixed RDP curves composed in as
     `base_rdp`: `node_dp.calibrate_node_sigma` bisects σ for the total steps — the
     calibration the pandemic pipeline always used. None: use the generic search."""
-    from silofl.privacy.node_level import DEFAULT_ORDERS, calibrate_node_sigma
     p = plans[0]
     counts = events.flatten(_job_event(algorithms, plans, cfg, 1.0, None))
     fixed = {e: c for e, c in counts.items() if isinstance(e, dpa.ZCDpEvent)}

@@ -15,7 +15,8 @@ from typing import Callable
 import numpy as np
 
 from silofl.algorithms.base import Algorithm
-from silofl.data.federation import Federation, PrivacyTarget
+from silofl.data.federation import Federation
+from silofl.privacy.targets import PrivacyTarget
 from silofl.errors import ConfigError
 from silofl.models import metrics as M
 from silofl.models.base import Model
@@ -27,6 +28,7 @@ from silofl.runtime.plan import SiloPlan, TrainingConfig, noise_multipliers, pla
 from silofl.training.dpsgd import GradientRule
 from silofl.training.sampling import NODE_LABEL, NodeUnit
 from silofl.training.trainer import LocalTrainer, SiloArrays
+from silofl.runtime.network.hosting import per_silo_step, per_silo_trainers
 
 
 @dataclass
@@ -47,6 +49,41 @@ class History:
 
 @dataclass
 class RunResult:
+    """What `simulate` returns: one method's run.
+
+    Attributes
+    ----------
+    method : dict
+        The algorithm's description (``Algorithm.describe``).
+    metric : str
+        The test metric's name.
+    silos : list of str
+        Silo names, in order (K).
+    history : History
+        Metric per evaluated round: ``rounds``, ``pooled`` and ``per_silo[round][silo]``.
+    final_per_silo : list of float
+        Each silo's final metric on its own test set (K values).
+    final_pooled : float
+        The final metric over all test rows.
+    plans : list of SiloPlan
+        Each silo's plan (σ, sampling rate, steps, target).
+    ledgers : list of Ledger or None
+        Each silo's charges (None for a non-private run).
+    params : numpy.ndarray
+        The personal models, shape (K, P).
+    seconds : float
+        Wall-clock time of the run (not privatized).
+    noise : {"secure", "seeded"}
+        The noise mode ("seeded": not a privacy guarantee).
+    run_id : str or None
+        The budget store's id of the run (None: non-private).
+    scratch : bool
+        Charged to a scratch store: an experiment, not a release.
+    shared : numpy.ndarray or None
+        The server's model(s) at the end: (P,), or (G, P) for IFCA's clusters; None
+        where the method keeps none.
+    """
+
     method: dict
     metric: str
     silos: list[str]
@@ -65,6 +102,14 @@ class RunResult:
     shared: np.ndarray | None = None
 
     def privacy(self) -> list[dict]:
+        """Each silo's privacy statement: its ledger's report and its plan.
+
+        Returns
+        -------
+        list of dict
+            One dict per silo (epsilon_pld, epsilon_rdp, target, σ, q, steps, ...);
+            empty for a non-private run.
+        """
         if self.ledgers is None:
             return []
         return [dict(led.report(), **p.to_dict()) for led, p in zip(self.ledgers, self.plans)]
@@ -100,30 +145,72 @@ def simulate(fed: Federation, model: Model, algorithm: Algorithm, cfg: TrainingC
              checkpoint_every: int = 1, restored: dict | None = None,
              source=None, params0: np.ndarray | None = None,
              hosting: str = "joint") -> RunResult:
-    """Train `algorithm` on `fed`; returns history, final metrics, ledgers and models.
+    """Train `algorithm` on `fed` in this process, each silo at its own privacy target.
 
-    Privacy: the run spends each silo's lifetime budget. Either pass `job` (a reservation
-    made by `runtime.job.open_job` for a whole job; `method` names this run's plans in it)
-    or a `store` (this call reserves, then settles, its own plan there; `lifetime` gives
-    the lifetime target of silos the store has not seen, default: their run target); with
+    Privacy: the run spends each silo's lifetime budget, reserved before any data is
+    read. Either pass `job` (a reservation made by ``silofl.runtime.job.open_job`` for a
+    whole job) or a `store` (this call reserves, then settles, its own plan there); with
     neither, a scratch in-memory store is used and the result is marked as an experiment.
-    `plans` (from `plan_silos`) may be passed when already computed. `eval_sets` names
-    extra held-out sets, one (X, y) per silo (e.g. a validation split carved from training
-    data), evaluated at the same rounds as the test sets into `History.extra`.
 
-    `checkpoint(state)` is called after every `checkpoint_every`-th round (and the last)
-    with the training state (round, algorithm states, history, counters, the seeded noise
-    stream's state); `resume` (such a state) continues after its round. A secure stream is
-    never saved: a resumed secure run draws fresh entropy.
+    Parameters
+    ----------
+    fed : Federation
+        The silos, each with a `PrivacyTarget` when ``cfg.private``.
+    model : Model
+        From `silofl.make_model`.
+    algorithm : Algorithm
+        From `silofl.make_algorithm`.
+    cfg : TrainingConfig
+        The shared settings; σ per silo is calibrated from its target.
+    metric : str, optional
+        The test metric (default: accuracy for classification, MSE for regression).
+    plans : list of SiloPlan, optional
+        Already computed plans (``silofl.runtime.plan.plan_silos``).
+    ledger_dir : Path, optional
+        Where each silo's ledger is written as it charges.
+    on_round : callable (round, pooled metric) -> None, optional
+        Called after every evaluation.
+    eval_sets : dict of str to list of (X, y), optional
+        Extra held-out sets, one (X, y) per silo, evaluated at the same rounds as the test
+        sets into ``History.extra``.
+    store : BudgetStore, optional
+        The lifetime budget store to reserve in and settle to.
+    job : Job, optional
+        A reservation covering this run; `method` names its plans in it.
+    method : str, optional
+        This run's label (default: the algorithm's name).
+    lifetime : dict of str to PrivacyTarget, optional
+        Lifetime targets of silos the store has not seen (default: their run target).
+    resume : dict, optional
+        A checkpoint state: continue after its round.
+    checkpoint : callable (state) -> None, optional
+        Called after every `checkpoint_every`-th round (and the last) with the training
+        state (a secure noise stream is never saved: a resumed run draws fresh entropy).
+    checkpoint_every : int, default 1
+        Rounds between checkpoints.
+    restored : dict, optional
+        Ledger entries restored from a checkpoint.
+    source : optional
+        Another silo data source than `fed`'s arrays (same ``n``/``gather`` interface as
+        ``SiloArrays``; graph data gathers neighbourhood features per batch).
+    params0 : numpy.ndarray, optional
+        The starting model, shape (P,) (default: the model's).
+    hosting : {"joint", "per_silo"}, default "joint"
+        "per_silo" runs each silo on its own one-silo trainer and random stream, exactly
+        as the silo processes of a networked run (seeded mode: the same models).
 
-    `source` replaces the training arrays stacked from `fed` by another silo data source
-    (same `n`/`gather` interface as `SiloArrays`; graph data gathers neighbourhood
-    features per batch, `pandemic.engine`), and `params0` (P,) the model's default
-    starting point.
+    Returns
+    -------
+    RunResult
+        History, final metrics, plans, ledgers and the (K, P) personal models.
 
-    `hosting="per_silo"` runs each silo's step on its own one-silo trainer with its own
-    random stream (`runtime.network.hosting`), exactly as the silo processes of a networked
-    run do (seeded mode: the same models); "joint" (default) batches all silos in one."""
+    Raises
+    ------
+    ConfigError
+        Invalid settings (before any data access).
+    BudgetExceeded
+        The run would take a silo over its lifetime target: nothing is executed.
+    """
     if hosting not in ("joint", "per_silo") or hosting == "per_silo" and (
             resume is not None or checkpoint is not None or source is not None
             or getattr(cfg, "privacy_unit", "example") != "example"):
@@ -199,7 +286,6 @@ def _train(fed, model, algorithm, cfg, metric, plans, ledgers, on_round, eval_se
                if getattr(algorithm, "weighted", True) else np.ones(fed.num_silos))
     step = algorithm.silo_step
     if hosting == "per_silo":  # each silo its own trainer and stream, as on the network
-        from silofl.runtime.network.hosting import per_silo_step, per_silo_trainers
         trainers = per_silo_trainers(fed, model, cfg, plans, ledgers)
         step = lambda s, m, _joint, t: per_silo_step(algorithm, s, m, trainers, t)  # noqa: E731
     test_counts = np.array([s.n_test for s in fed.silos])

@@ -24,6 +24,9 @@ import numpy as np
 from silofl.errors import ConfigError
 from silofl.theory import model as me
 from silofl.theory import tuning_cost as tc
+from silofl.experiments.figures import _plt, check_out_dir
+from silofl.io import savefig_atomic, write_json_atomic
+from silofl.theory.montecarlo import simulate
 
 
 @dataclass(frozen=True)
@@ -72,7 +75,6 @@ def fig17_numbers(panels=FIG17_PANELS, mean_trials: float = 10.0, etas=DEFAULT_E
     and FedAvg, the ε a fixed grid of `naive_trials` (default round(mean_trials)) runs at
     that noise would cost, and (reps > 0) simulated errors. Raises ConfigError/PrivacyError
     before computing anything on bad input."""
-    from silofl.theory.montecarlo import simulate
     if not panels:
         raise ConfigError("fig17 needs at least one panel")
     etas = tuple(float(e) for e in etas)
@@ -141,8 +143,6 @@ def _curve(label, m: me.MeanEstimation, eta, gamma, s_untuned: float, tau2: floa
 
 def draw_fig17(numbers: dict, path: Path) -> None:
     """The PNG of `fig17_numbers`: one panel per model, error vs λ (log-log)."""
-    from silofl.experiments.atomic import savefig_atomic
-    from silofl.experiments.figures import _plt
     plt = _plt()
     panels = numbers["panels"]
     lam = np.asarray(numbers["lambdas"])
@@ -190,8 +190,6 @@ def draw_fig17(numbers: dict, path: Path) -> None:
 def fig17(out_dir: Path, **kw) -> tuple[dict, dict]:
     """Compute Fig. 1.7 and write fig17.png and fig17.json into out_dir (created).
     Returns (numbers, {"png": path, "json": path}). Nothing is written on bad input."""
-    from silofl.experiments.atomic import write_json_atomic
-    from silofl.experiments.figures import check_out_dir
     out_dir = Path(out_dir)
     check_out_dir(out_dir)
     numbers = fig17_numbers(**kw)

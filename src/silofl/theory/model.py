@@ -41,6 +41,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from silofl.errors import ConfigError, PrivacyError
+from silofl.privacy import accounting
 
 #: the λ grid of the thesis's sweeps (App. B.2)
 THESIS_LAMBDAS = (0.0001, 0.001, 0.003, 0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0)
@@ -126,7 +127,6 @@ def mean_estimation(K: int, n, sigma2, tau2: float, clip: float, epsilon=None, d
     n, sigma2, epsilon, delta: one value for all silos or K values (silo-specific privacy,
     App. D.5). epsilon None: non-private. accountant: the library's (default PLD).
     Raises ConfigError / PrivacyError naming the bad value."""
-    from silofl.privacy import accounting
     if isinstance(K, bool) or not isinstance(K, (int, np.integer)) or K < 2:
         raise ConfigError(f"the model needs K ≥ 2 silos (an integer), got {K!r}: with one "
                           "silo there is nothing to federate")
@@ -167,7 +167,6 @@ def gaussian_noise_multiplier(epsilon: float, delta: float, accountant: str | No
     release of a sensitivity-1 sum; σ_DP = z·c for sensitivity c)."""
     import dp_accounting as dpa
 
-    from silofl.privacy import accounting
     return accounting.calibrate(lambda z: dpa.GaussianDpEvent(z), float(epsilon),
                                 float(delta), accountant or accounting.DEFAULT_ACCOUNTANT)
 

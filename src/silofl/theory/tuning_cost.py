@@ -20,6 +20,9 @@ import math
 import numpy as np
 
 from silofl.errors import ConfigError, PrivacyError
+from silofl.privacy import accounting
+from silofl.tuning.distributions import TrialDistribution, tnb
+from silofl.tuning.distributions import tnb_mean  # noqa: F401  (silofl.theory.tnb_mean)
 
 
 def _check_eta(eta: float) -> None:
@@ -33,11 +36,6 @@ def _check_mean(mean: float) -> None:
     if not (isinstance(mean, (int, float)) and math.isfinite(mean) and mean > 1):
         raise ConfigError(f"the expected number of trials E[h] must be a finite number > 1, "
                           f"got {mean!r}")
-
-
-def tnb_mean(eta: float, gamma: float) -> float:
-    """E[h] of TNB(η, γ) (thesis App. E.1), from `silofl.tuning.distributions`."""
-    return _tnb(eta, gamma=gamma).mean
 
 
 def tnb_gamma(eta: float, mean: float) -> float:
@@ -55,7 +53,6 @@ def tnb_pmf(eta: float, gamma: float, h_max: int) -> np.ndarray:
 
 
 def _tnb(eta, gamma=None, mean=None):
-    from silofl.tuning.distributions import TrialDistribution, tnb
     if gamma is not None:
         if not 0 < gamma < 1:
             raise ConfigError(f"TNB γ must lie strictly between 0 and 1, got {gamma}")
@@ -78,7 +75,6 @@ def tuned_noise_multiplier(epsilon: float, delta: float, mean_trials: float,
     """Smallest z such that the randomized tuning of a Gaussian release with noise z
     (`repeat_and_select_event`) is (ε, δ)-DP — calibrated with the library's
     `accounting.calibrate`, which uses RDP for this event (no PLD exists for it)."""
-    from silofl.privacy import accounting
     repeat_and_select_event(1.0, mean_trials, eta)  # validate before calibrating
     return accounting.calibrate(lambda z: repeat_and_select_event(z, mean_trials, eta),
                                 float(epsilon), float(delta))
@@ -89,6 +85,5 @@ def naive_grid_epsilon(noise_multiplier: float, trials: int, delta: float) -> fl
     size costs in the worst case (Proposition E.1.1), under the library's accountant."""
     import dp_accounting as dpa
 
-    from silofl.privacy import accounting
     ev = dpa.SelfComposedDpEvent(dpa.GaussianDpEvent(float(noise_multiplier)), int(trials))
     return accounting.guarantee(ev, float(delta))[0]

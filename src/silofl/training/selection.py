@@ -53,6 +53,7 @@ import numpy as np
 from silofl.models import metrics as M
 from silofl.models.base import Model
 from silofl.privacy.randomness import Randomness
+from silofl.privacy.node_level import affected_examples
 
 #: default clip bound B for per-example losses in regression selection
 DEFAULT_LOSS_BOUND = 1.0
@@ -77,7 +78,6 @@ def node_sensitivity(model: Model, n: int, S: int, adjacency: str,
                      loss_bound: float = DEFAULT_LOSS_BOUND) -> float:
     """Δ of the mean score over all n examples of a region under node-level replacement
     adjacency: A·B/n, A = `node_dp.affected_examples(n, S, adjacency)` (module docstring)."""
-    from silofl.privacy.node_level import affected_examples  # lazy: the node-level unit (scipy-heavy)
     bound = loss_bound if uses_loss(model) else 1.0
     return affected_examples(int(n), int(S), adjacency) * bound / int(n)
 

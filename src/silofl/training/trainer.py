@@ -31,6 +31,7 @@ from silofl.training import selection
 from silofl.training.dpsgd import GradientRule, round_noise
 from silofl.training.sampling import (NodeUnit, node_streams, poisson_batches,
                                       secure_randomness, seeded_streams)
+from silofl.privacy.node_level import NodeLevelDpEvent
 
 
 @dataclass
@@ -137,7 +138,6 @@ class LocalTrainer:
         """Silo k's charge for `steps` DP-SGD steps under the trainer's privacy unit."""
         if self.node is None:
             return accounting.dpsgd_event(self.q[k], self.rule.noise_multiplier[k], steps)
-        from silofl.privacy.node_level import NodeLevelDpEvent  # lazy: the node-level unit (scipy-heavy)
         return NodeLevelDpEvent(int(self.data.n[k]), self.node.S, int(self.batch_size),
                                 float(self.rule.noise_multiplier[k]), steps,
                                 self.node.adjacency)

@@ -56,7 +56,7 @@ class TrialDistribution:
         """E[h]."""
         if self.kind == "poisson":
             return float(self.mu)
-        return tnb_mean(self.eta, self.gamma)
+        return _tnb_mean(self.eta, self.gamma)
 
     @property
     def shape(self) -> float:
@@ -127,7 +127,32 @@ def _check_eta(eta) -> None:
 
 
 def tnb_mean(eta: float, gamma: float) -> float:
-    """E[h] of TNB(η, γ) (thesis appendix E.1)."""
+    """E[h] of TNB(η, γ) (thesis appendix E.1), the one formula tuning and theory share.
+
+    Parameters
+    ----------
+    eta : float
+        Shape η ≥ 0 (0: logarithmic, 1: geometric).
+    gamma : float
+        γ in (0, 1).
+
+    Returns
+    -------
+    float
+        The expected number of trials E[h] > 1.
+
+    Raises
+    ------
+    ConfigError
+        γ outside (0, 1) or η not accepted.
+    """
+    if not (isinstance(gamma, (int, float)) and 0 < gamma < 1):
+        raise ConfigError(f"TNB γ must lie strictly between 0 and 1, got {gamma}")
+    _check_eta(eta)
+    return _tnb_mean(float(eta), float(gamma))
+
+
+def _tnb_mean(eta: float, gamma: float) -> float:
     if eta == 0:
         return (1 / gamma - 1) / math.log(1 / gamma)
     return eta * (1 - gamma) / (gamma * (1 - gamma ** eta))
@@ -155,11 +180,11 @@ def poisson(mu: float) -> TrialDistribution:
 def _solve_gamma(eta: float, mean: float) -> float:
     """γ with E[h] = mean (E[h] falls from ∞ at γ → 0 to 1 at γ → 1): bisection in log γ."""
     lo, hi = 1e-300, 1 - 1e-15
-    if tnb_mean(eta, hi) > mean:  # pragma: no cover - mean > 1 always bracketed
+    if _tnb_mean(eta, hi) > mean:  # pragma: no cover - mean > 1 always bracketed
         return hi
     for _ in range(400):
         mid = math.sqrt(lo * hi) if hi / lo > 1.5 else 0.5 * (lo + hi)
-        if tnb_mean(eta, mid) > mean:
+        if _tnb_mean(eta, mid) > mean:
             lo = mid
         else:
             hi = mid

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import numpy as np
 
-from silofl.experiments.selection import choose, group_runs, mean_std
+from silofl.tuning.selection import choose, group_runs, mean_std
+from silofl.io import json_safe, write_json_atomic
 
 NOT_A_GUARANTEE = "uncounted: selection cost NOT counted — not a privacy guarantee"
 
@@ -118,7 +119,6 @@ def plot_comparison(head: dict, rows: list[dict], path: Path, title: str = "") -
 
 def write_comparison(head: dict, records: list[dict], results: Path):
     """Table, and beside the results file <stem>-tuning.json / .png. Returns (table, files)."""
-    from silofl.experiments.atomic import json_safe, write_json_atomic
     rows = comparison(head, records)
     results = Path(results)
     js = results.with_name(results.stem + "-tuning.json")

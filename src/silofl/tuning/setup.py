@@ -15,6 +15,7 @@ import numpy as np
 
 from silofl.errors import ConfigError
 from silofl.tuning import distributions as D
+from silofl.data.federation import split_silo
 
 MODES = ("none", "private")
 TUNABLE = ("mrmtl", "ditto")
@@ -83,7 +84,6 @@ def tuned_algorithm(tc, lams, lrs, validation, weighted: bool = True):
 def carve_into_test(raw, fraction: float, seed: int):
     """Move `fraction` of each silo's training rows to the end of its test rows. Returns
     (raw', counts (K,)): silo k's last counts[k] test rows are its validation rows."""
-    from silofl.data.federation import split_silo
     rng = np.random.default_rng([seed, 0x7E57])
     silos, counts = [], []
     for s in raw.silos:

@@ -42,7 +42,7 @@ from flwr.server.workflow import DefaultWorkflow, SecAggPlusWorkflow
 from flwr.serverapp import Grid
 
 from silofl.errors import ConfigError, SiloflError
-from silofl.experiments.atomic import write_json_atomic
+from silofl.io import write_json_atomic
 from silofl.privacy.randomness import Randomness
 from silofl.runtime.network import messages as W
 from silofl.runtime.network import secagg as S

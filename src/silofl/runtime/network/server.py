@@ -24,7 +24,7 @@ from silofl.config import Config
 from silofl.config.base import did_you_mean
 from silofl.config.network import ServerSection, read_server_file
 from silofl.errors import ConfigError, SiloflError
-from silofl.experiments.atomic import write_json_atomic, write_npz_atomic
+from silofl.io import write_json_atomic, write_npz_atomic
 from silofl.runtime.network import messages as W
 from silofl.runtime.network.hosting import (asks_subset, check_row, encode_message,
                                             local_dp_family, merge_updates, select_silos,

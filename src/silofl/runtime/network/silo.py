@@ -35,9 +35,10 @@ import numpy as np
 
 from silofl.algorithms import make_algorithm
 from silofl.config.network import DEFAULT_METHODS, SiloSection, read_silo_file
-from silofl.data.federation import Federation, PrivacyTarget, Silo
+from silofl.data.federation import Federation, Silo
+from silofl.privacy.targets import PrivacyTarget
 from silofl.errors import BudgetExceeded, ConfigError, DataError, SiloflError
-from silofl.experiments.atomic import write_json_atomic, write_npz_atomic
+from silofl.io import write_json_atomic, write_npz_atomic
 from silofl.models import make_model
 from silofl.models import metrics as M
 from silofl.privacy import accounting

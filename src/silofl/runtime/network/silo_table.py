@@ -23,7 +23,8 @@ from pathlib import Path
 
 from silofl.config.base import validate
 from silofl.config.network import SiloDataSection
-from silofl.data.federation import Federation, PrivacyTarget, Silo
+from silofl.data.federation import Federation, Silo
+from silofl.privacy.targets import PrivacyTarget
 from silofl.data.preprocess import PreprocessSpec, RawFederation, preprocess_without_budget
 from silofl.data.schema import Schema, load_schema
 from silofl.errors import ConfigError, DataError

@@ -1,4 +1,4 @@
-"""The models a networked job releases, saved in the format of `silofl run`
+"""The models a networked job released, saved in the format of `silofl run`
 (`silofl.experiments.artifacts`), so that `silofl predict --run <folder>` and `load_run`
 work on them.
 
@@ -23,9 +23,14 @@ import numpy as np
 
 from silofl.errors import ConfigError
 from silofl.experiments.artifacts import FORMAT, FORMAT_VERSION, silofl_version
-from silofl.experiments.integrity import file_hashes, sha256_file
-from silofl.experiments.atomic import dumps_strict, write_bytes_atomic, write_npz_atomic
+from silofl.io import (dumps_strict, file_hashes, sha256_file, write_bytes_atomic,
+                       write_npz_atomic)
 from silofl.privacy.ledger import silo_file_id, tightest
+from silofl.privacy.targets import ADJACENCY
+from silofl.runtime.network.hosting import local_dp_family, round_events
+from silofl.runtime.network.silo import job_model
+from silofl.runtime.network.silo_table import declared_constants, is_private, read_schema
+from silofl.runtime.simulator import _shared
 
 SHARED = "shared"  # the pseudo-silo name of the server's model (`predict --silo shared`)
 HYPER = ("rounds", "local_epochs", "batch_size", "lr", "clip", "l2", "seed", "weighted")
@@ -86,8 +91,6 @@ def _preprocessing(names: list[str], schema, constants: dict | None,
 def silo_privacy(program) -> dict:
     """What protects the records of this silo in its released model: its own target, the
     composition of the rounds it ran (reserved in its store before each ran), its store."""
-    from silofl.experiments.run import ADJACENCY
-    from silofl.runtime.network.hosting import local_dp_family, round_events
     c, p, job = program.cfg, program.plan, program.job
     pass_event = None if program.cap is not None else program._data_pass_event()
     rounds = [round_events(program.algorithm, pass_event, t, job["rounds"], p.target)
@@ -148,15 +151,11 @@ def save_server_release(program) -> Path | None:
     """Write the server's shared model (None: the method has none, e.g. Local, IFCA's
     clusters, Mocha); returns the run folder. ConfigError when the silos preprocessed with
     their own private constants: the shared model then has no one preprocessing to save."""
-    from silofl.runtime.network.silo_table import declared_constants, read_schema
-    from silofl.runtime.network.silo import job_model
-    from silofl.runtime.simulator import _shared
     job, cfg = program.job, program.cfg
     model = job_model(job)
     shared = _shared(program.server) if job["method"] != "local" else None
     if shared is None or np.ndim(shared) != 1 or program.done == 0:
         return None
-    from silofl.runtime.network.silo_table import is_private
     if job["data_kind"] == "tabular" and is_private(job):
         raise ConfigError("the silos standardized/imputed with their own private constants, "
                           "so the shared model has no single preprocessing to save with it; "

@@ -2,7 +2,7 @@
 ``[data] sep`` look like rich markup tags to the terminal library, which drops them
 silently. `escape_help` escapes every help text of a Typer app once, after all commands
 are registered, so no help string needs hand-written escapes (and none can forget one).
-Error messages are escaped in the one error printer (`silofl.cli._fail`)."""
+Error messages are escaped in the one error printer (`silofl.cli.root._fail`)."""
 
 from __future__ import annotations
 

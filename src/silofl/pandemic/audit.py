@@ -38,11 +38,16 @@ from typing import Callable
 
 import numpy as np
 
-from silofl.audit import bounds
+import silofl.audit.bounds as bounds
 from silofl.audit.engine import (AUDIT_NOTE, KINDS, LOWER_BOUND_NOTE, AuditReport,
                                  SiloAudit)
 from silofl.errors import ConfigError
+from silofl.pandemic.pipeline import (_as_constants, build_features, model_inputs, new_model,
+                                      region_groups, train)
+from silofl.pandemic.readers import ContactNetwork, IdIndex
+from silofl.pandemic.schema import ActivityType
 from silofl.privacy.budget import SCRATCH_NOTE, BudgetStore
+from silofl.privacy.node_level import ADJACENCY_TEXT
 
 #: canaries when not given: at most 200, at most the region's persons
 DEFAULT_CANARIES = 200
@@ -54,7 +59,6 @@ _EVENING, _HOURS = 18 * 3600, 4 * 3600
 
 def neighbouring_text(adjacency: str) -> str:
     """What D and D′ differ in, for the output (the accountant's relation, made concrete)."""
-    from silofl.privacy.node_level import ADJACENCY_TEXT
     what = ("the canary (its record, its alternating S/I history and its home contacts) or "
             "the null person (never infected, no contacts)" if adjacency == "node+edges" else
             "the canary (alternating S/I history) or the null person (never infected) — "
@@ -76,7 +80,6 @@ class CanaryPersons:
 
 
 def _regions(data, cfg) -> dict[str, np.ndarray]:
-    from silofl.pandemic.pipeline import region_groups
     return {r.name: r.persons for r in region_groups(data, cfg)}
 
 
@@ -107,8 +110,6 @@ def insert_persons(data, c: CanaryPersons, included: np.ndarray, adjacency: str)
     """`data` with the m slots of `c` appended as persons (ids after the largest), "in"
     slots as the canary, "out" slots as the null person (module docstring). Returns a new
     PandemicData (the input is not modified) and the slots' global person indices (m,)."""
-    from silofl.pandemic.readers import ContactNetwork, IdIndex
-    from silofl.pandemic.schema import ActivityType
     inc = np.asarray(included, bool)
     m, k = c.contacts.shape
     P, T = data.num_persons, data.num_days
@@ -157,8 +158,6 @@ def canary_scores(data_in, pm, region: str, slots: np.ndarray) -> np.ndarray:
     (raw-input) model over all training windows, its examples built on `data_in` (every
     slot "in") with the constants the model was trained with (declared/private; uncharged:
     refit, as in prediction)."""
-    from silofl.pandemic.pipeline import (_as_constants, build_features, model_inputs,
-                                          new_model, region_groups)
     cfg = pm.config
     r = next(g for g in region_groups(data_in, cfg) if g.name == region)
     saved = pm.constants.get(region) if cfg.preprocessing == "private" else None
@@ -203,7 +202,6 @@ def audit_pandemic(data, cfg, *, region: str | None = None, kind: str = "one-run
     charged (None: an in-memory scratch store, said so); multi-run: must be None or
     scratch. seed: canaries and coin flips (default OS entropy). Everything that can fail
     on bad input fails before any budget is reserved."""
-    from silofl.pandemic.pipeline import train
     t0 = time.perf_counter()
     if kind not in KINDS:
         raise ConfigError(f"unknown audit kind {kind!r}; choose one of {', '.join(KINDS)}")

@@ -1,4 +1,6 @@
-"""Atomic, strict file writes for everything the experiments write.
+"""Shared file helpers at the bottom of the layers: atomic strict writes and file hashes.
+
+Every package (privacy stores aside, which use SQLite) writes files through here.
 
 A file is written to a temporary file in the same directory and moved into place with
 `os.replace`, so a crash or a full disk leaves the old file (or none), never a truncated
@@ -8,6 +10,7 @@ one. JSON is strict: NaN and ±inf become null (RFC 8259 has no token for them),
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import math
@@ -18,9 +21,21 @@ from pathlib import Path
 import numpy as np
 
 
-def write_bytes_atomic(path: str | Path, data: bytes) -> None:
-    """Write `data` to `path` via a temp file + fsync + os.replace."""
+def write_bytes_atomic(path: str | Path, data: bytes, *, mkdir: bool = False) -> None:
+    """Write `data` to `path` via a temp file + fsync + os.replace.
+
+    Parameters
+    ----------
+    path : str or Path
+        The file to (re)place.
+    data : bytes
+        Its whole content.
+    mkdir : bool
+        Create the missing parent folders first (else a missing folder is an OSError).
+    """
     path = Path(path)
+    if mkdir:
+        path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name[:40]}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
@@ -33,8 +48,9 @@ def write_bytes_atomic(path: str | Path, data: bytes) -> None:
         raise
 
 
-def write_text_atomic(path: str | Path, text: str) -> None:
-    write_bytes_atomic(path, text.encode("utf-8"))
+def write_text_atomic(path: str | Path, text: str, *, mkdir: bool = False) -> None:
+    """UTF-8 `text` to `path`, atomically (see `write_bytes_atomic`)."""
+    write_bytes_atomic(path, text.encode("utf-8"), mkdir=mkdir)
 
 
 def write_npz_atomic(path: str | Path, *, compressed: bool = False, **arrays) -> None:
@@ -84,5 +100,42 @@ def savefig_atomic(fig, path: str | Path, **kw) -> None:
     write_bytes_atomic(path, buf.getvalue())
 
 
-__all__ = ["dumps_strict", "json_safe", "savefig_atomic", "write_bytes_atomic",
-           "write_json_atomic", "write_text_atomic"]
+def sha256_file(path: str | Path) -> str:
+    """Hex SHA-256 of a file's bytes (read in 1 MiB chunks)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def file_hashes(folder: str | Path, files: dict[str, str]) -> dict[str, str]:
+    """{role: sha256} of `files` ({role: name}) in `folder`, for a manifest."""
+    return {role: sha256_file(Path(folder) / name) for role, name in files.items()}
+
+
+def array_digest(*arrays: np.ndarray, length: int = 16) -> str:
+    """Hex SHA-256 of arrays' dtypes, shapes and bytes, cut to `length` characters.
+
+    Parameters
+    ----------
+    *arrays : ndarray
+        Any shapes and dtypes; each is hashed in C order.
+    length : int
+        How many hex characters to keep (16: 64 bits, enough to see a change of data).
+
+    Returns
+    -------
+    str
+        The digest (never a keyed hash: callers that store it key it first).
+    """
+    h = hashlib.sha256()
+    for a in arrays:
+        a = np.ascontiguousarray(a)
+        h.update(str((a.dtype.str, a.shape)).encode())
+        h.update(a.tobytes())
+    return h.hexdigest()[:length]
+
+
+__all__ = ["array_digest", "dumps_strict", "file_hashes", "json_safe", "savefig_atomic", "sha256_file",
+           "write_bytes_atomic", "write_json_atomic", "write_npz_atomic", "write_text_atomic"]

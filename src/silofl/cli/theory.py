@@ -1,6 +1,7 @@
 """`silofl theory …`: the mean-estimation theory of MR-MTL from the command line.
 
-Registered on the main app in `silofl.cli`; heavy imports stay inside the commands."""
+Parsing and printing over `silofl.theory` (which never imports the CLI); heavy imports stay
+inside the commands."""
 
 from __future__ import annotations
 
@@ -9,18 +10,17 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from silofl.cli.root import _fail, app, console, err
 from silofl.errors import ConfigError, SiloflError
 
 theory_app = typer.Typer(help=(
     "MR-MTL on private mean estimation (thesis §1.6, App. D): closed forms, λ*, a "
     "simulation check, and Fig. 1.7 (the privacy cost of tuning λ). Reads no data and "
     "spends no budget."))
-console = Console()
-err = Console(stderr=True)
+app.add_typer(theory_app, name="theory")
 
 ASSUMPTIONS = ("Model: w_k ~ N(θ, τ²), x ~ N(w_k, σ_k²), ŵ_k = (Σ clip_c(x) + N(0, (z_k c)²))"
                "/n_k. Adjacency: add/remove one example; n_k public; c bounds the data "
@@ -58,11 +58,6 @@ def _model(K, n, sigma2, tau2, clip, epsilon, delta, no_privacy, accountant):
     return mean_estimation(K, _floats(n, "--n"), _floats(sigma2, "--sigma2"), tau2, clip,
                            None if no_privacy else _floats(epsilon, "--epsilon"),
                            _floats(delta, "--delta"), accountant=accountant)
-
-
-def _fail(e: Exception) -> None:
-    from silofl.cli import _fail as fail  # the app's one error printer (exit 2)
-    fail(e)
 
 
 def _g(x: float) -> str:
@@ -104,7 +99,7 @@ def theory_show(K: int = K_OPT, n: str = N_OPT, sigma2: str = SIGMA2_OPT,
                                                         help="also write the numbers here")):
     """Closed forms: each silo's σ_loc², λ*, the errors of Local, FedAvg and MR-MTL(λ*), the
     λ range where MR-MTL beats both endpoints, and E(λ) over the thesis's λ grid."""
-    from silofl.experiments.atomic import write_json_atomic
+    from silofl.io import write_json_atomic
     from silofl.theory.model import summary
     try:
         m = _model(K, n, sigma2, tau2, clip, epsilon, delta, no_privacy, accountant)
@@ -128,9 +123,9 @@ def theory_show(K: int = K_OPT, n: str = N_OPT, sigma2: str = SIGMA2_OPT,
         t = Table(title="E(λ) (Lemma 1.6.7) and the part due to DP, Δ_DP(λ) (Thm 1.6.8)")
         for c in ("λ", "E(λ)", "Δ_DP(λ)"):
             t.add_column(c, justify="right")
-        for lam, e, d in zip(summ["lambdas"], h["error_at_lambda"],
-                             h["privacy_gap_at_lambda"]):
-            t.add_row(f"{lam:g}", _g(e), _g(d))
+        for lam, error, d in zip(summ["lambdas"], h["error_at_lambda"],
+                                 h["privacy_gap_at_lambda"]):
+            t.add_row(f"{lam:g}", _g(error), _g(d))
         console.print(t)
     if summ["model"]["clip_mass"] > 1e-4:
         err.print(f"[bold yellow]note:[/] {summ['model']['clip_mass']:.2g} of the data "

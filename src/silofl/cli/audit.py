@@ -1,0 +1,85 @@
+"""`silofl audit`: the empirical privacy audit of a job, and the audit table every audit
+command prints."""
+
+from __future__ import annotations
+
+import time
+import warnings
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.markup import escape
+
+from silofl.cli.common import JobStore, Quiet, Scratch, SetItems, _job_config
+from silofl.cli.root import _fail, _show_warning, app, console, err
+from silofl.errors import SiloflError
+
+# rich.progress is imported inside the commands that draw a bar: `silofl --help` and
+# the other commands do not load it.
+
+
+@app.command()
+def audit(config: Optional[Path] = typer.Option(None, "--config", "-c",
+                                                help="TOML config of the job to audit"),
+          silo: Optional[str] = typer.Option(None, "--silo", help="audit one silo (default: all)"),
+          kind: Optional[str] = typer.Option(None, "--kind", help=(
+              "one-run | multi-run (default: [audit] kind, one-run)")),
+          canaries: Optional[int] = typer.Option(
+              None, "--canaries", help="one-run: canaries per silo (default min(1000, n_k))"),
+          runs: Optional[int] = typer.Option(None, "--runs", help=(
+              "multi-run: jobs on each of D and D′ (default: [audit] runs, 200)")),
+          confidence: Optional[float] = typer.Option(None, "--confidence", help=(
+              "of the lower bound (default: [audit] confidence, 0.95)")),
+          out: Optional[Path] = typer.Option(None, "--out", help=(
+              "directory for audit.json and audit.html (default: [output] dir, else runs/, "
+              "plus audit-<time>)")),
+          store: JobStore = None,
+          scratch: Scratch = False,
+          quiet: Quiet = False, set_: SetItems = None):
+    """Measure empirically that each silo's guarantee holds: canary runs through the real
+    job, the claimed ε beside an empirical lower bound, violations flagged. Canary runs use
+    the silo's data: they are charged to its budget (or a scratch store, marked so)."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from silofl.audit import audit as run_audit
+    from silofl.audit import write_audit
+    warnings.showwarning = _show_warning
+    try:
+        cfg = _job_config(config, store, scratch, out, overrides=set_ or ())
+        dest = out if out is not None else Path(cfg.output.dir or "runs") / \
+            time.strftime("audit-%Y%m%d-%H%M%S")
+        with Progress(TextColumn("audit"), BarColumn(), TextColumn("{task.completed}/"
+                      "{task.total} jobs"), TimeElapsedColumn(), console=err,
+                      disable=quiet, transient=False) as prog:
+            task = prog.add_task("audit", total=None)
+
+            def on_progress(done, total):
+                prog.update(task, completed=done, total=total)
+            given = {"kind": kind, "silo": silo, "canaries": canaries, "runs": runs,
+                     "confidence": confidence}  # the command line over [audit]
+            a = cfg.audit.model_copy(update={k: v for k, v in given.items() if v is not None})
+            rep = run_audit(cfg, kind=a.kind, silo=a.silo, canaries=a.canaries, runs=a.runs,
+                            confidence=a.confidence, on_progress=on_progress)
+        files = write_audit(rep, dest)
+    except SiloflError as e:
+        _fail(e)
+    _audit_footer(rep, files, f"Methods audited together: {', '.join(rep.methods)}. Noise: "
+                              f"{rep.noise}.")
+
+
+def _audit_footer(rep, files, what: str) -> None:
+    """The audit table, what was audited, notes, files; exit 3 on a violation (2 is bad
+    input)."""
+    from silofl.audit.engine import LOWER_BOUND_NOTE
+    from silofl.audit.report import audit_table
+    console.print(audit_table(rep))
+    console.print(f"{escape(what)} Budget store: {escape(rep.store or 'scratch (in memory)')}. "
+                  f"{rep.seconds:.1f} s. Note: {escape(LOWER_BOUND_NOTE)}.")
+    for note in rep.notes:
+        err.print(f"[bold yellow]note:[/] {escape(note)}")
+    console.print(f"Audit: [bold]{escape(str(files[0]))}[/], {escape(str(files[1]))}")
+    if rep.violations:  # the audit ran and refuted a claim
+        err.print(f"[bold red]VIOLATION[/]: the lower bound exceeds the claimed ε for "
+                  f"{escape(', '.join(rep.violations))}")
+        raise typer.Exit(3)
