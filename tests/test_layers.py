@@ -32,13 +32,13 @@ LAYERS: tuple[frozenset[str], ...] = tuple(frozenset(s.split()) for s in (
     "tuning",
     "experiments",
     "audit",        # a job that runs experiments (experiments never import audit)
-    "cli cli_help",  # the composition root: may also import the domains
+    "cli",          # the composition root: may also import the domains
     "__init__",     # `import silofl`: the public surface
 ))
 #: optional layers on top of the core; only the composition root (cli) and the public
 #: surface import them, and a domain may import any core package
 DOMAINS = frozenset({"pandemic", "theory"})
-COMPOSITION = frozenset({"cli", "cli_help", "__init__"})
+COMPOSITION = frozenset({"cli", "__init__"})
 
 #: arrows still owned by another part of issue 20: (from, to) -> owner
 ALLOWED: dict[tuple[str, str], str] = {
@@ -50,8 +50,6 @@ ALLOWED: dict[tuple[str, str], str] = {
     # one silo program on Flower (helper "flower")
     ("silofl.runtime.network.deploy_table", "silofl.runtime.network.deploy"): "flower",
     ("silofl.runtime.network.flower_app", "silofl.runtime.network.deploy"): "flower",
-    # cli split by command group (helper "cli"): theory's error printer
-    ("silofl.theory.cli", "silofl.cli"): "cli",
 }
 
 

@@ -101,7 +101,8 @@ def test_import_silofl_is_cheap():
             f"if m.split('.')[0] in {HEAVY!r} or m.startswith('silofl.'))))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, timeout=60)
-    assert json.loads(out.stdout) == []
+    # the version lives in a bottom module with no imports of its own
+    assert json.loads(out.stdout) == ["silofl._version"]
 
 
 def test_a_light_name_stays_light():
