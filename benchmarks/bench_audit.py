@@ -59,7 +59,8 @@ def main():
 
 def pandemic():
     from silofl.pandemic.audit import audit_pandemic
-    from silofl.pandemic.pipeline import PandemicConfig, region_groups
+    from silofl.pandemic.pipeline import PandemicConfig
+    from silofl.pandemic.regions import region_groups
     from silofl.pandemic.synth import generate_outbreak
     data = generate_outbreak(persons=10_000, regions=4, seed=3).to_pandemic_data()
     big = max(region_groups(data, PandemicConfig()), key=lambda g: g.n)

@@ -18,7 +18,7 @@ stages one after another:
 * ``evaluate`` — ``evaluate`` (AUPRC, SIR baseline, per-region AUPRC).
 
 `train` and `predict` each build the regions' features themselves
-(`pipeline.build_features`, after `train` has reserved its budget); here they are handed
+(`regions.build_features`, after `train` has reserved its budget); here they are handed
 the features built in the ``features`` stage (``pipeline.build_features`` is patched for
 the duration of the call to reuse them; with the default declared constants the features
 are a deterministic function of the data and the seed, so they are the ones the calls
@@ -150,7 +150,9 @@ def _phase_pipeline(args) -> dict:
     import numpy as np
 
     from silofl.pandemic import pipeline as P
+    from silofl.pandemic.inputs import input_dim
     from silofl.pandemic.readers import read_dataset
+    from silofl.pandemic.regions import build_regions
 
     cfg = P.PandemicConfig(federated=True, rounds=2, epsilon=5.0, batch_size=512,
                            seed=args.seed)
@@ -162,9 +164,9 @@ def _phase_pipeline(args) -> dict:
         data = read_dataset(args.data, with_target=True)
     info = {"contacts": data.num_contacts, "days": data.num_days}
     with m.stage("features"):
-        regions = P.build_regions(data, cfg)
+        regions = build_regions(data, cfg)
     F = regions[0].features
-    info.update(dim=P.input_dim(F, cfg.pooling), S=F.node_dp_S,
+    info.update(dim=input_dim(F, cfg.pooling), S=F.node_dp_S,
                 features_mib=sum(r.features.nbytes() for r in regions) / 2**20,
                 region_sizes=[r.n for r in regions])
     if args.rebuild_features:

@@ -22,7 +22,8 @@ from pathlib import Path
 
 from rich.console import Console
 
-from silofl.experiments.sweep import expand, read_results, run_sweep
+from silofl.experiments.sweep import expand, run_sweep
+from silofl.experiments.sweep_results import read_results
 from silofl.experiments.sweep_config import sweep_config_from_dict
 from silofl.tuning.report import write_comparison
 

@@ -12,11 +12,17 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from silofl.pandemic.audit import (audit_pandemic, canary_scores, insert_persons,
-                                   make_canary_persons, neighbouring_text)
 from silofl.errors import ConfigError
 from silofl.pandemic import synthesize
-from silofl.pandemic.pipeline import PandemicConfig, build_region, region_groups, train
+from silofl.pandemic.audit import (
+    audit_pandemic,
+    canary_scores,
+    insert_persons,
+    make_canary_persons,
+    neighbouring_text,
+)
+from silofl.pandemic.pipeline import PandemicConfig, train
+from silofl.pandemic.regions import build_region, region_groups
 from silofl.pandemic.synth import generate_outbreak
 from silofl.privacy.budget import BudgetStore
 from silofl.privacy.randomness import Randomness

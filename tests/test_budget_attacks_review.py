@@ -11,7 +11,8 @@ import pytest
 
 from silofl.errors import ConfigError
 from silofl.config import config_from_dict
-from silofl.experiments.run import _toml_safe, resume_run
+from silofl.experiments.resume import resume_run
+from silofl.experiments.run import _toml_safe
 from silofl.experiments.run import run as run_experiment
 from silofl.privacy import store_paths
 from silofl.privacy.budget import BudgetStore

@@ -25,7 +25,7 @@ from silofl.cli import app
 from silofl.privacy.targets import PrivacyTarget
 from silofl.errors import ConfigError
 from silofl.config import config_from_dict
-from silofl.experiments.run import resume_run
+from silofl.experiments.resume import resume_run
 from silofl.experiments.run import run as run_experiment
 from silofl.privacy import accounting as A
 from silofl.privacy import runlock

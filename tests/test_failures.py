@@ -27,7 +27,7 @@ from pandemic.conftest import small_outbreak  # noqa: F401 — the shared pandem
 from typer.testing import CliRunner
 
 from silofl.cli import app
-from silofl.experiments import sweep as sweep_mod
+from silofl.experiments import sweep_results as sweep_mod
 from silofl.io import dumps_strict, write_json_atomic
 from silofl.models.metrics import accuracy, mse, pooled
 

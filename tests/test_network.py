@@ -704,6 +704,7 @@ def test_graph_regions_as_tls_processes_equal_in_process_pandemic_training(tmp_p
     bit; each store holds exactly the rounds its region ran."""
     from silofl.pandemic import pipeline as P
     from silofl.pandemic import read_dataset
+    from silofl.pandemic.regions import raw_weights
     from silofl.runtime.network.silo import open_program
     rounds = 2
     w = run_regions(tmp_path, {"rounds": rounds, "batch_size": 64, "seed": 2})
@@ -713,7 +714,7 @@ def test_graph_regions_as_tls_processes_equal_in_process_pandemic_training(tmp_p
     for k, name in enumerate(ref.regions):
         prog = open_program(load_silo_config(w["silos"][name]))
         assert prog.resume() and prog.done == rounds
-        np.testing.assert_array_equal(P.raw_weights(prog.final_model(), prog.region),
+        np.testing.assert_array_equal(raw_weights(prog.final_model(), prog.region),
                                       ref.weights[k])
         charges = prog.store.charges(name)
         assert [(c["label"], c["status"]) for c in charges] == [("node-dpsgd", "charged")] * 2

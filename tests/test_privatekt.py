@@ -304,7 +304,8 @@ def test_ldp_compare_writes_the_three_curves_with_their_epsilon(tmp_path):
 
 
 def test_sweep_runs_the_local_dp_methods(tmp_path):
-    from silofl.experiments.sweep import read_results, run_sweep
+    from silofl.experiments.sweep import run_sweep
+    from silofl.experiments.sweep_results import read_results
     from silofl.experiments.sweep_config import load_sweep_config
     path = tmp_path / "sweep.toml"
     path.write_text(f"""

@@ -24,7 +24,8 @@ from silofl.cli import app
 from silofl.data.federation import Federation, Silo
 from silofl.privacy.targets import PrivacyTarget
 from silofl.errors import BudgetExceeded, ConfigError
-from silofl.experiments.sweep import carve_validation, read_results, run_sweep
+from silofl.experiments.sweep import carve_validation, run_sweep
+from silofl.experiments.sweep_results import read_results
 from silofl.experiments.sweep_config import sweep_config_from_dict
 from silofl.models.glm import make_model
 from silofl.privacy import accounting, events
@@ -381,7 +382,7 @@ def test_a_privately_tuned_run_cannot_be_resumed(tmp_path):
     import subprocess
     import sys
     import time
-    from silofl.experiments.run import resume_run
+    from silofl.experiments.resume import resume_run
     cfg = _run_toml(tmp_path, {}, methods=["mrmtl"], rounds=400)
     proc = subprocess.Popen([sys.executable, "-m", "silofl.cli", "run", "-c", str(cfg), "-q"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,

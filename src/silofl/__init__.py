@@ -61,7 +61,7 @@ _API: dict[str, tuple[str, str]] = {
     "Config": ("silofl.config", "Config"),
     "load_config": ("silofl.config", "load_config"),
     "run": ("silofl.experiments.run", "run"),
-    "resume_run": ("silofl.experiments.run", "resume_run"),
+    "resume_run": ("silofl.experiments.resume", "resume_run"),
     "RunReport": ("silofl.experiments.run", "RunReport"),
     "load_sweep_config": ("silofl.experiments.sweep_config", "load_sweep_config"),
     "run_sweep": ("silofl.experiments.sweep", "run_sweep"),
@@ -76,7 +76,7 @@ _API: dict[str, tuple[str, str]] = {
     "calibrate_dpsgd": ("silofl.privacy.accounting", "calibrate_dpsgd"),
     # empirical audit ("audit" itself is the subpackage silofl.audit, so the function is
     # exported as run_audit: a package attribute cannot be both)
-    "run_audit": ("silofl.audit.engine", "audit"),
+    "run_audit": ("silofl.audit.tabular", "audit"),
     "AuditReport": ("silofl.audit.engine", "AuditReport"),
     "write_audit": ("silofl.audit.report", "write_audit"),
     # saved models
@@ -141,7 +141,7 @@ if TYPE_CHECKING:  # pragma: no cover - what type checkers and mkdocstrings read
     from silofl.algorithms import METHODS, make_algorithm
     from silofl.algorithms.base import Algorithm
     from silofl.audit.engine import AuditReport
-    from silofl.audit.engine import audit as run_audit
+    from silofl.audit.tabular import audit as run_audit
     from silofl.audit.report import write_audit
     from silofl.data.federation import Federation, Silo
     from silofl.privacy.targets import PrivacyTarget
@@ -160,7 +160,8 @@ if TYPE_CHECKING:  # pragma: no cover - what type checkers and mkdocstrings read
     from silofl.experiments.artifacts import Predictor, SavedRun, load_run
     from silofl.config import Config, load_config
     from silofl.experiments.report import write_report
-    from silofl.experiments.run import RunReport, resume_run, run
+    from silofl.experiments.resume import resume_run
+    from silofl.experiments.run import RunReport, run
     from silofl.experiments.sweep import run_sweep
     from silofl.experiments.sweep_config import load_sweep_config
     from silofl.models import make_model

@@ -20,6 +20,7 @@ pytest.importorskip("flwr")
 from silofl.errors import ConfigError, SiloflError  # noqa: E402
 from silofl.pandemic import federated as F  # noqa: E402
 from silofl.pandemic import pipeline as P  # noqa: E402
+from silofl.pandemic.regions import raw_weights
 from silofl.pandemic import read_dataset  # noqa: E402
 from silofl.privacy.node_level import node_epsilon  # noqa: E402
 from silofl.pandemic.partition import input_directory, input_paths, partition_by_region  # noqa: E402
@@ -97,7 +98,7 @@ def test_flower_rounds_reproduce_in_process_training(data, parts, in_process, fe
         prog = silo(parts, work, cid)
         assert prog.done == 2 and prog.n_train == sizes[cid]
         # the same silo-side code, the same random streams: identical bits
-        assert np.array_equal(P.raw_weights(prog.final_model(), prog.region),
+        assert np.array_equal(raw_weights(prog.final_model(), prog.region),
                               in_process.weights[k])
         updates.append(prog.last["update"][0])  # what it sent in round 2
     # the server step is the size-weighted mean of what the regions sent (exact sums)
@@ -261,7 +262,7 @@ def test_flower_with_private_preprocessing_reproduces_train(data, parts, tmp_pat
     expected = P.predict(data, ref)
     for k, cid in enumerate(ref.regions):
         prog = silo(parts, tmp_path, cid)
-        assert np.array_equal(P.raw_weights(prog.final_model(), prog.region), ref.weights[k])
+        assert np.array_equal(raw_weights(prog.final_model(), prog.region), ref.weights[k])
         saved = json.loads((tmp_path / "clients" / cid / "state" / "region.json").read_text())
         assert saved["constants"] == ref.constants[cid] and saved["constants"]["source"] == "private"
         assert sorted((c["label"], c["count"]) for c in prog.store.charges(cid)) == [

@@ -9,13 +9,17 @@ import pytest
 from scipy import stats
 
 from silofl.errors import ConfigError, DataError, PrivacyError
-from silofl.pandemic.features import (
-    DECLARED_CONSTANTS, build_neighbourhood_features, pagerank_scores,
-)
+from silofl.pandemic.features import build_neighbourhood_features
 from silofl.pandemic.graph import (
-    appearance_counts, check_appearance_bound, dedupe_contacts, max_appearances,
-    priority_keys, prune_pairs, prune_to_max_degree,
+    appearance_counts,
+    check_appearance_bound,
+    dedupe_contacts,
+    max_appearances,
+    priority_keys,
+    prune_pairs,
+    prune_to_max_degree,
 )
+from silofl.pandemic.tables import DECLARED_CONSTANTS, pagerank_scores
 
 T = 57
 
@@ -452,7 +456,7 @@ def test_feature_input_errors(region):
 
 
 def test_boxcox_lambda_matches_scipy():
-    from silofl.pandemic.features import boxcox_lambda
+    from silofl.pandemic.tables import boxcox_lambda
     rng = np.random.default_rng(0)
     for x in (rng.integers(1, 9, 5000), rng.poisson(2.5, 3000) + 1, rng.integers(1, 3, 100)):
         x = x.astype(float)
@@ -476,7 +480,10 @@ def test_average_precision_hand_computed():
 
 def test_ranking_metrics():
     from silofl.pandemic.metrics import (
-        per_region_average_precision, positive_rate, precision_at_k, recall_at_k,
+        per_region_average_precision,
+        positive_rate,
+        precision_at_k,
+        recall_at_k,
         recall_at_threshold,
     )
     y, s = np.array([0, 0, 1, 1]), np.array([0.1, 0.4, 0.35, 0.8])

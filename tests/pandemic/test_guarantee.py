@@ -15,18 +15,32 @@ from typer.testing import CliRunner
 from silofl.cli import app
 from silofl.privacy.targets import PrivacyTarget
 from silofl.errors import BudgetExceeded, DataError
+from silofl.pandemic import constants as pandemic_constants
 from silofl.pandemic import features as FT
 from silofl.pandemic import pipeline as P
 from silofl.pandemic import read_dataset
+from silofl.pandemic import regions as pandemic_regions
+from silofl.pandemic import tables as TB
+from silofl.pandemic.challenge import write_predictions
+from silofl.pandemic.charges import (
+    UNCHARGED_ITEMS,
+    planned_charges,
+    preprocess_event,
+    reserve_regions,
+    round_event,
+)
+from silofl.pandemic.constants import release_vectors
 from silofl.pandemic.features import NeighbourhoodFeatures, build_neighbourhood_features
-from silofl.training.node_sampling import UniformBatches, uniform_integers
+from silofl.pandemic.regions import region_groups
 from silofl.privacy import accounting, events
-from silofl.privacy.budget import SCRATCH_NOTE, BudgetStore
+from silofl.privacy.budget import SCRATCH_NOTE, BudgetStore, PlannedCharge
 from silofl.privacy.ledger import Ledger
+from silofl.privacy.node_level import NodeLevelDpEvent, affected_examples
 from silofl.privacy.randomness import Randomness
 from silofl.runtime.job import Job
 from silofl.runtime.plan import SEEDED_NOTE
 from silofl.training import sampling as TS
+from silofl.training.node_sampling import UniformBatches, uniform_integers
 from silofl.training.trainer import LocalTrainer
 
 runner = CliRunner()
@@ -43,9 +57,10 @@ def _no_statistics(monkeypatch):
     def refuse(*a, **k):
         raise AssertionError("an uncharged statistic of the data was computed")
     monkeypatch.setattr(FT, "fitted_constants", refuse)
-    monkeypatch.setattr(FT, "_edge_stats", refuse)
-    monkeypatch.setattr(FT, "boxcox_lambda", refuse)
-    monkeypatch.setattr(P, "fit_input_scaling", refuse)
+    monkeypatch.setattr(FT, "contact_stats", refuse)
+    monkeypatch.setattr(TB, "contact_stats", refuse)
+    monkeypatch.setattr(TB, "boxcox_lambda", refuse)
+    monkeypatch.setattr(pandemic_regions, "fit_input_scaling", refuse)
 
 
 # --- noise -------------------------------------------------------------------------------
@@ -127,7 +142,7 @@ def test_uniform_batches_are_exact_and_uniform():
 def _count_reads(monkeypatch) -> list:
     reads = []
     orig = NeighbourhoodFeatures.gather
-    build = P.build_neighbourhood_features
+    build = build_neighbourhood_features
 
     def gather(self, *a, **k):
         reads.append("gather")
@@ -137,7 +152,7 @@ def _count_reads(monkeypatch) -> list:
         reads.append("features")
         return build(*a, **k)
     monkeypatch.setattr(NeighbourhoodFeatures, "gather", gather)
-    monkeypatch.setattr(P, "build_neighbourhood_features", building)
+    monkeypatch.setattr(pandemic_regions, "build_neighbourhood_features", building)
     return reads
 
 
@@ -157,7 +172,7 @@ def test_second_train_on_the_same_store_is_refused_before_any_record_is_read(
 def test_runs_compose_in_the_lifetime_store(data, tmp_path):
     with BudgetStore(tmp_path / "budget.sqlite") as store:
         cfg = P.PandemicConfig(**{**CFG, "epsilon": 4.0})
-        regions = P.region_groups(data, cfg)
+        regions = region_groups(data, cfg)
         store.register({r.name: PrivacyTarget(6.5, 1.0 / r.n) for r in regions})
         a = P.train(data, cfg, store=store)
         b = P.train(data, cfg, store=store)
@@ -176,7 +191,7 @@ def test_runs_compose_in_the_lifetime_store(data, tmp_path):
 def Counter_of(entry):
     """The base events a privacy entry's run charged: its rounds (as in its ledger)."""
     from collections import Counter
-    ev = P.NodeLevelDpEvent(entry["n"], entry["S"], entry["batch_size"],
+    ev = NodeLevelDpEvent(entry["n"], entry["S"], entry["batch_size"],
                             entry["noise_multiplier"], entry["steps"] // CFG["rounds"],
                             entry["adjacency"])
     return Counter({ev: CFG["rounds"]})
@@ -188,7 +203,7 @@ def test_reservation_covers_preprocessing_and_rounds_and_settles_to_executed(
     log = []
     store = BudgetStore(tmp_path / "budget.sqlite")
     current = [store]  # the store of the run under way
-    real_reserve, real_release = BudgetStore.reserve, P.release_vectors
+    real_reserve, real_release = BudgetStore.reserve, release_vectors
     real_gather = NeighbourhoodFeatures.gather
 
     def reserve(self, run_id, planned, **kw):
@@ -211,7 +226,7 @@ def test_reservation_covers_preprocessing_and_rounds_and_settles_to_executed(
         settled.append(status)
         return real_settle(self, status)
     monkeypatch.setattr(BudgetStore, "reserve", reserve)
-    monkeypatch.setattr(P, "release_vectors", release)
+    monkeypatch.setattr(pandemic_constants, "release_vectors", release)
     monkeypatch.setattr(NeighbourhoodFeatures, "gather", gather)
     monkeypatch.setattr(Job, "settle", settle)
     pm = P.train(data, cfg, store=store)
@@ -220,7 +235,7 @@ def test_reservation_covers_preprocessing_and_rounds_and_settles_to_executed(
     want = sorted((r, label, k) for r in pm.regions
                   for label, k in (("preprocess", 1), ("node-dpsgd", 3)))
     assert sorted(log[0][1]) == want  # everything, reserved before the first read
-    regions = {r.name: r for r in P.region_groups(data, cfg)}
+    regions = {r.name: r for r in region_groups(data, cfg)}
     P.plan_regions(list(regions.values()), cfg)
     for name in pm.regions:
         charges = store.charges(name)
@@ -228,8 +243,8 @@ def test_reservation_covers_preprocessing_and_rounds_and_settles_to_executed(
                                                                   charges} == {"finished"}
         got = {(c["label"], c["count"]): events.from_json(c["event"]) for c in charges}
         r = regions[name]
-        assert got == {("preprocess", 1): P.preprocess_event(r, cfg),
-                       ("node-dpsgd", 3): P.round_event(r, cfg)}
+        assert got == {("preprocess", 1): preprocess_event(r, cfg),
+                       ("node-dpsgd", 3): round_event(r, cfg)}
     # a run that fails in round 2 is settled to what it executed: preprocessing, round 1
     store2 = current[0] = BudgetStore(tmp_path / "budget2.sqlite")
     real_run = LocalTrainer.run
@@ -256,7 +271,7 @@ def test_reservation_covers_preprocessing_and_rounds_and_settles_to_executed(
 
 def _planned(data, cfg):
     """Regions planned from public facts only (sizes): no record is read."""
-    regions = P.region_groups(data, cfg)
+    regions = region_groups(data, cfg)
     return regions, P.plan_regions(regions, cfg)
 
 
@@ -264,21 +279,21 @@ def test_regions_reserve_through_runtime_job_exactly_what_they_may_spend(data):
     cfg = P.PandemicConfig(**{**CFG, "rounds": 3}, preprocessing="private")
     regions, plans = _planned(data, cfg)
     store = BudgetStore(None)
-    job = P.reserve_regions(store, regions, cfg, plans, command="test")
+    job = reserve_regions(store, regions, cfg, plans, command="test")
     assert isinstance(job, Job) and store.run_status(job.run_id) == "reserved"
     ledgers = job.ledgers(cfg.method)  # simulate asks again: the same ledgers, no new allowance
     assert all(a is r.ledger for a, r in zip(ledgers, regions))
     with pytest.raises(ValueError, match="already handed out"):
         job.ledgers(cfg.method, restored={})
     r = regions[0]
-    ev = P.round_event(r, cfg)  # one object every round, as the core trainer charges
-    r.ledger.charge(P.preprocess_event(r, cfg), round=0, label="preprocess")
+    ev = round_event(r, cfg)  # one object every round, as the core trainer charges
+    r.ledger.charge(preprocess_event(r, cfg), round=0, label="preprocess")
     for t in (1, 2, 3):
         r.ledger.charge(ev, round=t, label="node-dpsgd")
     with pytest.raises(BudgetExceeded, match="not covered by what this run reserved"):
-        r.ledger.charge(P.round_event(r, cfg), round=4, label="node-dpsgd")
+        r.ledger.charge(round_event(r, cfg), round=4, label="node-dpsgd")
     with pytest.raises(BudgetExceeded, match="not covered"):  # one release, not two
-        r.ledger.charge(P.preprocess_event(r, cfg), round=0, label="preprocess")
+        r.ledger.charge(preprocess_event(r, cfg), round=0, label="preprocess")
     job.settle()
     assert store.run_status(job.run_id) == "finished"
     assert [(c["label"], c["count"], c["status"]) for c in store.charges(r.name)] == [
@@ -292,13 +307,13 @@ def test_a_reservation_short_of_the_plan_is_refused_before_the_store_is_touched(
     cfg = P.PandemicConfig(**CFG)
     regions, plans = _planned(data, cfg)
     store = BudgetStore(None)
-    short = {r.name: P.planned_charges(r, cfg, rounds=[1]) for r in regions}
+    short = {r.name: planned_charges(r, cfg, rounds=[1]) for r in regions}
     with pytest.raises(ValueError, match="do not cover its plan"):
-        P.reserve_regions(store, regions, cfg, plans, command="t", charges=short)
-    other = {r.name: [P.PlannedCharge(r.name, "fedavg", c.label, c.event, c.count)
-                      for c in P.planned_charges(r, cfg)] for r in regions}
+        reserve_regions(store, regions, cfg, plans, command="t", charges=short)
+    other = {r.name: [PlannedCharge(r.name, "fedavg", c.label, c.event, c.count)
+                      for c in planned_charges(r, cfg)] for r in regions}
     with pytest.raises(ValueError, match="is not one of method 'mrmtl'"):
-        P.reserve_regions(store, regions, cfg, plans, command="t", charges=other)
+        reserve_regions(store, regions, cfg, plans, command="t", charges=other)
     assert store.silos() == []  # nothing registered, nothing reserved
 
 
@@ -337,7 +352,7 @@ def test_default_preprocessing_computes_no_statistic_of_the_data(data, monkeypat
 
 def test_uncharged_preprocessing_is_listed_by_name(data, small_outbreak, tmp_path):
     pm = P.train(data, P.PandemicConfig(**CFG, preprocessing="uncharged"))
-    for item in P.UNCHARGED_ITEMS:
+    for item in UNCHARGED_ITEMS:
         assert f"uncharged: {item}" in pm.notes
         assert all(item in p["preprocessing"]["uncharged"] for p in pm.privacy)
     assert pm.constants == {}  # the uncharged statistics are not published in the model
@@ -354,7 +369,7 @@ def test_private_preprocessing_is_charged_before_it_reads_and_leaves_nothing_unc
         data, monkeypatch):
     _no_statistics(monkeypatch)
     log = []
-    real_charge, real_release = Ledger.charge, P.release_vectors
+    real_charge, real_release = Ledger.charge, release_vectors
 
     def charge(self, event, *, round=-1, label="dpsgd"):
         log.append(("charge", self.silo, label))
@@ -364,7 +379,7 @@ def test_private_preprocessing_is_charged_before_it_reads_and_leaves_nothing_unc
         log.append(("read",))
         return real_release(*a, **k)
     monkeypatch.setattr(Ledger, "charge", charge)
-    monkeypatch.setattr(P, "release_vectors", release)
+    monkeypatch.setattr(pandemic_constants, "release_vectors", release)
     cfg = P.PandemicConfig(**CFG, preprocessing="private")
     pm = P.train(data, cfg)
     reads = [i for i, x in enumerate(log) if x == ("read",)]
@@ -372,7 +387,7 @@ def test_private_preprocessing_is_charged_before_it_reads_and_leaves_nothing_unc
     for i in reads:  # every release right after its region's preprocessing charge
         assert log[i - 1][0] == "charge" and log[i - 1][2] == "preprocess"
     assert not any("uncharged" in n for n in pm.notes)
-    decl = FT.DECLARED_CONSTANTS
+    decl = TB.DECLARED_CONSTANTS
     for name, p in zip(pm.regions, pm.privacy):
         pre = p["preprocessing"]
         assert pre["mode"] == "private" and pre["uncharged"] == []
@@ -382,13 +397,13 @@ def test_private_preprocessing_is_charged_before_it_reads_and_leaves_nothing_unc
         assert c["source"] == "private" and c["age_mean"] != decl.age_mean
         assert (c["lon_mean"], c["lat_mean"]) == (decl.lon_mean, decl.lat_mean)  # places
         # the ledger composed the release with the rounds, within the target
-        rounds_only = P.NodeLevelDpEvent(p["n"], p["S"], 64, p["noise_multiplier"],
+        rounds_only = NodeLevelDpEvent(p["n"], p["S"], 64, p["noise_multiplier"],
                                          p["steps"] // 2, "node+edges")
         alone = accounting.epsilon(events.compose({rounds_only: 2}), p["delta"], "rdp")
         assert alone < p["epsilon_spent"] <= 8.0
         assert 0 < pre["epsilon_alone"] <= 0.1 * 8.0
     # prediction reuses the released constants: no second release
-    monkeypatch.setattr(P, "release_vectors", lambda *a, **k: pytest.fail("released again"))
+    monkeypatch.setattr(pandemic_constants, "release_vectors", lambda *a, **k: pytest.fail("released again"))
     assert np.isfinite(P.predict(data, pm)).all()
 
 
@@ -436,7 +451,7 @@ def test_replacing_one_person_moves_at_most_the_affected_release_vectors(adjacen
         assert F.index.num_edges == len({(min(a, b), max(a, b)) for a, b in
                                          zip(r["src"], r["dst"]) if a != b})
         windows = F.sample_windows(np.random.default_rng(1), n)
-        V, widths = P.release_vectors(F, np.arange(n), age=r["age"],
+        V, widths = release_vectors(F, np.arange(n), age=r["age"],
                                       household_size=r["household_size"], windows=windows,
                                       pooling="summary", standardize=True)
         vecs.append(V)
@@ -447,7 +462,7 @@ def test_replacing_one_person_moves_at_most_the_affected_release_vectors(adjacen
         return set(r["dst"][r["src"] == p].tolist()) | set(r["src"][r["dst"] == p].tolist())
     # exactly the examples that contain p: their own, and their old and new neighbours'
     assert p in changed and changed <= {p} | contacts(region) | contacts(new)
-    assert len(changed) <= P.affected_examples(n, S, adjacency)
+    assert len(changed) <= affected_examples(n, S, adjacency)
     if adjacency == "node+edges":
         assert changed & (contacts(new) - contacts(region))  # new neighbours changed too
     assert moved.max() <= np.linalg.norm(widths) + 1e-9  # each by ≤ 2C
@@ -468,7 +483,7 @@ def test_errors_quote_no_record_values(data, small_outbreak, tmp_path):
     fmt = tmp_path / "fmt.csv"
     pd.DataFrame({"pid": [987654321], "score": [0.0]}).to_csv(fmt, index=False)
     with pytest.raises(Exception) as e:
-        P.write_predictions(data.pid_index, np.zeros(data.num_persons), fmt, tmp_path / "o.csv")
+        write_predictions(data.pid_index, np.zeros(data.num_persons), fmt, tmp_path / "o.csv")
     assert "987654321" not in str(e.value)
     with pytest.raises(KeyError) as e:
         data.pid_index[987654321]

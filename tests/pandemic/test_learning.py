@@ -23,6 +23,8 @@ import pytest
 from silofl.pandemic import metrics as PM
 from silofl.pandemic import pipeline as P
 from silofl.pandemic import read_dataset
+from silofl.pandemic.inputs import SUMMARY_FEATURES, summary_inputs
+from silofl.pandemic.regions import build_regions
 from silofl.pandemic.summary_baseline import equal_weight_scores
 
 
@@ -169,24 +171,24 @@ def test_summary_inputs_equal_a_slow_count_from_raw_records(small_outbreak, S):
     data = read_dataset(small_outbreak)
     net, states, homes = _raw(small_outbreak)
     cfg = P.PandemicConfig(S=S)
-    r = P.build_regions(data, cfg)[0]
+    r = build_regions(data, cfg)[0]
     assert r.features.fitted["constants"]["source"] == "declared"
     F, idx = r.features, r.features.index
     pids = data.pids[r.persons]
     if S == 400:  # no pruning: the neighbours are every distinct contact in the region
         assert int(idx.degree.max()) < S - 1
-    Z_all = P.summary_inputs(F, F.gather_prediction(np.arange(r.n)))
+    Z_all = summary_inputs(F, F.gather_prediction(np.arange(r.n)))
     # persons with the most recently infected contacts (all and at home), and a few others
-    top = [np.argsort(-Z_all[:, P.SUMMARY_FEATURES.index(c)], kind="stable")[:k]
+    top = [np.argsort(-Z_all[:, SUMMARY_FEATURES.index(c)], kind="stable")[:k]
            for c, k in (("log_n_recent", 4), ("n_home_recent", 2))]
     rng = np.random.default_rng(0)
     persons = np.unique(np.concatenate([*top, rng.choice(r.n, 3, replace=False)]))
-    assert Z_all[top[0][0], P.SUMMARY_FEATURES.index("log_n_recent")] > 0
-    assert Z_all[top[1][0], P.SUMMARY_FEATURES.index("n_home_recent")] > 0
+    assert Z_all[top[0][0], SUMMARY_FEATURES.index("log_n_recent")] > 0
+    assert Z_all[top[1][0], SUMMARY_FEATURES.index("n_home_recent")] > 0
     for window_end in (F.T, 35):  # prediction window, and one training window
         X = F.gather(persons, window_end, labels=False)[0] if window_end != F.T else \
             F.gather_prediction(persons)
-        Z = P.summary_inputs(F, X)
+        Z = summary_inputs(F, X)
         for i, p in enumerate(persons):
             nbrs = pids[idx.nbr[idx.indptr[p]:idx.indptr[p + 1]]]
             if S == 400:

@@ -22,6 +22,7 @@ from silofl.data.heart import load_heart_disease
 from silofl.errors import ConfigError, PrivacyError
 from silofl.models import make_model
 from silofl.pandemic import pipeline as P
+from silofl.pandemic.regions import raw_weights, region_groups
 from silofl.pandemic import read_dataset
 from silofl.pandemic.engine import GraphSource
 from silofl.pandemic.features import build_neighbourhood_features
@@ -300,7 +301,7 @@ def test_pipeline_ifca_charges_its_selections_and_calibrates_for_them(outbreak, 
 
 
 def test_pipeline_weight_erosion_node_level(outbreak):
-    names = [r.name for r in P.region_groups(outbreak, P.PandemicConfig())]
+    names = [r.name for r in region_groups(outbreak, P.PandemicConfig())]
     store = BudgetStore(None)
     pm, cfg = _train(outbreak, store, method="weight_erosion", we_user=names[1])
     assert len({tuple(w) for w in pm.weights}) == 1  # one model, personalized for the user
@@ -341,7 +342,7 @@ def test_cli_trains_ifca_and_weight_erosion_on_graph_data(small_outbreak, tmp_pa
                                    str(tmp_path / "w")])
     assert r.exit_code != 0 and "we_user" in " ".join(r.output.split())
     assert not (tmp_path / "w").exists()
-    name = P.region_groups(read_dataset(small_outbreak), P.PandemicConfig())[0].name
+    name = region_groups(read_dataset(small_outbreak), P.PandemicConfig())[0].name
     r = runner.invoke(app, base + ["--method", "weight_erosion", "--we-user", name,
                                    "--model", str(tmp_path / "w")])
     assert r.exit_code == 0, r.output
@@ -386,7 +387,7 @@ def test_networked_graph_job_runs_ifca_like_pipeline_train(tmp_path):
         prog = open_program(load_silo_config(w["silos"][name]))
         assert prog.resume() and prog.done == 2
         mine = prog.algorithm.personal_models(prog.state, ClusterServer(clusters))[0]
-        np.testing.assert_array_equal(P.raw_weights(mine, prog.region), ref.weights[k])
+        np.testing.assert_array_equal(raw_weights(mine, prog.region), ref.weights[k])
         assert [(c["label"], c["count"]) for c in prog.store.charges(name)] == [
             ("select", 1), ("node-dpsgd", 1), ("node-dpsgd", 1)]
         assert prog.store.spent(name)["epsilon"] == pytest.approx(

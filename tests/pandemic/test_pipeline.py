@@ -14,6 +14,10 @@ from silofl.cli import app
 from silofl.errors import BudgetExceeded, ConfigError
 from silofl.pandemic import read_dataset
 from silofl.pandemic import pipeline as P
+from silofl.pandemic.challenge import fit, predict_to_csv
+from silofl.pandemic.charges import round_event
+from silofl.pandemic.inputs import SUMMARY_FEATURES
+from silofl.pandemic.regions import build_regions
 from silofl.pandemic.features import NeighbourhoodFeatures
 from silofl.privacy.node_level import node_epsilon, node_steps
 
@@ -79,12 +83,12 @@ def test_budget_too_small_is_refused_before_data_is_read(data, monkeypatch):
     seen = _count_gathers(monkeypatch)
     # σ is calibrated for 1 round; asking a ledger to run 2 rounds' charges must fail early
     cfg = P.PandemicConfig(rounds=1, batch_size=64, epsilon=2.0)
-    regions = P.build_regions(data, cfg)
+    regions = build_regions(data, cfg)
     P.plan_regions(regions, cfg)
     r = regions[0]
-    r.ledger.charge(P.round_event(r, cfg))
+    r.ledger.charge(round_event(r, cfg))
     with pytest.raises(BudgetExceeded):
-        r.ledger.charge(P.round_event(r, cfg))
+        r.ledger.charge(round_event(r, cfg))
     assert seen == {}
 
 
@@ -103,7 +107,7 @@ def test_bad_inputs(data):
 
 def test_initial_weights_are_the_fixed_prior():
     """The start is a fixed public prior on the summary inputs only, never data."""
-    model = P.FocalLoss(len(P.SUMMARY_FEATURES))
+    model = P.FocalLoss(len(SUMMARY_FEATURES))
     w = P.initial_weights(model, P.PandemicConfig(prior_weight=0.25, bias_init=-4))
     assert np.all(w[:-1] == 0.25) and w[-1] == -4
     w = P.initial_weights(P.FocalLoss(30), P.PandemicConfig(pooling="mean"))
@@ -163,11 +167,11 @@ def test_challenge_style_fit_and_predict(small_outbreak, tmp_path):
     paths = [d / f"va_{n}.csv" for n in ("person", "household", "residence_locations",
                                           "activity_locations", "activity_location_assignment",
                                           "population_network", "disease_outcome_training")]
-    P.fit(*paths, tmp_path / "m", config=P.PandemicConfig(federated=False, rounds=1,
+    fit(*paths, tmp_path / "m", config=P.PandemicConfig(federated=False, rounds=1,
                                                           batch_size=128, epsilon=8.0))
     fmt = tmp_path / "format.csv"
     pd.DataFrame({"pid": pd.read_csv(paths[0])["pid"][::-1], "score": 0.0}).to_csv(fmt, index=False)
     dest = tmp_path / "preds.csv"
-    P.predict_to_csv(*paths, tmp_path / "m", fmt, dest)
+    predict_to_csv(*paths, tmp_path / "m", fmt, dest)
     got = pd.read_csv(dest)
     assert list(got["pid"]) == list(pd.read_csv(fmt)["pid"]) and got["score"].between(0, 1).all()

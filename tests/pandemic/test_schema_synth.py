@@ -11,7 +11,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-import silofl.pandemic.synth as synth_mod
+import silofl.pandemic.synth.files as synth_files
+import silofl.pandemic.synth.outbreak as synth_outbreak
 from silofl.errors import ConfigError, DataError
 from silofl.pandemic import (
     TABLES,
@@ -127,7 +128,7 @@ def test_overwrite_replaces_dataset(tmp_path):
 
 def test_failed_write_leaves_nothing_behind(tmp_path, monkeypatch):
     calls = {"n": 0}
-    real = synth_mod._write_file
+    real = synth_files._write_file
 
     def flaky(path, fmt, batches):
         calls["n"] += 1
@@ -135,7 +136,7 @@ def test_failed_write_leaves_nothing_behind(tmp_path, monkeypatch):
             raise OSError("disk full (simulated)")
         return real(path, fmt, batches)
 
-    monkeypatch.setattr(synth_mod, "_write_file", flaky)
+    monkeypatch.setattr(synth_files, "_write_file", flaky)
     with pytest.raises(OSError, match="simulated"):
         synthesize(tmp_path / "ds", persons=300, regions=2, seed=1)
     assert list(tmp_path.iterdir()) == []
@@ -365,9 +366,9 @@ def test_ambiguous_duplicate_table_files(copy_of):
 
 
 def test_chunked_csv_reading_matches(small_data, small_outbreak, monkeypatch):
-    import silofl.pandemic.readers as readers_mod
+    import silofl.data.columnar as columnar_mod
 
-    monkeypatch.setattr(readers_mod, "CSV_CHUNK_BYTES", 4096)  # many small pieces, lines split across reads
+    monkeypatch.setattr(columnar_mod, "CSV_CHUNK_BYTES", 4096)  # many small pieces, lines split across reads
     d = read_dataset(small_outbreak, with_target=True)
     np.testing.assert_array_equal(d.states, small_data.states)
     np.testing.assert_array_equal(d.network.src, small_data.network.src)
@@ -378,7 +379,7 @@ def test_distinct_degree_blocks_agree(small_data):
     net = small_data.network
     ref = _distinct_degree(net.src, net.dst, small_data.num_persons)
     for step in (7, 1000, 1 << 24):
-        np.testing.assert_array_equal(synth_mod._distinct_degree(net.src, net.dst, small_data.num_persons, step),
+        np.testing.assert_array_equal(synth_outbreak._distinct_degree(net.src, net.dst, small_data.num_persons, step),
                                       ref)
 
 

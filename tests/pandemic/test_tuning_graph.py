@@ -1,7 +1,7 @@
-"""Private tuning on graph data (`silofl.tuning.graph`, `pipeline.train(tuning=...)`): the
-store holds exactly the RepeatAndSelect release, the node-level score's sensitivity holds
-for real neighbouring datasets, bad options cost nothing, and an unaffordable run is
-refused before anything is read."""
+"""Private tuning on graph data (`silofl.pandemic.tuning`, `silofl.privacy.node_tuning`,
+`pipeline.train(tuning=...)`): the store holds exactly the RepeatAndSelect release, the
+node-level score's sensitivity holds for real neighbouring datasets, bad options cost
+nothing, and an unaffordable run is refused before anything is read."""
 
 from __future__ import annotations
 
@@ -20,11 +20,14 @@ from silofl.cli import app
 from silofl.errors import BudgetExceeded, ConfigError
 from silofl.config import TuningConfig
 from silofl.pandemic import pipeline as P
+from silofl.pandemic.constants import declared_constants
+from silofl.pandemic.regions import build_features, fit_region_scaling, region_groups, region_inputs
 from silofl.pandemic import read_dataset
 from silofl.pandemic.features import NeighbourhoodFeatures, build_neighbourhood_features
+from silofl.pandemic.tuning import NodeValidation
 from silofl.privacy import accounting, events
 from silofl.privacy.budget import BudgetStore
-from silofl.tuning.graph import NodeRepeatAndSelectEvent, NodeValidation
+from silofl.privacy.node_tuning import NodeRepeatAndSelectEvent
 
 runner = CliRunner()
 TC = dict(mode="private", lam=[0.01, 0.1, 1.0], mean_trials=2.0)
@@ -123,16 +126,16 @@ def test_score_sensitivity_holds_for_neighbouring_datasets(data):
     at most Δ = min(S, m)·B/m — and by far more than the example-level B/m, so the
     node-level factor is needed (the bound is nearly attained)."""
     cfg = _cfg(adjacency="node")
-    r = P.region_groups(data, cfg)[0]
-    P.build_features(data, r, cfg)
-    P.fit_region_scaling(r, cfg)
+    r = region_groups(data, cfg)[0]
+    build_features(data, r, cfg)
+    fit_region_scaling(r, cfg)
     B = 0.05  # small: a changed example's loss easily moves by B
     model = P.new_model(r.features, cfg)
     W = np.stack([P.initial_weights(model, dataclasses.replace(cfg, prior_weight=pw))
                   for pw in (0.1, 1.0)])
 
     def score(region):
-        v = NodeValidation(region, lambda X: P.region_inputs(region, cfg, X),
+        v = NodeValidation(region, lambda X: region_inputs(region, cfg, X),
                            affected=r.S, loss_bound=B)
         return v.scores(model, W), v.sensitivity(), v.window_end()
 
@@ -151,7 +154,7 @@ def test_score_sensitivity_holds_for_neighbouring_datasets(data):
                                                               int((j + 1) % m)),
                                           S=cfg.S, t_window=cfg.t_window, seed=cfg.seed,
                                           priority=cfg.priority,
-                                          constants=P.declared_constants(cfg))
+                                          constants=declared_constants(cfg))
         assert np.array_equal(nb.index.degree, deg)  # same public graph
         s2, _, _ = score(dataclasses.replace(r, features=nb))
         change = float(np.max(np.abs(s2 - base)))

@@ -1,14 +1,31 @@
 """Empirical privacy auditing: does a silo's claimed ε survive an attack?
-(`silofl audit`; see README, "Auditing a guarantee".) The pandemic track's node-level
-audit is a domain audit over this engine: `silofl.pandemic.audit`."""
+(`silofl audit`; see README, "Auditing a guarantee".)
 
-from silofl.audit.bounds import (fdp_rejects, multi_run_epsilon, one_run_audit,
-                                 one_run_epsilon, one_run_gdp, one_run_p_value)
+One engine (`engine.one_run`, `engine.multi_run`) over a `Mechanism` plug-in: `tabular`
+audits a `silofl run` job; the pandemic pipeline's plug-in lives in `silofl.pandemic.audit`."""
+
+from silofl.audit.bounds import (
+                                 fdp_rejects,
+                                 multi_run_epsilon,
+                                 one_run_audit,
+                                 one_run_epsilon,
+                                 one_run_gdp,
+                                 one_run_p_value,
+)
 from silofl.audit.canaries import Canaries, make_canaries
-from silofl.audit.engine import AuditReport, SiloAudit, audit
+from silofl.audit.engine import (
+                                 AuditReport,
+                                 Claim,
+                                 Mechanism,
+                                 SiloAudit,
+                                 multi_run,
+                                 one_run,
+)
 from silofl.audit.report import audit_table, write_audit
+from silofl.audit.tabular import audit
 
-__all__ = ["audit", "AuditReport", "SiloAudit", "Canaries", "make_canaries",
+__all__ = ["audit", "AuditReport", "SiloAudit", "Claim", "Mechanism", "one_run", "multi_run",
+           "Canaries", "make_canaries",
            "one_run_epsilon", "one_run_p_value", "one_run_audit", "multi_run_epsilon",
            "one_run_gdp", "fdp_rejects",
            "audit_table", "write_audit"]

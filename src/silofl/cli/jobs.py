@@ -43,7 +43,7 @@ def run(config: Optional[Path] = typer.Option(None, "--config", "-c",
     privacy target and print a comparison table; writes a run directory."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from silofl.experiments.run import resume_run
+    from silofl.experiments.resume import resume_run
     from silofl.experiments.run import run as run_experiment
     from silofl.experiments.signals import describe, exit_code, terminate_as_interrupt
     warnings.showwarning = _show_warning
@@ -206,7 +206,7 @@ def erosion(config: Optional[Path] = typer.Option(None, "--config", "-c",
                       f"Budget store: {escape(rep.store or 'scratch (in memory)')}, run "
                       f"{rep.run_id}.")
     if 0 < len(rep.contributions) <= 3:  # contribution report (more users: see the HTML)
-        from silofl.experiments.contribution import table as contribution_table
+        from silofl.experiments.contribution_report import table as contribution_table
         for c in rep.contributions.values():
             console.print(contribution_table(c))
     _job_footer(rep, "erosion.json, erosion_<user>.png, contribution.html/.json, "
@@ -276,6 +276,7 @@ def contrib(run_dir: Path = typer.Argument(..., help="a `silofl erosion` run dir
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     from silofl.experiments import contribution as C
+    from silofl.experiments import contribution_report as CR
     from silofl.experiments.figures import check_out_dir
     warnings.showwarning = _show_warning
     try:
@@ -293,11 +294,11 @@ def contrib(run_dir: Path = typer.Argument(..., help="a `silofl erosion` run dir
             reps = C.from_erosion_dir(run_dir, ranking=ranking, max_exact=max_exact,
                                       permutations=permutations, seed=seed,
                                       on_progress=on_progress)
-        html_path = C.write_reports(out if out is not None else run_dir, reps)
+        html_path = CR.write_reports(out if out is not None else run_dir, reps)
     except SiloflError as e:
         _fail(e)
     for c in reps.values():
-        console.print(C.table(c))
+        console.print(CR.table(c))
     for note in dict.fromkeys(n for c in reps.values() for n in c.notes):
         err.print(f"[bold yellow]note:[/] {escape(note)}")
     console.print(f"Report: [bold]{escape(str(html_path))}[/] (contribution.json, "

@@ -88,7 +88,7 @@ def _pandemic_config(centralized, rounds, epsilon, batch, lam, lr, S, no_privacy
 
 def _pandemic_tuning(mode: str, lams: str, trials: float, cfg):
     """`--tuning`: None, or the `TuningConfig` of a privately tuned graph run (checked by
-    `tuning.graph.check_setting` before anything is read or reserved)."""
+    `pandemic.tuning.check_setting` before anything is read or reserved)."""
     from silofl.errors import ConfigError
     from silofl.config import TuningConfig
     if mode == "none":
@@ -102,7 +102,7 @@ def _pandemic_tuning(mode: str, lams: str, trials: float, cfg):
                           f"0.01,0.1,1; got {lams!r}") from None
     tc = TuningConfig(mode="private", method=cfg.method, lam=grid, mean_trials=trials,
                       pivot_lam=cfg.lam)
-    from silofl.tuning.graph import check_setting
+    from silofl.pandemic.tuning import check_setting
     check_setting(tc, cfg)
     return tc
 
@@ -213,7 +213,8 @@ def pandemic_train(data: Path = typer.Option(..., "--data", help="directory of t
 def _pandemic_train_report(pm, model_dir: Path) -> None:
     """What `pandemic train` prints: the node-level privacy per region (or that there is
     none), tuning and cluster selections, assumptions, notes, where the model is."""
-    from silofl.pandemic.pipeline import SEEDED_NOTE, SIZES_ASSUMPTION
+    from silofl.pandemic.charges import SIZES_ASSUMPTION
+    from silofl.runtime.plan import SEEDED_NOTE
     from silofl.privacy.node_level import ADJACENCY_TEXT, PRUNING_ASSUMPTION
     cfg = pm.config
     if not cfg.private:

@@ -29,7 +29,7 @@ def schema_draft(data: Path = typer.Argument(..., help="the table (CSV, CSV.gz, 
     `drafted = true` and refused until that line is deleted: values read from the data are
     only public once someone has confirmed them from public sources."""
     from silofl.data import read_table
-    from silofl.data.schema import draft_schema
+    from silofl.data.schema_draft import draft_schema
     try:
         if out.exists():
             raise SiloflError(f"{str(out)!r} exists; choose another --out (a reviewed "

@@ -36,7 +36,8 @@ def sweep(config: Path = typer.Argument(..., help="sweep TOML: run sections + [s
 
     from silofl.experiments.report import selection_table
     from silofl.tuning.selection import select_best
-    from silofl.experiments.sweep import NOT_COUNTED, read_results, run_sweep
+    from silofl.experiments.sweep import NOT_COUNTED, run_sweep
+    from silofl.experiments.sweep_results import read_results
     from silofl.experiments.sweep_config import load_sweep_config
     warnings.showwarning = _show_warning
     try:
@@ -91,7 +92,7 @@ def plot(results: SweepResults, out: ReportDir = None, epsilon: FigureEpsilon = 
     """Draw the sweep's figures as PNGs: ε vs test metric, MR-MTL vs λ, and metric over
     rounds (hyperparameters chosen on validation)."""
     from silofl.experiments.figures import make_figures
-    from silofl.experiments.sweep import read_results
+    from silofl.experiments.sweep_results import read_results
     try:
         head, records = read_results(results)
         made = make_figures(head, records, _report_dir(results, out), epsilon)
@@ -108,7 +109,7 @@ def report(results: SweepResults, out: ReportDir = None, epsilon: FigureEpsilon 
     the PNGs and summary.json; print the main table."""
     from silofl.experiments.report import selection_table, write_report
     from silofl.tuning.selection import select_best
-    from silofl.experiments.sweep import read_results
+    from silofl.experiments.sweep_results import read_results
     try:
         head, records = read_results(results)
         d = _report_dir(results, out)

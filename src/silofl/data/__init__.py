@@ -10,8 +10,8 @@ from silofl.data.mnist import load_rotated_masked_mnist
 from silofl.data.preprocess import (IMPUTE_MODES, STANDARDIZE_MODES, PreprocessPlan,
                                     PreprocessSpec, RawFederation, Step, apply_preprocessing,
                                     plan_preprocessing, preprocess_without_budget)
-from silofl.data.schema import (ColumnSpec, LabelSpec, Schema, draft_schema, load_schema,
-                                schema_from_dict)
+from silofl.data.schema import ColumnSpec, LabelSpec, Schema, load_schema, schema_from_dict
+from silofl.data.schema_draft import draft_schema
 from silofl.data.school import load_school, load_school_raw, school_schema
 from silofl.data.splitters import (SEED_SPLITS, SPLITS, split_arrays, split_arrays_raw, split_frame,
                                    split_frame_raw, split_table, split_table_raw, table_arrays)

@@ -4,7 +4,7 @@ A draft is read from the data, so it inherits the export's faults: a 1e308 or ±
 placeholder became an observed bound (``upper = 1e+308``), and one category spelled several
 ways (``ASYMPTOMATIC``, ``asymptomatic``, ``non-Angina l``; ``fémale``; ``M``) became several
 levels with nothing said. The draft leaves placeholders out of its bounds
-(`schema._infer_column`) and these checks write a comment above each such column and warn
+(`schema_draft._infer_column`) and these checks write a comment above each such column and warn
 in the terminal (column names and counts only: the levels are in the draft file, which is
 read from the data anyway).
 """

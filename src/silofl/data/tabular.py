@@ -49,13 +49,13 @@ import pandas as pd
 
 from silofl.data.federation import Federation, split_silo
 from silofl.data.preprocess import PreprocessSpec, RawFederation, preprocess_without_budget
+from silofl.data.schema import MISSING_LEVEL, ColumnSpec, LabelSpec, Schema, as_schema, value_key
+from silofl.data.schema_draft import infer_schema
 from silofl.data.silo_size import check_settings, limit_silos
 from silofl.data.table_checks import HUGE, check_all_missing, check_header_unique
-from silofl.data.schema import (MISSING_LEVEL, ColumnSpec, LabelSpec, Schema, as_schema,
-                                infer_schema, value_key)
-from silofl.data.values import parse_numeric
 from silofl.data.table_text import (check_encoding_name, check_separator, decode_error,
                                     drop_columns)
+from silofl.data.values import parse_numeric
 from silofl.errors import ConfigError, DataError
 
 MISSING_CATEGORY = MISSING_LEVEL

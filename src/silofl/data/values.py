@@ -1,10 +1,12 @@
-"""Parsing one table column's values (booleans, numbers written as text): the lowest step
-of reading a table, shared by the schema, its drafts and the readers."""
+"""Reading a table's cells as numbers or 0/1 flags, whatever their storage: the one parser
+the schema model, the table reader and the drafting checks share."""
 
 from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+
+__all__ = ["parse_binary", "parse_numeric"]
 
 _BOOL_TEXT = {"true": 1.0, "false": 0.0}
 

@@ -40,6 +40,7 @@ import numpy as np
 
 from silofl.errors import ConfigError, SiloflError
 from silofl.experiments import build, contribution as C
+from silofl.experiments import contribution_report as CR
 from silofl.io import json_safe, savefig_atomic, write_json_atomic
 from silofl.config import Config
 from silofl.experiments.run import (ADJACENCY, _base_dir, _combined, _lifetime, _make_run_dir,
@@ -211,18 +212,7 @@ def erosion_for_users(cfg: Config, users=None, *, out_dir: Path | None = None,
     # one σ per silo for the K users' runs, FedAvg and Local (and preprocessing) composed
     p.plans = plan_job(p.raw, p.algorithms, p.tcfg, extra=p.extra)
     base = _base_dir(cfg, out_dir)
-    raw_fps = fingerprints(p.raw)
-    job = None
-    if p.tcfg.private:
-        store = store if store is not None else open_store(cfg, base)
-        check_demo_store(cfg, store)
-        job = open_job(store, dict(zip(p.labels, p.plans)), lifetime=_lifetime(cfg, p.raw),
-                       explicit_lifetime=cfg.budget.epsilon is not None,
-                       command="silofl erosion --user " + " --user ".join(users),
-                       noise=p.tcfg.noise, accountant=p.tcfg.accountant,
-                       fingerprints=raw_fps,
-                       extra=[PlannedCharge(n, NO_METHOD, "preprocess", e)
-                              for n, e in p.extra.items()])
+    job = _reserve(cfg, p, users, store, base) if p.tcfg.private else None
     # --- reserved: settle whatever happens ---------------------------------------------
     run_dir = None
     try:
@@ -240,17 +230,8 @@ def erosion_for_users(cfg: Config, users=None, *, out_dir: Path | None = None,
                 alphas[label] = np.array(alg.alpha_history)
                 logs[label] = alg.round_log  # released, per round (contribution report)
         metric = results["fedavg"].metric
-        curves = {}
-        for u in users:
-            k = names.index(u)
-            s = fed.silos[k]
-            score, pred = majority_baseline(fed.task, metric, p.model.name, s.y_train,
-                                            s.y_test)
-            col = {lb: [row[k] for row in results[lb].history.per_silo]
-                   for lb in ("fedavg", "local", label_for(u))}
-            curves[u] = UserCurves(u, list(results["fedavg"].history.rounds), col["fedavg"],
-                                   col[label_for(u)], col["local"], score, pred,
-                                   alphas[label_for(u)])
+        curves = {u: _user_curves(fed, names.index(u), u, results, alphas, metric, p.model.name)
+                  for u in users}
         if job is not None:
             job.settle()
         rep = ErosionReport(
@@ -281,6 +262,33 @@ def erosion_for_users(cfg: Config, users=None, *, out_dir: Path | None = None,
         raise
 
 
+def _reserve(cfg: Config, p, users: list[str], store: BudgetStore | None, base: Path | None):
+    """Open the job: every user's run, FedAvg, Local and the preprocessing reserved in the
+    lifetime store before any data is read."""
+    raw_fps = fingerprints(p.raw)
+    store = store if store is not None else open_store(cfg, base)
+    check_demo_store(cfg, store)
+    return open_job(store, dict(zip(p.labels, p.plans)), lifetime=_lifetime(cfg, p.raw),
+                    explicit_lifetime=cfg.budget.epsilon is not None,
+                    command="silofl erosion --user " + " --user ".join(users),
+                    noise=p.tcfg.noise, accountant=p.tcfg.accountant,
+                    fingerprints=raw_fps,
+                    extra=[PlannedCharge(n, NO_METHOD, "preprocess", e)
+                           for n, e in p.extra.items()])
+
+
+def _user_curves(fed, k: int, u: str, results: dict, alphas: dict, metric: str,
+                 model_name: str) -> UserCurves:
+    """User ``u`` (silo ``k``)'s per-round curves: FedAvg, its Weight Erosion run, Local,
+    and the majority-class baseline on its own test rows."""
+    s = fed.silos[k]
+    score, pred = majority_baseline(fed.task, metric, model_name, s.y_train, s.y_test)
+    col = {lb: [row[k] for row in results[lb].history.per_silo]
+           for lb in ("fedavg", "local", label_for(u))}
+    return UserCurves(u, list(results["fedavg"].history.rounds), col["fedavg"],
+                      col[label_for(u)], col["local"], score, pred, alphas[label_for(u)])
+
+
 def _write(rep: ErosionReport) -> None:
     for u, (log, meta) in rep.round_logs.items():  # released quantities only
         if not C.save_round_log(rep.run_dir / C.ROUND_LOGS / f"{silo_file_id(u)}.npz", log,
@@ -294,7 +302,7 @@ def _write(rep: ErosionReport) -> None:
     for u in rep.users:
         plot_user(rep, u, rep.run_dir / f"erosion_{silo_file_id(u)}.png")
     if rep.contributions:  # contribution.json, contribution.html and their PNGs
-        C.write_reports(rep.run_dir, rep.contributions, rep.contribution_notes)
+        CR.write_reports(rep.run_dir, rep.contributions, rep.contribution_notes)
 
 
 def _contributions(rep: ErosionReport, fed, model, logs: dict, rules: dict,

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from silofl.errors import ConfigError, DataError
-from silofl.io import file_hashes, sha256_file
+from silofl.io import sha256_file
 
 _FIX = ("restore the run directory from a backup, or run the job again (a released model "
         "cannot be rebuilt from a damaged copy)")

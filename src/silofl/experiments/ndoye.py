@@ -189,34 +189,12 @@ def rank_silos(cfg: Config, user: str, *, top: int | None = None,
         raise ConfigError(f"silos {', '.join(empty)} hold no held-out rows for the CV loss; "
                           "raise data.test_fraction")
     prep_extra = dict(p.extra)
-    z: dict[str, float] = {}
-    everything: dict = {}  # per silo: every event outside the method (prep + CV release)
+    z, cv_events, everything = _cv_release_events(p, cv_share)
     if p.tcfg.private:
-        import dp_accounting as dpa
-        cache: dict = {}
-        for s in p.raw.silos:
-            key = (cv_share * s.target.epsilon, s.target.delta)
-            if key not in cache:
-                cache[key] = accounting.calibrate(lambda g: dpa.GaussianDpEvent(g), *key,
-                                                  kind=p.tcfg.accountant)
-            z[s.name] = cache[key]
-        cv_events = {n: dpa.GaussianDpEvent(v) for n, v in z.items()}
         # DP-SGD's σ is calibrated for what is left once the CV release is composed in
-        everything = {n: dpa.ComposedDpEvent([prep_extra[n], e]) if n in prep_extra else e
-                      for n, e in cv_events.items()}
         p.plans = plan_job(p.raw, p.algorithms, p.tcfg, extra=everything)
     base = _base_dir(cfg, out_dir)
-    raw_fps = fingerprints(p.raw)
-    job = None
-    if p.tcfg.private:
-        store = store if store is not None else open_store(cfg, base)
-        check_demo_store(cfg, store)
-        extra = [PlannedCharge(n, NO_METHOD, "preprocess", e) for n, e in prep_extra.items()]
-        extra += [PlannedCharge(n, NO_METHOD, CV_LABEL, e) for n, e in cv_events.items()]
-        job = open_job(store, dict(zip(p.labels, p.plans)), lifetime=_lifetime(cfg, p.raw),
-                       explicit_lifetime=cfg.budget.epsilon is not None,
-                       command=f"silofl rank --user {user}", noise=p.tcfg.noise,
-                       accountant=p.tcfg.accountant, fingerprints=raw_fps, extra=extra)
+    job = _reserve(cfg, p, user, store, base, cv_events) if p.tcfg.private else None
     # --- reserved: settle whatever happens ---------------------------------------------
     run_dir = None
     try:
@@ -227,16 +205,7 @@ def rank_silos(cfg: Config, user: str, *, top: int | None = None,
         r = simulate(fed, p.model, p.algorithms[0], p.tcfg, metric=cfg.model.metric or None,
                      plans=p.plans[0], job=job, method=p.labels[0],
                      ledger_dir=run_dir / "ledgers" / p.labels[0] if run_dir else None)
-        rng = Randomness.for_mode(p.tcfg.noise if p.tcfg.private else "seeded",
-                                  [cfg.training.seed, 0xCF])
-        cv = np.empty(fed.num_silos)
-        for k, s in enumerate(fed.silos):
-            if job is not None:
-                job.spend_extra(s.name, CV_LABEL)  # recorded as executed before the read
-            mean = float(clipped_losses(p.model, r.params[k], s.X_test, s.y_test, fed.task,
-                                        bound).mean())
-            noise = z[s.name] * bound / s.n_test * float(rng.normal((1,))[0]) if z else 0.0
-            cv[k] = mean + noise
+        cv = _released_cv(p, cfg, fed, r, job, z, bound)
         # the user side (each row: that silo's own, unreleased evaluation)
         losses = np.array([[clipped_losses(p.model, r.params[i], su.X_test, su.y_test,
                                            fed.task, bound).mean()
@@ -251,16 +220,7 @@ def rank_silos(cfg: Config, user: str, *, top: int | None = None,
             shutil.rmtree(run_dir, ignore_errors=True)
         raise
     u = names.index(user)
-    transfer = losses[u] - cv
-    others = [k for k in np.argsort(transfer, kind="stable") if k != u]
-    order = [names[k] for k in others]
-    if top is not None:
-        selected, selection = order[:top], {"top": top}
-    elif threshold is not None:
-        selected = [names[k] for k in others if transfer[k] <= threshold]
-        selection = {"threshold": threshold}
-    else:
-        selected, selection = [], None
+    order, selected, selection = _select(names, u, losses[u] - cv, top, threshold)
     rep = Ranking(user, names, losses[u], cv, losses, order, selected, selection, bound, cv_n,
                   z, r.params, noise=p.tcfg.noise, private=p.tcfg.private, run_dir=run_dir,
                   combined_privacy=_combined([r], everything or None),
@@ -273,6 +233,74 @@ def rank_silos(cfg: Config, user: str, *, top: int | None = None,
     if run_dir:
         _write(rep)
     return rep
+
+
+def _reserve(cfg: Config, p, user: str, store: BudgetStore | None, base: Path | None,
+             cv_events: dict):
+    """Open the ranking's job: the local training, the preprocessing and the CV releases
+    reserved in the lifetime store before any data is read."""
+    raw_fps = fingerprints(p.raw)
+    store = store if store is not None else open_store(cfg, base)
+    check_demo_store(cfg, store)
+    extra = [PlannedCharge(n, NO_METHOD, "preprocess", e) for n, e in dict(p.extra).items()]
+    extra += [PlannedCharge(n, NO_METHOD, CV_LABEL, e) for n, e in cv_events.items()]
+    return open_job(store, dict(zip(p.labels, p.plans)), lifetime=_lifetime(cfg, p.raw),
+                    explicit_lifetime=cfg.budget.epsilon is not None,
+                    command=f"silofl rank --user {user}", noise=p.tcfg.noise,
+                    accountant=p.tcfg.accountant, fingerprints=raw_fps, extra=extra)
+
+
+def _cv_release_events(p, cv_share: float) -> tuple[dict, dict, dict]:
+    """Per silo: the noise multiplier z of its CV-loss release (calibrated to
+    ``cv_share`` of its ε), that release's event, and every event outside the method
+    (preprocessing + CV release). Empty for a non-private run."""
+    z: dict[str, float] = {}
+    if not p.tcfg.private:
+        return z, {}, {}
+    import dp_accounting as dpa
+    prep_extra = dict(p.extra)
+    cache: dict = {}
+    for s in p.raw.silos:
+        key = (cv_share * s.target.epsilon, s.target.delta)
+        if key not in cache:
+            cache[key] = accounting.calibrate(lambda g: dpa.GaussianDpEvent(g), *key,
+                                              kind=p.tcfg.accountant)
+        z[s.name] = cache[key]
+    cv_events = {n: dpa.GaussianDpEvent(v) for n, v in z.items()}
+    everything = {n: dpa.ComposedDpEvent([prep_extra[n], e]) if n in prep_extra else e
+                  for n, e in cv_events.items()}
+    return z, cv_events, everything
+
+
+def _released_cv(p, cfg: Config, fed, r, job, z: dict, bound: float) -> np.ndarray:
+    """(K,) each silo's released CV loss of its own model: the mean clipped loss on its
+    held-out rows plus Gaussian noise z·B/n (none when not private), each charged before
+    its read."""
+    rng = Randomness.for_mode(p.tcfg.noise if p.tcfg.private else "seeded",
+                              [cfg.training.seed, 0xCF])
+    cv = np.empty(fed.num_silos)
+    for k, s in enumerate(fed.silos):
+        if job is not None:
+            job.spend_extra(s.name, CV_LABEL)  # recorded as executed before the read
+        mean = float(clipped_losses(p.model, r.params[k], s.X_test, s.y_test, fed.task,
+                                    bound).mean())
+        noise = z[s.name] * bound / s.n_test * float(rng.normal((1,))[0]) if z else 0.0
+        cv[k] = mean + noise
+    return cv
+
+
+def _select(names: list[str], u: int, transfer: np.ndarray, top: int | None,
+            threshold: float | None) -> tuple[list[str], list[str], dict | None]:
+    """The other silos by transfer loss (stable order), and those selected by ``top`` or
+    ``threshold`` with how."""
+    others = [k for k in np.argsort(transfer, kind="stable") if k != u]
+    order = [names[k] for k in others]
+    if top is not None:
+        return order, order[:top], {"top": top}
+    if threshold is not None:
+        return order, [names[k] for k in others if transfer[k] <= threshold], \
+            {"threshold": threshold}
+    return order, [], None
 
 
 def _write(rep: Ranking) -> None:

@@ -17,7 +17,7 @@ from silofl.experiments.quality import TINY_TEST, warnings_of
 from silofl.models.metrics import HIGHER_IS_BETTER
 from silofl.experiments import figures
 from silofl.experiments.reference import reference_of
-from silofl.experiments.sweep import read_results
+from silofl.experiments.sweep_results import read_results
 
 #: what the reader of any report must know about the guarantee's scope
 ASSUMPTION_TEXT = (
@@ -331,17 +331,13 @@ def write_report(results: Path, out_dir: Path, epsilon: float | None = None) -> 
     out_dir : Path
         The folder written (created if needed).
     epsilon : float, optional
-        The ε of the fixed-ε figures (default: the results header's report ε).
+        The Îµ of the fixed-Îµ figures (default: the results header's report Îµ).
 
     Returns
     -------
     dict
         The summary (what summary.json holds).
     """
-    import base64
-    import html
-
-
     head, records = read_results(results)
     feps = figures.figure_epsilon(head, epsilon)  # bad input: fail before writing anything
     figures.check_out_dir(out_dir)
@@ -363,6 +359,16 @@ def write_report(results: Path, out_dir: Path, epsilon: float | None = None) -> 
     json_safe(summary, nonfinite)
     summary["nonfinite"] = nonfinite  # written as null: these metrics diverged or are undefined
     write_json_atomic(out_dir / "summary.json", summary, indent=1)
+
+    write_text_atomic(out_dir / "report.html", _report_html(head, records, rows, check, over,
+                                                            made))
+    return summary
+
+def _report_html(head: dict, records: list[dict], rows: list[dict], check: list[dict],
+                 over: list[dict], made) -> str:
+    """report.html: the notes, every figure embedded, the selection and privacy tables."""
+    import base64
+    import html
 
     e = html.escape
     metric = e(head["metric"])
@@ -401,23 +407,30 @@ def write_report(results: Path, out_dir: Path, epsilon: float | None = None) -> 
                 parts.append(f"<p>Note: {e(made.notes[name])}</p>")
         else:
             parts.append(f"<h2>{e(title)}</h2><p>Not drawn: {e(made.notes.get(name, ''))}</p>")
-    parts.append(f"<h2>Best hyperparameters (chosen on validation) and test {metric}</h2>"
-                 "<table><tr><th>method</th><th>ε</th><th>λ*</th><th>lr*</th>"
-                 f"<th>validation {metric}</th><th>test {metric} (mean ± std)</th>"
-                 "<th>seeds</th><th>candidates</th><th>max ε spent</th></tr>")
+    parts += _selection_html(rows, metric)
+    parts.append(_privacy_html(head, check))
+    parts.append("</body></html>")
+    return "\n".join(parts)
+
+
+def _selection_html(rows: list[dict], metric: str) -> list[str]:
+    """The best hyperparameters per (method, ε), chosen on validation, with their test score."""
+    import html
+    e = html.escape
+    out = [f"<h2>Best hyperparameters (chosen on validation) and test {metric}</h2>"
+           "<table><tr><th>method</th><th>ε</th><th>λ*</th><th>lr*</th>"
+           f"<th>validation {metric}</th><th>test {metric} (mean ± std)</th>"
+           "<th>seeds</th><th>candidates</th><th>max ε spent</th></tr>"]
     for r in rows:
         lam = "—" if r["lam"] is None else f"{r['lam']:g}"
         spent = "—" if r["max_epsilon_spent"] is None else f"{r['max_epsilon_spent']:.3f}"
-        parts.append(
+        out.append(
             f"<tr><td>{e(r['method'])}</td><td>{eps_label(r['epsilon'])}</td><td>{lam}</td>"
             f"<td>{r['lr']:g}</td><td>{_fmt(r['validation_mean'])}</td>"
             f"<td>{_fmt(r['test_mean'])} ± {_fmt(r['test_std'], 2)}</td>"
             f"<td>{len(r['seeds'])}</td><td>{r['candidates']}</td><td>{spent}</td></tr>")
-    parts.append("</table>")
-    parts.append(_privacy_html(head, check))
-    parts.append("</body></html>")
-    write_text_atomic(out_dir / "report.html", "\n".join(parts))
-    return summary
+    out.append("</table>")
+    return out
 
 
 def _privacy_html(head: dict, check: list[dict]) -> str:

@@ -1,6 +1,8 @@
 """Pandemic forecasting (PETs challenge): table schema, readers and a synthetic outbreak generator."""
 
-from silofl.pandemic.readers import ContactNetwork, IdIndex, PandemicData, find_table_file, read_dataset, read_table
+from silofl.data.ids import IdIndex
+from silofl.pandemic.dataset import ContactNetwork, PandemicData
+from silofl.pandemic.readers import find_table_file, read_dataset, read_table
 from silofl.pandemic.schema import (
     ALL_TABLES,
     HORIZON,

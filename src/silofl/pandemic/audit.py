@@ -15,7 +15,9 @@ and states on a fixed contact graph. The audit tests exactly that relation. It a
   so the null person keeps the canary's contacts and only the states differ.
 
 Either way the region has the same n in D and D′, so σ, b/n and the accounting are those
-of the real job. Training is the real `pandemic.pipeline.train` (its planner, σ, node-level
+of the real job. This module is the audit engine's plug-in (`silofl.audit.engine`) for the
+pandemic pipeline: the engine draws the coin flips, runs the one-run and multi-run
+procedures and turns the scores into bounds. Training is the real `pandemic.pipeline.train` (its planner, σ, node-level
 ledgers, budget reservation, preprocessing mode); the auditor then scores each canary
 black-box: minus its mean loss under the released region model over every training
 window of its "in" examples (features rebuilt on the region with every slot "in").
@@ -34,20 +36,27 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 
-import silofl.audit.bounds as bounds
-from silofl.audit.engine import (AUDIT_NOTE, KINDS, LOWER_BOUND_NOTE, AuditReport,
-                                 SiloAudit)
+from silofl.audit.engine import (
+    AUDIT_NOTE,
+    LOWER_BOUND_NOTE,
+    AuditReport,
+    Claim,
+    canary_count,
+    check_confidence,
+    check_kind,
+    check_runs,
+    multi_run,
+    one_run,
+)
+from silofl.data.ids import IdIndex
 from silofl.errors import ConfigError
-from silofl.pandemic.pipeline import (_as_constants, build_features, model_inputs, new_model,
-                                      region_groups, train)
-from silofl.pandemic.readers import ContactNetwork, IdIndex
+from silofl.pandemic.dataset import ContactNetwork
 from silofl.pandemic.schema import ActivityType
 from silofl.privacy.budget import SCRATCH_NOTE, BudgetStore
-from silofl.privacy.node_level import ADJACENCY_TEXT
 
 #: canaries when not given: at most 200, at most the region's persons
 DEFAULT_CANARIES = 200
@@ -59,6 +68,7 @@ _EVENING, _HOURS = 18 * 3600, 4 * 3600
 
 def neighbouring_text(adjacency: str) -> str:
     """What D and D′ differ in, for the output (the accountant's relation, made concrete)."""
+    from silofl.privacy.node_level import ADJACENCY_TEXT
     what = ("the canary (its record, its alternating S/I history and its home contacts) or "
             "the null person (never infected, no contacts)" if adjacency == "node+edges" else
             "the canary (alternating S/I history) or the null person (never infected) — "
@@ -80,6 +90,7 @@ class CanaryPersons:
 
 
 def _regions(data, cfg) -> dict[str, np.ndarray]:
+    from silofl.pandemic.regions import region_groups
     return {r.name: r.persons for r in region_groups(data, cfg)}
 
 
@@ -158,10 +169,13 @@ def canary_scores(data_in, pm, region: str, slots: np.ndarray) -> np.ndarray:
     (raw-input) model over all training windows, its examples built on `data_in` (every
     slot "in") with the constants the model was trained with (declared/private; uncharged:
     refit, as in prediction)."""
+    from silofl.pandemic.inputs import model_inputs
+    from silofl.pandemic.pipeline import new_model
+    from silofl.pandemic.regions import as_constants, build_features, region_groups
     cfg = pm.config
     r = next(g for g in region_groups(data_in, cfg) if g.name == region)
     saved = pm.constants.get(region) if cfg.preprocessing == "private" else None
-    build_features(data_in, r, cfg, None if saved is None else _as_constants(saved))
+    build_features(data_in, r, cfg, None if saved is None else as_constants(saved))
     F = r.features
     local = np.searchsorted(r.persons, slots)  # region persons are sorted indices
     lo, hi = F.train_window_range
@@ -174,19 +188,79 @@ def canary_scores(data_in, pm, region: str, slots: np.ndarray) -> np.ndarray:
     return -total / (hi - lo + 1)
 
 
-class PandemicAuditReport(AuditReport):
-    """An `AuditReport` whose neighbouring relation is the node-level one."""
-
-    def __init__(self, *a, neighbouring: str, **kw):
-        super().__init__(*a, **kw)
-        self.neighbouring = neighbouring
-
-    def to_dict(self) -> dict:
-        return dict(super().to_dict(), neighbouring_relation=self.neighbouring)
+#: the report of a pandemic audit is the engine's, its relation the node-level one
+PandemicAuditReport = AuditReport
 
 
-def _claim(pm, region: str) -> dict:
-    return next(p for p in pm.privacy if p["region"] == region)
+def _claim(pm, region: str) -> Claim:
+    p = next(p for p in pm.privacy if p["region"] == region)
+    return Claim(p["epsilon_spent"], p["target_epsilon"], p["delta"])
+
+
+class _Trained:
+    """A finished one-run training job: its canaries' scores on the D with every slot in."""
+
+    def __init__(self, mech: PandemicMechanism, pm, c: CanaryPersons, slots: np.ndarray):
+        self.mech, self.pm, self.c, self.slots = mech, pm, c, slots
+
+    def scores(self, unit: str) -> dict[str, np.ndarray]:
+        everyone, _ = insert_persons(self.mech.data, self.c, np.ones(self.c.m, bool),
+                                     self.mech.cfg.adjacency)
+        return {"black-box": canary_scores(everyone, self.pm, unit, self.slots)}
+
+    def claim(self, unit: str) -> Claim:
+        return _claim(self.pm, unit)
+
+
+class PandemicMechanism:
+    """The engine's plug-in for node-level `pipeline.train(data, cfg)`: canary persons in
+    one region's slots; records the last trained model (its notes and run id)."""
+
+    def __init__(self, data, cfg, members: dict[str, np.ndarray], canaries: int | None,
+                 contacts: int, store: BudgetStore | None):
+        self.data, self.cfg, self.members = data, cfg, members
+        self.canaries, self.contacts, self.store = canaries, contacts, store
+        self.pm = None
+        self.st: BudgetStore | None = None
+
+    def draw(self, unit: str, canaries, rng: np.random.Generator) -> CanaryPersons:
+        m = canary_count(canaries, min(DEFAULT_CANARIES, self.members[unit].size))
+        return make_canary_persons(self.data, self.cfg, unit, m, self.contacts, rng)
+
+    def prepare_one(self, chosen):
+        (c, inc), = chosen.values()
+        audited, slots = insert_persons(self.data, c, inc, self.cfg.adjacency)
+        return audited, c, slots
+
+    def run_one(self, prepared) -> _Trained:
+        from silofl.pandemic.pipeline import train
+        audited, c, slots = prepared
+        self.st = st = self.store if self.store is not None else BudgetStore(None)
+        self.pm = train(audited, self.cfg, store=st, command="silofl pandemic audit (one run)")
+        return _Trained(self, self.pm, c, slots)
+
+    def neighbours(self, unit: str, canary: CanaryPersons):
+        return tuple(insert_persons(self.data, canary, np.array([w]), self.cfg.adjacency)
+                     for w in (False, True))
+
+    def run_neighbour(self, unit: str, pair, which: int):
+        from silofl.pandemic.pipeline import train
+        self.pm = pm = train(pair[which][0], self.cfg, store=BudgetStore(None),
+                             command="silofl pandemic audit (multi run)")
+        out = {"black-box": float(canary_scores(pair[1][0], pm, unit, pair[1][1])[0])}
+        for j, v in enumerate(pm.weights[pm.regions.index(unit)]):
+            out[f"model coordinate {j}"] = float(v)
+        return out, _claim(pm, unit)
+
+
+def _resolve_region(members: dict[str, np.ndarray], region: str | None) -> str:
+    region = next(iter(members)) if region is None else str(region)
+    if region not in members and f"region-{region}" in members:
+        region = f"region-{region}"  # a bare county code
+    if region not in members:
+        raise ConfigError(f"unknown region {region!r}; this dataset's regions are "
+                          f"{', '.join(members)} (--region)")
+    return region
 
 
 def audit_pandemic(data, cfg, *, region: str | None = None, kind: str = "one-run",
@@ -194,7 +268,7 @@ def audit_pandemic(data, cfg, *, region: str | None = None, kind: str = "one-run
                    runs: int = 100, confidence: float = 0.95,
                    store: BudgetStore | None = None, seed: int | None = None,
                    on_progress: Callable[[int, int], None] | None = None
-                   ) -> PandemicAuditReport:
+                   ) -> AuditReport:
     """Audit node-level `pipeline.train(data, cfg)` for `region` (default: the first).
 
     canaries: one-run slots (default min(200, n_region)); multi-run uses one (leave it
@@ -203,48 +277,29 @@ def audit_pandemic(data, cfg, *, region: str | None = None, kind: str = "one-run
     scratch. seed: canaries and coin flips (default OS entropy). Everything that can fail
     on bad input fails before any budget is reserved."""
     t0 = time.perf_counter()
-    if kind not in KINDS:
-        raise ConfigError(f"unknown audit kind {kind!r}; choose one of {', '.join(KINDS)}")
+    check_kind(kind)
     cfg.validate()
     if not cfg.private:
         raise ConfigError("an audit compares a claimed ε with an empirical lower bound, but "
                           "this run is not private (--no-privacy); drop it")
-    if not 0.5 <= confidence < 1:
-        raise ConfigError(f"confidence must be in [0.5, 1), got {confidence}")
+    check_confidence(confidence)
     members = _regions(data, cfg)
-    region = next(iter(members)) if region is None else str(region)
-    if region not in members and f"region-{region}" in members:
-        region = f"region-{region}"  # a bare county code
-    if region not in members:
-        raise ConfigError(f"unknown region {region!r}; this dataset's regions are "
-                          f"{', '.join(members)} (--region)")
+    region = _resolve_region(members, region)
     rng = np.random.default_rng(seed)
     neighbouring = neighbouring_text(cfg.adjacency)
     notes = [AUDIT_NOTE, f"neighbouring: {neighbouring}",
              f"canaries: {contacts} home contacts each, drawn uniformly from {region}'s "
              "members; the job's σ was calibrated for the region with its canary slots in"]
+    mech = PandemicMechanism(data, cfg, members, canaries, contacts, store)
     if kind == "one-run":
-        m = canaries if canaries is not None else min(DEFAULT_CANARIES,
-                                                      members[region].size)
-        if m < 2:
-            raise ConfigError(f"a one-run audit needs at least 2 canaries, got {m}")
-        c = make_canary_persons(data, cfg, region, m, contacts, rng)
-        inc = rng.random(m) < 0.5
-        audited, slots = insert_persons(data, c, inc, cfg.adjacency)
-        st = store if store is not None else BudgetStore(None)
-        if on_progress:
-            on_progress(0, 1)
-        pm = train(audited, cfg, store=st, command="silofl pandemic audit (one run)")
-        if on_progress:
-            on_progress(1, 1)
-        everyone, _ = insert_persons(data, c, np.ones(m, bool), cfg.adjacency)
-        sc = {"black-box": canary_scores(everyone, pm, region, slots)}
-        claim = _claim(pm, region)
-        res = bounds.one_run_audit(sc, inc, claim["delta"], confidence)
-        run_ids = [claim.get("run_id") or "-"]
+        (row,), _p, _job = one_run(mech, [region], canaries, confidence, rng,
+                                         on_progress)
+        pm = mech.pm
+        run_ids = [next(p for p in pm.privacy if p["region"] == region).get("run_id") or "-"]
         notes += [n for n in pm.notes if n not in notes]
         notes.append("the audit job trains every region, so it is charged to every "
                      "region's budget (the audited region's with its canary slots in)")
+        st = mech.st
         scratch, path = st.scratch, None if st.path is None else str(st.path)
     else:
         if store is not None and not store.scratch:
@@ -255,44 +310,20 @@ def audit_pandemic(data, cfg, *, region: str | None = None, kind: str = "one-run
         if canaries not in (None, 1):
             raise ConfigError("a multi-run audit uses one canary (D′ = D with the canary "
                               "in its slot); leave --canaries out or set it to 1")
-        if runs < 8:
-            raise ConfigError(f"a multi-run audit needs at least 8 runs per dataset (half "
-                              f"choose the test, half bound it), got {runs}")
+        check_runs(runs)
         c = make_canary_persons(data, cfg, region, 1, contacts, rng)
-        d = [insert_persons(data, c, np.array([w]), cfg.adjacency) for w in (False, True)]
-        slots = d[1][1]
-        stats: tuple[dict, dict] = ({}, {})
-        claim, eps = None, 0.0
-        for i in range(2 * runs):
-            which = i % 2  # interleaved, so a drift in time cannot pose as a signal
-            pm = train(d[which][0], cfg, store=BudgetStore(None),
-                       command="silofl pandemic audit (multi run)")
-            claim = _claim(pm, region)
-            eps = max(eps, claim["epsilon_spent"])
-            out = {"black-box": float(canary_scores(d[1][0], pm, region, slots)[0])}
-            for j, v in enumerate(pm.weights[pm.regions.index(region)]):
-                out[f"model coordinate {j}"] = float(v)
-            for key, v in out.items():
-                stats[which].setdefault(key, []).append(v)
-            if on_progress:
-                on_progress(i + 1, 2 * runs)
-        res = bounds.multi_run_epsilon({k: np.array(v) for k, v in stats[0].items()},
-                                       {k: np.array(v) for k, v in stats[1].items()},
-                                       claim["delta"], confidence)
-        res["runs"] = runs
-        claim = dict(claim, epsilon_spent=eps)
+        (row,) = multi_run(mech, [region], c, runs, confidence, on_progress)
         run_ids = [f"{2 * runs} scratch jobs"]
         notes += [SCRATCH_NOTE, f"multi-run: {runs} jobs on D and {runs} on D′, each on "
                   "its own scratch store"]
-        notes += [n for n in pm.notes if n not in notes]
+        notes += [n for n in mech.pm.notes if n not in notes]
         scratch, path = True, None
-    res["adjacency"] = cfg.adjacency
-    row = SiloAudit(region, claim["epsilon_spent"], claim["target_epsilon"], claim["delta"],
-                    res["epsilon"], res)
-    return PandemicAuditReport(kind, [row], [cfg.method], notes, path, scratch, run_ids,
-                               time.perf_counter() - t0, confidence, cfg.noise,
-                               neighbouring=neighbouring)
+    row.details["adjacency"] = cfg.adjacency
+    return AuditReport(kind, [row], [cfg.method], notes, path, scratch, run_ids,
+                       time.perf_counter() - t0, confidence, cfg.noise,
+                       neighbouring=neighbouring)
 
 
 __all__ = ["audit_pandemic", "make_canary_persons", "insert_persons", "canary_scores",
-           "CanaryPersons", "PandemicAuditReport", "neighbouring_text", "LOWER_BOUND_NOTE"]
+           "CanaryPersons", "PandemicAuditReport", "PandemicMechanism", "neighbouring_text",
+           "LOWER_BOUND_NOTE"]

@@ -39,7 +39,8 @@ from silofl.io import write_json_atomic
 from silofl.pandemic.engine import NODE_METHODS
 from silofl.pandemic.network import RegionSiloProgram, graph_job, region_name
 from silofl.pandemic.partition import input_directory
-from silofl.pandemic.pipeline import PandemicConfig, write_predictions
+from silofl.pandemic.challenge import write_predictions
+from silofl.pandemic.pipeline import PandemicConfig
 from silofl.pandemic.readers import read_dataset
 from silofl.privacy.ledger import silo_file_id
 from silofl.runtime.network import messages as W

@@ -11,7 +11,7 @@ and contacts (its data hooks):
 * σ is planned by `pipeline.plan_regions` (node-level unit, the release composed in) from
   the silo's own (ε, δ) and the job's public settings;
 * every round's local pass is the core trainer under the node-level unit
-  (`pipeline.region_trainer`); one pass costs `pipeline.round_event`;
+  (`pipeline.region_trainer`); one pass costs `charges.round_event`;
 * the private preprocessing release is reserved with the first round it runs in and
   charged (label "preprocess") before it reads a record; its result is kept in the state
   dir (post-processing afterwards).
@@ -32,14 +32,17 @@ import numpy as np
 from silofl.config.base import did_you_mean
 from silofl.errors import ConfigError
 from silofl.io import write_json_atomic
+from silofl.pandemic.dataset import PandemicData
 from silofl.pandemic.engine import NODE_METHODS, method_of
-from silofl.pandemic.features import FeatureConstants
+from silofl.pandemic.charges import preprocess_event, region_fingerprint, round_event
+from silofl.pandemic.constants import declared_constants, private_release
+from silofl.pandemic.inputs import input_dim
 from silofl.pandemic.pipeline import (
-    PandemicConfig, Region, build_features, declared_constants, fit_region_scaling,
-    initial_weights, input_dim, plan_regions, predict_region, preprocess_event, private_release,
-    raw_weights, region_fingerprint, region_trainer, round_event,
+    PandemicConfig, initial_weights, plan_regions, predict_region, region_trainer,
 )
-from silofl.pandemic.readers import PandemicData, read_dataset
+from silofl.pandemic.regions import Region, build_features, fit_region_scaling, raw_weights
+from silofl.pandemic.tables import FeatureConstants
+from silofl.pandemic.readers import read_dataset
 from silofl.privacy.ledger import Ledger
 from silofl.runtime.network import messages as W
 from silofl.runtime.network.hosting import silo_randomness

@@ -6,7 +6,7 @@ The challenge hands a solution seven file paths (any names, any folders) while
 the two without copying data.  `partition_by_region` writes, for every region, the rows
 of each table that belong to it — the region's persons, their households, schedules,
 outcomes, the locations they visit, and the contacts *among them* (contacts that cross
-regions are dropped, as in the in-process federated mode, `pipeline.build_regions`).
+regions are dropped, as in the in-process federated mode, `regions.build_regions`).
 """
 
 from __future__ import annotations
@@ -19,9 +19,10 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
+from silofl.data.columnar import FILE_EXTENSIONS, TableSpec
 from silofl.errors import ConfigError, DataError
 from silofl.pandemic.readers import find_table_file, read_dataset
-from silofl.pandemic.schema import FILE_EXTENSIONS, TABLES, TARGET, TableSpec
+from silofl.pandemic.schema import TABLES, TARGET
 
 #: The seven challenge inputs in the order of the challenge's function arguments.
 INPUT_SPECS: tuple[TableSpec, ...] = tuple(TABLES.values())

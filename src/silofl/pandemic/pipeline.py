@@ -14,13 +14,16 @@ batches from `training.sampling.node_streams`, `NodeLevelDpEvent` charges), read
 examples through `engine.GraphSource` (neighbourhood features gathered per batch), the
 budget reserved and settled by `runtime.job` (`open_job`/`Job`, as the tabular track).
 So any method built on local passes runs on graph data (``method``:
-`engine.NODE_METHODS`).  What stays here: regions, features and their constants, what a
-run reserves (`planned_charges`, labels `ROUND_LABEL`/`PREPROCESS_LABEL`,
-`reserve_regions`; a privately tuned run: `tuned_method`, `tuned_charges`), the model
-file, prediction and the challenge's entry points.  Results equal the previous
+`engine.NODE_METHODS`).  What lives here: the configuration, planning (`plan_regions`,
+`tuned_method`), the model file, `train`, `predict` and `evaluate`.  Around it, one idea
+each: `regions` (silos and their features), `inputs` (what the model sees),
+`constants` (declared constants and the private preprocessing release), `charges` (what
+a run reserves and records: `planned_charges`, labels `ROUND_LABEL`/`PREPROCESS_LABEL`,
+`reserve_regions`, `tuned_charges`, `privacy_entry`) and `challenge` (the challenge's
+entry points).  Results equal the previous
 stand-alone pipeline bit for bit (seeded noise; tests/pandemic/test_engine.py).
 
-**What is guaranteed, and what is assumed** (every model states it, `privacy_entry`):
+**What is guaranteed, and what is assumed** (every model states it, `charges.privacy_entry`):
 
 * *Adjacency* (``adjacency``).  ``"node+edges"`` (default): neighbouring datasets differ
   in one person *including their contacts* (the contact graph is private, the challenge's
@@ -51,7 +54,7 @@ stand-alone pipeline bit for bit (seeded noise; tests/pandemic/test_engine.py).
 * *Preprocessing* (``preprocessing``): every constant computed from data — the
   model-input standardization, the household-size Box-Cox λ and standardization, the age
   and location standardization and the contact (edge) statistics — is ``"declared"``
-  (default: fixed public numbers, `features.DECLARED_CONSTANTS` and
+  (default: fixed public numbers, `tables.DECLARED_CONSTANTS` and
   `SUMMARY_DECLARED`, with their sources), ``"private"`` (one node-level Gaussian release
   per region, `private_release`, charged before it reads anything) or ``"uncharged"``
   (fit on the region without any charge: the old behaviour; listed by name as
@@ -105,72 +108,77 @@ outbreaks of 20k persons in 4 regions, positive rate ≈ 0.3%):
 from __future__ import annotations
 
 import json
-import math
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable
 
-import dp_accounting as dpa
 import numpy as np
 
 from silofl.config.base import section_dataclass
 from silofl.privacy.targets import PrivacyTarget
-from silofl.errors import ConfigError, PrivacyError
+from silofl.errors import ConfigError
 from silofl.models.glm import FocalLoss
 from silofl.pandemic import metrics as PM
 from silofl.pandemic.baseline import sir_baseline_scores
+from silofl.pandemic.charges import (
+    ROUND_LABEL,
+    charged_event,
+    node_unit,
+    planned_charges,
+    preprocess_event,
+    privacy_entry,
+    region_fingerprint,
+    reserve_regions,
+    run_notes,
+    tuned_charges,
+    tuning_entry,
+)
+from silofl.pandemic.constants import PRIVATE_SAMPLE, declared_constants
 from silofl.pandemic.engine import (
-    NODE_METHODS, GraphFederation, GraphSilo, GraphSource, exact_mean, method_of,
-    selection_charges, selection_summary,
+    NODE_METHODS,
+    GraphFederation,
+    GraphSilo,
+    exact_mean,
+    method_of,
 )
 from silofl.pandemic.features import (
-    DECLARED_CONSTANTS, DECLARED_SOURCES, N_STATES, PRIVATE_BOUNDS, FeatureConstants,
-    NeighbourhoodFeatures, build_neighbourhood_features, build_node_table, check_S,
+    NeighbourhoodFeatures,
+    check_S,
     check_t_window,
 )
+from silofl.pandemic.inputs import POOLINGS, input_dim, model_inputs
+from silofl.pandemic.dataset import PandemicData
+from silofl.pandemic.regions import (
+    Region,
+    as_constants,
+    build_features,
+    fit_region_scaling,
+    raw_weights,
+    region_groups,
+    region_inputs,
+    region_source,
+)
+from silofl.privacy.budget import BudgetStore
+from silofl.privacy.ledger import Ledger
 from silofl.privacy.node_level import (
-    ADJACENCIES, ADJACENCY_TEXT, PRUNING_ASSUMPTION, NodeLevelDpEvent, affected_examples,
+    ADJACENCIES,
+    affected_examples,
     calibrate_node_sigma,
 )
-from silofl.pandemic.partition import input_directory
-from silofl.pandemic.readers import PandemicData, read_dataset
-from silofl.privacy.budget import SCRATCH_NOTE, BudgetStore, PlannedCharge
-from silofl.privacy.ledger import Ledger
 from silofl.privacy.randomness import Randomness
-from silofl.runtime.job import Job, open_job
-from silofl.runtime.plan import SEEDED_NOTE, SiloPlan, TrainingConfig, plan_job
-from silofl.training import sampling as TS
+from silofl.runtime.job import Job
+from silofl.runtime.plan import TrainingConfig, plan_job
 from silofl.training.dpsgd import GradientRule
 from silofl.training.trainer import LocalTrainer
-from silofl.io import array_digest, write_bytes_atomic, write_json_atomic
-from silofl.privacy import accounting, events
-from silofl.privacy.store_paths import default_store_path
+from silofl.io import write_bytes_atomic, write_json_atomic
 from silofl.runtime.simulator import simulate
-from silofl.tuning import accounting as TA
-from silofl.tuning.graph import DEFAULT_LOSS_BOUND, NodeValidation, describe_release, check_setting
-from silofl.tuning.private import TunedPersonalization, score_sigma
+from silofl.pandemic.tuning import DEFAULT_LOSS_BOUND, NodeValidation, check_setting
+from silofl.tuning.private import TunedPersonalization
 from silofl.tuning.setup import distribution
 
 NOISE_MODES = ("secure", "seeded")
 PREPROCESSING = ("declared", "private", "uncharged")
-#: the label of each kind of charge in ledgers and the budget store (the method is
-#: ``cfg.method``, MR-MTL by default)
-ROUND_LABEL = TS.NODE_LABEL  # "node-dpsgd"
-PREPROCESS_LABEL = "preprocess"
-#: what every node-level model assumes besides the pruning
-SIZES_ASSUMPTION = ("region sizes n are treated as public: they set each region's "
-                    "sampling rate b/n, its noise calibration and the averaging weights")
-#: the items that preprocessing="uncharged" reads without any charge
-UNCHARGED_ITEMS = (
-    "age standardization (mean and standard deviation of the region's ages)",
-    "household-size Box-Cox λ (maximum likelihood on the region) and standardization",
-    "location longitude/latitude standardization (over the listed locations)",
-    "contact statistics: mean and standard deviation of log duration and log count over "
-    "the region's kept edges",
-    "model-input standardization (mean and standard deviation of every input column over "
-    "the region's examples)",
-)
 
 
 @section_dataclass("pandemic")
@@ -263,38 +271,6 @@ class PandemicConfig:
         return self.private and self.preprocessing == "private"
 
 
-def declared_constants(cfg: PandemicConfig) -> FeatureConstants:
-    """`features.DECLARED_CONSTANTS` with ``cfg.declared``'s overrides."""
-    extra = dict(cfg.declared or {})
-    known = set(DECLARED_CONSTANTS.to_dict()) - {"source"}
-    bad = sorted(set(extra) - known)
-    if bad:
-        raise ConfigError(f"unknown declared constant(s) {', '.join(bad)}; known: "
-                          f"{', '.join(sorted(known))}")
-    return DECLARED_CONSTANTS.replace(**{k: float(v) for k, v in extra.items()})
-
-
-@dataclass
-class Region:
-    name: str
-    persons: np.ndarray          # indices into the dataset's persons
-    features: NeighbourhoodFeatures | None = None  # None until built (after the reservation)
-    S: int = 0
-    steps_per_round: int = 0
-    sigma: float | None = None
-    ledger: Ledger | None = None
-    shift: np.ndarray | None = None  # model-input standardization (None: raw inputs)
-    scale: np.ndarray | None = None
-    delta: float | None = None
-    pre_sigma: float | None = None   # private preprocessing: noise multiplier, batch
-    pre_batch: int = 0
-    constants: FeatureConstants | None = None
-
-    @property
-    def n(self) -> int:
-        return int(self.persons.size)
-
-
 @dataclass
 class PandemicModel:
     """Trained per-region weights plus what prediction needs to rebuild features."""
@@ -323,7 +299,7 @@ class PandemicModel:
                            "constants": self.constants, "timings": self.timings}, indent=1)
 
     @classmethod
-    def load(cls, directory: Path) -> "PandemicModel":
+    def load(cls, directory: Path) -> PandemicModel:
         directory = Path(directory)
         meta_path = directory / "model.json"
         if not meta_path.is_file():
@@ -359,79 +335,7 @@ class PandemicModel:
                    meta.get("constants", {}))
 
 
-# --- regions ---------------------------------------------------------------------------
-
-def region_groups(data: PandemicData, cfg: PandemicConfig) -> list[Region]:
-    """The silos and their persons, nothing else: region membership and sizes (public)."""
-    if cfg.federated:
-        if np.any(data.region < 0):
-            raise ConfigError(f"{int((data.region < 0).sum())} persons have no region (no "
-                              "home residence with a county); fix the data or use the "
-                              "centralized mode")
-        groups = [(f"region-{int(c)}", data.region_members(r))
-                  for r, c in enumerate(data.region_codes)]
-    else:
-        groups = [("all", np.arange(data.num_persons))]
-    out = []
-    for name, persons in groups:
-        if persons.size == 0:
-            raise ConfigError(f"{name} has no persons; drop it from the data")
-        out.append(Region(name, persons, S=cfg.S))
-    return out
-
-
-def build_regions(data: PandemicData, cfg: PandemicConfig,
-                  constants: dict | None = None) -> list[Region]:
-    """Per-region neighbourhood features on each region's own subgraph.  ``constants``
-    (region → `FeatureConstants` or its dict) overrides the config's source; a
-    private source needs them (a release is made, and charged, only by `train`)."""
-    regions = region_groups(data, cfg)
-    for r in regions:
-        c = (constants or {}).get(r.name)
-        build_features(data, r, cfg, None if c is None else _as_constants(c))
-    return regions
-
-
-def _as_constants(c) -> FeatureConstants:
-    return c if isinstance(c, FeatureConstants) else FeatureConstants(**c)
-
-
-def build_region(data: PandemicData, name: str, persons: np.ndarray,
-                 cfg: PandemicConfig) -> Region:
-    """One silo with its features built (declared or uncharged constants)."""
-    if persons.size == 0:
-        raise ConfigError(f"{name} has no persons; drop it from the data")
-    r = Region(name, persons, S=cfg.S)
-    build_features(data, r, cfg)
-    return r
-
-
-def build_features(data: PandemicData, r: Region, cfg: PandemicConfig,
-                   constants: FeatureConstants | None = None) -> None:
-    """Neighbourhood features of ``r.persons`` on the subgraph of contacts among them,
-    normalized with ``constants`` or, when None, by ``cfg.preprocessing``: "declared",
-    "uncharged" (fit on the region, not charged) or "private" (charges ``r.ledger``, then
-    releases them with `private_release`; needs `plan_regions` and a ledger).  Reads
-    features and states, never labels."""
-    inputs = data.feature_inputs(r.persons)
-    private = constants is None and cfg.preprocessing == "private"
-    if constants is None:
-        constants = "uncharged" if cfg.preprocessing == "uncharged" else declared_constants(cfg)
-    r.features = build_neighbourhood_features(**inputs, S=cfg.S, t_window=cfg.t_window,
-                                              seed=cfg.seed, priority=cfg.priority,
-                                              constants=constants)
-    if r.features.node_dp_S != r.S:  # the plan's S must be what the features give
-        raise PrivacyError(f"{r.name}: the features bound appearances by S = "
-                           f"{r.features.node_dp_S}, the plan by {r.S}")
-    if private:
-        private_release(r, cfg, inputs)
-    r.constants = FeatureConstants(**r.features.fitted["constants"])
-
-
 # --- planning ----------------------------------------------------------------------------
-
-#: persons a private release sums over at most (a secret uniform sample above that)
-PRIVATE_SAMPLE = 50_000
 
 
 def training_config(cfg: PandemicConfig) -> TrainingConfig:
@@ -485,51 +389,12 @@ def plan_regions(regions: list[Region], cfg: PandemicConfig, algorithm=None) -> 
     return plans
 
 
-def passes_per_round(cfg: PandemicConfig) -> int:
-    """Local passes per round of ``cfg.method`` (Ditto: 2)."""
-    return method_of(cfg).passes_per_round
-
-
-def round_event(r: Region, cfg: PandemicConfig) -> NodeLevelDpEvent:
-    """The node-level DP charge of one round of ``r``'s local training."""
-    return NodeLevelDpEvent(r.n, r.S, cfg.batch_size, r.sigma, r.steps_per_round,
-                            cfg.adjacency)
-
-
-def preprocess_event(r: Region, cfg: PandemicConfig) -> NodeLevelDpEvent:
-    """The charge of ``r``'s private preprocessing release: one "step" of the node-level
-    mechanism (a Gaussian sum over ``pre_batch`` examples, see `private_release`)."""
-    return NodeLevelDpEvent(r.n, r.S, r.pre_batch, r.pre_sigma, 1, cfg.adjacency)
-
-
-def planned_charges(r: Region, cfg: PandemicConfig, rounds: list[int] | None = None,
-                    preprocess: bool | None = None) -> list[PlannedCharge]:
-    """What ``r`` will spend: the private preprocessing (if any) and ``rounds`` (default:
-    every round), as budget-store charges."""
-    rounds = list(range(1, cfg.rounds + 1)) if rounds is None else rounds
-    preprocess = cfg.private_preprocessing if preprocess is None else preprocess
-    out = []
-    if preprocess:
-        out.append(PlannedCharge(r.name, cfg.method, PREPROCESS_LABEL,
-                                 preprocess_event(r, cfg)))
-    if rounds:
-        out.append(PlannedCharge(r.name, cfg.method, ROUND_LABEL, round_event(r, cfg),
-                                 len(rounds) * passes_per_round(cfg)))
-    if cfg.private:  # the IFCA family's private cluster selections (label "select")
-        out += selection_charges(method_of(cfg), r.name, cfg.method, cfg.epsilon, rounds,
-                                 cfg.rounds)
-    return out
-
-
 # --- private tuning (silofl.tuning on graph data; README "Private tuning on graph data") ---
-
-#: ledger labels of a tuned run: the pivot's passes, the RepeatAndSelect release
-PIVOT_LABEL, TUNING_LABEL = "dpsgd-pivot", "tuning"
 
 
 def tuned_method(regions: list[Region], cfg: PandemicConfig, tc):
     """``cfg.method`` (MR-MTL or Ditto) privately tuned per region (`TuningConfig` ``tc``,
-    checked by `tuning.graph.check_setting`): `TunedPersonalization` with one node-level
+    checked by `pandemic.tuning.check_setting`): `TunedPersonalization` with one node-level
     `NodeValidation` score per region (read only after its charge)."""
     val = [NodeValidation(r, (lambda X, r=r: region_inputs(r, cfg, X)),
                           affected=affected_examples(r.n, r.S, cfg.adjacency),
@@ -540,350 +405,7 @@ def tuned_method(regions: list[Region], cfg: PandemicConfig, tc):
                                 loss_bound=DEFAULT_LOSS_BOUND)
 
 
-def tuned_charges(r: Region, cfg: PandemicConfig, alg) -> list[PlannedCharge]:
-    """What a tuned run of ``r`` spends: the private preprocessing (if any), the pivot's
-    passes (every round) and one RepeatAndSelect of a trial — the very events
-    `TunedPersonalization` charges, so the job's ledgers allow exactly them."""
-    ev = round_event(r, cfg)
-    out = planned_charges(r, cfg, rounds=[])
-    out.append(PlannedCharge(r.name, cfg.method, PIVOT_LABEL, ev, cfg.rounds))
-    out.append(PlannedCharge(r.name, cfg.method, TUNING_LABEL, TA.select_event(
-        ev, cfg.rounds, alg.dist, score_sigma(ev, cfg.rounds, alg.score_ratio))))
-    return out
-
-
-def tuning_entry(r: Region, k: int, cfg: PandemicConfig, alg) -> dict:
-    """Region k's tuning record: the distribution of h (h_k itself stays secret), the
-    grid, the score (window, persons, Δ, noise), the ε of the RepeatAndSelect charge alone
-    and the released setting."""
-    out = describe_release(alg, k)
-    sig = score_sigma(round_event(r, cfg), cfg.rounds, alg.score_ratio)
-    out["validation"].update(noise_multiplier=sig,
-                             noise_std=sig * alg.validation[k].sensitivity())
-    out["trial_steps"] = r.steps_per_round * cfg.rounds
-    sel = [e for e in (r.ledger.entries if r.ledger else []) if e.label == TUNING_LABEL]
-    if sel:
-        out["charged_epsilon"] = accounting.epsilon(sel[0].event, r.delta, "rdp")
-        out["event"] = events.to_dict(sel[0].event)
-    return out
-
-
-def charged_event(charges: list[PlannedCharge]) -> dpa.DpEvent:
-    """``charges`` (each its event × count) as one composed dp_accounting event."""
-    return dpa.ComposedDpEvent([dpa.SelfComposedDpEvent(c.event, c.count) for c in charges])
-
-
-def region_fingerprint(data: PandemicData, r: Region) -> str:
-    """A short hash of the region's persons and states, recorded with its charges so a
-    change of the data shows in the (silo-internal) budget store."""
-    return array_digest(data.pids[r.persons], data.states[r.persons])
-
-
-def reserve_regions(store: BudgetStore, regions: list[Region], cfg: PandemicConfig,
-                    plans: list[SiloPlan], *, command: str,
-                    charges: dict[str, list[PlannedCharge]] | None = None,
-                    fingerprints: dict[str, str] | None = None) -> Job:
-    """`runtime.job.open_job` for the regions: register each region's lifetime target
-    (``cfg``'s, unless the store already holds one) and reserve ``charges`` (default: the
-    whole run, `planned_charges`: labels "preprocess"/"node-dpsgd", which must cover the
-    ``plans``' declared rounds) in one transaction — BudgetExceeded, nothing reserved, if
-    any region's lifetime budget cannot pay.  Each region then gets the job's ledger
-    (``r.ledger``), which may spend only what was reserved; `simulate` is handed the same
-    ledgers through the job."""
-    charges = charges if charges is not None else {r.name: planned_charges(r, cfg)
-                                                   for r in regions}
-    job = open_job(store, {cfg.method: plans},
-                   lifetime={r.name: PrivacyTarget(cfg.epsilon, r.delta) for r in regions},
-                   command=command, noise=cfg.noise, accountant="rdp",
-                   fingerprints=fingerprints,
-                   reserve={cfg.method: [c for r in regions for c in charges[r.name]]})
-    for r, led in zip(regions, job.ledgers(cfg.method)):
-        r.ledger = led
-    return job
-
-
-def node_unit(names, cfg: PandemicConfig) -> TS.NodeUnit:
-    return TS.NodeUnit(cfg.S, cfg.adjacency, tuple(names), cfg.seed)
-
-
-POOLINGS = ("summary", "mean", "concat")
-
-#: Columns of `summary_inputs`.  "infectious" = recorded I on the last history day;
-#: "recent" = recorded I on any of the last 7 days; "new" = turned S → I within the last
-#: 7 days; hours = the duration of the pair's longest contact (the edge kept by
-#: `graph.dedupe_contacts`; not the pair's total time), in hours; home = that contact's
-#: location has none of the activity flags (a residence).  Neighbours are the pruned
-#: ones (≤ S − 1); tests/pandemic/test_learning.py recounts all of this from raw records.
-SUMMARY_FEATURES = (
-    "own_susceptible", "occupied_slots", "log_contact_hours",
-    "log_n_infectious", "log_n_recent", "log_n_new",
-    "log_hours_infectious", "log_hours_recent", "log_hours_new",
-    "n_home_infectious", "n_home_recent", "n_home_new",
-)
-RECENT_DAYS = 7
-
-
-def summary_inputs(F: NeighbourhoodFeatures, X: np.ndarray) -> np.ndarray:
-    """(B, 12) recent-infection summaries of gathered examples X (B, D), columns
-    `SUMMARY_FEATURES`: whether the person is still susceptible, how many neighbour slots
-    are filled and the total contact time, and — for neighbours infectious now, recently
-    or newly infected — their number, the contact hours with them and how many of them
-    are household contacts.  Counts are summed over the slots (not averaged: the risk
-    grows with the number of infectious contacts) and log1p-compressed.  A deterministic
-    function of the example, so the node-level accounting is unchanged."""
-    b, tw, dn, de = X.shape[0], F.t_window, F.d_node, F.d_edge
-    own_last = X[:, dn + (tw - 1) * N_STATES]                  # own state S on the last day
-    blocks = X[:, F.own_dim:].reshape(b, F.num_slots, F.block_dim)
-    occupied = 1.0 - blocks[:, :, 0].astype(np.float64)
-    edge = blocks[:, :, 1 + dn:1 + dn + de]
-    hist = blocks[:, :, 1 + dn + de:].reshape(b, F.num_slots, tw, N_STATES)
-    k = min(RECENT_DAYS, tw)
-    infectious = hist[:, :, -1, 1].astype(np.float64)
-    recent = hist[:, :, -k:, 1].max(axis=2).astype(np.float64)
-    if tw > 1:
-        k = min(RECENT_DAYS, tw - 1)
-        new = (hist[:, :, -k - 1:-1, 0] * hist[:, :, -k:, 1]).max(axis=2).astype(np.float64)
-    else:
-        new = np.zeros_like(infectious)
-    st = F.edge_stats  # undo the log-duration standardization of `_edge_features`
-    seconds = np.expm1(edge[:, :, 1].astype(np.float64) * st["dur_std"] + st["dur_mean"])
-    hours = occupied * np.maximum(seconds, 0.0) / 3600.0
-    flags = edge[:, :, 3:de - 3]  # location activity flags (then lon, lat, unknown)
-    home = occupied * ((flags.sum(axis=2) == 0) & (edge[:, :, de - 1] == 0))
-    cols = [own_last.astype(np.float64), occupied.mean(axis=1),
-            np.log1p(hours.sum(axis=1))]
-    cols += [np.log1p(s.sum(axis=1)) for s in (infectious, recent, new)]
-    cols += [np.log1p((s * hours).sum(axis=1)) for s in (infectious, recent, new)]
-    cols += [(s * home).sum(axis=1) for s in (infectious, recent, new)]
-    return np.stack(cols, axis=1).astype(np.float32)
-
-
-def model_inputs(F: NeighbourhoodFeatures, X: np.ndarray, pooling: str) -> np.ndarray:
-    """The model's view of gathered examples (B, D).  "summary": `summary_inputs`.
-    "mean" averages the neighbour blocks (features, contact features, infection history,
-    empty-slot flag), which a linear model can use far better than S − 1 separately
-    weighted slots, with ~10× fewer parameters (so less DP noise).  "concat": the
-    example as gathered.  Each example still depends only on the person and its ≤ S − 1
-    pruned neighbours, so the node-level accounting is unchanged."""
-    if pooling == "concat":
-        return X
-    if pooling == "summary":
-        return summary_inputs(F, X)
-    blocks = X[:, F.own_dim:].reshape(X.shape[0], F.num_slots, F.block_dim)
-    return np.concatenate([X[:, :F.own_dim], blocks.mean(1)], axis=1)
-
-
-def input_dim(F: NeighbourhoodFeatures, pooling: str) -> int:
-    if pooling == "summary":
-        return len(SUMMARY_FEATURES)
-    return F.dim if pooling == "concat" else F.own_dim + F.block_dim
-
-
-#: Declared (centre, scale) of every `SUMMARY_FEATURES` column (preprocessing="declared"):
-#: public numbers, rounded from the per-region statistics of three outbreaks of the public
-#: generator (`synth`: 4k seed 7, 10k seed 3, 20k seed 1 — the first two are the test
-#: outbreaks, so test figures may flatter them), never from a real silo's data.  Their
-#: reasoning: almost everyone is still
-#: susceptible; a fraction of occupied slots lies in [0, 1]; about e^3.5 ≈ 30 contact
-#: hours per person; infection around a person is rare, so the infection columns are
-#: near 0 with small spreads (the scale of a rare event), which gives them the weight
-#: they need in the equal-weight prior.  On real data they are a public guess.
-SUMMARY_DECLARED: dict[str, tuple[float, float]] = {
-    "own_susceptible": (1.0, 0.1), "occupied_slots": (0.5, 0.3),
-    "log_contact_hours": (3.5, 1.0),
-    "log_n_infectious": (0.0, 0.1), "log_n_recent": (0.0, 0.1), "log_n_new": (0.0, 0.1),
-    "log_hours_infectious": (0.0, 0.2), "log_hours_recent": (0.0, 0.2),
-    "log_hours_new": (0.0, 0.2),
-    "n_home_infectious": (0.0, 0.05), "n_home_recent": (0.0, 0.05), "n_home_new": (0.0, 0.05),
-}
-SUMMARY_DECLARED_SOURCE = (
-    "centre/scale per summary column rounded from synthetic outbreaks of the public "
-    "generator (silofl pandemic synth), not from the data trained on: own_susceptible "
-    "1/0.1, occupied_slots 0.5/0.3, log_contact_hours 3.5/1, infection counts 0/0.1, "
-    "infection hours 0/0.2, household infections 0/0.05")
-
-#: Clipping bounds (lo, hi) of the summary columns in a private release (declared; values
-#: outside are clipped for the statistic only, never in the model's inputs)
-SUMMARY_BOUNDS: dict[str, tuple[float, float]] = {
-    "own_susceptible": (0.0, 1.0), "occupied_slots": (0.0, 1.0),
-    "log_contact_hours": (0.0, 6.0),
-    "log_n_infectious": (0.0, math.log(6.0)), "log_n_recent": (0.0, math.log(6.0)),
-    "log_n_new": (0.0, math.log(6.0)),
-    "log_hours_infectious": (0.0, 3.0), "log_hours_recent": (0.0, 3.0),
-    "log_hours_new": (0.0, 3.0),
-    "n_home_infectious": (0.0, 3.0), "n_home_recent": (0.0, 3.0), "n_home_new": (0.0, 3.0),
-}
-#: a private standard deviation is at least this share of its half-range: noise can
-#: never blow an input column up by more than 1/this
-MIN_PRIVATE_STD = 0.02
-
-
-def declared_input_scaling(F: NeighbourhoodFeatures,
-                           pooling: str) -> tuple[np.ndarray, np.ndarray]:
-    """(shift, scale) of the model inputs from declared constants: `SUMMARY_DECLARED`
-    for summary inputs; for "mean"/"concat" the identity (their columns are already
-    normalized by the feature constants, or one-hot)."""
-    if pooling == "summary":
-        c = np.array([SUMMARY_DECLARED[k] for k in SUMMARY_FEATURES], dtype=np.float64)
-        return c[:, 0].copy(), c[:, 1].copy()
-    d = input_dim(F, pooling)
-    return np.zeros(d), np.ones(d)
-
-
-_SCALING_SAMPLE = 20_000
-
-
-def fit_input_scaling(F: NeighbourhoodFeatures, pooling: str, seed: int,
-                      max_persons: int = _SCALING_SAMPLE,
-                      batch_size: int = 4096) -> tuple[np.ndarray, np.ndarray]:
-    """Mean and standard deviation (1 where a column is constant) of each model-input
-    column over the region's examples, at one random training window per person (up to
-    ``max_persons`` persons, a seeded sample).  Features only, no labels — and **not
-    charged** to any accountant: preprocessing="uncharged" only, listed as such."""
-    rng = np.random.default_rng([int(seed), 0x5CA1E])
-    n = F.num_nodes
-    persons = np.arange(n) if n <= max_persons else np.sort(
-        rng.choice(n, size=max_persons, replace=False))
-    windows = F.sample_windows(rng, n)
-    total = np.zeros(input_dim(F, pooling))
-    total_sq = np.zeros_like(total)
-    for lo in range(0, persons.size, batch_size):
-        p = persons[lo:lo + batch_size]
-        Z = model_inputs(F, F.gather(p, windows[p], labels=False)[0], pooling)
-        Z = Z.astype(np.float64)
-        total += Z.sum(axis=0)
-        total_sq += np.einsum("bd,bd->d", Z, Z)
-    mean = total / persons.size
-    std = np.sqrt(np.maximum(total_sq / persons.size - mean ** 2, 0.0))
-    return mean, np.where(std > 1e-6, std, 1.0)
-
-
-# --- private preprocessing -----------------------------------------------------------------
-
-def _unit(x: np.ndarray, lo: float, hi: float) -> np.ndarray:
-    """x clipped to [lo, hi] and mapped linearly onto [−1, 1]."""
-    c, h = (lo + hi) / 2.0, (hi - lo) / 2.0
-    return (np.clip(x, lo, hi) - c) / h
-
-
-def _decode(s_u: float, s_q: float, count: float, lo: float, hi: float) -> tuple[float, float]:
-    """(mean, std) in raw units from noisy Σu and Σu² over ``count`` values (u ∈ [−1, 1]);
-    clamped: mean into the bounds, variance into [MIN_PRIVATE_STD², 1] half-ranges²."""
-    c, h = (lo + hi) / 2.0, (hi - lo) / 2.0
-    count = max(count, 1.0)
-    m = float(np.clip(s_u / count, -1.0, 1.0))
-    q = float(np.clip(s_q / count, m * m, 1.0))
-    sd = math.sqrt(min(max(q - m * m, MIN_PRIVATE_STD ** 2), 1.0))
-    return c + h * m, h * sd
-
-
-def release_vectors(F: NeighbourhoodFeatures, persons: np.ndarray, *, age: np.ndarray,
-                    household_size: np.ndarray, windows: np.ndarray, pooling: str,
-                    standardize: bool, batch_size: int = 4096) -> tuple[np.ndarray, np.ndarray]:
-    """(B, d) per-person vectors of a private release and (d,) the width of each
-    coordinate's range.  Every vector is a function of the person's own example only
-    (their attributes, their ≤ S − 1 kept edges, their summary inputs at a seeded window):
-
-    * age, log household size: (u, u²), u ∈ [−1, 1] from `features.PRIVATE_BOUNDS`;
-    * kept edges e of the person (k1 = S − 1 slots): (deg/k1, Σu_dur/k1, Σu_dur²/k1,
-      Σu_cnt/k1, Σu_cnt²/k1) with u of log1p(seconds) and log1p(contacts);
-    * with summary inputs and ``standardize``: (u_j, u_j²) per column (`SUMMARY_BOUNDS`).
-
-    A coordinate ranges over an interval of width 2 (u, Σu/k1) or 1 (u², deg/k1), so
-    replacing the example moves the vector by at most ‖widths‖₂ = 2C."""
-    cols, widths = [], []
-
-    def pair(x, lo, hi):
-        u = _unit(np.asarray(x, dtype=np.float64), lo, hi)
-        cols.extend([u, u * u])
-        widths.extend([2.0, 1.0])
-
-    pair(age[persons], *PRIVATE_BOUNDS["age"])
-    pair(np.log(np.maximum(household_size[persons].astype(np.float64), 1.0)),
-         *PRIVATE_BOUNDS["household"])
-    idx, k1 = F.index, max(F.k1, 1)
-    owner = np.repeat(np.arange(idx.num_nodes), idx.degree)
-    deg = idx.degree.astype(np.float64)
-    cols.append(deg[persons] / k1)
-    widths.append(1.0)
-    for key, raw in (("dur", idx.duration), ("cnt", idx.n_contacts)):
-        u = _unit(np.log1p(raw.astype(np.float64)), *PRIVATE_BOUNDS[key])
-        cols.append(np.bincount(owner, u, idx.num_nodes)[persons] / k1)
-        cols.append(np.bincount(owner, u * u, idx.num_nodes)[persons] / k1)
-        widths.extend([2.0, 1.0])
-    if pooling == "summary" and standardize:
-        Z = np.empty((persons.size, len(SUMMARY_FEATURES)))
-        for lo in range(0, persons.size, batch_size):
-            p = persons[lo:lo + batch_size]
-            Z[lo:lo + p.size] = summary_inputs(F, F.gather(p, windows[p], labels=False)[0])
-        for j, k in enumerate(SUMMARY_FEATURES):
-            pair(Z[:, j], *SUMMARY_BOUNDS[k])
-    return np.stack(cols, axis=1), np.asarray(widths)
-
-
-def private_release(r: Region, cfg: PandemicConfig, inputs: dict) -> None:
-    """``r``'s private preprocessing: charge `preprocess_event` to ``r.ledger`` (refused,
-    nothing read, if the run did not reserve it), then release the Gaussian sum of
-    `release_vectors` over ``r.pre_batch`` persons (all, or a uniform sample drawn from
-    the round-0 DP randomness) with noise N(0, σ²C²) per coordinate, C = ½‖widths‖.
-    Replacing one person changes ≤ `node_dp.affected_examples` vectors, each by ≤ 2C:
-    one step of the node-level mechanism.  Post-processing sets the feature constants
-    (age, household, contact statistics; location stays declared: it describes places,
-    not persons) and, with summary inputs, the model-input standardization."""
-    if r.ledger is None or r.pre_sigma is None:
-        raise PrivacyError(f"{r.name}: private preprocessing needs a planned and reserved "
-                           "budget (use pipeline.train)")
-    r.ledger.charge(preprocess_event(r, cfg), round=0, label=PREPROCESS_LABEL)
-    F = r.features
-    # round 0 of the core trainer's node-level streams (secure: fresh OS entropy)
-    sampler, noise = TS.node_streams(node_unit([r.name], cfg), 0, 0, r.n,
-                                     cfg.noise == "secure")
-    persons = np.arange(r.n) if r.pre_batch >= r.n else np.sort(sampler.draw(r.pre_batch))
-    windows = F.sample_windows(np.random.default_rng([int(cfg.seed), 0x5CA1E]), r.n)
-    V, widths = release_vectors(F, persons, age=inputs["age"],
-                                household_size=inputs["household_size"], windows=windows,
-                                pooling=cfg.pooling, standardize=cfg.standardize)
-    C = 0.5 * float(np.linalg.norm(widths))
-    sums = V.sum(axis=0) + noise.normal(V.shape[1]) * r.pre_sigma * C
-    b = float(persons.size)
-    am, asd = _decode(sums[0], sums[1], b, *PRIVATE_BOUNDS["age"])
-    hm, hsd = _decode(sums[2], sums[3], b, *PRIVATE_BOUNDS["household"])
-    edges = sums[4] * max(F.k1, 1)  # noisy number of kept edge entries
-    base = declared_constants(cfg)
-    if F.k1 > 0:
-        dm, dsd = _decode(sums[5] * F.k1, sums[6] * F.k1, edges, *PRIVATE_BOUNDS["dur"])
-        cm, csd = _decode(sums[7] * F.k1, sums[8] * F.k1, edges, *PRIVATE_BOUNDS["cnt"])
-    else:  # no edges at all (S = 1): nothing to normalize
-        dm, dsd, cm, csd = base.dur_mean, base.dur_std, base.cnt_mean, base.cnt_std
-    consts = base.replace(age_mean=am, age_std=asd, household_lambda=0.0, household_mean=hm,
-                          household_std=hsd, dur_mean=dm, dur_std=dsd, cnt_mean=cm,
-                          cnt_std=csd, source="private")
-    set_constants(F, consts, inputs)
-    if cfg.pooling == "summary" and cfg.standardize:
-        stats_ = [_decode(sums[9 + 2 * j], sums[10 + 2 * j], b, *SUMMARY_BOUNDS[k])
-                  for j, k in enumerate(SUMMARY_FEATURES)]
-        r.shift = np.array([m for m, _ in stats_])
-        r.scale = np.array([sd for _, sd in stats_])
-
-
-def set_constants(F: NeighbourhoodFeatures, constants: FeatureConstants, inputs: dict) -> None:
-    """Re-normalize ``F``'s node table and contact features with ``constants``."""
-    table, names, fitted = build_node_table(
-        age=inputs["age"], sex=inputs["sex"], household_size=inputs["household_size"],
-        activities=inputs["activities"], frac_out_of_home=inputs["frac_out_of_home"],
-        activity_names=inputs.get("activity_names"), constants=constants)
-    if names != F.node_names:
-        raise PrivacyError("re-normalizing changed the node table's columns")
-    F.node_table = table
-    F.edge_stats = constants.edge_stats()
-    F.fitted = {**fitted, "constants": constants.to_dict()}
     # locations keep the constants they were built with (declared in every private run)
-
-
-def fold_scaling(w: np.ndarray, shift: np.ndarray, scale: np.ndarray) -> np.ndarray:
-    """Weights [v, c] acting on (x − shift) / scale → weights acting on raw x."""
-    v = w[:-1] / scale
-    return np.concatenate([v, [w[-1] - v @ shift]])
 
 
 def new_model(F: NeighbourhoodFeatures, cfg: PandemicConfig) -> FocalLoss:
@@ -899,34 +421,6 @@ def initial_weights(model: FocalLoss, cfg: PandemicConfig) -> np.ndarray:
         w[:-1] = cfg.prior_weight
     w[-1] = cfg.bias_init
     return w
-
-
-def fit_region_scaling(r: Region, cfg: PandemicConfig) -> None:
-    """Set ``r.shift``/``r.scale`` (model-input standardization) when ``cfg.standardize``:
-    declared constants, the region's own statistics (uncharged), or — private — what
-    `private_release` already set."""
-    if not cfg.standardize:
-        r.shift = r.scale = None
-    elif cfg.preprocessing == "uncharged":
-        r.shift, r.scale = fit_input_scaling(r.features, cfg.pooling, cfg.seed)
-    elif cfg.preprocessing == "private" and r.shift is not None:
-        pass  # released privately with the feature constants
-    else:  # declared (and private with mean/concat pooling: identity, declared)
-        r.shift, r.scale = declared_input_scaling(r.features, cfg.pooling)
-
-
-def region_inputs(r: Region, cfg: PandemicConfig, X: np.ndarray) -> np.ndarray:
-    """Gathered examples (B, D) of ``r`` → the model's inputs (B, P − 1) float32:
-    `model_inputs`, then the region's standardization (if any)."""
-    X = model_inputs(r.features, X, cfg.pooling)
-    if r.shift is not None:
-        X = ((X - r.shift) / r.scale).astype(np.float32)
-    return X
-
-
-def region_source(regions: list[Region], cfg: PandemicConfig) -> GraphSource:
-    """The core trainer's data source over the regions' features."""
-    return GraphSource(regions, lambda k, X: region_inputs(regions[k], cfg, X), cfg.seed)
 
 
 def region_trainer(model: FocalLoss, regions: list[Region],
@@ -951,85 +445,6 @@ def server_step(W: np.ndarray, sizes: np.ndarray) -> np.ndarray:
     return exact_mean(W, sizes)
 
 
-def uncharged_items(cfg: PandemicConfig) -> list[str]:
-    """The data-dependent constants this config reads without any charge (by name)."""
-    if cfg.preprocessing != "uncharged":
-        return []
-    return list(UNCHARGED_ITEMS if cfg.standardize else UNCHARGED_ITEMS[:-1])
-
-
-def run_notes(cfg: PandemicConfig, scratch: bool) -> list[str]:
-    """What every reader of this run's outputs must be told."""
-    if not cfg.private:
-        return ["NON-PRIVATE run: no differential privacy; no budget was charged"] + [
-            f"uncharged: {u}" for u in uncharged_items(cfg)]
-    out = []
-    if cfg.noise == "seeded":
-        out.append(SEEDED_NOTE)
-    if scratch:
-        out.append(SCRATCH_NOTE)
-    out += [f"uncharged: {u}" for u in uncharged_items(cfg)]
-    return out
-
-
-def preprocessing_entry(r: Region, cfg: PandemicConfig) -> dict:
-    """How ``r``'s data-dependent constants were obtained."""
-    out = {"mode": cfg.preprocessing,
-           "items": {"feature constants": (r.constants.source if r.constants else
-                                           cfg.preprocessing),
-                     "model-input standardization": (
-                         "none" if not cfg.standardize else
-                         "identity (declared)" if cfg.pooling != "summary"
-                         and cfg.preprocessing != "uncharged" else cfg.preprocessing),
-                     "location standardization": (
-                         "uncharged" if cfg.preprocessing == "uncharged" else "declared")},
-           "uncharged": uncharged_items(cfg)}
-    if cfg.preprocessing != "uncharged":  # where the declared numbers come from
-        out["declared_sources"] = {**DECLARED_SOURCES,
-                                   "model inputs": SUMMARY_DECLARED_SOURCE}
-        if cfg.declared:
-            out["declared_overrides"] = dict(cfg.declared)
-    if cfg.private_preprocessing and r.pre_sigma is not None:
-        ev = preprocess_event(r, cfg)
-        out.update(noise_multiplier=r.pre_sigma, batch=r.pre_batch,
-                   epsilon_alone=ev.epsilon(r.delta), event=ev.to_dict())
-    return out
-
-
-def privacy_entry(r: Region, cfg: PandemicConfig, rounds: int,
-                  store: BudgetStore | None = None, run_id: str | None = None) -> dict:
-    """What the model records about one region's privacy after ``rounds`` rounds: the
-    guarantee, its adjacency and assumptions, the noise mode, the preprocessing, and —
-    with a ``store`` — the region's lifetime position."""
-    entry = {"region": r.name, "method": cfg.method, "n": r.n, "S": r.S,
-             "batch_size": cfg.batch_size,
-             "steps": r.steps_per_round * rounds * passes_per_round(cfg),
-             "noise_multiplier": r.sigma, "private": cfg.private, "noise": cfg.noise}
-    if cfg.private:
-        entry.update(adjacency=cfg.adjacency, adjacency_text=ADJACENCY_TEXT[cfg.adjacency],
-                     affected_examples=affected_examples(r.n, r.S, cfg.adjacency),
-                     assumptions=[PRUNING_ASSUMPTION, SIZES_ASSUMPTION],
-                     preprocessing=preprocessing_entry(r, cfg),
-                     notes=run_notes(cfg, store is None or store.scratch))
-        sel = selection_summary(method_of(cfg), r.n, r.S, cfg.adjacency, cfg.epsilon, rounds)
-        if sel:  # the IFCA family's cluster selections (in epsilon_spent)
-            entry["selections"] = sel
-    if r.ledger:
-        entry.update(target_epsilon=cfg.epsilon, delta=r.ledger.target.delta,
-                     epsilon_spent=r.ledger.epsilon("rdp"), accountant="rdp")
-    if store is not None:
-        life = store.spent(r.name)
-        entry.update(budget_store=None if store.path is None else str(store.path),
-                     run_id=run_id, lifetime_target_epsilon=life["target_epsilon"],
-                     lifetime_delta=life["delta"], lifetime_epsilon_spent=life["epsilon"])
-    return entry
-
-
-def raw_weights(w: np.ndarray, r: Region) -> np.ndarray:
-    """(P,) weights acting on the raw model inputs (undoes the region's scaling)."""
-    return w if r.shift is None else fold_scaling(w, r.shift, r.scale)
-
-
 def train(data: PandemicData, cfg: PandemicConfig,
           on_round: Callable[[int, int], None] | None = None, *,
           store: BudgetStore | None = None,
@@ -1047,7 +462,7 @@ def train(data: PandemicData, cfg: PandemicConfig,
     on graph data"), the whole RepeatAndSelect release reserved and charged; the pivot's
     public λ̄ is ``tuning.pivot_lam`` (the CLI passes ``--lam``), and
     ``validation_fraction`` does not apply (the score reads every person's example at a
-    public window, `tuning.graph.NodeValidation`)."""
+    public window, `pandemic.tuning.NodeValidation`)."""
     cfg.validate()
     t0 = time.perf_counter()
     tc = tuning if tuning is not None and tuning.mode != "none" else None
@@ -1130,7 +545,7 @@ def predict(data: PandemicData, pm: PandemicModel, batch_size: int = 8192) -> np
         if cfg.preprocessing == "private" and c is None:
             raise ConfigError(f"the model holds no private constants for {r.name}; it was "
                               "saved by an older silofl: retrain it")
-        build_features(data, r, cfg, None if c is None else _as_constants(c))
+        build_features(data, r, cfg, None if c is None else as_constants(c))
         scores[r.persons] = predict_region(r, pm.weights[k], pm.config, batch_size)
     return scores
 
@@ -1162,62 +577,3 @@ def evaluate(data: PandemicData, scores: np.ndarray) -> dict:
             "per_region_auprc": {str(data.region_codes[int(r)]) if r >= 0 else "unknown": v
                                  for r, v in PM.per_region_average_precision(
                                      y, scores, data.region).items()}}
-
-
-# --- challenge-style centralized entry points -----------------------------------------
-
-def fit(person_data_path, household_data_path, residence_location_data_path,
-        activity_location_data_path, activity_location_assignment_data_path,
-        population_network_data_path, disease_outcome_data_path, model_dir,
-        config: PandemicConfig | None = None, store: BudgetStore | None = None) -> None:
-    """Mirror of the challenge's centralized `fit`: trains on the seven input files (any
-    names and folders; see `partition.input_directory`) and saves the model to
-    ``model_dir``.  ``config`` defaults to the centralized recipe; a private run charges
-    ``store`` (default: the user's default lifetime store,
-    ``silofl.privacy.store_paths.default_store_path()``, so fitting again — into any
-    folder — composes with, and is limited by, what was spent before)."""
-    paths = (person_data_path, household_data_path, residence_location_data_path,
-             activity_location_data_path, activity_location_assignment_data_path,
-             population_network_data_path, disease_outcome_data_path)
-    model_dir = Path(model_dir)
-    data = read_dataset(input_directory(paths, model_dir / "inputs"))
-    cfg = config or PandemicConfig(federated=False)
-    if store is None and cfg.private:
-        with BudgetStore(default_store_path()) as st:
-            pm = train(data, cfg, store=st, command="silofl.pandemic.fit")
-    else:
-        pm = train(data, cfg, store=store, command="silofl.pandemic.fit")
-    pm.save(model_dir)
-
-
-def predict_to_csv(person_data_path, household_data_path, residence_location_data_path,
-                   activity_location_data_path, activity_location_assignment_data_path,
-                   population_network_data_path, disease_outcome_data_path, model_dir,
-                   preds_format_path, preds_dest_path) -> None:
-    """Mirror of the challenge's centralized `predict`: writes `pid,score` in the order
-    of the format file."""
-    paths = (person_data_path, household_data_path, residence_location_data_path,
-             activity_location_data_path, activity_location_assignment_data_path,
-             population_network_data_path, disease_outcome_data_path)
-    model_dir = Path(model_dir)
-    data = read_dataset(input_directory(paths, model_dir / "inputs"))
-    scores = predict(data, PandemicModel.load(model_dir))
-    write_predictions(data.pid_index, scores, preds_format_path, preds_dest_path)
-
-
-def write_predictions(pid_index, scores: np.ndarray, preds_format_path,
-                      preds_dest_path) -> None:
-    """Fill the ``score`` column of the challenge's format file (``pid,score``, dummy
-    scores) from ``scores`` (P,), indexed like ``pid_index``, keeping the file's row
-    order, and write it to ``preds_dest_path``."""
-    import pandas as pd
-    fmt = pd.read_csv(preds_format_path)
-    if "pid" not in fmt.columns:
-        raise ConfigError(f"{preds_format_path} has no 'pid' column; the predictions "
-                          "format file must have the columns pid,score")
-    idx = pid_index.lookup(fmt["pid"].to_numpy())
-    if np.any(idx < 0):  # no pid in the message: ids are record values
-        raise ConfigError(f"{preds_format_path} lists {int((idx < 0).sum())} pids that are "
-                          "not in the data; pass the format file of this dataset")
-    fmt["score"] = scores[idx]
-    fmt.to_csv(preds_dest_path, index=False)

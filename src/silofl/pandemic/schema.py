@@ -1,8 +1,9 @@
 """The pandemic forecasting inputs (US/UK PETs Prize Challenge, pandemic track) as data.
 
 The challenge ships a synthetic population of Virginia as seven tables plus, for
-evaluation, a target table.  This module lists those tables, their file names,
-their columns and the compact in-memory dtype each column is read into.  The
+evaluation, a target table.  This module declares those tables (core `TableSpec`s of
+core `ColumnSpec`s): their file names, their columns and the compact in-memory dtype
+each column is read into.  The
 readers (:mod:`silofl.pandemic.readers`) and the generator
 (:mod:`silofl.pandemic.synth`) both work from these specs, so they cannot drift.
 
@@ -37,10 +38,10 @@ Conventions (shared by the reader, the generator and downstream code):
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from enum import IntEnum
 
-import numpy as np
+from silofl.data.columnar import TableSpec
+from silofl.data.schema import ColumnSpec
 
 #: Days of recorded health states given for training (days 0..56).
 TRAIN_DAYS = 57
@@ -73,67 +74,9 @@ ACTIVITY_CODES: tuple[int, ...] = tuple(int(a) for a in ActivityType)
 #: Type flags of an activity location, in file column order.
 LOCATION_FLAGS: tuple[str, ...] = ("work", "shopping", "school", "other", "college", "religion")
 
-#: File extensions the reader accepts, in the order it looks for them.
-FILE_EXTENSIONS: tuple[str, ...] = (".csv", ".csv.gz", ".parquet")
-
-
-@dataclass(frozen=True)
-class ColumnSpec:
-    """One column: its name, the compact NumPy dtype it is held in, and its role.
-
-    ``kind`` is one of ``"id"`` (integer identifier, int32 in memory, int64 if
-    the ids do not fit), ``"int"``, ``"float"``, ``"flag"`` (0/1 or
-    true/false in the file, uint8 in memory) or ``"state"`` (letters S/I/R in
-    the file, int8 codes in memory).
-    """
-
-    name: str
-    dtype: str
-    kind: str = "int"
-    description: str = ""
-
-    @property
-    def np_dtype(self) -> np.dtype:
-        return np.dtype(self.dtype)
-
-
-@dataclass(frozen=True)
-class TableSpec:
-    """One challenge table: file stem, required columns and optional extras."""
-
-    key: str
-    stem: str
-    columns: tuple[ColumnSpec, ...]
-    optional: tuple[ColumnSpec, ...] = ()
-    description: str = ""
-    extra_columns_allowed: bool = True
-    unique_key: str | None = None
-
-    @property
-    def required(self) -> tuple[str, ...]:
-        return tuple(c.name for c in self.columns)
-
-    @property
-    def optional_names(self) -> tuple[str, ...]:
-        return tuple(c.name for c in self.optional)
-
-    def column(self, name: str) -> ColumnSpec:
-        for c in self.columns + self.optional:
-            if c.name == name:
-                return c
-        raise KeyError(f"table {self.key!r} has no column {name!r}")
-
-    def filenames(self) -> tuple[str, ...]:
-        """Every file name this table may be stored under."""
-        return tuple(self.stem + ext for ext in FILE_EXTENSIONS)
-
-    @property
-    def dtypes(self) -> dict[str, np.dtype]:
-        return {c.name: c.np_dtype for c in self.columns + self.optional}
-
-
 def _c(name: str, dtype: str, kind: str = "int", description: str = "") -> ColumnSpec:
-    return ColumnSpec(name, dtype, kind, description)
+    levels = STATE_LETTERS if kind == "state" else ()
+    return ColumnSpec(name, kind, levels=levels, description=description, dtype=dtype)
 
 
 PERSONS = TableSpec(

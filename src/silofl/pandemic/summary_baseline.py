@@ -1,9 +1,9 @@
 """How much of the model's skill is already in its inputs: untrained scores built from
-the recent-infection summaries (`pipeline.summary_inputs`).
+the recent-infection summaries (`inputs.summary_inputs`).
 
 * `equal_weight_scores`: every summary column standardized per region and summed with
   weight +1 — no labels, no training.  The standardization is the model's: the declared
-  constants (`pipeline.SUMMARY_DECLARED`) by default, the region's own statistics with
+  constants (`inputs.SUMMARY_DECLARED`) by default, the region's own statistics with
   ``preprocessing="uncharged"`` (read without any charge: an analysis aid, not a
   release).  Every column is oriented so that larger means more risk (susceptible,
   more/longer contacts with infectious people), so +1 is the natural untrained guess.
@@ -19,11 +19,10 @@ from dataclasses import replace
 import numpy as np
 
 from silofl.errors import ConfigError
-from silofl.pandemic.pipeline import (
-    PandemicConfig, build_regions, declared_input_scaling, fit_input_scaling,
-    summary_inputs,
-)
-from silofl.pandemic.readers import PandemicData
+from silofl.pandemic.inputs import declared_input_scaling, fit_input_scaling, summary_inputs
+from silofl.pandemic.pipeline import PandemicConfig
+from silofl.pandemic.regions import build_regions
+from silofl.pandemic.dataset import PandemicData
 
 
 def summary_columns(data: PandemicData, cfg: PandemicConfig,

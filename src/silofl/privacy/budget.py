@@ -37,7 +37,6 @@ report made with it says so.
 from __future__ import annotations
 
 import os
-import secrets
 import sqlite3
 import time
 import uuid
@@ -48,38 +47,12 @@ from pathlib import Path
 
 from silofl.privacy.targets import PrivacyTarget, check_target
 from silofl.errors import BudgetExceeded, SiloflError
-from silofl.privacy import accounting, events
-from silofl.privacy import runlock, store_paths, store_registry
+from silofl.privacy import accounting, events, runlock, store_paths, store_registry
 from silofl.privacy.ledger import tightest
-from silofl.privacy.store_schema import migrate_v1
+from silofl.privacy.store_schema import SCHEMA_VERSION, prepare
 
-SCHEMA_VERSION = 2
 SCRATCH_NOTE = "scratch budget store: an experiment, not a release"
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS silos (
-    id INTEGER PRIMARY KEY, name TEXT NOT NULL UNIQUE, epsilon REAL NOT NULL,
-    delta REAL NOT NULL, epoch INTEGER NOT NULL DEFAULT 0, created REAL NOT NULL);
-CREATE TABLE IF NOT EXISTS runs (
-    id TEXT PRIMARY KEY, command TEXT NOT NULL, started REAL NOT NULL, finished REAL,
-    status TEXT NOT NULL, noise TEXT NOT NULL, host TEXT NOT NULL, pid INTEGER NOT NULL,
-    proc_start TEXT, parent TEXT);
-CREATE TABLE IF NOT EXISTS charges (
-    id INTEGER PRIMARY KEY, silo_id INTEGER NOT NULL REFERENCES silos(id),
-    epoch INTEGER NOT NULL, run_id TEXT NOT NULL REFERENCES runs(id),
-    method TEXT NOT NULL, label TEXT NOT NULL, event TEXT NOT NULL,
-    count INTEGER NOT NULL, status TEXT NOT NULL, time REAL NOT NULL, fingerprint TEXT);
-CREATE INDEX IF NOT EXISTS charges_by_silo ON charges (silo_id, epoch);
-CREATE INDEX IF NOT EXISTS charges_by_run ON charges (run_id);
-CREATE TABLE IF NOT EXISTS progress (
-    run_id TEXT NOT NULL REFERENCES runs(id), silo_id INTEGER NOT NULL REFERENCES silos(id),
-    method TEXT NOT NULL, label TEXT NOT NULL, event TEXT NOT NULL, count INTEGER NOT NULL,
-    PRIMARY KEY (run_id, silo_id, method, label, event));
-CREATE TABLE IF NOT EXISTS log (
-    id INTEGER PRIMARY KEY, time REAL NOT NULL, silo_id INTEGER, action TEXT NOT NULL,
-    reason TEXT NOT NULL, detail TEXT NOT NULL DEFAULT '');
-"""
 
 
 class BudgetStoreError(SiloflError):
@@ -104,6 +77,25 @@ def _check_lifetime(name: str, t: PrivacyTarget) -> None:
         check_target(t.epsilon, t.delta, f"the lifetime target of silo {name!r}: ")
     except SiloflError as e:
         raise BudgetStoreError(f"{e}. Nothing was changed") from None
+
+
+def _make_folder(path: Path) -> None:
+    """Create the folder of a store file, refusing a path that is a folder or lies under a file."""
+    if path.is_dir():
+        raise BudgetStoreError(f"budget store {str(path)!r} is a directory; "
+                               "give a file path such as stores/budget.sqlite")
+    for parent in path.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise BudgetStoreError(
+                    f"budget store {str(path)!r} cannot be created: "
+                    f"{str(parent)!r} is a file, not a folder; choose another path")
+            break
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise BudgetStoreError(f"cannot create the folder of budget store "
+                               f"{str(path)!r}: {e.strerror}") from None
 
 
 def new_run_id() -> str:
@@ -160,21 +152,7 @@ class BudgetStore:
         #: the demo store of the built-in public data (`store_paths.DEMO_NOTE`)
         self.demo = demo
         if self.path is not None:
-            if self.path.is_dir():
-                raise BudgetStoreError(f"budget store {str(self.path)!r} is a directory; "
-                                       "give a file path such as stores/budget.sqlite")
-            for parent in self.path.parents:
-                if parent.exists():
-                    if not parent.is_dir():
-                        raise BudgetStoreError(
-                            f"budget store {str(self.path)!r} cannot be created: "
-                            f"{str(parent)!r} is a file, not a folder; choose another path")
-                    break
-            try:
-                self.path.parent.mkdir(parents=True, exist_ok=True)
-            except OSError as e:
-                raise BudgetStoreError(f"cannot create the folder of budget store "
-                                       f"{str(self.path)!r}: {e.strerror}") from None
+            _make_folder(self.path)
             self.created = not self.path.exists()
         try:
             self._db = sqlite3.connect(":memory:" if path is None else str(self.path),
@@ -186,36 +164,8 @@ class BudgetStore:
             # deleted content (e.g. the unkeyed fingerprints a migration replaces) is
             # overwritten, not left in free pages of the file
             self._db.execute("PRAGMA secure_delete=ON")
-            migrated = False
             with self._tx():
-                for stmt in filter(str.strip, _SCHEMA.split(";")):
-                    self._db.execute(stmt)
-                row = self._db.execute("SELECT value FROM meta WHERE key='schema'").fetchone()
-                if row is None:
-                    self._db.execute("INSERT INTO meta VALUES ('schema', ?)",
-                                     (str(SCHEMA_VERSION),))
-                    self._db.execute("INSERT INTO meta VALUES ('secret', ?)",
-                                     (secrets.token_hex(32),))
-                    self._db.execute("INSERT INTO meta VALUES ('kind', ?)",
-                                     ("demo" if demo else "lifetime",))
-                elif row[0] == "1":
-                    migrate_v1(self._db, SCHEMA_VERSION)
-                    migrated = True
-                elif row[0] != str(SCHEMA_VERSION):
-                    raise BudgetStoreError(
-                        f"budget store {self.where} has schema version {row[0]}, this "
-                        f"silofl reads version {SCHEMA_VERSION}; use a matching silofl")
-                self._secret = self._db.execute(
-                    "SELECT value FROM meta WHERE key='secret'").fetchone()[0].encode()
-                kind = self._db.execute("SELECT value FROM meta WHERE key='kind'").fetchone()
-                if kind is not None and kind[0] == "demo" and not demo:
-                    raise BudgetStoreError(
-                        f"budget store {self.where} is a demo store (public built-in data, "
-                        "its budget restarts when spent); it cannot guard a private source. "
-                        "Name another store with --store or [budget] store")
-                if demo and (kind is None or kind[0] != "demo"):
-                    raise BudgetStoreError(f"budget store {self.where} is a lifetime store, "
-                                           "not the demo store; it is never restarted")
+                self._secret, migrated = prepare(self._db, demo, self.where, BudgetStoreError)
             if migrated:  # the old pages leave the write-ahead log too
                 self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         except sqlite3.DatabaseError as e:

@@ -16,9 +16,9 @@ from silofl.errors import PrivacyError
 #: events silofl defines itself (dp_accounting has no type for them), by their dict's
 #: "event" name → "module:Class" (imported lazily)
 CUSTOM_EVENTS = {"node_level_dp": "silofl.privacy.node_level:NodeLevelDpEvent",
-                 # private tuning on graph data (silofl.tuning.graph)
-                 "node_repeat_and_select": "silofl.tuning.graph:NodeRepeatAndSelectEvent",
-                 "gaussian_score": "silofl.tuning.graph:GaussianScoreEvent"}
+                 # private tuning at the node level (silofl.privacy.node_tuning)
+                 "node_repeat_and_select": "silofl.privacy.node_tuning:NodeRepeatAndSelectEvent",
+                 "gaussian_score": "silofl.privacy.node_tuning:GaussianScoreEvent"}
 
 
 def to_dict(event) -> dict:

@@ -1,4 +1,4 @@
-"""Migrations of the budget store's schema (`silofl.privacy.budget`)."""
+"""The budget store's SQLite schema, its creation and its migrations (`silofl.privacy.budget`)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,79 @@ import sqlite3
 import time
 
 from silofl.privacy.store_paths import keyed
+
+SCHEMA_VERSION = 2
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS silos (
+    id INTEGER PRIMARY KEY, name TEXT NOT NULL UNIQUE, epsilon REAL NOT NULL,
+    delta REAL NOT NULL, epoch INTEGER NOT NULL DEFAULT 0, created REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS runs (
+    id TEXT PRIMARY KEY, command TEXT NOT NULL, started REAL NOT NULL, finished REAL,
+    status TEXT NOT NULL, noise TEXT NOT NULL, host TEXT NOT NULL, pid INTEGER NOT NULL,
+    proc_start TEXT, parent TEXT);
+CREATE TABLE IF NOT EXISTS charges (
+    id INTEGER PRIMARY KEY, silo_id INTEGER NOT NULL REFERENCES silos(id),
+    epoch INTEGER NOT NULL, run_id TEXT NOT NULL REFERENCES runs(id),
+    method TEXT NOT NULL, label TEXT NOT NULL, event TEXT NOT NULL,
+    count INTEGER NOT NULL, status TEXT NOT NULL, time REAL NOT NULL, fingerprint TEXT);
+CREATE INDEX IF NOT EXISTS charges_by_silo ON charges (silo_id, epoch);
+CREATE INDEX IF NOT EXISTS charges_by_run ON charges (run_id);
+CREATE TABLE IF NOT EXISTS progress (
+    run_id TEXT NOT NULL REFERENCES runs(id), silo_id INTEGER NOT NULL REFERENCES silos(id),
+    method TEXT NOT NULL, label TEXT NOT NULL, event TEXT NOT NULL, count INTEGER NOT NULL,
+    PRIMARY KEY (run_id, silo_id, method, label, event));
+CREATE TABLE IF NOT EXISTS log (
+    id INTEGER PRIMARY KEY, time REAL NOT NULL, silo_id INTEGER, action TEXT NOT NULL,
+    reason TEXT NOT NULL, detail TEXT NOT NULL DEFAULT '');
+"""
+
+
+def prepare(db: sqlite3.Connection, demo: bool, where: str,
+            error: type[Exception]) -> tuple[bytes, bool]:
+    """Create or check the schema inside the caller's open transaction.
+
+    Parameters
+    ----------
+    db : sqlite3.Connection
+        The open store.
+    demo : bool
+        The caller opens the demo store (public built-in data, its budget restarts).
+    where : str
+        How messages name the store.
+    error : type
+        The exception raised for a store that cannot be used (`BudgetStoreError`).
+
+    Returns
+    -------
+    (bytes, bool)
+        The store's secret (keys its fingerprints) and whether a migration ran.
+    """
+    migrated = False
+    for stmt in filter(str.strip, _SCHEMA.split(";")):
+        db.execute(stmt)
+    row = db.execute("SELECT value FROM meta WHERE key='schema'").fetchone()
+    if row is None:
+        db.execute("INSERT INTO meta VALUES ('schema', ?)", (str(SCHEMA_VERSION),))
+        db.execute("INSERT INTO meta VALUES ('secret', ?)", (secrets.token_hex(32),))
+        db.execute("INSERT INTO meta VALUES ('kind', ?)", ("demo" if demo else "lifetime",))
+    elif row[0] == "1":
+        migrate_v1(db, SCHEMA_VERSION)
+        migrated = True
+    elif row[0] != str(SCHEMA_VERSION):
+        raise error(f"budget store {where} has schema version {row[0]}, this "
+                    f"silofl reads version {SCHEMA_VERSION}; use a matching silofl")
+    secret = db.execute("SELECT value FROM meta WHERE key='secret'").fetchone()[0].encode()
+    kind = db.execute("SELECT value FROM meta WHERE key='kind'").fetchone()
+    if kind is not None and kind[0] == "demo" and not demo:
+        raise error(f"budget store {where} is a demo store (public built-in data, "
+                    "its budget restarts when spent); it cannot guard a private source. "
+                    "Name another store with --store or [budget] store")
+    if demo and (kind is None or kind[0] != "demo"):
+        raise error(f"budget store {where} is a lifetime store, "
+                    "not the demo store; it is never restarted")
+    return secret, migrated
 
 
 def migrate_v1(db: sqlite3.Connection, version: int) -> None:

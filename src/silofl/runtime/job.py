@@ -13,7 +13,7 @@ in the store (`BudgetStore.record_progress`) before the data is read, so settlin
 this process, or by a resume after it was killed — never goes below what executed, even
 if the run folder's ledger files are gone. If the process dies before `settle`, the whole
 reservation stays counted until a resume settles it. Both tracks reserve here: the tabular experiments and the
-pandemic pipeline (`pandemic.pipeline.reserve_regions`: node-level charges recorded by
+pandemic pipeline (`pandemic.charges.reserve_regions`: node-level charges recorded by
 label via `reserve`, its preprocessing release spent through the method's ledgers).
 """
 

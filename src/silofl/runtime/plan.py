@@ -25,7 +25,7 @@ from silofl.data.federation import Federation
 from silofl.privacy.targets import PrivacyTarget
 from silofl.errors import CalibrationError, ConfigError, PrivacyError
 from silofl.privacy import accounting, events
-from silofl.tuning import accounting as tuning_accounting
+from silofl.privacy import selection as tuning_accounting
 from silofl.privacy.node_level import (node_steps, NodeLevelDpEvent, DEFAULT_ORDERS,
                                        calibrate_node_sigma, ADJACENCY_TEXT, affected_examples)
 

@@ -4,8 +4,9 @@
 - `accounting`: RepeatAndSelect events for a tuned release, naive-grid composition, σ search;
 - `private`: `TunedPersonalization`, MR-MTL/Ditto with λ (and lr) tuned per silo in training;
 - `routes`: the other two routes — a public proxy (free) and the exponential mechanism;
-- `graph`: graph data (node-level unit): the node-level validation score and its
-  sensitivity, and RepeatAndSelect over node-level trials (`pandemic.pipeline.train`).
+
+The tuning path is one for every privacy unit: graph data's node-level events are in
+`privacy.node_tuning`, its validation score in the pandemic domain (`pandemic.tuning`).
 
 Submodules are imported where used (the planner imports `accounting` only).
 """

@@ -54,8 +54,8 @@ def noise_of(round_event) -> float:
 
 
 def _node(event) -> bool:
-    """A node-level pass event (own RDP curve): tuned through `tuning.graph`'s events."""
-    from silofl.tuning.graph import is_node_event
+    """A node-level pass event (own RDP curve): tuned through `privacy.node_tuning`'s events."""
+    from silofl.privacy.node_tuning import is_node_event
     return is_node_event(event)
 
 
@@ -63,8 +63,8 @@ def trial_event(round_event, rounds: int, score_sigma: float):
     """One trial: `rounds` local passes (each `round_event`) and one Gaussian score release
     with noise multiplier `score_sigma` (std = σ · sensitivity)."""
     # a tuple, not a list: the event is a base event (hashed) of ledgers and the store
-    if _node(round_event):  # node level: a score event with its own curve (tuning.graph)
-        from silofl.tuning.graph import GaussianScoreEvent
+    if _node(round_event):  # node level: a score event with its own curve (privacy.node_tuning)
+        from silofl.privacy.node_tuning import GaussianScoreEvent
         score = GaussianScoreEvent(float(score_sigma))
     else:
         score = dpa.GaussianDpEvent(float(score_sigma))
@@ -76,7 +76,7 @@ def select_event(round_event, rounds: int, dist: TrialDistribution, score_sigma:
     """The random-h, best-only release of the trials."""
     check_accountable(dist)
     if _node(round_event):  # dp_accounting's RepeatAndSelect cannot wrap node-level events
-        from silofl.tuning.graph import NodeRepeatAndSelectEvent
+        from silofl.privacy.node_tuning import NodeRepeatAndSelectEvent
         return NodeRepeatAndSelectEvent(round_event, int(rounds), float(score_sigma),
                                         float(dist.mean), float(dist.shape))
     return RepeatAndSelectDpEvent(trial_event(round_event, rounds, score_sigma),
@@ -113,7 +113,7 @@ def fast_rdp(event) -> np.ndarray | None:
             if inner is None:
                 return None
             total += c * _repeat_and_select_rdp(inner, e.mean, e.shape)
-        elif _node(e):  # node level (tuning.graph): curves of their own at RDP_ORDERS
+        elif _node(e):  # node level (privacy.node_tuning): curves of their own at RDP_ORDERS
             part = _node_rdp(e)
             if part is None:
                 return None
@@ -133,7 +133,7 @@ def _node_rdp(e) -> np.ndarray | None:
     """A node-level event's RDP at RDP_ORDERS; a `NodeRepeatAndSelectEvent` through the
     vectorized TNB formula (None for Poisson: the library's bound is the slow part, so
     there is no faster aid than the search itself)."""
-    from silofl.tuning.graph import NodeRepeatAndSelectEvent
+    from silofl.privacy.node_tuning import NodeRepeatAndSelectEvent
     if isinstance(e, NodeRepeatAndSelectEvent):
         if math.isinf(e.shape):
             return None
@@ -183,7 +183,7 @@ def epsilon_of(event, delta: float) -> float:
 
 
 def is_tuned(event) -> bool:
-    from silofl.tuning.graph import NodeRepeatAndSelectEvent
+    from silofl.privacy.node_tuning import NodeRepeatAndSelectEvent
     return any(isinstance(e, (RepeatAndSelectDpEvent, NodeRepeatAndSelectEvent))
                for e in acc._counts(event))
 

@@ -18,7 +18,7 @@ Per silo k (all silos in one process here, each with its own draws):
    kept apart in per-trial sub-ledgers that allow exactly one trial's steps each;
 4. after the last round it scores each trial on its own validation rows (clipped loss or
    error rate, sensitivity 1/(m_k − 1) as in `training.selection`; graph data: a
-   node-level score, `tuning.graph.NodeValidation`) plus Gaussian noise, and
+   node-level score, `pandemic.tuning.NodeValidation`) plus Gaussian noise, and
    releases the trial with the best noisy score as its personal model. h_k = 0 (Poisson)
    releases the pivot, which was released already.
 
@@ -34,6 +34,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from dataclasses import dataclass
+from typing import Protocol
 
 import dp_accounting as dpa
 import numpy as np
@@ -43,6 +44,7 @@ from silofl.algorithms.base import (Algorithm, ServerState, SiloState, apply_mea
 from silofl.errors import ConfigError
 from silofl.privacy import events
 from silofl.privacy.ledger import Ledger
+from silofl.privacy.node_tuning import is_node_event, node_score_sigma
 from silofl.training import selection
 from silofl.training.dpsgd import GradientRule
 from silofl.training.trainer import LocalTrainer, SiloArrays
@@ -50,6 +52,24 @@ from silofl.tuning import accounting as TA
 from silofl.tuning.distributions import TrialDistribution
 
 PIVOTS = ("mrmtl", "ditto")
+
+
+class Validation(Protocol):
+    """A silo's validation score as a plug-in of the one tuning path, for units whose
+    score is not rows (X, y) scored by `training.selection` — e.g. graph data's node-level
+    score (`pandemic.tuning.NodeValidation`)."""
+
+    @property
+    def size(self) -> int:
+        """The examples (or persons) scored: public, a function of the silo's size."""
+
+    def scores(self, model, candidates: np.ndarray) -> np.ndarray:
+        """(G,) raw scores (lower is better) of the candidates (G, P); reads private data."""
+
+    def sensitivity(self, model=None) -> float:
+        """The score's sensitivity under the unit's neighbouring relation."""
+
+
 #: "random": random h, best by a Gaussian-noised score (RepeatAndSelect); "em": every grid
 #: setting once, the best chosen by the exponential mechanism (composition + ε²/8-zCDP)
 SELECTS = ("random", "em")
@@ -57,8 +77,7 @@ SELECTS = ("random", "em")
 
 def score_sigma(round_event, rounds: int, ratio: float) -> float:
     """Noise multiplier of the validation-score release (see the module docstring; node
-    level: `tuning.graph.node_score_sigma`)."""
-    from silofl.tuning.graph import is_node_event, node_score_sigma
+    level: `privacy.node_tuning.node_score_sigma`)."""
     if is_node_event(round_event):
         return node_score_sigma(round_event, rounds, ratio)
     sigma = TA.noise_of(round_event)
@@ -87,12 +106,13 @@ class TunedSiloState(SiloState):
 class TunedPersonalization(Algorithm):
     """MR-MTL (or Ditto) with λ (and lr) tuned privately per silo. `lams`, `lrs`: the grid
     (lrs None: the run's lr); `dist`: the distribution of h; `validation`: one (X, y) per
-    silo, rows disjoint from its training rows; `pivot_lam` λ̄ (public)."""
+    silo, rows disjoint from its training rows, or one `Validation` per silo (the unit's own
+    score); `pivot_lam` λ̄ (public)."""
 
     name = "mrmtl_tuned"
 
     def __init__(self, lams: list[float], dist: TrialDistribution,
-                 validation: list[tuple[np.ndarray, np.ndarray]], *,
+                 validation: list[tuple[np.ndarray, np.ndarray]] | list[Validation], *,
                  lrs: list[float] | None = None, pivot: str = "mrmtl",
                  pivot_lam: float = 0.1, score_ratio: float = 2.0,
                  loss_bound: float = selection.DEFAULT_LOSS_BOUND, weighted: bool = True,
@@ -318,7 +338,7 @@ class TunedPersonalization(Algorithm):
     def _scores(self, model, k: int, candidates: np.ndarray) -> tuple[np.ndarray, float]:
         """(raw scores (G,), sensitivity) of silo k's candidates on its validation set:
         rows (X, y) scored by `training.selection`, or an object with ``scores`` and
-        ``sensitivity`` (graph data: `tuning.graph.NodeValidation`, node-level Δ)."""
+        ``sensitivity`` (graph data: `pandemic.tuning.NodeValidation`, node-level Δ)."""
         v = self.validation[k]
         if hasattr(v, "scores"):
             return v.scores(model, candidates), v.sensitivity(model)

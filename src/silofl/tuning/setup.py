@@ -13,6 +13,7 @@ import dataclasses
 
 import numpy as np
 
+from silofl.config.sweep import SWEEP_MODES
 from silofl.errors import ConfigError
 from silofl.tuning import distributions as D
 from silofl.data.federation import split_silo
@@ -63,7 +64,7 @@ def validate(tc, *, sweep: bool = False) -> None:
     if tc.select not in ("random", "em"):
         raise ConfigError(f"tuning.select must be 'random' or 'em', got {tc.select!r}")
     if tc.select == "random":
-        from silofl.tuning.accounting import check_accountable
+        from silofl.privacy.selection import check_accountable
         check_accountable(distribution(tc))
 
 

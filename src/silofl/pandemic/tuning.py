@@ -1,4 +1,4 @@
-"""Private tuning on graph data: the node-level pieces (thesis appendix E on the pandemic
+"""Private tuning on graph data: the pandemic domain's pieces (thesis appendix E on the pandemic
 track, `pandemic.pipeline.train(..., tuning=...)`).
 
 The tuned release is the tabular one (`tuning.private.TunedPersonalization`): each region
@@ -23,128 +23,24 @@ level (one *person* is the privacy unit, `pandemic.node_dp`):
   function of the person's example alone: declared or privately released constants.
   With ``preprocessing="uncharged"`` every example depends on region-wide statistics, so
   no such bound exists and tuning is refused (`check_setting`).
-* **The score's noise multiplier** (`node_score_sigma`): a public function of the run,
-  σ_s = ratio · σ / (2 √(T · E[ρ²])), ρ ~ Hypergeometric(n, A, b), T a trial's steps:
-  one node-level step's RDP is ≈ 2α E[ρ²]/σ² to first order, so σ/(2√(T E[ρ²])) is the
-  Gaussian with about a trial's RDP and ratio 2 gives the score about a quarter of it.
-* **The accounting** (`NodeRepeatAndSelectEvent`).  dp_accounting's RepeatAndSelect
-  cannot wrap node-level events (it has no type for them), so this event brings its own
-  RDP curve: dp_accounting's `_compute_rdp_repeat_and_select` (Papernot & Steinke 2022,
-  Theorem 2 for TNB, Theorem 6 for Poisson) applied to one trial's curve
-  (rounds × the node-level pass + the Gaussian score) at `node_dp.DEFAULT_ORDERS`.  The
-  whole tuned run of a region is  Compose(pivot passes, NodeRepeatAndSelect(trial)),
-  calibrated by the planner to the region's target and reserved before the first read.
+* **The score's noise multiplier and the accounting** are the privacy layer's
+  (`silofl.privacy.node_tuning`: `node_score_sigma`, `GaussianScoreEvent`,
+  `NodeRepeatAndSelectEvent`); the tuning path is the one of every unit
+  (`silofl.tuning.private`), which takes a `NodeValidation` per region as its validation.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
-import dp_accounting as dpa
 import numpy as np
 
-from silofl.errors import ConfigError, PrivacyError
+from silofl.errors import ConfigError
 
 #: the public cap on the persons a score is computed over (a seeded sample above it)
 SCORE_PERSONS = 20_000
 #: default clip bound B of a per-example focal loss in the score
 DEFAULT_LOSS_BOUND = 1.0
-SCORE_EVENT = "gaussian_score"
-SELECT_EVENT = "node_repeat_and_select"
-
-
-def is_node_event(event) -> bool:
-    """A pass event that brings its own RDP curve (node level), not a dp_accounting one."""
-    return not isinstance(event, dpa.DpEvent) and hasattr(event, "rdp")
-
-
-# --- events --------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class GaussianScoreEvent:
-    """One Gaussian release of a scalar score with noise std σ · Δ (Δ its sensitivity
-    under the node-level adjacency): RDP α / (2σ²).  Plain data with its own curve, so it
-    composes with node-level DP-SGD events in one ledger."""
-
-    sigma: float
-
-    def __post_init__(self):
-        s = float(self.sigma)
-        if not (math.isfinite(s) and s > 0):
-            raise PrivacyError(f"score noise multiplier must be positive, got {self.sigma!r}")
-        object.__setattr__(self, "sigma", s)
-
-    def rdp(self, orders) -> np.ndarray:
-        return np.asarray(orders, dtype=float) / (2.0 * self.sigma ** 2)
-
-    def to_dict(self) -> dict:
-        return {"event": SCORE_EVENT, "mechanism": "Gaussian release of one validation "
-                "score, std = sigma * node-level sensitivity", "sigma": self.sigma}
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "GaussianScoreEvent":
-        if d.get("event") != SCORE_EVENT:
-            raise PrivacyError(f"not a {SCORE_EVENT} event: {d.get('event')!r}")
-        return cls(d["sigma"])
-
-
-@dataclass(frozen=True)
-class NodeRepeatAndSelectEvent:
-    """Papernot & Steinke's RepeatAndSelect of one node-level trial: ``rounds`` passes of
-    ``round_event`` (a `NodeLevelDpEvent`) and one `GaussianScoreEvent(score_sigma)`,
-    repeated h ~ D times (``mean`` = E[h], ``shape`` = η for TNB, ∞ for Poisson), only
-    the best released."""
-
-    round_event: object
-    rounds: int
-    score_sigma: float
-    mean: float
-    shape: float
-
-    @property
-    def event(self):
-        """One trial, as the composition its sub-ledger may spend (tuple: hashable)."""
-        from silofl.tuning.accounting import trial_event
-        return trial_event(self.round_event, int(self.rounds), self.score_sigma)
-
-    def trial_rdp(self, orders) -> np.ndarray:
-        return (self.rounds * np.asarray(self.round_event.rdp(orders), dtype=float)
-                + GaussianScoreEvent(self.score_sigma).rdp(orders))
-
-    def rdp(self, orders) -> np.ndarray:
-        """dp_accounting's RepeatAndSelect formula on the trial's curve at ``orders``."""
-        from dp_accounting.rdp.rdp_privacy_accountant import _compute_rdp_repeat_and_select
-        orders = np.asarray(orders, dtype=float)
-        return np.asarray(_compute_rdp_repeat_and_select(
-            orders, self.trial_rdp(orders), float(self.mean), float(self.shape)), float)
-
-    def to_dict(self) -> dict:
-        return {"event": SELECT_EVENT,
-                "mechanism": "RepeatAndSelect (Papernot & Steinke 2022) of one trial: "
-                             "rounds x node-level pass + Gaussian validation score",
-                "round_event": self.round_event.to_dict(), "rounds": int(self.rounds),
-                "score_sigma": float(self.score_sigma), "mean": float(self.mean),
-                "shape": "inf" if math.isinf(self.shape) else float(self.shape)}
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "NodeRepeatAndSelectEvent":
-        from silofl.privacy import events
-        if d.get("event") != SELECT_EVENT:
-            raise PrivacyError(f"not a {SELECT_EVENT} event: {d.get('event')!r}")
-        return cls(events.from_dict(d["round_event"]), int(d["rounds"]),
-                   float(d["score_sigma"]), float(d["mean"]), float(d["shape"]))
-
-
-def node_score_sigma(round_event, rounds: int, ratio: float) -> float:
-    """σ_s of the score release for node-level passes (module docstring):
-    ratio · σ / (2 √(T · E[ρ²])), T = rounds × the pass's steps, ρ ~ Hyp(n, A, b)."""
-    e = round_event
-    n, A, b = int(e.n), int(e.affected), int(e.b)
-    mean = b * A / n
-    var = mean * (1 - A / n) * (n - b) / (n - 1) if n > 1 else 0.0
-    T = int(rounds) * int(e.steps)
-    return float(ratio) * float(e.sigma) / (2.0 * math.sqrt(T * (var + mean * mean)))
 
 
 # --- the node-level validation score -------------------------------------------------------
@@ -258,6 +154,5 @@ def describe_release(alg, k: int) -> dict:
             "chosen": chosen}
 
 
-__all__ = ["DEFAULT_LOSS_BOUND", "GaussianScoreEvent", "NodeRepeatAndSelectEvent",
-           "NodeValidation", "SCORE_PERSONS", "check_setting", "describe_release",
-           "is_node_event", "node_score_sigma"]
+__all__ = ["DEFAULT_LOSS_BOUND", "NodeValidation", "SCORE_PERSONS", "check_setting",
+           "describe_release"]

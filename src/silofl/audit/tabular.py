@@ -1,0 +1,294 @@
+"""Audits of a `silofl run` job (the engine's plug-in for tabular data, example-level DP),
+run through the real engine: the config's loading, preprocessing, planning (σ calibrated
+for the data with its canaries), budget reservation, DP-SGD and accounting —
+`experiments.run._prepare` and `runtime.simulator.simulate`, no second training loop.
+
+* one run: m canaries per audited silo, each included with probability ½, one job with
+  every audited silo's canaries; each canary is scored on the silo's released models
+  (black-box: minus its loss; white-box: the alignment of the model's total update
+  w_T − w_0 with the canary's gradient direction at w_0).
+* many runs: D (the silo's data) and D′ = D + one canary, `runs` jobs each; statistics of
+  the released models (the canary's loss and alignment and every model coordinate). Needs
+  a scratch store: N jobs on the silo's data are experiments, not releases.
+
+The one-run and multi-run procedures, the coin flips and the Bonferroni correction are the
+engine's (`silofl.audit.engine`). Every job is reserved in the budget store before its
+data is read and settled after; the one-run job is charged like any job (or to a scratch
+store, and then every output says so).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+from silofl.audit.canaries import Canaries, check_canaries, insert, make_canaries
+from silofl.audit.engine import (
+    AUDIT_NOTE,
+    AuditReport,
+    Claim,
+    canary_count,
+    check_confidence,
+    check_kind,
+    check_runs,
+    multi_run,
+    one_run,
+)
+from silofl.config import AuditSection
+from silofl.errors import ConfigError
+from silofl.experiments import build
+from silofl.experiments import run as run_mod
+from silofl.models import TORCH_MODELS
+from silofl.privacy.budget import BudgetStore, PlannedCharge
+from silofl.runtime.job import NO_METHOD, fingerprints, open_job
+from silofl.runtime.simulator import simulate
+
+_AUDIT = AuditSection()  # the defaults of [audit] (one place: silofl.config)
+
+#: canaries per silo when not given: at most 1000, at most the silo's training records
+DEFAULT_CANARIES = 1000
+
+
+def audit(cfg, *, kind: str = _AUDIT.kind, silo: str | None = None,
+          canaries: int | Canaries | None = None, runs: int = _AUDIT.runs,
+          confidence: float = _AUDIT.confidence, store: BudgetStore | None = None,
+          seed: int | None = None,
+          on_progress: Callable[[int, int], None] | None = None) -> AuditReport:
+    """Audit the job `cfg` describes: does each silo's claimed ε survive an attack?
+
+    The real job runs with canary records inserted; an attacker guesses which canaries
+    were trained on, giving an empirical lower bound on ε at `confidence`. A bound above
+    the claim is a violation. The audit's own runs are charged to the budget store like
+    any job. Everything that can fail on bad input fails before any budget is reserved.
+
+    Parameters
+    ----------
+    cfg : Config
+        The job (`load_config`); privacy must be enabled.
+    kind : {"one-run", "multi-run"}, default "one-run"
+        One training run with many canaries (Steinke et al. 2023), or many runs on
+        neighbouring datasets D and D′ (Clopper–Pearson).
+    silo : str, optional
+        The silo audited (default: every silo).
+    canaries : int or Canaries, optional
+        one-run: the number m per silo (default min(1000, n_k)) or explicit `Canaries`
+        (raw encoded features); multi-run: explicit `Canaries` whose first record is the
+        canary, else one generated canary.
+    runs : int, default 200
+        multi-run: jobs on each of D and D′.
+    confidence : float, default 0.95
+        Confidence of the lower bound.
+    store : BudgetStore, optional
+        The store charged (default: as `run`: [budget] store, else a scratch store when
+        [budget] scratch).
+    seed : int, optional
+        Seed of the canaries and coin flips (default: OS entropy).
+    on_progress : callable (done, total) -> None, optional
+        Progress of the audit's runs.
+
+    Returns
+    -------
+    AuditReport
+        Per silo the claimed ε and the empirical lower bound.
+
+    Raises
+    ------
+    ConfigError
+        An unknown kind, privacy disabled, or an unsupported model.
+    """
+    t0 = time.perf_counter()
+    check_kind(kind)
+    if not cfg.privacy.enabled:
+        raise ConfigError("an audit compares a claimed ε with an empirical lower bound, but "
+                          "this config has no ε claim (privacy is disabled); enable "
+                          "[privacy] with epsilon and delta")
+    if cfg.model.name in TORCH_MODELS:
+        raise ConfigError(f"auditing supports the GLMs (linear, logistic, focal, svm, "
+                          f"softmax), not model {cfg.model.name!r}")
+    check_confidence(confidence)
+    rng = np.random.default_rng(seed)  # None: OS entropy
+    raw = build.apply_privacy(build.load_raw(cfg.data), cfg)
+    names = [raw.silo(silo).name] if silo is not None else raw.names
+    for s in raw.silos:
+        if s.target is None:
+            raise ConfigError(f"silo {s.name!r} has no ε claim; set [privacy] epsilon/delta")
+    if kind == "one-run":
+        return _one_run(cfg, raw, names, canaries, confidence, store, rng, t0, on_progress)
+    return _multi_run(cfg, raw, names, canaries, runs, confidence, store, rng, t0,
+                      on_progress)
+
+
+# --- the plug-in ---------------------------------------------------------------------------
+
+def _store(cfg, store: BudgetStore | None) -> BudgetStore:
+    store = store if store is not None else run_mod.open_store(cfg, run_mod._base_dir(cfg,
+                                                                                      None))
+    run_mod.check_demo_store(cfg, store)
+    return store
+
+
+def _run_job(cfg, p, store: BudgetStore, command: str):
+    """One job exactly as `silofl run` executes it (reserve, preprocess, every method,
+    settle), without writing a run directory. Returns (fed, results, job)."""
+    job = open_job(store, dict(zip(p.labels, p.plans)), lifetime=run_mod._lifetime(cfg, p.raw),
+                   explicit_lifetime=cfg.budget.epsilon is not None, command=command,
+                   noise=p.tcfg.noise, accountant=p.tcfg.accountant,
+                   fingerprints=fingerprints(p.raw),
+                   extra=[PlannedCharge(n, NO_METHOD, "preprocess", e)
+                          for n, e in p.extra.items()])
+    try:
+        for name in p.extra:
+            job.spend_extra(name, "preprocess")
+        fed = run_mod._preprocess(p, cfg)
+        results = [simulate(fed, p.model, alg, p.tcfg, metric=cfg.model.metric or None,
+                            plans=plans, job=job, method=label)
+                   for alg, plans, label in zip(p.algorithms, p.plans, p.labels)]
+    except BaseException:
+        job.settle("failed")
+        raise
+    job.settle()
+    return fed, results, job
+
+
+def _scores(model, fed, results, silo: str, m: int) -> dict[str, np.ndarray]:
+    """(m,) scores of the last m test rows of `silo` (its canaries, preprocessed like its
+    data) over the job's released models: black-box −Σ loss, white-box Σ alignment of
+    w_T − w_0 with −∇loss(w_0) / ‖∇loss(w_0)‖."""
+    k = fed.names.index(silo)
+    s = fed.silo(silo)
+    X, y = s.X_test[-m:], s.y_test[-m:]
+    w0 = model.init_params()
+    g = model.per_example_grads(w0, X, y)
+    u = -g / np.maximum(np.linalg.norm(g, axis=1, keepdims=True), 1e-12)
+    black, white = np.zeros(m), np.zeros(m)
+    for r in results:
+        w = r.params[k]
+        black -= model.loss(w, X, y)
+        white += u @ (w - w0)
+    return {"black-box": black, "white-box": white}
+
+
+def _claims(results, p, silo: str) -> Claim:
+    for c in run_mod._combined(results, p.extra):
+        if c["silo"] == silo:
+            return Claim(c["epsilon"], c["target_epsilon"], c["delta"])
+    raise KeyError(silo)
+
+
+def _statistics(model, fed, results, silo: str) -> dict[str, float]:
+    sc = _scores(model, fed, results, silo, 1)
+    out = {k: float(v[0]) for k, v in sc.items()}
+    k = fed.names.index(silo)
+    for j, r in enumerate(results):
+        for i, v in enumerate(r.params[k]):
+            out[f"model {j} coordinate {i}"] = float(v)
+    return out
+
+
+class _FinishedJob:
+    def __init__(self, p, fed, results):
+        self.p, self.fed, self.results = p, fed, results
+        self.m = {}
+
+    def scores(self, unit: str) -> dict[str, np.ndarray]:
+        return _scores(self.p.model, self.fed, self.results, unit, self.m[unit])
+
+    def claim(self, unit: str) -> Claim:
+        return _claims(self.results, self.p, unit)
+
+
+class TableMechanism:
+    """The engine's plug-in for a `silofl run` job over a RawFederation `raw`; records the
+    run ids, the methods and the uncharged items of the jobs it runs."""
+
+    def __init__(self, cfg, raw, store: BudgetStore | None):
+        self.cfg, self.raw, self.store = cfg, raw, store
+        self.run_ids: list[str] = []
+        self.labels: list[str] = []
+        self.uncharged: list = []
+        self.st: BudgetStore | None = None
+
+    def draw(self, unit: str, canaries, rng: np.random.Generator) -> Canaries:
+        if isinstance(canaries, Canaries):
+            c = canaries
+        else:
+            c = make_canaries(self.raw, canary_count(
+                canaries, min(DEFAULT_CANARIES, self.raw.silo(unit).n_train)), rng)
+        check_canaries(self.raw, unit, c)
+        return c
+
+    def prepare_one(self, chosen):
+        audited = self.raw
+        for name, (c, inc) in chosen.items():
+            audited = insert(audited, name, c, inc)
+        p = run_mod._prepare(self.cfg, audited)  # plans σ for the data with its canaries
+        self.st = _store(self.cfg, self.store)
+        return p, {name: c.m for name, (c, _inc) in chosen.items()}
+
+    def run_one(self, prepared) -> _FinishedJob:
+        p, m = prepared
+        fed, results, job = _run_job(self.cfg, p, self.st, "silofl audit (one run)")
+        self.run_ids.append(job.run_id)
+        self.labels, self.uncharged = p.labels, fed.meta.get("uncharged", [])
+        done = _FinishedJob(p, fed, results)
+        done.m = m
+        return done
+
+    def neighbours(self, unit: str, canary: Canaries):
+        check_canaries(self.raw, unit, canary)
+        return (run_mod._prepare(self.cfg, insert(self.raw, unit, canary, np.array([False]))),
+                run_mod._prepare(self.cfg, insert(self.raw, unit, canary, np.array([True]))))
+
+    def run_neighbour(self, unit: str, pair, which: int):
+        p = pair[which]
+        fed, results, job = _run_job(self.cfg, p, BudgetStore(None), "silofl audit (multi run)")
+        self.run_ids.append(job.run_id)
+        self.uncharged = fed.meta.get("uncharged", [])
+        self.labels = p.labels
+        return _statistics(p.model, fed, results, unit), _claims(results, p, unit)
+
+
+def _notes(cfg, store: BudgetStore, uncharged, extra=()) -> list[str]:
+    return run_mod.job_notes(private=True, noise=cfg.privacy.noise, scratch=store.scratch,
+                             demo=store.demo, uncharged=uncharged, extra=[AUDIT_NOTE, *extra])
+
+
+def _one_run(cfg, raw, names, canaries, confidence, store, rng, t0, on_progress):
+    mech = TableMechanism(cfg, raw, store)
+    rows, _p, _job = one_run(mech, names, canaries, confidence, rng, on_progress)
+    st = mech.st
+    return AuditReport("one-run", rows, mech.labels, _notes(
+        cfg, st, mech.uncharged,
+        ["canaries: synthetic records at declared column bounds (or given), each included "
+         "with probability 1/2; the job's σ was calibrated with them in",
+         "the audit job trains every silo, so it is charged to every silo's budget"]),
+        None if st.path is None else str(st.path), st.scratch, mech.run_ids,
+        time.perf_counter() - t0, confidence, cfg.privacy.noise,
+        neighbouring=run_mod.ADJACENCY)
+
+
+def _multi_run(cfg, raw, names, canaries, runs, confidence, store, rng, t0, on_progress):
+    if store is not None and not store.scratch or store is None and not cfg.budget.scratch:
+        raise ConfigError("a multi-run audit trains `runs` jobs on each of D and D′: that is "
+                          "an experiment, not a release, and would spend many jobs' worth of "
+                          "the silo's lifetime budget. Run it on a scratch store (--scratch, "
+                          "or [budget] scratch = true), or use a one-run audit (--kind one-run)"
+                          " on the real store")
+    check_runs(runs)
+    c = canaries if isinstance(canaries, Canaries) else make_canaries(raw, 1, rng)
+    if isinstance(canaries, int) and not isinstance(canaries, bool) and canaries != 1:
+        raise ConfigError("a multi-run audit uses one canary (D′ = D + one record); "
+                          "leave --canaries out or set it to 1")
+    c = Canaries(c.X[:1], c.y[:1])
+    mech = TableMechanism(cfg, raw, store)
+    rows = multi_run(mech, names, c, runs, confidence, on_progress)
+    run_ids = mech.run_ids
+    return AuditReport("multi-run", rows, mech.labels, _notes(
+        cfg, BudgetStore(None), mech.uncharged,
+        [f"multi-run: {runs} jobs on D and {runs} on D′ = D + one canary per audited silo, "
+         "each on its own scratch store"]), None, True, run_ids[:1] + (
+        [f"... {len(run_ids) - 1} more"] if len(run_ids) > 1 else []),
+        time.perf_counter() - t0, confidence, cfg.privacy.noise,
+        neighbouring=run_mod.ADJACENCY)
