@@ -26,6 +26,7 @@ from silofl.errors import CalibrationError, PrivacyError
 from silofl.privacy import node_level as node_dp
 from silofl.privacy.node_level import NodeLevelDpEvent, calibrate_node_sigma, node_epsilon
 from silofl.privacy import accounting as A
+from silofl.privacy import evaluate
 from silofl.privacy import events as E
 
 logging.getLogger("absl").setLevel(logging.ERROR)
@@ -65,7 +66,9 @@ def _dp_rdp(event, delta, orders=None):
 
 def test_reference_table_covers_the_required_schedules():
     assert REFERENCE["value_discretization_interval"] == 1e-5
-    assert REFERENCE["dp_accounting"] == importlib.metadata.version("dp-accounting")
+    # the reference was computed with this minor release (pyproject allows >=0.6,<0.7)
+    made_with = REFERENCE["dp_accounting"].split(".")[:2]
+    assert made_with == importlib.metadata.version("dp-accounting").split(".")[:2]
     rows = REFERENCE["rows"]
     assert {round(r["q"], 6) for r in rows} >= {0.0016, 0.01, round(64 / 1500, 6), 0.25, 1.0}
     assert {r["delta"] for r in rows} == {1e-5, 1e-7}
@@ -144,7 +147,7 @@ def test_an_already_seen_composition_is_served_from_the_cache(monkeypatch):
     def recompute(*a, **k):
         raise AssertionError("an already-seen composition was recomputed")
     for name in ("_rdp_epsilon", "_pld_epsilon", "_own_curve"):
-        monkeypatch.setattr(A, name, recompute)
+        monkeypatch.setattr(evaluate, name, recompute)  # where ε is evaluated
     for _ in range(3):
         fresh = E.compose(Counter(counts))  # equal composition, new objects
         assert fresh is not ev and A.epsilons(fresh, 1e-5) == first

@@ -42,9 +42,6 @@ COMPOSITION = frozenset({"cli", "__init__"})
 
 #: arrows still owned by another part of issue 20: (from, to) -> owner
 ALLOWED: dict[tuple[str, str], str] = {
-    # tuning's accounting (helper "acct")
-    ("silofl.runtime.plan", "silofl.tuning"): "acct",
-    ("silofl.runtime.plan", "silofl.tuning.accounting"): "acct",
     # one silo program on Flower (helper "flower")
     ("silofl.runtime.network.deploy_table", "silofl.runtime.network.deploy"): "flower",
     ("silofl.runtime.network.flower_app", "silofl.runtime.network.deploy"): "flower",

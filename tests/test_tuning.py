@@ -33,7 +33,7 @@ from silofl.privacy.budget import BudgetStore
 from silofl.privacy.randomness import Randomness
 from silofl.runtime.plan import TrainingConfig, plan_silos
 from silofl.runtime.simulator import simulate
-from silofl.tuning import accounting as TA
+from silofl.privacy import selection as TA
 from silofl.tuning import distributions as D
 from silofl.tuning.private import TunedPersonalization
 from silofl.tuning.report import comparison

@@ -66,7 +66,8 @@ from silofl.models.metrics import HIGHER_IS_BETTER, default_metric
 from silofl.privacy.budget import SCRATCH_NOTE, BudgetStore
 from silofl.runtime.plan import SEEDED_NOTE, TrainingConfig, plan_silos
 from silofl.runtime.simulator import bind_data, simulate
-from silofl.tuning import accounting as TA, setup as tuning_setup
+from silofl.privacy import selection as TA
+from silofl.tuning import setup as tuning_setup
 from silofl.privacy import accounting as acc
 from silofl.tuning.private import score_sigma
 

@@ -103,7 +103,7 @@ def tuned_charges(r: Region, cfg: PandemicConfig, alg) -> list[PlannedCharge]:
     """What a tuned run of ``r`` spends: the private preprocessing (if any), the pivot's
     passes (every round) and one RepeatAndSelect of a trial — the very events
     `TunedPersonalization` charges, so the job's ledgers allow exactly them."""
-    from silofl.tuning import accounting as TA
+    from silofl.privacy import selection as TA
     from silofl.tuning.private import score_sigma
     ev = round_event(r, cfg)
     out = planned_charges(r, cfg, rounds=[])

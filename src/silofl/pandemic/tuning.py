@@ -18,8 +18,8 @@ level (one *person* is the privacy unit, `pandemic.node_dp`):
   S, adjacency)` examples (S under "node", 2S − 1 under "node+edges"), each clipped loss
   by at most B, and m is public, so  Δ = min(A, m) · B / m  (replacement adjacency).
   The noise is N(0, (σ_s Δ)²), charged as a Gaussian of noise multiplier σ_s
-  (`GaussianScoreEvent`, RDP α / (2σ_s²)).  It holds under the same uncharged pruning
-  assumption as training (`node_dp.PRUNING_ASSUMPTION`) and needs model inputs that are a
+  (`privacy.selection.GaussianScoreEvent`, RDP α / (2σ_s²)).  It holds under the same
+  uncharged pruning assumption as training (`node_dp.PRUNING_ASSUMPTION`) and needs model inputs that are a
   function of the person's example alone: declared or privately released constants.
   With ``preprocessing="uncharged"`` every example depends on region-wide statistics, so
   no such bound exists and tuning is refused (`check_setting`).

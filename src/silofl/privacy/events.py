@@ -1,6 +1,6 @@
-"""Turning dp_accounting events into plain data (for ledgers and the budget store on
-disk) and back, and into (base event, count) pairs (so a ledger can tell when a charge
-is already covered)."""
+"""Privacy events: the DP-SGD event factory, and turning dp_accounting events into plain
+data (for ledgers and the budget store on disk) and back, and into (base event, count)
+pairs (so a ledger can tell when a charge is already covered)."""
 
 from __future__ import annotations
 
@@ -16,9 +16,46 @@ from silofl.errors import PrivacyError
 #: events silofl defines itself (dp_accounting has no type for them), by their dict's
 #: "event" name → "module:Class" (imported lazily)
 CUSTOM_EVENTS = {"node_level_dp": "silofl.privacy.node_level:NodeLevelDpEvent",
+                 "rdp_curve": "silofl.privacy.curves:FixedRdpCurveEvent",
                  # private tuning at the node level (silofl.privacy.node_tuning)
                  "node_repeat_and_select": "silofl.privacy.node_tuning:NodeRepeatAndSelectEvent",
                  "gaussian_score": "silofl.privacy.node_tuning:GaussianScoreEvent"}
+
+
+def dpsgd_event(q: float, noise_multiplier: float, steps: int = 1) -> dpa.DpEvent:
+    """The privacy event of `steps` DP-SGD steps with Poisson sampling and Gaussian noise.
+
+    Parameters
+    ----------
+    q : float
+        Poisson sampling rate in (0, 1]: each record joins a batch independently with
+        probability q (expected batch size / records).
+    noise_multiplier : float
+        σ > 0: the Gaussian noise's standard deviation is σ·C for clipping norm C.
+    steps : int, default 1
+        Number of steps composed.
+
+    Returns
+    -------
+    dp_accounting.DpEvent
+        ``PoissonSampled(q, Gaussian(σ))``, self-composed `steps` times when steps > 1.
+    """
+    _check_q_sigma(q, noise_multiplier)
+    base = dpa.PoissonSampledDpEvent(float(q), dpa.GaussianDpEvent(float(noise_multiplier)))
+    return base if steps == 1 else dpa.SelfComposedDpEvent(base, int(steps))
+
+
+def steps_for_epochs(n: int, batch_size: float, epochs: float) -> int:
+    """Number of Poisson-sampled steps that make `epochs` passes in expectation."""
+    return max(1, int(round(epochs * n / batch_size)))
+
+
+def _check_q_sigma(q: float, sigma: float) -> None:
+    if not 0 < q <= 1:
+        raise PrivacyError(f"sampling rate q = batch/n must be in (0, 1], got {q}; "
+                           "use a batch size below the silo's number of training examples")
+    if not sigma > 0:
+        raise PrivacyError(f"noise multiplier must be positive, got {sigma}")
 
 
 def to_dict(event) -> dict:

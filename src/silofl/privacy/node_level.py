@@ -66,15 +66,19 @@ as degree or PageRank invalidate the ``S`` bound
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import Sequence
 
+import dp_accounting as dpa
 import numpy as np
+import numpy.typing as npt
 from scipy import stats
 from scipy.special import logsumexp
 
 from silofl.errors import CalibrationError, PrivacyError
-from silofl.privacy.accounting import RDP_ORDERS_FINE, rdp_to_epsilon
+from silofl.privacy.calibration import calibrate
+from silofl.privacy.curves import FixedRdpCurveEvent, RdpCurveDpEvent
+from silofl.privacy.rdp_curves import RDP_ORDERS_FINE, rdp_to_epsilon
 from silofl.privacy.targets import check_epsilon
 
 # The ledger's grid for node-level events (`accounting.RDP_ORDERS_FINE`): calibration and
@@ -120,8 +124,19 @@ def check_adjacency(adjacency) -> str:
 
 
 def affected_examples(n: int, S: int, adjacency: str = "node") -> int:
-    """How many of the ``n`` examples one replaced person can change: ``S`` under
-    "node", ``2S − 1`` under "node+edges" (never more than ``n``)."""
+    """How many of the ``n`` examples one replaced person can change.
+
+    Parameters
+    ----------
+    n, S : int
+        Persons and the appearance bound.
+    adjacency : {"node", "node+edges"}
+
+    Returns
+    -------
+    int
+        ``S`` under "node", ``2S − 1`` under "node+edges", never more than ``n``.
+    """
     check_adjacency(adjacency)
     return min(S if adjacency == "node" else 2 * S - 1, n)
 
@@ -172,9 +187,27 @@ def hypergeom_log_pmf(n: int, S: int, b: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def node_rdp(orders, n: int, S: int, b: int, sigma: float) -> np.ndarray:
-    """Per-step RDP γ(α) of Theorem 2.4.4 at every order α (array, shape of orders), with
-    ρ ~ Hypergeometric(n, S, b): here ``S`` is the number of examples one replacement
-    affects (`affected_examples`: S or 2S − 1), each moving by ≤ 2C."""
+    """Per-step RDP γ(α) of Theorem 2.4.4 at every order α.
+
+    Parameters
+    ----------
+    orders : sequence of float, shape (A,)
+        Rényi orders, each > 1.
+    n : int
+        Examples (persons) in the region.
+    S : int
+        Examples one replacement affects (`affected_examples`: S or 2S − 1), each moving
+        by ≤ 2C; the hypergeometric's successes.
+    b : int
+        Batch size (drawn without replacement).
+    sigma : float
+        Noise multiplier.
+
+    Returns
+    -------
+    numpy.ndarray, shape (A,)
+        RDP (nats) of one step, ρ ~ Hypergeometric(n, S, b).
+    """
     n, S, b, sigma = _check(n, S, b, sigma)
     a = _orders(orders)
     rho, logp = hypergeom_log_pmf(n, S, b)
@@ -187,9 +220,30 @@ def node_epsilon_and_order(n: int, S: int, b: int, sigma: float, steps: int,
                            orders: Sequence[float] = DEFAULT_ORDERS, *,
                            adjacency: str = "node",
                            base_rdp: np.ndarray | None = None) -> tuple[float, float]:
-    """(ε, optimal α) after ``steps`` steps; δ defaults to 1/n.  ``S`` bounds the
-    examples a person appears in; ``adjacency`` turns it into the affected examples.
-    ``base_rdp`` (RDP at ``orders``) is composed in: what the silo spends besides."""
+    """(ε, optimal α) of ``steps`` node-level DP-SGD steps.
+
+    Parameters
+    ----------
+    n, S, b : int
+        Persons, appearance bound (`adjacency` turns it into the affected examples),
+        batch size.
+    sigma : float
+        Noise multiplier.
+    steps : int
+        DP-SGD steps (≥ 0).
+    delta : float, optional
+        δ; defaults to 1/n.
+    orders : sequence of float
+        Rényi orders (default `DEFAULT_ORDERS`, the ledger's grid).
+    adjacency : {"node", "node+edges"}
+    base_rdp : numpy.ndarray, shape (len(orders),), optional
+        RDP at `orders` of what the silo spends besides, composed in.
+
+    Returns
+    -------
+    (float, float)
+        ε and the order that attains it (nan when nothing is spent).
+    """
     n, S, b, sigma = _check(n, S, b, sigma)
     steps = _int("steps", steps, 0)
     delta = _delta(delta, n)
@@ -205,14 +259,34 @@ def node_epsilon(n: int, S: int, b: int, sigma: float, steps: int,
                  delta: float | None = None,
                  orders: Sequence[float] = DEFAULT_ORDERS, *,
                  adjacency: str = "node", base_rdp: np.ndarray | None = None) -> float:
-    """Node-level ε of ``steps`` DP-SGD steps (Theorem 2.4.4); δ defaults to 1/n."""
+    """Node-level ε of ``steps`` DP-SGD steps (Theorem 2.4.4); δ defaults to 1/n.
+
+    Parameters and defaults as in `node_epsilon_and_order`.
+
+    Returns
+    -------
+    float
+        ε ≥ 0.
+    """
     return node_epsilon_and_order(n, S, b, sigma, steps, delta, orders,
                                   adjacency=adjacency, base_rdp=base_rdp)[0]
 
 
 def node_steps(n: int, b: int, epochs: float) -> int:
-    """Steps for ``epochs`` epochs of independently drawn size-``b`` batches:
-    ``ceil(epochs · ceil(n / b))`` (so every epoch draws at least n examples)."""
+    """Steps for ``epochs`` epochs of independently drawn size-``b`` batches.
+
+    Parameters
+    ----------
+    n, b : int
+        Persons and batch size (b ≤ n).
+    epochs : float
+        Epochs (> 0).
+
+    Returns
+    -------
+    int
+        ``ceil(epochs · ceil(n / b))``: every epoch draws at least n examples.
+    """
     n = _int("n", n, 1)
     b = _int("batch size b", b, 1)
     if b > n:
@@ -225,16 +299,39 @@ def node_steps(n: int, b: int, epochs: float) -> int:
 
 def calibrate_node_sigma(target_epsilon: float, n: int, S: int, b: int, steps: int,
                          delta: float | None = None, *, rel_tol: float = 1e-4,
-                         sigma_max: float = 1e4,
-                         orders: Sequence[float] = DEFAULT_ORDERS,
-                         adjacency: str = "node",
+                         sigma_max: float = 1e4, adjacency: str = "node",
                          base_rdp: np.ndarray | None = None) -> float:
-    """Smallest noise multiplier σ (to ``rel_tol``) whose node-level ε is ≤ target, for
-    ``adjacency``, composed with ``base_rdp`` (RDP at ``orders`` of what else the silo
-    spends, e.g. private preprocessing).
+    """Smallest node-level noise multiplier σ meeting a target ε: the one calibrator
+    (`calibration.calibrate`) with the node-level event factory.
 
-    The returned σ always satisfies the target (bisection keeps the feasible end).
-    Raises CalibrationError when even ``sigma_max`` does not reach it."""
+    Parameters
+    ----------
+    target_epsilon : float
+        Target ε, in (0, 100].
+    n, S, b, steps : int
+        Persons in the region, appearance bound, batch size, DP-SGD steps (≥ 1).
+    delta : float, optional
+        δ; defaults to 1/n.
+    rel_tol : float
+        Relative tolerance in σ (the returned σ always meets the target).
+    sigma_max : float
+        Largest σ tried.
+    adjacency : {"node", "node+edges"}
+        Which examples a replaced person changes (`ADJACENCIES`).
+    base_rdp : numpy.ndarray, shape (len(DEFAULT_ORDERS),), optional
+        RDP at `DEFAULT_ORDERS` of what else the silo spends (e.g. private
+        preprocessing), composed in.
+
+    Returns
+    -------
+    float
+        σ (noise std = σ·C).
+
+    Raises
+    ------
+    CalibrationError
+        When even `sigma_max` does not reach the target, or `base_rdp` alone exceeds it.
+    """
     try:
         target = float(target_epsilon)
     except (TypeError, ValueError):
@@ -246,48 +343,42 @@ def calibrate_node_sigma(target_epsilon: float, n: int, S: int, b: int, steps: i
     steps = _int("steps", steps, 1, "; calibration needs at least one training step")
     delta = _delta(delta, n)
     check_adjacency(adjacency)
-    if base_rdp is not None and node_epsilon(n, S, b, 1.0, 0, delta, orders,
+    if base_rdp is not None and node_epsilon(n, S, b, 1.0, 0, delta,
                                              base_rdp=base_rdp) > target:
         raise CalibrationError(
             f"the silo's other charges (e.g. private preprocessing) alone exceed "
             f"node-level ε = {target} at δ = {delta:.3g}; give them a smaller share")
+    base = None if base_rdp is None else FixedRdpCurveEvent(DEFAULT_ORDERS, tuple(base_rdp))
 
-    def eps(sigma: float) -> float:
-        return node_epsilon(n, S, b, sigma, steps, delta, orders, adjacency=adjacency,
-                            base_rdp=base_rdp)
+    def make_event(sigma: float):
+        ev = NodeLevelDpEvent(n, S, b, sigma, steps, adjacency)
+        return ev if base is None else dpa.ComposedDpEvent((ev, base))
 
-    hi = 1.0
-    while eps(hi) > target:
-        if hi >= sigma_max:
-            raise CalibrationError(
-                f"no noise multiplier up to {sigma_max:g} reaches node-level ε = {target} "
-                f"at δ = {delta:.3g} (n = {n}, S = {S}, b = {b}, {steps} steps; ε at "
-                f"σ = {sigma_max:g} is {eps(sigma_max):.4g}, adjacency {adjacency}); raise "
-                "epsilon, train for fewer steps, use a smaller batch, or prune to a smaller S")
-        hi = min(hi * 2.0, sigma_max)
-    lo = hi / 2.0
-    while eps(lo) <= target:
-        hi, lo = lo, lo / 2.0
-        if lo < 1e-6:
-            return hi
-    while hi / lo > 1.0 + rel_tol:
-        mid = math.sqrt(lo * hi)
-        if eps(mid) <= target:
-            hi = mid
-        else:
-            lo = mid
-    return hi
+    try:
+        return calibrate(make_event, target, delta, "rdp", rel_tol=rel_tol,
+                         sigma_max=sigma_max)
+    except CalibrationError:
+        eps_max = node_epsilon(n, S, b, sigma_max, steps, delta, adjacency=adjacency,
+                               base_rdp=base_rdp)
+        raise CalibrationError(
+            f"no noise multiplier up to {sigma_max:g} reaches node-level ε = {target} "
+            f"at δ = {delta:.3g} (n = {n}, S = {S}, b = {b}, {steps} steps; ε at "
+            f"σ = {sigma_max:g} is {eps_max:.4g}, adjacency {adjacency}); raise "
+            "epsilon, train for fewer steps, use a smaller batch, or prune to a smaller S"
+        ) from None
 
 
 # --- the charge as data ---------------------------------------------------------------
 
 @dataclass(frozen=True)
-class NodeLevelDpEvent:
+class NodeLevelDpEvent(RdpCurveDpEvent):
     """One node-level DP-SGD charge: ``steps`` steps on a region of ``n`` persons, each
     appearing in ≤ ``S`` examples, batches of ``b`` drawn without replacement, noise
     multiplier ``sigma``, under ``adjacency`` (`ADJACENCIES`: the hypergeometric's
-    successes are `affected` = S or 2S − 1).  dp_accounting has no such event type; this
-    one is plain data (`to_dict`/`from_dict` for JSON ledgers) and knows its own ε."""
+    successes are `affected` = S or 2S − 1).  dp_accounting has no such event type: this
+    `DpEvent` brings its own RDP curve (`curves.RdpCurveDpEvent`, composed by
+    `curves.CurveRdpAccountant`), is plain data (`to_dict`/`from_dict` for JSON ledgers)
+    and knows its own ε."""
 
     n: int
     S: int
@@ -312,7 +403,7 @@ class NodeLevelDpEvent:
     def default_delta(self) -> float:
         return 1.0 / self.n
 
-    def rdp(self, orders: Sequence[float] = DEFAULT_ORDERS) -> np.ndarray:
+    def rdp(self, orders: npt.ArrayLike = DEFAULT_ORDERS) -> np.ndarray:
         """Composed RDP ``steps · γ(α)`` at ``orders``."""
         return self.steps * node_rdp(orders, self.n, self.affected, self.b, self.sigma)
 
@@ -329,7 +420,7 @@ class NodeLevelDpEvent:
                 **asdict(self), "affected": self.affected}
 
     @classmethod
-    def from_dict(cls, d: dict) -> "NodeLevelDpEvent":
+    def from_dict(cls, d: dict) -> NodeLevelDpEvent:
         """Dicts written before the adjacency field existed load as "node" (S affected
         examples), which is what they were charged as."""
         if d.get("event") != EVENT_NAME:

@@ -1,6 +1,6 @@
 """Accounting events of private tuning at the node level (thesis appendix E on graph data):
 the Gaussian release of a validation score and Papernot & Steinke's RepeatAndSelect of one
-node-level trial, each with its own RDP curve.
+node-level trial: `DpEvent`s with their own RDP curve (`curves.RdpCurveDpEvent`).
 
 * **The score's noise multiplier** (`node_score_sigma`): a public function of the run,
   σ_s = ratio · σ / (2 √(T · E[ρ²])), ρ ~ Hypergeometric(n, A, b), T a trial's steps:
@@ -8,8 +8,9 @@ node-level trial, each with its own RDP curve.
   Gaussian with about a trial's RDP and ratio 2 gives the score about a quarter of it.
 * **The accounting** (`NodeRepeatAndSelectEvent`).  dp_accounting's RepeatAndSelect
   cannot wrap node-level events (it has no type for them), so this event brings its own
-  RDP curve: dp_accounting's `_compute_rdp_repeat_and_select` (Papernot & Steinke 2022,
-  Theorem 2 for TNB, Theorem 6 for Poisson) applied to one trial's curve
+  RDP curve: dp_accounting's RepeatAndSelect formula (through `privacy._dpa_adapter`;
+  Papernot & Steinke 2022, Theorem 2 for TNB, Theorem 6 for Poisson) applied to one
+  trial's curve
   (rounds × the node-level pass + the Gaussian score) at `node_level.DEFAULT_ORDERS`.  The
   whole tuned run of a region is  Compose(pivot passes, NodeRepeatAndSelect(trial)),
   calibrated by the planner to the region's target and reserved before the first read.
@@ -22,13 +23,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
 
 import dp_accounting as dpa
 import numpy as np
 
 from silofl.errors import PrivacyError
+from silofl.privacy import _dpa_adapter as adapter
 from silofl.privacy import events
+from silofl.privacy.curves import RdpCurveDpEvent, is_curve_event
 
 SCORE_EVENT = "gaussian_score"
 SELECT_EVENT = "node_repeat_and_select"
@@ -36,16 +38,16 @@ SELECT_EVENT = "node_repeat_and_select"
 
 def is_node_event(event) -> bool:
     """A pass event that brings its own RDP curve (node level), not a dp_accounting one."""
-    return not isinstance(event, dpa.DpEvent) and hasattr(event, "rdp")
+    return is_curve_event(event)
 
 
-# --- events --------------------------------------------------------------------------------
+# --- events on a curve ----------------------------------------------------------------------
 
 @dataclass(frozen=True)
-class GaussianScoreEvent:
+class GaussianScoreEvent(RdpCurveDpEvent):
     """One Gaussian release of a scalar score with noise std σ · Δ (Δ its sensitivity
-    under the node-level adjacency): RDP α / (2σ²).  Plain data with its own curve, so it
-    composes with node-level DP-SGD events in one ledger."""
+    under the node-level adjacency): RDP α / (2σ²).  A curve event, so it composes with
+    node-level DP-SGD events in one ledger."""
 
     sigma: float
 
@@ -63,20 +65,20 @@ class GaussianScoreEvent:
                 "score, std = sigma * node-level sensitivity", "sigma": self.sigma}
 
     @classmethod
-    def from_dict(cls, d: dict) -> "GaussianScoreEvent":
+    def from_dict(cls, d: dict) -> GaussianScoreEvent:
         if d.get("event") != SCORE_EVENT:
             raise PrivacyError(f"not a {SCORE_EVENT} event: {d.get('event')!r}")
         return cls(d["sigma"])
 
 
 @dataclass(frozen=True)
-class NodeRepeatAndSelectEvent:
+class NodeRepeatAndSelectEvent(RdpCurveDpEvent):
     """Papernot & Steinke's RepeatAndSelect of one node-level trial: ``rounds`` passes of
     ``round_event`` (a `NodeLevelDpEvent`) and one `GaussianScoreEvent(score_sigma)`,
     repeated h ~ D times (``mean`` = E[h], ``shape`` = η for TNB, ∞ for Poisson), only
     the best released."""
 
-    round_event: Any  # a node-level pass event (`privacy.node_level.NodeLevelDpEvent`)
+    round_event: RdpCurveDpEvent
     rounds: int
     score_sigma: float
     mean: float
@@ -85,23 +87,21 @@ class NodeRepeatAndSelectEvent:
     @property
     def event(self):
         """One trial, as the composition its sub-ledger may spend (tuple: hashable)."""
-        # `tuning.accounting.trial_event` of a node-level pass, built here (privacy is below
-        # tuning): its passes, then the score release
+        # `selection.trial_event` of a node-level pass, built here (selection imports this
+        # module): its passes, then the score release
         return dpa.ComposedDpEvent((events.hashable(dpa.SelfComposedDpEvent(
             self.round_event, int(self.rounds))), GaussianScoreEvent(float(self.score_sigma))))
 
     def trial_rdp(self, orders) -> np.ndarray:
-        return (self.rounds * np.asarray(self.round_event.rdp(orders), dtype=float)
+        """RDP of one trial at ``orders``: rounds × the pass + the score."""
+        return (self.rounds * np.asarray(self.round_event.rdp(orders), dtype=np.float64)
                 + GaussianScoreEvent(self.score_sigma).rdp(orders))
 
     def rdp(self, orders) -> np.ndarray:
         """dp_accounting's RepeatAndSelect formula on the trial's curve at ``orders``."""
-        from dp_accounting.rdp.rdp_privacy_accountant import (
-            _compute_rdp_repeat_and_select,
-        )
         orders = np.asarray(orders, dtype=float)
-        return np.asarray(_compute_rdp_repeat_and_select(
-            orders, self.trial_rdp(orders), float(self.mean), float(self.shape)), float)
+        return adapter.repeat_and_select_rdp(orders, self.trial_rdp(orders),
+                                             float(self.mean), float(self.shape))
 
     def to_dict(self) -> dict:
         return {"event": SELECT_EVENT,
@@ -112,7 +112,7 @@ class NodeRepeatAndSelectEvent:
                 "shape": "inf" if math.isinf(self.shape) else float(self.shape)}
 
     @classmethod
-    def from_dict(cls, d: dict) -> "NodeRepeatAndSelectEvent":
+    def from_dict(cls, d: dict) -> NodeRepeatAndSelectEvent:
         if d.get("event") != SELECT_EVENT:
             raise PrivacyError(f"not a {SELECT_EVENT} event: {d.get('event')!r}")
         return cls(events.from_dict(d["round_event"]), int(d["rounds"]),
@@ -121,7 +121,9 @@ class NodeRepeatAndSelectEvent:
 
 def node_score_sigma(round_event, rounds: int, ratio: float) -> float:
     """σ_s of the score release for node-level passes (module docstring):
-    ratio · σ / (2 √(T · E[ρ²])), T = rounds × the pass's steps, ρ ~ Hyp(n, A, b)."""
+    ratio · σ / (2 √(T · E[ρ²])), T = rounds × the pass's steps, ρ ~ Hyp(n, A, b): one
+    node-level step's RDP is ≈ 2α E[ρ²]/σ², so ratio 2 gives the score about a quarter
+    of a trial's RDP."""
     e = round_event
     n, A, b = int(e.n), int(e.affected), int(e.b)
     mean = b * A / n
@@ -130,5 +132,11 @@ def node_score_sigma(round_event, rounds: int, ratio: float) -> float:
     return float(ratio) * float(e.sigma) / (2.0 * math.sqrt(T * (var + mean * mean)))
 
 
-__all__ = ["GaussianScoreEvent", "NodeRepeatAndSelectEvent", "SCORE_EVENT", "SELECT_EVENT",
-           "is_node_event", "node_score_sigma"]
+__all__ = [
+    "SCORE_EVENT",
+    "SELECT_EVENT",
+    "GaussianScoreEvent",
+    "NodeRepeatAndSelectEvent",
+    "is_node_event",
+    "node_score_sigma",
+]

@@ -39,16 +39,21 @@ from typing import Protocol
 import dp_accounting as dpa
 import numpy as np
 
-from silofl.algorithms.base import (Algorithm, ServerState, SiloState, apply_mean_update,
-                                    check_nonnegative)
+from silofl.algorithms.base import (
+    Algorithm,
+    ServerState,
+    SiloState,
+    apply_mean_update,
+    check_nonnegative,
+)
 from silofl.errors import ConfigError
 from silofl.privacy import events
+from silofl.privacy import selection as TA
 from silofl.privacy.ledger import Ledger
 from silofl.privacy.node_tuning import is_node_event, node_score_sigma
 from silofl.training import selection
 from silofl.training.dpsgd import GradientRule
 from silofl.training.trainer import LocalTrainer, SiloArrays
-from silofl.tuning import accounting as TA
 from silofl.tuning.distributions import TrialDistribution
 
 PIVOTS = ("mrmtl", "ditto")
