@@ -19,7 +19,7 @@ import warnings
 
 from silofl.audit import audit
 from silofl.errors import ConfigError
-from silofl.experiments.config import config_from_dict
+from silofl.config import config_from_dict
 
 warnings.simplefilter("ignore")
 

@@ -27,7 +27,7 @@ from rich.console import Console
 from rich.table import Table
 
 from silofl.experiments import erosion
-from silofl.experiments.config import config_from_dict
+from silofl.config import config_from_dict
 from silofl.experiments.erosion import erosion_for_users
 from silofl.experiments.run import run
 from silofl.privacy.budget import BudgetStore

@@ -22,7 +22,7 @@ from silofl.data.schema import schema_from_dict
 from silofl.data.tabular import encode_table
 from silofl.errors import ConfigError, DataError
 from silofl.experiments.artifacts import FORMAT_VERSION, NON_PRIVATE, POST_PROCESSING
-from silofl.experiments.config import config_from_dict
+from silofl.config import config_from_dict
 from silofl.experiments.run import run as run_experiment
 from silofl.models.metrics import metric_fn
 from silofl.privacy.ledger import silo_file_id

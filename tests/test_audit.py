@@ -21,7 +21,7 @@ from silofl.audit import Canaries, audit, audit_table, one_run_epsilon, one_run_
 from silofl.audit.bounds import (dp_curve, fdp_rejects, gdp_epsilon, guesses,
                                  multi_run_epsilon, one_run_gdp)
 from silofl.errors import ConfigError, DataError
-from silofl.experiments.config import config_from_dict
+from silofl.config import config_from_dict
 from silofl.privacy.randomness import Randomness
 from silofl.training import dpsgd
 

@@ -25,7 +25,7 @@ from silofl.cli import app, crash_frames
 from silofl.data import linear_silos
 from silofl.privacy.targets import PrivacyTarget
 from silofl.errors import BudgetExceeded
-from silofl.experiments.config import config_from_dict
+from silofl.config import config_from_dict
 from silofl.experiments.run import run as run_experiment
 from silofl.models import make_model
 from silofl.privacy import accounting as A

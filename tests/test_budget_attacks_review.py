@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from silofl.errors import ConfigError
-from silofl.experiments.config import config_from_dict
+from silofl.config import config_from_dict
 from silofl.experiments.resume import resume_run
 from silofl.experiments.run import _toml_safe
 from silofl.experiments.run import run as run_experiment

@@ -22,7 +22,7 @@ from silofl.data import linear_silos
 from silofl.data.federation import Federation, Silo
 from silofl.privacy.targets import PrivacyTarget
 from silofl.errors import ConfigError, DataError
-from silofl.experiments.config import config_from_dict, load_config
+from silofl.config import config_from_dict, load_config
 from silofl.experiments.run import run as run_experiment
 from silofl.privacy import accounting as A
 from silofl.privacy.accounting import RDP_ORDERS

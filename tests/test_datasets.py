@@ -22,7 +22,7 @@ from silofl.data.exam import exam_frame
 from silofl.data.mnist import mnist_arrays, mnist_path
 from silofl.errors import ConfigError, DataError
 from silofl.experiments.build import load_federation
-from silofl.experiments.config import config_from_dict
+from silofl.config import config_from_dict
 from silofl.experiments.run import run as run_experiment
 
 logging.getLogger("absl").setLevel(logging.ERROR)

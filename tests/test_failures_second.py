@@ -521,7 +521,7 @@ def test_tables_read_with_the_offered_settings(tmp_path):
 
 
 def test_set_keys_are_toml_keys():
-    from silofl.experiments.config_input import apply_overrides, parse_override
+    from silofl.config.input import apply_overrides, parse_override
     assert parse_override('privacy.silos."VA Long Beach".epsilon=0.5') == (
         ["privacy", "silos", "VA Long Beach", "epsilon"], 0.5)
     assert parse_override("training.we_user=a=b") == (["training", "we_user"], "a=b")

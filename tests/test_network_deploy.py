@@ -254,7 +254,7 @@ def test_a_failure_while_writing_leaves_no_folder(tmp_path, monkeypatch):
 def test_placeholder_table_and_defaults_from_the_simulators_config(tmp_path):
     """Without --table each silo.toml names a placeholder the operator must fill in (a
     clear refusal until then); the job's defaults are the simulator's."""
-    from silofl.experiments.config import Config
+    from silofl.config import Config
     w = deploy.init(tmp_path / "c", schema=SCHEMA, silos=["A", "B"])
     with pytest.raises(ConfigError, match="placeholder"):
         load_silo_config(w["silos"]["A"])

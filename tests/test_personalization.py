@@ -23,7 +23,7 @@ from silofl.data import linear_silos, load_heart_disease
 from silofl.privacy.targets import PrivacyTarget
 from silofl.errors import BudgetExceeded, ConfigError, PrivacyError
 from silofl.experiments.build import build_algorithms
-from silofl.experiments.config import config_from_dict
+from silofl.config import config_from_dict
 from silofl.models import make_model
 from silofl.models import metrics as M
 from silofl.privacy import accounting, events

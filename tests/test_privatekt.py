@@ -282,7 +282,7 @@ checkpoint_every = 0
 
 
 def test_ldp_compare_writes_the_three_curves_with_their_epsilon(tmp_path):
-    from silofl.experiments.config import config_from_dict
+    from silofl.config import config_from_dict
     from silofl.experiments.ldp_compare import compare
     cfg = config_from_dict({
         "data": {"source": "mnist_dirichlet", "num_silos": 6, "train_per_silo": 120,

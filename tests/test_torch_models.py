@@ -30,7 +30,7 @@ from silofl.data.federation import Federation, Silo  # noqa: E402
 from silofl.privacy.targets import PrivacyTarget
 from silofl.errors import ConfigError, DataError  # noqa: E402
 from silofl.experiments.build import build_model  # noqa: E402
-from silofl.experiments.config import config_from_dict  # noqa: E402
+from silofl.config import config_from_dict  # noqa: E402
 from silofl.models import check_input, make_model  # noqa: E402
 from silofl.models.base import Model  # noqa: E402
 from silofl.models.torch_model import TorchModel  # noqa: E402

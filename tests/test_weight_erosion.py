@@ -28,7 +28,7 @@ from silofl.data import linear_silos
 from silofl.privacy.targets import PrivacyTarget
 from silofl.errors import ConfigError
 from silofl.experiments.build import build_algorithms
-from silofl.experiments.config import config_from_dict
+from silofl.config import config_from_dict
 from silofl.models import make_model
 from silofl.experiments.run import run as run_job
 from silofl.privacy import events

@@ -58,8 +58,8 @@ _API: dict[str, tuple[str, str]] = {
     "simulate": ("silofl.runtime.simulator", "simulate"),
     "RunResult": ("silofl.runtime.simulator", "RunResult"),
     # jobs as the CLI runs them (configuration, run directory, sweeps)
-    "Config": ("silofl.experiments.config", "Config"),
-    "load_config": ("silofl.experiments.config", "load_config"),
+    "Config": ("silofl.config", "Config"),
+    "load_config": ("silofl.config", "load_config"),
     "run": ("silofl.experiments.run", "run"),
     "resume_run": ("silofl.experiments.resume", "resume_run"),
     "RunReport": ("silofl.experiments.run", "RunReport"),
@@ -158,7 +158,7 @@ if TYPE_CHECKING:  # pragma: no cover - what type checkers and mkdocstrings read
         SiloflError,
     )
     from silofl.experiments.artifacts import Predictor, SavedRun, load_run
-    from silofl.experiments.config import Config, load_config
+    from silofl.config import Config, load_config
     from silofl.experiments.report import write_report
     from silofl.experiments.resume import resume_run
     from silofl.experiments.run import RunReport, run

@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 
 from silofl.cli import app
 from silofl.errors import BudgetExceeded, ConfigError
-from silofl.experiments.config import TuningConfig
+from silofl.config import TuningConfig
 from silofl.pandemic import pipeline as P
 from silofl.pandemic.constants import declared_constants
 from silofl.pandemic.regions import build_features, fit_region_scaling, region_groups, region_inputs

@@ -65,8 +65,8 @@ def deploy_init(
     and each silo's signing key into one folder (one-machine demo; see README for how to
     spread it over institutions)."""
     from silofl.errors import ConfigError
-    from silofl.experiments.config import check_privacy_target
-    from silofl.experiments.config_input import toml_value
+    from silofl.config import check_privacy_target
+    from silofl.config.input import toml_value
     from silofl.runtime.network import deploy
     try:
         # before anything is written

@@ -10,7 +10,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from silofl.cli.common import JobStore, Quiet, RunsOut, Scratch, _job_config
+from silofl.cli.common import JobStore, Quiet, RunsOut, Scratch, SetItems, _job_config
 from silofl.cli.root import _fail, _show_warning, app, console, err
 from silofl.errors import SiloflError
 
@@ -167,9 +167,11 @@ def erosion(config: Optional[Path] = typer.Option(None, "--config", "-c",
             out: RunsOut = None,
             store: JobStore = None,
             scratch: Scratch = False,
-            contributions: bool = typer.Option(True, "--contributions/--no-contributions",
-                                               help=("make each user's contribution report "
-                                                     "now (else later: silofl contrib)"))):
+            contributions: Optional[bool] = typer.Option(
+                None, "--contributions/--no-contributions", help=(
+                    "make each user's contribution report now (else later: silofl contrib; "
+                    "default: [erosion] contributions, true)")),
+            set_: SetItems = None):
     """Weight Erosion with each user silo in turn, against Global (FedAvg), Local and the
     majority class on the user's test rows (seed Figure 1): one job, σ calibrated for all
     users' runs composed, charged like any job."""
@@ -181,9 +183,10 @@ def erosion(config: Optional[Path] = typer.Option(None, "--config", "-c",
         if users is not None and users != "all":
             raise SiloflError(f"--users takes 'all', got {users!r}; name single users with "
                               "--user SILO")
-        cfg = _job_config(config, store, scratch, out)
-        rep = erosion_for_users(cfg, list(user) if user else None, out_dir=out,
-                                contributions=contributions)
+        cfg = _job_config(config, store, scratch, out, overrides=set_ or ())
+        users_ = list(user) if user else None if users else cfg.erosion.users or None
+        rep = erosion_for_users(cfg, users_, out_dir=out, contributions=cfg.erosion.contributions
+                                if contributions is None else contributions)
     except SiloflError as e:
         _fail(e)
     t = Table(title=f"Weight Erosion per user: final {rep.metric} on the user's test rows")
@@ -223,7 +226,7 @@ def ldp_compare(config: Optional[Path] = typer.Option(None, "--config", "-c", he
     per-round ε (training.ldp_epsilon): accuracy against rounds, cumulative ε per client."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from silofl.experiments.config import load_config
+    from silofl.config import load_config
     from silofl.experiments.figures import check_out_dir
     from silofl.experiments.ldp_compare import METHODS, compare
     from silofl.privacy.budget import BudgetStore

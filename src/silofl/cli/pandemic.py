@@ -90,7 +90,7 @@ def _pandemic_tuning(mode: str, lams: str, trials: float, cfg):
     """`--tuning`: None, or the `TuningConfig` of a privately tuned graph run (checked by
     `pandemic.tuning.check_setting` before anything is read or reserved)."""
     from silofl.errors import ConfigError
-    from silofl.experiments.config import TuningConfig
+    from silofl.config import TuningConfig
     if mode == "none":
         return None
     if mode != "private":

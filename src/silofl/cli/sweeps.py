@@ -9,7 +9,7 @@ from typing import Annotated, Optional
 import typer
 from rich.markup import escape
 
-from silofl.cli.common import Quiet
+from silofl.cli.common import Quiet, SetItems
 from silofl.cli.root import _fail, _show_warning, app, console, err
 from silofl.errors import SiloflError
 
@@ -28,7 +28,7 @@ def sweep(config: Path = typer.Argument(..., help="sweep TOML: run sections + [s
               "the config file)"),
           workers: Optional[int] = typer.Option(None, "--workers", "-j",
                                                 help="processes (default: sweep.workers)"),
-          quiet: Quiet = False):
+          quiet: Quiet = False, set_: SetItems = None):
     """Run (or resume) a privacy-utility sweep: methods × ε × λ × lr × seeds, one JSON line
     per finished run; then print the best settings chosen on validation data."""
     from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
@@ -41,7 +41,7 @@ def sweep(config: Path = typer.Argument(..., help="sweep TOML: run sections + [s
     from silofl.experiments.sweep_config import load_sweep_config
     warnings.showwarning = _show_warning
     try:
-        sc = load_sweep_config(config)
+        sc = load_sweep_config(config, set_ or ())
         with Progress(TextColumn("sweep"), BarColumn(), MofNCompleteColumn(),
                       TextColumn("runs"), TimeElapsedColumn(), TextColumn("ETA"),
                       TimeRemainingColumn(), console=err, disable=quiet) as prog:

@@ -17,7 +17,7 @@ from silofl.data.preprocess import (PreprocessSpec, RawFederation, plan_preproce
 from silofl.data.schema import load_schema
 from silofl.data.silo_size import check_settings, limit_federation
 from silofl.errors import ConfigError
-from silofl.experiments.config import Config, DataConfig
+from silofl.config import Config, DataConfig
 from silofl.models import TORCH_MODELS, check_input, make_model
 from silofl.models.base import Model
 from silofl.models.metrics import METRICS, default_metric

@@ -63,7 +63,7 @@ from silofl.io import write_npz_atomic
 from silofl.privacy.ledger import silo_file_id
 from silofl.data.preprocess import apply_preprocessing
 from silofl.experiments import build
-from silofl.experiments.config import config_from_dict
+from silofl.config import config_from_dict
 from silofl.models.glm import GLM
 
 MAX_EXACT = 10           # exact Shapley up to 10 other silos (2^10 coalitions)

@@ -42,7 +42,7 @@ from silofl.errors import ConfigError, SiloflError
 from silofl.experiments import build, contribution as C
 from silofl.experiments import contribution_report as CR
 from silofl.io import json_safe, savefig_atomic, write_json_atomic
-from silofl.experiments.config import Config
+from silofl.config import Config
 from silofl.experiments.run import (ADJACENCY, _base_dir, _combined, _lifetime, _make_run_dir,
                                     _prepare, _preprocess, check_demo_store, job_notes,
                                     open_store)

@@ -28,7 +28,7 @@ from silofl.privacy.targets import PrivacyTarget
 from silofl.errors import ConfigError
 from silofl.experiments import build
 from silofl.io import write_json_atomic
-from silofl.experiments.config import Config
+from silofl.config import Config
 from silofl.privacy import accounting
 from silofl.privacy.budget import BudgetStore
 from silofl.privacy.ledger import tightest

@@ -17,7 +17,7 @@ from pathlib import Path
 from silofl.errors import ConfigError
 from silofl.experiments import signals
 from silofl.io import write_text_atomic
-from silofl.experiments.config import Config, config_from_dict
+from silofl.config import Config, config_from_dict
 from silofl.experiments.run import (
     CHECKPOINT,
     RunReport,

@@ -34,7 +34,7 @@ from silofl.io import (
     write_json_atomic,
     write_text_atomic,
 )
-from silofl.experiments.config import Config
+from silofl.config import Config
 from silofl.privacy import accounting, events, store_paths
 from silofl.privacy.budget import (
     SCRATCH_NOTE,

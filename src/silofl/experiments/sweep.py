@@ -339,7 +339,7 @@ def header(sc: SweepConfig, prep: Prepared, fingerprint: str, total: int) -> dic
     return _clean({
         "kind": HEADER_KIND, "format": FORMAT, "fingerprint": fingerprint,
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "config": sc.normalized(),
-        "report": dataclasses.asdict(sc.report), "report_epsilon": sc.report_epsilon,
+        "report": sc.report.model_dump(), "report_epsilon": sc.report_epsilon,
         "metric": prep.metric, "higher_is_better": HIGHER_IS_BETTER[prep.metric],
         "task": fed.task, "silos": fed.names, "n_train": [s.n_train for s in fed.silos],
         "n_validation": [len(y) for _, y in prep.validation],

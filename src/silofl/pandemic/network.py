@@ -29,6 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
+from silofl.config.base import did_you_mean
 from silofl.errors import ConfigError
 from silofl.io import write_json_atomic
 from silofl.pandemic.dataset import PandemicData
@@ -325,7 +326,10 @@ def deploy_regions(dataset: Path, data_dir: Path, job: dict) -> tuple[dict, dict
     settings = {k: v for k, v in job.items() if k in known}
     bad = sorted(set(job) - known - {"noise"})
     if bad:
-        raise ConfigError(f"graph job: unknown setting(s) {bad}; known: {', '.join(sorted(known))}")
+        near = [n for n in (did_you_mean(k, sorted(known)) for k in bad) if n]
+        hint = f"; did you mean {', '.join(map(repr, near))}?" if near else ""
+        raise ConfigError(f"graph job: unknown setting(s) {bad}{hint}; known: "
+                          f"{', '.join(sorted(known))}")
     cfg = PandemicConfig(**settings)
     cfg.validate()
     method_of(cfg)  # the method's own settings (clusters, we_user) fail before any write

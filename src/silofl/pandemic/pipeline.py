@@ -115,6 +115,7 @@ from pathlib import Path
 
 import numpy as np
 
+from silofl.config.base import section_dataclass
 from silofl.privacy.targets import PrivacyTarget
 from silofl.errors import ConfigError
 from silofl.models.glm import FocalLoss
@@ -180,9 +181,11 @@ NOISE_MODES = ("secure", "seeded")
 PREPROCESSING = ("declared", "private", "uncharged")
 
 
-@dataclass
+@section_dataclass("pandemic")
 class PandemicConfig:
-    """Settings; units: lr per step, clip = L2 bound of a per-example gradient."""
+    """Settings; units: lr per step, clip = L2 bound of a per-example gradient. A checked
+    dataclass on the configuration model's rules (`silofl.config.section_dataclass`):
+    unknown keys and wrong types are `ConfigError`s; `validate` adds the track's checks."""
 
     federated: bool = True      # one silo per region; False = centralized (one silo)
     S: int = 20                 # each person appears in ≤ S examples (own + S−1 others)
@@ -318,7 +321,7 @@ class PandemicModel:
                 **meta["config"]}
         try:
             config = PandemicConfig(**conf)
-        except TypeError:
+        except ConfigError:
             raise damaged("model.json's config has unknown keys") from None
         try:
             weights = np.load(directory / "weights.npy", allow_pickle=False)
@@ -454,7 +457,7 @@ def train(data: PandemicData, cfg: PandemicConfig,
     ledgers spend only that, and the store is settled to what executed — also when the
     run fails.
 
-    ``tuning`` (an `experiments.config.TuningConfig` with mode "private"): ``cfg.method``
+    ``tuning`` (a `silofl.config.TuningConfig` with mode "private"): ``cfg.method``
     (mrmtl or ditto) tuned privately per region (`tuned_method`; README "Private tuning
     on graph data"), the whole RepeatAndSelect release reserved and charged; the pivot's
     public λ̄ is ``tuning.pivot_lam`` (the CLI passes ``--lam``), and

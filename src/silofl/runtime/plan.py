@@ -20,6 +20,7 @@ import dp_accounting as dpa
 import numpy as np
 
 from silofl.algorithms.base import Algorithm
+from silofl.config.base import section_dataclass
 from silofl.data.federation import Federation
 from silofl.privacy.targets import PrivacyTarget
 from silofl.errors import CalibrationError, ConfigError, PrivacyError
@@ -45,9 +46,13 @@ SEEDED_NOTE = "reproducible noise — not a privacy guarantee"
 _CALIBRATION_MARGIN = 1e-7
 
 
-@dataclass(frozen=True)
+@section_dataclass("TrainingConfig", frozen=True)
 class TrainingConfig:
     """Training settings shared by all silos (each silo's σ comes from its own target).
+
+    A checked dataclass on the configuration model's rules (`silofl.config`): wrong types
+    and unknown keys are `ConfigError`s. `silofl run` builds it from [training] and
+    [privacy] (`silofl.experiments.build.training_config`), whose defaults are the CLI's.
 
     Attributes
     ----------

@@ -35,6 +35,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
+from silofl.config import PrivacyConfig, TrainingSection
 from silofl.errors import ConfigError
 import silofl.io as io
 from silofl.privacy.ledger import silo_file_id
@@ -257,13 +258,11 @@ def _init_regions(out: Path, dataset: Path, *, address, hosts, epsilon, delta, j
 
 def default_rounds() -> int:
     """The simulator's `[training] rounds` default (one configuration model)."""
-    from silofl.experiments.config import TrainingSection
     return TrainingSection().rounds
 
 
 def default_delta() -> float:
     """The simulator's `[privacy] delta` default (one configuration model)."""
-    from silofl.experiments.config import PrivacyConfig
     return PrivacyConfig().delta
 
 

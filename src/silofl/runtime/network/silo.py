@@ -34,6 +34,7 @@ import dp_accounting as dpa
 import numpy as np
 
 from silofl.algorithms import make_algorithm
+from silofl.config.network import DEFAULT_METHODS, SiloSection, read_silo_file
 from silofl.data.federation import Federation, Silo
 from silofl.privacy.targets import PrivacyTarget
 from silofl.errors import BudgetExceeded, ConfigError, DataError, SiloflError
@@ -232,6 +233,9 @@ def job_params0(job: dict, model) -> np.ndarray:
 
 @dataclass
 class SiloConfig:
+    """A silo's settings with paths resolved (`load_silo_config`); the keys, types and
+    defaults of silo.toml are `silofl.config.network.SiloSection`'s."""
+
     name: str
     data: Path                 # tabular: .npz with X_train, y_train, X_test, y_test,
                                # feature_names; graph: the folder of the 7 pandemic files
@@ -243,11 +247,11 @@ class SiloConfig:
     private_key: Path
     server_address: str
     root_certificate: Path | None  # None: plain gRPC (only with insecure = true)
-    noise: str = "secure"
-    max_rounds: int = 1000
-    methods: tuple[str, ...] = ("mrmtl", "fedavg", "local", "ditto", "finetune")  # consented
+    noise: str = SiloSection.model_fields["noise"].default
+    max_rounds: int = SiloSection.model_fields["max_rounds"].default
+    methods: tuple[str, ...] = DEFAULT_METHODS  # consented
     public_data: Path | None = None  # PrivateKT's public set D_p (.npz with X)
-    data_kind: str = "tabular"       # `DATA_KINDS`
+    data_kind: str = SiloSection.model_fields["data_kind"].default  # `DATA_KINDS`
     table: TableSettings | None = None  # [data]: the silo's own table and the shared schema
     run_dir: Path | None = None      # where the released models go (default: state_dir)
 
@@ -264,63 +268,41 @@ class SiloConfig:
         return PrivacyTarget(self.lifetime_epsilon, self.delta)
 
 
-def _store_path(s: dict, rel) -> Path:
+def _store_path(s: SiloSection, base: Path) -> Path:
     """[silo] budget_store, else the user's lifetime store of [silo] deployment (default
     "default"): the same store whichever folder the silo's config lives in, so a new
     `deploy init` folder is not a new budget."""
-    if "budget_store" in s:
-        return rel(s["budget_store"])
+    if s.budget_store is not None:
+        return base / s.budget_store
     from silofl.privacy.store_paths import check_deployment, default_store_path
-    return default_store_path(check_deployment(str(s.get("deployment", "default"))))
+    return default_store_path(check_deployment(s.deployment))
 
 
 def load_silo_config(path: str | Path) -> SiloConfig:
-    """Read silo.toml (paths relative to its folder); ConfigError naming the bad key."""
+    """Read silo.toml (paths relative to its folder); ConfigError naming the file and the
+    bad key (`silofl.config.network.SiloFile`)."""
     path = Path(path)
     try:
         raw = tomllib.loads(path.read_text())
     except (OSError, tomllib.TOMLDecodeError) as e:
         raise ConfigError(f"cannot read silo config {str(path)!r}: {e}") from None
     base = path.parent
-    s, srv = raw.get("silo", {}), raw.get("server", {})
-    unknown = set(raw) - {"silo", "server", "data"}
-    if unknown:
-        raise ConfigError(f"{path}: unknown section(s) {sorted(unknown)}; use [silo], "
-                          "[server], [data]")
-    table = table_settings(raw.get("data", {}), base, str(path))
-    if table is not None and "data" in s:
-        raise ConfigError(f"{path}: [silo] data and [data] both name the silo's data; keep "
-                          "[data] (its own table and the consortium's schema)")
-    try:
-        eps = float(s["epsilon"])
-        rel = lambda v: None if v is None else (base / v)  # noqa: E731
-        insecure = bool(srv.get("insecure", False))
-        root = rel(srv.get("root_certificate"))
-        if root is None and not insecure:
-            raise ConfigError(f"{path}: [server] root_certificate is missing; TLS is required "
-                              "(set insecure = true only for a local experiment)")
-        cfg = SiloConfig(
-            name=str(s["name"]), data=table.path if table else rel(s["data"]), epsilon=eps,
-            delta=float(s["delta"]),
-            lifetime_epsilon=float(s.get("lifetime_epsilon", eps)),
-            budget_store=_store_path(s, rel), state_dir=rel(s["state_dir"]),
-            private_key=rel(s["private_key"]), server_address=str(srv["address"]),
-            root_certificate=root, noise=str(s.get("noise", "secure")),
-            max_rounds=int(s.get("max_rounds", 1000)),
-            methods=tuple(s.get("methods", SiloConfig.methods)),
-            public_data=rel(s.get("public_data")),
-            data_kind=str(s.get("data_kind", "tabular")), table=table,
-            run_dir=rel(s.get("run_dir")))
-    except KeyError as e:
-        raise ConfigError(f"{path}: missing key {e.args[0]!r} (see `silofl deploy init` for a "
-                          "complete silo config)") from None
-    except (TypeError, ValueError) as e:
-        raise ConfigError(f"{path}: invalid value: {e}") from None
-    if cfg.noise not in ("secure", "seeded"):
-        raise ConfigError(f"{path}: [silo] noise must be 'secure' or 'seeded', got {cfg.noise!r}")
-    if cfg.data_kind not in DATA_KINDS:
+    f = read_silo_file(raw, str(path))
+    s, srv = f.silo, f.server
+    table = table_settings(f.data, base, str(path))
+    if s.data_kind not in DATA_KINDS:
         raise ConfigError(f"{path}: [silo] data_kind must be one of {', '.join(DATA_KINDS)}, "
-                          f"got {cfg.data_kind!r}")
+                          f"got {s.data_kind!r}")
+    rel = lambda v: None if v is None else (base / v)  # noqa: E731
+    cfg = SiloConfig(
+        name=s.name, data=table.path if table else base / str(s.data), epsilon=s.epsilon,
+        delta=s.delta,
+        lifetime_epsilon=s.epsilon if s.lifetime_epsilon is None else s.lifetime_epsilon,
+        budget_store=_store_path(s, base), state_dir=base / s.state_dir,
+        private_key=base / s.private_key, server_address=srv.address,
+        root_certificate=rel(srv.root_certificate), noise=s.noise, max_rounds=s.max_rounds,
+        methods=tuple(s.methods), public_data=rel(s.public_data), data_kind=s.data_kind,
+        table=table, run_dir=rel(s.run_dir))
     cfg.target, cfg.lifetime  # validates ε, δ
     return cfg
 
