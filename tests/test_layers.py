@@ -222,7 +222,7 @@ def test_a_cycle_is_found():
 
 
 def test_an_upward_arrow_is_found():
-    g = _graph(silofl__privacy__budget="from silofl.privacy.targets import PrivacyTarget",
+    g = _graph(silofl__privacy__budget="from silofl.data.federation import PrivacyTarget",
                silofl__data__federation="from silofl.privacy.targets import PrivacyTarget",
                silofl__privacy__targets="")
     assert wrong_way(g) == [("silofl.privacy.budget", "silofl.data.federation")]

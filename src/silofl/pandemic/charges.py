@@ -30,8 +30,8 @@ from silofl.runtime.plan import SEEDED_NOTE, SiloPlan
 from silofl.training import sampling as TS
 
 if TYPE_CHECKING:
-    from silofl.pandemic.pipeline import PandemicConfig
-    from silofl.pandemic.regions import Region
+    from silofl.pandemic.config import PandemicConfig
+    from silofl.pandemic.region import Region
 
 
 #: the label of each kind of charge in ledgers and the budget store (the method is
