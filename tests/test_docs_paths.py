@@ -57,7 +57,7 @@ MODULES = _modules()
 SUBPACKAGES = {m.split(".")[1] for m in MODULES if m.count(".") >= 1}
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _tree(path: Path) -> ast.Module:
     return ast.parse(path.read_text(encoding="utf-8"))
 
@@ -133,9 +133,9 @@ def bare_reference(token: str) -> str | None:
     homes = [m for m in MODULES if m.rsplit(".", 1)[-1] == parts[0] and m.count(".") >= 2]
     if homes and parts[0] not in SUBPACKAGES and parts[0] not in CONFIG_SECTIONS:
         for home in homes:  # `node_level.calibrate_node_sigma`: any module of that name
-            if resolve(".".join([home, *parts[1:]])) is None:
+            if resolve(f"{home}.{'.'.join(parts[1:])}") is None:
                 return None
-        return ".".join([homes[0], *parts[1:]])
+        return f"{homes[0]}.{'.'.join(parts[1:])}"
     return None
 
 
@@ -182,7 +182,7 @@ def test_every_module_path_and_file_a_page_names_exists(page):
 
 def test_the_check_catches_stale_paths():
     """Power: each kind of stale reference this test exists for is reported."""
-    stale = "\n".join([
+    lines = [
         "`silofl.experiments.atomic.write_json` writes atomically",  # a moved module
         "`silofl.privacy.accounting.no_such_function`",              # a renamed name
         "`silofl.BudgetStore.no_such_method`",                       # a public name's member
@@ -191,8 +191,8 @@ def test_the_check_catches_stale_paths():
         "`tuning.graph.score` is the graph score",                   # bare pkg.module path
         "`node_level.no_such_function(n, S)`",                       # bare module.name
         "`tests/test_no_such_file.py` checks it",
-    ])
-    found = problems(stale)
+    ]
+    found = problems("\n".join(lines))
     assert len(found) == 7, found  # silofl.BudgetStore is public: resolved through __all__
     for word in ("atomic", "no_such_function", "cli.py", "no_such_module", "tuning.graph",
                  "node_level", "test_no_such_file"):
@@ -200,11 +200,11 @@ def test_the_check_catches_stale_paths():
 
 
 def test_the_check_leaves_real_paths_and_config_keys_alone():
-    fine = "\n".join([
+    lines = [
         "`silofl.privacy.accounting.epsilon` and `silofl.io`",
         "`privacy.node_tuning.NodeRepeatAndSelectEvent`, `audit.Canaries`",
         "`training.seed`, `data.path`, `privacy.silos.\"A\".epsilon`",
         "`src/silofl/data/builtin/PROVENANCE.md`, `privacy/curves.py`, `runs/x/summary.json`",
         "`weight_erosion.extra.alpha` in history.json",
-    ])
-    assert problems(fine) == []
+    ]
+    assert problems("\n".join(lines)) == []
