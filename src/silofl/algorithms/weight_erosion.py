@@ -256,7 +256,7 @@ class WeightErosion(Algorithm):
 
     def privacy_events(self, round_event, rounds, target=None):
         # one step: a Poisson-sampled Gaussian (example level) or a node-level DP-SGD event
-        # with steps = 1 (`pandemic.node_dp.NodeLevelDpEvent`, graph data)
+        # with steps = 1 (`privacy.node_level.NodeLevelDpEvent`, graph data)
         one_step = isinstance(round_event, dpa.PoissonSampledDpEvent) or (
             type(round_event).__name__ == "NodeLevelDpEvent" and round_event.steps == 1)
         if self.update == "gradient" and not one_step:
