@@ -273,7 +273,8 @@ def _node_plans(fed: Federation, algorithm: Algorithm, cfg: TrainingConfig) -> l
     persons (b ≤ n), `privacy.node_level.node_steps` steps per epoch (Weight Erosion's
     gradient: one step per round); refused for methods whose private accesses are
     accounted at example level only (local-DP uploads). σ is calibrated in
-    `_calibrate_node` for everything composed: the passes, the IFCA family's selections (zCDP) and any preprocessing."""
+    `_calibrate_node` for everything composed: the passes, the IFCA family's selections
+    (zCDP) and any preprocessing."""
     if algorithm.name in EXAMPLE_LEVEL_ONLY or not getattr(algorithm, "calibrated", True):
         raise ConfigError(
             f"{algorithm.name} is not available with privacy_unit = 'node': its local-DP "
