@@ -3,10 +3,14 @@
 The public API is the names in ``__all__`` below, importable from ``silofl`` itself::
 
     import silofl
-    fed = silofl.load_heart_disease(seed=0)
+    # every silo needs its own target (ε, δ): example-level DP, add/remove one record
+    fed = silofl.load_heart_disease(seed=0).with_targets(silofl.PrivacyTarget(1.0, 1e-4))
     model = silofl.make_model("logistic", fed.dim)
+    store = silofl.BudgetStore("budget.sqlite")  # each silo's lifetime budget, charged first
     result = silofl.simulate(fed, model, silofl.make_algorithm("mrmtl"),
-                             silofl.TrainingConfig(rounds=30, batch_size=16, lr=0.03))
+                             silofl.TrainingConfig(rounds=30, batch_size=16, lr=0.03),
+                             store=store)
+    print(result.final_pooled)
 
 Everything else (every submodule and any name starting with ``_``) is private by
 convention: it may change in any release without notice (see the versioning policy in the

@@ -120,7 +120,7 @@ def private_release(r: Region, cfg: PandemicConfig, inputs: dict) -> None:
     nothing read, if the run did not reserve it), then release the Gaussian sum of
     `release_vectors` over ``r.pre_batch`` persons (all, or a uniform sample drawn from
     the round-0 DP randomness) with noise N(0, σ²C²) per coordinate, C = ½‖widths‖.
-    Replacing one person changes ≤ `node_dp.affected_examples` vectors, each by ≤ 2C:
+    Replacing one person changes ≤ `privacy.node_level.affected_examples` vectors, each by ≤ 2C:
     one step of the node-level mechanism.  Post-processing sets the feature constants
     (age, household, contact statistics; location stays declared: it describes places,
     not persons) and, with summary inputs, the model-input standardization."""

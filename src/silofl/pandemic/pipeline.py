@@ -32,7 +32,7 @@ stand-alone pipeline bit for bit (seeded noise; tests/pandemic/test_engine.py).
   `node_dp` (Theorem 2.4.4, replacement, sensitivity 2ρC, ρ ~ Hypergeometric(n, S or
   2S − 1, b)).  Assumed, not charged: the degree-bounding pruning is data-dependent (a
   replaced person's edges can change which edges of others are kept,
-  `node_dp.PRUNING_ASSUMPTION`), and region sizes n are public (they set σ and b/n).
+  `privacy.node_level.PRUNING_ASSUMPTION`), and region sizes n are public (they set σ and b/n).
 * *Noise* (``noise``).  ``"secure"`` (default): all DP randomness of a region's round —
   its batch draws and its Gaussian noise, and the noise and sample of a private
   preprocessing release — comes from `Randomness.secure()` (a CSPRNG keyed from OS
