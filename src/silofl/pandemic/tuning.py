@@ -4,7 +4,7 @@ track, `pandemic.pipeline.train(..., tuning=...)`).
 The tuned release is the tabular one (`tuning.private.TunedPersonalization`): each region
 draws a secret h_k ~ TNB/Poisson, trains h_k trials of random (λ, lr) beside a pivot model,
 scores every trial with Gaussian noise and releases only the best. What changes at node
-level (one *person* is the privacy unit, `pandemic.node_dp`):
+level (one *person* is the privacy unit, `privacy.node_level`):
 
 * **The score** (`NodeValidation`).  A trial's raw score on region k is the mean clipped
   focal loss  s(w) = (1/m) Σ_i min(ℓ(w; x_i, y_i), B)  over the examples of m persons at
