@@ -402,7 +402,7 @@ def process_app_run(fed: Federation, rounds: int, secagg: bool, timeout: float,
         # the first round waits for all K sequential joins: allow them the whole run
         w = _app_folder(out, fed, rounds, secagg, port, join_timeout=timeout)
         cmds = flower_app.local_commands(out, w["silos"], port, bin_dir=bin_dir)
-        env = {**os.environ, "FLWR_HOME": str(out / "flower_home"),
+        env = {**os.environ, **cmds["env"], "FLWR_HOME": str(out / "flower_home"),
                "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
 
         def start(cmd, name):

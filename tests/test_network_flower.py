@@ -216,7 +216,7 @@ def deployment(tmp_path):
     out = tmp_path / "c"
     w = consortium(out, "fedavg", secagg=False, port=port)
     cmds = flower_app.local_commands(out, w["silos"], port, bin_dir=str(BIN))
-    env = {**os.environ, "FLWR_HOME": str(out / "flower_home"),
+    env = {**os.environ, **cmds["env"], "FLWR_HOME": str(out / "flower_home"),
            "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"}
     procs = []
 
@@ -321,3 +321,19 @@ def test_superlink_route_tls_node_auth_end_to_end(deployment):
     assert "No SuperNode found with the given public key" in \
         (tmp / "superlink.log").read_text()
     assert charged_steps(w["silos"][intruder], intruder) == 0
+
+
+def test_superlink_route_saves_the_silo_models_and_the_shared_model(tmp_path):
+    """The App route saves what `silofl silo` / `silofl server` save (release.py): each
+    silo's model and card after its last round, the server's shared model at the end."""
+    from silofl.experiments.artifacts import load_run
+    from silofl.runtime.network.silo import load_silo_config
+    program, w = run_loopback(tmp_path, "mrmtl", secagg=False)
+    assert program.done == 1
+    for name, path in w["silos"].items():
+        saved = load_run(load_silo_config(path).release_dir)
+        card = saved.model_card(name)
+        assert card["networked"] and card["privacy"]["rounds_run"] == 1, card
+        assert 0 < card["privacy"]["epsilon"] <= card["privacy"]["target_epsilon"] * 1.000001
+    shared = load_run(program.cfg.release_dir).model_card("shared")
+    assert "that silo's own model card" in shared["privacy"]["statement"]

@@ -74,6 +74,7 @@ class ServerConfig:
     join_timeout: float = 60.0      # s to wait for enough silos before a round
     round_timeout: float = 600.0    # s a round may take (a silo slower is left out)
     rejoin_wait: float = 0.0        # s to wait each round for silos that dropped out
+    poll_interval: float = 0.05     # s between the ServerApp's polls for replies (flwr: 3)
     secagg: bool = False
     public_data: Path | None = None  # PrivateKT's public set (.npz with X), as the silos'
     schema: Path | None = None       # the consortium's declared schema (tables at the silos)
@@ -143,6 +144,7 @@ def load_server_config(path: str | Path) -> ServerConfig:
             join_timeout=float(s.get("join_timeout", 60.0)),
             round_timeout=float(s.get("round_timeout", 600.0)),
             rejoin_wait=float(s.get("rejoin_wait", 0.0)),
+            poll_interval=float(s.get("poll_interval", 0.05)),
             secagg=bool(s.get("secagg", False)), public_data=public_path,
             schema=schema_path, run_dir=base / s["run_dir"] if "run_dir" in s else None)
     except KeyError as e:
@@ -153,6 +155,9 @@ def load_server_config(path: str | Path) -> ServerConfig:
         raise ConfigError(f"{path}: [job] {e}") from None
     if not silos:
         raise ConfigError(f"{path}: [silos] is empty; list each silo's name = public key file")
+    if not 0.01 <= cfg.poll_interval <= 60.0:
+        raise ConfigError(f"{path}: [server] poll_interval = {cfg.poll_interval:g} s is out "
+                          "of range; give 0.01 to 60 seconds (default 0.05)")
     if not 1 <= cfg.min_silos <= cfg.expected_silos <= len(silos):
         raise ConfigError(f"{path}: need 1 ≤ min_silos ({cfg.min_silos}) ≤ expected_silos "
                           f"({cfg.expected_silos}) ≤ registered silos ({len(silos)})")
