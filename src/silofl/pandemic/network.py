@@ -43,7 +43,8 @@ from silofl.privacy.ledger import Ledger
 from silofl.runtime.network import messages as W
 from silofl.runtime.network.hosting import silo_randomness
 from silofl.runtime.network.server import JOB_DEFAULTS
-from silofl.runtime.network.silo import SiloProgram, check_job as check_job_keys, job_silos
+from silofl.runtime.network.jobspec import check_job as check_job_keys, job_silos
+from silofl.runtime.network.silo import SiloProgram
 
 #: the settings of a `PandemicConfig` that travel in ``job["graph"]``: the public recipe
 #: every region trains with (the rest are the job's own keys, or the silo's: ε, δ, noise)

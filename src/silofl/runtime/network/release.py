@@ -149,7 +149,7 @@ def save_server_release(program) -> Path | None:
     clusters, Mocha); returns the run folder. ConfigError when the silos preprocessed with
     their own private constants: the shared model then has no one preprocessing to save."""
     from silofl.runtime.network.silo_table import declared_constants, read_schema
-    from silofl.runtime.network.silo import job_model
+    from silofl.runtime.network.jobspec import job_model
     from silofl.runtime.simulator import _shared
     job, cfg = program.job, program.cfg
     model = job_model(job)

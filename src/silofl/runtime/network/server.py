@@ -26,9 +26,9 @@ from silofl.runtime.network import messages as W
 from silofl.runtime.network.hosting import (asks_subset, check_row, encode_message,
                                             local_dp_family, merge_updates, select_silos,
                                             update_width)
-from silofl.runtime.network.silo import (JOB_KEYS, check_job, data_module, job_algorithm,
-                                         job_config, job_model, job_params0, job_silos,
-                                         load_public, public_sha256, tables_as_json)
+from silofl.runtime.network.jobspec import (JOB_KEYS, check_job, data_module, job_algorithm,
+                                            job_config, job_model, job_params0, job_silos,
+                                            load_public, public_sha256, tables_as_json)
 
 #: fault injection for tests and drills: exit abruptly after checkpointing this round
 CRASH_ENV = "SILOFL_FAULT_SERVER_EXIT_ROUND"
