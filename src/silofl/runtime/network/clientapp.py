@@ -146,7 +146,8 @@ def _client_fn(context: Context):
     joined = context.state.config_records.get(STATE_KEY)
     if joined is not None:   # re-accept the job from the silo's own state on disk
         program.join(dict(joined))
-    secagg = bool(context.state.config_records.get("silofl_secagg", {}).get("on", False))
+    flag = context.state.config_records.get("silofl_secagg")
+    secagg = bool(flag is not None and flag.get("on", False))
     return AppSiloClient(program, context, secagg).to_client()
 
 

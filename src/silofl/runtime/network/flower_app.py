@@ -1,10 +1,14 @@
 """Flower's own deployment route: a Flower App (ServerApp + ClientApp) run by
 `flower-superlink` / `flower-supernode` / `flwr run`, optionally with SecAgg+.
 
-Same programs as the legacy route (`flower.py`): the ServerApp drives
-`server.ServerProgram` through `flower.SiloflStrategy` under Flower's `DefaultWorkflow`;
-the ClientApp wraps `silo.SiloProgram` in `flower.SiloClient`. There is no second
-algorithm implementation here, only transport.
+The default deployment. Same programs as the legacy fast path (`flower.py`): the ServerApp
+drives `server.ServerProgram` through `flower.SiloflStrategy` under Flower's
+`DefaultWorkflow`, polling for replies every `[server] poll_interval` seconds
+(`PollingGrid`); the ClientApp (`clientapp.client_app`, a module of its own so that the
+process SuperNode starts per message imports nothing of the server's) wraps
+`silo.SiloProgram` in `clientapp.SiloClient`. There is no second algorithm implementation
+here, only transport. At the end the server saves its shared model as `silofl server`
+does (`release.save_server_release`); each silo saves its own after its last round.
 
 * The ClientApp reads its silo.toml from the SuperNode's `--node-config
   'silo-config="/path/silo.toml"'`: its own data, (ε_k, δ_k), budget store, state and
@@ -279,9 +283,11 @@ server_app = _app.server_app
 def write_app(out: Path, server_toml: Path, address: str, insecure: bool) -> dict:
     """Write `<out>/flower_app/` (pyproject + entry-point shim for `flwr run`) and
     `<out>/flower_home/config.toml` (the SuperLink connection for the `flwr` CLI)."""
-    from silofl.runtime.network.deploy import write_text_atomic
+    from silofl.experiments.atomic import write_text_atomic
     out = Path(out).resolve()
     app, home = out / "flower_app", out / "flower_home"
+    for folder in (app, home):
+        folder.mkdir(parents=True, exist_ok=True)
     write_text_atomic(app / "pyproject.toml", f"""[build-system]
 requires = ["hatchling"]
 build-backend = "hatchling.build"
@@ -324,7 +330,7 @@ def write_node_auth_key(private_pem: Path) -> tuple[Path, Path]:
     (`flower-supernode --auth-supernode-private-key`, `flwr supernode register`)."""
     from cryptography.hazmat.primitives import serialization as ser
 
-    from silofl.runtime.network.deploy import write_bytes_atomic
+    from silofl.experiments.atomic import write_bytes_atomic
     key = W.load_private_key(private_pem)
     priv, pub = Path(private_pem).with_suffix(".ssh"), Path(private_pem).with_suffix(".ssh.pub")
     write_bytes_atomic(priv, key.private_bytes(ser.Encoding.PEM, ser.PrivateFormat.OpenSSH,
