@@ -28,8 +28,8 @@ from silofl.privacy.budget import BudgetStore, BudgetStoreError  # noqa: E402
 from silofl.privacy.ledger import tightest  # noqa: E402
 from silofl.runtime.network import deploy, messages as W  # noqa: E402
 from silofl.runtime.network.server import ServerProgram, load_server_config  # noqa: E402
-from silofl.runtime.network.silo import (SiloProgram, job_algorithm, job_config,  # noqa: E402
-                                         job_model, load_silo_config, new_nonce)
+from silofl.runtime.network.jobspec import job_algorithm, job_config, job_model  # noqa: E402
+from silofl.runtime.network.silo import SiloProgram, load_silo_config, new_nonce  # noqa: E402
 
 JOB = {"rounds": 3, "lam": 0.5, "lr": 0.1, "batch_size": 16, "local_epochs": 0.5}
 #: each silo's δ as `deploy init` writes it: the simulator's [privacy] delta (one config model)
@@ -600,7 +600,7 @@ def test_local_dp_methods_over_the_network_equal_the_simulator(tmp_path, method)
         asked.append(sorted(ups))
         srv.step(t, ups)
     assert all(0 < len(a) < 4 for a in asked)  # a sample of the silos, each round
-    from silofl.runtime.network.silo import load_public
+    from silofl.runtime.network.jobspec import load_public
     alg = job_algorithm(srv.job, load_public(srv.cfg.public_data, "test"))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -641,7 +641,7 @@ def test_privatekt_over_tls_processes_asks_only_the_selected_silos(tmp_path):
     its public selection; the final global model equals the simulator's per-silo mode."""
     from silofl.data.heart import load_heart_disease
     from silofl.runtime.simulator import simulate
-    from silofl.runtime.network.silo import load_public
+    from silofl.runtime.network.jobspec import load_public
     fed = load_heart_disease(seed=0).with_targets(PrivacyTarget(1.0, DELTA))
     fed.meta["public_X"] = np.concatenate([s.X_test for s in fed.silos])  # public here
     with warnings.catch_warnings():

@@ -326,8 +326,8 @@ def test_saved_models_reproduce_what_the_silo_and_server_computed(tmp_path):
     trained on: its saved model predicts what its own model gives on its own preprocessed
     test rows, and the server's shared model likewise (declared constants, from the
     schema alone, equal the silos')."""
-    from silofl.experiments import release
-    from silofl.runtime.network.silo import job_model
+    from silofl.runtime.network import release
+    from silofl.runtime.network.jobspec import job_model
     table = tmp_path / "t.csv"
     df = messy_table(table)
     for n in HOSPITALS:
@@ -426,8 +426,8 @@ def test_private_preprocessing_is_charged_at_the_silo_once_and_survives_a_restar
     ε covers the release and equals what its store counts; the server keeps no shared
     model, which would have no single preprocessing."""
     from silofl.privacy.budget import BudgetStore
-    from silofl.experiments import release
-    from silofl.runtime.network.silo import job_model
+    from silofl.runtime.network import release
+    from silofl.runtime.network.jobspec import job_model
     df = messy_table(tmp_path / "t.csv")
     for n in HOSPITALS:
         df[df["dataset"] == n].to_csv(tmp_path / f"{n}.csv", index=False)

@@ -24,9 +24,9 @@ from silofl.runtime.network import deploy, messages as W  # noqa: E402
 
 DELTA = deploy.default_delta()  # each silo's δ as `deploy init` writes it
 from silofl.runtime.network.server import ServerProgram, load_server_config  # noqa: E402
-from silofl.runtime.network.silo import (SiloProgram, check_job, job_algorithm,  # noqa: E402
-                                         job_config, job_model, load_silo_config,
-                                         new_nonce)
+from silofl.runtime.network.jobspec import (check_job, job_algorithm,  # noqa: E402
+                                            job_config, job_model)
+from silofl.runtime.network.silo import SiloProgram, load_silo_config, new_nonce  # noqa: E402
 from silofl.runtime.simulator import simulate  # noqa: E402
 from test_network import _drive, _store_events  # noqa: E402  (tests/ is on the import path)
 

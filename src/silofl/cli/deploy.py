@@ -204,8 +204,8 @@ def server_cmd(config: Path = typer.Option(..., "--config", help="the job's serv
 
 
 def _save_release(role: str, program) -> None:
-    """Save the released model (experiments/release) and say where it is."""
-    from silofl.experiments import release
+    """Save the released model (runtime/network/release) and say where it is."""
+    from silofl.runtime.network import release
     try:
         where = (release.save_silo_release if role == "silo"
                  else release.save_server_release)(program)

@@ -45,7 +45,8 @@ from silofl.pandemic.readers import read_dataset
 from silofl.privacy.ledger import silo_file_id
 from silofl.runtime.network import messages as W
 from silofl.runtime.network.deploy import write_silo_key
-from silofl.runtime.network.flower import FitOnlyStrategy, SiloClient, SiloflStrategy
+from silofl.runtime.network.clientapp import SiloClient
+from silofl.runtime.network.flower import FitOnlyStrategy, SiloflStrategy
 # the networked runtime's in-process Flower driver, re-exported for the challenge's users
 from silofl.runtime.network.flower import InProcessClientProxy, run_in_process  # noqa: F401
 from silofl.runtime.network.server import ServerConfig, ServerProgram

@@ -47,7 +47,8 @@ from silofl.privacy.ledger import Ledger
 from silofl.runtime.network import messages as W
 from silofl.runtime.network.hosting import silo_randomness
 from silofl.runtime.network.server import JOB_DEFAULTS
-from silofl.runtime.network.silo import SiloProgram, check_job as check_job_keys, job_silos
+from silofl.runtime.network.jobspec import check_job as check_job_keys, job_silos
+from silofl.runtime.network.silo import SiloProgram
 from silofl.models.glm import FocalLoss
 from silofl.pandemic.metrics import average_precision
 from silofl.pandemic.partition import partition_by_region

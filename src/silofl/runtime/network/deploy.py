@@ -140,14 +140,14 @@ def _toml(sections: dict) -> str:
 def _check_job(job: dict, fed) -> None:
     """Validate the [job] that will be written (before anything is)."""
     from silofl.runtime.network.server import JOB_DEFAULTS
-    from silofl.runtime.network.silo import JOB_KEYS, check_job, job_algorithm, job_config
+    from silofl.runtime.network.jobspec import JOB_KEYS, check_job, job_algorithm, job_config
     from silofl.runtime.network import messages
     full = {**JOB_DEFAULTS, "method": "mrmtl", "rounds": default_rounds(), "dim": 1, **job}
     public = None if fed is None else fed.meta.get("public_X")
     if fed is not None:
         full.update(dim=fed.dim, task=fed.task)
         if public is not None:  # PrivateKT's public set: written as data/public.npz
-            from silofl.runtime.network.silo import public_sha256
+            from silofl.runtime.network.jobspec import public_sha256
             full["public_sha256"] = public_sha256(public)
     bad = set(full) - set(JOB_KEYS)
     if bad:
@@ -221,7 +221,7 @@ def _silo_toml(n: str, data: str, epsilon: float, delta: float, noise: str, job:
 def _init_regions(out: Path, dataset: Path, *, address, hosts, epsilon, delta, job,
                   min_silos, noise, insecure, silos) -> dict:
     """`init` for graph data: one silo per region of a pandemic dataset."""
-    from silofl.runtime.network.silo import data_module
+    from silofl.runtime.network.jobspec import data_module
     if silos:
         raise ConfigError("--regions names the silos itself (one per region of the data); "
                           "drop --silo/--demo")
@@ -267,7 +267,7 @@ def default_delta() -> float:
 
 
 def tables_json(job: dict | None) -> dict:
-    from silofl.runtime.network.silo import tables_as_json
+    from silofl.runtime.network.jobspec import tables_as_json
     return tables_as_json(job or {})
 
 
@@ -356,7 +356,7 @@ def init(out: Path, *, silos: list[str] | None = None, demo: str | None = None,
     if noise not in ("secure", "seeded"):
         raise ConfigError(f"noise must be 'secure' or 'seeded' (experiments), got {noise!r}")
     check_address(address)
-    from silofl.runtime.network.silo import tables_as_json
+    from silofl.runtime.network.jobspec import tables_as_json
     job = tables_as_json(job or {})  # Weight Erosion's join/leave tables: JSON strings
     _check_job({"silos": json.dumps(names), **job, "noise": noise}, fed)
     fresh = not out.exists()

@@ -102,7 +102,7 @@ def init_tables(out: Path, *, schema: Path, silos: list[str] | None, tables: lis
                 store_dir: Path | None, split_read: tuple[str, str] = ("", "")) -> dict:
     """Check everything, then write the consortium folder (see the module doc)."""
     from silofl.runtime.network import deploy
-    from silofl.runtime.network.silo import check_job
+    from silofl.runtime.network.jobspec import check_job
     from silofl.runtime.network.silo_table import read_schema, schema_sha256
     check_extras()
     sch = read_schema(schema, "--schema")

@@ -29,9 +29,9 @@ from silofl.runtime.network import messages as W
 from silofl.runtime.network.hosting import (asks_subset, check_row, encode_message,
                                             local_dp_family, merge_updates, select_silos,
                                             update_width)
-from silofl.runtime.network.silo import (JOB_KEYS, check_job, data_module, job_algorithm,
-                                         job_config, job_model, job_params0, job_silos,
-                                         load_public, public_sha256, tables_as_json)
+from silofl.runtime.network.jobspec import (JOB_KEYS, check_job, data_module, job_algorithm,
+                                            job_config, job_model, job_params0, job_silos,
+                                            load_public, public_sha256, tables_as_json)
 
 #: fault injection for tests and drills: exit abruptly after checkpointing this round
 CRASH_ENV = "SILOFL_FAULT_SERVER_EXIT_ROUND"
@@ -80,6 +80,7 @@ class ServerConfig:
     join_timeout: float = _SERVER["join_timeout"].default  # s to wait for enough silos
     round_timeout: float = _SERVER["round_timeout"].default  # s a round may take
     rejoin_wait: float = _SERVER["rejoin_wait"].default  # s to wait for dropped silos
+    poll_interval: float = _SERVER["poll_interval"].default  # s between reply polls
     secagg: bool = False
     public_data: Path | None = None  # PrivateKT's public set (.npz with X), as the silos'
     schema: Path | None = None       # the consortium's declared schema (tables at the silos)
@@ -149,10 +150,14 @@ def load_server_config(path: str | Path) -> ServerConfig:
         min_silos=len(silos) if s.min_silos is None else s.min_silos,
         certificates=None if certs is None else tuple(base / c for c in certs),
         join_timeout=s.join_timeout, round_timeout=s.round_timeout,
-        rejoin_wait=s.rejoin_wait, secagg=s.secagg, public_data=public_path,
+        rejoin_wait=s.rejoin_wait, poll_interval=s.poll_interval, secagg=s.secagg,
+        public_data=public_path,
         schema=schema_path, run_dir=base / s.run_dir if s.run_dir is not None else None)
     if not silos:
         raise ConfigError(f"{path}: [silos] is empty; list each silo's name = public key file")
+    if not 0.01 <= cfg.poll_interval <= 60.0:
+        raise ConfigError(f"{path}: [server] poll_interval = {cfg.poll_interval:g} s is out "
+                          "of range; give 0.01 to 60 seconds (default 0.05)")
     if not 1 <= cfg.min_silos <= cfg.expected_silos <= len(silos):
         raise ConfigError(f"{path}: need 1 ≤ min_silos ({cfg.min_silos}) ≤ expected_silos "
                           f"({cfg.expected_silos}) ≤ registered silos ({len(silos)})")
