@@ -53,7 +53,7 @@ import numpy as np
 from silofl.data import vehicle_like
 from silofl.privacy.targets import PrivacyTarget
 from silofl.data.federation import Federation
-from silofl.runtime.network import deploy
+from silofl.runtime.network import consortium, deploy
 from silofl.runtime.network.flower import run_server, run_silo
 from silofl.runtime.network.server import load_server_config
 from silofl.runtime.network.jobspec import job_algorithm, job_config, job_model
@@ -96,7 +96,7 @@ def network_round(fed: Federation, rounds: int, tls: bool) -> float:
     with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings():
         warnings.simplefilter("ignore")
         addr = f"127.0.0.1:{_port()}"
-        w = deploy.init(Path(tmp) / "c", federation=fed, address=addr, epsilon=10.0,
+        w = consortium.init(Path(tmp) / "c", federation=fed, address=addr, epsilon=10.0,
                         noise="seeded", insecure=not tls,
                         job={**JOB, "rounds": rounds, "dim": fed.dim, "task": "binary",
                              "num_classes": 2})
@@ -150,7 +150,7 @@ def _own_stores(w: dict, where: Path) -> None:
 def _app_folder(tmp: Path, fed: Federation, rounds: int, secagg: bool, port: int = 9092,
                 join_timeout: float = 60.0):
     import tomllib
-    w = deploy.init(tmp, federation=fed, address=f"127.0.0.1:{port}", epsilon=10.0,
+    w = consortium.init(tmp, federation=fed, address=f"127.0.0.1:{port}", epsilon=10.0,
                     noise="seeded", job={**JOB, "rounds": rounds, "dim": fed.dim,
                                          "task": "binary", "num_classes": 2})
     _own_stores(w, tmp / "stores")

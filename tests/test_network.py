@@ -26,7 +26,7 @@ from silofl.errors import ConfigError  # noqa: E402
 from silofl.privacy import events  # noqa: E402
 from silofl.privacy.budget import BudgetStore, BudgetStoreError  # noqa: E402
 from silofl.privacy.ledger import tightest  # noqa: E402
-from silofl.runtime.network import deploy, messages as W  # noqa: E402
+from silofl.runtime.network import consortium as network_init, deploy, messages as W  # noqa: E402
 from silofl.runtime.network.server import ServerProgram, load_server_config  # noqa: E402
 from silofl.runtime.network.jobspec import job_algorithm, job_config, job_model  # noqa: E402
 from silofl.runtime.network.silo import SiloProgram, load_silo_config, new_nonce  # noqa: E402
@@ -51,7 +51,7 @@ def free_port() -> int:
 def consortium(tmp: Path, job=None, **kw) -> dict:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return generous(deploy.init(tmp / "c", demo="heart", noise="seeded",
+        return generous(network_init.init(tmp / "c", demo="heart", noise="seeded",
                                     address=f"127.0.0.1:{free_port()}",
                                     job={**JOB, **(job or {})}, **kw))
 
@@ -403,7 +403,7 @@ def test_config_errors_are_specific(tmp_path):
     with pytest.raises(ConfigError, match="TLS is required"):
         load_silo_config(p)
     with pytest.raises(ConfigError, match="not empty"):
-        deploy.init(tmp_path / "c", demo="heart")
+        network_init.init(tmp_path / "c", demo="heart")
     # the CLI: a clear error, exit code 2, nothing written
     from typer.testing import CliRunner
     for args, msg in ((["--method", "sgd_magic"], "does not run over the network"),
@@ -582,7 +582,7 @@ def test_local_dp_methods_over_the_network_equal_the_simulator(tmp_path, method)
            "kt_server_epochs": 1, "local_epochs": 0.5}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        w = deploy.init(tmp_path / "c", federation=fed, noise="seeded", job=job,
+        w = network_init.init(tmp_path / "c", federation=fed, noise="seeded", job=job,
                         address=f"127.0.0.1:{free_port()}")
     srv = ServerProgram(load_server_config(w["server"]))
     silos = {n: SiloProgram(load_silo_config(p)) for n, p in w["silos"].items()}
@@ -646,7 +646,7 @@ def test_privatekt_over_tls_processes_asks_only_the_selected_silos(tmp_path):
     fed.meta["public_X"] = np.concatenate([s.X_test for s in fed.silos])  # public here
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        w = deploy.init(tmp_path / "c", federation=fed, noise="seeded", min_silos=1,
+        w = network_init.init(tmp_path / "c", federation=fed, noise="seeded", min_silos=1,
                         address=f"127.0.0.1:{free_port()}",
                         job={"method": "privatekt", "rounds": 3, "ldp_epsilon": 0.4,
                              "kt_server_epochs": 1, "local_epochs": 0.5})
@@ -679,7 +679,7 @@ def run_regions(tmp_path: Path, job: dict) -> dict:
     synthesize(tmp_path / "outbreak", persons=2400, regions=3, seed=5)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        w = deploy.init(tmp_path / "c", regions=tmp_path / "outbreak", noise="seeded",
+        w = network_init.init(tmp_path / "c", regions=tmp_path / "outbreak", noise="seeded",
                         address=f"127.0.0.1:{free_port()}", epsilon=6.0, delta=1e-5,
                         job=job, min_silos=3)
     generous(w)

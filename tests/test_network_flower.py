@@ -32,7 +32,7 @@ from flwr.app import Context, RecordDict  # noqa: E402
 from silofl.errors import ConfigError, SiloflError  # noqa: E402
 from silofl.privacy import events  # noqa: E402
 from silofl.privacy.budget import BudgetStore  # noqa: E402
-from silofl.runtime.network import deploy, flower_app, secagg as S  # noqa: E402
+from silofl.runtime.network import consortium as network_init, deploy, flower_app, secagg as S  # noqa: E402
 from silofl.runtime.network.server import load_server_config  # noqa: E402
 
 JOB = {"rounds": 1, "lr": 0.1, "batch_size": 16, "local_epochs": 0.5, "lam": 0.5}
@@ -42,7 +42,7 @@ BIN = Path(sys.executable).parent
 def consortium(tmp: Path, method: str, secagg: bool, port: int = 9092, rounds: int = 1):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        w = deploy.init(tmp, demo="heart", noise="seeded", address=f"127.0.0.1:{port}",
+        w = network_init.init(tmp, demo="heart", noise="seeded", address=f"127.0.0.1:{port}",
                         job={**JOB, "method": method, "rounds": rounds})
     raw = tomllib.loads((tmp / "server.toml").read_text())
     raw["server"].update(secagg=secagg, join_timeout=20.0)

@@ -20,7 +20,7 @@ from silofl.privacy.targets import PrivacyTarget  # noqa: E402
 from silofl.data.heart import load_heart_disease  # noqa: E402
 from silofl.errors import ConfigError  # noqa: E402
 from silofl.privacy.budget import BudgetStore  # noqa: E402
-from silofl.runtime.network import deploy, messages as W  # noqa: E402
+from silofl.runtime.network import consortium as network_init, deploy, messages as W  # noqa: E402
 
 DELTA = deploy.default_delta()  # each silo's δ as `deploy init` writes it
 from silofl.runtime.network.server import ServerProgram, load_server_config  # noqa: E402
@@ -50,7 +50,7 @@ def consortium(tmp: Path, **job) -> dict:
     """A seeded heart consortium whose silos consent to Weight Erosion."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        w = deploy.init(tmp / "c", demo="heart", noise="seeded", min_silos=2,
+        w = network_init.init(tmp / "c", demo="heart", noise="seeded", min_silos=2,
                         address=f"127.0.0.1:{free_port()}", job={**SCHEDULE, **job})
     for p in w["silos"].values():
         raw = tomllib.loads(Path(p).read_text())

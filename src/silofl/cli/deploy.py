@@ -67,7 +67,7 @@ def deploy_init(
     from silofl.errors import ConfigError
     from silofl.config import check_privacy_target
     from silofl.config.input import toml_value
-    from silofl.runtime.network import deploy
+    from silofl.runtime.network import consortium, deploy
     try:
         # before anything is written
         check_privacy_target(epsilon, deploy.default_delta() if delta is None else delta, "--")
@@ -77,7 +77,7 @@ def deploy_init(
             if not eq or not key.strip():
                 raise ConfigError(f"--set {item!r}: expected KEY=VALUE, e.g. clusters=3")
             job[key.strip()] = toml_value(value, value)
-        written = deploy.init(out, silos=silo, demo=demo, address=address, hosts=host,
+        written = consortium.init(out, silos=silo, demo=demo, address=address, hosts=host,
                               epsilon=epsilon, delta=delta, noise=noise, overwrite=overwrite,
                               job=job, regions=regions, schema=schema, tables=table,
                               split=split, silo_column=silo_column, store_dir=store_dir,
