@@ -51,12 +51,12 @@ from pathlib import Path
 import numpy as np
 
 from silofl.data import vehicle_like
-from silofl.privacy.targets import PrivacyTarget
 from silofl.data.federation import Federation
+from silofl.privacy.targets import PrivacyTarget
 from silofl.runtime.network import consortium, deploy
 from silofl.runtime.network.flower import run_server, run_silo
-from silofl.runtime.network.server import load_server_config
 from silofl.runtime.network.jobspec import job_algorithm, job_config, job_model
+from silofl.runtime.network.server import load_server_config
 from silofl.runtime.network.silo import load_silo_config
 from silofl.runtime.simulator import simulate
 
@@ -168,7 +168,9 @@ def _round_times(folder: Path) -> np.ndarray:
 def loopback_app_round(fed: Federation, rounds: int, secagg: bool) -> float:
     """Median per-round time of the Flower App in one process (LoopbackGrid)."""
     import logging
+
     from flwr.app import Context, RecordDict
+
     from silofl.runtime.network import flower_app
     logging.getLogger("flwr").setLevel(logging.WARNING)
     with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings():
@@ -408,6 +410,7 @@ def process_app_run(fed: Federation, rounds: int, secagg: bool, timeout: float,
     to copy every process's log to."""
     import shutil
     import subprocess
+
     from silofl.runtime.network import flower_app
     _subreaper()
     port, K = _port(), len(fed.silos)
@@ -515,6 +518,7 @@ def secagg_main(rounds: int) -> None:
 
 def _machine() -> dict:
     import platform
+
     import flwr
     mem = dict(line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines())
     return {"cores": os.cpu_count(), "load_avg": os.getloadavg(),

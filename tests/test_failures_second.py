@@ -16,20 +16,19 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
 import shutil
 import sqlite3
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import pandas as pd
 import pytest
-from silo_tables import three_silo_frame
 import tomli_w
 from typer.testing import CliRunner
 
+from silo_tables import three_silo_frame
 from silofl.cli import app
 
 logging.getLogger("absl").setLevel(logging.ERROR)

@@ -16,7 +16,6 @@ import ast
 from collections import defaultdict
 from pathlib import Path
 
-
 SRC = Path(__file__).resolve().parents[1] / "src" / "silofl"
 
 #: bottom to top; a package may import packages of its own or a lower layer

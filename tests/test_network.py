@@ -21,14 +21,16 @@ pytest.importorskip("flwr")
 
 import silofl.runtime.network.flower  # noqa: E402,F401  (imported once, before forking)
 from silofl import cli  # noqa: E402
-from silofl.privacy.targets import PrivacyTarget  # noqa: E402
 from silofl.errors import ConfigError  # noqa: E402
 from silofl.privacy import events  # noqa: E402
 from silofl.privacy.budget import BudgetStore, BudgetStoreError  # noqa: E402
 from silofl.privacy.ledger import tightest  # noqa: E402
-from silofl.runtime.network import consortium as network_init, deploy, messages as W  # noqa: E402
-from silofl.runtime.network.server import ServerProgram, load_server_config  # noqa: E402
+from silofl.privacy.targets import PrivacyTarget  # noqa: E402
+from silofl.runtime.network import consortium as network_init  # noqa: E402
+from silofl.runtime.network import deploy
+from silofl.runtime.network import messages as W
 from silofl.runtime.network.jobspec import job_algorithm, job_config, job_model  # noqa: E402
+from silofl.runtime.network.server import ServerProgram, load_server_config  # noqa: E402
 from silofl.runtime.network.silo import SiloProgram, load_silo_config, new_nonce  # noqa: E402
 
 JOB = {"rounds": 3, "lam": 0.5, "lr": 0.1, "batch_size": 16, "local_epochs": 0.5}
@@ -573,6 +575,7 @@ def test_local_dp_methods_over_the_network_equal_the_simulator(tmp_path, method)
     response / noised update) in its own store before reading. Same models and the same
     charged events as the simulator's per-silo mode; the public set is pinned by its hash."""
     import dp_accounting as dpa
+
     from silofl.data.heart import load_heart_disease
     from silofl.runtime.simulator import simulate
     fed = load_heart_disease(seed=0).with_targets(PrivacyTarget(1.0, DELTA))
@@ -640,8 +643,8 @@ def test_privatekt_over_tls_processes_asks_only_the_selected_silos(tmp_path):
     """PrivateKT with 4 silo processes + 1 server over TLS: the server asks each round only
     its public selection; the final global model equals the simulator's per-silo mode."""
     from silofl.data.heart import load_heart_disease
-    from silofl.runtime.simulator import simulate
     from silofl.runtime.network.jobspec import load_public
+    from silofl.runtime.simulator import simulate
     fed = load_heart_disease(seed=0).with_targets(PrivacyTarget(1.0, DELTA))
     fed.meta["public_X"] = np.concatenate([s.X_test for s in fed.silos])  # public here
     with warnings.catch_warnings():

@@ -33,8 +33,7 @@ from silofl.experiments.artifacts import load_run  # noqa: E402
 from silofl.privacy.store_paths import default_store_path  # noqa: E402
 from silofl.runtime.network import consortium, deploy  # noqa: E402
 from silofl.runtime.network import messages as W  # noqa: E402
-from silofl.runtime.network.server import (JOB_DEFAULTS, ServerProgram,  # noqa: E402
-                                           load_server_config)
+from silofl.runtime.network.server import JOB_DEFAULTS, ServerProgram, load_server_config  # noqa: E402
 from silofl.runtime.network.silo import SiloProgram, load_silo_config, new_nonce  # noqa: E402
 
 SCHEMA = Path(cli.__file__).parents[1] / "data" / "builtin" / "heart_schema.toml"
@@ -304,8 +303,8 @@ def test_silo_encodes_its_own_table_like_silofl_run(tmp_path):
     """One reader, one schema: the silo's rows, encoded and split by the same code as
     `silofl run` reads a table with a declared schema, on its own rows alone."""
     from silofl.data.preprocess import PreprocessSpec, preprocess_without_budget
-    from silofl.data.tabular import federation_from_frame_raw
     from silofl.data.schema import load_schema
+    from silofl.data.tabular import federation_from_frame_raw
     w = _silo_with_own_table(tmp_path, "Cleveland")
     srv = ServerProgram(load_server_config(w["server"]))
     prog = SiloProgram(load_silo_config(w["silos"]["Cleveland"]))

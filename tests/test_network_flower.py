@@ -32,7 +32,9 @@ from flwr.app import Context, RecordDict  # noqa: E402
 from silofl.errors import ConfigError, SiloflError  # noqa: E402
 from silofl.privacy import events  # noqa: E402
 from silofl.privacy.budget import BudgetStore  # noqa: E402
-from silofl.runtime.network import consortium as network_init, deploy, flower_app, secagg as S  # noqa: E402
+from silofl.runtime.network import consortium as network_init  # noqa: E402
+from silofl.runtime.network import deploy, flower_app
+from silofl.runtime.network import secagg as S
 from silofl.runtime.network.server import load_server_config  # noqa: E402
 
 JOB = {"rounds": 1, "lr": 0.1, "batch_size": 16, "local_epochs": 0.5, "lam": 0.5}

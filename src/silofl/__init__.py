@@ -145,10 +145,10 @@ if TYPE_CHECKING:  # pragma: no cover - what type checkers and mkdocstrings read
     from silofl.algorithms import METHODS, make_algorithm
     from silofl.algorithms.base import Algorithm
     from silofl.audit.engine import AuditReport
-    from silofl.audit.tabular import audit as run_audit
     from silofl.audit.report import write_audit
+    from silofl.audit.tabular import audit as run_audit
+    from silofl.config import Config, load_config
     from silofl.data.federation import Federation, Silo
-    from silofl.privacy.targets import PrivacyTarget
     from silofl.data.heart import load_heart_disease
     from silofl.data.schema import Schema, load_schema
     from silofl.data.splitters import split_table
@@ -162,7 +162,6 @@ if TYPE_CHECKING:  # pragma: no cover - what type checkers and mkdocstrings read
         SiloflError,
     )
     from silofl.experiments.artifacts import Predictor, SavedRun, load_run
-    from silofl.config import Config, load_config
     from silofl.experiments.report import write_report
     from silofl.experiments.resume import resume_run
     from silofl.experiments.run import RunReport, run
@@ -178,6 +177,7 @@ if TYPE_CHECKING:  # pragma: no cover - what type checkers and mkdocstrings read
         epsilons,
     )
     from silofl.privacy.budget import BudgetStore, BudgetStoreError
+    from silofl.privacy.targets import PrivacyTarget
     from silofl.runtime.plan import TrainingConfig
     from silofl.runtime.simulator import RunResult, simulate
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import time
 import warnings
 from pathlib import Path
-from typing import Optional
 
 import typer
 from rich.markup import escape
@@ -20,18 +19,18 @@ from silofl.errors import SiloflError
 
 
 @app.command()
-def audit(config: Optional[Path] = typer.Option(None, "--config", "-c",
+def audit(config: Path | None = typer.Option(None, "--config", "-c",
                                                 help="TOML config of the job to audit"),
-          silo: Optional[str] = typer.Option(None, "--silo", help="audit one silo (default: all)"),
-          kind: Optional[str] = typer.Option(None, "--kind", help=(
+          silo: str | None = typer.Option(None, "--silo", help="audit one silo (default: all)"),
+          kind: str | None = typer.Option(None, "--kind", help=(
               "one-run | multi-run (default: [audit] kind, one-run)")),
-          canaries: Optional[int] = typer.Option(
+          canaries: int | None = typer.Option(
               None, "--canaries", help="one-run: canaries per silo (default min(1000, n_k))"),
-          runs: Optional[int] = typer.Option(None, "--runs", help=(
+          runs: int | None = typer.Option(None, "--runs", help=(
               "multi-run: jobs on each of D and D′ (default: [audit] runs, 200)")),
-          confidence: Optional[float] = typer.Option(None, "--confidence", help=(
+          confidence: float | None = typer.Option(None, "--confidence", help=(
               "of the lower bound (default: [audit] confidence, 0.95)")),
-          out: Optional[Path] = typer.Option(None, "--out", help=(
+          out: Path | None = typer.Option(None, "--out", help=(
               "directory for audit.json and audit.html (default: [output] dir, else runs/, "
               "plus audit-<time>)")),
           store: JobStore = None,

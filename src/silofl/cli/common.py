@@ -4,7 +4,7 @@ output paths checked, and a file named by --out."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -14,15 +14,15 @@ from silofl.errors import SiloflError
 Scratch = Annotated[bool, typer.Option("--scratch", help=(
     "charge an in-memory scratch budget: an experiment, not a release"))]
 Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="no progress bar")]
-RunsOut = Annotated[Optional[Path], typer.Option("--out", help="directory for run folders")]
-JobStore = Annotated[Optional[Path], typer.Option("--store", help="lifetime budget store")]
-SetItems = Annotated[Optional[list[str]], typer.Option("--set", help=(
+RunsOut = Annotated[Path | None, typer.Option("--out", help="directory for run folders")]
+JobStore = Annotated[Path | None, typer.Option("--store", help="lifetime budget store")]
+SetItems = Annotated[list[str] | None, typer.Option("--set", help=(
     "override a config key SECTION.KEY=VALUE (TOML value), e.g. training.rounds=5 or "
     "audit.runs=50 (repeat; the keys of the config file, silofl.config)"))]
 
 
-def _job_config(config: Optional[Path], store: Optional[Path], scratch: bool,
-                out: Optional[Path], *, no_privacy: bool = False,
+def _job_config(config: Path | None, store: Path | None, scratch: bool,
+                out: Path | None, *, no_privacy: bool = False,
                 overrides: tuple[str, ...] | list[str] = ()):
     """The config of a job command (run, rank, erosion) with its CLI overrides, its output
     paths checked before anything is reserved or written."""
@@ -38,7 +38,7 @@ def _job_config(config: Optional[Path], store: Optional[Path], scratch: bool,
     return cfg
 
 
-def _check_run_paths(cfg, out: Optional[Path]) -> None:
+def _check_run_paths(cfg, out: Path | None) -> None:
     """Refuse output paths that cannot work before anything is reserved or written."""
     from silofl.experiments.figures import check_out_dir
     if out is not None:

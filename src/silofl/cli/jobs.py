@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import warnings
 from pathlib import Path
-from typing import Optional
 
 import typer
 from rich.markup import escape
@@ -19,23 +18,23 @@ from silofl.errors import SiloflError
 
 
 @app.command()
-def run(config: Optional[Path] = typer.Option(None, "--config", "-c",
+def run(config: Path | None = typer.Option(None, "--config", "-c",
                                               help="TOML config (default: built-in heart data)"),
         out: RunsOut = None,
         no_privacy: bool = typer.Option(False, "--no-privacy",
                                         help="train without DP (comparison only)"),
-        store: Optional[Path] = typer.Option(
+        store: Path | None = typer.Option(
             None, "--store", help="lifetime budget store (default: [budget] store, else "
             "the deployment's store <silofl home>/stores/<deployment>.sqlite)"),
         scratch: Scratch = False,
-        resume: Optional[Path] = typer.Option(None, "--resume", help=(
+        resume: Path | None = typer.Option(None, "--resume", help=(
             "continue a killed run from its last checkpoint (its run directory; the config "
             "it started with is used)")),
         force_resume: bool = typer.Option(False, "--force-resume", help=(
             "resume although the run's owner is on another host (only when you know it is "
             "dead)")),
         quiet: Quiet = False,
-        set_: Optional[list[str]] = typer.Option(
+        set_: list[str] | None = typer.Option(
             None, "--set", help="override a config key SECTION.KEY=VALUE (TOML value), e.g. "
             "training.rounds=5 or privacy.epsilon=0.5 (repeat; paths relative to the "
             "working directory; paths in the config file are relative to that file)")):
@@ -87,8 +86,12 @@ def run(config: Optional[Path] = typer.Option(None, "--config", "-c",
 
 def _run_report(rep) -> None:
     """What `silofl run` prints: results, quality warnings, the privacy table, the footer."""
-    from silofl.experiments.report import (flamby_comparison, privacy_table, quality_lines,
-                                           results_table)
+    from silofl.experiments.report import (
+        flamby_comparison,
+        privacy_table,
+        quality_lines,
+        results_table,
+    )
     from silofl.privacy.targets import ADJACENCY
     console.print(results_table(rep))
     for line in quality_lines(rep):  # a useless model never looks fine
@@ -118,11 +121,11 @@ def _job_footer(rep, files: str) -> None:
 
 
 @app.command()
-def rank(config: Optional[Path] = typer.Option(None, "--config", "-c",
+def rank(config: Path | None = typer.Option(None, "--config", "-c",
                                                help="TOML config: data, model, privacy"),
          user: str = typer.Option(..., "--user", help="the user silo u_0 (its name)"),
-         top: Optional[int] = typer.Option(None, "--top", help="select the K best silos"),
-         threshold: Optional[float] = typer.Option(
+         top: int | None = typer.Option(None, "--top", help="select the K best silos"),
+         threshold: float | None = typer.Option(
              None, "--threshold", help="select silos with transfer loss ≤ T"),
          out: RunsOut = None,
          store: JobStore = None,
@@ -158,16 +161,16 @@ def rank(config: Optional[Path] = typer.Option(None, "--config", "-c",
 
 
 @app.command()
-def erosion(config: Optional[Path] = typer.Option(None, "--config", "-c",
+def erosion(config: Path | None = typer.Option(None, "--config", "-c",
                                                   help="TOML config: data, model, privacy"),
-            users: Optional[str] = typer.Option(None, "--users",
+            users: str | None = typer.Option(None, "--users",
                                                 help="'all': every silo as the user (default)"),
-            user: Optional[list[str]] = typer.Option(None, "--user", help=(
+            user: list[str] | None = typer.Option(None, "--user", help=(
                 "a user silo (its name); repeat for several")),
             out: RunsOut = None,
             store: JobStore = None,
             scratch: Scratch = False,
-            contributions: Optional[bool] = typer.Option(
+            contributions: bool | None = typer.Option(
                 None, "--contributions/--no-contributions", help=(
                     "make each user's contribution report now (else later: silofl contrib; "
                     "default: [erosion] contributions, true)")),
@@ -215,11 +218,11 @@ def erosion(config: Optional[Path] = typer.Option(None, "--config", "-c",
 
 # --- PrivateKT vs local-DP baselines (silofl.experiments.ldp_compare) -----------------------
 @app.command("ldp-compare")
-def ldp_compare(config: Optional[Path] = typer.Option(None, "--config", "-c", help=(
+def ldp_compare(config: Path | None = typer.Option(None, "--config", "-c", help=(
                     "TOML config (e.g. examples/privatekt_mnist_cpu.toml)")),
                 out: Path = typer.Option(Path("runs/ldp-compare"), "--out",
                                          help="directory for comparison.json/.png"),
-                store: Optional[Path] = typer.Option(None, "--store", help=(
+                store: Path | None = typer.Option(None, "--store", help=(
                     "lifetime budget store charged by all three jobs (default: a scratch "
                     "store per job: an experiment, not a release)"))):
     """PrivateKT, FedAvg with local DP on clipped updates and FedAvg with DP-SGD at the same
@@ -260,9 +263,9 @@ def ldp_compare(config: Optional[Path] = typer.Option(None, "--config", "-c", he
 # --- contribution report (silofl.experiments.contribution) ---------------------------------
 @app.command()
 def contrib(run_dir: Path = typer.Argument(..., help="a `silofl erosion` run directory"),
-            ranking: Optional[Path] = typer.Option(
+            ranking: Path | None = typer.Option(
                 None, "--ranking", help="a `silofl rank` run directory (adds Ndoye ranks)"),
-            out: Optional[Path] = typer.Option(
+            out: Path | None = typer.Option(
                 None, "--out", help="where to write the report (default: RUN_DIR)"),
             permutations: int = typer.Option(
                 200, "--permutations", help="Monte-Carlo orders beyond --max-exact silos"),

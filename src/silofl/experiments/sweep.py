@@ -40,17 +40,16 @@ import multiprocessing
 import os
 import time
 import warnings
+from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import dp_accounting as dpa
 import numpy as np
 
 from silofl.algorithms import LAMBDA_METHODS, make_algorithm
 from silofl.data.federation import Federation, split_silo
-from silofl.privacy.targets import PrivacyTarget
 from silofl.errors import ConfigError, DataError, SiloflError
 from silofl.experiments import build
 from silofl.experiments.sweep_config import _ALG_DEFAULTS, SweepConfig
@@ -63,12 +62,13 @@ from silofl.experiments.sweep_results import (
 )
 from silofl.models.base import Model
 from silofl.models.metrics import HIGHER_IS_BETTER, default_metric
+from silofl.privacy import accounting as acc
+from silofl.privacy import selection as TA
 from silofl.privacy.budget import SCRATCH_NOTE, BudgetStore
+from silofl.privacy.targets import PrivacyTarget
 from silofl.runtime.plan import SEEDED_NOTE, TrainingConfig, plan_silos
 from silofl.runtime.simulator import bind_data, simulate
-from silofl.privacy import selection as TA
 from silofl.tuning import setup as tuning_setup
-from silofl.privacy import accounting as acc
 from silofl.tuning.private import score_sigma
 
 NOT_COUNTED = (

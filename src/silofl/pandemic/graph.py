@@ -118,7 +118,7 @@ class NeighbourIndex:
     lid: np.ndarray              # (E,) location id (input integer dtype)
     n_contacts: np.ndarray       # (E,) int32
     original_degree: np.ndarray  # (N,) int32, degree before pruning (after dedupe)
-    hop2: "NeighbourIndex | None" = None
+    hop2: NeighbourIndex | None = None
 
     @property
     def hops(self) -> int:

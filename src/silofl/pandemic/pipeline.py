@@ -115,8 +115,8 @@ from pathlib import Path
 
 import numpy as np
 
-from silofl.privacy.targets import PrivacyTarget
 from silofl.errors import ConfigError
+from silofl.io import write_bytes_atomic, write_json_atomic
 from silofl.models.glm import FocalLoss
 from silofl.pandemic import metrics as PM
 from silofl.pandemic.baseline import sir_baseline_scores
@@ -133,7 +133,9 @@ from silofl.pandemic.charges import (
     tuned_charges,
     tuning_entry,
 )
+from silofl.pandemic.config import PandemicConfig
 from silofl.pandemic.constants import PRIVATE_SAMPLE
+from silofl.pandemic.dataset import PandemicData
 from silofl.pandemic.engine import (
     GraphFederation,
     GraphSilo,
@@ -145,8 +147,6 @@ from silofl.pandemic.features import (
     check_t_window,
 )
 from silofl.pandemic.inputs import input_dim, model_inputs
-from silofl.pandemic.config import PandemicConfig
-from silofl.pandemic.dataset import PandemicData
 from silofl.pandemic.regions import (
     Region,
     as_constants,
@@ -157,6 +157,7 @@ from silofl.pandemic.regions import (
     region_inputs,
     region_source,
 )
+from silofl.pandemic.tuning import DEFAULT_LOSS_BOUND, NodeValidation, check_setting
 from silofl.privacy.budget import BudgetStore
 from silofl.privacy.ledger import Ledger
 from silofl.privacy.node_level import (
@@ -164,15 +165,15 @@ from silofl.privacy.node_level import (
     calibrate_node_sigma,
 )
 from silofl.privacy.randomness import Randomness
+from silofl.privacy.targets import PrivacyTarget
 from silofl.runtime.job import Job
 from silofl.runtime.plan import TrainingConfig, plan_job
+from silofl.runtime.simulator import simulate
 from silofl.training.dpsgd import GradientRule
 from silofl.training.trainer import LocalTrainer
-from silofl.io import write_bytes_atomic, write_json_atomic
-from silofl.runtime.simulator import simulate
-from silofl.pandemic.tuning import DEFAULT_LOSS_BOUND, NodeValidation, check_setting
 from silofl.tuning.private import TunedPersonalization
 from silofl.tuning.setup import distribution
+
 
 @dataclass
 class PandemicModel:

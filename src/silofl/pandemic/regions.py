@@ -12,6 +12,7 @@ import numpy as np
 
 from silofl.errors import ConfigError, PrivacyError
 from silofl.pandemic.constants import declared_constants, private_release
+from silofl.pandemic.dataset import PandemicData
 from silofl.pandemic.engine import GraphSource
 from silofl.pandemic.features import build_neighbourhood_features
 from silofl.pandemic.inputs import (
@@ -20,7 +21,6 @@ from silofl.pandemic.inputs import (
     fold_scaling,
     model_inputs,
 )
-from silofl.pandemic.dataset import PandemicData
 from silofl.pandemic.region import Region
 from silofl.pandemic.tables import FeatureConstants
 

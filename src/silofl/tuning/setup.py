@@ -13,10 +13,9 @@ import dataclasses
 
 import numpy as np
 
-from silofl.config.sweep import SWEEP_MODES
+from silofl.data.federation import split_silo
 from silofl.errors import ConfigError
 from silofl.tuning import distributions as D
-from silofl.data.federation import split_silo
 
 MODES = ("none", "private")
 TUNABLE = ("mrmtl", "ditto")
