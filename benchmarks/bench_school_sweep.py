@@ -74,12 +74,10 @@ def main() -> None:
         sc = sweep_config_from_dict(raw, args.config.resolve().parent)
         workers = args.workers or sc.sweep.workers
         n = len(expand(sc))
-        print(
-            f"School sweep: {', '.join(sc.sweep.methods)}; ε {sc.sweep.epsilon}"
-            f"{' + non-private' if sc.sweep.nonprivate else ''}; {len(sc.sweep.lam)} λ, "
-            f"{len(sc.sweep.lr)} lr, {len(sc.sweep.seeds)} seeds; "
-            f"{sc.base.training.rounds} rounds; {n} runs on {workers} workers"
-        )
+        print(f"School sweep: {', '.join(sc.sweep.methods)}; ε {sc.sweep.epsilon}"
+              f"{' + non-private' if sc.sweep.nonprivate else ''}; {len(sc.sweep.lam)} λ, "
+              f"{len(sc.sweep.lr)} lr, {len(sc.sweep.seeds)} seeds; "
+              f"{sc.base.training.rounds} rounds; {n} runs on {workers} workers")
         t0 = time.perf_counter()
         out = run_sweep(sc, workers=workers)
         wall = time.perf_counter() - t0
@@ -88,17 +86,17 @@ def main() -> None:
     for r in records:
         per[r["method"]].append(r["seconds"])
     busy = sum(sum(v) for v in per.values())
-    print(f"  {len(head['silos'])} silos ({len(head['dropped_silos'])} dropped by min_silo_train)")
-    print(
-        f"  wall time {wall:.1f} s   {n / wall:.2f} runs/s   "
-        f"parallel speed-up {busy / wall:.2f}× on {workers} workers"
-    )
+    print(f"  {len(head['silos'])} silos ({len(head['dropped_silos'])} dropped by "
+          f"min_silo_train)")
+    print(f"  wall time {wall:.1f} s   {n / wall:.2f} runs/s   "
+          f"parallel speed-up {busy / wall:.2f}× on {workers} workers")
     for m, secs in per.items():
         print(f"  {m:<14} {len(secs):5d} runs   {sum(secs) / len(secs):.3f} s per run")
 
     # projection for the config's full grid (all its methods, full lists)
     fs = full_raw["sweep"]
-    per_point = (len(fs["epsilon"]) + bool(fs.get("nonprivate"))) * len(fs["lr"]) * len(fs["seeds"])
+    per_point = (len(fs["epsilon"]) + bool(fs.get("nonprivate"))) * len(fs["lr"]) * \
+        len(fs["seeds"])
     known = {m: sum(v) / len(v) for m, v in per.items()}
     fallback = max(known.values())
     total, proj = 0, 0.0
@@ -109,11 +107,9 @@ def main() -> None:
         total += runs
         proj += runs * t
     speedup = busy / wall
-    print(
-        f"projection for the full grid of {args.config.name}: {total} runs, "
-        f"≈ {proj / speedup / 60:.1f} min at the measured {speedup:.2f}× speed-up "
-        f"(unmeasured methods estimated: {', '.join(m for m in fs['methods'] if m not in known) or 'none'})"
-    )
+    print(f"projection for the full grid of {args.config.name}: {total} runs, "
+          f"≈ {proj / speedup / 60:.1f} min at the measured {speedup:.2f}× speed-up "
+          f"(unmeasured methods estimated: {', '.join(m for m in fs['methods'] if m not in known) or 'none'})")
 
 
 if __name__ == "__main__":

@@ -33,86 +33,21 @@ logging.getLogger("absl").setLevel(logging.ERROR)
 
 REFERENCE = json.loads((Path(__file__).parent / "data" / "pld_reference.json").read_text())
 #: the grid of earlier releases, for node-level events (started at 1.25)
-OLD_NODE_ORDERS = (
-    1.25,
-    1.5,
-    1.75,
-    2.0,
-    2.25,
-    2.5,
-    2.75,
-    3.0,
-    3.5,
-    4.0,
-    4.5,
-    5.0,
-    5.5,
-    6.0,
-    7.0,
-    8.0,
-    9.0,
-    10.0,
-    11.0,
-    12.0,
-    14.0,
-    16.0,
-    18.0,
-    20.0,
-    24.0,
-    28.0,
-    32.0,
-    40.0,
-    48.0,
-    56.0,
-    64.0,
-    80.0,
-    96.0,
-    112.0,
-    128.0,
-    160.0,
-    192.0,
-    224.0,
-    256.0,
-)
+OLD_NODE_ORDERS = (1.25, 1.5, 1.75, 2.0, 2.25, 2.5, 2.75, 3.0, 3.5, 4.0, 4.5, 5.0, 5.5, 6.0,
+                   7.0, 8.0, 9.0, 10.0, 11.0, 12.0, 14.0, 16.0, 18.0, 20.0, 24.0, 28.0, 32.0,
+                   40.0, 48.0, 56.0, 64.0, 80.0, 96.0, 112.0, 128.0, 160.0, 192.0, 224.0,
+                   256.0)
 #: integer RDP orders of earlier releases
-OLD_ORDERS = (
-    2,
-    3,
-    4,
-    5,
-    6,
-    7,
-    8,
-    9,
-    10,
-    11,
-    12,
-    14,
-    16,
-    18,
-    20,
-    24,
-    28,
-    32,
-    40,
-    48,
-    56,
-    64,
-    80,
-    96,
-    128,
-    192,
-    256,
-    384,
-    512,
-)
+OLD_ORDERS = (2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 14, 16, 18, 20, 24, 28, 32, 40, 48, 56, 64,
+              80, 96, 128, 192, 256, 384, 512)
 # the 1e-5 reference itself carries FFT round-off of ~1e-5 relative (it is not monotone in
 # the grid at that level); "never below" is checked to that resolution
 ROUNDOFF = 1e-5
 
 
 def _event(q, sigma, steps):
-    return dpa.SelfComposedDpEvent(dpa.PoissonSampledDpEvent(q, dpa.GaussianDpEvent(sigma)), steps)
+    return dpa.SelfComposedDpEvent(dpa.PoissonSampledDpEvent(q, dpa.GaussianDpEvent(sigma)),
+                                   steps)
 
 
 def _dp_pld(event, delta, grid):
@@ -129,7 +64,6 @@ def _dp_rdp(event, delta, orders=None):
 
 # --- PLD: within 1% of the fine grid, never below ----------------------------------------
 
-
 def test_reference_table_covers_the_required_schedules():
     assert REFERENCE["value_discretization_interval"] == 1e-5
     # the reference was computed with this minor release (pyproject allows >=0.6,<0.7)
@@ -142,11 +76,8 @@ def test_reference_table_covers_the_required_schedules():
     assert len({r["sigma"] for r in rows}) >= 6
 
 
-@pytest.mark.parametrize(
-    "row",
-    REFERENCE["rows"],
-    ids=lambda r: f"q{r['q']:.4g}-s{r['sigma']:g}-T{r['steps']}-d{r['delta']:g}",
-)
+@pytest.mark.parametrize("row", REFERENCE["rows"],
+                         ids=lambda r: f"q{r['q']:.4g}-s{r['sigma']:g}-T{r['steps']}-d{r['delta']:g}")
 def test_pld_within_one_percent_of_fine_grid_reference(row):
     ev = _event(row["q"], row["sigma"], row["steps"])
     ref = row["epsilon"]
@@ -157,13 +88,10 @@ def test_pld_within_one_percent_of_fine_grid_reference(row):
     assert A.epsilons(ev, row["delta"])["pld"] == mine
 
 
-@pytest.mark.parametrize(
-    "q,sigma,steps,delta",
-    [
-        (64 / 1500, 19.6, 9600, 1e-7),
-        (0.0016, 5.0, 600_000, 1e-5),  # the long run a 1e-3 grid got badly wrong
-    ],
-)
+@pytest.mark.parametrize("q,sigma,steps,delta", [
+    (64 / 1500, 19.6, 9600, 1e-7),
+    (0.0016, 5.0, 600_000, 1e-5),   # the long run a 1e-3 grid got badly wrong
+])
 def test_pld_live_against_dp_accounting_fine_grid(q, sigma, steps, delta):
     ev = _event(q, sigma, steps)
     ref = _dp_pld(ev, delta, 1e-5)
@@ -174,20 +102,12 @@ def test_pld_live_against_dp_accounting_fine_grid(q, sigma, steps, delta):
         assert _dp_pld(ev, delta, 1e-3) > 1.4 * ref
 
 
-@pytest.mark.parametrize(
-    "ev",
-    [
-        _event(0.0016, 1.0, 300),
-        _event(1.0, 5.0, 100),
-        dpa.ComposedDpEvent(
-            [
-                _event(0.01, 1.5, 500),
-                _event(0.02, 2.0, 300),
-                dpa.SelfComposedDpEvent(dpa.LaplaceDpEvent(20.0), 30),
-            ]
-        ),
-    ],
-)
+@pytest.mark.parametrize("ev", [
+    _event(0.0016, 1.0, 300),
+    _event(1.0, 5.0, 100),
+    dpa.ComposedDpEvent([_event(0.01, 1.5, 500), _event(0.02, 2.0, 300),
+                         dpa.SelfComposedDpEvent(dpa.LaplaceDpEvent(20.0), 30)]),
+])
 def test_pld_is_dp_accountings_own_figure_at_the_grid_it_picks(ev):
     """The engine (own FFT exponentiation, vectorized ε) reproduces dp_accounting's
     PLDAccountant at the same grid: the pessimism is dp_accounting's. (Compositions of
@@ -205,9 +125,8 @@ def test_gaussians_compose_exactly_into_one_and_order_does_not_matter():
     # two Gaussians of σ 3 and 4 × σ 6 are one of σ = (1/9 + 4/36)^(-1/2)
     one = A.epsilon(dpa.GaussianDpEvent((1 / 9 + 4 / 36) ** -0.5), 1e-5, "pld")
     assert mine == one
-    assert mine <= _dp_pld(
-        dpa.ComposedDpEvent(g), 1e-5, A.pld_grid(dpa.ComposedDpEvent(g), 1e-5)
-    ) * (1 + 1e-9)
+    assert mine <= _dp_pld(dpa.ComposedDpEvent(g), 1e-5, A.pld_grid(dpa.ComposedDpEvent(g),
+                                                                      1e-5)) * (1 + 1e-9)
     a, b = _event(0.01, 1.5, 500), _event(0.02, 2.0, 300)
     x = A.epsilon(dpa.ComposedDpEvent([a, b]), 1e-6, "pld")
     A.clear_caches()
@@ -227,7 +146,6 @@ def test_an_already_seen_composition_is_served_from_the_cache(monkeypatch):
 
     def recompute(*a, **k):
         raise AssertionError("an already-seen composition was recomputed")
-
     for name in ("_rdp_epsilon", "_pld_epsilon", "_own_curve"):
         monkeypatch.setattr(evaluate, name, recompute)  # where ε is evaluated
     for _ in range(3):
@@ -239,7 +157,6 @@ def test_an_already_seen_composition_is_served_from_the_cache(monkeypatch):
 
 
 # --- RDP at fractional orders -------------------------------------------------------------
-
 
 def test_rdp_fractional_orders_match_dp_accounting_and_beat_integer_orders():
     """The review's case: integer orders reported 8.00 where fractional ones give 5.60."""
@@ -253,17 +170,9 @@ def test_rdp_fractional_orders_match_dp_accounting_and_beat_integer_orders():
     assert set(OLD_ORDERS) <= set(A.RDP_ORDERS)
 
 
-@pytest.mark.parametrize(
-    "q,sigma,steps,delta",
-    [
-        (0.0016, 1.0, 300, 1e-5),
-        (0.01, 3.0, 100_000, 1e-7),
-        (64 / 1500, 19.6, 9600, 1e-7),
-        (0.25, 2.0, 400, 1e-5),
-        (0.5, 25.0, 2000, 1e-3),
-        (1.0, 5.0, 100, 1e-5),
-    ],
-)
+@pytest.mark.parametrize("q,sigma,steps,delta", [
+    (0.0016, 1.0, 300, 1e-5), (0.01, 3.0, 100_000, 1e-7), (64 / 1500, 19.6, 9600, 1e-7),
+    (0.25, 2.0, 400, 1e-5), (0.5, 25.0, 2000, 1e-3), (1.0, 5.0, 100, 1e-5)])
 def test_rdp_equals_dp_accounting_at_every_order_it_could_use(q, sigma, steps, delta):
     """Only the orders the closed form marks as candidates are evaluated by dp_accounting;
     the figure still equals dp_accounting's over the whole grid, never looser than with
@@ -282,14 +191,12 @@ def test_rdp_to_epsilon_is_dp_accountings_conversion_and_never_rounds_down():
         curve = np.exp(rng.uniform(-8, 3)) * orders ** rng.uniform(0.5, 2)
         for delta in (1e-3, 1e-5, 1e-8):
             assert A.rdp_to_epsilon(orders, curve, delta) == pytest.approx(
-                compute_epsilon(list(orders), list(curve), delta), rel=1e-12
-            )
+                compute_epsilon(list(orders), list(curve), delta), rel=1e-12)
     # orders at or below 1.01 count (dp_accounting skips them)
     a, r = np.array([1.005, 2.0]), np.array([0.001, 1e4])
     eps, order = A.rdp_to_epsilon(a, r, 1e-5)
     assert order == 1.005 and eps == pytest.approx(
-        0.001 + math.log1p(-1 / 1.005) - math.log(1e-5 * 1.005) / 0.005
-    )
+        0.001 + math.log1p(-1 / 1.005) - math.log(1e-5 * 1.005) / 0.005)
     assert compute_epsilon(list(a), list(r), 1e-5)[1] == 2.0
     # a negative value (round-off) is not turned into ε = 0, unlike dp_accounting
     neg = np.full(orders.size, -1e-18)
@@ -302,16 +209,12 @@ def test_rdp_to_epsilon_is_dp_accountings_conversion_and_never_rounds_down():
 
 # --- calibration against PLD ----------------------------------------------------------------
 
-
-@pytest.mark.parametrize(
-    "target,delta,q,steps",
-    [
-        (1.0, 1e-7, 64 / 1500, 9600),  # the benchmark schedule
-        (1.0, 1e-5, 0.0016, 600_000),
-        (0.5, 1e-6, 0.1, 500),
-        (2.0, 1e-5, 1.0, 50),
-    ],
-)
+@pytest.mark.parametrize("target,delta,q,steps", [
+    (1.0, 1e-7, 64 / 1500, 9600),     # the benchmark schedule
+    (1.0, 1e-5, 0.0016, 600_000),
+    (0.5, 1e-6, 0.1, 500),
+    (2.0, 1e-5, 1.0, 50),
+])
 def test_pld_calibration_leaves_at_most_two_percent_unused(target, delta, q, steps):
     A.clear_caches()
     sigma = A.calibrate_dpsgd(target, delta, q, steps)
@@ -338,7 +241,6 @@ def test_generic_calibration_against_pld_fills_the_budget():
 
 # --- tiny targets: met under the reported accountant, or refused ------------------------------
 
-
 @pytest.mark.parametrize("delta", [1e-4, 1e-5])
 @pytest.mark.parametrize("q,steps", [(0.01, 1000), (0.001, 100), (0.1, 100)])
 @pytest.mark.parametrize("kind", ["pld", "rdp"])
@@ -354,9 +256,8 @@ def test_tiny_target_is_met_under_the_reported_accountant_or_refused(delta, q, s
     assert used == kind and eps <= target
     if eps == 0.0:  # only where (0, δ)-DP is proven: by PLD's hockey stick at ε = 0 …
         if kind == "pld":
-            acc = pld.PLDAccountant(
-                value_discretization_interval=A.pld_grid(_event(q, sigma, steps), delta)
-            )
+            acc = pld.PLDAccountant(value_discretization_interval=A.pld_grid(
+                _event(q, sigma, steps), delta))
             acc.compose(_event(q, sigma, steps))
             assert acc.get_delta(0.0) <= delta
         else:  # … or by the KL bound on the smallest RDP value
@@ -375,28 +276,19 @@ def test_epsilon_is_never_zero_for_a_release_that_costs_privacy():
     for kind in A.ACCOUNTANTS:
         assert A.epsilon(_event(0.1, 50.0, 100), 1e-5, kind) > 0
     assert A.epsilon(dpa.NoOpDpEvent(), 1e-5) == 0.0
-    assert (
-        A.epsilon(dpa.ComposedDpEvent([dpa.NonPrivateDpEvent(), _event(0.1, 1.0, 10)]), 1e-5)
-        == math.inf
-    )
+    assert A.epsilon(dpa.ComposedDpEvent([dpa.NonPrivateDpEvent(), _event(0.1, 1.0, 10)]),
+                     1e-5) == math.inf
 
 
 # --- node-level orders towards 1 ----------------------------------------------------------
-
 
 def test_node_level_sigma_one_uses_orders_near_one():
     n, S, b, steps, delta = 250_000, 20, 64, 5000, 1e-5
     old = node_epsilon(n, S, b, 1.0, steps, delta, orders=OLD_NODE_ORDERS)
     new = node_epsilon(n, S, b, 1.0, steps, delta)
-    dense = node_epsilon(
-        n,
-        S,
-        b,
-        1.0,
-        steps,
-        delta,
-        orders=np.concatenate([1 + np.geomspace(1e-4, 0.25, 2000), OLD_NODE_ORDERS]),
-    )
+    dense = node_epsilon(n, S, b, 1.0, steps, delta,
+                         orders=np.concatenate([1 + np.geomspace(1e-4, 0.25, 2000),
+                                                OLD_NODE_ORDERS]))
     assert old > 1e6
     assert new == pytest.approx(142, rel=0.02)
     assert dense <= new <= dense * 1.01
@@ -407,8 +299,7 @@ def test_node_level_sigma_one_uses_orders_near_one():
     # the README schedule at σ = 1
     steps_readme = node_dp.node_steps(10_000, 512, 2)
     assert node_epsilon(10_000, 20, 512, 1.0, steps_readme) < 0.02 * node_epsilon(
-        10_000, 20, 512, 1.0, steps_readme, orders=OLD_NODE_ORDERS
-    )
+        10_000, 20, 512, 1.0, steps_readme, orders=OLD_NODE_ORDERS)
 
 
 def test_node_level_finer_grid_never_reports_more():
@@ -435,7 +326,6 @@ def test_node_level_calibration_is_tight():
 
 # --- fallback to RDP ------------------------------------------------------------------------
 
-
 def test_accountant_for_and_guarantee_fall_back_to_rdp():
     dpsgd = _event(0.05, 1.2, 200)
     selection = dpa.SelfComposedDpEvent(dpa.ZCDpEvent(0.002), 5)
@@ -454,11 +344,9 @@ def test_accountant_for_and_guarantee_fall_back_to_rdp():
         A.epsilon(mixed, 1e-5, "pld")
     with pytest.raises(PrivacyError, match="unknown accountant"):
         A.accountant_for(dpsgd, "moments")
-
     # calibrating such a family against PLD falls back to RDP (no error)
     def make(s):
         return dpa.ComposedDpEvent([_event(0.05, s, 200), selection])
-
     assert A.calibrate(make, 2.0, 1e-5, "pld") == A.calibrate(make, 2.0, 1e-5, "rdp")
     sigma = A.calibrate(make, 2.0, 1e-5, "pld")
     assert A.guarantee(make(sigma), 1e-5, "pld")[0] <= 2.0

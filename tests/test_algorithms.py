@@ -27,37 +27,31 @@ def cached_epsilon(monkeypatch):
     """Memoize ε computations (events are hashable). Every silo's ledger preflights the same
     event in these symmetric federations; caching only saves time, the values are the
     library's. Privacy accounting itself is tested in test_privacy.py."""
-    monkeypatch.setattr(
-        accounting, "epsilon", functools.lru_cache(maxsize=None)(accounting.epsilon)
-    )
+    monkeypatch.setattr(accounting, "epsilon", functools.lru_cache(maxsize=None)(accounting.epsilon))
 
 
 def _fed(sizes=(40, 90, 150), eps=3.0, seed=0, task="regression"):
-    fed = linear_silos(
-        num_silos=len(sizes), sizes=list(sizes), dim=3, heterogeneity=1.0, seed=seed, task=task
-    )
+    fed = linear_silos(num_silos=len(sizes), sizes=list(sizes), dim=3, heterogeneity=1.0,
+                       seed=seed, task=task)
     return fed.with_targets(PrivacyTarget(eps, 1e-4))
 
 
 def _cfg(**kw):
     # seeded noise: these tests compare runs that must draw the same noise
-    base = dict(rounds=4, local_epochs=1.0, batch_size=10, lr=0.1, clip=1.0, seed=5, noise="seeded")
+    base = dict(rounds=4, local_epochs=1.0, batch_size=10, lr=0.1, clip=1.0, seed=5,
+                noise="seeded")
     base.update(kw)
     return TrainingConfig(**base)
 
 
 def _run(method, fed=None, cfg=None, lam=1.0, weighted=True, model="linear"):
     fed = fed if fed is not None else _fed()
-    return simulate(
-        fed,
-        make_model(model, fed.dim),
-        make_algorithm(method, lam=lam, weighted=weighted),
-        cfg or _cfg(),
-    )
+    return simulate(fed, make_model(model, fed.dim), make_algorithm(method, lam=lam,
+                                                                    weighted=weighted),
+                    cfg or _cfg())
 
 
 # --- relations between the methods ----------------------------------------------------------
-
 
 @pytest.mark.parametrize("private", [True, False])
 def test_mrmtl_with_lambda_zero_equals_local_exactly(private):
@@ -136,17 +130,12 @@ def test_mrmtl_server_keeps_mean_of_personal_models():
     from silofl.privacy.randomness import Randomness
     from silofl.training.dpsgd import GradientRule
     from silofl.training.trainer import LocalTrainer, SiloArrays
-
-    tr = LocalTrainer(
-        model=make_model("linear", 3),
-        data=SiloArrays.stack([s.X_train for s in fed.silos], [s.y_train for s in fed.silos]),
-        rule=GradientRule(1.0, None),
-        batch_size=10,
-        steps_per_round=np.array([p.steps_per_pass for p in res.plans]),
-        lr=0.1,
-        l2=0.0,
-        rng=Randomness.seeded(cfg.seed),
-    )
+    tr = LocalTrainer(model=make_model("linear", 3),
+                      data=SiloArrays.stack([s.X_train for s in fed.silos],
+                                            [s.y_train for s in fed.silos]),
+                      rule=GradientRule(1.0, None), batch_size=10,
+                      steps_per_round=np.array([p.steps_per_pass for p in res.plans]),
+                      lr=0.1, l2=0.0, rng=Randomness.seeded(cfg.seed))
     n = np.array([s.n_train for s in fed.silos], float)
     for t in range(1, 4):
         silos, upd = alg.silo_step(silos, alg.broadcast(server), tr, t)
@@ -167,16 +156,12 @@ def test_make_algorithm_errors():
         opts = {"we_user": 0} if name == "weight_erosion" else {}  # needs its user silo
         alg = make_algorithm(name, **opts)
         assert type(alg) is cls and alg.name == name
-    assert make_algorithm("mrmtl", lam=2.0).describe() == {
-        "name": "mrmtl",
-        "lam": 2.0,
-        "weighted": True,
-    }
+    assert make_algorithm("mrmtl", lam=2.0).describe() == {"name": "mrmtl", "lam": 2.0,
+                                                            "weighted": True}
     assert make_algorithm("fedavg", weighted=False).describe()["weighted"] is False
 
 
 # --- determinism ---------------------------------------------------------------------------
-
 
 @pytest.mark.parametrize("method", METHODS)
 def test_same_seed_same_history(method):
@@ -191,7 +176,6 @@ def test_same_seed_same_history(method):
 
 # --- MR-MTL sits between the extremes where theory says it should -----------------------------
 
-
 def test_mrmtl_beats_local_and_fedavg_on_private_mean_estimation(cached_epsilon):
     """Section 1.6 setting: centres w_k ~ N(0, τ²), points N(w_k, σ²), a bias-only linear
     model, ε = 0.5. Each Local model's error is dominated by the DP noise V ≈ τ² it keeps
@@ -203,19 +187,10 @@ def test_mrmtl_beats_local_and_fedavg_on_private_mean_estimation(cached_epsilon)
     errors = {m: [] for m in METHODS}
     for seed in range(6):
         fed = mean_estimation(num_silos=K, n=n, sigma=sigma, tau=tau, seed=seed).with_targets(
-            PrivacyTarget(0.5, 1e-3)
-        )
+            PrivacyTarget(0.5, 1e-3))
         centres = fed.meta["centers"]
-        cfg = TrainingConfig(
-            rounds=20,
-            local_epochs=1.0,
-            batch_size=10,
-            lr=0.1,
-            clip=2.0,
-            seed=seed,
-            eval_every=20,
-            noise="seeded",
-        )
+        cfg = TrainingConfig(rounds=20, local_epochs=1.0, batch_size=10, lr=0.1, clip=2.0,
+                             seed=seed, eval_every=20, noise="seeded")
         for m in METHODS:
             res = simulate(fed, make_model("linear", 0), make_algorithm(m, lam=1.0), cfg)
             assert res.params.shape == (K, 1)
@@ -224,5 +199,6 @@ def test_mrmtl_beats_local_and_fedavg_on_private_mean_estimation(cached_epsilon)
     assert mean["mrmtl"] < 0.9 * mean["local"], mean
     assert mean["mrmtl"] < 0.9 * mean["fedavg"], mean
     # and the comparison is not an artefact of one lucky seed
-    wins = sum(e < min(a, b) for e, a, b in zip(errors["mrmtl"], errors["local"], errors["fedavg"]))
+    wins = sum(e < min(a, b) for e, a, b in zip(errors["mrmtl"], errors["local"],
+                                                errors["fedavg"]))
     assert wins >= 4, errors

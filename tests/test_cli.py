@@ -47,17 +47,15 @@ def _invoke(args):
 
 def _rdp_eps(q, sigma, steps, delta):
     acc = rdp.RdpAccountant(orders=list(RDP_ORDERS))
-    acc.compose(
-        dpa.SelfComposedDpEvent(dpa.PoissonSampledDpEvent(q, dpa.GaussianDpEvent(sigma)), steps)
-    )
+    acc.compose(dpa.SelfComposedDpEvent(dpa.PoissonSampledDpEvent(q, dpa.GaussianDpEvent(sigma)),
+                                        steps))
     return acc.get_epsilon(delta)
 
 
 def _pld_eps(q, sigma, steps, delta):
     acc = pld.PLDAccountant(value_discretization_interval=1e-3)
-    acc.compose(
-        dpa.SelfComposedDpEvent(dpa.PoissonSampledDpEvent(q, dpa.GaussianDpEvent(sigma)), steps)
-    )
+    acc.compose(dpa.SelfComposedDpEvent(dpa.PoissonSampledDpEvent(q, dpa.GaussianDpEvent(sigma)),
+                                        steps))
     return acc.get_epsilon(delta)
 
 
@@ -72,18 +70,9 @@ def _frame(sizes=(50, 60, 45), seed=0) -> pd.DataFrame:
         logit = 1.5 * x + (colour == "red")
         y = (rng.random(m) < 1 / (1 + np.exp(-logit))).astype(int)
         y[:4] = [0, 1, 0, 1]
-        parts.append(
-            pd.DataFrame(
-                {
-                    "hospital": h,
-                    "age": rng.normal(50, 10, m).round(1),
-                    "x": x,
-                    "colour": colour,
-                    "smoker": rng.choice(["TRUE", "FALSE"], m),
-                    "outcome": y,
-                }
-            )
-        )
+        parts.append(pd.DataFrame({"hospital": h, "age": rng.normal(50, 10, m).round(1),
+                                   "x": x, "colour": colour,
+                                   "smoker": rng.choice(["TRUE", "FALSE"], m), "outcome": y}))
     df = pd.concat(parts, ignore_index=True)
     df.loc[7, "age"] = np.nan
     df.loc[70, "colour"] = np.nan
@@ -91,34 +80,21 @@ def _frame(sizes=(50, 60, 45), seed=0) -> pd.DataFrame:
 
 
 #: the public facts about `_frame`'s columns (a data dictionary, not read from the rows)
-SCHEMA = {
-    "silo_column": "hospital",
-    "label": {"name": "outcome", "kind": "binary", "classes": [0, 1]},
-    "columns": [
-        {"name": "age", "kind": "numeric", "lower": 18, "upper": 100, "nullable": True},
-        {"name": "x", "kind": "numeric", "lower": -4, "upper": 4},
-        {
-            "name": "colour",
-            "kind": "categorical",
-            "levels": ["blue", "green", "red"],
-            "nullable": True,
-        },
-        {"name": "smoker", "kind": "binary"},
-    ],
-}
+SCHEMA = {"silo_column": "hospital",
+          "label": {"name": "outcome", "kind": "binary", "classes": [0, 1]},
+          "columns": [{"name": "age", "kind": "numeric", "lower": 18, "upper": 100,
+                       "nullable": True},
+                      {"name": "x", "kind": "numeric", "lower": -4, "upper": 4},
+                      {"name": "colour", "kind": "categorical",
+                       "levels": ["blue", "green", "red"], "nullable": True},
+                      {"name": "smoker", "kind": "binary"}]}
 
 
 def _config(path: Path, csv: Path, *, schema: bool = True, **sections) -> Path:
-    raw = {
-        "data": {
-            "source": "table",
-            "path": str(csv),
-            "silo_column": "hospital",
-            "label_column": "outcome",
-        },
-        "training": {"rounds": 5, "batch_size": 8},
-        "privacy": {"epsilon": 2.0, "delta": 1e-4},
-    }
+    raw = {"data": {"source": "table", "path": str(csv), "silo_column": "hospital",
+                    "label_column": "outcome"},
+           "training": {"rounds": 5, "batch_size": 8},
+           "privacy": {"epsilon": 2.0, "delta": 1e-4}}
     if schema:
         (path.parent / "schema.toml").write_text(tomli_w.dumps(SCHEMA))
         raw["data"]["schema"] = str(path.parent / "schema.toml")
@@ -146,7 +122,6 @@ def csv(workdir):
 
 # --- successful runs -------------------------------------------------------------------------
 
-
 def test_run_with_no_arguments_writes_run_directory(workdir):
     res = _invoke(["run", "-q"])
     assert res.exit_code == 0, res.output
@@ -157,13 +132,8 @@ def test_run_with_no_arguments_writes_run_directory(workdir):
     assert (workdir / "home" / "stores" / "demo-heart.sqlite").is_file()
     assert not (workdir / "runs" / "budget.sqlite").exists()
     d = runs[0]
-    for f in (
-        "config.toml",
-        "history.json",
-        "privacy_report.json",
-        "summary.json",
-        "metric_over_rounds.png",
-    ):
+    for f in ("config.toml", "history.json", "privacy_report.json", "summary.json",
+              "metric_over_rounds.png"):
         assert (d / f).is_file() and (d / f).stat().st_size > 0, f
     assert (d / "metric_over_rounds.png").read_bytes()[:8] == PNG_MAGIC
     out = res.stdout
@@ -211,12 +181,9 @@ def test_run_with_config_on_csv(workdir, csv):
     for method in ("local", "fedavg", "mrmtl"):
         for s, row in zip(SILOS, priv["methods"][method if method != "mrmtl" else "mrmtl(λ=0.3)"]):
             assert row["silo"] == s
-            lines = [
-                json.loads(x)
-                for x in (d / "ledgers" / method / f"{silo_file_id(s)}.jsonl")
-                .read_text()
-                .splitlines()
-            ]
+            lines = [json.loads(x) for x in
+                     (d / "ledgers" / method / f"{silo_file_id(s)}.jsonl").read_text()
+                     .splitlines()]
             assert len(lines) == 5
             steps = sum(x["event"]["count"] for x in lines)
             assert steps == 5 * row["steps_per_pass"]
@@ -229,18 +196,12 @@ def test_run_with_config_on_csv(workdir, csv):
     for c in priv["combined"]:
         row = next(r for r in priv["methods"]["local"] if r["silo"] == c["silo"])
         assert c["epsilon_rdp"] == pytest.approx(
-            _rdp_eps(
-                row["sampling_rate"], row["noise_multiplier"], 15 * row["steps_per_pass"], 1e-4
-            ),
-            rel=1e-9,
-        )
+            _rdp_eps(row["sampling_rate"], row["noise_multiplier"], 15 * row["steps_per_pass"],
+                     1e-4), rel=1e-9)
     hist = json.loads((d / "history.json").read_text())
     assert hist["local"]["silos"] == list(SILOS) and hist["local"]["rounds"] == [1, 2, 3, 4, 5]
     # a second run with the same name gets a fresh directory; --out moves the base folder
-    for out, expect in (
-        (None, workdir / "runs" / "small-1"),
-        ("elsewhere", workdir / "elsewhere" / "small"),
-    ):
+    for out, expect in ((None, workdir / "runs" / "small-1"), ("elsewhere", workdir / "elsewhere" / "small")):
         extra = ["--out", out] if out else []
         res = _invoke(["run", "--config", str(cfg), "-q", "--no-privacy", *extra])
         assert res.exit_code == 0, res.output
@@ -252,27 +213,19 @@ def test_run_with_config_on_csv(workdir, csv):
 
 def test_run_api_is_deterministic_and_writes_nothing_without_output_dir(workdir, csv):
     (workdir / "schema.toml").write_text(tomli_w.dumps(SCHEMA))
-    raw = {
-        "data": {
-            "source": "table",
-            "path": str(csv),
-            "silo_column": "hospital",
-            "label_column": "outcome",
-            "schema": str(workdir / "schema.toml"),
-        },
-        "training": {"rounds": 3, "batch_size": 8, "methods": ["mrmtl"], "lam": 1.0},
-        "privacy": {"epsilon": 2.0, "delta": 1e-4, "noise": "seeded"},
-        "budget": {"epsilon": 6.0},  # room for both runs
-        "output": {"dir": ""},
-    }
+    raw = {"data": {"source": "table", "path": str(csv), "silo_column": "hospital",
+                    "label_column": "outcome", "schema": str(workdir / "schema.toml")},
+           "training": {"rounds": 3, "batch_size": 8, "methods": ["mrmtl"], "lam": 1.0},
+           "privacy": {"epsilon": 2.0, "delta": 1e-4, "noise": "seeded"},
+           "budget": {"epsilon": 6.0},  # room for both runs
+           "output": {"dir": ""}}
     a = run_experiment(config_from_dict(raw))
     b = run_experiment(config_from_dict(raw))
     assert a.run_dir is None and not (workdir / "runs").exists()
     assert a.results[0].history.to_dict() == b.results[0].history.to_dict()
     # no output directory is no escape: both runs are charged to the default store
-    assert not a.scratch and a.store == b.store == str(
-        workdir / "home" / "stores" / "default.sqlite"
-    )
+    assert not a.scratch and a.store == b.store == str(workdir / "home" / "stores" /
+                                                       "default.sqlite")
     assert a.summary()["budget_store"] == a.store
     assert a.summary()["notes"] == [SEEDED_NOTE]
     assert a.summary()["methods"][0]["method"] == "mrmtl(λ=1)"
@@ -280,24 +233,9 @@ def test_run_api_is_deterministic_and_writes_nothing_without_output_dir(workdir,
 
 # --- account ---------------------------------------------------------------------------------
 
-
 def test_account_epsilon_matches_dp_accounting():
-    res = _invoke(
-        [
-            "account",
-            "--n",
-            "1000",
-            "--batch",
-            "64",
-            "--epochs",
-            "10",
-            "--sigma",
-            "1",
-            "--delta",
-            "1e-5",
-            "--json",
-        ]
-    )
+    res = _invoke(["account", "--n", "1000", "--batch", "64", "--epochs", "10", "--sigma", "1",
+                   "--delta", "1e-5", "--json"])
     assert res.exit_code == 0, res.output
     out = json.loads(res.stdout)
     assert out["steps"] == 156 and out["q"] == pytest.approx(0.064)
@@ -307,41 +245,14 @@ def test_account_epsilon_matches_dp_accounting():
     acc = pld.PLDAccountant(value_discretization_interval=A.pld_grid(ev, 1e-5))
     acc.compose(ev)
     assert out["epsilon_pld"] == pytest.approx(acc.get_epsilon(1e-5), rel=1e-6)
-    res = _invoke(
-        [
-            "account",
-            "--n",
-            "1000",
-            "--batch",
-            "64",
-            "--steps",
-            "20",
-            "--sigma",
-            "2",
-            "--delta",
-            "1e-5",
-        ]
-    )
+    res = _invoke(["account", "--n", "1000", "--batch", "64", "--steps", "20", "--sigma", "2",
+                   "--delta", "1e-5"])
     assert res.exit_code == 0 and "epsilon_rdp" in res.stdout
 
 
 def test_account_calibrates_sigma():
-    res = _invoke(
-        [
-            "account",
-            "--n",
-            "1000",
-            "--batch",
-            "64",
-            "--epochs",
-            "10",
-            "--epsilon",
-            "1",
-            "--delta",
-            "1e-5",
-            "--json",
-        ]
-    )
+    res = _invoke(["account", "--n", "1000", "--batch", "64", "--epochs", "10", "--epsilon", "1",
+                   "--delta", "1e-5", "--json"])
     assert res.exit_code == 0, res.output
     out = json.loads(res.stdout)
     s_rdp, s_pld = out["sigma_rdp"], out["sigma_pld"]
@@ -352,35 +263,14 @@ def test_account_calibrates_sigma():
     assert s_pld < s_rdp  # PLD is the tighter accountant, so it needs less noise
 
 
-@pytest.mark.parametrize(
-    "args,words",
-    [
-        (
-            ["--n", "1000", "--batch", "64", "--delta", "1e-5", "--sigma", "1"],
-            "exactly one of --steps",
-        ),
-        (
-            ["--n", "1000", "--batch", "64", "--delta", "1e-5", "--steps", "5"],
-            "exactly one of --sigma",
-        ),
-        (
-            ["--n", "1000", "--batch", "2000", "--delta", "1e-5", "--steps", "5", "--sigma", "1"],
-            "batch < n",
-        ),
-        (
-            ["--n", "1000", "--batch", "64", "--delta", "1", "--steps", "5", "--sigma", "1"],
-            "delta must be in",
-        ),
-        (
-            ["--n", "1000", "--batch", "64", "--delta", "1e-5", "--steps", "5", "--sigma", "0"],
-            "sigma must be positive",
-        ),
-        (
-            ["--n", "1000", "--batch", "64", "--delta", "1e-5", "--steps", "5", "--epsilon", "-1"],
-            "epsilon must be positive",
-        ),
-    ],
-)
+@pytest.mark.parametrize("args,words", [
+    (["--n", "1000", "--batch", "64", "--delta", "1e-5", "--sigma", "1"], "exactly one of --steps"),
+    (["--n", "1000", "--batch", "64", "--delta", "1e-5", "--steps", "5"], "exactly one of --sigma"),
+    (["--n", "1000", "--batch", "2000", "--delta", "1e-5", "--steps", "5", "--sigma", "1"], "batch < n"),
+    (["--n", "1000", "--batch", "64", "--delta", "1", "--steps", "5", "--sigma", "1"], "delta must be in"),
+    (["--n", "1000", "--batch", "64", "--delta", "1e-5", "--steps", "5", "--sigma", "0"], "sigma must be positive"),
+    (["--n", "1000", "--batch", "64", "--delta", "1e-5", "--steps", "5", "--epsilon", "-1"], "epsilon must be positive"),
+])
 def test_account_bad_input(args, words):
     res = _invoke(["account", *args])
     assert res.exit_code == 2
@@ -388,7 +278,6 @@ def test_account_bad_input(args, words):
 
 
 # --- bad input ------------------------------------------------------------------------------
-
 
 def _assert_refused(res, workdir, *words):
     assert res.exit_code == 2, res.output
@@ -402,25 +291,14 @@ def _assert_refused(res, workdir, *words):
 
 
 def test_missing_config_file(workdir):
-    _assert_refused(
-        _invoke(["run", "--config", "nope.toml", "-q"]),
-        workdir,
-        "config file",
-        "nope.toml",
-        "does not exist",
-    )
+    _assert_refused(_invoke(["run", "--config", "nope.toml", "-q"]), workdir,
+                    "config file", "nope.toml", "does not exist")
 
 
 BAD_CONFIGS = [
     ({"data": {"path": "missing.csv"}}, ["data file not found", "missing.csv"]),
-    (
-        {"data": {"silo_column": "hospitl"}},
-        ["unknown silo column 'hospitl'", "Did you mean 'hospital'?"],
-    ),
-    (
-        {"data": {"label_column": "outcom"}},
-        ["unknown label column 'outcom'", "Did you mean 'outcome'?"],
-    ),
+    ({"data": {"silo_column": "hospitl"}}, ["unknown silo column 'hospitl'", "Did you mean 'hospital'?"]),
+    ({"data": {"label_column": "outcom"}}, ["unknown label column 'outcom'", "Did you mean 'outcome'?"]),
     ({"model": {"name": "logisitc"}}, ["unknown model 'logisitc'", "Did you mean 'logistic'?"]),
     ({"model": {"name": "linear"}}, ["model 'linear' needs regression labels", "binary task"]),
     ({"privacy": {"epsilon": 0.0}}, ["privacy.epsilon must be positive"]),
@@ -436,38 +314,26 @@ BAD_CONFIGS = [
     ({"training": {"lr": -0.1}}, ["learning rate lr must be a non-negative number"]),
     ({"training": {"methods": ["local", "fedprox"]}}, ["unknown method 'fedprox'"]),
     ({"training": {"methods": []}}, ["training.methods is empty"]),
-    (
-        {"training": {"rouns": 5}},
-        ["unknown config key 'training.rouns'", "did you mean 'training.rounds'?"],
-    ),
-    (
-        {"privacy": {"epsilon": 1e-4}, "training": {"rounds": 200}},
-        ["no noise multiplier up to 1e4 reaches", "too strict"],
-    ),
-    (
-        {"privacy": {"silos": {"nrth": {"epsilon": 1.0}}}},
-        ["names no silo", "Did you mean 'north'?"],
-    ),
+    ({"training": {"rouns": 5}}, ["unknown config key 'training.rouns'", "did you mean 'training.rounds'?"]),
+    ({"privacy": {"epsilon": 1e-4}, "training": {"rounds": 200}},
+     ["no noise multiplier up to 1e4 reaches", "too strict"]),
+    ({"privacy": {"silos": {"nrth": {"epsilon": 1.0}}}}, ["names no silo", "Did you mean 'north'?"]),
     ({"privacy": {"accountant": "moments"}}, ["accountant must be one of rdp, pld"]),
     ({"training": {"rounds": "ten"}}, ["'training.rounds' must be of type int"]),
 ]
 
 
-@pytest.mark.parametrize(
-    "sections,words", BAD_CONFIGS, ids=[str(i) for i in range(len(BAD_CONFIGS))]
-)
+@pytest.mark.parametrize("sections,words", BAD_CONFIGS,
+                         ids=[str(i) for i in range(len(BAD_CONFIGS))])
 def test_bad_config_refused(workdir, csv, sections, words):
     cfg = _config(workdir / "bad.toml", csv, **sections)
     _assert_refused(_invoke(["run", "--config", str(cfg), "-q"]), workdir, *words)
 
 
-@pytest.mark.parametrize(
-    "sections,words",
-    [
-        ({"privacy": {"silos": {"nrth": {"epsilon": 1.0}}}}, ["[privacy.silos.nrth]"]),
-        ({"trainig": {"rounds": 5}}, ["[trainig]", "[training]"]),
-    ],
-)
+@pytest.mark.parametrize("sections,words", [
+    ({"privacy": {"silos": {"nrth": {"epsilon": 1.0}}}}, ["[privacy.silos.nrth]"]),
+    ({"trainig": {"rounds": 5}}, ["[trainig]", "[training]"]),
+])
 def test_error_messages_keep_bracketed_names(workdir, csv, sections, words):
     cfg = _config(workdir / "bad.toml", csv, **sections)
     _assert_refused(_invoke(["run", "--config", str(cfg), "-q"]), workdir, *words)
@@ -492,22 +358,9 @@ def _with_inf(df):
 
 
 def _tiny_silo(df):
-    return pd.concat(
-        [
-            df,
-            pd.DataFrame(
-                {
-                    "hospital": ["west"],
-                    "age": [40.0],
-                    "x": [0.1],
-                    "colour": ["red"],
-                    "smoker": ["TRUE"],
-                    "outcome": [1],
-                }
-            ),
-        ],
-        ignore_index=True,
-    )
+    return pd.concat([df, pd.DataFrame({"hospital": ["west"], "age": [40.0], "x": [0.1],
+                                        "colour": ["red"], "smoker": ["TRUE"], "outcome": [1]})],
+                     ignore_index=True)
 
 
 def _single_class(df):
@@ -536,18 +389,10 @@ def test_bad_table_refused(workdir, mutate, words):
 
 
 def test_unknown_privacy_silo_via_api(workdir, csv):
-    cfg = config_from_dict(
-        {
-            "data": {
-                "source": "table",
-                "path": str(csv),
-                "silo_column": "hospital",
-                "label_column": "outcome",
-                "standardize": "uncharged",
-            },
-            "privacy": {"silos": {"nrth": {"epsilon": 1.0}}},
-        }
-    )
+    cfg = config_from_dict({"data": {"source": "table", "path": str(csv),
+                                     "silo_column": "hospital", "label_column": "outcome",
+                                     "standardize": "uncharged"},
+                            "privacy": {"silos": {"nrth": {"epsilon": 1.0}}}})
     with pytest.raises(ConfigError, match=r"\[privacy\.silos\.nrth\] names no silo"):
         run_experiment(cfg, workdir / "out")
     assert not (workdir / "out").exists()
@@ -555,20 +400,10 @@ def test_unknown_privacy_silo_via_api(workdir, csv):
 
 def test_differing_feature_schemas_rejected_by_federation():
     rng = np.random.default_rng(0)
-    a = Silo(
-        "a",
-        rng.normal(size=(10, 3)),
-        rng.normal(size=10),
-        rng.normal(size=(3, 3)),
-        rng.normal(size=3),
-    )
-    b = Silo(
-        "b",
-        rng.normal(size=(10, 4)),
-        rng.normal(size=10),
-        rng.normal(size=(3, 4)),
-        rng.normal(size=3),
-    )
+    a = Silo("a", rng.normal(size=(10, 3)), rng.normal(size=10), rng.normal(size=(3, 3)),
+             rng.normal(size=3))
+    b = Silo("b", rng.normal(size=(10, 4)), rng.normal(size=10), rng.normal(size=(3, 4)),
+             rng.normal(size=3))
     with pytest.raises(DataError, match="silo 'b' has 4 features .* schema has 3"):
         Federation([a, b], ["f0", "f1", "f2"], "regression")
 
@@ -576,13 +411,8 @@ def test_differing_feature_schemas_rejected_by_federation():
 def test_weak_delta_warns_but_runs(workdir, csv):
     """δ ≥ 1/n_k is accepted with a warning explaining the weakness (n_k ≈ 40 here); only
     the silo whose own δ is weak is named."""
-    cfg = _config(
-        workdir / "weak.toml",
-        csv,
-        privacy={"silos": {"east": {"delta": 0.05}}},
-        training={"rounds": 2, "methods": ["local"]},
-        output={"dir": ""},
-    )
+    cfg = _config(workdir / "weak.toml", csv, privacy={"silos": {"east": {"delta": 0.05}}},
+                  training={"rounds": 2, "methods": ["local"]}, output={"dir": ""})
     with warnings.catch_warnings():  # a fresh process shows it once; this worker may have
         warnings.simplefilter("always")  # seen the same warning in an earlier test
         res = _invoke(["run", "--config", str(cfg), "-q"])
@@ -594,8 +424,7 @@ def test_weak_delta_warns_but_runs(workdir, csv):
     assert not (workdir / "runs").exists()  # output.dir = "" writes nothing
     # through the API the same condition is a UserWarning
     fed = linear_silos(num_silos=2, sizes=[30, 300], dim=2, seed=0).with_targets(
-        PrivacyTarget(1.0, 0.02)
-    )  # 1/30 > δ = 0.02 ≥ 1/300
+        PrivacyTarget(1.0, 0.02))  # 1/30 > δ = 0.02 ≥ 1/300
     with pytest.warns(UserWarning, match="silo-01.*guarantee is weak") as rec:
         plan_silos(fed, make_algorithm("local"), TrainingConfig(rounds=2, batch_size=5))
     assert [w for w in rec if "silo-00" in str(w.message)] == []

@@ -40,23 +40,17 @@ logging.getLogger("absl").setLevel(logging.ERROR)
 
 # the School data ships with silofl (builtin/school.mat)
 SCHOOL = Path(str(resources.files("silofl.data").joinpath("builtin", "school.mat")))
-SPLIT_KW = {
-    "iid": {},
-    "dirichlet": {"alpha": 1.0},
-    "quantity": {"alpha": 0.5},
-    "feature_range": {"feature": "age"},
-    "shared_range": {"feature": "age", "group_size": 3},
-}
+SPLIT_KW = {"iid": {}, "dirichlet": {"alpha": 1.0}, "quantity": {"alpha": 0.5},
+            "feature_range": {"feature": "age"},
+            "shared_range": {"feature": "age", "group_size": 3}}
 
 
 # --- Rotated & Masked MNIST ------------------------------------------------------------------
 
-
 @pytest.fixture(scope="module")
 def mnist():
-    return load_rotated_masked_mnist(
-        num_silos=8, train_per_silo=100, test_per_silo=20, mask_prob=0.2, seed=3
-    )
+    return load_rotated_masked_mnist(num_silos=8, train_per_silo=100, test_per_silo=20,
+                                     mask_prob=0.2, seed=3)
 
 
 def test_mnist_shapes_and_labels(mnist):
@@ -109,37 +103,30 @@ def test_mnist_masks_fixed_per_silo_and_distinct(mnist):
 
 
 def test_mnist_mask_density_and_determinism():
-    a = load_rotated_masked_mnist(
-        num_silos=40, train_per_silo=20, test_per_silo=5, mask_prob=0.3, seed=1
-    )
+    a = load_rotated_masked_mnist(num_silos=40, train_per_silo=20, test_per_silo=5,
+                                  mask_prob=0.3, seed=1)
     density = a.meta["masks"].mean()  # 40 x 196 Bernoulli(0.3) patches: sd ≈ 0.005
     assert abs(density - 0.3) < 0.025
     assert sorted(np.bincount(a.meta["groups"]).tolist()) == [10, 10, 10, 10]
-    b = load_rotated_masked_mnist(
-        num_silos=40, train_per_silo=20, test_per_silo=5, mask_prob=0.3, seed=1
-    )
+    b = load_rotated_masked_mnist(num_silos=40, train_per_silo=20, test_per_silo=5,
+                                  mask_prob=0.3, seed=1)
     assert a.names == b.names and np.array_equal(a.silos[7].X_train, b.silos[7].X_train)
-    c = load_rotated_masked_mnist(
-        num_silos=40, train_per_silo=20, test_per_silo=5, mask_prob=0.3, seed=2
-    )
+    c = load_rotated_masked_mnist(num_silos=40, train_per_silo=20, test_per_silo=5,
+                                  mask_prob=0.3, seed=2)
     assert not np.array_equal(a.meta["masks"], c.meta["masks"])
-    clean = load_rotated_masked_mnist(
-        num_silos=4, train_per_silo=30, test_per_silo=5, mask_prob=0.0
-    )
+    clean = load_rotated_masked_mnist(num_silos=4, train_per_silo=30, test_per_silo=5,
+                                      mask_prob=0.0)
     assert not any((s.X_train == 1.0).any() for s in clean.silos)
     assert standardize(clean) is clean  # images keep their [0, 1] pixel scale
 
 
-@pytest.mark.parametrize(
-    "kw,words",
-    [
-        ({"mask_prob": 1.5}, "mask_prob must be a probability in \\[0, 1\\]"),
-        ({"mask_prob": -0.1}, "mask_prob must be a probability"),
-        ({"num_silos": 41}, "MNIST has only 60000 train images"),
-        ({"num_silos": 8, "test_per_silo": 1251}, "MNIST has only 10000 test images"),
-        ({"train_per_silo": 1}, "train_per_silo must be an integer >= 2"),
-    ],
-)
+@pytest.mark.parametrize("kw,words", [
+    ({"mask_prob": 1.5}, "mask_prob must be a probability in \\[0, 1\\]"),
+    ({"mask_prob": -0.1}, "mask_prob must be a probability"),
+    ({"num_silos": 41}, "MNIST has only 60000 train images"),
+    ({"num_silos": 8, "test_per_silo": 1251}, "MNIST has only 10000 test images"),
+    ({"train_per_silo": 1}, "train_per_silo must be an integer >= 2"),
+])
 def test_mnist_bad_input(kw, words):
     with pytest.raises(ConfigError, match=words):
         load_rotated_masked_mnist(**kw)
@@ -163,7 +150,6 @@ def test_federation_rejects_mixed_input_shapes(mnist):
 
 # --- Exam --------------------------------------------------------------------------------------
 
-
 def test_exam():
     fed = load_exam(seed=0)
     raw = exam_frame()
@@ -183,9 +169,8 @@ def test_exam():
     assert s1.n_train + s1.n_test == len(school1)
     # standLRT is documented as standardised (mean 0, scale 1): values pass unchanged
     j = fed.feature_names.index("standLRT")
-    np.testing.assert_allclose(
-        np.sort(np.r_[s1.X_train[:, j], s1.X_test[:, j]]), np.sort(school1["standLRT"].to_numpy())
-    )
+    np.testing.assert_allclose(np.sort(np.r_[s1.X_train[:, j], s1.X_test[:, j]]),
+                               np.sort(school1["standLRT"].to_numpy()))
     small = load_exam(min_size=10)
     assert small.num_silos == 63 and small.meta["left_out"] == ["school-48", "school-54"]
 
@@ -197,7 +182,6 @@ def test_exam_missing_package(monkeypatch):
 
 
 # --- splitters -------------------------------------------------------------------------------
-
 
 @pytest.fixture(scope="module")
 def heart():
@@ -228,14 +212,8 @@ def test_table_arrays_keep_row_order(heart, heart_xy):
 @pytest.mark.parametrize("split", list(SPLIT_KW))
 def test_split_is_a_seeded_partition(heart_xy, split):
     X, y, info = heart_xy
-    kw = dict(
-        num_silos=6,
-        task="binary",
-        feature_names=info["feature_names"],
-        seed=4,
-        specs=info["specs"],
-        **SPLIT_KW[split],
-    )
+    kw = dict(num_silos=6, task="binary", feature_names=info["feature_names"], seed=4,
+              specs=info["specs"], **SPLIT_KW[split])
     raw = split_arrays_raw(X, y, split, **kw)  # before preprocessing: gaps still NaN
     rows = np.concatenate([np.r_[tr, te] for tr, te in raw.meta["parts"]])
     assert np.array_equal(np.sort(rows), np.arange(920))  # disjoint and covering
@@ -244,9 +222,8 @@ def test_split_is_a_seeded_partition(heart_xy, split):
         np.testing.assert_array_equal(s.X_train, X[tr])  # NaN compare equal here
         np.testing.assert_array_equal(s.y_test, y[te])
     again = split_arrays_raw(X, y, split, **kw)
-    assert all(
-        np.array_equal(a.X_train, b.X_train, equal_nan=True) for a, b in zip(raw.silos, again.silos)
-    )
+    assert all(np.array_equal(a.X_train, b.X_train, equal_nan=True)
+               for a, b in zip(raw.silos, again.silos))
     other = split_arrays_raw(X, y, split, **{**kw, "seed": 5})
     assert not all(np.array_equal(a.y_train, b.y_train) for a, b in zip(raw.silos, other.silos))
     z = split_arrays(X, y, split, standardize="uncharged", uncharged=info["uncharged"], **kw)
@@ -254,13 +231,10 @@ def test_split_is_a_seeded_partition(heart_xy, split):
     assert all(abs(s.X_train[:, age].mean()) < 1e-9 for s in z.silos)
     # what the simulation read from the pooled table is listed
     assert any("category levels of 'cp'" in u for u in z.meta["uncharged"])
-    assert (
-        "per-silo training mean and standard deviation of 'age' (standardization)"
+    assert "per-silo training mean and standard deviation of 'age' (standardization)" \
         in z.meta["uncharged"]
-    )
-    assert any("membership" in u for u in z.meta["uncharged"]) == (
-        split in ("dirichlet", "feature_range", "shared_range")
-    )
+    assert any("membership" in u for u in z.meta["uncharged"]) == \
+        (split in ("dirichlet", "feature_range", "shared_range"))
 
 
 def test_dirichlet_label_skew_follows_alpha(heart):
@@ -271,17 +245,9 @@ def test_dirichlet_label_skew_follows_alpha(heart):
     def mean_tv(alpha):  # total-variation distance of silo label histograms from the pool
         tv = []
         for seed in range(3):
-            fed = split_arrays_raw(
-                X,
-                y,
-                "dirichlet",
-                num_silos=5,
-                alpha=alpha,
-                task="multiclass",
-                seed=seed,
-                specs=info["specs"],
-                feature_names=info["feature_names"],
-            )
+            fed = split_arrays_raw(X, y, "dirichlet", num_silos=5, alpha=alpha,
+                                   task="multiclass", seed=seed, specs=info["specs"],
+                                   feature_names=info["feature_names"])
             for tr, te in fed.meta["parts"]:
                 h = np.bincount(y[np.r_[tr, te]], minlength=4) / (len(tr) + len(te))
                 tv.append(0.5 * np.abs(h - overall).sum())
@@ -305,23 +271,10 @@ def test_quantity_skew(heart_xy):
 def test_feature_range_silos_do_not_overlap(heart_xy):
     X, y, info = heart_xy
     age = info["feature_names"].index("age")
-    fed = split_arrays(
-        X,
-        y,
-        "feature_range",
-        num_silos=6,
-        task="binary",
-        feature="age",
-        feature_names=info["feature_names"],
-        standardize=False,
-    )
-    spans = [
-        (
-            np.r_[s.X_train[:, age], s.X_test[:, age]].min(),
-            np.r_[s.X_train[:, age], s.X_test[:, age]].max(),
-        )
-        for s in fed.silos
-    ]
+    fed = split_arrays(X, y, "feature_range", num_silos=6, task="binary", feature="age",
+                       feature_names=info["feature_names"], standardize=False)
+    spans = [(np.r_[s.X_train[:, age], s.X_test[:, age]].min(),
+              np.r_[s.X_train[:, age], s.X_test[:, age]].max()) for s in fed.silos]
     assert spans == fed.meta["ranges"]
     assert all(hi < lo for (_, hi), (lo, _) in zip(spans, spans[1:]))  # strictly disjoint
     sizes = [s.n_train + s.n_test for s in fed.silos]
@@ -331,17 +284,8 @@ def test_feature_range_silos_do_not_overlap(heart_xy):
 def test_shared_range_groups_share_one_range(heart_xy):
     X, y, info = heart_xy
     age = info["feature_names"].index("age")
-    fed = split_arrays(
-        X,
-        y,
-        "shared_range",
-        num_silos=8,
-        task="binary",
-        feature="age",
-        group_size=3,
-        feature_names=info["feature_names"],
-        standardize=False,
-    )
+    fed = split_arrays(X, y, "shared_range", num_silos=8, task="binary", feature="age",
+                       group_size=3, feature_names=info["feature_names"], standardize=False)
     groups, ranges = fed.meta["groups"], fed.meta["ranges"]
     assert groups.tolist() == [0, 0, 0, 1, 1, 1, 2, 2]  # last group smaller: 8 = 3 + 3 + 2
     for g in range(3):
@@ -361,9 +305,8 @@ def test_school_regression_splits():
     X = np.concatenate([np.r_[s.X_train, s.X_test] for s in school.silos])
     y = np.concatenate([np.r_[s.y_train, s.y_test] for s in school.silos])
     j = int(np.argmax([len(np.unique(X[:, c])) for c in range(X.shape[1])]))
-    fed = split_arrays(
-        X, y, "feature_range", num_silos=10, task="regression", feature=j, standardize=False
-    )
+    fed = split_arrays(X, y, "feature_range", num_silos=10, task="regression", feature=j,
+                       standardize=False)
     assert fed.task == "regression" and fed.num_silos == 10
     assert sum(s.n_train + s.n_test for s in fed.silos) == 15362
     ranges = fed.meta["ranges"]
@@ -372,28 +315,19 @@ def test_school_regression_splits():
         split_arrays(X, y, "dirichlet", num_silos=10, task="regression")
 
 
-@pytest.mark.parametrize(
-    "kw,err,words",
-    [
-        ({"split": "diriclet"}, ConfigError, "unknown split 'diriclet'.*Did you mean 'dirichlet'"),
-        ({"num_silos": 93}, DataError, "too many silos for the data.*at most 92"),
-        ({"alpha": 0.0}, ConfigError, "alpha must be a positive number"),
-        ({"alpha": -1.0}, ConfigError, "alpha must be a positive number"),
-        (
-            {"split": "feature_range", "feature": "agee"},
-            DataError,
-            "unknown split feature 'agee'.*Did you mean 'age'",
-        ),
-        ({"split": "feature_range"}, ConfigError, "needs the feature to split on"),
-        (
-            {"split": "feature_range", "feature": "sex=Male"},
-            DataError,
-            "only 2 distinct value\\(s\\), too few for 4",
-        ),
-        ({"split": "quantity", "size_law": "zipf"}, ConfigError, "size_law must be one of"),
-        ({"alpha": 0.01, "num_silos": 8}, DataError, "failed in 100 random draw.*raise alpha"),
-    ],
-)
+@pytest.mark.parametrize("kw,err,words", [
+    ({"split": "diriclet"}, ConfigError, "unknown split 'diriclet'.*Did you mean 'dirichlet'"),
+    ({"num_silos": 93}, DataError, "too many silos for the data.*at most 92"),
+    ({"alpha": 0.0}, ConfigError, "alpha must be a positive number"),
+    ({"alpha": -1.0}, ConfigError, "alpha must be a positive number"),
+    ({"split": "feature_range", "feature": "agee"}, DataError,
+     "unknown split feature 'agee'.*Did you mean 'age'"),
+    ({"split": "feature_range"}, ConfigError, "needs the feature to split on"),
+    ({"split": "feature_range", "feature": "sex=Male"}, DataError,
+     "only 2 distinct value\\(s\\), too few for 4"),
+    ({"split": "quantity", "size_law": "zipf"}, ConfigError, "size_law must be one of"),
+    ({"alpha": 0.01, "num_silos": 8}, DataError, "failed in 100 random draw.*raise alpha"),
+])
 def test_split_bad_input(heart, kw, err, words):
     kw = {"split": "dirichlet", "num_silos": 4, **kw}
     with pytest.raises(err, match=words):
@@ -401,7 +335,6 @@ def test_split_bad_input(heart, kw, err, words):
 
 
 # --- config wiring ---------------------------------------------------------------------------
-
 
 @pytest.fixture(scope="module")
 def heart_csv(heart, tmp_path_factory):
@@ -415,41 +348,24 @@ def _fed(**data):
 
 
 def test_config_builds_each_new_source(heart_csv):
-    m = _fed(
-        source="mnist", num_silos=4, train_per_silo=40, test_per_silo=10, mask_prob=0.25, seed=2
-    )
+    m = _fed(source="mnist", num_silos=4, train_per_silo=40, test_per_silo=10, mask_prob=0.25,
+             seed=2)
     assert m.num_silos == 4 and m.input_shape == (1, 28, 28) and m.meta["mask_prob"] == 0.25
     assert m.silos[0].n_train == 40 and m.silos[0].n_test == 10
     e = _fed(source="exam", min_silo_size=10)
     assert e.num_silos == 63 and e.task == "regression"
-    t = _fed(
-        source="table",
-        path=str(heart_csv),
-        label_column="disease",
-        split="shared_range",
-        split_feature="age",
-        num_silos=6,
-        group_size=2,
-    )
+    t = _fed(source="table", path=str(heart_csv), label_column="disease", split="shared_range",
+             split_feature="age", num_silos=6, group_size=2)
     assert t.num_silos == 6 and t.meta["groups"].tolist() == [0, 0, 1, 1, 2, 2]
     d = _fed(source="table", path=str(heart_csv), label_column="disease", split="iid")
     assert d.num_silos == 10 and d.task == "binary"  # num_silos defaults to 10
 
 
 def test_split_table_trains_end_to_end(heart_csv):
-    raw = {
-        "data": {
-            "source": "table",
-            "path": str(heart_csv),
-            "label_column": "disease",
-            "split": "dirichlet",
-            "alpha": 2.0,
-            "num_silos": 4,
-        },
-        "training": {"rounds": 2, "batch_size": 16, "methods": ["local", "mrmtl"]},
-        "privacy": {"epsilon": 1.0, "delta": 1e-4},
-        "output": {"dir": ""},
-    }
+    raw = {"data": {"source": "table", "path": str(heart_csv), "label_column": "disease",
+                    "split": "dirichlet", "alpha": 2.0, "num_silos": 4},
+           "training": {"rounds": 2, "batch_size": 16, "methods": ["local", "mrmtl"]},
+           "privacy": {"epsilon": 1.0, "delta": 1e-4}, "output": {"dir": ""}}
     rep = run_experiment(config_from_dict(raw))
     assert [m["name"] for m in rep.summary()["methods"]] == ["local", "mrmtl"]
     for r in rep.results:
@@ -467,23 +383,16 @@ BAD_DATA = [
     ({"split": "feature_range"}, "needs data.split_feature"),
     ({"split": "iid", "silo_column": "sex"}, "give only one"),
     ({}, "either data.silo_column .* or data.split"),
-    (
-        {"silo_column": "sex", "num_silos": 3},
-        "data.num_silos applies only when silos are simulated",
-    ),
-    (
-        {"source": "school", "split": "iid"},
-        "data.split applies only to data.source = 'table', 'heart'",
-    ),
+    ({"silo_column": "sex", "num_silos": 3},
+     "data.num_silos applies only when silos are simulated"),
+    ({"source": "school", "split": "iid"}, "data.split applies only to data.source = 'table', 'heart'"),
     ({"source": "heart", "mask_prob": 0.3}, "data.mask_prob applies only to data.source = 'mnist'"),
     ({"source": "mnist", "mask_prob": 1.5}, "mask_prob must be a probability in \\[0, 1\\]"),
     ({"source": "mnist", "num_silos": 50}, "MNIST has only 60000 train images"),
     ({"source": "mnist", "options": {"a": 1}}, "data.options applies only to"),
     ({"source": "mnst"}, "Did you mean 'mnist'"),
-    (
-        {"label_column": "age", "task": "regression", "split": "dirichlet"},
-        "dirichlet split skews class labels",
-    ),
+    ({"label_column": "age", "task": "regression", "split": "dirichlet"},
+     "dirichlet split skews class labels"),
 ]
 
 

@@ -31,11 +31,8 @@ def python_blocks(page: Path) -> list[str]:
 def unguarded_work(code: str) -> list[str]:
     """Top-level statements that would run again in a spawned worker, if `code` spawns."""
     tree = ast.parse(code)
-    if not any(
-        isinstance(n, ast.Name | ast.Attribute)
-        and getattr(n, "id", getattr(n, "attr", None)) in SPAWNS
-        for n in ast.walk(tree)
-    ):
+    if not any(isinstance(n, ast.Name | ast.Attribute) and
+               getattr(n, "id", getattr(n, "attr", None)) in SPAWNS for n in ast.walk(tree)):
         return []
     harmless = (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.ClassDef, ast.If)
     out = []
@@ -60,26 +57,16 @@ def test_the_guard_check_has_power():
         if __name__ == "__main__":
             silofl.run_sweep(silofl.load_sweep_config("s.toml"))
     """)
-    assert unguarded_work(bad) == ["report = silofl.run(silofl.load_config('my.toml'))"]
+    assert unguarded_work(bad) == ['report = silofl.run(silofl.load_config(\'my.toml\'))']
     good = "import silofl\ndef main():\n    silofl.run_sweep(x)\nif __name__ == '__main__':\n    main()\n"
     assert unguarded_work(good) == []
 
 
 def _run(code: str, tmp_path: Path) -> str:
-    env = {
-        **os.environ,
-        "SILOFL_HOME": str(tmp_path / "home"),
-        "PYTHONPATH": str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", ""),
-    }
-    proc = subprocess.run(
-        [sys.executable, "-c", code],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
+    env = {**os.environ, "SILOFL_HOME": str(tmp_path / "home"),
+           "PYTHONPATH": str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=300, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc.stdout
 

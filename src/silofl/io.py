@@ -64,10 +64,8 @@ def json_safe(obj, nonfinite: list[str] | None = None, where: str = ""):
     """Plain-JSON copy of `obj`: numpy → Python, non-finite floats → None. The path of
     every non-finite value is appended to `nonfinite` (when given)."""
     if isinstance(obj, dict):
-        return {
-            str(k): json_safe(v, nonfinite, f"{where}.{k}" if where else str(k))
-            for k, v in obj.items()
-        }
+        return {str(k): json_safe(v, nonfinite, f"{where}.{k}" if where else str(k))
+                for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
         return [json_safe(v, nonfinite, f"{where}[{i}]") for i, v in enumerate(obj)]
     if isinstance(obj, np.ndarray):
@@ -139,15 +137,5 @@ def array_digest(*arrays: np.ndarray, length: int = 16) -> str:
     return h.hexdigest()[:length]
 
 
-__all__ = [
-    "array_digest",
-    "dumps_strict",
-    "file_hashes",
-    "json_safe",
-    "savefig_atomic",
-    "sha256_file",
-    "write_bytes_atomic",
-    "write_json_atomic",
-    "write_npz_atomic",
-    "write_text_atomic",
-]
+__all__ = ["array_digest", "dumps_strict", "file_hashes", "json_safe", "savefig_atomic", "sha256_file",
+           "write_bytes_atomic", "write_json_atomic", "write_npz_atomic", "write_text_atomic"]

@@ -33,20 +33,13 @@ CFG = P.PandemicConfig(rounds=2, batch_size=64, epsilon=8.0, seed=3, noise="seed
 
 def _fa():
     from silofl.pandemic import flower_app
-
     return flower_app
 
 
 def train_clients(parts, work, cfg):
     """Client factories of the challenge (a fresh client per request, as its runtime)."""
-    return {
-        cid: (
-            lambda c, f=folder: F.train_client_factory(
-                c, *input_paths(f), work / "clients" / c, config=cfg
-            )
-        )
-        for cid, folder in parts.items()
-    }
+    return {cid: (lambda c, f=folder: F.train_client_factory(
+        c, *input_paths(f), work / "clients" / c, config=cfg)) for cid, folder in parts.items()}
 
 
 def silo(parts, work, cid):
@@ -85,13 +78,13 @@ def test_partitions_hold_each_region_and_only_its_contacts(data, parts):
     for cid, folder in parts.items():
         d = read_dataset(folder, with_target=True)
         assert d.num_regions == 1 and f"region-{int(d.region_codes[0])}" == cid
-        members = data.region_members(int(np.searchsorted(data.region_codes, d.region_codes[0])))
+        members = data.region_members(int(np.searchsorted(data.region_codes,
+                                                           d.region_codes[0])))
         assert np.array_equal(d.pids, data.pids[members])
         assert np.array_equal(d.states, data.states[members])
         assert np.array_equal(d.target, data.target[members])
         inside = np.isin(data.pids[data.network.src], d.pids) & np.isin(
-            data.pids[data.network.dst], d.pids
-        )
+            data.pids[data.network.dst], d.pids)
         assert d.num_contacts == int(inside.sum())  # cross-region contacts are cut
         pids.append(d.pids)
     assert np.array_equal(np.sort(np.concatenate(pids)), data.pids)
@@ -105,7 +98,8 @@ def test_flower_rounds_reproduce_in_process_training(data, parts, in_process, fe
         prog = silo(parts, work, cid)
         assert prog.done == 2 and prog.n_train == sizes[cid]
         # the same silo-side code, the same random streams: identical bits
-        assert np.array_equal(raw_weights(prog.final_model(), prog.region), in_process.weights[k])
+        assert np.array_equal(raw_weights(prog.final_model(), prog.region),
+                              in_process.weights[k])
         updates.append(prog.last["update"][0])  # what it sent in round 2
     # the server step is the size-weighted mean of what the regions sent (exact sums)
     server = _fa().challenge_server(work / "server")
@@ -123,26 +117,16 @@ def test_each_client_store_holds_exactly_its_rounds(parts, in_process, federated
         prog = silo(parts, federated, cid)
         charges = prog.store.charges(cid)
         # one reservation per round, settled to the node-level steps that ran
-        assert [(c["label"], c["count"], c["status"], c["run_status"]) for c in charges] == [
-            ("node-dpsgd", 1, "charged", "finished")
-        ] * 2
+        assert [(c["label"], c["count"], c["status"], c["run_status"]) for c in charges] \
+            == [("node-dpsgd", 1, "charged", "finished")] * 2
         steps = sum(json.loads(c["event"])["steps"] for c in charges)
         assert steps == entry["steps"] and prog.plan.noise_multiplier == entry["noise_multiplier"]
         spent = prog.store.spent(cid)
         assert spent["target_epsilon"] == CFG.epsilon and spent["unfinished_runs"] == 0
         assert spent["epsilon"] == pytest.approx(entry["epsilon_spent"], rel=1e-9)
-        assert spent["epsilon"] == pytest.approx(
-            node_epsilon(
-                prog.region.n,
-                CFG.S,
-                CFG.batch_size,
-                entry["noise_multiplier"],
-                steps,
-                1.0 / prog.region.n,
-                adjacency=CFG.adjacency,
-            ),
-            rel=1e-9,
-        )
+        assert spent["epsilon"] == pytest.approx(node_epsilon(
+            prog.region.n, CFG.S, CFG.batch_size, entry["noise_multiplier"], steps,
+            1.0 / prog.region.n, adjacency=CFG.adjacency), rel=1e-9)
         assert spent["epsilon"] <= CFG.epsilon * (1 + 1e-9)
 
 
@@ -171,11 +155,8 @@ def test_the_silo_refuses_what_its_plan_or_store_does_not_allow(parts, federated
     new = tmp_path / "rerun"
     (new / "clients" / cid).mkdir(parents=True)
     import sqlite3
-
-    with (
-        sqlite3.connect(cdir / "budget.sqlite") as a,
-        sqlite3.connect(new / "clients" / cid / "budget.sqlite") as b,
-    ):
+    with sqlite3.connect(cdir / "budget.sqlite") as a, \
+            sqlite3.connect(new / "clients" / cid / "budget.sqlite") as b:
         a.backup(b)  # the store with its write-ahead log (a file copy could miss it)
     again = P.PandemicConfig(**{**CFG.__dict__, "seed": 4})
     strategy, rounds = F.train_strategy_factory(new / "server", config=again)
@@ -190,11 +171,8 @@ def test_the_silo_refuses_what_its_plan_or_store_does_not_allow(parts, federated
     strategy, rounds = F.train_strategy_factory(new / "loose", config=loose)
     with pytest.raises(SiloflError, match="fewer than min_silos"):
         run_in_process(strategy, rounds, train_clients({cid: parts[cid]}, new / "l", loose))
-    state = (
-        json.loads((new / "l" / "clients" / cid / "state" / "join.json").read_text())
-        if (new / "l" / "clients" / cid / "state" / "join.json").exists()
-        else None
-    )
+    state = json.loads((new / "l" / "clients" / cid / "state" / "join.json").read_text()) \
+        if (new / "l" / "clients" / cid / "state" / "join.json").exists() else None
     assert state is None  # refused at join: no job accepted, nothing read for training
     # a client_dir of another run (another ε) is refused before anything runs
     other = P.PandemicConfig(**{**CFG.__dict__, "epsilon": 4.0})
@@ -209,16 +187,14 @@ def test_a_client_claiming_a_pinned_region_with_another_key_is_rejected(parts, t
     run_in_process(strategy, 1, train_clients({cid: parts[cid]}, work, CFG))
     # an impostor: the same region's files, a fresh client_dir (so a fresh key)
     strategy, _ = F.train_strategy_factory(work / "server", config=CFG)
-    impostor = {
-        cid: lambda c: F.train_client_factory(
-            c, *input_paths(parts[cid]), work / "impostor", config=CFG
-        )
-    }
+    impostor = {cid: lambda c: F.train_client_factory(
+        c, *input_paths(parts[cid]), work / "impostor", config=CFG)}
     with pytest.raises(W.ProtocolError, match="another key"):
         run_in_process(strategy, 1, impostor)
 
 
-def test_test_stage_writes_challenge_predictions(data, parts, in_process, federated, tmp_path):
+def test_test_stage_writes_challenge_predictions(data, parts, in_process, federated,
+                                                  tmp_path):
     work = federated
     strategy, rounds = F.test_strategy_factory(work / "server")
     assert rounds == 1
@@ -229,9 +205,8 @@ def test_test_stage_writes_challenge_predictions(data, parts, in_process, federa
         if not fmt.exists():  # the challenge's format file: pid,score with dummy scores
             pid = pd.read_csv(folder / "va_person.csv")["pid"][::-1]
             pd.DataFrame({"pid": pid, "score": 0.0}).to_csv(fmt, index=False)
-        return F.test_client_factory(
-            cid, *input_paths(folder), work / "clients" / cid, fmt, tmp_path / f"{cid}-preds.csv"
-        )
+        return F.test_client_factory(cid, *input_paths(folder), work / "clients" / cid, fmt,
+                                     tmp_path / f"{cid}-preds.csv")
 
     run_in_process(strategy, rounds, {cid: client_fn for cid in parts})
     expected = P.predict(data, in_process)
@@ -240,9 +215,8 @@ def test_test_stage_writes_challenge_predictions(data, parts, in_process, federa
         fmt = pd.read_csv(tmp_path / f"{cid}-format.csv")
         assert list(got.columns) == ["pid", "score"]
         assert list(got["pid"]) == list(fmt["pid"])
-        assert np.array_equal(
-            got["score"].to_numpy(), expected[data.pid_index.lookup(got["pid"].to_numpy())]
-        )
+        assert np.array_equal(got["score"].to_numpy(),
+                              expected[data.pid_index.lookup(got["pid"].to_numpy())])
         assert got["score"].between(0, 1).all() and got["score"].std() > 0
 
 
@@ -250,9 +224,8 @@ def test_test_client_without_training_is_refused(parts, tmp_path):
     cid, folder = next(iter(parts.items()))
     fmt = tmp_path / "f.csv"
     pd.DataFrame({"pid": [1], "score": [0.0]}).to_csv(fmt, index=False)
-    client = F.test_client_factory(
-        cid, *input_paths(folder), tmp_path / "empty", fmt, tmp_path / "p.csv"
-    )
+    client = F.test_client_factory(cid, *input_paths(folder), tmp_path / "empty", fmt,
+                                   tmp_path / "p.csv")
     with pytest.raises(ConfigError, match="no trained client state"):
         client.evaluate([], {"round": 1})
 
@@ -281,9 +254,8 @@ def test_flower_with_private_preprocessing_reproduces_train(data, parts, tmp_pat
     """The release is reserved with round 1, charged once before it reads a record, kept
     in the silo's state and reused: the seeded federated run equals the in-process one,
     predictions included."""
-    cfg = P.PandemicConfig(
-        rounds=2, batch_size=64, epsilon=8.0, seed=3, noise="seeded", preprocessing="private"
-    )
+    cfg = P.PandemicConfig(rounds=2, batch_size=64, epsilon=8.0, seed=3, noise="seeded",
+                           preprocessing="private")
     ref = P.train(data, cfg)
     strategy, rounds = F.train_strategy_factory(tmp_path / "server", config=cfg)
     run_in_process(strategy, rounds, train_clients(parts, tmp_path, cfg))
@@ -292,17 +264,11 @@ def test_flower_with_private_preprocessing_reproduces_train(data, parts, tmp_pat
         prog = silo(parts, tmp_path, cid)
         assert np.array_equal(raw_weights(prog.final_model(), prog.region), ref.weights[k])
         saved = json.loads((tmp_path / "clients" / cid / "state" / "region.json").read_text())
-        assert (
-            saved["constants"] == ref.constants[cid] and saved["constants"]["source"] == "private"
-        )
+        assert saved["constants"] == ref.constants[cid] and saved["constants"]["source"] == "private"
         assert sorted((c["label"], c["count"]) for c in prog.store.charges(cid)) == [
-            ("node-dpsgd", 1),
-            ("node-dpsgd", 1),
-            ("preprocess", 1),
-        ]
+            ("node-dpsgd", 1), ("node-dpsgd", 1), ("preprocess", 1)]
         assert prog.store.spent(cid)["epsilon"] == pytest.approx(
-            ref.privacy[k]["epsilon_spent"], rel=1e-9
-        )
+            ref.privacy[k]["epsilon_spent"], rel=1e-9)
         scores = prog.predict()
         assert np.array_equal(scores, expected[data.pid_index.lookup(prog.data.pids)])
 
@@ -320,7 +286,6 @@ def test_one_in_process_driver_runs_the_networked_silo_and_server_programs(tmp_p
     from silofl.runtime.network.flower import SiloClient, SiloflStrategy
     from silofl.runtime.network.server import ServerProgram, load_server_config
     from silofl.runtime.network.silo import SiloProgram, load_silo_config, new_nonce
-
     job = {"rounds": 2, "lam": 0.5, "lr": 0.1, "batch_size": 16, "local_epochs": 0.5}
     runs = {}
     for how in ("flower", "by_hand"):
@@ -337,27 +302,18 @@ def test_one_in_process_driver_runs_the_networked_silo_and_server_programs(tmp_p
             return prog
 
         if how == "flower":
-
             class Client(SiloClient):
                 def get_properties(self, config):
                     rep = super().get_properties(config)
                     if rep.get("status") == "ok":
                         joined[self.program.cfg.name] = dict(config)
                     return rep
-
-            run_in_process(
-                SiloflStrategy(srv),
-                job["rounds"],
-                {n: (lambda c: Client(program(c))) for n in w["silos"]},
-            )
+            run_in_process(SiloflStrategy(srv), job["rounds"],
+                           {n: (lambda c: Client(program(c))) for n in w["silos"]})
         else:
             for n in w["silos"]:
-                joined[n] = {
-                    "protocol": W.PROTOCOL,
-                    "kind": "join",
-                    "nonce": new_nonce(),
-                    "job": W.canonical(srv.job).decode(),
-                }
+                joined[n] = {"protocol": W.PROTOCOL, "kind": "join", "nonce": new_nonce(),
+                             "job": W.canonical(srv.job).decode()}
                 srv.accept_join(program(n).join(joined[n]))
             for t in (1, 2):
                 ups = {}
@@ -368,11 +324,8 @@ def test_one_in_process_driver_runs_the_networked_silo_and_server_programs(tmp_p
                 srv.step(t, ups)
         silos = {n: program(n) for n in w["silos"]}
         assert srv.done == 2 and all(s.done == 2 for s in silos.values())
-        runs[how] = (
-            srv.server.params,
-            {n: s.personal_model() for n, s in silos.items()},
-            {n: len(s.store.charges(n)) for n, s in silos.items()},
-        )
+        runs[how] = (srv.server.params, {n: s.personal_model() for n, s in silos.items()},
+                     {n: len(s.store.charges(n)) for n, s in silos.items()})
     (g1, p1, c1), (g2, p2, c2) = runs["flower"], runs["by_hand"]
     np.testing.assert_array_equal(g1, g2)
     assert p1.keys() == p2.keys() and len(p1) >= 2
@@ -387,12 +340,8 @@ def test_deploy_regions_checks_settings_before_writing(small_outbreak, tmp_path)
     import tomllib
 
     from silofl.runtime.network import consortium
-
-    for bad, match in (
-        ({"pooling": "bogus"}, "pooling"),
-        ({"Ss": 3}, "unknown setting"),
-        ({"method": "weight_erosion"}, "we_user"),
-    ):
+    for bad, match in (({"pooling": "bogus"}, "pooling"), ({"Ss": 3}, "unknown setting"),
+                       ({"method": "weight_erosion"}, "we_user")):
         with pytest.raises(ConfigError, match=match):
             consortium.init(tmp_path / "c", regions=small_outbreak, job=bad)
         assert not (tmp_path / "c").exists()

@@ -54,10 +54,8 @@ def data(small_outbreak):
 
 def _no_statistics(monkeypatch):
     """Make every uncharged statistic of the data fail if anything computes it."""
-
     def refuse(*a, **k):
         raise AssertionError("an uncharged statistic of the data was computed")
-
     monkeypatch.setattr(FT, "fitted_constants", refuse)
     monkeypatch.setattr(FT, "contact_stats", refuse)
     monkeypatch.setattr(TB, "contact_stats", refuse)
@@ -67,7 +65,6 @@ def _no_statistics(monkeypatch):
 
 # --- noise -------------------------------------------------------------------------------
 
-
 def test_default_noise_is_secure_and_seeded_runs_are_flagged(data, monkeypatch, tmp_path):
     made = []
     real = TS.secure_randomness
@@ -75,13 +72,11 @@ def test_default_noise_is_secure_and_seeded_runs_are_flagged(data, monkeypatch, 
     def counting():
         made.append(real())
         return made[-1]
-
     # the core trainer's node-level streams (`training.sampling.node_streams`)
     monkeypatch.setattr(TS, "secure_randomness", counting)
 
     def no_seeded_streams(*a, **k):
         raise AssertionError("a secure run used the seeded streams")
-
     monkeypatch.setattr(TS, "seeded_streams", no_seeded_streams)
     cfg = P.PandemicConfig(**CFG)
     assert cfg.noise == "secure"
@@ -110,11 +105,9 @@ def test_secure_rounds_draw_everything_from_their_stream(data, monkeypatch):
     cfg = P.PandemicConfig(**CFG)
     runs = []
     for seeds in ([1, 2, 3], [1, 2, 3], [4, 5, 6]):
-        monkeypatch.setattr(
-            TS,
-            "secure_randomness",
-            lambda it=iter(range(10**6)), s=seeds: Randomness.seeded([*s, next(it)]),
-        )
+        monkeypatch.setattr(TS, "secure_randomness",
+                            lambda it=iter(range(10**6)), s=seeds: Randomness.seeded(
+                                [*s, next(it)]))
         runs.append(P.train(data, cfg).weights)
     assert np.array_equal(runs[0], runs[1]) and not np.array_equal(runs[0], runs[2])
 
@@ -126,9 +119,8 @@ def test_uniform_batches_are_exact_and_uniform():
             self.ks = list(ks)
 
         def uniform(self, shape):
-            return np.array([(self.ks.pop(0) + 1) * 2.0**-53 for _ in range(int(shape))])
-
-    top = 2**53 - 1  # 2⁵³ mod 3 = 2: the last two values of k must be rejected
+            return np.array([(self.ks.pop(0) + 1) * 2.0 ** -53 for _ in range(int(shape))])
+    top = 2 ** 53 - 1  # 2⁵³ mod 3 = 2: the last two values of k must be rejected
     assert uniform_integers(Fixed([top, top - 1, 7]), np.array([3]))[0] == 7 % 3
     assert uniform_integers(Fixed([top - 2]), np.array([3]))[0] == (top - 2) % 3
     # all 20 ordered pairs of 5 equally often, every batch without repeats
@@ -147,7 +139,6 @@ def test_uniform_batches_are_exact_and_uniform():
 
 # --- the lifetime budget store ------------------------------------------------------------
 
-
 def _count_reads(monkeypatch) -> list:
     reads = []
     orig = NeighbourhoodFeatures.gather
@@ -160,15 +151,13 @@ def _count_reads(monkeypatch) -> list:
     def building(*a, **k):
         reads.append("features")
         return build(*a, **k)
-
     monkeypatch.setattr(NeighbourhoodFeatures, "gather", gather)
     monkeypatch.setattr(pandemic_regions, "build_neighbourhood_features", building)
     return reads
 
 
 def test_second_train_on_the_same_store_is_refused_before_any_record_is_read(
-    data, monkeypatch, tmp_path
-):
+        data, monkeypatch, tmp_path):
     with BudgetStore(tmp_path / "budget.sqlite") as store:
         first = P.train(data, P.PandemicConfig(**CFG), store=store)
         before = {n: store.spent(n)["epsilon"] for n in first.regions}
@@ -202,21 +191,14 @@ def test_runs_compose_in_the_lifetime_store(data, tmp_path):
 def Counter_of(entry):
     """The base events a privacy entry's run charged: its rounds (as in its ledger)."""
     from collections import Counter
-
-    ev = NodeLevelDpEvent(
-        entry["n"],
-        entry["S"],
-        entry["batch_size"],
-        entry["noise_multiplier"],
-        entry["steps"] // CFG["rounds"],
-        entry["adjacency"],
-    )
+    ev = NodeLevelDpEvent(entry["n"], entry["S"], entry["batch_size"],
+                            entry["noise_multiplier"], entry["steps"] // CFG["rounds"],
+                            entry["adjacency"])
     return Counter({ev: CFG["rounds"]})
 
 
 def test_reservation_covers_preprocessing_and_rounds_and_settles_to_executed(
-    data, monkeypatch, tmp_path
-):
+        data, monkeypatch, tmp_path):
     cfg = P.PandemicConfig(**{**CFG, "rounds": 3}, preprocessing="private")
     log = []
     store = BudgetStore(tmp_path / "budget.sqlite")
@@ -238,13 +220,11 @@ def test_reservation_covers_preprocessing_and_rounds_and_settles_to_executed(
         if k.get("labels", True):
             log.append(("read",))
         return real_gather(self, *a, **k)
-
     settled, real_settle = [], Job.settle
 
     def settle(self, status="finished"):  # the one budget path: a runtime.job.Job
         settled.append(status)
         return real_settle(self, status)
-
     monkeypatch.setattr(BudgetStore, "reserve", reserve)
     monkeypatch.setattr(pandemic_constants, "release_vectors", release)
     monkeypatch.setattr(NeighbourhoodFeatures, "gather", gather)
@@ -252,23 +232,19 @@ def test_reservation_covers_preprocessing_and_rounds_and_settles_to_executed(
     pm = P.train(data, cfg, store=store)
     assert settled == ["finished"]
     assert log[0][0] == "reserve" and [x[0] for x in log].count("reserve") == 1
-    want = sorted(
-        (r, label, k) for r in pm.regions for label, k in (("preprocess", 1), ("node-dpsgd", 3))
-    )
+    want = sorted((r, label, k) for r in pm.regions
+                  for label, k in (("preprocess", 1), ("node-dpsgd", 3)))
     assert sorted(log[0][1]) == want  # everything, reserved before the first read
     regions = {r.name: r for r in region_groups(data, cfg)}
     P.plan_regions(list(regions.values()), cfg)
     for name in pm.regions:
         charges = store.charges(name)
-        assert {c["status"] for c in charges} == {"charged"} and {
-            c["run_status"] for c in charges
-        } == {"finished"}
+        assert {c["status"] for c in charges} == {"charged"} and {c["run_status"] for c in
+                                                                  charges} == {"finished"}
         got = {(c["label"], c["count"]): events.from_json(c["event"]) for c in charges}
         r = regions[name]
-        assert got == {
-            ("preprocess", 1): preprocess_event(r, cfg),
-            ("node-dpsgd", 3): round_event(r, cfg),
-        }
+        assert got == {("preprocess", 1): preprocess_event(r, cfg),
+                       ("node-dpsgd", 3): round_event(r, cfg)}
     # a run that fails in round 2 is settled to what it executed: preprocessing, round 1
     store2 = current[0] = BudgetStore(tmp_path / "budget2.sqlite")
     real_run = LocalTrainer.run
@@ -277,7 +253,6 @@ def test_reservation_covers_preprocessing_and_rounds_and_settles_to_executed(
         if round == 2:
             raise RuntimeError("crash")
         return real_run(self, *a, round=round, **k)
-
     monkeypatch.setattr(LocalTrainer, "run", failing)
     with pytest.raises(RuntimeError):
         P.train(data, cfg, store=store2)
@@ -285,9 +260,7 @@ def test_reservation_covers_preprocessing_and_rounds_and_settles_to_executed(
     for name in pm.regions:
         charges = store2.charges(name)
         assert sorted((c["label"], c["count"], c["status"]) for c in charges) == [
-            ("node-dpsgd", 1, "charged"),
-            ("preprocess", 1, "charged"),
-        ]
+            ("node-dpsgd", 1, "charged"), ("preprocess", 1, "charged")]
         assert {c["run_status"] for c in charges} == {"failed"}
         assert store2.spent(name)["epsilon"] < store.spent(name)["epsilon"]
     store.close()
@@ -295,7 +268,6 @@ def test_reservation_covers_preprocessing_and_rounds_and_settles_to_executed(
 
 
 # --- one budget path: runtime.job reserves and settles the regions ------------------------
-
 
 def _planned(data, cfg):
     """Regions planned from public facts only (sizes): no record is read."""
@@ -325,9 +297,7 @@ def test_regions_reserve_through_runtime_job_exactly_what_they_may_spend(data):
     job.settle()
     assert store.run_status(job.run_id) == "finished"
     assert [(c["label"], c["count"], c["status"]) for c in store.charges(r.name)] == [
-        ("preprocess", 1, "charged"),
-        ("node-dpsgd", 3, "charged"),
-    ]
+        ("preprocess", 1, "charged"), ("node-dpsgd", 3, "charged")]
     for other in regions[1:]:  # settled to what executed: nothing
         assert store.charges(other.name) == [] and store.spent(other.name)["epsilon"] == 0
     assert store.spent(r.name)["epsilon"] == pytest.approx(r.ledger.epsilon("rdp"), rel=1e-9)
@@ -340,13 +310,8 @@ def test_a_reservation_short_of_the_plan_is_refused_before_the_store_is_touched(
     short = {r.name: planned_charges(r, cfg, rounds=[1]) for r in regions}
     with pytest.raises(ValueError, match="do not cover its plan"):
         reserve_regions(store, regions, cfg, plans, command="t", charges=short)
-    other = {
-        r.name: [
-            PlannedCharge(r.name, "fedavg", c.label, c.event, c.count)
-            for c in planned_charges(r, cfg)
-        ]
-        for r in regions
-    }
+    other = {r.name: [PlannedCharge(r.name, "fedavg", c.label, c.event, c.count)
+                      for c in planned_charges(r, cfg)] for r in regions}
     with pytest.raises(ValueError, match="is not one of method 'mrmtl'"):
         reserve_regions(store, regions, cfg, plans, command="t", charges=other)
     assert store.silos() == []  # nothing registered, nothing reserved
@@ -354,20 +319,8 @@ def test_a_reservation_short_of_the_plan_is_refused_before_the_store_is_touched(
 
 def test_cli_second_train_is_refused_with_exit_2_and_writes_nothing(small_outbreak, tmp_path):
     store = tmp_path / "budget.sqlite"
-    args = [
-        "pandemic",
-        "train",
-        "--data",
-        str(small_outbreak),
-        "--rounds",
-        "1",
-        "--batch",
-        "64",
-        "--epsilon",
-        "6",
-        "--store",
-        str(store),
-    ]
+    args = ["pandemic", "train", "--data", str(small_outbreak), "--rounds", "1", "--batch",
+            "64", "--epsilon", "6", "--store", str(store)]
     r = runner.invoke(app, args + ["--model", str(tmp_path / "m1")])
     assert r.exit_code == 0, r.output
     assert SCRATCH_NOTE not in r.output
@@ -376,9 +329,8 @@ def test_cli_second_train_is_refused_with_exit_2_and_writes_nothing(small_outbre
     assert not (tmp_path / "m2").exists()
     # a scratch store is an experiment: it does not remember, and says so
     for name in ("s1", "s2"):
-        r = runner.invoke(
-            app, args[:-2] + ["--scratch", "--noise", "seeded", "--model", str(tmp_path / name)]
-        )
+        r = runner.invoke(app, args[:-2] + ["--scratch", "--noise", "seeded", "--model",
+                                            str(tmp_path / name)])
         assert r.exit_code == 0, r.output
         flat = " ".join(r.output.split())
         assert SCRATCH_NOTE in flat and SEEDED_NOTE in flat
@@ -387,7 +339,6 @@ def test_cli_second_train_is_refused_with_exit_2_and_writes_nothing(small_outbre
 
 
 # --- preprocessing ----------------------------------------------------------------------
-
 
 def test_default_preprocessing_computes_no_statistic_of_the_data(data, monkeypatch, tmp_path):
     _no_statistics(monkeypatch)
@@ -405,24 +356,9 @@ def test_uncharged_preprocessing_is_listed_by_name(data, small_outbreak, tmp_pat
         assert f"uncharged: {item}" in pm.notes
         assert all(item in p["preprocessing"]["uncharged"] for p in pm.privacy)
     assert pm.constants == {}  # the uncharged statistics are not published in the model
-    r = runner.invoke(
-        app,
-        [
-            "pandemic",
-            "train",
-            "--data",
-            str(small_outbreak),
-            "--rounds",
-            "1",
-            "--batch",
-            "64",
-            "--scratch",
-            "--preprocessing",
-            "uncharged",
-            "--model",
-            str(tmp_path / "m"),
-        ],
-    )
+    r = runner.invoke(app, ["pandemic", "train", "--data", str(small_outbreak), "--rounds", "1",
+                            "--batch", "64", "--scratch", "--preprocessing", "uncharged",
+                            "--model", str(tmp_path / "m")])
     assert r.exit_code == 0, r.output
     flat = " ".join(r.output.split())
     assert "uncharged: model-input standardization" in flat
@@ -430,8 +366,7 @@ def test_uncharged_preprocessing_is_listed_by_name(data, small_outbreak, tmp_pat
 
 
 def test_private_preprocessing_is_charged_before_it_reads_and_leaves_nothing_uncharged(
-    data, monkeypatch
-):
+        data, monkeypatch):
     _no_statistics(monkeypatch)
     log = []
     real_charge, real_release = Ledger.charge, release_vectors
@@ -443,7 +378,6 @@ def test_private_preprocessing_is_charged_before_it_reads_and_leaves_nothing_unc
     def release(*a, **k):
         log.append(("read",))
         return real_release(*a, **k)
-
     monkeypatch.setattr(Ledger, "charge", charge)
     monkeypatch.setattr(pandemic_constants, "release_vectors", release)
     cfg = P.PandemicConfig(**CFG, preprocessing="private")
@@ -463,16 +397,13 @@ def test_private_preprocessing_is_charged_before_it_reads_and_leaves_nothing_unc
         assert c["source"] == "private" and c["age_mean"] != decl.age_mean
         assert (c["lon_mean"], c["lat_mean"]) == (decl.lon_mean, decl.lat_mean)  # places
         # the ledger composed the release with the rounds, within the target
-        rounds_only = NodeLevelDpEvent(
-            p["n"], p["S"], 64, p["noise_multiplier"], p["steps"] // 2, "node+edges"
-        )
+        rounds_only = NodeLevelDpEvent(p["n"], p["S"], 64, p["noise_multiplier"],
+                                         p["steps"] // 2, "node+edges")
         alone = accounting.epsilon(events.compose({rounds_only: 2}), p["delta"], "rdp")
         assert alone < p["epsilon_spent"] <= 8.0
         assert 0 < pre["epsilon_alone"] <= 0.1 * 8.0
     # prediction reuses the released constants: no second release
-    monkeypatch.setattr(
-        pandemic_constants, "release_vectors", lambda *a, **k: pytest.fail("released again")
-    )
+    monkeypatch.setattr(pandemic_constants, "release_vectors", lambda *a, **k: pytest.fail("released again"))
     assert np.isfinite(P.predict(data, pm)).all()
 
 
@@ -484,25 +415,17 @@ def _toy_region(n=120, seed=0):
     sick = rng.choice(n, 30, replace=False)
     for i, d in zip(sick, rng.integers(5, 50, 30)):
         states[i, d:] = 1
-        states[i, min(57, d + 6) :] = 2
-    return dict(
-        src=src,
-        dst=dst,
-        num_nodes=n,
-        start_time=rng.integers(0, 86400, 150).astype(np.int32),
-        duration=rng.integers(60, 40000, 150).astype(np.int32),
-        lid=rng.integers(0, 10, 150).astype(np.int32),
-        age=rng.integers(0, 95, n),
-        sex=rng.integers(1, 3, n),
-        household_size=rng.integers(1, 7, n),
-        activities=rng.integers(0, 2, (n, 6)).astype(np.uint8),
-        frac_out_of_home=rng.random(n).astype(np.float32),
-        states=states,
-        location_ids=np.arange(10),
-        location_flags=rng.integers(0, 2, (10, 6)),
-        longitude=rng.normal(-78, 1, 10),
-        latitude=rng.normal(38, 1, 10),
-    )
+        states[i, min(57, d + 6):] = 2
+    return dict(src=src, dst=dst, num_nodes=n,
+                start_time=rng.integers(0, 86400, 150).astype(np.int32),
+                duration=rng.integers(60, 40000, 150).astype(np.int32),
+                lid=rng.integers(0, 10, 150).astype(np.int32),
+                age=rng.integers(0, 95, n), sex=rng.integers(1, 3, n),
+                household_size=rng.integers(1, 7, n),
+                activities=rng.integers(0, 2, (n, 6)).astype(np.uint8),
+                frac_out_of_home=rng.random(n).astype(np.float32), states=states,
+                location_ids=np.arange(10), location_flags=rng.integers(0, 2, (10, 6)),
+                longitude=rng.normal(-78, 1, 10), latitude=rng.normal(38, 1, 10))
 
 
 @pytest.mark.parametrize("adjacency", ["node", "node+edges"])
@@ -519,32 +442,24 @@ def test_replacing_one_person_moves_at_most_the_affected_release_vectors(adjacen
         mine = (new["src"] == p) | (new["dst"] == p)
         others = np.setdiff1d(np.arange(n), np.r_[p, new["src"][mine], new["dst"][mine]])[:4]
         rows = np.flatnonzero(mine)[:4]
-        new["src"][rows], new["dst"][rows] = p, others[: rows.size]
+        new["src"][rows], new["dst"][rows] = p, others[:rows.size]
     deg = lambda r: np.bincount(np.r_[r["src"], r["dst"]], minlength=n).max()  # noqa: E731
     S = int(max(deg(region), deg(new))) + 2  # no person loses an edge to pruning
     vecs = []
     for r in (region, new):
         F = build_neighbourhood_features(**r, S=S)
-        assert F.index.num_edges == len(
-            {(min(a, b), max(a, b)) for a, b in zip(r["src"], r["dst"]) if a != b}
-        )
+        assert F.index.num_edges == len({(min(a, b), max(a, b)) for a, b in
+                                         zip(r["src"], r["dst"]) if a != b})
         windows = F.sample_windows(np.random.default_rng(1), n)
-        V, widths = release_vectors(
-            F,
-            np.arange(n),
-            age=r["age"],
-            household_size=r["household_size"],
-            windows=windows,
-            pooling="summary",
-            standardize=True,
-        )
+        V, widths = release_vectors(F, np.arange(n), age=r["age"],
+                                      household_size=r["household_size"], windows=windows,
+                                      pooling="summary", standardize=True)
         vecs.append(V)
     moved = np.linalg.norm(vecs[1] - vecs[0], axis=1)
     changed = set(np.flatnonzero(moved > 1e-12).tolist())
 
     def contacts(r):
         return set(r["dst"][r["src"] == p].tolist()) | set(r["src"][r["dst"] == p].tolist())
-
     # exactly the examples that contain p: their own, and their old and new neighbours'
     assert p in changed and changed <= {p} | contacts(region) | contacts(new)
     assert len(changed) <= affected_examples(n, S, adjacency)
@@ -554,7 +469,6 @@ def test_replacing_one_person_moves_at_most_the_affected_release_vectors(adjacen
 
 
 # --- crashes print no record values --------------------------------------------------------
-
 
 def test_errors_quote_no_record_values(data, small_outbreak, tmp_path):
     region = _toy_region()
@@ -576,7 +490,6 @@ def test_errors_quote_no_record_values(data, small_outbreak, tmp_path):
     assert "987654321" not in str(e.value)
     # a malformed CSV row: pyarrow's message quotes it, ours does not
     import shutil
-
     d = tmp_path / "copy"
     shutil.copytree(small_outbreak, d)
     path = d / "va_household.csv"
@@ -612,16 +525,12 @@ def test_models_saved_before_these_fields_load_as_they_were_trained(data, tmp_pa
     (tmp_path / "model.json").write_text(json.dumps(meta))
     old = P.PandemicModel.load(tmp_path)
     assert (old.config.noise, old.config.adjacency, old.config.preprocessing) == (
-        "seeded",
-        "node",
-        "uncharged",
-    )
+        "seeded", "node", "uncharged")
     assert np.array_equal(P.predict(data, old), P.predict(data, pm))
 
 
-def test_an_injected_crash_in_pandemic_training_prints_no_record(
-    small_outbreak, tmp_path, monkeypatch, capsys
-):
+def test_an_injected_crash_in_pandemic_training_prints_no_record(small_outbreak, tmp_path,
+                                                                monkeypatch, capsys):
     """Through the real entry point (`silofl.cli.main`): an exception quoting a person's
     record inside training reaches the terminal as its type only."""
     import sys
@@ -635,26 +544,11 @@ def test_an_injected_crash_in_pandemic_training_prints_no_record(
         pid = int(r.persons[0])
         leaked.append(f"person-{pid}-age")
         raise RuntimeError(f"person-{pid}-age {r.features.num_nodes}")
-
     monkeypatch.setattr(LocalTrainer, "_run_node", boom)
     monkeypatch.setenv("SILOFL_LOG_DIR", str(tmp_path / "logs"))
-    monkeypatch.setattr(
-        sys,
-        "argv",
-        [
-            "silofl",
-            "pandemic",
-            "train",
-            "--data",
-            str(small_outbreak),
-            "--model",
-            str(tmp_path / "m"),
-            "--rounds",
-            "1",
-            "--store",
-            str(tmp_path / "b.sqlite"),
-        ],
-    )
+    monkeypatch.setattr(sys, "argv", [
+        "silofl", "pandemic", "train", "--data", str(small_outbreak), "--model",
+        str(tmp_path / "m"), "--rounds", "1", "--store", str(tmp_path / "b.sqlite")])
     with pytest.raises(SystemExit) as ex:
         cli.main()
     assert ex.value.code == 1

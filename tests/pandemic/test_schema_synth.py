@@ -54,26 +54,12 @@ def _edit_csv(path: Path, fn):
 
 # --- schema -------------------------------------------------------------------------------
 
-
 def test_schema_has_the_seven_challenge_inputs():
     assert [s.stem for s in TABLES.values()] == [
-        "va_person",
-        "va_household",
-        "va_residence_locations",
-        "va_activity_locations",
-        "va_activity_location_assignment",
-        "va_population_network",
-        "va_disease_outcome_training",
-    ]
+        "va_person", "va_household", "va_residence_locations", "va_activity_locations",
+        "va_activity_location_assignment", "va_population_network", "va_disease_outcome_training"]
     assert TABLES["population_network"].required == (
-        "pid1",
-        "pid2",
-        "lid",
-        "start_time",
-        "duration",
-        "activity1",
-        "activity2",
-    )
+        "pid1", "pid2", "lid", "start_time", "duration", "activity1", "activity2")
     assert TABLES["persons"].dtypes["pid"] == np.int32
     assert TARGET.stem == "va_disease_outcome_target"
     assert expected_filenames(with_target=True)[-1] == "va_disease_outcome_target.csv"
@@ -90,7 +76,6 @@ def test_id_index_dense_and_sparse():
 
 # --- generator: files, determinism, manifest -------------------------------------------------
 
-
 def test_writes_all_files_and_manifest(small_outbreak):
     names = sorted(p.name for p in small_outbreak.iterdir())
     assert names == sorted(FILES + ["manifest.json"])
@@ -105,14 +90,11 @@ def test_writes_all_files_and_manifest(small_outbreak):
 def test_same_seed_gives_identical_files_and_other_seed_differs(small_outbreak, tmp_path):
     again = synthesize(tmp_path / "again", **SMALL_OUTBREAK)
     for name in FILES + ["manifest.json"]:
-        assert (tmp_path / "again" / name).read_bytes() == (small_outbreak / name).read_bytes(), (
-            name
-        )
+        assert (tmp_path / "again" / name).read_bytes() == (small_outbreak / name).read_bytes(), name
     other = synthesize(tmp_path / "other", **{**SMALL_OUTBREAK, "seed": 8})
     assert other["content_hash"] != again["content_hash"]
-    assert (tmp_path / "other" / "va_population_network.csv").read_bytes() != (
-        small_outbreak / "va_population_network.csv"
-    ).read_bytes()
+    assert (tmp_path / "other" / "va_population_network.csv").read_bytes() != \
+        (small_outbreak / "va_population_network.csv").read_bytes()
 
 
 def test_rewriting_the_same_dataset_is_a_noop(small_outbreak):
@@ -169,7 +151,6 @@ def test_bad_generator_arguments():
 
 # --- generator: realism ------------------------------------------------------------------------
 
-
 def test_epidemic_targets(small_data, small_outbreak):
     P = small_data.num_persons
     ever_recorded = (small_data.states != 0).any(axis=1) | (small_data.target == 1)
@@ -224,7 +205,6 @@ def test_regions_partition_everyone(small_data):
 
 # --- reading ---------------------------------------------------------------------------------
 
-
 def test_read_dataset_compact_dtypes(small_data):
     d = small_data
     P = d.num_persons
@@ -251,59 +231,34 @@ def test_round_trip_csv_gz_parquet_and_memory(small_data, tmp_path):
     mem = o.to_pandemic_data()
     for fmt in ("csv.gz", "parquet"):
         synthesize(tmp_path / fmt, **SMALL_OUTBREAK, format=fmt)
-        assert {p.suffix for p in (tmp_path / fmt).glob("va_*")} == {
-            ".gz" if fmt == "csv.gz" else ".parquet"
-        }
+        assert {p.suffix for p in (tmp_path / fmt).glob("va_*")} == {".gz" if fmt == "csv.gz" else ".parquet"}
         got = read_dataset(tmp_path / fmt, with_target=True)
         for other in (got, mem):
-            for name in (
-                "pids",
-                "hid",
-                "person_number",
-                "age",
-                "sex",
-                "hh_size",
-                "home_lid",
-                "county",
-                "region",
-                "region_codes",
-                "states",
-                "target",
-            ):
+            for name in ("pids", "hid", "person_number", "age", "sex", "hh_size", "home_lid", "county",
+                         "region", "region_codes", "states", "target"):
                 a, b = getattr(small_data, name), getattr(other, name)
                 assert a.dtype == b.dtype and np.array_equal(a, b), (fmt, name)
             for name in ("src", "dst", "lid", "start_time", "duration", "activity1", "activity2"):
-                assert np.array_equal(
-                    getattr(small_data.network, name), getattr(other.network, name)
-                )
+                assert np.array_equal(getattr(small_data.network, name), getattr(other.network, name))
             for t in ("households", "residence_locations", "activity_locations", "assignment"):
                 pd.testing.assert_frame_equal(getattr(small_data, t), getattr(other, t))
     # the in-memory states include the horizon; the label is the recorded S -> I transition in it
-    onset = (o.states[:, 57:] == 1) & (
-        np.concatenate([o.states[:, 56:57], o.states[:, 57:-1]], 1) == 0
-    )
+    onset = (o.states[:, 57:] == 1) & (np.concatenate([o.states[:, 56:57], o.states[:, 57:-1]], 1) == 0)
     np.testing.assert_array_equal(onset.any(axis=1).astype(np.int8), o.target)
 
 
 def test_reader_accepts_extra_columns_and_any_row_order(copy_of):
-    _edit_csv(
-        copy_of / "va_person.csv", lambda df: df.assign(extra="x").sample(frac=1, random_state=0)
-    )
-    _edit_csv(
-        copy_of / "va_disease_outcome_training.csv", lambda df: df.sample(frac=1, random_state=1)
-    )
+    _edit_csv(copy_of / "va_person.csv", lambda df: df.assign(extra="x").sample(frac=1, random_state=0))
+    _edit_csv(copy_of / "va_disease_outcome_training.csv", lambda df: df.sample(frac=1, random_state=1))
     d = read_dataset(copy_of)
     assert (np.diff(d.pids) > 0).all() and d.states.shape == (4000, 57)
 
 
 # --- bad inputs -----------------------------------------------------------------------------------
 
-
 def test_missing_file(copy_of):
     (copy_of / "va_household.csv").unlink()
-    with pytest.raises(
-        DataError, match=r"missing file.*households.*va_household\.csv.*va_person\.csv"
-    ):
+    with pytest.raises(DataError, match=r"missing file.*households.*va_household\.csv.*va_person\.csv"):
         read_dataset(copy_of)
 
 
@@ -316,9 +271,7 @@ def test_missing_target_only_when_asked(copy_of):
 
 def test_missing_column(copy_of):
     _edit_csv(copy_of / "va_person.csv", lambda df: df.drop(columns=["age"]))
-    with pytest.raises(
-        DataError, match=r"va_person\.csv \(table 'persons'\) lacks required column\(s\) age"
-    ):
+    with pytest.raises(DataError, match=r"va_person\.csv \(table 'persons'\) lacks required column\(s\) age"):
         read_dataset(copy_of)
 
 
@@ -331,9 +284,7 @@ def _no_value(e, *values):
 def test_duplicate_pid(copy_of):
     _edit_csv(copy_of / "va_person.csv", lambda df: pd.concat([df, df.iloc[[5]]]))
     pid = int(pd.read_csv(copy_of / "va_person.csv")["pid"].iloc[5])
-    with pytest.raises(
-        DataError, match=r"duplicate pid \(at va_person\.csv line 7 and va_person\.csv line 4002\)"
-    ) as e:
+    with pytest.raises(DataError, match=r"duplicate pid \(at va_person\.csv line 7 and va_person\.csv line 4002\)") as e:
         read_dataset(copy_of)
     _no_value(e, f"pid {pid}")
 
@@ -343,32 +294,22 @@ def test_unknown_pid_in_network(copy_of):
         row = df.iloc[[0]].copy()
         row["pid2"] = 999_999_999
         return pd.concat([df, row])
-
     _edit_csv(copy_of / "va_population_network.csv", add)
-    with pytest.raises(
-        DataError,
-        match=r"va_population_network\.csv line \d+: column 'pid2' refers to an "
-        r"unknown person",
-    ) as e:
+    with pytest.raises(DataError, match=r"va_population_network\.csv line \d+: column 'pid2' refers to an "
+                                        r"unknown person") as e:
         read_dataset(copy_of)
     _no_value(e, 999999999)
 
 
-@pytest.mark.parametrize(
-    "table", ["va_population_network.csv", "va_activity_location_assignment.csv"]
-)
+@pytest.mark.parametrize("table", ["va_population_network.csv", "va_activity_location_assignment.csv"])
 def test_unknown_lid(copy_of, table):
     def bad(df):
         df = df.copy()
         df.loc[df.index[3], "lid"] = 123_456_789
         return df
-
     _edit_csv(copy_of / table, bad)
-    with pytest.raises(
-        DataError,
-        match=rf"{table.replace('.', '[.]')} line 5: column 'lid' refers to an "
-        r"unknown location",
-    ) as e:
+    with pytest.raises(DataError, match=rf"{table.replace('.', '[.]')} line 5: column 'lid' refers to an "
+                                        r"unknown location") as e:
         read_dataset(copy_of)
     _no_value(e, 123456789)
 
@@ -378,9 +319,7 @@ def test_missing_outcome_days(copy_of):
     df = pd.read_csv(path)
     victim = int(df["pid"].iloc[10])
     df[~((df["pid"] == victim) & df["day"].isin([30, 31]))].to_csv(path, index=False)
-    with pytest.raises(
-        DataError, match=r"incomplete.*a person has no state for day\(s\) 30, 31"
-    ) as e:
+    with pytest.raises(DataError, match=r"incomplete.*a person has no state for day\(s\) 30, 31") as e:
         read_dataset(copy_of)
     _no_value(e, victim)
     with pytest.raises(DataError, match=r"no state for day\(s\) 57, 58, 59 \(4000 person"):
@@ -388,13 +327,9 @@ def test_missing_outcome_days(copy_of):
 
 
 def test_duplicate_outcome_row(copy_of):
-    _edit_csv(
-        copy_of / "va_disease_outcome_training.csv", lambda df: pd.concat([df, df.iloc[[100]]])
-    )
+    _edit_csv(copy_of / "va_disease_outcome_training.csv", lambda df: pd.concat([df, df.iloc[[100]]]))
     pid = int(pd.read_csv(copy_of / "va_disease_outcome_training.csv")["pid"].iloc[100])
-    with pytest.raises(
-        DataError, match=r"line 228002: this person already has a state for that day"
-    ) as e:
+    with pytest.raises(DataError, match=r"line 228002: this person already has a state for that day") as e:
         read_dataset(copy_of)
     _no_value(e, pid)
 
@@ -404,11 +339,8 @@ def test_bad_state_letter(copy_of):
     lines = path.read_text().split("\n")
     lines[20] = lines[20][:-1] + "X"
     path.write_text("\n".join(lines))
-    with pytest.raises(
-        DataError,
-        match=r"va_disease_outcome_training\.csv line 21: column 'state' holds an "
-        r"invalid state",
-    ) as e:
+    with pytest.raises(DataError, match=r"va_disease_outcome_training\.csv line 21: column 'state' holds an "
+                                        r"invalid state") as e:
         read_dataset(copy_of)
     _no_value(e, "'X'")
 
@@ -420,20 +352,14 @@ def test_unparsable_number_names_line(copy_of):
     fields[3] = "forty"
     lines[9] = ",".join(fields)
     path.write_text("\n".join(lines))
-    with pytest.raises(
-        DataError,
-        match=r"va_person\.csv line 10: column 'age' holds a value that is not an "
-        r"integer",
-    ) as e:
+    with pytest.raises(DataError, match=r"va_person\.csv line 10: column 'age' holds a value that is not an "
+                                        r"integer") as e:
         read_dataset(copy_of)
     _no_value(e, "forty", fields[0])  # neither the bad value nor the row's pid
 
 
 def test_ambiguous_duplicate_table_files(copy_of):
-    with (
-        open(copy_of / "va_person.csv", "rb") as src,
-        gzip.open(copy_of / "va_person.csv.gz", "wb") as dst,
-    ):
+    with open(copy_of / "va_person.csv", "rb") as src, gzip.open(copy_of / "va_person.csv.gz", "wb") as dst:
         dst.write(src.read())
     with pytest.raises(DataError, match="stored more than once"):
         read_dataset(copy_of)
@@ -442,9 +368,7 @@ def test_ambiguous_duplicate_table_files(copy_of):
 def test_chunked_csv_reading_matches(small_data, small_outbreak, monkeypatch):
     import silofl.data.columnar as columnar_mod
 
-    monkeypatch.setattr(
-        columnar_mod, "CSV_CHUNK_BYTES", 4096
-    )  # many small pieces, lines split across reads
+    monkeypatch.setattr(columnar_mod, "CSV_CHUNK_BYTES", 4096)  # many small pieces, lines split across reads
     d = read_dataset(small_outbreak, with_target=True)
     np.testing.assert_array_equal(d.states, small_data.states)
     np.testing.assert_array_equal(d.network.src, small_data.network.src)
@@ -455,29 +379,19 @@ def test_distinct_degree_blocks_agree(small_data):
     net = small_data.network
     ref = _distinct_degree(net.src, net.dst, small_data.num_persons)
     for step in (7, 1000, 1 << 24):
-        np.testing.assert_array_equal(
-            synth_outbreak._distinct_degree(net.src, net.dst, small_data.num_persons, step), ref
-        )
+        np.testing.assert_array_equal(synth_outbreak._distinct_degree(net.src, net.dst, small_data.num_persons, step),
+                                      ref)
 
 
 def test_out_of_range_value_names_line(copy_of):
-    _edit_csv(
-        copy_of / "va_activity_location_assignment.csv",
-        lambda df: df.assign(activity_type=df["activity_type"].where(df.index != 2, 300)),
-    )
-    with pytest.raises(
-        DataError,
-        match=r"line 4: column 'activity_type' holds a value that is not an integer "
-        r"in -128\.\.127",
-    ) as e:
+    _edit_csv(copy_of / "va_activity_location_assignment.csv",
+              lambda df: df.assign(activity_type=df["activity_type"].where(df.index != 2, 300)))
+    with pytest.raises(DataError, match=r"line 4: column 'activity_type' holds a value that is not an integer "
+                                        r"in -128\.\.127") as e:
         read_dataset(copy_of)
     _no_value(e, 300)
-    _edit_csv(
-        copy_of / "va_activity_location_assignment.csv",
-        lambda df: df.assign(activity_type=df["activity_type"].where(df.index != 2, 9)),
-    )
-    with pytest.raises(
-        DataError, match=r"line 4: column 'activity_type' holds an invalid activity code"
-    ) as e:
+    _edit_csv(copy_of / "va_activity_location_assignment.csv",
+              lambda df: df.assign(activity_type=df["activity_type"].where(df.index != 2, 9)))
+    with pytest.raises(DataError, match=r"line 4: column 'activity_type' holds an invalid activity code") as e:
         read_dataset(copy_of)
     _no_value(e, "holds 9")

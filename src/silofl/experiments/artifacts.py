@@ -47,15 +47,14 @@ from silofl.models import make_model
 from silofl.privacy.ledger import silo_file_id
 from silofl.privacy.targets import ADJACENCY
 
-POST_PROCESSING = (
-    "Predicting is post-processing of released models: it reads no training "
-    "data and spends no privacy budget."
-)
+POST_PROCESSING = ("Predicting is post-processing of released models: it reads no training "
+                   "data and spends no privacy budget.")
 NON_PRIVATE = "NON-PRIVATE: trained without differential privacy; no guarantee for anyone"
 
 
-# --- what a run hands over ----------------------------------------------------------------------
 
+
+# --- what a run hands over ----------------------------------------------------------------------
 
 def _run_schema(dc) -> dict | None:
     """The declared schema the run encoded its table with (None: no schema, e.g. images,
@@ -78,19 +77,10 @@ def model_spec(cfg, model, fed) -> dict:
     if mc.name == "focal":
         options = {"gamma": model.gamma, "alpha": model.alpha}
     elif hasattr(model, "module"):  # torch: the architecture follows from these
-        options = {
-            "task": model.task,
-            "input_shape": list(model.input_shape),
-            "hidden": list(mc.hidden) or None,
-            "seed": model.seed,
-        }
-    spec = {
-        "name": mc.name,
-        "dim": int(fed.dim),
-        "num_classes": max(fed.num_classes, 2),
-        "options": options,
-        "num_params": int(model.num_params),
-    }
+        options = {"task": model.task, "input_shape": list(model.input_shape),
+                   "hidden": list(mc.hidden) or None, "seed": model.seed}
+    spec = {"name": mc.name, "dim": int(fed.dim), "num_classes": max(fed.num_classes, 2),
+            "options": options, "num_params": int(model.num_params)}
     if hasattr(model, "module"):
         spec["architecture"] = [[n, list(s)] for n, s in zip(model._names, model._shapes)]
     return spec
@@ -98,78 +88,45 @@ def model_spec(cfg, model, fed) -> dict:
 
 def release_info(cfg, model, fed) -> dict:
     """What `save_models` needs beyond the results (kept on `RunReport.release`)."""
-    return {
-        "model": model_spec(cfg, model, fed),
-        "schema": _run_schema(cfg.data),
-        "feature_names": list(fed.feature_names),
-        "task": fed.task,
-        "classes": fed.meta.get("classes"),
-        "input_shape": list(fed.silos[0].X_train.shape[1:]),
-        "constants": fed.meta.get("constants"),
-    }
+    return {"model": model_spec(cfg, model, fed), "schema": _run_schema(cfg.data),
+            "feature_names": list(fed.feature_names), "task": fed.task,
+            "classes": fed.meta.get("classes"),
+            "input_shape": list(fed.silos[0].X_train.shape[1:]),
+            "constants": fed.meta.get("constants")}
 
 
 # --- writing ------------------------------------------------------------------------------------
-
 
 def _json_bytes(obj) -> bytes:
     return dumps_strict(obj, indent=1, ensure_ascii=False).encode()
 
 
 def _privacy_statement(rep, r, k: int) -> dict:
-    base = {
-        "adjacency": ADJACENCY,
-        "noise": rep.noise,
-        "notes": rep.notes(),
-        "uncharged": list(rep.uncharged),
-        "run_id": rep.run_id,
-        "budget_store": rep.store,
-        "scratch_store": rep.scratch,
-    }
+    base = {"adjacency": ADJACENCY, "noise": rep.noise, "notes": rep.notes(),
+            "uncharged": list(rep.uncharged), "run_id": rep.run_id,
+            "budget_store": rep.store, "scratch_store": rep.scratch}
     if not rep.config.privacy.enabled or r.ledgers is None:
         return {"private": False, "statement": NON_PRIVATE, **base}
     led = r.privacy()[k]
     job = rep.combined_privacy[k] if k < len(rep.combined_privacy) else {}
     eps = led["epsilon"]
-    statement = (
-        f"this model: ({eps:.4g}, {led['delta']:g})-DP for the records of this silo "
-        f"(add/remove one record), {led['accountant']} accountant"
-    )
+    statement = (f"this model: ({eps:.4g}, {led['delta']:g})-DP for the records of this silo "
+                 f"(add/remove one record), {led['accountant']} accountant")
     if job.get("epsilon") is not None:
-        statement += (
-            f"; all of this job's models and constants for the silo together: "
-            f"({job['epsilon']:.4g}, {led['delta']:g})-DP"
-        )
+        statement += (f"; all of this job's models and constants for the silo together: "
+                      f"({job['epsilon']:.4g}, {led['delta']:g})-DP")
     if rep.noise == "seeded" or rep.scratch:
         statement += "; " + "; ".join(n for n in rep.notes() if not n.startswith("uncharged"))
-    return {
-        "private": True,
-        "statement": statement,
-        **base,
-        "epsilon": eps,
-        "accountant": led["accountant"],
-        "delta": led["delta"],
-        "epsilon_rdp": led["epsilon_rdp"],
-        "epsilon_pld": led["epsilon_pld"],
-        "target_epsilon": led["target_epsilon"],
-        "noise_multiplier": led.get("noise_multiplier"),
-        "calibrated_for": led.get("calibrated_for"),
-        "job": {
-            key: job.get(key)
-            for key in (
-                "epsilon",
-                "accountant",
-                "epsilon_rdp",
-                "epsilon_pld",
-                "target_epsilon",
-                "methods",
-            )
-        },
-        "job_note": (
-            "'job' is this silo's spend for the whole job (private preprocessing "
-            "and every method composed): what releasing all its models costs"
-        ),
-    }
+    return {"private": True, "statement": statement, **base,
+            "epsilon": eps, "accountant": led["accountant"], "delta": led["delta"],
+            "epsilon_rdp": led["epsilon_rdp"], "epsilon_pld": led["epsilon_pld"],
+            "target_epsilon": led["target_epsilon"],
+            "noise_multiplier": led.get("noise_multiplier"),
+            "calibrated_for": led.get("calibrated_for"),
+            "job": {key: job.get(key) for key in ("epsilon", "accountant", "epsilon_rdp",
+                                                  "epsilon_pld", "target_epsilon", "methods")},
+            "job_note": ("'job' is this silo's spend for the whole job (private preprocessing "
+                         "and every method composed): what releasing all its models costs")}
 
 
 def save_models(rep) -> Path:
@@ -178,10 +135,8 @@ def save_models(rep) -> Path:
     info = rep.release
     root = rep.run_dir / "models"
     tc = rep.config.training
-    hyper = {
-        k: getattr(tc, k)
-        for k in ("rounds", "local_epochs", "batch_size", "lr", "clip", "l2", "seed", "weighted")
-    }
+    hyper = {k: getattr(tc, k) for k in ("rounds", "local_epochs", "batch_size", "lr", "clip",
+                                          "l2", "seed", "weighted")}
     constants = info.get("constants") or {}
     version = silofl_version()
     for r in rep.results:
@@ -194,92 +149,63 @@ def save_models(rep) -> Path:
         for k, name in enumerate(r.silos):
             fid = silo_file_id(name)
             files = {"params": f"model-{fid}.npz", "card": f"card-{fid}.json"}
-            write_npz_atomic(
-                d / files["params"],
-                params=np.asarray(r.params[k], dtype=np.float64),
-                spec=np.array(spec_json),
-            )
+            write_npz_atomic(d / files["params"],
+                             params=np.asarray(r.params[k], dtype=np.float64),
+                             spec=np.array(spec_json))
             plan = r.plans[k].to_dict() if r.plans else {}
             card = {
-                "format": FORMAT,
-                "format_version": FORMAT_VERSION,
-                "silofl_version": version,
-                "kind": "model card",
-                "silo": name,
-                "file_id": fid,
-                "method": {"label": label, **r.method},
-                "hyperparameters": hyper,
-                "model": spec,
-                "task": info["task"],
-                "classes": info["classes"],
+                "format": FORMAT, "format_version": FORMAT_VERSION,
+                "silofl_version": version, "kind": "model card",
+                "silo": name, "file_id": fid,
+                "method": {"label": label, **r.method}, "hyperparameters": hyper,
+                "model": spec, "task": info["task"], "classes": info["classes"],
                 "n_train": plan.get("n_train"),
                 "preprocessing": {
-                    "feature_names": info["feature_names"],
-                    "schema": info["schema"],
-                    "steps": rep.preprocessing,
-                    "clip": constants.get("clip", {}),
+                    "feature_names": info["feature_names"], "schema": info["schema"],
+                    "steps": rep.preprocessing, "clip": constants.get("clip", {}),
                     **(constants.get("silos", {}).get(name) or {"fill": {}, "standardize": {}}),
                     "order": "encode by the schema, clip to 'clip', fill gaps with 'fill', "
-                    "then (x - center) / scale per 'standardize'",
-                    "note": (
-                        "declared constants are public; private ones are post-processed "
-                        "outputs of this silo's charged Gaussian release; uncharged ones "
-                        "are listed under privacy.uncharged"
-                    ),
-                },
+                             "then (x - center) / scale per 'standardize'",
+                    "note": ("declared constants are public; private ones are post-processed "
+                             "outputs of this silo's charged Gaussian release; uncharged ones "
+                             "are listed under privacy.uncharged")},
                 "data_fingerprint": {
                     "run": rep.run_id,
                     "note": "the silo's budget store (silo-internal) records the fingerprint "
-                    "of the rows this run read under this run id. A hash of the "
-                    "records is never put in a card: whoever knows all records but "
-                    "one could test both candidates against it",
-                },
+                            "of the rows this run read under this run id. A hash of the "
+                            "records is never put in a card: whoever knows all records but "
+                            "one could test both candidates against it"},
                 "privacy": _privacy_statement(rep, r, k),
-                "files": files,
-            }
+                "files": files}
             write_bytes_atomic(d / files["card"], _json_bytes(card))
-            silos.append(
-                {"name": name, "file_id": fid, **files, "sha256": file_hashes(d, files)}
-            )  # checked on load
+            silos.append({"name": name, "file_id": fid, **files,
+                          "sha256": file_hashes(d, files)})  # checked on load
         shared = r.shared if r.method["name"] != "local" else None  # Local has no server model
         if shared is not None:
-            write_npz_atomic(
-                d / "shared.npz", params=np.asarray(shared, np.float64), spec=np.array(spec_json)
-            )
-        manifest = {
-            "format": FORMAT,
-            "format_version": FORMAT_VERSION,
-            "silofl_version": version,
-            "method": label,
-            "method_params": r.method,
-            "model": spec,
-            "task": info["task"],
-            "classes": info["classes"],
-            "feature_names": info["feature_names"],
-            "input_shape": info["input_shape"],
-            "schema": info["schema"],
-            "private": rep.config.privacy.enabled,
-            "noise": rep.noise,
-            "notes": rep.notes(),
-            "run_id": rep.run_id,
-            "silos": silos,
-            "shared": "shared.npz" if shared is not None else None,
-            "shared_kind": None
-            if shared is None
-            else ("clusters" if np.ndim(shared) == 2 else "server model"),
-            "shared_sha256": None if shared is None else sha256_file(d / "shared.npz"),
-        }
+            write_npz_atomic(d / "shared.npz", params=np.asarray(shared, np.float64),
+                             spec=np.array(spec_json))
+        manifest = {"format": FORMAT, "format_version": FORMAT_VERSION,
+                    "silofl_version": version, "method": label, "method_params": r.method,
+                    "model": spec, "task": info["task"], "classes": info["classes"],
+                    "feature_names": info["feature_names"], "input_shape": info["input_shape"],
+                    "schema": info["schema"], "private": rep.config.privacy.enabled,
+                    "noise": rep.noise, "notes": rep.notes(), "run_id": rep.run_id,
+                    "silos": silos, "shared": "shared.npz" if shared is not None else None,
+                    "shared_kind": None if shared is None else
+                    ("clusters" if np.ndim(shared) == 2 else "server model"),
+                    "shared_sha256": None if shared is None else
+                    sha256_file(d / "shared.npz")}
         write_bytes_atomic(d / "manifest.json", _json_bytes(manifest))
     return root
 
 
 # --- loading and predicting ---------------------------------------------------------------------
 
-
 def _choose(what: str, name: str, valid: list[str]) -> str:
     near = difflib.get_close_matches(name, valid, n=1)
     hint = f" Did you mean {near[0]!r}?" if near else ""
-    raise ConfigError(f"unknown {what} {name!r}; valid: {', '.join(repr(v) for v in valid)}.{hint}")
+    raise ConfigError(f"unknown {what} {name!r}; valid: {', '.join(repr(v) for v in valid)}."
+                      f"{hint}")
 
 
 @dataclass
@@ -311,12 +237,11 @@ class Predictor:
 
     def __post_init__(self):
         spec = self.manifest["model"]
-        self.model = make_model(spec["name"], spec["dim"], spec["num_classes"], **spec["options"])
+        self.model = make_model(spec["name"], spec["dim"], spec["num_classes"],
+                                **spec["options"])
         if self.params.shape != (self.model.num_params,):
-            raise DataError(
-                f"saved parameters of silo {self.silo!r} have shape "
-                f"{self.params.shape}, the model needs ({self.model.num_params},)"
-            )
+            raise DataError(f"saved parameters of silo {self.silo!r} have shape "
+                            f"{self.params.shape}, the model needs ({self.model.num_params},)")
 
     @property
     def feature_names(self) -> list[str]:
@@ -341,11 +266,9 @@ class Predictor:
 
     def _encode(self, df: pd.DataFrame) -> np.ndarray:
         if self.manifest.get("schema") is None:
-            raise DataError(
-                "this run has no declared schema saved, so a table cannot be "
-                "encoded; pass an array of encoded features in the order of "
-                "feature_names instead"
-            )
+            raise DataError("this run has no declared schema saved, so a table cannot be "
+                            "encoded; pass an array of encoded features in the order of "
+                            "feature_names instead")
         schema = schema_from_dict(self.manifest["schema"], where="saved schema")
         lab = schema.label
         # the encoder needs a label column; predictions never read it
@@ -382,9 +305,8 @@ class Predictor:
         else:
             X = np.asarray(data)
             if X.ndim < 2 or X.shape[1:] != shape:
-                raise DataError(
-                    f"expected an array of shape (n, {', '.join(map(str, shape))}), got {X.shape}"
-                )
+                raise DataError(f"expected an array of shape (n, {', '.join(map(str, shape))}),"
+                                f" got {X.shape}")
         if len(shape) > 1:  # images: no preprocessing
             return X
         X = np.array(X, dtype=np.float64)
@@ -402,7 +324,8 @@ class Predictor:
         bad = np.isnan(X).any(axis=0)
         if bad.any():
             cols = [names[j] for j in np.flatnonzero(bad)][:8]
-            raise DataError(f"missing values in column(s) {cols} that this model has no fill for")
+            raise DataError(f"missing values in column(s) {cols} that this model has no "
+                            "fill for")
         return X
 
     def predict(self, data) -> np.ndarray:
@@ -463,17 +386,14 @@ class Predictor:
         try:
             from sklearn import linear_model, svm
         except ModuleNotFoundError:
-            raise ConfigError(
-                "exporting to scikit-learn needs scikit-learn, which is not "
-                'installed: pip install scikit-learn (or "silofl[sklearn]")'
-            ) from None
+            raise ConfigError('exporting to scikit-learn needs scikit-learn, which is not '
+                              'installed: pip install scikit-learn (or "silofl[sklearn]")'
+                              ) from None
         name = self.model.name
         d = self.manifest["model"]["dim"]
         if name not in ("linear", "logistic", "focal", "svm", "softmax"):
-            raise ConfigError(
-                f"model {name!r} has no scikit-learn counterpart; only GLMs "
-                "(linear, logistic, focal, svm, softmax) export"
-            )
+            raise ConfigError(f"model {name!r} has no scikit-learn counterpart; only GLMs "
+                              "(linear, logistic, focal, svm, softmax) export")
         W = self.params.reshape(-1, d + 1)
         coef, icpt = W[:, :d], W[:, d]
         if name == "linear":
@@ -534,10 +454,8 @@ class SavedRun:
         if method is None:
             if len(labels) == 1:
                 return labels[0]
-            raise ConfigError(
-                f"this run saved {len(labels)} methods; choose one with "
-                f"--method (method= in Python): {', '.join(repr(m) for m in labels)}"
-            )
+            raise ConfigError(f"this run saved {len(labels)} methods; choose one with "
+                              f"--method (method= in Python): {', '.join(repr(m) for m in labels)}")
         if method in labels:
             return method
         same = [m for m in labels if self._manifests[m]["method_params"]["name"] == method]
@@ -675,14 +593,10 @@ def load_run(path) -> SavedRun:
         # a newcomer passes the folder of runs (`runs`), not one run (`runs/<time>`)
         inner = sorted({str(q.parents[2]) for q in p.glob("*/models/*/manifest.json")})
         if inner:
-            raise ConfigError(
-                f"{str(p)!r} is a folder of runs, not one run: pass one of its "
-                f"run directories, e.g. --run {inner[-1]!r}"
-            )
-        raise ConfigError(
-            f"{str(p)!r} holds no saved models (no models/<method>/manifest.json)"
-            "; runs of silofl before model saving kept none: run again"
-        )
+            raise ConfigError(f"{str(p)!r} is a folder of runs, not one run: pass one of its "
+                              f"run directories, e.g. --run {inner[-1]!r}")
+        raise ConfigError(f"{str(p)!r} holds no saved models (no models/<method>/manifest.json)"
+                          "; runs of silofl before model saving kept none: run again")
     manifests = {}
     for f in found:
         try:
@@ -692,14 +606,10 @@ def load_run(path) -> SavedRun:
         if man.get("format") != FORMAT or not isinstance(man.get("format_version"), int):
             raise ConfigError(f"{str(f)!r} is not a silofl model manifest")
         if man["format_version"] > FORMAT_VERSION:
-            raise ConfigError(
-                f"{str(f)!r} has model format {man['format_version']}; this "
-                f"silofl reads up to {FORMAT_VERSION}: upgrade silofl"
-            )
+            raise ConfigError(f"{str(f)!r} has model format {man['format_version']}; this "
+                              f"silofl reads up to {FORMAT_VERSION}: upgrade silofl")
         if man.get("method") != f.parent.name:  # a manifest copied from another method
-            raise ConfigError(
-                f"{str(f)!r} describes method {man.get('method')!r}, not the "
-                f"folder {f.parent.name!r} it is in: restore the run directory"
-            )
+            raise ConfigError(f"{str(f)!r} describes method {man.get('method')!r}, not the "
+                              f"folder {f.parent.name!r} it is in: restore the run directory")
         manifests[man["method"]] = man
     return SavedRun(p, manifests)

@@ -28,7 +28,8 @@ from silofl.models.metrics import METRICS, default_metric
 from silofl.privacy.targets import PrivacyTarget
 from silofl.runtime.plan import TrainingConfig
 
-SOURCES = ("heart", "table", "school", "exam", "titanic", "mnist", "synthetic", "mnist_dirichlet")
+SOURCES = ("heart", "table", "school", "exam", "titanic", "mnist", "synthetic",
+           "mnist_dirichlet")
 # DataConfig keys that only one source reads: setting them for another source is an error.
 SOURCE_KEYS = {
     "mnist": ("train_per_silo", "test_per_silo", "mask_prob"),
@@ -36,22 +37,12 @@ SOURCE_KEYS = {
     "table": ("sep", "encoding", "drop"),  # how its CSV is read
 }
 #: keys two MNIST sources share (allowed under either)
-MNIST_SHARED = {
-    "train_per_silo": ("mnist", "mnist_dirichlet"),
-    "test_per_silo": ("mnist", "mnist_dirichlet"),
-}
+MNIST_SHARED = {"train_per_silo": ("mnist", "mnist_dirichlet"),
+                "test_per_silo": ("mnist", "mnist_dirichlet")}
 # Sources whose table can be split into simulated silos (data.split and its keys).
 SPLIT_SOURCES = ("table", "heart", "titanic")
-SPLIT_KEYS = (
-    "split",
-    "alpha",
-    "size_law",
-    "power",
-    "split_feature",
-    "group_size",
-    "split_bins",
-    "label_purity",
-)
+SPLIT_KEYS = ("split", "alpha", "size_law", "power", "split_feature", "group_size",
+              "split_bins", "label_purity")
 MIN_SIZE_SOURCES = (*SPLIT_SOURCES, "exam")  # data.min_silo_size: split minimum / exam filter
 DEFAULT_SILOS = {"table": 10, "mnist": 40, "mnist_dirichlet": 80}  # data.num_silos = 0 means these
 GENERATORS = {"linear": D.linear_silos, "mean": D.mean_estimation, "vehicle": D.vehicle_like}
@@ -60,21 +51,15 @@ GENERATORS = {"linear": D.linear_silos, "mean": D.mean_estimation, "vehicle": D.
 def _check_own_table_keys(dc: DataConfig) -> None:
     """A table's keys under a built-in source: the source would train on its own data while
     the user believes their table was used (the default source is the heart demo)."""
-    used = [
-        k
-        for k in ("path", "label_column", "silo_column")
-        if getattr(dc, k)
-        and not (k == "path" and dc.source in ("table", "school"))
-        and dc.source != "table"
-    ]
+    used = [k for k in ("path", "label_column", "silo_column")
+            if getattr(dc, k) and not (k == "path" and dc.source in ("table", "school"))
+            and dc.source != "table"]
     if used:
         keys = ", ".join(f"data.{k}" for k in used)
-        raise ConfigError(
-            f"{keys} name your own table, but data.source is {dc.source!r} "
-            "(the default is the built-in heart data), which ignores them; add "
-            'source = "table" under [data] to train on your table (or '
-            f"remove {keys})"
-        )
+        raise ConfigError(f"{keys} name your own table, but data.source is {dc.source!r} "
+                          "(the default is the built-in heart data), which ignores them; add "
+                          "source = \"table\" under [data] to train on your table (or "
+                          f"remove {keys})")
 
 
 def _check_source_keys(dc: DataConfig) -> None:
@@ -85,11 +70,9 @@ def _check_source_keys(dc: DataConfig) -> None:
             if key == "alpha" and dc.source == "mnist_dirichlet":  # its label skew
                 continue
             if getattr(dc, key) != getattr(default, key):
-                raise ConfigError(
-                    f"data.{key} applies only to data.source = 'table', 'heart' "
-                    f"or 'titanic' (simulated silos), but the source is "
-                    f"{dc.source!r}; remove data.{key}"
-                )
+                raise ConfigError(f"data.{key} applies only to data.source = 'table', 'heart' "
+                                  f"or 'titanic' (simulated silos), but the source is "
+                                  f"{dc.source!r}; remove data.{key}")
     _check_own_table_keys(dc)
     for source, keys in SOURCE_KEYS.items():
         if dc.source == source:
@@ -98,28 +81,21 @@ def _check_source_keys(dc: DataConfig) -> None:
             if dc.source in MNIST_SHARED.get(key, ()):
                 continue
             if getattr(dc, key) != getattr(default, key):
-                raise ConfigError(
-                    f"data.{key} applies only to data.source = {source!r}, but "
-                    f"the source is {dc.source!r}; remove data.{key}"
-                )
+                raise ConfigError(f"data.{key} applies only to data.source = {source!r}, but "
+                                  f"the source is {dc.source!r}; remove data.{key}")
     if dc.num_silos and dc.source not in (*SPLIT_SOURCES, "mnist", "mnist_dirichlet"):
-        raise ConfigError(
-            f"data.num_silos applies only to data.source = 'table', 'heart' or "
-            f"'titanic' (with data.split) or 'mnist', but the source is "
-            f"{dc.source!r}; remove it"
-        )
+        raise ConfigError(f"data.num_silos applies only to data.source = 'table', 'heart' or "
+                          f"'titanic' (with data.split) or 'mnist', but the source is "
+                          f"{dc.source!r}; remove it")
     if dc.min_silo_size and dc.source not in MIN_SIZE_SOURCES:
-        raise ConfigError(
-            f"data.min_silo_size applies only to data.source = 'table', 'heart' "
-            f"or 'titanic' (with data.split) or 'exam', but the source is "
-            f"{dc.source!r}; remove it"
-        )
+        raise ConfigError(f"data.min_silo_size applies only to data.source = 'table', 'heart' "
+                          f"or 'titanic' (with data.split) or 'exam', but the source is "
+                          f"{dc.source!r}; remove it")
     if dc.min_silo_size < 0:
         raise ConfigError(f"data.min_silo_size must be >= 0, got {dc.min_silo_size}")
     if dc.num_silos < 0:
-        raise ConfigError(
-            f"data.num_silos must be positive (0 = the source's default), got {dc.num_silos}"
-        )
+        raise ConfigError(f"data.num_silos must be positive (0 = the source's default), "
+                          f"got {dc.num_silos}")
 
 
 def _refuse_split_keys(dc: DataConfig, why: str) -> None:
@@ -127,10 +103,8 @@ def _refuse_split_keys(dc: DataConfig, why: str) -> None:
     default = DataConfig()
     for key in (*SPLIT_KEYS, "num_silos", "min_silo_size"):
         if getattr(dc, key) != getattr(default, key):
-            raise ConfigError(
-                f"data.{key} applies only when silos are simulated with "
-                f"data.split, but {why}; remove data.{key} (or set data.split)"
-            )
+            raise ConfigError(f"data.{key} applies only when silos are simulated with "
+                              f"data.split, but {why}; remove data.{key} (or set data.split)")
 
 
 def _heart_pooled_frame():
@@ -145,67 +119,37 @@ def _split_table(dc: DataConfig) -> RawFederation:
     """data.split for data.source 'table', 'heart' or 'titanic': one pooled table cut into
     simulated silos."""
     if dc.silo_column:
-        raise ConfigError(
-            f"data.silo_column ({dc.silo_column!r}) and data.split "
-            f"({dc.split!r}) both say how to form silos; give only one"
-        )
+        raise ConfigError(f"data.silo_column ({dc.silo_column!r}) and data.split "
+                          f"({dc.split!r}) both say how to form silos; give only one")
     if dc.split not in D.SPLITS:
         near = difflib.get_close_matches(dc.split, D.SPLITS, n=1)
         hint = f" Did you mean {near[0]!r}?" if near else ""
-        raise ConfigError(
-            f"unknown data.split {dc.split!r}; choose one of {', '.join(D.SPLITS)}.{hint}"
-        )
-    if (
-        dc.split in ("feature_range", "shared_range", "age_strict", "age_some")
-        and not dc.split_feature
-    ):
-        raise ConfigError(
-            f"data.split = {dc.split!r} needs data.split_feature, the column "
-            "whose value ranges define the silos"
-        )
+        raise ConfigError(f"unknown data.split {dc.split!r}; choose one of "
+                          f"{', '.join(D.SPLITS)}.{hint}")
+    if dc.split in ("feature_range", "shared_range", "age_strict", "age_some") and \
+            not dc.split_feature:
+        raise ConfigError(f"data.split = {dc.split!r} needs data.split_feature, the column "
+                          "whose value ranges define the silos")
     if dc.split == "by_category" and not dc.split_feature:
-        raise ConfigError(
-            "data.split = 'by_category' needs data.split_feature, the "
-            "categorical column whose levels define the silos (e.g. 'sex')"
-        )
-    kw = dict(
-        num_silos=dc.num_silos or (None if dc.split in D.SEED_SPLITS else DEFAULT_SILOS["table"]),
-        alpha=dc.alpha,
-        size_law=dc.size_law,
-        power=dc.power,
-        feature=dc.split_feature or None,
-        group_size=dc.group_size,
-        bins=dc.split_bins or None,
-        label_purity=dc.label_purity,
-        min_size=dc.min_silo_size or 10,
-        test_fraction=dc.test_fraction,
-        seed=dc.seed,
-    )
+        raise ConfigError("data.split = 'by_category' needs data.split_feature, the "
+                          "categorical column whose levels define the silos (e.g. 'sex')")
+    kw = dict(num_silos=dc.num_silos or (None if dc.split in D.SEED_SPLITS
+                                         else DEFAULT_SILOS["table"]),
+              alpha=dc.alpha, size_law=dc.size_law, power=dc.power,
+              feature=dc.split_feature or None, group_size=dc.group_size,
+              bins=dc.split_bins or None, label_purity=dc.label_purity,
+              min_size=dc.min_silo_size or 10, test_fraction=dc.test_fraction, seed=dc.seed)
     if dc.source == "heart":
-        raw = D.split_frame_raw(
-            _heart_pooled_frame(),
-            _heart.TARGET,
-            dc.split,
-            schema=_schema(dc) or D.heart_schema(),
-            missing=dc.missing,
-            name="heart-disease",
-            **kw,
-        )
+        raw = D.split_frame_raw(_heart_pooled_frame(), _heart.TARGET, dc.split,
+                                schema=_schema(dc) or D.heart_schema(), missing=dc.missing,
+                                name="heart-disease", **kw)
         raw.meta["source"] = f"silofl.data/builtin/{_heart.HEART_FILE} (hospitals pooled)"
         return raw
     if dc.source == "titanic":
         return D.load_titanic_raw(dc.split, missing=dc.missing, schema=_schema(dc), **kw)
-    return D.split_table_raw(
-        dc.path,
-        dc.label_column,
-        dc.split,
-        schema=_schema(dc),
-        task=dc.task,
-        features=dc.features or None,
-        missing=dc.missing,
-        read_options=_read_options(dc),
-        **kw,
-    )
+    return D.split_table_raw(dc.path, dc.label_column, dc.split, schema=_schema(dc),
+                             task=dc.task, features=dc.features or None, missing=dc.missing,
+                             read_options=_read_options(dc), **kw)
 
 
 def _read_options(dc: DataConfig) -> dict:
@@ -225,9 +169,8 @@ def load_federation(dc: DataConfig) -> Federation:
     """The finished federation for preprocessing that needs no budget (declared,
     uncharged or none); private preprocessing goes through `load_raw` and
     `plan_preprocessing` so that it is charged first (see `experiments.run`)."""
-    return preprocess_without_budget(
-        load_raw(dc), preprocess_spec(dc), f"data.source {dc.source!r}"
-    )
+    return preprocess_without_budget(load_raw(dc), preprocess_spec(dc), f"data.source "
+                                     f"{dc.source!r}")
 
 
 def plan_data(dc: DataConfig, raw: RawFederation, accountant: str | None):
@@ -247,18 +190,14 @@ def load_raw(dc: DataConfig) -> RawFederation:
 def _load_raw(dc: DataConfig) -> RawFederation:
     common = dict(test_fraction=dc.test_fraction, seed=dc.seed)
     if dc.schema and dc.source not in ("heart", "table", "school", "exam", "titanic"):
-        raise ConfigError(
-            f"data.schema applies to tables (heart, table, school, exam, "
-            f"titanic), not to "
-            f"data.source = {dc.source!r}; remove it"
-        )
+        raise ConfigError(f"data.schema applies to tables (heart, table, school, exam, "
+                          f"titanic), not to "
+                          f"data.source = {dc.source!r}; remove it")
     if dc.source in SOURCES:  # an unknown source gets its nearest-name hint below
         _check_source_keys(dc)
     if dc.options and dc.source in ("exam", "mnist", "mnist_dirichlet"):
-        raise ConfigError(
-            f"data.options applies only to data.source = 'synthetic'; for "
-            f"{dc.source!r} set its keys directly under [data]"
-        )
+        raise ConfigError(f"data.options applies only to data.source = 'synthetic'; for "
+                          f"{dc.source!r} set its keys directly under [data]")
     if dc.source == "heart":
         if dc.split:
             return _split_table(dc)
@@ -266,93 +205,64 @@ def _load_raw(dc: DataConfig) -> RawFederation:
         return D.load_heart_disease_raw(missing=dc.missing, schema=_schema(dc), **common)
     if dc.source == "titanic":
         if not dc.split:
-            raise ConfigError(
-                "data.source = 'titanic' has no natural silos; set data.split "
-                "(" + " | ".join(D.SPLITS) + "), e.g. split = 'age_strict' "
-                "with split_feature = 'age' and split_bins = [0, 18, 40, 100]"
-            )
+            raise ConfigError("data.source = 'titanic' has no natural silos; set data.split "
+                              "(" + " | ".join(D.SPLITS) + "), e.g. split = 'age_strict' "
+                              "with split_feature = 'age' and split_bins = [0, 18, 40, 100]")
         return _split_table(dc)
     if dc.source == "table":
         if not dc.path or not dc.label_column or not (dc.silo_column or dc.split):
-            raise ConfigError(
-                "data.source = 'table' needs data.path, data.label_column and "
-                "either data.silo_column (a column naming each row's silo) or "
-                "data.split (simulate silos: " + " | ".join(D.SPLITS) + ")"
-            )
+            raise ConfigError("data.source = 'table' needs data.path, data.label_column and "
+                              "either data.silo_column (a column naming each row's silo) or "
+                              "data.split (simulate silos: " + " | ".join(D.SPLITS) + ")")
         if dc.split:
             return _split_table(dc)
         _refuse_split_keys(dc, f"data.silo_column = {dc.silo_column!r} names the silos")
-        return D.load_table_raw(
-            dc.path,
-            dc.silo_column,
-            dc.label_column,
-            task=dc.task,
-            features=dc.features or None,
-            missing=dc.missing,
-            schema=_schema(dc),
-            min_silo_rows=dc.min_silo_rows,
-            small_silos=dc.small_silos,
-            read_options=_read_options(dc),
-            **common,
-        )
+        return D.load_table_raw(dc.path, dc.silo_column, dc.label_column, task=dc.task,
+                                features=dc.features or None, missing=dc.missing,
+                                schema=_schema(dc), min_silo_rows=dc.min_silo_rows,
+                                small_silos=dc.small_silos, read_options=_read_options(dc),
+                                **common)
     if dc.source == "exam":
         return D.load_exam_raw(min_size=dc.min_silo_size, schema=_schema(dc), **common)
     if dc.source == "mnist":  # images: pixels share the public [0, 1] scale
-        return RawFederation.from_federation(
-            D.load_rotated_masked_mnist(
-                num_silos=dc.num_silos or DEFAULT_SILOS["mnist"],
-                train_per_silo=dc.train_per_silo or 1500,
-                test_per_silo=dc.test_per_silo or 250,
-                mask_prob=dc.mask_prob,
-                seed=dc.seed,
-            )
-        )
+        return RawFederation.from_federation(D.load_rotated_masked_mnist(
+            num_silos=dc.num_silos or DEFAULT_SILOS["mnist"],
+            train_per_silo=dc.train_per_silo or 1500,
+            test_per_silo=dc.test_per_silo or 250, mask_prob=dc.mask_prob, seed=dc.seed))
     if dc.source == "mnist_dirichlet":  # PrivateKT's setting: Dirichlet label mixes + D_p
-        return RawFederation.from_federation(
-            load_dirichlet_mnist(
-                num_silos=dc.num_silos or DEFAULT_SILOS["mnist_dirichlet"],
-                train_per_silo=dc.train_per_silo or 600,
-                test_per_silo=dc.test_per_silo or 125,
-                alpha=dc.alpha,
-                public_fraction=dc.public_fraction,
-                public_size=dc.public_size,
-                flatten=dc.flatten,
-                seed=dc.seed,
-            )
-        )
+        return RawFederation.from_federation(load_dirichlet_mnist(
+            num_silos=dc.num_silos or DEFAULT_SILOS["mnist_dirichlet"],
+            train_per_silo=dc.train_per_silo or 600,
+            test_per_silo=dc.test_per_silo or 125,
+            alpha=dc.alpha, public_fraction=dc.public_fraction, public_size=dc.public_size,
+            flatten=dc.flatten, seed=dc.seed))
     if dc.source == "school":
         # data.path is optional: the School data ships with silofl
         return D.load_school_raw(dc.path or None, schema=_schema(dc), **common)
     if dc.source == "synthetic":
         gen = GENERATORS.get(dc.generator)
         if gen is None:
-            raise ConfigError(
-                f"unknown data.generator {dc.generator!r}; choose one of {', '.join(GENERATORS)}"
-            )
+            raise ConfigError(f"unknown data.generator {dc.generator!r}; choose one of "
+                              f"{', '.join(GENERATORS)}")
         params = inspect.signature(gen).parameters
         for key in dc.options:
             if key not in params:
                 near = difflib.get_close_matches(key, list(params), n=1)
                 hint = f"; did you mean {near[0]!r}?" if near else ""
-                raise ConfigError(
-                    f"unknown option data.options.{key} for generator {dc.generator!r}{hint}"
-                )
+                raise ConfigError(f"unknown option data.options.{key} for generator "
+                                  f"{dc.generator!r}{hint}")
         kw = dict(dc.options)
         if "seed" in params:
             kw.setdefault("seed", dc.seed)
         if "test_fraction" in params:
             kw.setdefault("test_fraction", dc.test_fraction)
         if "standardize" in kw:
-            raise ConfigError(
-                "data.options.standardize: set data.standardize instead (it "
-                "applies to every source)"
-            )
+            raise ConfigError("data.options.standardize: set data.standardize instead (it "
+                              "applies to every source)")
         return RawFederation.from_federation(gen(**kw), simulated=True)
     near = difflib.get_close_matches(dc.source, SOURCES, n=1)
     hint = f" Did you mean {near[0]!r}?" if near else ""
-    raise ConfigError(
-        f"unknown data.source {dc.source!r}; choose one of {', '.join(SOURCES)}.{hint}"
-    )
+    raise ConfigError(f"unknown data.source {dc.source!r}; choose one of {', '.join(SOURCES)}.{hint}")
 
 
 def apply_privacy(fed, cfg: Config):
@@ -369,13 +279,10 @@ def apply_privacy(fed, cfg: Config):
         if name not in fed.names:
             near = difflib.get_close_matches(name, fed.names, n=1)
             hint = f" Did you mean {near[0]!r}?" if near else ""
-            raise ConfigError(
-                f"[privacy.silos.{name}] names no silo; silos are {', '.join(fed.names)}.{hint}"
-            )
-        overrides[name] = PrivacyTarget(
-            pc.epsilon if sp.epsilon is None else sp.epsilon,
-            pc.delta if sp.delta is None else sp.delta,
-        )
+            raise ConfigError(f"[privacy.silos.{name}] names no silo; silos are "
+                              f"{', '.join(fed.names)}.{hint}")
+        overrides[name] = PrivacyTarget(pc.epsilon if sp.epsilon is None else sp.epsilon,
+                                        pc.delta if sp.delta is None else sp.delta)
     return fed.with_targets(default, overrides)
 
 
@@ -384,24 +291,16 @@ def build_model(cfg: Config, fed: Federation) -> Model:
     opts = {"gamma": mc.gamma, "alpha": mc.alpha} if mc.name == "focal" else {}
     x_shape = fed.silos[0].X_train.shape
     if mc.name in TORCH_MODELS:  # neural nets: loss from the task, shape from the data
-        opts = {
-            "task": fed.task,
-            "input_shape": x_shape[1:],
-            "hidden": mc.hidden or None,
-            "seed": cfg.training.seed,
-            "device": cfg.training.device,
-        }
+        opts = {"task": fed.task, "input_shape": x_shape[1:], "hidden": mc.hidden or None,
+                "seed": cfg.training.seed, "device": cfg.training.device}
     elif cfg.training.device not in ("cpu", "auto"):  # GLMs are NumPy: they run on the CPU
         dev = str(cfg.training.device)
         if dev != "cuda" and not (dev.startswith("cuda:") and dev[5:].isdigit()):
-            raise ConfigError(
-                f"unknown [training] device {dev!r}; choose cpu, cuda, cuda:N or auto"
-            )
-        raise ConfigError(
-            f"[training] device = {cfg.training.device!r} only applies to the "
-            f"torch models ({', '.join(TORCH_MODELS)}); model {mc.name!r} is a "
-            'NumPy GLM that runs on the CPU: remove the key or set it to "cpu"'
-        )
+            raise ConfigError(f"unknown [training] device {dev!r}; choose cpu, cuda, cuda:N or "
+                              "auto")
+        raise ConfigError(f"[training] device = {cfg.training.device!r} only applies to the "
+                          f"torch models ({', '.join(TORCH_MODELS)}); model {mc.name!r} is a "
+                          "NumPy GLM that runs on the CPU: remove the key or set it to \"cpu\"")
     if mc.hidden and mc.name not in TORCH_MODELS:
         raise ConfigError(f"model.hidden only applies to model 'mlp', not {mc.name!r}; remove it")
     model = make_model(mc.name, fed.dim, max(fed.num_classes, 2), **opts)
@@ -409,15 +308,10 @@ def build_model(cfg: Config, fed: Federation) -> Model:
     model.check_task(fed.task)
     if mc.metric and mc.metric not in METRICS:
         raise ConfigError(f"unknown model.metric {mc.metric!r}; choose one of {', '.join(METRICS)}")
-    if (
-        mc.metric == "mse"
-        and fed.task != "regression"
-        or mc.metric in ("accuracy", "auprc", "roc_auc")
-        and fed.task == "regression"
-    ):
-        raise ConfigError(
-            f"metric {mc.metric!r} does not fit a {fed.task} task; use {default_metric(fed.task)!r}"
-        )
+    if mc.metric == "mse" and fed.task != "regression" or \
+            mc.metric in ("accuracy", "auprc", "roc_auc") and fed.task == "regression":
+        raise ConfigError(f"metric {mc.metric!r} does not fit a {fed.task} task; use "
+                          f"{default_metric(fed.task)!r}")
     if mc.metric in ("auprc", "roc_auc") and fed.task != "binary":
         raise ConfigError(f"metric {mc.metric!r} needs binary labels")
     return model
@@ -429,79 +323,43 @@ def build_algorithms(cfg: Config) -> list[Algorithm]:
         raise ConfigError("training.methods is empty; list at least one of local, fedavg, mrmtl")
     dup = sorted({m for m in tc.methods if tc.methods.count(m) > 1})
     if dup:
-        raise ConfigError(
-            f"training.methods lists {', '.join(dup)} more than once; list each "
-            "method once (each would spend the silos' budget again)"
-        )
-    return [
-        make_algorithm(
-            m,
-            lam=tc.lam,
-            weighted=tc.weighted,
-            finetune_fraction=tc.finetune_fraction,
-            clusters=tc.clusters,
-            selection_fraction=tc.selection_fraction,
-            selection_rounds=tc.selection_rounds,
-            we_user=tc.we_user,
-            we_p_s=tc.we_p_s,
-            we_p_d=tc.we_p_d,
-            aggregation=tc.aggregation,
-            attackers=tc.attackers,
-            trim_fraction=tc.trim_fraction,
-            clip_radius=tc.clip_radius,
-            we_options=we_options(tc),
-            **ldp_options(tc),
-        )
-        for m in tc.methods
-    ]
+        raise ConfigError(f"training.methods lists {', '.join(dup)} more than once; list each "
+                          "method once (each would spend the silos' budget again)")
+    return [make_algorithm(m, lam=tc.lam, weighted=tc.weighted,
+                           finetune_fraction=tc.finetune_fraction, clusters=tc.clusters,
+                           selection_fraction=tc.selection_fraction,
+                           selection_rounds=tc.selection_rounds, we_user=tc.we_user,
+                           we_p_s=tc.we_p_s, we_p_d=tc.we_p_d, aggregation=tc.aggregation,
+                           attackers=tc.attackers, trim_fraction=tc.trim_fraction,
+                           clip_radius=tc.clip_radius, we_options=we_options(tc),
+                           **ldp_options(tc))
+            for m in tc.methods]
 
 
 def ldp_options(tc) -> dict:
     """The [training] settings of the local-DP methods (privatekt, fedavg_ldp) as
     `make_algorithm` keyword arguments (selection's public seed is training.seed)."""
-    return dict(
-        ldp_epsilon=tc.ldp_epsilon,
-        ldp_mechanism=tc.ldp_mechanism,
-        ldp_delta=tc.ldp_delta,
-        client_fraction=tc.client_fraction,
-        max_participation=tc.max_participation,
-        kt_samples=tc.kt_samples,
-        kt_buffer=tc.kt_buffer,
-        kt_self_train=tc.kt_self_train,
-        kt_server_epochs=tc.kt_server_epochs,
-        kt_server_lr=tc.kt_server_lr,
-        public_seed=tc.seed,
-    )
+    return dict(ldp_epsilon=tc.ldp_epsilon, ldp_mechanism=tc.ldp_mechanism,
+                ldp_delta=tc.ldp_delta, client_fraction=tc.client_fraction,
+                max_participation=tc.max_participation, kt_samples=tc.kt_samples,
+                kt_buffer=tc.kt_buffer, kt_self_train=tc.kt_self_train,
+                kt_server_epochs=tc.kt_server_epochs, kt_server_lr=tc.kt_server_lr,
+                public_seed=tc.seed)
 
 
 def we_options(tc) -> dict:
     """The [training] we_* options of Weight Erosion as `WeightErosion` keyword arguments
     (the participation schedule's public seed is training.seed)."""
-    return dict(
-        update=tc.we_update,
-        participation=tc.we_participation,
-        join_round=dict(tc.we_join_round),
-        leave_round=dict(tc.we_leave_round),
-        count=tc.we_count,
-        newcomer=tc.we_newcomer,
-        seed=tc.seed,
-    )
+    return dict(update=tc.we_update, participation=tc.we_participation,
+                join_round=dict(tc.we_join_round), leave_round=dict(tc.we_leave_round),
+                count=tc.we_count, newcomer=tc.we_newcomer, seed=tc.seed)
 
 
 def training_config(cfg: Config) -> TrainingConfig:
     tc, pc = cfg.training, cfg.privacy
-    out = TrainingConfig(
-        rounds=tc.rounds,
-        local_epochs=tc.local_epochs,
-        batch_size=tc.batch_size,
-        lr=tc.lr,
-        clip=tc.clip,
-        l2=tc.l2,
-        private=pc.enabled,
-        accountant=pc.accountant,
-        noise=pc.noise,
-        seed=tc.seed,
-        eval_every=tc.eval_every,
-    )
+    out = TrainingConfig(rounds=tc.rounds, local_epochs=tc.local_epochs, batch_size=tc.batch_size,
+                         lr=tc.lr, clip=tc.clip, l2=tc.l2, private=pc.enabled,
+                         accountant=pc.accountant, noise=pc.noise, seed=tc.seed,
+                         eval_every=tc.eval_every)
     out.validate()
     return out

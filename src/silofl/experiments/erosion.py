@@ -64,16 +64,12 @@ from silofl.runtime.job import NO_METHOD, fingerprints, open_job
 from silofl.runtime.plan import plan_job
 from silofl.runtime.simulator import simulate
 
-BASELINE_NOTE = (
-    "majority-class baselines are computed from each user's own training labels "
-    "and scored on its own test rows; they are not privatized and not charged: "
-    "the user's own unreleased evaluation, like the per-round test metrics — do "
-    "not publish them"
-)
-METRIC_NOTE = (
-    "per-round test metrics are computed on each user's held-out test rows and "
-    "are not privatized: release the models, not those metrics"
-)
+BASELINE_NOTE = ("majority-class baselines are computed from each user's own training labels "
+                 "and scored on its own test rows; they are not privatized and not charged: "
+                 "the user's own unreleased evaluation, like the per-round test metrics — do "
+                 "not publish them")
+METRIC_NOTE = ("per-round test metrics are computed on each user's held-out test rows and "
+               "are not privatized: release the models, not those metrics")
 
 
 def label_for(user: str) -> str:
@@ -84,29 +80,21 @@ def label_for(user: str) -> str:
 @dataclass
 class UserCurves:
     user: str
-    rounds: list[int]  # evaluation rounds
-    global_: list[float]  # FedAvg's model on the user's test rows
-    erosion: list[float]  # Weight Erosion for this user
-    local: list[float]  # the user's local model
-    baseline: float  # majority class (regression: training mean)
-    baseline_value: float  # the class (or mean) predicted
-    alpha: np.ndarray  # (rounds, K): α_i after each round
+    rounds: list[int]                 # evaluation rounds
+    global_: list[float]              # FedAvg's model on the user's test rows
+    erosion: list[float]              # Weight Erosion for this user
+    local: list[float]                # the user's local model
+    baseline: float                   # majority class (regression: training mean)
+    baseline_value: float             # the class (or mean) predicted
+    alpha: np.ndarray                 # (rounds, K): α_i after each round
 
     def to_dict(self, silos: list[str]) -> dict:
-        return {
-            "rounds": self.rounds,
-            "metric": {
-                "global": self.global_,
-                "weight_erosion": self.erosion,
-                "local": self.local,
-                "majority_baseline": self.baseline,
-            },
-            "majority_prediction": self.baseline_value,
-            "alpha": {
-                "rounds": list(range(1, len(self.alpha) + 1)),
-                **{s: self.alpha[:, k].tolist() for k, s in enumerate(silos)},
-            },
-        }
+        return {"rounds": self.rounds,
+                "metric": {"global": self.global_, "weight_erosion": self.erosion,
+                           "local": self.local, "majority_baseline": self.baseline},
+                "majority_prediction": self.baseline_value,
+                "alpha": {"rounds": list(range(1, len(self.alpha) + 1)),
+                          **{s: self.alpha[:, k].tolist() for k, s in enumerate(silos)}}}
 
 
 @dataclass
@@ -124,7 +112,7 @@ class ErosionReport:
     run_id: str | None = None
     store: str | None = None
     scratch: bool = False
-    demo: bool = False  # the demo store of the public built-in data
+    demo: bool = False            # the demo store of the public built-in data
     run_dir: Path | None = None
     combined_privacy: list[dict] = field(default_factory=list)
     uncharged: list[str] = field(default_factory=list)
@@ -137,50 +125,30 @@ class ErosionReport:
     @property
     def calibration(self) -> str:
         k = len(self.users)
-        return (
-            f"σ calibrated for {k} user{'s' if k != 1 else ''} composed (+ Global/FedAvg "
-            f"and Local: {k + 2} methods in one job)"
-        )
+        return (f"σ calibrated for {k} user{'s' if k != 1 else ''} composed (+ Global/FedAvg "
+                f"and Local: {k + 2} methods in one job)")
 
     def notes(self) -> list[str]:
-        return job_notes(
-            private=self.private,
-            noise=self.noise,
-            scratch=self.scratch,
-            demo=self.demo,
-            uncharged=self.uncharged,
-            extra=[METRIC_NOTE, BASELINE_NOTE, *self.contribution_notes],
-        )
+        return job_notes(private=self.private, noise=self.noise, scratch=self.scratch,
+                         demo=self.demo, uncharged=self.uncharged, extra=[METRIC_NOTE, BASELINE_NOTE,
+                                                          *self.contribution_notes])
 
     def to_dict(self) -> dict:
-        return {
-            "users": self.users,
-            "silos": self.silos,
-            "metric": self.metric,
-            "p_s": self.p_s,
-            "p_d": self.p_d,
-            "private": self.private,
-            "noise": self.noise,
-            "notes": self.notes(),
-            "calibration": self.calibration if self.private else None,
-            "noise_multiplier": self.noise_multiplier,
-            "calibrated_for": self.calibrated_for,
-            "charged": (
-                "every silo: FedAvg's and Local's DP-SGD steps and, for each "
-                "user's Weight Erosion run, one Poisson-sampled Gaussian step (a "
-                "local DP-SGD pass with we_update = 'local_sgd') per round the "
-                "silo took part in, composed"
-                if self.private
-                else None
-            ),
-            "neighbouring_relation": ADJACENCY,
-            "per_user": {u: self.curves[u].to_dict(self.silos) for u in self.users},
-            "run_id": self.run_id,
-            "budget_store": self.store,
-            "scratch_store": self.scratch,
-            "combined_privacy": self.combined_privacy,
-            "lifetime": self.lifetime,
-        }
+        return {"users": self.users, "silos": self.silos, "metric": self.metric,
+                "p_s": self.p_s, "p_d": self.p_d, "private": self.private,
+                "noise": self.noise, "notes": self.notes(),
+                "calibration": self.calibration if self.private else None,
+                "noise_multiplier": self.noise_multiplier,
+                "calibrated_for": self.calibrated_for,
+                "charged": ("every silo: FedAvg's and Local's DP-SGD steps and, for each "
+                            "user's Weight Erosion run, one Poisson-sampled Gaussian step (a "
+                            "local DP-SGD pass with we_update = 'local_sgd') per round the "
+                            "silo took part in, composed" if self.private else None),
+                "neighbouring_relation": ADJACENCY,
+                "per_user": {u: self.curves[u].to_dict(self.silos) for u in self.users},
+                "run_id": self.run_id, "budget_store": self.store,
+                "scratch_store": self.scratch, "combined_privacy": self.combined_privacy,
+                "lifetime": self.lifetime}
 
 
 def resolve_users(names: list[str], users) -> list[str]:
@@ -188,11 +156,8 @@ def resolve_users(names: list[str], users) -> list[str]:
     (before anything is reserved or written)."""
     if len(names) < 2:
         raise ConfigError("Weight Erosion needs at least two silos (the user and one other)")
-    if (
-        users is None
-        or users == "all"
-        or (isinstance(users, (list, tuple)) and list(users) == ["all"])
-    ):
+    if users is None or users == "all" or (isinstance(users, (list, tuple))
+                                            and list(users) == ["all"]):
         return list(names)
     if isinstance(users, str):
         users = [users]
@@ -201,22 +166,17 @@ def resolve_users(names: list[str], users) -> list[str]:
         raise ConfigError("no user silo given; name one or more, or 'all'")
     unknown = [u for u in users if u not in names]
     if unknown:
-        raise ConfigError(
-            f"unknown user silo{'s' if len(unknown) > 1 else ''} "
-            f"{', '.join(map(repr, unknown))}; silos are: {', '.join(names)}"
-        )
+        raise ConfigError(f"unknown user silo{'s' if len(unknown) > 1 else ''} "
+                          f"{', '.join(map(repr, unknown))}; silos are: {', '.join(names)}")
     dup = sorted({u for u in users if users.count(u) > 1})
     if dup:
-        raise ConfigError(
-            f"user {', '.join(map(repr, dup))} given more than once (each would "
-            "spend the silos' budget again)"
-        )
+        raise ConfigError(f"user {', '.join(map(repr, dup))} given more than once (each would "
+                          "spend the silos' budget again)")
     return users
 
 
-def majority_baseline(
-    task: str, metric: str, model_name: str, y_train: np.ndarray, y_test: np.ndarray
-) -> tuple[float, float]:
+def majority_baseline(task: str, metric: str, model_name: str, y_train: np.ndarray,
+                      y_test: np.ndarray) -> tuple[float, float]:
     """(score, prediction) of the constant predictor from the user's training labels:
     the majority class (ties: the smallest) for classification, the mean for regression,
     scored with `metric` on the user's test rows (NaN with no test rows)."""
@@ -228,23 +188,17 @@ def majority_baseline(
         classes, counts = np.unique(y_train.astype(int), return_counts=True)
         c = float(classes[np.argmax(counts)])
         if metric == "accuracy":
-            return (
-                float(np.mean(y_test.astype(int) == int(c))) if len(y_test) else float("nan")
-            ), c
+            return (float(np.mean(y_test.astype(int) == int(c))) if len(y_test)
+                    else float("nan")), c
         scores = np.full(len(y_test), c)  # ranking metrics: a constant score
     if not len(y_test):
         return float("nan"), c
     return float(M.metric_fn(metric, model_name)(y_test, scores)), c
 
 
-def erosion_for_users(
-    cfg: Config,
-    users=None,
-    *,
-    out_dir: Path | None = None,
-    store: BudgetStore | None = None,
-    contributions: bool = True,
-) -> ErosionReport:
+def erosion_for_users(cfg: Config, users=None, *, out_dir: Path | None = None,
+                      store: BudgetStore | None = None,
+                      contributions: bool = True) -> ErosionReport:
     """Weight Erosion for every user in `users` (None / "all": every silo), with Global
     (FedAvg), Local and the majority-class baseline, as one job (see the module docstring).
     Reserved in the lifetime budget store (`store`, else as `experiments.run.run`) before any
@@ -279,39 +233,22 @@ def erosion_for_users(
         results, alphas, logs = {}, {}, {}
         for alg, plans, label in zip(p.algorithms, p.plans, p.labels):
             results[label] = simulate(
-                fed,
-                p.model,
-                alg,
-                p.tcfg,
-                metric=cfg.model.metric or None,
-                plans=plans,
-                job=job,
-                method=label,
-                ledger_dir=run_dir / "ledgers" / silo_file_id(label) if run_dir else None,
-            )
+                fed, p.model, alg, p.tcfg, metric=cfg.model.metric or None, plans=plans,
+                job=job, method=label,
+                ledger_dir=run_dir / "ledgers" / silo_file_id(label) if run_dir else None)
             if hasattr(alg, "alpha_history"):
                 alphas[label] = np.array(alg.alpha_history)
                 logs[label] = alg.round_log  # released, per round (contribution report)
         metric = results["fedavg"].metric
-        curves = {
-            u: _user_curves(fed, names.index(u), u, results, alphas, metric, p.model.name)
-            for u in users
-        }
+        curves = {u: _user_curves(fed, names.index(u), u, results, alphas, metric, p.model.name)
+                  for u in users}
         if job is not None:
             job.settle()
         rep = ErosionReport(
-            names,
-            users,
-            metric,
-            curves,
-            p_s=we[0].p_s,
-            p_d=we[0].p_d,
-            private=p.tcfg.private,
-            noise=p.tcfg.noise,
+            names, users, metric, curves, p_s=we[0].p_s, p_d=we[0].p_d,
+            private=p.tcfg.private, noise=p.tcfg.noise,
             combined_privacy=_combined(list(results.values()), p.extra or None),
-            uncharged=list(fed.meta.get("uncharged", [])),
-            run_dir=run_dir,
-        )
+            uncharged=list(fed.meta.get("uncharged", [])), run_dir=run_dir)
         if p.tcfg.private:
             rep.noise_multiplier = {pl.name: pl.noise_multiplier for pl in p.plans[0]}
             rep.calibrated_for = p.plans[0][0].calibrated_for
@@ -321,14 +258,9 @@ def erosion_for_users(
             rep.demo = job.store.demo
             rep.lifetime = [job.store.spent(n) for n in names]
         # contribution report: released updates + the user's own test rows, nothing charged
-        _contributions(
-            rep,
-            fed,
-            p.model,
-            {u: logs[label_for(u)] for u in users},
-            {u: we[i].aggregation.rule for i, u in enumerate(users)},
-            compute=contributions,
-        )
+        _contributions(rep, fed, p.model, {u: logs[label_for(u)] for u in users},
+                       {u: we[i].aggregation.rule for i, u in enumerate(users)},
+                       compute=contributions)
         if run_dir:
             _write(rep)
         return rep
@@ -346,50 +278,34 @@ def _reserve(cfg: Config, p, users: list[str], store: BudgetStore | None, base: 
     raw_fps = fingerprints(p.raw)
     store = store if store is not None else open_store(cfg, base)
     check_demo_store(cfg, store)
-    return open_job(
-        store,
-        dict(zip(p.labels, p.plans)),
-        lifetime=_lifetime(cfg, p.raw),
-        explicit_lifetime=cfg.budget.epsilon is not None,
-        command="silofl erosion --user " + " --user ".join(users),
-        noise=p.tcfg.noise,
-        accountant=p.tcfg.accountant,
-        fingerprints=raw_fps,
-        extra=[PlannedCharge(n, NO_METHOD, "preprocess", e) for n, e in p.extra.items()],
-    )
+    return open_job(store, dict(zip(p.labels, p.plans)), lifetime=_lifetime(cfg, p.raw),
+                    explicit_lifetime=cfg.budget.epsilon is not None,
+                    command="silofl erosion --user " + " --user ".join(users),
+                    noise=p.tcfg.noise, accountant=p.tcfg.accountant,
+                    fingerprints=raw_fps,
+                    extra=[PlannedCharge(n, NO_METHOD, "preprocess", e)
+                           for n, e in p.extra.items()])
 
 
-def _user_curves(
-    fed, k: int, u: str, results: dict, alphas: dict, metric: str, model_name: str
-) -> UserCurves:
+def _user_curves(fed, k: int, u: str, results: dict, alphas: dict, metric: str,
+                 model_name: str) -> UserCurves:
     """User ``u`` (silo ``k``)'s per-round curves: FedAvg, its Weight Erosion run, Local,
     and the majority-class baseline on its own test rows."""
     s = fed.silos[k]
     score, pred = majority_baseline(fed.task, metric, model_name, s.y_train, s.y_test)
-    col = {
-        lb: [row[k] for row in results[lb].history.per_silo]
-        for lb in ("fedavg", "local", label_for(u))
-    }
-    return UserCurves(
-        u,
-        list(results["fedavg"].history.rounds),
-        col["fedavg"],
-        col[label_for(u)],
-        col["local"],
-        score,
-        pred,
-        alphas[label_for(u)],
-    )
+    col = {lb: [row[k] for row in results[lb].history.per_silo]
+           for lb in ("fedavg", "local", label_for(u))}
+    return UserCurves(u, list(results["fedavg"].history.rounds), col["fedavg"],
+                      col[label_for(u)], col["local"], score, pred, alphas[label_for(u)])
 
 
 def _write(rep: ErosionReport) -> None:
     for u, (log, meta) in rep.round_logs.items():  # released quantities only
-        if not C.save_round_log(rep.run_dir / C.ROUND_LOGS / f"{silo_file_id(u)}.npz", log, meta):
-            rep.contribution_notes.append(
-                f"round log of user {u!r} not saved (over "
-                f"{C.MAX_LOG_BYTES >> 20} MiB): `silofl contrib` "
-                "cannot rebuild its report"
-            )
+        if not C.save_round_log(rep.run_dir / C.ROUND_LOGS / f"{silo_file_id(u)}.npz", log,
+                                meta):
+            rep.contribution_notes.append(f"round log of user {u!r} not saved (over "
+                                          f"{C.MAX_LOG_BYTES >> 20} MiB): `silofl contrib` "
+                                          "cannot rebuild its report")
     bad: list[str] = []
     data = json_safe(rep.to_dict(), bad)
     write_json_atomic(rep.run_dir / "erosion.json", dict(data, nonfinite=bad), indent=1)
@@ -399,37 +315,27 @@ def _write(rep: ErosionReport) -> None:
         CR.write_reports(rep.run_dir, rep.contributions, rep.contribution_notes)
 
 
-def _contributions(
-    rep: ErosionReport, fed, model, logs: dict, rules: dict, compute: bool = True
-) -> None:
+def _contributions(rep: ErosionReport, fed, model, logs: dict, rules: dict,
+                   compute: bool = True) -> None:
     """Each user's contribution report (`contribution.contribution`) from its run's
     released round log and its own held-out rows; a user it cannot be made for gets a note
     (the job is already settled: nothing here may fail it)."""
-    dp = job_notes(
-        private=rep.private, noise=rep.noise, scratch=rep.scratch, uncharged=rep.uncharged
-    )  # what the released updates' guarantee is
+    dp = job_notes(private=rep.private, noise=rep.noise, scratch=rep.scratch,
+                   uncharged=rep.uncharged)  # what the released updates' guarantee is
     for u in rep.users:
         k = rep.silos.index(u)
         s = fed.silos[k]
         try:
             log = C.RoundLog.from_rounds(logs[u])
-            rep.round_logs[u] = (
-                log,
-                {
-                    "user": u,
-                    "silos": rep.silos,
-                    "n_test": s.n_test,
-                    "aggregation": rules[u],
-                    "job_notes": dp,
-                    "private_preprocessing": C.private_preprocessing(fed),
-                    "constants": C.user_constants(fed, u),
-                },
-            )
+            rep.round_logs[u] = (log, {"user": u, "silos": rep.silos, "n_test": s.n_test,
+                                       "aggregation": rules[u], "job_notes": dp,
+                                       "private_preprocessing": C.private_preprocessing(fed),
+                                       "constants": C.user_constants(fed, u)})
             if not compute:
                 continue
-            rep.contributions[u] = C.contribution(
-                model, log, rep.silos, u, s.X_test, s.y_test, aggregation=rules[u], notes=dp
-            )
+            rep.contributions[u] = C.contribution(model, log, rep.silos, u, s.X_test,
+                                                  s.y_test, aggregation=rules[u],
+                                                  notes=dp)
         except SiloflError as e:
             rep.contribution_notes.append(f"no contribution report for user {u!r}: {e}")
 
@@ -438,25 +344,17 @@ def plot_user(rep: ErosionReport, user: str, path: Path) -> None:
     """Figure 1 layout: the three models' metric on the user's test rows and the majority
     baseline (top), every silo's α_i in the user's Weight Erosion run (below)."""
     import matplotlib
-
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-
     c = rep.curves[user]
-    fig, (ax, ax2) = plt.subplots(
-        2, 1, figsize=(7, 6.5), sharex=True, gridspec_kw={"height_ratios": [3, 2]}
-    )
+    fig, (ax, ax2) = plt.subplots(2, 1, figsize=(7, 6.5), sharex=True,
+                                  gridspec_kw={"height_ratios": [3, 2]})
     ax.plot(c.rounds, c.global_, "-", label="Global (FedAvg)")
     ax.plot(c.rounds, c.erosion, "-", label="Weight Erosion")
     ax.plot(c.rounds, c.local, "-", label="Local")
     if np.isfinite(c.baseline):
-        ax.axhline(
-            c.baseline,
-            color="red",
-            ls="--",
-            lw=1,
-            label=f"majority class ({c.baseline_value:g}; unreleased)",
-        )
+        ax.axhline(c.baseline, color="red", ls="--", lw=1,
+                   label=f"majority class ({c.baseline_value:g}; unreleased)")
     ax.set_ylabel(f"{rep.metric} on {user}'s test rows")
     ax.legend(fontsize=8)
     sub = rep.calibration if rep.private else "non-private"

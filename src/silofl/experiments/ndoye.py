@@ -58,37 +58,33 @@ from silofl.runtime.simulator import simulate
 
 CV_LABEL = "cv-loss"
 DEFAULT_CV_SHARE = 0.1
-USER_LOSS_NOTE = (
-    "user losses L_S0(f_i) are computed on the user's own held-out rows and "
-    "are not privatized: they stay with the user (its decision input), do not "
-    "publish them"
-)
-MATRIX_NOTE = (
-    "the transfer matrix holds every silo's own unreleased evaluation (row = "
-    "user): an analysis view for whoever holds all the data, not a release"
-)
+USER_LOSS_NOTE = ("user losses L_S0(f_i) are computed on the user's own held-out rows and "
+                  "are not privatized: they stay with the user (its decision input), do not "
+                  "publish them")
+MATRIX_NOTE = ("the transfer matrix holds every silo's own unreleased evaluation (row = "
+               "user): an analysis view for whoever holds all the data, not a release")
 
 
 @dataclass
 class Ranking:
     user: str
-    silos: list[str]  # all silos, in federation order
-    user_loss: np.ndarray  # (K,) L_S0(f_i) on the user's held-out rows
-    cv_loss: np.ndarray  # (K,) released private L_CV_i(f_i)
-    loss_matrix: np.ndarray  # (K, K) [u, i] = L_{S_u}(f_i)
-    order: list[str]  # other silos, best (smallest transfer loss) first
+    silos: list[str]              # all silos, in federation order
+    user_loss: np.ndarray         # (K,) L_S0(f_i) on the user's held-out rows
+    cv_loss: np.ndarray           # (K,) released private L_CV_i(f_i)
+    loss_matrix: np.ndarray       # (K, K) [u, i] = L_{S_u}(f_i)
+    order: list[str]              # other silos, best (smallest transfer loss) first
     selected: list[str]
-    selection: dict | None  # {"top": k} | {"threshold": t} | None
+    selection: dict | None        # {"top": k} | {"threshold": t} | None
     bound: float
     cv_sizes: dict[str, int]
     cv_noise_multiplier: dict[str, float]
-    params: np.ndarray  # (K, P) the f_i (DP releases)
+    params: np.ndarray            # (K, P) the f_i (DP releases)
     noise: str = "secure"
     private: bool = True
     run_id: str | None = None
     store: str | None = None
     scratch: bool = False
-    demo: bool = False  # the demo store of the public built-in data
+    demo: bool = False            # the demo store of the public built-in data
     run_dir: Path | None = None
     combined_privacy: list[dict] = field(default_factory=list)
     uncharged: list[str] = field(default_factory=list)
@@ -107,63 +103,38 @@ class Ranking:
         return self.cv_noise_multiplier[name] * self.bound / self.cv_sizes[name]
 
     def notes(self) -> list[str]:
-        return job_notes(
-            private=self.private,
-            noise=self.noise,
-            scratch=self.scratch,
-            demo=self.demo,
-            uncharged=self.uncharged,
-            extra=[USER_LOSS_NOTE, MATRIX_NOTE],
-            nonprivate="NON-PRIVATE ranking: CV losses are released exactly; no budget was charged",
-        )
+        return job_notes(private=self.private, noise=self.noise, scratch=self.scratch,
+                         demo=self.demo, uncharged=self.uncharged, extra=[USER_LOSS_NOTE, MATRIX_NOTE],
+                         nonprivate="NON-PRIVATE ranking: CV losses are released exactly; "
+                                    "no budget was charged")
 
     def rows(self) -> list[dict]:
         idx = {n: k for k, n in enumerate(self.silos)}
-        return [
-            {
-                "rank": r + 1,
-                "silo": n,
-                "user_loss": float(self.user_loss[idx[n]]),
-                "private_cv_loss": float(self.cv_loss[idx[n]]),
-                "transfer_loss": float(self.transfer[idx[n]]),
-                "selected": n in self.selected,
-            }
-            for r, n in enumerate(self.order)
-        ]
+        return [{"rank": r + 1, "silo": n, "user_loss": float(self.user_loss[idx[n]]),
+                 "private_cv_loss": float(self.cv_loss[idx[n]]),
+                 "transfer_loss": float(self.transfer[idx[n]]),
+                 "selected": n in self.selected} for r, n in enumerate(self.order)]
 
     def to_dict(self) -> dict:
-        return {
-            "user": self.user,
-            "selection": self.selection,
-            "selected": self.selected,
-            "ranking": self.rows(),
-            "loss_bound": self.bound,
-            "loss": "0-1 error" if self.classification else "squared error clipped",
-            "private": self.private,
-            "noise": self.noise,
-            "notes": self.notes(),
-            "neighbouring_relation": ADJACENCY,
-            "cv_release": {
-                n: {
-                    "n_cv": self.cv_sizes[n],
-                    "noise_multiplier": self.cv_noise_multiplier.get(n),
-                    "noise_std": self.cv_noise_std(n) if n in self.cv_noise_multiplier else 0.0,
-                    "sensitivity": self.bound / self.cv_sizes[n],
-                }
-                for n in self.silos
-            },
-            "silos": self.silos,
-            "transfer_matrix": self.transfer_matrix.tolist(),
-            "run_id": self.run_id,
-            "budget_store": self.store,
-            "scratch_store": self.scratch,
-            "combined_privacy": self.combined_privacy,
-        }
+        return {"user": self.user, "selection": self.selection, "selected": self.selected,
+                "ranking": self.rows(), "loss_bound": self.bound,
+                "loss": "0-1 error" if self.classification else "squared error clipped",
+                "private": self.private, "noise": self.noise, "notes": self.notes(),
+                "neighbouring_relation": ADJACENCY,
+                "cv_release": {n: {"n_cv": self.cv_sizes[n],
+                                   "noise_multiplier": self.cv_noise_multiplier.get(n),
+                                   "noise_std": self.cv_noise_std(n)
+                                   if n in self.cv_noise_multiplier else 0.0,
+                                   "sensitivity": self.bound / self.cv_sizes[n]}
+                               for n in self.silos},
+                "silos": self.silos,
+                "transfer_matrix": self.transfer_matrix.tolist(),
+                "run_id": self.run_id, "budget_store": self.store,
+                "scratch_store": self.scratch, "combined_privacy": self.combined_privacy}
 
 
-def clipped_losses(
-    model, params: np.ndarray, X: np.ndarray, y: np.ndarray, task: str, bound: float
-) -> np.ndarray:
+def clipped_losses(model, params: np.ndarray, X: np.ndarray, y: np.ndarray, task: str,
+                   bound: float) -> np.ndarray:
     """Per-example loss of the model `params` on (X, y), in [0, bound]."""
     scores = np.asarray(model.predict(params, X), float)
     bad = ~np.isfinite(scores) if scores.ndim == 1 else ~np.isfinite(scores).all(axis=1)
@@ -182,7 +153,8 @@ def clipped_losses(
     return np.clip(np.nan_to_num(loss, nan=bound, posinf=bound), 0.0, bound)
 
 
-def check_selection(names: list[str], user: str, top: int | None, threshold: float | None) -> None:
+def check_selection(names: list[str], user: str, top: int | None,
+                    threshold: float | None) -> None:
     """Refuse a bad user or selection rule (before anything is reserved or written)."""
     if user not in names:
         raise ConfigError(f"unknown user silo {user!r}; silos are: {', '.join(names)}")
@@ -192,26 +164,17 @@ def check_selection(names: list[str], user: str, top: int | None, threshold: flo
         raise ConfigError("give either --top or --threshold, not both")
     others = len(names) - 1
     if top is not None and (isinstance(top, bool) or not 1 <= top <= others):
-        raise ConfigError(
-            f"top k must be between 1 and {others} (the silos other than {user!r}), got {top}"
-        )
+        raise ConfigError(f"top k must be between 1 and {others} (the silos other than "
+                          f"{user!r}), got {top}")
     if threshold is not None and not (math.isfinite(threshold) and threshold >= 0):
-        raise ConfigError(
-            f"threshold must be a finite number ≥ 0 (a transfer loss), got {threshold}"
-        )
+        raise ConfigError(f"threshold must be a finite number ≥ 0 (a transfer loss), got "
+                          f"{threshold}")
 
 
-def rank_silos(
-    cfg: Config,
-    user: str,
-    *,
-    top: int | None = None,
-    threshold: float | None = None,
-    out_dir: Path | None = None,
-    store: BudgetStore | None = None,
-    bound: float = 1.0,
-    cv_share: float = DEFAULT_CV_SHARE,
-) -> Ranking:
+def rank_silos(cfg: Config, user: str, *, top: int | None = None,
+               threshold: float | None = None, out_dir: Path | None = None,
+               store: BudgetStore | None = None, bound: float = 1.0,
+               cv_share: float = DEFAULT_CV_SHARE) -> Ranking:
     """Rank every silo other than `user` by transfer loss (see the module docstring).
 
     One job: `local` training of every f_i plus every silo's private CV-loss release, both
@@ -232,10 +195,8 @@ def rank_silos(
     cv_n = {s.name: s.n_test for s in p.raw.silos}  # public sizes of the held-out rows
     empty = [n for n, m in cv_n.items() if m == 0]
     if empty:
-        raise ConfigError(
-            f"silos {', '.join(empty)} hold no held-out rows for the CV loss; "
-            "raise data.test_fraction"
-        )
+        raise ConfigError(f"silos {', '.join(empty)} hold no held-out rows for the CV loss; "
+                          "raise data.test_fraction")
     prep_extra = dict(p.extra)
     z, cv_events, everything = _cv_release_events(p, cv_share)
     if p.tcfg.private:
@@ -250,30 +211,14 @@ def rank_silos(
             job.spend_extra(name, "preprocess")
         fed = _preprocess(p, cfg)
         run_dir = _make_run_dir(cfg, base)
-        r = simulate(
-            fed,
-            p.model,
-            p.algorithms[0],
-            p.tcfg,
-            metric=cfg.model.metric or None,
-            plans=p.plans[0],
-            job=job,
-            method=p.labels[0],
-            ledger_dir=run_dir / "ledgers" / p.labels[0] if run_dir else None,
-        )
+        r = simulate(fed, p.model, p.algorithms[0], p.tcfg, metric=cfg.model.metric or None,
+                     plans=p.plans[0], job=job, method=p.labels[0],
+                     ledger_dir=run_dir / "ledgers" / p.labels[0] if run_dir else None)
         cv = _released_cv(p, cfg, fed, r, job, z, bound)
         # the user side (each row: that silo's own, unreleased evaluation)
-        losses = np.array(
-            [
-                [
-                    clipped_losses(
-                        p.model, r.params[i], su.X_test, su.y_test, fed.task, bound
-                    ).mean()
-                    for i in range(fed.num_silos)
-                ]
-                for su in fed.silos
-            ]
-        )
+        losses = np.array([[clipped_losses(p.model, r.params[i], su.X_test, su.y_test,
+                                           fed.task, bound).mean()
+                            for i in range(fed.num_silos)] for su in fed.silos])
         if job is not None:
             job.settle()
     except BaseException:
@@ -281,31 +226,15 @@ def rank_silos(
             job.settle("failed")
         if run_dir is not None:
             import shutil
-
             shutil.rmtree(run_dir, ignore_errors=True)
         raise
     u = names.index(user)
     order, selected, selection = _select(names, u, losses[u] - cv, top, threshold)
-    rep = Ranking(
-        user,
-        names,
-        losses[u],
-        cv,
-        losses,
-        order,
-        selected,
-        selection,
-        bound,
-        cv_n,
-        z,
-        r.params,
-        noise=p.tcfg.noise,
-        private=p.tcfg.private,
-        run_dir=run_dir,
-        combined_privacy=_combined([r], everything or None),
-        uncharged=list(fed.meta.get("uncharged", [])),
-        classification=fed.task != "regression",
-    )
+    rep = Ranking(user, names, losses[u], cv, losses, order, selected, selection, bound, cv_n,
+                  z, r.params, noise=p.tcfg.noise, private=p.tcfg.private, run_dir=run_dir,
+                  combined_privacy=_combined([r], everything or None),
+                  uncharged=list(fed.meta.get("uncharged", [])),
+                  classification=fed.task != "regression")
     if job is not None:
         rep.run_id, rep.scratch = job.run_id, job.scratch
         rep.store = None if job.store.path is None else str(job.store.path)
@@ -315,9 +244,8 @@ def rank_silos(
     return rep
 
 
-def _reserve(
-    cfg: Config, p, user: str, store: BudgetStore | None, base: Path | None, cv_events: dict
-):
+def _reserve(cfg: Config, p, user: str, store: BudgetStore | None, base: Path | None,
+             cv_events: dict):
     """Open the ranking's job: the local training, the preprocessing and the CV releases
     reserved in the lifetime store before any data is read."""
     raw_fps = fingerprints(p.raw)
@@ -325,17 +253,10 @@ def _reserve(
     check_demo_store(cfg, store)
     extra = [PlannedCharge(n, NO_METHOD, "preprocess", e) for n, e in dict(p.extra).items()]
     extra += [PlannedCharge(n, NO_METHOD, CV_LABEL, e) for n, e in cv_events.items()]
-    return open_job(
-        store,
-        dict(zip(p.labels, p.plans)),
-        lifetime=_lifetime(cfg, p.raw),
-        explicit_lifetime=cfg.budget.epsilon is not None,
-        command=f"silofl rank --user {user}",
-        noise=p.tcfg.noise,
-        accountant=p.tcfg.accountant,
-        fingerprints=raw_fps,
-        extra=extra,
-    )
+    return open_job(store, dict(zip(p.labels, p.plans)), lifetime=_lifetime(cfg, p.raw),
+                    explicit_lifetime=cfg.budget.epsilon is not None,
+                    command=f"silofl rank --user {user}", noise=p.tcfg.noise,
+                    accountant=p.tcfg.accountant, fingerprints=raw_fps, extra=extra)
 
 
 def _cv_release_events(p, cv_share: float) -> tuple[dict, dict, dict]:
@@ -346,21 +267,17 @@ def _cv_release_events(p, cv_share: float) -> tuple[dict, dict, dict]:
     if not p.tcfg.private:
         return z, {}, {}
     import dp_accounting as dpa
-
     prep_extra = dict(p.extra)
     cache: dict = {}
     for s in p.raw.silos:
         key = (cv_share * s.target.epsilon, s.target.delta)
         if key not in cache:
-            cache[key] = accounting.calibrate(
-                lambda g: dpa.GaussianDpEvent(g), *key, kind=p.tcfg.accountant
-            )
+            cache[key] = accounting.calibrate(lambda g: dpa.GaussianDpEvent(g), *key,
+                                              kind=p.tcfg.accountant)
         z[s.name] = cache[key]
     cv_events = {n: dpa.GaussianDpEvent(v) for n, v in z.items()}
-    everything = {
-        n: dpa.ComposedDpEvent([prep_extra[n], e]) if n in prep_extra else e
-        for n, e in cv_events.items()
-    }
+    everything = {n: dpa.ComposedDpEvent([prep_extra[n], e]) if n in prep_extra else e
+                  for n, e in cv_events.items()}
     return z, cv_events, everything
 
 
@@ -368,24 +285,21 @@ def _released_cv(p, cfg: Config, fed, r, job, z: dict, bound: float) -> np.ndarr
     """(K,) each silo's released CV loss of its own model: the mean clipped loss on its
     held-out rows plus Gaussian noise z·B/n (none when not private), each charged before
     its read."""
-    rng = Randomness.for_mode(
-        p.tcfg.noise if p.tcfg.private else "seeded", [cfg.training.seed, 0xCF]
-    )
+    rng = Randomness.for_mode(p.tcfg.noise if p.tcfg.private else "seeded",
+                              [cfg.training.seed, 0xCF])
     cv = np.empty(fed.num_silos)
     for k, s in enumerate(fed.silos):
         if job is not None:
             job.spend_extra(s.name, CV_LABEL)  # recorded as executed before the read
-        mean = float(
-            clipped_losses(p.model, r.params[k], s.X_test, s.y_test, fed.task, bound).mean()
-        )
+        mean = float(clipped_losses(p.model, r.params[k], s.X_test, s.y_test, fed.task,
+                                    bound).mean())
         noise = z[s.name] * bound / s.n_test * float(rng.normal((1,))[0]) if z else 0.0
         cv[k] = mean + noise
     return cv
 
 
-def _select(
-    names: list[str], u: int, transfer: np.ndarray, top: int | None, threshold: float | None
-) -> tuple[list[str], list[str], dict | None]:
+def _select(names: list[str], u: int, transfer: np.ndarray, top: int | None,
+            threshold: float | None) -> tuple[list[str], list[str], dict | None]:
     """The other silos by transfer loss (stable order), and those selected by ``top`` or
     ``threshold`` with how."""
     others = [k for k in np.argsort(transfer, kind="stable") if k != u]
@@ -393,11 +307,8 @@ def _select(
     if top is not None:
         return order, order[:top], {"top": top}
     if threshold is not None:
-        return (
-            order,
-            [names[k] for k in others if transfer[k] <= threshold],
-            {"threshold": threshold},
-        )
+        return order, [names[k] for k in others if transfer[k] <= threshold], \
+            {"threshold": threshold}
     return order, [], None
 
 
@@ -410,10 +321,8 @@ def _write(rep: Ranking) -> None:
 
 def plot_transfer(rep: Ranking, path: Path) -> None:
     import matplotlib
-
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-
     K = len(rep.silos)
     size = max(4.0, 0.5 * K + 2)
     fig, ax = plt.subplots(figsize=(size + 1, size))
@@ -424,11 +333,8 @@ def plot_transfer(rep: Ranking, path: Path) -> None:
     ax.set_yticks(range(K), rep.silos, fontsize=8)
     ax.set_xlabel("model f_i of silo i")
     ax.set_ylabel("user silo")
-    ax.set_title(
-        "transfer loss L_user(f_i) − private L_CV_i(f_i)\n(smaller = more similar; "
-        "rows are unreleased user evaluations)",
-        fontsize=9,
-    )
+    ax.set_title("transfer loss L_user(f_i) − private L_CV_i(f_i)\n(smaller = more similar; "
+                 "rows are unreleased user evaluations)", fontsize=9)
     fig.colorbar(im, ax=ax)
     fig.tight_layout()
     savefig_atomic(fig, path, dpi=120)

@@ -69,18 +69,12 @@ _EVENING, _HOURS = 18 * 3600, 4 * 3600
 def neighbouring_text(adjacency: str) -> str:
     """What D and D′ differ in, for the output (the accountant's relation, made concrete)."""
     from silofl.privacy.node_level import ADJACENCY_TEXT
-
-    what = (
-        "the canary (its record, its alternating S/I history and its home contacts) or "
-        "the null person (never infected, no contacts)"
-        if adjacency == "node+edges"
-        else "the canary (alternating S/I history) or the null person (never infected) — "
-        "with the same contacts in both, the graph being public"
-    )
-    return (
-        f"{adjacency}: {ADJACENCY_TEXT[adjacency]}. In the audit each canary slot of "
-        f"the region holds {what}; the region's size is the same in D and D′"
-    )
+    what = ("the canary (its record, its alternating S/I history and its home contacts) or "
+            "the null person (never infected, no contacts)" if adjacency == "node+edges" else
+            "the canary (alternating S/I history) or the null person (never infected) — "
+            "with the same contacts in both, the graph being public")
+    return (f"{adjacency}: {ADJACENCY_TEXT[adjacency]}. In the audit each canary slot of "
+            f"the region holds {what}; the region's size is the same in D and D′")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,35 +91,29 @@ class CanaryPersons:
 
 def _regions(data, cfg) -> dict[str, np.ndarray]:
     from silofl.pandemic.regions import region_groups
-
     return {r.name: r.persons for r in region_groups(data, cfg)}
 
 
-def make_canary_persons(
-    data, cfg, region: str, m: int, contacts: int, rng: np.random.Generator
-) -> CanaryPersons:
+def make_canary_persons(data, cfg, region: str, m: int, contacts: int,
+                        rng: np.random.Generator) -> CanaryPersons:
     """`m` canary slots for `region`, each with `contacts` distinct contacts drawn
     uniformly from the region's members. ConfigError for an unknown region, m outside
     [1, n_region], or contacts outside [1, min(S − 1, n_region)]."""
     members = _regions(data, cfg)
     if region not in members:
-        raise ConfigError(
-            f"unknown region {region!r}; this dataset's regions are {', '.join(members)} (--region)"
-        )
+        raise ConfigError(f"unknown region {region!r}; this dataset's regions are "
+                          f"{', '.join(members)} (--region)")
     n = members[region].size
     if not 1 <= m <= n:
-        raise ConfigError(
-            f"{m} canaries do not fit {region} ({n} persons): use between 1 "
-            f"and {n} (--canaries); more would outnumber the persons whose "
-            "guarantee is audited"
-        )
+        raise ConfigError(f"{m} canaries do not fit {region} ({n} persons): use between 1 "
+                          f"and {n} (--canaries); more would outnumber the persons whose "
+                          "guarantee is audited")
     hi = min(cfg.S - 1, n)
     if not 1 <= contacts <= hi:
-        raise ConfigError(
-            f"a canary needs between 1 and {hi} contacts (S − 1 = "
-            f"{cfg.S - 1}, {n} persons in {region}), got {contacts}"
-        )
-    picks = np.stack([rng.choice(members[region], size=contacts, replace=False) for _ in range(m)])
+        raise ConfigError(f"a canary needs between 1 and {hi} contacts (S − 1 = "
+                          f"{cfg.S - 1}, {n} persons in {region}), got {contacts}")
+    picks = np.stack([rng.choice(members[region], size=contacts, replace=False)
+                      for _ in range(m)])
     return CanaryPersons(region, picks.astype(np.int64))
 
 
@@ -142,15 +130,11 @@ def insert_persons(data, c: CanaryPersons, included: np.ndarray, adjacency: str)
 
     def cat(a, v):
         return np.concatenate([a, np.asarray(v).astype(a.dtype)])
-
     pids = cat(data.pids, int(data.pids.max()) + 1 + np.arange(m))
     hids = int(data.households["hid"].max()) + 1 + np.arange(m)
     households = data.households.__class__(
-        {
-            "hid": cat(data.households["hid"].to_numpy(), hids),
-            "hh_size": cat(data.households["hh_size"].to_numpy(), np.ones(m)),
-        }
-    )
+        {"hid": cat(data.households["hid"].to_numpy(), hids),
+         "hh_size": cat(data.households["hh_size"].to_numpy(), np.ones(m))})
     alternating = (np.arange(T) % 2).astype(np.int8)  # S, I, S, I, ...: a new infection daily
     states = np.zeros((m, T), np.int8)
     states[inc] = alternating
@@ -163,31 +147,20 @@ def insert_persons(data, c: CanaryPersons, included: np.ndarray, adjacency: str)
     e = src.size
     net = data.network
     network = ContactNetwork(
-        src=cat(net.src, src),
-        dst=cat(net.dst, dst),
-        lid=cat(net.lid, lid),
+        src=cat(net.src, src), dst=cat(net.dst, dst), lid=cat(net.lid, lid),
         start_time=cat(net.start_time, np.full(e, _EVENING)),
         duration=cat(net.duration, np.full(e, _HOURS)),
         activity1=cat(net.activity1, np.full(e, int(ActivityType.HOME))),
-        activity2=cat(net.activity2, np.full(e, int(ActivityType.HOME))),
-    )
+        activity2=cat(net.activity2, np.full(e, int(ActivityType.HOME))))
     new = dataclasses.replace(
-        data,
-        pids=pids,
-        pid_index=IdIndex(pids),
-        hid=cat(data.hid, hids),
+        data, pids=pids, pid_index=IdIndex(pids), hid=cat(data.hid, hids),
         person_number=cat(data.person_number, np.ones(m)),
-        age=cat(data.age, np.full(m, CANARY_AGE)),
-        sex=cat(data.sex, np.ones(m)),
-        hh_size=cat(data.hh_size, np.ones(m)),
-        home_lid=cat(data.home_lid, data.home_lid[first]),
-        county=cat(data.county, data.county[first]),
-        region=cat(data.region, region),
-        households=households,
-        network=network,
+        age=cat(data.age, np.full(m, CANARY_AGE)), sex=cat(data.sex, np.ones(m)),
+        hh_size=cat(data.hh_size, np.ones(m)), home_lid=cat(data.home_lid, data.home_lid[first]),
+        county=cat(data.county, data.county[first]), region=cat(data.region, region),
+        households=households, network=network,
         states=np.ascontiguousarray(np.concatenate([data.states, states])),
-        target=None if data.target is None else cat(data.target, np.zeros(m)),
-    )
+        target=None if data.target is None else cat(data.target, np.zeros(m)))
     return new, slots
 
 
@@ -199,7 +172,6 @@ def canary_scores(data_in, pm, region: str, slots: np.ndarray) -> np.ndarray:
     from silofl.pandemic.inputs import model_inputs
     from silofl.pandemic.pipeline import new_model
     from silofl.pandemic.regions import as_constants, build_features, region_groups
-
     cfg = pm.config
     r = next(g for g in region_groups(data_in, cfg) if g.name == region)
     saved = pm.constants.get(region) if cfg.preprocessing == "private" else None
@@ -232,9 +204,8 @@ class _Trained:
         self.mech, self.pm, self.c, self.slots = mech, pm, c, slots
 
     def scores(self, unit: str) -> dict[str, np.ndarray]:
-        everyone, _ = insert_persons(
-            self.mech.data, self.c, np.ones(self.c.m, bool), self.mech.cfg.adjacency
-        )
+        everyone, _ = insert_persons(self.mech.data, self.c, np.ones(self.c.m, bool),
+                                     self.mech.cfg.adjacency)
         return {"black-box": canary_scores(everyone, self.pm, unit, self.slots)}
 
     def claim(self, unit: str) -> Claim:
@@ -245,15 +216,8 @@ class PandemicMechanism:
     """The engine's plug-in for node-level `pipeline.train(data, cfg)`: canary persons in
     one region's slots; records the last trained model (its notes and run id)."""
 
-    def __init__(
-        self,
-        data,
-        cfg,
-        members: dict[str, np.ndarray],
-        canaries: int | None,
-        contacts: int,
-        store: BudgetStore | None,
-    ):
+    def __init__(self, data, cfg, members: dict[str, np.ndarray], canaries: int | None,
+                 contacts: int, store: BudgetStore | None):
         self.data, self.cfg, self.members = data, cfg, members
         self.canaries, self.contacts, self.store = canaries, contacts, store
         self.pm = None
@@ -264,33 +228,25 @@ class PandemicMechanism:
         return make_canary_persons(self.data, self.cfg, unit, m, self.contacts, rng)
 
     def prepare_one(self, chosen):
-        ((c, inc),) = chosen.values()
+        (c, inc), = chosen.values()
         audited, slots = insert_persons(self.data, c, inc, self.cfg.adjacency)
         return audited, c, slots
 
     def run_one(self, prepared) -> _Trained:
         from silofl.pandemic.pipeline import train
-
         audited, c, slots = prepared
         self.st = st = self.store if self.store is not None else BudgetStore(None)
         self.pm = train(audited, self.cfg, store=st, command="silofl pandemic audit (one run)")
         return _Trained(self, self.pm, c, slots)
 
     def neighbours(self, unit: str, canary: CanaryPersons):
-        return tuple(
-            insert_persons(self.data, canary, np.array([w]), self.cfg.adjacency)
-            for w in (False, True)
-        )
+        return tuple(insert_persons(self.data, canary, np.array([w]), self.cfg.adjacency)
+                     for w in (False, True))
 
     def run_neighbour(self, unit: str, pair, which: int):
         from silofl.pandemic.pipeline import train
-
-        self.pm = pm = train(
-            pair[which][0],
-            self.cfg,
-            store=BudgetStore(None),
-            command="silofl pandemic audit (multi run)",
-        )
+        self.pm = pm = train(pair[which][0], self.cfg, store=BudgetStore(None),
+                             command="silofl pandemic audit (multi run)")
         out = {"black-box": float(canary_scores(pair[1][0], pm, unit, pair[1][1])[0])}
         for j, v in enumerate(pm.weights[pm.regions.index(unit)]):
             out[f"model coordinate {j}"] = float(v)
@@ -302,26 +258,17 @@ def _resolve_region(members: dict[str, np.ndarray], region: str | None) -> str:
     if region not in members and f"region-{region}" in members:
         region = f"region-{region}"  # a bare county code
     if region not in members:
-        raise ConfigError(
-            f"unknown region {region!r}; this dataset's regions are {', '.join(members)} (--region)"
-        )
+        raise ConfigError(f"unknown region {region!r}; this dataset's regions are "
+                          f"{', '.join(members)} (--region)")
     return region
 
 
-def audit_pandemic(
-    data,
-    cfg,
-    *,
-    region: str | None = None,
-    kind: str = "one-run",
-    canaries: int | None = None,
-    contacts: int = DEFAULT_CONTACTS,
-    runs: int = 100,
-    confidence: float = 0.95,
-    store: BudgetStore | None = None,
-    seed: int | None = None,
-    on_progress: Callable[[int, int], None] | None = None,
-) -> AuditReport:
+def audit_pandemic(data, cfg, *, region: str | None = None, kind: str = "one-run",
+                   canaries: int | None = None, contacts: int = DEFAULT_CONTACTS,
+                   runs: int = 100, confidence: float = 0.95,
+                   store: BudgetStore | None = None, seed: int | None = None,
+                   on_progress: Callable[[int, int], None] | None = None
+                   ) -> AuditReport:
     """Audit node-level `pipeline.train(data, cfg)` for `region` (default: the first).
 
     canaries: one-run slots (default min(200, n_region)); multi-run uses one (leave it
@@ -333,80 +280,50 @@ def audit_pandemic(
     check_kind(kind)
     cfg.validate()
     if not cfg.private:
-        raise ConfigError(
-            "an audit compares a claimed ε with an empirical lower bound, but "
-            "this run is not private (--no-privacy); drop it"
-        )
+        raise ConfigError("an audit compares a claimed ε with an empirical lower bound, but "
+                          "this run is not private (--no-privacy); drop it")
     check_confidence(confidence)
     members = _regions(data, cfg)
     region = _resolve_region(members, region)
     rng = np.random.default_rng(seed)
     neighbouring = neighbouring_text(cfg.adjacency)
-    notes = [
-        AUDIT_NOTE,
-        f"neighbouring: {neighbouring}",
-        f"canaries: {contacts} home contacts each, drawn uniformly from {region}'s "
-        "members; the job's σ was calibrated for the region with its canary slots in",
-    ]
+    notes = [AUDIT_NOTE, f"neighbouring: {neighbouring}",
+             f"canaries: {contacts} home contacts each, drawn uniformly from {region}'s "
+             "members; the job's σ was calibrated for the region with its canary slots in"]
     mech = PandemicMechanism(data, cfg, members, canaries, contacts, store)
     if kind == "one-run":
-        (row,), _p, _job = one_run(mech, [region], canaries, confidence, rng, on_progress)
+        (row,), _p, _job = one_run(mech, [region], canaries, confidence, rng,
+                                         on_progress)
         pm = mech.pm
         run_ids = [next(p for p in pm.privacy if p["region"] == region).get("run_id") or "-"]
         notes += [n for n in pm.notes if n not in notes]
-        notes.append(
-            "the audit job trains every region, so it is charged to every "
-            "region's budget (the audited region's with its canary slots in)"
-        )
+        notes.append("the audit job trains every region, so it is charged to every "
+                     "region's budget (the audited region's with its canary slots in)")
         st = mech.st
         scratch, path = st.scratch, None if st.path is None else str(st.path)
     else:
         if store is not None and not store.scratch:
-            raise ConfigError(
-                "a multi-run audit trains `runs` jobs on each of D and D′: "
-                "an experiment, not a release, that would spend many jobs' "
-                "worth of the region's lifetime budget. Run it on a scratch "
-                "store (--scratch), or use --kind one-run on the real store"
-            )
+            raise ConfigError("a multi-run audit trains `runs` jobs on each of D and D′: "
+                              "an experiment, not a release, that would spend many jobs' "
+                              "worth of the region's lifetime budget. Run it on a scratch "
+                              "store (--scratch), or use --kind one-run on the real store")
         if canaries not in (None, 1):
-            raise ConfigError(
-                "a multi-run audit uses one canary (D′ = D with the canary "
-                "in its slot); leave --canaries out or set it to 1"
-            )
+            raise ConfigError("a multi-run audit uses one canary (D′ = D with the canary "
+                              "in its slot); leave --canaries out or set it to 1")
         check_runs(runs)
         c = make_canary_persons(data, cfg, region, 1, contacts, rng)
         (row,) = multi_run(mech, [region], c, runs, confidence, on_progress)
         run_ids = [f"{2 * runs} scratch jobs"]
-        notes += [
-            SCRATCH_NOTE,
-            f"multi-run: {runs} jobs on D and {runs} on D′, each on its own scratch store",
-        ]
+        notes += [SCRATCH_NOTE, f"multi-run: {runs} jobs on D and {runs} on D′, each on "
+                  "its own scratch store"]
         notes += [n for n in mech.pm.notes if n not in notes]
         scratch, path = True, None
     row.details["adjacency"] = cfg.adjacency
-    return AuditReport(
-        kind,
-        [row],
-        [cfg.method],
-        notes,
-        path,
-        scratch,
-        run_ids,
-        time.perf_counter() - t0,
-        confidence,
-        cfg.noise,
-        neighbouring=neighbouring,
-    )
+    return AuditReport(kind, [row], [cfg.method], notes, path, scratch, run_ids,
+                       time.perf_counter() - t0, confidence, cfg.noise,
+                       neighbouring=neighbouring)
 
 
-__all__ = [
-    "audit_pandemic",
-    "make_canary_persons",
-    "insert_persons",
-    "canary_scores",
-    "CanaryPersons",
-    "PandemicAuditReport",
-    "PandemicMechanism",
-    "neighbouring_text",
-    "LOWER_BOUND_NOTE",
-]
+__all__ = ["audit_pandemic", "make_canary_persons", "insert_persons", "canary_scores",
+           "CanaryPersons", "PandemicAuditReport", "PandemicMechanism", "neighbouring_text",
+           "LOWER_BOUND_NOTE"]

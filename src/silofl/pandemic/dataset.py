@@ -45,9 +45,7 @@ class ContactNetwork:
 
     def degree(self, num_persons: int) -> np.ndarray:
         """Contact rows touching each person (int64, length ``num_persons``)."""
-        return np.bincount(self.src, minlength=num_persons) + np.bincount(
-            self.dst, minlength=num_persons
-        )
+        return np.bincount(self.src, minlength=num_persons) + np.bincount(self.dst, minlength=num_persons)
 
 
 @dataclass
@@ -104,10 +102,7 @@ class PandemicData:
     def __post_init__(self):
         if self.lid_index is None:
             lids = np.concatenate(
-                [
-                    self.residence_locations["rlid"].to_numpy(),
-                    self.activity_locations["alid"].to_numpy(),
-                ]
+                [self.residence_locations["rlid"].to_numpy(), self.activity_locations["alid"].to_numpy()]
             )
             self.lid_index = IdIndex(np.sort(lids))
 
@@ -159,19 +154,13 @@ class PandemicData:
         n_rl = len(rl)
         cols: dict[str, np.ndarray] = {
             "lid": lid[order],
-            "longitude": np.concatenate([rl["longitude"].to_numpy(), al["longitude"].to_numpy()])[
-                order
-            ],
-            "latitude": np.concatenate([rl["latitude"].to_numpy(), al["latitude"].to_numpy()])[
-                order
-            ],
+            "longitude": np.concatenate([rl["longitude"].to_numpy(), al["longitude"].to_numpy()])[order],
+            "latitude": np.concatenate([rl["latitude"].to_numpy(), al["latitude"].to_numpy()])[order],
             "residence": (order < n_rl).astype(np.uint8),
         }
         for f in LOCATION_FLAGS:
             cols[f] = np.concatenate([np.zeros(n_rl, np.uint8), al[f].to_numpy()])[order]
-        cols["county"] = np.concatenate([rl["county"].to_numpy(), np.full(len(al), -1, np.int32)])[
-            order
-        ]
+        cols["county"] = np.concatenate([rl["county"].to_numpy(), np.full(len(al), -1, np.int32)])[order]
         return pd.DataFrame(cols, copy=False)
 
     def location_table(self) -> pd.DataFrame:
@@ -184,14 +173,7 @@ class PandemicData:
         return self._location_table
 
     #: activity types reported by :meth:`activity_indicators`, in column order
-    ACTIVITY_NAMES: ClassVar[tuple[str, ...]] = (
-        "work",
-        "shopping",
-        "other",
-        "school",
-        "college",
-        "religion",
-    )
+    ACTIVITY_NAMES: ClassVar[tuple[str, ...]] = ("work", "shopping", "other", "school", "college", "religion")
 
     def activity_indicators(self) -> np.ndarray:
         """(P, 6) uint8: 1 if the person's schedule has a work, shopping, other, school,
@@ -200,16 +182,8 @@ class PandemicData:
         t = a["activity_type"].to_numpy()
         p = a["person"].to_numpy()
         out = np.zeros((self.num_persons, 6), np.uint8)
-        for j, code in enumerate(
-            (
-                ActivityType.WORK,
-                ActivityType.SHOPPING,
-                ActivityType.OTHER,
-                ActivityType.SCHOOL,
-                ActivityType.COLLEGE,
-                ActivityType.RELIGION,
-            )
-        ):
+        for j, code in enumerate((ActivityType.WORK, ActivityType.SHOPPING, ActivityType.OTHER,
+                                  ActivityType.SCHOOL, ActivityType.COLLEGE, ActivityType.RELIGION)):
             out[p[t == int(code)], j] = 1
         return out
 
@@ -217,11 +191,8 @@ class PandemicData:
         """(P,) float32: share of the day spent in non-home activities, clipped to [0, 1]."""
         a = self.assignment
         away = a["activity_type"].to_numpy() != int(ActivityType.HOME)
-        secs = np.bincount(
-            a["person"].to_numpy()[away],
-            weights=a["duration"].to_numpy()[away],
-            minlength=self.num_persons,
-        )
+        secs = np.bincount(a["person"].to_numpy()[away], weights=a["duration"].to_numpy()[away],
+                           minlength=self.num_persons)
         return np.clip(secs / 86_400.0, 0.0, 1.0).astype(np.float32)
 
     def feature_inputs(self, persons: np.ndarray | None = None) -> dict:
@@ -248,24 +219,15 @@ class PandemicData:
         loc = self.location_table()
         pick = (lambda x: x) if sel is None else (lambda x: x[sel])
         return dict(
-            src=src,
-            dst=dst,
-            num_nodes=P if sel is None else int(sel.size),
-            start_time=net.start_time[keep],
-            duration=net.duration[keep],
-            lid=net.lid[keep],
-            age=pick(self.age),
-            sex=pick(self.sex),
-            household_size=pick(self.hh_size),
-            activities=pick(self.activity_indicators()),
-            frac_out_of_home=pick(self.frac_out_of_home()),
+            src=src, dst=dst, num_nodes=P if sel is None else int(sel.size),
+            start_time=net.start_time[keep], duration=net.duration[keep], lid=net.lid[keep],
+            age=pick(self.age), sex=pick(self.sex), household_size=pick(self.hh_size),
+            activities=pick(self.activity_indicators()), frac_out_of_home=pick(self.frac_out_of_home()),
             states=pick(self.states),
             location_ids=loc["lid"].to_numpy(),
             location_flags=loc[list(LOCATION_FLAGS)].to_numpy(),
-            longitude=loc["longitude"].to_numpy(),
-            latitude=loc["latitude"].to_numpy(),
-            activity_names=self.ACTIVITY_NAMES,
-            location_flag_names=LOCATION_FLAGS,
+            longitude=loc["longitude"].to_numpy(), latitude=loc["latitude"].to_numpy(),
+            activity_names=self.ACTIVITY_NAMES, location_flag_names=LOCATION_FLAGS,
         )
 
     def summary(self) -> dict:
@@ -284,3 +246,5 @@ class PandemicData:
         if self.target is not None:
             out["target_rate"] = float(self.target.mean()) if self.num_persons else 0.0
         return out
+
+

@@ -89,7 +89,8 @@ SECONDS_PER_DAY = 86400
 def check_states(states, num_nodes: int) -> np.ndarray:
     states = np.asarray(states)
     if states.ndim != 2 or states.shape[0] != num_nodes:
-        raise DataError(f"states must have shape (N, T) = ({num_nodes}, T), got {states.shape}")
+        raise DataError(f"states must have shape (N, T) = ({num_nodes}, T), got "
+                        f"{states.shape}")
     if states.size and not np.issubdtype(states.dtype, np.integer):
         raise DataError(f"states must be integer codes 0=S, 1=I, 2=R, got dtype {states.dtype}")
     if states.size and (int(states.min()) < 0 or int(states.max()) > 2):
@@ -102,30 +103,23 @@ def check_t_window(t_window: int, T: int, t_pred: int = T_PRED) -> int:
         raise ConfigError(f"t_window must be an integer number of days, got {t_window!r}")
     hi = T - t_pred
     if hi < 1:
-        raise ConfigError(
-            f"the infection history has only T = {T} days; training needs "
-            f"more than the {t_pred}-day prediction window"
-        )
+        raise ConfigError(f"the infection history has only T = {T} days; training needs "
+                          f"more than the {t_pred}-day prediction window")
     if not 1 <= t_window <= hi:
-        raise ConfigError(
-            f"t_window = {t_window} does not fit the history: with T = {T} "
-            f"observed days and a {t_pred}-day prediction window, t_window "
-            f"must be between 1 and {hi} (T − {t_pred})"
-        )
+        raise ConfigError(f"t_window = {t_window} does not fit the history: with T = {T} "
+                          f"observed days and a {t_pred}-day prediction window, t_window "
+                          f"must be between 1 and {hi} (T − {t_pred})")
     return int(t_window)
 
 
 def check_S(S: int) -> int:
     if isinstance(S, bool) or not isinstance(S, (int, np.integer)) or S <= 0:
-        raise ConfigError(
-            f"neighbourhood size S must be a positive integer (the person "
-            f"plus up to S − 1 neighbours), got {S!r}; e.g. S = 20"
-        )
+        raise ConfigError(f"neighbourhood size S must be a positive integer (the person "
+                          f"plus up to S − 1 neighbours), got {S!r}; e.g. S = 20")
     return int(S)
 
 
 # --- the feature object ---------------------------------------------------------------
-
 
 @dataclass(eq=False)
 class NeighbourhoodFeatures:
@@ -215,8 +209,7 @@ class NeighbourhoodFeatures:
             raise PrivacyError(
                 "these features include degree/PageRank columns, which depend on people "
                 "outside each example, so no S bounds the examples one person changes; "
-                "rebuild with graph_features=False for node-level DP accounting"
-            )
+                "rebuild with graph_features=False for node-level DP accounting")
         return self.appearance_bound
 
     @property
@@ -225,21 +218,12 @@ class NeighbourhoodFeatures:
         return self.t_window, self.T - self.t_pred
 
     def nbytes(self) -> int:
-        return (
-            self.index.nbytes()
-            + self.node_table.nbytes
-            + self.states.nbytes
-            + self.locations.table.nbytes
-            + self.locations.ids.nbytes
-        )
+        return (self.index.nbytes() + self.node_table.nbytes + self.states.nbytes
+                + self.locations.table.nbytes + self.locations.ids.nbytes)
 
     def edge_names(self) -> tuple[str, ...]:
-        return (
-            "contact_time_of_day",
-            "contact_log_duration",
-            "contact_log_count",
-            *self.locations.names,
-        )
+        return ("contact_time_of_day", "contact_log_duration", "contact_log_count",
+                *self.locations.names)
 
     def feature_names(self) -> list[str]:
         hist = [f"d{o}:{s}" for o in range(-self.t_window, 0) for s in STATE_CODES]
@@ -256,20 +240,15 @@ class NeighbourhoodFeatures:
     def _check_persons(self, persons) -> np.ndarray:
         p = np.asarray(persons)
         if p.ndim != 1 or (p.size and not np.issubdtype(p.dtype, np.integer)):
-            raise ConfigError(
-                f"persons must be a 1-D integer array, got shape {p.shape} dtype {p.dtype}"
-            )
+            raise ConfigError(f"persons must be a 1-D integer array, got shape {p.shape} "
+                              f"dtype {p.dtype}")
         if p.shape[0] > self.num_nodes:
-            raise ConfigError(
-                f"batch of {p.shape[0]} persons is larger than the region "
-                f"({self.num_nodes} persons); use a batch size ≤ "
-                f"{self.num_nodes}"
-            )
+            raise ConfigError(f"batch of {p.shape[0]} persons is larger than the region "
+                              f"({self.num_nodes} persons); use a batch size ≤ "
+                              f"{self.num_nodes}")
         if p.size and (int(p.min()) < 0 or int(p.max()) >= self.num_nodes):
-            raise ConfigError(
-                f"person indices must lie in 0..{self.num_nodes - 1}, got "
-                f"[{int(p.min())}, {int(p.max())}]"
-            )
+            raise ConfigError(f"person indices must lie in 0..{self.num_nodes - 1}, got "
+                              f"[{int(p.min())}, {int(p.max())}]")
         return p.astype(np.int64, copy=False)
 
     def _check_window_end(self, window_end, b: int, labels: bool) -> np.ndarray:
@@ -281,16 +260,11 @@ class NeighbourhoodFeatures:
             raise ConfigError(f"window_end must be a scalar or have shape ({b},), got {we.shape}")
         hi = self.T - self.t_pred if labels else self.T
         if we.size and (int(we.min()) < self.t_window or int(we.max()) > hi):
-            extra = (
-                "; labels need the whole prediction window observed (pass "
-                "labels=False or use gather_prediction for window_end up to T)"
-                if labels
-                else ""
-            )
-            raise ConfigError(
-                f"window_end must lie in [{self.t_window}, {hi}], got "
-                f"[{int(we.min())}, {int(we.max())}]{extra}"
-            )
+            extra = ("; labels need the whole prediction window observed (pass "
+                     "labels=False or use gather_prediction for window_end up to T)"
+                     if labels else "")
+            raise ConfigError(f"window_end must lie in [{self.t_window}, {hi}], got "
+                              f"[{int(we.min())}, {int(we.max())}]{extra}")
         return we
 
     # windows & batches -------------------------------------------------------------
@@ -304,23 +278,17 @@ class NeighbourhoodFeatures:
         rng = np.random.default_rng([int(seed), int(epoch), 0x57A7E])
         return self.sample_windows(rng, self.num_nodes).astype(np.int16)
 
-    def sample_batch(
-        self, rng: np.random.Generator, batch_size: int
-    ) -> tuple[np.ndarray, np.ndarray]:
+    def sample_batch(self, rng: np.random.Generator,
+                     batch_size: int) -> tuple[np.ndarray, np.ndarray]:
         """``batch_size`` persons uniformly *without replacement* (the sampling the
         node-level accountant assumes) and a fresh random window for each."""
-        if (
-            isinstance(batch_size, bool)
-            or not isinstance(batch_size, (int, np.integer))
-            or batch_size <= 0
-        ):
+        if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) \
+                or batch_size <= 0:
             raise ConfigError(f"batch size must be a positive integer, got {batch_size!r}")
         if batch_size > self.num_nodes:
-            raise ConfigError(
-                f"batch size {batch_size} is larger than the region "
-                f"({self.num_nodes} persons); use a batch size ≤ "
-                f"{self.num_nodes}"
-            )
+            raise ConfigError(f"batch size {batch_size} is larger than the region "
+                              f"({self.num_nodes} persons); use a batch size ≤ "
+                              f"{self.num_nodes}")
         persons = rng.choice(self.num_nodes, size=int(batch_size), replace=False)
         return persons.astype(np.int64), self.sample_windows(rng, int(batch_size))
 
@@ -346,21 +314,17 @@ class NeighbourhoodFeatures:
         st = self.edge_stats
         out = np.empty((e.shape[0], self.d_edge), dtype=np.float32)
         out[:, 0] = (index.start_time[e] % SECONDS_PER_DAY) / SECONDS_PER_DAY
-        out[:, 1] = (np.log1p(index.duration[e].astype(np.float64)) - st["dur_mean"]) / st[
-            "dur_std"
-        ]
-        out[:, 2] = (np.log1p(index.n_contacts[e].astype(np.float64)) - st["cnt_mean"]) / st[
-            "cnt_std"
-        ]
+        out[:, 1] = (np.log1p(index.duration[e].astype(np.float64)) - st["dur_mean"]) / st["dur_std"]
+        out[:, 2] = (np.log1p(index.n_contacts[e].astype(np.float64)) - st["cnt_mean"]) / st["cnt_std"]
         out[:, 3:] = self.locations.table[self.locations.rows(index.lid[e])]
         return out
 
     def _fill(self, blocks, bi, si, w, index, e, days) -> None:
         dn, de = self.d_node, self.d_edge
         blocks[bi, si, 0] = 0.0
-        blocks[bi, si, 1 : 1 + dn] = self.node_table[w]
-        blocks[bi, si, 1 + dn : 1 + dn + de] = self._edge_features(index, e)
-        blocks[bi, si, 1 + dn + de :] = self._history(w, days)
+        blocks[bi, si, 1:1 + dn] = self.node_table[w]
+        blocks[bi, si, 1 + dn:1 + dn + de] = self._edge_features(index, e)
+        blocks[bi, si, 1 + dn + de:] = self._history(w, days)
 
     def gather(self, persons, window_end, *, labels: bool = True):
         """Examples for ``persons`` (B,) with windows ending at ``window_end`` (scalar or
@@ -375,9 +339,7 @@ class NeighbourhoodFeatures:
         p = self._check_persons(persons)
         return self._gather(p, np.full(p.shape[0], self.T, dtype=np.int64))
 
-    def iter_prediction_batches(
-        self, batch_size: int = 4096
-    ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    def iter_prediction_batches(self, batch_size: int = 4096) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         """Yields (persons, X) over the whole region in order."""
         if batch_size <= 0:
             raise ConfigError(f"batch size must be positive, got {batch_size}")
@@ -389,8 +351,8 @@ class NeighbourhoodFeatures:
         b = p.shape[0]
         days = we[:, None] + self._offsets  # (B, t_window)
         own = np.empty((b, self.own_dim), dtype=np.float32)
-        own[:, : self.d_node] = self.node_table[p]
-        own[:, self.d_node :] = self._history(p, days)
+        own[:, :self.d_node] = self.node_table[p]
+        own[:, self.d_node:] = self._history(p, days)
         idx = self.index
         k1 = self.k1
         blocks = np.zeros((b, self.num_slots, self.block_dim), dtype=np.float32)
@@ -420,36 +382,15 @@ class NeighbourhoodFeatures:
 
 
 def build_neighbourhood_features(
-    *,
-    src,
-    dst,
-    num_nodes: int,
-    start_time,
-    duration,
-    lid,
-    age,
-    sex,
-    household_size,
-    activities,
-    frac_out_of_home,
-    states,
-    location_flags,
-    longitude,
-    latitude,
-    location_ids=None,
-    S: int = 20,
-    t_window: int = 21,
-    t_pred: int = T_PRED,
-    seed: int = 0,
-    priority: Priority = "random",
-    hops: int = 1,
-    hop2_neighbours: int | None = None,
-    graph_features: bool = False,
-    pagerank_iterations: int = 20,
-    activity_names=None,
-    location_flag_names=None,
-    constants: FeatureConstants | str | Callable[[NeighbourIndex], FeatureConstants] = "declared",
-) -> NeighbourhoodFeatures:
+        *, src, dst, num_nodes: int, start_time, duration, lid,
+        age, sex, household_size, activities, frac_out_of_home, states,
+        location_flags, longitude, latitude, location_ids=None,
+        S: int = 20, t_window: int = 21, t_pred: int = T_PRED, seed: int = 0,
+        priority: Priority = "random", hops: int = 1, hop2_neighbours: int | None = None,
+        graph_features: bool = False, pagerank_iterations: int = 20, activity_names=None,
+        location_flag_names=None,
+        constants: FeatureConstants | str | Callable[[NeighbourIndex], FeatureConstants]
+        = "declared") -> NeighbourhoodFeatures:
     """Dedupe → prune (degree ≤ S − 1) → node/location tables.
 
     ``constants``: "declared" (`DECLARED_CONSTANTS`), "uncharged" (fit on these data,
@@ -464,65 +405,35 @@ def build_neighbourhood_features(
     S = check_S(S)
     states = check_states(states, int(num_nodes))
     t_window = check_t_window(t_window, states.shape[1], t_pred)
-    pairs = dedupe_contacts(src, dst, num_nodes, start_time=start_time, duration=duration, lid=lid)
+    pairs = dedupe_contacts(src, dst, num_nodes, start_time=start_time, duration=duration,
+                            lid=lid)
     pr = pagerank_scores(pairs, n_iter=pagerank_iterations) if graph_features else None
-    index = prune_pairs(
-        pairs, S - 1, seed, priority=priority, hops=hops, max_degree_hop2=hop2_neighbours
-    )
+    index = prune_pairs(pairs, S - 1, seed, priority=priority, hops=hops,
+                        max_degree_hop2=hop2_neighbours)
     del pairs
     if isinstance(constants, str):
         if constants == "declared":
             constants = DECLARED_CONSTANTS
         elif constants == "uncharged":
-            constants = fitted_constants(
-                age=age,
-                household_size=household_size,
-                longitude=longitude,
-                latitude=latitude,
-                index=index,
-            )
+            constants = fitted_constants(age=age, household_size=household_size,
+                                         longitude=longitude, latitude=latitude, index=index)
         else:
-            raise ConfigError(
-                f"constants must be 'declared', 'uncharged', FeatureConstants "
-                f"or a callable, got {constants!r}"
-            )
+            raise ConfigError(f"constants must be 'declared', 'uncharged', FeatureConstants "
+                              f"or a callable, got {constants!r}")
     elif callable(constants) and not isinstance(constants, FeatureConstants):
         constants = constants(index)
     if not isinstance(constants, FeatureConstants):
         raise ConfigError("the constants callable must return FeatureConstants")
-    extra = (
-        dict(
-            original_degree=index.original_degree,
-            pruned_degree=index.degree,
-            max_degree=S - 1,
-            pagerank=pr,
-        )
-        if graph_features
-        else {}
-    )
+    extra = dict(original_degree=index.original_degree, pruned_degree=index.degree,
+                 max_degree=S - 1, pagerank=pr) if graph_features else {}
     table, names, fitted = build_node_table(
-        age=age,
-        sex=sex,
-        household_size=household_size,
-        activities=activities,
-        frac_out_of_home=frac_out_of_home,
-        activity_names=activity_names,
-        constants=constants,
-        **extra,
-    )
-    locations = build_location_table(
-        location_flags, longitude, latitude, location_ids, location_flag_names, constants
-    )
+        age=age, sex=sex, household_size=household_size, activities=activities,
+        frac_out_of_home=frac_out_of_home, activity_names=activity_names,
+        constants=constants, **extra)
+    locations = build_location_table(location_flags, longitude, latitude, location_ids,
+                                     location_flag_names, constants)
     fitted["constants"] = constants.to_dict()
-    return NeighbourhoodFeatures(
-        index=index,
-        node_table=table,
-        node_names=names,
-        locations=locations,
-        states=states,
-        t_window=t_window,
-        t_pred=t_pred,
-        edge_stats=constants.edge_stats(),
-        fitted=fitted,
-        graph_features=graph_features,
-    )
+    return NeighbourhoodFeatures(index=index, node_table=table, node_names=names,
+                                 locations=locations, states=states, t_window=t_window,
+                                 t_pred=t_pred, edge_stats=constants.edge_stats(),
+                                 fitted=fitted, graph_features=graph_features)

@@ -89,9 +89,7 @@ def find_table_file(directory: Path | str, spec: TableSpec | str) -> Path:
     return found[0]
 
 
-def read_table(
-    path: Path | str, spec: TableSpec | str, columns: list[str] | None = None
-) -> dict[str, np.ndarray]:
+def read_table(path: Path | str, spec: TableSpec | str, columns: list[str] | None = None) -> dict[str, np.ndarray]:
     """Read ``columns`` (default: the required ones plus optional ones present) of one
     challenge file; ``spec`` a `TableSpec` or a table key such as ``"persons"``."""
     return read_columns(path, ALL_TABLES[spec] if isinstance(spec, str) else spec, columns)
@@ -100,9 +98,7 @@ def read_table(
 # --------------------------------------------------------------------------- #
 # read_dataset
 # --------------------------------------------------------------------------- #
-def read_dataset(
-    directory: Path | str, *, with_target: bool = False, num_days: int | None = None
-) -> PandemicData:
+def read_dataset(directory: Path | str, *, with_target: bool = False, num_days: int | None = None) -> PandemicData:
     """Read and validate a challenge dataset directory.
 
     Parameters
@@ -135,9 +131,8 @@ def read_dataset(
     residence, activity, lid_index, rl_index = _locations(paths)
     pid_index = persons["pid_index"]
     assignment = _assignment(paths["activity_location_assignment"], pid_index, lid_index)
-    home_lid, county, region, region_codes = _homes(
-        assignment, persons, hh_ids, residence, rl_index
-    )
+    home_lid, county, region, region_codes = _homes(assignment, persons, hh_ids, residence,
+                                                   rl_index)
     network = _network(paths["population_network"], pid_index, lid_index)
     pids = persons["pids"]
     states = _read_outcomes(paths["disease_outcome_training"], pid_index, pids, num_days)
@@ -166,9 +161,7 @@ def read_dataset(
     )
 
 
-_UNKNOWN_LID = (
-    "every lid must be an rlid of va_residence_locations or an alid of va_activity_locations"
-)
+_UNKNOWN_LID = "every lid must be an rlid of va_residence_locations or an alid of va_activity_locations"
 
 
 def _households(p: Path) -> tuple[np.ndarray, np.ndarray, IdIndex]:
@@ -184,29 +177,18 @@ def _households(p: Path) -> tuple[np.ndarray, np.ndarray, IdIndex]:
 
 def _persons(p: Path, hid_index: IdIndex) -> dict:
     """The per-person columns sorted by pid, their index, and each person's household row."""
-    pe = ColumnarReader(
-        p, TABLES["persons"], ["pid", "hid", "person_number", "age", "sex"]
-    ).read_all()
+    pe = ColumnarReader(p, TABLES["persons"], ["pid", "hid", "person_number", "age", "sex"]).read_all()
     pids, order = unique_sorted_ids(pe["pid"], p, "pid", "person")
     hid = pe["hid"][order]
     hidx = hid_index.lookup(hid)
-    check_known(
-        hidx, hid, p, 0, "hid", "household", "every person's hid must appear in va_household"
-    )
+    check_known(hidx, hid, p, 0, "hid", "household", "every person's hid must appear in va_household")
     age = pe["age"][order]
     if age.size and age.max() > 130:
         i = int(np.flatnonzero(pe["age"] > 130)[0])
         raise DataError(f"{row_where(p, i)}: age is implausible; ages must lie in 0..130")
     check_codes(pe["sex"], (1, 2), p, 0, "sex", "sex code (1 male, 2 female)")
-    return {
-        "pids": pids,
-        "pid_index": IdIndex(pids),
-        "hid": hid,
-        "hidx": hidx,
-        "age": age,
-        "sex": pe["sex"][order],
-        "person_number": pe["person_number"][order],
-    }
+    return {"pids": pids, "pid_index": IdIndex(pids), "hid": hid, "hidx": hidx, "age": age,
+            "sex": pe["sex"][order], "person_number": pe["person_number"][order]}
 
 
 def _locations(paths: dict[str, Path]) -> tuple[pd.DataFrame, pd.DataFrame, IdIndex, IdIndex]:
@@ -229,9 +211,7 @@ def _locations(paths: dict[str, Path]) -> tuple[pd.DataFrame, pd.DataFrame, IdIn
     al_cols = ["alid", "longitude", "latitude", *LOCATION_FLAGS]
     al = ColumnarReader(p, TABLES["activity_locations"], al_cols).read_all()
     alids, order = unique_sorted_ids(al["alid"], p, "alid", "activity location")
-    activity = pd.DataFrame(
-        {c: (alids if c == "alid" else al[c][order]) for c in al_cols}, copy=False
-    )
+    activity = pd.DataFrame({c: (alids if c == "alid" else al[c][order]) for c in al_cols}, copy=False)
     all_lids = np.concatenate([rlids, alids])
     all_lids.sort()
     both = all_lids[1:][all_lids[1:] == all_lids[:-1]]
@@ -250,29 +230,20 @@ def _assignment(p: Path, pid_index: IdIndex, lid_index: IdIndex) -> pd.DataFrame
     parts: dict[str, list[np.ndarray]] = {c: [] for c in ["person", *cols[1:]]}
     for row0, b in ColumnarReader(p, TABLES["activity_location_assignment"], cols).batches():
         person = pid_index.lookup(b["pid"])
-        check_known(
-            person, b["pid"], p, row0, "pid", "person", "every pid must appear in va_person"
-        )
+        check_known(person, b["pid"], p, row0, "pid", "person", "every pid must appear in va_person")
         check_known(lid_index.lookup(b["lid"]), b["lid"], p, row0, "lid", "location", _UNKNOWN_LID)
         check_codes(b["activity_type"], ACTIVITY_CODES, p, row0, "activity_type", "activity code")
         parts["person"].append(person)
         for c in cols[1:]:
             parts[c].append(b[c])
         del b
-    assign_cols = {
-        c: _concat(v, ALL_TABLES["activity_location_assignment"], c) for c, v in parts.items()
-    }
+    assign_cols = {c: _concat(v, ALL_TABLES["activity_location_assignment"], c) for c, v in parts.items()}
     del parts
     return pd.DataFrame(assign_cols, copy=False)
 
 
-def _homes(
-    assignment: pd.DataFrame,
-    persons: dict,
-    hh_ids: np.ndarray,
-    residence: pd.DataFrame,
-    rl_index: IdIndex,
-) -> tuple[np.ndarray, ...]:
+def _homes(assignment: pd.DataFrame, persons: dict, hh_ids: np.ndarray,
+           residence: pd.DataFrame, rl_index: IdIndex) -> tuple[np.ndarray, ...]:
     """(home_lid, county, region, region_codes) per person: the rlid of a person's first
     home activity (else their household's), its county, and that county's region."""
     rlids = residence["rlid"].to_numpy()
@@ -340,28 +311,22 @@ def _concat(parts: list[np.ndarray], spec: TableSpec, col: str) -> np.ndarray:
     pos = 0
     while parts:  # free each chunk as soon as it is copied
         a = parts.pop(0)
-        out[pos : pos + a.size] = a
+        out[pos:pos + a.size] = a
         pos += a.size
     return out
 
 
-def _read_outcomes(
-    path: Path, pid_index: IdIndex, pids: np.ndarray, num_days: int | None
-) -> np.ndarray:
+def _read_outcomes(path: Path, pid_index: IdIndex, pids: np.ndarray, num_days: int | None) -> np.ndarray:
     """Scatter the long (day, pid, state) table into a dense (P, D) int8 matrix."""
     P = pids.size
     cap = num_days if num_days is not None else 57
     states = np.full((P, cap), -1, dtype=np.int8)
     total = 0
     max_day = -1
-    for row0, b in ColumnarReader(
-        path, TABLES["disease_outcome_training"], ["day", "pid", "state"]
-    ).batches():
+    for row0, b in ColumnarReader(path, TABLES["disease_outcome_training"], ["day", "pid", "state"]).batches():
         day = b["day"]
         idx = pid_index.lookup(b["pid"])
-        check_known(
-            idx, b["pid"], path, row0, "pid", "person", "every pid must appear in va_person"
-        )
+        check_known(idx, b["pid"], path, row0, "pid", "person", "every pid must appear in va_person")
         if day.size:
             dmin, dmax = int(day.min()), int(day.max())
             if dmin < 0:
@@ -369,10 +334,8 @@ def _read_outcomes(
                 raise DataError(f"{row_where(path, row0 + i)}: day is negative; days count from 0")
             if num_days is not None and dmax >= num_days:
                 i = int(np.flatnonzero(day >= num_days)[0])
-                raise DataError(
-                    f"{row_where(path, row0 + i)}: day is outside 0..{num_days - 1}; "
-                    f"drop days beyond {num_days - 1} or pass num_days=None"
-                )
+                raise DataError(f"{row_where(path, row0 + i)}: day is outside 0..{num_days - 1}; "
+                                f"drop days beyond {num_days - 1} or pass num_days=None")
             if dmax >= cap:  # grow (rare: only when num_days is inferred and > 57)
                 new_cap = max(dmax + 1, cap * 2)
                 grown = np.full((P, new_cap), -1, dtype=np.int8)
@@ -393,9 +356,7 @@ def _read_outcomes(
         del b, flat, prev, idx, day
     D = num_days if num_days is not None else max_day + 1
     if D <= 0 or P == 0:
-        raise DataError(
-            f"{path.name} holds no outcome rows; it needs one row per person and day (day, pid, state)"
-        )
+        raise DataError(f"{path.name} holds no outcome rows; it needs one row per person and day (day, pid, state)")
     if D < cap:
         states = np.ascontiguousarray(states[:, :D])
     holes = states < 0
@@ -417,9 +378,7 @@ def _read_outcomes(
 def _raise_duplicate_outcome(path: Path, pid_index: IdIndex, D: int, extra: int):
     """Second pass (error path only): find the first repeated (pid, day) row."""
     seen = np.zeros(len(pid_index) * D, dtype=bool)
-    for row0, b in ColumnarReader(
-        path, TABLES["disease_outcome_training"], ["day", "pid", "state"]
-    ).batches():
+    for row0, b in ColumnarReader(path, TABLES["disease_outcome_training"], ["day", "pid", "state"]).batches():
         flat = pid_index.lookup(b["pid"]).astype(np.int64) * D + b["day"]
         order = stable_argsort(flat)
         s = flat[order]
@@ -434,9 +393,7 @@ def _raise_duplicate_outcome(path: Path, pid_index: IdIndex, D: int, extra: int)
                 "remove the duplicate rows"
             )
         seen[flat] = True
-    raise DataError(
-        f"{path.name}: {extra} more rows than persons x days; each (pid, day) must appear once"
-    )
+    raise DataError(f"{path.name}: {extra} more rows than persons x days; each (pid, day) must appear once")
 
 
 def _read_target(path: Path, pid_index: IdIndex, pids: np.ndarray) -> np.ndarray:
@@ -449,8 +406,6 @@ def _read_target(path: Path, pid_index: IdIndex, pids: np.ndarray) -> np.ndarray
     target[idx] = t["infected"]
     if (target < 0).any():
         i = int(np.flatnonzero(target < 0)[0])
-        raise DataError(
-            f"{path.name}: {int((target < 0).sum())} person(s) have no label; "
-            "the target needs one row per person"
-        )
+        raise DataError(f"{path.name}: {int((target < 0).sum())} person(s) have no label; "
+                        "the target needs one row per person")
     return target

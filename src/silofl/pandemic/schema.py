@@ -74,7 +74,6 @@ ACTIVITY_CODES: tuple[int, ...] = tuple(int(a) for a in ActivityType)
 #: Type flags of an activity location, in file column order.
 LOCATION_FLAGS: tuple[str, ...] = ("work", "shopping", "school", "other", "college", "religion")
 
-
 def _c(name: str, dtype: str, kind: str = "int", description: str = "") -> ColumnSpec:
     levels = STATE_LETTERS if kind == "state" else ()
     return ColumnSpec(name, kind, levels=levels, description=description, dtype=dtype)
@@ -126,9 +125,7 @@ ACTIVITY_LOCATIONS = TableSpec(
         _c("longitude", "float32", "float"),
         _c("latitude", "float32", "float"),
     )
-    + tuple(
-        _c(f, "uint8", "flag", f"1 if the location hosts {f} activities") for f in LOCATION_FLAGS
-    ),
+    + tuple(_c(f, "uint8", "flag", f"1 if the location hosts {f} activities") for f in LOCATION_FLAGS),
     description="Workplaces, shops, schools and other places people visit.",
     unique_key="alid",
 )

@@ -87,7 +87,7 @@ def score_sigma(round_event, rounds: int, ratio: float) -> float:
         return node_score_sigma(round_event, rounds, ratio)
     sigma = TA.noise_of(round_event)
     counts = events.flatten(round_event)
-    ((base, steps),) = counts.items()
+    (base, steps), = counts.items()
     q = float(base.sampling_probability)
     return float(ratio) * sigma / (q * math.sqrt(steps * rounds))
 
@@ -116,31 +116,19 @@ class TunedPersonalization(Algorithm):
 
     name = "mrmtl_tuned"
 
-    def __init__(
-        self,
-        lams: list[float],
-        dist: TrialDistribution,
-        validation: list[tuple[np.ndarray, np.ndarray]] | list[Validation],
-        *,
-        lrs: list[float] | None = None,
-        pivot: str = "mrmtl",
-        pivot_lam: float = 0.1,
-        score_ratio: float = 2.0,
-        loss_bound: float = selection.DEFAULT_LOSS_BOUND,
-        weighted: bool = True,
-        select: str = "random",
-        em_fraction: float = 0.05,
-    ):
+    def __init__(self, lams: list[float], dist: TrialDistribution,
+                 validation: list[tuple[np.ndarray, np.ndarray]] | list[Validation], *,
+                 lrs: list[float] | None = None, pivot: str = "mrmtl",
+                 pivot_lam: float = 0.1, score_ratio: float = 2.0,
+                 loss_bound: float = selection.DEFAULT_LOSS_BOUND, weighted: bool = True,
+                 select: str = "random", em_fraction: float = 0.05):
         if not lams:
-            raise ConfigError(
-                "tuning lam grid is empty; list the λ values to try, e.g. lam = [0.01, 0.1, 1]"
-            )
+            raise ConfigError("tuning lam grid is empty; list the λ values to try, e.g. "
+                              "lam = [0.01, 0.1, 1]")
         self.lams = [check_nonnegative("tuning lam", v) for v in lams]
         if lrs is not None and not lrs:
-            raise ConfigError(
-                "tuning lr grid is empty; list learning rates or leave it out "
-                "(then the run's lr is used)"
-            )
+            raise ConfigError("tuning lr grid is empty; list learning rates or leave it out "
+                              "(then the run's lr is used)")
         self.lrs = None if lrs is None else [float(v) for v in lrs]
         if self.lrs and not all(math.isfinite(v) and v > 0 for v in self.lrs):
             raise ConfigError(f"tuning lr values must be positive, got {self.lrs}")
@@ -154,16 +142,15 @@ class TunedPersonalization(Algorithm):
             raise ConfigError(f"tuning score_ratio must be positive, got {score_ratio}")
         self.score_ratio = float(score_ratio)
         if select not in SELECTS:
-            raise ConfigError(f"tuning.select must be one of {', '.join(SELECTS)}, got {select!r}")
+            raise ConfigError(f"tuning.select must be one of {', '.join(SELECTS)}, got "
+                              f"{select!r}")
         self.select = select
         if select == "random":
             TA.check_accountable(dist)
         elif not 0 < em_fraction < 1:
-            raise ConfigError(
-                f"tuning.em_fraction (the share of each silo's ε spent on the "
-                f"exponential-mechanism choice) must be in (0, 1), got "
-                f"{em_fraction}"
-            )
+            raise ConfigError(f"tuning.em_fraction (the share of each silo's ε spent on the "
+                              f"exponential-mechanism choice) must be in (0, 1), got "
+                              f"{em_fraction}")
         self.em_fraction = float(em_fraction)
         self.dist = dist
         self.validation = validation
@@ -176,15 +163,10 @@ class TunedPersonalization(Algorithm):
     # -- privacy ---------------------------------------------------------------------------
     def privacy_events(self, round_event, rounds, target=None):
         if self.select == "em":
-            return dpa.ComposedDpEvent(
-                [
-                    dpa.SelfComposedDpEvent(round_event, rounds),
-                    self._em_charge(round_event, rounds, target),
-                ]
-            )
-        return TA.tuned_event(
-            round_event, rounds, self.dist, score_sigma(round_event, rounds, self.score_ratio)
-        )
+            return dpa.ComposedDpEvent([dpa.SelfComposedDpEvent(round_event, rounds),
+                                        self._em_charge(round_event, rounds, target)])
+        return TA.tuned_event(round_event, rounds, self.dist,
+                              score_sigma(round_event, rounds, self.score_ratio))
 
     def grid_size(self) -> int:
         return len(self.lams) * len(self.lrs or [None])
@@ -194,34 +176,25 @@ class TunedPersonalization(Algorithm):
         (ε_sel = em_fraction · the silo's ε), charged before the first trial."""
         if target is None:
             raise ConfigError("tuning.select = 'em' needs each silo's privacy target")
-        return dpa.ComposedDpEvent(
-            [
-                dpa.SelfComposedDpEvent(round_event, rounds * self.grid_size()),
-                selection.selection_event(self.em_fraction * target.epsilon),
-            ]
-        )
+        return dpa.ComposedDpEvent([
+            dpa.SelfComposedDpEvent(round_event, rounds * self.grid_size()),
+            selection.selection_event(self.em_fraction * target.epsilon)])
 
     def check_plan(self, num_silos, rounds, accountant):
         if len(self.validation) != num_silos:
-            raise ConfigError(
-                f"private tuning needs one validation set per silo "
-                f"({num_silos}), got {len(self.validation)}"
-            )
+            raise ConfigError(f"private tuning needs one validation set per silo "
+                              f"({num_silos}), got {len(self.validation)}")
         small = [k for k, v in enumerate(self.validation) if _size(v) < 2]
         if small:
-            raise ConfigError(
-                f"private tuning scores trials on each silo's validation rows; "
-                f"silo(s) {small} have fewer than 2. Raise the validation "
-                "fraction or merge small silos"
-            )
+            raise ConfigError(f"private tuning scores trials on each silo's validation rows; "
+                              f"silo(s) {small} have fewer than 2. Raise the validation "
+                              "fraction or merge small silos")
 
     # -- the silo and server steps -----------------------------------------------------
     def init(self, params0, num_silos, rounds=None):
         if rounds is None:
-            raise ConfigError(
-                "private tuning releases after the last round and needs it: "
-                "call init(params0, num_silos, rounds=...)"
-            )
+            raise ConfigError("private tuning releases after the last round and needs it: "
+                              "call init(params0, num_silos, rounds=...)")
         self._rounds, self._subs = int(rounds), {}
         P = np.tile(params0, (num_silos, 1))
         return TunedSiloState(P.copy(), pivot=P.copy()), ServerState(params0.copy())
@@ -232,31 +205,18 @@ class TunedPersonalization(Algorithm):
             silos = self._start(silos, trainer, message, round)
         anchor = np.tile(message, (K, 1))
         if self.pivot == "mrmtl":
-            new_pivot = trainer.run(
-                silos.pivot, anchor=anchor, lam=self.pivot_lam, round=round, label="dpsgd-pivot"
-            )
+            new_pivot = trainer.run(silos.pivot, anchor=anchor, lam=self.pivot_lam,
+                                    round=round, label="dpsgd-pivot")
             update = new_pivot - silos.pivot
         else:  # Ditto: FedAvg steps from the broadcast global model
             new_pivot = trainer.run(anchor, round=round, label="dpsgd-pivot")
             update = new_pivot - anchor
         trials = silos.trials.copy()
         for sub, rows in self._sub_trainers(silos, trainer):
-            trials[rows] = sub.run(
-                trials[rows],
-                anchor=anchor[silos.owner[rows]],
-                lam=silos.lam[rows],
-                round=round,
-                label="trial",
-            )
-        out = TunedSiloState(
-            new_pivot.copy(),
-            pivot=new_pivot,
-            trials=trials,
-            owner=silos.owner,
-            lam=silos.lam,
-            lr=silos.lr,
-            h=silos.h,
-        )
+            trials[rows] = sub.run(trials[rows], anchor=anchor[silos.owner[rows]],
+                                   lam=silos.lam[rows], round=round, label="trial")
+        out = TunedSiloState(new_pivot.copy(), pivot=new_pivot, trials=trials,
+                             owner=silos.owner, lam=silos.lam, lr=silos.lr, h=silos.h)
         if round >= self._rounds:
             out = self._release(out, trainer, round)
         return out, update
@@ -265,37 +225,25 @@ class TunedPersonalization(Algorithm):
         return apply_mean_update(server, update, weights)
 
     def describe(self):
-        return {
-            "name": self.name,
-            "tuned": "lam" + ("+lr" if self.lrs else ""),
-            "select": self.select,
-            **({"em_fraction": self.em_fraction} if self.select == "em" else {}),
-            "lam_grid": self.lams,
-            "lr_grid": self.lrs,
-            "pivot": self.pivot,
-            "pivot_lam": self.pivot_lam,
-            "score_ratio": self.score_ratio,
-            "weighted": self.weighted,
-            **(
-                self.dist.describe() if self.select == "random" else {"grid_size": self.grid_size()}
-            ),
-            # after the run: each silo's released setting (part of the tuned output)
-            **({"released": self.last_release} if self.last_release else {}),
-        }
+        return {"name": self.name, "tuned": "lam" + ("+lr" if self.lrs else ""),
+                "select": self.select,
+                **({"em_fraction": self.em_fraction} if self.select == "em" else {}),
+                "lam_grid": self.lams, "lr_grid": self.lrs, "pivot": self.pivot,
+                "pivot_lam": self.pivot_lam, "score_ratio": self.score_ratio,
+                "weighted": self.weighted,
+                **(self.dist.describe() if self.select == "random" else
+                   {"grid_size": self.grid_size()}),
+                # after the run: each silo's released setting (part of the tuned output)
+                **({"released": self.last_release} if self.last_release else {})}
 
     # -- inside each silo ------------------------------------------------------------------
     def _start(self, silos, trainer, message, round):
         """Charge RepeatAndSelect, then draw h_k and the settings (silo-side randomness)."""
         K = silos.params.shape[0]
         if trainer.rule.private:
-            evs = [
-                self._select_event(trainer, k)
-                if self.select == "random"
-                else self._em_charge(
-                    trainer.round_events()[k], self._rounds, trainer.ledgers[k].target
-                )
-                for k in range(K)
-            ]
+            evs = [self._select_event(trainer, k) if self.select == "random" else
+                   self._em_charge(trainer.round_events()[k], self._rounds, trainer.ledgers[k].target)
+                   for k in range(K)]
             for led, ev in zip(trainer.ledgers, evs):  # all silos can pay, or none is charged
                 led.check(ev, round=round, label="tuning")
             for led, ev in zip(trainer.ledgers, evs):
@@ -312,21 +260,14 @@ class TunedPersonalization(Algorithm):
             li = np.minimum((u[:, 0] * G).astype(int), G - 1)
             ri = np.minimum((u[:, 1] * L).astype(int), L - 1)
         lrs = np.asarray(self.lrs or [trainer.lr], dtype=float)
-        return TunedSiloState(
-            silos.params,
-            pivot=silos.pivot,
-            trials=silos.pivot[owner].copy(),
-            owner=owner,
-            lam=np.asarray(self.lams, float)[li],
-            lr=lrs[ri],
-            h=h,
-        )
+        return TunedSiloState(silos.params, pivot=silos.pivot,
+                              trials=silos.pivot[owner].copy(), owner=owner,
+                              lam=np.asarray(self.lams, float)[li], lr=lrs[ri], h=h)
 
     def _select_event(self, trainer, k):
         rev = trainer.round_events()[k]
-        return TA.select_event(
-            rev, self._rounds, self.dist, score_sigma(rev, self._rounds, self.score_ratio)
-        )
+        return TA.select_event(rev, self._rounds, self.dist,
+                               score_sigma(rev, self._rounds, self.score_ratio))
 
     def _sub_trainers(self, silos, trainer):
         """One LocalTrainer per learning rate, hosting that lr's trials as pseudo-silos (a
@@ -343,47 +284,26 @@ class TunedPersonalization(Algorithm):
                 continue
             own = silos.owner[rows]
             d = trainer.data
-            data = (
-                SiloArrays(
-                    d.n[own],
-                    rows=None if d.rows is None else d.rows[own],
-                    X=None if d.X is None else d.X[own],
-                    y=None if d.y is None else d.y[own],
-                )
-                if isinstance(d, SiloArrays)
-                else TrialSource(d, own)
-            )
+            data = SiloArrays(d.n[own], rows=None if d.rows is None else d.rows[own],
+                              X=None if d.X is None else d.X[own],
+                              y=None if d.y is None else d.y[own]) \
+                if isinstance(d, SiloArrays) else TrialSource(d, own)
             ledgers, rule = None, trainer.rule
             if trainer.rule.private:
                 rule = GradientRule(trainer.rule.clip, trainer.rule.noise_multiplier[own])
                 ledgers = []
                 for t, k in zip(rows, own):
                     parent = trainer.ledgers[k]
-                    trial = (
-                        self._select_event(trainer, k).event
-                        if self.select == "random"
+                    trial = self._select_event(trainer, k).event if self.select == "random" \
                         else dpa.SelfComposedDpEvent(trainer.round_events()[k], self._rounds)
-                    )
-                    ledgers.append(
-                        Ledger(
-                            f"{parent.silo}#trial",
-                            parent.target,
-                            parent.accountant,
-                            allowance=Counter(events.flatten(trial)),
-                        )
-                    )
-            sub = LocalTrainer(
-                model=trainer.model,
-                data=data,
-                rule=rule,
-                batch_size=trainer.batch_size,
-                steps_per_round=trainer.steps_per_round[own],
-                lr=float(lr),
-                l2=trainer.l2,
-                rng=trainer.rng,
-                ledgers=ledgers,
-                **_node_kwargs(trainer, own, rows),
-            )
+                    ledgers.append(Ledger(f"{parent.silo}#trial", parent.target,
+                                          parent.accountant,
+                                          allowance=Counter(events.flatten(trial))))
+            sub = LocalTrainer(model=trainer.model, data=data, rule=rule,
+                               batch_size=trainer.batch_size,
+                               steps_per_round=trainer.steps_per_round[own], lr=float(lr),
+                               l2=trainer.l2, rng=trainer.rng, ledgers=ledgers,
+                               **_node_kwargs(trainer, own, rows))
             out.append((sub, rows))
         self._subs = {key: out}
         return out
@@ -391,11 +311,8 @@ class TunedPersonalization(Algorithm):
     def _release(self, silos, trainer, round):
         """Score every trial on its silo's validation rows (noisy), release the best."""
         K = silos.params.shape[0]
-        subs = {
-            int(t): (sub, j)
-            for sub, rows in self._sub_trainers(silos, trainer)
-            for j, t in enumerate(rows)
-        }
+        subs = {int(t): (sub, j) for sub, rows in self._sub_trainers(silos, trainer)
+                for j, t in enumerate(rows)}
         params, chosen = silos.pivot.copy(), np.full(K, -1)
         for k in range(K):
             mine = np.nonzero(silos.owner == k)[0]
@@ -405,11 +322,9 @@ class TunedPersonalization(Algorithm):
                 sig = score_sigma(trainer.round_events()[k], self._rounds, self.score_ratio)
                 for t in mine:  # each trial's sub-ledger pays its score before it is read
                     sub, j = subs[int(t)]
-                    sub.ledgers[j].charge(
-                        TA.trial_event(trainer.round_events()[k], self._rounds, sig).events[1],
-                        round=round,
-                        label="score",
-                    )
+                    sub.ledgers[j].charge(TA.trial_event(trainer.round_events()[k],
+                                                         self._rounds, sig).events[1],
+                                          round=round, label="score")
             s, sens = self._scores(trainer.model, k, silos.trials[mine])
             if trainer.rule.private and self.select == "em":  # paid in `_start`
                 eps = self.em_fraction * trainer.ledgers[k].target.epsilon
@@ -419,16 +334,9 @@ class TunedPersonalization(Algorithm):
                     s = s + sig * sens * np.asarray(trainer.rng.normal(len(mine)), dtype=float)
                 best = mine[int(np.argmin(s))]
             params[k], chosen[k] = silos.trials[best], best
-        out = TunedSiloState(
-            params,
-            pivot=silos.pivot,
-            trials=silos.trials,
-            owner=silos.owner,
-            lam=silos.lam,
-            lr=silos.lr,
-            h=silos.h,
-            chosen=chosen,
-        )
+        out = TunedSiloState(params, pivot=silos.pivot, trials=silos.trials,
+                             owner=silos.owner, lam=silos.lam, lr=silos.lr, h=silos.h,
+                             chosen=chosen)
         self.last_release = released_settings(out)  # what left the silos (not h_k)
         return out
 
@@ -440,10 +348,8 @@ class TunedPersonalization(Algorithm):
         if hasattr(v, "scores"):
             return v.scores(model, candidates), v.sensitivity(model)
         X, y = v
-        return (
-            selection.scores(model, candidates, X, y, self.loss_bound),
-            selection.sensitivity(model, len(y), self.loss_bound),
-        )
+        return (selection.scores(model, candidates, X, y, self.loss_bound),
+                selection.sensitivity(model, len(y), self.loss_bound))
 
 
 def _size(validation) -> int:
@@ -474,7 +380,6 @@ def _node_kwargs(trainer, own: np.ndarray, rows: np.ndarray) -> dict:
     if trainer.node is None:
         return {}
     from dataclasses import replace
-
     names = tuple(f"{trainer.node.names[k]}#trial{t}" for k, t in zip(own, rows))
     return {"node": replace(trainer.node, names=names), "label": trainer.label}
 
@@ -484,9 +389,6 @@ def released_settings(silos: TunedSiloState) -> list[dict]:
     the best trial and its hyperparameters). h_k is NOT included: it must stay secret."""
     out = []
     for k, t in enumerate(silos.chosen if silos.chosen is not None else []):
-        out.append(
-            {"lam": None, "lr": None, "pivot": True}
-            if t < 0
-            else {"lam": float(silos.lam[t]), "lr": float(silos.lr[t]), "pivot": False}
-        )
+        out.append({"lam": None, "lr": None, "pivot": True} if t < 0 else
+                   {"lam": float(silos.lam[t]), "lr": float(silos.lr[t]), "pivot": False})
     return out

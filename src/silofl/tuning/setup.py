@@ -26,24 +26,18 @@ def distribution(tc) -> D.TrialDistribution:
     """The distribution of h from a TuningConfig."""
     if tc.distribution == "tnb":
         if tc.mu is not None:
-            raise ConfigError(
-                "tuning.mu is the Poisson mean; with distribution = 'tnb' give "
-                "eta and gamma or mean_trials"
-            )
-        mean = (
-            tc.mean_trials
-            if tc.mean_trials is not None or tc.gamma is not None
+            raise ConfigError("tuning.mu is the Poisson mean; with distribution = 'tnb' give "
+                              "eta and gamma or mean_trials")
+        mean = tc.mean_trials if tc.mean_trials is not None or tc.gamma is not None \
             else DEFAULT_MEAN_TRIALS
-        )
         return D.tnb(tc.eta, gamma=tc.gamma, mean=mean)
     if tc.distribution == "poisson":
         if tc.gamma is not None or tc.mean_trials is not None:
-            raise ConfigError(
-                "with distribution = 'poisson' give tuning.mu (the mean "
-                "number of trials), not gamma or mean_trials"
-            )
+            raise ConfigError("with distribution = 'poisson' give tuning.mu (the mean "
+                              "number of trials), not gamma or mean_trials")
         return D.poisson(DEFAULT_MEAN_TRIALS if tc.mu is None else tc.mu)
-    raise ConfigError(f"tuning.distribution must be 'tnb' or 'poisson', got {tc.distribution!r}")
+    raise ConfigError(f"tuning.distribution must be 'tnb' or 'poisson', got "
+                      f"{tc.distribution!r}")
 
 
 def validate(tc, *, sweep: bool = False) -> None:
@@ -51,63 +45,41 @@ def validate(tc, *, sweep: bool = False) -> None:
     if not sweep and tc.mode not in MODES:
         raise ConfigError(f"tuning.mode must be one of {', '.join(MODES)}, got {tc.mode!r}")
     if tc.method not in TUNABLE:
-        raise ConfigError(
-            f"tuning.method must be one of {', '.join(TUNABLE)} (the methods "
-            f"whose λ can be tuned privately), got {tc.method!r}"
-        )
+        raise ConfigError(f"tuning.method must be one of {', '.join(TUNABLE)} (the methods "
+                          f"whose λ can be tuned privately), got {tc.method!r}")
     for name in ("lam", "lr"):
         vals = getattr(tc, name)
-        if any(
-            isinstance(v, bool)
-            or not isinstance(v, (int, float))
-            or not np.isfinite(v)
-            or v < 0
-            or (name == "lr" and v == 0)
-            for v in vals
-        ):
-            raise ConfigError(
-                f"tuning.{name} must list {'positive' if name == 'lr' else 'non-negative'} "
-                f"numbers, got {vals!r}"
-            )
+        if any(isinstance(v, bool) or not isinstance(v, (int, float)) or not np.isfinite(v)
+               or v < 0 or (name == "lr" and v == 0) for v in vals):
+            raise ConfigError(f"tuning.{name} must list {'positive' if name == 'lr' else 'non-negative'} "
+                              f"numbers, got {vals!r}")
     if not tc.pivot_lam >= 0:
         raise ConfigError(f"tuning.pivot_lam (the public λ̄) must be ≥ 0, got {tc.pivot_lam}")
     if not 0 < tc.validation_fraction < 1:
-        raise ConfigError(
-            f"tuning.validation_fraction must be in (0, 1), got {tc.validation_fraction}"
-        )
+        raise ConfigError(f"tuning.validation_fraction must be in (0, 1), got "
+                          f"{tc.validation_fraction}")
     if not tc.score_ratio > 0:
         raise ConfigError(f"tuning.score_ratio must be positive, got {tc.score_ratio}")
     if tc.select not in ("random", "em"):
         raise ConfigError(f"tuning.select must be 'random' or 'em', got {tc.select!r}")
     if tc.select == "random":
         from silofl.privacy.selection import check_accountable
-
         check_accountable(distribution(tc))
 
 
 def tuned_algorithm(tc, lams, lrs, validation, weighted: bool = True):
     from silofl.tuning.private import TunedPersonalization
-
     if not lams:
-        raise ConfigError(
-            "tuning.lam is empty; list the λ values to try, e.g. lam = [0.001, 0.01, 0.1, 1, 10]"
-        )
-    return TunedPersonalization(
-        list(lams),
-        distribution(tc),
-        validation,
-        lrs=list(lrs) or None,
-        pivot=tc.method,
-        pivot_lam=tc.pivot_lam,
-        score_ratio=tc.score_ratio,
-        weighted=weighted,
-        select=tc.select,
-        em_fraction=tc.em_fraction,
-    )
+        raise ConfigError("tuning.lam is empty; list the λ values to try, e.g. "
+                          "lam = [0.001, 0.01, 0.1, 1, 10]")
+    return TunedPersonalization(list(lams), distribution(tc), validation,
+                                lrs=list(lrs) or None, pivot=tc.method,
+                                pivot_lam=tc.pivot_lam, score_ratio=tc.score_ratio,
+                                weighted=weighted, select=tc.select,
+                                em_fraction=tc.em_fraction)
 
 
 # --- `silofl run`: validation rows through preprocessing -------------------------------
-
 
 def carve_into_test(raw, fraction: float, seed: int):
     """Move `fraction` of each silo's training rows to the end of its test rows. Returns
@@ -117,15 +89,10 @@ def carve_into_test(raw, fraction: float, seed: int):
     for s in raw.silos:
         part = split_silo(s.name, s.X_train, s.y_train, fraction, rng)
         counts.append(len(part.y_test))
-        silos.append(
-            dataclasses.replace(
-                s,
-                X_train=part.X_train,
-                y_train=part.y_train,
-                X_test=np.concatenate([s.X_test, part.X_test]),
-                y_test=np.concatenate([s.y_test, part.y_test]),
-            )
-        )
+        silos.append(dataclasses.replace(
+            s, X_train=part.X_train, y_train=part.y_train,
+            X_test=np.concatenate([s.X_test, part.X_test]),
+            y_test=np.concatenate([s.y_test, part.y_test])))
     return dataclasses.replace(raw, silos=silos), np.array(counts)
 
 

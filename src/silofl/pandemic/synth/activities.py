@@ -53,63 +53,39 @@ def assign_roles(rng: np.random.Generator, age: np.ndarray, prm: OutbreakParams)
     a = age.astype(np.int16)
     rnd = rng.random(N)
     college = (a >= 18) & (a <= 22) & (rnd < prm.college_prob)
-    emp_p = np.select(
-        [
-            (a >= 18) & (a <= 22),
-            (a >= 23) & (a <= 59),
-            (a >= 60) & (a <= 64),
-            (a >= 65) & (a <= 70),
-        ],
-        [0.5, 0.78, 0.55, 0.2],
-        0.0,
-    )
+    emp_p = np.select([(a >= 18) & (a <= 22), (a >= 23) & (a <= 59), (a >= 60) & (a <= 64), (a >= 65) & (a <= 70)],
+                      [0.5, 0.78, 0.55, 0.2], 0.0)
     employed = ~college & (rng.random(N) < emp_p)
     pupil = (a >= 5) & (a <= 17) & (rng.random(N) < 0.97)
     return Roles(college=college, employed=employed, pupil=pupil)
 
 
-def _counts_per_kind(
-    region: np.ndarray, roles: Roles, R: int, prm: OutbreakParams
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def _counts_per_kind(region: np.ndarray, roles: Roles, R: int,
+                     prm: OutbreakParams) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Locations per (kind, region), staff per kind, teachers per school, work-only workers per region."""
     n_reg = np.bincount(region, minlength=R)
     n_pup = np.bincount(region[roles.pupil], minlength=R)
     n_wrk = np.bincount(region[roles.employed], minlength=R)
-    per_kind_counts = np.stack(
-        [
-            np.zeros(R, np.int64),  # work-only: filled below
-            np.maximum(1, np.round(n_reg / prm.persons_per_shop)).astype(np.int64),
-            np.maximum(1, np.round(n_pup / prm.pupils_per_school)).astype(np.int64),
-            np.maximum(1, np.round(n_reg / prm.persons_per_other)).astype(np.int64),
-            np.maximum(1, np.round(n_reg / prm.persons_per_college)).astype(np.int64),
-            np.maximum(1, np.round(n_reg / prm.persons_per_religion)).astype(np.int64),
-        ]
-    )
+    per_kind_counts = np.stack([
+        np.zeros(R, np.int64),  # work-only: filled below
+        np.maximum(1, np.round(n_reg / prm.persons_per_shop)).astype(np.int64),
+        np.maximum(1, np.round(n_pup / prm.pupils_per_school)).astype(np.int64),
+        np.maximum(1, np.round(n_reg / prm.persons_per_other)).astype(np.int64),
+        np.maximum(1, np.round(n_reg / prm.persons_per_college)).astype(np.int64),
+        np.maximum(1, np.round(n_reg / prm.persons_per_religion)).astype(np.int64),
+    ])
     staff_per = np.array([0.0, 3.0, 0.0, 4.0, 25.0, 1.0])
     school_staff = np.maximum(1.0, n_pup / per_kind_counts[K_SCHOOL] / 14.0)  # teachers per school
-    service_demand = (per_kind_counts * staff_per[:, None]).sum(0) + school_staff * per_kind_counts[
-        K_SCHOOL
-    ]
+    service_demand = (per_kind_counts * staff_per[:, None]).sum(0) + school_staff * per_kind_counts[K_SCHOOL]
     workonly_workers = np.maximum(n_wrk - service_demand, n_wrk * 0.3)
-    per_kind_counts[K_WORK] = np.maximum(
-        1, np.round(workonly_workers / prm.workers_per_workplace)
-    ).astype(np.int64)
+    per_kind_counts[K_WORK] = np.maximum(1, np.round(workonly_workers / prm.workers_per_workplace)).astype(np.int64)
     return per_kind_counts, staff_per, school_staff, workonly_workers
 
 
-def make_locations(
-    rng: np.random.Generator,
-    region: np.ndarray,
-    roles: Roles,
-    R: int,
-    H: int,
-    geo: Geography,
-    prm: OutbreakParams,
-) -> Locations:
+def make_locations(rng: np.random.Generator, region: np.ndarray, roles: Roles, R: int, H: int,
+                   geo: Geography, prm: OutbreakParams) -> Locations:
     """Step 4: workplaces, shops, other venues, schools, colleges and places of worship per region."""
-    per_kind_counts, staff_per, school_staff, workonly_workers = _counts_per_kind(
-        region, roles, R, prm
-    )
+    per_kind_counts, staff_per, school_staff, workonly_workers = _counts_per_kind(region, roles, R, prm)
     # locations sorted by (region, kind)
     counts_rk = per_kind_counts.T  # (R, 6)
     n_loc_rk = counts_rk.reshape(-1)
@@ -125,9 +101,7 @@ def make_locations(
     loc_lat = np.round(geo.lat[loc_region] + rng.normal(0, 1, L) * geo.spread[loc_region] * 0.56, 5)
     # venue visitor weights: heavy-tailed (capped); staff numbers do not grow with popularity, so
     # staff at popular venues meet many visitors (the degree tail)
-    popularity = np.minimum(
-        rng.pareto(prm.venue_popularity_shape, L) + 1.0, prm.max_venue_popularity
-    )
+    popularity = np.minimum(rng.pareto(prm.venue_popularity_shape, L) + 1.0, prm.max_venue_popularity)
     emp_w = np.where(loc_kind == K_WORK, rng.pareto(1.4, L) + 1.0, 0.0)
     # scale work-only weights so each region's sum matches its work-only workers
     wsum = np.bincount(loc_region, weights=emp_w, minlength=R)
@@ -139,13 +113,5 @@ def make_locations(
     alids = (alid_base + 1 + np.arange(L)).astype(np.int64)
     if alids[-1] > np.iinfo(np.int32).max:
         raise ConfigError("too many locations for int32 ids")
-    return Locations(
-        region=loc_region,
-        kind=loc_kind,
-        flags=flags,
-        lon=loc_lon,
-        lat=loc_lat,
-        popularity=popularity,
-        emp_w=emp_w,
-        alids=alids.astype(np.int32),
-    )
+    return Locations(region=loc_region, kind=loc_kind, flags=flags, lon=loc_lon, lat=loc_lat,
+                     popularity=popularity, emp_w=emp_w, alids=alids.astype(np.int32))

@@ -25,14 +25,8 @@ from silofl.pandemic.synth.params import (
 from silofl.pandemic.synth.schedules import ERRAND_TYPES, Schedule
 
 
-def window_pairs(
-    key: np.ndarray,
-    start: np.ndarray,
-    end: np.ndarray,
-    window: int,
-    prob: float,
-    rng: np.random.Generator,
-) -> tuple[np.ndarray, np.ndarray]:
+def window_pairs(key: np.ndarray, start: np.ndarray, end: np.ndarray, window: int, prob: float,
+                 rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
     """Pairs (i, k), i < k, of visits in the same group whose time windows overlap.
 
     Visits must be sorted by (key, start).  Visit i is paired with each of the
@@ -78,9 +72,9 @@ class EdgeSink:
     """Collects contact rows from all contexts as compact arrays."""
 
     def __init__(self) -> None:
-        self.parts: dict[str, list[np.ndarray]] = {
-            k: [] for k in ("src", "dst", "lid", "start_time", "duration", "activity1", "activity2")
-        }
+        self.parts: dict[str, list[np.ndarray]] = {k: [] for k in
+                                                   ("src", "dst", "lid", "start_time", "duration",
+                                                    "activity1", "activity2")}
 
     def add(self, src, dst, lid, start, dur, a1, a2) -> None:
         keep = (src != dst) & (dur > 0)
@@ -94,23 +88,11 @@ class EdgeSink:
         self.parts["lid"].append(lid.astype(np.int32))
         self.parts["start_time"].append(start.astype(np.int32))
         self.parts["duration"].append(dur.astype(np.int32))
-        self.parts["activity1"].append(
-            np.broadcast_to(np.asarray(a1, np.int8), (n,)).astype(np.int8)
-        )
-        self.parts["activity2"].append(
-            np.broadcast_to(np.asarray(a2, np.int8), (n,)).astype(np.int8)
-        )
+        self.parts["activity1"].append(np.broadcast_to(np.asarray(a1, np.int8), (n,)).astype(np.int8))
+        self.parts["activity2"].append(np.broadcast_to(np.asarray(a2, np.int8), (n,)).astype(np.int8))
 
-    def add_overlap(
-        self,
-        pi: np.ndarray,
-        pk: np.ndarray,
-        lid: np.ndarray,
-        start: np.ndarray,
-        end: np.ndarray,
-        a1,
-        a2,
-    ) -> None:
+    def add_overlap(self, pi: np.ndarray, pk: np.ndarray, lid: np.ndarray, start: np.ndarray, end: np.ndarray,
+                    a1, a2) -> None:
         """Rows for persons ``pi`` and ``pk`` together from ``pk``'s start until the first leaves."""
         st = start[pk]
         self.add(pi, pk, lid, st, np.minimum(end[pi], end[pk]) - st, a1, a2)
@@ -119,11 +101,8 @@ class EdgeSink:
         out = {}
         for k in list(self.parts):
             lst = self.parts.pop(k)
-            out[k] = (
-                np.concatenate(lst)
-                if lst
-                else np.empty(0, np.int32 if k not in ("activity1", "activity2") else np.int8)
-            )
+            out[k] = np.concatenate(lst) if lst else np.empty(0, np.int32 if k not in ("activity1", "activity2")
+                                                              else np.int8)
         return out
 
 
@@ -136,9 +115,7 @@ class _Workers:
     at_school: np.ndarray
 
 
-def _household(
-    rng: np.random.Generator, edges: EdgeSink, hh_of: np.ndarray, sched: Schedule
-) -> None:
+def _household(rng: np.random.Generator, edges: EdgeSink, hh_of: np.ndarray, sched: Schedule) -> None:
     """(a) household members at home (morning and evening segments)."""
     idxN = np.arange(hh_of.size, dtype=np.int64)
     any_out = sched.any_out
@@ -151,35 +128,19 @@ def _household(
     max_vis = int(np.bincount(hv_key).max()) if hv_key.size else 1
     i, k = window_pairs(hv_key, hv_start, hv_end, max_vis, 1.0, rng)
     st = hv_start[k]
-    edges.add(
-        hv_person[i],
-        hv_person[k],
-        sched.home_lid[hv_person[i]],
-        st,
-        np.minimum(hv_end[i], hv_end[k]) - st,
-        A_HOME,
-        A_HOME,
-    )
+    edges.add(hv_person[i], hv_person[k], sched.home_lid[hv_person[i]], st,
+              np.minimum(hv_end[i], hv_end[k]) - st, A_HOME, A_HOME)
 
 
-def _work(
-    rng: np.random.Generator,
-    edges: EdgeSink,
-    sched: Schedule,
-    locs: Locations,
-    wk: _Workers,
-    prm: OutbreakParams,
-) -> None:
+def _work(rng: np.random.Generator, edges: EdgeSink, sched: Schedule, locs: Locations, wk: _Workers,
+          prm: OutbreakParams) -> None:
     """(b) workers: teams at their workplace plus a few co-workers; school staff join classes instead."""
     main_start, end_main, alids = sched.main_start, sched.main_end, locs.alids
     tw, tl = wk.idx[~wk.at_school], wk.loc[~wk.at_school]
     o = lexsort((rng.integers(0, 1 << 30, tw.size), tl))
     tw, tl = tw[o], tl[o]
-    team_size = np.clip(
-        prm.team_size_min + rng.poisson(prm.team_size_mean_extra, locs.count),
-        prm.team_size_min,
-        prm.team_size_max,
-    )
+    team_size = np.clip(prm.team_size_min + rng.poisson(prm.team_size_mean_extra, locs.count), prm.team_size_min,
+                        prm.team_size_max)
     team = rank_within(tl) // team_size[tl]
     tkey = tl * (int(team.max(initial=0)) + 1) + team
     o = lexsort((main_start[tw], tkey))
@@ -189,23 +150,14 @@ def _work(
     # a few contacts across teams at the same workplace
     o = lexsort((main_start[tw], tl))
     xw, xl, xt = tw[o], tl[o], tkey[o]
-    i, k = window_pairs(
-        xl, main_start[xw], end_main[xw], prm.coworker_window, prm.coworker_contact_prob, rng
-    )
+    i, k = window_pairs(xl, main_start[xw], end_main[xw], prm.coworker_window, prm.coworker_contact_prob, rng)
     diff = xt[i] != xt[k]
     i, k = i[diff], k[diff]
     edges.add_overlap(xw[i], xw[k], alids[xl[i]], main_start, end_main, A_WORK, A_WORK)
 
 
-def _school(
-    rng: np.random.Generator,
-    edges: EdgeSink,
-    age: np.ndarray,
-    sched: Schedule,
-    locs: Locations,
-    wk: _Workers,
-    prm: OutbreakParams,
-) -> None:
+def _school(rng: np.random.Generator, edges: EdgeSink, age: np.ndarray, sched: Schedule, locs: Locations,
+            wk: _Workers, prm: OutbreakParams) -> None:
     """(c) schools: classes of similar age plus a teacher; a few contacts across classes."""
     main_start, end_main, alids = sched.main_start, sched.main_end, locs.alids
     pu = np.flatnonzero(sched.main_type == A_SCHOOL)
@@ -225,9 +177,7 @@ def _school(
     cl = np.concatenate([ploc, tloc])
     cc = np.concatenate([cls, tcls])
     ckey = cl * (int(cc.max(initial=0)) + 1) + cc
-    ctype = np.concatenate(
-        [np.full(pu.size, A_SCHOOL, np.int8), np.full(teachers.size, A_WORK, np.int8)]
-    )
+    ctype = np.concatenate([np.full(pu.size, A_SCHOOL, np.int8), np.full(teachers.size, A_WORK, np.int8)])
     o = lexsort((cp, main_start[cp], ckey))
     cp, cl, ckey, ctype = cp[o], cl[o], ckey[o], ctype[o]
     i, k = window_pairs(ckey, main_start[cp], end_main[cp], prm.class_size + 8, 1.0, rng)
@@ -242,9 +192,8 @@ def _school(
     edges.add_overlap(xp[i], xp[k], alids[xl[i]], main_start, end_main, A_SCHOOL, A_SCHOOL)
 
 
-def _college(
-    rng: np.random.Generator, edges: EdgeSink, sched: Schedule, locs: Locations, prm: OutbreakParams
-) -> None:
+def _college(rng: np.random.Generator, edges: EdgeSink, sched: Schedule, locs: Locations,
+             prm: OutbreakParams) -> None:
     """(d) college sections."""
     main_start, end_main = sched.main_start, sched.main_end
     cu = np.flatnonzero(sched.main_type == A_COLLEGE)
@@ -255,20 +204,13 @@ def _college(
     skey = cloc * (int(sec.max(initial=0)) + 1) + sec
     o = lexsort((main_start[cu], skey))
     cu, cloc, skey = cu[o], cloc[o], skey[o]
-    i, k = window_pairs(
-        skey, main_start[cu], end_main[cu], prm.college_section_size, prm.college_contact_prob, rng
-    )
+    i, k = window_pairs(skey, main_start[cu], end_main[cu], prm.college_section_size, prm.college_contact_prob,
+                        rng)
     edges.add_overlap(cu[i], cu[k], locs.alids[cloc[i]], main_start, end_main, A_COLLEGE, A_COLLEGE)
 
 
-def _venues(
-    rng: np.random.Generator,
-    edges: EdgeSink,
-    sched: Schedule,
-    locs: Locations,
-    wk: _Workers,
-    prm: OutbreakParams,
-) -> None:
+def _venues(rng: np.random.Generator, edges: EdgeSink, sched: Schedule, locs: Locations, wk: _Workers,
+            prm: OutbreakParams) -> None:
     """(e) venues: visitors meet overlapping visitors, and often a member of staff."""
     main_start, end_main, alids, L = sched.main_start, sched.main_end, locs.alids, locs.count
     staff = wk.idx[~wk.at_school]
@@ -305,14 +247,8 @@ def _venues(
             edges.add(sp[ok], vp[has][ok], alids[vl[has][ok]], s0[ok], dur[ok], A_WORK, atype)
 
 
-def make_contacts(
-    rng: np.random.Generator,
-    hh_of: np.ndarray,
-    age: np.ndarray,
-    sched: Schedule,
-    locs: Locations,
-    prm: OutbreakParams,
-) -> dict[str, np.ndarray]:
+def make_contacts(rng: np.random.Generator, hh_of: np.ndarray, age: np.ndarray, sched: Schedule,
+                  locs: Locations, prm: OutbreakParams) -> dict[str, np.ndarray]:
     """Step 6: the contact network as person *indices* (``src``/``dst``) plus the file columns.
 
     Returns

@@ -57,10 +57,7 @@ def _batches(key: str, o: SyntheticOutbreak):
             cols = {
                 "pid1": o.pids[net["src"][lo:hi]],
                 "pid2": o.pids[net["dst"][lo:hi]],
-                **{
-                    c: net[c][lo:hi]
-                    for c in ("lid", "start_time", "duration", "activity1", "activity2")
-                },
+                **{c: net[c][lo:hi] for c in ("lid", "start_time", "duration", "activity1", "activity2")},
             }
             yield pa.record_batch({c: _arrow(c, a) for c, a in cols.items()})
         return
@@ -72,14 +69,12 @@ def _batches(key: str, o: SyntheticOutbreak):
             day = np.repeat(np.arange(d0, d1, dtype=np.int16), N)
             pid = np.tile(o.pids, d1 - d0)
             state = np.ascontiguousarray(o.states[:, d0:d1].T).reshape(-1)
-            yield pa.record_batch(
-                {"day": pa.array(day), "pid": pa.array(pid), "state": _arrow("state", state)}
-            )
+            yield pa.record_batch({"day": pa.array(day), "pid": pa.array(pid), "state": _arrow("state", state)})
         return
     table = o.tables[key]
     n = next(iter(table.values())).size
     for lo in range(0, max(n, 1), step):
-        yield pa.record_batch({c: _arrow(c, a[lo : lo + step]) for c, a in table.items()})
+        yield pa.record_batch({c: _arrow(c, a[lo:lo + step]) for c, a in table.items()})
 
 
 def _write_file(path: Path, fmt: str, batches) -> int:
@@ -98,10 +93,8 @@ def _write_file(path: Path, fmt: str, batches) -> int:
     counted = _count_rows(_chain(first, it))
     if fmt == "csv.gz":
         # Python's gzip: level 1 is ~15x faster than Arrow's fixed level 9; mtime=0 keeps bytes reproducible
-        with (
-            open(path, "wb") as raw,
-            gzip.GzipFile(filename="", mode="wb", fileobj=raw, compresslevel=1, mtime=0) as gz,
-        ):
+        with open(path, "wb") as raw, gzip.GzipFile(filename="", mode="wb", fileobj=raw, compresslevel=1,
+                                                  mtime=0) as gz:
             gz.write(header)
             for text in _format_csv(counted):
                 gz.write(memoryview(text))
@@ -125,9 +118,7 @@ class _count_rows:
 
 def _csv_text(batch: pa.RecordBatch) -> pa.Buffer:
     buf = pa.BufferOutputStream()
-    pacsv.write_csv(
-        batch, buf, write_options=pacsv.WriteOptions(include_header=False, quoting_style="none")
-    )
+    pacsv.write_csv(batch, buf, write_options=pacsv.WriteOptions(include_header=False, quoting_style="none"))
     return buf.getvalue()
 
 
@@ -155,21 +146,15 @@ def _chain(first, it):
     yield from it
 
 
-def _identity(
-    fmt: str, persons: int, regions: int, seed: int, days: int, horizon: int, prm: OutbreakParams
-) -> dict:
+def _identity(fmt: str, persons: int, regions: int, seed: int, days: int, horizon: int,
+              prm: OutbreakParams) -> dict:
     ident = {
         "generator": "silofl.pandemic.synth",
         "generator_version": GENERATOR_VERSION,
         "format": fmt,
         "seed": int(seed),
-        "params": {
-            "persons": int(persons),
-            "regions": int(regions),
-            "days": int(days),
-            "horizon": int(horizon),
-            "outbreak": dataclasses.asdict(prm),
-        },
+        "params": {"persons": int(persons), "regions": int(regions), "days": int(days), "horizon": int(horizon),
+                   "outbreak": dataclasses.asdict(prm)},
     }
     return json.loads(json.dumps(ident))  # normalize tuples -> lists
 
@@ -188,18 +173,12 @@ def write_outbreak(o: SyntheticOutbreak, out_dir: Path | str, *, fmt: str = "csv
         path = out_dir / (spec.stem + ext)
         n = _write_file(path, fmt, _batches(key, o))
         rows[key] = n
-        files[path.name] = {
-            "table": key,
-            "rows": n,
-            "bytes": path.stat().st_size,
-            "sha256": sha256_file(path),
-        }
+        files[path.name] = {"table": key, "rows": n, "bytes": path.stat().st_size, "sha256": sha256_file(path)}
     manifest = _identity(fmt, o.persons, o.regions, o.seed, o.days, o.horizon, o.params)
     manifest["rows"] = rows
     manifest["files"] = files
     manifest["content_hash"] = hashlib.sha256(
-        json.dumps({k: v["sha256"] for k, v in sorted(files.items())}, sort_keys=True).encode()
-    ).hexdigest()
+        json.dumps({k: v["sha256"] for k, v in sorted(files.items())}, sort_keys=True).encode()).hexdigest()
     manifest["stats"] = o.stats
     (out_dir / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
     return manifest
@@ -210,9 +189,7 @@ def _existing_state(out_dir: Path) -> tuple[str, dict | None, list[str]]:
     if not out_dir.exists():
         return "absent", None, []
     if not out_dir.is_dir():
-        raise DataError(
-            f"output path {out_dir} exists and is not a directory; pick a directory path"
-        )
+        raise DataError(f"output path {out_dir} exists and is not a directory; pick a directory path")
     names = sorted(p.name for p in out_dir.iterdir())
     if not names:
         return "empty", None, []
@@ -230,18 +207,9 @@ def _existing_state(out_dir: Path) -> tuple[str, dict | None, list[str]]:
     return "dataset", manifest, []
 
 
-def synthesize(
-    out_dir: Path | str,
-    *,
-    persons: int = 10_000,
-    regions: int = 5,
-    seed: int = 0,
-    days: int = TRAIN_DAYS,
-    horizon: int = HORIZON,
-    overwrite: bool = False,
-    format: str = "csv",
-    params: OutbreakParams | None = None,
-) -> dict:
+def synthesize(out_dir: Path | str, *, persons: int = 10_000, regions: int = 5, seed: int = 0,
+               days: int = TRAIN_DAYS, horizon: int = HORIZON, overwrite: bool = False, format: str = "csv",
+               params: OutbreakParams | None = None) -> dict:
     """Generate a synthetic outbreak and write it to ``out_dir``; return a summary.
 
     Writes ``va_person``, ``va_household``, ``va_residence_locations``,
@@ -289,9 +257,8 @@ def synthesize(
                 "replace it, pass --overwrite (Python: overwrite=True)"
             )
     t0 = time.perf_counter()
-    outbreak = generate_outbreak(
-        persons=persons, regions=regions, seed=seed, days=days, horizon=horizon, params=prm
-    )
+    outbreak = generate_outbreak(persons=persons, regions=regions, seed=seed, days=days, horizon=horizon,
+                                 params=prm)
     t_gen = time.perf_counter() - t0
     parent = out_dir.absolute().parent
     parent.mkdir(parents=True, exist_ok=True)
@@ -305,13 +272,8 @@ def synthesize(
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     total = time.perf_counter() - t0
-    return {
-        **manifest,
-        "path": str(out_dir),
-        "written": True,
-        "seconds": round(total, 3),
-        "generate_seconds": round(t_gen, 3),
-    }
+    return {**manifest, "path": str(out_dir), "written": True, "seconds": round(total, 3),
+            "generate_seconds": round(t_gen, 3)}
 
 
 def _files_intact(out_dir: Path, manifest: dict) -> bool:

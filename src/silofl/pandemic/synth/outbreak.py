@@ -45,9 +45,7 @@ class SyntheticOutbreak:
     network: dict[str, np.ndarray]
     states: np.ndarray
     target: np.ndarray
-    infection_day: (
-        np.ndarray
-    )  # (P,) int16 first infectious day, or -32768 if never (days < 0 for seeds)
+    infection_day: np.ndarray  # (P,) int16 first infectious day, or -32768 if never (days < 0 for seeds)
     asymptomatic: np.ndarray  # (P,) bool
     region: np.ndarray  # (P,) int16 region index of each person
     stats: dict = field(default_factory=dict)
@@ -57,15 +55,8 @@ class SyntheticOutbreak:
         return _to_pandemic_data(self)
 
 
-def generate_outbreak(
-    *,
-    persons: int = 10_000,
-    regions: int = 5,
-    seed: int = 0,
-    days: int = TRAIN_DAYS,
-    horizon: int = HORIZON,
-    params: OutbreakParams | None = None,
-) -> SyntheticOutbreak:
+def generate_outbreak(*, persons: int = 10_000, regions: int = 5, seed: int = 0, days: int = TRAIN_DAYS,
+                      horizon: int = HORIZON, params: OutbreakParams | None = None) -> SyntheticOutbreak:
     """Generate a synthetic population, contact network and outbreak in memory.
 
     Parameters
@@ -89,9 +80,7 @@ def generate_outbreak(
     N, R = int(persons), int(regions)
     # one independent stream per step, so each step's draws do not depend on another's
     streams = np.random.SeedSequence([int(seed), 0x5F1A_0FA1]).spawn(8)
-    rng_geo, rng_hh, rng_pp, rng_loc, rng_sched, rng_net, rng_sir, _ = (
-        np.random.default_rng(s) for s in streams
-    )
+    rng_geo, rng_hh, rng_pp, rng_loc, rng_sched, rng_net, rng_sir, _ = (np.random.default_rng(s) for s in streams)
 
     geo = place_regions(rng_geo, R)
     hh = make_households(rng_hh, N, R, geo, prm)
@@ -99,9 +88,7 @@ def generate_outbreak(
     roles = assign_roles(rng_sched, ppl.age, prm)
     locs = make_locations(rng_loc, ppl.region, roles, R, hh.count, geo, prm)
     home_lid = hh.rlids[ppl.hh_of].astype(np.int64)
-    sched = make_schedule(
-        rng_sched, ppl.region, ppl.age, home_lid, roles, locs, geo.weights, R, prm
-    )
+    sched = make_schedule(rng_sched, ppl.region, ppl.age, home_lid, roles, locs, geo.weights, R, prm)
     assignment = assignment_table(sched, ppl.pids, locs.alids)
     network = make_contacts(rng_net, ppl.hh_of, ppl.age, sched, locs, prm)
     # free the schedule before the outbreak simulation (matters at millions of persons)
@@ -114,61 +101,28 @@ def generate_outbreak(
     onset = inf_day.astype(np.int64)
     target = ((~asym) & (onset >= days) & (onset < T)).astype(np.int8)
     out = SyntheticOutbreak(
-        persons=N,
-        regions=R,
-        seed=int(seed),
-        days=days,
-        horizon=horizon,
-        params=prm,
-        pids=ppl.pids,
-        tables=_tables(geo, hh, ppl, locs, assignment, target),
-        network=network,
-        states=states,
-        target=target,
+        persons=N, regions=R, seed=int(seed), days=days, horizon=horizon, params=prm, pids=ppl.pids,
+        tables=_tables(geo, hh, ppl, locs, assignment, target), network=network, states=states, target=target,
         infection_day=np.where(inf_day == NEVER, np.iinfo(np.int16).min, inf_day).astype(np.int16),
-        asymptomatic=asym,
-        region=ppl.region,
+        asymptomatic=asym, region=ppl.region,
     )
     out.stats = _stats(out)
     return out
 
 
-def _tables(
-    geo: Geography,
-    hh: Households,
-    ppl: Persons,
-    locs: Locations,
-    assignment: dict[str, np.ndarray],
-    target: np.ndarray,
-) -> dict[str, dict[str, np.ndarray]]:
+def _tables(geo: Geography, hh: Households, ppl: Persons, locs: Locations, assignment: dict[str, np.ndarray],
+            target: np.ndarray) -> dict[str, dict[str, np.ndarray]]:
     """The challenge tables (file column names) other than the network and outcomes."""
     hh_order = stable_argsort(hh.rlids)
     pids = ppl.pids
     return {
-        "persons": {
-            "pid": pids,
-            "hid": hh.hids[ppl.hh_of],
-            "person_number": ppl.pnum,
-            "age": ppl.age,
-            "sex": ppl.sex,
-        },
-        "households": {
-            "hid": hh.hids,
-            "hh_size": hh.sizes.astype(np.int16),
-            "hh_vehicles": hh.vehicles,
-        },
-        "residence_locations": {
-            "rlid": hh.rlids[hh_order],
-            "longitude": hh.lon[hh_order],
-            "latitude": hh.lat[hh_order],
-            "county": geo.county_codes[hh.region[hh_order]],
-        },
-        "activity_locations": {
-            "alid": locs.alids,
-            "longitude": locs.lon,
-            "latitude": locs.lat,
-            **{f: locs.flags[:, j].copy() for j, f in enumerate(LOCATION_FLAGS)},
-        },
+        "persons": {"pid": pids, "hid": hh.hids[ppl.hh_of], "person_number": ppl.pnum, "age": ppl.age,
+                    "sex": ppl.sex},
+        "households": {"hid": hh.hids, "hh_size": hh.sizes.astype(np.int16), "hh_vehicles": hh.vehicles},
+        "residence_locations": {"rlid": hh.rlids[hh_order], "longitude": hh.lon[hh_order],
+                                "latitude": hh.lat[hh_order], "county": geo.county_codes[hh.region[hh_order]]},
+        "activity_locations": {"alid": locs.alids, "longitude": locs.lon, "latitude": locs.lat,
+                               **{f: locs.flags[:, j].copy() for j, f in enumerate(LOCATION_FLAGS)}},
         "activity_location_assignment": assignment,
         TARGET.key: {"pid": pids, "infected": target},
     }
@@ -182,7 +136,7 @@ def _distinct_degree(src: np.ndarray, dst: np.ndarray, n: int, step: int = 1 << 
     key.sort()
     deg = np.zeros(n, np.int64)
     for lo in range(0, key.size, step):
-        k = key[lo : lo + step + 1]
+        k = key[lo:lo + step + 1]
         first = np.ones(k.size, bool)
         if lo:
             first[0] = False  # k[0] belongs to the previous block
@@ -215,9 +169,7 @@ def _stats(o: SyntheticOutbreak) -> dict:
         "region_sizes": [int(x) for x in region_sizes],
         "ever_infected_fraction": round(float(ever_true.mean()), 6),
         "ever_infected_recorded_fraction": round(float(ever_rec.mean()), 6),
-        "infected_by_train_end_recorded_fraction": round(
-            float((ever_rec & (inf < days)).mean()), 6
-        ),
+        "infected_by_train_end_recorded_fraction": round(float((ever_rec & (inf < days)).mean()), 6),
         "final_window_new_infection_fraction": round(float(o.target.mean()), 6),
         "final_window_new_infections": int(o.target.sum()),
     }
@@ -259,41 +211,18 @@ def _to_pandemic_data(o: SyntheticOutbreak):
         region=region,
         region_codes=region_codes,
         households=pd.DataFrame({"hid": hh["hid"], "hh_size": hh["hh_size"]}),
-        residence_locations=pd.DataFrame(
-            {
-                "rlid": rl["rlid"],
-                "longitude": rl["longitude"].astype(np.float32),
-                "latitude": rl["latitude"].astype(np.float32),
-                "county": rl["county"].astype(np.int32),
-            }
-        ),
-        activity_locations=pd.DataFrame(
-            {
-                "alid": al["alid"],
-                "longitude": al["longitude"].astype(np.float32),
-                "latitude": al["latitude"].astype(np.float32),
-                **{fl: al[fl] for fl in LOCATION_FLAGS},
-            }
-        ),
-        assignment=pd.DataFrame(
-            {
-                "person": person,
-                **{
-                    c: asg[c]
-                    for c in ("activity_number", "activity_type", "start_time", "duration", "lid")
-                },
-            }
-        ),
-        network=ContactNetwork(
-            src=net["src"],
-            dst=net["dst"],
-            lid=net["lid"],
-            start_time=net["start_time"],
-            duration=net["duration"],
-            activity1=net["activity1"],
-            activity2=net["activity2"],
-        ),
-        states=np.ascontiguousarray(o.states[:, : o.days]),
+        residence_locations=pd.DataFrame({"rlid": rl["rlid"], "longitude": rl["longitude"].astype(np.float32),
+                                          "latitude": rl["latitude"].astype(np.float32),
+                                          "county": rl["county"].astype(np.int32)}),
+        activity_locations=pd.DataFrame({"alid": al["alid"], "longitude": al["longitude"].astype(np.float32),
+                                         "latitude": al["latitude"].astype(np.float32),
+                                         **{fl: al[fl] for fl in LOCATION_FLAGS}}),
+        assignment=pd.DataFrame({"person": person, **{c: asg[c] for c in
+                                                      ("activity_number", "activity_type", "start_time",
+                                                       "duration", "lid")}}),
+        network=ContactNetwork(src=net["src"], dst=net["dst"], lid=net["lid"], start_time=net["start_time"],
+                               duration=net["duration"], activity1=net["activity1"], activity2=net["activity2"]),
+        states=np.ascontiguousarray(o.states[:, :o.days]),
         target=o.target,
         directory=None,
     )

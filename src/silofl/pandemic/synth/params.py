@@ -70,25 +70,21 @@ class OutbreakParams:
     awareness: float = 600.0
 
 
+
 def check_args(persons: int, regions: int, seed: int, days: int, horizon: int) -> None:
     """Refuse generator arguments outside what it supports (raises ConfigError)."""
     if not isinstance(persons, (int, np.integer)) or persons < 50:
         raise ConfigError(f"persons must be an integer >= 50, got {persons!r}")
     if persons > 50_000_000:
-        raise ConfigError(
-            f"persons={persons} is beyond what the generator supports (50M); use fewer"
-        )
+        raise ConfigError(f"persons={persons} is beyond what the generator supports (50M); use fewer")
     if not isinstance(regions, (int, np.integer)) or regions < 1:
         raise ConfigError(f"regions must be a positive integer, got {regions!r}")
     if regions * 40 > persons:
-        raise ConfigError(
-            f"regions={regions} is too many for {persons} persons; keep at least 40 persons per "
-            f"region (regions <= {persons // 40})"
-        )
+        raise ConfigError(f"regions={regions} is too many for {persons} persons; keep at least 40 persons per "
+                          f"region (regions <= {persons // 40})")
     if not isinstance(seed, (int, np.integer)) or seed < 0:
         raise ConfigError(f"seed must be a non-negative integer, got {seed!r}")
     if days < 1 or horizon < 1 or days + horizon > 365:
-        raise ConfigError(
-            f"need days >= 1, horizon >= 1 and days + horizon <= 365; got days={days}, "
-            f"horizon={horizon}"
-        )
+        raise ConfigError(f"need days >= 1, horizon >= 1 and days + horizon <= 365; got days={days}, "
+                          f"horizon={horizon}")
+

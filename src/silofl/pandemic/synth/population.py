@@ -82,9 +82,8 @@ def place_regions(rng: np.random.Generator, R: int) -> Geography:
     return Geography(weights=w, lon=c_lon, lat=c_lat, spread=spread, county_codes=county_codes)
 
 
-def make_households(
-    rng: np.random.Generator, N: int, R: int, geo: Geography, prm: OutbreakParams
-) -> Households:
+def make_households(rng: np.random.Generator, N: int, R: int, geo: Geography,
+                    prm: OutbreakParams) -> Households:
     """Step 2: household sizes summing to ``N``, allocated to regions, each with a residence."""
     probs = np.asarray(prm.household_size_probs, dtype=np.float64)
     probs = probs / probs.sum()
@@ -98,9 +97,7 @@ def make_households(
     sizes = sizes[:H].copy()
     sizes[-1] -= int(cs[H - 1] - N)
     if H < R:
-        raise ConfigError(
-            f"{N} persons form only {H} households, fewer than regions={R}; use fewer regions"
-        )
+        raise ConfigError(f"{N} persons form only {H} households, fewer than regions={R}; use fewer regions")
     hh_counts = alloc(H, geo.weights, 1)
     hh_region = np.repeat(np.arange(R, dtype=np.int16), hh_counts)
     hh_lon = np.round(geo.lon[hh_region] + rng.normal(0, 1, H) * geo.spread[hh_region], 5)
@@ -108,15 +105,8 @@ def make_households(
     hids = np.arange(1, H + 1, dtype=np.int32)
     rlids = (1 + rng.permutation(H)).astype(np.int32)  # household h lives at rlids[h]
     hh_vehicles = np.minimum(rng.poisson(1.0 + 0.35 * np.minimum(sizes, 4)), 6).astype(np.int8)
-    return Households(
-        sizes=sizes,
-        region=hh_region,
-        lon=hh_lon,
-        lat=hh_lat,
-        hids=hids,
-        rlids=rlids,
-        vehicles=hh_vehicles,
-    )
+    return Households(sizes=sizes, region=hh_region, lon=hh_lon, lat=hh_lat, hids=hids, rlids=rlids,
+                      vehicles=hh_vehicles)
 
 
 # householder age bands and their probabilities by household size (1, 2, 3+)
@@ -172,6 +162,4 @@ def make_persons(rng: np.random.Generator, N: int, hh: Households) -> Persons:
     pids = (1 + np.arange(N) + np.cumsum(gaps)).astype(np.int64)
     if pids[-1] > np.iinfo(np.int32).max:
         raise ConfigError("too many persons for int32 ids")
-    return Persons(
-        hh_of=hh_of, pnum=pnum, region=region, age=age, sex=sex, pids=pids.astype(np.int32)
-    )
+    return Persons(hh_of=hh_of, pnum=pnum, region=region, age=age, sex=sex, pids=pids.astype(np.int32))

@@ -64,9 +64,8 @@ class Schedule:
         return self.main_start + self.main_dur
 
 
-def maybe_other_region(
-    rng: np.random.Generator, region: np.ndarray, prob: float, weights: np.ndarray
-) -> np.ndarray:
+def maybe_other_region(rng: np.random.Generator, region: np.ndarray, prob: float,
+                       weights: np.ndarray) -> np.ndarray:
     """With probability ``prob`` replace a region by one drawn ∝ ``weights``."""
     move = rng.random(region.size) < prob
     out = region.copy()
@@ -76,13 +75,8 @@ def maybe_other_region(
     return out
 
 
-def choose(
-    rng: np.random.Generator,
-    chooser_region: np.ndarray,
-    cand_region: np.ndarray,
-    cand_weight: np.ndarray,
-    n_regions: int,
-) -> np.ndarray:
+def choose(rng: np.random.Generator, chooser_region: np.ndarray, cand_region: np.ndarray,
+           cand_weight: np.ndarray, n_regions: int) -> np.ndarray:
     """For each chooser pick a candidate in its region with probability ∝ weight.
 
     ``cand_region`` must be sorted and every region must have a candidate.
@@ -99,29 +93,16 @@ def choose(
     return pos.astype(np.int32)
 
 
-def _pick(
-    rng: np.random.Generator,
-    locs: Locations,
-    kind: int,
-    chooser_region: np.ndarray,
-    weight: np.ndarray,
-    R: int,
-) -> np.ndarray:
+def _pick(rng: np.random.Generator, locs: Locations, kind: int, chooser_region: np.ndarray,
+          weight: np.ndarray, R: int) -> np.ndarray:
     """A location of ``kind`` (any kind if negative) in each chooser's region, ∝ ``weight``."""
     cand = np.flatnonzero(locs.kind == kind) if kind >= 0 else np.arange(locs.count)
     pos = choose(rng, chooser_region.astype(np.int64), locs.region[cand], weight[cand], R)
     return cand[pos]
 
 
-def _main_activities(
-    rng: np.random.Generator,
-    reg64: np.ndarray,
-    roles: Roles,
-    locs: Locations,
-    w: np.ndarray,
-    R: int,
-    prm: OutbreakParams,
-) -> tuple[np.ndarray, ...]:
+def _main_activities(rng: np.random.Generator, reg64: np.ndarray, roles: Roles, locs: Locations,
+                     w: np.ndarray, R: int, prm: OutbreakParams) -> tuple[np.ndarray, ...]:
     """Work, school or college: (location, type, start, duration) per person."""
     N = reg64.size
     ones = np.ones(locs.count)
@@ -135,9 +116,7 @@ def _main_activities(
     main_loc[wi] = _pick(rng, locs, -1, wreg, locs.emp_w, R)
     main_type[wi] = A_WORK
     shift = rng.random(wi.size) < 0.12
-    ws = np.where(
-        shift, rng.uniform(13, 16.5, wi.size), np.clip(rng.normal(8.5, 1.2, wi.size), 5, 12)
-    )
+    ws = np.where(shift, rng.uniform(13, 16.5, wi.size), np.clip(rng.normal(8.5, 1.2, wi.size), 5, 12))
     wd = np.clip(rng.normal(8.0, 1.5, wi.size), 3, 10)
     wkind = locs.kind[main_loc[wi]]
     teacher = wkind == K_SCHOOL
@@ -165,30 +144,22 @@ def _main_activities(
     return main_loc, main_type, main_start, main_dur
 
 
-def _errands(
-    rng: np.random.Generator,
-    reg64: np.ndarray,
-    age: np.ndarray,
-    has_main: np.ndarray,
-    main_end: np.ndarray,
-    locs: Locations,
-    w: np.ndarray,
-    R: int,
-    prm: OutbreakParams,
-) -> tuple[list[np.ndarray], ...]:
+def _errands(rng: np.random.Generator, reg64: np.ndarray, age: np.ndarray, has_main: np.ndarray,
+             main_end: np.ndarray, locs: Locations, w: np.ndarray, R: int,
+             prm: OutbreakParams) -> tuple[list[np.ndarray], ...]:
     """Shopping, other and religion (in that order, after the main activity): start, dur, on, loc."""
     N = reg64.size
     a = age.astype(np.int16)
     child = a < 13
     p_shop = np.where(child, 0.1, np.where(a < 18, 0.25, prm.shopping_prob))
     p_other = np.where(child, 0.25, prm.other_prob)
-    want = [rng.random(N) < p_shop, rng.random(N) < p_other, rng.random(N) < prm.religion_prob]
-    durs = [
-        np.clip(rng.lognormal(math.log(30 * 60), 0.5, N), 600, 7200),
-        np.clip(rng.lognormal(math.log(75 * 60), 0.6, N), 1200, 4 * _H),
-        rng.uniform(3600, 7200, N),
-    ]
-    cur = np.where(has_main, main_end + rng.uniform(600, 1800, N), rng.uniform(9 * _H, 17 * _H, N))
+    want = [rng.random(N) < p_shop, rng.random(N) < p_other,
+            rng.random(N) < prm.religion_prob]
+    durs = [np.clip(rng.lognormal(math.log(30 * 60), 0.5, N), 600, 7200),
+            np.clip(rng.lognormal(math.log(75 * 60), 0.6, N), 1200, 4 * _H),
+            rng.uniform(3600, 7200, N)]
+    cur = np.where(has_main, main_end + rng.uniform(600, 1800, N),
+                   rng.uniform(9 * _H, 17 * _H, N))
     err_start, err_dur, err_on = [], [], []
     for k in range(3):
         e = cur + durs[k]
@@ -208,32 +179,19 @@ def _errands(
     return err_start, err_dur, err_on, err_loc
 
 
-def make_schedule(
-    rng: np.random.Generator,
-    region: np.ndarray,
-    age: np.ndarray,
-    home_lid: np.ndarray,
-    roles: Roles,
-    locs: Locations,
-    w: np.ndarray,
-    R: int,
-    prm: OutbreakParams,
-) -> Schedule:
+def make_schedule(rng: np.random.Generator, region: np.ndarray, age: np.ndarray, home_lid: np.ndarray,
+                  roles: Roles, locs: Locations, w: np.ndarray, R: int, prm: OutbreakParams) -> Schedule:
     """Step 5: morning home, main activity, errands, evening home, for every person."""
     N = region.size
     reg64 = region.astype(np.int64)
     main_loc, main_type, main_start, main_dur = _main_activities(rng, reg64, roles, locs, w, R, prm)
     has_main = main_type > 0
-    err_start, err_dur, err_on, err_loc = _errands(
-        rng, reg64, age, has_main, main_start + main_dur, locs, w, R, prm
-    )
+    err_start, err_dur, err_on, err_loc = _errands(rng, reg64, age, has_main, main_start + main_dur, locs,
+                                                   w, R, prm)
     # home segments
     any_out = has_main | err_on[0] | err_on[1] | err_on[2]
-    first_out = np.where(
-        has_main,
-        main_start,
-        np.where(err_on[0], err_start[0], np.where(err_on[1], err_start[1], err_start[2])),
-    )
+    first_out = np.where(has_main, main_start,
+                         np.where(err_on[0], err_start[0], np.where(err_on[1], err_start[1], err_start[2])))
     last_end = main_start + main_dur
     for k in range(3):
         last_end = np.where(err_on[k], err_start[k] + err_dur[k], last_end)
@@ -243,22 +201,9 @@ def make_schedule(
     hm_dur = np.where(any_out, first_out - travel1, SECONDS_PER_DAY)
     he_start = np.where(any_out, np.minimum(last_end + travel2, SECONDS_PER_DAY - 600), 0)
     he_dur = np.where(any_out, SECONDS_PER_DAY - he_start, 0)
-    return Schedule(
-        main_loc=main_loc,
-        main_type=main_type,
-        main_start=main_start,
-        main_dur=main_dur,
-        err_start=err_start,
-        err_dur=err_dur,
-        err_on=err_on,
-        err_loc=err_loc,
-        any_out=any_out,
-        hm_start=hm_start,
-        hm_dur=hm_dur,
-        he_start=he_start,
-        he_dur=he_dur,
-        home_lid=home_lid,
-    )
+    return Schedule(main_loc=main_loc, main_type=main_type, main_start=main_start, main_dur=main_dur,
+                    err_start=err_start, err_dur=err_dur, err_on=err_on, err_loc=err_loc, any_out=any_out,
+                    hm_start=hm_start, hm_dur=hm_dur, he_start=he_start, he_dur=he_dur, home_lid=home_lid)
 
 
 def assignment_table(sched: Schedule, pids: np.ndarray, alids: np.ndarray) -> dict[str, np.ndarray]:
@@ -267,23 +212,13 @@ def assignment_table(sched: Schedule, pids: np.ndarray, alids: np.ndarray) -> di
     has_main = sched.main_type > 0
     err_on, err_loc = sched.err_on, sched.err_loc
     # slot matrix: home_morning, main, shop, other, religion, home_evening
-    slot_on = np.stack(
-        [np.ones(N, bool), has_main, err_on[0], err_on[1], err_on[2], sched.any_out], axis=1
-    )
+    slot_on = np.stack([np.ones(N, bool), has_main, err_on[0], err_on[1], err_on[2], sched.any_out], axis=1)
     slot_type = np.array([A_HOME, 0, A_SHOP, A_OTHER, A_RELIGION, A_HOME], np.int8)
     home_lid = sched.home_lid
-    slot_lid = np.stack(
-        [
-            home_lid,
-            np.where(has_main, alids[np.maximum(sched.main_loc, 0)], -1),
-            *[np.where(err_on[k], alids[np.maximum(err_loc[k], 0)], -1) for k in range(3)],
-            home_lid,
-        ],
-        axis=1,
-    )
-    slot_start = np.stack(
-        [sched.hm_start, sched.main_start, *sched.err_start, sched.he_start], axis=1
-    )
+    slot_lid = np.stack([home_lid, np.where(has_main, alids[np.maximum(sched.main_loc, 0)], -1),
+                         *[np.where(err_on[k], alids[np.maximum(err_loc[k], 0)], -1) for k in range(3)],
+                         home_lid], axis=1)
+    slot_start = np.stack([sched.hm_start, sched.main_start, *sched.err_start, sched.he_start], axis=1)
     slot_dur = np.stack([sched.hm_dur, sched.main_dur, *sched.err_dur, sched.he_dur], axis=1)
     types = np.broadcast_to(slot_type, (N, 6)).copy()
     types[:, 1] = sched.main_type
