@@ -137,5 +137,7 @@ def array_digest(*arrays: np.ndarray, length: int = 16) -> str:
     return h.hexdigest()[:length]
 
 
-__all__ = ["array_digest", "dumps_strict", "file_hashes", "json_safe", "savefig_atomic", "sha256_file",
-           "write_bytes_atomic", "write_json_atomic", "write_npz_atomic", "write_text_atomic"]
+__all__ = [
+    "array_digest", "dumps_strict", "file_hashes", "json_safe", "savefig_atomic", "sha256_file",
+    "write_bytes_atomic", "write_json_atomic", "write_npz_atomic", "write_text_atomic",
+]

@@ -192,7 +192,7 @@ class Federation(SiloCollection):
                                     f"{self.num_classes})")
 
     def with_targets(self, default: PrivacyTarget | None,
-                     overrides: dict[str, PrivacyTarget] | None = None) -> "Federation":
+                     overrides: dict[str, PrivacyTarget] | None = None) -> Federation:
         """A copy where every silo carries `default` unless overridden by name.
 
         Parameters

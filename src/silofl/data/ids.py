@@ -94,7 +94,8 @@ class IdIndex:
         if ids.size:
             lo, hi = int(ids[0]), int(ids[-1])
             span = hi - lo + 1
-            if span <= self.DENSE_MAX_SPAN and span <= max(self.DENSE_MAX_RATIO * ids.size, 1 << 20):
+            dense_cap = max(self.DENSE_MAX_RATIO * ids.size, 1 << 20)
+            if span <= self.DENSE_MAX_SPAN and span <= dense_cap:
                 table = np.full(span, -1, dtype=np.int32)
                 table[(ids.astype(np.int64) - lo)] = np.arange(ids.size, dtype=np.int32)
                 self._lo, self._table = lo, table

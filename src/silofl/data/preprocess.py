@@ -52,10 +52,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from silofl.data.federation import Federation, Silo, SiloCollection, Task
-from silofl.privacy.targets import PrivacyTarget
 from silofl.data.schema import ColumnSpec
 from silofl.errors import ConfigError, DataError, PrivacyError
 from silofl.privacy import accounting
+from silofl.privacy.targets import PrivacyTarget
 
 STANDARDIZE_MODES = ("auto", "declared", "private", "uncharged", "none")
 IMPUTE_MODES = ("auto", "declared", "private", "uncharged")
@@ -93,7 +93,7 @@ class RawFederation(SiloCollection):
         return int(np.prod(self.silos[0].X_train.shape[1:])) if self.silos else 0
 
     def with_targets(self, default: PrivacyTarget | None,
-                     overrides: Mapping[str, PrivacyTarget] | None = None) -> "RawFederation":
+                     overrides: Mapping[str, PrivacyTarget] | None = None) -> RawFederation:
         """A copy where every silo carries `default` unless overridden by name (as
         `Federation.with_targets`); `plan_preprocessing` reads these targets."""
         overrides = dict(overrides or {})
@@ -130,7 +130,7 @@ class RawFederation(SiloCollection):
 
     @staticmethod
     def from_federation(fed: Federation, specs: Mapping[int, ColumnSpec] | None = None, *,
-                        simulated: bool = False, uncharged=()) -> "RawFederation":
+                        simulated: bool = False, uncharged=()) -> RawFederation:
         """Wrap a finished federation (e.g. generated or image data). Without `specs`, every
         tabular column is a numeric value column with no declared bounds; images get none
         (their pixels share the public [0, 1] scale)."""

@@ -53,8 +53,7 @@ from silofl.data.schema import MISSING_LEVEL, ColumnSpec, LabelSpec, Schema, as_
 from silofl.data.schema_draft import infer_schema
 from silofl.data.silo_size import check_settings, limit_silos
 from silofl.data.table_checks import HUGE, check_all_missing, check_header_unique
-from silofl.data.table_text import (check_encoding_name, check_separator, decode_error,
-                                    drop_columns)
+from silofl.data.table_text import check_encoding_name, check_separator, decode_error, drop_columns
 from silofl.data.values import parse_numeric
 from silofl.errors import ConfigError, DataError
 
@@ -158,8 +157,11 @@ def read_table(path: str | Path, text_columns: Sequence[str] = (), *, sep: str =
             f" (relative paths are resolved from {str(Path.cwd())!r})"
         raise DataError(f"data file not found: {str(p)!r}; check the path{rel}")
     if not p.is_file():
-        raise DataError(f"data path {str(p)!r} is not a file; pass a .csv, .csv.gz or .parquet file")
-    suffix = "".join(p.suffixes[-2:]).lower() if p.name.lower().endswith(".gz") else p.suffix.lower()
+        raise DataError(
+            f"data path {str(p)!r} is not a file; pass a .csv, .csv.gz or .parquet file"
+        )
+    gz = p.name.lower().endswith(".gz")
+    suffix = "".join(p.suffixes[-2:]).lower() if gz else p.suffix.lower()
     # utf-8-sig: UTF-8 that drops a spreadsheet's byte-order mark from the first header
     enc = check_encoding_name(encoding or "utf-8-sig", settings[1])
     try:
@@ -174,12 +176,16 @@ def read_table(path: str | Path, text_columns: Sequence[str] = (), *, sep: str =
     except DataError:
         raise
     except pd.errors.EmptyDataError:
-        raise DataError(f"data file {str(p)!r} is empty; it needs a header row and data rows") from None
+        raise DataError(
+            f"data file {str(p)!r} is empty; it needs a header row and data rows"
+        ) from None
     except UnicodeDecodeError as e:
         raise decode_error(p, enc, e, settings[1]) from None
     except Exception as e:  # parser, decoding, gzip and Arrow errors all mean "unreadable"
-        raise DataError(f"could not read {str(p)!r}: {type(e).__name__}; check that the "
-                        "file is a valid, uncorrupted table of the type its extension says") from None
+        raise DataError(
+            f"could not read {str(p)!r}: {type(e).__name__}; check that the "
+            "file is a valid, uncorrupted table of the type its extension says"
+        ) from None
     if suffix in (".csv", ".csv.gz"):
         check_header_unique(p, df, sep=sep or ",", encoding=enc)
     return drop_columns(df, drop, p, settings[2])

@@ -45,11 +45,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from silofl.privacy.targets import PrivacyTarget, check_target
 from silofl.errors import BudgetExceeded, SiloflError
 from silofl.privacy import accounting, events, runlock, store_paths, store_registry
 from silofl.privacy.ledger import tightest
 from silofl.privacy.store_schema import SCHEMA_VERSION, prepare
+from silofl.privacy.targets import PrivacyTarget, check_target
 
 SCRATCH_NOTE = "scratch budget store: an experiment, not a release"
 

@@ -132,7 +132,8 @@ class CurveRdpAccountant(dpa.PrivacyAccountant):
             return None
         if isinstance(event, RdpCurveDpEvent):
             if do_compose:
-                self._rdp = self._rdp + count * np.asarray(event.rdp(self._orders), dtype=np.float64)
+                curve = np.asarray(event.rdp(self._orders), dtype=np.float64)
+                self._rdp = self._rdp + count * curve
             return None
         return self.CompositionErrorDetails(
             invalid_event=event,

@@ -20,13 +20,13 @@ from __future__ import annotations
 import hashlib
 import json
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
-from silofl.privacy.targets import PrivacyTarget
 from silofl.errors import BudgetExceeded
 from silofl.privacy import accounting, events
+from silofl.privacy.targets import PrivacyTarget
 
 
 def tightest(event, delta: float) -> tuple[float, str]:

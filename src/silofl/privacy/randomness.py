@@ -86,17 +86,17 @@ class Randomness:
     secure = _Secureness()
 
     @staticmethod
-    def seeded(seed) -> "Randomness":
+    def seeded(seed) -> Randomness:
         """Reproducible NumPy PCG64 stream (experiments only)."""
         return _Seeded(seed)
 
     @staticmethod
-    def os_entropy() -> "Randomness":
+    def os_entropy() -> Randomness:
         """Alias of `Randomness.secure()`."""
         return _Secure()
 
     @staticmethod
-    def for_mode(mode: str, seed=None) -> "Randomness":
+    def for_mode(mode: str, seed=None) -> Randomness:
         """The stream for a noise mode: "secure" (seed ignored: nothing about a secure
         stream may follow from a config value) or "seeded" (needs `seed`)."""
         if mode == "secure":
@@ -133,7 +133,7 @@ class Randomness:
             u[top] = self.uniform(int(top.sum()))
         return -np.log(-np.log(u))
 
-    def spawn(self) -> "Randomness":
+    def spawn(self) -> Randomness:
         """An independent stream (for an independent component, e.g. evaluation)."""
         raise NotImplementedError
 

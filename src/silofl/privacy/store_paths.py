@@ -29,6 +29,7 @@ import secrets
 import sqlite3
 import time
 from pathlib import Path
+
 from silofl.errors import ConfigError
 
 DEFAULT_DEPLOYMENT = "default"
