@@ -467,9 +467,9 @@ def _column(d: Mapping, i: int, where: str) -> ColumnSpec:
         mean, scale = _number(mean, f"{what}: mean"), _number(scale, f"{what}: scale")
         if scale <= 0:
             raise ConfigError(f"{what}: scale must be positive, got {scale}")
-        if lo is not None and not lo <= mean <= hi:
+        if lo is not None and hi is not None and not lo <= mean <= hi:
             raise ConfigError(f"{what}: mean ({mean}) lies outside [lower, upper]")
-    if fill is not None and lo is not None and not lo <= fill <= hi:
+    if fill is not None and lo is not None and hi is not None and not lo <= fill <= hi:
         raise ConfigError(f"{what}: fill ({fill}) lies outside [lower, upper]")
     return ColumnSpec(name, kind, lo, hi, mean, scale, fill, nullable=nullable,
                       description=desc)

@@ -467,8 +467,8 @@ class BudgetStore:
             # a silo is new to a store once (the newcomer review: a networked silo's own new
             # store was re-flagged at every round of the same process)
             new = set(fresh) | (set(ids) - self._registered if self.created else set())
-            store_registry.check(self, run_id, {n: d for n, d in digests.items() if n in ids},
-                                 new)
+            store_registry.check(self, self.path, run_id,
+                                 {n: d for n, d in digests.items() if n in ids}, new)
             self._registered |= set(ids)
 
     def _check_parent(self, parent: str) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib
 import json
 from collections import Counter
+from typing import Any
 
 import attr
 import dp_accounting as dpa
@@ -58,12 +59,12 @@ def _check_q_sigma(q: float, sigma: float) -> None:
         raise PrivacyError(f"noise multiplier must be positive, got {sigma}")
 
 
-def to_dict(event) -> dict:
+def to_dict(event: Any) -> dict[str, Any]:
     """JSON-ready description of a DpEvent (or any event with `to_dict`)."""
     if hasattr(event, "to_dict"):
         return event.to_dict()
     if attr.has(type(event)):
-        out = {"type": type(event).__name__}
+        out: dict[str, Any] = {"type": type(event).__name__}
         for f in attr.fields(type(event)):
             v = getattr(event, f.name)
             if isinstance(v, (list, tuple)):

@@ -34,7 +34,7 @@ def tightest(event, delta: float) -> tuple[float, str]:
     (pessimistic) PLD give — each is a valid guarantee, so the smaller one is too. Checks
     and reports both use this one figure, so a violation can never be reported as a pass."""
     eps = {k: v for k, v in accounting.epsilons(event, delta).items() if v is not None}
-    kind = min(eps, key=eps.get)
+    kind = min(eps, key=eps.__getitem__)
     return eps[kind], kind
 
 

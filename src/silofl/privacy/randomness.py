@@ -167,7 +167,7 @@ class _Secure(Randomness):
         self._lock = threading.Lock()
         # scratch for one chunk: keystream words, then their float64 transform
         self._words_buf = np.empty(_CHUNK_WORDS + 2, np.int64)  # +16 B: cipher output slack
-        self._bytes = memoryview(self._words_buf).cast("B")
+        self._bytes = self._words_buf.data.cast("B")  # ndarray.data: its buffer's memoryview
         self._floats = np.empty(_CHUNK_WORDS)
         self._ahead_lock = threading.Lock()
         self._forked()
@@ -246,15 +246,16 @@ class _Secure(Randomness):
             if self._pid != os.getpid():  # forked: the worker thread did not come along
                 with self._lock:
                     self._forked()
-            if self._pool is None:
-                self._pool = ThreadPoolExecutor(1, thread_name_prefix="silofl-noise")
-                self._child = _Secure()
+            pool, child = self._pool, self._child  # set and reset together (_forked)
+            if pool is None or child is None:
+                pool = self._pool = ThreadPoolExecutor(1, thread_name_prefix="silofl-noise")
+                child = self._child = _Secure()
             pending, self._ahead = self._ahead, None
             if pending is not None and pending[0] == shape:
                 z = pending[1].result()
             else:  # the child's lock serializes this with a still-running stale block
-                z = self._child.normal(shape)
-            self._ahead = (shape, self._pool.submit(self._child.normal, shape))
+                z = child.normal(shape)
+            self._ahead = (shape, pool.submit(child.normal, shape))
             return z
 
     def spawn(self):
