@@ -18,8 +18,8 @@ from silofl.data import (PreprocessSpec, apply_preprocessing, draft_schema, fede
                          plan_preprocessing, schema_from_dict, split_frame)
 from silofl.privacy.targets import PrivacyTarget
 from silofl.data import preprocess
-from silofl.data.preprocess import (MIN_STD, moments_from_statistics, release_statistics,
-                                    sufficient_statistics)
+from silofl.data.column_stats import (MIN_STD, moments_from_statistics, release_statistics,
+                                      sufficient_statistics)
 from silofl.errors import ConfigError, DataError, PrivacyError
 from silofl.privacy import accounting
 from silofl.privacy.randomness import Randomness

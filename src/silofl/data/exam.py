@@ -107,4 +107,4 @@ def load_exam(*, test_fraction: float = 0.2, seed: int = 0, standardize: str | b
     preprocessing is declared (``meta["uncharged"] == []``)."""
     raw = load_exam_raw(test_fraction=test_fraction, seed=seed, min_size=min_size,
                         schema=schema)
-    return preprocess_without_budget(raw, PreprocessSpec(standardize, impute), "load_exam")
+    return preprocess_without_budget(raw, PreprocessSpec.of(standardize, impute), "load_exam")

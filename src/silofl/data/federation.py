@@ -5,14 +5,12 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Literal
 
 import numpy as np
 
+from silofl.data.schema import Task
 from silofl.errors import DataError
 from silofl.privacy.targets import PrivacyTarget
-
-Task = Literal["binary", "multiclass", "regression"]
 
 
 @dataclass

@@ -92,5 +92,5 @@ def load_heart_disease(*, test_fraction: float = 0.2, seed: int = 0,
     """
     raw = load_heart_disease_raw(test_fraction=test_fraction, seed=seed, missing=missing,
                                  schema=schema)
-    return preprocess_without_budget(raw, PreprocessSpec(standardize, impute),
+    return preprocess_without_budget(raw, PreprocessSpec.of(standardize, impute),
                                      "load_heart_disease")

@@ -50,13 +50,16 @@ import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 
 from silofl.errors import ConfigError
 
 KINDS = ("numeric", "binary", "categorical")
-LABEL_KINDS = ("binary", "multiclass", "regression")
+#: The learning task a label declares.
+Task = Literal["binary", "multiclass", "regression"]
+LABEL_KINDS: tuple[Task, ...] = ("binary", "multiclass", "regression")
 MISSING_LEVEL = "<missing>"
 INDICATOR_SUFFIX = "__missing"
 _TOP_KEYS = ("source", "silo_column", "label", "columns", "drafted", "description")
@@ -160,7 +163,7 @@ class LabelSpec:
     optional public bounds (labels are clipped to them)."""
 
     name: str
-    kind: str
+    kind: Task
     classes: tuple = ()
     lower: float | None = None
     upper: float | None = None
@@ -226,7 +229,7 @@ class Schema:
         return [n for c in self.columns for n in c.encoded_names()]
 
     @property
-    def task(self) -> str:
+    def task(self) -> Task:
         return self.label.kind
 
     def column(self, name: str) -> ColumnSpec:
@@ -475,7 +478,15 @@ def _column(d: Mapping, i: int, where: str) -> ColumnSpec:
                       description=desc)
 
 
-def _label(d, where: str) -> LabelSpec:
+def as_task(kind: object) -> Task | None:
+    """`kind` as a `Task` when it names one of `LABEL_KINDS`, else None."""
+    for task in LABEL_KINDS:
+        if kind == task:
+            return task
+    return None
+
+
+def _label(d: object, where: str) -> LabelSpec:
     if not isinstance(d, Mapping):
         raise ConfigError(f"{where}: label must be a table ([label] in TOML)")
     what = f"{where}: label"
@@ -483,11 +494,12 @@ def _label(d, where: str) -> LabelSpec:
     name = d.get("name")
     if not isinstance(name, str) or not name.strip():
         raise ConfigError(f"{what} needs a non-empty string name (the label column)")
-    kind = d.get("kind")
-    if kind not in LABEL_KINDS:
-        near = difflib.get_close_matches(str(kind), LABEL_KINDS, n=1)
+    asked = d.get("kind")
+    kind = as_task(asked)
+    if kind is None:
+        near = difflib.get_close_matches(str(asked), LABEL_KINDS, n=1)
         hint = f"; did you mean {near[0]!r}?" if near else ""
-        raise ConfigError(f"{what}: unknown kind {kind!r}{hint}; choose one of "
+        raise ConfigError(f"{what}: unknown kind {asked!r}{hint}; choose one of "
                           f"{', '.join(LABEL_KINDS)}")
     desc = d.get("description", "")
     if kind == "regression":

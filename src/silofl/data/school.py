@@ -105,4 +105,4 @@ def load_school(path: str | Path | None = None, *, test_fraction: float = 0.2, s
     y (n_k,) float64 = (score - 1) / 69. Features are named ``x00``..``x27``. Default
     preprocessing is declared (no cost, ``meta["uncharged"] == []``)."""
     raw = load_school_raw(path, test_fraction=test_fraction, seed=seed, schema=schema)
-    return preprocess_without_budget(raw, PreprocessSpec(standardize, impute), "load_school")
+    return preprocess_without_budget(raw, PreprocessSpec.of(standardize, impute), "load_school")

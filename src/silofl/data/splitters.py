@@ -65,7 +65,7 @@ from silofl.data.preprocess import (
     RawFederation,
     preprocess_without_budget,
 )
-from silofl.data.schema import ColumnSpec
+from silofl.data.schema import ColumnSpec, Task
 from silofl.data.seed_splits import (
     SEED_SPLITS,
     check_seed_params,
@@ -129,7 +129,7 @@ def range_parts(values: np.ndarray, weights: Sequence[int], *, feature: str = "f
         raise DataError(f"feature {feature!r} has only {len(change) + 1} distinct value(s), too "
                         f"few for {len(weights)} disjoint ranges; use fewer silos (or a larger "
                         "group_size) or split on another feature")
-    cuts = []
+    cuts: list[int] = []
     for t in targets:  # nearest unused value change at or after the previous cut
         avail = change[change > (cuts[-1] if cuts else 0)]
         if len(avail) == 0:
@@ -151,7 +151,7 @@ def range_parts(values: np.ndarray, weights: Sequence[int], *, feature: str = "f
 # --- from arrays / tables to a federation ----------------------------------------------------
 
 def split_arrays_raw(X: np.ndarray, y: np.ndarray, split: str, *, num_silos: int | None,
-                     task: str,
+                     task: Task,
                      num_classes: int = 0, feature_names: Sequence[str] | None = None,
                      specs: Mapping[int, ColumnSpec] | None = None,
                      alpha: float = 0.5, size_law: str = "dirichlet", power: float = 1.0,
@@ -184,14 +184,16 @@ def split_arrays_raw(X: np.ndarray, y: np.ndarray, split: str, *, num_silos: int
     rng = np.random.default_rng(seed)
     meta: dict = {"split": split, "num_silos": num_silos, "seed": seed, "min_size": min_size,
                   "test_fraction": test_fraction}
-    blocks, sizes, groups = [], [], np.zeros(num_silos or 0, dtype=np.int64)
+    # None only for SEED_SPLITS (checked above), whose layout gives the count
+    count = num_silos or 0
+    blocks, sizes, groups = [], [], np.zeros(count, dtype=np.int64)
     if split in SEED_SPLITS:
         blocks, sizes, groups = _seed_layout(split, X, y, names, specs, feature, edges,
                                              group_size, rng, min_size, classify, num_silos,
                                              meta, items)
-        num_silos = len(groups)
+        count = len(groups)
     elif split in ("feature_range", "shared_range"):
-        blocks, sizes, groups = _range_layout(split, X, names, feature, gaps, num_silos,
+        blocks, sizes, groups = _range_layout(split, X, names, feature, gaps, count,
                                               group_size, min_size, meta, items)
     elif split == "dirichlet":
         items.append("silo membership drawn from the pooled labels (dirichlet split)")
@@ -201,11 +203,11 @@ def split_arrays_raw(X: np.ndarray, y: np.ndarray, split: str, *, num_silos: int
 
     def draw() -> list[np.ndarray]:
         if split == "iid":
-            return iid_parts(X.shape[0], num_silos, rng)
+            return iid_parts(X.shape[0], count, rng)
         if split == "dirichlet":
-            return dirichlet_parts(y, num_silos, alpha, rng)
+            return dirichlet_parts(y, count, alpha, rng)
         if split == "quantity":
-            return quantity_parts(X.shape[0], num_silos, rng, min_size=min_size,
+            return quantity_parts(X.shape[0], count, rng, min_size=min_size,
                                   size_law=size_law, alpha=alpha, power=power)
         if split == "feature_range":
             return blocks
@@ -214,7 +216,7 @@ def split_arrays_raw(X: np.ndarray, y: np.ndarray, split: str, *, num_silos: int
         return [b[part] for b, s in zip(blocks, sizes)
                 for part in iid_parts(len(b), s, rng)]
 
-    rows, tries = _draw_valid(draw, y, split, num_silos, classify, min_size, test_fraction,
+    rows, tries = _draw_valid(draw, y, split, count, classify, min_size, test_fraction,
                               max_tries, rng)
     silos = [Silo(f"silo-{k:02d}", X[tr], y[tr], X[te], y[te]) for k, (tr, te) in enumerate(rows)]
     meta.update(parts=rows, groups=groups, tries=tries)
@@ -248,7 +250,7 @@ def _checked_arrays(X: np.ndarray, y_in: np.ndarray, names: list[str], specs, it
         raise DataError("X or y holds NaN/inf values outside nullable value columns; impute "
                         "or drop them before splitting")
     n = X.shape[0]
-    if split not in SEED_SPLITS and num_silos * min_size > n:
+    if num_silos is not None and split not in SEED_SPLITS and num_silos * min_size > n:
         raise DataError(f"too many silos for the data: {num_silos} silos x min_size {min_size} "
                         f"rows = {num_silos * min_size} > {n} rows; lower num_silos (at most "
                         f"{n // min_size}) or min_size")
@@ -342,7 +344,7 @@ def _draw_valid(draw, y, split, num_silos, classify, min_size, test_fraction, ma
 
 
 def split_arrays(X: np.ndarray, y: np.ndarray, split: str, *, num_silos: int | None,
-                 task: str,
+                 task: Task,
                  num_classes: int = 0, feature_names: Sequence[str] | None = None,
                  specs: Mapping[int, ColumnSpec] | None = None,
                  alpha: float = 0.5, size_law: str = "dirichlet", power: float = 1.0,
@@ -363,7 +365,7 @@ def split_arrays(X: np.ndarray, y: np.ndarray, split: str, *, num_silos: int | N
                            min_size=min_size,
                            test_fraction=test_fraction, seed=seed, max_tries=max_tries,
                            name=name, uncharged=uncharged)
-    return preprocess_without_budget(raw, PreprocessSpec(standardize, impute), "split_arrays")
+    return preprocess_without_budget(raw, PreprocessSpec.of(standardize, impute), "split_arrays")
 
 
 def table_arrays(df: pd.DataFrame, label_column: str, *, schema=None, task: str = "auto",
@@ -412,7 +414,7 @@ def split_frame(df: pd.DataFrame, label_column: str, split: str, *, schema=None,
     """`split_frame_raw`, then preprocessing without a budget (see `split_arrays`)."""
     raw = split_frame_raw(df, label_column, split, schema=schema, task=task,
                           features=features, missing=missing, name=name, **split_kw)
-    return preprocess_without_budget(raw, PreprocessSpec(standardize, impute), "split_frame")
+    return preprocess_without_budget(raw, PreprocessSpec.of(standardize, impute), "split_frame")
 
 
 def split_table_raw(path: str | Path, label_column: str, split: str,
@@ -458,7 +460,7 @@ def split_table(path: str | Path, label_column: str, split: str, *,
         An unreadable table or an invalid split setting.
     """
     raw = split_table_raw(path, label_column, split, **kw)
-    return preprocess_without_budget(raw, PreprocessSpec(standardize, impute), "split_table")
+    return preprocess_without_budget(raw, PreprocessSpec.of(standardize, impute), "split_table")
 
 
 # --- validation ------------------------------------------------------------------------------

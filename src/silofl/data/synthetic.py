@@ -11,6 +11,7 @@ Simulated data are not standardized by default (``standardize="none"``); asking 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Literal
 
 import numpy as np
 
@@ -25,7 +26,7 @@ def _finish(fed: Federation, standardize) -> Federation:
     if standardize is True:
         standardize = "uncharged"
     raw = RawFederation.from_federation(fed, simulated=True)
-    return preprocess_without_budget(raw, PreprocessSpec(standardize, "auto"),
+    return preprocess_without_budget(raw, PreprocessSpec.of(standardize, "auto"),
                                      fed.name)
 
 
@@ -93,7 +94,8 @@ def mean_estimation(num_silos: int | None = None, n: int = 50, dim: int = 1, sig
 
 def linear_silos(num_silos: int | None = None, sizes: tuple[int, int] | Sequence[int] = (200, 400),
                  dim: int = 10, heterogeneity: float = 0.5, noise: float = 0.1,
-                 task: str = "regression", seed: int = 0, test_fraction: float = 0.2,
+                 task: Literal["regression", "binary"] = "regression", seed: int = 0,
+                 test_fraction: float = 0.2,
                  standardize: str | bool = "none") -> Federation:
     """Heterogeneous linear silos. Shared w* ~ N(0, I/dim); silo weights
     w_k = w* + heterogeneity·N(0, I/dim); features X ~ N(m_k, I) with a silo-specific mean

@@ -104,4 +104,4 @@ def load_titanic(split: str, *, standardize: str | bool = "auto", impute: str = 
     and class one-hot, age, age__missing), y (n_k,) int64 (1 = survived). Declared
     preprocessing; the split's reads of the pooled table are in ``meta["uncharged"]``."""
     raw = load_titanic_raw(split, **kw)
-    return preprocess_without_budget(raw, PreprocessSpec(standardize, impute), "load_titanic")
+    return preprocess_without_budget(raw, PreprocessSpec.of(standardize, impute), "load_titanic")
