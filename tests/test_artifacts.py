@@ -19,7 +19,7 @@ from silofl.cli import app
 from silofl.data.federation import split_indices
 from silofl.data.heart import SILO_COLUMN, TARGET, heart_disease_frame, heart_schema
 from silofl.data.schema import schema_from_dict
-from silofl.data.tabular import encode_table
+from silofl.data.encoding import encode_table
 from silofl.errors import ConfigError, DataError
 from silofl.experiments.artifacts import FORMAT_VERSION, NON_PRIVATE, POST_PROCESSING
 from silofl.experiments.config import config_from_dict

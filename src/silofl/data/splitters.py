@@ -59,6 +59,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from silofl.data.encoding import encode_table
 from silofl.data.federation import Federation, Silo, split_indices
 from silofl.data.preprocess import (
     PreprocessSpec,
@@ -73,7 +74,7 @@ from silofl.data.seed_splits import (
     label_parts,
     seed_blocks,
 )
-from silofl.data.tabular import encode_table, read_table
+from silofl.data.tabular import read_table
 from silofl.errors import ConfigError, DataError
 
 SPLITS = ("iid", "dirichlet", "quantity", "feature_range", "shared_range", *SEED_SPLITS)

@@ -46,7 +46,7 @@ from silofl.data.exam import EXAM_SCHEMA
 from silofl.data.heart import heart_schema
 from silofl.data.schema import load_schema, schema_from_dict
 from silofl.data.school import school_schema
-from silofl.data.tabular import encode_table
+from silofl.data.encoding import encode_table
 from silofl.models import make_model
 
 FORMAT = "silofl-models"
