@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from silofl.data.schema import ColumnSpec, LabelSpec, Schema, as_schema, value_key
+from silofl.data.schema import ColumnSpec, LabelSpec, Schema, SchemaLike, as_schema, value_key
 from silofl.data.schema_draft import infer_schema
 from silofl.data.table_checks import HUGE, check_all_missing
 from silofl.data.values import parse_numeric
@@ -46,7 +46,8 @@ class EncodedTable:
 
 
 def encode_table(df: pd.DataFrame, label_column: str, *, silo_column: str | None = None,
-                 schema=None, task: str = "auto", features: Sequence[str] | None = None,
+                 schema: SchemaLike | None = None, task: str = "auto",
+                 features: Sequence[str] | None = None,
                  missing: str = "impute", categorical_max_levels: int = 50,
                  name: str = "table") -> EncodedTable:
     """Encode a whole table (see the module docstring); no split, no statistic. Without a

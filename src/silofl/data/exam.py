@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from silofl.data.federation import Federation
 from silofl.data.preprocess import PreprocessSpec, RawFederation, preprocess_without_budget
-from silofl.data.schema import schema_from_dict
+from silofl.data.schema import SchemaLike, schema_from_dict
 from silofl.data.tabular import federation_from_frame_raw
 from silofl.errors import ConfigError, DataError
 
@@ -69,7 +69,7 @@ def exam_frame():
 
 
 def load_exam_raw(*, test_fraction: float = 0.2, seed: int = 0, min_size: int = 0,
-                  schema=None) -> RawFederation:
+                  schema: SchemaLike | None = None) -> RawFederation:
     """The Exam federation encoded by `EXAM_SCHEMA` (or `schema`) and split, before
     preprocessing; see `load_exam`."""
     if isinstance(min_size, bool) or not isinstance(min_size, int) or min_size < 0:
@@ -99,7 +99,8 @@ def load_exam_raw(*, test_fraction: float = 0.2, seed: int = 0, min_size: int = 
 
 
 def load_exam(*, test_fraction: float = 0.2, seed: int = 0, standardize: str | bool = "auto",
-              impute: str = "auto", min_size: int = 0, schema=None) -> Federation:
+              impute: str = "auto", min_size: int = 0,
+              schema: SchemaLike | None = None) -> Federation:
     """65 silos ``school-01``..``school-65`` (2..198 students each); X (n_k, 15) float64,
     y (n_k,) float64 = normexam. `min_size` > 0 leaves out schools with fewer students
     (train + test; two schools have 2 and 8): DP-SGD needs a batch below every silo's

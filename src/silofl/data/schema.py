@@ -50,7 +50,7 @@ import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal, overload
 
 import numpy as np
 
@@ -77,7 +77,7 @@ DRAFT_REFUSAL = (
     "only the data gave, then delete the line `drafted = true`")
 
 
-def value_key(v) -> float | str:
+def value_key(v: object) -> float | str:
     """Canonical key for matching a table value against declared levels or classes:
     numbers, booleans and numeric text compare as floats (so 1, 1.0 and "1" match), other
     text compares stripped."""
@@ -91,7 +91,7 @@ def value_key(v) -> float | str:
     return f if math.isfinite(f) else s
 
 
-def level_text(v) -> str:
+def level_text(v: object) -> str:
     """How a declared level appears in a feature name: integral numbers without '.0'."""
     if isinstance(v, (bool, np.bool_)):
         return str(bool(v))
@@ -337,7 +337,15 @@ def load_schema(path: str | Path) -> Schema:
     return schema_from_dict(raw, where=f"schema {str(p)!r}")
 
 
-def as_schema(obj) -> Schema | None:
+#: What a ``schema=`` argument accepts: a Schema, its dict (TOML layout) or a TOML file path.
+SchemaLike = Schema | Mapping[str, Any] | str | Path
+
+
+@overload
+def as_schema(obj: None) -> None: ...
+@overload
+def as_schema(obj: SchemaLike) -> Schema: ...
+def as_schema(obj: SchemaLike | None) -> Schema | None:
     """A Schema from a Schema, a dict, or a path to a TOML file (None stays None)."""
     if obj is None or isinstance(obj, Schema):
         return obj
@@ -403,7 +411,7 @@ def _unknown_keys(d: Mapping, allowed: Sequence[str], where: str) -> None:
                               f"{', '.join(allowed)})")
 
 
-def _number(v, what: str) -> float:
+def _number(v: object, what: str) -> float:
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
         raise ConfigError(f"{what} must be a finite number, got {v!r}")
     return float(v)
@@ -529,7 +537,7 @@ def _label(d: object, where: str) -> LabelSpec:
 
 # --- TOML writing ---------------------------------------------------------------------------
 
-def _toml_value(v) -> str:
+def _toml_value(v: object) -> str:
     if isinstance(v, bool):
         return "true" if v else "false"
     if isinstance(v, (int, np.integer)):

@@ -66,7 +66,7 @@ from silofl.data.preprocess import (
     RawFederation,
     preprocess_without_budget,
 )
-from silofl.data.schema import ColumnSpec, Task
+from silofl.data.schema import ColumnSpec, SchemaLike, Task
 from silofl.data.seed_splits import (
     SEED_SPLITS,
     check_seed_params,
@@ -369,7 +369,8 @@ def split_arrays(X: np.ndarray, y: np.ndarray, split: str, *, num_silos: int | N
     return preprocess_without_budget(raw, PreprocessSpec.of(standardize, impute), "split_arrays")
 
 
-def table_arrays(df: pd.DataFrame, label_column: str, *, schema=None, task: str = "auto",
+def table_arrays(df: pd.DataFrame, label_column: str, *, schema: SchemaLike | None = None,
+                 task: str = "auto",
                  features: Sequence[str] | None = None, missing: str = "impute",
                  categorical_max_levels: int = 50) -> tuple[np.ndarray, np.ndarray, dict]:
     """Encode a whole table like `federation_from_frame` does (by `schema`, or read from
@@ -389,7 +390,8 @@ def table_arrays(df: pd.DataFrame, label_column: str, *, schema=None, task: str 
     return enc.X, enc.y, info
 
 
-def split_frame_raw(df: pd.DataFrame, label_column: str, split: str, *, schema=None,
+def split_frame_raw(df: pd.DataFrame, label_column: str, split: str, *,
+                    schema: SchemaLike | None = None,
                     task: str = "auto", features: Sequence[str] | None = None,
                     missing: str = "impute", name: str = "table",
                     **split_kw) -> RawFederation:
@@ -408,7 +410,8 @@ def split_frame_raw(df: pd.DataFrame, label_column: str, split: str, *, schema=N
     return raw
 
 
-def split_frame(df: pd.DataFrame, label_column: str, split: str, *, schema=None,
+def split_frame(df: pd.DataFrame, label_column: str, split: str, *,
+                schema: SchemaLike | None = None,
                 task: str = "auto", features: Sequence[str] | None = None,
                 missing: str = "impute", name: str = "table", standardize: str | bool = "auto",
                 impute: str = "auto", **split_kw) -> Federation:

@@ -47,7 +47,7 @@ import pandas as pd
 from silofl.data.encoding import encode_table
 from silofl.data.federation import Federation, split_silo
 from silofl.data.preprocess import PreprocessSpec, RawFederation, preprocess_without_budget
-from silofl.data.schema import MISSING_LEVEL
+from silofl.data.schema import MISSING_LEVEL, SchemaLike
 from silofl.data.silo_size import check_settings, limit_silos
 from silofl.data.table_checks import check_header_unique
 from silofl.data.table_text import check_encoding_name, check_separator, decode_error, drop_columns
@@ -56,7 +56,8 @@ from silofl.errors import DataError
 MISSING_CATEGORY = MISSING_LEVEL
 
 
-def load_table(path: str | Path, silo_column: str, label_column: str, *, schema=None,
+def load_table(path: str | Path, silo_column: str, label_column: str, *,
+               schema: SchemaLike | None = None,
                task: str = "auto", features: Sequence[str] | None = None,
                test_fraction: float = 0.2, seed: int = 0, standardize: str | bool = "auto",
                impute: str = "auto", missing: str = "impute",
@@ -115,7 +116,8 @@ def load_table(path: str | Path, silo_column: str, label_column: str, *, schema=
     return preprocess_without_budget(raw, _spec(standardize, impute), "load_table")
 
 
-def load_table_raw(path: str | Path, silo_column: str, label_column: str, *, schema=None,
+def load_table_raw(path: str | Path, silo_column: str, label_column: str, *,
+                   schema: SchemaLike | None = None,
                    task: str = "auto", features: Sequence[str] | None = None,
                    test_fraction: float = 0.2, seed: int = 0, missing: str = "impute",
                    categorical_max_levels: int = 50, min_silo_rows: int = 0,
@@ -202,7 +204,7 @@ def _read_csv(p: Path, text_columns: list[str], sep: str, encoding: str,
 
 
 def federation_from_frame(df: pd.DataFrame, silo_column: str, label_column: str, *,
-                          schema=None, task: str = "auto",
+                          schema: SchemaLike | None = None, task: str = "auto",
                           features: Sequence[str] | None = None, test_fraction: float = 0.2,
                           seed: int = 0, standardize: str | bool = "auto",
                           impute: str = "auto", missing: str = "impute",
@@ -264,7 +266,7 @@ def federation_from_frame(df: pd.DataFrame, silo_column: str, label_column: str,
 
 
 def federation_from_frame_raw(df: pd.DataFrame, silo_column: str, label_column: str, *,
-                              schema=None, task: str = "auto",
+                              schema: SchemaLike | None = None, task: str = "auto",
                               features: Sequence[str] | None = None,
                               test_fraction: float = 0.2, seed: int = 0,
                               missing: str = "impute", categorical_max_levels: int = 50,

@@ -25,7 +25,7 @@ import pandas as pd
 
 from silofl.data.federation import Federation
 from silofl.data.preprocess import PreprocessSpec, RawFederation, preprocess_without_budget
-from silofl.data.schema import schema_from_dict
+from silofl.data.schema import SchemaLike, schema_from_dict
 from silofl.data.splitters import split_frame_raw
 from silofl.errors import DataError
 
@@ -80,7 +80,7 @@ def titanic_frame() -> pd.DataFrame:
 def load_titanic_raw(split: str, *, feature: str | None = None,
                      bins: Sequence[float] | None = None, num_silos: int | None = None,
                      test_fraction: float = 0.2, seed: int = 0, missing: str = "impute",
-                     schema=None, **split_kw) -> RawFederation:
+                     schema: SchemaLike | None = None, **split_kw) -> RawFederation:
     """The Titanic table encoded by `TITANIC_SCHEMA` (or `schema`) and split into simulated
     silos by `split` (any of `silofl.data.splitters.SPLITS`; `split_kw` are its keyword
     arguments: min_size, group_size, alpha, ...), before preprocessing."""
