@@ -18,7 +18,7 @@ no domain.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -210,7 +210,7 @@ class ColumnarReader:
         finally:
             stream.close()
 
-    def _parse_piece(self, piece, row0: int) -> pa.Table:
+    def _parse_piece(self, piece: memoryview, row0: int) -> pa.Table:
         read_opts = pacsv.ReadOptions(column_names=self.names, use_threads=True, block_size=1 << 22)
         conv = pacsv.ConvertOptions(
             include_columns=self.columns,
@@ -223,7 +223,7 @@ class ColumnarReader:
             self._diagnose_csv(piece, row0, exc)
             raise  # pragma: no cover - _diagnose_csv always raises
 
-    def _diagnose_csv(self, piece, row0: int, exc: Exception):
+    def _diagnose_csv(self, piece: memoryview, row0: int, exc: Exception) -> DataError:
         """Turn a pyarrow conversion failure into a DataError naming line and value."""
         try:
             raw = pacsv.read_csv(
@@ -283,7 +283,7 @@ class ColumnarReader:
             out[col.name] = self._to_numpy(arr, col, row0)
         return out
 
-    def _to_numpy(self, arr, col: ColumnSpec, row0: int) -> np.ndarray:
+    def _to_numpy(self, arr: Any, col: ColumnSpec, row0: int) -> np.ndarray:
         if isinstance(arr, pa.ChunkedArray) and arr.num_chunks != 1:
             if pa.types.is_dictionary(arr.type):
                 arr = arr.cast(arr.type.value_type)
@@ -453,7 +453,8 @@ def check_known(
         )
 
 
-def check_codes(values: np.ndarray, allowed, path: Path, row0: int, col: str, what: str):
+def check_codes(values: np.ndarray, allowed: Sequence[int] | np.ndarray, path: Path, row0: int,
+                col: str, what: str) -> None:
     """Raise DataError at the first row of this batch whose code is not in `allowed`."""
     ok = np.isin(values, np.asarray(allowed, dtype=values.dtype))
     if not ok.all():

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import difflib
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -158,7 +159,9 @@ def _uncharged_items(schema: Schema, task: str) -> list[str]:
     return items
 
 
-def _check_schema_fits(df, schema: Schema, silo_column, label_column, task, features, name):
+def _check_schema_fits(df: pd.DataFrame, schema: Schema, silo_column: str | None,
+                       label_column: str, task: str, features: Sequence[str] | None,
+                       name: str) -> None:
     if schema.label.name != label_column:
         raise ConfigError(f"the schema's label is {schema.label.name!r} but label_column is "
                           f"{label_column!r}; make them agree")
@@ -200,7 +203,7 @@ _NULL_HINT = ("declare nullable = true for it in the schema, or use missing='dro
               "those rows")
 
 
-def _encode_column(s: pd.Series, spec: ColumnSpec, silos) -> list[np.ndarray]:
+def _encode_column(s: pd.Series, spec: ColumnSpec, silos: np.ndarray | None) -> list[np.ndarray]:
     """Encoded (n, 1) blocks of one column (see the module docstring)."""
     isna = s.isna().to_numpy()
     if isna.any() and not spec.nullable:
@@ -249,7 +252,8 @@ def _encode_column(s: pd.Series, spec: ColumnSpec, silos) -> list[np.ndarray]:
     return [vals[:, None]] + ([isna.astype(np.float64)[:, None]] if spec.nullable else [])
 
 
-def _lookup(s: pd.Series, isna: np.ndarray, fn, default: float) -> np.ndarray:
+def _lookup(s: pd.Series, isna: np.ndarray, fn: Callable[[Any], float],
+            default: float) -> np.ndarray:
     """(n,) float64: `fn` of each observed value (computed once per distinct value),
     `default` where missing."""
     out = np.full(len(s), default, dtype=np.float64)
@@ -260,7 +264,7 @@ def _lookup(s: pd.Series, isna: np.ndarray, fn, default: float) -> np.ndarray:
     return out
 
 
-def _binary_value(v) -> float:
+def _binary_value(v: object) -> float:
     if isinstance(v, (bool, np.bool_)):
         return float(v)
     k = value_key(v)
@@ -285,7 +289,7 @@ def _numeric_values(s: pd.Series, isna: np.ndarray) -> np.ndarray:
     return out
 
 
-def _encode_label(s: pd.Series, label: LabelSpec, silos) -> np.ndarray:
+def _encode_label(s: pd.Series, label: LabelSpec, silos: np.ndarray | None) -> np.ndarray:
     """y (n,): class ids 0..C-1 (int64) in declared order, or float64 targets clipped to
     declared bounds."""
     isna = s.isna().to_numpy()
@@ -318,7 +322,8 @@ def _check_column(df: pd.DataFrame, col: str, role: str) -> None:
     raise DataError(f"unknown {role} {col!r}; available columns: {shown}.{hint}")
 
 
-def _feature_columns(df, silo_column, label_column, features) -> list[str]:
+def _feature_columns(df: pd.DataFrame, silo_column: str | None, label_column: str,
+                     features: Sequence[str] | None) -> list[str]:
     if features is None:
         return [c for c in df.columns if c not in (silo_column, label_column)]
     if isinstance(features, str):
@@ -365,7 +370,7 @@ def _check_silo_names(names: list[str], col: str, table: str) -> None:
                         f"({shown}); give each silo one distinct name")
 
 
-def _check_label_finite(s: pd.Series, col: str, silos) -> None:
+def _check_label_finite(s: pd.Series, col: str, silos: np.ndarray | None) -> None:
     """A label of ±inf is a data error (not a class, not a clippable target)."""
     isna = s.isna().to_numpy()
     vals = _numeric_values(s, isna) if s.dtype.kind in "fiu" else \
@@ -376,7 +381,7 @@ def _check_label_finite(s: pd.Series, col: str, silos) -> None:
                    "fix or drop those rows; a label must be a finite number or a class")
 
 
-def _float_or_nan(v) -> float:
+def _float_or_nan(v: object) -> float:
     if isinstance(v, (bool, np.bool_)) or v is None:
         return np.nan
     try:
@@ -400,7 +405,7 @@ def _hint_integer_classes(s: pd.Series, col: str, notes: list[str], table: str) 
         warnings.warn(f"{table}: {msg}", UserWarning, stacklevel=4)
 
 
-def _silo_name(v) -> str:
+def _silo_name(v: object) -> str:
     # 3.0 read from a float column (e.g. after NaNs) should still be silo "3".
     if isinstance(v, (float, np.floating)) and float(v).is_integer():
         return str(int(v))

