@@ -59,7 +59,7 @@ class FixedRdpCurveEvent(RdpCurveDpEvent):
     orders: tuple[float, ...]
     values: tuple[float, ...]
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         orders = tuple(float(a) for a in self.orders)
         values = tuple(float(v) for v in self.values)
         if len(orders) != len(values):

@@ -77,7 +77,7 @@ def to_dict(event: Any) -> dict[str, Any]:
     raise TypeError(f"cannot serialize privacy event {event!r}")
 
 
-def from_dict(d: dict):
+def from_dict(d: dict) -> dpa.DpEvent:
     """The inverse of `to_dict`: a dp_accounting event (or a registered custom event)."""
     if not isinstance(d, dict):
         raise PrivacyError(f"a privacy event must be a JSON object, got {type(d).__name__}")
@@ -107,7 +107,7 @@ def from_dict(d: dict):
     return cls(**kwargs)
 
 
-def hashable(event):
+def hashable(event: dpa.DpEvent) -> dpa.DpEvent:
     """`event` with its compositions' lists as tuples, so that it can be a base event of a
     ledger (RepeatAndSelect wraps a composition: silofl.tuning builds it this way too)."""
     if isinstance(event, dpa.ComposedDpEvent):
@@ -117,7 +117,7 @@ def hashable(event):
     return event
 
 
-def to_json(event) -> str:
+def to_json(event: dpa.DpEvent) -> str:
     """Canonical JSON text of an event (sorted keys): equal events give equal text."""
     return json.dumps(to_dict(event), sort_keys=True, separators=(",", ":"))
 
@@ -125,7 +125,7 @@ def to_json(event) -> str:
 _PARSED: dict[str, object] = {}
 
 
-def from_json(text: str):
+def from_json(text: str) -> dpa.DpEvent:
     """Parse `to_json` text; the same text always gives the same event *object*, so the
     identity-keyed caches (flatten, accounting) hit when a store re-reads its charges."""
     hit = _PARSED.get(text)
@@ -136,7 +136,7 @@ def from_json(text: str):
     return hit
 
 
-def flatten(event) -> Counter:
+def flatten(event: dpa.DpEvent) -> Counter:
     """Multiset of base events: SelfComposed(e, c) → e × c; Composed → the union.
     Ledgers flatten the same round event for every silo every round, so results are
     memoized by the event object's identity: treat the returned Counter as read-only."""
@@ -153,7 +153,7 @@ def flatten(event) -> Counter:
 _MEMO: dict[int, tuple[object, Counter]] = {}
 
 
-def _flatten(event, mult: int, counts: Counter) -> None:
+def _flatten(event: dpa.DpEvent, mult: int, counts: Counter) -> None:
     if isinstance(event, dpa.NoOpDpEvent):
         return
     if isinstance(event, dpa.SelfComposedDpEvent):
@@ -165,7 +165,7 @@ def _flatten(event, mult: int, counts: Counter) -> None:
         counts[event] += mult
 
 
-def compose(counts: Counter):
+def compose(counts: Counter) -> dpa.DpEvent:
     """The inverse of `flatten`: one ComposedDpEvent of self-composed base events."""
     parts = [e if c == 1 else dpa.SelfComposedDpEvent(e, c) for e, c in counts.items() if c]
     if not parts:
