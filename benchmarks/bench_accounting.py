@@ -140,9 +140,9 @@ def timings() -> None:
     """Times the tests do not assert (no wall-clock windows in tests)."""
     from collections import Counter
 
-    from silofl.privacy.node_level import calibrate_node_sigma
     from silofl.privacy import events as E
     from silofl.privacy import ldp
+    from silofl.privacy.node_level import calibrate_node_sigma
 
     def best(f, n=3) -> float:
         out = []

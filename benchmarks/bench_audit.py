@@ -18,8 +18,8 @@ import time
 import warnings
 
 from silofl.audit import audit
+from silofl.config import config_from_dict
 from silofl.errors import ConfigError
-from silofl.experiments.config import config_from_dict
 
 warnings.simplefilter("ignore")
 

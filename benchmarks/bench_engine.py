@@ -23,16 +23,14 @@ import numpy as np
 
 from silofl.algorithms import make_algorithm
 from silofl.data import load_school, vehicle_like
-from silofl.privacy.targets import PrivacyTarget
 from silofl.models import make_model
 from silofl.privacy import accounting, randomness
 from silofl.privacy.ledger import Ledger
 from silofl.privacy.randomness import Randomness
+from silofl.privacy.targets import PrivacyTarget
 from silofl.runtime.plan import TrainingConfig, plan_silos
 from silofl.runtime.simulator import simulate
 from silofl.training.dpsgd import round_noise
-
-
 
 REPEATS = 3
 #: the runs compared: label → (private, noise mode, draw secure noise in the background)

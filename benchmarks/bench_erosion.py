@@ -26,8 +26,8 @@ import time
 from rich.console import Console
 from rich.table import Table
 
+from silofl.config import config_from_dict
 from silofl.experiments import erosion
-from silofl.experiments.config import config_from_dict
 from silofl.experiments.erosion import erosion_for_users
 from silofl.experiments.run import run
 from silofl.privacy.budget import BudgetStore

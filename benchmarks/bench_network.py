@@ -51,12 +51,13 @@ from pathlib import Path
 import numpy as np
 
 from silofl.data import vehicle_like
-from silofl.privacy.targets import PrivacyTarget
 from silofl.data.federation import Federation
-from silofl.runtime.network import deploy
+from silofl.privacy.targets import PrivacyTarget
+from silofl.runtime.network import consortium, deploy
 from silofl.runtime.network.flower import run_server, run_silo
+from silofl.runtime.network.jobspec import job_algorithm, job_config, job_model
 from silofl.runtime.network.server import load_server_config
-from silofl.runtime.network.silo import job_algorithm, job_config, job_model, load_silo_config
+from silofl.runtime.network.silo import load_silo_config
 from silofl.runtime.simulator import simulate
 
 JOB = {"method": "mrmtl", "model": "svm", "lam": 0.1, "batch_size": 64, "lr": 0.01,
@@ -95,10 +96,11 @@ def network_round(fed: Federation, rounds: int, tls: bool) -> float:
     with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings():
         warnings.simplefilter("ignore")
         addr = f"127.0.0.1:{_port()}"
-        w = deploy.init(Path(tmp) / "c", federation=fed, address=addr, epsilon=10.0,
+        w = consortium.init(Path(tmp) / "c", federation=fed, address=addr, epsilon=10.0,
                         noise="seeded", insecure=not tls,
                         job={**JOB, "rounds": rounds, "dim": fed.dim, "task": "binary",
                              "num_classes": 2})
+        _own_stores(w, Path(tmp) / "stores")
         ctx = multiprocessing.get_context("fork")
         procs = [ctx.Process(target=_server, args=(w["server"],))]
         procs[0].start()
@@ -135,12 +137,23 @@ def simulator_round(fed: Federation, rounds: int, hosting: str) -> float:
     return best / rounds
 
 
+def _own_stores(w: dict, where: Path) -> None:
+    """Give every silo of consortium `w` a fresh budget store under `where`: a measurement
+    must neither spend the machine's default store nor be refused by it."""
+    import tomllib
+    for name, path in w["silos"].items():
+        raw = tomllib.loads(Path(path).read_text())
+        raw["silo"]["budget_store"] = str(Path(where).resolve() / f"{name}.sqlite")
+        Path(path).write_text(deploy._toml(raw))
+
+
 def _app_folder(tmp: Path, fed: Federation, rounds: int, secagg: bool, port: int = 9092,
                 join_timeout: float = 60.0):
     import tomllib
-    w = deploy.init(tmp, federation=fed, address=f"127.0.0.1:{port}", epsilon=10.0,
+    w = consortium.init(tmp, federation=fed, address=f"127.0.0.1:{port}", epsilon=10.0,
                     noise="seeded", job={**JOB, "rounds": rounds, "dim": fed.dim,
                                          "task": "binary", "num_classes": 2})
+    _own_stores(w, tmp / "stores")
     raw = tomllib.loads((tmp / "server.toml").read_text())
     raw["server"].update(secagg=secagg, min_silos=len(w["silos"]), join_timeout=join_timeout)
     (tmp / "server.toml").write_text(deploy._toml(raw))
@@ -155,7 +168,9 @@ def _round_times(folder: Path) -> np.ndarray:
 def loopback_app_round(fed: Federation, rounds: int, secagg: bool) -> float:
     """Median per-round time of the Flower App in one process (LoopbackGrid)."""
     import logging
+
     from flwr.app import Context, RecordDict
+
     from silofl.runtime.network import flower_app
     logging.getLogger("flwr").setLevel(logging.WARNING)
     with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings():
@@ -348,8 +363,10 @@ def _clientapp_figures(apps: list[dict], t: np.ndarray, K: int) -> dict:
 
 def bare_clientapp_start(repeats: int = 3) -> dict:
     """Wall and CPU seconds (best of `repeats`) and peak RSS of a fresh interpreter that
-    imports what a ClientApp process imports before it can handle a message: flwr's
-    `flwr-clientapp` entry point, then silofl's Flower App (numpy, scipy, dp_accounting)."""
+    imports what a ClientApp process imports: flwr's `flwr-clientapp` entry point; then
+    silofl's ClientApp module (`clientapp`, what the App shim loads); then also the silo
+    program a join or round message needs (data, plan, accounting: numpy, pandas,
+    dp_accounting)."""
     import subprocess
     out = {}
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
@@ -357,9 +374,12 @@ def bare_clientapp_start(repeats: int = 3) -> dict:
     report = ("; import resource as r, re; u = r.getrusage(r.RUSAGE_SELF); print(u.ru_utime"
               " + u.ru_stime, re.search(r'VmHWM:\\s*(\\d+)', open('/proc/self/status')"
               ".read()).group(1))")
-    for label, code in (("flwr", "import flwr.supernode.cli.flwr_clientapp"),
-                        ("flwr + silofl", "import flwr.supernode.cli.flwr_clientapp; "
-                                          "import silofl.runtime.network.flower_app")):
+    entry = "import flwr.supernode.cli.flwr_clientapp"
+    for label, code in (("flwr", entry),
+                        ("flwr + silofl App", entry + "; import silofl.runtime.network.clientapp"),
+                        ("flwr + silofl App + silo program",
+                         entry + "; import silofl.runtime.network.clientapp, "
+                                 "silofl.runtime.network.silo")):
         runs = []
         for _ in range(repeats):
             t0 = time.perf_counter()
@@ -390,6 +410,7 @@ def process_app_run(fed: Federation, rounds: int, secagg: bool, timeout: float,
     to copy every process's log to."""
     import shutil
     import subprocess
+
     from silofl.runtime.network import flower_app
     _subreaper()
     port, K = _port(), len(fed.silos)
@@ -403,7 +424,7 @@ def process_app_run(fed: Federation, rounds: int, secagg: bool, timeout: float,
         # the first round waits for all K sequential joins: allow them the whole run
         w = _app_folder(out, fed, rounds, secagg, port, join_timeout=timeout)
         cmds = flower_app.local_commands(out, w["silos"], port, bin_dir=bin_dir)
-        env = {**os.environ, "FLWR_HOME": str(out / "flower_home"),
+        env = {**os.environ, **cmds["env"], "FLWR_HOME": str(out / "flower_home"),
                "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
 
         def start(cmd, name):
@@ -497,6 +518,7 @@ def secagg_main(rounds: int) -> None:
 
 def _machine() -> dict:
     import platform
+
     import flwr
     mem = dict(line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines())
     return {"cores": os.cpu_count(), "load_avg": os.getloadavg(),
@@ -527,10 +549,16 @@ def app_main(silos: list[int], rounds: int, timeout: float, json_path: str | Non
             fed = _subset(full, K)
             status.update(f"{K} silos: in-process simulator")
             sim = simulator_round(fed, 12, "joint")
+            status.update(f"{K} silos: legacy fast path (start_client, TLS)")
+            try:
+                legacy = network_round(fed, max(rounds, 4), tls=True)
+            except (AssertionError, OSError) as e:  # a run that did not finish: say so
+                print(f"legacy fast path, {K} silos: did not finish ({e})")
+                legacy = None
             for secagg in modes:
                 r = process_app_run(fed, rounds, secagg, timeout, progress=status.update,
                                     keep_logs=keep_logs)
-                r["simulator_round_s"] = sim
+                r["simulator_round_s"], r["legacy_round_s"] = sim, legacy
                 runs.append(r)
                 label = f"{K} SuperNodes{' SecAgg+' if secagg else ''}"
                 if "error" in r:
@@ -553,9 +581,11 @@ def app_main(silos: list[int], rounds: int, timeout: float, json_path: str | Non
     ok = [r for r in runs if "error" not in r]
     if not ok:
         sys.exit(1)
-    t = Table(title=f"SuperLink + K SuperNodes over loopback (TLS, SuperNode auth), "
+    t = Table(title=f"Default route: SuperLink + K SuperNodes over loopback (TLS, SuperNode "
+                    f"auth), beside the simulator and the legacy fast path (start_client, TLS), "
                     f"Vehicle-like MR-MTL, {rounds} rounds: per round (median)")
     for c in ("K", "SecAgg+", "s/round", "simulator ms/round", "overhead per silo-round (s)",
+              "legacy fast path ms/round", "legacy overhead per silo-round (ms)",
               "ClientApps per silo-round", "stage period (s)", "stage spread (s)",
               "ClientApp lifetime (s)", "ClientApp CPU (s)", "others' load (cores)"):
         t.add_column(c, justify="right")
@@ -566,6 +596,9 @@ def app_main(silos: list[int], rounds: int, timeout: float, json_path: str | Non
         t.add_row(str(r["silos"]), "yes" if r["secagg"] else "no", f"{r['round_s']:.1f}",
                   f"{r['simulator_round_s'] * 1e3:.1f}",
                   f"{(r['round_s'] - r['simulator_round_s']) / r['silos']:.2f}",
+                  f(r["legacy_round_s"] and r["legacy_round_s"] * 1e3, ".1f"),
+                  f(r["legacy_round_s"] and (r["legacy_round_s"] - r["simulator_round_s"])
+                    / r["silos"] * 1e3, ".1f"),
                   f"{r['clientapps_per_silo_round']:.2f}", f(r.get("stage_period_s"), ".1f"),
                   f(r.get("stage_spread_s"), ".1f"), f(r.get("clientapp_life_s"), ".1f"),
                   f(r.get("clientapp_cpu_s"), ".2f"), f"{r['others_cores']:.1f}")

@@ -29,10 +29,10 @@ import numpy as np
 
 from silofl.pandemic import metrics as PM
 from silofl.pandemic import read_dataset, synthesize
+from silofl.pandemic.baseline import sir_baseline_scores
 from silofl.pandemic.inputs import SUMMARY_FEATURES
 from silofl.pandemic.pipeline import PandemicConfig, predict, train
 from silofl.pandemic.summary_baseline import summary_columns
-from silofl.pandemic.baseline import sir_baseline_scores
 
 
 def main() -> None:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from silofl.experiments.config import load_config
+from silofl.config import load_config
 from silofl.experiments.ldp_compare import compare
 
 ROOT = Path(__file__).resolve().parents[1]

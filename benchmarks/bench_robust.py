@@ -32,9 +32,9 @@ import dataclasses
 import logging
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 from rich.console import Console
@@ -44,9 +44,9 @@ from rich.table import Table
 from silofl.algorithms import make_algorithm
 from silofl.algorithms.robust import Attack, Attacked, flip_labels
 from silofl.data import load_heart_disease, load_school, vehicle_like
-from silofl.privacy.targets import PrivacyTarget
 from silofl.io import json_safe, write_json_atomic
 from silofl.models import make_model
+from silofl.privacy.targets import PrivacyTarget
 from silofl.runtime.plan import TrainingConfig, plan_silos
 from silofl.runtime.simulator import simulate
 

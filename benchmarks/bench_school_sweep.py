@@ -27,8 +27,8 @@ from pathlib import Path
 from silofl.algorithms import LAMBDA_METHODS, make_algorithm
 from silofl.errors import ConfigError
 from silofl.experiments.sweep import expand, run_sweep
-from silofl.experiments.sweep_results import read_results
 from silofl.experiments.sweep_config import sweep_config_from_dict
+from silofl.experiments.sweep_results import read_results
 
 CONFIG = Path(__file__).resolve().parents[1] / "examples" / "school.toml"
 

@@ -23,8 +23,8 @@ from pathlib import Path
 from rich.console import Console
 
 from silofl.experiments.sweep import expand, run_sweep
-from silofl.experiments.sweep_results import read_results
 from silofl.experiments.sweep_config import sweep_config_from_dict
+from silofl.experiments.sweep_results import read_results
 from silofl.tuning.report import write_comparison
 
 ROOT = Path(__file__).resolve().parents[1] / "examples"

@@ -23,11 +23,11 @@ from dp_accounting import pld, rdp
 from dp_accounting.rdp.rdp_privacy_accountant import compute_epsilon
 
 from silofl.errors import CalibrationError, PrivacyError
-from silofl.privacy import node_level as node_dp
-from silofl.privacy.node_level import NodeLevelDpEvent, calibrate_node_sigma, node_epsilon
 from silofl.privacy import accounting as A
 from silofl.privacy import evaluate
 from silofl.privacy import events as E
+from silofl.privacy import node_level as node_dp
+from silofl.privacy.node_level import NodeLevelDpEvent, calibrate_node_sigma, node_epsilon
 
 logging.getLogger("absl").setLevel(logging.ERROR)
 

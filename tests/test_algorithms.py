@@ -10,12 +10,12 @@ import pytest
 
 from silofl.algorithms import ALGORITHMS, make_algorithm
 from silofl.algorithms import METHODS as ALL_METHODS
-from silofl.algorithms.base import ServerState, SiloState, weighted_mean
+from silofl.algorithms.base import ServerState, weighted_mean
 from silofl.data import linear_silos, mean_estimation
-from silofl.privacy.targets import PrivacyTarget
 from silofl.errors import ConfigError
 from silofl.models import make_model
 from silofl.privacy import accounting
+from silofl.privacy.targets import PrivacyTarget
 from silofl.runtime.plan import TrainingConfig
 from silofl.runtime.simulator import simulate
 
@@ -127,9 +127,9 @@ def test_mrmtl_server_keeps_mean_of_personal_models():
     # replay: average of personal models with training-count weights is the server model
     # that produced the next anchor; at the end the means agree
     silos, server = alg.init(np.zeros(4), 3)
-    from silofl.training.trainer import LocalTrainer, SiloArrays
-    from silofl.training.dpsgd import GradientRule
     from silofl.privacy.randomness import Randomness
+    from silofl.training.dpsgd import GradientRule
+    from silofl.training.trainer import LocalTrainer, SiloArrays
     tr = LocalTrainer(model=make_model("linear", 3),
                       data=SiloArrays.stack([s.X_train for s in fed.silos],
                                             [s.y_train for s in fed.silos]),

@@ -13,19 +13,24 @@ import pytest
 from typer.testing import CliRunner
 
 from silofl import load_run
-from silofl.data.heart import load_heart_disease_raw
-from silofl.runtime.job import fingerprints
 from silofl.cli import app
-from silofl.data.federation import split_indices
-from silofl.data.heart import SILO_COLUMN, TARGET, heart_disease_frame, heart_schema
-from silofl.data.schema import schema_from_dict
+from silofl.config import config_from_dict
 from silofl.data.encoding import encode_table
+from silofl.data.federation import split_indices
+from silofl.data.heart import (
+    SILO_COLUMN,
+    TARGET,
+    heart_disease_frame,
+    heart_schema,
+    load_heart_disease_raw,
+)
+from silofl.data.schema import schema_from_dict
 from silofl.errors import ConfigError, DataError
 from silofl.experiments.artifacts import FORMAT_VERSION, NON_PRIVATE, POST_PROCESSING
-from silofl.experiments.config import config_from_dict
 from silofl.experiments.run import run as run_experiment
 from silofl.models.metrics import metric_fn
 from silofl.privacy.ledger import silo_file_id
+from silofl.runtime.job import fingerprints
 
 logging.getLogger("absl").setLevel(logging.ERROR)
 runner = CliRunner()

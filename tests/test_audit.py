@@ -18,10 +18,16 @@ from scipy import stats
 from typer.testing import CliRunner
 
 from silofl.audit import Canaries, audit, audit_table, one_run_epsilon, one_run_p_value
-from silofl.audit.bounds import (dp_curve, fdp_rejects, gdp_epsilon, guesses,
-                                 multi_run_epsilon, one_run_gdp)
+from silofl.audit.bounds import (
+    dp_curve,
+    fdp_rejects,
+    gdp_epsilon,
+    guesses,
+    multi_run_epsilon,
+    one_run_gdp,
+)
+from silofl.config import config_from_dict
 from silofl.errors import ConfigError, DataError
-from silofl.experiments.config import config_from_dict
 from silofl.privacy.randomness import Randomness
 from silofl.training import dpsgd
 

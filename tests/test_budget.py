@@ -22,16 +22,16 @@ from typer.testing import CliRunner
 
 from silofl.algorithms import make_algorithm
 from silofl.cli import app, crash_frames
+from silofl.config import config_from_dict
 from silofl.data import linear_silos
-from silofl.privacy.targets import PrivacyTarget
 from silofl.errors import BudgetExceeded
-from silofl.experiments.config import config_from_dict
 from silofl.experiments.run import run as run_experiment
 from silofl.models import make_model
 from silofl.privacy import accounting as A
 from silofl.privacy import events as E
 from silofl.privacy.budget import BudgetStore, BudgetStoreError, PlannedCharge
 from silofl.privacy.ledger import silo_file_id, tightest
+from silofl.privacy.targets import PrivacyTarget
 from silofl.runtime.plan import TrainingConfig, plan_silos
 from silofl.runtime.simulator import simulate
 from silofl.training.trainer import SiloArrays

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from silofl.config import config_from_dict
 from silofl.errors import ConfigError
-from silofl.experiments.config import config_from_dict
 from silofl.experiments.resume import resume_run
 from silofl.experiments.run import _toml_safe
 from silofl.experiments.run import run as run_experiment
@@ -105,12 +105,12 @@ def test_a_new_deployment_is_flagged_even_with_another_split_of_the_same_rows(tm
 
 def test_a_second_deploy_init_of_a_python_federation_is_not_a_new_budget(tmp_path):
     pytest.importorskip("flwr")
-    from silofl.runtime.network import deploy
+    from silofl.runtime.network import consortium, deploy
     from silofl.runtime.network.silo import load_silo_config
     fed = deploy.demo_data("heart")  # handed over as a consortium's own federation
     stores = []
     for folder in ("first", "second"):  # the attack: deploy the same silos again elsewhere
-        w = deploy.init(tmp_path / folder, federation=fed, noise="seeded")
+        w = consortium.init(tmp_path / folder, federation=fed, noise="seeded")
         stores.append({n: load_silo_config(p).budget_store for n, p in w["silos"].items()})
     assert stores[0] == stores[1]
     assert set(stores[0].values()) == {store_paths.default_store_path()}
@@ -121,9 +121,10 @@ def test_a_lifetime_delta_that_promises_nothing_is_refused_everywhere(tmp_path, 
     """δ ≥ 0.5 composed every charge to ε ≈ 0: `[budget] delta = 0.9` let a silo run any
     number of jobs while its store printed "spent 0.000"."""
     from typer.testing import CliRunner
+
     from silofl.cli import app
-    from silofl.privacy.targets import PrivacyTarget
     from silofl.errors import SiloflError
+    from silofl.privacy.targets import PrivacyTarget
     base = _private_table(tmp_path)
     with pytest.raises(ConfigError, match="budget.delta"):
         config_from_dict(dict(base, budget={"epsilon": 1.0, "delta": delta}))
@@ -175,6 +176,7 @@ def test_ctrl_c_right_after_the_reservation_never_prints_a_false_nothing_charged
     reserved, with no run folder to resume it from. Now that reservation is released
     (nothing was read) and the message is true."""
     from typer.testing import CliRunner
+
     from silofl.cli import app
 
     def interrupted(*a, **k):
@@ -215,6 +217,7 @@ def test_a_reset_budget_is_named_in_every_later_output(tmp_path):
     """`budget reset` (not --new-cohort: the same people) starts a fresh epoch; the next
     run's outputs printed a clean lifetime position with no word of the reset."""
     from typer.testing import CliRunner
+
     from silofl.cli import app
     cfg = dict(_private_table(tmp_path), budget={"epsilon": 5.0},
                output={"dir": str(tmp_path / "runs"), "name": "second"})

@@ -22,15 +22,15 @@ import tomli_w
 from typer.testing import CliRunner
 
 from silofl.cli import app
-from silofl.privacy.targets import PrivacyTarget
+from silofl.config import config_from_dict
 from silofl.errors import ConfigError
-from silofl.experiments.config import config_from_dict
 from silofl.experiments.resume import resume_run
 from silofl.experiments.run import run as run_experiment
 from silofl.privacy import accounting as A
 from silofl.privacy import runlock
 from silofl.privacy.budget import BudgetStore, BudgetStoreError, PlannedCharge
 from silofl.privacy.ledger import silo_file_id
+from silofl.privacy.targets import PrivacyTarget
 from silofl.runtime.job import fingerprint
 
 runner = CliRunner()

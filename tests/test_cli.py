@@ -4,8 +4,8 @@ bad input — which must exit with code 2, say what is wrong, and leave nothing 
 from __future__ import annotations
 
 import json
-import warnings
 import logging
+import warnings
 from pathlib import Path
 
 import dp_accounting as dpa
@@ -18,16 +18,16 @@ from typer.testing import CliRunner
 
 from silofl.algorithms import make_algorithm
 from silofl.cli import app
+from silofl.config import config_from_dict, load_config
 from silofl.data import linear_silos
 from silofl.data.federation import Federation, Silo
-from silofl.privacy.targets import PrivacyTarget
 from silofl.errors import ConfigError, DataError
-from silofl.experiments.config import config_from_dict, load_config
 from silofl.experiments.run import run as run_experiment
 from silofl.privacy import accounting as A
 from silofl.privacy.accounting import RDP_ORDERS
 from silofl.privacy.ledger import silo_file_id
 from silofl.privacy.store_paths import DEMO_NOTE
+from silofl.privacy.targets import PrivacyTarget
 from silofl.runtime.plan import SEEDED_NOTE, TrainingConfig, plan_silos
 
 logging.getLogger("absl").setLevel(logging.ERROR)

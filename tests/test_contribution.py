@@ -18,10 +18,10 @@ import tomli_w
 from typer.testing import CliRunner
 
 from silofl.cli import app
+from silofl.config import config_from_dict
 from silofl.errors import ConfigError, DataError
 from silofl.experiments import contribution as C
 from silofl.experiments import erosion
-from silofl.experiments.config import config_from_dict
 from silofl.privacy.budget import BudgetStore
 
 logging.getLogger("absl").setLevel(logging.ERROR)

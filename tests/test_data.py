@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gzip
 from importlib import resources
 from pathlib import Path
 
@@ -10,8 +9,15 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from silofl.data import (federation_from_frame, linear_silos, load_heart_disease, load_school,
-                         load_table, mean_estimation, vehicle_like)
+from silofl.data import (
+    federation_from_frame,
+    linear_silos,
+    load_heart_disease,
+    load_school,
+    load_table,
+    mean_estimation,
+    vehicle_like,
+)
 from silofl.errors import ConfigError, DataError
 
 # the School data ships with silofl (builtin/school.mat)

@@ -15,10 +15,10 @@ import pytest
 from typer.testing import CliRunner
 
 from silofl.cli import app
+from silofl.config import config_from_dict
 from silofl.data.table_checks import HUGE
 from silofl.data.tabular import load_table_raw
 from silofl.errors import DataError
-from silofl.experiments.config import config_from_dict
 
 
 def _frame(sizes=(200, 200, 12), seed=0) -> pd.DataFrame:

@@ -15,14 +15,25 @@ import pytest
 from typer.testing import CliRunner
 
 from silofl.cli import app
-from silofl.data import (Federation, Silo, heart_disease_frame, heart_schema, load_exam,
-                         load_rotated_masked_mnist, load_school, split_arrays,
-                         split_arrays_raw, split_frame, standardize, table_arrays)
+from silofl.config import config_from_dict
+from silofl.data import (
+    Federation,
+    Silo,
+    heart_disease_frame,
+    heart_schema,
+    load_exam,
+    load_rotated_masked_mnist,
+    load_school,
+    split_arrays,
+    split_arrays_raw,
+    split_frame,
+    standardize,
+    table_arrays,
+)
 from silofl.data.exam import exam_frame
 from silofl.data.mnist import mnist_arrays, mnist_path
 from silofl.errors import ConfigError, DataError
 from silofl.experiments.build import load_federation
-from silofl.experiments.config import config_from_dict
 from silofl.experiments.run import run as run_experiment
 
 logging.getLogger("absl").setLevel(logging.ERROR)

@@ -17,9 +17,9 @@ import tomli_w
 from typer.testing import CliRunner
 
 from silofl.cli import app
+from silofl.config import config_from_dict
 from silofl.errors import ConfigError
 from silofl.experiments import erosion
-from silofl.experiments.config import config_from_dict
 from silofl.privacy import events
 from silofl.privacy.budget import BudgetStore
 from silofl.runtime.plan import plan_job

@@ -14,18 +14,18 @@ import logging
 import math
 import os
 import sqlite3
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import pandas as pd
 import pytest
-from silo_tables import three_silo_frame
 import tomli_w
-from pandemic.conftest import small_outbreak  # noqa: F401 — the shared pandemic fixture
 from typer.testing import CliRunner
 
+from pandemic.conftest import small_outbreak  # noqa: F401 — the shared pandemic fixture
+from silo_tables import three_silo_frame
 from silofl.cli import app
 from silofl.experiments import sweep_results as sweep_mod
 from silofl.io import dumps_strict, write_json_atomic

@@ -16,20 +16,19 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
 import shutil
 import sqlite3
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import pandas as pd
 import pytest
-from silo_tables import three_silo_frame
 import tomli_w
 from typer.testing import CliRunner
 
+from silo_tables import three_silo_frame
 from silofl.cli import app
 
 logging.getLogger("absl").setLevel(logging.ERROR)
@@ -521,7 +520,7 @@ def test_tables_read_with_the_offered_settings(tmp_path):
 
 
 def test_set_keys_are_toml_keys():
-    from silofl.experiments.config_input import apply_overrides, parse_override
+    from silofl.config.input import apply_overrides, parse_override
     assert parse_override('privacy.silos."VA Long Beach".epsilon=0.5') == (
         ["privacy", "silos", "VA Long Beach", "epsilon"], 0.5)
     assert parse_override("training.we_user=a=b") == (["training", "we_user"], "a=b")

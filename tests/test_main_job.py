@@ -11,7 +11,7 @@ import numpy as np
 from typer.testing import CliRunner
 
 from silofl.cli import app
-from silofl.experiments.config import config_from_dict
+from silofl.config import config_from_dict
 from silofl.experiments.reference import REFERENCE_KEY
 from silofl.experiments.report import flamby_comparison, history_lines, mean_per_silo
 from silofl.experiments.run import run

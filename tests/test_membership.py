@@ -16,7 +16,7 @@ import pytest
 import tomli_w
 from scipy import stats
 
-from silofl.experiments.config import config_from_dict
+from silofl.config import config_from_dict
 from silofl.experiments.run import run as run_experiment
 
 CLAIMED, DELTA, RUNS = 1.0, 1e-5, 200

@@ -16,9 +16,9 @@ from scipy import stats
 from typer.testing import CliRunner
 
 from silofl.cli import app
+from silofl.config import config_from_dict
 from silofl.errors import ConfigError
 from silofl.experiments import ndoye
-from silofl.experiments.config import config_from_dict
 from silofl.privacy import accounting, events
 from silofl.privacy.budget import BudgetStore
 

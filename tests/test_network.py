@@ -21,15 +21,17 @@ pytest.importorskip("flwr")
 
 import silofl.runtime.network.flower  # noqa: E402,F401  (imported once, before forking)
 from silofl import cli  # noqa: E402
-from silofl.privacy.targets import PrivacyTarget  # noqa: E402
 from silofl.errors import ConfigError  # noqa: E402
 from silofl.privacy import events  # noqa: E402
 from silofl.privacy.budget import BudgetStore, BudgetStoreError  # noqa: E402
 from silofl.privacy.ledger import tightest  # noqa: E402
-from silofl.runtime.network import deploy, messages as W  # noqa: E402
+from silofl.privacy.targets import PrivacyTarget  # noqa: E402
+from silofl.runtime.network import consortium as network_init  # noqa: E402
+from silofl.runtime.network import deploy
+from silofl.runtime.network import messages as W
+from silofl.runtime.network.jobspec import job_algorithm, job_config, job_model  # noqa: E402
 from silofl.runtime.network.server import ServerProgram, load_server_config  # noqa: E402
-from silofl.runtime.network.silo import (SiloProgram, job_algorithm, job_config,  # noqa: E402
-                                         job_model, load_silo_config, new_nonce)
+from silofl.runtime.network.silo import SiloProgram, load_silo_config, new_nonce  # noqa: E402
 
 JOB = {"rounds": 3, "lam": 0.5, "lr": 0.1, "batch_size": 16, "local_epochs": 0.5}
 #: each silo's δ as `deploy init` writes it: the simulator's [privacy] delta (one config model)
@@ -51,7 +53,7 @@ def free_port() -> int:
 def consortium(tmp: Path, job=None, **kw) -> dict:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return generous(deploy.init(tmp / "c", demo="heart", noise="seeded",
+        return generous(network_init.init(tmp / "c", demo="heart", noise="seeded",
                                     address=f"127.0.0.1:{free_port()}",
                                     job={**JOB, **(job or {})}, **kw))
 
@@ -403,7 +405,7 @@ def test_config_errors_are_specific(tmp_path):
     with pytest.raises(ConfigError, match="TLS is required"):
         load_silo_config(p)
     with pytest.raises(ConfigError, match="not empty"):
-        deploy.init(tmp_path / "c", demo="heart")
+        network_init.init(tmp_path / "c", demo="heart")
     # the CLI: a clear error, exit code 2, nothing written
     from typer.testing import CliRunner
     for args, msg in ((["--method", "sgd_magic"], "does not run over the network"),
@@ -573,6 +575,7 @@ def test_local_dp_methods_over_the_network_equal_the_simulator(tmp_path, method)
     response / noised update) in its own store before reading. Same models and the same
     charged events as the simulator's per-silo mode; the public set is pinned by its hash."""
     import dp_accounting as dpa
+
     from silofl.data.heart import load_heart_disease
     from silofl.runtime.simulator import simulate
     fed = load_heart_disease(seed=0).with_targets(PrivacyTarget(1.0, DELTA))
@@ -582,7 +585,7 @@ def test_local_dp_methods_over_the_network_equal_the_simulator(tmp_path, method)
            "kt_server_epochs": 1, "local_epochs": 0.5}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        w = deploy.init(tmp_path / "c", federation=fed, noise="seeded", job=job,
+        w = network_init.init(tmp_path / "c", federation=fed, noise="seeded", job=job,
                         address=f"127.0.0.1:{free_port()}")
     srv = ServerProgram(load_server_config(w["server"]))
     silos = {n: SiloProgram(load_silo_config(p)) for n, p in w["silos"].items()}
@@ -600,7 +603,7 @@ def test_local_dp_methods_over_the_network_equal_the_simulator(tmp_path, method)
         asked.append(sorted(ups))
         srv.step(t, ups)
     assert all(0 < len(a) < 4 for a in asked)  # a sample of the silos, each round
-    from silofl.runtime.network.silo import load_public
+    from silofl.runtime.network.jobspec import load_public
     alg = job_algorithm(srv.job, load_public(srv.cfg.public_data, "test"))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -640,13 +643,13 @@ def test_privatekt_over_tls_processes_asks_only_the_selected_silos(tmp_path):
     """PrivateKT with 4 silo processes + 1 server over TLS: the server asks each round only
     its public selection; the final global model equals the simulator's per-silo mode."""
     from silofl.data.heart import load_heart_disease
+    from silofl.runtime.network.jobspec import load_public
     from silofl.runtime.simulator import simulate
-    from silofl.runtime.network.silo import load_public
     fed = load_heart_disease(seed=0).with_targets(PrivacyTarget(1.0, DELTA))
     fed.meta["public_X"] = np.concatenate([s.X_test for s in fed.silos])  # public here
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        w = deploy.init(tmp_path / "c", federation=fed, noise="seeded", min_silos=1,
+        w = network_init.init(tmp_path / "c", federation=fed, noise="seeded", min_silos=1,
                         address=f"127.0.0.1:{free_port()}",
                         job={"method": "privatekt", "rounds": 3, "ldp_epsilon": 0.4,
                              "kt_server_epochs": 1, "local_epochs": 0.5})
@@ -679,7 +682,7 @@ def run_regions(tmp_path: Path, job: dict) -> dict:
     synthesize(tmp_path / "outbreak", persons=2400, regions=3, seed=5)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        w = deploy.init(tmp_path / "c", regions=tmp_path / "outbreak", noise="seeded",
+        w = network_init.init(tmp_path / "c", regions=tmp_path / "outbreak", noise="seeded",
                         address=f"127.0.0.1:{free_port()}", epsilon=6.0, delta=1e-5,
                         job=job, min_silos=3)
     generous(w)

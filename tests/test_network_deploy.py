@@ -31,10 +31,9 @@ from silofl.data.heart import heart_disease_frame  # noqa: E402
 from silofl.errors import ConfigError, DataError  # noqa: E402
 from silofl.experiments.artifacts import load_run  # noqa: E402
 from silofl.privacy.store_paths import default_store_path  # noqa: E402
-from silofl.runtime.network import deploy, deploy_table  # noqa: E402
+from silofl.runtime.network import consortium, deploy  # noqa: E402
 from silofl.runtime.network import messages as W  # noqa: E402
-from silofl.runtime.network.server import (JOB_DEFAULTS, ServerProgram,  # noqa: E402
-                                           load_server_config)
+from silofl.runtime.network.server import JOB_DEFAULTS, ServerProgram, load_server_config  # noqa: E402
 from silofl.runtime.network.silo import SiloProgram, load_silo_config, new_nonce  # noqa: E402
 
 SCHEMA = Path(cli.__file__).parents[1] / "data" / "builtin" / "heart_schema.toml"
@@ -227,7 +226,7 @@ def test_deploy_init_refuses_bad_options_before_writing_anything(tmp_path, monke
         assert res.exit_code == 2 and msg in text, (args, text)
         assert not (tmp_path / "c").exists(), args
     # the extras are checked first: without flwr nothing is written, the fix is named
-    monkeypatch.setattr(deploy_table, "_module_available", lambda m: m != "flwr")
+    monkeypatch.setattr(consortium, "_module_available", lambda m: m != "flwr")
     for args in (["--schema", str(SCHEMA), "--silo", "A"], ["--demo", "heart"]):
         res = _deploy(tmp_path, *args)
         text = " ".join(res.output.split())
@@ -247,15 +246,15 @@ def test_a_failure_while_writing_leaves_no_folder(tmp_path, monkeypatch):
         real(path, data)
     monkeypatch.setattr(deploy, "write_bytes_atomic", failing)
     with pytest.raises(OSError):
-        deploy.init(tmp_path / "c", schema=SCHEMA, silos=["A", "B"])
+        consortium.init(tmp_path / "c", schema=SCHEMA, silos=["A", "B"])
     assert not (tmp_path / "c").exists()
 
 
 def test_placeholder_table_and_defaults_from_the_simulators_config(tmp_path):
     """Without --table each silo.toml names a placeholder the operator must fill in (a
     clear refusal until then); the job's defaults are the simulator's."""
-    from silofl.experiments.config import Config
-    w = deploy.init(tmp_path / "c", schema=SCHEMA, silos=["A", "B"])
+    from silofl.config import Config
+    w = consortium.init(tmp_path / "c", schema=SCHEMA, silos=["A", "B"])
     with pytest.raises(ConfigError, match="placeholder"):
         load_silo_config(w["silos"]["A"])
     cfg = load_server_config(w["server"])
@@ -265,7 +264,7 @@ def test_placeholder_table_and_defaults_from_the_simulators_config(tmp_path):
     assert JOB_DEFAULTS["accountant"] == p.accountant
     assert tomllib.loads(Path(w["silos"]["A"]).read_text())["silo"]["delta"] == p.delta
     # --store-dir: each silo's lifetime store at a path the operator chose, outside the folder
-    w2 = deploy.init(tmp_path / "c2", schema=SCHEMA, silos=["A", "B"],
+    w2 = consortium.init(tmp_path / "c2", schema=SCHEMA, silos=["A", "B"],
                      tables=["A=a.csv", "B=b.csv"], store_dir=tmp_path / "stores")
     cfg = load_silo_config(w2["silos"]["B"])
     from silofl.privacy.ledger import silo_file_id
@@ -277,7 +276,7 @@ def _silo_with_own_table(tmp_path, name: str, schema_text: str | None = None):
     table = tmp_path / "t.csv"
     df = messy_table(table)
     (tmp_path / f"{name}.csv").write_text(df[df["dataset"] == name].to_csv(index=False))
-    w = deploy.init(tmp_path / "c", schema=SCHEMA, silos=[name, "Hungary"],
+    w = consortium.init(tmp_path / "c", schema=SCHEMA, silos=[name, "Hungary"],
                     tables=[f"{name}={tmp_path / f'{name}.csv'}",
                             f"Hungary={tmp_path / 'Hungary.csv'}"], noise="seeded")
     if schema_text is not None:  # this silo's copy of the schema was changed
@@ -304,8 +303,8 @@ def test_silo_encodes_its_own_table_like_silofl_run(tmp_path):
     """One reader, one schema: the silo's rows, encoded and split by the same code as
     `silofl run` reads a table with a declared schema, on its own rows alone."""
     from silofl.data.preprocess import PreprocessSpec, preprocess_without_budget
-    from silofl.data.tabular import federation_from_frame_raw
     from silofl.data.schema import load_schema
+    from silofl.data.tabular import federation_from_frame_raw
     w = _silo_with_own_table(tmp_path, "Cleveland")
     srv = ServerProgram(load_server_config(w["server"]))
     prog = SiloProgram(load_silo_config(w["silos"]["Cleveland"]))
@@ -326,13 +325,13 @@ def test_saved_models_reproduce_what_the_silo_and_server_computed(tmp_path):
     trained on: its saved model predicts what its own model gives on its own preprocessed
     test rows, and the server's shared model likewise (declared constants, from the
     schema alone, equal the silos')."""
-    from silofl.experiments import release
-    from silofl.runtime.network.silo import job_model
+    from silofl.runtime.network import release
+    from silofl.runtime.network.jobspec import job_model
     table = tmp_path / "t.csv"
     df = messy_table(table)
     for n in HOSPITALS:
         df[df["dataset"] == n].to_csv(tmp_path / f"{n}.csv", index=False)
-    w = deploy.init(tmp_path / "c", schema=SCHEMA, silos=HOSPITALS, noise="seeded",
+    w = consortium.init(tmp_path / "c", schema=SCHEMA, silos=HOSPITALS, noise="seeded",
                     tables=[f"{n}={tmp_path / f'{n}.csv'}" for n in HOSPITALS],
                     job={"rounds": 2, "method": "fedavg"})
     for p in w["silos"].values():
@@ -382,7 +381,7 @@ def test_silo_cli_names_the_missing_table_and_exits_2(tmp_path):
     """A newcomer starts a silo before writing its table's path, then with a wrong path:
     a specific error and exit code 2 each time, no traceback, nothing charged."""
     from typer.testing import CliRunner
-    w = deploy.init(tmp_path / "c", schema=SCHEMA, silos=["A", "B"])
+    w = consortium.init(tmp_path / "c", schema=SCHEMA, silos=["A", "B"])
     res = CliRunner().invoke(cli.app, ["silo", "--config", w["silos"]["A"], "--wait", "1"])
     assert res.exit_code == 2 and "placeholder" in " ".join(res.output.split())
     raw = tomllib.loads(Path(w["silos"]["A"]).read_text())
@@ -405,7 +404,7 @@ def test_a_failure_while_writing_the_demo_leaves_no_folder(tmp_path, monkeypatch
         real(path, data)
     monkeypatch.setattr(deploy, "write_bytes_atomic", failing)
     with pytest.raises(OSError):
-        deploy.init(tmp_path / "c", demo="heart")
+        consortium.init(tmp_path / "c", demo="heart")
     assert calls["n"] == 7 and not (tmp_path / "c").exists()
 
 
@@ -426,12 +425,12 @@ def test_private_preprocessing_is_charged_at_the_silo_once_and_survives_a_restar
     ε covers the release and equals what its store counts; the server keeps no shared
     model, which would have no single preprocessing."""
     from silofl.privacy.budget import BudgetStore
-    from silofl.experiments import release
-    from silofl.runtime.network.silo import job_model
+    from silofl.runtime.network import release
+    from silofl.runtime.network.jobspec import job_model
     df = messy_table(tmp_path / "t.csv")
     for n in HOSPITALS:
         df[df["dataset"] == n].to_csv(tmp_path / f"{n}.csv", index=False)
-    w = deploy.init(tmp_path / "c", schema=SCHEMA, silos=HOSPITALS, noise="seeded",
+    w = consortium.init(tmp_path / "c", schema=SCHEMA, silos=HOSPITALS, noise="seeded",
                     tables=[f"{n}={tmp_path / f'{n}.csv'}" for n in HOSPITALS],
                     job={"rounds": 2, "standardize": "private", "impute": "private"})
     srv = ServerProgram(load_server_config(w["server"]))

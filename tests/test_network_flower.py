@@ -32,7 +32,9 @@ from flwr.app import Context, RecordDict  # noqa: E402
 from silofl.errors import ConfigError, SiloflError  # noqa: E402
 from silofl.privacy import events  # noqa: E402
 from silofl.privacy.budget import BudgetStore  # noqa: E402
-from silofl.runtime.network import deploy, flower_app, secagg as S  # noqa: E402
+from silofl.runtime.network import consortium as network_init  # noqa: E402
+from silofl.runtime.network import deploy, flower_app
+from silofl.runtime.network import secagg as S
 from silofl.runtime.network.server import load_server_config  # noqa: E402
 
 JOB = {"rounds": 1, "lr": 0.1, "batch_size": 16, "local_epochs": 0.5, "lam": 0.5}
@@ -42,7 +44,7 @@ BIN = Path(sys.executable).parent
 def consortium(tmp: Path, method: str, secagg: bool, port: int = 9092, rounds: int = 1):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        w = deploy.init(tmp, demo="heart", noise="seeded", address=f"127.0.0.1:{port}",
+        w = network_init.init(tmp, demo="heart", noise="seeded", address=f"127.0.0.1:{port}",
                         job={**JOB, "method": method, "rounds": rounds})
     raw = tomllib.loads((tmp / "server.toml").read_text())
     raw["server"].update(secagg=secagg, join_timeout=20.0)
@@ -216,7 +218,7 @@ def deployment(tmp_path):
     out = tmp_path / "c"
     w = consortium(out, "fedavg", secagg=False, port=port)
     cmds = flower_app.local_commands(out, w["silos"], port, bin_dir=str(BIN))
-    env = {**os.environ, "FLWR_HOME": str(out / "flower_home"),
+    env = {**os.environ, **cmds["env"], "FLWR_HOME": str(out / "flower_home"),
            "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"}
     procs = []
 
@@ -321,3 +323,64 @@ def test_superlink_route_tls_node_auth_end_to_end(deployment):
     assert "No SuperNode found with the given public key" in \
         (tmp / "superlink.log").read_text()
     assert charged_steps(w["silos"][intruder], intruder) == 0
+
+
+def test_superlink_route_saves_the_silo_models_and_the_shared_model(tmp_path):
+    """The App route saves what `silofl silo` / `silofl server` save (release.py): each
+    silo's model and card after its last round, the server's shared model at the end."""
+    from silofl.experiments.artifacts import load_run
+    from silofl.runtime.network.silo import load_silo_config
+    program, w = run_loopback(tmp_path, "mrmtl", secagg=False)
+    assert program.done == 1
+    for name, path in w["silos"].items():
+        saved = load_run(load_silo_config(path).release_dir)
+        card = saved.model_card(name)
+        assert card["networked"] and card["privacy"]["rounds_run"] == 1, card
+        assert 0 < card["privacy"]["epsilon"] <= card["privacy"]["target_epsilon"] * 1.000001
+    shared = load_run(program.cfg.release_dir).model_card("shared")
+    assert "that silo's own model card" in shared["privacy"]["statement"]
+
+
+def test_server_poll_interval_is_read_and_checked(tmp_path):
+    consortium(tmp_path, "fedavg", secagg=False)
+    path = tmp_path / "server.toml"
+    assert load_server_config(path).poll_interval == 0.05   # the default
+    raw = tomllib.loads(path.read_text())
+    raw["server"]["poll_interval"] = 0.5
+    path.write_text(deploy._toml(raw))
+    assert load_server_config(path).poll_interval == 0.5
+    raw["server"]["poll_interval"] = 0.0
+    path.write_text(deploy._toml(raw))
+    with pytest.raises(ConfigError, match="poll_interval = 0 s is out of range"):
+        load_server_config(path)
+
+
+class _SlowGrid(flower_app.LoopbackGrid):
+    """Answers each pushed message only at the `after`-th pull (counts pulls, no clock)."""
+
+    def __init__(self, after: int):
+        super().__init__({})
+        self.after, self.pulls, self.pushed = after, 0, []
+
+    def push_messages(self, messages):
+        self.pushed = list(messages)
+        return [f"m{i}" for i in range(len(self.pushed))]
+
+    def pull_messages(self, message_ids):
+        self.pulls += 1
+        if self.pulls < self.after:
+            return []
+        from types import SimpleNamespace
+        return [SimpleNamespace(metadata=SimpleNamespace(reply_to_message_id=i))
+                for i in sorted(message_ids)]
+
+
+def test_polling_grid_polls_until_every_reply_is_in():
+    inner = _SlowGrid(after=3)
+    replies = flower_app.PollingGrid(inner, 0.01).send_and_receive(["a", "b"])
+    assert inner.pulls == 3 and len(replies) == 2
+    assert sorted(r.metadata.reply_to_message_id for r in replies) == ["m0", "m1"]
+    # a timeout already spent: one push, no pull, no reply (the caller's failures)
+    inner = _SlowGrid(after=1)
+    assert flower_app.PollingGrid(inner, 0.01).send_and_receive(["a"], timeout=0.0) == []
+    assert inner.pulls == 0

@@ -16,17 +16,18 @@ import pytest
 
 pytest.importorskip("flwr")
 
-from silofl.privacy.targets import PrivacyTarget  # noqa: E402
 from silofl.data.heart import load_heart_disease  # noqa: E402
 from silofl.errors import ConfigError  # noqa: E402
 from silofl.privacy.budget import BudgetStore  # noqa: E402
-from silofl.runtime.network import deploy, messages as W  # noqa: E402
+from silofl.privacy.targets import PrivacyTarget  # noqa: E402
+from silofl.runtime.network import consortium as network_init  # noqa: E402
+from silofl.runtime.network import deploy
+from silofl.runtime.network import messages as W
 
 DELTA = deploy.default_delta()  # each silo's δ as `deploy init` writes it
+from silofl.runtime.network.jobspec import check_job, job_algorithm, job_config, job_model  # noqa: E402
 from silofl.runtime.network.server import ServerProgram, load_server_config  # noqa: E402
-from silofl.runtime.network.silo import (SiloProgram, check_job, job_algorithm,  # noqa: E402
-                                         job_config, job_model, load_silo_config,
-                                         new_nonce)
+from silofl.runtime.network.silo import SiloProgram, load_silo_config, new_nonce  # noqa: E402
 from silofl.runtime.simulator import simulate  # noqa: E402
 from test_network import _drive, _store_events  # noqa: E402  (tests/ is on the import path)
 
@@ -50,7 +51,7 @@ def consortium(tmp: Path, **job) -> dict:
     """A seeded heart consortium whose silos consent to Weight Erosion."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        w = deploy.init(tmp / "c", demo="heart", noise="seeded", min_silos=2,
+        w = network_init.init(tmp / "c", demo="heart", noise="seeded", min_silos=2,
                         address=f"127.0.0.1:{free_port()}", job={**SCHEDULE, **job})
     for p in w["silos"].values():
         raw = tomllib.loads(Path(p).read_text())
@@ -138,6 +139,7 @@ def test_scheduled_erosion_over_flowers_superlink_route(tmp_path):
     a fresh ClientApp per message, so its seeded stream differs from the simulator's): the
     server loop asks only the scheduled silos and each store holds exactly their rounds."""
     from flwr.app import Context, RecordDict
+
     from silofl.runtime.network import flower_app
     w = consortium(tmp_path, we_count="participated", we_newcomer="median")
     grid = flower_app.LoopbackGrid({100 + i: {"silo-config": str(w["silos"][n])}
@@ -205,6 +207,7 @@ def test_schedule_from_the_cli_defaults_and_the_silos_check(tmp_path):
     without the schedule keys gets the defaults (every silo, every round); a silo refuses a
     job whose join rounds are not a JSON object, naming the key."""
     from typer.testing import CliRunner
+
     from silofl import cli
     args = ["deploy", "init", "--demo", "heart", "--method", "weight_erosion", "--rounds",
             "6", "--noise", "seeded", "--address", f"127.0.0.1:{free_port()}",

@@ -25,12 +25,12 @@ import numpy as np
 import pandas as pd
 import pytest
 import tomli_w
-from silo_tables import SILOS, three_silo_frame
 from typer.testing import CliRunner
 
+from silo_tables import SILOS, three_silo_frame
 from silofl.cli import app
-from silofl.privacy.targets import PrivacyTarget
 from silofl.errors import ConfigError
+from silofl.privacy.targets import PrivacyTarget
 from silofl.runtime.network.silo_table import read_silo_table, table_settings
 
 logging.getLogger("absl").setLevel(logging.ERROR)
@@ -302,6 +302,7 @@ def test_a_silos_new_store_is_not_flagged_as_deleted_at_its_second_round(tmp_pat
     was flagged 'charged elsewhere … itself (this file was deleted or replaced since)' at
     every round after the first (seen in `silofl budget show` after a 3-round job)."""
     import dp_accounting as dpa
+
     from silofl.privacy.budget import BudgetStore, PlannedCharge
     monkeypatch.setenv("SILOFL_HOME", str(tmp_path / "home"))
     ev = dpa.GaussianDpEvent(8.0)

@@ -16,19 +16,19 @@ from scipy import stats
 
 from silofl.algorithms import METHODS, make_algorithm
 from silofl.algorithms.base import SiloState
-from silofl.privacy import accounting as A
 from silofl.algorithms.ifca import IFCA
 from silofl.algorithms.mocha import Mocha, mocha_omega
+from silofl.config import config_from_dict
 from silofl.data import linear_silos, load_heart_disease
-from silofl.privacy.targets import PrivacyTarget
-from silofl.errors import BudgetExceeded, ConfigError, PrivacyError
+from silofl.errors import BudgetExceeded, ConfigError
 from silofl.experiments.build import build_algorithms
-from silofl.experiments.config import config_from_dict
 from silofl.models import make_model
 from silofl.models import metrics as M
 from silofl.privacy import accounting, events
+from silofl.privacy import accounting as A
 from silofl.privacy.ledger import Ledger
 from silofl.privacy.randomness import Randomness
+from silofl.privacy.targets import PrivacyTarget
 from silofl.runtime import simulator
 from silofl.runtime.plan import TrainingConfig, plan_silos
 from silofl.runtime.simulator import simulate

@@ -12,17 +12,32 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from silofl.data import (PreprocessSpec, apply_preprocessing, draft_schema, federation_from_frame,
-                         federation_from_frame_raw, heart_schema, linear_silos,
-                         load_heart_disease, load_heart_disease_raw, load_schema,
-                         plan_preprocessing, schema_from_dict, split_frame)
-from silofl.privacy.targets import PrivacyTarget
-from silofl.data import preprocess
-from silofl.data.column_stats import (MIN_STD, moments_from_statistics, release_statistics,
-                                      sufficient_statistics)
+from silofl.data import (
+    PreprocessSpec,
+    apply_preprocessing,
+    draft_schema,
+    federation_from_frame,
+    federation_from_frame_raw,
+    heart_schema,
+    linear_silos,
+    load_heart_disease,
+    load_heart_disease_raw,
+    load_schema,
+    plan_preprocessing,
+    preprocess,
+    schema_from_dict,
+    split_frame,
+)
+from silofl.data.column_stats import (
+    MIN_STD,
+    moments_from_statistics,
+    release_statistics,
+    sufficient_statistics,
+)
 from silofl.errors import ConfigError, DataError, PrivacyError
 from silofl.privacy import accounting
 from silofl.privacy.randomness import Randomness
+from silofl.privacy.targets import PrivacyTarget
 
 # Distinctive record values: no error message may ever contain them.
 SECRET_TEXT, SECRET_NUMBER = "zebra-4417", 9876.54321

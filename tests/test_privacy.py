@@ -20,7 +20,6 @@ from scipy import stats
 from silofl.algorithms import make_algorithm
 from silofl.data import linear_silos
 from silofl.data.federation import Federation, Silo
-from silofl.privacy.targets import PrivacyTarget
 from silofl.errors import BudgetExceeded, CalibrationError, PrivacyError
 from silofl.models import make_model
 from silofl.privacy import accounting as A
@@ -28,6 +27,7 @@ from silofl.privacy import events as E
 from silofl.privacy.accounting import RDP_ORDERS
 from silofl.privacy.ledger import Ledger, silo_file_id, tightest
 from silofl.privacy.randomness import Randomness
+from silofl.privacy.targets import PrivacyTarget
 from silofl.runtime.plan import TrainingConfig, plan_silos
 from silofl.runtime.simulator import simulate
 from silofl.training import dpsgd
@@ -458,7 +458,7 @@ def test_simulation_reproducible_when_seeded_not_when_secure():
     assert not np.array_equal(runs["secure"][0], runs["seeded"][0])
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _dp_rdp_curve(event):
     acc = rdp.RdpAccountant(list(RDP_ORDERS))
     acc.compose(event)

@@ -29,19 +29,19 @@ from dp_accounting.rdp.rdp_privacy_accountant import _gamma_truncated_negative_b
 from scipy import stats
 
 from silofl.algorithms import make_algorithm
-from silofl.privacy.targets import PrivacyTarget
 from silofl.data.mnist import load_dirichlet_mnist
 from silofl.errors import ConfigError
 from silofl.models import make_model
 from silofl.privacy import accounting as acc
 from silofl.privacy import events, ldp
+from silofl.privacy import selection as TA
 from silofl.privacy.budget import BudgetStore
 from silofl.privacy.randomness import Randomness
+from silofl.privacy.targets import PrivacyTarget
 from silofl.runtime.plan import TrainingConfig
 from silofl.runtime.simulator import simulate
 from silofl.training.sampling import poisson_batches
 from silofl.training.trainer import SiloArrays
-from silofl.privacy import selection as TA
 from silofl.tuning import distributions as D
 from silofl.tuning.private import score_sigma
 

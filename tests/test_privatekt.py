@@ -14,9 +14,13 @@ from dp_accounting.pld import privacy_loss_distribution as pld_lib
 from scipy import stats
 
 from silofl.algorithms import make_algorithm
-from silofl.algorithms.privatekt import (PrivateKT, entropy, kt_weights, push_fifo,
-                                         self_train_weights)
-from silofl.privacy.targets import PrivacyTarget
+from silofl.algorithms.privatekt import (
+    PrivateKT,
+    entropy,
+    kt_weights,
+    push_fifo,
+    self_train_weights,
+)
 from silofl.data.mnist import load_dirichlet_mnist
 from silofl.errors import ConfigError
 from silofl.models import make_model
@@ -24,6 +28,7 @@ from silofl.models.glm import SoftmaxRegression
 from silofl.privacy import accounting, ldp
 from silofl.privacy.budget import BudgetStore
 from silofl.privacy.randomness import Randomness
+from silofl.privacy.targets import PrivacyTarget
 from silofl.runtime.plan import TrainingConfig
 from silofl.runtime.simulator import simulate
 from silofl.training.trainer import SiloArrays
@@ -282,7 +287,7 @@ checkpoint_every = 0
 
 
 def test_ldp_compare_writes_the_three_curves_with_their_epsilon(tmp_path):
-    from silofl.experiments.config import config_from_dict
+    from silofl.config import config_from_dict
     from silofl.experiments.ldp_compare import compare
     cfg = config_from_dict({
         "data": {"source": "mnist_dirichlet", "num_silos": 6, "train_per_silo": 120,
@@ -305,8 +310,8 @@ def test_ldp_compare_writes_the_three_curves_with_their_epsilon(tmp_path):
 
 def test_sweep_runs_the_local_dp_methods(tmp_path):
     from silofl.experiments.sweep import run_sweep
-    from silofl.experiments.sweep_results import read_results
     from silofl.experiments.sweep_config import load_sweep_config
+    from silofl.experiments.sweep_results import read_results
     path = tmp_path / "sweep.toml"
     path.write_text(f"""
 [data]

@@ -20,8 +20,8 @@ import tomli_w
 from typer.testing import CliRunner
 
 from silofl.cli import app
+from silofl.config import config_from_dict
 from silofl.errors import ConfigError
-from silofl.experiments.config import config_from_dict
 from silofl.experiments.resume import resume_run
 from silofl.experiments.run import run as run_experiment
 from silofl.privacy.budget import BudgetStore

@@ -11,13 +11,22 @@ from typer.testing import CliRunner
 from silofl import data as D
 from silofl.algorithms import Attack, Attacked, make_algorithm
 from silofl.algorithms.base import ServerState
-from silofl.algorithms.robust import (RULES, Aggregator, centered_clipping, coordinate_median,
-                                      krum, krum_scores, multi_krum, screen, trimmed_mean)
+from silofl.algorithms.robust import (
+    RULES,
+    Aggregator,
+    centered_clipping,
+    coordinate_median,
+    krum,
+    krum_scores,
+    multi_krum,
+    screen,
+    trimmed_mean,
+)
 from silofl.algorithms.weight_erosion import ErosionServer, ErosionUpdate
 from silofl.cli import app
+from silofl.config import config_from_dict
 from silofl.errors import ConfigError
 from silofl.experiments.build import build_algorithms
-from silofl.experiments.config import config_from_dict
 from silofl.models import make_model
 from silofl.runtime.plan import TrainingConfig
 from silofl.runtime.simulator import simulate

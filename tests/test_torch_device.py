@@ -13,10 +13,10 @@ torch = pytest.importorskip("torch")
 import tomli_w  # noqa: E402
 from typer.testing import CliRunner  # noqa: E402
 
+from silofl.config import config_from_dict  # noqa: E402
 from silofl.data import load_heart_disease  # noqa: E402
 from silofl.errors import ConfigError  # noqa: E402
 from silofl.experiments.build import build_model  # noqa: E402
-from silofl.experiments.config import config_from_dict  # noqa: E402
 from silofl.experiments.run import run  # noqa: E402
 from silofl.models.torch_model import resolve_device  # noqa: E402
 from silofl.models.torch_nets import make_torch_model  # noqa: E402

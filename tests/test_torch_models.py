@@ -25,15 +25,15 @@ from typer.testing import CliRunner  # noqa: E402
 import silofl.models.torch_model as TM  # noqa: E402
 from silofl.algorithms import make_algorithm  # noqa: E402
 from silofl.cli import app  # noqa: E402
+from silofl.config import config_from_dict  # noqa: E402
 from silofl.data import load_heart_disease  # noqa: E402
 from silofl.data.federation import Federation, Silo  # noqa: E402
-from silofl.privacy.targets import PrivacyTarget
 from silofl.errors import ConfigError, DataError  # noqa: E402
 from silofl.experiments.build import build_model  # noqa: E402
-from silofl.experiments.config import config_from_dict  # noqa: E402
 from silofl.models import check_input, make_model  # noqa: E402
 from silofl.models.base import Model  # noqa: E402
 from silofl.models.torch_model import TorchModel  # noqa: E402
+from silofl.privacy.targets import PrivacyTarget
 from silofl.runtime.plan import TrainingConfig  # noqa: E402
 from silofl.runtime.simulator import simulate  # noqa: E402
 

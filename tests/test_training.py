@@ -7,16 +7,16 @@ import numpy as np
 import pytest
 from scipy import stats
 
+from silofl.algorithms import make_algorithm
 from silofl.data import linear_silos
-from silofl.privacy.targets import PrivacyTarget
 from silofl.errors import ConfigError
 from silofl.models import make_model
 from silofl.privacy import accounting as A
 from silofl.privacy import events
 from silofl.privacy.ledger import Ledger
 from silofl.privacy.randomness import Randomness
+from silofl.privacy.targets import PrivacyTarget
 from silofl.runtime.plan import TrainingConfig, plan_silos
-from silofl.algorithms import make_algorithm
 from silofl.training.dpsgd import GradientRule, scale
 from silofl.training.sampling import poisson_batches
 from silofl.training.trainer import LocalTrainer, SiloArrays

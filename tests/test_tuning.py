@@ -22,18 +22,18 @@ from typer.testing import CliRunner
 
 from silofl.cli import app
 from silofl.data.federation import Federation, Silo
-from silofl.privacy.targets import PrivacyTarget
 from silofl.errors import BudgetExceeded, ConfigError
 from silofl.experiments.sweep import carve_validation, run_sweep
-from silofl.experiments.sweep_results import read_results
 from silofl.experiments.sweep_config import sweep_config_from_dict
+from silofl.experiments.sweep_results import read_results
 from silofl.models.glm import make_model
 from silofl.privacy import accounting, events
+from silofl.privacy import selection as TA
 from silofl.privacy.budget import BudgetStore
 from silofl.privacy.randomness import Randomness
+from silofl.privacy.targets import PrivacyTarget
 from silofl.runtime.plan import TrainingConfig, plan_silos
 from silofl.runtime.simulator import simulate
-from silofl.privacy import selection as TA
 from silofl.tuning import distributions as D
 from silofl.tuning.private import TunedPersonalization
 from silofl.tuning.report import comparison
@@ -382,6 +382,7 @@ def test_a_privately_tuned_run_cannot_be_resumed(tmp_path):
     import subprocess
     import sys
     import time
+
     from silofl.experiments.resume import resume_run
     cfg = _run_toml(tmp_path, {}, methods=["mrmtl"], rounds=400)
     proc = subprocess.Popen([sys.executable, "-m", "silofl.cli", "run", "-c", str(cfg), "-q"],

@@ -24,16 +24,16 @@ from typer.testing import CliRunner
 from silofl.algorithms import ALGORITHMS, METHODS, WeightErosion, make_algorithm
 from silofl.algorithms.weight_erosion import ErosionUpdate, participation
 from silofl.cli import app
+from silofl.config import config_from_dict
 from silofl.data import linear_silos
-from silofl.privacy.targets import PrivacyTarget
 from silofl.errors import ConfigError
 from silofl.experiments.build import build_algorithms
-from silofl.experiments.config import config_from_dict
-from silofl.models import make_model
 from silofl.experiments.run import run as run_job
+from silofl.models import make_model
 from silofl.privacy import events
 from silofl.privacy.accounting import RDP_ORDERS, steps_for_epochs
 from silofl.privacy.budget import BudgetStore
+from silofl.privacy.targets import PrivacyTarget
 from silofl.runtime.plan import TrainingConfig, plan_silos
 from silofl.runtime.simulator import simulate
 from silofl.training.trainer import LocalTrainer, SiloArrays

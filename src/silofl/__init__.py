@@ -3,10 +3,14 @@
 The public API is the names in ``__all__`` below, importable from ``silofl`` itself::
 
     import silofl
-    fed = silofl.load_heart_disease(seed=0)
+    # every silo needs its own target (ε, δ): example-level DP, add/remove one record
+    fed = silofl.load_heart_disease(seed=0).with_targets(silofl.PrivacyTarget(1.0, 1e-4))
     model = silofl.make_model("logistic", fed.dim)
+    store = silofl.BudgetStore("budget.sqlite")  # each silo's lifetime budget, charged first
     result = silofl.simulate(fed, model, silofl.make_algorithm("mrmtl"),
-                             silofl.TrainingConfig(rounds=30, batch_size=16, lr=0.03))
+                             silofl.TrainingConfig(rounds=30, batch_size=16, lr=0.03),
+                             store=store)
+    print(result.final_pooled)
 
 Everything else (every submodule and any name starting with ``_``) is private by
 convention: it may change in any release without notice (see the versioning policy in the
@@ -58,8 +62,8 @@ _API: dict[str, tuple[str, str]] = {
     "simulate": ("silofl.runtime.simulator", "simulate"),
     "RunResult": ("silofl.runtime.simulator", "RunResult"),
     # jobs as the CLI runs them (configuration, run directory, sweeps)
-    "Config": ("silofl.experiments.config", "Config"),
-    "load_config": ("silofl.experiments.config", "load_config"),
+    "Config": ("silofl.config", "Config"),
+    "load_config": ("silofl.config", "load_config"),
     "run": ("silofl.experiments.run", "run"),
     "resume_run": ("silofl.experiments.resume", "resume_run"),
     "RunReport": ("silofl.experiments.run", "RunReport"),
@@ -141,10 +145,10 @@ if TYPE_CHECKING:  # pragma: no cover - what type checkers and mkdocstrings read
     from silofl.algorithms import METHODS, make_algorithm
     from silofl.algorithms.base import Algorithm
     from silofl.audit.engine import AuditReport
-    from silofl.audit.tabular import audit as run_audit
     from silofl.audit.report import write_audit
+    from silofl.audit.tabular import audit as run_audit
+    from silofl.config import Config, load_config
     from silofl.data.federation import Federation, Silo
-    from silofl.privacy.targets import PrivacyTarget
     from silofl.data.heart import load_heart_disease
     from silofl.data.schema import Schema, load_schema
     from silofl.data.splitters import split_table
@@ -158,7 +162,6 @@ if TYPE_CHECKING:  # pragma: no cover - what type checkers and mkdocstrings read
         SiloflError,
     )
     from silofl.experiments.artifacts import Predictor, SavedRun, load_run
-    from silofl.experiments.config import Config, load_config
     from silofl.experiments.report import write_report
     from silofl.experiments.resume import resume_run
     from silofl.experiments.run import RunReport, run
@@ -174,6 +177,7 @@ if TYPE_CHECKING:  # pragma: no cover - what type checkers and mkdocstrings read
         epsilons,
     )
     from silofl.privacy.budget import BudgetStore, BudgetStoreError
+    from silofl.privacy.targets import PrivacyTarget
     from silofl.runtime.plan import TrainingConfig
     from silofl.runtime.simulator import RunResult, simulate
 

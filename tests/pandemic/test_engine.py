@@ -22,13 +22,13 @@ from typer.testing import CliRunner
 
 from silofl.algorithms import make_algorithm
 from silofl.cli import app
-from silofl.privacy.targets import PrivacyTarget
 from silofl.data.heart import load_heart_disease
 from silofl.errors import ConfigError
 from silofl.models import make_model
 from silofl.pandemic import pipeline as P
 from silofl.pandemic import read_dataset, synthesize
 from silofl.privacy.node_level import NodeLevelDpEvent, calibrate_node_sigma, node_steps
+from silofl.privacy.targets import PrivacyTarget
 from silofl.runtime.plan import TrainingConfig, plan_silos
 from silofl.runtime.simulator import simulate
 from silofl.training.trainer import SiloArrays

@@ -20,11 +20,11 @@ pytest.importorskip("flwr")
 from silofl.errors import ConfigError, SiloflError  # noqa: E402
 from silofl.pandemic import federated as F  # noqa: E402
 from silofl.pandemic import pipeline as P  # noqa: E402
-from silofl.pandemic.regions import raw_weights
 from silofl.pandemic import read_dataset  # noqa: E402
-from silofl.privacy.node_level import node_epsilon  # noqa: E402
 from silofl.pandemic.partition import input_directory, input_paths, partition_by_region  # noqa: E402
+from silofl.pandemic.regions import raw_weights
 from silofl.privacy.budget import BudgetStore  # noqa: E402
+from silofl.privacy.node_level import node_epsilon  # noqa: E402
 from silofl.runtime.network import messages as W  # noqa: E402
 from silofl.runtime.network.flower import run_in_process  # noqa: E402
 
@@ -280,7 +280,9 @@ def test_one_in_process_driver_runs_the_networked_silo_and_server_programs(tmp_p
     challenge do) that re-accepts the job from its own state on disk; the models equal the
     same programs driven by hand, and each silo's store holds one charge per round."""
     import warnings
-    from silofl.runtime.network import deploy, messages as W
+
+    from silofl.runtime.network import consortium
+    from silofl.runtime.network import messages as W
     from silofl.runtime.network.flower import SiloClient, SiloflStrategy
     from silofl.runtime.network.server import ServerProgram, load_server_config
     from silofl.runtime.network.silo import SiloProgram, load_silo_config, new_nonce
@@ -289,7 +291,7 @@ def test_one_in_process_driver_runs_the_networked_silo_and_server_programs(tmp_p
     for how in ("flower", "by_hand"):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            w = deploy.init(tmp_path / how, demo="heart", noise="seeded", job=job)
+            w = consortium.init(tmp_path / how, demo="heart", noise="seeded", job=job)
         srv = ServerProgram(load_server_config(w["server"]))
         joined: dict[str, dict] = {}
 
@@ -336,13 +338,14 @@ def test_deploy_regions_checks_settings_before_writing(small_outbreak, tmp_path)
     """`silofl deploy init --regions`: a bad graph setting or an unknown one is refused
     with nothing written; a good one writes one silo config per region and a graph job."""
     import tomllib
-    from silofl.runtime.network import deploy
+
+    from silofl.runtime.network import consortium
     for bad, match in (({"pooling": "bogus"}, "pooling"), ({"Ss": 3}, "unknown setting"),
                        ({"method": "weight_erosion"}, "we_user")):
         with pytest.raises(ConfigError, match=match):
-            deploy.init(tmp_path / "c", regions=small_outbreak, job=bad)
+            consortium.init(tmp_path / "c", regions=small_outbreak, job=bad)
         assert not (tmp_path / "c").exists()
-    w = deploy.init(tmp_path / "c", regions=small_outbreak, job={"S": 10, "rounds": 3})
+    w = consortium.init(tmp_path / "c", regions=small_outbreak, job={"S": 10, "rounds": 3})
     assert sorted(w["silos"]) == [f"region-{c}" for c in (51001, 51003, 51005, 51007)]
     server = tomllib.loads((tmp_path / "c" / "server.toml").read_text())
     assert server["job"]["data_kind"] == "graph" and server["job"]["graph"]["S"] == 10

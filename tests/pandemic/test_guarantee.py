@@ -13,7 +13,6 @@ import pytest
 from typer.testing import CliRunner
 
 from silofl.cli import app
-from silofl.privacy.targets import PrivacyTarget
 from silofl.errors import BudgetExceeded, DataError
 from silofl.pandemic import constants as pandemic_constants
 from silofl.pandemic import features as FT
@@ -37,6 +36,7 @@ from silofl.privacy.budget import SCRATCH_NOTE, BudgetStore, PlannedCharge
 from silofl.privacy.ledger import Ledger
 from silofl.privacy.node_level import NodeLevelDpEvent, affected_examples
 from silofl.privacy.randomness import Randomness
+from silofl.privacy.targets import PrivacyTarget
 from silofl.runtime.job import Job
 from silofl.runtime.plan import SEEDED_NOTE
 from silofl.training import sampling as TS

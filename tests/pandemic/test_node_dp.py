@@ -10,11 +10,16 @@ import numpy as np
 import pytest
 
 from silofl.errors import CalibrationError, PrivacyError
-from silofl.privacy.node_level import (
-    DEFAULT_ORDERS, NodeLevelDpEvent, affected_examples, calibrate_node_sigma, node_epsilon,
-    node_rdp, node_steps,
-)
 from silofl.privacy import accounting, events
+from silofl.privacy.node_level import (
+    DEFAULT_ORDERS,
+    NodeLevelDpEvent,
+    affected_examples,
+    calibrate_node_sigma,
+    node_epsilon,
+    node_rdp,
+    node_steps,
+)
 
 
 def _logsumexp(xs):

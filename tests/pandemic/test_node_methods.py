@@ -17,21 +17,20 @@ from typer.testing import CliRunner
 
 from silofl.algorithms import make_algorithm
 from silofl.cli import app
-from silofl.privacy.targets import PrivacyTarget
 from silofl.data.heart import load_heart_disease
 from silofl.errors import ConfigError, PrivacyError
 from silofl.models import make_model
 from silofl.pandemic import pipeline as P
-from silofl.pandemic.regions import raw_weights, region_groups
 from silofl.pandemic import read_dataset
 from silofl.pandemic.engine import GraphSource
 from silofl.pandemic.features import build_neighbourhood_features
-from silofl.privacy.node_level import (NodeLevelDpEvent, affected_examples, node_epsilon,
-                                     node_steps)
+from silofl.pandemic.regions import raw_weights, region_groups
 from silofl.privacy.accounting import RDP_ORDERS_FINE
 from silofl.privacy.budget import BudgetStore
 from silofl.privacy.ledger import Ledger
+from silofl.privacy.node_level import NodeLevelDpEvent, affected_examples, node_epsilon, node_steps
 from silofl.privacy.randomness import Randomness
+from silofl.privacy.targets import PrivacyTarget
 from silofl.runtime.plan import TrainingConfig
 from silofl.runtime.simulator import simulate
 from silofl.training import selection
@@ -370,10 +369,10 @@ def test_networked_graph_job_runs_ifca_like_pipeline_train(tmp_path):
     ifca: every region reserves its selection with round 1 in its own store, and the seeded
     run's models and ε equal `pipeline.train` in one process bit for bit."""
     pytest.importorskip("flwr")
-    from test_network import run_regions  # the process helpers
     from silofl.algorithms.ifca import ClusterServer
     from silofl.runtime.network.server import load_server_config
     from silofl.runtime.network.silo import load_silo_config, open_program
+    from test_network import run_regions  # the process helpers
     w = run_regions(tmp_path, {"rounds": 2, "batch_size": 64, "seed": 2, "method": "ifca",
                                "clusters": 2})
     with warnings.catch_warnings():

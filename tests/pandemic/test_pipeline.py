@@ -12,13 +12,13 @@ from typer.testing import CliRunner
 
 from silofl.cli import app
 from silofl.errors import BudgetExceeded, ConfigError
-from silofl.pandemic import read_dataset
 from silofl.pandemic import pipeline as P
+from silofl.pandemic import read_dataset
 from silofl.pandemic.challenge import fit, predict_to_csv
 from silofl.pandemic.charges import round_event
+from silofl.pandemic.features import NeighbourhoodFeatures
 from silofl.pandemic.inputs import SUMMARY_FEATURES
 from silofl.pandemic.regions import build_regions
-from silofl.pandemic.features import NeighbourhoodFeatures
 from silofl.privacy.node_level import node_epsilon, node_steps
 
 runner = CliRunner()

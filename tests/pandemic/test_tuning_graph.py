@@ -11,19 +11,18 @@ import math
 
 import numpy as np
 import pytest
-from dp_accounting.rdp.rdp_privacy_accountant import (_compute_rdp_repeat_and_select,
-                                                      compute_epsilon)
+from dp_accounting.rdp.rdp_privacy_accountant import _compute_rdp_repeat_and_select, compute_epsilon
 from scipy import stats
 from typer.testing import CliRunner
 
 from silofl.cli import app
+from silofl.config import TuningConfig
 from silofl.errors import BudgetExceeded, ConfigError
-from silofl.experiments.config import TuningConfig
 from silofl.pandemic import pipeline as P
-from silofl.pandemic.constants import declared_constants
-from silofl.pandemic.regions import build_features, fit_region_scaling, region_groups, region_inputs
 from silofl.pandemic import read_dataset
+from silofl.pandemic.constants import declared_constants
 from silofl.pandemic.features import NeighbourhoodFeatures, build_neighbourhood_features
+from silofl.pandemic.regions import build_features, fit_region_scaling, region_groups, region_inputs
 from silofl.pandemic.tuning import NodeValidation
 from silofl.privacy import accounting, events
 from silofl.privacy.budget import BudgetStore

@@ -21,6 +21,13 @@ from silofl.errors import ConfigError
 METHODS = ("local", "fedavg", "mrmtl", "finetune", "ditto", "mocha",
            "ifca", "ifca_local", "ifca_finetune", "ifca_mrmtl", "weight_erosion",
            "privatekt", "fedavg_ldp")
+"""Every method name `make_algorithm`, a config's `[training] methods` and a sweep accept.
+
+Local and FedAvg are the two ends; MR-MTL ("mrmtl") pulls personal models towards their
+mean with strength λ; finetune, ditto, mocha and the IFCA family are personalization
+baselines; weight_erosion serves one user silo; privatekt and fedavg_ldp use local DP
+per upload instead of DP-SGD (each runs as a job of its own). All DP-SGD methods meet the
+same per-silo target (σ calibrated to what each declares)."""
 #: methods whose privacy is a fixed local-DP mechanism per upload (each runs as its own job)
 LOCAL_DP_METHODS = frozenset({"privatekt", "fedavg_ldp"})
 #: methods whose behaviour depends on the regularization strength λ (`lam`)

@@ -274,7 +274,7 @@ class WeightErosion(Algorithm[SiloState, ErosionServer]):
     def privacy_events(self, round_event: dpa.DpEvent, rounds: int,
                        target: PrivacyTarget | None = None) -> dpa.DpEvent:
         # one step: a Poisson-sampled Gaussian (example level) or a node-level DP-SGD event
-        # with steps = 1 (`pandemic.node_dp.NodeLevelDpEvent`, graph data)
+        # with steps = 1 (`privacy.node_level.NodeLevelDpEvent`, graph data)
         one_step = isinstance(round_event, dpa.PoissonSampledDpEvent) or (
             type(round_event).__name__ == "NodeLevelDpEvent" and round_event.steps == 1)
         if self.update == "gradient" and not one_step:

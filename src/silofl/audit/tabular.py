@@ -36,6 +36,7 @@ from silofl.audit.engine import (
     multi_run,
     one_run,
 )
+from silofl.config import AuditSection
 from silofl.errors import ConfigError
 from silofl.experiments import build
 from silofl.experiments import run as run_mod
@@ -44,13 +45,15 @@ from silofl.privacy.budget import BudgetStore, PlannedCharge
 from silofl.runtime.job import NO_METHOD, fingerprints, open_job
 from silofl.runtime.simulator import simulate
 
+_AUDIT = AuditSection()  # the defaults of [audit] (one place: silofl.config)
+
 #: canaries per silo when not given: at most 1000, at most the silo's training records
 DEFAULT_CANARIES = 1000
 
 
-def audit(cfg, *, kind: str = "one-run", silo: str | None = None,
-          canaries: int | Canaries | None = None, runs: int = 200,
-          confidence: float = 0.95, store: BudgetStore | None = None,
+def audit(cfg, *, kind: str = _AUDIT.kind, silo: str | None = None,
+          canaries: int | Canaries | None = None, runs: int = _AUDIT.runs,
+          confidence: float = _AUDIT.confidence, store: BudgetStore | None = None,
           seed: int | None = None,
           on_progress: Callable[[int, int], None] | None = None) -> AuditReport:
     """Audit the job `cfg` describes: does each silo's claimed ε survive an attack?

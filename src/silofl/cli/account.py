@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from typing import Optional
 
 import typer
 from rich.table import Table
@@ -17,11 +16,11 @@ from silofl.errors import SiloflError
 @app.command()
 def account(n: int = typer.Option(..., help="training examples (persons) in the silo"),
             batch: float = typer.Option(..., help="(expected) batch size b"),
-            delta: Optional[float] = typer.Option(None, help="δ (node-level default: 1/n)"),
-            steps: Optional[int] = typer.Option(None, help="DP-SGD steps"),
-            epochs: Optional[float] = typer.Option(None, help="epochs (steps = epochs·n/b)"),
-            sigma: Optional[float] = typer.Option(None, help="noise multiplier → report ε"),
-            epsilon: Optional[float] = typer.Option(None, help="target ε → calibrate σ"),
+            delta: float | None = typer.Option(None, help="δ (node-level default: 1/n)"),
+            steps: int | None = typer.Option(None, help="DP-SGD steps"),
+            epochs: float | None = typer.Option(None, help="epochs (steps = epochs·n/b)"),
+            sigma: float | None = typer.Option(None, help="noise multiplier → report ε"),
+            epsilon: float | None = typer.Option(None, help="target ε → calibrate σ"),
             node_level: bool = typer.Option(False, "--node-level", help=(
                 "node-level DP for graph neighbourhoods (Theorem 2.4.4): fixed-size batches "
                 "without replacement, each person in ≤ S examples")),

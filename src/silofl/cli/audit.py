@@ -6,12 +6,11 @@ from __future__ import annotations
 import time
 import warnings
 from pathlib import Path
-from typing import Optional
 
 import typer
 from rich.markup import escape
 
-from silofl.cli.common import JobStore, Quiet, Scratch, _job_config
+from silofl.cli.common import JobStore, Quiet, Scratch, SetItems, _job_config
 from silofl.cli.root import _fail, _show_warning, app, console, err
 from silofl.errors import SiloflError
 
@@ -20,20 +19,23 @@ from silofl.errors import SiloflError
 
 
 @app.command()
-def audit(config: Optional[Path] = typer.Option(None, "--config", "-c",
+def audit(config: Path | None = typer.Option(None, "--config", "-c",
                                                 help="TOML config of the job to audit"),
-          silo: Optional[str] = typer.Option(None, "--silo", help="audit one silo (default: all)"),
-          kind: str = typer.Option("one-run", "--kind", help="one-run | multi-run"),
-          canaries: Optional[int] = typer.Option(
+          silo: str | None = typer.Option(None, "--silo", help="audit one silo (default: all)"),
+          kind: str | None = typer.Option(None, "--kind", help=(
+              "one-run | multi-run (default: [audit] kind, one-run)")),
+          canaries: int | None = typer.Option(
               None, "--canaries", help="one-run: canaries per silo (default min(1000, n_k))"),
-          runs: int = typer.Option(200, "--runs", help="multi-run: jobs on each of D and D′"),
-          confidence: float = typer.Option(0.95, "--confidence", help="of the lower bound"),
-          out: Optional[Path] = typer.Option(None, "--out", help=(
+          runs: int | None = typer.Option(None, "--runs", help=(
+              "multi-run: jobs on each of D and D′ (default: [audit] runs, 200)")),
+          confidence: float | None = typer.Option(None, "--confidence", help=(
+              "of the lower bound (default: [audit] confidence, 0.95)")),
+          out: Path | None = typer.Option(None, "--out", help=(
               "directory for audit.json and audit.html (default: [output] dir, else runs/, "
               "plus audit-<time>)")),
           store: JobStore = None,
           scratch: Scratch = False,
-          quiet: Quiet = False):
+          quiet: Quiet = False, set_: SetItems = None):
     """Measure empirically that each silo's guarantee holds: canary runs through the real
     job, the claimed ε beside an empirical lower bound, violations flagged. Canary runs use
     the silo's data: they are charged to its budget (or a scratch store, marked so)."""
@@ -43,7 +45,7 @@ def audit(config: Optional[Path] = typer.Option(None, "--config", "-c",
     from silofl.audit import write_audit
     warnings.showwarning = _show_warning
     try:
-        cfg = _job_config(config, store, scratch, out)
+        cfg = _job_config(config, store, scratch, out, overrides=set_ or ())
         dest = out if out is not None else Path(cfg.output.dir or "runs") / \
             time.strftime("audit-%Y%m%d-%H%M%S")
         with Progress(TextColumn("audit"), BarColumn(), TextColumn("{task.completed}/"
@@ -53,8 +55,11 @@ def audit(config: Optional[Path] = typer.Option(None, "--config", "-c",
 
             def on_progress(done, total):
                 prog.update(task, completed=done, total=total)
-            rep = run_audit(cfg, kind=kind, silo=silo, canaries=canaries, runs=runs,
-                            confidence=confidence, on_progress=on_progress)
+            given = {"kind": kind, "silo": silo, "canaries": canaries, "runs": runs,
+                     "confidence": confidence}  # the command line over [audit]
+            a = cfg.audit.model_copy(update={k: v for k, v in given.items() if v is not None})
+            rep = run_audit(cfg, kind=a.kind, silo=a.silo, canaries=a.canaries, runs=a.runs,
+                            confidence=a.confidence, on_progress=on_progress)
         files = write_audit(rep, dest)
     except SiloflError as e:
         _fail(e)

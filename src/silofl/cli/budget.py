@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 from rich.markup import escape
@@ -17,14 +17,14 @@ from silofl.errors import SiloflError
 
 budget_app = typer.Typer(help="Lifetime privacy budgets per silo (the budget store).")
 app.add_typer(budget_app, name="budget")
-StorePath = Annotated[Optional[Path], typer.Option("--store", help=(
+StorePath = Annotated[Path | None, typer.Option("--store", help=(
     "the budget store (SQLite file; default: the deployment's store, "
     "<silofl home>/stores/<deployment>.sqlite)"))]
 Deployment = Annotated[str, typer.Option("--deployment", help=(
     "the deployment whose default store to use ([budget] deployment)"))]
 
 
-def _open_store(path: Optional[Path], deployment: str = "default"):
+def _open_store(path: Path | None, deployment: str = "default"):
     from silofl.privacy import store_paths
     from silofl.privacy.budget import BudgetStore
     path = path if path is not None else store_paths.default_store_path(deployment)
@@ -38,7 +38,7 @@ def _open_store(path: Optional[Path], deployment: str = "default"):
 
 @budget_app.command("show")
 def budget_show(store: StorePath = None, deployment: Deployment = "default",
-                silo: Optional[str] = typer.Option(None, help="one silo, with its charges"),
+                silo: str | None = typer.Option(None, help="one silo, with its charges"),
                 as_json: bool = typer.Option(False, "--json", help="print JSON")):
     """Per silo: lifetime target, ε spent (composed, under the guarantee accountant and
     under RDP and PLD), what remains, and the charges by run."""
@@ -86,7 +86,7 @@ def budget_show(store: StorePath = None, deployment: Deployment = "default",
 
 @budget_app.command("export")
 def budget_export(store: StorePath = None, deployment: Deployment = "default",
-                  out: Optional[Path] = typer.Option(None, "--out", help="JSON file "
+                  out: Path | None = typer.Option(None, "--out", help="JSON file "
                                                      "(default: print)")):
     """Everything in the store (silos, every charge, runs, log) as JSON."""
     try:

@@ -4,7 +4,7 @@ output paths checked, and a file named by --out."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -14,16 +14,19 @@ from silofl.errors import SiloflError
 Scratch = Annotated[bool, typer.Option("--scratch", help=(
     "charge an in-memory scratch budget: an experiment, not a release"))]
 Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="no progress bar")]
-RunsOut = Annotated[Optional[Path], typer.Option("--out", help="directory for run folders")]
-JobStore = Annotated[Optional[Path], typer.Option("--store", help="lifetime budget store")]
+RunsOut = Annotated[Path | None, typer.Option("--out", help="directory for run folders")]
+JobStore = Annotated[Path | None, typer.Option("--store", help="lifetime budget store")]
+SetItems = Annotated[list[str] | None, typer.Option("--set", help=(
+    "override a config key SECTION.KEY=VALUE (TOML value), e.g. training.rounds=5 or "
+    "audit.runs=50 (repeat; the keys of the config file, silofl.config)"))]
 
 
-def _job_config(config: Optional[Path], store: Optional[Path], scratch: bool,
-                out: Optional[Path], *, no_privacy: bool = False,
+def _job_config(config: Path | None, store: Path | None, scratch: bool,
+                out: Path | None, *, no_privacy: bool = False,
                 overrides: tuple[str, ...] | list[str] = ()):
     """The config of a job command (run, rank, erosion) with its CLI overrides, its output
     paths checked before anything is reserved or written."""
-    from silofl.experiments.config import load_config
+    from silofl.config import load_config
     cfg = load_config(config, overrides)
     if no_privacy:
         cfg.privacy.enabled = False
@@ -35,7 +38,7 @@ def _job_config(config: Optional[Path], store: Optional[Path], scratch: bool,
     return cfg
 
 
-def _check_run_paths(cfg, out: Optional[Path]) -> None:
+def _check_run_paths(cfg, out: Path | None) -> None:
     """Refuse output paths that cannot work before anything is reserved or written."""
     from silofl.experiments.figures import check_out_dir
     if out is not None:
@@ -46,7 +49,7 @@ def _check_run_paths(cfg, out: Optional[Path]) -> None:
         raise SiloflError(f"budget store {cfg.budget.store!r} is a directory; name a file "
                           "(e.g. budget.sqlite) with --store or [budget] store")
     if cfg.budget.store and not cfg.budget.scratch:
-        from silofl.experiments.config_input import check_writable_file
+        from silofl.config.input import check_writable_file
         check_writable_file(cfg.budget.store, "budget store (--store or [budget] store)")
     if not cfg.budget.store:
         from silofl.privacy.store_paths import check_deployment
@@ -55,7 +58,7 @@ def _check_run_paths(cfg, out: Optional[Path]) -> None:
 
 def _check_out_file(out: Path) -> None:
     """--out names a file to write: its folder must exist (nothing is created for it)."""
-    from silofl.experiments.config_input import check_writable_file
+    from silofl.config.input import check_writable_file
     check_writable_file(out, "--out")
     if not out.parent.is_dir():
         raise SiloflError(f"the folder of --out does not exist: {str(out.parent)!r}; "

@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import warnings
 from pathlib import Path
-from typing import Optional
 
 import typer
 from rich.markup import escape
@@ -21,53 +20,53 @@ app.add_typer(deploy_app, name="deploy")
 @deploy_app.command("init")
 def deploy_init(
         out: Path = typer.Option(..., "--out", help="folder to create (must be new or empty)"),
-        silo: Optional[list[str]] = typer.Option(None, "--silo", help="a silo name (repeat)"),
-        demo: Optional[str] = typer.Option(None, "--demo",
+        silo: list[str] | None = typer.Option(None, "--silo", help="a silo name (repeat)"),
+        demo: str | None = typer.Option(None, "--demo",
                                            help="'heart': write each hospital's own data"),
-        regions: Optional[Path] = typer.Option(
+        regions: Path | None = typer.Option(
             None, "--regions", help="a pandemic dataset folder (the 7 challenge files): one "
             "silo per region, each with its own folder; graph job (--set S=20, pooling=…)"),
-        schema: Optional[Path] = typer.Option(
+        schema: Path | None = typer.Option(
             None, "--schema", help="the consortium's declared schema (TOML): each silo gets "
             "its own folder and reads its own table with it"),
-        table: Optional[list[str]] = typer.Option(
+        table: list[str] | None = typer.Option(
             None, "--table", help="NAME=PATH: silo NAME's own table (repeat; default: a "
             "placeholder in its silo.toml to fill in)"),
-        split: Optional[Path] = typer.Option(
+        split: Path | None = typer.Option(
             None, "--split", help="one-machine demo: a table with a silo column, cut into "
             "one CSV per silo folder"),
-        silo_column: Optional[str] = typer.Option(
+        silo_column: str | None = typer.Option(
             None, "--silo-column", help="--split: the column naming each row's silo "
             "(default: the schema's silo_column)"),
         sep: str = typer.Option("", "--sep", help="--split: the table's CSV separator "
                                 "(default ,)"),
         encoding: str = typer.Option("", "--encoding", help="--split: the table's CSV "
                                      "text encoding (default utf-8)"),
-        store_dir: Optional[Path] = typer.Option(
+        store_dir: Path | None = typer.Option(
             None, "--store-dir", help="folder for each silo's lifetime budget store "
             "(<silo>.sqlite; default: each silo user's lifetime store, "
             "<silofl home>/stores/default.sqlite)"),
         address: str = typer.Option("127.0.0.1:9092", "--address", help="server host:port"),
-        host: Optional[list[str]] = typer.Option(None, "--host",
+        host: list[str] | None = typer.Option(None, "--host",
                                                  help="extra server host name/IP for TLS"),
         method: str = typer.Option("mrmtl", "--method"),
-        rounds: Optional[int] = typer.Option(
+        rounds: int | None = typer.Option(
             None, "--rounds", help="default: the simulator's [training] rounds"),
         epsilon: float = typer.Option(1.0, "--epsilon", help="each silo's ε for this job"),
-        delta: Optional[float] = typer.Option(
+        delta: float | None = typer.Option(
             None, "--delta", help="default: the simulator's [privacy] delta"),
         noise: str = typer.Option("secure", "--noise", help="secure | seeded (experiments)"),
         overwrite: bool = typer.Option(False, "--overwrite"),
-        set_: Optional[list[str]] = typer.Option(
+        set_: list[str] | None = typer.Option(
             None, "--set", help="a [job] setting KEY=VALUE (TOML value), e.g. clusters=3, "
             "we_user='Cleveland' (repeat)")):
     """Write server.toml, silo_<name>.toml, the consortium CA, the server's TLS certificate
     and each silo's signing key into one folder (one-machine demo; see README for how to
     spread it over institutions)."""
+    from silofl.config import check_privacy_target
+    from silofl.config.input import toml_value
     from silofl.errors import ConfigError
-    from silofl.experiments.config import check_privacy_target
-    from silofl.experiments.config_input import toml_value
-    from silofl.runtime.network import deploy
+    from silofl.runtime.network import consortium, deploy
     try:
         # before anything is written
         check_privacy_target(epsilon, deploy.default_delta() if delta is None else delta, "--")
@@ -77,7 +76,7 @@ def deploy_init(
             if not eq or not key.strip():
                 raise ConfigError(f"--set {item!r}: expected KEY=VALUE, e.g. clusters=3")
             job[key.strip()] = toml_value(value, value)
-        written = deploy.init(out, silos=silo, demo=demo, address=address, hosts=host,
+        written = consortium.init(out, silos=silo, demo=demo, address=address, hosts=host,
                               epsilon=epsilon, delta=delta, noise=noise, overwrite=overwrite,
                               job=job, regions=regions, schema=schema, tables=table,
                               split=split, silo_column=silo_column, store_dir=store_dir,
@@ -204,8 +203,8 @@ def server_cmd(config: Path = typer.Option(..., "--config", help="the job's serv
 
 
 def _save_release(role: str, program) -> None:
-    """Save the released model (experiments/release) and say where it is."""
-    from silofl.experiments import release
+    """Save the released model (runtime/network/release) and say where it is."""
+    from silofl.runtime.network import release
     try:
         where = (release.save_silo_release if role == "silo"
                  else release.save_server_release)(program)

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import warnings
 from pathlib import Path
-from typing import Optional
 
 import typer
 from rich.markup import escape
 from rich.table import Table
 
-from silofl.cli.common import JobStore, Quiet, RunsOut, Scratch, _job_config
+from silofl.cli.common import JobStore, Quiet, RunsOut, Scratch, SetItems, _job_config
 from silofl.cli.root import _fail, _show_warning, app, console, err
 from silofl.errors import SiloflError
 
@@ -19,23 +18,23 @@ from silofl.errors import SiloflError
 
 
 @app.command()
-def run(config: Optional[Path] = typer.Option(None, "--config", "-c",
+def run(config: Path | None = typer.Option(None, "--config", "-c",
                                               help="TOML config (default: built-in heart data)"),
         out: RunsOut = None,
         no_privacy: bool = typer.Option(False, "--no-privacy",
                                         help="train without DP (comparison only)"),
-        store: Optional[Path] = typer.Option(
+        store: Path | None = typer.Option(
             None, "--store", help="lifetime budget store (default: [budget] store, else "
             "the deployment's store <silofl home>/stores/<deployment>.sqlite)"),
         scratch: Scratch = False,
-        resume: Optional[Path] = typer.Option(None, "--resume", help=(
+        resume: Path | None = typer.Option(None, "--resume", help=(
             "continue a killed run from its last checkpoint (its run directory; the config "
             "it started with is used)")),
         force_resume: bool = typer.Option(False, "--force-resume", help=(
             "resume although the run's owner is on another host (only when you know it is "
             "dead)")),
         quiet: Quiet = False,
-        set_: Optional[list[str]] = typer.Option(
+        set_: list[str] | None = typer.Option(
             None, "--set", help="override a config key SECTION.KEY=VALUE (TOML value), e.g. "
             "training.rounds=5 or privacy.epsilon=0.5 (repeat; paths relative to the "
             "working directory; paths in the config file are relative to that file)")):
@@ -87,8 +86,12 @@ def run(config: Optional[Path] = typer.Option(None, "--config", "-c",
 
 def _run_report(rep) -> None:
     """What `silofl run` prints: results, quality warnings, the privacy table, the footer."""
-    from silofl.experiments.report import (flamby_comparison, privacy_table, quality_lines,
-                                           results_table)
+    from silofl.experiments.report import (
+        flamby_comparison,
+        privacy_table,
+        quality_lines,
+        results_table,
+    )
     from silofl.privacy.targets import ADJACENCY
     console.print(results_table(rep))
     for line in quality_lines(rep):  # a useless model never looks fine
@@ -118,11 +121,11 @@ def _job_footer(rep, files: str) -> None:
 
 
 @app.command()
-def rank(config: Optional[Path] = typer.Option(None, "--config", "-c",
+def rank(config: Path | None = typer.Option(None, "--config", "-c",
                                                help="TOML config: data, model, privacy"),
          user: str = typer.Option(..., "--user", help="the user silo u_0 (its name)"),
-         top: Optional[int] = typer.Option(None, "--top", help="select the K best silos"),
-         threshold: Optional[float] = typer.Option(
+         top: int | None = typer.Option(None, "--top", help="select the K best silos"),
+         threshold: float | None = typer.Option(
              None, "--threshold", help="select silos with transfer loss ≤ T"),
          out: RunsOut = None,
          store: JobStore = None,
@@ -158,18 +161,20 @@ def rank(config: Optional[Path] = typer.Option(None, "--config", "-c",
 
 
 @app.command()
-def erosion(config: Optional[Path] = typer.Option(None, "--config", "-c",
+def erosion(config: Path | None = typer.Option(None, "--config", "-c",
                                                   help="TOML config: data, model, privacy"),
-            users: Optional[str] = typer.Option(None, "--users",
+            users: str | None = typer.Option(None, "--users",
                                                 help="'all': every silo as the user (default)"),
-            user: Optional[list[str]] = typer.Option(None, "--user", help=(
+            user: list[str] | None = typer.Option(None, "--user", help=(
                 "a user silo (its name); repeat for several")),
             out: RunsOut = None,
             store: JobStore = None,
             scratch: Scratch = False,
-            contributions: bool = typer.Option(True, "--contributions/--no-contributions",
-                                               help=("make each user's contribution report "
-                                                     "now (else later: silofl contrib)"))):
+            contributions: bool | None = typer.Option(
+                None, "--contributions/--no-contributions", help=(
+                    "make each user's contribution report now (else later: silofl contrib; "
+                    "default: [erosion] contributions, true)")),
+            set_: SetItems = None):
     """Weight Erosion with each user silo in turn, against Global (FedAvg), Local and the
     majority class on the user's test rows (seed Figure 1): one job, σ calibrated for all
     users' runs composed, charged like any job."""
@@ -181,9 +186,10 @@ def erosion(config: Optional[Path] = typer.Option(None, "--config", "-c",
         if users is not None and users != "all":
             raise SiloflError(f"--users takes 'all', got {users!r}; name single users with "
                               "--user SILO")
-        cfg = _job_config(config, store, scratch, out)
-        rep = erosion_for_users(cfg, list(user) if user else None, out_dir=out,
-                                contributions=contributions)
+        cfg = _job_config(config, store, scratch, out, overrides=set_ or ())
+        users_ = list(user) if user else None if users else cfg.erosion.users or None
+        rep = erosion_for_users(cfg, users_, out_dir=out, contributions=cfg.erosion.contributions
+                                if contributions is None else contributions)
     except SiloflError as e:
         _fail(e)
     t = Table(title=f"Weight Erosion per user: final {rep.metric} on the user's test rows")
@@ -212,18 +218,18 @@ def erosion(config: Optional[Path] = typer.Option(None, "--config", "-c",
 
 # --- PrivateKT vs local-DP baselines (silofl.experiments.ldp_compare) -----------------------
 @app.command("ldp-compare")
-def ldp_compare(config: Optional[Path] = typer.Option(None, "--config", "-c", help=(
+def ldp_compare(config: Path | None = typer.Option(None, "--config", "-c", help=(
                     "TOML config (e.g. examples/privatekt_mnist_cpu.toml)")),
                 out: Path = typer.Option(Path("runs/ldp-compare"), "--out",
                                          help="directory for comparison.json/.png"),
-                store: Optional[Path] = typer.Option(None, "--store", help=(
+                store: Path | None = typer.Option(None, "--store", help=(
                     "lifetime budget store charged by all three jobs (default: a scratch "
                     "store per job: an experiment, not a release)"))):
     """PrivateKT, FedAvg with local DP on clipped updates and FedAvg with DP-SGD at the same
     per-round ε (training.ldp_epsilon): accuracy against rounds, cumulative ε per client."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from silofl.experiments.config import load_config
+    from silofl.config import load_config
     from silofl.experiments.figures import check_out_dir
     from silofl.experiments.ldp_compare import METHODS, compare
     from silofl.privacy.budget import BudgetStore
@@ -257,9 +263,9 @@ def ldp_compare(config: Optional[Path] = typer.Option(None, "--config", "-c", he
 # --- contribution report (silofl.experiments.contribution) ---------------------------------
 @app.command()
 def contrib(run_dir: Path = typer.Argument(..., help="a `silofl erosion` run directory"),
-            ranking: Optional[Path] = typer.Option(
+            ranking: Path | None = typer.Option(
                 None, "--ranking", help="a `silofl rank` run directory (adds Ndoye ranks)"),
-            out: Optional[Path] = typer.Option(
+            out: Path | None = typer.Option(
                 None, "--out", help="where to write the report (default: RUN_DIR)"),
             permutations: int = typer.Option(
                 200, "--permutations", help="Monte-Carlo orders beyond --max-exact silos"),

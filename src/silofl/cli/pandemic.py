@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Optional
 
 import typer
 from rich.markup import escape
@@ -23,7 +22,7 @@ from silofl.errors import SiloflError
 # the other commands do not load it.
 
 
-def _cli_store(store: Optional[Path], scratch: bool):
+def _cli_store(store: Path | None, scratch: bool):
     """The store a command charges: scratch, --store, or the default deployment's store
     (announced loudly when this creates it)."""
     from silofl.privacy import store_paths
@@ -89,8 +88,8 @@ def _pandemic_config(centralized, rounds, epsilon, batch, lam, lr, S, no_privacy
 def _pandemic_tuning(mode: str, lams: str, trials: float, cfg):
     """`--tuning`: None, or the `TuningConfig` of a privately tuned graph run (checked by
     `pandemic.tuning.check_setting` before anything is read or reserved)."""
+    from silofl.config import TuningConfig
     from silofl.errors import ConfigError
-    from silofl.experiments.config import TuningConfig
     if mode == "none":
         return None
     if mode != "private":
@@ -152,7 +151,7 @@ def pandemic_train(data: Path = typer.Option(..., "--data", help="directory of t
                        "data-dependent constants: declared (public numbers), private "
                        "(charged node-level release) or uncharged (fit on the data, not "
                        "charged)")),
-                   store: Optional[Path] = typer.Option(None, "--store", help=(
+                   store: Path | None = typer.Option(None, "--store", help=(
                        "lifetime budget store (SQLite): runs on the same data compose "
                        "(default: <silofl home>/stores/default.sqlite)")),
                    scratch: Scratch = False,
@@ -162,7 +161,7 @@ def pandemic_train(data: Path = typer.Option(..., "--data", help="directory of t
                        "ifca_finetune, ifca_mrmtl or weight_erosion")),
                    clusters: int = typer.Option(2, "--clusters", help=(
                        "the IFCA family: number of cluster models (≤ regions)")),
-                   we_user: Optional[str] = typer.Option(None, "--we-user", help=(
+                   we_user: str | None = typer.Option(None, "--we-user", help=(
                        "weight_erosion: the user region its model is personalized for, "
                        "e.g. region-51001")),
                    we_update: str = typer.Option("gradient", "--we-update", help=(
@@ -214,8 +213,8 @@ def _pandemic_train_report(pm, model_dir: Path) -> None:
     """What `pandemic train` prints: the node-level privacy per region (or that there is
     none), tuning and cluster selections, assumptions, notes, where the model is."""
     from silofl.pandemic.charges import SIZES_ASSUMPTION
-    from silofl.runtime.plan import SEEDED_NOTE
     from silofl.privacy.node_level import ADJACENCY_TEXT, PRUNING_ASSUMPTION
+    from silofl.runtime.plan import SEEDED_NOTE
     cfg = pm.config
     if not cfg.private:
         console.print("No differential privacy: this run is for comparison only.")
@@ -259,11 +258,11 @@ def _pandemic_train_report(pm, model_dir: Path) -> None:
 # --- node-level privacy audit of the pandemic pipeline (silofl.pandemic.audit) -----------
 @pandemic_app.command("audit")
 def pandemic_audit(data: Path = typer.Option(..., "--data", help="directory of the 7 inputs"),
-                   region: Optional[str] = typer.Option(
+                   region: str | None = typer.Option(
                        None, "--region", help="region audited, e.g. region-51001 or 51001 "
                        "(default: the first)"),
                    kind: str = typer.Option("one-run", "--kind", help="one-run | multi-run"),
-                   canaries: Optional[int] = typer.Option(
+                   canaries: int | None = typer.Option(
                        None, "--canaries", help="one-run: canary persons (default "
                        "min(200, region size)); multi-run: 1"),
                    contacts: int = typer.Option(5, "--contacts",
@@ -284,7 +283,7 @@ def pandemic_audit(data: Path = typer.Option(..., "--data", help="directory of t
                    preprocessing: str = typer.Option("declared",
                                                      help="declared, private or uncharged"),
                    method: str = typer.Option("mrmtl", "--method"),
-                   store: Optional[Path] = typer.Option(None, "--store", help=(
+                   store: Path | None = typer.Option(None, "--store", help=(
                        "lifetime budget store charged by a one-run audit (default: "
                        "<silofl home>/stores/default.sqlite)")),
                    scratch: bool = typer.Option(False, "--scratch", help=(
@@ -298,9 +297,9 @@ def pandemic_audit(data: Path = typer.Option(..., "--data", help="directory of t
     try:
         _need_pandemic_extra()
         from silofl.audit import write_audit
-        from silofl.pandemic.audit import audit_pandemic
         from silofl.errors import ConfigError
         from silofl.pandemic import read_dataset
+        from silofl.pandemic.audit import audit_pandemic
         cfg = _pandemic_config(centralized, rounds, epsilon, batch, lam, lr, S, False, seed,
                                noise, adjacency, preprocessing, method)
         cfg.validate()

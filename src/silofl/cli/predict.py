@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 import typer
 from rich.markup import escape
@@ -16,7 +15,7 @@ from silofl.errors import SiloflError
 @app.command()
 def predict(run_dir: Path = typer.Option(..., "--run", help="a run directory (runs/<time>)"),
             silo: str = typer.Option(..., "--silo", help="whose personal model to apply"),
-            method: Optional[str] = typer.Option(
+            method: str | None = typer.Option(
                 None, "--method", help="method label or name (needed when the run has several)"),
             data: Path = typer.Option(..., "--data", help="rows to score (CSV, CSV.gz, Parquet)"),
             out: Path = typer.Option(..., "--out", help="CSV to write: one row per input row"),

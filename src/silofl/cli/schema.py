@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 import typer
 from rich.markup import escape
@@ -19,7 +18,7 @@ app.add_typer(schema_app, name="schema")
 @schema_app.command("draft")
 def schema_draft(data: Path = typer.Argument(..., help="the table (CSV, CSV.gz, Parquet)"),
                  label_column: str = typer.Option(..., "--label-column"),
-                 silo_column: Optional[str] = typer.Option(None, "--silo-column"),
+                 silo_column: str | None = typer.Option(None, "--silo-column"),
                  out: Path = typer.Option(..., "--out", help="TOML file to write"),
                  sep: str = typer.Option("", "--sep", help="CSV column separator (default ,)"),
                  encoding: str = typer.Option("", "--encoding",

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import warnings
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 from rich.markup import escape
 
-from silofl.cli.common import Quiet
+from silofl.cli.common import Quiet, SetItems
 from silofl.cli.root import _fail, _show_warning, app, console, err
 from silofl.errors import SiloflError
 
@@ -17,31 +17,37 @@ from silofl.errors import SiloflError
 # the other commands do not load it.
 
 
-def _report_dir(results: Path, out: Optional[Path]) -> Path:
+def _report_dir(results: Path, out: Path | None) -> Path:
     return out if out is not None else results.with_name(results.stem + "-report")
 
 
 @app.command()
 def sweep(config: Path = typer.Argument(..., help="sweep TOML: run sections + [sweep] grid"),
-          results: Optional[Path] = typer.Option(
+          results: Path | None = typer.Option(
               None, "--results", help="results file (default: sweep.results, relative to "
               "the config file)"),
-          workers: Optional[int] = typer.Option(None, "--workers", "-j",
+          workers: int | None = typer.Option(None, "--workers", "-j",
                                                 help="processes (default: sweep.workers)"),
-          quiet: Quiet = False):
+          quiet: Quiet = False, set_: SetItems = None):
     """Run (or resume) a privacy-utility sweep: methods × ε × λ × lr × seeds, one JSON line
     per finished run; then print the best settings chosen on validation data."""
-    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
-                               TimeElapsedColumn, TimeRemainingColumn)
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
 
     from silofl.experiments.report import selection_table
-    from silofl.tuning.selection import select_best
     from silofl.experiments.sweep import NOT_COUNTED, run_sweep
-    from silofl.experiments.sweep_results import read_results
     from silofl.experiments.sweep_config import load_sweep_config
+    from silofl.experiments.sweep_results import read_results
+    from silofl.tuning.selection import select_best
     warnings.showwarning = _show_warning
     try:
-        sc = load_sweep_config(config)
+        sc = load_sweep_config(config, set_ or ())
         with Progress(TextColumn("sweep"), BarColumn(), MofNCompleteColumn(),
                       TextColumn("runs"), TimeElapsedColumn(), TextColumn("ETA"),
                       TimeRemainingColumn(), console=err, disable=quiet) as prog:
@@ -80,9 +86,9 @@ def sweep(config: Path = typer.Argument(..., help="sweep TOML: run sections + [s
 
 # arguments shared by `plot` and `report`
 SweepResults = Annotated[Path, typer.Argument(help="results file written by `silofl sweep`")]
-ReportDir = Annotated[Optional[Path], typer.Option(
+ReportDir = Annotated[Path | None, typer.Option(
     "--out", help="directory (default: RESULTS-report/)")]
-FigureEpsilon = Annotated[Optional[float], typer.Option(
+FigureEpsilon = Annotated[float | None, typer.Option(
     "--epsilon", help="ε of the λ and over-rounds figures (a swept value; "
     "default: [report] epsilon or the middle ε)")]
 
@@ -108,8 +114,8 @@ def report(results: SweepResults, out: ReportDir = None, epsilon: FigureEpsilon 
     """Write an HTML report (figures, best hyperparameters, ε spent vs target per silo),
     the PNGs and summary.json; print the main table."""
     from silofl.experiments.report import selection_table, write_report
-    from silofl.tuning.selection import select_best
     from silofl.experiments.sweep_results import read_results
+    from silofl.tuning.selection import select_best
     try:
         head, records = read_results(results)
         d = _report_dir(results, out)

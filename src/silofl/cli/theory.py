@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Optional
 
 import typer
 from rich.markup import escape
@@ -95,7 +94,7 @@ def theory_show(K: int = K_OPT, n: str = N_OPT, sigma2: str = SIGMA2_OPT,
                 tau2: float = TAU2_OPT, clip: float = CLIP_OPT, epsilon: str = EPS_OPT,
                 delta: str = DELTA_OPT, no_privacy: bool = NOPRIV_OPT,
                 accountant: str = ACC_OPT,
-                json_out: Optional[Path] = typer.Option(None, "--json",
+                json_out: Path | None = typer.Option(None, "--json",
                                                         help="also write the numbers here")):
     """Closed forms: each silo's σ_loc², λ*, the errors of Local, FedAvg and MR-MTL(λ*), the
     λ range where MR-MTL beats both endpoints, and E(λ) over the thesis's λ grid."""

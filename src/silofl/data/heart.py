@@ -89,7 +89,9 @@ def load_heart_disease(*, test_fraction: float = 0.2, seed: int = 0,
     Federation
         Silos Cleveland, Hungary, Switzerland, VA Long Beach; X (n_k, 34) float64 with
         one-hot categorical columns, y (n_k,) int64 in {0, 1} (1 = disease);
-        ``meta["uncharged"] == []``.
+        ``meta["uncharged"] == []``. The silos carry no privacy target yet: set them
+        with ``fed.with_targets(PrivacyTarget(epsilon, delta), {name: ...})`` before a
+        private `simulate`.
     """
     raw = load_heart_disease_raw(test_fraction=test_fraction, seed=seed, missing=missing,
                                  schema=schema)

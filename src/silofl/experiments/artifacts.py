@@ -27,7 +27,6 @@ training data and spends no budget.
 from __future__ import annotations
 
 import difflib
-import importlib.metadata
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,32 +34,24 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from silofl.errors import ConfigError, DataError
-from silofl.experiments.integrity import load_params, verify_entry, verify_file
-from silofl.io import (dumps_strict, file_hashes, sha256_file, write_bytes_atomic,
-                       write_npz_atomic)
-from silofl.privacy.ledger import silo_file_id
-from silofl.privacy.targets import ADJACENCY
-from silofl._version import __version__
+from silofl._version import FORMAT, FORMAT_VERSION, silofl_version
+from silofl.data.encoding import encode_table
 from silofl.data.exam import EXAM_SCHEMA
 from silofl.data.heart import heart_schema
 from silofl.data.schema import load_schema, schema_from_dict
 from silofl.data.school import school_schema
-from silofl.data.encoding import encode_table
+from silofl.errors import ConfigError, DataError
+from silofl.experiments.integrity import load_params, verify_entry, verify_file
+from silofl.io import dumps_strict, file_hashes, sha256_file, write_bytes_atomic, write_npz_atomic
 from silofl.models import make_model
+from silofl.privacy.ledger import silo_file_id
+from silofl.privacy.targets import ADJACENCY
 
-FORMAT = "silofl-models"
-FORMAT_VERSION = 1
 POST_PROCESSING = ("Predicting is post-processing of released models: it reads no training "
                    "data and spends no privacy budget.")
 NON_PRIVATE = "NON-PRIVATE: trained without differential privacy; no guarantee for anyone"
 
 
-def silofl_version() -> str:
-    try:
-        return importlib.metadata.version("silofl")
-    except importlib.metadata.PackageNotFoundError:  # run from a source tree
-        return __version__
 
 
 # --- what a run hands over ----------------------------------------------------------------------

@@ -9,20 +9,24 @@ import inspect
 import silofl.data as D
 from silofl.algorithms import make_algorithm
 from silofl.algorithms.base import Algorithm
+from silofl.config import Config, DataConfig
 from silofl.data import heart as _heart
 from silofl.data.federation import Federation
-from silofl.privacy.targets import PrivacyTarget
-from silofl.data.preprocess import (PreprocessSpec, RawFederation, plan_preprocessing,
-                                    preprocess_without_budget)
+from silofl.data.mnist import load_dirichlet_mnist
+from silofl.data.preprocess import (
+    PreprocessSpec,
+    RawFederation,
+    plan_preprocessing,
+    preprocess_without_budget,
+)
 from silofl.data.schema import load_schema
 from silofl.data.silo_size import check_settings, limit_federation
 from silofl.errors import ConfigError
-from silofl.experiments.config import Config, DataConfig
 from silofl.models import TORCH_MODELS, check_input, make_model
 from silofl.models.base import Model
 from silofl.models.metrics import METRICS, default_metric
+from silofl.privacy.targets import PrivacyTarget
 from silofl.runtime.plan import TrainingConfig
-from silofl.data.mnist import load_dirichlet_mnist
 
 SOURCES = ("heart", "table", "school", "exam", "titanic", "mnist", "synthetic",
            "mnist_dirichlet")

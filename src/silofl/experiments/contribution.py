@@ -58,13 +58,13 @@ from pathlib import Path
 
 import numpy as np
 
-from silofl.errors import ConfigError, DataError
-from silofl.io import write_npz_atomic
-from silofl.privacy.ledger import silo_file_id
+from silofl.config import config_from_dict
 from silofl.data.preprocess import apply_preprocessing
+from silofl.errors import ConfigError, DataError
 from silofl.experiments import build
-from silofl.experiments.config import config_from_dict
+from silofl.io import write_npz_atomic
 from silofl.models.glm import GLM
+from silofl.privacy.ledger import silo_file_id
 
 MAX_EXACT = 10           # exact Shapley up to 10 other silos (2^10 coalitions)
 PERMUTATIONS = 200       # Monte-Carlo orders beyond
@@ -110,7 +110,7 @@ class RoundLog:
         return int(self.lr.shape[0])
 
     @classmethod
-    def from_rounds(cls, round_log: list[dict]) -> "RoundLog":
+    def from_rounds(cls, round_log: list[dict]) -> RoundLog:
         """From `WeightErosion.round_log` (a `present` (K,) key is used when there)."""
         if not round_log:
             raise DataError("the Weight Erosion run logged no rounds: nothing to value")

@@ -11,17 +11,17 @@ import numpy as np
 from rich.markup import escape
 from rich.table import Table
 
-from silofl.io import (
-    json_safe,
-    savefig_atomic,
-    write_json_atomic,
-    write_text_atomic,
-)
 from silofl.experiments.contribution import (
     HOW_TEXT,
     USER_EVAL_NOTE,
     ZERO_COST_NOTE,
     Contribution,
+)
+from silofl.io import (
+    json_safe,
+    savefig_atomic,
+    write_json_atomic,
+    write_text_atomic,
 )
 from silofl.privacy.ledger import silo_file_id
 

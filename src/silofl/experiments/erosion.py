@@ -38,21 +38,31 @@ from pathlib import Path
 
 import numpy as np
 
+from silofl.config import Config
 from silofl.errors import ConfigError, SiloflError
-from silofl.experiments import build, contribution as C
+from silofl.experiments import build
+from silofl.experiments import contribution as C
 from silofl.experiments import contribution_report as CR
+from silofl.experiments.figures import alpha_lines
+from silofl.experiments.run import (
+    ADJACENCY,
+    _base_dir,
+    _combined,
+    _lifetime,
+    _make_run_dir,
+    _prepare,
+    _preprocess,
+    check_demo_store,
+    job_notes,
+    open_store,
+)
 from silofl.io import json_safe, savefig_atomic, write_json_atomic
-from silofl.experiments.config import Config
-from silofl.experiments.run import (ADJACENCY, _base_dir, _combined, _lifetime, _make_run_dir,
-                                    _prepare, _preprocess, check_demo_store, job_notes,
-                                    open_store)
 from silofl.models import metrics as M
 from silofl.privacy.budget import BudgetStore, PlannedCharge
 from silofl.privacy.ledger import silo_file_id
 from silofl.runtime.job import NO_METHOD, fingerprints, open_job
 from silofl.runtime.plan import plan_job
 from silofl.runtime.simulator import simulate
-from silofl.experiments.figures import alpha_lines
 
 BASELINE_NOTE = ("majority-class baselines are computed from each user's own training labels "
                  "and scored on its own test rows; they are not privatized and not charged: "

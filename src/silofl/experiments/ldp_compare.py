@@ -24,14 +24,14 @@ import dp_accounting as dpa
 import numpy as np
 
 from silofl.algorithms import make_algorithm
-from silofl.privacy.targets import PrivacyTarget
+from silofl.config import Config
 from silofl.errors import ConfigError
 from silofl.experiments import build
 from silofl.io import write_json_atomic
-from silofl.experiments.config import Config
 from silofl.privacy import accounting
 from silofl.privacy.budget import BudgetStore
 from silofl.privacy.ledger import tightest
+from silofl.privacy.targets import PrivacyTarget
 from silofl.runtime.plan import plan_silos
 from silofl.runtime.simulator import simulate
 

@@ -34,12 +34,21 @@ from pathlib import Path
 
 import numpy as np
 
+from silofl.config import Config
 from silofl.errors import ConfigError
+from silofl.experiments.run import (
+    ADJACENCY,
+    _base_dir,
+    _combined,
+    _lifetime,
+    _make_run_dir,
+    _prepare,
+    _preprocess,
+    check_demo_store,
+    job_notes,
+    open_store,
+)
 from silofl.io import json_safe, savefig_atomic, write_json_atomic
-from silofl.experiments.config import Config
-from silofl.experiments.run import (ADJACENCY, _base_dir, _combined, _lifetime, _make_run_dir,
-                                    _prepare, _preprocess, check_demo_store, job_notes,
-                                    open_store)
 from silofl.privacy import accounting
 from silofl.privacy.budget import BudgetStore, PlannedCharge
 from silofl.privacy.randomness import Randomness

@@ -10,14 +10,13 @@ import numpy as np
 from rich.console import Group
 from rich.table import Table
 
-from silofl.io import (json_safe, savefig_atomic, write_json_atomic,
-                                       write_text_atomic)
-from silofl.tuning.selection import eps_label, privacy_check, select_best
-from silofl.experiments.quality import TINY_TEST, warnings_of
-from silofl.models.metrics import HIGHER_IS_BETTER
 from silofl.experiments import figures
+from silofl.experiments.quality import TINY_TEST, warnings_of
 from silofl.experiments.reference import reference_of
 from silofl.experiments.sweep_results import read_results
+from silofl.io import json_safe, savefig_atomic, write_json_atomic, write_text_atomic
+from silofl.models.metrics import HIGHER_IS_BETTER
+from silofl.tuning.selection import eps_label, privacy_check, select_best
 
 #: what the reader of any report must know about the guarantee's scope
 ASSUMPTION_TEXT = (

@@ -14,10 +14,9 @@ from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
+from silofl.config import Config, config_from_dict
 from silofl.errors import ConfigError
 from silofl.experiments import signals
-from silofl.io import write_text_atomic
-from silofl.experiments.config import Config, config_from_dict
 from silofl.experiments.run import (
     CHECKPOINT,
     RunReport,
@@ -30,6 +29,7 @@ from silofl.experiments.run import (
     _state_path,
     check_demo_store,
 )
+from silofl.io import write_text_atomic
 from silofl.privacy import events, runlock, store_paths
 from silofl.privacy.budget import BudgetStore, BudgetStoreError, PlannedCharge
 from silofl.privacy.ledger import read_entries, silo_file_id

@@ -16,25 +16,28 @@ import shutil
 import time
 import warnings
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import tomli_w
 
 from silofl.algorithms import LAMBDA_METHODS, LOCAL_DP_METHODS
-from silofl.privacy.targets import ADJACENCY, PrivacyTarget
+from silofl.config import Config
 from silofl.data.preprocess import apply_preprocessing
 from silofl.errors import ConfigError
 from silofl.experiments import artifacts, build, signals
+from silofl.experiments.figures import alpha_over_rounds
+from silofl.experiments.quality import QUALITY_NOTE, assess, warnings_of
+from silofl.experiments.reference import add_nonprivate_reference
+from silofl.experiments.report import plot_history
 from silofl.io import (
     json_safe,
     write_bytes_atomic,
     write_json_atomic,
     write_text_atomic,
 )
-from silofl.experiments.config import Config
 from silofl.privacy import accounting, events, store_paths
 from silofl.privacy.budget import (
     SCRATCH_NOTE,
@@ -43,14 +46,11 @@ from silofl.privacy.budget import (
 )
 from silofl.privacy.ledger import silo_file_id, tightest
 from silofl.privacy.randomness import Randomness
+from silofl.privacy.targets import ADJACENCY, PrivacyTarget
 from silofl.runtime.job import NO_METHOD, fingerprints, open_job
 from silofl.runtime.plan import SEEDED_NOTE, plan_job
 from silofl.runtime.simulator import RunResult, bind_data, simulate
 from silofl.tuning import setup as tuning_setup
-from silofl.experiments.figures import alpha_over_rounds
-from silofl.experiments.quality import assess, QUALITY_NOTE, warnings_of
-from silofl.experiments.reference import add_nonprivate_reference
-from silofl.experiments.report import plot_history
 
 ASSUMPTIONS = (
     "Silo sizes n_k are treated as public: they set the sampling rate q = b/n_k, the noise "
@@ -448,7 +448,7 @@ def record_alpha(r: RunResult, alg, rounds: int) -> None:
         "present": [e["present"].tolist() for e in alg.round_log]}
 
 
-def plot_alpha(rep: "RunReport", path: Path) -> bool:
+def plot_alpha(rep: RunReport, path: Path) -> bool:
     """`ALPHA_PNG`: α of every silo over rounds, the user highlighted (False: no Weight
     Erosion in the run, nothing drawn)."""
     for r in rep.results:

@@ -40,17 +40,16 @@ import multiprocessing
 import os
 import time
 import warnings
+from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import dp_accounting as dpa
 import numpy as np
 
 from silofl.algorithms import LAMBDA_METHODS, make_algorithm
 from silofl.data.federation import Federation, split_silo
-from silofl.privacy.targets import PrivacyTarget
 from silofl.errors import ConfigError, DataError, SiloflError
 from silofl.experiments import build
 from silofl.experiments.sweep_config import _ALG_DEFAULTS, SweepConfig
@@ -63,12 +62,13 @@ from silofl.experiments.sweep_results import (
 )
 from silofl.models.base import Model
 from silofl.models.metrics import HIGHER_IS_BETTER, default_metric
+from silofl.privacy import accounting as acc
+from silofl.privacy import selection as TA
 from silofl.privacy.budget import SCRATCH_NOTE, BudgetStore
+from silofl.privacy.targets import PrivacyTarget
 from silofl.runtime.plan import SEEDED_NOTE, TrainingConfig, plan_silos
 from silofl.runtime.simulator import bind_data, simulate
-from silofl.privacy import selection as TA
 from silofl.tuning import setup as tuning_setup
-from silofl.privacy import accounting as acc
 from silofl.tuning.private import score_sigma
 
 NOT_COUNTED = (
@@ -339,7 +339,7 @@ def header(sc: SweepConfig, prep: Prepared, fingerprint: str, total: int) -> dic
     return _clean({
         "kind": HEADER_KIND, "format": FORMAT, "fingerprint": fingerprint,
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "config": sc.normalized(),
-        "report": dataclasses.asdict(sc.report), "report_epsilon": sc.report_epsilon,
+        "report": sc.report.model_dump(), "report_epsilon": sc.report_epsilon,
         "metric": prep.metric, "higher_is_better": HIGHER_IS_BETTER[prep.metric],
         "task": fed.task, "silos": fed.names, "n_train": [s.n_train for s in fed.silos],
         "n_validation": [len(y) for _, y in prep.validation],

@@ -13,21 +13,26 @@ config file, so `silofl sweep examples/school.toml` works from any working direc
 from __future__ import annotations
 
 import copy
-import dataclasses
 import difflib
 import hashlib
 import inspect
 import json
-import math
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from silofl.algorithms import LAMBDA_METHODS, METHODS, make_algorithm
+from silofl.config import Config, config_from_dict, read_toml, validate
+from silofl.config.base import Source
+from silofl.config.input import (
+    apply_overrides,
+    check_config_paths,
+    resolve_config_paths,
+    where_set,
+)
+from silofl.config.sweep import ReportSection, SweepFile, SweepSection
 from silofl.errors import ConfigError
-from silofl.experiments.config import Config, _build, config_from_dict, read_toml
 from silofl.tuning import setup as tuning_setup
-from silofl.tuning.setup import SWEEP_MODES
 
 _ALG_DEFAULTS = {k: p.default for k, p in inspect.signature(make_algorithm).parameters.items()
                  if p.default is not inspect.Parameter.empty}
@@ -37,29 +42,6 @@ _REPLACED = {("training", "methods"): "sweep.methods", ("training", "lam"): "swe
              ("training", "lr"): "sweep.lr", ("training", "seed"): "sweep.seeds",
              ("privacy", "epsilon"): "sweep.epsilon", ("privacy", "enabled"): "sweep.nonprivate",
              ("privacy", "silos"): "sweep.epsilon (every silo gets the swept ε)"}
-
-
-@dataclass
-class SweepSection:
-    methods: list = field(default_factory=lambda: ["local", "fedavg", "mrmtl"])
-    epsilon: list = field(default_factory=lambda: [1.0])  # per-silo target ε, same for all
-    nonprivate: bool = False       # also run every method without DP (reference only)
-    lam: list = field(default_factory=lambda: [0.1])      # only for LAMBDA_METHODS
-    lr: list = field(default_factory=lambda: [0.1])
-    seeds: list = field(default_factory=lambda: [0])
-    validation_fraction: float = 0.2  # of each silo's training rows, for selection
-    min_silo_train: int = 0        # drop silos with fewer training rows (after validation)
-    workers: int = 2               # processes
-    results: str = "results.jsonl"
-    #: hyperparameter choice: "uncounted" (the grid, best on validation; its cost is NOT
-    #: counted), "none" (one fixed setting per method), "private" (also run
-    #: [tuning] method privately tuned: random h, best-only; silofl.tuning)
-    tuning: str = "uncounted"
-
-
-@dataclass
-class ReportSection:
-    epsilon: float | None = None   # ε of the λ and over-rounds figures (default: middle ε)
 
 
 @dataclass
@@ -90,7 +72,7 @@ class SweepConfig:
         d["data"]["path"] = self.data_path_as_written
         for sec, key in _REPLACED:
             d[sec].pop(key, None)
-        sw = dataclasses.asdict(self.sweep)
+        sw = self.sweep.model_dump()
         for key in ("workers", "results"):
             sw.pop(key)
         if sw["tuning"] == "uncounted":  # the default: fingerprints of older sweeps hold
@@ -122,33 +104,10 @@ def _resolve(root: Path, p: str) -> Path:
     return path if path.is_absolute() else Path(os.path.normpath(root / path))
 
 
-def _number_list(value: list, where: str, *, positive: bool = False,
-                 integer: bool = False) -> list:
-    """A non-empty list of distinct finite numbers ≥ 0 (> 0 with `positive`)."""
-    if not value:
-        raise ConfigError(f"'{where}' is empty; give at least one value, e.g. {where} = [1]")
-    out = []
-    for v in value:
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or \
-                integer and not isinstance(v, int):
-            kind = "integers" if integer else "numbers"
-            raise ConfigError(f"'{where}' must be a list of {kind}, got {v!r} in {value!r}")
-        if not math.isfinite(v):
-            raise ConfigError(f"'{where}' holds {v!r}; use finite values")
-        if positive and not v > 0:
-            raise ConfigError(f"'{where}' must hold positive values, got {v!r}")
-        if v < 0:
-            raise ConfigError(f"'{where}' must hold non-negative values, got {v!r}")
-        out.append(v if integer else float(v))
-    dup = sorted({v for v in out if out.count(v) > 1})
-    if dup:
-        raise ConfigError(f"'{where}' lists {dup} more than once; list every value once")
-    return out
-
-
 def validate_sweep(s: SweepSection) -> SweepSection:
-    """Check the grid; returns a copy with numbers normalized (floats, ints)."""
-    s = copy.deepcopy(s)
+    """Check the grid's methods against the algorithm registry (its numbers were checked
+    by `SweepSection`); returns a copy."""
+    s = s.model_copy(deep=True)
     if not s.methods:
         raise ConfigError(f"'sweep.methods' is empty; list some of {', '.join(METHODS)}")
     for m in s.methods:
@@ -159,44 +118,24 @@ def validate_sweep(s: SweepSection) -> SweepSection:
                               f"{', '.join(METHODS)}.{hint}")
     if len(set(s.methods)) != len(s.methods):
         raise ConfigError("'sweep.methods' lists a method more than once; list every method once")
-    s.epsilon = _number_list(s.epsilon, "sweep.epsilon", positive=True)
-    s.lam = _number_list(s.lam, "sweep.lam")
-    s.lr = _number_list(s.lr, "sweep.lr", positive=True)
-    s.seeds = _number_list(s.seeds, "sweep.seeds", integer=True)
-    if not 0 < s.validation_fraction < 1:
-        raise ConfigError(f"'sweep.validation_fraction' must be in (0, 1), got "
-                          f"{s.validation_fraction}; e.g. 0.2 keeps 80% of each silo's "
-                          "training rows for training")
-    if s.min_silo_train < 0:
-        raise ConfigError(f"'sweep.min_silo_train' must be ≥ 0, got {s.min_silo_train}")
-    if s.workers < 1:
-        raise ConfigError(f"'sweep.workers' must be ≥ 1, got {s.workers}")
-    if s.tuning not in SWEEP_MODES:
-        raise ConfigError(f"'sweep.tuning' must be one of {', '.join(SWEEP_MODES)}, got "
-                          f"{s.tuning!r}")
-    if s.tuning == "none" and (len(s.lam) > 1 or len(s.lr) > 1):
-        raise ConfigError("sweep.tuning = 'none' runs one fixed, public setting per method: "
-                          f"give one value in sweep.lam (got {s.lam}) and sweep.lr (got "
-                          f"{s.lr}), or use tuning = 'private' / 'uncounted'")
-    if not s.results.strip():
-        raise ConfigError("'sweep.results' is empty; name a results file, e.g. "
-                          "results = \"results/sweep.jsonl\"")
     return s
 
 
-def sweep_config_from_dict(raw: dict, root: Path | str = ".") -> SweepConfig:
-    """Validate a parsed sweep TOML. Relative paths resolve against `root`."""
+def sweep_config_from_dict(raw: dict, root: Path | str = ".", source: Source = ""
+                           ) -> SweepConfig:
+    """Validate a parsed sweep TOML. Relative paths resolve against `root`; `source` (the
+    file) is named in error messages."""
     raw = copy.deepcopy(raw)
     if "sweep" not in raw:
         raise ConfigError("a sweep config needs a [sweep] section (methods, epsilon, lam, lr, "
                           "seeds, …); for a single run use `silofl run --config`")
-    sweep = validate_sweep(_build(SweepSection, raw.pop("sweep"), "sweep"))
-    report = _build(ReportSection, raw.pop("report", {}), "report")
+    sweep = validate_sweep(validate(SweepSection, raw.pop("sweep"), "sweep", source))
+    report = validate(ReportSection, raw.pop("report", {}), "report", source)
     for (sec, key), instead in _REPLACED.items():
         if isinstance(raw.get(sec), dict) and key in raw[sec]:
             raise ConfigError(f"'{sec}.{key}' is set by the sweep grid in a sweep config; "
                               f"remove it and use {instead}")
-    base = config_from_dict(raw)
+    base = config_from_dict(raw, source)
     if base.tuning.mode != "none":
         raise ConfigError("in a sweep config the tuning mode is sweep.tuning; remove "
                           "tuning.mode (the other [tuning] keys set up tuning = 'private')")
@@ -230,7 +169,8 @@ def _check_private_tuning(s: SweepSection, base: Config) -> None:
                           f"sweep.lam {s.lam}; add it so the fixed-λ̄ baseline is run")
 
 
-def load_sweep_config(path: str | Path) -> SweepConfig:
+def load_sweep_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()
+                      ) -> SweepConfig:
     """Read and validate a sweep TOML file.
 
     Parameters
@@ -238,6 +178,9 @@ def load_sweep_config(path: str | Path) -> SweepConfig:
     path : str or Path
         The sweep file (paths in it are relative to its directory); see
         ``examples/school-quick.toml``.
+    overrides : sequence of str, default ()
+        ``SECTION.KEY=VALUE`` items applied on top, as ``silofl sweep --set`` does: any
+        key of a run config, [sweep] or [report].
 
     Returns
     -------
@@ -247,12 +190,12 @@ def load_sweep_config(path: str | Path) -> SweepConfig:
     Raises
     ------
     ConfigError
-        An unknown key or an invalid value.
+        An unknown key or an invalid value, naming the file or the ``--set`` item.
     """
-    from silofl.experiments.config_input import check_config_paths, resolve_config_paths
     root = Path(path).resolve().parent  # one rule for every config: relative to its folder
-    raw = check_config_paths(resolve_config_paths(read_toml(path, "sweep config"), root))
-    return sweep_config_from_dict(raw, root)
+    raw = resolve_config_paths(read_toml(path, "sweep config"), root)
+    raw = check_config_paths(apply_overrides(raw, overrides, model=SweepFile))
+    return sweep_config_from_dict(raw, root, where_set(path, overrides, "sweep config"))
 
 
 __all__ = ["LAMBDA_METHODS", "ReportSection", "SweepConfig", "SweepSection",

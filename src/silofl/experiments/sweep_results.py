@@ -14,8 +14,8 @@ import time
 from pathlib import Path
 
 from silofl.errors import ConfigError, DataError
-from silofl.io import write_text_atomic
 from silofl.experiments.sweep_config import SweepConfig
+from silofl.io import write_text_atomic
 
 FORMAT = 1
 

@@ -1,6 +1,6 @@
 """Node-level audit of the pandemic pipeline with canary *persons* (`silofl pandemic audit`).
 
-The node-level guarantee (`pandemic.node_dp`) is for *replacement* of one person: under
+The node-level guarantee (`privacy.node_level`) is for *replacement* of one person: under
 "node+edges" the person's attributes, states and contacts, under "node" their attributes
 and states on a fixed contact graph. The audit tests exactly that relation. It appends m
 *canary slots* to one region; each slot holds either

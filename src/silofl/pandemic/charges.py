@@ -13,10 +13,9 @@ from typing import TYPE_CHECKING
 import dp_accounting as dpa
 
 from silofl.io import array_digest
-from silofl.privacy.targets import PrivacyTarget
+from silofl.pandemic.dataset import PandemicData
 from silofl.pandemic.engine import method_of, selection_charges, selection_summary
 from silofl.pandemic.inputs import SUMMARY_DECLARED_SOURCE
-from silofl.pandemic.dataset import PandemicData
 from silofl.pandemic.tables import DECLARED_SOURCES
 from silofl.privacy.budget import SCRATCH_NOTE, BudgetStore, PlannedCharge
 from silofl.privacy.node_level import (
@@ -25,13 +24,14 @@ from silofl.privacy.node_level import (
     NodeLevelDpEvent,
     affected_examples,
 )
+from silofl.privacy.targets import PrivacyTarget
 from silofl.runtime.job import Job, open_job
 from silofl.runtime.plan import SEEDED_NOTE, SiloPlan
 from silofl.training import sampling as TS
 
 if TYPE_CHECKING:
-    from silofl.pandemic.pipeline import PandemicConfig
-    from silofl.pandemic.regions import Region
+    from silofl.pandemic.config import PandemicConfig
+    from silofl.pandemic.region import Region
 
 
 #: the label of each kind of charge in ledgers and the budget store (the method is
@@ -117,8 +117,8 @@ def tuning_entry(r: Region, k: int, cfg: PandemicConfig, alg) -> dict:
     """Region k's tuning record: the distribution of h (h_k itself stays secret), the
     grid, the score (window, persons, Δ, noise), the ε of the RepeatAndSelect charge alone
     and the released setting."""
-    from silofl.privacy import accounting, events
     from silofl.pandemic.tuning import describe_release
+    from silofl.privacy import accounting, events
     from silofl.tuning.private import score_sigma
     out = describe_release(alg, k)
     sig = score_sigma(round_event(r, cfg), cfg.rounds, alg.score_ratio)

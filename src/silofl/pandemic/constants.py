@@ -13,21 +13,21 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from silofl.errors import ConfigError, PrivacyError
+from silofl.errors import PrivacyError
 from silofl.pandemic.charges import PREPROCESS_LABEL, node_unit, preprocess_event
 from silofl.pandemic.features import NeighbourhoodFeatures
 from silofl.pandemic.inputs import SUMMARY_FEATURES, summary_inputs
 from silofl.pandemic.tables import (
-    DECLARED_CONSTANTS,
     PRIVATE_BOUNDS,
     FeatureConstants,
     build_node_table,
+    declared_constants,
 )
 from silofl.training import sampling as TS
 
 if TYPE_CHECKING:
-    from silofl.pandemic.pipeline import PandemicConfig
-    from silofl.pandemic.regions import Region
+    from silofl.pandemic.config import PandemicConfig
+    from silofl.pandemic.region import Region
 
 
 #: Clipping bounds (lo, hi) of the summary columns in a private release (declared; values
@@ -48,15 +48,6 @@ SUMMARY_BOUNDS: dict[str, tuple[float, float]] = {
 MIN_PRIVATE_STD = 0.02
 
 
-def declared_constants(cfg: PandemicConfig) -> FeatureConstants:
-    """`tables.DECLARED_CONSTANTS` with ``cfg.declared``'s overrides."""
-    extra = dict(cfg.declared or {})
-    known = set(DECLARED_CONSTANTS.to_dict()) - {"source"}
-    bad = sorted(set(extra) - known)
-    if bad:
-        raise ConfigError(f"unknown declared constant(s) {', '.join(bad)}; known: "
-                          f"{', '.join(sorted(known))}")
-    return DECLARED_CONSTANTS.replace(**{k: float(v) for k, v in extra.items()})
 
 
 #: persons a private release sums over at most (a secret uniform sample above that)
@@ -129,7 +120,7 @@ def private_release(r: Region, cfg: PandemicConfig, inputs: dict) -> None:
     nothing read, if the run did not reserve it), then release the Gaussian sum of
     `release_vectors` over ``r.pre_batch`` persons (all, or a uniform sample drawn from
     the round-0 DP randomness) with noise N(0, σ²C²) per coordinate, C = ½‖widths‖.
-    Replacing one person changes ≤ `node_dp.affected_examples` vectors, each by ≤ 2C:
+    Replacing one person changes ≤ `privacy.node_level.affected_examples` vectors, each by ≤ 2C:
     one step of the node-level mechanism.  Post-processing sets the feature constants
     (age, household, contact statistics; location stays declared: it describes places,
     not persons) and, with summary inputs, the model-input standardization."""

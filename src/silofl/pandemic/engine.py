@@ -21,20 +21,20 @@ data:
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import numpy as np
 
+from silofl.algorithms import make_algorithm
 from silofl.algorithms.base import ServerState, SiloState
+from silofl.algorithms.ifca import IFCA, SELECT_LABEL
 from silofl.algorithms.mrmtl import MRMTL
 from silofl.data.federation import SiloCollection
-from silofl.privacy.targets import PrivacyTarget
 from silofl.errors import ConfigError
-from silofl.algorithms import make_algorithm
-from silofl.algorithms.ifca import IFCA, SELECT_LABEL
 from silofl.privacy.budget import PlannedCharge
 from silofl.privacy.node_level import affected_examples
+from silofl.privacy.targets import PrivacyTarget
 from silofl.training import selection
 
 #: methods that run on graph data (node-level unit): those built on local passes, the

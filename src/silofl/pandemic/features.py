@@ -57,8 +57,8 @@ of one batch with vectorized fancy indexing.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Callable, Iterator
 
 import numpy as np
 
@@ -389,7 +389,7 @@ def build_neighbourhood_features(
         priority: Priority = "random", hops: int = 1, hop2_neighbours: int | None = None,
         graph_features: bool = False, pagerank_iterations: int = 20, activity_names=None,
         location_flag_names=None,
-        constants: "FeatureConstants | str | Callable[[NeighbourIndex], FeatureConstants]"
+        constants: FeatureConstants | str | Callable[[NeighbourIndex], FeatureConstants]
         = "declared") -> NeighbourhoodFeatures:
     """Dedupe → prune (degree ≤ S − 1) → node/location tables.
 

@@ -36,18 +36,24 @@ from flwr.common import EvaluateIns, GetPropertiesIns, Parameters, ndarrays_to_p
 
 from silofl.errors import ConfigError, SiloflError
 from silofl.io import write_json_atomic
+from silofl.pandemic.challenge import write_predictions
 from silofl.pandemic.engine import NODE_METHODS
 from silofl.pandemic.network import RegionSiloProgram, graph_job, region_name
 from silofl.pandemic.partition import input_directory
-from silofl.pandemic.challenge import write_predictions
 from silofl.pandemic.pipeline import PandemicConfig
 from silofl.pandemic.readers import read_dataset
 from silofl.privacy.ledger import silo_file_id
 from silofl.runtime.network import messages as W
+from silofl.runtime.network.clientapp import SiloClient
 from silofl.runtime.network.deploy import write_silo_key
-from silofl.runtime.network.flower import FitOnlyStrategy, SiloClient, SiloflStrategy
+
 # the networked runtime's in-process Flower driver, re-exported for the challenge's users
-from silofl.runtime.network.flower import InProcessClientProxy, run_in_process  # noqa: F401
+from silofl.runtime.network.flower import (  # noqa: F401
+    FitOnlyStrategy,
+    InProcessClientProxy,
+    SiloflStrategy,
+    run_in_process,
+)
 from silofl.runtime.network.server import ServerConfig, ServerProgram
 from silofl.runtime.network.silo import SiloConfig, new_nonce
 

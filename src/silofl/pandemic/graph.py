@@ -43,7 +43,7 @@ Caveat (shared with the seed method and Daigavane et al.): the accounting treats
 pruned graph as the data.  Greedy pruning is itself data-dependent — removing a person
 can free capacity that lets *other* pairs be kept — and that effect is not covered by
 the node-level bound (under either adjacency of `node_dp`); every model states it as an
-uncharged assumption (`node_dp.PRUNING_ASSUMPTION`).
+uncharged assumption (`privacy.node_level.PRUNING_ASSUMPTION`).
 """
 
 from __future__ import annotations
@@ -118,7 +118,7 @@ class NeighbourIndex:
     lid: np.ndarray              # (E,) location id (input integer dtype)
     n_contacts: np.ndarray       # (E,) int32
     original_degree: np.ndarray  # (N,) int32, degree before pruning (after dedupe)
-    hop2: "NeighbourIndex | None" = None
+    hop2: NeighbourIndex | None = None
 
     @property
     def hops(self) -> int:

@@ -29,28 +29,35 @@ from pathlib import Path
 
 import numpy as np
 
+from silofl.config.base import did_you_mean
 from silofl.errors import ConfigError
 from silofl.io import write_json_atomic
-from silofl.pandemic.dataset import PandemicData
-from silofl.pandemic.engine import NODE_METHODS, method_of
+from silofl.models.glm import FocalLoss
 from silofl.pandemic.charges import preprocess_event, region_fingerprint, round_event
 from silofl.pandemic.constants import declared_constants, private_release
+from silofl.pandemic.dataset import PandemicData
+from silofl.pandemic.engine import NODE_METHODS, method_of
 from silofl.pandemic.inputs import input_dim
+from silofl.pandemic.metrics import average_precision
+from silofl.pandemic.partition import partition_by_region
 from silofl.pandemic.pipeline import (
-    PandemicConfig, initial_weights, plan_regions, predict_region, region_trainer,
+    PandemicConfig,
+    initial_weights,
+    plan_regions,
+    predict_region,
+    region_trainer,
 )
-from silofl.pandemic.regions import Region, build_features, fit_region_scaling, raw_weights
-from silofl.pandemic.tables import FeatureConstants
 from silofl.pandemic.readers import read_dataset
+from silofl.pandemic.regions import Region, build_features, fit_region_scaling, raw_weights
+from silofl.pandemic.schema import TARGET
+from silofl.pandemic.tables import FeatureConstants
 from silofl.privacy.ledger import Ledger
 from silofl.runtime.network import messages as W
 from silofl.runtime.network.hosting import silo_randomness
+from silofl.runtime.network.jobspec import check_job as check_job_keys
+from silofl.runtime.network.jobspec import job_silos
 from silofl.runtime.network.server import JOB_DEFAULTS
-from silofl.runtime.network.silo import SiloProgram, check_job as check_job_keys, job_silos
-from silofl.models.glm import FocalLoss
-from silofl.pandemic.metrics import average_precision
-from silofl.pandemic.partition import partition_by_region
-from silofl.pandemic.schema import TARGET
+from silofl.runtime.network.silo import SiloProgram
 
 #: the settings of a `PandemicConfig` that travel in ``job["graph"]``: the public recipe
 #: every region trains with (the rest are the job's own keys, or the silo's: ε, δ, noise)
@@ -325,7 +332,10 @@ def deploy_regions(dataset: Path, data_dir: Path, job: dict) -> tuple[dict, dict
     settings = {k: v for k, v in job.items() if k in known}
     bad = sorted(set(job) - known - {"noise"})
     if bad:
-        raise ConfigError(f"graph job: unknown setting(s) {bad}; known: {', '.join(sorted(known))}")
+        near = [n for n in (did_you_mean(k, sorted(known)) for k in bad) if n]
+        hint = f"; did you mean {', '.join(map(repr, near))}?" if near else ""
+        raise ConfigError(f"graph job: unknown setting(s) {bad}{hint}; known: "
+                          f"{', '.join(sorted(known))}")
     cfg = PandemicConfig(**settings)
     cfg.validate()
     method_of(cfg)  # the method's own settings (clusters, we_user) fail before any write

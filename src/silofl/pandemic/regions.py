@@ -6,50 +6,26 @@ features are built only after the run has reserved its budget (`pipeline.train`)
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from silofl.errors import ConfigError, PrivacyError
 from silofl.pandemic.constants import declared_constants, private_release
+from silofl.pandemic.dataset import PandemicData
 from silofl.pandemic.engine import GraphSource
-from silofl.pandemic.features import NeighbourhoodFeatures, build_neighbourhood_features
+from silofl.pandemic.features import build_neighbourhood_features
 from silofl.pandemic.inputs import (
     declared_input_scaling,
     fit_input_scaling,
     fold_scaling,
     model_inputs,
 )
-from silofl.pandemic.dataset import PandemicData
+from silofl.pandemic.region import Region
 from silofl.pandemic.tables import FeatureConstants
-from silofl.privacy.ledger import Ledger
 
 if TYPE_CHECKING:
-    from silofl.pandemic.pipeline import PandemicConfig
-
-
-@dataclass
-class Region:
-    """One silo: its persons and, once planned and built, its features, noise and ledger."""
-
-    name: str
-    persons: np.ndarray          # indices into the dataset's persons
-    features: NeighbourhoodFeatures | None = None  # None until built (after the reservation)
-    S: int = 0
-    steps_per_round: int = 0
-    sigma: float | None = None
-    ledger: Ledger | None = None
-    shift: np.ndarray | None = None  # model-input standardization (None: raw inputs)
-    scale: np.ndarray | None = None
-    delta: float | None = None
-    pre_sigma: float | None = None   # private preprocessing: noise multiplier, batch
-    pre_batch: int = 0
-    constants: FeatureConstants | None = None
-
-    @property
-    def n(self) -> int:
-        return int(self.persons.size)
+    from silofl.pandemic.config import PandemicConfig
 
 
 def region_groups(data: PandemicData, cfg: PandemicConfig) -> list[Region]:

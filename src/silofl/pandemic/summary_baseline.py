@@ -19,10 +19,10 @@ from dataclasses import replace
 import numpy as np
 
 from silofl.errors import ConfigError
+from silofl.pandemic.dataset import PandemicData
 from silofl.pandemic.inputs import declared_input_scaling, fit_input_scaling, summary_inputs
 from silofl.pandemic.pipeline import PandemicConfig
 from silofl.pandemic.regions import build_regions
-from silofl.pandemic.dataset import PandemicData
 
 
 def summary_columns(data: PandemicData, cfg: PandemicConfig,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
+from typing import Protocol
 
 import numpy as np
 from scipy import optimize, sparse, special, stats
@@ -344,3 +345,20 @@ def contact_stats(index: NeighbourIndex) -> dict:
     dm, ds = _mean_std(d)
     cm, cs = _mean_std(c)
     return {"dur_mean": dm, "dur_std": ds, "cnt_mean": cm, "cnt_std": cs}
+
+
+class DeclaresConstants(Protocol):
+    """What `declared_constants` reads of a configuration (`PandemicConfig`)."""
+
+    declared: dict | None
+
+
+def declared_constants(cfg: DeclaresConstants) -> FeatureConstants:
+    """`tables.DECLARED_CONSTANTS` with ``cfg.declared``'s overrides."""
+    extra = dict(cfg.declared or {})
+    known = set(DECLARED_CONSTANTS.to_dict()) - {"source"}
+    bad = sorted(set(extra) - known)
+    if bad:
+        raise ConfigError(f"unknown declared constant(s) {', '.join(bad)}; known: "
+                          f"{', '.join(sorted(known))}")
+    return DECLARED_CONSTANTS.replace(**{k: float(v) for k, v in extra.items()})

@@ -4,7 +4,7 @@ track, `pandemic.pipeline.train(..., tuning=...)`).
 The tuned release is the tabular one (`tuning.private.TunedPersonalization`): each region
 draws a secret h_k ~ TNB/Poisson, trains h_k trials of random (λ, lr) beside a pivot model,
 scores every trial with Gaussian noise and releases only the best. What changes at node
-level (one *person* is the privacy unit, `pandemic.node_dp`):
+level (one *person* is the privacy unit, `privacy.node_level`):
 
 * **The score** (`NodeValidation`).  A trial's raw score on region k is the mean clipped
   focal loss  s(w) = (1/m) Σ_i min(ℓ(w; x_i, y_i), B)  over the examples of m persons at
@@ -14,13 +14,14 @@ level (one *person* is the privacy unit, `pandemic.node_dp`):
   (it depends on n only).  No rows are held out: under node-level adjacency a held-out
   person still sits in training persons' neighbourhoods, so carving gains nothing; the
   base mechanism of RepeatAndSelect is (training, score) on the same data.
-  *Sensitivity*: replacing one person changes at most A = `node_dp.affected_examples(n,
+  *Sensitivity*: replacing one person changes at most A = `privacy.node_level.affected_examples(n,
   S, adjacency)` examples (S under "node", 2S − 1 under "node+edges"), each clipped loss
   by at most B, and m is public, so  Δ = min(A, m) · B / m  (replacement adjacency).
   The noise is N(0, (σ_s Δ)²), charged as a Gaussian of noise multiplier σ_s
   (`privacy.selection.GaussianScoreEvent`, RDP α / (2σ_s²)).  It holds under the same
-  uncharged pruning assumption as training (`node_dp.PRUNING_ASSUMPTION`) and needs model inputs that are a
-  function of the person's example alone: declared or privately released constants.
+  uncharged pruning assumption as training (`privacy.node_level.PRUNING_ASSUMPTION`) and
+  needs model inputs that are a function of the person's example alone: declared or
+  privately released constants.
   With ``preprocessing="uncharged"`` every example depends on region-wide statistics, so
   no such bound exists and tuning is refused (`check_setting`).
 * **The score's noise multiplier and the accounting** are the privacy layer's

@@ -88,14 +88,21 @@ class PrivacyTarget:
     Parameters
     ----------
     epsilon : float
-        ε > 0 (dimensionless; smaller is more private).
+        ε > 0 (dimensionless; smaller is more private). A job accepts 0 < ε ≤ 100,
+        checked when it is planned, before any data is read.
     delta : float
-        δ in (0, 1); use a value well below 1/n for n records.
+        δ in (0, 1); a job accepts δ < 0.5. Use a value well below 1/n for n records
+        (planning warns at δ ≥ 1/n).
 
     Raises
     ------
     PrivacyError
         ε not a positive finite number, or δ outside (0, 1).
+
+    Notes
+    -----
+    Neighbouring datasets differ by adding or removing one record of this silo; see
+    the documentation's concepts page, "The guarantee, stated precisely".
     """
 
     epsilon: float

@@ -20,6 +20,7 @@ import dp_accounting as dpa
 import numpy as np
 
 from silofl.algorithms.base import Algorithm
+from silofl.config.base import section_dataclass
 from silofl.data.federation import Federation
 from silofl.privacy.targets import PrivacyTarget
 from silofl.errors import CalibrationError, ConfigError, PrivacyError
@@ -32,7 +33,7 @@ from silofl.privacy.node_level import (node_steps, NodeLevelDpEvent, DEFAULT_ORD
 NOISE_MODES = ("secure", "seeded")
 #: the privacy unit: "example" (one training row, Poisson-sampled DP-SGD) or "node" (one
 #: person of a graph who appears in ≤ S examples; fixed-size batches without replacement,
-#: `pandemic.node_dp` accounting)
+#: `privacy.node_level` accounting)
 PRIVACY_UNITS = ("example", "node")
 #: methods whose private accesses are accounted at example level only (local-DP uploads);
 #: the IFCA family's selections and Weight Erosion's one-step gradients have node-level
@@ -45,9 +46,13 @@ SEEDED_NOTE = "reproducible noise — not a privacy guarantee"
 _CALIBRATION_MARGIN = 1e-7
 
 
-@dataclass(frozen=True)
+@section_dataclass("TrainingConfig", frozen=True)
 class TrainingConfig:
     """Training settings shared by all silos (each silo's σ comes from its own target).
+
+    A checked dataclass on the configuration model's rules (`silofl.config`): wrong types
+    and unknown keys are `ConfigError`s. `silofl run` builds it from [training] and
+    [privacy] (`silofl.experiments.build.training_config`), whose defaults are the CLI's.
 
     Attributes
     ----------
@@ -270,10 +275,11 @@ def _base_plans(fed: Federation, algorithm: Algorithm, cfg: TrainingConfig) -> l
 
 def _node_plans(fed: Federation, algorithm: Algorithm, cfg: TrainingConfig) -> list[SiloPlan]:
     """Plans under the node-level unit: every step a batch of exactly b of the silo's n
-    persons (b ≤ n), `node_dp.node_steps` steps per epoch (Weight Erosion's gradient: one
-    step per round); refused for methods whose private accesses are accounted at example
-    level only (local-DP uploads). σ is calibrated in `_calibrate_node` for everything
-    composed: the passes, the IFCA family's selections (zCDP) and any preprocessing."""
+    persons (b ≤ n), `privacy.node_level.node_steps` steps per epoch (Weight Erosion's
+    gradient: one step per round); refused for methods whose private accesses are
+    accounted at example level only (local-DP uploads). σ is calibrated in
+    `_calibrate_node` for everything composed: the passes, the IFCA family's selections
+    (zCDP) and any preprocessing."""
     if algorithm.name in EXAMPLE_LEVEL_ONLY or not getattr(algorithm, "calibrated", True):
         raise ConfigError(
             f"{algorithm.name} is not available with privacy_unit = 'node': its local-DP "
@@ -364,7 +370,7 @@ def _calibrate_node(algorithms, plans, cfg, pre, eps: float, delta: float) -> fl
     """The node-level fast path: the methods' σ-dependent events are one node-level step
     repeated (any number of passes and rounds); the rest — `pre` (if any) and the IFCA
     family's selections (zCDP: RDP ξ + ρα) — bring fixed RDP curves composed in as
-    `base_rdp`: `node_dp.calibrate_node_sigma` bisects σ for the total steps — the
+    `base_rdp`: `privacy.node_level.calibrate_node_sigma` bisects σ for the total steps — the
     calibration the pandemic pipeline always used. None: use the generic search."""
     p = plans[0]
     counts = events.flatten(_job_event(algorithms, plans, cfg, 1.0, None))

@@ -22,10 +22,10 @@ from pathlib import Path
 import numpy as np
 
 from silofl.errors import ConfigError
-from silofl.theory import model as me
-from silofl.theory import tuning_cost as tc
 from silofl.experiments.figures import _plt, check_out_dir
 from silofl.io import savefig_atomic, write_json_atomic
+from silofl.theory import model as me
+from silofl.theory import tuning_cost as tc
 from silofl.theory.montecarlo import simulate
 
 

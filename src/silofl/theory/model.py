@@ -91,7 +91,7 @@ class MeanEstimation:
         s = self.local_var
         return bool(np.allclose(s, s[0], rtol=1e-12, atol=0.0))
 
-    def with_noise_multiplier(self, z) -> "MeanEstimation":
+    def with_noise_multiplier(self, z) -> MeanEstimation:
         """The same silos with noise multipliers z (scalar or (K,)); (ε, δ) are kept as the
         targets the caller calibrated z to (e.g. the whole tuned release)."""
         z = _per_silo(z, self.K, "noise_multiplier")
@@ -99,7 +99,7 @@ class MeanEstimation:
             raise PrivacyError(f"noise multipliers must be finite and ≥ 0, got {z.tolist()}")
         return replace(self, noise_multiplier=tuple(float(v) for v in z))
 
-    def non_private(self) -> "MeanEstimation":
+    def non_private(self) -> MeanEstimation:
         return replace(self, noise_multiplier=(0.0,) * self.K, epsilon=None, delta=None,
                        accountant=None)
 

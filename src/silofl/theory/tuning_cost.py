@@ -21,8 +21,11 @@ import numpy as np
 
 from silofl.errors import ConfigError, PrivacyError
 from silofl.privacy import accounting
-from silofl.tuning.distributions import TrialDistribution, tnb
-from silofl.tuning.distributions import tnb_mean  # noqa: F401  (silofl.theory.tnb_mean)
+from silofl.tuning.distributions import (
+    TrialDistribution,
+    tnb,
+    tnb_mean,  # noqa: F401  (silofl.theory.tnb_mean)
+)
 
 
 def _check_eta(eta: float) -> None:

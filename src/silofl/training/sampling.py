@@ -64,7 +64,7 @@ NODE_LABEL = "node-dpsgd"
 class NodeUnit:
     """The node-level privacy unit of a `LocalTrainer`: a person (node) appears in at most
     `S` of a silo's examples; `adjacency` ("node+edges" or "node", see
-    `pandemic.node_dp.ADJACENCIES`) says how many examples one replaced person changes.
+    `privacy.node_level.ADJACENCIES`) says how many examples one replaced person changes.
     `names` (K,) key each silo's seeded streams together with `seed` (reproducible mode
     only); a secure trainer draws every batch and its noise from a fresh CSPRNG."""
 

@@ -24,11 +24,11 @@ Node level (graph data, `node_sensitivity`, `LocalTrainer.select_cluster` with a
 `NodeUnit`). A region of n persons has n examples, one per person: its neighbourhood
 vector at the round's training window (public: a function of the seed and the round) and
 its label. The score is the same mean, over all n of them. Neighbouring regions differ by
-*replacing* one person v (n stays fixed and public, as in `pandemic.node_dp`). Which
+*replacing* one person v (n stays fixed and public, as in `privacy.node_level`). Which
 examples can change: v's own (attributes, states, label); the ≤ S − 1 examples that hold
 v in a neighbour slot (pruning bounds every person's appearances by S); and under
 "node+edges" (v's contacts are private too) the ≤ S − 1 examples of v's new contacts. So
-at most A = `node_dp.affected_examples(n, S, adjacency)` = S ("node") or 2S − 1
+at most A = `privacy.node_level.affected_examples(n, S, adjacency)` = S ("node") or 2S − 1
 ("node+edges") examples change, never more than n; every other example — its features,
 window and label — is identical. Each changed example's term moves within [0, B] (its
 clipped loss) or {0, 1} (its error), so the sum of the n terms moves by at most A·B and
@@ -41,7 +41,7 @@ There is no add/remove case (n is fixed), hence n, not n − 1. The event is unc
 ε²/8-zCDP for that relation, here node-level replacement, so `selection_event(ε)` is what
 each node-level selection costs; it composes with the node-level DP-SGD steps in RDP
 (ρ-zCDP is (α, ρα)-RDP). As every node-level bound here it counts only the examples that
-contain the replaced person (`node_dp.PRUNING_ASSUMPTION`), and the model's input scaling
+contain the replaced person (`privacy.node_level.PRUNING_ASSUMPTION`), and the model's input scaling
 must be public (declared or a charged release), as for DP-SGD.
 """
 
@@ -77,7 +77,8 @@ def sensitivity(model: Model, n: int, loss_bound: float = DEFAULT_LOSS_BOUND) ->
 def node_sensitivity(model: Model, n: int, S: int, adjacency: str,
                      loss_bound: float = DEFAULT_LOSS_BOUND) -> float:
     """Δ of the mean score over all n examples of a region under node-level replacement
-    adjacency: A·B/n, A = `node_dp.affected_examples(n, S, adjacency)` (module docstring)."""
+    adjacency: A·B/n, A = `privacy.node_level.affected_examples(n, S, adjacency)` (module
+    docstring)."""
     bound = loss_bound if uses_loss(model) else 1.0
     return affected_examples(int(n), int(S), adjacency) * bound / int(n)
 

@@ -10,7 +10,7 @@ choice among candidate models (IFCA): the other private data accesses, charged f
 The privacy unit is a choice (`node`): example level (default; Poisson sampling, batched
 across silos) or node level (`sampling.NodeUnit`: one person of a graph appears in ≤ S
 examples; every step a batch of exactly b units drawn without replacement, silo by silo,
-charged as `pandemic.node_dp.NodeLevelDpEvent`s; a `gradients` release is one such step,
+charged as `privacy.node_level.NodeLevelDpEvent`s; a `gradients` release is one such step,
 and a cluster selection scores all n persons' examples at Δ = `selection.node_sensitivity`).
 The data source is `SiloArrays` or any
 object with ``n`` (K,) and ``gather(silos, idx)`` (graph data: `pandemic.engine.GraphSource`).

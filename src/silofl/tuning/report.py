@@ -12,8 +12,8 @@ from pathlib import Path
 
 import numpy as np
 
-from silofl.tuning.selection import choose, group_runs, mean_std
 from silofl.io import json_safe, write_json_atomic
+from silofl.tuning.selection import choose, group_runs, mean_std
 
 NOT_A_GUARANTEE = "uncounted: selection cost NOT counted — not a privacy guarantee"
 

@@ -13,12 +13,11 @@ import dataclasses
 
 import numpy as np
 
+from silofl.data.federation import split_silo
 from silofl.errors import ConfigError
 from silofl.tuning import distributions as D
-from silofl.data.federation import split_silo
 
 MODES = ("none", "private")
-SWEEP_MODES = ("none", "private", "uncounted")
 TUNABLE = ("mrmtl", "ditto")
 DEFAULT_MEAN_TRIALS = 10.0
 

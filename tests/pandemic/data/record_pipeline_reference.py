@@ -5,12 +5,17 @@ Run once, at commit fdbbcdd (before the pandemic track moved onto the core engin
 pipeline_reference.npz (weights per config) and .json (config, σ, ε, steps), which
 tests/pandemic/test_engine.py compares the engine against.  Kept for provenance: running
 it now reproduces the same files through the engine."""
-import json, sys
+import json
+import sys
+
 import numpy as np
-from silofl.pandemic import synthesize, read_dataset
+
 from silofl.pandemic import pipeline as P
+from silofl.pandemic import read_dataset, synthesize
+
 out = sys.argv[1]
 import tempfile
+
 work = tempfile.mkdtemp() + "/small"
 synthesize(work, persons=4000, regions=4, seed=7)
 data = read_dataset(work, with_target=True)

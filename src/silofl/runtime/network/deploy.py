@@ -12,7 +12,7 @@ Writes (library `cryptography`, no hand-made crypto):
     flower_app/, flower_home/         the Flower App and `flwr` connection (SuperLink route)
 
 With `--schema` (the consortium's declared schema) each silo instead gets its own folder
-`silos/<silo>/` and reads its own table (`deploy_table`); the job's defaults are the
+`silos/<silo>/` and reads its own table (`consortium`); the job's defaults are the
 simulator's (`server.JOB_DEFAULTS`, `default_rounds`, `default_delta`). Every route checks
 its extras (flwr) and its settings before writing, and removes what it wrote on a failure.
 
@@ -35,6 +35,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
+from silofl.config import PrivacyConfig, TrainingSection
 from silofl.errors import ConfigError
 import silofl.io as io
 from silofl.privacy.ledger import silo_file_id
@@ -139,14 +140,14 @@ def _toml(sections: dict) -> str:
 def _check_job(job: dict, fed) -> None:
     """Validate the [job] that will be written (before anything is)."""
     from silofl.runtime.network.server import JOB_DEFAULTS
-    from silofl.runtime.network.silo import JOB_KEYS, check_job, job_algorithm, job_config
+    from silofl.runtime.network.jobspec import JOB_KEYS, check_job, job_algorithm, job_config
     from silofl.runtime.network import messages
     full = {**JOB_DEFAULTS, "method": "mrmtl", "rounds": default_rounds(), "dim": 1, **job}
     public = None if fed is None else fed.meta.get("public_X")
     if fed is not None:
         full.update(dim=fed.dim, task=fed.task)
         if public is not None:  # PrivateKT's public set: written as data/public.npz
-            from silofl.runtime.network.silo import public_sha256
+            from silofl.runtime.network.jobspec import public_sha256
             full["public_sha256"] = public_sha256(public)
     bad = set(full) - set(JOB_KEYS)
     if bad:
@@ -220,7 +221,7 @@ def _silo_toml(n: str, data: str, epsilon: float, delta: float, noise: str, job:
 def _init_regions(out: Path, dataset: Path, *, address, hosts, epsilon, delta, job,
                   min_silos, noise, insecure, silos) -> dict:
     """`init` for graph data: one silo per region of a pandemic dataset."""
-    from silofl.runtime.network.silo import data_module
+    from silofl.runtime.network.jobspec import data_module
     if silos:
         raise ConfigError("--regions names the silos itself (one per region of the data); "
                           "drop --silo/--demo")
@@ -257,18 +258,16 @@ def _init_regions(out: Path, dataset: Path, *, address, hosts, epsilon, delta, j
 
 def default_rounds() -> int:
     """The simulator's `[training] rounds` default (one configuration model)."""
-    from silofl.experiments.config import TrainingSection
     return TrainingSection().rounds
 
 
 def default_delta() -> float:
     """The simulator's `[privacy] delta` default (one configuration model)."""
-    from silofl.experiments.config import PrivacyConfig
     return PrivacyConfig().delta
 
 
 def tables_json(job: dict | None) -> dict:
-    from silofl.runtime.network.silo import tables_as_json
+    from silofl.runtime.network.jobspec import tables_as_json
     return tables_as_json(job or {})
 
 
@@ -297,79 +296,6 @@ def check_common(address: str, noise: str) -> None:
     if noise not in ("secure", "seeded"):
         raise ConfigError(f"noise must be 'secure' or 'seeded' (experiments), got {noise!r}")
     check_address(address)
-
-
-def init(out: Path, *, silos: list[str] | None = None, demo: str | None = None,
-         address: str = "127.0.0.1:9092", hosts: list[str] | None = None,
-         epsilon: float = 1.0, delta: float | None = None, job: dict | None = None,
-         min_silos: int | None = None, noise: str = "secure", insecure: bool = False,
-         overwrite: bool = False, federation=None, regions: Path | None = None,
-         schema: Path | None = None, tables: list[str] | None = None,
-         split: Path | None = None, silo_column: str | None = None,
-         store_dir: Path | None = None, split_sep: str = "", split_encoding: str = "") -> dict:
-    """Write a consortium folder (see the module doc). Returns what was written.
-    `federation` (Python API) writes each of its silos' data like `demo`; `regions` (a
-    pandemic dataset folder) gives each region its own folder and a graph job; `schema`
-    (the consortium's declared schema) gives each silo its own folder reading its own
-    table (`tables` NAME=PATH, or the demo table `split` cut by `silo_column`; see
-    `deploy_table`; `split_sep`/`split_encoding` read a `split` table that is not UTF-8 or
-    comma-separated). `delta` defaults to the simulator's [privacy] delta."""
-    out = Path(out)
-    delta = default_delta() if delta is None else delta
-    if out.exists() and not out.is_dir():
-        raise ConfigError(f"--out {str(out)!r} is a file; choose a new folder")
-    if out.exists() and any(out.iterdir()) and not overwrite:
-        raise ConfigError(f"{out} exists and is not empty; choose a new folder (key "
-                          "material is never overwritten silently) or pass --overwrite")
-    if (split_sep or split_encoding) and split is None:
-        raise ConfigError("--sep/--encoding read the --split table; a silo's own table "
-                          "(--table) takes [data] sep / encoding in its silo.toml")
-    if schema is None and (tables or split or silo_column or store_dir):
-        raise ConfigError("--table, --split, --silo-column and --store-dir go with --schema "
-                          "(the consortium's declared schema)")
-    if schema is not None:
-        if demo or regions or federation is not None:
-            raise ConfigError("--schema deploys silos that read their own tables; drop "
-                              "--demo/--regions (or --schema)")
-        from silofl.runtime.network.deploy_table import init_tables
-        return init_tables(out, schema=Path(schema), silos=silos, tables=tables,
-                           split=None if split is None else Path(split),
-                           silo_column=silo_column, address=address, hosts=hosts,
-                           epsilon=epsilon, delta=delta, job=job or {},
-                           min_silos=min_silos, noise=noise, insecure=insecure,
-                           store_dir=store_dir, split_read=(split_sep, split_encoding))
-    from silofl.runtime.network.deploy_table import check_extras
-    check_extras()
-    if regions is not None:
-        return _init_regions(out, Path(regions), address=address, hosts=hosts,
-                             epsilon=epsilon, delta=delta, job=job, min_silos=min_silos,
-                             noise=noise, insecure=insecure, silos=silos or demo)
-    fed = demo_data(demo) if demo else federation
-    names = list(silos or (fed.names if fed is not None else []))
-    if fed is None:  # no data to write and no schema: the silos could not start
-        raise ConfigError("give --schema (the consortium's declared schema; each silo then "
-                          "reads its own table: --table NAME=PATH, or --split TABLE "
-                          "--silo-column COL for a one-machine demo) or --demo heart")
-    check_names(names, "name the silos (--silo A --silo B …) or use --demo heart")
-    if fed is not None and set(names) - set(fed.names):
-        raise ConfigError(f"--demo {demo} has silos {fed.names}; unknown: "
-                          f"{sorted(set(names) - set(fed.names))}")
-    if noise not in ("secure", "seeded"):
-        raise ConfigError(f"noise must be 'secure' or 'seeded' (experiments), got {noise!r}")
-    check_address(address)
-    from silofl.runtime.network.silo import tables_as_json
-    job = tables_as_json(job or {})  # Weight Erosion's join/leave tables: JSON strings
-    _check_job({"silos": json.dumps(names), **job, "noise": noise}, fed)
-    fresh = not out.exists()
-    try:
-        return _write_legacy(out, names, fed, dict(job or {}), address=address, hosts=hosts,
-                             epsilon=epsilon, delta=delta, min_silos=min_silos, noise=noise,
-                             insecure=insecure, folder_store=bool(demo))
-    except BaseException:  # nothing half-written: remove what this call wrote
-        if fresh and out.exists():
-            import shutil
-            shutil.rmtree(out, ignore_errors=True)
-        raise
 
 
 def _write_legacy(out: Path, names: list[str], fed, job: dict, *, address, hosts, epsilon,

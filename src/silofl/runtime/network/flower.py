@@ -1,4 +1,10 @@
-"""Flower transport for the silo and server programs (gRPC, TLS, Flower's `Server` loop).
+"""The legacy FAST PATH of the silo and server programs (gRPC, TLS, Flower's `Server` loop).
+
+The default deployment is Flower's SuperLink/SuperNode route (`flower_app`, `clientapp`);
+this module keeps the same programs (`silo.SiloProgram`, `server.ServerProgram`, the one
+`clientapp.SiloClient` and `SiloflStrategy`) on Flower's deprecated long-running entry
+points only while flwr ships them (`LEGACY_FLWR_BELOW`), because it has no per-message
+process start (about 10 ms against seconds per silo-round, `benchmarks/bench_network.py`).
 
 The silo is a Flower client (`flwr.client.start_client`), the server a Flower `Strategy`
 driven by Flower's `Server` over its gRPC fleet service (`start_grpc_server`, TLS with the
@@ -29,6 +35,7 @@ from flwr.server.client_proxy import ClientProxy
 
 from silofl.errors import ConfigError, SiloflError
 from silofl.runtime.network import messages as W
+from silofl.runtime.network.clientapp import SiloClient
 from silofl.runtime.network.server import ServerConfig, ServerProgram
 from silofl.runtime.network.silo import SiloConfig, SiloProgram, new_nonce, open_program
 
@@ -43,45 +50,24 @@ def _drop_flower_deprecation(record: logging.LogRecord) -> bool:
 
 
 def _quiet_deprecations() -> None:
+    """Drop the banner on Flower's own logger, where it is logged (filters of a logger see
+    only records logged through it, so a filter on the root or a handler would miss it)."""
     flower = logging.getLogger("flwr")
     if _drop_flower_deprecation not in flower.filters:
         flower.addFilter(_drop_flower_deprecation)
 
 
-# --- silo ----------------------------------------------------------------------------
+_quiet_deprecations()  # at the source: before any caller can reach start_client
 
-class SiloClient(fl.client.NumPyClient):
-    """Forwards the server's join and round requests to a `SiloProgram`."""
 
-    def __init__(self, program: SiloProgram):
-        super().__init__()
-        self.program = program
+#: The last flwr minor series this legacy fast path is tested on. `tests/
+#: test_network_legacy.py` fails once the installed flwr passes it or drops
+#: `start_client`/`start_grpc_server`: then this module and `silofl silo`/`silofl server`'s
+#: legacy path go, and the SuperLink/SuperNode route (`flower_app`) is the only one.
+LEGACY_FLWR_BELOW = (1, 42)
 
-    def get_properties(self, config):
-        try:
-            if config.get("kind") == "hello":
-                return self.program.hello(dict(config))
-            return self.program.join(dict(config))
-        except W.ProtocolError as e:
-            log.warning("silo %s: rejected a malformed join request: %s",
-                        self.program.cfg.name, e)
-            return {"protocol": W.PROTOCOL, "kind": "error", "reason": str(e)[:4000]}
 
-    def get_parameters(self, config):
-        return []
-
-    def fit(self, parameters, config):
-        try:
-            rep, update = self.program.round(dict(config), list(parameters))
-        except W.ProtocolError as e:
-            log.warning("silo %s: rejected a malformed round request: %s",
-                        self.program.cfg.name, e)
-            rep, update = self.program._reply({"round": -1}, "refused", str(e)[:4000], None)
-        return ([] if update is None else [update]), 0, rep
-
-    def evaluate(self, parameters, config):
-        return 0.0, 0, {}
-
+# --- silo (legacy fast path) ---------------------------------------------------------
 
 def run_silo(cfg: SiloConfig, *, max_wait: float = 120.0) -> SiloProgram:
     """Connect to the server and serve rounds until it disconnects (or `max_wait` seconds

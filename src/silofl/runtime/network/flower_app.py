@@ -1,10 +1,14 @@
 """Flower's own deployment route: a Flower App (ServerApp + ClientApp) run by
 `flower-superlink` / `flower-supernode` / `flwr run`, optionally with SecAgg+.
 
-Same programs as the legacy route (`flower.py`): the ServerApp drives
-`server.ServerProgram` through `flower.SiloflStrategy` under Flower's `DefaultWorkflow`;
-the ClientApp wraps `silo.SiloProgram` in `flower.SiloClient`. There is no second
-algorithm implementation here, only transport.
+The default deployment. Same programs as the legacy fast path (`flower.py`): the ServerApp
+drives `server.ServerProgram` through `flower.SiloflStrategy` under Flower's
+`DefaultWorkflow`, polling for replies every `[server] poll_interval` seconds
+(`PollingGrid`); the ClientApp (`clientapp.client_app`, a module of its own so that the
+process SuperNode starts per message imports nothing of the server's) wraps
+`silo.SiloProgram` in `clientapp.SiloClient`. There is no second algorithm implementation
+here, only transport. At the end the server saves its shared model as `silofl server`
+does (`release.save_server_release`); each silo saves its own after its last round.
 
 * The ClientApp reads its silo.toml from the SuperNode's `--node-config
   'silo-config="/path/silo.toml"'`: its own data, (ε_k, δ_k), budget store, state and
@@ -27,15 +31,12 @@ from __future__ import annotations
 import copy
 import logging
 import threading
-import zlib
+import time
 from pathlib import Path
 
 import numpy as np
-from flwr.app import ConfigRecord, Context, Error, Message, RecordDict
-from flwr.clientapp import ClientApp
-from flwr.client.mod import secaggplus_mod
+from flwr.app import Context, Error, Message, RecordDict
 from flwr.common import parameters_to_ndarrays
-from flwr.common.secure_aggregation.secaggplus_constants import Key, RECORD_KEY_CONFIGS
 from flwr.server import LegacyContext, ServerApp
 from flwr.server import ServerConfig as FlowerServerConfig
 from flwr.server.workflow import DefaultWorkflow, SecAggPlusWorkflow
@@ -43,91 +44,13 @@ from flwr.serverapp import Grid
 
 from silofl.errors import ConfigError, SiloflError
 from silofl.io import write_json_atomic
-from silofl.privacy.randomness import Randomness
 from silofl.runtime.network import messages as W
 from silofl.runtime.network import secagg as S
-from silofl.runtime.network.flower import SiloClient, SiloflStrategy
+from silofl.runtime.network.clientapp import client_app
+from silofl.runtime.network.flower import SiloflStrategy
 from silofl.runtime.network.server import ServerProgram, load_server_config
-from silofl.runtime.network.silo import SiloProgram, load_silo_config, open_program
 
 log = logging.getLogger("flwr.silofl")
-STATE_KEY = "silofl"      # Context.state record holding the accepted join request
-
-
-# --- client (SuperNode side) ----------------------------------------------------------
-
-class AppSiloClient(SiloClient):
-    """`SiloClient` for a per-message ClientApp process: remembers the accepted job in the
-    run's Context.state; reports its public weight to SecAgg+ (n_k, or 1 unweighted)."""
-
-    def __init__(self, program: SiloProgram, context: Context, secagg: bool):
-        super().__init__(program)
-        self.context, self.secagg = context, secagg
-
-    def get_properties(self, config):
-        reply = super().get_properties(config)
-        if reply.get("status") == "ok":   # keep only the public join request
-            self.context.state.config_records[STATE_KEY] = ConfigRecord(
-                {k: str(v) for k, v in config.items()})
-        return reply
-
-    def fit(self, parameters, config):
-        c = self.program.cfg
-        if c.noise == "seeded" and self.program.plan is not None:
-            # a fresh process per message would restart the seeded stream every round (the
-            # same noise each round): key the experiment stream by the round as well
-            self.program.trainer.rng = Randomness.for_mode("seeded", [
-                int(self.program.job["seed"]), zlib.crc32(c.name.encode()),
-                int(config.get("round", 0))])
-        arrays, _, rep = super().fit(parameters, config)
-        if not self.secagg:
-            return arrays, 0, rep
-        if rep["status"] != "ok":
-            # nothing may enter a masked sum: fail this message (SecAgg+ treats the silo
-            # as dropped out; the server re-joins it next round and learns its status)
-            raise SiloflError(f"silo {self.program.cfg.name}: {rep['status']}: "
-                              f"{rep['reason'][:500]}")
-        weight = self.program.plan.n if self.program.job["weighted"] else 1
-        # sign the reply's fields without the update: a signature over the update's hash
-        # would let the server confirm a guessed update, which SecAgg+ is meant to hide
-        rep = {**rep, "signature": ""}
-        rep["signature"] = W.sign(self.program.key, rep, None)
-        return arrays, int(weight), rep
-
-
-def _is_secagg(msg) -> bool:
-    rec = msg.content.config_records.get(RECORD_KEY_CONFIGS)
-    return rec is not None and Key.STAGE in rec
-
-
-def _client_fn(context: Context):
-    path = context.node_config.get("silo-config")
-    if not path:
-        raise ConfigError("this SuperNode has no silo config: start it with --node-config "
-                          "'silo-config=\"/path/to/silo_<name>.toml\"'")
-    program = open_program(load_silo_config(str(path)))
-    joined = context.state.config_records.get(STATE_KEY)
-    if joined is not None:   # re-accept the job from the silo's own state on disk
-        program.join(dict(joined))
-    secagg = bool(context.state.config_records.get("silofl_secagg", {}).get("on", False))
-    return AppSiloClient(program, context, secagg).to_client()
-
-
-def _silofl_mod(msg, ctxt, call_next):
-    """Route masked rounds through `secaggplus_mod`; refuse plain rounds when the node
-    config says `require-secagg=true` (the silo, not the server, decides)."""
-    secagg = _is_secagg(msg)
-    ctxt.state.config_records["silofl_secagg"] = ConfigRecord({"on": secagg})
-    if msg.metadata.message_type == "train" and not secagg and \
-            bool(ctxt.node_config.get("require-secagg", False)):
-        raise SiloflError("this silo requires SecAgg+ (node config require-secagg=true) "
-                          "and the server sent an unmasked round; refused, nothing was run")
-    if secagg:
-        return secaggplus_mod(msg, ctxt, call_next)
-    return call_next(msg, ctxt)
-
-
-client_app = ClientApp(client_fn=_client_fn, mods=[_silofl_mod])
 
 
 # --- server (SuperLink side) ----------------------------------------------------------
@@ -186,6 +109,50 @@ class SecAggStrategy(SiloflStrategy):
         return None, {}
 
 
+class PollingGrid(Grid):
+    """A ServerApp's grid whose `send_and_receive` polls for replies every `interval`
+    seconds (flwr 1.41's own loop sleeps a fixed 3 s between polls, which is most of a
+    round's overhead on this route). Pushes and pulls through the wrapped grid's public
+    `push_messages` / `pull_messages`; everything else is the wrapped grid's."""
+
+    def __init__(self, grid: Grid, interval: float):
+        self.grid, self.interval = grid, float(interval)
+
+    def __getattr__(self, name):
+        return getattr(self.grid, name)
+
+    def set_run(self, run):
+        self.grid.set_run(run)
+
+    @property
+    def run(self):
+        return self.grid.run
+
+    def create_message(self, content, message_type, dst_node_id, group_id, ttl=None):
+        return self.grid.create_message(content, message_type, dst_node_id, group_id, ttl)
+
+    def get_node_ids(self):
+        return self.grid.get_node_ids()
+
+    def push_messages(self, messages):
+        return self.grid.push_messages(messages)
+
+    def pull_messages(self, message_ids):
+        return self.grid.pull_messages(message_ids)
+
+    def send_and_receive(self, messages, *, timeout=None):
+        waiting = set(self.push_messages(messages))
+        end = None if timeout is None else time.monotonic() + timeout
+        replies: list = []
+        while waiting and (end is None or time.monotonic() < end):
+            got = list(self.pull_messages(waiting))
+            replies.extend(got)
+            waiting -= {m.metadata.reply_to_message_id for m in got}
+            if waiting:
+                time.sleep(self.interval)  # a poll interval, not a synchronisation
+        return replies
+
+
 def run_server_app(grid, context: Context) -> ServerProgram:
     """The ServerApp body: serve the remaining rounds of server.toml's job (resuming from
     its checkpoint); writes `<state_dir>/summary.json`."""
@@ -194,6 +161,8 @@ def run_server_app(grid, context: Context) -> ServerProgram:
         raise ConfigError("run config has no server-config; pass --run-config "
                           "'server-config=\"/path/to/server.toml\"' to flwr run")
     cfg = load_server_config(str(path))
+    if not isinstance(grid, LoopbackGrid):  # the in-process grid answers at once
+        grid = PollingGrid(grid, cfg.poll_interval)
     program = ServerProgram(cfg)
     remaining = cfg.job["rounds"] - program.done
     if remaining > 0:
@@ -211,7 +180,22 @@ def run_server_app(grid, context: Context) -> ServerProgram:
     Path(cfg.state_dir).mkdir(parents=True, exist_ok=True)
     write_json_atomic(Path(cfg.state_dir) / "summary.json",
                       {**program.summary(), "secagg": cfg.secagg})
+    save_shared_model(program)
     return program
+
+
+def save_shared_model(program: ServerProgram) -> Path | None:
+    """The server's shared model and card, as `silofl server` saves them
+    (`release.save_server_release`); None when the method has none or nothing is saved."""
+    from silofl.runtime.network import release
+    try:
+        where = release.save_server_release(program)
+    except ConfigError as e:
+        log.warning("no shared model saved: %s", e)
+        return None
+    if where is not None:
+        log.info("saved the shared model to %s", where)
+    return where
 
 
 server_app = ServerApp()
@@ -281,17 +265,29 @@ class LoopbackGrid(Grid):
 
 # --- what `silofl deploy init` writes for this route ------------------------------------
 
-SHIM = '"""Flower App entry points of this consortium (silofl)."""\n' \
-       "from silofl.runtime.network import flower_app as _app\n\n" \
-       "server_app = _app.server_app\nclient_app = _app.client_app\n"
+# two entry modules: the ClientApp process (one per message) imports only the light client
+# module, never the ServerApp's (flower_app, server, accounting) imports. An assignment,
+# not a bare import: `flwr run` checks the attribute by reading the module's assignments
+CLIENT_SHIM = '''"""Flower ClientApp of this consortium (silofl)."""
+from silofl.runtime.network import clientapp as _app
+
+client_app = _app.client_app
+'''
+SERVER_SHIM = '''"""Flower ServerApp of this consortium (silofl)."""
+from silofl.runtime.network import flower_app as _app
+
+server_app = _app.server_app
+'''
 
 
 def write_app(out: Path, server_toml: Path, address: str, insecure: bool) -> dict:
     """Write `<out>/flower_app/` (pyproject + entry-point shim for `flwr run`) and
     `<out>/flower_home/config.toml` (the SuperLink connection for the `flwr` CLI)."""
-    from silofl.runtime.network.deploy import write_text_atomic
+    from silofl.io import write_text_atomic
     out = Path(out).resolve()
     app, home = out / "flower_app", out / "flower_home"
+    for folder in (app, home):
+        folder.mkdir(parents=True, exist_ok=True)
     write_text_atomic(app / "pyproject.toml", f"""[build-system]
 requires = ["hatchling"]
 build-backend = "hatchling.build"
@@ -310,13 +306,14 @@ packages = ["."]
 publisher = "silofl"
 
 [tool.flwr.app.components]
-serverapp = "silofl_app:server_app"
-clientapp = "silofl_app:client_app"
+serverapp = "silofl_server:server_app"
+clientapp = "silofl_client:client_app"
 
 [tool.flwr.app.config]
 server-config = "{Path(server_toml).resolve()}"
 """)
-    write_text_atomic(app / "silofl_app.py", SHIM)
+    write_text_atomic(app / "silofl_client.py", CLIENT_SHIM)
+    write_text_atomic(app / "silofl_server.py", SERVER_SHIM)
     tls = "insecure = true" if insecure else f'root-certificates = "{out / "certs" / "ca.pem"}"'
     write_text_atomic(home / "config.toml", f"""[superlink]
 default = "consortium"
@@ -332,7 +329,8 @@ def write_node_auth_key(private_pem: Path) -> tuple[Path, Path]:
     """The silo's signing key also as OpenSSH files for SuperNode authentication
     (`flower-supernode --auth-supernode-private-key`, `flwr supernode register`)."""
     from cryptography.hazmat.primitives import serialization as ser
-    from silofl.runtime.network.deploy import write_bytes_atomic
+
+    from silofl.io import write_bytes_atomic
     key = W.load_private_key(private_pem)
     priv, pub = Path(private_pem).with_suffix(".ssh"), Path(private_pem).with_suffix(".ssh.pub")
     write_bytes_atomic(priv, key.private_bytes(ser.Encoding.PEM, ser.PrivateFormat.OpenSSH,
@@ -345,13 +343,28 @@ def write_node_auth_key(private_pem: Path) -> tuple[Path, Path]:
 
 # --- one-machine demo: SuperLink + one SuperNode per silo + `flwr run` ------------------
 
+#: Poll intervals of flwr 1.41's SuperLink route (README "Poll intervals"):
+#: * ServerApp waiting for replies: [server] poll_interval in server.toml (`PollingGrid`;
+#:   flwr's own loop: a fixed 3 s);
+#: * SuperExec starting a waiting task's ClientApp/ServerApp process: this environment
+#:   variable (flwr: 1 s, range 0.01..60), set for superlink/supernode by `local_commands`;
+#: * SuperNode pulling its next message when it has none: a fixed 3 s in flwr 1.41
+#:   (`flwr.supernode.start_client_internal`), not configurable; a round whose messages are
+#:   waiting is pulled at once.
+SUPEREXEC_POLL_ENV = "FLWR_SUPEREXEC_TASK_POLL_INTERVAL"
+SUPEREXEC_POLL_S = 0.05
+
 def local_commands(out: Path, silo_configs: dict[str, str], port: int, *,
-                   node_auth: bool = True, bin_dir: str | None = None) -> dict:
+                   node_auth: bool = True, bin_dir: str | None = None,
+                   task_poll: float = SUPEREXEC_POLL_S) -> dict:
     """The exact commands of a one-machine deployment of `silofl deploy init`'s folder
     `out` (TLS with its CA; SuperNode authentication with each silo's OpenSSH key):
-    {"superlink": argv, "register": [argv], "supernodes": {silo: argv}, "run": argv}.
-    Run them with env FLWR_HOME=<out>/flower_home. Multi-machine: the same commands, with
-    the SuperLink's host in place of 127.0.0.1 (and in `deploy init --address`)."""
+    {"superlink": argv, "register": [argv], "supernodes": {silo: argv}, "run": argv,
+    "env": {name: value}}. Run them with env FLWR_HOME=<out>/flower_home and "env" (the
+    SuperExec's task poll interval, `task_poll` seconds: how soon a SuperNode/SuperLink
+    starts the ClientApp/ServerApp process of a waiting task; flwr's default is 1 s).
+    Multi-machine: the same commands, with the SuperLink's host in place of 127.0.0.1
+    (and in `deploy init --address`)."""
     import tomllib
     out = Path(out).resolve()
     b = (lambda n: str(Path(bin_dir) / n)) if bin_dir else (lambda n: n)  # noqa: E731
@@ -374,4 +387,6 @@ def local_commands(out: Path, silo_configs: dict[str, str], port: int, *,
                        "--node-config", f'silo-config="{Path(cfg).resolve()}"'] + (
             ["--auth-supernode-private-key", str(key)] if node_auth else [])
     run = [b("flwr"), "run", str(out / "flower_app"), "consortium", "--stream"]
-    return {"superlink": link, "register": register, "supernodes": nodes, "run": run}
+    env = {SUPEREXEC_POLL_ENV: f"{task_poll:g}"}
+    return {"superlink": link, "register": register, "supernodes": nodes, "run": run,
+            "env": env}

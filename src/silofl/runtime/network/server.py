@@ -20,15 +20,18 @@ from pathlib import Path
 
 import numpy as np
 
+from silofl.config import Config
+from silofl.config.base import did_you_mean
+from silofl.config.network import ServerSection, read_server_file
 from silofl.errors import ConfigError, SiloflError
 from silofl.io import write_json_atomic, write_npz_atomic
 from silofl.runtime.network import messages as W
 from silofl.runtime.network.hosting import (asks_subset, check_row, encode_message,
                                             local_dp_family, merge_updates, select_silos,
                                             update_width)
-from silofl.runtime.network.silo import (JOB_KEYS, check_job, data_module, job_algorithm,
-                                         job_config, job_model, job_params0, job_silos,
-                                         load_public, public_sha256, tables_as_json)
+from silofl.runtime.network.jobspec import (JOB_KEYS, check_job, data_module, job_algorithm,
+                                            job_config, job_model, job_params0, job_silos,
+                                            load_public, public_sha256, tables_as_json)
 
 #: fault injection for tests and drills: exit abruptly after checkpointing this round
 CRASH_ENV = "SILOFL_FAULT_SERVER_EXIT_ROUND"
@@ -36,9 +39,8 @@ CRASH_ENV = "SILOFL_FAULT_SERVER_EXIT_ROUND"
 
 def _job_defaults() -> dict:
     """The job's defaults, read from the simulator's configuration model
-    (`silofl.experiments.config`): one set of keys and defaults for `silofl run` and the
+    (`silofl.config`): one set of keys and defaults for `silofl run` and the
     network. Only what has no simulator counterpart is stated here."""
-    from silofl.experiments.config import Config
     c = Config()
     t, p, d, m = c.training, c.privacy, c.data, c.model
     same = ("lam", "weighted", "finetune_fraction", "local_epochs", "batch_size", "lr",
@@ -60,10 +62,14 @@ def _job_defaults() -> dict:
 
 
 JOB_DEFAULTS = _job_defaults()
+_SERVER = ServerSection.model_fields
 
 
 @dataclass
 class ServerConfig:
+    """The server's settings with paths resolved (`load_server_config`); the keys, types
+    and defaults of server.toml are `silofl.config.network.ServerSection`'s."""
+
     address: str
     job: dict
     silos: dict[str, Path]          # silo name → its registered public key (PEM)
@@ -71,9 +77,10 @@ class ServerConfig:
     expected_silos: int
     min_silos: int
     certificates: tuple[Path, Path, Path] | None  # CA, server cert, server key; None: plain
-    join_timeout: float = 60.0      # s to wait for enough silos before a round
-    round_timeout: float = 600.0    # s a round may take (a silo slower is left out)
-    rejoin_wait: float = 0.0        # s to wait each round for silos that dropped out
+    join_timeout: float = _SERVER["join_timeout"].default  # s to wait for enough silos
+    round_timeout: float = _SERVER["round_timeout"].default  # s a round may take
+    rejoin_wait: float = _SERVER["rejoin_wait"].default  # s to wait for dropped silos
+    poll_interval: float = _SERVER["poll_interval"].default  # s between reply polls
     secagg: bool = False
     public_data: Path | None = None  # PrivateKT's public set (.npz with X), as the silos'
     schema: Path | None = None       # the consortium's declared schema (tables at the silos)
@@ -85,20 +92,21 @@ class ServerConfig:
 
 
 def load_server_config(path: str | Path) -> ServerConfig:
+    """Read server.toml (paths relative to its folder); ConfigError naming the file and
+    the bad key (`silofl.config.network.ServerFile`, the job's keys: `JOB_KEYS`)."""
     path = Path(path)
     try:
         raw = tomllib.loads(path.read_text())
     except (OSError, tomllib.TOMLDecodeError) as e:
         raise ConfigError(f"cannot read server config {str(path)!r}: {e}") from None
     base = path.parent
-    unknown = set(raw) - {"server", "job", "silos"}
-    if unknown:
-        raise ConfigError(f"{path}: unknown section(s) {sorted(unknown)}; use [server], "
-                          "[job], [silos]")
-    s, j, silos = raw.get("server", {}), raw.get("job", {}), raw.get("silos", {})
+    f = read_server_file(raw, str(path))
+    s, j, silos = f.server, f.job, f.silos
     bad = set(j) - set(JOB_KEYS)
     if bad:
-        raise ConfigError(f"{path}: unknown [job] key(s) {sorted(bad)}; known: "
+        near = [did_you_mean(k, list(JOB_KEYS)) for k in sorted(bad)]
+        hint = "".join(f"; did you mean 'job.{n}'?" for n in near if n)
+        raise ConfigError(f"{path}: unknown [job] key(s) {sorted(bad)}{hint}; known: "
                           f"{', '.join(sorted(JOB_KEYS))}")
     job = tables_as_json({**JOB_DEFAULTS, **j})
     if isinstance(job["graph"], dict):  # [job.graph]: graph data's settings, as JSON
@@ -111,11 +119,11 @@ def load_server_config(path: str | Path) -> ServerConfig:
               "ldp_delta", "client_fraction", "kt_self_train", "kt_server_lr"):
         if isinstance(job.get(k), int) and not isinstance(job.get(k), bool):
             job[k] = float(job[k])
-    public_path = base / s["public_data"] if "public_data" in s else None
+    public_path = base / s.public_data if s.public_data is not None else None
     public = load_public(public_path, f"server config {path}")
     if public is not None:  # pinned in the job: every silo checks its own copy against it
         job["public_sha256"] = public_sha256(public)
-    schema_path = base / s["schema"] if "schema" in s else None
+    schema_path = base / s.schema if s.schema is not None else None
     if schema_path is not None:  # the job names the schema by its hash, and its shape
         _schema_job(job, j, schema_path, path)
     try:
@@ -129,30 +137,27 @@ def load_server_config(path: str | Path) -> ServerConfig:
             job_config(job).validate()
         else:
             graph.check_job(job)
-        insecure = bool(s.get("insecure", False))
-        certs = None
-        if not insecure:
-            certs = tuple(base / s[k] for k in ("root_certificate", "certificate",
-                                                 "private_key"))
-        cfg = ServerConfig(
-            address=str(s["address"]), job=job,
-            silos={str(n): base / p for n, p in silos.items()},
-            state_dir=base / s["state_dir"],
-            expected_silos=int(s.get("expected_silos", len(silos))),
-            min_silos=int(s.get("min_silos", len(silos))), certificates=certs,
-            join_timeout=float(s.get("join_timeout", 60.0)),
-            round_timeout=float(s.get("round_timeout", 600.0)),
-            rejoin_wait=float(s.get("rejoin_wait", 0.0)),
-            secagg=bool(s.get("secagg", False)), public_data=public_path,
-            schema=schema_path, run_dir=base / s["run_dir"] if "run_dir" in s else None)
     except KeyError as e:
-        raise ConfigError(f"{path}: missing key {e.args[0]!r} (TLS needs root_certificate, "
-                          "certificate and private_key under [server]; `silofl deploy init` "
+        raise ConfigError(f"{path}: missing [job] key {e.args[0]!r} (`silofl deploy init` "
                           "writes a complete config)") from None
     except W.ProtocolError as e:
         raise ConfigError(f"{path}: [job] {e}") from None
+    certs = s.certificates()
+    cfg = ServerConfig(
+        address=s.address, job=job, silos={str(n): base / p for n, p in silos.items()},
+        state_dir=base / s.state_dir,
+        expected_silos=len(silos) if s.expected_silos is None else s.expected_silos,
+        min_silos=len(silos) if s.min_silos is None else s.min_silos,
+        certificates=None if certs is None else tuple(base / c for c in certs),
+        join_timeout=s.join_timeout, round_timeout=s.round_timeout,
+        rejoin_wait=s.rejoin_wait, poll_interval=s.poll_interval, secagg=s.secagg,
+        public_data=public_path,
+        schema=schema_path, run_dir=base / s.run_dir if s.run_dir is not None else None)
     if not silos:
         raise ConfigError(f"{path}: [silos] is empty; list each silo's name = public key file")
+    if not 0.01 <= cfg.poll_interval <= 60.0:
+        raise ConfigError(f"{path}: [server] poll_interval = {cfg.poll_interval:g} s is out "
+                          "of range; give 0.01 to 60 seconds (default 0.05)")
     if not 1 <= cfg.min_silos <= cfg.expected_silos <= len(silos):
         raise ConfigError(f"{path}: need 1 ≤ min_silos ({cfg.min_silos}) ≤ expected_silos "
                           f"({cfg.expected_silos}) ≤ registered silos ({len(silos)})")

@@ -22,7 +22,6 @@ Only the update (what the algorithm sends) leaves the silo — test metrics stay
 
 from __future__ import annotations
 
-import importlib
 import json
 import os
 import secrets
@@ -33,19 +32,18 @@ from pathlib import Path
 import dp_accounting as dpa
 import numpy as np
 
-from silofl.algorithms import make_algorithm
+from silofl.config.network import DEFAULT_METHODS, SiloSection, read_silo_file
 from silofl.data.federation import Federation, Silo
 from silofl.privacy.targets import PrivacyTarget
 from silofl.errors import BudgetExceeded, ConfigError, DataError, SiloflError
 from silofl.io import write_json_atomic, write_npz_atomic
-from silofl.models import make_model
 from silofl.models import metrics as M
 from silofl.privacy import accounting
 from silofl.privacy.budget import BudgetStore
 from silofl.privacy.ledger import Ledger
 from silofl.runtime.job import open_job, silo_digest
 from silofl.runtime.network import messages as W
-from silofl.runtime.network.hosting import (check_message, check_network_method,
+from silofl.runtime.network.hosting import (check_message,
                                             decode_message,
                                             encode_update, local_dp_family,
                                             message_size, not_scheduled, own_step,
@@ -54,6 +52,9 @@ from silofl.runtime.network.hosting import (check_message, check_network_method,
 from silofl.runtime.network.silo_table import (TableSettings, read_silo_table,
                                                schema_sha256, table_settings)
 from silofl.runtime.network import silo_table
+from silofl.runtime.network.jobspec import (DATA_KINDS, check_job, data_module,
+                                            job_algorithm, job_config, job_model, job_params0,
+                                            job_silos, load_public)
 from silofl.runtime.plan import SiloPlan, TrainingConfig, plan_job
 from silofl.training.dpsgd import GradientRule
 from silofl.training.trainer import LocalTrainer, SiloArrays
@@ -61,177 +62,11 @@ from silofl.training.trainer import LocalTrainer, SiloArrays
 #: fault injection for tests and drills: exit abruptly (as a crash) in this round, after
 #: the round was charged and before its reply is sent
 CRASH_ENV = "SILOFL_FAULT_SILO_CRASH_ROUND"
-JOB_KEYS = {"method": str, "lam": float, "weighted": bool, "finetune_fraction": float,
-            "model": str, "task": str, "num_classes": int, "dim": int, "rounds": int,
-            "batch_size": int, "local_epochs": float, "lr": float, "clip": float,
-            "l2": float, "accountant": str, "noise": str, "seed": int,
-            # the silos of the job, in order (a JSON list of names: silo k is names[k])
-            "silos": str,
-            # IFCA family (clusters, share of ε per selection, share of rounds selecting)
-            "clusters": int, "selection_fraction": float, "selection_rounds": float,
-            # Weight Erosion: the user silo's name, penalties, what each silo sends, and the
-            # public participation schedule (join/leave: a JSON object {silo name: round};
-            # the schedule's seed is `seed`)
-            "we_user": str, "we_p_s": float, "we_p_d": float, "we_update": str,
-            "we_participation": float, "we_join_round": str, "we_leave_round": str,
-            "we_count": str, "we_newcomer": str,
-            # local-DP methods (PrivateKT, FedAvg-LDP) and the public set's SHA-256 ("" none)
-            "ldp_epsilon": float, "ldp_mechanism": str, "ldp_delta": float,
-            "client_fraction": float, "max_participation": int, "kt_samples": int,
-            "kt_buffer": int, "kt_self_train": float, "kt_server_epochs": int,
-            "kt_server_lr": float, "public_seed": int, "public_sha256": str,
-            # the kind of data the job trains on (`DATA_KINDS`) and, for graph data, its
-            # public settings (JSON; the pandemic track's, `silofl.pandemic.network`)
-            "data_kind": str, "graph": str,
-            # a silo's own table: the consortium's declared schema (its SHA-256, "" for
-            # pre-encoded .npz data) and the declared preprocessing modes every silo applies
-            "schema_sha256": str, "standardize": str, "impute": str,
-            "preprocess_share": float}
-
-#: data kinds → the module supplying their job model, algorithm and silo program, imported
-#: on use (the runtime does not import the optional tracks): "tabular" rows in an .npz
-#: (this module), "graph" the pandemic track's persons and contacts (node-level unit)
-DATA_KINDS = {"tabular": None, "graph": "silofl.pandemic.network"}
-
-
-def data_module(kind: str):
-    """The module of data kind `kind` (None: tabular); ProtocolError for an unknown kind."""
-    if kind not in DATA_KINDS:
-        raise W.ProtocolError(f"data_kind {kind!r} is not one of {', '.join(DATA_KINDS)}")
-    name = DATA_KINDS[kind]
-    return None if name is None else importlib.import_module(name)
-
-
-#: job keys whose value, a table {silo name: round}, travels as its JSON string
-JOB_TABLES = ("we_join_round", "we_leave_round")
-
-
-def tables_as_json(job: dict) -> dict:
-    """`job` with a table (dict) under a `JOB_TABLES` key (a TOML table, `--set
-    we_join_round={b=3}`) replaced by its canonical JSON string."""
-    return {k: json.dumps(v, sort_keys=True) if k in JOB_TABLES and isinstance(v, dict)
-            else v for k, v in job.items()}
-
-
-def check_job(job: dict) -> dict:
-    """The public job description with exactly `JOB_KEYS` (ProtocolError otherwise)."""
-    W.check_fields({**job, "protocol": W.PROTOCOL, "kind": "job"},
-                   {**JOB_KEYS, "protocol": str, "kind": str}, "job")
-    for key in JOB_TABLES:
-        job_rounds(job, key)
-    # ints where floats are expected are the same number: one canonical form to hash
-    return {k: float(v) if JOB_KEYS[k] is float else v for k, v in job.items()}
-
-
-def job_config(job: dict) -> TrainingConfig:
-    return TrainingConfig(rounds=job["rounds"], local_epochs=job["local_epochs"],
-                          batch_size=job["batch_size"], lr=job["lr"], clip=job["clip"],
-                          l2=job["l2"], accountant=job["accountant"], noise=job["noise"],
-                          seed=job["seed"], eval_every=job["rounds"])
-
-
-def job_silos(job: dict) -> list[str]:
-    """The job's silo names in order (ProtocolError for a malformed list)."""
-    try:
-        names = json.loads(job["silos"])
-    except json.JSONDecodeError:
-        names = None
-    if not isinstance(names, list) or not names or not all(
-            isinstance(n, str) and n for n in names) or len(set(names)) != len(names):
-        raise W.ProtocolError(f"job: 'silos' must be a JSON list of distinct silo names, got "
-                              f"{job['silos'][:200]!r}")
-    return names
-
-
-def job_rounds(job: dict, key: str) -> dict:
-    """Weight Erosion's join or leave rounds {silo name: round} from the job's JSON string
-    `key` (ProtocolError naming the key for a malformed one; the rounds themselves are
-    checked by the algorithm)."""
-    try:
-        rounds = json.loads(job[key])
-    except json.JSONDecodeError:
-        rounds = None
-    if not isinstance(rounds, dict):
-        raise W.ProtocolError(f"job: {key!r} must be a JSON object {{silo name: round}}, e.g. "
-                              f"'{{\"b\": 3}}' ('{{}}': none), got {job[key][:200]!r}")
-    return rounds
-
-
-def job_algorithm(job: dict, public: np.ndarray | None = None):
-    """The job's algorithm, bound to the job's silos (names resolve to indices) and, for
-    PrivateKT, to the public set `public` (whose SHA-256 the job states)."""
-    graph = data_module(job["data_kind"])
-    if graph is not None:
-        return graph.job_algorithm(job)
-    check_network_method(job["method"])
-    alg = make_algorithm(
-        job["method"], lam=job["lam"], weighted=job["weighted"],
-        finetune_fraction=job["finetune_fraction"], clusters=job["clusters"],
-        selection_fraction=job["selection_fraction"], selection_rounds=job["selection_rounds"],
-        we_user=job["we_user"] or None, we_p_s=job["we_p_s"], we_p_d=job["we_p_d"],
-        we_options={"update": job["we_update"], "participation": job["we_participation"],
-                    "join_round": job_rounds(job, "we_join_round"),
-                    "leave_round": job_rounds(job, "we_leave_round"),
-                    "count": job["we_count"], "newcomer": job["we_newcomer"],
-                    "seed": job["seed"]},  # the schedule's public seed, as training.seed
-        ldp_epsilon=job["ldp_epsilon"],
-        ldp_mechanism=job["ldp_mechanism"], ldp_delta=job["ldp_delta"],
-        client_fraction=job["client_fraction"], max_participation=job["max_participation"],
-        kt_samples=job["kt_samples"], kt_buffer=job["kt_buffer"],
-        kt_self_train=job["kt_self_train"], kt_server_epochs=job["kt_server_epochs"],
-        kt_server_lr=job["kt_server_lr"], public_seed=job["public_seed"])
-    names = job_silos(job)
-    alg.bind_silos(names)
-    if hasattr(alg, "bind_data"):  # PrivateKT: the public set, checked against the job
-        if public is None or public_sha256(public) != job["public_sha256"]:
-            raise ConfigError(
-                f"{job['method']} needs the public set D_p on the server and every silo: "
-                "set public_data (an .npz with X) under [server] and [silo]; the job states "
-                f"its SHA-256 ({job['public_sha256'][:12] or 'none'}), and "
-                + ("none is given" if public is None else "the file given differs"))
-        from types import SimpleNamespace
-        stand_in = SimpleNamespace(meta={"public_X": public}, task=job["task"],
-                                   num_classes=job["num_classes"],
-                                   silos=[SimpleNamespace(X_train=public[:1])])
-        alg.bind_data(stand_in, job_model(job))
-    alg.check_plan(len(names), job["rounds"], job["accountant"])
-    return alg
-
-
-def public_sha256(X: np.ndarray) -> str:
-    """SHA-256 of a public array (its float64 bytes and shape): what the job pins."""
-    import hashlib
-    X = np.ascontiguousarray(X, dtype=np.float64)
-    return hashlib.sha256(X.tobytes() + str(X.shape).encode()).hexdigest()
-
-
-def load_public(path: Path | None, who: str) -> np.ndarray | None:
-    """The public set X (an .npz with key X) or None; DataError naming the file."""
-    if path is None:
-        return None
-    try:
-        with np.load(path, allow_pickle=False) as z:
-            return np.asarray(z["X"], dtype=np.float64)
-    except (OSError, KeyError, ValueError) as e:
-        raise DataError(f"{who}: cannot read the public set {str(path)!r} ({e}); it must be "
-                        "an .npz with an array X (public, unlabeled examples)") from None
-
-
-def job_model(job: dict):
-    graph = data_module(job["data_kind"])
-    if graph is not None:
-        return graph.job_model(job)
-    return make_model(job["model"], job["dim"], job["num_classes"])
-
-
-def job_params0(job: dict, model) -> np.ndarray:
-    """(P,) the common starting point of the job's model (server and every silo)."""
-    graph = data_module(job["data_kind"])
-    return model.init_params() if graph is None else graph.job_params0(job, model)
-
-
 @dataclass
 class SiloConfig:
+    """A silo's settings with paths resolved (`load_silo_config`); the keys, types and
+    defaults of silo.toml are `silofl.config.network.SiloSection`'s."""
+
     name: str
     data: Path                 # tabular: .npz with X_train, y_train, X_test, y_test,
                                # feature_names; graph: the folder of the 7 pandemic files
@@ -243,11 +78,11 @@ class SiloConfig:
     private_key: Path
     server_address: str
     root_certificate: Path | None  # None: plain gRPC (only with insecure = true)
-    noise: str = "secure"
-    max_rounds: int = 1000
-    methods: tuple[str, ...] = ("mrmtl", "fedavg", "local", "ditto", "finetune")  # consented
+    noise: str = SiloSection.model_fields["noise"].default
+    max_rounds: int = SiloSection.model_fields["max_rounds"].default
+    methods: tuple[str, ...] = DEFAULT_METHODS  # consented
     public_data: Path | None = None  # PrivateKT's public set D_p (.npz with X)
-    data_kind: str = "tabular"       # `DATA_KINDS`
+    data_kind: str = SiloSection.model_fields["data_kind"].default  # `DATA_KINDS`
     table: TableSettings | None = None  # [data]: the silo's own table and the shared schema
     run_dir: Path | None = None      # where the released models go (default: state_dir)
 
@@ -264,63 +99,41 @@ class SiloConfig:
         return PrivacyTarget(self.lifetime_epsilon, self.delta)
 
 
-def _store_path(s: dict, rel) -> Path:
+def _store_path(s: SiloSection, base: Path) -> Path:
     """[silo] budget_store, else the user's lifetime store of [silo] deployment (default
     "default"): the same store whichever folder the silo's config lives in, so a new
     `deploy init` folder is not a new budget."""
-    if "budget_store" in s:
-        return rel(s["budget_store"])
+    if s.budget_store is not None:
+        return base / s.budget_store
     from silofl.privacy.store_paths import check_deployment, default_store_path
-    return default_store_path(check_deployment(str(s.get("deployment", "default"))))
+    return default_store_path(check_deployment(s.deployment))
 
 
 def load_silo_config(path: str | Path) -> SiloConfig:
-    """Read silo.toml (paths relative to its folder); ConfigError naming the bad key."""
+    """Read silo.toml (paths relative to its folder); ConfigError naming the file and the
+    bad key (`silofl.config.network.SiloFile`)."""
     path = Path(path)
     try:
         raw = tomllib.loads(path.read_text())
     except (OSError, tomllib.TOMLDecodeError) as e:
         raise ConfigError(f"cannot read silo config {str(path)!r}: {e}") from None
     base = path.parent
-    s, srv = raw.get("silo", {}), raw.get("server", {})
-    unknown = set(raw) - {"silo", "server", "data"}
-    if unknown:
-        raise ConfigError(f"{path}: unknown section(s) {sorted(unknown)}; use [silo], "
-                          "[server], [data]")
-    table = table_settings(raw.get("data", {}), base, str(path))
-    if table is not None and "data" in s:
-        raise ConfigError(f"{path}: [silo] data and [data] both name the silo's data; keep "
-                          "[data] (its own table and the consortium's schema)")
-    try:
-        eps = float(s["epsilon"])
-        rel = lambda v: None if v is None else (base / v)  # noqa: E731
-        insecure = bool(srv.get("insecure", False))
-        root = rel(srv.get("root_certificate"))
-        if root is None and not insecure:
-            raise ConfigError(f"{path}: [server] root_certificate is missing; TLS is required "
-                              "(set insecure = true only for a local experiment)")
-        cfg = SiloConfig(
-            name=str(s["name"]), data=table.path if table else rel(s["data"]), epsilon=eps,
-            delta=float(s["delta"]),
-            lifetime_epsilon=float(s.get("lifetime_epsilon", eps)),
-            budget_store=_store_path(s, rel), state_dir=rel(s["state_dir"]),
-            private_key=rel(s["private_key"]), server_address=str(srv["address"]),
-            root_certificate=root, noise=str(s.get("noise", "secure")),
-            max_rounds=int(s.get("max_rounds", 1000)),
-            methods=tuple(s.get("methods", SiloConfig.methods)),
-            public_data=rel(s.get("public_data")),
-            data_kind=str(s.get("data_kind", "tabular")), table=table,
-            run_dir=rel(s.get("run_dir")))
-    except KeyError as e:
-        raise ConfigError(f"{path}: missing key {e.args[0]!r} (see `silofl deploy init` for a "
-                          "complete silo config)") from None
-    except (TypeError, ValueError) as e:
-        raise ConfigError(f"{path}: invalid value: {e}") from None
-    if cfg.noise not in ("secure", "seeded"):
-        raise ConfigError(f"{path}: [silo] noise must be 'secure' or 'seeded', got {cfg.noise!r}")
-    if cfg.data_kind not in DATA_KINDS:
+    f = read_silo_file(raw, str(path))
+    s, srv = f.silo, f.server
+    table = table_settings(f.data, base, str(path))
+    if s.data_kind not in DATA_KINDS:
         raise ConfigError(f"{path}: [silo] data_kind must be one of {', '.join(DATA_KINDS)}, "
-                          f"got {cfg.data_kind!r}")
+                          f"got {s.data_kind!r}")
+    rel = lambda v: None if v is None else (base / v)  # noqa: E731
+    cfg = SiloConfig(
+        name=s.name, data=table.path if table else base / str(s.data), epsilon=s.epsilon,
+        delta=s.delta,
+        lifetime_epsilon=s.epsilon if s.lifetime_epsilon is None else s.lifetime_epsilon,
+        budget_store=_store_path(s, base), state_dir=base / s.state_dir,
+        private_key=base / s.private_key, server_address=srv.address,
+        root_certificate=rel(srv.root_certificate), noise=s.noise, max_rounds=s.max_rounds,
+        methods=tuple(s.methods), public_data=rel(s.public_data), data_kind=s.data_kind,
+        table=table, run_dir=rel(s.run_dir))
     cfg.target, cfg.lifetime  # validates ε, δ
     return cfg
 

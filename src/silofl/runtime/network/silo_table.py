@@ -21,14 +21,14 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from silofl.config.base import validate
+from silofl.config.network import SiloDataSection
 from silofl.data.federation import Federation, Silo
 from silofl.privacy.targets import PrivacyTarget
 from silofl.data.preprocess import PreprocessSpec, RawFederation, preprocess_without_budget
 from silofl.data.schema import Schema, load_schema
 from silofl.errors import ConfigError, DataError
 
-#: the [data] keys of a silo config: the simulator's `DataConfig` keys a silo's own table uses
-DATA_KEYS = ("path", "schema", "test_fraction", "seed", "missing", "sep", "encoding", "drop")
 #: preprocessing modes a networked job can run (charged at the silo, or free; never uncharged)
 NETWORK_PREPROCESSING = ("auto", "declared", "private", "none")
 _SILO_COLUMN = "__silofl_silo__"  # the silo column when the schema names none
@@ -52,61 +52,30 @@ def read_schema(path: Path, who: str) -> Schema:
 
 @dataclass
 class TableSettings:
-    """A silo's [data] section: its own table, the shared schema and its own split."""
+    """A silo's [data] section with its paths resolved (`table_settings`; keys and
+    defaults: `silofl.config.network.SiloDataSection`)."""
 
     path: Path
     schema: Path
-    test_fraction: float = 0.2
-    seed: int = 0
-    missing: str = "impute"
-    sep: str = ""             # CSV separator ("" = ","), as `silofl run`'s [data] sep
-    encoding: str = ""        # CSV text encoding ("" = utf-8), as [data] encoding
-    drop: tuple[str, ...] = ()
+    test_fraction: float
+    seed: int
+    missing: str
+    sep: str                  # CSV separator ("" = ","), as `silofl run`'s [data] sep
+    encoding: str             # CSV text encoding ("" = utf-8), as [data] encoding
+    drop: tuple[str, ...]
 
 
-def table_settings(raw: dict, base: Path, where: str) -> TableSettings | None:
-    """The [data] section of a silo config (paths relative to `base`); None when absent.
-    Defaults are the simulator's `DataConfig` defaults."""
+def table_settings(raw: dict | SiloDataSection | None, base: Path, where: str
+                   ) -> TableSettings | None:
+    """The [data] section of a silo config (`silofl.config.network.SiloDataSection`: the
+    run's [data] keys and defaults that a table uses), paths relative to `base`; None when
+    absent. ConfigError naming `where` and the key."""
     if not raw:
         return None
-    from silofl.experiments.config import DataConfig
-    bad = set(raw) - set(DATA_KEYS)
-    if bad:
-        raise ConfigError(f"{where}: unknown [data] key(s) {sorted(bad)}; a silo's [data] "
-                          f"takes {', '.join(DATA_KEYS)}")
-    for key in ("path", "schema"):
-        if not isinstance(raw.get(key), str) or not raw[key].strip():
-            raise ConfigError(f"{where}: [data] {key} must name a file (the silo's own table; "
-                              "the consortium's schema)")
-    if raw["path"].startswith("<"):
-        raise ConfigError(f"{where}: [data] path is still the placeholder {raw['path']!r}; "
-                          "write the path of this silo's own table (CSV, CSV.gz or Parquet)")
-    d = DataConfig()
-    tf = raw.get("test_fraction", d.test_fraction)
-    if isinstance(tf, bool) or not isinstance(tf, (int, float)) or not 0 < tf < 1:
-        raise ConfigError(f"{where}: [data] test_fraction must be in (0, 1), got {tf!r}")
-    seed = raw.get("seed", d.seed)
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        raise ConfigError(f"{where}: [data] seed must be an integer, got {seed!r}")
-    missing = raw.get("missing", d.missing)
-    if missing not in ("impute", "drop", "error"):
-        raise ConfigError(f"{where}: [data] missing must be impute, drop or error, got "
-                          f"{missing!r}")
-    # a hospital's own export may be Latin-1 or semicolon-separated: the reader's own
-    # error names these keys, so a silo must accept them (as `silofl run` does)
-    text = {}
-    for key in ("sep", "encoding"):
-        v = raw.get(key, "")
-        if not isinstance(v, str):
-            raise ConfigError(f"{where}: [data] {key} must be a string, e.g. "
-                              + ('sep = ";"' if key == "sep" else 'encoding = "latin-1"'))
-        text[key] = v
-    drop = raw.get("drop", [])
-    if not isinstance(drop, list) or not all(isinstance(c, str) for c in drop):
-        raise ConfigError(f"{where}: [data] drop must be a list of column names, e.g. "
-                          'drop = ["visit_date"]')
-    return TableSettings(base / raw["path"], base / raw["schema"], float(tf), seed, missing,
-                         text["sep"], text["encoding"], tuple(drop))
+    d = raw if isinstance(raw, SiloDataSection) else validate(SiloDataSection, raw, "data",
+                                                              where)
+    return TableSettings(base / d.path, base / d.schema, d.test_fraction, d.seed, d.missing,
+                         d.sep, d.encoding, tuple(d.drop))
 
 
 def read_silo_table(name: str, ts: TableSettings, target: PrivacyTarget

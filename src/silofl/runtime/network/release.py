@@ -22,13 +22,13 @@ import dp_accounting as dpa
 import numpy as np
 
 from silofl.errors import ConfigError
-from silofl.experiments.artifacts import FORMAT, FORMAT_VERSION, silofl_version
+from silofl._version import FORMAT, FORMAT_VERSION, silofl_version
 from silofl.io import (dumps_strict, file_hashes, sha256_file, write_bytes_atomic,
                        write_npz_atomic)
 from silofl.privacy.ledger import silo_file_id, tightest
 from silofl.privacy.targets import ADJACENCY
 from silofl.runtime.network.hosting import local_dp_family, round_events
-from silofl.runtime.network.silo import job_model
+from silofl.runtime.network.jobspec import job_model
 from silofl.runtime.network.silo_table import declared_constants, is_private, read_schema
 from silofl.runtime.simulator import _shared
 

@@ -1,4 +1,6 @@
-"""`silofl deploy init --schema`: a consortium whose silos each read their own table.
+"""`silofl deploy init`: the entry point (`init`), and with `--schema` a consortium whose
+silos each read their own table (`init_tables`; `--demo`, `--regions` and a Python
+federation are written by `deploy`).
 
 Writes (everything checked before the first byte is written; on any failure the folder is
 removed, so nothing is left half-written)::
@@ -26,6 +28,7 @@ import warnings
 from pathlib import Path
 
 from silofl.errors import ConfigError, DataError
+from silofl.runtime.network import deploy
 from silofl.privacy.ledger import silo_file_id
 
 #: what `deploy init` and the programs it configures import, with the extra to install
@@ -101,8 +104,7 @@ def init_tables(out: Path, *, schema: Path, silos: list[str] | None, tables: lis
                 min_silos: int | None, noise: str, insecure: bool,
                 store_dir: Path | None, split_read: tuple[str, str] = ("", "")) -> dict:
     """Check everything, then write the consortium folder (see the module doc)."""
-    from silofl.runtime.network import deploy
-    from silofl.runtime.network.silo import check_job
+    from silofl.runtime.network.jobspec import check_job
     from silofl.runtime.network.silo_table import read_schema, schema_sha256
     check_extras()
     sch = read_schema(schema, "--schema")
@@ -144,7 +146,8 @@ def _defaults() -> dict:
 
 def _write(out: Path, sch, schema_file: Path, names, frames, unnamed, paths, job, *, address,
            hosts, epsilon, delta, min_silos, noise, insecure, store_dir) -> dict:
-    from silofl.runtime.network import deploy, flower_app
+    from silofl.runtime.network import flower_app  # flwr: checked by check_extras first
+
     write_bytes_atomic = deploy.write_bytes_atomic  # makes the folders it writes into
     text = Path(schema_file).read_bytes()
     deploy._write_certs(out, address, hosts)
@@ -191,3 +194,74 @@ def _write(out: Path, sch, schema_file: Path, names, frames, unnamed, paths, job
         "silos": {n: f"keys/{silo_file_id(n)}.pub" for n in names}}))
     written["flower"] = flower_app.write_app(out, out / "server.toml", address, insecure)
     return written
+
+
+def init(out: Path, *, silos: list[str] | None = None, demo: str | None = None,
+         address: str = "127.0.0.1:9092", hosts: list[str] | None = None,
+         epsilon: float = 1.0, delta: float | None = None, job: dict | None = None,
+         min_silos: int | None = None, noise: str = "secure", insecure: bool = False,
+         overwrite: bool = False, federation=None, regions: Path | None = None,
+         schema: Path | None = None, tables: list[str] | None = None,
+         split: Path | None = None, silo_column: str | None = None,
+         store_dir: Path | None = None, split_sep: str = "", split_encoding: str = "") -> dict:
+    """Write a consortium folder (see the module doc). Returns what was written.
+    `federation` (Python API) writes each of its silos' data like `demo`; `regions` (a
+    pandemic dataset folder) gives each region its own folder and a graph job; `schema`
+    (the consortium's declared schema) gives each silo its own folder reading its own
+    table (`tables` NAME=PATH, or the demo table `split` cut by `silo_column`; see
+    `init_tables`; `split_sep`/`split_encoding` read a `split` table that is not UTF-8 or
+    comma-separated). `delta` defaults to the simulator's [privacy] delta."""
+    out = Path(out)
+    delta = deploy.default_delta() if delta is None else delta
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {str(out)!r} is a file; choose a new folder")
+    if out.exists() and any(out.iterdir()) and not overwrite:
+        raise ConfigError(f"{out} exists and is not empty; choose a new folder (key "
+                          "material is never overwritten silently) or pass --overwrite")
+    if (split_sep or split_encoding) and split is None:
+        raise ConfigError("--sep/--encoding read the --split table; a silo's own table "
+                          "(--table) takes [data] sep / encoding in its silo.toml")
+    if schema is None and (tables or split or silo_column or store_dir):
+        raise ConfigError("--table, --split, --silo-column and --store-dir go with --schema "
+                          "(the consortium's declared schema)")
+    if schema is not None:
+        if demo or regions or federation is not None:
+            raise ConfigError("--schema deploys silos that read their own tables; drop "
+                              "--demo/--regions (or --schema)")
+        return init_tables(out, schema=Path(schema), silos=silos, tables=tables,
+                           split=None if split is None else Path(split),
+                           silo_column=silo_column, address=address, hosts=hosts,
+                           epsilon=epsilon, delta=delta, job=job or {},
+                           min_silos=min_silos, noise=noise, insecure=insecure,
+                           store_dir=store_dir, split_read=(split_sep, split_encoding))
+    check_extras()
+    if regions is not None:
+        return deploy._init_regions(out, Path(regions), address=address, hosts=hosts,
+                             epsilon=epsilon, delta=delta, job=job, min_silos=min_silos,
+                             noise=noise, insecure=insecure, silos=silos or demo)
+    fed = deploy.demo_data(demo) if demo else federation
+    names = list(silos or (fed.names if fed is not None else []))
+    if fed is None:  # no data to write and no schema: the silos could not start
+        raise ConfigError("give --schema (the consortium's declared schema; each silo then "
+                          "reads its own table: --table NAME=PATH, or --split TABLE "
+                          "--silo-column COL for a one-machine demo) or --demo heart")
+    deploy.check_names(names, "name the silos (--silo A --silo B …) or use --demo heart")
+    if fed is not None and set(names) - set(fed.names):
+        raise ConfigError(f"--demo {demo} has silos {fed.names}; unknown: "
+                          f"{sorted(set(names) - set(fed.names))}")
+    if noise not in ("secure", "seeded"):
+        raise ConfigError(f"noise must be 'secure' or 'seeded' (experiments), got {noise!r}")
+    deploy.check_address(address)
+    from silofl.runtime.network.jobspec import tables_as_json
+    job = tables_as_json(job or {})  # Weight Erosion's join/leave tables: JSON strings
+    deploy._check_job({"silos": json.dumps(names), **job, "noise": noise}, fed)
+    fresh = not out.exists()
+    try:
+        return deploy._write_legacy(out, names, fed, dict(job or {}), address=address, hosts=hosts,
+                             epsilon=epsilon, delta=delta, min_silos=min_silos, noise=noise,
+                             insecure=insecure, folder_store=bool(demo))
+    except BaseException:  # nothing half-written: remove what this call wrote
+        if fresh and out.exists():
+            import shutil
+            shutil.rmtree(out, ignore_errors=True)
+        raise

@@ -13,12 +13,15 @@
 
 from __future__ import annotations
 
-import dataclasses
-import difflib
 import os
 import tomllib
+from collections.abc import Callable
 from pathlib import Path
 
+from pydantic import BaseModel
+
+from silofl.config.base import did_you_mean, read_toml
+from silofl.config.run import Config, config_from_dict
 from silofl.errors import ConfigError
 
 #: (section, key) of every config key that names a file the job reads or keeps. Not
@@ -96,25 +99,26 @@ def _key_parts(key: str) -> list[str]:
     return parts
 
 
-def _check_key(parts: list[str], item: str) -> None:
-    from silofl.experiments.config import Config
-    sections = {f.name: f for f in dataclasses.fields(Config)}
+def _check_key(parts: list[str], item: str, model: type[BaseModel] = Config) -> None:
+    sections = model.model_fields
     sec = parts[0]
     if sec not in sections:
-        near = difflib.get_close_matches(sec, list(sections), n=1, cutoff=0.5)
-        hint = f" Did you mean {near[0]!r}?" if near else ""
+        near = did_you_mean(sec, list(sections))
+        hint = f" Did you mean {near!r}?" if near else ""
         raise ConfigError(f"--set {item!r}: unknown config section {sec!r}; valid sections: "
                           f"{', '.join(sections)}.{hint}")
-    keys = [f.name for f in dataclasses.fields(sections[sec].default_factory())]
+    ann = sections[sec].annotation
+    keys = list(ann.model_fields) if isinstance(ann, type) and issubclass(ann, BaseModel) \
+        else []
     if parts[1] not in keys:
-        near = difflib.get_close_matches(parts[1], keys, n=1, cutoff=0.5)
-        hint = f" Did you mean '{sec}.{near[0]}'?" if near else ""
+        near = did_you_mean(parts[1], keys, f"{sec}.")
+        hint = f" Did you mean {near!r}?" if near else ""
         raise ConfigError(f"--set {item!r}: unknown key '{sec}.{parts[1]}'; valid keys of "
                           f"[{sec}]: {', '.join(keys)}.{hint}")
 
 
 def apply_overrides(raw: dict, items: list[str] | tuple[str, ...],
-                    cwd: str | Path | None = None) -> dict:
+                    cwd: str | Path | None = None, model: type[BaseModel] = Config) -> dict:
     """Apply ``--set SECTION.KEY=VALUE`` items to a raw config, in place (later items win).
     Path keys given this way are relative to `cwd` (default: the working directory).
 
@@ -123,6 +127,7 @@ def apply_overrides(raw: dict, items: list[str] | tuple[str, ...],
     raw : the parsed config (paths already resolved against the config file).
     items : the ``--set`` arguments as typed.
     cwd : the folder relative paths on the command line are read from.
+    model : the configuration model whose sections and keys may be set (default: a run's).
 
     Returns
     -------
@@ -131,7 +136,7 @@ def apply_overrides(raw: dict, items: list[str] | tuple[str, ...],
     """
     for item in items:
         parts, value = parse_override(item)
-        _check_key(parts, item)
+        _check_key(parts, item, model)
         node = raw
         for p in parts[:-1]:
             nxt = node.setdefault(p, {})
@@ -164,3 +169,59 @@ def check_writable_file(path: str | Path, what: str) -> None:
                     f"{what} {str(p)!r} cannot be created: {str(parent)!r} is a regular file, "
                     "not a folder; choose a path inside a folder")
             return
+
+
+def where_set(path: str | Path | None, items: list[str] | tuple[str, ...],
+              what: str = "config file") -> Callable[[str], str]:
+    """Name where a dotted key was set: the ``--set`` item that set it (the last one
+    wins), else the config file; for error messages.
+
+    Parameters
+    ----------
+    path : the config file (None: no file).
+    items : the ``--set`` arguments.
+    what : how to name the file ("config file", "sweep config").
+
+    Returns
+    -------
+    key -> ``"--set 'training.rounds=x'"`` or ``"config file 'run.toml'"`` ("" when neither).
+    """
+    given = {}
+    for item in items:
+        given[".".join(parse_override(item)[0])] = item
+    file = "" if path is None else f"{what} {str(path)!r}"
+
+    def source(key: str) -> str:
+        hits = [k for k in given if key == k or key.startswith(k + ".")]
+        return f"--set {given[hits[-1]]!r}" if hits else file
+    return source
+
+
+def load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] = ()
+                ) -> Config:
+    """Read and validate a job's TOML configuration.
+
+    Parameters
+    ----------
+    path : str, Path or None
+        The TOML file (None: all defaults, the built-in heart-disease job). Paths in the
+        file are relative to its folder.
+    overrides : sequence of str, default ()
+        ``SECTION.KEY=VALUE`` items applied on top, as ``--set`` does (their paths
+        relative to the working directory).
+
+    Returns
+    -------
+    Config
+        The validated configuration.
+
+    Raises
+    ------
+    ConfigError
+        An unknown key (with the nearest valid one) or an invalid value, naming the file
+        or the ``--set`` item and the key.
+    """
+    raw = {} if path is None else resolve_config_paths(read_toml(path, "config file"),
+                                                         Path(path).resolve().parent)
+    raw = check_config_paths(apply_overrides(raw, overrides))
+    return config_from_dict(raw, where_set(path, overrides))

@@ -6,38 +6,53 @@ Unknown keys are errors that suggest the nearest valid key.
 
 from __future__ import annotations
 
-import dataclasses
-import difflib
-import json
-import tomllib
-from dataclasses import dataclass, field, fields
-from pathlib import Path
-from typing import Any
+from collections.abc import Callable
+from typing import Any, ClassVar
 
+from pydantic import Field, field_validator, model_validator
+
+from silofl.config.base import Section, read_toml, validate
 from silofl.errors import ConfigError
 
+__all__ = [
+    "AuditSection",
+    "BudgetConfig",
+    "Config",
+    "DataConfig",
+    "ErosionSection",
+    "ModelConfig",
+    "OutputConfig",
+    "PrivacyConfig",
+    "SiloPrivacy",
+    "TrainingSection",
+    "TuningConfig",
+    "check_privacy_target",
+    "config_from_dict",
+    "read_toml",
+]
 
-@dataclass
-class DataConfig:
+
+class DataConfig(Section):
+    section: ClassVar[str] = "data"
     source: str = "heart"          # heart | table | school | exam | titanic | mnist | synthetic
     path: str = ""                 # file for table/school
     silo_column: str = ""          # table: column naming each row's silo (or use `split`)
     label_column: str = ""         # table: the target column
     task: str = "auto"             # table: auto | binary | multiclass | regression
-    features: list = field(default_factory=list)  # table: feature columns (default: all)
+    features: list = Field(default_factory=list)  # table: feature columns (default: all)
     missing: str = "impute"        # impute | drop | error (see silofl.data.tabular)
     test_fraction: float = 0.2
     sep: str = ""                  # table (CSV): column separator ("" = ","), e.g. ";"
     encoding: str = ""             # table (CSV): text encoding ("" = utf-8), e.g. "latin-1"
-    drop: list = field(default_factory=list)  # table: columns to leave out (dates, ids)
-    schema: str = ""               # declared schema (TOML) of a table: public bounds, levels…
+    drop: list = Field(default_factory=list)  # table: columns to leave out (dates, ids)
+    schema: str = ""  # type: ignore[assignment]  # declared schema (TOML): bounds, levels…
     # preprocessing (silofl.data.preprocess): auto | declared | private | uncharged | none
     standardize: str = "auto"      # auto = declared from the schema (no cost)
     impute: str = "auto"           # auto | declared | private | uncharged
     preprocess_share: float = 0.1  # share of each silo's ε for private statistics
     seed: int = 0
     generator: str = "linear"      # synthetic: linear | mean | vehicle
-    options: dict = field(default_factory=dict)  # synthetic: generator keyword arguments
+    options: dict = Field(default_factory=dict)  # synthetic: generator keyword arguments
     # table without silo_column, heart (pooled) or titanic: simulate silos
     # (silofl.data.splitters)
     split: str = ""                # iid | dirichlet | quantity | feature_range | shared_range
@@ -49,7 +64,7 @@ class DataConfig:
     split_feature: str = ""        # feature_range / shared_range / age_strict / age_some:
                                    # the (encoded) column; by_category: the column (`sex`)
     group_size: int = 2            # shared_range / age_some: silos per shared value range
-    split_bins: list = field(default_factory=list)  # age_strict / age_some: declared bin
+    split_bins: list = Field(default_factory=list)  # age_strict / age_some: declared bin
                                    # edges of split_feature, e.g. [0, 40, 60, 120]
     label_purity: float = 0.8      # by_label: share of each class kept by its own silo
     min_silo_size: int = 0         # split: fewest rows per silo (0 = 10); exam: leave
@@ -67,19 +82,36 @@ class DataConfig:
     public_size: int = 0           # cap on the public set (0 = public_fraction of the pool)
     flatten: bool = False          # images as (784,) rows, for GLMs (softmax)
 
+    @field_validator("standardize", mode="before")
+    @classmethod
+    def _older_standardize(cls, value: Any) -> Any:
+        if isinstance(value, bool):  # older configs: standardize = true/false
+            return "auto" if value else "none"
+        return value
 
-@dataclass
-class ModelConfig:
+    @field_validator("test_fraction")
+    @classmethod
+    def _keep_test_rows(cls, tf: float) -> float:
+        if not 0 < tf < 1:
+            # every reported metric is a test metric: without test rows nothing is reported
+            raise ConfigError(f"'data.test_fraction' must be in (0, 1), got {tf}; runs report "
+                              "metrics on each silo's held-out test rows, so keep some "
+                              "(e.g. test_fraction = 0.2)")
+        return tf
+
+
+class ModelConfig(Section):
+    section: ClassVar[str] = "model"
     name: str = "logistic"         # linear | logistic | focal | svm | softmax | mlp | convnet
     gamma: float = 2.0             # focal loss only
     alpha: float = 0.25            # focal loss only
     metric: str = ""               # accuracy | mse | auprc | roc_auc (default by task)
-    hidden: list = field(default_factory=list)  # mlp only: hidden layer widths ([] → [64])
+    hidden: list = Field(default_factory=list)  # mlp only: hidden layer widths ([] → [64])
 
 
-@dataclass
-class TrainingSection:
-    methods: list = field(default_factory=lambda: ["local", "fedavg", "mrmtl"])
+class TrainingSection(Section):
+    section: ClassVar[str] = "training"
+    methods: list = Field(default_factory=lambda: ["local", "fedavg", "mrmtl"])
     lam: float = 0.3               # MR-MTL regularization strength λ
     weighted: bool = True          # weight model updates by training counts
     rounds: int = 30
@@ -101,8 +133,8 @@ class TrainingSection:
     # weight_erosion options (README "Weight Erosion"; validated by the algorithm):
     we_update: str = "gradient"      # gradient | local_sgd (a local pass: local_epochs)
     we_participation: float = 1.0    # (0, 1]: each round a non-user silo takes part w.p. p
-    we_join_round: dict = field(default_factory=dict)   # {"silo" = r}: takes part from r
-    we_leave_round: dict = field(default_factory=dict)  # {"silo" = r}: gone from round r
+    we_join_round: dict = Field(default_factory=dict)   # {"silo" = r}: takes part from r
+    we_leave_round: dict = Field(default_factory=dict)  # {"silo" = r}: gone from round r
     we_count: str = "rounds"         # rounds | participated: r in the size penalty
     we_newcomer: str = "one"         # one | mean | median: a late joiner's first α
     # privatekt, fedavg_ldp: a fixed local-DP mechanism per upload (algorithms.privatekt)
@@ -124,14 +156,14 @@ class TrainingSection:
     clip_radius: float = 1.0         # centered_clipping: radius τ (> 0)
 
 
-@dataclass
-class SiloPrivacy:
+class SiloPrivacy(Section):
+    section: ClassVar[str] = "privacy.silos"
     epsilon: float | None = None
     delta: float | None = None
 
 
-@dataclass
-class PrivacyConfig:
+class PrivacyConfig(Section):
+    section: ClassVar[str] = "privacy"
     enabled: bool = True
     epsilon: float = 1.0
     delta: float = 1e-4
@@ -139,11 +171,23 @@ class PrivacyConfig:
                                    # (events PLD cannot handle fall back to rdp)
     noise: str = "secure"          # secure (CSPRNG from OS entropy) | seeded (reproducible
                                    # experiments: not a privacy guarantee)
-    silos: dict = field(default_factory=dict)  # name -> SiloPrivacy
+    silos: dict[str, SiloPrivacy] = Field(default_factory=dict)  # silo name -> its own target
+
+    @field_validator("silos", mode="before")
+    @classmethod
+    def _silos_table(cls, value: Any) -> Any:
+        if not isinstance(value, dict):
+            raise ConfigError("[privacy.silos] must map silo names to {epsilon, delta}")
+        return value
+
+    @model_validator(mode="after")
+    def _targets_in_range(self) -> PrivacyConfig:
+        _check_privacy_section(self)
+        return self
 
 
-@dataclass
-class BudgetConfig:
+class BudgetConfig(Section):
+    section: ClassVar[str] = "budget"
     """The lifetime budget store (`silofl.privacy.budget`). [privacy] epsilon/delta are
     this job's target; the store keeps each silo's lifetime target and every charge."""
     store: str = ""                # SQLite file ("" = the deployment's store in the silofl
@@ -155,22 +199,22 @@ class BudgetConfig:
     delta: float | None = None     # lifetime δ (default: the job's)
 
 
-@dataclass
-class OutputConfig:
+class OutputConfig(Section):
+    section: ClassVar[str] = "output"
     dir: str = "runs"
     name: str = ""                 # run directory name (default: timestamp)
     checkpoint_every: int = 1      # rounds between checkpoints for `--resume` (0 = none)
 
 
-@dataclass
-class TuningConfig:
+class TuningConfig(Section):
+    section: ClassVar[str] = "tuning"
     """[tuning]: hyperparameter tuning under silo-specific DP (silofl.tuning; README
     "Private tuning"). `silofl run`: mode none | private; `silofl sweep` reads the mode
     from sweep.tuning and the other keys from here."""
     mode: str = "none"             # none | private (random h, best-only release)
     method: str = "mrmtl"          # mrmtl | ditto: the method whose λ is tuned
-    lam: list = field(default_factory=list)   # λ grid (sweep: default sweep.lam)
-    lr: list = field(default_factory=list)    # lr grid ([]: the run's lr, not tuned)
+    lam: list = Field(default_factory=list)   # λ grid (sweep: default sweep.lam)
+    lr: list = Field(default_factory=list)    # lr grid ([]: the run's lr, not tuned)
     distribution: str = "tnb"      # tnb (eta with gamma or mean_trials) | poisson (mu)
     eta: float = 1.0               # TNB shape η ≥ 0 (1: geometric, 0: logarithmic)
     gamma: float | None = None     # TNB γ in (0, 1) (or give mean_trials)
@@ -184,12 +228,32 @@ class TuningConfig:
     em_fraction: float = 0.05      # em: share of each silo's ε for the choice
 
 
-@dataclass
-class Config:
+class AuditSection(Section):
+    """[audit]: `silofl audit`'s settings (its command-line options override them; checked
+    by `silofl.audit.engine.audit`)."""
+
+    section: ClassVar[str] = "audit"
+    kind: str = "one-run"          # one-run | multi-run
+    silo: str | None = None        # audit one silo (default: every silo)
+    canaries: int | None = None    # one-run: canaries per silo (default min(1000, n_k))
+    runs: int = 200                # multi-run: jobs on each of D and D′
+    confidence: float = 0.95       # of the lower bound, in [0.5, 1)
+
+
+class ErosionSection(Section):
+    """[erosion]: `silofl erosion`'s settings (its command-line options override them)."""
+
+    section: ClassVar[str] = "erosion"
+    users: list[str] = Field(default_factory=list)  # user silos ([] = every silo in turn)
+    contributions: bool = True     # make each user's contribution report now
+
+
+class Config(Section):
     """A job's configuration: the sections of a TOML file, with defaults.
 
-    Read one with `load_config`; the same keys work in TOML, as ``--set SECTION.KEY=VALUE``
-    and here.
+    ``Config()`` is every default; ``Config(data={...})``, `config_from_dict` (parsed
+    TOML) and `load_config` (a file + ``--set SECTION.KEY=VALUE``) validate the same keys
+    with the same messages (`ConfigError`).
 
     Attributes
     ----------
@@ -207,28 +271,47 @@ class Config:
         [output]: the run directory, checkpoints.
     tuning : TuningConfig
         [tuning]: private hyperparameter tuning.
+    audit : AuditSection
+        [audit]: `silofl audit`'s options.
+    erosion : ErosionSection
+        [erosion]: `silofl erosion`'s options.
     """
 
-    data: DataConfig = field(default_factory=DataConfig)
-    model: ModelConfig = field(default_factory=ModelConfig)
-    training: TrainingSection = field(default_factory=TrainingSection)
-    privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
-    budget: BudgetConfig = field(default_factory=BudgetConfig)
-    output: OutputConfig = field(default_factory=OutputConfig)
-    tuning: TuningConfig = field(default_factory=TuningConfig)
+    section: ClassVar[str] = ""
+    data: DataConfig = Field(default_factory=DataConfig)
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    training: TrainingSection = Field(default_factory=TrainingSection)
+    privacy: PrivacyConfig = Field(default_factory=PrivacyConfig)
+    budget: BudgetConfig = Field(default_factory=BudgetConfig)
+    output: OutputConfig = Field(default_factory=OutputConfig)
+    tuning: TuningConfig = Field(default_factory=TuningConfig)
+    audit: AuditSection = Field(default_factory=AuditSection)
+    erosion: ErosionSection = Field(default_factory=ErosionSection)
+
+    @model_validator(mode="after")
+    def _lifetime_in_range(self) -> Config:
+        b = self.budget  # a lifetime target: δ ≥ 0.5 would compose every charge to ε ≈ 0
+        if b.epsilon is not None or b.delta is not None:
+            pc = self.privacy
+            check_privacy_target(pc.epsilon if b.epsilon is None else b.epsilon,
+                                 pc.delta if b.delta is None else b.delta, "budget.")
+        return self
 
     def to_dict(self) -> dict:
-        """The configuration as plain data (what a run directory's config.toml holds).
+        """The configuration as plain data (a run directory's config.toml, a sweep's
+        fingerprint).
 
         Returns
         -------
         dict
-            Section name to key/value dict; optional keys left at their defaults are
-            omitted.
+            Section name to key/value dict; optional keys and sections left at their
+            defaults are omitted, so fingerprints of older runs hold.
         """
-        d = dataclasses.asdict(self)
-        if self.tuning == TuningConfig():  # older configs (and their fingerprints) lack it
-            d.pop("tuning")
+        d = self.model_dump()
+        for key, cls in (("tuning", TuningConfig), ("audit", AuditSection),
+                         ("erosion", ErosionSection)):
+            if getattr(self, key) == cls():  # older configs (and fingerprints) lack them
+                d.pop(key)
         for key in ("sep", "encoding", "drop"):  # likewise the table reading options
             if not d["data"][key]:
                 d["data"].pop(key)
@@ -237,77 +320,20 @@ class Config:
         return d
 
 
-def _build(cls, raw: Any, where: str):
-    if not isinstance(raw, dict):
-        raise ConfigError(f"[{where}] must be a table of keys, got {type(raw).__name__}")
-    known = {f.name: f for f in fields(cls)}
-    out = {}
-    for key, value in raw.items():
-        if key not in known:
-            near = difflib.get_close_matches(key, list(known), n=1, cutoff=0.5)
-            hint = f"; did you mean '{where}.{near[0]}'?" if near else \
-                f"; valid keys: {', '.join(known)}"
-            raise ConfigError(f"unknown config key '{where}.{key}'{hint}")
-        default = getattr(cls(), key)
-        if cls is DataConfig and key == "standardize" and isinstance(value, bool):
-            value = "auto" if value else "none"  # older configs: standardize = true/false
-        if dataclasses.is_dataclass(default):
-            value = _build(type(default), value, f"{where}.{key}")
-        elif cls is PrivacyConfig and key == "silos":
-            if not isinstance(value, dict):
-                raise ConfigError("[privacy.silos] must map silo names to {epsilon, delta}")
-            value = {name: _build(SiloPrivacy, v, f"privacy.silos.{name}")
-                     for name, v in value.items()}
-        else:
-            value = _coerce(value, default, f"{where}.{key}")
-        out[key] = value
-    return cls(**out)
+def config_from_dict(raw: dict, source: str | Callable[[str], str] = "") -> Config:
+    """Validate a nested dict (e.g. parsed TOML) into a Config.
 
+    Parameters
+    ----------
+    raw : section -> {key: value}.
+    source : the file it came from (named in error messages), or a function of the
+        dotted key at fault that names where that key was set.
 
-def _coerce(value, default, where):
-    if default is None:
-        if not isinstance(value, (int, float)) or isinstance(value, bool):
-            raise ConfigError(f"'{where}' must be a number, got {value!r}")
-        return float(value)
-    kind = type(default)
-    if kind is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
-    if kind is bool and not isinstance(value, bool) or \
-            kind is not bool and isinstance(value, bool) or not isinstance(value, kind):
-        hint = ""
-        if kind is list and isinstance(value, str):  # `--set training.methods=local`
-            hint = (f"; write a list, e.g. {where.rpartition('.')[2]} = [{json.dumps(value)}] "
-                    f"(on the command line: --set '{where}=[{json.dumps(value)}]')")
-        raise ConfigError(f"'{where}' must be of type {kind.__name__} (like {default!r}), "
-                          f"got {value!r}{hint}")
-    return value
-
-
-def config_from_dict(raw: dict) -> Config:
-    """Validate a nested dict (e.g. parsed TOML) into a Config."""
-    known = {f.name for f in fields(Config)}
-    for key in raw:
-        if key not in known:
-            near = difflib.get_close_matches(key, list(known), n=1, cutoff=0.5)
-            hint = f"; did you mean [{near[0]}]?" if near else f"; sections: {', '.join(known)}"
-            raise ConfigError(f"unknown config section [{key}]{hint}")
-    parts = {}
-    for f in fields(Config):
-        cls = type(f.default_factory())
-        parts[f.name] = _build(cls, raw.get(f.name, {}), f.name)
-    tf = parts["data"].test_fraction
-    if not (isinstance(tf, float) and 0 < tf < 1):
-        # every reported metric is a test metric: without test rows there is nothing to report
-        raise ConfigError(f"'data.test_fraction' must be in (0, 1), got {tf}; runs report "
-                          "metrics on each silo's held-out test rows, so keep some "
-                          "(e.g. test_fraction = 0.2)")
-    _check_privacy_section(parts["privacy"])
-    b = parts["budget"]  # a lifetime target: δ ≥ 0.5 would compose every charge to ε ≈ 0
-    if b.epsilon is not None or b.delta is not None:
-        pc = parts["privacy"]
-        check_privacy_target(pc.epsilon if b.epsilon is None else b.epsilon,
-                             pc.delta if b.delta is None else b.delta, "budget.")
-    return Config(**parts)
+    Returns
+    -------
+    The validated Config; ConfigError naming the key, the value and what is allowed.
+    """
+    return validate(Config, raw, "", source)
 
 
 def check_privacy_target(epsilon, delta, where: str = "") -> tuple[float, float]:
@@ -329,47 +355,3 @@ def _check_privacy_section(pc: PrivacyConfig) -> None:
         check_privacy_target(pc.epsilon if sp.epsilon is None else sp.epsilon,
                              pc.delta if sp.delta is None else sp.delta,
                              f"privacy.silos.{name}.")
-
-
-def load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] = ()
-                ) -> Config:
-    """Read and validate a job's TOML configuration.
-
-    Parameters
-    ----------
-    path : str, Path or None
-        The TOML file (None: all defaults, the built-in heart-disease job). Paths in the
-        file are relative to its folder.
-    overrides : sequence of str, default ()
-        ``SECTION.KEY=VALUE`` items applied on top, as ``--set`` does (their paths
-        relative to the working directory).
-
-    Returns
-    -------
-    Config
-        The validated configuration.
-
-    Raises
-    ------
-    ConfigError
-        An unknown key (with the nearest valid one) or an invalid value, naming the file
-        and key.
-    """
-    from silofl.experiments.config_input import (apply_overrides, check_config_paths,
-                                                 resolve_config_paths)
-    raw = {} if path is None else resolve_config_paths(read_toml(path, "config file"),
-                                                         Path(path).resolve().parent)
-    return config_from_dict(check_config_paths(apply_overrides(raw, overrides)))
-
-
-def read_toml(path: str | Path, what: str) -> dict:
-    """Parse a TOML file; a missing or malformed file is a ConfigError naming `what`."""
-    p = Path(path)
-    if p.is_dir():
-        raise ConfigError(f"{what} {str(p)!r} is a directory; pass a .toml file")
-    if not p.is_file():
-        raise ConfigError(f"{what} {str(p)!r} does not exist; pass an existing .toml file")
-    try:
-        return tomllib.loads(p.read_text())
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError, OSError) as e:
-        raise ConfigError(f"cannot read {what} {str(p)!r}: {e}") from None

@@ -1,0 +1,187 @@
+"""The public job description of a networked run: its keys (`JOB_KEYS`), their checks, and
+what the server and every silo build from it alike (algorithm, model, training settings,
+starting point, PrivateKT's public set). Pure functions of the job: no silo's data here.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+from pathlib import Path
+
+import numpy as np
+
+from silofl.algorithms import make_algorithm
+from silofl.errors import ConfigError, DataError
+from silofl.models import make_model
+from silofl.runtime.network import messages as W
+from silofl.runtime.network.hosting import check_network_method
+from silofl.runtime.plan import TrainingConfig
+
+JOB_KEYS = {"method": str, "lam": float, "weighted": bool, "finetune_fraction": float,
+            "model": str, "task": str, "num_classes": int, "dim": int, "rounds": int,
+            "batch_size": int, "local_epochs": float, "lr": float, "clip": float,
+            "l2": float, "accountant": str, "noise": str, "seed": int,
+            # the silos of the job, in order (a JSON list of names: silo k is names[k])
+            "silos": str,
+            # IFCA family (clusters, share of ε per selection, share of rounds selecting)
+            "clusters": int, "selection_fraction": float, "selection_rounds": float,
+            # Weight Erosion: the user silo's name, penalties, what each silo sends, and the
+            # public participation schedule (join/leave: a JSON object {silo name: round};
+            # the schedule's seed is `seed`)
+            "we_user": str, "we_p_s": float, "we_p_d": float, "we_update": str,
+            "we_participation": float, "we_join_round": str, "we_leave_round": str,
+            "we_count": str, "we_newcomer": str,
+            # local-DP methods (PrivateKT, FedAvg-LDP) and the public set's SHA-256 ("" none)
+            "ldp_epsilon": float, "ldp_mechanism": str, "ldp_delta": float,
+            "client_fraction": float, "max_participation": int, "kt_samples": int,
+            "kt_buffer": int, "kt_self_train": float, "kt_server_epochs": int,
+            "kt_server_lr": float, "public_seed": int, "public_sha256": str,
+            # the kind of data the job trains on (`DATA_KINDS`) and, for graph data, its
+            # public settings (JSON; the pandemic track's, `silofl.pandemic.network`)
+            "data_kind": str, "graph": str,
+            # a silo's own table: the consortium's declared schema (its SHA-256, "" for
+            # pre-encoded .npz data) and the declared preprocessing modes every silo applies
+            "schema_sha256": str, "standardize": str, "impute": str,
+            "preprocess_share": float}
+
+#: data kinds → the module supplying their job model, algorithm and silo program, imported
+#: on use (the runtime does not import the optional tracks): "tabular" rows in an .npz
+#: (this module), "graph" the pandemic track's persons and contacts (node-level unit)
+DATA_KINDS = {"tabular": None, "graph": "silofl.pandemic.network"}
+
+
+def data_module(kind: str):
+    """The module of data kind `kind` (None: tabular); ProtocolError for an unknown kind."""
+    if kind not in DATA_KINDS:
+        raise W.ProtocolError(f"data_kind {kind!r} is not one of {', '.join(DATA_KINDS)}")
+    name = DATA_KINDS[kind]
+    return None if name is None else importlib.import_module(name)
+
+
+#: job keys whose value, a table {silo name: round}, travels as its JSON string
+JOB_TABLES = ("we_join_round", "we_leave_round")
+
+
+def tables_as_json(job: dict) -> dict:
+    """`job` with a table (dict) under a `JOB_TABLES` key (a TOML table, `--set
+    we_join_round={b=3}`) replaced by its canonical JSON string."""
+    return {k: json.dumps(v, sort_keys=True) if k in JOB_TABLES and isinstance(v, dict)
+            else v for k, v in job.items()}
+
+
+def check_job(job: dict) -> dict:
+    """The public job description with exactly `JOB_KEYS` (ProtocolError otherwise)."""
+    W.check_fields({**job, "protocol": W.PROTOCOL, "kind": "job"},
+                   {**JOB_KEYS, "protocol": str, "kind": str}, "job")
+    for key in JOB_TABLES:
+        job_rounds(job, key)
+    # ints where floats are expected are the same number: one canonical form to hash
+    return {k: float(v) if JOB_KEYS[k] is float else v for k, v in job.items()}
+
+
+def job_config(job: dict) -> TrainingConfig:
+    return TrainingConfig(rounds=job["rounds"], local_epochs=job["local_epochs"],
+                          batch_size=job["batch_size"], lr=job["lr"], clip=job["clip"],
+                          l2=job["l2"], accountant=job["accountant"], noise=job["noise"],
+                          seed=job["seed"], eval_every=job["rounds"])
+
+
+def job_silos(job: dict) -> list[str]:
+    """The job's silo names in order (ProtocolError for a malformed list)."""
+    try:
+        names = json.loads(job["silos"])
+    except json.JSONDecodeError:
+        names = None
+    if not isinstance(names, list) or not names or not all(
+            isinstance(n, str) and n for n in names) or len(set(names)) != len(names):
+        raise W.ProtocolError(f"job: 'silos' must be a JSON list of distinct silo names, got "
+                              f"{job['silos'][:200]!r}")
+    return names
+
+
+def job_rounds(job: dict, key: str) -> dict:
+    """Weight Erosion's join or leave rounds {silo name: round} from the job's JSON string
+    `key` (ProtocolError naming the key for a malformed one; the rounds themselves are
+    checked by the algorithm)."""
+    try:
+        rounds = json.loads(job[key])
+    except json.JSONDecodeError:
+        rounds = None
+    if not isinstance(rounds, dict):
+        raise W.ProtocolError(f"job: {key!r} must be a JSON object {{silo name: round}}, e.g. "
+                              f"'{{\"b\": 3}}' ('{{}}': none), got {job[key][:200]!r}")
+    return rounds
+
+
+def job_algorithm(job: dict, public: np.ndarray | None = None):
+    """The job's algorithm, bound to the job's silos (names resolve to indices) and, for
+    PrivateKT, to the public set `public` (whose SHA-256 the job states)."""
+    graph = data_module(job["data_kind"])
+    if graph is not None:
+        return graph.job_algorithm(job)
+    check_network_method(job["method"])
+    alg = make_algorithm(
+        job["method"], lam=job["lam"], weighted=job["weighted"],
+        finetune_fraction=job["finetune_fraction"], clusters=job["clusters"],
+        selection_fraction=job["selection_fraction"], selection_rounds=job["selection_rounds"],
+        we_user=job["we_user"] or None, we_p_s=job["we_p_s"], we_p_d=job["we_p_d"],
+        we_options={"update": job["we_update"], "participation": job["we_participation"],
+                    "join_round": job_rounds(job, "we_join_round"),
+                    "leave_round": job_rounds(job, "we_leave_round"),
+                    "count": job["we_count"], "newcomer": job["we_newcomer"],
+                    "seed": job["seed"]},  # the schedule's public seed, as training.seed
+        ldp_epsilon=job["ldp_epsilon"],
+        ldp_mechanism=job["ldp_mechanism"], ldp_delta=job["ldp_delta"],
+        client_fraction=job["client_fraction"], max_participation=job["max_participation"],
+        kt_samples=job["kt_samples"], kt_buffer=job["kt_buffer"],
+        kt_self_train=job["kt_self_train"], kt_server_epochs=job["kt_server_epochs"],
+        kt_server_lr=job["kt_server_lr"], public_seed=job["public_seed"])
+    names = job_silos(job)
+    alg.bind_silos(names)
+    if hasattr(alg, "bind_data"):  # PrivateKT: the public set, checked against the job
+        if public is None or public_sha256(public) != job["public_sha256"]:
+            raise ConfigError(
+                f"{job['method']} needs the public set D_p on the server and every silo: "
+                "set public_data (an .npz with X) under [server] and [silo]; the job states "
+                f"its SHA-256 ({job['public_sha256'][:12] or 'none'}), and "
+                + ("none is given" if public is None else "the file given differs"))
+        from types import SimpleNamespace
+        stand_in = SimpleNamespace(meta={"public_X": public}, task=job["task"],
+                                   num_classes=job["num_classes"],
+                                   silos=[SimpleNamespace(X_train=public[:1])])
+        alg.bind_data(stand_in, job_model(job))
+    alg.check_plan(len(names), job["rounds"], job["accountant"])
+    return alg
+
+
+def public_sha256(X: np.ndarray) -> str:
+    """SHA-256 of a public array (its float64 bytes and shape): what the job pins."""
+    import hashlib
+    X = np.ascontiguousarray(X, dtype=np.float64)
+    return hashlib.sha256(X.tobytes() + str(X.shape).encode()).hexdigest()
+
+
+def load_public(path: Path | None, who: str) -> np.ndarray | None:
+    """The public set X (an .npz with key X) or None; DataError naming the file."""
+    if path is None:
+        return None
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            return np.asarray(z["X"], dtype=np.float64)
+    except (OSError, KeyError, ValueError) as e:
+        raise DataError(f"{who}: cannot read the public set {str(path)!r} ({e}); it must be "
+                        "an .npz with an array X (public, unlabeled examples)") from None
+
+
+def job_model(job: dict):
+    graph = data_module(job["data_kind"])
+    if graph is not None:
+        return graph.job_model(job)
+    return make_model(job["model"], job["dim"], job["num_classes"])
+
+
+def job_params0(job: dict, model) -> np.ndarray:
+    """(P,) the common starting point of the job's model (server and every silo)."""
+    graph = data_module(job["data_kind"])
+    return model.init_params() if graph is None else graph.job_params0(job, model)
