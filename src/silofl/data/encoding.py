@@ -53,6 +53,41 @@ def encode_table(df: pd.DataFrame, label_column: str, *, silo_column: str | None
                  name: str = "table") -> EncodedTable:
     """Encode a whole table (see the module docstring); no split, no statistic. Without a
     schema the encoding is read from the table (listed in `EncodedTable.uncharged`)."""
+    df, label_column, silo_column, schema, feats = _checked_frame(
+        df, label_column, silo_column, schema, task, features, missing, name)
+    dropped, notes, rows, all_silos, df = _drop_unusable(df, label_column, silo_column, feats,
+                                                         schema, missing, name)
+    _check_label_finite(df[label_column], label_column,
+                        np.array([_silo_name(v) for v in df[silo_column].tolist()],
+                                 dtype=object) if silo_column is not None else None)
+    silos = np.array([_silo_name(v) for v in df[silo_column].tolist()], dtype=object) \
+        if silo_column is not None else None
+    lost = [s for s in all_silos if s not in set(silos.tolist())] if silos is not None else []
+    if lost:
+        notes.append(f"silo(s) {lost} lost all their rows and are left out")
+    if notes:
+        warnings.warn(f"{name}: " + "; ".join(notes), UserWarning, stacklevel=3)
+
+    uncharged: list[str] = []
+    if schema is None:
+        schema = infer_schema(df, silo_column, label_column, features=feats, task=task,
+                              bounds=False, categorical_max_levels=categorical_max_levels)
+        uncharged = _uncharged_items(schema, task)
+        if task == "auto" and schema.label.kind == "regression":
+            _hint_integer_classes(df[label_column], label_column, notes, name)
+    blocks = [_encode_column(df[c.name], c, silos) for c in schema.columns]
+    X = np.hstack([b for bl in blocks for b in bl]) if blocks else np.zeros((len(df), 0))
+    y = _encode_label(df[label_column], schema.label, silos)
+    return EncodedTable(X, y, rows, silos, schema, schema.value_columns(), uncharged,
+                        dropped, notes)
+
+
+def _checked_frame(df: pd.DataFrame, label_column: str, silo_column: str | None,
+                   schema: SchemaLike | None, task: str, features: Sequence[str] | None,
+                   missing: str, name: str
+                   ) -> tuple[pd.DataFrame, str, str | None, Schema | None, list[str]]:
+    """The arguments of `encode_table` checked: (a copy of `df` with str column names, the
+    label and silo column names, the schema, the feature columns)."""
     if task not in TASKS:
         raise ConfigError(f"task must be one of {', '.join(TASKS)}; got {task!r}")
     if missing not in MISSING_MODES:
@@ -82,8 +117,15 @@ def encode_table(df: pd.DataFrame, label_column: str, *, silo_column: str | None
         feats = schema.column_names
     else:
         feats = _feature_columns(df, silo_column, label_column, features)
+    return df, label_column, silo_column, schema, feats
 
-    # Rows without a label or silo carry no usable example.
+
+def _drop_unusable(df: pd.DataFrame, label_column: str, silo_column: str | None,
+                   feats: list[str], schema: Schema | None, missing: str, name: str
+                   ) -> tuple[dict[str, int], list[str], np.ndarray, list[str], pd.DataFrame]:
+    """Drop rows without a label or silo (and, with missing='drop', rows with a missing
+    feature): (dropped counts, notes, kept input rows, every silo name, kept rows)."""
+    # rows without a label or silo carry no usable example
     dropped: dict[str, int] = {}
     notes: list[str] = []
     rows = np.arange(len(df))
@@ -118,29 +160,7 @@ def encode_table(df: pd.DataFrame, label_column: str, *, silo_column: str | None
                "missing_features": "use missing='impute' (or declare the columns nullable)"}
         raise DataError(f"table {name!r} has no rows left after dropping rows with missing "
                         f"values ({dropped}); " + " or ".join(fix[k] for k in dropped))
-    _check_label_finite(df[label_column], label_column,
-                        np.array([_silo_name(v) for v in df[silo_column].tolist()],
-                                 dtype=object) if silo_column is not None else None)
-    silos = np.array([_silo_name(v) for v in df[silo_column].tolist()], dtype=object) \
-        if silo_column is not None else None
-    lost = [s for s in all_silos if s not in set(silos.tolist())] if silos is not None else []
-    if lost:
-        notes.append(f"silo(s) {lost} lost all their rows and are left out")
-    if notes:
-        warnings.warn(f"{name}: " + "; ".join(notes), UserWarning, stacklevel=3)
-
-    uncharged: list[str] = []
-    if schema is None:
-        schema = infer_schema(df, silo_column, label_column, features=feats, task=task,
-                              bounds=False, categorical_max_levels=categorical_max_levels)
-        uncharged = _uncharged_items(schema, task)
-        if task == "auto" and schema.label.kind == "regression":
-            _hint_integer_classes(df[label_column], label_column, notes, name)
-    blocks = [_encode_column(df[c.name], c, silos) for c in schema.columns]
-    X = np.hstack([b for bl in blocks for b in bl]) if blocks else np.zeros((len(df), 0))
-    y = _encode_label(df[label_column], schema.label, silos)
-    return EncodedTable(X, y, rows, silos, schema, schema.value_columns(), uncharged,
-                        dropped, notes)
+    return dropped, notes, rows, all_silos, df
 
 
 def _uncharged_items(schema: Schema, task: str) -> list[str]:

@@ -57,4 +57,4 @@ def check_all_missing(df: pd.DataFrame, feats: list[str], schema: Schema | None,
                         f"the {len(df)} row(s), so they carry no information; {fix}")
     warnings.warn(f"{name}: feature column(s) {ok} have no value in any row; they are "
                   "encoded as missing everywhere and carry no information here",
-                  UserWarning, stacklevel=3)
+                  UserWarning, stacklevel=4)  # encode_table's caller, via _drop_unusable
