@@ -15,6 +15,7 @@ from typer.testing import CliRunner
 from silofl import load_run
 from silofl.cli import app
 from silofl.config import config_from_dict
+from silofl.data.encoding import encode_table
 from silofl.data.federation import split_indices
 from silofl.data.heart import (
     SILO_COLUMN,
@@ -24,7 +25,6 @@ from silofl.data.heart import (
     load_heart_disease_raw,
 )
 from silofl.data.schema import schema_from_dict
-from silofl.data.tabular import encode_table
 from silofl.errors import ConfigError, DataError
 from silofl.experiments.artifacts import FORMAT_VERSION, NON_PRIVATE, POST_PROCESSING
 from silofl.experiments.run import run as run_experiment

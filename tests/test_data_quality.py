@@ -16,7 +16,8 @@ from typer.testing import CliRunner
 
 from silofl.cli import app
 from silofl.config import config_from_dict
-from silofl.data.tabular import HUGE, load_table_raw
+from silofl.data.table_checks import HUGE
+from silofl.data.tabular import load_table_raw
 from silofl.errors import DataError
 
 

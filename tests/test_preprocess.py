@@ -28,7 +28,7 @@ from silofl.data import (
     schema_from_dict,
     split_frame,
 )
-from silofl.data.preprocess import (
+from silofl.data.column_stats import (
     MIN_STD,
     moments_from_statistics,
     release_statistics,

@@ -17,8 +17,12 @@ import math
 import os
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 
 def write_bytes_atomic(path: str | Path, data: bytes, *, mkdir: bool = False) -> None:
@@ -53,14 +57,14 @@ def write_text_atomic(path: str | Path, text: str, *, mkdir: bool = False) -> No
     write_bytes_atomic(path, text.encode("utf-8"), mkdir=mkdir)
 
 
-def write_npz_atomic(path: str | Path, *, compressed: bool = False, **arrays) -> None:
+def write_npz_atomic(path: str | Path, *, compressed: bool = False, **arrays: Any) -> None:
     """Write `arrays` as one .npz (zip-compressed with `compressed`), atomically."""
     buf = io.BytesIO()
     (np.savez_compressed if compressed else np.savez)(buf, **arrays)
     write_bytes_atomic(path, buf.getvalue())
 
 
-def json_safe(obj, nonfinite: list[str] | None = None, where: str = ""):
+def json_safe(obj: Any, nonfinite: list[str] | None = None, where: str = "") -> Any:
     """Plain-JSON copy of `obj`: numpy → Python, non-finite floats → None. The path of
     every non-finite value is appended to `nonfinite` (when given)."""
     if isinstance(obj, dict):
@@ -83,17 +87,17 @@ def json_safe(obj, nonfinite: list[str] | None = None, where: str = ""):
     return obj
 
 
-def dumps_strict(obj, **kw) -> str:
+def dumps_strict(obj: Any, **kw: Any) -> str:
     """Strict JSON text of `obj` (non-finite floats as null)."""
     return json.dumps(json_safe(obj), allow_nan=False, **kw)
 
 
-def write_json_atomic(path: str | Path, obj, **kw) -> None:
+def write_json_atomic(path: str | Path, obj: Any, **kw: Any) -> None:
     """Strict JSON, written atomically (see the module docstring)."""
     write_text_atomic(path, dumps_strict(obj, **kw))
 
 
-def savefig_atomic(fig, path: str | Path, **kw) -> None:
+def savefig_atomic(fig: Figure, path: str | Path, **kw: Any) -> None:
     """`fig.savefig` to a temp file, then os.replace: no truncated PNG on a crash."""
     buf = io.BytesIO()
     fig.savefig(buf, format=Path(path).suffix.lstrip(".") or "png", **kw)
@@ -137,5 +141,7 @@ def array_digest(*arrays: np.ndarray, length: int = 16) -> str:
     return h.hexdigest()[:length]
 
 
-__all__ = ["array_digest", "dumps_strict", "file_hashes", "json_safe", "savefig_atomic", "sha256_file",
-           "write_bytes_atomic", "write_json_atomic", "write_npz_atomic", "write_text_atomic"]
+__all__ = [
+    "array_digest", "dumps_strict", "file_hashes", "json_safe", "savefig_atomic", "sha256_file",
+    "write_bytes_atomic", "write_json_atomic", "write_npz_atomic", "write_text_atomic",
+]

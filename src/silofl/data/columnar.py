@@ -18,9 +18,10 @@ no domain.
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -110,7 +111,10 @@ def _arrow_read_type(col: ColumnSpec) -> pa.DataType:
 
 
 _INT_RE = r"^\s*[-+]?[0-9]+\s*$"
-_FLOAT_RE = r"^\s*[-+]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][-+]?[0-9]+)?\s*$|^\s*[-+]?(nan|NaN|inf|Inf)\s*$"
+_FLOAT_RE = (
+    r"^\s*[-+]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][-+]?[0-9]+)?\s*$"
+    r"|^\s*[-+]?(nan|NaN|inf|Inf)\s*$"
+)
 _FLAG_VALUES = ["0", "1", "true", "false", "True", "False", "TRUE", "FALSE"]
 
 
@@ -130,7 +134,9 @@ class ColumnarReader:
             try:
                 self._pf = pq.ParquetFile(path)
             except Exception as exc:  # noqa: BLE001 - any pyarrow failure means unreadable
-                raise DataError(f"cannot read parquet file {path}: {exc}; re-export the table") from exc
+                raise DataError(
+                    f"cannot read parquet file {path}: {exc}; re-export the table"
+                ) from exc
             self.names = list(self._pf.schema_arrow.names)
         else:
             self.names = self._read_csv_header()
@@ -143,8 +149,10 @@ class ColumnarReader:
             )
         dup = sorted({n for n in self.names if self.names.count(n) > 1 and n in columns})
         if dup:
-            raise DataError(f"{path.name}: column(s) {', '.join(dup)} appear more than once in the header; "
-                            "rename or drop the duplicates")
+            raise DataError(
+                f"{path.name}: column(s) {', '.join(dup)} appear more than once in the header; "
+                "rename or drop the duplicates"
+            )
 
     # -- CSV -------------------------------------------------------------------
     def _read_csv_header(self) -> list[str]:
@@ -152,7 +160,9 @@ class ColumnarReader:
             self._csv_stream = pa.input_stream(str(self.path), compression="detect")
             first = self._csv_stream.read(_HEADER_PROBE_BYTES)
         except Exception as exc:  # noqa: BLE001
-            raise DataError(f"cannot read {self.path}: {exc}; check the file is a (gzip-compressed) CSV") from exc
+            raise DataError(
+                f"cannot read {self.path}: {exc}; check the file is a (gzip-compressed) CSV"
+            ) from exc
         nl = first.find(b"\n")
         head = first if nl < 0 else first[:nl]
         self._pending = b"" if nl < 0 else first[nl + 1:]
@@ -160,7 +170,9 @@ class ColumnarReader:
         try:
             text = head.decode("utf-8-sig").rstrip("\r")
         except UnicodeDecodeError as exc:
-            raise DataError(f"{self.path.name}: header line is not UTF-8 text; is this a CSV file?") from exc
+            raise DataError(
+                f"{self.path.name}: header line is not UTF-8 text; is this a CSV file?"
+            ) from exc
         if not text.strip():
             raise DataError(f"{self.path.name} is empty: expected a header line with columns "
                             f"{', '.join(self.spec.required)}")
@@ -198,7 +210,7 @@ class ColumnarReader:
         finally:
             stream.close()
 
-    def _parse_piece(self, piece, row0: int) -> pa.Table:
+    def _parse_piece(self, piece: memoryview, row0: int) -> pa.Table:
         read_opts = pacsv.ReadOptions(column_names=self.names, use_threads=True, block_size=1 << 22)
         conv = pacsv.ConvertOptions(
             include_columns=self.columns,
@@ -211,7 +223,7 @@ class ColumnarReader:
             self._diagnose_csv(piece, row0, exc)
             raise  # pragma: no cover - _diagnose_csv always raises
 
-    def _diagnose_csv(self, piece, row0: int, exc: Exception):
+    def _diagnose_csv(self, piece: memoryview, row0: int, exc: Exception) -> DataError:
         """Turn a pyarrow conversion failure into a DataError naming line and value."""
         try:
             raw = pacsv.read_csv(
@@ -265,12 +277,13 @@ class ColumnarReader:
                 nulls = np.flatnonzero(pc.is_null(arr).to_numpy(zero_copy_only=False))
                 raise DataError(
                     f"{row_where(self.path, row0 + int(nulls[0]))}: column {col.name!r} is empty "
-                    f"({arr.null_count} empty value(s) in this part of the file); every row needs a value"
+                    f"({arr.null_count} empty value(s) in this part of the file); "
+                    "every row needs a value"
                 )
             out[col.name] = self._to_numpy(arr, col, row0)
         return out
 
-    def _to_numpy(self, arr, col: ColumnSpec, row0: int) -> np.ndarray:
+    def _to_numpy(self, arr: Any, col: ColumnSpec, row0: int) -> np.ndarray:
         if isinstance(arr, pa.ChunkedArray) and arr.num_chunks != 1:
             if pa.types.is_dictionary(arr.type):
                 arr = arr.cast(arr.type.value_type)
@@ -298,8 +311,10 @@ class ColumnarReader:
             bad = (vals != 0) & (vals != 1)
             if bad.any():
                 i = int(np.flatnonzero(bad)[0])
-                raise DataError(f"{row_where(self.path, row0 + i)}: flag column {col.name!r} holds a "
-                                "value other than 0 or 1; use 0 or 1")
+                raise DataError(
+                    f"{row_where(self.path, row0 + i)}: flag column {col.name!r} holds a "
+                    "value other than 0 or 1; use 0 or 1"
+                )
             return vals.astype(np.uint8)
         if col.kind == "float":
             return arr.to_numpy(zero_copy_only=False).astype(np.float32)
@@ -312,7 +327,9 @@ class ColumnarReader:
                                 "value that is not an integer; fix the value")
             vals = vals.astype(np.int64)
         if vals.dtype.kind not in "iu":
-            raise DataError(f"{self.path.name}: column {col.name!r} has type {arr.type}, expected integers")
+            raise DataError(
+                f"{self.path.name}: column {col.name!r} has type {arr.type}, expected integers"
+            )
         target = col.np_dtype
         if vals.size == 0:
             return vals.astype(target)
@@ -335,7 +352,10 @@ class ColumnarReader:
         row0 = 0
         if is_parquet(self.path):
             try:
-                for batch in self._pf.iter_batches(batch_size=PARQUET_BATCH_ROWS, columns=self.columns):
+                batches = self._pf.iter_batches(
+                    batch_size=PARQUET_BATCH_ROWS, columns=self.columns
+                )
+                for batch in batches:
                     tbl = pa.Table.from_batches([batch])
                     yield row0, self._convert(tbl, row0)
                     row0 += batch.num_rows
@@ -399,7 +419,9 @@ def optional_present(path: Path, spec: TableSpec) -> list[str]:
 # --------------------------------------------------------------------------- #
 # Validation of ids and codes (any declared table)
 # --------------------------------------------------------------------------- #
-def unique_sorted_ids(ids: np.ndarray, path: Path, col: str, what: str) -> tuple[np.ndarray, np.ndarray]:
+def unique_sorted_ids(
+    ids: np.ndarray, path: Path, col: str, what: str
+) -> tuple[np.ndarray, np.ndarray]:
     """Sort ids; raise DataError naming the first duplicate.  Returns (sorted ids, order)."""
     order = stable_argsort(ids)
     s = ids[order]
@@ -416,7 +438,9 @@ def unique_sorted_ids(ids: np.ndarray, path: Path, col: str, what: str) -> tuple
     return s, order
 
 
-def check_known(idx: np.ndarray, values: np.ndarray, path: Path, row0: int, col: str, what: str, fix: str):
+def check_known(
+    idx: np.ndarray, values: np.ndarray, path: Path, row0: int, col: str, what: str, fix: str
+) -> None:
     """Raise DataError at the first row of this batch whose id is unknown (``idx`` < 0, as
     `IdIndex.lookup` returns), naming file, line, column and `fix`, never the id."""
     bad = idx < 0
@@ -429,7 +453,8 @@ def check_known(idx: np.ndarray, values: np.ndarray, path: Path, row0: int, col:
         )
 
 
-def check_codes(values: np.ndarray, allowed, path: Path, row0: int, col: str, what: str):
+def check_codes(values: np.ndarray, allowed: Sequence[int] | np.ndarray, path: Path, row0: int,
+                col: str, what: str) -> None:
     """Raise DataError at the first row of this batch whose code is not in `allowed`."""
     ok = np.isin(values, np.asarray(allowed, dtype=values.dtype))
     if not ok.all():

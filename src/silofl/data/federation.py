@@ -5,14 +5,12 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Literal
 
 import numpy as np
 
+from silofl.data.schema import Task
 from silofl.errors import DataError
 from silofl.privacy.targets import PrivacyTarget
-
-Task = Literal["binary", "multiclass", "regression"]
 
 
 @dataclass
@@ -111,7 +109,7 @@ class Federation(SiloCollection):
     name: str = "federation"
     meta: dict = field(default_factory=dict)
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         self.validate()
 
     @property
@@ -192,7 +190,7 @@ class Federation(SiloCollection):
                                     f"{self.num_classes})")
 
     def with_targets(self, default: PrivacyTarget | None,
-                     overrides: dict[str, PrivacyTarget] | None = None) -> "Federation":
+                     overrides: dict[str, PrivacyTarget] | None = None) -> Federation:
         """A copy where every silo carries `default` unless overridden by name.
 
         Parameters

@@ -19,7 +19,7 @@ import pandas as pd
 
 from silofl.data.federation import Federation
 from silofl.data.preprocess import PreprocessSpec, RawFederation, preprocess_without_budget
-from silofl.data.schema import Schema, schema_from_dict
+from silofl.data.schema import Schema, SchemaLike, schema_from_dict
 from silofl.data.tabular import federation_from_frame_raw
 
 HEART_FILE = "heart_disease_uci.csv"
@@ -44,7 +44,8 @@ def heart_schema() -> Schema:
 
 
 def load_heart_disease_raw(*, test_fraction: float = 0.2, seed: int = 0,
-                           missing: str = "impute", schema=None) -> RawFederation:
+                           missing: str = "impute",
+                           schema: SchemaLike | None = None) -> RawFederation:
     """The heart federation encoded by its schema (default `heart_schema()`) and split,
     before preprocessing: X (n_k, 34) float64 with NaN in the gaps of nullable columns."""
     df = heart_disease_frame()
@@ -61,7 +62,7 @@ def load_heart_disease_raw(*, test_fraction: float = 0.2, seed: int = 0,
 
 def load_heart_disease(*, test_fraction: float = 0.2, seed: int = 0,
                        standardize: str | bool = "auto", impute: str = "auto",
-                       missing: str = "impute", schema=None) -> Federation:
+                       missing: str = "impute", schema: SchemaLike | None = None) -> Federation:
     """The built-in UCI heart-disease data: four hospitals, one binary task.
 
     The data is public (UCI; provenance in ``silofl/data/builtin/PROVENANCE.md``), so a
@@ -94,5 +95,5 @@ def load_heart_disease(*, test_fraction: float = 0.2, seed: int = 0,
     """
     raw = load_heart_disease_raw(test_fraction=test_fraction, seed=seed, missing=missing,
                                  schema=schema)
-    return preprocess_without_budget(raw, PreprocessSpec(standardize, impute),
+    return preprocess_without_budget(raw, PreprocessSpec.of(standardize, impute),
                                      "load_heart_disease")

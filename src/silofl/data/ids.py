@@ -6,6 +6,8 @@ np.unique and a stable argsort are slow at 10^7+ rows; the graph readers and gen
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 __all__ = ["IdIndex", "stable_argsort", "lexsort", "sorted_unique", "first_occurrence"]
@@ -32,7 +34,7 @@ def stable_argsort(a: np.ndarray) -> np.ndarray:
     return np.argsort(a, kind="stable")
 
 
-def lexsort(keys) -> np.ndarray:
+def lexsort(keys: Sequence[np.ndarray]) -> np.ndarray:
     """Like ``np.lexsort`` (last key is primary) for integer keys, via repeated stable sorts."""
     keys = list(keys)
     order = stable_argsort(keys[0])
@@ -94,7 +96,8 @@ class IdIndex:
         if ids.size:
             lo, hi = int(ids[0]), int(ids[-1])
             span = hi - lo + 1
-            if span <= self.DENSE_MAX_SPAN and span <= max(self.DENSE_MAX_RATIO * ids.size, 1 << 20):
+            dense_cap = max(self.DENSE_MAX_RATIO * ids.size, 1 << 20)
+            if span <= self.DENSE_MAX_SPAN and span <= dense_cap:
                 table = np.full(span, -1, dtype=np.int32)
                 table[(ids.astype(np.int64) - lo)] = np.arange(ids.size, dtype=np.int32)
                 self._lo, self._table = lo, table
@@ -102,10 +105,10 @@ class IdIndex:
     def __len__(self) -> int:
         return int(self.ids.size)
 
-    def __contains__(self, value) -> bool:
+    def __contains__(self, value: object) -> bool:
         return bool(self.lookup(np.asarray([value]))[0] >= 0)
 
-    def __getitem__(self, value) -> int:
+    def __getitem__(self, value: int) -> int:
         pos = int(self.lookup(np.asarray([value]))[0])
         if pos < 0:  # no value in the message: ids are record values
             raise KeyError("id not in the index")

@@ -123,7 +123,7 @@ def load_rotated_masked_mnist(num_silos: int = 40, train_per_silo: int = 1500,
                       meta=meta)
 
 
-def _check(num_silos, train_per_silo, test_per_silo, mask_prob) -> None:
+def _check(num_silos: int, train_per_silo: int, test_per_silo: int, mask_prob: float) -> None:
     for key, v, lo in (("num_silos", num_silos, 1), ("train_per_silo", train_per_silo, 2),
                        ("test_per_silo", test_per_silo, 0)):
         if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < lo:
@@ -204,7 +204,7 @@ def load_dirichlet_mnist(num_silos: int = 80, train_per_silo: int = 600,
     used = np.zeros(10, dtype=np.int64)
     test = rng.permutation(POOL_TEST)[:num_silos * test_per_silo].reshape(num_silos, -1)
 
-    def shape(images):
+    def shape(images: np.ndarray) -> np.ndarray:
         return images.reshape(len(images), -1).astype(np.float64) if flatten \
             else images[:, None].copy()
     silos = []

@@ -28,7 +28,7 @@ nullable numeric/binary columns):
   calibrated so the release alone costs ``share``·ε_k at δ_k (default 10 %); the event is
   ``GaussianDpEvent(σ)``. Means, variances and fills are post-processed (count clamped to
   [1, n_k], mean to [-1, 1], second moment to [mean², 1], standard deviation floored at
-  `MIN_STD` half-ranges); the private fill is the noisy mean.
+  `column_stats.MIN_STD` half-ranges); the private fill is the noisy mean.
 * ``"uncharged"`` -- per-silo training mean/std and training medians, read without any
   charge (a silo that never observed a value gets the declared fill, the bounds' midpoint
   or 0 -- never another silo's statistic). Every such item is listed by name.
@@ -46,22 +46,30 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import NoReturn, TypedDict
 
 import numpy as np
 
+from silofl.data.column_stats import (
+    SENSITIVITY_PER_COLUMN,
+    NoiseSource,
+    center_scale,
+    declared_bounds,
+    fill_value,
+    moments_from_statistics,
+    release_statistics,
+)
 from silofl.data.federation import Federation, Silo, SiloCollection, Task
-from silofl.privacy.targets import PrivacyTarget
 from silofl.data.schema import ColumnSpec
 from silofl.errors import ConfigError, DataError, PrivacyError
 from silofl.privacy import accounting
+from silofl.privacy.targets import PrivacyTarget
 
 STANDARDIZE_MODES = ("auto", "declared", "private", "uncharged", "none")
 IMPUTE_MODES = ("auto", "declared", "private", "uncharged")
 DEFAULT_SHARE = 0.1
-MIN_STD = 0.1  # floor on a private std, in half-ranges: noise cannot blow features up > 20x
-SENSITIVITY_PER_COLUMN = math.sqrt(2.0)
 
 
 # --- the raw federation -----------------------------------------------------------------------
@@ -85,7 +93,7 @@ class RawFederation(SiloCollection):
     uncharged: list[str] = field(default_factory=list)
     simulated: bool = False
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         self.validate()
 
     @property
@@ -93,7 +101,7 @@ class RawFederation(SiloCollection):
         return int(np.prod(self.silos[0].X_train.shape[1:])) if self.silos else 0
 
     def with_targets(self, default: PrivacyTarget | None,
-                     overrides: Mapping[str, PrivacyTarget] | None = None) -> "RawFederation":
+                     overrides: Mapping[str, PrivacyTarget] | None = None) -> RawFederation:
         """A copy where every silo carries `default` unless overridden by name (as
         `Federation.with_targets`); `plan_preprocessing` reads these targets."""
         overrides = dict(overrides or {})
@@ -130,7 +138,7 @@ class RawFederation(SiloCollection):
 
     @staticmethod
     def from_federation(fed: Federation, specs: Mapping[int, ColumnSpec] | None = None, *,
-                        simulated: bool = False, uncharged=()) -> "RawFederation":
+                        simulated: bool = False, uncharged: Sequence[str] = ()) -> RawFederation:
         """Wrap a finished federation (e.g. generated or image data). Without `specs`, every
         tabular column is a numeric value column with no declared bounds; images get none
         (their pixels share the public [0, 1] scale)."""
@@ -144,6 +152,13 @@ class RawFederation(SiloCollection):
 
 # --- spec, steps, plan ------------------------------------------------------------------------
 
+def _standardize_mode(value: str | bool) -> str:
+    """A standardization mode; old configs wrote a bool (True: "auto", False: "none")."""
+    if isinstance(value, bool):
+        return "auto" if value else "none"
+    return value
+
+
 @dataclass(frozen=True)
 class PreprocessSpec:
     """What to do: `standardize` in STANDARDIZE_MODES, `impute` in IMPUTE_MODES (bools are
@@ -156,9 +171,9 @@ class PreprocessSpec:
     share: float = DEFAULT_SHARE
     allow_uncharged: bool = False
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if isinstance(self.standardize, bool):  # old configs: standardize = true/false
-            object.__setattr__(self, "standardize", "auto" if self.standardize else "none")
+            object.__setattr__(self, "standardize", _standardize_mode(self.standardize))
         if isinstance(self.impute, bool):
             raise ConfigError("impute must be a mode name, one of " + ", ".join(IMPUTE_MODES))
         for key, modes in (("standardize", STANDARDIZE_MODES), ("impute", IMPUTE_MODES)):
@@ -172,6 +187,24 @@ class PreprocessSpec:
                 not 0 < share < 1:
             raise ConfigError(f"preprocessing share must be a fraction of ε in (0, 1), got "
                               f"{share!r}; e.g. 0.1 spends 10% of each silo's ε on it")
+
+    @classmethod
+    def of(cls, standardize: str | bool = "auto", impute: str = "auto") -> PreprocessSpec:
+        """The loaders' form: `standardize` may also be a bool (True: "auto", False: "none").
+
+        Parameters
+        ----------
+        standardize : str or bool
+            A mode of STANDARDIZE_MODES, or a bool as old configs wrote it.
+        impute : str
+            A mode of IMPUTE_MODES.
+
+        Returns
+        -------
+        PreprocessSpec
+            With the default `share` and no uncharged opt-in beyond the modes.
+        """
+        return cls(_standardize_mode(standardize), impute)
 
     @property
     def uncharged_ok(self) -> bool:
@@ -232,84 +265,111 @@ def _resolve(raw: RawFederation, spec: PreprocessSpec) -> tuple[list[Step], list
     ok = spec.uncharged_ok or raw.simulated
     uncharged = list(raw.uncharged)
     if uncharged and not ok:
-        if raw.meta.get("schema_from_data"):
-            raise ConfigError(
-                f"{raw.name}: no schema was given, so the feature kinds, category levels, "
-                f"missing-value columns and label classes were read from the pooled table -- "
-                f"{len(uncharged)} item(s) that no silo's budget is charged for (e.g. "
-                f"{uncharged[0]}). Fix: write a schema of public facts -- draft one with "
-                f"silofl.data.draft_schema(df, silo_column, label_column), check every value "
-                f"against public documentation, delete `drafted = true` and pass "
-                f"schema=<file> -- or opt into uncharged preprocessing with "
-                f"standardize='uncharged' (every report then names the uncharged items)")
-        raise ConfigError(f"{raw.name}: the encoding read {len(uncharged)} item(s) from the "
-                          f"data uncharged (e.g. {uncharged[0]}); declare them in a schema, "
-                          "or opt in with standardize='uncharged'")
+        _refuse_uncharged(raw, uncharged)
     steps: list[Step] = []
     released: list[int] = []
     lacking: dict[str, list[str]] = {"standardize": [], "impute": []}
     for j in sorted(raw.specs):
         col = raw.specs[j]
-        private = False
+        asked: list[tuple[str, Step | None]] = []
         if col.nullable:
-            has = col.fill is not None or col.bounds is not None
-            mode = _mode(spec.impute, has, ok)
-            if mode is None:
-                lacking["impute"].append(col.name)
-            elif mode == "declared" and not has:
-                raise ConfigError(f"impute='declared' needs a declared fill or bounds for "
-                                  f"column {col.name!r}; declare them in the schema")
-            elif mode == "private" and col.bounds is None:
-                raise ConfigError(f"impute='private' needs declared lower/upper bounds for "
-                                  f"column {col.name!r}; declare them in the schema")
-            if mode is not None:
-                mech = {"declared": "declared fill" if col.fill is not None
-                        else "midpoint of the declared bounds",
-                        "private": "noisy mean from the Gaussian release",
-                        "uncharged": "per-silo training median"}[mode]
-                steps.append(Step("impute", col.name, mode, mech))
-                private |= mode == "private"
-                if mode == "uncharged":
-                    uncharged.append(f"per-silo training median of {col.name!r} (imputation)")
+            asked.append(("impute", _impute_step(col, spec.impute, ok)))
         if col.kind == "numeric" and spec.standardize != "none":
-            has = col.mean is not None or col.bounds is not None
-            mode = _mode(spec.standardize, has, ok)
-            if mode is None:
-                lacking["standardize"].append(col.name)
-            elif mode == "declared" and not has:
-                raise ConfigError(f"standardize='declared' needs declared mean/scale or "
-                                  f"lower/upper for column {col.name!r}; declare them in the "
-                                  "schema, or use standardize='none'")
-            elif mode == "private" and col.bounds is None:
-                raise ConfigError(f"standardize='private' needs declared lower/upper bounds "
-                                  f"for column {col.name!r}: the private statistics clip to "
-                                  "them; declare them in the schema")
-            if mode is not None:
-                mech = {"declared": "declared mean and scale" if col.mean is not None
-                        else "declared bounds mapped to [-1, 1]",
-                        "private": "Gaussian release of (count, Σu, Σ(u²-1)) over the "
-                                   "training rows",
-                        "uncharged": "per-silo training mean and standard deviation"}[mode]
-                steps.append(Step("standardize", col.name, mode, mech))
-                private |= mode == "private"
-                if mode == "uncharged":
-                    uncharged.append(f"per-silo training mean and standard deviation of "
-                                     f"{col.name!r} (standardization)")
+            asked.append(("standardize", _standardize_step(col, spec.standardize, ok)))
+        private = False
+        for what, step in asked:
+            if step is None:  # "auto" without what the step needs: refused below, all at once
+                lacking[what].append(col.name)
+                continue
+            steps.append(step)
+            private |= step.mode == "private"
+            if step.mode == "uncharged":
+                uncharged.append(_UNCHARGED_ITEM[what].format(col.name))
         if private:
             released.append(j)
     if lacking["standardize"] or lacking["impute"]:
-        parts = []
-        if lacking["standardize"]:
-            parts.append(f"standardization needs declared lower/upper (or mean/scale) for "
-                         f"{_names(lacking['standardize'])}")
-        if lacking["impute"]:
-            parts.append(f"imputation needs a declared fill or lower/upper for "
-                         f"{_names(lacking['impute'])}")
-        raise ConfigError(f"{raw.name}: " + "; ".join(parts) + ". Declare them in the schema "
-                          "(from public documentation), or choose standardize='none' (raw "
-                          "units), or opt into 'uncharged' per-silo statistics (listed as "
-                          "uncharged in every report)")
+        _refuse_lacking(raw, lacking)
     return steps, released, uncharged
+
+
+_UNCHARGED_ITEM = {
+    "impute": "per-silo training median of {!r} (imputation)",
+    "standardize": "per-silo training mean and standard deviation of {!r} (standardization)",
+}
+
+
+def _impute_step(col: ColumnSpec, asked: str, uncharged_ok: bool) -> Step | None:
+    """The imputation step of nullable column `col` (None: "auto" lacks a declared fill)."""
+    has = col.fill is not None or col.bounds is not None
+    mode = _mode(asked, has, uncharged_ok)
+    if mode is None:
+        return None
+    if mode == "declared" and not has:
+        raise ConfigError(f"impute='declared' needs a declared fill or bounds for "
+                          f"column {col.name!r}; declare them in the schema")
+    if mode == "private" and col.bounds is None:
+        raise ConfigError(f"impute='private' needs declared lower/upper bounds for "
+                          f"column {col.name!r}; declare them in the schema")
+    mech = {"declared": "declared fill" if col.fill is not None
+            else "midpoint of the declared bounds",
+            "private": "noisy mean from the Gaussian release",
+            "uncharged": "per-silo training median"}[mode]
+    return Step("impute", col.name, mode, mech)
+
+
+def _standardize_step(col: ColumnSpec, asked: str, uncharged_ok: bool) -> Step | None:
+    """The standardization step of numeric column `col` (None: "auto" lacks declared
+    mean/scale or bounds)."""
+    has = col.mean is not None or col.bounds is not None
+    mode = _mode(asked, has, uncharged_ok)
+    if mode is None:
+        return None
+    if mode == "declared" and not has:
+        raise ConfigError(f"standardize='declared' needs declared mean/scale or "
+                          f"lower/upper for column {col.name!r}; declare them in the "
+                          "schema, or use standardize='none'")
+    if mode == "private" and col.bounds is None:
+        raise ConfigError(f"standardize='private' needs declared lower/upper bounds "
+                          f"for column {col.name!r}: the private statistics clip to "
+                          "them; declare them in the schema")
+    mech = {"declared": "declared mean and scale" if col.mean is not None
+            else "declared bounds mapped to [-1, 1]",
+            "private": "Gaussian release of (count, Σu, Σ(u²-1)) over the "
+                       "training rows",
+            "uncharged": "per-silo training mean and standard deviation"}[mode]
+    return Step("standardize", col.name, mode, mech)
+
+
+def _refuse_uncharged(raw: RawFederation, uncharged: list[str]) -> NoReturn:
+    """The encoding read items from the data without a charge, and nobody opted in."""
+    if raw.meta.get("schema_from_data"):
+        raise ConfigError(
+            f"{raw.name}: no schema was given, so the feature kinds, category levels, "
+            f"missing-value columns and label classes were read from the pooled table -- "
+            f"{len(uncharged)} item(s) that no silo's budget is charged for (e.g. "
+            f"{uncharged[0]}). Fix: write a schema of public facts -- draft one with "
+            f"silofl.data.draft_schema(df, silo_column, label_column), check every value "
+            f"against public documentation, delete `drafted = true` and pass "
+            f"schema=<file> -- or opt into uncharged preprocessing with "
+            f"standardize='uncharged' (every report then names the uncharged items)")
+    raise ConfigError(f"{raw.name}: the encoding read {len(uncharged)} item(s) from the "
+                      f"data uncharged (e.g. {uncharged[0]}); declare them in a schema, "
+                      "or opt in with standardize='uncharged'")
+
+
+def _refuse_lacking(raw: RawFederation, lacking: dict[str, list[str]]) -> NoReturn:
+    """Columns whose "auto" step has neither declared facts nor an opt-in."""
+    parts = []
+    if lacking["standardize"]:
+        parts.append(f"standardization needs declared lower/upper (or mean/scale) for "
+                     f"{_names(lacking['standardize'])}")
+    if lacking["impute"]:
+        parts.append(f"imputation needs a declared fill or lower/upper for "
+                     f"{_names(lacking['impute'])}")
+    raise ConfigError(f"{raw.name}: " + "; ".join(parts) + ". Declare them in the schema "
+                      "(from public documentation), or choose standardize='none' (raw "
+                      "units), or opt into 'uncharged' per-silo statistics (listed as "
+                      "uncharged in every report)")
 
 
 def _mode(asked: str, declared_ok: bool, uncharged_ok: bool) -> str | None:
@@ -327,7 +387,7 @@ def _names(cols: list[str]) -> str:
 
 def plan_preprocessing(raw: RawFederation, spec: PreprocessSpec | None = None,
                        targets: Mapping[str, PrivacyTarget] | None = None,
-                       accountant: str | None = None) -> PreprocessPlan:
+                       accountant: accounting.Accountant | None = None) -> PreprocessPlan:
     """Fix every step before the data is read; reads only the schema, each silo's training
     size and targets (`targets[silo]`, else the silo's own ``target``; needed only when a
     step is private). σ_k is calibrated under `accountant` ("rdp" | "pld": the run's;
@@ -363,139 +423,110 @@ def plan_preprocessing(raw: RawFederation, spec: PreprocessSpec | None = None,
                           raw.names, raw.dim)
 
 
-# --- private statistics -----------------------------------------------------------------------
-
-def to_unit(X: np.ndarray, lower: np.ndarray, upper: np.ndarray) -> np.ndarray:
-    """u = values clipped to [lower, upper] and mapped linearly to [-1, 1] (NaN kept);
-    X (n, d), lower/upper (d,)."""
-    mid, half = (upper + lower) / 2, (upper - lower) / 2
-    return (np.clip(X, lower, upper) - mid) / half
-
-
-def sufficient_statistics(X: np.ndarray, lower: np.ndarray, upper: np.ndarray) -> np.ndarray:
-    """Noiseless (d, 3) statistics of X (n, d) (NaN = missing): per column
-    (Σ o, Σ o·u, Σ o·(u² - 1)) with o = 1 where observed and u = `to_unit(X)`.
-    One record changes the flattened vector by at most √(2·d) in L2 (module docstring)."""
-    u = to_unit(np.asarray(X, dtype=np.float64), lower, upper)
-    o = ~np.isnan(u)
-    u0 = np.where(o, u, 0.0)
-    return np.stack([o.sum(axis=0), u0.sum(axis=0), (o * (u0 ** 2 - 1.0)).sum(axis=0)],
-                    axis=1).astype(np.float64)
-
-
-def release_statistics(X: np.ndarray, lower: np.ndarray, upper: np.ndarray,
-                       noise_std: float, rng) -> np.ndarray:
-    """`sufficient_statistics` + N(0, noise_std²) on each of the (d, 3) coordinates, drawn
-    with ``rng.normal`` (a `silofl.privacy.randomness.Randomness`); noise_std = σ·Δ."""
-    stats = sufficient_statistics(X, lower, upper)
-    return stats + noise_std * np.asarray(rng.normal(stats.shape), dtype=np.float64)
-
-
-def moments_from_statistics(stats: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
-    """Post-process released (d, 3) statistics of a silo with n training rows into (mean,
-    std) of u per column, each (d,): count clamped to [1, n], mean to [-1, 1], second moment
-    to [mean², 1], std floored at MIN_STD."""
-    count = np.clip(stats[:, 0], 1.0, max(float(n), 1.0))
-    mean = np.clip(stats[:, 1] / count, -1.0, 1.0)
-    second = np.clip(stats[:, 2] / count + 1.0, mean ** 2, 1.0)
-    std = np.sqrt(np.maximum(second - mean ** 2, MIN_STD ** 2))
-    return mean, std
-
-
 # --- applying ---------------------------------------------------------------------------------
 
-def _fallback_fill(col: ColumnSpec) -> float:
-    """A silo's fill when it has no statistic of its own: declared, midpoint, or 0."""
-    if col.fill is not None:
-        return float(col.fill)
-    b = col.bounds
-    return (b[0] + b[1]) / 2 if b is not None else 0.0
+class SiloConstants(TypedDict):
+    """What new rows of one silo need: its fills and (center, scale) per column."""
+
+    fill: dict[str, float]
+    standardize: dict[str, list[float]]
 
 
-def apply_preprocessing(raw: RawFederation, plan: PreprocessPlan, rng=None) -> Federation:
+class Constants(TypedDict):
+    """``meta["constants"]`` of a preprocessed federation (saved with the models)."""
+
+    feature_names: list[str]
+    clip: dict[str, list[float]]
+    silos: dict[str, SiloConstants]
+
+
+def apply_preprocessing(raw: RawFederation, plan: PreprocessPlan,
+                        rng: NoiseSource | None = None) -> Federation:
     """Compute the planned statistics per silo (training rows only; test rows are only
-    transformed) and return the finished Federation. `rng` (a Randomness; its ``normal``
-    draws the noise) is needed only when the plan is private. ``meta["preprocessing"]`` holds
-    `plan.to_meta()`, ``meta["uncharged"]`` the uncharged items (empty if none) and
-    ``meta["constants"]`` what new rows need: ``feature_names``, ``clip`` {column: [lower,
-    upper]} and per silo ``{"fill": {column: value}, "standardize": {column: [center,
-    scale]}}`` (private ones are post-processed DP releases; uncharged ones are raw
-    statistics, listed in ``uncharged``)."""
+    transformed) and return the finished Federation.
+
+    Parameters
+    ----------
+    raw : RawFederation
+        The encoded silos the plan was made for.
+    plan : PreprocessPlan
+        From `plan_preprocessing`; its events must already be charged.
+    rng : NoiseSource, optional
+        Draws the noise (``rng.normal``); needed only when the plan is private.
+
+    Returns
+    -------
+    Federation
+        ``meta["preprocessing"]`` holds `plan.to_meta()`, ``meta["uncharged"]`` the
+        uncharged items (empty if none) and ``meta["constants"]`` what new rows need
+        (`Constants`: ``feature_names``, ``clip`` {column: [lower, upper]} and per silo
+        ``{"fill": {column: value}, "standardize": {column: [center, scale]}}``; private
+        ones are post-processed DP releases, uncharged ones raw statistics, listed in
+        ``uncharged``).
+    """
     if plan.silos != raw.names or plan.dim != raw.dim:
         raise ConfigError("this plan was made for another federation (silos or features "
                           "differ); plan again with plan_preprocessing(raw, ...)")
     if plan.private and rng is None:
         raise PrivacyError("the plan has private statistics: pass rng (a "
                            "silofl.privacy.randomness.Randomness) to draw their noise")
-    index = {raw.feature_names[j]: j for j in raw.specs}
     bounded = [j for j, c in raw.specs.items() if c.bounds is not None and c.kind == "numeric"]
-    rel = plan.released
-    lo = np.array([raw.specs[j].bounds[0] for j in rel])
-    hi = np.array([raw.specs[j].bounds[1] for j in rel])
-    silos = []
     # what applying this to new rows needs (saved with the models): declared bounds, and per
     # silo its fills and (center, scale) -- declared, or post-processed private releases
-    constants = {"feature_names": list(raw.feature_names),
-                 "clip": {raw.feature_names[j]: list(raw.specs[j].bounds) for j in bounded},
-                 "silos": {}}
+    constants: Constants = {
+        "feature_names": list(raw.feature_names),
+        "clip": {raw.feature_names[j]: list(declared_bounds(raw.specs[j])) for j in bounded},
+        "silos": {}}
+    silos = []
     for s in raw.silos:
         if s.X_train.ndim > 2:  # images: no value columns; keep their arrays and dtype
             silos.append(s)
             continue
         own = constants["silos"][s.name] = {"fill": {}, "standardize": {}}
-        Xtr = np.array(s.X_train, dtype=np.float64)
-        Xte = np.array(s.X_test, dtype=np.float64)
-        for j in bounded:  # idempotent after schema encoding; keeps this path data-independent
-            b = raw.specs[j].bounds
-            Xtr[:, j] = np.clip(Xtr[:, j], *b)
-            Xte[:, j] = np.clip(Xte[:, j], *b)
-        orig = Xtr.copy()  # uncharged statistics: observed training values, before filling
-        if rel:
-            stats = release_statistics(orig[:, rel], lo, hi,
-                                       plan.noise_multipliers[s.name] * plan.sensitivity, rng)
-            mean_u, std_u = moments_from_statistics(stats, s.n_train)
-            priv = {j: (m, sd) for j, m, sd in zip(rel, mean_u, std_u)}
-        for st in plan.steps:
-            if st.what != "impute":
-                continue
-            j = index[st.column]
-            col = raw.specs[j]
-            if st.mode == "declared":
-                fill = _fallback_fill(col)
-            elif st.mode == "private":
-                b = col.bounds
-                fill = (b[0] + b[1]) / 2 + priv[j][0] * (b[1] - b[0]) / 2
-            else:
-                obs = orig[:, j][~np.isnan(orig[:, j])]
-                fill = float(np.median(obs)) if obs.size else _fallback_fill(col)
-            own["fill"][st.column] = float(fill)
-            for X in (Xtr, Xte):
-                X[np.isnan(X[:, j]), j] = fill
-        for st in plan.steps:
-            if st.what != "standardize":
-                continue
-            j = index[st.column]
-            col = raw.specs[j]
-            b = col.bounds
-            if st.mode == "declared":
-                center, scale = (col.mean, col.scale) if col.mean is not None else \
-                    ((b[0] + b[1]) / 2, (b[1] - b[0]) / 2)
-            elif st.mode == "private":
-                half = (b[1] - b[0]) / 2
-                center, scale = (b[0] + b[1]) / 2 + priv[j][0] * half, priv[j][1] * half
-            else:
-                obs = orig[:, j][~np.isnan(orig[:, j])]
-                center = float(obs.mean()) if obs.size else _fallback_fill(col)
-                sd = float(obs.std()) if obs.size else 0.0
-                scale = sd if sd > 1e-12 else 1.0  # constant columns: centred, unit scale
-            own["standardize"][st.column] = [float(center), float(scale)]
-            Xtr[:, j] = (Xtr[:, j] - center) / scale
-            Xte[:, j] = (Xte[:, j] - center) / scale
-        silos.append(dataclasses.replace(s, X_train=Xtr, X_test=Xte))
+        silos.append(_apply_silo(raw, plan, s, bounded, rng, own))
     meta = {**raw.meta, "preprocessing": plan.to_meta(), "uncharged": list(plan.uncharged),
             "constants": constants}
     meta.pop("schema_from_data", None)
     return Federation(silos, list(raw.feature_names), raw.task, raw.num_classes, raw.name, meta)
+
+
+def _apply_silo(raw: RawFederation, plan: PreprocessPlan, s: Silo, bounded: list[int],
+                rng: NoiseSource | None, own: SiloConstants) -> Silo:
+    """One tabular silo, preprocessed as planned; its constants are written to `own`."""
+    Xtr = np.array(s.X_train, dtype=np.float64)
+    Xte = np.array(s.X_test, dtype=np.float64)
+    for j in bounded:  # idempotent after schema encoding; keeps this path data-independent
+        lo_j, hi_j = declared_bounds(raw.specs[j])
+        Xtr[:, j] = np.clip(Xtr[:, j], lo_j, hi_j)
+        Xte[:, j] = np.clip(Xte[:, j], lo_j, hi_j)
+    orig = Xtr.copy()  # uncharged statistics: observed training values, before filling
+    priv: dict[int, tuple[float, float]] = {}  # column -> (mean, std) of u, released
+    rel = plan.released
+    if rel:
+        assert rng is not None  # apply_preprocessing refuses a private plan without one
+        bounds = [declared_bounds(raw.specs[j]) for j in rel]
+        lo = np.array([b[0] for b in bounds])
+        hi = np.array([b[1] for b in bounds])
+        stats = release_statistics(orig[:, rel], lo, hi,
+                                   plan.noise_multipliers[s.name] * plan.sensitivity, rng)
+        mean_u, std_u = moments_from_statistics(stats, s.n_train)
+        priv = {j: (m, sd) for j, m, sd in zip(rel, mean_u, std_u)}
+    index = {raw.feature_names[j]: j for j in raw.specs}
+    for st in plan.steps:
+        if st.what == "impute":
+            j = index[st.column]
+            fill = fill_value(raw.specs[j], st.mode, priv.get(j), orig[:, j])
+            own["fill"][st.column] = float(fill)
+            for X in (Xtr, Xte):
+                X[np.isnan(X[:, j]), j] = fill
+    for st in plan.steps:
+        if st.what == "standardize":
+            j = index[st.column]
+            center, scale = center_scale(raw.specs[j], st.mode, priv.get(j), orig[:, j])
+            own["standardize"][st.column] = [float(center), float(scale)]
+            Xtr[:, j] = (Xtr[:, j] - center) / scale
+            Xte[:, j] = (Xte[:, j] - center) / scale
+    return dataclasses.replace(s, X_train=Xtr, X_test=Xte)
 
 
 def preprocess_without_budget(raw: RawFederation, spec: PreprocessSpec | None = None,

@@ -50,13 +50,16 @@ import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Literal, overload
 
 import numpy as np
 
 from silofl.errors import ConfigError
 
 KINDS = ("numeric", "binary", "categorical")
-LABEL_KINDS = ("binary", "multiclass", "regression")
+#: The learning task a label declares.
+Task = Literal["binary", "multiclass", "regression"]
+LABEL_KINDS: tuple[Task, ...] = ("binary", "multiclass", "regression")
 MISSING_LEVEL = "<missing>"
 INDICATOR_SUFFIX = "__missing"
 _TOP_KEYS = ("source", "silo_column", "label", "columns", "drafted", "description")
@@ -74,7 +77,7 @@ DRAFT_REFUSAL = (
     "only the data gave, then delete the line `drafted = true`")
 
 
-def value_key(v) -> float | str:
+def value_key(v: object) -> float | str:
     """Canonical key for matching a table value against declared levels or classes:
     numbers, booleans and numeric text compare as floats (so 1, 1.0 and "1" match), other
     text compares stripped."""
@@ -88,7 +91,7 @@ def value_key(v) -> float | str:
     return f if math.isfinite(f) else s
 
 
-def level_text(v) -> str:
+def level_text(v: object) -> str:
     """How a declared level appears in a feature name: integral numbers without '.0'."""
     if isinstance(v, (bool, np.bool_)):
         return str(bool(v))
@@ -160,7 +163,7 @@ class LabelSpec:
     optional public bounds (labels are clipped to them)."""
 
     name: str
-    kind: str
+    kind: Task
     classes: tuple = ()
     lower: float | None = None
     upper: float | None = None
@@ -226,7 +229,7 @@ class Schema:
         return [n for c in self.columns for n in c.encoded_names()]
 
     @property
-    def task(self) -> str:
+    def task(self) -> Task:
         return self.label.kind
 
     def column(self, name: str) -> ColumnSpec:
@@ -334,7 +337,15 @@ def load_schema(path: str | Path) -> Schema:
     return schema_from_dict(raw, where=f"schema {str(p)!r}")
 
 
-def as_schema(obj) -> Schema | None:
+#: What a ``schema=`` argument accepts: a Schema, its dict (TOML layout) or a TOML file path.
+SchemaLike = Schema | Mapping[str, Any] | str | Path
+
+
+@overload
+def as_schema(obj: None) -> None: ...
+@overload
+def as_schema(obj: SchemaLike) -> Schema: ...
+def as_schema(obj: SchemaLike | None) -> Schema | None:
     """A Schema from a Schema, a dict, or a path to a TOML file (None stays None)."""
     if obj is None or isinstance(obj, Schema):
         return obj
@@ -400,7 +411,7 @@ def _unknown_keys(d: Mapping, allowed: Sequence[str], where: str) -> None:
                               f"{', '.join(allowed)})")
 
 
-def _number(v, what: str) -> float:
+def _number(v: object, what: str) -> float:
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
         raise ConfigError(f"{what} must be a finite number, got {v!r}")
     return float(v)
@@ -467,15 +478,23 @@ def _column(d: Mapping, i: int, where: str) -> ColumnSpec:
         mean, scale = _number(mean, f"{what}: mean"), _number(scale, f"{what}: scale")
         if scale <= 0:
             raise ConfigError(f"{what}: scale must be positive, got {scale}")
-        if lo is not None and not lo <= mean <= hi:
+        if lo is not None and hi is not None and not lo <= mean <= hi:
             raise ConfigError(f"{what}: mean ({mean}) lies outside [lower, upper]")
-    if fill is not None and lo is not None and not lo <= fill <= hi:
+    if fill is not None and lo is not None and hi is not None and not lo <= fill <= hi:
         raise ConfigError(f"{what}: fill ({fill}) lies outside [lower, upper]")
     return ColumnSpec(name, kind, lo, hi, mean, scale, fill, nullable=nullable,
                       description=desc)
 
 
-def _label(d, where: str) -> LabelSpec:
+def as_task(kind: object) -> Task | None:
+    """`kind` as a `Task` when it names one of `LABEL_KINDS`, else None."""
+    for task in LABEL_KINDS:
+        if kind == task:
+            return task
+    return None
+
+
+def _label(d: object, where: str) -> LabelSpec:
     if not isinstance(d, Mapping):
         raise ConfigError(f"{where}: label must be a table ([label] in TOML)")
     what = f"{where}: label"
@@ -483,11 +502,12 @@ def _label(d, where: str) -> LabelSpec:
     name = d.get("name")
     if not isinstance(name, str) or not name.strip():
         raise ConfigError(f"{what} needs a non-empty string name (the label column)")
-    kind = d.get("kind")
-    if kind not in LABEL_KINDS:
-        near = difflib.get_close_matches(str(kind), LABEL_KINDS, n=1)
+    asked = d.get("kind")
+    kind = as_task(asked)
+    if kind is None:
+        near = difflib.get_close_matches(str(asked), LABEL_KINDS, n=1)
         hint = f"; did you mean {near[0]!r}?" if near else ""
-        raise ConfigError(f"{what}: unknown kind {kind!r}{hint}; choose one of "
+        raise ConfigError(f"{what}: unknown kind {asked!r}{hint}; choose one of "
                           f"{', '.join(LABEL_KINDS)}")
     desc = d.get("description", "")
     if kind == "regression":
@@ -517,7 +537,7 @@ def _label(d, where: str) -> LabelSpec:
 
 # --- TOML writing ---------------------------------------------------------------------------
 
-def _toml_value(v) -> str:
+def _toml_value(v: object) -> str:
     if isinstance(v, bool):
         return "true" if v else "false"
     if isinstance(v, (int, np.integer)):

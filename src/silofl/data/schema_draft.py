@@ -12,9 +12,9 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
-from silofl.data.schema import ColumnSpec, LabelSpec, Schema, value_key
+from silofl.data.schema import ColumnSpec, LabelSpec, Schema, as_task, value_key
 from silofl.data.values import parse_binary, parse_numeric
-from silofl.errors import DataError
+from silofl.errors import ConfigError, DataError
 
 __all__ = ["DRAFT_HEADER", "draft_schema", "infer_schema"]
 
@@ -158,5 +158,10 @@ def _infer_label(s: pd.Series, col: str, task: str) -> LabelSpec:
     if task == "binary" and len(classes) != 2:
         raise DataError(f"task='binary' but label column {col!r} has {len(classes)} classes; "
                         "use task='multiclass' or map the labels to two values")
-    kind = task if task != "classification" else ("binary" if len(classes) == 2 else "multiclass")
+    if task == "classification":
+        return LabelSpec(col, "binary" if len(classes) == 2 else "multiclass", tuple(classes))
+    kind = as_task(task)
+    if kind is None:
+        raise ConfigError(f"unknown task {task!r}; use 'auto', 'binary', 'multiclass' or "
+                          "'regression'")
     return LabelSpec(col, kind, tuple(classes))

@@ -25,7 +25,7 @@ import pandas as pd
 
 from silofl.data.federation import Federation
 from silofl.data.preprocess import PreprocessSpec, RawFederation, preprocess_without_budget
-from silofl.data.schema import Schema, as_schema, schema_from_dict
+from silofl.data.schema import Schema, SchemaLike, as_schema, schema_from_dict
 from silofl.data.tabular import federation_from_frame_raw
 from silofl.errors import DataError
 
@@ -43,7 +43,7 @@ def school_schema() -> Schema:
 
 
 def load_school_raw(path: str | Path | None = None, *, test_fraction: float = 0.2,
-                    seed: int = 0, schema=None) -> RawFederation:
+                    seed: int = 0, schema: SchemaLike | None = None) -> RawFederation:
     """``school.mat`` encoded by its schema (default `school_schema()`) and split, before
     preprocessing: silos ``school-000``..``school-138``, X (n_k, 28) float64 in raw units
     (percentages clipped to [0, 100]), y (n_k,) float64 = (score - lower) / (upper - lower)
@@ -100,9 +100,9 @@ def load_school_raw(path: str | Path | None = None, *, test_fraction: float = 0.
 
 def load_school(path: str | Path | None = None, *, test_fraction: float = 0.2, seed: int = 0,
                 standardize: str | bool = "auto", impute: str = "auto",
-                schema=None) -> Federation:
+                schema: SchemaLike | None = None) -> Federation:
     """Load ``school.mat``: silos ``school-000``..``school-138``, X (n_k, 28) float64,
     y (n_k,) float64 = (score - 1) / 69. Features are named ``x00``..``x27``. Default
     preprocessing is declared (no cost, ``meta["uncharged"] == []``)."""
     raw = load_school_raw(path, test_fraction=test_fraction, seed=seed, schema=schema)
-    return preprocess_without_budget(raw, PreprocessSpec(standardize, impute), "load_school")
+    return preprocess_without_budget(raw, PreprocessSpec.of(standardize, impute), "load_school")

@@ -8,16 +8,19 @@ from __future__ import annotations
 
 import difflib
 import itertools
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
-from silofl.data.schema import INDICATOR_SUFFIX
+from silofl.data.schema import INDICATOR_SUFFIX, ColumnSpec
 from silofl.errors import ConfigError, DataError
 
 SEED_SPLITS = ("age_strict", "age_some", "by_category", "by_label")
 
 
-def check_seed_params(split, bins, label_purity, group_size, feature, task) -> list[float]:
+def check_seed_params(split: str, bins: Sequence[float] | None, label_purity: float,
+                      group_size: int, feature: str | int | None, task: str) -> list[float]:
     """Validate the keys of SEED_SPLITS; returns the bin edges as floats ([] if unused)."""
     binned = split in ("age_strict", "age_some")
     if bins is not None and len(bins) and not binned:
@@ -58,8 +61,10 @@ def check_seed_params(split, bins, label_purity, group_size, feature, task) -> l
     return edges
 
 
-def seed_blocks(split, X, y, names, specs, feature, edges, group_size, rng, min_size,
-                 classify):
+def seed_blocks(split: str, X: np.ndarray, y: np.ndarray, names: list[str],
+                specs: Mapping[int, ColumnSpec], feature: str | int | None, edges: list[float],
+                group_size: int, rng: np.random.Generator, min_size: int, classify: bool
+                ) -> tuple[list[np.ndarray], list[int], dict[str, Any], list[str]]:
     """(blocks of row indices, silos per block, meta extras, uncharged items) of a
     SEED_SPLITS split. Blocks that are too small or hold one class are refused here, naming
     the block (sizes only, never values)."""
@@ -124,7 +129,8 @@ def seed_blocks(split, X, y, names, specs, feature, edges, group_size, rng, min_
     return blocks, sizes, extra, what
 
 
-def _numeric_feature(feature, names, specs, split) -> int:
+def _numeric_feature(feature: str | int | None, names: list[str],
+                     specs: Mapping[int, ColumnSpec], split: str) -> int:
     """Index of a numeric value column for binning, refusing one-hot levels, binary columns
     and missing indicators with the fix."""
     if feature not in (None, "") and str(feature) not in names and \
@@ -142,7 +148,8 @@ def _numeric_feature(feature, names, specs, split) -> int:
     return j
 
 
-def _category_blocks(feature, X, names, specs):
+def _category_blocks(feature: str | int | None, X: np.ndarray, names: list[str],
+                     specs: Mapping[int, ColumnSpec]) -> tuple[list[np.ndarray], list[str], str]:
     """Rows of each level of a categorical (one-hot ``feature=level`` columns) or binary
     feature; levels with no rows make no silo."""
     if feature in (None, ""):
@@ -177,7 +184,8 @@ def _category_blocks(feature, X, names, specs):
     return [b for b, _ in keep], [lab for _, lab in keep], feature
 
 
-def label_parts(y, blocks, purity, rng) -> list[np.ndarray]:
+def label_parts(y: np.ndarray, blocks: list[np.ndarray], purity: float,
+                rng: np.random.Generator) -> list[np.ndarray]:
     """by_label: silo c keeps round(purity * n_c) random rows of class c; each other row of
     class c goes to one of the other silos, uniformly at random."""
     k = len(blocks)
@@ -194,7 +202,7 @@ def label_parts(y, blocks, purity, rng) -> list[np.ndarray]:
     return [np.sort(np.concatenate(p)) for p in parts]
 
 
-def feature_index(feature, names: list[str], split: str) -> int:
+def feature_index(feature: str | int | None, names: list[str], split: str) -> int:
     """Column index of the split ``feature`` (a name from ``names`` or an index)."""
     if feature is None or feature == "":
         raise ConfigError(f"the {split} split needs the feature to split on (feature= / "

@@ -11,8 +11,10 @@ the hard minimum of 2 training rows (DP-SGD) always holds. Silo sizes are public
 from __future__ import annotations
 
 import dataclasses
+from typing import TypeVar
 
-from silofl.data.federation import Silo
+from silofl.data.federation import Federation, Silo
+from silofl.data.preprocess import RawFederation
 from silofl.errors import ConfigError, DataError
 
 SMALL_SILOS = ("refuse", "drop")
@@ -62,7 +64,10 @@ def limit_silos(silos: list[Silo], min_silo_rows: int, small_silos: str = "refus
     return kept, [{"silo": s.name, "n_train": s.n_train, "n_test": s.n_test} for s in small]
 
 
-def limit_federation(raw, min_silo_rows: int, small_silos: str = "refuse"):
+F = TypeVar("F", Federation, RawFederation)
+
+
+def limit_federation(raw: F, min_silo_rows: int, small_silos: str = "refuse") -> F:
     """`limit_silos` on a (Raw)Federation: a copy without the dropped silos, which are
     added to ``meta["dropped_silos"]``; `raw` itself when nothing is dropped."""
     kept, dropped = limit_silos(raw.silos, min_silo_rows, small_silos)

@@ -53,19 +53,21 @@ silo's own range for feature_range, its group's for shared_range), "feature", "t
 from __future__ import annotations
 
 import difflib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
+from silofl.data.encoding import encode_table
 from silofl.data.federation import Federation, Silo, split_indices
 from silofl.data.preprocess import (
     PreprocessSpec,
     RawFederation,
     preprocess_without_budget,
 )
-from silofl.data.schema import ColumnSpec
+from silofl.data.schema import ColumnSpec, SchemaLike, Task
 from silofl.data.seed_splits import (
     SEED_SPLITS,
     check_seed_params,
@@ -73,7 +75,7 @@ from silofl.data.seed_splits import (
     label_parts,
     seed_blocks,
 )
-from silofl.data.tabular import encode_table, read_table
+from silofl.data.tabular import read_table
 from silofl.errors import ConfigError, DataError
 
 SPLITS = ("iid", "dirichlet", "quantity", "feature_range", "shared_range", *SEED_SPLITS)
@@ -129,7 +131,7 @@ def range_parts(values: np.ndarray, weights: Sequence[int], *, feature: str = "f
         raise DataError(f"feature {feature!r} has only {len(change) + 1} distinct value(s), too "
                         f"few for {len(weights)} disjoint ranges; use fewer silos (or a larger "
                         "group_size) or split on another feature")
-    cuts = []
+    cuts: list[int] = []
     for t in targets:  # nearest unused value change at or after the previous cut
         avail = change[change > (cuts[-1] if cuts else 0)]
         if len(avail) == 0:
@@ -151,7 +153,7 @@ def range_parts(values: np.ndarray, weights: Sequence[int], *, feature: str = "f
 # --- from arrays / tables to a federation ----------------------------------------------------
 
 def split_arrays_raw(X: np.ndarray, y: np.ndarray, split: str, *, num_silos: int | None,
-                     task: str,
+                     task: Task,
                      num_classes: int = 0, feature_names: Sequence[str] | None = None,
                      specs: Mapping[int, ColumnSpec] | None = None,
                      alpha: float = 0.5, size_law: str = "dirichlet", power: float = 1.0,
@@ -184,14 +186,18 @@ def split_arrays_raw(X: np.ndarray, y: np.ndarray, split: str, *, num_silos: int
     rng = np.random.default_rng(seed)
     meta: dict = {"split": split, "num_silos": num_silos, "seed": seed, "min_size": min_size,
                   "test_fraction": test_fraction}
-    blocks, sizes, groups = [], [], np.zeros(num_silos or 0, dtype=np.int64)
+    # None only for SEED_SPLITS (checked above), whose layout gives the count
+    count = num_silos or 0
+    blocks: list[np.ndarray] = []
+    sizes: list[int] = []
+    groups = np.zeros(count, dtype=np.int64)
     if split in SEED_SPLITS:
         blocks, sizes, groups = _seed_layout(split, X, y, names, specs, feature, edges,
                                              group_size, rng, min_size, classify, num_silos,
                                              meta, items)
-        num_silos = len(groups)
+        count = len(groups)
     elif split in ("feature_range", "shared_range"):
-        blocks, sizes, groups = _range_layout(split, X, names, feature, gaps, num_silos,
+        blocks, sizes, groups = _range_layout(split, X, names, feature, gaps, count,
                                               group_size, min_size, meta, items)
     elif split == "dirichlet":
         items.append("silo membership drawn from the pooled labels (dirichlet split)")
@@ -201,11 +207,11 @@ def split_arrays_raw(X: np.ndarray, y: np.ndarray, split: str, *, num_silos: int
 
     def draw() -> list[np.ndarray]:
         if split == "iid":
-            return iid_parts(X.shape[0], num_silos, rng)
+            return iid_parts(X.shape[0], count, rng)
         if split == "dirichlet":
-            return dirichlet_parts(y, num_silos, alpha, rng)
+            return dirichlet_parts(y, count, alpha, rng)
         if split == "quantity":
-            return quantity_parts(X.shape[0], num_silos, rng, min_size=min_size,
+            return quantity_parts(X.shape[0], count, rng, min_size=min_size,
                                   size_law=size_law, alpha=alpha, power=power)
         if split == "feature_range":
             return blocks
@@ -214,7 +220,7 @@ def split_arrays_raw(X: np.ndarray, y: np.ndarray, split: str, *, num_silos: int
         return [b[part] for b, s in zip(blocks, sizes)
                 for part in iid_parts(len(b), s, rng)]
 
-    rows, tries = _draw_valid(draw, y, split, num_silos, classify, min_size, test_fraction,
+    rows, tries = _draw_valid(draw, y, split, count, classify, min_size, test_fraction,
                               max_tries, rng)
     silos = [Silo(f"silo-{k:02d}", X[tr], y[tr], X[te], y[te]) for k, (tr, te) in enumerate(rows)]
     meta.update(parts=rows, groups=groups, tries=tries)
@@ -222,7 +228,8 @@ def split_arrays_raw(X: np.ndarray, y: np.ndarray, split: str, *, num_silos: int
                          meta=meta, uncharged=items, simulated=True)
 
 
-def _checked_arrays(X: np.ndarray, y_in: np.ndarray, names: list[str], specs, items: list[str],
+def _checked_arrays(X: np.ndarray, y_in: np.ndarray, names: list[str],
+                    specs: Mapping[int, ColumnSpec] | None, items: list[str],
                     split: str, num_silos: int | None, min_size: int,
                     task: str) -> tuple[np.ndarray, dict, np.ndarray]:
     """Refuse malformed arrays; returns y (int64 class ids or float64), the column specs
@@ -248,7 +255,7 @@ def _checked_arrays(X: np.ndarray, y_in: np.ndarray, names: list[str], specs, it
         raise DataError("X or y holds NaN/inf values outside nullable value columns; impute "
                         "or drop them before splitting")
     n = X.shape[0]
-    if split not in SEED_SPLITS and num_silos * min_size > n:
+    if num_silos is not None and split not in SEED_SPLITS and num_silos * min_size > n:
         raise DataError(f"too many silos for the data: {num_silos} silos x min_size {min_size} "
                         f"rows = {num_silos * min_size} > {n} rows; lower num_silos (at most "
                         f"{n // min_size}) or min_size")
@@ -260,8 +267,14 @@ def _checked_arrays(X: np.ndarray, y_in: np.ndarray, names: list[str], specs, it
     return y, specs, gaps
 
 
-def _seed_layout(split, X, y, names, specs, feature, edges, group_size, rng, min_size,
-                 classify, num_silos, meta: dict, items: list[str]):
+#: blocks of row indices, silos per block, and each silo's block
+_Layout = tuple[list[np.ndarray], list[int], np.ndarray]
+
+
+def _seed_layout(split: str, X: np.ndarray, y: np.ndarray, names: list[str],
+                 specs: Mapping[int, ColumnSpec], feature: str | int | None, edges: list[float],
+                 group_size: int, rng: np.random.Generator, min_size: int, classify: bool,
+                 num_silos: int | None, meta: dict, items: list[str]) -> _Layout:
     """Blocks, silos per block and each silo's block of a SEED_SPLITS split (meta, items
     updated)."""
     blocks, sizes, extra, what = seed_blocks(split, X, y, names, specs, feature, edges,
@@ -280,8 +293,9 @@ def _seed_layout(split, X, y, names, specs, feature, edges, group_size, rng, min
     return blocks, sizes, groups
 
 
-def _range_layout(split, X, names, feature, gaps, num_silos, group_size, min_size,
-                  meta: dict, items: list[str]):
+def _range_layout(split: str, X: np.ndarray, names: list[str], feature: str | int | None,
+                  gaps: np.ndarray, num_silos: int, group_size: int, min_size: int,
+                  meta: dict, items: list[str]) -> _Layout:
     """Blocks of value ranges of one feature (feature_range: one silo each; shared_range:
     ``group_size`` silos share one), with silos per block and each silo's block."""
     j = feature_index(feature, names, split)
@@ -313,8 +327,9 @@ _RETRY_HINTS = {
 }
 
 
-def _draw_valid(draw, y, split, num_silos, classify, min_size, test_fraction, max_tries,
-                rng) -> tuple[list, int]:
+def _draw_valid(draw: Callable[[], list[np.ndarray]], y: np.ndarray, split: str,
+                num_silos: int, classify: bool, min_size: int, test_fraction: float,
+                max_tries: int, rng: np.random.Generator) -> tuple[list, int]:
     """Draw partitions until every silo has ``min_size`` rows and (classification) two
     classes in its training rows; returns the (train, test) row indices per silo and the
     number of draws."""
@@ -342,7 +357,7 @@ def _draw_valid(draw, y, split, num_silos, classify, min_size, test_fraction, ma
 
 
 def split_arrays(X: np.ndarray, y: np.ndarray, split: str, *, num_silos: int | None,
-                 task: str,
+                 task: Task,
                  num_classes: int = 0, feature_names: Sequence[str] | None = None,
                  specs: Mapping[int, ColumnSpec] | None = None,
                  alpha: float = 0.5, size_law: str = "dirichlet", power: float = 1.0,
@@ -363,10 +378,11 @@ def split_arrays(X: np.ndarray, y: np.ndarray, split: str, *, num_silos: int | N
                            min_size=min_size,
                            test_fraction=test_fraction, seed=seed, max_tries=max_tries,
                            name=name, uncharged=uncharged)
-    return preprocess_without_budget(raw, PreprocessSpec(standardize, impute), "split_arrays")
+    return preprocess_without_budget(raw, PreprocessSpec.of(standardize, impute), "split_arrays")
 
 
-def table_arrays(df: pd.DataFrame, label_column: str, *, schema=None, task: str = "auto",
+def table_arrays(df: pd.DataFrame, label_column: str, *, schema: SchemaLike | None = None,
+                 task: str = "auto",
                  features: Sequence[str] | None = None, missing: str = "impute",
                  categorical_max_levels: int = 50) -> tuple[np.ndarray, np.ndarray, dict]:
     """Encode a whole table like `federation_from_frame` does (by `schema`, or read from
@@ -386,10 +402,11 @@ def table_arrays(df: pd.DataFrame, label_column: str, *, schema=None, task: str 
     return enc.X, enc.y, info
 
 
-def split_frame_raw(df: pd.DataFrame, label_column: str, split: str, *, schema=None,
+def split_frame_raw(df: pd.DataFrame, label_column: str, split: str, *,
+                    schema: SchemaLike | None = None,
                     task: str = "auto", features: Sequence[str] | None = None,
                     missing: str = "impute", name: str = "table",
-                    **split_kw) -> RawFederation:
+                    **split_kw: Any) -> RawFederation:
     """Encode a table (see `table_arrays`) and split it (see `split_arrays_raw`; `split_kw`
     are its keyword arguments: num_silos, alpha, feature, ...), before preprocessing."""
     X, y, info = table_arrays(df, label_column, schema=schema, task=task, features=features,
@@ -405,18 +422,19 @@ def split_frame_raw(df: pd.DataFrame, label_column: str, split: str, *, schema=N
     return raw
 
 
-def split_frame(df: pd.DataFrame, label_column: str, split: str, *, schema=None,
+def split_frame(df: pd.DataFrame, label_column: str, split: str, *,
+                schema: SchemaLike | None = None,
                 task: str = "auto", features: Sequence[str] | None = None,
                 missing: str = "impute", name: str = "table", standardize: str | bool = "auto",
-                impute: str = "auto", **split_kw) -> Federation:
+                impute: str = "auto", **split_kw: Any) -> Federation:
     """`split_frame_raw`, then preprocessing without a budget (see `split_arrays`)."""
     raw = split_frame_raw(df, label_column, split, schema=schema, task=task,
                           features=features, missing=missing, name=name, **split_kw)
-    return preprocess_without_budget(raw, PreprocessSpec(standardize, impute), "split_frame")
+    return preprocess_without_budget(raw, PreprocessSpec.of(standardize, impute), "split_frame")
 
 
 def split_table_raw(path: str | Path, label_column: str, split: str,
-                    read_options: dict | None = None, **kw) -> RawFederation:
+                    read_options: dict | None = None, **kw: Any) -> RawFederation:
     """Read a CSV/Parquet file (see `silofl.data.tabular.read_table`; `read_options`: its
     sep, encoding and drop) and `split_frame_raw` it."""
     raw = split_frame_raw(read_table(path, **(read_options or {})), label_column, split,
@@ -426,7 +444,8 @@ def split_table_raw(path: str | Path, label_column: str, split: str,
 
 
 def split_table(path: str | Path, label_column: str, split: str, *,
-                standardize: str | bool = "auto", impute: str = "auto", **kw) -> Federation:
+                standardize: str | bool = "auto", impute: str = "auto",
+                **kw: Any) -> Federation:
     """Read one table without a silo column and cut it into simulated silos.
 
     Parameters
@@ -458,13 +477,13 @@ def split_table(path: str | Path, label_column: str, split: str, *,
         An unreadable table or an invalid split setting.
     """
     raw = split_table_raw(path, label_column, split, **kw)
-    return preprocess_without_budget(raw, PreprocessSpec(standardize, impute), "split_table")
+    return preprocess_without_budget(raw, PreprocessSpec.of(standardize, impute), "split_table")
 
 
 # --- validation ------------------------------------------------------------------------------
 
-def _check_params(split, num_silos, task, alpha, size_law, power, group_size, min_size,
-                  max_tries) -> None:
+def _check_params(split: str, num_silos: int | None, task: str, alpha: float, size_law: str,
+                  power: float, group_size: int, min_size: int, max_tries: int) -> None:
     if split not in SPLITS:
         near = difflib.get_close_matches(str(split), SPLITS, n=1)
         hint = f" Did you mean {near[0]!r}?" if near else ""

@@ -11,6 +11,7 @@ Simulated data are not standardized by default (``standardize="none"``); asking 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Literal
 
 import numpy as np
 
@@ -19,13 +20,13 @@ from silofl.data.preprocess import PreprocessSpec, RawFederation, preprocess_wit
 from silofl.errors import ConfigError
 
 
-def _finish(fed: Federation, standardize) -> Federation:
+def _finish(fed: Federation, standardize: str | bool) -> Federation:
     """Preprocess simulated data: columns have no declared bounds, so "auto"/True mean the
     (listed) uncharged per-silo z-scoring; "none"/False leaves them as generated."""
     if standardize is True:
         standardize = "uncharged"
     raw = RawFederation.from_federation(fed, simulated=True)
-    return preprocess_without_budget(raw, PreprocessSpec(standardize, "auto"),
+    return preprocess_without_budget(raw, PreprocessSpec.of(standardize, "auto"),
                                      fed.name)
 
 
@@ -45,7 +46,8 @@ def _rngs(seed: int) -> tuple[np.random.Generator, np.random.Generator]:
     return np.random.default_rng([seed, 0]), np.random.default_rng([seed, 1])
 
 
-def _sizes(sizes, num_silos: int | None, default_k: int, rng: np.random.Generator) -> list[int]:
+def _sizes(sizes: tuple[int, int] | Sequence[int], num_silos: int | None, default_k: int,
+           rng: np.random.Generator) -> list[int]:
     """(lo, hi) tuple -> uniform integers in [lo, hi]; a list/array -> used as given."""
     if isinstance(sizes, tuple):
         if len(sizes) != 2 or sizes[0] > sizes[1]:
@@ -93,7 +95,8 @@ def mean_estimation(num_silos: int | None = None, n: int = 50, dim: int = 1, sig
 
 def linear_silos(num_silos: int | None = None, sizes: tuple[int, int] | Sequence[int] = (200, 400),
                  dim: int = 10, heterogeneity: float = 0.5, noise: float = 0.1,
-                 task: str = "regression", seed: int = 0, test_fraction: float = 0.2,
+                 task: Literal["regression", "binary"] = "regression", seed: int = 0,
+                 test_fraction: float = 0.2,
                  standardize: str | bool = "none") -> Federation:
     """Heterogeneous linear silos. Shared w* ~ N(0, I/dim); silo weights
     w_k = w* + heterogeneity·N(0, I/dim); features X ~ N(m_k, I) with a silo-specific mean

@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import warnings
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
+from silofl.data.schema import Schema
 from silofl.errors import DataError
 
 #: a numeric feature value beyond this magnitude is no measurement (a placeholder or an
@@ -17,7 +19,7 @@ from silofl.errors import DataError
 HUGE = 1e100
 
 
-def check_header_unique(p: Path, df: pd.DataFrame, **read_kw) -> None:
+def check_header_unique(p: Path, df: pd.DataFrame, **read_kw: Any) -> None:
     """pandas renames a repeated header name ``x`` to ``x.1``: read the header row as it is
     written and refuse repeated names (only when such a renamed pair is present)."""
     cols = set(map(str, df.columns))
@@ -37,7 +39,7 @@ def check_header_unique(p: Path, df: pd.DataFrame, **read_kw) -> None:
                         f"{dup[0] + '.1'!r}); rename them so that every column is unique")
 
 
-def check_all_missing(df: pd.DataFrame, feats: list[str], schema, missing: str,
+def check_all_missing(df: pd.DataFrame, feats: list[str], schema: Schema | None, missing: str,
                        name: str) -> None:
     """A feature column with no value in any row: a warning where a declared schema makes
     it nullable (a silo may not record it; it is encoded as missing), else a DataError."""
@@ -55,4 +57,4 @@ def check_all_missing(df: pd.DataFrame, feats: list[str], schema, missing: str,
                         f"the {len(df)} row(s), so they carry no information; {fix}")
     warnings.warn(f"{name}: feature column(s) {ok} have no value in any row; they are "
                   "encoded as missing everywhere and carry no information here",
-                  UserWarning, stacklevel=3)
+                  UserWarning, stacklevel=4)  # encode_table's caller, via _drop_unusable

@@ -20,12 +20,13 @@ dropped. 6 features; nothing read from the data but what a split itself reads (l
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import pandas as pd
 
 from silofl.data.federation import Federation
 from silofl.data.preprocess import PreprocessSpec, RawFederation, preprocess_without_budget
-from silofl.data.schema import schema_from_dict
+from silofl.data.schema import Schema, SchemaLike, schema_from_dict
 from silofl.data.splitters import split_frame_raw
 from silofl.errors import DataError
 
@@ -52,7 +53,7 @@ TITANIC_SCHEMA = {
 INSTALL = 'pip install "silofl[exam]"'
 
 
-def titanic_schema():
+def titanic_schema() -> Schema:
     """The declared schema of the Titanic table (`TITANIC_SCHEMA`)."""
     return schema_from_dict(TITANIC_SCHEMA, where="titanic schema")
 
@@ -80,7 +81,7 @@ def titanic_frame() -> pd.DataFrame:
 def load_titanic_raw(split: str, *, feature: str | None = None,
                      bins: Sequence[float] | None = None, num_silos: int | None = None,
                      test_fraction: float = 0.2, seed: int = 0, missing: str = "impute",
-                     schema=None, **split_kw) -> RawFederation:
+                     schema: SchemaLike | None = None, **split_kw: Any) -> RawFederation:
     """The Titanic table encoded by `TITANIC_SCHEMA` (or `schema`) and split into simulated
     silos by `split` (any of `silofl.data.splitters.SPLITS`; `split_kw` are its keyword
     arguments: min_size, group_size, alpha, ...), before preprocessing."""
@@ -99,9 +100,9 @@ def load_titanic_raw(split: str, *, feature: str | None = None,
 
 
 def load_titanic(split: str, *, standardize: str | bool = "auto", impute: str = "auto",
-                 **kw) -> Federation:
+                 **kw: Any) -> Federation:
     """`load_titanic_raw`, then preprocessing without a budget: X (n_k, 7) float64 (sex
     and class one-hot, age, age__missing), y (n_k,) int64 (1 = survived). Declared
     preprocessing; the split's reads of the pooled table are in ``meta["uncharged"]``."""
     raw = load_titanic_raw(split, **kw)
-    return preprocess_without_budget(raw, PreprocessSpec(standardize, impute), "load_titanic")
+    return preprocess_without_budget(raw, PreprocessSpec.of(standardize, impute), "load_titanic")

@@ -35,11 +35,11 @@ import numpy as np
 import pandas as pd
 
 from silofl._version import FORMAT, FORMAT_VERSION, silofl_version
+from silofl.data.encoding import encode_table
 from silofl.data.exam import EXAM_SCHEMA
 from silofl.data.heart import heart_schema
 from silofl.data.schema import load_schema, schema_from_dict
 from silofl.data.school import school_schema
-from silofl.data.tabular import encode_table
 from silofl.errors import ConfigError, DataError
 from silofl.experiments.integrity import load_params, verify_entry, verify_file
 from silofl.io import dumps_strict, file_hashes, sha256_file, write_bytes_atomic, write_npz_atomic

@@ -43,7 +43,7 @@ def compose_dense(a: DensePmf, b: DensePmf, tail_mass_truncation: float) -> Dens
     return _arrays(pa.compose(pb, tail_mass_truncation))
 
 
-def _arrays(pmf) -> DensePmf:
+def _arrays(pmf: pld_pmf.DensePLDPmf) -> DensePmf:
     probs = np.asarray(pmf._probs, dtype=float)
     probs.flags.writeable = False
     return (int(pmf._lower_loss), probs, float(pmf._infinity_mass),

@@ -41,15 +41,17 @@ import sqlite3
 import time
 import uuid
 from collections import Counter
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Self
 
-from silofl.privacy.targets import PrivacyTarget, check_target
 from silofl.errors import BudgetExceeded, SiloflError
 from silofl.privacy import accounting, events, runlock, store_paths, store_registry
 from silofl.privacy.ledger import tightest
 from silofl.privacy.store_schema import SCHEMA_VERSION, prepare
+from silofl.privacy.targets import PrivacyTarget, check_target
 
 SCRATCH_NOTE = "scratch budget store: an experiment, not a release"
 
@@ -218,7 +220,7 @@ class BudgetStore:
             "it from a backup, or point [budget] store at the right file")
 
     @contextmanager
-    def _tx(self):
+    def _tx(self) -> Iterator[None]:
         """One write transaction, taking the write lock at once (BEGIN IMMEDIATE), so a
         check-then-write cannot interleave with another process's."""
         try:
@@ -235,7 +237,7 @@ class BudgetStore:
         except sqlite3.DatabaseError as e:
             raise self._db_error(e) from None
 
-    def _read(self, sql: str, args=()) -> list[tuple]:
+    def _read(self, sql: str, args: Sequence[Any] = ()) -> list[tuple]:
         try:
             return self._db.execute(sql, args).fetchall()
         except sqlite3.DatabaseError as e:
@@ -245,14 +247,14 @@ class BudgetStore:
         """Close the database connection (also on leaving a ``with`` block)."""
         self._db.close()
 
-    def __enter__(self):
+    def __enter__(self) -> Self:
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     # -- silos ----------------------------------------------------------------------------
-    def _silo(self, name: str):
+    def _silo(self, name: str) -> tuple | None:
         rows = self._read("SELECT id, epsilon, delta, epoch FROM silos WHERE name = ?", (name,))
         return rows[0] if rows else None
 
@@ -467,8 +469,8 @@ class BudgetStore:
             # a silo is new to a store once (the newcomer review: a networked silo's own new
             # store was re-flagged at every round of the same process)
             new = set(fresh) | (set(ids) - self._registered if self.created else set())
-            store_registry.check(self, run_id, {n: d for n, d in digests.items() if n in ids},
-                                 new)
+            store_registry.check(self, self.path, run_id,
+                                 {n: d for n, d in digests.items() if n in ids}, new)
             self._registered |= set(ids)
 
     def _check_parent(self, parent: str) -> None:
@@ -514,7 +516,11 @@ class BudgetStore:
                         f"({'unknown' if st is None else st[0]}): another process settled it. "
                         "Stopping before any further data is read")
                 for silo, method, label, event, count in rows:
-                    sid = self._silo(silo)[0]
+                    row = self._silo(silo)
+                    if row is None:  # a reservation names only silos it registered
+                        raise BudgetStoreError(f"budget store {self.where} lost silo {silo!r} "
+                                               f"of run {run_id}; restore the store")
+                    sid = row[0]
                     self._db.execute(
                         "INSERT INTO progress VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT "
                         "(run_id, silo_id, method, label, event) DO UPDATE SET "

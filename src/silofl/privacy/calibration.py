@@ -65,19 +65,25 @@ def _smallest_sigma(eps_of: Callable[[float], float], target: float,
     return hi
 
 
-def _fast_rdp_of(event) -> np.ndarray | None:
+def _fast_rdp_of(event: dpa.DpEvent) -> np.ndarray | None:
     """RDP at RDP_ORDERS of a composition of Poisson-subsampled Gaussians, Gaussians and
     zCDP events from the closed forms (a search aid, like `_fast_rdp`); None if any base
     event has no closed form here."""
     return _fast_rdp_of_items(_counts(event).items())
 
 
-def _fast_composed_guess(make_event, target: float, delta: float) -> float | None:
+def _fast_composed_guess(make_event: Callable[[float], dpa.DpEvent], target: float,
+                         delta: float) -> float | None:
     """`_smallest_sigma` on the closed-form RDP of make_event(σ); None without one."""
     if _fast_rdp_of(make_event(1.0)) is None:
         return None
-    return _smallest_sigma(
-        lambda s: rdp_to_epsilon(RDP_ORDERS, _fast_rdp_of(make_event(s)), delta)[0], target)
+
+    def eps(s: float) -> float:
+        curve = _fast_rdp_of(make_event(s))
+        if curve is None:  # make_event(σ) has one closed form or none, whatever σ
+            raise PrivacyError("make_event(σ) lost its closed-form RDP curve as σ changed")
+        return rdp_to_epsilon(RDP_ORDERS, curve, delta)[0]
+    return _smallest_sigma(eps, target)
 
 
 @lru_cache(maxsize=4096)
@@ -215,7 +221,8 @@ def calibrate(make_event: Callable[[float], dpa.DpEvent], target_epsilon: float,
     return _bisect(eps, target_epsilon, lo, hi, rel_tol)
 
 
-def _rdp_bracket(eps, target: float, guess: float | None) -> tuple[float, float]:
+def _rdp_bracket(eps: Callable[[float], float], target: float, guess: float | None) -> tuple[float,
+                 float]:
     """(lo, hi) around the smallest feasible σ, from `guess` (or from σ = 1 without one);
     hi may stay infeasible past SIGMA_MAX (`_unreachable` then says so)."""
     if guess is not None:
@@ -236,7 +243,7 @@ def _rdp_bracket(eps, target: float, guess: float | None) -> tuple[float, float]
     return lo, hi
 
 
-def _doubling_bracket(eps, target: float, delta: float,
+def _doubling_bracket(eps: Callable[[float], float], target: float, delta: float,
                       sigma_max: float) -> tuple[float, float]:
     """(lo, hi) by doubling σ from 1 up to `sigma_max`, then halving down (to 1e-6): the
     search node-level calibration has always used (kept: its σ are reported figures)."""
@@ -255,7 +262,8 @@ def _doubling_bracket(eps, target: float, delta: float,
     return lo, hi
 
 
-def _bisect(eps, target: float, lo: float, hi: float, rel_tol: float) -> float:
+def _bisect(eps: Callable[[float], float], target: float, lo: float, hi: float,
+            rel_tol: float) -> float:
     """Geometric bisection keeping the feasible end hi (ε(hi) ≤ target)."""
     while hi / lo > 1 + rel_tol:
         mid = math.sqrt(lo * hi)
@@ -266,15 +274,20 @@ def _bisect(eps, target: float, lo: float, hi: float, rel_tol: float) -> float:
     return hi
 
 
-def _unreachable(eps, hi: float, target: float, delta: float) -> None:
+def _unreachable(eps: Callable[[float], float], hi: float, target: float, delta: float) -> None:
     if hi > SIGMA_MAX or eps(hi) > target:
-        raise CalibrationError(
-            f"no noise multiplier up to {SIGMA_MAX:g} reaches ε = {target} at δ = {delta}; "
-            "the target is too strict for this many steps. Raise epsilon or delta, "
-            "train for fewer rounds, or use a smaller batch (lower sampling rate)")
+        raise _too_strict(target, delta)
 
 
-def _calibrate_pld(key_of, target: float, delta: float, guess: float | None,
+def _too_strict(target: float, delta: float) -> CalibrationError:
+    return CalibrationError(
+        f"no noise multiplier up to {SIGMA_MAX:g} reaches ε = {target} at δ = {delta}; "
+        "the target is too strict for this many steps. Raise epsilon or delta, "
+        "train for fewer rounds, or use a smaller batch (lower sampling rate)")
+
+
+def _calibrate_pld(key_of: Callable[[float], frozenset], target: float, delta: float,
+                   guess: float | None,
                    rel_tol: float) -> float:
     """Root of log ε(σ) = log target on log σ by the Illinois method (false position that
     halves a stale end's weight), keeping a feasible upper end.
@@ -293,18 +306,19 @@ def _calibrate_pld(key_of, target: float, delta: float, guess: float | None,
     return sigma
 
 
-def _pld_root(eps, target: float, delta: float, guess: float | None,
+def _pld_root(eps: Callable[[float], float], target: float, delta: float, guess: float | None,
               rel_tol: float) -> float:
     start = min(max(guess, _PLD_SIGMA_FLOOR), SIGMA_MAX) if guess else 1.0
-    lo, e_lo, hi, e_hi = _bracket(eps, target, start)
-    if lo is None:  # met even at the floor: the true σ lies where PLD cannot go
+    low, high = _bracket(eps, target, start)
+    if low is None:  # met even at the floor: the true σ lies where PLD cannot go
         raise PrivacyError(  # not CalibrationError ("too strict"): this target is too loose
             f"ε = {target:g} at δ = {delta:g} is met with a noise multiplier below "
             f"{_PLD_SIGMA_FLOOR:g}, where the PLD accountant's grid no longer fits in memory "
             "(and such a target protects little); lower epsilon or delta, or set "
             "[privacy] accountant = \"rdp\"")
-    if hi is None:
-        _unreachable(eps, SIGMA_MAX, target, delta)
+    if high is None:  # ε(SIGMA_MAX) > target: what _unreachable checks
+        raise _too_strict(target, delta)
+    (lo, e_lo), (hi, e_hi) = low, high
     f_lo = math.log(e_lo / target) if math.isfinite(e_lo) else math.inf
     f_hi = math.log(e_hi / target) if e_hi > 0 else -math.inf
     last = 0  # +1: the last step moved hi, −1: it moved lo
@@ -335,16 +349,17 @@ def _pld_root(eps, target: float, delta: float, guess: float | None,
     return hi
 
 
-def _bracket(eps, target: float, s: float):
-    """(lo, ε(lo), hi, ε(hi)) with ε(lo) > target ≥ ε(hi), found by stepping along the
-    local power law ε ∝ σ^−p (a few evaluations from any start); lo is None when even
-    σ = _PLD_SIGMA_FLOOR meets the target, hi is None when σ = SIGMA_MAX does not."""
+def _bracket(eps: Callable[[float], float], target: float,
+             s: float) -> tuple[tuple[float, float] | None, tuple[float, float] | None]:
+    """((lo, ε(lo)), (hi, ε(hi))) with ε(lo) > target ≥ ε(hi), found by stepping along the
+    local power law ε ∝ σ^−p (a few evaluations from any start); the lo pair is None when
+    even σ = _PLD_SIGMA_FLOOR meets the target, the hi pair when σ = SIGMA_MAX does not."""
     e, p = eps(s), 1.0
     while True:
         if e > target and s >= SIGMA_MAX:
-            return s, e, None, None
+            return (s, e), None
         if e <= target and s <= _PLD_SIGMA_FLOOR:
-            return None, None, s, e
+            return None, (s, e)
         if e > 0 and math.isfinite(e):
             ratio = (e / target) ** (1 / p) * (1.02 if e > target else 0.98)  # overshoot
         else:
@@ -352,7 +367,7 @@ def _bracket(eps, target: float, s: float):
         s2 = min(max(s * min(max(ratio, 0.1), 10.0), _PLD_SIGMA_FLOOR), SIGMA_MAX)
         e2 = eps(s2)
         if (e2 > target) != (e > target):
-            return (s, e, s2, e2) if e > target else (s2, e2, s, e)
+            return ((s, e), (s2, e2)) if e > target else ((s2, e2), (s, e))
         if 0 < e2 < math.inf and 0 < e < math.inf and e2 != e:
             p = min(max(math.log(e / e2) / math.log(s2 / s), 0.2), 5.0)
         s, e = s2, e2

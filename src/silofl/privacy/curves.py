@@ -59,7 +59,7 @@ class FixedRdpCurveEvent(RdpCurveDpEvent):
     orders: tuple[float, ...]
     values: tuple[float, ...]
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         orders = tuple(float(a) for a in self.orders)
         values = tuple(float(v) for v in self.values)
         if len(orders) != len(values):
@@ -132,7 +132,8 @@ class CurveRdpAccountant(dpa.PrivacyAccountant):
             return None
         if isinstance(event, RdpCurveDpEvent):
             if do_compose:
-                self._rdp = self._rdp + count * np.asarray(event.rdp(self._orders), dtype=np.float64)
+                curve = np.asarray(event.rdp(self._orders), dtype=np.float64)
+                self._rdp = self._rdp + count * curve
             return None
         return self.CompositionErrorDetails(
             invalid_event=event,

@@ -56,16 +56,16 @@ def make_accountant(kind: Accountant = DEFAULT_ACCOUNTANT) -> dpa.PrivacyAccount
     return pld.PLDAccountant(value_discretization_interval=PLD_BASE_GRID)
 
 
-def _check_kind(kind) -> None:
+def _check_kind(kind: object) -> None:
     if kind not in ACCOUNTANTS:
         raise PrivacyError(f"unknown accountant {kind!r}; choose one of {', '.join(ACCOUNTANTS)}")
 
 
-def _counts(event) -> dict:
+def _counts(event: dpa.DpEvent) -> dict:
     return flatten(event)
 
 
-def _key(event) -> frozenset:
+def _key(event: dpa.DpEvent) -> frozenset:
     """Canonical form of a composition: equal multisets of base events give equal ε, in
     whatever order or nesting they were composed (ledgers and calibration must agree)."""
     return frozenset((e, c) for e, c in _counts(event).items() if c > 0)
@@ -90,7 +90,7 @@ def _own_curve(key: frozenset) -> np.ndarray | None:
 
 # --- which accountant --------------------------------------------------------------------
 
-def accountant_for(event, preferred: Accountant = DEFAULT_ACCOUNTANT) -> Accountant:
+def accountant_for(event: dpa.DpEvent, preferred: Accountant = DEFAULT_ACCOUNTANT) -> Accountant:
     """The accountant that gives `event`'s guarantee.
 
     Parameters
@@ -110,7 +110,7 @@ def accountant_for(event, preferred: Accountant = DEFAULT_ACCOUNTANT) -> Account
     return preferred
 
 
-def guarantee(event, delta: float,
+def guarantee(event: dpa.DpEvent, delta: float,
               preferred: Accountant = DEFAULT_ACCOUNTANT) -> tuple[float, str]:
     """ε of `event` with the accountant that produced it.
 
@@ -138,7 +138,7 @@ def _pld_supports_key(key: frozenset) -> bool:
 
 
 @lru_cache(maxsize=4096)
-def _pld_supports(base) -> bool:
+def _pld_supports(base: dpa.DpEvent) -> bool:
     if is_curve_event(base):
         return False  # brings its own RDP curve (node-level): RDP only
     if isinstance(base, (dpa.GaussianDpEvent, dpa.NonPrivateDpEvent)) or _is_poisson_gaussian(base):
@@ -150,7 +150,7 @@ def _pld_supports(base) -> bool:
 
 # --- ε ---------------------------------------------------------------------------------
 
-def epsilon(event, delta: float, kind: Accountant = DEFAULT_ACCOUNTANT) -> float:
+def epsilon(event: dpa.DpEvent, delta: float, kind: Accountant = DEFAULT_ACCOUNTANT) -> float:
     """ε of `event` at `delta` under one accountant — an upper bound, never rounded down.
 
     Memoized by the composition's multiset of base events: calibration, the ledger
@@ -203,7 +203,7 @@ def _epsilon_cached(key: frozenset, delta: float, kind: str) -> float:
     return _pld_epsilon(key, delta)
 
 
-def epsilons(event, delta: float) -> dict[str, float | None]:
+def epsilons(event: dpa.DpEvent, delta: float) -> dict[str, float | None]:
     """ε of `event` under both accountants.
 
     Parameters
@@ -224,7 +224,7 @@ def epsilons(event, delta: float) -> dict[str, float | None]:
             "pld": epsilon(event, delta, "pld") if _pld_supports_key(key) else None}
 
 
-def pld_grid(event, delta: float) -> float:
+def pld_grid(event: dpa.DpEvent, delta: float) -> float:
     """The discretization interval of the PLD figure `epsilon(event, delta, "pld")`.
 
     Parameters

@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib
 import json
 from collections import Counter
+from typing import Any
 
 import attr
 import dp_accounting as dpa
@@ -58,12 +59,12 @@ def _check_q_sigma(q: float, sigma: float) -> None:
         raise PrivacyError(f"noise multiplier must be positive, got {sigma}")
 
 
-def to_dict(event) -> dict:
+def to_dict(event: Any) -> dict[str, Any]:
     """JSON-ready description of a DpEvent (or any event with `to_dict`)."""
     if hasattr(event, "to_dict"):
         return event.to_dict()
     if attr.has(type(event)):
-        out = {"type": type(event).__name__}
+        out: dict[str, Any] = {"type": type(event).__name__}
         for f in attr.fields(type(event)):
             v = getattr(event, f.name)
             if isinstance(v, (list, tuple)):
@@ -76,7 +77,7 @@ def to_dict(event) -> dict:
     raise TypeError(f"cannot serialize privacy event {event!r}")
 
 
-def from_dict(d: dict):
+def from_dict(d: dict) -> dpa.DpEvent:
     """The inverse of `to_dict`: a dp_accounting event (or a registered custom event)."""
     if not isinstance(d, dict):
         raise PrivacyError(f"a privacy event must be a JSON object, got {type(d).__name__}")
@@ -106,7 +107,7 @@ def from_dict(d: dict):
     return cls(**kwargs)
 
 
-def hashable(event):
+def hashable(event: dpa.DpEvent) -> dpa.DpEvent:
     """`event` with its compositions' lists as tuples, so that it can be a base event of a
     ledger (RepeatAndSelect wraps a composition: silofl.tuning builds it this way too)."""
     if isinstance(event, dpa.ComposedDpEvent):
@@ -116,7 +117,7 @@ def hashable(event):
     return event
 
 
-def to_json(event) -> str:
+def to_json(event: dpa.DpEvent) -> str:
     """Canonical JSON text of an event (sorted keys): equal events give equal text."""
     return json.dumps(to_dict(event), sort_keys=True, separators=(",", ":"))
 
@@ -124,7 +125,7 @@ def to_json(event) -> str:
 _PARSED: dict[str, object] = {}
 
 
-def from_json(text: str):
+def from_json(text: str) -> dpa.DpEvent:
     """Parse `to_json` text; the same text always gives the same event *object*, so the
     identity-keyed caches (flatten, accounting) hit when a store re-reads its charges."""
     hit = _PARSED.get(text)
@@ -135,7 +136,7 @@ def from_json(text: str):
     return hit
 
 
-def flatten(event) -> Counter:
+def flatten(event: dpa.DpEvent) -> Counter:
     """Multiset of base events: SelfComposed(e, c) → e × c; Composed → the union.
     Ledgers flatten the same round event for every silo every round, so results are
     memoized by the event object's identity: treat the returned Counter as read-only."""
@@ -152,7 +153,7 @@ def flatten(event) -> Counter:
 _MEMO: dict[int, tuple[object, Counter]] = {}
 
 
-def _flatten(event, mult: int, counts: Counter) -> None:
+def _flatten(event: dpa.DpEvent, mult: int, counts: Counter) -> None:
     if isinstance(event, dpa.NoOpDpEvent):
         return
     if isinstance(event, dpa.SelfComposedDpEvent):
@@ -164,7 +165,7 @@ def _flatten(event, mult: int, counts: Counter) -> None:
         counts[event] += mult
 
 
-def compose(counts: Counter):
+def compose(counts: Counter) -> dpa.DpEvent:
     """The inverse of `flatten`: one ComposedDpEvent of self-composed base events."""
     parts = [e if c == 1 else dpa.SelfComposedDpEvent(e, c) for e, c in counts.items() if c]
     if not parts:

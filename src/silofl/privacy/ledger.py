@@ -20,21 +20,25 @@ from __future__ import annotations
 import hashlib
 import json
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING
 
-from silofl.privacy.targets import PrivacyTarget
 from silofl.errors import BudgetExceeded
 from silofl.privacy import accounting, events
+from silofl.privacy.targets import PrivacyTarget
+
+if TYPE_CHECKING:
+    import dp_accounting as dpa
 
 
-def tightest(event, delta: float) -> tuple[float, str]:
+def tightest(event: dpa.DpEvent, delta: float) -> tuple[float, str]:
     """(ε, accountant) of `event` at `delta`: the smallest of the upper bounds that RDP and
     (pessimistic) PLD give — each is a valid guarantee, so the smaller one is too. Checks
     and reports both use this one figure, so a violation can never be reported as a pass."""
     eps = {k: v for k, v in accounting.epsilons(event, delta).items() if v is not None}
-    kind = min(eps, key=eps.get)
+    kind = min(eps, key=eps.__getitem__)
     return eps[kind], kind
 
 
@@ -112,7 +116,7 @@ class Ledger:
     def _covered(self, counts: Counter) -> bool:
         return all(c <= self._verified.get(e, 0) for e, c in counts.items())
 
-    def _slot(self, e) -> list:
+    def _slot(self, e: dpa.DpEvent) -> list:
         hit = self._by_id.get(id(e))
         if hit is None or hit[0] is not e:
             self._sync()
@@ -147,23 +151,23 @@ class Ledger:
         self._verified = counts
         self._by_id.clear()
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.allowance is not None:  # the reservation is verified: counting suffices
             self._verified = Counter(self.allowance)
 
-    def preflight(self, planned) -> None:
+    def preflight(self, planned: dpa.DpEvent) -> None:
         """Verify that `planned` (an event) plus what is already spent fits the budget."""
         self._sync()
         self._check(self._spent + events.flatten(planned), "the planned training")
 
-    def check(self, event, *, round: int = -1, label: str = "dpsgd") -> None:
+    def check(self, event: dpa.DpEvent, *, round: int = -1, label: str = "dpsgd") -> None:
         """Raise BudgetExceeded if `event` would exceed the budget; record nothing."""
         added = events.flatten(event)
         if not self._covered_after(added):
             self._sync()
             self._check(self._spent + added, f"{label} in round {round}")
 
-    def charge(self, event, *, round: int = -1, label: str = "dpsgd") -> None:
+    def charge(self, event: dpa.DpEvent, *, round: int = -1, label: str = "dpsgd") -> None:
         """Record `event` as about to be executed; raise BudgetExceeded instead if it
         would exceed the budget. Call this before touching the silo's data."""
         added = events.flatten(event)
@@ -199,7 +203,7 @@ class Ledger:
 
     # -- reporting ---------------------------------------------------------------------
     @property
-    def spent_event(self):
+    def spent_event(self) -> dpa.DpEvent:
         """Everything executed so far, as one composed dp_accounting event."""
         self._sync()
         return events.compose(self._spent)

@@ -68,6 +68,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
+from typing import Any
 
 import dp_accounting as dpa
 import numpy as np
@@ -108,7 +109,7 @@ PRUNING_ASSUMPTION = (
 
 # --- validation -----------------------------------------------------------------------
 
-def _int(name: str, value, lo: int, hint: str = "") -> int:
+def _int(name: str, value: Any, lo: int, hint: str = "") -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         raise PrivacyError(f"{name} must be an integer, got {value!r}{hint}")
     if value < lo:
@@ -116,7 +117,7 @@ def _int(name: str, value, lo: int, hint: str = "") -> int:
     return int(value)
 
 
-def check_adjacency(adjacency) -> str:
+def check_adjacency(adjacency: object) -> str:
     if adjacency not in ADJACENCIES:
         raise PrivacyError(f"adjacency must be one of {', '.join(map(repr, ADJACENCIES))}, "
                            f"got {adjacency!r}")
@@ -141,7 +142,7 @@ def affected_examples(n: int, S: int, adjacency: str = "node") -> int:
     return min(S if adjacency == "node" else 2 * S - 1, n)
 
 
-def _check(n, S, b, sigma) -> tuple[int, int, int, float]:
+def _check(n: Any, S: Any, b: Any, sigma: Any) -> tuple[int, int, int, float]:
     n = _int("n (persons in the region)", n, 1)
     S = _int("S (max examples a person appears in)", S, 1,
              "; S = 1 + max neighbours per person (ℓ = 1)")
@@ -161,7 +162,7 @@ def _check(n, S, b, sigma) -> tuple[int, int, int, float]:
     return n, S, b, sigma
 
 
-def _delta(delta, n: int) -> float:
+def _delta(delta: Any, n: int) -> float:
     if delta is None:
         return 1.0 / n
     delta = float(delta)
@@ -170,7 +171,7 @@ def _delta(delta, n: int) -> float:
     return delta
 
 
-def _orders(orders) -> np.ndarray:
+def _orders(orders: npt.ArrayLike) -> np.ndarray:
     a = np.asarray(orders, dtype=np.float64)
     if a.ndim != 1 or a.size == 0 or not np.all(np.isfinite(a)) or np.any(a <= 1):
         raise PrivacyError("RDP orders must be a non-empty 1-D list of finite numbers > 1")
@@ -186,7 +187,7 @@ def hypergeom_log_pmf(n: int, S: int, b: int) -> tuple[np.ndarray, np.ndarray]:
     return rho, logp - logsumexp(logp)  # renormalize away rounding
 
 
-def node_rdp(orders, n: int, S: int, b: int, sigma: float) -> np.ndarray:
+def node_rdp(orders: npt.ArrayLike, n: int, S: int, b: int, sigma: float) -> np.ndarray:
     """Per-step RDP γ(α) of Theorem 2.4.4 at every order α.
 
     Parameters
@@ -350,7 +351,7 @@ def calibrate_node_sigma(target_epsilon: float, n: int, S: int, b: int, steps: i
             f"node-level ε = {target} at δ = {delta:.3g}; give them a smaller share")
     base = None if base_rdp is None else FixedRdpCurveEvent(DEFAULT_ORDERS, tuple(base_rdp))
 
-    def make_event(sigma: float):
+    def make_event(sigma: float) -> dpa.DpEvent:
         ev = NodeLevelDpEvent(n, S, b, sigma, steps, adjacency)
         return ev if base is None else dpa.ComposedDpEvent((ev, base))
 
@@ -387,7 +388,7 @@ class NodeLevelDpEvent(RdpCurveDpEvent):
     steps: int
     adjacency: str = "node"
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         n, S, b, sigma = _check(self.n, self.S, self.b, self.sigma)
         steps = _int("steps", self.steps, 0)
         check_adjacency(self.adjacency)

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import dp_accounting as dpa
 import numpy as np
+import numpy.typing as npt
 
 from silofl.errors import PrivacyError
 from silofl.privacy import _dpa_adapter as adapter
@@ -36,7 +37,7 @@ SCORE_EVENT = "gaussian_score"
 SELECT_EVENT = "node_repeat_and_select"
 
 
-def is_node_event(event) -> bool:
+def is_node_event(event: dpa.DpEvent) -> bool:
     """A pass event that brings its own RDP curve (node level), not a dp_accounting one."""
     return is_curve_event(event)
 
@@ -51,13 +52,13 @@ class GaussianScoreEvent(RdpCurveDpEvent):
 
     sigma: float
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         s = float(self.sigma)
         if not (math.isfinite(s) and s > 0):
             raise PrivacyError(f"score noise multiplier must be positive, got {self.sigma!r}")
         object.__setattr__(self, "sigma", s)
 
-    def rdp(self, orders) -> np.ndarray:
+    def rdp(self, orders: npt.ArrayLike) -> np.ndarray:
         return np.asarray(orders, dtype=float) / (2.0 * self.sigma ** 2)
 
     def to_dict(self) -> dict:
@@ -85,19 +86,19 @@ class NodeRepeatAndSelectEvent(RdpCurveDpEvent):
     shape: float
 
     @property
-    def event(self):
+    def event(self) -> dpa.DpEvent:
         """One trial, as the composition its sub-ledger may spend (tuple: hashable)."""
         # `selection.trial_event` of a node-level pass, built here (selection imports this
         # module): its passes, then the score release
         return dpa.ComposedDpEvent((events.hashable(dpa.SelfComposedDpEvent(
             self.round_event, int(self.rounds))), GaussianScoreEvent(float(self.score_sigma))))
 
-    def trial_rdp(self, orders) -> np.ndarray:
+    def trial_rdp(self, orders: npt.ArrayLike) -> np.ndarray:
         """RDP of one trial at ``orders``: rounds × the pass + the score."""
         return (self.rounds * np.asarray(self.round_event.rdp(orders), dtype=np.float64)
                 + GaussianScoreEvent(self.score_sigma).rdp(orders))
 
-    def rdp(self, orders) -> np.ndarray:
+    def rdp(self, orders: npt.ArrayLike) -> np.ndarray:
         """dp_accounting's RepeatAndSelect formula on the trial's curve at ``orders``."""
         orders = np.asarray(orders, dtype=float)
         return adapter.repeat_and_select_rdp(orders, self.trial_rdp(orders),
@@ -119,7 +120,7 @@ class NodeRepeatAndSelectEvent(RdpCurveDpEvent):
                    float(d["score_sigma"]), float(d["mean"]), float(d["shape"]))
 
 
-def node_score_sigma(round_event, rounds: int, ratio: float) -> float:
+def node_score_sigma(round_event: dpa.DpEvent, rounds: int, ratio: float) -> float:
     """σ_s of the score release for node-level passes (module docstring):
     ratio · σ / (2 √(T · E[ρ²])), T = rounds × the pass's steps, ρ ~ Hyp(n, A, b): one
     node-level step's RDP is ≈ 2α E[ρ²]/σ², so ratio 2 gives the score about a quarter

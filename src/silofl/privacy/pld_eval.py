@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
+from collections.abc import Hashable
 from functools import lru_cache
+from typing import Any
 
 import dp_accounting as dpa
 import numpy as np
@@ -21,6 +23,7 @@ from dp_accounting import pld
 from dp_accounting.pld import privacy_loss_distribution as pld_lib
 
 from silofl.privacy import _dpa_adapter as adapter
+from silofl.privacy._dpa_adapter import DensePmf
 from silofl.privacy.rdp_curves import _is_poisson_gaussian, _lse, _sorted
 
 #: PLD grids are 1e-5 · 2^k: nested, so a coarser grid of the family is never tighter
@@ -37,13 +40,13 @@ _TAIL = 1e-15  # PLD tail mass truncated per composition, counted as infinite lo
 PLD_DISCRETIZATION = PLD_BASE_GRID  # the reference grid (kept for callers of 0.x)
 
 
-def _rr_loss(event) -> float:
+def _rr_loss(event: dpa.DpEvent) -> float:
     """RR's largest privacy loss log(a/b) (nats), a = 1 − p + p/k, b = p/k."""
     p, k = float(event.noise_parameter), int(event.num_buckets)
     return math.log1p(-p + p / k) - math.log(p / k)
 
 
-def _rr_loss_std(event) -> float:
+def _rr_loss_std(event: dpa.DpEvent) -> float:
     """Std (nats) of RR's privacy loss (±log(a/b) w.p. a, b; 0 otherwise): sets the grid."""
     p, k = float(event.noise_parameter), int(event.num_buckets)
     a, b = 1 - p + p / k, p / k
@@ -51,7 +54,7 @@ def _rr_loss_std(event) -> float:
     return math.sqrt(max(lr * lr * (a + b) - (lr * (a - b)) ** 2, 0.0))
 
 
-def _rr_pld(event, grid: float):
+def _rr_pld(event: dpa.DpEvent, grid: float) -> Any:
     return pld_lib.from_randomized_response(
         event.noise_parameter, event.num_buckets, value_discretization_interval=grid,
         neighboring_relation=dpa.NeighboringRelation.REPLACE_ONE)
@@ -138,7 +141,7 @@ class _LRU(OrderedDict):
         super().__init__()
         self.size = size
 
-    def put(self, k, v):
+    def put(self, k: Hashable, v: Any) -> Any:
         self[k] = v
         self.move_to_end(k)
         while len(self) > self.size:
@@ -149,7 +152,7 @@ class _LRU(OrderedDict):
 _COMPOSED = _LRU(4)  # composed PMFs can be MBs: keep a few (ε at another δ is then O(n))
 
 
-def _pld_composed(key: frozenset, k: int):
+def _pld_composed(key: frozenset, k: int) -> tuple[DensePmf, DensePmf] | None:
     """((lower, probs, inf, grid) remove, (…) add) of the composition at grid 1e-5·2^k:
     dp_accounting's dense connect-the-dots PMFs, each self-composed by FFT exponentiation
     (`_self_compose`) and composed with pessimistic tail truncation (its `compose`)."""
@@ -181,7 +184,7 @@ def _pld_composed(key: frozenset, k: int):
 
 
 @lru_cache(maxsize=64)  # a base PMF can be ~1 MB
-def _base_pmfs(e, grid: float):
+def _base_pmfs(e: dpa.DpEvent, grid: float) -> tuple[DensePmf, DensePmf]:
     """dp_accounting's pessimistic connect-the-dots PMFs (remove, add) of one base event,
     as (lower, probs, inf, grid); `add is remove` when the PLD is symmetric."""
     if isinstance(e, dpa.GaussianDpEvent):
@@ -203,7 +206,7 @@ def _base_pmfs(e, grid: float):
 _CHERNOFF_ORDERS = np.concatenate((np.arange(-20, 0), np.arange(1, 21))).astype(float)
 
 
-def _self_compose(pmf, count: int):
+def _self_compose(pmf: DensePmf, count: int) -> DensePmf:
     """`count`-fold composition of a dense PMF: dp_accounting's `DensePLDPmf.self_compose`
     (FFT power over the index range that Chernoff bounds show holds all but `_TAIL` of the
     mass; that tail counts as infinite loss), with the 40 bounds computed in one array
@@ -236,7 +239,7 @@ def _self_compose(pmf, count: int):
     return lower_loss * count + lower, out, inf, grid
 
 
-def _compose(a, b):
+def _compose(a: DensePmf, b: DensePmf) -> DensePmf:
     """Composition of two dense PMFs: dp_accounting's `DensePLDPmf.compose` (convolution,
     pessimistic truncation of `_TAIL`)."""
     return adapter.compose_dense(a, b, _TAIL)

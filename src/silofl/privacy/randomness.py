@@ -31,7 +31,9 @@ from __future__ import annotations
 import math
 import os
 import threading
+from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, NoReturn
 
 import numpy as np
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
@@ -66,15 +68,20 @@ def _prefetching() -> bool:
         return (os.cpu_count() or 1) >= 2
 
 
-def _shape(shape) -> tuple[int, ...]:
-    return (int(shape),) if np.ndim(shape) == 0 else tuple(int(s) for s in shape)
+#: What seeds a reproducible stream (`numpy.random.default_rng` accepts each).
+Seed = int | np.integer | Sequence[int]
+
+
+def _shape(shape: int | Sequence[int]) -> tuple[int, ...]:
+    dims = np.asarray(shape)
+    return (int(dims),) if dims.ndim == 0 else tuple(int(s) for s in dims)
 
 
 class _Secureness:
     """`Randomness.secure` is two things: on the class, the factory `Randomness.secure()`;
     on an instance, the bool "is this a secure stream" (as before the factory existed)."""
 
-    def __get__(self, obj, objtype=None):
+    def __get__(self, obj: Any, objtype: type | None = None) -> Any:
         if obj is None:
             return _Secure
         return obj.mode == "secure"
@@ -86,17 +93,17 @@ class Randomness:
     secure = _Secureness()
 
     @staticmethod
-    def seeded(seed) -> "Randomness":
+    def seeded(seed: Seed) -> Randomness:
         """Reproducible NumPy PCG64 stream (experiments only)."""
         return _Seeded(seed)
 
     @staticmethod
-    def os_entropy() -> "Randomness":
+    def os_entropy() -> Randomness:
         """Alias of `Randomness.secure()`."""
         return _Secure()
 
     @staticmethod
-    def for_mode(mode: str, seed=None) -> "Randomness":
+    def for_mode(mode: str, seed: Seed | None = None) -> Randomness:
         """The stream for a noise mode: "secure" (seed ignored: nothing about a secure
         stream may follow from a config value) or "seeded" (needs `seed`)."""
         if mode == "secure":
@@ -110,22 +117,22 @@ class Randomness:
                           "entropy, for deployments) or 'seeded' (reproducible, experiments "
                           "only: not a privacy guarantee)")
 
-    def uniform(self, shape) -> np.ndarray:
+    def uniform(self, shape: int | Sequence[int]) -> np.ndarray:
         """float64 array of `shape`, uniform in (0, 1]."""
         raise NotImplementedError
 
-    def normal(self, shape) -> np.ndarray:
+    def normal(self, shape: int | Sequence[int]) -> np.ndarray:
         """float64 array of `shape`, standard normal N(0, 1)."""
         raise NotImplementedError
 
-    def normal_prefetched(self, shape) -> np.ndarray:
+    def normal_prefetched(self, shape: int | Sequence[int]) -> np.ndarray:
         """Like `normal(shape)`; a stream may have drawn the block in the background and
         start drawing the next block of the same shape on return (for a training loop
         that asks for one same-shaped noise block per round). Seeded streams draw in place,
         so their sequence is exactly that of `normal`."""
         return self.normal(shape)
 
-    def gumbel(self, shape) -> np.ndarray:
+    def gumbel(self, shape: int | Sequence[int]) -> np.ndarray:
         """Standard Gumbel(0, 1) draws, −log(−log U) with U uniform in (0, 1): the noise of
         report-noisy-max, which samples the exponential mechanism exactly."""
         u = np.asarray(self.uniform(shape), dtype=float)
@@ -133,7 +140,7 @@ class Randomness:
             u[top] = self.uniform(int(top.sum()))
         return -np.log(-np.log(u))
 
-    def spawn(self) -> "Randomness":
+    def spawn(self) -> Randomness:
         """An independent stream (for an independent component, e.g. evaluation)."""
         raise NotImplementedError
 
@@ -141,16 +148,16 @@ class Randomness:
 class _Seeded(Randomness):
     mode = "seeded"
 
-    def __init__(self, seed):
+    def __init__(self, seed: Seed) -> None:
         self.gen = np.random.Generator(np.random.PCG64(seed))
 
-    def uniform(self, shape):
+    def uniform(self, shape: int | Sequence[int]) -> np.ndarray:
         return 1.0 - self.gen.random(shape)  # [0,1) → (0,1]
 
-    def normal(self, shape):
+    def normal(self, shape: int | Sequence[int]) -> np.ndarray:
         return self.gen.standard_normal(shape)
 
-    def spawn(self):
+    def spawn(self) -> Randomness:
         return _Seeded(self.gen.integers(2**63))
 
 
@@ -163,11 +170,11 @@ class _Secure(Randomness):
 
     mode = "secure"
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._lock = threading.Lock()
         # scratch for one chunk: keystream words, then their float64 transform
         self._words_buf = np.empty(_CHUNK_WORDS + 2, np.int64)  # +16 B: cipher output slack
-        self._bytes = memoryview(self._words_buf).cast("B")
+        self._bytes = self._words_buf.data.cast("B")  # ndarray.data: its buffer's memoryview
         self._floats = np.empty(_CHUNK_WORDS)
         self._ahead_lock = threading.Lock()
         self._forked()
@@ -195,7 +202,7 @@ class _Secure(Randomness):
         self._left -= 8 * m
         return self._words_buf[:m]
 
-    def uniform(self, shape):
+    def uniform(self, shape: int | Sequence[int]) -> np.ndarray:
         shape = _shape(shape)
         out = np.empty(math.prod(shape))
         with self._lock:
@@ -207,7 +214,7 @@ class _Secure(Randomness):
                 o *= 2.0**-53
         return out.reshape(shape)
 
-    def normal(self, shape):
+    def normal(self, shape: int | Sequence[int]) -> np.ndarray:
         shape = _shape(shape)
         n = math.prod(shape)
         out = np.empty(n + (n & 1))  # whole pairs; an odd n drops the last value
@@ -235,7 +242,7 @@ class _Secure(Randomness):
                 done += 2 * k
         return out[:n].reshape(shape)
 
-    def normal_prefetched(self, shape):
+    def normal_prefetched(self, shape: int | Sequence[int]) -> np.ndarray:
         """`normal(shape)`, drawn ahead in a background thread from a child stream with its
         own OS key: the worker never touches this stream's keystream, each block is handed
         out once, and a block of another shape is dropped unused (never reused)."""
@@ -246,20 +253,21 @@ class _Secure(Randomness):
             if self._pid != os.getpid():  # forked: the worker thread did not come along
                 with self._lock:
                     self._forked()
-            if self._pool is None:
-                self._pool = ThreadPoolExecutor(1, thread_name_prefix="silofl-noise")
-                self._child = _Secure()
+            pool, child = self._pool, self._child  # set and reset together (_forked)
+            if pool is None or child is None:
+                pool = self._pool = ThreadPoolExecutor(1, thread_name_prefix="silofl-noise")
+                child = self._child = _Secure()
             pending, self._ahead = self._ahead, None
             if pending is not None and pending[0] == shape:
                 z = pending[1].result()
             else:  # the child's lock serializes this with a still-running stale block
-                z = self._child.normal(shape)
-            self._ahead = (shape, self._pool.submit(self._child.normal, shape))
+                z = child.normal(shape)
+            self._ahead = (shape, pool.submit(child.normal, shape))
             return z
 
-    def spawn(self):
+    def spawn(self) -> Randomness:
         return _Secure()
 
-    def __reduce__(self):
+    def __reduce__(self) -> NoReturn:
         raise TypeError("a secure Randomness cannot be copied or pickled: the copy would "
                         "repeat its keystream; create one with Randomness.secure() or spawn()")

@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
+from collections.abc import Iterable
 from functools import lru_cache
 
 import dp_accounting as dpa
 import numpy as np
+import numpy.typing as npt
 from dp_accounting import rdp
 from dp_accounting.rdp.rdp_privacy_accountant import DEFAULT_RDP_ORDERS
 from scipy.special import gammaln, log_ndtr
@@ -45,7 +47,7 @@ RDP_ORDERS_FINE: tuple[float, ...] = tuple(sorted(
 # floating-point noise in a near-zero curve can never turn into a zero ε
 _ZERO_SLACK = 1e-12
 
-def _is_poisson_gaussian(e) -> bool:
+def _is_poisson_gaussian(e: dpa.DpEvent) -> bool:
     return isinstance(e, dpa.PoissonSampledDpEvent) and isinstance(e.event, dpa.GaussianDpEvent)
 
 
@@ -78,7 +80,7 @@ def _rdp_epsilon(key: frozenset, delta: float) -> float:
 _RDP_VALUES: OrderedDict = OrderedDict()  # base event → its RDP at RDP_ORDERS (nan: not yet)
 
 
-def _base_rdp(event, idx: tuple | None = None) -> np.ndarray:
+def _base_rdp(event: dpa.DpEvent, idx: tuple | None = None) -> np.ndarray:
     """dp_accounting's RDP of one base event at RDP_ORDERS[idx] (all orders when None),
     cached per event and order."""
     if isinstance(event, dpa.RandomizedResponseDpEvent):
@@ -112,7 +114,7 @@ def _base_rdp(event, idx: tuple | None = None) -> np.ndarray:
 # (dp_accounting's REPLACE_ONE for RR: the two inputs differ; REPLACE_SPECIAL would compare
 # with a uniform output and under-count).
 
-def rr_rdp(event, orders) -> np.ndarray:
+def rr_rdp(event: dpa.DpEvent, orders: npt.ArrayLike) -> np.ndarray:
     """Exact Rényi divergence of k-ary randomized response between its two most distant
     inputs: with a = 1 − p + p/k, b = p/k,
     D_α = log(a^α b^{1−α} + b^α a^{1−α} + (k − 2)·b) / (α − 1).
@@ -146,17 +148,18 @@ class _quiet_absl:
     """dp_accounting logs a warning for every order whose series it gives up on (the
     order is then excluded, which is safe); keep those out of users' consoles."""
 
-    def __enter__(self):
+    def __enter__(self) -> None:
         import logging
         self.log = logging.getLogger("absl")
         self.level = self.log.level
         self.log.setLevel(max(self.level, logging.ERROR))
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self.log.setLevel(self.level)
 
 
-def rdp_to_epsilon(orders, rdp_values, delta: float) -> tuple[float, float]:
+def rdp_to_epsilon(orders: npt.ArrayLike, rdp_values: npt.ArrayLike, delta: float) -> tuple[float,
+                   float]:
     """(ε, optimal order) from an RDP curve.
 
     Min over α of the improved conversion ε = r + log(1 − 1/α) − log(δα)/(α − 1)
@@ -210,7 +213,7 @@ def _lse(x: np.ndarray, axis: int) -> np.ndarray:
 
 
 
-def _int_grid():
+def _int_grid() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     a_int = np.asarray([a for a in RDP_ORDERS if float(a).is_integer()], dtype=float)
     a = a_int[:, None]
     k = np.arange(int(a_int.max()) + 1, dtype=float)[None, :]
@@ -291,7 +294,7 @@ def _fast_epsilon(q: float, sigma: float, steps: int, delta: float) -> float:
     return best
 
 
-def _fast_rdp_of_items(items) -> np.ndarray | None:
+def _fast_rdp_of_items(items: Iterable[tuple[dpa.DpEvent, int]]) -> np.ndarray | None:
     total = np.zeros(_ORDERS.size)
     for e, c in items:
         if _is_poisson_gaussian(e):

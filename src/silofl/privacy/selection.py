@@ -27,6 +27,7 @@ distributions are duck-typed (`TrialDistributionLike`).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from functools import lru_cache
 from typing import Protocol
 
@@ -34,7 +35,7 @@ import dp_accounting as dpa
 import numpy as np
 from dp_accounting.dp_event import RepeatAndSelectDpEvent
 
-from silofl.errors import ConfigError
+from silofl.errors import ConfigError, PrivacyError
 from silofl.privacy import _dpa_adapter as adapter
 from silofl.privacy import events
 from silofl.privacy.calibration import _smallest_sigma
@@ -87,7 +88,7 @@ def check_accountable(dist: TrialDistributionLike) -> None:
                           "raise mu (Poisson) or lower gamma (TNB)")
 
 
-def noise_of(round_event) -> float:
+def noise_of(round_event: dpa.DpEvent) -> float:
     """σ of the Gaussian inside a pass event.
 
     Parameters
@@ -108,12 +109,12 @@ def noise_of(round_event) -> float:
     return float(e.noise_multiplier)
 
 
-def _node(event) -> bool:
+def _node(event: dpa.DpEvent) -> bool:
     """A node-level pass event (own RDP curve): tuned through the curve events above."""
     return is_curve_event(event)
 
 
-def trial_event(round_event, rounds: int, score_sigma: float):
+def trial_event(round_event: dpa.DpEvent, rounds: int, score_sigma: float) -> dpa.DpEvent:
     """One trial: `rounds` local passes and one Gaussian score release.
 
     Parameters
@@ -139,7 +140,8 @@ def trial_event(round_event, rounds: int, score_sigma: float):
                                 score))
 
 
-def select_event(round_event, rounds: int, dist: TrialDistributionLike, score_sigma: float):
+def select_event(round_event: dpa.DpEvent, rounds: int, dist: TrialDistributionLike,
+                 score_sigma: float) -> dpa.DpEvent:
     """The random-h, best-only release of the trials (RepeatAndSelect).
 
     Parameters
@@ -163,8 +165,8 @@ def select_event(round_event, rounds: int, dist: TrialDistributionLike, score_si
                                       float(dist.mean), float(dist.shape))
 
 
-def tuned_event(round_event, rounds: int, dist: TrialDistributionLike,
-                score_sigma: float | None = None):
+def tuned_event(round_event: dpa.DpEvent, rounds: int, dist: TrialDistributionLike,
+                score_sigma: float | None = None) -> dpa.DpEvent:
     """The whole tuned run of one silo: pivot run + RepeatAndSelect(trials).
 
     Parameters
@@ -183,7 +185,8 @@ def tuned_event(round_event, rounds: int, dist: TrialDistributionLike,
                                 select_event(round_event, rounds, dist, sigma)])
 
 
-def naive_event(round_event, rounds: int, trials: int, score_sigma: float | None = None):
+def naive_event(round_event: dpa.DpEvent, rounds: int, trials: int,
+                score_sigma: float | None = None) -> dpa.DpEvent:
     """A fixed grid of `trials` settings released best-only, bounded by composition
     (the bound is tight for some mechanisms: Papernot & Steinke, Proposition 17).
 
@@ -209,7 +212,7 @@ def naive_event(round_event, rounds: int, trials: int, score_sigma: float | None
 
 # --- fast σ search (an aid: every σ is re-checked with dp_accounting before use) ----------
 
-def fast_rdp(event) -> np.ndarray | None:
+def fast_rdp(event: dpa.DpEvent) -> np.ndarray | None:
     """RDP at `RDP_ORDERS` from closed forms, also through RepeatAndSelect
     (dp_accounting's own formula applied to the closed-form inner curve).
 
@@ -245,7 +248,7 @@ def fast_rdp(event) -> np.ndarray | None:
 _A = np.asarray(RDP_ORDERS, dtype=float)
 
 
-def _node_rdp(e) -> np.ndarray | None:
+def _node_rdp(e: dpa.DpEvent) -> np.ndarray | None:
     """A node-level event's RDP at RDP_ORDERS; a `NodeRepeatAndSelectEvent` through the
     vectorized TNB formula (None for Poisson: the library's bound is the slow part, so
     there is no faster aid than the search itself)."""
@@ -272,7 +275,8 @@ def _repeat_and_select_rdp(inner: np.ndarray, mean: float, shape: float) -> np.n
     return np.minimum.accumulate(out[::-1])[::-1]
 
 
-def sigma_guess(make_event, target: float, delta: float) -> float | None:
+def sigma_guess(make_event: Callable[[float], dpa.DpEvent], target: float,
+                delta: float) -> float | None:
     """Smallest σ whose closed-form RDP ε of make_event(σ) meets `target` (an aid:
     the caller re-checks it with the reporting accountant). Aims 1e-5 below the target so
     that dp_accounting's check passes first.
@@ -298,7 +302,10 @@ def sigma_guess(make_event, target: float, delta: float) -> float | None:
         return hit
 
     def eps(s: float) -> float:
-        return rdp_to_epsilon(RDP_ORDERS, fast_rdp(make_event(s)), delta)[0]
+        curve = fast_rdp(make_event(s))
+        if curve is None:  # make_event(σ) has one closed form or none, whatever σ
+            raise PrivacyError("make_event(σ) lost its closed-form RDP curve as σ changed")
+        return rdp_to_epsilon(RDP_ORDERS, curve, delta)[0]
     out = _GUESSES[key] = _smallest_sigma(eps, target * (1 - 1e-5))
     return out
 
@@ -306,7 +313,7 @@ def sigma_guess(make_event, target: float, delta: float) -> float | None:
 _GUESSES: dict = {}
 
 
-def epsilon_of(event, delta: float) -> float:
+def epsilon_of(event: dpa.DpEvent, delta: float) -> float:
     """ε of an event under RDP (the accountant that supports RepeatAndSelect).
 
     Parameters
@@ -322,7 +329,7 @@ def epsilon_of(event, delta: float) -> float:
     return epsilon(event, delta, "rdp")
 
 
-def is_tuned(event) -> bool:
+def is_tuned(event: dpa.DpEvent) -> bool:
     """Whether `event` holds a repeat-and-select charge (dp_accounting's or on a curve)."""
     return any(isinstance(e, (RepeatAndSelectDpEvent, NodeRepeatAndSelectEvent))
                for e in _counts(event))

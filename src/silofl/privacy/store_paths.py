@@ -28,7 +28,9 @@ import re
 import secrets
 import sqlite3
 import time
+from collections.abc import Callable
 from pathlib import Path
+
 from silofl.errors import ConfigError
 
 DEFAULT_DEPLOYMENT = "default"
@@ -83,7 +85,7 @@ def is_demo_store(path: Path) -> bool:
 
 # --- the machine registry ---------------------------------------------------------------
 
-def _private_file(path: Path, make) -> bytes:
+def _private_file(path: Path, make: Callable[[], bytes]) -> bytes:
     """Read `path`, creating it with `make()` (mode 0600, exclusive) if it is missing."""
     path.parent.mkdir(parents=True, exist_ok=True)
     try:

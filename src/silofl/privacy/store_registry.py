@@ -20,7 +20,6 @@ class BudgetStore(Protocol):
     """What this module uses of `silofl.privacy.budget.BudgetStore` (which imports this
     module, so it is described here rather than imported)."""
 
-    path: Path
     _db: sqlite3.Connection
 
     @property
@@ -33,22 +32,37 @@ class BudgetStore(Protocol):
     def _silo(self, name: str) -> Any: ...
 
 
-def check(store: BudgetStore, run_id: str, digests: dict[str, str], new: set[str]) -> None:
+def check(store: BudgetStore, path: Path, run_id: str, digests: dict[str, str],
+          new: set[str]) -> None:
     """Record `store`'s charges and its run `run_id` in the machine registry; a silo in
     `new` (new to this store) whose data (`digests`: silo -> data digest) was charged
     elsewhere is flagged, and so is a store that lacks the run recorded before this one
-    (warning + store log)."""
+    (warning + store log).
+
+    Parameters
+    ----------
+    store : BudgetStore
+        The file-backed store that just reserved the charges.
+    path : Path
+        Its file (a scratch store has none and is never registered).
+    run_id : str
+        The run whose charges were reserved.
+    digests : dict of str to str
+        Silo name -> digest of the data charged.
+    new : set of str
+        The silos new to this store.
+    """
     try:
-        elsewhere = store_paths.note_charged(store.path, digests)
-        before = store_paths.swap_last_run(store.path, run_id)
+        elsewhere = store_paths.note_charged(path, digests)
+        before = store_paths.swap_last_run(path, run_id)
     except (OSError, sqlite3.DatabaseError) as e:
         warnings.warn(f"could not check the machine registry of charged data in "
                       f"{store_paths.silofl_home()}: {e}", stacklevel=3)
         return
     if before is not None and store.run_status(before) is None:
         _flag_rollback(store, before)
-    here = str(store.path.resolve())
-    flagged = {n: [x if x != here else _here(store, n, digests[n]) for x in w]
+    here = str(path.resolve())
+    flagged = {n: [x if x != here else _here(path, n, digests[n]) for x in w]
                for n, w in elsewhere.items() if n in new}
     if not flagged:
         return
@@ -68,14 +82,14 @@ def check(store: BudgetStore, run_id: str, digests: dict[str, str], new: set[str
         "(--store) unless this really is a separate budget", stacklevel=3)
 
 
-def _here(store: BudgetStore, name: str, digest: str) -> str:
-    """How this store itself charged the data of `name` before: under another silo
+def _here(path: Path, name: str, digest: str) -> str:
+    """How the store at `path` itself charged the data of `name` before: under another silo
     name (a rename is not a new budget), or the file was deleted or replaced."""
-    other = [n for n in store_paths.names_in(store.path, digest) if n != name]
+    other = [n for n in store_paths.names_in(path, digest) if n != name]
     if other:
         return (f"this store as silo {other[0]!r} (the same data under another silo "
                 "name: a renamed silo is not a new budget)")
-    return (f"{store.path.resolve()} itself (this file was deleted or replaced since: "
+    return (f"{path.resolve()} itself (this file was deleted or replaced since: "
             "those charges are gone from it)")
 
 

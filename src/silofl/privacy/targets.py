@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -28,7 +29,7 @@ EPSILON_MAX = 100.0
 DELTA_MAX = 0.5
 
 
-def _number(value, name: str, where: str) -> float:
+def _number(value: Any, name: str, where: str) -> float:
     try:
         v = float(value)
     except (TypeError, ValueError):
@@ -38,7 +39,7 @@ def _number(value, name: str, where: str) -> float:
     return v
 
 
-def check_epsilon(epsilon, where: str = "", name: str = "epsilon") -> float:
+def check_epsilon(epsilon: Any, where: str = "", name: str = "epsilon") -> float:
     """`epsilon` as a float in (0, EPSILON_MAX]; PrivacyError naming `where` otherwise.
 
     Parameters
@@ -60,7 +61,7 @@ def check_epsilon(epsilon, where: str = "", name: str = "epsilon") -> float:
     return e
 
 
-def check_delta(delta, where: str = "", name: str = "delta") -> float:
+def check_delta(delta: Any, where: str = "", name: str = "delta") -> float:
     """`delta` as a float in (0, DELTA_MAX); PrivacyError naming `where` otherwise."""
     d = _number(delta, name, where)
     if not d > 0:
@@ -75,7 +76,7 @@ def check_delta(delta, where: str = "", name: str = "delta") -> float:
     return d
 
 
-def check_target(epsilon, delta, where: str = "") -> tuple[float, float]:
+def check_target(epsilon: Any, delta: Any, where: str = "") -> tuple[float, float]:
     """Both checks: (ε, δ) as floats, or PrivacyError naming the setting."""
     return check_epsilon(epsilon, where), check_delta(delta, where)
 
@@ -107,7 +108,7 @@ class PrivacyTarget:
     epsilon: float
     delta: float
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if not np.isfinite(self.epsilon) or self.epsilon <= 0:
             raise PrivacyError(f"epsilon must be a positive number, got {self.epsilon}; "
                                "use e.g. epsilon = 1.0 (smaller is more private)")
