@@ -1,6 +1,7 @@
 """Federated algorithms, each a silo step and a server step over explicit state."""
 
 import difflib
+from collections.abc import Callable
 from typing import Any
 
 from silofl.algorithms.base import Algorithm, check_fraction, check_nonnegative
@@ -139,7 +140,7 @@ def make_algorithm(name: str, *, lam: float = 0.3, weighted: bool = True,
         raise ConfigError(f"aggregation {agg.rule!r} applies to {', '.join(ROBUST_METHODS)}, "
                           f"but {name!r} averages with the plain mean; remove {name!r} from "
                           "the methods or set aggregation = 'mean' and attackers = 0")
-    build = {
+    build: dict[str, Callable[[], Algorithm[Any, Any]]] = {
         "local": lambda: Local(),
         "fedavg": lambda: FedAvg(weighted, agg),
         "mrmtl": lambda: MRMTL(lam, weighted, agg),
