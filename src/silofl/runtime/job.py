@@ -12,9 +12,10 @@ refuse anything the reservation does not cover, and every charge they make is re
 in the store (`BudgetStore.record_progress`) before the data is read, so settling — by
 this process, or by a resume after it was killed — never goes below what executed, even
 if the run folder's ledger files are gone. If the process dies before `settle`, the whole
-reservation stays counted until a resume settles it. Both tracks reserve here: the tabular experiments and the
-pandemic pipeline (`pandemic.charges.reserve_regions`: node-level charges recorded by
-label via `reserve`, its preprocessing release spent through the method's ledgers).
+reservation stays counted until a resume settles it. Both tracks reserve here: the tabular
+experiments and the pandemic pipeline (`pandemic.charges.reserve_regions`: node-level
+charges recorded by label via `reserve`, its preprocessing release spent through the
+method's ledgers).
 """
 
 from __future__ import annotations
@@ -22,19 +23,19 @@ from __future__ import annotations
 import hashlib
 import sqlite3
 from collections import Counter
-from functools import partial
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 
 from silofl.data.federation import Federation
-from silofl.privacy.targets import PrivacyTarget
 from silofl.errors import BudgetExceeded
 from silofl.io import array_digest
 from silofl.privacy import events
 from silofl.privacy.budget import BudgetStore, BudgetStoreError, PlannedCharge, new_run_id
 from silofl.privacy.ledger import Ledger, silo_file_id
+from silofl.privacy.targets import PrivacyTarget
 
 #: the method name of charges made outside any method (e.g. preprocessing)
 NO_METHOD = "-"
@@ -108,8 +109,9 @@ class Job:
         """The per-run ledgers of `method`, one per silo, each allowed exactly what the job
         reserved for that method on that silo. `restored[silo]` (resuming) are entries an
         earlier process charged for this method, already settled in the store: the ledger
-        counts them, and they are not settled again. Asking again for the same method without any of these returns the same ledgers
-        (a caller that charges before `simulate`, then hands it the job)."""
+        counts them, and they are not settled again. Asking again for the same method without
+        any of these returns the same ledgers (a caller that charges before `simulate`, then
+        hands it the job)."""
         if method in self._ledgers:
             if ledger_dir is None and restored is None:
                 return self._ledgers[method]

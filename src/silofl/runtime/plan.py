@@ -22,13 +22,18 @@ import numpy as np
 from silofl.algorithms.base import Algorithm
 from silofl.config.base import section_dataclass
 from silofl.data.federation import Federation
-from silofl.privacy.targets import PrivacyTarget
 from silofl.errors import CalibrationError, ConfigError, PrivacyError
 from silofl.privacy import accounting, events
 from silofl.privacy import selection as tuning_accounting
-from silofl.privacy.node_level import (node_steps, NodeLevelDpEvent, DEFAULT_ORDERS,
-                                       calibrate_node_sigma, ADJACENCY_TEXT, affected_examples)
-
+from silofl.privacy.node_level import (
+    ADJACENCY_TEXT,
+    DEFAULT_ORDERS,
+    NodeLevelDpEvent,
+    affected_examples,
+    calibrate_node_sigma,
+    node_steps,
+)
+from silofl.privacy.targets import PrivacyTarget
 
 NOISE_MODES = ("secure", "seeded")
 #: the privacy unit: "example" (one training row, Poisson-sampled DP-SGD) or "node" (one

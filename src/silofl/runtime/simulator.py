@@ -8,27 +8,27 @@ evaluates every silo's personal model on its own test set after each round.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 
 from silofl.algorithms.base import Algorithm
 from silofl.data.federation import Federation
-from silofl.privacy.targets import PrivacyTarget
 from silofl.errors import ConfigError
 from silofl.models import metrics as M
 from silofl.models.base import Model
 from silofl.privacy.budget import BudgetStore
 from silofl.privacy.ledger import Ledger
 from silofl.privacy.randomness import Randomness
+from silofl.privacy.targets import PrivacyTarget
 from silofl.runtime.job import Job, fingerprints, open_job
+from silofl.runtime.network.hosting import per_silo_step, per_silo_trainers
 from silofl.runtime.plan import SiloPlan, TrainingConfig, noise_multipliers, plan_silos
 from silofl.training.dpsgd import GradientRule
 from silofl.training.sampling import NODE_LABEL, NodeUnit
 from silofl.training.trainer import LocalTrainer, SiloArrays
-from silofl.runtime.network.hosting import per_silo_step, per_silo_trainers
 
 
 @dataclass

@@ -28,8 +28,8 @@ import warnings
 from pathlib import Path
 
 from silofl.errors import ConfigError, DataError
-from silofl.runtime.network import deploy
 from silofl.privacy.ledger import silo_file_id
+from silofl.runtime.network import deploy
 
 #: what `deploy init` and the programs it configures import, with the extra to install
 EXTRAS = {"flwr": "flower", "cryptography": "flower"}

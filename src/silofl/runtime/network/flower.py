@@ -21,15 +21,26 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Callable
 
 import flwr as fl
 import grpc
-from flwr.common import (DisconnectRes, EvaluateIns, EvaluateRes, FitIns, FitRes,
-                         GetParametersRes, GetPropertiesIns, GetPropertiesRes, Parameters,
-                         ReconnectIns, ndarrays_to_parameters, parameters_to_ndarrays)
+from flwr.common import (
+    DisconnectRes,
+    EvaluateIns,
+    EvaluateRes,
+    FitIns,
+    FitRes,
+    GetParametersRes,
+    GetPropertiesIns,
+    GetPropertiesRes,
+    Parameters,
+    ReconnectIns,
+    ndarrays_to_parameters,
+    parameters_to_ndarrays,
+)
 from flwr.server import Server, SimpleClientManager
 from flwr.server.client_proxy import ClientProxy
 

@@ -67,6 +67,7 @@ def round_events(algorithm, pass_event, t: int, rounds: int, target):
         return dpa.SelfComposedDpEvent(algorithm.upload_event(), 1)
     if _family(algorithm) == "ifca":
         import dp_accounting as dpa
+
         from silofl.training import selection
         train = dpa.SelfComposedDpEvent(pass_event, algorithm.passes_per_round)
         if t > algorithm.schedule(rounds).select_until:

@@ -21,10 +21,9 @@ from pathlib import Path
 import dp_accounting as dpa
 import numpy as np
 
-from silofl.errors import ConfigError
 from silofl._version import FORMAT, FORMAT_VERSION, silofl_version
-from silofl.io import (dumps_strict, file_hashes, sha256_file, write_bytes_atomic,
-                       write_npz_atomic)
+from silofl.errors import ConfigError
+from silofl.io import dumps_strict, file_hashes, sha256_file, write_bytes_atomic, write_npz_atomic
 from silofl.privacy.ledger import silo_file_id, tightest
 from silofl.privacy.targets import ADJACENCY
 from silofl.runtime.network.hosting import local_dp_family, round_events

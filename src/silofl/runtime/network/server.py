@@ -26,12 +26,28 @@ from silofl.config.network import ServerSection, read_server_file
 from silofl.errors import ConfigError, SiloflError
 from silofl.io import write_json_atomic, write_npz_atomic
 from silofl.runtime.network import messages as W
-from silofl.runtime.network.hosting import (asks_subset, check_row, encode_message,
-                                            local_dp_family, merge_updates, select_silos,
-                                            update_width)
-from silofl.runtime.network.jobspec import (JOB_KEYS, check_job, data_module, job_algorithm,
-                                            job_config, job_model, job_params0, job_silos,
-                                            load_public, public_sha256, tables_as_json)
+from silofl.runtime.network.hosting import (
+    asks_subset,
+    check_row,
+    encode_message,
+    local_dp_family,
+    merge_updates,
+    select_silos,
+    update_width,
+)
+from silofl.runtime.network.jobspec import (
+    JOB_KEYS,
+    check_job,
+    data_module,
+    job_algorithm,
+    job_config,
+    job_model,
+    job_params0,
+    job_silos,
+    load_public,
+    public_sha256,
+    tables_as_json,
+)
 
 #: fault injection for tests and drills: exit abruptly after checkpointing this round
 CRASH_ENV = "SILOFL_FAULT_SERVER_EXIT_ROUND"
@@ -174,8 +190,7 @@ def load_server_config(path: str | Path) -> ServerConfig:
 def _schema_job(job: dict, stated: dict, schema_path: Path, path: Path) -> None:
     """Fill the job's schema hash, feature count, task and classes from the declared schema
     (ConfigError where [job] states them otherwise)."""
-    from silofl.runtime.network.silo_table import (check_preprocessing, read_schema,
-                                                   schema_sha256)
+    from silofl.runtime.network.silo_table import check_preprocessing, read_schema, schema_sha256
     schema = read_schema(schema_path, f"server config {path}")
     try:  # what every silo will apply: never uncharged; private steps need declared bounds
         check_preprocessing(schema, {**job, "preprocess_share": float(job["preprocess_share"])})

@@ -34,27 +34,47 @@ import numpy as np
 
 from silofl.config.network import DEFAULT_METHODS, SiloSection, read_silo_file
 from silofl.data.federation import Federation, Silo
-from silofl.privacy.targets import PrivacyTarget
 from silofl.errors import BudgetExceeded, ConfigError, DataError, SiloflError
 from silofl.io import write_json_atomic, write_npz_atomic
 from silofl.models import metrics as M
 from silofl.privacy import accounting
 from silofl.privacy.budget import BudgetStore
 from silofl.privacy.ledger import Ledger
+from silofl.privacy.targets import PrivacyTarget
 from silofl.runtime.job import open_job, silo_digest
 from silofl.runtime.network import messages as W
-from silofl.runtime.network.hosting import (check_message,
-                                            decode_message,
-                                            encode_update, local_dp_family,
-                                            message_size, not_scheduled, own_step,
-                                            round_events, server_view,
-                                            silo_message, silo_randomness, slice_state)
-from silofl.runtime.network.silo_table import (TableSettings, read_silo_table,
-                                               schema_sha256, table_settings)
 from silofl.runtime.network import silo_table
-from silofl.runtime.network.jobspec import (DATA_KINDS, check_job, data_module,
-                                            job_algorithm, job_config, job_model, job_params0,
-                                            job_silos, load_public)
+from silofl.runtime.network.hosting import (
+    check_message,
+    decode_message,
+    encode_update,
+    local_dp_family,
+    message_size,
+    not_scheduled,
+    own_step,
+    round_events,
+    server_view,
+    silo_message,
+    silo_randomness,
+    slice_state,
+)
+from silofl.runtime.network.jobspec import (
+    DATA_KINDS,
+    check_job,
+    data_module,
+    job_algorithm,
+    job_config,
+    job_model,
+    job_params0,
+    job_silos,
+    load_public,
+)
+from silofl.runtime.network.silo_table import (
+    TableSettings,
+    read_silo_table,
+    schema_sha256,
+    table_settings,
+)
 from silofl.runtime.plan import SiloPlan, TrainingConfig, plan_job
 from silofl.training.dpsgd import GradientRule
 from silofl.training.trainer import LocalTrainer, SiloArrays
@@ -134,7 +154,7 @@ def load_silo_config(path: str | Path) -> SiloConfig:
         root_certificate=rel(srv.root_certificate), noise=s.noise, max_rounds=s.max_rounds,
         methods=tuple(s.methods), public_data=rel(s.public_data), data_kind=s.data_kind,
         table=table, run_dir=rel(s.run_dir))
-    cfg.target, cfg.lifetime  # validates ε, δ
+    _ = cfg.target, cfg.lifetime  # validates ε, δ
     return cfg
 
 
@@ -152,7 +172,7 @@ def load_silo_data(cfg: SiloConfig) -> tuple[Silo, list[str]]:
     return silo, names
 
 
-def open_program(cfg: SiloConfig, key=None) -> "SiloProgram":
+def open_program(cfg: SiloConfig, key=None) -> SiloProgram:
     """The silo program for the config's data kind (graph data: the pandemic track's)."""
     graph = data_module(cfg.data_kind)
     return SiloProgram(cfg, key) if graph is None else graph.RegionSiloProgram(cfg, key)

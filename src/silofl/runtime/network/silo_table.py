@@ -24,10 +24,10 @@ from pathlib import Path
 from silofl.config.base import validate
 from silofl.config.network import SiloDataSection
 from silofl.data.federation import Federation, Silo
-from silofl.privacy.targets import PrivacyTarget
 from silofl.data.preprocess import PreprocessSpec, RawFederation, preprocess_without_budget
 from silofl.data.schema import Schema, load_schema
 from silofl.errors import ConfigError, DataError
+from silofl.privacy.targets import PrivacyTarget
 
 #: preprocessing modes a networked job can run (charged at the silo, or free; never uncharged)
 NETWORK_PREPROCESSING = ("auto", "declared", "private", "none")
@@ -129,6 +129,7 @@ def release(raw: RawFederation, prep, job: dict) -> Federation:
     """Apply the plan; a private one draws its noise from the silo's own stream (secure, or
     seeded by (seed, silo) for experiments). Call only once its event is charged."""
     import zlib
+
     from silofl.data.preprocess import apply_preprocessing
     from silofl.privacy.randomness import Randomness
     name = raw.names[0]
@@ -186,8 +187,9 @@ def declared_constants(schema: Schema, job: dict) -> dict:
 
 def _placeholder(schema: Schema) -> RawFederation:
     """Rows that fit the schema (no one's data): for checks of data-independent steps."""
-    from silofl.data.tabular import federation_from_frame_raw
     import pandas as pd
+
+    from silofl.data.tabular import federation_from_frame_raw
     row = {}
     for c in schema.columns:
         if c.kind == "numeric":
