@@ -30,15 +30,39 @@ from pathlib import Path
 import numpy as np
 
 from silofl.data.federation import Federation
-from silofl.errors import BudgetExceeded
+from silofl.errors import BudgetExceeded, PrivacyError
 from silofl.io import array_digest
-from silofl.privacy import events
+from silofl.privacy import accounting, events
 from silofl.privacy.budget import BudgetStore, BudgetStoreError, PlannedCharge, new_run_id
 from silofl.privacy.ledger import Ledger, silo_file_id
 from silofl.privacy.targets import PrivacyTarget
 
 #: the method name of charges made outside any method (e.g. preprocessing)
 NO_METHOD = "-"
+
+
+def accountant_kind(name: str) -> accounting.Accountant:
+    """`name` as one of the accountants' names.
+
+    Parameters
+    ----------
+    name : an accountant's name as configured (``"rdp"`` or ``"pld"``).
+
+    Returns
+    -------
+    The same name, typed as `privacy.accounting.Accountant`.
+
+    Raises
+    ------
+    PrivacyError
+        `name` is no accountant's (the message `privacy.accounting.make_accountant` gives).
+    """
+    if name == "rdp":
+        return "rdp"
+    if name == "pld":
+        return "pld"
+    raise PrivacyError(f"unknown accountant {name!r}; choose one of "
+                       f"{', '.join(accounting.ACCOUNTANTS)}")
 
 
 def fingerprint(X: np.ndarray, y: np.ndarray) -> str:
@@ -78,7 +102,7 @@ def fingerprints(fed: Federation) -> dict[str, str]:
 class Job:
     store: BudgetStore
     run_id: str
-    accountant: str
+    accountant: accounting.Accountant
     planned: dict[str, list] = field(default_factory=dict)  # method → [SiloPlan]
     targets: dict[str, PrivacyTarget] = field(default_factory=dict)  # job target per silo
     _ledgers: dict[str, list[Ledger]] = field(default_factory=dict)
@@ -187,13 +211,16 @@ def open_job(store: BudgetStore, plans: dict[str, list], *,
     On the demo store of the public built-in data (`store.demo`) a job that does not fit
     restarts the budget of its silos there (logged) and reserves again, so the demo can be
     repeated; every other store refuses."""
-    planned, allowances = [], {}
+    kind = accountant_kind(accountant)  # before touching the store
+    planned: list[PlannedCharge] = []
+    allowances: dict[tuple[str, str], Counter] = {}
+    labelled = reserve or {}
     for method, ps in plans.items():
-        if method not in (reserve or {}):
+        if method not in labelled:
             planned += [PlannedCharge(p.name, method, "plan", p.declared) for p in ps]
             continue
-        allowances.update(_covering(method, ps, reserve[method]))  # before touching the store
-        planned += reserve[method]
+        allowances.update(_covering(method, ps, labelled[method]))  # before touching the store
+        planned += labelled[method]
     planned += list(extra or [])
     store.register(lifetime, explicit=explicit_lifetime)
     run_id = new_run_id()
@@ -215,7 +242,7 @@ def open_job(store: BudgetStore, plans: dict[str, list], *,
         _release_unstarted(store, run_id)
         raise
     targets = {p.name: p.target for ps in plans.values() for p in ps}
-    return Job(store, run_id, accountant, dict(plans), targets, _extra=list(extra or []),
+    return Job(store, run_id, kind, dict(plans), targets, _extra=list(extra or []),
                _allowance=allowances, demo_restarted=restarted)
 
 
@@ -230,10 +257,11 @@ def _release_unstarted(store: BudgetStore, run_id: str) -> None:
         pass
 
 
-def _covering(method: str, plans: list, charges: list[PlannedCharge]) -> dict:
+def _covering(method: str, plans: list,
+              charges: list[PlannedCharge]) -> dict[tuple[str, str], Counter]:
     """(method, silo) → base-event counts of `charges`, checked to be `method`'s charges on
     the plans' silos and to cover each plan's declared events."""
-    out = {(method, p.name): Counter() for p in plans}
+    out: dict[tuple[str, str], Counter] = {(method, p.name): Counter() for p in plans}
     for c in charges:
         if (c.method, c.silo) not in out:
             raise ValueError(f"charge {c.label!r} of {c.method!r} on {c.silo!r} is not one "
