@@ -189,6 +189,31 @@ class SiloPlan:
         return out
 
 
+def job_targets(plans: list[SiloPlan]) -> dict[str, PrivacyTarget]:
+    """The job target of each private plan's silo.
+
+    Parameters
+    ----------
+    plans : the plans of a private run (one per silo).
+
+    Returns
+    -------
+    Silo name → its `PrivacyTarget` for this job.
+
+    Raises
+    ------
+    PrivacyError
+        A plan carries no target (a non-private plan: nothing to reserve against).
+    """
+    out = {}
+    for p in plans:
+        if p.target is None:
+            raise PrivacyError(f"silo {p.name!r}: the plan has no privacy target (a "
+                               "non-private plan), so there is nothing to reserve against")
+        out[p.name] = p.target
+    return out
+
+
 def plan_silos(fed: Federation, algorithm: Algorithm, cfg: TrainingConfig) -> list[SiloPlan]:
     """Validate, then calibrate σ_k per silo for `algorithm`'s declared events alone."""
     return plan_job(fed, [algorithm], cfg)[0]
