@@ -72,7 +72,7 @@ def make_ca(days: int = 365):
 
 def make_server_cert(ca_key, ca_cert, hosts: list[str], days: int = 365):
     key = ec.generate_private_key(ec.SECP256R1())
-    sans = []
+    sans: list[x509.GeneralName] = []
     for h in hosts:
         try:
             sans.append(x509.IPAddress(ipaddress.ip_address(h)))
@@ -240,13 +240,14 @@ def _init_regions(out: Path, dataset: Path, *, address, hosts, epsilon, delta, j
         raise
     _write_certs(out, address, hosts)
     names = list(parts)
-    written = {"silos": {}, "server": str(out / "server.toml")}
+    configs: dict[str, str] = {}  # silo → its config file
+    written: dict[str, object] = {"silos": configs, "server": str(out / "server.toml")}
     for n in names:
         write_silo_key(out, silo_file_id(n))
         cfg = _silo_toml(n, str(parts[n].relative_to(out)), epsilon, delta, noise, full,
                          address, insecure, folder_store=False, data_kind="graph")
         write_text_atomic(out / f"silo_{silo_file_id(n)}.toml", _toml(cfg))
-        written["silos"][n] = str(out / f"silo_{silo_file_id(n)}.toml")
+        configs[n] = str(out / f"silo_{silo_file_id(n)}.toml")
     graph = {k: v for k, v in json.loads(full["graph"]).items() if v is not None}
     flat = {k: v for k, v in full.items() if k not in ("graph", "silos")}
     written["flower"] = _write_server(out, names, flat, address, min_silos, insecure,
@@ -312,7 +313,8 @@ def _write_legacy(out: Path, names: list[str], fed, job: dict, *, address, hosts
     job.setdefault("method", "mrmtl")
     job.setdefault("rounds", default_rounds())
     job.setdefault("noise", noise)
-    written = {"silos": {}, "server": str(out / "server.toml")}
+    configs: dict[str, str] = {}  # silo → its config file
+    written: dict[str, object] = {"silos": configs, "server": str(out / "server.toml")}
     for n in names:
         f = silo_file_id(n)
         write_silo_key(out, f)
@@ -323,7 +325,7 @@ def _write_legacy(out: Path, names: list[str], fed, job: dict, *, address, hosts
         cfg = _silo_toml(n, data, epsilon, delta, noise, job, address, insecure,
                          folder_store=folder_store, **extra)
         write_text_atomic(out / f"silo_{f}.toml", _toml(cfg))
-        written["silos"][n] = str(out / f"silo_{f}.toml")
+        configs[n] = str(out / f"silo_{f}.toml")
     written["flower"] = _write_server(
         out, names, job, address, min_silos, insecure,
         {"public_data": "data/public.npz"} if public is not None else None)

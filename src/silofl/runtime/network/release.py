@@ -96,7 +96,7 @@ def silo_privacy(program) -> dict:
               for t in range(1, program.done + 1)]
     prep = getattr(program, "prep", None)
     released = prep is not None and prep.private and not program.table_release_due
-    if released:  # the private preprocessing release, charged with its first round
+    if prep is not None and released:  # the private release, charged with its first round
         rounds.append(prep.events[c.name])
     eps, kind = tightest(dpa.ComposedDpEvent(rounds), c.delta) if rounds else (0.0, "none")
     life = program.store.spent(c.name)

@@ -164,7 +164,8 @@ def load_server_config(path: str | Path) -> ServerConfig:
         state_dir=base / s.state_dir,
         expected_silos=len(silos) if s.expected_silos is None else s.expected_silos,
         min_silos=len(silos) if s.min_silos is None else s.min_silos,
-        certificates=None if certs is None else tuple(base / c for c in certs),
+        certificates=None if certs is None else (base / certs[0], base / certs[1],
+                                                 base / certs[2]),
         join_timeout=s.join_timeout, round_timeout=s.round_timeout,
         rejoin_wait=s.rejoin_wait, poll_interval=s.poll_interval, secagg=s.secagg,
         public_data=public_path,
@@ -243,9 +244,9 @@ class ServerProgram:
     def message(self) -> np.ndarray:
         return encode_message(self.algorithm, self.algorithm.broadcast(self.server))
 
-    def accept_join(self, reply: dict) -> Registered | None:
+    def accept_join(self, reply: dict) -> Registered:
         """Check a join reply (schema, signature of a registered silo, job): the silo's
-        registration, or None (ProtocolError) for an unknown or unauthenticated client."""
+        registration (ProtocolError for an unknown or unauthenticated client)."""
         rep = W.check_fields(reply, W.JOIN_REPLY, "joined")
         key = self.keys.get(rep["silo"])
         if key is None:
@@ -343,8 +344,9 @@ class ServerProgram:
     def _save(self) -> None:
         arrays, meta = self._paths()
         arrays.parent.mkdir(parents=True, exist_ok=True)
-        write_npz_atomic(arrays, **{k: v for k, v in vars(self.server).items()
-                                    if isinstance(v, np.ndarray)})
+        write_npz_atomic(arrays, compressed=False,  # keys: the server state's array fields
+                         **{k: v for k, v in vars(self.server).items()
+                            if isinstance(v, np.ndarray)})
         write_json_atomic(meta, {
             "job_hash": self.hash, "job": self.job, "round": self.done,
             "state_type": type(self.server).__name__,
