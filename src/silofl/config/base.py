@@ -20,7 +20,7 @@ import tomllib
 import warnings
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, ClassVar, get_args, get_origin
+from typing import Any, ClassVar, TypeVar, dataclass_transform, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 from pydantic.dataclasses import dataclass as pydantic_dataclass
@@ -86,7 +86,7 @@ class Section(BaseModel):
             _DEPTH.reset(token)
 
     @classmethod
-    def model_validate(cls, obj: Any, *args: Any, **kwargs: Any):  # type: ignore[override]
+    def model_validate(cls, obj: Any, *args: Any, **kwargs: Any):
         """Validate a nested dict (e.g. parsed TOML); `ConfigError` on a bad key or value."""
         return validate(cls, obj, cls.section)
 
@@ -96,7 +96,11 @@ class Section(BaseModel):
 Source = str | Callable[[str], str]
 
 
-def section_dataclass(section: str, *, frozen: bool = False) -> Callable[[type], type]:
+_C = TypeVar("_C")
+
+
+@dataclass_transform()  # type checkers see the dataclass __init__ the decorator builds
+def section_dataclass(section: str, *, frozen: bool = False) -> Callable[[type[_C]], type[_C]]:
     """Make a class a checked dataclass with `Section`'s rules (strict types, no unknown
     keys, `ConfigError` messages), for value objects that code builds and copies with
     `dataclasses.replace` (e.g. the engine's `TrainingConfig`).
@@ -110,7 +114,7 @@ def section_dataclass(section: str, *, frozen: bool = False) -> Callable[[type],
     -------
     The class decorator.
     """
-    def wrap(cls: type) -> type:
+    def wrap(cls: type[_C]) -> type[_C]:
         out: Any = pydantic_dataclass(  # built now: a deferred build would replace __init__
             cls, frozen=frozen, config=ConfigDict(**{**Section.model_config, "defer_build": False}))
         checked = out.__init__

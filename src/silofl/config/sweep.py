@@ -1,6 +1,7 @@
 """The sweep's own sections: the [sweep] grid and [report] settings (a sweep file is a run
 config, `silofl.config.run`, plus these). The grid's numbers are checked here; which
-methods exist (and sweep.methods) is the algorithm registry's business (`silofl.experiments.sweep_config`).
+methods exist (and sweep.methods) is the algorithm registry's business
+(`silofl.experiments.sweep_config`).
 """
 
 from __future__ import annotations

@@ -12,9 +12,10 @@ refuse anything the reservation does not cover, and every charge they make is re
 in the store (`BudgetStore.record_progress`) before the data is read, so settling — by
 this process, or by a resume after it was killed — never goes below what executed, even
 if the run folder's ledger files are gone. If the process dies before `settle`, the whole
-reservation stays counted until a resume settles it. Both tracks reserve here: the tabular experiments and the
-pandemic pipeline (`pandemic.charges.reserve_regions`: node-level charges recorded by
-label via `reserve`, its preprocessing release spent through the method's ledgers).
+reservation stays counted until a resume settles it. Both tracks reserve here: the tabular
+experiments and the pandemic pipeline (`pandemic.charges.reserve_regions`: node-level
+charges recorded by label via `reserve`, its preprocessing release spent through the
+method's ledgers).
 """
 
 from __future__ import annotations
@@ -22,22 +23,46 @@ from __future__ import annotations
 import hashlib
 import sqlite3
 from collections import Counter
-from functools import partial
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 
 from silofl.data.federation import Federation
-from silofl.privacy.targets import PrivacyTarget
-from silofl.errors import BudgetExceeded
+from silofl.errors import BudgetExceeded, PrivacyError
 from silofl.io import array_digest
-from silofl.privacy import events
+from silofl.privacy import accounting, events
 from silofl.privacy.budget import BudgetStore, BudgetStoreError, PlannedCharge, new_run_id
 from silofl.privacy.ledger import Ledger, silo_file_id
+from silofl.privacy.targets import PrivacyTarget
 
 #: the method name of charges made outside any method (e.g. preprocessing)
 NO_METHOD = "-"
+
+
+def accountant_kind(name: str) -> accounting.Accountant:
+    """`name` as one of the accountants' names.
+
+    Parameters
+    ----------
+    name : an accountant's name as configured (``"rdp"`` or ``"pld"``).
+
+    Returns
+    -------
+    The same name, typed as `privacy.accounting.Accountant`.
+
+    Raises
+    ------
+    PrivacyError
+        `name` is no accountant's (the message `privacy.accounting.make_accountant` gives).
+    """
+    if name == "rdp":
+        return "rdp"
+    if name == "pld":
+        return "pld"
+    raise PrivacyError(f"unknown accountant {name!r}; choose one of "
+                       f"{', '.join(accounting.ACCOUNTANTS)}")
 
 
 def fingerprint(X: np.ndarray, y: np.ndarray) -> str:
@@ -77,7 +102,7 @@ def fingerprints(fed: Federation) -> dict[str, str]:
 class Job:
     store: BudgetStore
     run_id: str
-    accountant: str
+    accountant: accounting.Accountant
     planned: dict[str, list] = field(default_factory=dict)  # method → [SiloPlan]
     targets: dict[str, PrivacyTarget] = field(default_factory=dict)  # job target per silo
     _ledgers: dict[str, list[Ledger]] = field(default_factory=dict)
@@ -108,8 +133,9 @@ class Job:
         """The per-run ledgers of `method`, one per silo, each allowed exactly what the job
         reserved for that method on that silo. `restored[silo]` (resuming) are entries an
         earlier process charged for this method, already settled in the store: the ledger
-        counts them, and they are not settled again. Asking again for the same method without any of these returns the same ledgers
-        (a caller that charges before `simulate`, then hands it the job)."""
+        counts them, and they are not settled again. Asking again for the same method without
+        any of these returns the same ledgers (a caller that charges before `simulate`, then
+        hands it the job)."""
         if method in self._ledgers:
             if ledger_dir is None and restored is None:
                 return self._ledgers[method]
@@ -185,13 +211,16 @@ def open_job(store: BudgetStore, plans: dict[str, list], *,
     On the demo store of the public built-in data (`store.demo`) a job that does not fit
     restarts the budget of its silos there (logged) and reserves again, so the demo can be
     repeated; every other store refuses."""
-    planned, allowances = [], {}
+    kind = accountant_kind(accountant)  # before touching the store
+    planned: list[PlannedCharge] = []
+    allowances: dict[tuple[str, str], Counter] = {}
+    labelled = reserve or {}
     for method, ps in plans.items():
-        if method not in (reserve or {}):
+        if method not in labelled:
             planned += [PlannedCharge(p.name, method, "plan", p.declared) for p in ps]
             continue
-        allowances.update(_covering(method, ps, reserve[method]))  # before touching the store
-        planned += reserve[method]
+        allowances.update(_covering(method, ps, labelled[method]))  # before touching the store
+        planned += labelled[method]
     planned += list(extra or [])
     store.register(lifetime, explicit=explicit_lifetime)
     run_id = new_run_id()
@@ -213,7 +242,7 @@ def open_job(store: BudgetStore, plans: dict[str, list], *,
         _release_unstarted(store, run_id)
         raise
     targets = {p.name: p.target for ps in plans.values() for p in ps}
-    return Job(store, run_id, accountant, dict(plans), targets, _extra=list(extra or []),
+    return Job(store, run_id, kind, dict(plans), targets, _extra=list(extra or []),
                _allowance=allowances, demo_restarted=restarted)
 
 
@@ -228,10 +257,11 @@ def _release_unstarted(store: BudgetStore, run_id: str) -> None:
         pass
 
 
-def _covering(method: str, plans: list, charges: list[PlannedCharge]) -> dict:
+def _covering(method: str, plans: list,
+              charges: list[PlannedCharge]) -> dict[tuple[str, str], Counter]:
     """(method, silo) → base-event counts of `charges`, checked to be `method`'s charges on
     the plans' silos and to cover each plan's declared events."""
-    out = {(method, p.name): Counter() for p in plans}
+    out: dict[tuple[str, str], Counter] = {(method, p.name): Counter() for p in plans}
     for c in charges:
         if (c.method, c.silo) not in out:
             raise ValueError(f"charge {c.label!r} of {c.method!r} on {c.silo!r} is not one "

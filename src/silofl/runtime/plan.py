@@ -22,13 +22,19 @@ import numpy as np
 from silofl.algorithms.base import Algorithm
 from silofl.config.base import section_dataclass
 from silofl.data.federation import Federation
-from silofl.privacy.targets import PrivacyTarget
 from silofl.errors import CalibrationError, ConfigError, PrivacyError
 from silofl.privacy import accounting, events
 from silofl.privacy import selection as tuning_accounting
-from silofl.privacy.node_level import (node_steps, NodeLevelDpEvent, DEFAULT_ORDERS,
-                                       calibrate_node_sigma, ADJACENCY_TEXT, affected_examples)
-
+from silofl.privacy.node_level import (
+    ADJACENCY_TEXT,
+    DEFAULT_ORDERS,
+    NodeLevelDpEvent,
+    affected_examples,
+    calibrate_node_sigma,
+    node_steps,
+)
+from silofl.privacy.targets import PrivacyTarget
+from silofl.runtime.job import accountant_kind
 
 NOISE_MODES = ("secure", "seeded")
 #: the privacy unit: "example" (one training row, Poisson-sampled DP-SGD) or "node" (one
@@ -183,6 +189,31 @@ class SiloPlan:
         return out
 
 
+def job_targets(plans: list[SiloPlan]) -> dict[str, PrivacyTarget]:
+    """The job target of each private plan's silo.
+
+    Parameters
+    ----------
+    plans : the plans of a private run (one per silo).
+
+    Returns
+    -------
+    Silo name → its `PrivacyTarget` for this job.
+
+    Raises
+    ------
+    PrivacyError
+        A plan carries no target (a non-private plan: nothing to reserve against).
+    """
+    out = {}
+    for p in plans:
+        if p.target is None:
+            raise PrivacyError(f"silo {p.name!r}: the plan has no privacy target (a "
+                               "non-private plan), so there is nothing to reserve against")
+        out[p.name] = p.target
+    return out
+
+
 def plan_silos(fed: Federation, algorithm: Algorithm, cfg: TrainingConfig) -> list[SiloPlan]:
     """Validate, then calibrate σ_k per silo for `algorithm`'s declared events alone."""
     return plan_job(fed, [algorithm], cfg)[0]
@@ -334,14 +365,17 @@ def _calibrate(algorithms: list[Algorithm], plans: list[SiloPlan], cfg: Training
     p = plans[0]
     probe = _job_event(algorithms, plans, cfg, 1.0, pre)
     counts = events.flatten(probe)
-    eps, delta = p.target.epsilon * (1 - _CALIBRATION_MARGIN), p.target.delta
+    target = p.target
+    if target is None:  # plan_silos calibrates private plans only, and those carry a target
+        raise PrivacyError(f"silo {p.name!r}: no privacy target to calibrate σ for")
+    eps, delta = target.epsilon * (1 - _CALIBRATION_MARGIN), target.delta
     if p.node is not None:
         sigma = _calibrate_node(algorithms, plans, cfg, pre, eps, delta)
         if sigma is not None:
             return sigma
     # events the preferred accountant cannot handle (zCDP selections) are calibrated with RDP
-    kind = cfg.accountant if accounting.make_accountant(cfg.accountant).supports(probe) \
-        else "rdp"
+    preferred = accountant_kind(cfg.accountant)
+    kind = preferred if accounting.make_accountant(preferred).supports(probe) else "rdp"
     # --- private tuning (silofl.tuning): RepeatAndSelect's σ from its closed-form RDP
     guess = None
     if tuning_accounting.is_tuned(probe):
@@ -358,7 +392,7 @@ def _calibrate(algorithms: list[Algorithm], plans: list[SiloPlan], cfg: Training
     except CalibrationError:
         raise CalibrationError(
             f"silo {p.name!r} (n = {p.n}, q = {p.q:.3g}): no noise multiplier up to 1e4 "
-            f"reaches ε = {p.target.epsilon:g} at δ = {delta:g} for {where_of(algorithms, pre)};"
+            f"reaches ε = {target.epsilon:g} at δ = {delta:g} for {where_of(algorithms, pre)};"
             " the target is too strict for this many steps. Raise epsilon or delta, train "
             "for fewer rounds or methods, or use a smaller batch (lower sampling rate)"
         ) from None
@@ -375,8 +409,8 @@ def _calibrate_node(algorithms, plans, cfg, pre, eps: float, delta: float) -> fl
     p = plans[0]
     counts = events.flatten(_job_event(algorithms, plans, cfg, 1.0, None))
     fixed = {e: c for e, c in counts.items() if isinstance(e, dpa.ZCDpEvent)}
-    counts = {e: c for e, c in counts.items() if e not in fixed}
-    if any(type(e).__name__ != "NodeLevelDpEvent" for e in counts):
+    varying = {e: c for e, c in counts.items() if e not in fixed}
+    if any(type(e).__name__ != "NodeLevelDpEvent" for e in varying):
         return None
     parts = Counter(fixed)
     if pre is not None:
@@ -388,7 +422,7 @@ def _calibrate_node(algorithms, plans, cfg, pre, eps: float, delta: float) -> fl
             return None
         base = sum(c * (e.xi + e.rho * orders if isinstance(e, dpa.ZCDpEvent)
                         else e.rdp(DEFAULT_ORDERS)) for e, c in parts.items())
-    total = sum(e.steps * c for e, c in counts.items())
+    total = sum(e.steps * c for e, c in varying.items())
     try:
         return calibrate_node_sigma(eps, p.n, p.node["S"], p.node["batch_size"], total, delta,
                                     adjacency=p.node["adjacency"], base_rdp=base)

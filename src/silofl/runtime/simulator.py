@@ -8,27 +8,34 @@ evaluates every silo's personal model on its own test set after each round.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Protocol, cast
 
 import numpy as np
 
 from silofl.algorithms.base import Algorithm
 from silofl.data.federation import Federation
-from silofl.privacy.targets import PrivacyTarget
 from silofl.errors import ConfigError
 from silofl.models import metrics as M
 from silofl.models.base import Model
 from silofl.privacy.budget import BudgetStore
 from silofl.privacy.ledger import Ledger
 from silofl.privacy.randomness import Randomness
+from silofl.privacy.targets import PrivacyTarget
 from silofl.runtime.job import Job, fingerprints, open_job
-from silofl.runtime.plan import SiloPlan, TrainingConfig, noise_multipliers, plan_silos
+from silofl.runtime.network.hosting import per_silo_step, per_silo_trainers
+from silofl.runtime.plan import (
+    SiloPlan,
+    TrainingConfig,
+    job_targets,
+    noise_multipliers,
+    plan_silos,
+)
 from silofl.training.dpsgd import GradientRule
 from silofl.training.sampling import NODE_LABEL, NodeUnit
 from silofl.training.trainer import LocalTrainer, SiloArrays
-from silofl.runtime.network.hosting import per_silo_step, per_silo_trainers
 
 
 @dataclass
@@ -230,7 +237,7 @@ def simulate(fed: Federation, model: Model, algorithm: Algorithm, cfg: TrainingC
         if job is None:
             own = job = open_job(
                 store if store is not None else BudgetStore(None), {method: plans},
-                lifetime=lifetime or {p.name: p.target for p in plans},
+                lifetime=lifetime or job_targets(plans),
                 explicit_lifetime=lifetime is not None, command=f"simulate {method}",
                 noise=cfg.noise, accountant=cfg.accountant, fingerprints=fingerprints(fed))
         ledgers = job.ledgers(method, ledger_dir, restored)
@@ -265,6 +272,13 @@ def node_unit(fed, cfg: TrainingConfig) -> NodeUnit | None:
     return NodeUnit(cfg.node_S, cfg.adjacency, tuple(fed.names), cfg.seed)
 
 
+class _SeededStream(Protocol):
+    """What `Randomness.seeded` builds: a stream over a NumPy generator, whose state a
+    checkpoint keeps (a secure stream has none to keep)."""
+
+    gen: np.random.Generator
+
+
 def _train(fed, model, algorithm, cfg, metric, plans, ledgers, on_round, eval_sets,
            t0, resume=None, checkpoint=None, every: int = 1, source=None,
            params0=None, hosting: str = "joint") -> RunResult:
@@ -295,8 +309,8 @@ def _train(fed, model, algorithm, cfg, metric, plans, ledgers, on_round, eval_se
         start = resume["round"] + 1
         trainer.steps_done[:] = resume["steps_done"]
         trainer.selections_done[:] = resume["selections_done"]
-        if resume["rng"] is not None and not rng.secure:
-            rng.gen.bit_generator.state = resume["rng"]
+        if resume["rng"] is not None and not rng.secure:  # built by Randomness.seeded
+            cast(_SeededStream, rng).gen.bit_generator.state = resume["rng"]
     for t in range(start, cfg.rounds + 1):
         silos, update = step(silos, algorithm.broadcast(server), trainer, t)
         server = algorithm.server_step(server, update, weights)
@@ -317,7 +331,8 @@ def _train(fed, model, algorithm, cfg, metric, plans, ledgers, on_round, eval_se
             checkpoint({"round": t, "silos": silos, "server": server, "history": hist,
                         "steps_done": trainer.steps_done.copy(),
                         "selections_done": trainer.selections_done.copy(),
-                        "rng": None if rng.secure else rng.gen.bit_generator.state})
+                        "rng": None if rng.secure  # else built by Randomness.seeded
+                        else cast(_SeededStream, rng).gen.bit_generator.state})
     final = np.array(hist.per_silo[-1])
     return RunResult(method=algorithm.describe(), metric=metric, silos=fed.names, history=hist,
                      final_per_silo=final.tolist(), final_pooled=hist.pooled[-1], plans=plans,

@@ -28,8 +28,8 @@ import warnings
 from pathlib import Path
 
 from silofl.errors import ConfigError, DataError
-from silofl.runtime.network import deploy
 from silofl.privacy.ledger import silo_file_id
+from silofl.runtime.network import deploy
 
 #: what `deploy init` and the programs it configures import, with the extra to install
 EXTRAS = {"flwr": "flower", "cryptography": "flower"}
@@ -51,9 +51,9 @@ def check_extras() -> None:
 
 
 def _split_frames(split: Path, silo_column: str | None, names: list[str] | None,
-                  read: tuple[str, str] = ("", "")) -> dict:
-    """{silo name: its rows} of the demo table `split`, cut by `silo_column` (read with
-    `read` = (sep, encoding), the CLI's --sep/--encoding)."""
+                  read: tuple[str, str] = ("", "")) -> tuple[dict, int]:
+    """({silo name: its rows}, the number of rows naming no silo) of the demo table `split`,
+    cut by `silo_column` (read with `read` = (sep, encoding), the CLI's --sep/--encoding)."""
     from silofl.data.tabular import read_table
     if not silo_column:
         raise ConfigError("--split needs --silo-column, the column naming each row's silo")

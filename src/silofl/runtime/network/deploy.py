@@ -22,10 +22,9 @@ the coordinator (`silofl deploy key`); the folder layout is the same.
 
 from __future__ import annotations
 
-import json
-
 import datetime
 import ipaddress
+import json
 import re
 from pathlib import Path
 
@@ -35,12 +34,11 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
+import silofl.io as io
 from silofl.config import PrivacyConfig, TrainingSection
 from silofl.errors import ConfigError
-import silofl.io as io
 from silofl.privacy.ledger import silo_file_id
 from silofl.runtime.network import messages as W
-
 
 _NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 
@@ -62,7 +60,7 @@ def _pem_key(key) -> bytes:
 def make_ca(days: int = 365):
     key = ec.generate_private_key(ec.SECP256R1())
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "silofl consortium CA")])
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name)
             .public_key(key.public_key()).serial_number(x509.random_serial_number())
             .not_valid_before(now - datetime.timedelta(minutes=5))
@@ -74,13 +72,13 @@ def make_ca(days: int = 365):
 
 def make_server_cert(ca_key, ca_cert, hosts: list[str], days: int = 365):
     key = ec.generate_private_key(ec.SECP256R1())
-    sans = []
+    sans: list[x509.GeneralName] = []
     for h in hosts:
         try:
             sans.append(x509.IPAddress(ipaddress.ip_address(h)))
         except ValueError:
             sans.append(x509.DNSName(h))
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     cert = (x509.CertificateBuilder()
             .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, hosts[0])]))
             .issuer_name(ca_cert.subject).public_key(key.public_key())
@@ -139,9 +137,9 @@ def _toml(sections: dict) -> str:
 
 def _check_job(job: dict, fed) -> None:
     """Validate the [job] that will be written (before anything is)."""
-    from silofl.runtime.network.server import JOB_DEFAULTS
-    from silofl.runtime.network.jobspec import JOB_KEYS, check_job, job_algorithm, job_config
     from silofl.runtime.network import messages
+    from silofl.runtime.network.jobspec import JOB_KEYS, check_job, job_algorithm, job_config
+    from silofl.runtime.network.server import JOB_DEFAULTS
     full = {**JOB_DEFAULTS, "method": "mrmtl", "rounds": default_rounds(), "dim": 1, **job}
     public = None if fed is None else fed.meta.get("public_X")
     if fed is not None:
@@ -242,13 +240,14 @@ def _init_regions(out: Path, dataset: Path, *, address, hosts, epsilon, delta, j
         raise
     _write_certs(out, address, hosts)
     names = list(parts)
-    written = {"silos": {}, "server": str(out / "server.toml")}
+    configs: dict[str, str] = {}  # silo → its config file
+    written: dict[str, object] = {"silos": configs, "server": str(out / "server.toml")}
     for n in names:
         write_silo_key(out, silo_file_id(n))
         cfg = _silo_toml(n, str(parts[n].relative_to(out)), epsilon, delta, noise, full,
                          address, insecure, folder_store=False, data_kind="graph")
         write_text_atomic(out / f"silo_{silo_file_id(n)}.toml", _toml(cfg))
-        written["silos"][n] = str(out / f"silo_{silo_file_id(n)}.toml")
+        configs[n] = str(out / f"silo_{silo_file_id(n)}.toml")
     graph = {k: v for k, v in json.loads(full["graph"]).items() if v is not None}
     flat = {k: v for k, v in full.items() if k not in ("graph", "silos")}
     written["flower"] = _write_server(out, names, flat, address, min_silos, insecure,
@@ -314,17 +313,19 @@ def _write_legacy(out: Path, names: list[str], fed, job: dict, *, address, hosts
     job.setdefault("method", "mrmtl")
     job.setdefault("rounds", default_rounds())
     job.setdefault("noise", noise)
-    written = {"silos": {}, "server": str(out / "server.toml")}
+    configs: dict[str, str] = {}  # silo → its config file
+    written: dict[str, object] = {"silos": configs, "server": str(out / "server.toml")}
     for n in names:
         f = silo_file_id(n)
         write_silo_key(out, f)
         data = f"data/{f}.npz"
         if fed is not None:
             write_silo_data(out / data, fed.silo(n), fed.feature_names)
+        extra = {"public_data": "data/public.npz"} if public is not None else {}
         cfg = _silo_toml(n, data, epsilon, delta, noise, job, address, insecure,
-                         folder_store=folder_store, **({"public_data": "data/public.npz"} if public is not None else {}))
+                         folder_store=folder_store, **extra)
         write_text_atomic(out / f"silo_{f}.toml", _toml(cfg))
-        written["silos"][n] = str(out / f"silo_{f}.toml")
+        configs[n] = str(out / f"silo_{f}.toml")
     written["flower"] = _write_server(
         out, names, job, address, min_silos, insecure,
         {"public_data": "data/public.npz"} if public is not None else None)

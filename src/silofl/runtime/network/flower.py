@@ -21,15 +21,26 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Callable
 
 import flwr as fl
 import grpc
-from flwr.common import (DisconnectRes, EvaluateIns, EvaluateRes, FitIns, FitRes,
-                         GetParametersRes, GetPropertiesIns, GetPropertiesRes, Parameters,
-                         ReconnectIns, ndarrays_to_parameters, parameters_to_ndarrays)
+from flwr.common import (
+    DisconnectRes,
+    EvaluateIns,
+    EvaluateRes,
+    FitIns,
+    FitRes,
+    GetParametersRes,
+    GetPropertiesIns,
+    GetPropertiesRes,
+    Parameters,
+    ReconnectIns,
+    ndarrays_to_parameters,
+    parameters_to_ndarrays,
+)
 from flwr.server import Server, SimpleClientManager
 from flwr.server.client_proxy import ClientProxy
 
@@ -241,7 +252,8 @@ class SiloflStrategy(FitOnlyStrategy):
                 self._drop(proxy)
         for f in failures:
             proxy = f[0] if isinstance(f, tuple) else None
-            name = self.names.pop(getattr(proxy, "cid", None), None)
+            cid = getattr(proxy, "cid", None)
+            name = None if cid is None else self.names.pop(cid, None)
             log.warning("round %d: silo %s failed (%s); the round goes on without it", t,
                         name, f[1] if isinstance(f, tuple) else f)
         self.p.step(t, updates)
@@ -318,8 +330,9 @@ def run_server(cfg: ServerConfig) -> ServerProgram:
     strategy = SiloflStrategy(program)
     manager = SimpleClientManager()
     server = Server(client_manager=manager, strategy=strategy)
-    certs = None if cfg.certificates is None else tuple(Path(p).read_bytes()
-                                                          for p in cfg.certificates)
+    certs = None if cfg.certificates is None else (
+        Path(cfg.certificates[0]).read_bytes(), Path(cfg.certificates[1]).read_bytes(),
+        Path(cfg.certificates[2]).read_bytes())
     try:
         grpc_server = start_grpc_server(client_manager=manager, server_address=cfg.address,
                                         max_message_length=W.GRPC_MAX_MESSAGE,

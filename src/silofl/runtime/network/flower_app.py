@@ -61,7 +61,8 @@ class SecAggStrategy(SiloflStrategy):
 
     def __init__(self, program: ServerProgram, workflow: SecAggPlusWorkflow):
         super().__init__(program)
-        self.workflow, self.asked = workflow, []
+        self.workflow = workflow
+        self.asked: list[str] = []  # the silos of the round under way
 
     def configure_fit(self, server_round, parameters, client_manager):
         ins = super().configure_fit(server_round, parameters, client_manager)

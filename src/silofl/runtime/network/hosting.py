@@ -11,12 +11,16 @@ from __future__ import annotations
 import dataclasses
 import zlib
 from types import SimpleNamespace
+from typing import TYPE_CHECKING, Protocol, TypeGuard
 
 import numpy as np
 
 from silofl.algorithms.base import Algorithm, SiloState
 from silofl.errors import ConfigError
 from silofl.privacy.randomness import Randomness
+
+if TYPE_CHECKING:
+    import dp_accounting as dpa
 
 #: methods that run over the network: their silo step runs on one silo's share of the
 #: state, and their update travels as one row per silo (`encode_update`)
@@ -67,6 +71,7 @@ def round_events(algorithm, pass_event, t: int, rounds: int, target):
         return dpa.SelfComposedDpEvent(algorithm.upload_event(), 1)
     if _family(algorithm) == "ifca":
         import dp_accounting as dpa
+
         from silofl.training import selection
         train = dpa.SelfComposedDpEvent(pass_event, algorithm.passes_per_round)
         if t > algorithm.schedule(rounds).select_until:
@@ -76,7 +81,15 @@ def round_events(algorithm, pass_event, t: int, rounds: int, target):
     return algorithm.privacy_events(pass_event, 1, target=target)
 
 
-def local_dp_family(algorithm) -> bool:
+class LocalDpAlgorithm(Protocol):
+    """What the local-DP family (PrivateKT, FedAvg-LDP) offers the hosting code."""
+
+    def upload_event(self) -> dpa.DpEvent: ...
+
+    def select_clients(self, eligible: np.ndarray, round: int) -> np.ndarray: ...
+
+
+def local_dp_family(algorithm: object) -> TypeGuard[LocalDpAlgorithm]:
     """PrivateKT and FedAvg-LDP: the server picks each round's clients (public randomness)
     among those whose plan covers one more upload; only those are asked."""
     return _family(algorithm) in ("kt", "ldp")
@@ -297,8 +310,13 @@ def merge_updates(algorithm, rows: dict[int, np.ndarray | None], weights: dict[i
     if not ks and fam in ("kt", "ldp"):
         raise ConfigError(f"{algorithm.name}: no silo is eligible for another upload (every "
                           "plan's uploads are spent); the run cannot go on")
-    R = np.concatenate([rows[k] for k in ks]) if ks else None
     w = np.array([weights[k] for k in ks], float)
+    if not ks:  # the averaging methods merge nothing; the others need a row to merge
+        if fam != "mean":
+            raise ConfigError(f"{algorithm.name}: no silo answered round {round}; the "
+                              "run cannot go on")
+        return None, w
+    R = np.concatenate([rows[k] for k in ks])
     if fam == "ifca":
         from silofl.algorithms.ifca import ClusterUpdate
         return ClusterUpdate(R[:, 1:], R[:, 0].astype(np.int64)), w

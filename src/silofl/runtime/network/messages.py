@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from typing import overload
 
 import numpy as np
 from cryptography.exceptions import InvalidSignature
@@ -74,6 +75,14 @@ def check_fields(msg: dict, schema: dict, kind: str) -> dict:
     if "status" in msg and msg["status"] not in STATUSES:
         raise ProtocolError(f"{kind}: status must be one of {STATUSES}, got {msg['status']!r}")
     return dict(msg)
+
+
+@overload
+def check_array(arrays: list, shape: tuple[int, ...], kind: str) -> np.ndarray: ...
+
+
+@overload
+def check_array(arrays: list, shape: None, kind: str) -> None: ...
 
 
 def check_array(arrays: list, shape: tuple[int, ...] | None, kind: str) -> np.ndarray | None:

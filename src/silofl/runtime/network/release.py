@@ -21,10 +21,9 @@ from pathlib import Path
 import dp_accounting as dpa
 import numpy as np
 
-from silofl.errors import ConfigError
 from silofl._version import FORMAT, FORMAT_VERSION, silofl_version
-from silofl.io import (dumps_strict, file_hashes, sha256_file, write_bytes_atomic,
-                       write_npz_atomic)
+from silofl.errors import ConfigError
+from silofl.io import dumps_strict, file_hashes, sha256_file, write_bytes_atomic, write_npz_atomic
 from silofl.privacy.ledger import silo_file_id, tightest
 from silofl.privacy.targets import ADJACENCY
 from silofl.runtime.network.hosting import local_dp_family, round_events
@@ -97,7 +96,7 @@ def silo_privacy(program) -> dict:
               for t in range(1, program.done + 1)]
     prep = getattr(program, "prep", None)
     released = prep is not None and prep.private and not program.table_release_due
-    if released:  # the private preprocessing release, charged with its first round
+    if prep is not None and released:  # the private release, charged with its first round
         rounds.append(prep.events[c.name])
     eps, kind = tightest(dpa.ComposedDpEvent(rounds), c.delta) if rounds else (0.0, "none")
     life = program.store.spent(c.name)

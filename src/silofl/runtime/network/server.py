@@ -26,12 +26,28 @@ from silofl.config.network import ServerSection, read_server_file
 from silofl.errors import ConfigError, SiloflError
 from silofl.io import write_json_atomic, write_npz_atomic
 from silofl.runtime.network import messages as W
-from silofl.runtime.network.hosting import (asks_subset, check_row, encode_message,
-                                            local_dp_family, merge_updates, select_silos,
-                                            update_width)
-from silofl.runtime.network.jobspec import (JOB_KEYS, check_job, data_module, job_algorithm,
-                                            job_config, job_model, job_params0, job_silos,
-                                            load_public, public_sha256, tables_as_json)
+from silofl.runtime.network.hosting import (
+    asks_subset,
+    check_row,
+    encode_message,
+    local_dp_family,
+    merge_updates,
+    select_silos,
+    update_width,
+)
+from silofl.runtime.network.jobspec import (
+    JOB_KEYS,
+    check_job,
+    data_module,
+    job_algorithm,
+    job_config,
+    job_model,
+    job_params0,
+    job_silos,
+    load_public,
+    public_sha256,
+    tables_as_json,
+)
 
 #: fault injection for tests and drills: exit abruptly after checkpointing this round
 CRASH_ENV = "SILOFL_FAULT_SERVER_EXIT_ROUND"
@@ -148,7 +164,8 @@ def load_server_config(path: str | Path) -> ServerConfig:
         state_dir=base / s.state_dir,
         expected_silos=len(silos) if s.expected_silos is None else s.expected_silos,
         min_silos=len(silos) if s.min_silos is None else s.min_silos,
-        certificates=None if certs is None else tuple(base / c for c in certs),
+        certificates=None if certs is None else (base / certs[0], base / certs[1],
+                                                 base / certs[2]),
         join_timeout=s.join_timeout, round_timeout=s.round_timeout,
         rejoin_wait=s.rejoin_wait, poll_interval=s.poll_interval, secagg=s.secagg,
         public_data=public_path,
@@ -174,8 +191,7 @@ def load_server_config(path: str | Path) -> ServerConfig:
 def _schema_job(job: dict, stated: dict, schema_path: Path, path: Path) -> None:
     """Fill the job's schema hash, feature count, task and classes from the declared schema
     (ConfigError where [job] states them otherwise)."""
-    from silofl.runtime.network.silo_table import (check_preprocessing, read_schema,
-                                                   schema_sha256)
+    from silofl.runtime.network.silo_table import check_preprocessing, read_schema, schema_sha256
     schema = read_schema(schema_path, f"server config {path}")
     try:  # what every silo will apply: never uncharged; private steps need declared bounds
         check_preprocessing(schema, {**job, "preprocess_share": float(job["preprocess_share"])})
@@ -228,9 +244,9 @@ class ServerProgram:
     def message(self) -> np.ndarray:
         return encode_message(self.algorithm, self.algorithm.broadcast(self.server))
 
-    def accept_join(self, reply: dict) -> Registered | None:
+    def accept_join(self, reply: dict) -> Registered:
         """Check a join reply (schema, signature of a registered silo, job): the silo's
-        registration, or None (ProtocolError) for an unknown or unauthenticated client."""
+        registration (ProtocolError for an unknown or unauthenticated client)."""
         rep = W.check_fields(reply, W.JOIN_REPLY, "joined")
         key = self.keys.get(rep["silo"])
         if key is None:
@@ -328,8 +344,9 @@ class ServerProgram:
     def _save(self) -> None:
         arrays, meta = self._paths()
         arrays.parent.mkdir(parents=True, exist_ok=True)
-        write_npz_atomic(arrays, **{k: v for k, v in vars(self.server).items()
-                                    if isinstance(v, np.ndarray)})
+        write_npz_atomic(arrays, compressed=False,  # keys: the server state's array fields
+                         **{k: v for k, v in vars(self.server).items()
+                            if isinstance(v, np.ndarray)})
         write_json_atomic(meta, {
             "job_hash": self.hash, "job": self.job, "round": self.done,
             "state_type": type(self.server).__name__,

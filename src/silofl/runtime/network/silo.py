@@ -26,6 +26,7 @@ import json
 import os
 import secrets
 import tomllib
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,27 +35,47 @@ import numpy as np
 
 from silofl.config.network import DEFAULT_METHODS, SiloSection, read_silo_file
 from silofl.data.federation import Federation, Silo
-from silofl.privacy.targets import PrivacyTarget
 from silofl.errors import BudgetExceeded, ConfigError, DataError, SiloflError
 from silofl.io import write_json_atomic, write_npz_atomic
 from silofl.models import metrics as M
 from silofl.privacy import accounting
 from silofl.privacy.budget import BudgetStore
 from silofl.privacy.ledger import Ledger
-from silofl.runtime.job import open_job, silo_digest
+from silofl.privacy.targets import PrivacyTarget
+from silofl.runtime.job import accountant_kind, open_job, silo_digest
 from silofl.runtime.network import messages as W
-from silofl.runtime.network.hosting import (check_message,
-                                            decode_message,
-                                            encode_update, local_dp_family,
-                                            message_size, not_scheduled, own_step,
-                                            round_events, server_view,
-                                            silo_message, silo_randomness, slice_state)
-from silofl.runtime.network.silo_table import (TableSettings, read_silo_table,
-                                               schema_sha256, table_settings)
 from silofl.runtime.network import silo_table
-from silofl.runtime.network.jobspec import (DATA_KINDS, check_job, data_module,
-                                            job_algorithm, job_config, job_model, job_params0,
-                                            job_silos, load_public)
+from silofl.runtime.network.hosting import (
+    check_message,
+    decode_message,
+    encode_update,
+    local_dp_family,
+    message_size,
+    not_scheduled,
+    own_step,
+    round_events,
+    server_view,
+    silo_message,
+    silo_randomness,
+    slice_state,
+)
+from silofl.runtime.network.jobspec import (
+    DATA_KINDS,
+    check_job,
+    data_module,
+    job_algorithm,
+    job_config,
+    job_model,
+    job_params0,
+    job_silos,
+    load_public,
+)
+from silofl.runtime.network.silo_table import (
+    TableSettings,
+    read_silo_table,
+    schema_sha256,
+    table_settings,
+)
 from silofl.runtime.plan import SiloPlan, TrainingConfig, plan_job
 from silofl.training.dpsgd import GradientRule
 from silofl.training.trainer import LocalTrainer, SiloArrays
@@ -134,7 +155,7 @@ def load_silo_config(path: str | Path) -> SiloConfig:
         root_certificate=rel(srv.root_certificate), noise=s.noise, max_rounds=s.max_rounds,
         methods=tuple(s.methods), public_data=rel(s.public_data), data_kind=s.data_kind,
         table=table, run_dir=rel(s.run_dir))
-    cfg.target, cfg.lifetime  # validates ε, δ
+    _ = cfg.target, cfg.lifetime  # validates ε, δ
     return cfg
 
 
@@ -152,7 +173,7 @@ def load_silo_data(cfg: SiloConfig) -> tuple[Silo, list[str]]:
     return silo, names
 
 
-def open_program(cfg: SiloConfig, key=None) -> "SiloProgram":
+def open_program(cfg: SiloConfig, key=None) -> SiloProgram:
     """The silo program for the config's data kind (graph data: the pandemic track's)."""
     graph = data_module(cfg.data_kind)
     return SiloProgram(cfg, key) if graph is None else graph.RegionSiloProgram(cfg, key)
@@ -171,6 +192,18 @@ class SiloProgram(silo_table.TableHooks):
     checks of a job against it, the silo's plan, its trainer, the model's start and what
     one local pass costs. Everything else — the checks of every request, the reservation
     in the lifetime store, the algorithm's silo step, state on disk — is shared."""
+
+    cfg: SiloConfig
+    # the accepted job, its hash and this silo's plan: None until a join accepts one
+    job: dict | None
+    hash: str | None
+    plan: SiloPlan | None
+    #: the latest round served: its broadcast's digest and the update sent back
+    last: dict | None
+    #: why the silo is exhausted (set with `exhausted`)
+    _why: str
+    #: the latest shared model received (FedAvg's model for prediction); absent until one
+    message: np.ndarray
 
     def __init__(self, cfg: SiloConfig, key=None):
         self.cfg = cfg
@@ -230,21 +263,29 @@ class SiloProgram(silo_table.TableHooks):
                          job["task"], job["num_classes"])
         return plan_job(fed, [algorithm], tcfg, extra)[0][names.index(c.name)]
 
+    def _joined(self) -> tuple[dict, SiloPlan]:
+        """The accepted job and this silo's plan (ConfigError before a join accepts one)."""
+        if self.job is None or self.plan is None:
+            raise ConfigError(f"silo {self.cfg.name!r} has accepted no job yet (join first)")
+        return self.job, self.plan
+
     def _data_trainer(self) -> LocalTrainer:
         """The one-silo trainer over the silo's rows (ledgers are set per round)."""
+        job, plan = self._joined()
         return LocalTrainer(
             model=self.model, data=SiloArrays.stack([self.silo.X_train], [self.silo.y_train]),
-            rule=GradientRule(self.tcfg.clip, np.array([self.plan.noise_multiplier])),
+            rule=GradientRule(self.tcfg.clip, np.array([plan.noise_multiplier])),
             batch_size=self.tcfg.batch_size,
-            steps_per_round=np.array([self.plan.steps_per_pass]), lr=self.tcfg.lr,
-            l2=self.tcfg.l2, rng=silo_randomness(self.cfg.noise, self.job["seed"],
-                                                 self.cfg.name),
-            ledgers=[Ledger(self.cfg.name, self.cfg.target, self.tcfg.accountant, None,
-                            allowance={})])
+            steps_per_round=np.array([plan.steps_per_pass]), lr=self.tcfg.lr,
+            l2=self.tcfg.l2, rng=silo_randomness(self.cfg.noise, job["seed"], self.cfg.name),
+            ledgers=[Ledger(self.cfg.name, self.cfg.target, accountant_kind(self.tcfg.accountant),
+                            None, allowance=Counter())])  # nothing allowed until a round
 
     def _data_pass_event(self):
         """What one local pass costs (DP-SGD's steps at the planned q, σ)."""
-        p = self.plan
+        _, p = self._joined()
+        if p.noise_multiplier is None:  # plan_job calibrates σ for every private plan
+            raise ConfigError(f"silo {self.cfg.name!r}: its plan has no noise multiplier")
         return accounting.dpsgd_event(p.q, p.noise_multiplier, p.steps_per_pass)
 
     def _data_extra_events(self, t: int) -> list:
@@ -255,7 +296,8 @@ class SiloProgram(silo_table.TableHooks):
         """Run after round t is reserved, before the silo step (graph: the release)."""
 
     def _data_evaluate(self, w: np.ndarray) -> float:
-        fn = M.metric_fn(M.default_metric(self.job["task"]), self.model.name)
+        job, _ = self._joined()
+        fn = M.metric_fn(M.default_metric(job["task"]), self.model.name)
         return float(fn(self.silo.y_test, self.model.predict(w, self.silo.X_test)))
 
     # -- hello (a roster that pins keys on first use: the PETs challenge preset) ---------
@@ -281,7 +323,7 @@ class SiloProgram(silo_table.TableHooks):
             self._accept(job)
             self._keep_join(req)
             steps, q, sigma = self.reported
-            reply.update(n_train=self.plan.n, q=q, steps=steps, sigma=sigma)
+            reply.update(n_train=self._joined()[1].n, q=q, steps=steps, sigma=sigma)
             if self.exhausted:
                 reply.update(status="exhausted", reason="budget exhausted in an earlier round")
         except (SiloflError, json.JSONDecodeError) as e:  # refused, with the reason
@@ -346,21 +388,22 @@ class SiloProgram(silo_table.TableHooks):
         """Check the request (fields and the one broadcast array) against the silo's own
         plan and store, then run the round. Returns (signed reply, update or None)."""
         req = W.check_fields(fields, W.ROUND_REQUEST, "round")
-        if self.plan is None:
+        if self.job is None or self.plan is None:
             return self._reply(req, "refused", "no job accepted yet (join first)", None)
+        job = self.job
         message = W.check_array(list(arrays), (message_size(self.algorithm, self.K, self.P),),
                                 "round")
         t = req["round"]
         wrong = [f"{k} {req[k]!r} ≠ {v!r}" for k, v in (
-            ("job_hash", self.hash), ("silo", self.cfg.name), ("method", self.job["method"]),
+            ("job_hash", self.hash), ("silo", self.cfg.name), ("method", job["method"]),
             ("steps", self.reported[0]), ("q", self.reported[1]),
             ("sigma", self.reported[2])) if req[k] != v]
         if wrong:
             return self._reply(req, "refused", "request differs from this silo's own plan: "
                                + "; ".join(wrong) + "; nothing was run", None)
-        if not 1 <= t <= self.job["rounds"]:
+        if not 1 <= t <= job["rounds"]:
             return self._reply(req, "refused", f"round {t} is outside the job's 1.."
-                               f"{self.job['rounds']}; nothing was run", None)
+                               f"{job['rounds']}; nothing was run", None)
         absent = not_scheduled(self.algorithm, t, self.index)  # our own copy of the schedule
         if absent:
             return self._reply(req, "refused", absent, None)
@@ -391,21 +434,21 @@ class SiloProgram(silo_table.TableHooks):
             return self._reply(req, "exhausted", self._why, None)
         self.last = {"digest": digest.hex(), "update": update}
         self.done = t
-        if self.cap is not None:
-            self.uploads += int(update[0, 0] == 1)
+        if self.cap is not None:  # a local-DP row: [uploaded?, …] (None: no row sent)
+            self.uploads += int(update is not None and update[0, 0] == 1)
         self._save_state()
         return self._reply(req, "ok", "", update)
 
     def _run(self, t: int, message: np.ndarray) -> np.ndarray | None:
-        c, p = self.cfg, self.plan
+        c, (accepted, p) = self.cfg, self._joined()
         declared = round_events(self.algorithm, None if self.cap is not None else
-                                self._data_pass_event(), t, self.job["rounds"], p.target)
+                                self._data_pass_event(), t, accepted["rounds"], p.target)
         extra = self._data_extra_events(t)
         if extra:
             declared = dpa.ComposedDpEvent([*extra, declared])
         round_plan = SiloPlan(p.name, p.n, p.q, p.steps_per_pass, p.target, p.noise_multiplier,
                               declared=declared)
-        method = self.job["method"]
+        method = accepted["method"]
         try:  # reserve this round in the lifetime store before any row is read
             job = open_job(self.store, {method: [round_plan]}, lifetime={c.name: c.lifetime},
                            explicit_lifetime=True, command=f"silo {c.name} round {t}",
@@ -458,7 +501,8 @@ class SiloProgram(silo_table.TableHooks):
         if message is None:
             if message_size(self.algorithm, self.K, self.P) != self.P:
                 raise ConfigError(f"silo {self.cfg.name!r} has received no broadcast yet; its "
-                                  f"{self.job['method']} model needs one (run a round first)")
+                                  f"{self._joined()[0]['method']} model needs one (run a "
+                                  "round first)")
             srv = ServerState(self.state.params[0])
         else:
             srv = server_view(self.algorithm,
@@ -500,7 +544,7 @@ class SiloProgram(silo_table.TableHooks):
         fields = vars(self.state)
         arrays_ = {k if k == "params" else f"state_{k}": v for k, v in fields.items()
                    if isinstance(v, np.ndarray)}
-        write_npz_atomic(arrays, **arrays_, **extra)
+        write_npz_atomic(arrays, compressed=False, **arrays_, **extra)  # keys: state_*, last_*
         write_json_atomic(meta, {
             "silo": self.cfg.name, "job_hash": self.hash, "round": self.done,
             "exhausted": self.exhausted, "reason": getattr(self, "_why", ""),

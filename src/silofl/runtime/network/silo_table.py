@@ -20,14 +20,23 @@ import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
 
 from silofl.config.base import validate
 from silofl.config.network import SiloDataSection
 from silofl.data.federation import Federation, Silo
-from silofl.privacy.targets import PrivacyTarget
-from silofl.data.preprocess import PreprocessSpec, RawFederation, preprocess_without_budget
+from silofl.data.preprocess import (
+    PreprocessPlan,
+    PreprocessSpec,
+    RawFederation,
+    preprocess_without_budget,
+)
 from silofl.data.schema import Schema, load_schema
 from silofl.errors import ConfigError, DataError
+from silofl.privacy.targets import PrivacyTarget
+
+if TYPE_CHECKING:
+    from silofl.training.trainer import LocalTrainer
 
 #: preprocessing modes a networked job can run (charged at the silo, or free; never uncharged)
 NETWORK_PREPROCESSING = ("auto", "declared", "private", "none")
@@ -118,17 +127,18 @@ def is_private(job: dict) -> bool:
     return "private" in (job["standardize"], job["impute"])
 
 
-def plan(raw: RawFederation, job: dict, target: PrivacyTarget):
+def plan(raw: RawFederation, job: dict, target: PrivacyTarget) -> PreprocessPlan:
     """The silo's preprocessing plan (public facts only: schema, n, its target)."""
     from silofl.data.preprocess import plan_preprocessing
     return plan_preprocessing(raw, preprocess_spec(job), {raw.names[0]: target},
                               accountant=job["accountant"])
 
 
-def release(raw: RawFederation, prep, job: dict) -> Federation:
+def release(raw: RawFederation, prep: PreprocessPlan, job: dict) -> Federation:
     """Apply the plan; a private one draws its noise from the silo's own stream (secure, or
     seeded by (seed, silo) for experiments). Call only once its event is charged."""
     import zlib
+
     from silofl.data.preprocess import apply_preprocessing
     from silofl.privacy.randomness import Randomness
     name = raw.names[0]
@@ -186,8 +196,9 @@ def declared_constants(schema: Schema, job: dict) -> dict:
 
 def _placeholder(schema: Schema) -> RawFederation:
     """Rows that fit the schema (no one's data): for checks of data-independent steps."""
-    from silofl.data.tabular import federation_from_frame_raw
     import pandas as pd
+
+    from silofl.data.tabular import federation_from_frame_raw
     row = {}
     for c in schema.columns:
         if c.kind == "numeric":
@@ -206,23 +217,54 @@ def _placeholder(schema: Schema) -> RawFederation:
                                      seed=0, name="schema")
 
 
+class TableSilo(Protocol):
+    """What the table hooks read of a silo's configuration (`silo.SiloConfig`)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def target(self) -> PrivacyTarget: ...
+
+
 class TableHooks:
     """The silo program's steps for a table (mixed into `SiloProgram`): its preprocessing
     plan, the private release as an extra charge of the first round it runs, and the
     released constants (kept in its state)."""
 
+    # set by the program the hooks are mixed into
+    cfg: TableSilo
+    raw: RawFederation | None  # the table as read (None: pre-encoded .npz data)
+    job: dict | None  # the accepted job (None until a join)
+    silo: Silo
+    trainer: LocalTrainer
+    # set here; `prep` and `table_release_due` are absent until a job's plan is made
+    prep: PreprocessPlan
+    table_release_due: bool
+    constants: dict[str, Any] | None
+
+    def _data_trainer(self) -> LocalTrainer:
+        raise NotImplementedError  # the program's own (`SiloProgram._data_trainer`)
+
+    def _table(self) -> RawFederation:
+        """The silo's table (ConfigError for a silo without one: pre-encoded data)."""
+        if self.raw is None:
+            raise ConfigError(f"silo {self.cfg.name!r} holds no table (pre-encoded data)")
+        return self.raw
+
     def _table_plan(self, job: dict) -> None:
         """Plan the table's preprocessing: declared (free) is applied now; a private
         release waits for the first round this silo runs, which reserves it (the rows
         stand in with their gaps zeroed until then: planning reads only n)."""
-        self.prep = plan(self.raw, job, self.cfg.target)
+        raw = self._table()
+        self.prep = plan(raw, job, self.cfg.target)
         self.table_release_due = self.prep.private
         if not self.prep.private:
-            fed = preprocess(self.raw, job)
+            fed = preprocess(raw, job)
             self.silo, self.constants = fed.silos[0], fed.meta["constants"]
             return
         import numpy as np
-        s = self.raw.silos[0]
+        s = raw.silos[0]
         self.silo = Silo(s.name, np.nan_to_num(s.X_train), s.y_train, np.nan_to_num(s.X_test),
                          s.y_test, s.target)
         self.constants = None
@@ -241,7 +283,9 @@ class TableHooks:
         the trainer works on the preprocessed rows (kept in the state: never released
         twice by one state)."""
         job.spend_extra(self.cfg.name, "preprocess")
-        fed = release(self.raw, self.prep, self.job)
+        if self.job is None:  # reserved by a round, so a job was accepted
+            raise ConfigError(f"silo {self.cfg.name!r} has accepted no job yet (join first)")
+        fed = release(self._table(), self.prep, self.job)
         self._use_constants(fed)
 
     def _use_constants(self, fed) -> None:
