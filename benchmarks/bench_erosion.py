@@ -97,14 +97,14 @@ def main() -> None:
         contrib = 0.0
         for _ in range(a.repeats):
             with console.status(f"{task}: MR-MTL, {a.rounds} rounds"):
-                s, rep = timed(lambda: run(config(task, "mrmtl", a.rounds, a.noise),
+                s, rep = timed(lambda task=task: run(config(task, "mrmtl", a.rounds, a.noise),
                                            store=BudgetStore(None)))
             mr_best = min(mr_best, s)
             sig_mr = [p.noise_multiplier for p in rep.results[0].plans]
             acc: list[float] = []
             with console.status(f"{task}: Weight Erosion, every silo as the user"), \
                     contribution_clock(acc):
-                s, er = timed(lambda: erosion_for_users(
+                s, er = timed(lambda task=task: erosion_for_users(
                     config(task, "fedavg", a.rounds, a.noise), "all",
                     store=BudgetStore(None)))
             if s < we_best:

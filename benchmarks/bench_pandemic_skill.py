@@ -74,7 +74,7 @@ def main() -> None:
             cfg = replace(base, private=private, seed=s)
             t = time.perf_counter()
             pm = train(data, cfg)
-            label = f"{'DP ε=%g' % a.epsilon if private else 'non-private'}, seed {s}"
+            label = f"{f'DP ε={a.epsilon:g}' if private else 'non-private'}, seed {s}"
             got.append(row(f"{label} ({time.perf_counter() - t:.1f} s)", predict(data, pm)))
             if private:
                 assert all(p["epsilon_spent"] <= a.epsilon * (1 + 1e-9) for p in pm.privacy)

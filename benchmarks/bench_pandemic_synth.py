@@ -69,8 +69,9 @@ def main() -> None:
     try:
         results = {}
         for phase in ("generate", "read"):
-            cmd = [sys.executable, __file__, "--phase", phase, "--persons", str(args.persons), "--regions",
-                   str(args.regions), "--seed", str(args.seed), "--format", args.format, "--out", str(args.out)]
+            cmd = [sys.executable, __file__, "--phase", phase, "--persons", str(args.persons),
+                   "--regions", str(args.regions), "--seed", str(args.seed), "--format", args.format,
+                   "--out", str(args.out)]
             res = subprocess.run(cmd, check=True, capture_output=True, text=True)
             results[phase] = json.loads(res.stdout.strip().splitlines()[-1])
         g, r = results["generate"], results["read"]
@@ -82,7 +83,8 @@ def main() -> None:
         print(f"  read:           {r['seconds']:.1f} s, peak RSS {r['peak_rss_mib']:.0f} MiB "
               f"(network+states+assignment {r['in_memory_mib']:.0f} MiB)")
         print(f"  contacts {st['contacts']:,} (mean {st['mean_contacts_per_person']:.1f}, "
-              f"max {st['max_contacts_per_person']} per person), ever infected {st['ever_infected_fraction']:.2%} "
+              f"max {st['max_contacts_per_person']} per person), "
+              f"ever infected {st['ever_infected_fraction']:.2%} "
               f"(recorded {st['ever_infected_recorded_fraction']:.2%}), label rate "
               f"{st['final_window_new_infection_fraction']:.3%}")
         print(json.dumps(results))

@@ -109,7 +109,8 @@ def main() -> None:
     speedup = busy / wall
     print(f"projection for the full grid of {args.config.name}: {total} runs, "
           f"≈ {proj / speedup / 60:.1f} min at the measured {speedup:.2f}× speed-up "
-          f"(unmeasured methods estimated: {', '.join(m for m in fs['methods'] if m not in known) or 'none'})")
+          f"(unmeasured methods estimated: "
+          f"{', '.join(m for m in fs['methods'] if m not in known) or 'none'})")
 
 
 if __name__ == "__main__":

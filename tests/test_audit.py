@@ -107,7 +107,7 @@ def test_one_run_table_matches_an_independent_computation(delta):
     for r in (10, 100, 1000):
         for share in (0.6, 0.9, 1.0):
             v = int(round(share * r))
-            f = lambda e: _independent_p(m, r, v, e, delta) - beta  # noqa: E731
+            f = lambda e, r=r, v=v: _independent_p(m, r, v, e, delta) - beta  # noqa: E731
             want = 0.0 if f(0.0) >= 0 else brentq(f, 0.0, 15.0, xtol=1e-10)
             assert one_run_epsilon(m, r, v, delta, beta) == pytest.approx(want, abs=2e-6), \
                 (r, v, delta)

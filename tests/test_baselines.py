@@ -175,7 +175,7 @@ def test_wilson_interval_matches_scipy(k, n):
 
 def test_ranking_metrics_and_balanced_accuracy_match_sklearn():
     rng = np.random.default_rng(7)
-    for trial in range(20):
+    for _trial in range(20):
         n = int(rng.integers(5, 300))
         y = (rng.random(n) < rng.uniform(0.05, 0.5)).astype(int)
         if y.min() == y.max():

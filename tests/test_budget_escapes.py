@@ -168,7 +168,7 @@ def test_a_guessed_label_cannot_be_tested_against_the_store(tmp_path):
     export = json.dumps(st.export())
     st.close()
     raw = b"".join(p.read_bytes() for p in tmp_path.glob("b.sqlite*"))
-    for v, digest in guesses.items():  # neither guess (nor the true value) is in the store
+    for digest in guesses.values():  # neither guess (nor the true value) is in the store
         assert digest not in stored and digest.encode() not in raw and digest not in export
     # nor is a plain SHA-256 of the rows (the old, unkeyed fingerprint)
     plain = hashlib.sha256(np.ascontiguousarray(X).tobytes() +

@@ -268,8 +268,10 @@ def test_account_calibrates_sigma():
     (["--n", "1000", "--batch", "64", "--delta", "1e-5", "--steps", "5"], "exactly one of --sigma"),
     (["--n", "1000", "--batch", "2000", "--delta", "1e-5", "--steps", "5", "--sigma", "1"], "batch < n"),
     (["--n", "1000", "--batch", "64", "--delta", "1", "--steps", "5", "--sigma", "1"], "delta must be in"),
-    (["--n", "1000", "--batch", "64", "--delta", "1e-5", "--steps", "5", "--sigma", "0"], "sigma must be positive"),
-    (["--n", "1000", "--batch", "64", "--delta", "1e-5", "--steps", "5", "--epsilon", "-1"], "epsilon must be positive"),
+    (["--n", "1000", "--batch", "64", "--delta", "1e-5", "--steps", "5", "--sigma", "0"],
+     "sigma must be positive"),
+    (["--n", "1000", "--batch", "64", "--delta", "1e-5", "--steps", "5", "--epsilon", "-1"],
+     "epsilon must be positive"),
 ])
 def test_account_bad_input(args, words):
     res = _invoke(["account", *args])

@@ -433,8 +433,8 @@ CASES = [
     C("sweep-bad-data", lambda env, d: [*_sweep(data={"path": str(_csv(d, _silos(
         {"north": "1", "south": "01", "east": "e"})(_frame())))})(env, d)],
       "'1' / '01'"),
-    C("sweep-results-other-sweep", _sweep_on(_results(None), sweep={"lr": [0.2]}), "belongs to a different sweep",
-      "differs in"),
+    C("sweep-results-other-sweep", _sweep_on(_results(None), sweep={"lr": [0.2]}),
+      "belongs to a different sweep", "differs in"),
     C("sweep-results-empty-file", _sweep_on(_results("")), "exists but is empty",
       "delete it"),
     C("sweep-results-is-dir", _sweep_on(_results("/")), "is not a file"),

@@ -37,7 +37,7 @@ def test_heart_job_draws_dashed_nonprivate_reference(tmp_path):
     assert all(x["style"] == "--" and len(x["values"]) == 30 for x in refs)
     assert all(x["style"] == "-" for x in lines if not x["reference"])
     hist = json.loads((rep.run_dir / "history.json").read_text())
-    for label, h in hist.items():
+    for h in hist.values():
         ref = h["extra"][REFERENCE_KEY]
         assert len(ref["pooled"]) == len(h["pooled"]) and "public" in ref["note"]
     # non-private runs are seeded: the reference is the same every time

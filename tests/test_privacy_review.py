@@ -180,7 +180,7 @@ def test_gaussian_update_event_meets_its_epsilon_delta_exactly(eps, delta):
 def test_update_noise_is_at_sensitivity_two_clip():
     """Two datasets whose updates point in opposite directions (each clipped to C) differ by
     2C: the noise std must be σ·2C (Gaussian) and the Laplace scale 2C/ε, per coordinate."""
-    clip, n, P = 0.5, 40_000, 2
+    clip, n = 0.5, 40_000
     rng = Randomness.seeded(3)
     g = ldp.update_event("gaussian", 2.0, DELTA)
     up = np.tile([10.0, 0.0], (n, 1))

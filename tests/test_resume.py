@@ -126,7 +126,7 @@ def test_secure_run_killed_and_resumed_stays_within_its_budget(tmp_path):
     for rows in priv["methods"].values():  # the model's ledger: exactly the planned rounds
         for row in rows:
             assert row["within_target"]
-    for name, lines in _ledgers(d).items():
+    for lines in _ledgers(d).values():
         assert [x["round"] for x in lines] == list(range(1, ROUNDS + 1))
     with BudgetStore(d.parent / "budget.sqlite") as st:
         assert st.silos()

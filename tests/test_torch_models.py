@@ -33,7 +33,7 @@ from silofl.experiments.build import build_model  # noqa: E402
 from silofl.models import check_input, make_model  # noqa: E402
 from silofl.models.base import Model  # noqa: E402
 from silofl.models.torch_model import TorchModel  # noqa: E402
-from silofl.privacy.targets import PrivacyTarget
+from silofl.privacy.targets import PrivacyTarget  # noqa: E402
 from silofl.runtime.plan import TrainingConfig  # noqa: E402
 from silofl.runtime.simulator import simulate  # noqa: E402
 

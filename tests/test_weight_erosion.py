@@ -282,8 +282,8 @@ def _transcribe_masked(grads, present, sizes, b, lr, w0, user, p_s, p_d, *, coun
             taken[i] += 1
         pool = [alpha[j] for j in range(K)
                 if alpha[j] is not None and r < leave.get(j, math.inf)]
-        first = {"one": lambda: 1.0, "mean": lambda: statistics.mean(pool),
-                 "median": lambda: statistics.median(pool)}[newcomer]()
+        first = {"one": lambda _p: 1.0, "mean": statistics.mean,
+                 "median": statistics.median}[newcomer](pool)
         for i in U:
             if alpha[i] is None:
                 alpha[i] = first
@@ -478,7 +478,7 @@ def test_local_sgd_sends_pseudo_gradients_charged_per_step(monkeypatch):
                                          dpa.GaussianDpEvent(res.plans[k].noise_multiplier))
         assert dict(res.ledgers[k].spent_counts()) == {step: int(steps[k] * taken[k])}
         assert dict(events.flatten(res.plans[k].declared)) == {step: int(steps[k]) * 6}
-    for e, (w0, w1, st) in zip(alg.round_log, passes):  # g_i = (w − w_i^end) / lr
+    for e, (w0, w1, _st) in zip(alg.round_log, passes):  # g_i = (w − w_i^end) / lr
         m = e["present"]
         np.testing.assert_allclose(e["grads"][m], ((w0 - w1) / cfg.lr)[m],
                                    rtol=1e-12)

@@ -23,11 +23,11 @@ from __future__ import annotations
 
 import importlib
 
+from silofl._version import __version__
+
 # not `from typing import TYPE_CHECKING`: importing typing alone costs ~6 ms per process
 # start; type checkers and griffe treat a module-level TYPE_CHECKING = False the same way
 TYPE_CHECKING = False
-
-from silofl._version import __version__
 
 #: public name -> (module that defines it today, attribute there). The one place to update
 #: when a module moves; the TYPE_CHECKING block below mirrors it for type checkers and docs.

@@ -303,7 +303,7 @@ def test_one_in_process_driver_runs_the_networked_silo_and_server_programs(tmp_p
 
         if how == "flower":
             class Client(SiloClient):
-                def get_properties(self, config):
+                def get_properties(self, config, joined=joined):
                     rep = super().get_properties(config)
                     if rep.get("status") == "ok":
                         joined[self.program.cfg.name] = dict(config)

@@ -352,7 +352,7 @@ def test_gather_equals_slow_reference(region, hops, graph_features, constants):
     if graph_features:
         pr = pagerank_scores(dedupe_contacts(region["src"], region["dst"], 400))
         with pytest.raises(PrivacyError, match="graph_features=False"):
-            f.node_dp_S
+            _ = f.node_dp_S
     else:
         assert f.node_dp_S == f.appearance_bound == 1 + (S - 1) + k2 * (S - 2)
     persons = np.array([0, 5, 17, 123, 399, 5])  # the star centre, duplicates are fine

@@ -105,8 +105,9 @@ def test_secure_rounds_draw_everything_from_their_stream(data, monkeypatch):
     cfg = P.PandemicConfig(**CFG)
     runs = []
     for seeds in ([1, 2, 3], [1, 2, 3], [4, 5, 6]):
+        counter = iter(range(10**6))
         monkeypatch.setattr(TS, "secure_randomness",
-                            lambda it=iter(range(10**6)), s=seeds: Randomness.seeded(
+                            lambda it=counter, s=seeds: Randomness.seeded(
                                 [*s, next(it)]))
         runs.append(P.train(data, cfg).weights)
     assert np.array_equal(runs[0], runs[1]) and not np.array_equal(runs[0], runs[2])

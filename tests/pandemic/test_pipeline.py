@@ -58,7 +58,7 @@ def test_federated_training_charges_each_region_for_the_steps_it_ran(data, monke
     # declared constants read nothing; uncharged ones make one standardization pass
     want = [] if preprocessing == "declared" else [1] * data.num_regions
     assert sorted(unlabelled.values()) == want
-    for p, n in zip(pm.privacy, sizes):
+    for p, _n in zip(pm.privacy, sizes):
         assert p["steps"] in expected and p["epsilon_spent"] <= 8.0 + 1e-9
         # the ledger's ε is the theorem's ε (node+edges: 2S − 1 examples) for the steps run
         assert p["adjacency"] == "node+edges" and p["affected_examples"] == 2 * p["S"] - 1

@@ -217,7 +217,7 @@ def test_read_dataset_compact_dtypes(small_data):
     assert d.network.activity1.dtype == np.int8
     assert d.age.dtype == np.uint8 and d.region.dtype == np.int16
     for df in (d.households, d.residence_locations, d.activity_locations, d.assignment):
-        assert not any(dt == object for dt in df.dtypes)
+        assert not any(dt == np.dtype(object) for dt in df.dtypes)
     assert d.activity_locations["longitude"].dtype == np.float32
     np.testing.assert_array_equal(d.pid_index.lookup(d.pids), np.arange(P))
     # every contact's location is known
@@ -284,7 +284,8 @@ def _no_value(e, *values):
 def test_duplicate_pid(copy_of):
     _edit_csv(copy_of / "va_person.csv", lambda df: pd.concat([df, df.iloc[[5]]]))
     pid = int(pd.read_csv(copy_of / "va_person.csv")["pid"].iloc[5])
-    with pytest.raises(DataError, match=r"duplicate pid \(at va_person\.csv line 7 and va_person\.csv line 4002\)") as e:
+    with pytest.raises(DataError, match=r"duplicate pid \(at va_person\.csv line 7 and "
+                                        r"va_person\.csv line 4002\)") as e:
         read_dataset(copy_of)
     _no_value(e, f"pid {pid}")
 
@@ -379,19 +380,20 @@ def test_distinct_degree_blocks_agree(small_data):
     net = small_data.network
     ref = _distinct_degree(net.src, net.dst, small_data.num_persons)
     for step in (7, 1000, 1 << 24):
-        np.testing.assert_array_equal(synth_outbreak._distinct_degree(net.src, net.dst, small_data.num_persons, step),
-                                      ref)
+        np.testing.assert_array_equal(
+            synth_outbreak._distinct_degree(net.src, net.dst, small_data.num_persons, step), ref)
 
 
 def test_out_of_range_value_names_line(copy_of):
     _edit_csv(copy_of / "va_activity_location_assignment.csv",
               lambda df: df.assign(activity_type=df["activity_type"].where(df.index != 2, 300)))
-    with pytest.raises(DataError, match=r"line 4: column 'activity_type' holds a value that is not an integer "
-                                        r"in -128\.\.127") as e:
+    with pytest.raises(DataError, match=r"line 4: column 'activity_type' holds a value that is "
+                                        r"not an integer in -128\.\.127") as e:
         read_dataset(copy_of)
     _no_value(e, 300)
     _edit_csv(copy_of / "va_activity_location_assignment.csv",
               lambda df: df.assign(activity_type=df["activity_type"].where(df.index != 2, 9)))
-    with pytest.raises(DataError, match=r"line 4: column 'activity_type' holds an invalid activity code") as e:
+    with pytest.raises(DataError,
+                       match=r"line 4: column 'activity_type' holds an invalid activity code") as e:
         read_dataset(copy_of)
     _no_value(e, "holds 9")

@@ -66,7 +66,7 @@ def sweep(config: Path = typer.Argument(..., help="sweep TOML: run sections + [s
     except KeyboardInterrupt:
         err.print("[yellow]interrupted:[/] finished runs are saved; run the same command "
                   "again to resume")
-        raise typer.Exit(130)
+        raise typer.Exit(130) from None
     console.print(selection_table(head, select_best(head, records)))
     console.print(f"{outcome.executed} runs executed, {outcome.skipped} already recorded "
                   f"({outcome.total} in the grid) in {outcome.seconds:.1f} s. Results: "

@@ -9,8 +9,9 @@ On-disk format (``FORMAT_VERSION`` 1), one folder per method under ``models/``::
                               (P,); spec: the model spec as a JSON string
         card-<silo id>.json   the silo's model card: method and hyperparameters, the
                               preprocessing it needs (feature names, clip bounds, fills,
-                              center/scale), the run id under which the silo's store keeps the data fingerprint, the privacy
-                              statement, silofl and format versions
+                              center/scale), the run id under which the silo's store
+                              keeps the data fingerprint, the privacy statement,
+                              silofl and format versions
         shared.npz            (methods with a server model) params: (P,) the shared/mean
                               model, or (G, P) IFCA's cluster models
 

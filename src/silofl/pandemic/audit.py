@@ -17,10 +17,11 @@ and states on a fixed contact graph. The audit tests exactly that relation. It a
 Either way the region has the same n in D and D′, so σ, b/n and the accounting are those
 of the real job. This module is the audit engine's plug-in (`silofl.audit.engine`) for the
 pandemic pipeline: the engine draws the coin flips, runs the one-run and multi-run
-procedures and turns the scores into bounds. Training is the real `pandemic.pipeline.train` (its planner, σ, node-level
-ledgers, budget reservation, preprocessing mode); the auditor then scores each canary
-black-box: minus its mean loss under the released region model over every training
-window of its "in" examples (features rebuilt on the region with every slot "in").
+procedures and turns the scores into bounds. Training is the real
+`pandemic.pipeline.train` (its planner, σ, node-level ledgers, budget reservation,
+preprocessing mode); the auditor then scores each canary black-box: minus its mean loss
+under the released region model over every training window of its "in" examples
+(features rebuilt on the region with every slot "in").
 
 * one run: each slot "in" with probability ½ (OS-entropy coin flips unless seeded), one
   training job, `bounds.one_run_audit`;

@@ -89,7 +89,8 @@ def find_table_file(directory: Path | str, spec: TableSpec | str) -> Path:
     return found[0]
 
 
-def read_table(path: Path | str, spec: TableSpec | str, columns: list[str] | None = None) -> dict[str, np.ndarray]:
+def read_table(path: Path | str, spec: TableSpec | str,
+               columns: list[str] | None = None) -> dict[str, np.ndarray]:
     """Read ``columns`` (default: the required ones plus optional ones present) of one
     challenge file; ``spec`` a `TableSpec` or a table key such as ``"persons"``."""
     return read_columns(path, ALL_TABLES[spec] if isinstance(spec, str) else spec, columns)
@@ -98,7 +99,8 @@ def read_table(path: Path | str, spec: TableSpec | str, columns: list[str] | Non
 # --------------------------------------------------------------------------- #
 # read_dataset
 # --------------------------------------------------------------------------- #
-def read_dataset(directory: Path | str, *, with_target: bool = False, num_days: int | None = None) -> PandemicData:
+def read_dataset(directory: Path | str, *, with_target: bool = False,
+                 num_days: int | None = None) -> PandemicData:
     """Read and validate a challenge dataset directory.
 
     Parameters
@@ -323,7 +325,8 @@ def _read_outcomes(path: Path, pid_index: IdIndex, pids: np.ndarray, num_days: i
     states = np.full((P, cap), -1, dtype=np.int8)
     total = 0
     max_day = -1
-    for row0, b in ColumnarReader(path, TABLES["disease_outcome_training"], ["day", "pid", "state"]).batches():
+    for row0, b in ColumnarReader(path, TABLES["disease_outcome_training"],
+                                  ["day", "pid", "state"]).batches():
         day = b["day"]
         idx = pid_index.lookup(b["pid"])
         check_known(idx, b["pid"], path, row0, "pid", "person", "every pid must appear in va_person")
@@ -356,7 +359,8 @@ def _read_outcomes(path: Path, pid_index: IdIndex, pids: np.ndarray, num_days: i
         del b, flat, prev, idx, day
     D = num_days if num_days is not None else max_day + 1
     if D <= 0 or P == 0:
-        raise DataError(f"{path.name} holds no outcome rows; it needs one row per person and day (day, pid, state)")
+        raise DataError(f"{path.name} holds no outcome rows; it needs one row per person and day "
+                        "(day, pid, state)")
     if D < cap:
         states = np.ascontiguousarray(states[:, :D])
     holes = states < 0
@@ -367,8 +371,8 @@ def _read_outcomes(path: Path, pid_index: IdIndex, pids: np.ndarray, num_days: i
         shown = ", ".join(str(d) for d in days[:8]) + (" ..." if days.size > 8 else "")
         raise DataError(
             f"{path.name}: outcome days are incomplete — a person has no state for day(s) {shown} "
-            f"({rows.size} person(s) affected, {int(holes.sum())} missing (pid, day) rows). Every person needs "
-            f"a state for every day 0..{D - 1}; add the missing rows"
+            f"({rows.size} person(s) affected, {int(holes.sum())} missing (pid, day) rows). "
+            f"Every person needs a state for every day 0..{D - 1}; add the missing rows"
         )
     if total != P * D:
         _raise_duplicate_outcome(path, pid_index, D, total - P * D)
@@ -378,7 +382,8 @@ def _read_outcomes(path: Path, pid_index: IdIndex, pids: np.ndarray, num_days: i
 def _raise_duplicate_outcome(path: Path, pid_index: IdIndex, D: int, extra: int):
     """Second pass (error path only): find the first repeated (pid, day) row."""
     seen = np.zeros(len(pid_index) * D, dtype=bool)
-    for row0, b in ColumnarReader(path, TABLES["disease_outcome_training"], ["day", "pid", "state"]).batches():
+    for row0, b in ColumnarReader(path, TABLES["disease_outcome_training"],
+                                  ["day", "pid", "state"]).batches():
         flat = pid_index.lookup(b["pid"]).astype(np.int64) * D + b["day"]
         order = stable_argsort(flat)
         s = flat[order]
@@ -405,7 +410,6 @@ def _read_target(path: Path, pid_index: IdIndex, pids: np.ndarray) -> np.ndarray
     target = np.full(pids.size, -1, dtype=np.int8)
     target[idx] = t["infected"]
     if (target < 0).any():
-        i = int(np.flatnonzero(target < 0)[0])
         raise DataError(f"{path.name}: {int((target < 0).sum())} person(s) have no label; "
                         "the target needs one row per person")
     return target

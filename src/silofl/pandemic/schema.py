@@ -53,7 +53,7 @@ SECONDS_PER_DAY = 86_400
 #: Health-state letters in code order, and the letter -> int8 code map.
 STATE_LETTERS: tuple[str, ...] = ("S", "I", "R")
 STATE_CODES: dict[str, int] = {s: i for i, s in enumerate(STATE_LETTERS)}
-S, I, R = 0, 1, 2
+STATE_S, STATE_I, STATE_R = 0, 1, 2
 
 
 class ActivityType(IntEnum):

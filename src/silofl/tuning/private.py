@@ -292,7 +292,7 @@ class TunedPersonalization(Algorithm):
             if trainer.rule.private:
                 rule = GradientRule(trainer.rule.clip, trainer.rule.noise_multiplier[own])
                 ledgers = []
-                for t, k in zip(rows, own):
+                for _t, k in zip(rows, own):
                     parent = trainer.ledgers[k]
                     trial = self._select_event(trainer, k).event if self.select == "random" \
                         else dpa.SelfComposedDpEvent(trainer.round_events()[k], self._rounds)
@@ -388,7 +388,7 @@ def released_settings(silos: TunedSiloState) -> list[dict]:
     """Per silo, the setting of the released model (part of the RepeatAndSelect output:
     the best trial and its hyperparameters). h_k is NOT included: it must stay secret."""
     out = []
-    for k, t in enumerate(silos.chosen if silos.chosen is not None else []):
+    for t in (silos.chosen if silos.chosen is not None else []):
         out.append({"lam": None, "lr": None, "pivot": True} if t < 0 else
                    {"lam": float(silos.lam[t]), "lr": float(silos.lr[t]), "pivot": False})
     return out

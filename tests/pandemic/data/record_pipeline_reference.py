@@ -7,6 +7,7 @@ tests/pandemic/test_engine.py compares the engine against.  Kept for provenance:
 it now reproduces the same files through the engine."""
 import json
 import sys
+import tempfile
 
 import numpy as np
 
@@ -14,16 +15,18 @@ from silofl.pandemic import pipeline as P
 from silofl.pandemic import read_dataset, synthesize
 
 out = sys.argv[1]
-import tempfile
 
 work = tempfile.mkdtemp() + "/small"
 synthesize(work, persons=4000, regions=4, seed=7)
 data = read_dataset(work, with_target=True)
 CONFIGS = {
  "mrmtl_declared": dict(rounds=2, batch_size=64, epsilon=8.0, noise="seeded", seed=3),
- "mrmtl_private_pre": dict(rounds=2, batch_size=64, epsilon=8.0, noise="seeded", seed=3, preprocessing="private"),
+ "mrmtl_private_pre": dict(rounds=2, batch_size=64, epsilon=8.0, noise="seeded", seed=3,
+                           preprocessing="private"),
  "central_nonprivate": dict(federated=False, rounds=1, batch_size=128, private=False, seed=1, noise="seeded"),
- "mrmtl_node_uncharged": dict(rounds=3, batch_size=100, epsilon=4.0, noise="seeded", seed=5, adjacency="node", preprocessing="uncharged", local_epochs=0.5, lam=0.3),
+ "mrmtl_node_uncharged": dict(rounds=3, batch_size=100, epsilon=4.0, noise="seeded", seed=5,
+                              adjacency="node", preprocessing="uncharged", local_epochs=0.5,
+                              lam=0.3),
 }
 arrays, meta = {}, {}
 for name, kw in CONFIGS.items():

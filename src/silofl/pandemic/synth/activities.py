@@ -53,8 +53,8 @@ def assign_roles(rng: np.random.Generator, age: np.ndarray, prm: OutbreakParams)
     a = age.astype(np.int16)
     rnd = rng.random(N)
     college = (a >= 18) & (a <= 22) & (rnd < prm.college_prob)
-    emp_p = np.select([(a >= 18) & (a <= 22), (a >= 23) & (a <= 59), (a >= 60) & (a <= 64), (a >= 65) & (a <= 70)],
-                      [0.5, 0.78, 0.55, 0.2], 0.0)
+    emp_p = np.select([(a >= 18) & (a <= 22), (a >= 23) & (a <= 59), (a >= 60) & (a <= 64),
+                       (a >= 65) & (a <= 70)], [0.5, 0.78, 0.55, 0.2], 0.0)
     employed = ~college & (rng.random(N) < emp_p)
     pupil = (a >= 5) & (a <= 17) & (rng.random(N) < 0.97)
     return Roles(college=college, employed=employed, pupil=pupil)
@@ -78,7 +78,8 @@ def _counts_per_kind(region: np.ndarray, roles: Roles, R: int,
     school_staff = np.maximum(1.0, n_pup / per_kind_counts[K_SCHOOL] / 14.0)  # teachers per school
     service_demand = (per_kind_counts * staff_per[:, None]).sum(0) + school_staff * per_kind_counts[K_SCHOOL]
     workonly_workers = np.maximum(n_wrk - service_demand, n_wrk * 0.3)
-    per_kind_counts[K_WORK] = np.maximum(1, np.round(workonly_workers / prm.workers_per_workplace)).astype(np.int64)
+    per_kind_counts[K_WORK] = np.maximum(
+        1, np.round(workonly_workers / prm.workers_per_workplace)).astype(np.int64)
     return per_kind_counts, staff_per, school_staff, workonly_workers
 
 

@@ -101,8 +101,8 @@ class EdgeSink:
         out = {}
         for k in list(self.parts):
             lst = self.parts.pop(k)
-            out[k] = np.concatenate(lst) if lst else np.empty(0, np.int32 if k not in ("activity1", "activity2")
-                                                              else np.int8)
+            out[k] = np.concatenate(lst) if lst else np.empty(
+                0, np.int32 if k not in ("activity1", "activity2") else np.int8)
         return out
 
 
@@ -139,8 +139,8 @@ def _work(rng: np.random.Generator, edges: EdgeSink, sched: Schedule, locs: Loca
     tw, tl = wk.idx[~wk.at_school], wk.loc[~wk.at_school]
     o = lexsort((rng.integers(0, 1 << 30, tw.size), tl))
     tw, tl = tw[o], tl[o]
-    team_size = np.clip(prm.team_size_min + rng.poisson(prm.team_size_mean_extra, locs.count), prm.team_size_min,
-                        prm.team_size_max)
+    team_size = np.clip(prm.team_size_min + rng.poisson(prm.team_size_mean_extra, locs.count),
+                        prm.team_size_min, prm.team_size_max)
     team = rank_within(tl) // team_size[tl]
     tkey = tl * (int(team.max(initial=0)) + 1) + team
     o = lexsort((main_start[tw], tkey))
@@ -204,8 +204,8 @@ def _college(rng: np.random.Generator, edges: EdgeSink, sched: Schedule, locs: L
     skey = cloc * (int(sec.max(initial=0)) + 1) + sec
     o = lexsort((main_start[cu], skey))
     cu, cloc, skey = cu[o], cloc[o], skey[o]
-    i, k = window_pairs(skey, main_start[cu], end_main[cu], prm.college_section_size, prm.college_contact_prob,
-                        rng)
+    i, k = window_pairs(skey, main_start[cu], end_main[cu], prm.college_section_size,
+                        prm.college_contact_prob, rng)
     edges.add_overlap(cu[i], cu[k], locs.alids[cloc[i]], main_start, end_main, A_COLLEGE, A_COLLEGE)
 
 

@@ -69,7 +69,8 @@ def _batches(key: str, o: SyntheticOutbreak):
             day = np.repeat(np.arange(d0, d1, dtype=np.int16), N)
             pid = np.tile(o.pids, d1 - d0)
             state = np.ascontiguousarray(o.states[:, d0:d1].T).reshape(-1)
-            yield pa.record_batch({"day": pa.array(day), "pid": pa.array(pid), "state": _arrow("state", state)})
+            yield pa.record_batch({"day": pa.array(day), "pid": pa.array(pid),
+                                   "state": _arrow("state", state)})
         return
     table = o.tables[key]
     n = next(iter(table.values())).size
@@ -153,8 +154,8 @@ def _identity(fmt: str, persons: int, regions: int, seed: int, days: int, horizo
         "generator_version": GENERATOR_VERSION,
         "format": fmt,
         "seed": int(seed),
-        "params": {"persons": int(persons), "regions": int(regions), "days": int(days), "horizon": int(horizon),
-                   "outbreak": dataclasses.asdict(prm)},
+        "params": {"persons": int(persons), "regions": int(regions), "days": int(days),
+                   "horizon": int(horizon), "outbreak": dataclasses.asdict(prm)},
     }
     return json.loads(json.dumps(ident))  # normalize tuples -> lists
 
@@ -173,7 +174,8 @@ def write_outbreak(o: SyntheticOutbreak, out_dir: Path | str, *, fmt: str = "csv
         path = out_dir / (spec.stem + ext)
         n = _write_file(path, fmt, _batches(key, o))
         rows[key] = n
-        files[path.name] = {"table": key, "rows": n, "bytes": path.stat().st_size, "sha256": sha256_file(path)}
+        files[path.name] = {"table": key, "rows": n, "bytes": path.stat().st_size,
+                            "sha256": sha256_file(path)}
     manifest = _identity(fmt, o.persons, o.regions, o.seed, o.days, o.horizon, o.params)
     manifest["rows"] = rows
     manifest["files"] = files
@@ -237,8 +239,9 @@ def synthesize(out_dir: Path | str, *, persons: int = 10_000, regions: int = 5, 
     if state == "foreign":
         shown = ", ".join(foreign[:5]) + (" ..." if len(foreign) > 5 else "")
         raise DataError(
-            f"output directory {out_dir} already holds files that are not part of a synthetic dataset ({shown}); "
-            "pick an empty or new directory (overwrite=True only replaces a dataset written by synthesize)"
+            f"output directory {out_dir} already holds files that are not part of a synthetic "
+            f"dataset ({shown}); pick an empty or new directory (overwrite=True only replaces a "
+            "dataset written by synthesize)"
         )
     if state == "dataset":
         same = manifest is not None and all(manifest.get(k) == ident[k] for k in _IDENTITY_KEYS)

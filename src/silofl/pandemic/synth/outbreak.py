@@ -80,7 +80,8 @@ def generate_outbreak(*, persons: int = 10_000, regions: int = 5, seed: int = 0,
     N, R = int(persons), int(regions)
     # one independent stream per step, so each step's draws do not depend on another's
     streams = np.random.SeedSequence([int(seed), 0x5F1A_0FA1]).spawn(8)
-    rng_geo, rng_hh, rng_pp, rng_loc, rng_sched, rng_net, rng_sir, _ = (np.random.default_rng(s) for s in streams)
+    rng_geo, rng_hh, rng_pp, rng_loc, rng_sched, rng_net, rng_sir, _ = (
+        np.random.default_rng(s) for s in streams)
 
     geo = place_regions(rng_geo, R)
     hh = make_households(rng_hh, N, R, geo, prm)
@@ -120,7 +121,8 @@ def _tables(geo: Geography, hh: Households, ppl: Persons, locs: Locations, assig
                     "sex": ppl.sex},
         "households": {"hid": hh.hids, "hh_size": hh.sizes.astype(np.int16), "hh_vehicles": hh.vehicles},
         "residence_locations": {"rlid": hh.rlids[hh_order], "longitude": hh.lon[hh_order],
-                                "latitude": hh.lat[hh_order], "county": geo.county_codes[hh.region[hh_order]]},
+                                "latitude": hh.lat[hh_order],
+                                "county": geo.county_codes[hh.region[hh_order]]},
         "activity_locations": {"alid": locs.alids, "longitude": locs.lon, "latitude": locs.lat,
                                **{f: locs.flags[:, j].copy() for j, f in enumerate(LOCATION_FLAGS)}},
         "activity_location_assignment": assignment,
@@ -220,8 +222,9 @@ def _to_pandemic_data(o: SyntheticOutbreak):
         assignment=pd.DataFrame({"person": person, **{c: asg[c] for c in
                                                       ("activity_number", "activity_type", "start_time",
                                                        "duration", "lid")}}),
-        network=ContactNetwork(src=net["src"], dst=net["dst"], lid=net["lid"], start_time=net["start_time"],
-                               duration=net["duration"], activity1=net["activity1"], activity2=net["activity2"]),
+        network=ContactNetwork(src=net["src"], dst=net["dst"], lid=net["lid"],
+                               start_time=net["start_time"], duration=net["duration"],
+                               activity1=net["activity1"], activity2=net["activity2"]),
         states=np.ascontiguousarray(o.states[:, :o.days]),
         target=o.target,
         directory=None,

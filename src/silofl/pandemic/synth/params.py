@@ -80,8 +80,8 @@ def check_args(persons: int, regions: int, seed: int, days: int, horizon: int) -
     if not isinstance(regions, (int, np.integer)) or regions < 1:
         raise ConfigError(f"regions must be a positive integer, got {regions!r}")
     if regions * 40 > persons:
-        raise ConfigError(f"regions={regions} is too many for {persons} persons; keep at least 40 persons per "
-                          f"region (regions <= {persons // 40})")
+        raise ConfigError(f"regions={regions} is too many for {persons} persons; keep at least "
+                          f"40 persons per region (regions <= {persons // 40})")
     if not isinstance(seed, (int, np.integer)) or seed < 0:
         raise ConfigError(f"seed must be a non-negative integer, got {seed!r}")
     if days < 1 or horizon < 1 or days + horizon > 365:
