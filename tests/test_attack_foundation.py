@@ -32,3 +32,14 @@ def test_silo_file_target_is_range_checked_like_the_run(key, value, words):
 def test_silo_file_in_range_target_is_accepted():
     f = read_silo_file({k: dict(v) for k, v in SILO.items()}, "silo.toml")
     assert (f.silo.epsilon, f.silo.delta) == (1.0, 1e-5)
+
+
+@pytest.mark.parametrize("delta", [0.5, 0.9])
+def test_pandemic_config_refuses_a_weak_delta(delta):
+    """The pandemic section of the configuration model: a region's δ ≥ 0.5 is refused (the
+    node-level ε reported would be ≈ 0 whatever was released)."""
+    from silofl.pandemic.config import PandemicConfig
+    with pytest.raises(ConfigError, match="delta must be in"):
+        PandemicConfig(delta=delta).validate()
+    PandemicConfig(delta=1e-5).validate()
+    PandemicConfig(delta=0.9, private=False).validate()  # nothing is claimed
