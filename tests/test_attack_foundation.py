@@ -80,7 +80,7 @@ def test_superlink_clientapp_replayed_messages_train_nothing_uncharged(tmp_path)
 
     def ledger():
         out = {}
-        for nid, cfg in nodes.items():
+        for cfg in nodes.values():
             c = load_silo_config(cfg["silo-config"])
             with BudgetStore(c.budget_store) as st:
                 out[c.name] = (st.spent(c.name)["epsilon"], sum(
