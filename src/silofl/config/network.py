@@ -15,8 +15,8 @@ from typing import Any, ClassVar
 from pydantic import Field, field_validator, model_validator
 
 from silofl.config.base import Section, validate
-from silofl.config.run import DataConfig
-from silofl.errors import ConfigError
+from silofl.config.run import DataConfig, check_privacy_target
+from silofl.errors import ConfigError, PrivacyError
 
 __all__ = ["DEFAULT_METHODS", "NOISE_MODES", "ServerFile", "ServerSection",
            "SiloDataSection", "SiloFile", "SiloSection", "SiloServerSection",
@@ -55,6 +55,19 @@ class SiloSection(Section):
         if v not in NOISE_MODES:
             raise ConfigError(f"[silo] noise must be 'secure' or 'seeded', got {v!r}")
         return v
+
+    @model_validator(mode="after")
+    def _target_in_range(self) -> SiloSection:
+        # the run's range check ([privacy], [budget]): δ ≥ 0.5 would compose every charge
+        # of this silo's store to ε ≈ 0
+        check_privacy_target(self.epsilon, self.delta, "silo.")
+        if self.lifetime_epsilon is not None:
+            from silofl.privacy.targets import check_epsilon  # as check_privacy_target
+            try:
+                check_epsilon(self.lifetime_epsilon, "silo.", "lifetime_epsilon")
+            except PrivacyError as e:
+                raise ConfigError(str(e)) from None
+        return self
 
 
 class SiloServerSection(Section):

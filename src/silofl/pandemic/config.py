@@ -80,6 +80,9 @@ class PandemicConfig:
             raise ConfigError(f"prior_weight must be a finite number, got {self.prior_weight}")
         if self.private and not self.epsilon > 0:
             raise ConfigError(f"epsilon must be positive, got {self.epsilon}")
+        if self.private and self.delta is not None:  # as [privacy] delta: (0, 0.5)
+            from silofl.config.run import check_privacy_target
+            check_privacy_target(self.epsilon, self.delta)
         if self.noise not in NOISE_MODES:
             raise ConfigError(f"noise must be 'secure' (OS entropy, the default) or 'seeded' "
                               f"(reproducible, not a privacy guarantee), got {self.noise!r}")
