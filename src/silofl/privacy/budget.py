@@ -48,13 +48,12 @@ from pathlib import Path
 from typing import Any, Self
 
 from silofl.errors import BudgetExceeded, SiloflError
-from silofl.privacy import accounting, events, runlock, store_paths, store_registry
+from silofl.privacy import accounting, events, runlock, store_admin, store_paths, store_registry
 from silofl.privacy.ledger import tightest
-from silofl.privacy.store_schema import SCHEMA_VERSION, prepare
-from silofl.privacy.targets import PrivacyTarget, check_target
+from silofl.privacy.store_schema import prepare
+from silofl.privacy.targets import PrivacyTarget
 
 SCRATCH_NOTE = "scratch budget store: an experiment, not a release"
-
 
 
 class BudgetStoreError(SiloflError):
@@ -70,15 +69,6 @@ class PlannedCharge:
     label: str    # e.g. "dpsgd", "select", "preprocess"
     event: object
     count: int = 1
-
-
-def _check_lifetime(name: str, t: PrivacyTarget) -> None:
-    """A lifetime target in the range every job target is held to (`privacy.targets`):
-    under δ ≥ 0.5 every charge composes to ε ≈ 0, so the budget would never run out."""
-    try:
-        check_target(t.epsilon, t.delta, f"the lifetime target of silo {name!r}: ")
-    except SiloflError as e:
-        raise BudgetStoreError(f"{e}. Nothing was changed") from None
 
 
 def _make_folder(path: Path) -> None:
@@ -140,6 +130,9 @@ class BudgetStore:
         The path is a folder or cannot be created, the file is corrupt or of a newer
         schema, or a demo/lifetime mismatch.
     """
+
+    #: what `store_admin` raises for this store (it cannot import this module)
+    _error = BudgetStoreError
 
     def __init__(self, path: str | Path | None, *, timeout: float = 30.0,
                  demo: bool = False):
@@ -304,7 +297,7 @@ class BudgetStore:
         """
         for name, t in targets.items():  # before the transaction: nothing is written
             if not self.scratch:  # a scratch store guards nothing (Python experiments)
-                _check_lifetime(name, t)
+                store_admin.check_lifetime(self, name, t)
         with self._tx():
             for name, t in targets.items():
                 row = self._silo(name)
@@ -550,26 +543,8 @@ class BudgetStore:
                     "p.method, p.label", (run_id,))]
 
     def owner(self, run_id: str) -> dict | None:
-        """The process that owns a run.
-
-        Parameters
-        ----------
-        run_id : str
-            The run's id in the store.
-
-        Returns
-        -------
-        dict or None
-            pid, host, proc_start, status, parent, command and child; None for an
-            unknown run.
-        """
-        rows = self._read("SELECT pid, host, proc_start, status, parent, command FROM runs "
-                          "WHERE id = ?", (run_id,))
-        if not rows:
-            return None
-        child = self._read("SELECT id FROM runs WHERE parent = ?", (run_id,))
-        return dict(zip(("pid", "host", "proc_start", "status", "parent", "command"), rows[0]),
-                    child=child[0][0] if child else None)
+        """The process that owns a run (pid, host, ..., child); see `store_admin.owner`."""
+        return store_admin.owner(self, run_id)
 
     def _note_fingerprint(self, sid: int, epoch: int, fp: str, run_id: str,
                           now: float) -> None:
@@ -672,169 +647,27 @@ class BudgetStore:
         return list(executed) + extra
 
     def run_status(self, run_id: str) -> str | None:
-        """A run's status.
-
-        Parameters
-        ----------
-        run_id : str
-            The run's id in the store.
-
-        Returns
-        -------
-        str or None
-            "reserved" (not settled: running, or killed), "finished", "failed", ...;
-            None if the store never saw the run.
-        """
-        rows = self._read("SELECT status FROM runs WHERE id = ?", (run_id,))
-        return rows[0][0] if rows else None
+        """A run's status (None: never seen); see `store_admin.run_status`."""
+        return store_admin.run_status(self, run_id)
 
     # -- administration -------------------------------------------------------------------
     def reset(self, name: str, reason: str, *, new_cohort: bool = False) -> int:
-        """Start a fresh budget for a silo (only when its data governance allows it).
-
-        Earlier charges stay in the database for audit and are no longer composed.
-
-        Parameters
-        ----------
-        name : str
-            The silo.
-        reason : str
-            Why (required; logged).
-        new_cohort : bool, default False
-            The silo's data is now other people's (logged as a new cohort, not a reset).
-
-        Returns
-        -------
-        int
-            The new epoch.
-
-        Raises
-        ------
-        BudgetStoreError
-            No reason, or an unknown silo.
-        """
-        if not reason or not reason.strip():
-            raise BudgetStoreError("a budget reset needs a reason (it is logged)")
-        with self._tx():
-            row = self._silo(name)
-            if row is None:
-                raise BudgetStoreError(f"silo {name!r} is not in budget store {self.where}")
-            epoch = row[3] + 1
-            self._db.execute("UPDATE silos SET epoch = ? WHERE id = ?", (epoch, row[0]))
-            self._db.execute("INSERT INTO log (time, silo_id, action, reason, detail) "
-                             "VALUES (?, ?, ?, ?, ?)",
-                             (time.time(), row[0], "new-cohort" if new_cohort else "reset",
-                              reason.strip(), f"epoch {row[3]} -> {epoch}"))
-        return epoch
+        """Start a fresh budget for a silo, logged; see `store_admin.reset`."""
+        return store_admin.reset(self, name, reason, new_cohort=new_cohort)
 
     def set_target(self, name: str, target: PrivacyTarget, reason: str) -> None:
-        """Change a silo's lifetime target.
-
-        Parameters
-        ----------
-        name : str
-            The silo.
-        target : PrivacyTarget
-            The new lifetime target.
-        reason : str
-            Why (logged).
-
-        Raises
-        ------
-        BudgetStoreError
-            A target below what the silo has already spent (composed at the new δ): it
-            would print a lifetime position the released models already break.
-        """
-        if not reason or not reason.strip():
-            raise BudgetStoreError("changing a lifetime target needs a reason (it is logged)")
-        _check_lifetime(name, target)
-        with self._tx():
-            row = self._silo(name)
-            if row is None:
-                raise BudgetStoreError(f"silo {name!r} is not in budget store {self.where}")
-            spent, kind = tightest(events.compose(self._counted(row[0], row[3])),
-                                   target.delta)
-            if not spent <= target.epsilon:
-                raise BudgetStoreError(
-                    f"silo {name!r} has already spent ε = {spent:.4g} ({kind}, at δ = "
-                    f"{target.delta:g}, reserved and executed charges of the current epoch); "
-                    f"the requested lifetime target ε = {target.epsilon:g} is below that. "
-                    "Nothing was changed: a target can only be lowered to at least what is "
-                    "spent")
-            self._db.execute("UPDATE silos SET epsilon = ?, delta = ? WHERE id = ?",
-                             (target.epsilon, target.delta, row[0]))
-            self._db.execute("INSERT INTO log (time, silo_id, action, reason, detail) "
-                             "VALUES (?, ?, 'set-target', ?, ?)",
-                             (time.time(), row[0], reason.strip(),
-                              f"ε {row[1]:g} -> {target.epsilon:g}, "
-                              f"δ {row[2]:g} -> {target.delta:g}"))
+        """Change a silo's lifetime target, logged; see `store_admin.set_target`."""
+        store_admin.set_target(self, name, target, reason)
 
     def charges(self, name: str, *, all_epochs: bool = False) -> list[dict]:
-        """A silo's charges, oldest first.
-
-        Parameters
-        ----------
-        name : str
-            The silo.
-        all_epochs : bool, default False
-            Include charges from before resets.
-
-        Returns
-        -------
-        list of dict
-            One dict per charge: epoch, run, command, method, label, event, count,
-            status, time, fingerprint, noise, run_status.
-        """
-        row = self._silo(name)
-        if row is None:
-            raise BudgetStoreError(f"silo {name!r} is not in budget store {self.where}")
-        sql = ("SELECT c.epoch, c.run_id, r.command, c.method, c.label, c.event, c.count, "
-               "c.status, c.time, c.fingerprint, r.noise, r.status FROM charges c JOIN runs r "
-               "ON r.id = c.run_id WHERE c.silo_id = ?" + ("" if all_epochs else
-                                                           " AND c.epoch = ?") +
-               " ORDER BY c.id")
-        args = (row[0],) if all_epochs else (row[0], row[3])
-        keys = ("epoch", "run", "command", "method", "label", "event", "count", "status",
-                "time", "fingerprint", "noise", "run_status")
-        return [dict(zip(keys, r)) for r in self._read(sql, args)]
+        """A silo's charges, oldest first; see `store_admin.charges`."""
+        return store_admin.charges(self, name, all_epochs=all_epochs)
 
     def log(self, name: str | None = None) -> list[dict]:
-        """The store's log of registrations, resets and target changes.
-
-        Parameters
-        ----------
-        name : str, optional
-            Only this silo's entries.
-
-        Returns
-        -------
-        list of dict
-            ``time``, ``silo``, ``action``, ``reason``, ``detail``, oldest first.
-        """
-        sql = ("SELECT l.time, s.name, l.action, l.reason, l.detail FROM log l LEFT JOIN "
-               "silos s ON s.id = l.silo_id" + (" WHERE s.name = ?" if name else "") +
-               " ORDER BY l.id")
-        return [dict(zip(("time", "silo", "action", "reason", "detail"), r))
-                for r in self._read(sql, (name,) if name else ())]
+        """The store's log of registrations, resets and target changes; see
+        `store_admin.log`."""
+        return store_admin.log(self, name)
 
     def export(self) -> dict:
-        """Everything in the store as plain data.
-
-        Returns
-        -------
-        dict
-            The store's path and kind, schema version, every silo's position with all
-            its charges, and the runs; JSON-ready.
-        """
-        return {"store": str(self.path) if self.path else None, "scratch": self.scratch,
-                "schema_version": SCHEMA_VERSION,
-                "silos": [dict(self.spent(n),
-                               charges=self.charges(n, all_epochs=True)) for n in self.silos()],
-                "store_kind": "demo" if self.demo else ("scratch" if self.scratch
-                                                        else "lifetime"),
-                "runs": [dict(zip(("id", "command", "started", "finished", "status", "noise",
-                                   "host", "pid", "proc_start", "parent"), r))
-                         for r in self._read(
-                             "SELECT id, command, started, finished, status, noise, host, "
-                             "pid, proc_start, parent FROM runs ORDER BY started")],
-                "log": self.log()}
+        """Everything in the store as plain data; see `store_admin.export`."""
+        return store_admin.export(self)
