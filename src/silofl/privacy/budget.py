@@ -48,7 +48,7 @@ from pathlib import Path
 from typing import Any, Self
 
 from silofl.errors import BudgetExceeded, SiloflError
-from silofl.privacy import accounting, events, runlock, store_admin, store_paths, store_registry
+from silofl.privacy import events, runlock, store_admin, store_paths, store_registry
 from silofl.privacy.ledger import tightest
 from silofl.privacy.store_schema import prepare
 from silofl.privacy.targets import PrivacyTarget
@@ -334,47 +334,9 @@ class BudgetStore:
         return counts
 
     def spent(self, name: str) -> dict:
-        """A silo's lifetime position: its target and what it has spent.
-
-        Parameters
-        ----------
-        name : str
-            The silo.
-
-        Returns
-        -------
-        dict
-            ``target_epsilon``, ``delta``, ``epsilon`` (spent: reserved + executed,
-            composed, the tightest guarantee), ``accountant``, ``epsilon_rdp``,
-            ``epsilon_pld``, ``remaining``, ``unfinished_runs``, ``within_target``,
-            ``epoch``, ``reset``.
-
-        Raises
-        ------
-        BudgetStoreError
-            The store has no such silo.
-        """
-        row = self._silo(name)
-        if row is None:
-            raise BudgetStoreError(f"silo {name!r} is not in budget store {self.where}; "
-                                   f"silos there: {', '.join(self.silos()) or 'none'}")
-        sid, eps_t, delta, epoch = row
-        counts = self._counted(sid, epoch)
-        event = events.compose(counts)
-        eps, kind = tightest(event, delta)
-        both = accounting.epsilons(event, delta)
-        reserved = self._read("SELECT COUNT(DISTINCT run_id) FROM charges WHERE silo_id = ? "
-                              "AND epoch = ? AND status = 'reserved'", (sid, epoch))[0][0]
-        # the latest `reset` (not a new cohort): the same people's earlier charges are out
-        last = self._read("SELECT action, reason, time FROM log WHERE silo_id = ? AND action "
-                          "IN ('reset', 'new-cohort') ORDER BY id DESC LIMIT 1", (sid,))
-        reset = ({"reason": last[0][1], "time": last[0][2]}
-                 if last and last[0][0] == "reset" else None)
-        return {"silo": name, "target_epsilon": eps_t, "delta": delta, "epoch": epoch,
-                "epsilon": eps, "accountant": kind, "epsilon_rdp": both["rdp"],
-                "epsilon_pld": both["pld"], "remaining": max(eps_t - eps, 0.0),
-                "unfinished_runs": reserved, "within_target": eps <= eps_t,
-                "reset": reset}
+        """A silo's lifetime position: its target and what it has spent (reserved +
+        executed, composed); see `store_admin.spent`."""
+        return store_admin.spent(self, name)
 
     # -- the protocol ---------------------------------------------------------------------
     def reserve(self, run_id: str, planned: list[PlannedCharge], *, command: str,

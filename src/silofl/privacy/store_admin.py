@@ -1,8 +1,8 @@
 """The budget store's administration and read-only reports (`silofl.privacy.budget`):
-resets and target changes (each logged with its reason), a silo's charges, the store's
-log, a run's status and owner, and the whole store as plain data. Each function works on
-a `BudgetStore` through the methods below; the store's methods of the same names call
-these."""
+resets and target changes (each logged with its reason), a silo's lifetime position and
+charges, the store's log, a run's status and owner, and the whole store as plain data.
+Each function works on a `BudgetStore` through the methods below; the store's methods of
+the same names call these."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from silofl.errors import SiloflError
-from silofl.privacy import events
+from silofl.privacy import accounting, events
 from silofl.privacy.ledger import tightest
 from silofl.privacy.store_schema import SCHEMA_VERSION
 from silofl.privacy.targets import PrivacyTarget, check_target
@@ -46,7 +46,6 @@ class BudgetStore(Protocol):
 
     def silos(self) -> list[str]: ...
 
-    def spent(self, name: str) -> dict: ...
 
 
 def check_lifetime(store: BudgetStore, name: str, t: PrivacyTarget) -> None:
@@ -71,6 +70,52 @@ def check_lifetime(store: BudgetStore, name: str, t: PrivacyTarget) -> None:
         check_target(t.epsilon, t.delta, f"the lifetime target of silo {name!r}: ")
     except SiloflError as e:
         raise store._error(f"{e}. Nothing was changed") from None
+
+
+def spent(store: BudgetStore, name: str) -> dict:
+    """A silo's lifetime position: its target and what it has spent.
+
+    Parameters
+    ----------
+    store : BudgetStore
+        The store.
+    name : str
+        The silo.
+
+    Returns
+    -------
+    dict
+        ``target_epsilon``, ``delta``, ``epsilon`` (spent: reserved + executed,
+        composed, the tightest guarantee), ``accountant``, ``epsilon_rdp``,
+        ``epsilon_pld``, ``remaining``, ``unfinished_runs``, ``within_target``,
+        ``epoch``, ``reset``.
+
+    Raises
+    ------
+    BudgetStoreError
+        The store has no such silo.
+    """
+    row = store._silo(name)
+    if row is None:
+        raise store._error(f"silo {name!r} is not in budget store {store.where}; "
+                           f"silos there: {', '.join(store.silos()) or 'none'}")
+    sid, eps_t, delta, epoch = row
+    counts = store._counted(sid, epoch)
+    event = events.compose(counts)
+    eps, kind = tightest(event, delta)
+    both = accounting.epsilons(event, delta)
+    reserved = store._read("SELECT COUNT(DISTINCT run_id) FROM charges WHERE silo_id = ? "
+                           "AND epoch = ? AND status = 'reserved'", (sid, epoch))[0][0]
+    # the latest `reset` (not a new cohort): the same people's earlier charges are out
+    last = store._read("SELECT action, reason, time FROM log WHERE silo_id = ? AND action "
+                       "IN ('reset', 'new-cohort') ORDER BY id DESC LIMIT 1", (sid,))
+    reset = ({"reason": last[0][1], "time": last[0][2]}
+             if last and last[0][0] == "reset" else None)
+    return {"silo": name, "target_epsilon": eps_t, "delta": delta, "epoch": epoch,
+            "epsilon": eps, "accountant": kind, "epsilon_rdp": both["rdp"],
+            "epsilon_pld": both["pld"], "remaining": max(eps_t - eps, 0.0),
+            "unfinished_runs": reserved, "within_target": eps <= eps_t,
+            "reset": reset}
 
 
 def run_status(store: BudgetStore, run_id: str) -> str | None:
@@ -279,7 +324,7 @@ def export(store: BudgetStore) -> dict:
     """
     return {"store": str(store.path) if store.path else None, "scratch": store.scratch,
             "schema_version": SCHEMA_VERSION,
-            "silos": [dict(store.spent(n), charges=charges(store, n, all_epochs=True))
+            "silos": [dict(spent(store, n), charges=charges(store, n, all_epochs=True))
                       for n in store.silos()],
             "store_kind": "demo" if store.demo else ("scratch" if store.scratch
                                                      else "lifetime"),
