@@ -90,6 +90,20 @@ def _make_folder(path: Path) -> None:
                                f"{str(path)!r}: {e.strerror}") from None
 
 
+def _per_silo(charges: list[PlannedCharge], *, nonnegative: bool = False
+              ) -> dict[str, Counter]:
+    """Base-event counts per silo of `charges` (a negative count is refused if
+    `nonnegative`, where it is met)."""
+    by_silo: dict[str, Counter] = {}
+    for p in charges:
+        if nonnegative and p.count < 0:
+            raise ValueError("a charge count cannot be negative")
+        bucket = by_silo.setdefault(p.silo, Counter())
+        for e, c in events.flatten(p.event).items():
+            bucket[e] += c * p.count
+    return by_silo
+
+
 def new_run_id() -> str:
     return time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:8]
 
@@ -365,61 +379,16 @@ class BudgetStore:
         BudgetExceeded
             Naming every silo that cannot pay; nothing is recorded.
         """
-        by_silo: dict[str, Counter] = {}
-        for p in planned:
-            if p.count < 0:
-                raise ValueError("a charge count cannot be negative")
-            bucket = by_silo.setdefault(p.silo, Counter())
-            for e, c in events.flatten(p.event).items():
-                bucket[e] += c * p.count
+        by_silo = _per_silo(planned, nonnegative=True)
         digests = fingerprints or {}
         fingerprints = {n: self.keyed(d) for n, d in digests.items()}
         now = time.time()
-        fresh = []  # silos with no charge in this store before: checked in the registry
         with self._tx():
             if parent is not None:
                 self._check_parent(parent)
-            problems = []
-            ids = {}
-            for name, added in by_silo.items():
-                row = self._silo(name)
-                if row is None:
-                    raise BudgetStoreError(f"silo {name!r} has no lifetime target in budget "
-                                           f"store {self.where}; register it first")
-                sid, eps_t, delta, epoch = ids[name] = row
-                eps, kind = tightest(events.compose(self._counted(sid, epoch) + added),
-                                     delta)
-                if not eps <= eps_t:  # no tolerance: a violation can never round to a pass
-                    before, _ = tightest(events.compose(self._counted(sid, epoch)), delta)
-                    problems.append(
-                        f"silo {name!r}: lifetime ε would reach {eps:.4g} ({kind}) > its "
-                        f"target {eps_t:g} (δ = {delta:g}); already spent {before:.4g}")
-            if problems:
-                raise BudgetExceeded(
-                    "; ".join(problems) + f". Nothing was executed (budget store "
-                    f"{self.where}; `silofl budget show` lists every charge). Spend less "
-                    "(fewer rounds or methods, a smaller ε for this run), or — only if the "
-                    "silo's data governance allows — raise its lifetime target with "
-                    "`silofl budget set-target`; for an experiment on one machine use a scratch "
-                    "store (`silofl run --scratch`), whose reports say it is not a release")
-            self._db.execute(
-                "INSERT INTO runs VALUES (?, ?, ?, NULL, 'reserved', ?, ?, ?, ?, ?)",
-                (run_id, command, now, noise, runlock.host(), os.getpid(),
-                 runlock.process_start(os.getpid()), parent))
-            fresh = [n for n in ids if self._db.execute(
-                "SELECT 1 FROM charges WHERE silo_id = ? LIMIT 1", (ids[n][0],)).fetchone()
-                is None]
-            for name, fp in fingerprints.items():
-                if name in ids:
-                    self._note_fingerprint(ids[name][0], ids[name][3], fp, run_id, now)
-            for p in planned:
-                sid, _, _, epoch = ids[p.silo]
-                self._db.execute(
-                    "INSERT INTO charges (silo_id, epoch, run_id, method, label, event, "
-                    "count, status, time, fingerprint) VALUES (?, ?, ?, ?, ?, ?, ?, "
-                    "'reserved', ?, ?)", (sid, epoch, run_id, p.method, p.label,
-                                          events.to_json(p.event), p.count, now,
-                                          fingerprints.get(p.silo)))
+            ids = self._check_fits(by_silo)
+            fresh = self._write_reservation(run_id, planned, ids, fingerprints, now,
+                                            command=command, noise=noise, parent=parent)
         if self.path is not None and not self.demo and digests:
             # a silo is new to a store once (the newcomer review: a networked silo's own new
             # store was re-flagged at every round of the same process)
@@ -427,6 +396,60 @@ class BudgetStore:
             store_registry.check(self, self.path, run_id,
                                  {n: d for n, d in digests.items() if n in ids}, new)
             self._registered |= set(ids)
+
+    def _check_fits(self, by_silo: dict[str, Counter]) -> dict[str, tuple]:
+        """Inside the reservation's transaction: every silo is registered and its lifetime ε
+        with `by_silo` (its added base-event counts) stays within its target, or raise
+        `BudgetExceeded` naming every silo that cannot pay. Returns each silo's row."""
+        problems = []
+        ids = {}
+        for name, added in by_silo.items():
+            row = self._silo(name)
+            if row is None:
+                raise BudgetStoreError(f"silo {name!r} has no lifetime target in budget "
+                                       f"store {self.where}; register it first")
+            sid, eps_t, delta, epoch = ids[name] = row
+            eps, kind = tightest(events.compose(self._counted(sid, epoch) + added), delta)
+            if not eps <= eps_t:  # no tolerance: a violation can never round to a pass
+                before, _ = tightest(events.compose(self._counted(sid, epoch)), delta)
+                problems.append(
+                    f"silo {name!r}: lifetime ε would reach {eps:.4g} ({kind}) > its "
+                    f"target {eps_t:g} (δ = {delta:g}); already spent {before:.4g}")
+        if problems:
+            raise BudgetExceeded(
+                "; ".join(problems) + f". Nothing was executed (budget store "
+                f"{self.where}; `silofl budget show` lists every charge). Spend less "
+                "(fewer rounds or methods, a smaller ε for this run), or — only if the "
+                "silo's data governance allows — raise its lifetime target with "
+                "`silofl budget set-target`; for an experiment on one machine use a scratch "
+                "store (`silofl run --scratch`), whose reports say it is not a release")
+        return ids
+
+    def _write_reservation(self, run_id: str, planned: list[PlannedCharge],
+                           ids: dict[str, tuple], fingerprints: dict[str, str], now: float,
+                           *, command: str, noise: str, parent: str | None) -> list[str]:
+        """Inside the reservation's transaction, after `_check_fits`: the run row, the
+        data-change notes and the reserved charges (`fingerprints` keyed). Returns the
+        silos that had no charge in this store before (checked in the machine registry)."""
+        self._db.execute(
+            "INSERT INTO runs VALUES (?, ?, ?, NULL, 'reserved', ?, ?, ?, ?, ?)",
+            (run_id, command, now, noise, runlock.host(), os.getpid(),
+             runlock.process_start(os.getpid()), parent))
+        fresh = [n for n in ids if self._db.execute(
+            "SELECT 1 FROM charges WHERE silo_id = ? LIMIT 1", (ids[n][0],)).fetchone()
+            is None]
+        for name, fp in fingerprints.items():
+            if name in ids:
+                self._note_fingerprint(ids[name][0], ids[name][3], fp, run_id, now)
+        for p in planned:
+            sid, _, _, epoch = ids[p.silo]
+            self._db.execute(
+                "INSERT INTO charges (silo_id, epoch, run_id, method, label, event, "
+                "count, status, time, fingerprint) VALUES (?, ?, ?, ?, ?, ?, ?, "
+                "'reserved', ?, ?)", (sid, epoch, run_id, p.method, p.label,
+                                      events.to_json(p.event), p.count, now,
+                                      fingerprints.get(p.silo)))
+        return fresh
 
     def _check_parent(self, parent: str) -> None:
         row = self._db.execute("SELECT status FROM runs WHERE id = ?", (parent,)).fetchone()
@@ -551,12 +574,7 @@ class BudgetStore:
             bucket = reserved.setdefault(name, Counter())
             for e, c in events.flatten(events.from_json(text)).items():
                 bucket[e] += c * count
-        done: dict[str, Counter] = {}
-        for p in executed:
-            bucket = done.setdefault(p.silo, Counter())
-            for e, c in events.flatten(p.event).items():
-                bucket[e] += c * p.count
-        for name, counts in done.items():
+        for name, counts in _per_silo(executed).items():
             have = reserved.get(name, Counter())
             if any(c > have.get(e, 0) for e, c in counts.items()):
                 raise BudgetStoreError(f"run {run_id} executed more on silo {name!r} than it "
