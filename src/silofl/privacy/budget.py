@@ -50,7 +50,7 @@ from typing import Any, Self
 from silofl.errors import BudgetExceeded, SiloflError
 from silofl.privacy import events, runlock, store_admin, store_paths, store_registry
 from silofl.privacy.ledger import tightest
-from silofl.privacy.store_schema import prepare
+from silofl.privacy.store_schema import db_error, make_folder, prepare
 from silofl.privacy.targets import PrivacyTarget
 
 SCRATCH_NOTE = "scratch budget store: an experiment, not a release"
@@ -69,25 +69,6 @@ class PlannedCharge:
     label: str    # e.g. "dpsgd", "select", "preprocess"
     event: object
     count: int = 1
-
-
-def _make_folder(path: Path) -> None:
-    """Create the folder of a store file, refusing a path that is a folder or lies under a file."""
-    if path.is_dir():
-        raise BudgetStoreError(f"budget store {str(path)!r} is a directory; "
-                               "give a file path such as stores/budget.sqlite")
-    for parent in path.parents:
-        if parent.exists():
-            if not parent.is_dir():
-                raise BudgetStoreError(
-                    f"budget store {str(path)!r} cannot be created: "
-                    f"{str(parent)!r} is a file, not a folder; choose another path")
-            break
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise BudgetStoreError(f"cannot create the folder of budget store "
-                               f"{str(path)!r}: {e.strerror}") from None
 
 
 def _per_silo(charges: list[PlannedCharge], *, nonnegative: bool = False
@@ -161,7 +142,7 @@ class BudgetStore:
         #: the demo store of the built-in public data (`store_paths.DEMO_NOTE`)
         self.demo = demo
         if self.path is not None:
-            _make_folder(self.path)
+            make_folder(self.path, BudgetStoreError)
             self.created = not self.path.exists()
         try:
             self._db = sqlite3.connect(":memory:" if path is None else str(self.path),
@@ -213,18 +194,7 @@ class BudgetStore:
         return f"{self.path} (demo store)" if self.demo else str(self.path)
 
     def _db_error(self, e: Exception) -> BudgetStoreError:
-        msg = str(e)
-        if "locked" in msg or "busy" in msg:
-            return BudgetStoreError(
-                f"budget store {self.where} is locked by another process (waited for it); "
-                "wait for that run to finish and try again")
-        if "readonly" in msg or "unable to open" in msg:
-            return BudgetStoreError(f"cannot write budget store {self.where}: {msg}; check "
-                                    "its permissions and the disk")
-        return BudgetStoreError(
-            f"budget store {self.where} is not a readable silofl budget database ({msg}). "
-            "Do not delete it: it is the only record of what each silo has spent; restore "
-            "it from a backup, or point [budget] store at the right file")
+        return db_error(e, self.where, BudgetStoreError)
 
     @contextmanager
     def _tx(self) -> Iterator[None]:
