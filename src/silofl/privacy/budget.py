@@ -410,7 +410,8 @@ class BudgetStore:
             is None]
         for name, fp in fingerprints.items():
             if name in ids:
-                self._note_fingerprint(ids[name][0], ids[name][3], fp, run_id, now)
+                store_registry.note_data_change(self, ids[name][0], ids[name][3], fp,
+                                                run_id, now)
         for p in planned:
             sid, _, _, epoch = ids[p.silo]
             self._db.execute(
@@ -479,40 +480,13 @@ class BudgetStore:
                 self._db.execute("PRAGMA synchronous=FULL")
 
     def progress(self, run_id: str) -> list[PlannedCharge]:
-        """What the store recorded a run as executing (see `record_progress`).
-
-        Parameters
-        ----------
-        run_id : str
-            The run's id in the store.
-
-        Returns
-        -------
-        list of PlannedCharge
-            The recorded charges.
-        """
-        return [PlannedCharge(name, method, label, events.from_json(ev), count)
-                for name, method, label, ev, count in self._read(
-                    "SELECT s.name, p.method, p.label, p.event, p.count FROM progress p "
-                    "JOIN silos s ON s.id = p.silo_id WHERE p.run_id = ? ORDER BY s.id, "
-                    "p.method, p.label", (run_id,))]
+        """What the store recorded a run as executing (see `record_progress`); see
+        `store_admin.progress`."""
+        return [PlannedCharge(*row) for row in store_admin.progress(self, run_id)]
 
     def owner(self, run_id: str) -> dict | None:
         """The process that owns a run (pid, host, ..., child); see `store_admin.owner`."""
         return store_admin.owner(self, run_id)
-
-    def _note_fingerprint(self, sid: int, epoch: int, fp: str, run_id: str,
-                          now: float) -> None:
-        last = self._db.execute(
-            "SELECT fingerprint FROM charges WHERE silo_id = ? AND epoch = ? AND "
-            "fingerprint IS NOT NULL ORDER BY id DESC LIMIT 1", (sid, epoch)).fetchone()
-        if last is not None and last[0] != fp:
-            self._db.execute(
-                "INSERT INTO log (time, silo_id, action, reason, detail) VALUES "
-                "(?, ?, 'data-changed', ?, ?)",
-                (now, sid, f"run {run_id} reads different data than the last charge",
-                 f"{last[0]} -> {fp}; the budget carries over (the composition covers "
-                 "everyone present in both versions)"))
 
     def settle(self, run_id: str, executed: list[PlannedCharge], *,
                status: str = "finished") -> None:

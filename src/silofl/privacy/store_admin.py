@@ -1,6 +1,6 @@
 """The budget store's administration and read-only reports (`silofl.privacy.budget`):
 resets and target changes (each logged with its reason), a silo's lifetime position and
-charges, the store's log, a run's status and owner, and the whole store as plain data.
+charges, the store's log, a run's status, progress and owner, and the whole store as plain data.
 Each function works on a `BudgetStore` through the methods below; the store's methods of
 the same names call these."""
 
@@ -136,6 +136,28 @@ def run_status(store: BudgetStore, run_id: str) -> str | None:
     """
     rows = store._read("SELECT status FROM runs WHERE id = ?", (run_id,))
     return rows[0][0] if rows else None
+
+
+def progress(store: BudgetStore, run_id: str) -> list[tuple[str, str, str, object, int]]:
+    """What the store recorded a run as executing (`BudgetStore.record_progress`).
+
+    Parameters
+    ----------
+    store : BudgetStore
+        The store.
+    run_id : str
+        The run's id in the store.
+
+    Returns
+    -------
+    list of (silo, method, label, event, count)
+        The recorded charges (the event parsed), by silo, method and label.
+    """
+    return [(name, method, label, events.from_json(ev), count)
+            for name, method, label, ev, count in store._read(
+                "SELECT s.name, p.method, p.label, p.event, p.count FROM progress p "
+                "JOIN silos s ON s.id = p.silo_id WHERE p.run_id = ? ORDER BY s.id, "
+                "p.method, p.label", (run_id,))]
 
 
 def owner(store: BudgetStore, run_id: str) -> dict | None:
