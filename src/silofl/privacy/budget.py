@@ -50,7 +50,7 @@ from typing import Any, Self
 from silofl.errors import BudgetExceeded, SiloflError
 from silofl.privacy import events, runlock, store_admin, store_paths, store_registry
 from silofl.privacy.ledger import tightest
-from silofl.privacy.store_schema import db_error, make_folder, prepare
+from silofl.privacy.store_schema import configure, db_error, make_folder, prepare
 from silofl.privacy.targets import PrivacyTarget
 
 SCRATCH_NOTE = "scratch budget store: an experiment, not a release"
@@ -147,13 +147,7 @@ class BudgetStore:
         try:
             self._db = sqlite3.connect(":memory:" if path is None else str(self.path),
                                        timeout=timeout, isolation_level=None)
-            if path is not None:
-                self._db.execute("PRAGMA journal_mode=WAL")
-                self._db.execute("PRAGMA synchronous=FULL")
-            self._db.execute("PRAGMA foreign_keys=ON")
-            # deleted content (e.g. the unkeyed fingerprints a migration replaces) is
-            # overwritten, not left in free pages of the file
-            self._db.execute("PRAGMA secure_delete=ON")
+            configure(self._db, on_disk=path is not None)
             with self._tx():
                 self._secret, migrated = prepare(self._db, demo, self.where, BudgetStoreError)
             if migrated:  # the old pages leave the write-ahead log too
@@ -182,16 +176,9 @@ class BudgetStore:
         return "(in-memory scratch)" if self.path is None else repr(str(self.path))
 
     def describe(self) -> str:
-        """What outputs print about this store.
-
-        Returns
-        -------
-        str
-            Its path and kind (lifetime, demo, scratch).
-        """
-        if self.path is None:
-            return "scratch (in memory)"
-        return f"{self.path} (demo store)" if self.demo else str(self.path)
+        """What outputs print about this store (its path and kind); see
+        `store_admin.describe`."""
+        return store_admin.describe(self)
 
     def _db_error(self, e: Exception) -> BudgetStoreError:
         return db_error(e, self.where, BudgetStoreError)
@@ -236,75 +223,31 @@ class BudgetStore:
         return rows[0] if rows else None
 
     def silos(self) -> list[str]:
-        """The silos the store knows, in registration order.
-
-        Returns
-        -------
-        list of str
-            Silo names.
-        """
-        return [r[0] for r in self._read("SELECT name FROM silos ORDER BY id")]
+        """The silos the store knows, in registration order; see `store_admin.silos`."""
+        return store_admin.silos(self)
 
     def target(self, name: str) -> PrivacyTarget | None:
-        """A silo's lifetime target.
+        """A silo's lifetime target (None if unknown); see `store_admin.target`.
 
         Parameters
         ----------
         name : str
             The silo.
-
-        Returns
-        -------
-        PrivacyTarget or None
-            Its lifetime (ε, δ); None if the store has not seen it.
         """
-        row = self._silo(name)
-        return None if row is None else PrivacyTarget(row[1], row[2])
+        return store_admin.target(self, name)
 
     def register(self, targets: dict[str, PrivacyTarget], *, explicit: bool = False) -> None:
-        """Give silos seen for the first time their lifetime target.
-
-        A silo already in the store keeps its target.
+        """Give silos seen for the first time their lifetime target (a silo already in the
+        store keeps its own); see `store_admin.register`.
 
         Parameters
         ----------
         targets : dict of str to PrivacyTarget
             Lifetime targets by silo name.
         explicit : bool, default False
-            The user stated these targets: a different target for a known silo is an
-            error rather than silently ignored.
-
-        Raises
-        ------
-        BudgetStoreError
-            An explicit target differs from the stored one.
+            The user stated these targets: a different one for a known silo is an error.
         """
-        for name, t in targets.items():  # before the transaction: nothing is written
-            if not self.scratch:  # a scratch store guards nothing (Python experiments)
-                store_admin.check_lifetime(self, name, t)
-        with self._tx():
-            for name, t in targets.items():
-                row = self._silo(name)
-                if row is None:
-                    self._db.execute("INSERT INTO silos (name, epsilon, delta, created) "
-                                     "VALUES (?, ?, ?, ?)", (name, t.epsilon, t.delta,
-                                                             time.time()))
-                elif explicit and (row[1], row[2]) != (t.epsilon, t.delta) and self.demo:
-                    # public data: the demo follows the config (logged); if the job then
-                    # does not fit, `open_job` restarts the demo budget
-                    self._db.execute("UPDATE silos SET epsilon = ?, delta = ? WHERE id = ?",
-                                     (t.epsilon, t.delta, row[0]))
-                    self._db.execute(
-                        "INSERT INTO log (time, silo_id, action, reason, detail) VALUES "
-                        "(?, ?, 'set-target', 'demo store: the config states the target', ?)",
-                        (time.time(), row[0], f"ε {row[1]:g} -> {t.epsilon:g}, "
-                                              f"δ {row[2]:g} -> {t.delta:g}"))
-                elif explicit and (row[1], row[2]) != (t.epsilon, t.delta):
-                    raise BudgetStoreError(
-                        f"silo {name!r} has lifetime target ε = {row[1]:g}, δ = {row[2]:g} in "
-                        f"budget store {self.where}, but the config states ε = "
-                        f"{t.epsilon:g}, δ = {t.delta:g}. A lifetime target changes only "
-                        "by `silofl budget set-target` (logged, with a reason)")
+        store_admin.register(self, targets, explicit=explicit)
 
     # -- composition ----------------------------------------------------------------------
     def _counted(self, silo_id: int, epoch: int) -> Counter:
@@ -319,7 +262,13 @@ class BudgetStore:
 
     def spent(self, name: str) -> dict:
         """A silo's lifetime position: its target and what it has spent (reserved +
-        executed, composed); see `store_admin.spent`."""
+        executed, composed); see `store_admin.spent`.
+
+        Parameters
+        ----------
+        name : str
+            The silo.
+        """
         return store_admin.spent(self, name)
 
     # -- the protocol ---------------------------------------------------------------------
@@ -481,11 +430,23 @@ class BudgetStore:
 
     def progress(self, run_id: str) -> list[PlannedCharge]:
         """What the store recorded a run as executing (see `record_progress`); see
-        `store_admin.progress`."""
+        `store_admin.progress`.
+
+        Parameters
+        ----------
+        run_id : str
+            The run's id in the store.
+        """
         return [PlannedCharge(*row) for row in store_admin.progress(self, run_id)]
 
     def owner(self, run_id: str) -> dict | None:
-        """The process that owns a run (pid, host, ..., child); see `store_admin.owner`."""
+        """The process that owns a run (pid, host, ..., child); see `store_admin.owner`.
+
+        Parameters
+        ----------
+        run_id : str
+            The run's id in the store.
+        """
         return store_admin.owner(self, run_id)
 
     def settle(self, run_id: str, executed: list[PlannedCharge], *,
@@ -511,13 +472,10 @@ class BudgetStore:
         """
         self._check_reserved(run_id)
         executed = self._with_floor(run_id, executed)
-        reserved: dict[str, Counter] = {}
-        for text, name, count in self._read(
-                "SELECT c.event, s.name, c.count FROM charges c JOIN silos s ON "
-                "s.id = c.silo_id WHERE c.run_id = ? AND c.status = 'reserved'", (run_id,)):
-            bucket = reserved.setdefault(name, Counter())
-            for e, c in events.flatten(events.from_json(text)).items():
-                bucket[e] += c * count
+        reserved = _per_silo([PlannedCharge(name, "", "", events.from_json(text), count)
+                              for text, name, count in self._read(
+            "SELECT c.event, s.name, c.count FROM charges c JOIN silos s ON s.id = c.silo_id "
+            "WHERE c.run_id = ? AND c.status = 'reserved'", (run_id,))])
         for name, counts in _per_silo(executed).items():
             have = reserved.get(name, Counter())
             if any(c > have.get(e, 0) for e, c in counts.items()):
@@ -571,25 +529,65 @@ class BudgetStore:
         return list(executed) + extra
 
     def run_status(self, run_id: str) -> str | None:
-        """A run's status (None: never seen); see `store_admin.run_status`."""
+        """A run's status (None: never seen); see `store_admin.run_status`.
+
+        Parameters
+        ----------
+        run_id : str
+            The run's id in the store.
+        """
         return store_admin.run_status(self, run_id)
 
     # -- administration -------------------------------------------------------------------
     def reset(self, name: str, reason: str, *, new_cohort: bool = False) -> int:
-        """Start a fresh budget for a silo, logged; see `store_admin.reset`."""
+        """Start a fresh budget for a silo, logged; see `store_admin.reset`.
+
+        Parameters
+        ----------
+        name : str
+            The silo.
+        reason : str
+            Why (required; logged).
+        new_cohort : bool, default False
+            The silo's data is now other people's (logged as a new cohort, not a reset).
+        """
         return store_admin.reset(self, name, reason, new_cohort=new_cohort)
 
     def set_target(self, name: str, target: PrivacyTarget, reason: str) -> None:
-        """Change a silo's lifetime target, logged; see `store_admin.set_target`."""
+        """Change a silo's lifetime target, logged; see `store_admin.set_target`.
+
+        Parameters
+        ----------
+        name : str
+            The silo.
+        target : PrivacyTarget
+            The new lifetime target.
+        reason : str
+            Why (logged).
+        """
         store_admin.set_target(self, name, target, reason)
 
     def charges(self, name: str, *, all_epochs: bool = False) -> list[dict]:
-        """A silo's charges, oldest first; see `store_admin.charges`."""
+        """A silo's charges, oldest first; see `store_admin.charges`.
+
+        Parameters
+        ----------
+        name : str
+            The silo.
+        all_epochs : bool, default False
+            Include charges from before resets.
+        """
         return store_admin.charges(self, name, all_epochs=all_epochs)
 
     def log(self, name: str | None = None) -> list[dict]:
         """The store's log of registrations, resets and target changes; see
-        `store_admin.log`."""
+        `store_admin.log`.
+
+        Parameters
+        ----------
+        name : str, optional
+            Only this silo's entries.
+        """
         return store_admin.log(self, name)
 
     def export(self) -> dict:

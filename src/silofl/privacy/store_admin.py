@@ -1,8 +1,9 @@
 """The budget store's administration and read-only reports (`silofl.privacy.budget`):
+how outputs name the store, its silos and their lifetime targets (given to new silos),
 resets and target changes (each logged with its reason), a silo's lifetime position and
-charges, the store's log, a run's status, progress and owner, and the whole store as plain data.
-Each function works on a `BudgetStore` through the methods below; the store's methods of
-the same names call these."""
+charges, the store's log, a run's status, progress and owner, and the whole store as
+plain data. Each function works on a `BudgetStore` through the methods below; the
+store's methods of the same names call these."""
 
 from __future__ import annotations
 
@@ -44,8 +45,59 @@ class BudgetStore(Protocol):
 
     def _counted(self, silo_id: int, epoch: int) -> Counter: ...
 
-    def silos(self) -> list[str]: ...
 
+
+def describe(store: BudgetStore) -> str:
+    """What outputs print about this store.
+
+    Parameters
+    ----------
+    store : BudgetStore
+        The store.
+
+    Returns
+    -------
+    str
+        Its path and kind (lifetime, demo, scratch).
+    """
+    if store.path is None:
+        return "scratch (in memory)"
+    return f"{store.path} (demo store)" if store.demo else str(store.path)
+
+
+def silos(store: BudgetStore) -> list[str]:
+    """The silos the store knows, in registration order.
+
+    Parameters
+    ----------
+    store : BudgetStore
+        The store.
+
+    Returns
+    -------
+    list of str
+        Silo names.
+    """
+    return [r[0] for r in store._read("SELECT name FROM silos ORDER BY id")]
+
+
+def target(store: BudgetStore, name: str) -> PrivacyTarget | None:
+    """A silo's lifetime target.
+
+    Parameters
+    ----------
+    store : BudgetStore
+        The store.
+    name : str
+        The silo.
+
+    Returns
+    -------
+    PrivacyTarget or None
+        Its lifetime (ε, δ); None if the store has not seen it.
+    """
+    row = store._silo(name)
+    return None if row is None else PrivacyTarget(row[1], row[2])
 
 
 def check_lifetime(store: BudgetStore, name: str, t: PrivacyTarget) -> None:
@@ -70,6 +122,55 @@ def check_lifetime(store: BudgetStore, name: str, t: PrivacyTarget) -> None:
         check_target(t.epsilon, t.delta, f"the lifetime target of silo {name!r}: ")
     except SiloflError as e:
         raise store._error(f"{e}. Nothing was changed") from None
+
+
+def register(store: BudgetStore, targets: dict[str, PrivacyTarget], *,
+             explicit: bool = False) -> None:
+    """Give silos seen for the first time their lifetime target.
+
+    A silo already in the store keeps its target.
+
+    Parameters
+    ----------
+    store : BudgetStore
+        The store.
+    targets : dict of str to PrivacyTarget
+        Lifetime targets by silo name.
+    explicit : bool, default False
+        The user stated these targets: a different target for a known silo is an
+        error rather than silently ignored.
+
+    Raises
+    ------
+    BudgetStoreError
+        An explicit target differs from the stored one.
+    """
+    for name, t in targets.items():  # before the transaction: nothing is written
+        if not store.scratch:  # a scratch store guards nothing (Python experiments)
+            check_lifetime(store, name, t)
+    with store._tx():
+        for name, t in targets.items():
+            row = store._silo(name)
+            if row is None:
+                store._db.execute("INSERT INTO silos (name, epsilon, delta, created) "
+                                  "VALUES (?, ?, ?, ?)", (name, t.epsilon, t.delta,
+                                                          time.time()))
+            elif explicit and (row[1], row[2]) != (t.epsilon, t.delta) and store.demo:
+                # public data: the demo follows the config (logged); if the job then
+                # does not fit, `open_job` restarts the demo budget
+                store._db.execute("UPDATE silos SET epsilon = ?, delta = ? WHERE id = ?",
+                                  (t.epsilon, t.delta, row[0]))
+                store._db.execute(
+                    "INSERT INTO log (time, silo_id, action, reason, detail) VALUES "
+                    "(?, ?, 'set-target', 'demo store: the config states the target', ?)",
+                    (time.time(), row[0], f"ε {row[1]:g} -> {t.epsilon:g}, "
+                                           f"δ {row[2]:g} -> {t.delta:g}"))
+            elif explicit and (row[1], row[2]) != (t.epsilon, t.delta):
+                raise store._error(
+                    f"silo {name!r} has lifetime target ε = {row[1]:g}, δ = {row[2]:g} in "
+                    f"budget store {store.where}, but the config states ε = "
+                    f"{t.epsilon:g}, δ = {t.delta:g}. A lifetime target changes only "
+                    "by `silofl budget set-target` (logged, with a reason)")
 
 
 def spent(store: BudgetStore, name: str) -> dict:
@@ -98,7 +199,7 @@ def spent(store: BudgetStore, name: str) -> dict:
     row = store._silo(name)
     if row is None:
         raise store._error(f"silo {name!r} is not in budget store {store.where}; "
-                           f"silos there: {', '.join(store.silos()) or 'none'}")
+                           f"silos there: {', '.join(silos(store)) or 'none'}")
     sid, eps_t, delta, epoch = row
     counts = store._counted(sid, epoch)
     event = events.compose(counts)
@@ -347,7 +448,7 @@ def export(store: BudgetStore) -> dict:
     return {"store": str(store.path) if store.path else None, "scratch": store.scratch,
             "schema_version": SCHEMA_VERSION,
             "silos": [dict(spent(store, n), charges=charges(store, n, all_epochs=True))
-                      for n in store.silos()],
+                      for n in silos(store)],
             "store_kind": "demo" if store.demo else ("scratch" if store.scratch
                                                      else "lifetime"),
             "runs": [dict(zip(("id", "command", "started", "finished", "status", "noise",

@@ -112,6 +112,25 @@ def migrate_v1(db: sqlite3.Connection, version: int) -> None:
                "owner; progress is recorded per charge')", (time.time(),))
 
 
+def configure(db: sqlite3.Connection, *, on_disk: bool) -> None:
+    """The connection settings of a store.
+
+    Parameters
+    ----------
+    db : sqlite3.Connection
+        The newly opened store.
+    on_disk : bool
+        A file (write-ahead log, full sync), not an in-memory scratch store.
+    """
+    if on_disk:
+        db.execute("PRAGMA journal_mode=WAL")
+        db.execute("PRAGMA synchronous=FULL")
+    db.execute("PRAGMA foreign_keys=ON")
+    # deleted content (e.g. the unkeyed fingerprints a migration replaces) is
+    # overwritten, not left in free pages of the file
+    db.execute("PRAGMA secure_delete=ON")
+
+
 def make_folder(path: Path, error: type[Exception]) -> None:
     """Create the folder of a store file, refusing a path that is a folder or lies under a
     file.
