@@ -48,13 +48,12 @@ from pathlib import Path
 from typing import Any, Self
 
 from silofl.errors import BudgetExceeded, SiloflError
-from silofl.privacy import accounting, events, runlock, store_paths, store_registry
+from silofl.privacy import events, runlock, store_admin, store_paths, store_registry
 from silofl.privacy.ledger import tightest
-from silofl.privacy.store_schema import SCHEMA_VERSION, prepare
-from silofl.privacy.targets import PrivacyTarget, check_target
+from silofl.privacy.store_schema import configure, db_error, make_folder, prepare
+from silofl.privacy.targets import PrivacyTarget
 
 SCRATCH_NOTE = "scratch budget store: an experiment, not a release"
-
 
 
 class BudgetStoreError(SiloflError):
@@ -72,32 +71,18 @@ class PlannedCharge:
     count: int = 1
 
 
-def _check_lifetime(name: str, t: PrivacyTarget) -> None:
-    """A lifetime target in the range every job target is held to (`privacy.targets`):
-    under δ ≥ 0.5 every charge composes to ε ≈ 0, so the budget would never run out."""
-    try:
-        check_target(t.epsilon, t.delta, f"the lifetime target of silo {name!r}: ")
-    except SiloflError as e:
-        raise BudgetStoreError(f"{e}. Nothing was changed") from None
-
-
-def _make_folder(path: Path) -> None:
-    """Create the folder of a store file, refusing a path that is a folder or lies under a file."""
-    if path.is_dir():
-        raise BudgetStoreError(f"budget store {str(path)!r} is a directory; "
-                               "give a file path such as stores/budget.sqlite")
-    for parent in path.parents:
-        if parent.exists():
-            if not parent.is_dir():
-                raise BudgetStoreError(
-                    f"budget store {str(path)!r} cannot be created: "
-                    f"{str(parent)!r} is a file, not a folder; choose another path")
-            break
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise BudgetStoreError(f"cannot create the folder of budget store "
-                               f"{str(path)!r}: {e.strerror}") from None
+def _per_silo(charges: list[PlannedCharge], *, nonnegative: bool = False
+              ) -> dict[str, Counter]:
+    """Base-event counts per silo of `charges` (a negative count is refused if
+    `nonnegative`, where it is met)."""
+    by_silo: dict[str, Counter] = {}
+    for p in charges:
+        if nonnegative and p.count < 0:
+            raise ValueError("a charge count cannot be negative")
+        bucket = by_silo.setdefault(p.silo, Counter())
+        for e, c in events.flatten(p.event).items():
+            bucket[e] += c * p.count
+    return by_silo
 
 
 def new_run_id() -> str:
@@ -141,6 +126,9 @@ class BudgetStore:
         schema, or a demo/lifetime mismatch.
     """
 
+    #: what `store_admin` raises for this store (it cannot import this module)
+    _error = BudgetStoreError
+
     def __init__(self, path: str | Path | None, *, timeout: float = 30.0,
                  demo: bool = False):
         self.path = None if path is None else Path(path)
@@ -154,18 +142,12 @@ class BudgetStore:
         #: the demo store of the built-in public data (`store_paths.DEMO_NOTE`)
         self.demo = demo
         if self.path is not None:
-            _make_folder(self.path)
+            make_folder(self.path, BudgetStoreError)
             self.created = not self.path.exists()
         try:
             self._db = sqlite3.connect(":memory:" if path is None else str(self.path),
                                        timeout=timeout, isolation_level=None)
-            if path is not None:
-                self._db.execute("PRAGMA journal_mode=WAL")
-                self._db.execute("PRAGMA synchronous=FULL")
-            self._db.execute("PRAGMA foreign_keys=ON")
-            # deleted content (e.g. the unkeyed fingerprints a migration replaces) is
-            # overwritten, not left in free pages of the file
-            self._db.execute("PRAGMA secure_delete=ON")
+            configure(self._db, on_disk=path is not None)
             with self._tx():
                 self._secret, migrated = prepare(self._db, demo, self.where, BudgetStoreError)
             if migrated:  # the old pages leave the write-ahead log too
@@ -194,30 +176,12 @@ class BudgetStore:
         return "(in-memory scratch)" if self.path is None else repr(str(self.path))
 
     def describe(self) -> str:
-        """What outputs print about this store.
-
-        Returns
-        -------
-        str
-            Its path and kind (lifetime, demo, scratch).
-        """
-        if self.path is None:
-            return "scratch (in memory)"
-        return f"{self.path} (demo store)" if self.demo else str(self.path)
+        """What outputs print about this store (its path and kind); see
+        `store_admin.describe`."""
+        return store_admin.describe(self)
 
     def _db_error(self, e: Exception) -> BudgetStoreError:
-        msg = str(e)
-        if "locked" in msg or "busy" in msg:
-            return BudgetStoreError(
-                f"budget store {self.where} is locked by another process (waited for it); "
-                "wait for that run to finish and try again")
-        if "readonly" in msg or "unable to open" in msg:
-            return BudgetStoreError(f"cannot write budget store {self.where}: {msg}; check "
-                                    "its permissions and the disk")
-        return BudgetStoreError(
-            f"budget store {self.where} is not a readable silofl budget database ({msg}). "
-            "Do not delete it: it is the only record of what each silo has spent; restore "
-            "it from a backup, or point [budget] store at the right file")
+        return db_error(e, self.where, BudgetStoreError)
 
     @contextmanager
     def _tx(self) -> Iterator[None]:
@@ -259,75 +223,31 @@ class BudgetStore:
         return rows[0] if rows else None
 
     def silos(self) -> list[str]:
-        """The silos the store knows, in registration order.
-
-        Returns
-        -------
-        list of str
-            Silo names.
-        """
-        return [r[0] for r in self._read("SELECT name FROM silos ORDER BY id")]
+        """The silos the store knows, in registration order; see `store_admin.silos`."""
+        return store_admin.silos(self)
 
     def target(self, name: str) -> PrivacyTarget | None:
-        """A silo's lifetime target.
+        """A silo's lifetime target (None if unknown); see `store_admin.target`.
 
         Parameters
         ----------
         name : str
             The silo.
-
-        Returns
-        -------
-        PrivacyTarget or None
-            Its lifetime (ε, δ); None if the store has not seen it.
         """
-        row = self._silo(name)
-        return None if row is None else PrivacyTarget(row[1], row[2])
+        return store_admin.target(self, name)
 
     def register(self, targets: dict[str, PrivacyTarget], *, explicit: bool = False) -> None:
-        """Give silos seen for the first time their lifetime target.
-
-        A silo already in the store keeps its target.
+        """Give silos seen for the first time their lifetime target (a silo already in the
+        store keeps its own); see `store_admin.register`.
 
         Parameters
         ----------
         targets : dict of str to PrivacyTarget
             Lifetime targets by silo name.
         explicit : bool, default False
-            The user stated these targets: a different target for a known silo is an
-            error rather than silently ignored.
-
-        Raises
-        ------
-        BudgetStoreError
-            An explicit target differs from the stored one.
+            The user stated these targets: a different one for a known silo is an error.
         """
-        for name, t in targets.items():  # before the transaction: nothing is written
-            if not self.scratch:  # a scratch store guards nothing (Python experiments)
-                _check_lifetime(name, t)
-        with self._tx():
-            for name, t in targets.items():
-                row = self._silo(name)
-                if row is None:
-                    self._db.execute("INSERT INTO silos (name, epsilon, delta, created) "
-                                     "VALUES (?, ?, ?, ?)", (name, t.epsilon, t.delta,
-                                                             time.time()))
-                elif explicit and (row[1], row[2]) != (t.epsilon, t.delta) and self.demo:
-                    # public data: the demo follows the config (logged); if the job then
-                    # does not fit, `open_job` restarts the demo budget
-                    self._db.execute("UPDATE silos SET epsilon = ?, delta = ? WHERE id = ?",
-                                     (t.epsilon, t.delta, row[0]))
-                    self._db.execute(
-                        "INSERT INTO log (time, silo_id, action, reason, detail) VALUES "
-                        "(?, ?, 'set-target', 'demo store: the config states the target', ?)",
-                        (time.time(), row[0], f"ε {row[1]:g} -> {t.epsilon:g}, "
-                                              f"δ {row[2]:g} -> {t.delta:g}"))
-                elif explicit and (row[1], row[2]) != (t.epsilon, t.delta):
-                    raise BudgetStoreError(
-                        f"silo {name!r} has lifetime target ε = {row[1]:g}, δ = {row[2]:g} in "
-                        f"budget store {self.where}, but the config states ε = "
-                        f"{t.epsilon:g}, δ = {t.delta:g}. A lifetime target changes only "
-                        "by `silofl budget set-target` (logged, with a reason)")
+        store_admin.register(self, targets, explicit=explicit)
 
     # -- composition ----------------------------------------------------------------------
     def _counted(self, silo_id: int, epoch: int) -> Counter:
@@ -341,47 +261,15 @@ class BudgetStore:
         return counts
 
     def spent(self, name: str) -> dict:
-        """A silo's lifetime position: its target and what it has spent.
+        """A silo's lifetime position: its target and what it has spent (reserved +
+        executed, composed); see `store_admin.spent`.
 
         Parameters
         ----------
         name : str
             The silo.
-
-        Returns
-        -------
-        dict
-            ``target_epsilon``, ``delta``, ``epsilon`` (spent: reserved + executed,
-            composed, the tightest guarantee), ``accountant``, ``epsilon_rdp``,
-            ``epsilon_pld``, ``remaining``, ``unfinished_runs``, ``within_target``,
-            ``epoch``, ``reset``.
-
-        Raises
-        ------
-        BudgetStoreError
-            The store has no such silo.
         """
-        row = self._silo(name)
-        if row is None:
-            raise BudgetStoreError(f"silo {name!r} is not in budget store {self.where}; "
-                                   f"silos there: {', '.join(self.silos()) or 'none'}")
-        sid, eps_t, delta, epoch = row
-        counts = self._counted(sid, epoch)
-        event = events.compose(counts)
-        eps, kind = tightest(event, delta)
-        both = accounting.epsilons(event, delta)
-        reserved = self._read("SELECT COUNT(DISTINCT run_id) FROM charges WHERE silo_id = ? "
-                              "AND epoch = ? AND status = 'reserved'", (sid, epoch))[0][0]
-        # the latest `reset` (not a new cohort): the same people's earlier charges are out
-        last = self._read("SELECT action, reason, time FROM log WHERE silo_id = ? AND action "
-                          "IN ('reset', 'new-cohort') ORDER BY id DESC LIMIT 1", (sid,))
-        reset = ({"reason": last[0][1], "time": last[0][2]}
-                 if last and last[0][0] == "reset" else None)
-        return {"silo": name, "target_epsilon": eps_t, "delta": delta, "epoch": epoch,
-                "epsilon": eps, "accountant": kind, "epsilon_rdp": both["rdp"],
-                "epsilon_pld": both["pld"], "remaining": max(eps_t - eps, 0.0),
-                "unfinished_runs": reserved, "within_target": eps <= eps_t,
-                "reset": reset}
+        return store_admin.spent(self, name)
 
     # -- the protocol ---------------------------------------------------------------------
     def reserve(self, run_id: str, planned: list[PlannedCharge], *, command: str,
@@ -410,61 +298,16 @@ class BudgetStore:
         BudgetExceeded
             Naming every silo that cannot pay; nothing is recorded.
         """
-        by_silo: dict[str, Counter] = {}
-        for p in planned:
-            if p.count < 0:
-                raise ValueError("a charge count cannot be negative")
-            bucket = by_silo.setdefault(p.silo, Counter())
-            for e, c in events.flatten(p.event).items():
-                bucket[e] += c * p.count
+        by_silo = _per_silo(planned, nonnegative=True)
         digests = fingerprints or {}
         fingerprints = {n: self.keyed(d) for n, d in digests.items()}
         now = time.time()
-        fresh = []  # silos with no charge in this store before: checked in the registry
         with self._tx():
             if parent is not None:
                 self._check_parent(parent)
-            problems = []
-            ids = {}
-            for name, added in by_silo.items():
-                row = self._silo(name)
-                if row is None:
-                    raise BudgetStoreError(f"silo {name!r} has no lifetime target in budget "
-                                           f"store {self.where}; register it first")
-                sid, eps_t, delta, epoch = ids[name] = row
-                eps, kind = tightest(events.compose(self._counted(sid, epoch) + added),
-                                     delta)
-                if not eps <= eps_t:  # no tolerance: a violation can never round to a pass
-                    before, _ = tightest(events.compose(self._counted(sid, epoch)), delta)
-                    problems.append(
-                        f"silo {name!r}: lifetime ε would reach {eps:.4g} ({kind}) > its "
-                        f"target {eps_t:g} (δ = {delta:g}); already spent {before:.4g}")
-            if problems:
-                raise BudgetExceeded(
-                    "; ".join(problems) + f". Nothing was executed (budget store "
-                    f"{self.where}; `silofl budget show` lists every charge). Spend less "
-                    "(fewer rounds or methods, a smaller ε for this run), or — only if the "
-                    "silo's data governance allows — raise its lifetime target with "
-                    "`silofl budget set-target`; for an experiment on one machine use a scratch "
-                    "store (`silofl run --scratch`), whose reports say it is not a release")
-            self._db.execute(
-                "INSERT INTO runs VALUES (?, ?, ?, NULL, 'reserved', ?, ?, ?, ?, ?)",
-                (run_id, command, now, noise, runlock.host(), os.getpid(),
-                 runlock.process_start(os.getpid()), parent))
-            fresh = [n for n in ids if self._db.execute(
-                "SELECT 1 FROM charges WHERE silo_id = ? LIMIT 1", (ids[n][0],)).fetchone()
-                is None]
-            for name, fp in fingerprints.items():
-                if name in ids:
-                    self._note_fingerprint(ids[name][0], ids[name][3], fp, run_id, now)
-            for p in planned:
-                sid, _, _, epoch = ids[p.silo]
-                self._db.execute(
-                    "INSERT INTO charges (silo_id, epoch, run_id, method, label, event, "
-                    "count, status, time, fingerprint) VALUES (?, ?, ?, ?, ?, ?, ?, "
-                    "'reserved', ?, ?)", (sid, epoch, run_id, p.method, p.label,
-                                          events.to_json(p.event), p.count, now,
-                                          fingerprints.get(p.silo)))
+            ids = self._check_fits(by_silo)
+            fresh = self._write_reservation(run_id, planned, ids, fingerprints, now,
+                                            command=command, noise=noise, parent=parent)
         if self.path is not None and not self.demo and digests:
             # a silo is new to a store once (the newcomer review: a networked silo's own new
             # store was re-flagged at every round of the same process)
@@ -472,6 +315,61 @@ class BudgetStore:
             store_registry.check(self, self.path, run_id,
                                  {n: d for n, d in digests.items() if n in ids}, new)
             self._registered |= set(ids)
+
+    def _check_fits(self, by_silo: dict[str, Counter]) -> dict[str, tuple]:
+        """Inside the reservation's transaction: every silo is registered and its lifetime ε
+        with `by_silo` (its added base-event counts) stays within its target, or raise
+        `BudgetExceeded` naming every silo that cannot pay. Returns each silo's row."""
+        problems = []
+        ids = {}
+        for name, added in by_silo.items():
+            row = self._silo(name)
+            if row is None:
+                raise BudgetStoreError(f"silo {name!r} has no lifetime target in budget "
+                                       f"store {self.where}; register it first")
+            sid, eps_t, delta, epoch = ids[name] = row
+            eps, kind = tightest(events.compose(self._counted(sid, epoch) + added), delta)
+            if not eps <= eps_t:  # no tolerance: a violation can never round to a pass
+                before, _ = tightest(events.compose(self._counted(sid, epoch)), delta)
+                problems.append(
+                    f"silo {name!r}: lifetime ε would reach {eps:.4g} ({kind}) > its "
+                    f"target {eps_t:g} (δ = {delta:g}); already spent {before:.4g}")
+        if problems:
+            raise BudgetExceeded(
+                "; ".join(problems) + f". Nothing was executed (budget store "
+                f"{self.where}; `silofl budget show` lists every charge). Spend less "
+                "(fewer rounds or methods, a smaller ε for this run), or — only if the "
+                "silo's data governance allows — raise its lifetime target with "
+                "`silofl budget set-target`; for an experiment on one machine use a scratch "
+                "store (`silofl run --scratch`), whose reports say it is not a release")
+        return ids
+
+    def _write_reservation(self, run_id: str, planned: list[PlannedCharge],
+                           ids: dict[str, tuple], fingerprints: dict[str, str], now: float,
+                           *, command: str, noise: str, parent: str | None) -> list[str]:
+        """Inside the reservation's transaction, after `_check_fits`: the run row, the
+        data-change notes and the reserved charges (`fingerprints` keyed). Returns the
+        silos that had no charge in this store before (checked in the machine registry)."""
+        self._db.execute(
+            "INSERT INTO runs VALUES (?, ?, ?, NULL, 'reserved', ?, ?, ?, ?, ?)",
+            (run_id, command, now, noise, runlock.host(), os.getpid(),
+             runlock.process_start(os.getpid()), parent))
+        fresh = [n for n in ids if self._db.execute(
+            "SELECT 1 FROM charges WHERE silo_id = ? LIMIT 1", (ids[n][0],)).fetchone()
+            is None]
+        for name, fp in fingerprints.items():
+            if name in ids:
+                store_registry.note_data_change(self, ids[name][0], ids[name][3], fp,
+                                                run_id, now)
+        for p in planned:
+            sid, _, _, epoch = ids[p.silo]
+            self._db.execute(
+                "INSERT INTO charges (silo_id, epoch, run_id, method, label, event, "
+                "count, status, time, fingerprint) VALUES (?, ?, ?, ?, ?, ?, ?, "
+                "'reserved', ?, ?)", (sid, epoch, run_id, p.method, p.label,
+                                      events.to_json(p.event), p.count, now,
+                                      fingerprints.get(p.silo)))
+        return fresh
 
     def _check_parent(self, parent: str) -> None:
         row = self._db.execute("SELECT status FROM runs WHERE id = ?", (parent,)).fetchone()
@@ -531,58 +429,25 @@ class BudgetStore:
                 self._db.execute("PRAGMA synchronous=FULL")
 
     def progress(self, run_id: str) -> list[PlannedCharge]:
-        """What the store recorded a run as executing (see `record_progress`).
+        """What the store recorded a run as executing (see `record_progress`); see
+        `store_admin.progress`.
 
         Parameters
         ----------
         run_id : str
             The run's id in the store.
-
-        Returns
-        -------
-        list of PlannedCharge
-            The recorded charges.
         """
-        return [PlannedCharge(name, method, label, events.from_json(ev), count)
-                for name, method, label, ev, count in self._read(
-                    "SELECT s.name, p.method, p.label, p.event, p.count FROM progress p "
-                    "JOIN silos s ON s.id = p.silo_id WHERE p.run_id = ? ORDER BY s.id, "
-                    "p.method, p.label", (run_id,))]
+        return [PlannedCharge(*row) for row in store_admin.progress(self, run_id)]
 
     def owner(self, run_id: str) -> dict | None:
-        """The process that owns a run.
+        """The process that owns a run (pid, host, ..., child); see `store_admin.owner`.
 
         Parameters
         ----------
         run_id : str
             The run's id in the store.
-
-        Returns
-        -------
-        dict or None
-            pid, host, proc_start, status, parent, command and child; None for an
-            unknown run.
         """
-        rows = self._read("SELECT pid, host, proc_start, status, parent, command FROM runs "
-                          "WHERE id = ?", (run_id,))
-        if not rows:
-            return None
-        child = self._read("SELECT id FROM runs WHERE parent = ?", (run_id,))
-        return dict(zip(("pid", "host", "proc_start", "status", "parent", "command"), rows[0]),
-                    child=child[0][0] if child else None)
-
-    def _note_fingerprint(self, sid: int, epoch: int, fp: str, run_id: str,
-                          now: float) -> None:
-        last = self._db.execute(
-            "SELECT fingerprint FROM charges WHERE silo_id = ? AND epoch = ? AND "
-            "fingerprint IS NOT NULL ORDER BY id DESC LIMIT 1", (sid, epoch)).fetchone()
-        if last is not None and last[0] != fp:
-            self._db.execute(
-                "INSERT INTO log (time, silo_id, action, reason, detail) VALUES "
-                "(?, ?, 'data-changed', ?, ?)",
-                (now, sid, f"run {run_id} reads different data than the last charge",
-                 f"{last[0]} -> {fp}; the budget carries over (the composition covers "
-                 "everyone present in both versions)"))
+        return store_admin.owner(self, run_id)
 
     def settle(self, run_id: str, executed: list[PlannedCharge], *,
                status: str = "finished") -> None:
@@ -607,19 +472,11 @@ class BudgetStore:
         """
         self._check_reserved(run_id)
         executed = self._with_floor(run_id, executed)
-        reserved: dict[str, Counter] = {}
-        for text, name, count in self._read(
-                "SELECT c.event, s.name, c.count FROM charges c JOIN silos s ON "
-                "s.id = c.silo_id WHERE c.run_id = ? AND c.status = 'reserved'", (run_id,)):
-            bucket = reserved.setdefault(name, Counter())
-            for e, c in events.flatten(events.from_json(text)).items():
-                bucket[e] += c * count
-        done: dict[str, Counter] = {}
-        for p in executed:
-            bucket = done.setdefault(p.silo, Counter())
-            for e, c in events.flatten(p.event).items():
-                bucket[e] += c * p.count
-        for name, counts in done.items():
+        reserved = _per_silo([PlannedCharge(name, "", "", events.from_json(text), count)
+                              for text, name, count in self._read(
+            "SELECT c.event, s.name, c.count FROM charges c JOIN silos s ON s.id = c.silo_id "
+            "WHERE c.run_id = ? AND c.status = 'reserved'", (run_id,))])
+        for name, counts in _per_silo(executed).items():
             have = reserved.get(name, Counter())
             if any(c > have.get(e, 0) for e, c in counts.items()):
                 raise BudgetStoreError(f"run {run_id} executed more on silo {name!r} than it "
@@ -672,27 +529,18 @@ class BudgetStore:
         return list(executed) + extra
 
     def run_status(self, run_id: str) -> str | None:
-        """A run's status.
+        """A run's status (None: never seen); see `store_admin.run_status`.
 
         Parameters
         ----------
         run_id : str
             The run's id in the store.
-
-        Returns
-        -------
-        str or None
-            "reserved" (not settled: running, or killed), "finished", "failed", ...;
-            None if the store never saw the run.
         """
-        rows = self._read("SELECT status FROM runs WHERE id = ?", (run_id,))
-        return rows[0][0] if rows else None
+        return store_admin.run_status(self, run_id)
 
     # -- administration -------------------------------------------------------------------
     def reset(self, name: str, reason: str, *, new_cohort: bool = False) -> int:
-        """Start a fresh budget for a silo (only when its data governance allows it).
-
-        Earlier charges stay in the database for audit and are no longer composed.
+        """Start a fresh budget for a silo, logged; see `store_admin.reset`.
 
         Parameters
         ----------
@@ -702,33 +550,11 @@ class BudgetStore:
             Why (required; logged).
         new_cohort : bool, default False
             The silo's data is now other people's (logged as a new cohort, not a reset).
-
-        Returns
-        -------
-        int
-            The new epoch.
-
-        Raises
-        ------
-        BudgetStoreError
-            No reason, or an unknown silo.
         """
-        if not reason or not reason.strip():
-            raise BudgetStoreError("a budget reset needs a reason (it is logged)")
-        with self._tx():
-            row = self._silo(name)
-            if row is None:
-                raise BudgetStoreError(f"silo {name!r} is not in budget store {self.where}")
-            epoch = row[3] + 1
-            self._db.execute("UPDATE silos SET epoch = ? WHERE id = ?", (epoch, row[0]))
-            self._db.execute("INSERT INTO log (time, silo_id, action, reason, detail) "
-                             "VALUES (?, ?, ?, ?, ?)",
-                             (time.time(), row[0], "new-cohort" if new_cohort else "reset",
-                              reason.strip(), f"epoch {row[3]} -> {epoch}"))
-        return epoch
+        return store_admin.reset(self, name, reason, new_cohort=new_cohort)
 
     def set_target(self, name: str, target: PrivacyTarget, reason: str) -> None:
-        """Change a silo's lifetime target.
+        """Change a silo's lifetime target, logged; see `store_admin.set_target`.
 
         Parameters
         ----------
@@ -738,39 +564,11 @@ class BudgetStore:
             The new lifetime target.
         reason : str
             Why (logged).
-
-        Raises
-        ------
-        BudgetStoreError
-            A target below what the silo has already spent (composed at the new δ): it
-            would print a lifetime position the released models already break.
         """
-        if not reason or not reason.strip():
-            raise BudgetStoreError("changing a lifetime target needs a reason (it is logged)")
-        _check_lifetime(name, target)
-        with self._tx():
-            row = self._silo(name)
-            if row is None:
-                raise BudgetStoreError(f"silo {name!r} is not in budget store {self.where}")
-            spent, kind = tightest(events.compose(self._counted(row[0], row[3])),
-                                   target.delta)
-            if not spent <= target.epsilon:
-                raise BudgetStoreError(
-                    f"silo {name!r} has already spent ε = {spent:.4g} ({kind}, at δ = "
-                    f"{target.delta:g}, reserved and executed charges of the current epoch); "
-                    f"the requested lifetime target ε = {target.epsilon:g} is below that. "
-                    "Nothing was changed: a target can only be lowered to at least what is "
-                    "spent")
-            self._db.execute("UPDATE silos SET epsilon = ?, delta = ? WHERE id = ?",
-                             (target.epsilon, target.delta, row[0]))
-            self._db.execute("INSERT INTO log (time, silo_id, action, reason, detail) "
-                             "VALUES (?, ?, 'set-target', ?, ?)",
-                             (time.time(), row[0], reason.strip(),
-                              f"ε {row[1]:g} -> {target.epsilon:g}, "
-                              f"δ {row[2]:g} -> {target.delta:g}"))
+        store_admin.set_target(self, name, target, reason)
 
     def charges(self, name: str, *, all_epochs: bool = False) -> list[dict]:
-        """A silo's charges, oldest first.
+        """A silo's charges, oldest first; see `store_admin.charges`.
 
         Parameters
         ----------
@@ -778,63 +576,20 @@ class BudgetStore:
             The silo.
         all_epochs : bool, default False
             Include charges from before resets.
-
-        Returns
-        -------
-        list of dict
-            One dict per charge: epoch, run, command, method, label, event, count,
-            status, time, fingerprint, noise, run_status.
         """
-        row = self._silo(name)
-        if row is None:
-            raise BudgetStoreError(f"silo {name!r} is not in budget store {self.where}")
-        sql = ("SELECT c.epoch, c.run_id, r.command, c.method, c.label, c.event, c.count, "
-               "c.status, c.time, c.fingerprint, r.noise, r.status FROM charges c JOIN runs r "
-               "ON r.id = c.run_id WHERE c.silo_id = ?" + ("" if all_epochs else
-                                                           " AND c.epoch = ?") +
-               " ORDER BY c.id")
-        args = (row[0],) if all_epochs else (row[0], row[3])
-        keys = ("epoch", "run", "command", "method", "label", "event", "count", "status",
-                "time", "fingerprint", "noise", "run_status")
-        return [dict(zip(keys, r)) for r in self._read(sql, args)]
+        return store_admin.charges(self, name, all_epochs=all_epochs)
 
     def log(self, name: str | None = None) -> list[dict]:
-        """The store's log of registrations, resets and target changes.
+        """The store's log of registrations, resets and target changes; see
+        `store_admin.log`.
 
         Parameters
         ----------
         name : str, optional
             Only this silo's entries.
-
-        Returns
-        -------
-        list of dict
-            ``time``, ``silo``, ``action``, ``reason``, ``detail``, oldest first.
         """
-        sql = ("SELECT l.time, s.name, l.action, l.reason, l.detail FROM log l LEFT JOIN "
-               "silos s ON s.id = l.silo_id" + (" WHERE s.name = ?" if name else "") +
-               " ORDER BY l.id")
-        return [dict(zip(("time", "silo", "action", "reason", "detail"), r))
-                for r in self._read(sql, (name,) if name else ())]
+        return store_admin.log(self, name)
 
     def export(self) -> dict:
-        """Everything in the store as plain data.
-
-        Returns
-        -------
-        dict
-            The store's path and kind, schema version, every silo's position with all
-            its charges, and the runs; JSON-ready.
-        """
-        return {"store": str(self.path) if self.path else None, "scratch": self.scratch,
-                "schema_version": SCHEMA_VERSION,
-                "silos": [dict(self.spent(n),
-                               charges=self.charges(n, all_epochs=True)) for n in self.silos()],
-                "store_kind": "demo" if self.demo else ("scratch" if self.scratch
-                                                        else "lifetime"),
-                "runs": [dict(zip(("id", "command", "started", "finished", "status", "noise",
-                                   "host", "pid", "proc_start", "parent"), r))
-                         for r in self._read(
-                             "SELECT id, command, started, finished, status, noise, host, "
-                             "pid, proc_start, parent FROM runs ORDER BY started")],
-                "log": self.log()}
+        """Everything in the store as plain data; see `store_admin.export`."""
+        return store_admin.export(self)

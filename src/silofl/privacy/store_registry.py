@@ -2,7 +2,9 @@
 reserved a run, record its charges and that run, and flag (warning + store log) a silo
 new to the store whose data was charged elsewhere on this machine (another store, or this
 one under another silo name) and a store that lacks the run recorded before (deleted,
-replaced or restored from an older copy). Flags are warnings: the run goes on."""
+replaced or restored from an older copy). Flags are warnings: the run goes on. Inside a
+reservation, a silo whose data changed since its last charge is logged the same way
+(`note_data_change`)."""
 
 from __future__ import annotations
 
@@ -80,6 +82,38 @@ def check(store: BudgetStore, path: Path, run_id: str, digests: dict[str, str],
         f"machine ({text}). Its lifetime position does NOT include those charges: the "
         "same people's privacy was spent there too. Use (or restore) that store "
         "(--store) unless this really is a separate budget", stacklevel=3)
+
+
+def note_data_change(store: BudgetStore, sid: int, epoch: int, fp: str, run_id: str,
+                     now: float) -> None:
+    """Inside a reservation's transaction: log (not refuse) that run `run_id` reads other
+    data than the silo's last charge of this epoch; the budget carries over.
+
+    Parameters
+    ----------
+    store : BudgetStore
+        The store reserving the run.
+    sid : int
+        The silo's id in the store.
+    epoch : int
+        Its current epoch.
+    fp : str
+        The keyed fingerprint of the data the run reads.
+    run_id : str
+        The run.
+    now : float
+        The reservation's time (seconds since the epoch).
+    """
+    last = store._db.execute(
+        "SELECT fingerprint FROM charges WHERE silo_id = ? AND epoch = ? AND "
+        "fingerprint IS NOT NULL ORDER BY id DESC LIMIT 1", (sid, epoch)).fetchone()
+    if last is not None and last[0] != fp:
+        store._db.execute(
+            "INSERT INTO log (time, silo_id, action, reason, detail) VALUES "
+            "(?, ?, 'data-changed', ?, ?)",
+            (now, sid, f"run {run_id} reads different data than the last charge",
+             f"{last[0]} -> {fp}; the budget carries over (the composition covers "
+             "everyone present in both versions)"))
 
 
 def _here(path: Path, name: str, digest: str) -> str:

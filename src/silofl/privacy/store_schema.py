@@ -1,4 +1,5 @@
-"""The budget store's SQLite schema, its creation and its migrations (`silofl.privacy.budget`)."""
+"""The budget store's SQLite schema, its creation and its migrations, the folder of its
+file and what a database error means to the user (`silofl.privacy.budget`)."""
 
 from __future__ import annotations
 
@@ -6,10 +7,14 @@ import re
 import secrets
 import sqlite3
 import time
+from pathlib import Path
+from typing import TypeVar
 
 from silofl.privacy.store_paths import keyed
 
 SCHEMA_VERSION = 2
+
+E = TypeVar("E", bound=Exception)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -105,3 +110,82 @@ def migrate_v1(db: sqlite3.Connection, version: int) -> None:
     db.execute("INSERT INTO log (time, silo_id, action, reason, detail) VALUES (?, NULL, "
                "'migrate', 'schema 1 -> 2', 'fingerprints re-keyed; runs record their "
                "owner; progress is recorded per charge')", (time.time(),))
+
+
+def configure(db: sqlite3.Connection, *, on_disk: bool) -> None:
+    """The connection settings of a store.
+
+    Parameters
+    ----------
+    db : sqlite3.Connection
+        The newly opened store.
+    on_disk : bool
+        A file (write-ahead log, full sync), not an in-memory scratch store.
+    """
+    if on_disk:
+        db.execute("PRAGMA journal_mode=WAL")
+        db.execute("PRAGMA synchronous=FULL")
+    db.execute("PRAGMA foreign_keys=ON")
+    # deleted content (e.g. the unkeyed fingerprints a migration replaces) is
+    # overwritten, not left in free pages of the file
+    db.execute("PRAGMA secure_delete=ON")
+
+
+def make_folder(path: Path, error: type[Exception]) -> None:
+    """Create the folder of a store file, refusing a path that is a folder or lies under a
+    file.
+
+    Parameters
+    ----------
+    path : Path
+        The store file.
+    error : type
+        The exception raised (`BudgetStoreError`).
+    """
+    if path.is_dir():
+        raise error(f"budget store {str(path)!r} is a directory; "
+                    "give a file path such as stores/budget.sqlite")
+    for parent in path.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise error(
+                    f"budget store {str(path)!r} cannot be created: "
+                    f"{str(parent)!r} is a file, not a folder; choose another path")
+            break
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise error(f"cannot create the folder of budget store "
+                    f"{str(path)!r}: {e.strerror}") from None
+
+
+def db_error(e: Exception, where: str, error: type[E]) -> E:
+    """What a database error of the store means to the user: locked, unwritable, or not a
+    silofl budget database (never delete it).
+
+    Parameters
+    ----------
+    e : Exception
+        The sqlite3 error.
+    where : str
+        How messages name the store.
+    error : type
+        The exception to build (`BudgetStoreError`).
+
+    Returns
+    -------
+    Exception
+        An `error` with the message, to raise.
+    """
+    msg = str(e)
+    if "locked" in msg or "busy" in msg:
+        return error(
+            f"budget store {where} is locked by another process (waited for it); "
+            "wait for that run to finish and try again")
+    if "readonly" in msg or "unable to open" in msg:
+        return error(f"cannot write budget store {where}: {msg}; check "
+                     "its permissions and the disk")
+    return error(
+        f"budget store {where} is not a readable silofl budget database ({msg}). "
+        "Do not delete it: it is the only record of what each silo has spent; restore "
+        "it from a backup, or point [budget] store at the right file")
