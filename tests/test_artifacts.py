@@ -321,6 +321,6 @@ def test_sklearn_missing_names_the_install(heart_run, monkeypatch):
 
 
 def test_version_option():
-    from silofl.experiments.artifacts import silofl_version
+    from silofl._version import silofl_version
     res = runner.invoke(app, ["--version"])
     assert res.exit_code == 0 and silofl_version() in res.output

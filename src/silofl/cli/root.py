@@ -19,7 +19,7 @@ err = Console(stderr=True)
 
 def _version(value: bool) -> None:
     if value:
-        from silofl.experiments.artifacts import silofl_version
+        from silofl._version import silofl_version
         console.print(f"silofl {silofl_version()}")
         raise typer.Exit()
 

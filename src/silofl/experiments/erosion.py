@@ -44,6 +44,7 @@ from silofl.experiments import build
 from silofl.experiments import contribution as C
 from silofl.experiments import contribution_report as CR
 from silofl.experiments.figures import alpha_lines
+from silofl.experiments.notes import job_notes
 from silofl.experiments.run import (
     ADJACENCY,
     _base_dir,
@@ -53,7 +54,6 @@ from silofl.experiments.run import (
     _prepare,
     _preprocess,
     check_demo_store,
-    job_notes,
     open_store,
 )
 from silofl.io import json_safe, savefig_atomic, write_json_atomic

@@ -27,8 +27,9 @@ from silofl.algorithms import LAMBDA_METHODS, LOCAL_DP_METHODS
 from silofl.config import Config
 from silofl.data.preprocess import apply_preprocessing
 from silofl.errors import ConfigError
-from silofl.experiments import artifacts, build, signals
+from silofl.experiments import build, saving, signals
 from silofl.experiments.figures import alpha_over_rounds
+from silofl.experiments.notes import ASSUMPTIONS, LOCAL_DP_NOTE, job_notes, reset_notes
 from silofl.experiments.quality import QUALITY_NOTE, assess, warnings_of
 from silofl.experiments.reference import add_nonprivate_reference
 from silofl.experiments.report import plot_history
@@ -40,7 +41,6 @@ from silofl.io import (
 )
 from silofl.privacy import accounting, events, store_paths
 from silofl.privacy.budget import (
-    SCRATCH_NOTE,
     BudgetStore,
     PlannedCharge,
 )
@@ -48,55 +48,9 @@ from silofl.privacy.ledger import silo_file_id, tightest
 from silofl.privacy.randomness import Randomness
 from silofl.privacy.targets import ADJACENCY, PrivacyTarget
 from silofl.runtime.job import NO_METHOD, fingerprints, open_job
-from silofl.runtime.plan import SEEDED_NOTE, plan_job
+from silofl.runtime.plan import plan_job
 from silofl.runtime.simulator import RunResult, bind_data, simulate
 from silofl.tuning import setup as tuning_setup
-
-ASSUMPTIONS = (
-    "Silo sizes n_k are treated as public: they set the sampling rate q = b/n_k, the noise "
-    "calibration, the averaging weights (weighted = true) and IFCA's score sensitivity.",
-    "Per-round test metrics are computed on each silo's held-out test rows for the "
-    "researcher and are not privatized: release the models, not those metrics. The same "
-    "holds for the baselines beside them in summary.json (majority-class rate, test-label "
-    "variance, positive rate) and the per-silo test sizes.",
-    "DP noise is drawn in floating point (the usual floating-point caveat of Mironov 2012 "
-    "applies).",
-)
-
-
-NONPRIVATE_NOTE = "NON-PRIVATE run: no differential privacy; no budget was charged"
-#: local-DP methods (privatekt, fedavg_ldp): what their ε means (README "PrivateKT")
-LOCAL_DP_NOTE = ("{}: each client's upload in a round is ε-LDP for its whole local dataset "
-                 "(any two datasets), so the ε reported per client also holds for adding or "
-                 "removing one record; it is composed over every round the client took part "
-                 "in — no shuffle-model amplification is assumed")
-
-
-def job_notes(*, private: bool, noise: str, scratch: bool, uncharged=(), extra=(),
-              nonprivate: str = NONPRIVATE_NOTE, demo: bool = False) -> list[str]:
-    """The notes every output of a job carries, in this order: non-private, reproducible
-    noise, scratch (or demo) store, then `extra` (the command's own), then every
-    uncharged item."""
-    out = [] if private else [nonprivate]
-    if private and noise == "seeded":
-        out.append(SEEDED_NOTE)
-    if private and scratch:
-        out.append(SCRATCH_NOTE)
-    if private and demo:
-        out.append(store_paths.DEMO_NOTE)
-    return out + list(extra) + [f"uncharged: {u}" for u in uncharged]
-
-
-def reset_notes(lifetime: list[dict], demo: bool = False) -> list[str]:
-    """One note per silo whose lifetime budget was reset (`budget reset`, not a new
-    cohort): its printed lifetime position leaves out the same people's earlier charges.
-    (The demo store's restarts are said by its own note.)"""
-    if demo:
-        return []
-    return [f"the lifetime budget of silo {r['silo']!r} was reset (epoch {r['epoch']}, "
-            f"reason: {r['reset']['reason']}): its lifetime position counts only the charges "
-            "since then, not the earlier charges on the same data"
-            for r in lifetime if r.get("reset")]
 
 
 @dataclass
@@ -140,7 +94,7 @@ class RunReport:
     uncharged: list[str] = field(default_factory=list)  # data reads no budget covers
     preprocessing: dict | None = None  # what preprocessing did (fed.meta["preprocessing"])
     resumed: list[str] = field(default_factory=list)  # how a resumed run continued
-    #: what saving the models needs (`artifacts.release_info`): model spec, schema, feature
+    #: what saving the models needs (`saving.release_info`): model spec, schema, feature
     #: names, task/classes, per-silo preprocessing constants and raw-data fingerprints
     release: dict = field(default_factory=dict)
     #: per method label, the final models against the baseline they must beat
@@ -412,7 +366,7 @@ def _execute(cfg: Config, p: _Prepared, fed, job, run_dir: Path | None,
         job.settle()
     report = RunReport(run_dir, cfg, results, _combined(results, p.extra), uncharged=list(
         fed.meta.get("uncharged", [])), preprocessing=fed.meta.get("preprocessing"),
-        release=artifacts.release_info(cfg, p.model, fed), resumed=resumed or [],
+        release=saving.release_info(cfg, p.model, fed), resumed=resumed or [],
         dropped_silos=list(p.raw.meta.get("dropped_silos", [])))
     report.quality = _assess(report, p.model, fed)
     if job is not None:
@@ -609,4 +563,4 @@ def _write_outputs(rep: RunReport) -> None:
     write_json_atomic(d / "summary.json", dict(summary, nonfinite=nonfinite), indent=1)
     plot_history(rep, d / "metric_over_rounds.png")
     plot_alpha(rep, d / ALPHA_PNG)
-    artifacts.save_models(rep)
+    saving.save_models(rep)

@@ -1,0 +1,54 @@
+"""The notes every output of a job carries: its assumptions, non-private and local-DP
+wording, reproducible noise, scratch or demo store, resets, and what was not charged."""
+
+from __future__ import annotations
+
+from silofl.privacy import store_paths
+from silofl.privacy.budget import SCRATCH_NOTE
+from silofl.runtime.plan import SEEDED_NOTE
+
+ASSUMPTIONS = (
+    "Silo sizes n_k are treated as public: they set the sampling rate q = b/n_k, the noise "
+    "calibration, the averaging weights (weighted = true) and IFCA's score sensitivity.",
+    "Per-round test metrics are computed on each silo's held-out test rows for the "
+    "researcher and are not privatized: release the models, not those metrics. The same "
+    "holds for the baselines beside them in summary.json (majority-class rate, test-label "
+    "variance, positive rate) and the per-silo test sizes.",
+    "DP noise is drawn in floating point (the usual floating-point caveat of Mironov 2012 "
+    "applies).",
+)
+
+
+NONPRIVATE_NOTE = "NON-PRIVATE run: no differential privacy; no budget was charged"
+#: local-DP methods (privatekt, fedavg_ldp): what their ε means (README "PrivateKT")
+LOCAL_DP_NOTE = ("{}: each client's upload in a round is ε-LDP for its whole local dataset "
+                 "(any two datasets), so the ε reported per client also holds for adding or "
+                 "removing one record; it is composed over every round the client took part "
+                 "in — no shuffle-model amplification is assumed")
+
+
+def job_notes(*, private: bool, noise: str, scratch: bool, uncharged=(), extra=(),
+              nonprivate: str = NONPRIVATE_NOTE, demo: bool = False) -> list[str]:
+    """The notes every output of a job carries, in this order: non-private, reproducible
+    noise, scratch (or demo) store, then `extra` (the command's own), then every
+    uncharged item."""
+    out = [] if private else [nonprivate]
+    if private and noise == "seeded":
+        out.append(SEEDED_NOTE)
+    if private and scratch:
+        out.append(SCRATCH_NOTE)
+    if private and demo:
+        out.append(store_paths.DEMO_NOTE)
+    return out + list(extra) + [f"uncharged: {u}" for u in uncharged]
+
+
+def reset_notes(lifetime: list[dict], demo: bool = False) -> list[str]:
+    """One note per silo whose lifetime budget was reset (`budget reset`, not a new
+    cohort): its printed lifetime position leaves out the same people's earlier charges.
+    (The demo store's restarts are said by its own note.)"""
+    if demo:
+        return []
+    return [f"the lifetime budget of silo {r['silo']!r} was reset (epoch {r['epoch']}, "
+            f"reason: {r['reset']['reason']}): its lifetime position counts only the charges "
+            "since then, not the earlier charges on the same data"
+            for r in lifetime if r.get("reset")]
