@@ -190,6 +190,7 @@ def loopback_app_round(fed: Federation, rounds: int, secagg: bool) -> float:
 
 _KINDS = (("flwr-clientapp", "ClientApp"), ("flwr-serverapp", "ServerApp"),
           ("flower-superexec", "SuperExec"), ("flower-supernode", "SuperNode"),
+          ("silofl.runtime.network.supernode", "SuperNode"),
           ("flower-superlink", "SuperLink"), ("flwr", "flwr CLI"))
 _TICK = os.sysconf("SC_CLK_TCK")
 
