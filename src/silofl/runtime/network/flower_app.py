@@ -364,7 +364,9 @@ def local_commands(out: Path, silo_configs: dict[str, str], port: int, *,
     """The exact commands of a one-machine deployment of `silofl deploy init`'s folder
     `out` (TLS with its CA; SuperNode authentication with each silo's OpenSSH key):
     {"superlink": argv, "register": [argv], "supernodes": {silo: argv}, "run": argv,
-    "env": {name: value}}. Run them with env FLWR_HOME=<out>/flower_home and "env" (the
+    "env": {name: value}, "workers": {silo: argv}} ("workers": optional per-silo
+    `silo_worker` processes; the ClientApp forwards to a running one). Run them with env
+    FLWR_HOME=<out>/flower_home and "env" (the
     SuperExec's task poll interval, `task_poll` seconds: how soon a SuperNode/SuperLink
     starts the ClientApp/ServerApp process of a waiting task; flwr's default is 1 s).
     Each SuperNode runs through the launcher `python -m silofl.runtime.network.supernode
@@ -388,7 +390,7 @@ def local_commands(out: Path, silo_configs: dict[str, str], port: int, *,
             "--disable-runtime-dependency-installation"]
     if node_auth:
         link.append("--enable-supernode-auth")
-    register, nodes = [], {}
+    register, nodes, workers = [], {}, {}
     for i, (name, cfg) in enumerate(sorted(silo_configs.items())):
         key = Path(tomllib.loads(Path(cfg).read_text())["silo"]["private_key"])
         key = (Path(cfg).parent / key).with_suffix(".ssh")
@@ -399,7 +401,9 @@ def local_commands(out: Path, silo_configs: dict[str, str], port: int, *,
                        "--superlink", f"127.0.0.1:{port}", "--port", str(port + 1 + i),
                        "--node-config", f'silo-config="{Path(cfg).resolve()}"'] + (
             ["--auth-supernode-private-key", str(key)] if node_auth else [])
+        workers[name] = [node[0], "-m", "silofl.runtime.network.silo_worker", "--config",
+                         str(Path(cfg).resolve())]
     run = [b("flwr"), "run", str(out / "flower_app"), "consortium", "--stream"]
     env = {SUPEREXEC_POLL_ENV: f"{task_poll:g}"}
     return {"superlink": link, "register": register, "supernodes": nodes, "run": run,
-            "env": env}
+            "env": env, "workers": workers}
