@@ -160,6 +160,8 @@ def handle(conn: socket.socket, config: str | Path) -> None:
     """
     from silofl.runtime.network.clientapp import local_app
     message, context = _from_bytes(_recv(conn), _recv(conn))
+    print(f"silo worker: {message.metadata.message_type} message of run "
+          f"{message.metadata.run_id}", file=sys.stderr, flush=True)
     try:
         asked = Path(str(context.node_config.get("silo-config", ""))).resolve()
         if asked != Path(config).resolve():
