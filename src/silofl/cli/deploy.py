@@ -108,7 +108,9 @@ def _deploy_report(out: Path, written: dict) -> None:
                       f"{escape(written['flower']['app'])} (FLWR_HOME="
                       f"{escape(written['flower']['flower_home'])}); start each SuperNode "
                       "as `python -m silofl.runtime.network.supernode --poll-interval 0.05 "
-                      "<flower-supernode args>` (Flower's own polls every 3 s)")
+                      "<flower-supernode args>` (Flower's own polls every 3 s), and optionally its "
+                      "worker `python -m silofl.runtime.network.silo_worker --config "
+                      "<silo.toml>`")
 
 
 @deploy_app.command("key")
