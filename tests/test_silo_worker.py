@@ -14,6 +14,7 @@ import pytest
 pytest.importorskip("flwr")
 
 from silofl.runtime.network import silo_worker as SW  # noqa: E402
+from silofl.runtime.network import worker_link as WL  # noqa: E402
 from silofl.runtime.network.silo import load_silo_config  # noqa: E402
 from test_network_flower import charged_steps, run_loopback  # noqa: E402
 
@@ -76,11 +77,11 @@ def test_missing_or_dead_worker_falls_back(tmp_path):
     itself (the run finishes and charges as without a worker)."""
     w = T_consortium(tmp_path / "probe")
     cfg = next(iter(w["silos"].values()))
-    assert SW.forward(SW.socket_path(cfg), None, None) is None   # nothing there
+    assert WL.forward(SW.socket_path(cfg), None, None) is None   # nothing there
     srv = SW.listen(cfg)
     srv.close()   # a worker that died: its socket file stays, nobody answers
     assert SW.socket_path(cfg).exists()
-    assert SW.forward(SW.socket_path(cfg), None, None) is None
+    assert WL.forward(SW.socket_path(cfg), None, None) is None
     program, w = run_loopback(tmp_path / "c", "mrmtl", secagg=False)
     assert program.done == 1
     assert all(charged_steps(p, n) > 0 for n, p in w["silos"].items())
@@ -124,7 +125,7 @@ def test_worker_refuses_another_silos_config_and_the_clientapp_raises(tmp_path):
         ctx = Context(run_id=1, node_id=1, node_config={"silo-config": str(b)},
                       state=RecordDict(), run_config={})
         with pytest.raises(SiloflError, match="this worker serves"):
-            SW.forward(SW.socket_path(a), msg, ctx)
+            WL.forward(SW.socket_path(a), msg, ctx)
         t.join(timeout=60)
     finally:
         srv.close()

@@ -171,12 +171,12 @@ def _worker_mod(msg, ctxt, call_next):
     answers; otherwise handle it here, exactly as without a worker."""
     path = ctxt.node_config.get("silo-config")
     if path:
-        from silofl.runtime.network import silo_worker
+        from silofl.runtime.network import worker_link
         try:
-            sock = silo_worker.socket_path(str(path))
+            sock = worker_link.socket_path(str(path))
         except (OSError, KeyError, ValueError):   # the in-process path reports it
             sock = None
-        got = silo_worker.forward(sock, msg, ctxt) if sock is not None else None
+        got = worker_link.forward(sock, msg, ctxt) if sock is not None else None
         if got is not None:
             reply, after = got
             ctxt.state = after.state   # what the worker kept (the accepted join)

@@ -12,9 +12,7 @@ privacy state, so a restarted or killed worker forgets nothing. The ClientApp
 message in-process exactly as without a worker; once a request was handed over it never
 re-runs it in-process (a worker that dies mid-message fails that message).
 
-Wire: length-prefixed frames (8-byte big-endian length) of Flower's own protobuf
-serialisation — request: Message, Context; reply: a status byte, then Message, Context
-(ok) or an error text.
+The ClientApp's side (socket path, wire format, forwarding) is `worker_link`.
 """
 
 from __future__ import annotations
@@ -22,130 +20,19 @@ from __future__ import annotations
 import argparse
 import os
 import socket
-import struct
 import sys
-import tomllib
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
-SOCKET_NAME = "clientapp.sock"
-_LEN = struct.Struct(">Q")
-_OK, _ERR = b"\x00", b"\x01"
-CONNECT_TIMEOUT_S = 5.0
-
-
-def socket_path(silo_toml: str | Path) -> Path:
-    """The worker socket of the silo configured by `silo_toml`: ``<[silo] state_dir>/
-    clientapp.sock`` (relative paths from the config's folder, as the silo reads them).
-
-    Parameters
-    ----------
-    silo_toml : str or Path
-        The silo's silo.toml (the SuperNode's ``--node-config silo-config``).
-
-    Returns
-    -------
-    Path
-        Where the worker listens.
-    """
-    path = Path(silo_toml)
-    raw = tomllib.loads(path.read_text())
-    return path.parent / str(raw["silo"]["state_dir"]) / SOCKET_NAME
-
-
-@contextmanager
-def _addr(path: Path) -> Iterator[str]:
-    """An address for `path` that fits AF_UNIX's ~107 bytes: the path itself, or (Linux)
-    the same file through an open descriptor of its folder, /proc/self/fd/<n>/<name>."""
-    if len(os.fsencode(str(path))) < 100 or not Path("/proc/self/fd").is_dir():
-        yield str(path)
-        return
-    fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        yield f"/proc/self/fd/{fd}/{path.name}"
-    finally:
-        os.close(fd)
-
-
-def _send(conn: socket.socket, *frames: bytes) -> None:
-    conn.sendall(b"".join(_LEN.pack(len(f)) + f for f in frames))
-
-
-def _recv_exact(conn: socket.socket, n: int) -> bytes:
-    buf = bytearray()
-    while len(buf) < n:
-        chunk = conn.recv(min(n - len(buf), 1 << 20))
-        if not chunk:
-            raise ConnectionError("the silo worker connection closed mid-message")
-        buf += chunk
-    return bytes(buf)
-
-
-def _recv(conn: socket.socket) -> bytes:
-    (n,) = _LEN.unpack(_recv_exact(conn, _LEN.size))
-    return _recv_exact(conn, n)
-
-
-def _to_bytes(message: Any, context: Any) -> tuple[bytes, bytes]:
-    from flwr.common.serde import context_to_proto, message_to_proto
-    return (message_to_proto(message).SerializeToString(),
-            context_to_proto(context).SerializeToString())
-
-
-def _from_bytes(message: bytes, context: bytes) -> tuple[Any, Any]:
-    from flwr.common.serde import context_from_proto, message_from_proto
-    from flwr.proto.message_pb2 import Context as ProtoContext
-    from flwr.proto.message_pb2 import Message as ProtoMessage
-    m, c = ProtoMessage(), ProtoContext()
-    m.ParseFromString(message)
-    c.ParseFromString(context)
-    return message_from_proto(m), context_from_proto(c)
-
-
-def forward(path: Path, message: Any, context: Any) -> tuple[Any, Any] | None:
-    """Hand one message to the worker at `path`.
-
-    Parameters
-    ----------
-    path : Path
-        The worker's socket (`socket_path`).
-    message, context : flwr Message, Context
-        What the ClientApp received.
-
-    Returns
-    -------
-    tuple of (Message, Context) or None
-        The reply and the context after handling; None when no worker answers (nothing
-        was handed over: handle the message in-process).
-
-    Raises
-    ------
-    SiloflError
-        The worker took the message and then failed (its error), or died mid-message.
-    """
-    from silofl.errors import SiloflError
-    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        conn.settimeout(CONNECT_TIMEOUT_S)
-        try:
-            with _addr(Path(path)) as addr:
-                conn.connect(addr)
-        except OSError:   # no socket, a stale one, or no permission: no worker
-            return None
-        conn.settimeout(None)   # a round takes what it takes
-        try:
-            _send(conn, *_to_bytes(message, context))
-            status = _recv_exact(conn, 1)
-            if status == _OK:
-                return _from_bytes(_recv(conn), _recv(conn))
-            raise SiloflError(_recv(conn).decode(errors="replace"))
-        except (OSError, ConnectionError) as e:
-            raise SiloflError(f"the silo worker at {path} failed mid-message ({e}); the "
-                              f"message is not re-run here (the server asks again)") from None
-    finally:
-        conn.close()
+from silofl.runtime.network.worker_link import (
+    ERR,
+    OK,
+    decode,
+    encode,
+    recv_frame,
+    send_frames,
+    socket_path,
+    unix_address,
+)
 
 
 def handle(conn: socket.socket, config: str | Path) -> None:
@@ -159,7 +46,7 @@ def handle(conn: socket.socket, config: str | Path) -> None:
         This worker's silo.toml; a message for another silo's config is refused.
     """
     from silofl.runtime.network.clientapp import local_app
-    message, context = _from_bytes(_recv(conn), _recv(conn))
+    message, context = decode(recv_frame(conn), recv_frame(conn))
     print(f"silo worker: {message.metadata.message_type} message of run "
           f"{message.metadata.run_id}", file=sys.stderr, flush=True)
     try:
@@ -168,11 +55,11 @@ def handle(conn: socket.socket, config: str | Path) -> None:
             raise ValueError(f"this worker serves {config}, not {asked}")
         reply = local_app(message, context)
     except Exception as e:   # noqa: BLE001 - reported to the ClientApp, which raises it
-        conn.sendall(_ERR)
-        _send(conn, f"{type(e).__name__}: {e}".encode())
+        conn.sendall(ERR)
+        send_frames(conn, f"{type(e).__name__}: {e}".encode())
         return
-    conn.sendall(_OK)
-    _send(conn, *_to_bytes(reply, context))
+    conn.sendall(OK)
+    send_frames(conn, *encode(reply, context))
 
 
 def listen(config: str | Path) -> socket.socket:
@@ -195,7 +82,7 @@ def listen(config: str | Path) -> socket.socket:
     if path.exists():
         probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            with _addr(path) as addr:
+            with unix_address(path) as addr:
                 probe.connect(addr)
             raise ConfigError(f"a silo worker already serves {path}; stop it first")
         except OSError:
@@ -205,7 +92,7 @@ def listen(config: str | Path) -> socket.socket:
     srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     old = os.umask(0o177)   # the socket is created 0600: only this silo's user may talk
     try:
-        with _addr(path) as addr:
+        with unix_address(path) as addr:
             srv.bind(addr)
     finally:
         os.umask(old)
