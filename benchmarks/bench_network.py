@@ -190,6 +190,8 @@ def loopback_app_round(fed: Federation, rounds: int, secagg: bool) -> float:
 
 _KINDS = (("flwr-clientapp", "ClientApp"), ("flwr-serverapp", "ServerApp"),
           ("flower-superexec", "SuperExec"), ("flower-supernode", "SuperNode"),
+          ("silofl.runtime.network.supernode", "SuperNode"),
+          ("silofl.runtime.network.silo_worker", "silo worker"),
           ("flower-superlink", "SuperLink"), ("flwr", "flwr CLI"))
 _TICK = os.sysconf("SC_CLK_TCK")
 
@@ -400,14 +402,16 @@ def _tail(path: Path, n: int = 15) -> list[str]:
 
 
 def process_app_run(fed: Federation, rounds: int, secagg: bool, timeout: float,
-                    progress=None, keep_logs: str | None = None) -> dict:
+                    progress=None, keep_logs: str | None = None,
+                    workers: bool = False) -> dict:
     """One run over real `flower-superlink` + K `flower-supernode` processes (TLS,
     SuperNode authentication), `rounds` rounds. Returns the per-round time (median gap
     between completed rounds), the start-up phases, ClientApp processes per round and
     their lifetimes, CPU by process kind and the peak memory of all processes together;
     on failure "error" with the last lines of the `flwr run` and SuperLink logs. Everything
     started is ended at the end (also on error or after `timeout` s). `keep_logs`: a folder
-    to copy every process's log to."""
+    to copy every process's log to. `workers`: also start each silo's `silo_worker`
+    (`local_commands()["workers"]`), which the ClientApps forward to."""
     import shutil
     import subprocess
 
@@ -416,7 +420,7 @@ def process_app_run(fed: Federation, rounds: int, secagg: bool, timeout: float,
     port, K = _port(), len(fed.silos)
     bin_dir = str(Path(sys.executable).parent)
     watch = ProcWatch()
-    res: dict = {"silos": K, "secagg": secagg, "rounds": rounds}
+    res: dict = {"silos": K, "secagg": secagg, "rounds": rounds, "workers": workers}
     with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings():
         warnings.simplefilter("ignore")
         out, logs = Path(tmp) / "c", Path(tmp) / "logs"
@@ -447,6 +451,8 @@ def process_app_run(fed: Federation, rounds: int, secagg: bool, timeout: float,
                         raise RuntimeError(f"could not register {cmd[-2]}")
                     time.sleep(0.5)
             res["register_s"] = time.time() - t1
+            for name, c in (cmds["workers"] if workers else {}).items():
+                start(c, f"worker_{name}")
             for name, c in cmds["supernodes"].items():
                 start(c, f"supernode_{name}")
             t_run = time.time()
@@ -528,7 +534,8 @@ def _machine() -> dict:
 
 
 def app_main(silos: list[int], rounds: int, timeout: float, json_path: str | None,
-             modes: tuple[bool, ...] = (False, True), keep_logs: str | None = None) -> None:
+             modes: tuple[bool, ...] = (False, True), keep_logs: str | None = None,
+             workers: bool = False) -> None:
     """Real SuperLink + K SuperNodes, plain and SecAgg+, against the simulator."""
     from rich.console import Console
     from rich.table import Table
@@ -557,7 +564,7 @@ def app_main(silos: list[int], rounds: int, timeout: float, json_path: str | Non
                 legacy = None
             for secagg in modes:
                 r = process_app_run(fed, rounds, secagg, timeout, progress=status.update,
-                                    keep_logs=keep_logs)
+                                    keep_logs=keep_logs, workers=workers)
                 r["simulator_round_s"], r["legacy_round_s"] = sim, legacy
                 runs.append(r)
                 label = f"{K} SuperNodes{' SecAgg+' if secagg else ''}"
@@ -656,6 +663,9 @@ def main() -> None:
     ap.add_argument("--keep-logs", default=None,
                     help="copy every real-process run's logs into this folder")
     ap.add_argument("--json", default=None, help="also write the real-process figures here")
+    ap.add_argument("--app-workers", action="store_true",
+                    help="also start each silo's long-lived silo_worker (the ClientApps "
+                         "forward to it instead of importing the silo program)")
     a = ap.parse_args()
     try:
         silos = [int(k) for k in a.app_silos.split(",")]
@@ -675,7 +685,8 @@ def main() -> None:
         if a.secagg:
             secagg_main(min(a.rounds, 4))
         if a.app_rounds:
-            app_main(silos, a.app_rounds, a.app_timeout, a.json, modes, a.keep_logs)
+            app_main(silos, a.app_rounds, a.app_timeout, a.json, modes, a.keep_logs,
+                     a.app_workers)
         return
     full = vehicle_like(seed=0)
     print(f"Vehicle-like MR-MTL, {a.rounds} rounds, per-round wall time (median), loopback")

@@ -33,7 +33,7 @@ from silofl.errors import ConfigError, SiloflError  # noqa: E402
 from silofl.privacy import events  # noqa: E402
 from silofl.privacy.budget import BudgetStore  # noqa: E402
 from silofl.runtime.network import consortium as network_init  # noqa: E402
-from silofl.runtime.network import deploy, flower_app
+from silofl.runtime.network import deploy, flower_app, silo_worker
 from silofl.runtime.network import secagg as S
 from silofl.runtime.network.server import load_server_config  # noqa: E402
 
@@ -279,8 +279,8 @@ def _wait_online(env, count: int, deadline) -> None:
 @pytest.mark.slow
 @pytest.mark.network
 def test_superlink_route_tls_node_auth_end_to_end(deployment):
-    """Two hospitals as SuperNodes (TLS, registered keys) run a FedAvg round through
-    `flwr run`; a SuperNode with an unregistered key and one without the consortium CA
+    """Two hospitals as SuperNodes (TLS, registered keys; one with its silo worker) run a
+    FedAvg round through `flwr run`; a SuperNode with an unregistered key and one without the consortium CA
     cannot join. (SecAgg+ is exercised at function level above: over real processes each
     of its 4 stages costs a SuperNode poll and a ClientApp process start — see README.)"""
     out, w, cmds, env, start, tmp = deployment
@@ -296,6 +296,14 @@ def test_superlink_route_tls_node_auth_end_to_end(deployment):
     for cmd in cmds["register"]:
         if any(f"{deploy.silo_file_id(n)}.ssh.pub" in cmd[3] for n in run):
             _wait_registered(cmd, env, deadline)
+    # the first hospital also runs its silo worker (its ClientApps forward to it), the
+    # second none (its ClientApps handle each message in-process)
+    worker = start(cmds["workers"][run[0]], "worker.log")
+    sock = silo_worker.socket_path(w["silos"][run[0]])
+    while not sock.exists():
+        assert worker.poll() is None and time.monotonic() < deadline, \
+            (tmp / "worker.log").read_text()[-1500:]
+        time.sleep(0.2)  # poll interval, not synchronisation
     for n in run:
         start(cmds["supernodes"][n], f"node_{deploy.silo_file_id(n)}.log")
     _wait_online(env, len(run), time.monotonic() + READY_S)
@@ -313,6 +321,7 @@ def test_superlink_route_tls_node_auth_end_to_end(deployment):
     assert sorted(s["silos"]) == run and all(v["rounds"] == [1] for v in s["silos"].values())
     for name in run:  # each hospital charged exactly its round, in its own store
         assert charged_steps(w["silos"][name], name) == s["silos"][name]["steps"] > 0
+    assert "train message" in (tmp / "worker.log").read_text()   # really forwarded
     for p, log in ((bad_key, "badkey.log"), (no_tls, "notls.log")):
         try:
             rc = p.wait(READY_S)  # --max-retries 0: exits once refused

@@ -106,7 +106,11 @@ def _deploy_report(out: Path, written: dict) -> None:
     if "flower" in written:  # Flower's SuperLink/SuperNode route (README: SecAgg+)
         console.print(f"Flower App for flower-superlink/flower-supernode/flwr run: "
                       f"{escape(written['flower']['app'])} (FLWR_HOME="
-                      f"{escape(written['flower']['flower_home'])})")
+                      f"{escape(written['flower']['flower_home'])}); start each SuperNode "
+                      "as `python -m silofl.runtime.network.supernode --poll-interval 0.05 "
+                      "<flower-supernode args>` (Flower's own polls every 3 s), and optionally its "
+                      "worker `python -m silofl.runtime.network.silo_worker --config "
+                      "<silo.toml>`")
 
 
 @deploy_app.command("key")

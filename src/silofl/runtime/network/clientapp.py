@@ -166,4 +166,24 @@ def _silofl_mod(msg, ctxt, call_next):
     return call_next(msg, ctxt)
 
 
-client_app = ClientApp(client_fn=_client_fn, mods=[_silofl_mod])
+def _worker_mod(msg, ctxt, call_next):
+    """Hand the message to this silo's long-lived worker (`silo_worker`) when its socket
+    answers; otherwise handle it here, exactly as without a worker."""
+    path = ctxt.node_config.get("silo-config")
+    if path:
+        from silofl.runtime.network import worker_link
+        try:
+            sock = worker_link.socket_path(str(path))
+        except (OSError, KeyError, ValueError):   # the in-process path reports it
+            sock = None
+        got = worker_link.forward(sock, msg, ctxt) if sock is not None else None
+        if got is not None:
+            reply, after = got
+            ctxt.state = after.state   # what the worker kept (the accepted join)
+            return reply
+    return call_next(msg, ctxt)
+
+
+#: the in-process handler: what a worker runs, and what the ClientApp runs without one
+local_app = ClientApp(client_fn=_client_fn, mods=[_silofl_mod])
+client_app = ClientApp(client_fn=_client_fn, mods=[_worker_mod, _silofl_mod])

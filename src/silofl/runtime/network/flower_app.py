@@ -349,26 +349,40 @@ def write_node_auth_key(private_pem: Path) -> tuple[Path, Path]:
 #:   flwr's own loop: a fixed 3 s);
 #: * SuperExec starting a waiting task's ClientApp/ServerApp process: this environment
 #:   variable (flwr: 1 s, range 0.01..60), set for superlink/supernode by `local_commands`;
-#: * SuperNode pulling its next message when it has none: a fixed 3 s in flwr 1.41
-#:   (`flwr.supernode.start_client_internal`), not configurable; a round whose messages are
-#:   waiting is pulled at once.
+#: * SuperNode pulling its next message when it has none (flwr: a fixed 3 s) and waiting
+#:   for its ClientApp's reply (flwr: 0.5 s): `--poll-interval` of the launcher
+#:   `python -m silofl.runtime.network.supernode` (`supernode.py`), which `local_commands`
+#:   uses in place of `flower-supernode`.
 SUPEREXEC_POLL_ENV = "FLWR_SUPEREXEC_TASK_POLL_INTERVAL"
 SUPEREXEC_POLL_S = 0.05
+SUPERNODE_LAUNCHER = "silofl.runtime.network.supernode"
 
 def local_commands(out: Path, silo_configs: dict[str, str], port: int, *,
                    node_auth: bool = True, bin_dir: str | None = None,
-                   task_poll: float = SUPEREXEC_POLL_S) -> dict:
+                   task_poll: float = SUPEREXEC_POLL_S,
+                   node_poll: float | None = None) -> dict:
     """The exact commands of a one-machine deployment of `silofl deploy init`'s folder
     `out` (TLS with its CA; SuperNode authentication with each silo's OpenSSH key):
     {"superlink": argv, "register": [argv], "supernodes": {silo: argv}, "run": argv,
-    "env": {name: value}}. Run them with env FLWR_HOME=<out>/flower_home and "env" (the
+    "env": {name: value}, "workers": {silo: argv}} ("workers": optional per-silo
+    `silo_worker` processes; the ClientApp forwards to a running one). Run them with env
+    FLWR_HOME=<out>/flower_home and "env" (the
     SuperExec's task poll interval, `task_poll` seconds: how soon a SuperNode/SuperLink
     starts the ClientApp/ServerApp process of a waiting task; flwr's default is 1 s).
+    Each SuperNode runs through the launcher `python -m silofl.runtime.network.supernode
+    --poll-interval <node_poll>` (default `supernode.DEFAULT_POLL_S`; Flower's own
+    `flower-supernode` polls every 3 s when idle); the interpreter is `bin_dir`'s python,
+    else this one.
     Multi-machine: the same commands, with the SuperLink's host in place of 127.0.0.1
     (and in `deploy init --address`)."""
+    import sys
     import tomllib
+
+    from silofl.runtime.network.supernode import DEFAULT_POLL_S
     out = Path(out).resolve()
     b = (lambda n: str(Path(bin_dir) / n)) if bin_dir else (lambda n: n)  # noqa: E731
+    node = [b("python") if bin_dir else sys.executable, "-m", SUPERNODE_LAUNCHER,
+            "--poll-interval", f"{DEFAULT_POLL_S if node_poll is None else node_poll:g}"]
     certs = out / "certs"
     link = [b("flower-superlink"), "--ssl-ca-certfile", str(certs / "ca.pem"),
             "--ssl-certfile", str(certs / "server.pem"), "--ssl-keyfile",
@@ -376,18 +390,20 @@ def local_commands(out: Path, silo_configs: dict[str, str], port: int, *,
             "--disable-runtime-dependency-installation"]
     if node_auth:
         link.append("--enable-supernode-auth")
-    register, nodes = [], {}
+    register, nodes, workers = [], {}, {}
     for i, (name, cfg) in enumerate(sorted(silo_configs.items())):
         key = Path(tomllib.loads(Path(cfg).read_text())["silo"]["private_key"])
         key = (Path(cfg).parent / key).with_suffix(".ssh")
         if node_auth:
             register.append([b("flwr"), "supernode", "register", str(key) + ".pub",
                              "consortium"])
-        nodes[name] = [b("flower-supernode"), "--root-certificates", str(certs / "ca.pem"),
+        nodes[name] = [*node, "--root-certificates", str(certs / "ca.pem"),
                        "--superlink", f"127.0.0.1:{port}", "--port", str(port + 1 + i),
                        "--node-config", f'silo-config="{Path(cfg).resolve()}"'] + (
             ["--auth-supernode-private-key", str(key)] if node_auth else [])
+        workers[name] = [node[0], "-m", "silofl.runtime.network.silo_worker", "--config",
+                         str(Path(cfg).resolve())]
     run = [b("flwr"), "run", str(out / "flower_app"), "consortium", "--stream"]
     env = {SUPEREXEC_POLL_ENV: f"{task_poll:g}"}
     return {"superlink": link, "register": register, "supernodes": nodes, "run": run,
-            "env": env}
+            "env": env, "workers": workers}
