@@ -129,3 +129,27 @@ def test_worker_refuses_another_silos_config_and_the_clientapp_raises(tmp_path):
         t.join(timeout=60)
     finally:
         srv.close()
+
+
+def test_cli_silo_worker_serves_and_refuses_a_bad_config(tmp_path):
+    """`silofl silo-worker`: a bad config exits 2 naming the file and leaves no socket; a
+    good one serves on the silo's 0600 socket until stopped (readiness: its own line)."""
+    import subprocess
+    import sys
+
+    bad = subprocess.run([sys.executable, "-m", "silofl.cli", "silo-worker", "--config",
+                          str(tmp_path / "missing.toml")], capture_output=True, text=True,
+                         timeout=120)
+    assert bad.returncode == 2 and "missing.toml" in bad.stderr
+    w = T_consortium(tmp_path / "c")
+    cfg = next(iter(w["silos"].values()))
+    p = subprocess.Popen([sys.executable, "-m", "silofl.cli", "silo-worker", "--config",
+                          str(cfg)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = p.stdout.readline()   # blocks until the worker says it serves (or exits)
+        assert "silo worker: serving" in line, p.stderr.read() if p.poll() is not None else line
+        path = SW.socket_path(cfg)
+        assert stat.S_ISSOCK(path.stat().st_mode) and stat.S_IMODE(path.stat().st_mode) == 0o600
+    finally:
+        p.terminate()
+        p.wait(timeout=120)

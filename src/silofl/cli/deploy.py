@@ -109,7 +109,7 @@ def _deploy_report(out: Path, written: dict) -> None:
                       f"{escape(written['flower']['flower_home'])}); start each SuperNode "
                       "as `python -m silofl.runtime.network.supernode --poll-interval 0.05 "
                       "<flower-supernode args>` (Flower's own polls every 3 s), and optionally its "
-                      "worker `python -m silofl.runtime.network.silo_worker --config "
+                      "worker `silofl silo-worker --config "
                       "<silo.toml>`")
 
 
@@ -178,6 +178,16 @@ def _silo_report(program, cfg) -> None:
               escape(metric), escape(str(cfg.budget_store)))
     console.print(t)
     _save_release("silo", program)
+
+
+@app.command("silo-worker")
+def silo_worker_cmd(config: Path = typer.Option(..., "--config", help="this silo's silo.toml")):
+    """Serve this silo's Flower ClientApp messages from one long-lived process (optional):
+    the per-message ClientApp forwards over a 0600 socket in the silo's state folder and
+    skips the silo program's imports; same handler, charges reserved before any read, state
+    on disk (stopping the worker loses nothing)."""
+    from silofl.runtime.network.silo_worker import main as worker_main
+    worker_main(["--config", str(config)])
 
 
 @app.command("server")
