@@ -290,7 +290,9 @@ def test_deleted_ledgers_do_not_make_the_store_forget_a_killed_run(tmp_path):
                 continue
             executed.setdefault(d["silo"], []).append(_dpa_event(d["event"]))
         f.unlink()  # the attack: the run folder's plain files are gone
-    assert sum(len(v) for v in executed.values()) >= 150 * 4
+    # the attack has teeth: the waited-for ledger holds 150 charges, and every silo charged
+    # (silos of one round are written one after another, so the others may be a round behind)
+    assert len(executed) == 4 and all(len(v) >= 140 for v in executed.values())
     resume_run(run_dir)
     with BudgetStore(tmp_path / "budget.sqlite") as st:
         for silo, evs in executed.items():
