@@ -72,18 +72,40 @@ def _fast_rdp_of(event: dpa.DpEvent) -> np.ndarray | None:
     return _fast_rdp_of_items(_counts(event).items())
 
 
+def closed_form_sigma(make_event: Callable[[float], dpa.DpEvent], target: float, delta: float,
+                      curve: Callable[[dpa.DpEvent], np.ndarray | None]) -> float | None:
+    """`_smallest_sigma` on the closed-form RDP `curve(make_event(σ))` (a search aid; the
+    caller has checked that make_event has a closed form and re-checks the σ it gets).
+
+    Parameters
+    ----------
+    make_event : callable float -> dp_accounting.DpEvent
+        The run as a function of σ.
+    target, delta : float
+        The target (ε, δ).
+    curve : callable DpEvent -> numpy.ndarray or None
+        RDP at `RDP_ORDERS` from closed forms (None: no closed form).
+
+    Returns
+    -------
+    float or None
+        The smallest σ whose closed-form ε meets `target`; None if even the largest σ
+        searched does not.
+    """
+    def eps(s: float) -> float:
+        rdp = curve(make_event(s))
+        if rdp is None:  # make_event(σ) has one closed form or none, whatever σ
+            raise PrivacyError("make_event(σ) lost its closed-form RDP curve as σ changed")
+        return rdp_to_epsilon(RDP_ORDERS, rdp, delta)[0]
+    return _smallest_sigma(eps, target)
+
+
 def _fast_composed_guess(make_event: Callable[[float], dpa.DpEvent], target: float,
                          delta: float) -> float | None:
-    """`_smallest_sigma` on the closed-form RDP of make_event(σ); None without one."""
+    """`closed_form_sigma` of make_event's composition; None without a closed form."""
     if _fast_rdp_of(make_event(1.0)) is None:
         return None
-
-    def eps(s: float) -> float:
-        curve = _fast_rdp_of(make_event(s))
-        if curve is None:  # make_event(σ) has one closed form or none, whatever σ
-            raise PrivacyError("make_event(σ) lost its closed-form RDP curve as σ changed")
-        return rdp_to_epsilon(RDP_ORDERS, curve, delta)[0]
-    return _smallest_sigma(eps, target)
+    return closed_form_sigma(make_event, target, delta, _fast_rdp_of)
 
 
 @lru_cache(maxsize=4096)

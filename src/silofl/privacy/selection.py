@@ -35,10 +35,10 @@ import dp_accounting as dpa
 import numpy as np
 from dp_accounting.dp_event import RepeatAndSelectDpEvent
 
-from silofl.errors import ConfigError, PrivacyError
+from silofl.errors import ConfigError
 from silofl.privacy import _dpa_adapter as adapter
 from silofl.privacy import events
-from silofl.privacy.calibration import _smallest_sigma
+from silofl.privacy.calibration import closed_form_sigma
 from silofl.privacy.curves import is_curve_event
 from silofl.privacy.evaluate import _counts, epsilon
 from silofl.privacy.node_tuning import (
@@ -47,7 +47,7 @@ from silofl.privacy.node_tuning import (
     is_node_event,
     node_score_sigma,
 )
-from silofl.privacy.rdp_curves import RDP_ORDERS, _fast_rdp_of_items, rdp_to_epsilon
+from silofl.privacy.rdp_curves import RDP_ORDERS, _fast_rdp_of_items
 
 
 class TrialDistributionLike(Protocol):
@@ -300,13 +300,7 @@ def sigma_guess(make_event: Callable[[float], dpa.DpEvent], target: float,
     hit = _GUESSES.get(key)  # silos of equal size (and target) share σ
     if hit is not None:
         return hit
-
-    def eps(s: float) -> float:
-        curve = fast_rdp(make_event(s))
-        if curve is None:  # make_event(σ) has one closed form or none, whatever σ
-            raise PrivacyError("make_event(σ) lost its closed-form RDP curve as σ changed")
-        return rdp_to_epsilon(RDP_ORDERS, curve, delta)[0]
-    out = _GUESSES[key] = _smallest_sigma(eps, target * (1 - 1e-5))
+    out = _GUESSES[key] = closed_form_sigma(make_event, target * (1 - 1e-5), delta, fast_rdp)
     return out
 
 
