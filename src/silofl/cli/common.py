@@ -66,5 +66,5 @@ def _check_out_file(out: Path) -> None:
 
 
 def _write_atomic(path: Path, text: str) -> None:
-    from silofl.io import write_text_atomic
+    from silofl.io import write_text_atomic  # here: silofl.io loads numpy; --help must not
     write_text_atomic(path, text)

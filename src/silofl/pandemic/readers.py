@@ -50,8 +50,6 @@ from silofl.pandemic.schema import (
 )
 
 __all__ = [
-    "IdIndex",
-    "ContactNetwork",
     "PandemicData",
     "read_dataset",
     "find_table_file",
