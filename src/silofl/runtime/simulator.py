@@ -151,7 +151,7 @@ def simulate(fed: Federation, model: Model, algorithm: Algorithm, cfg: TrainingC
              checkpoint: Callable[[dict], None] | None = None,
              checkpoint_every: int = 1, restored: dict | None = None,
              source=None, params0: np.ndarray | None = None,
-             hosting: str = "joint") -> RunResult:
+             hosting: str = "joint", probe: RuleProbe | None = None) -> RunResult:
     """Train `algorithm` on `fed` in this process, each silo at its own privacy target.
 
     Privacy: the run spends each silo's lifetime budget, reserved before any data is
@@ -205,6 +205,10 @@ def simulate(fed: Federation, model: Model, algorithm: Algorithm, cfg: TrainingC
     hosting : {"joint", "per_silo"}, default "joint"
         "per_silo" runs each silo on its own one-silo trainer and random stream, exactly
         as the silo processes of a networked run (seeded mode: the same models).
+    probe : RuleProbe, optional
+        Audits only (`silofl.audit.whitebox`): given the run's DP-SGD rule, returns the
+        rule to train with (the same rule with canaries attached, or a deliberately
+        weakened copy in an audit's self-test).
 
     Returns
     -------
@@ -244,7 +248,7 @@ def simulate(fed: Federation, model: Model, algorithm: Algorithm, cfg: TrainingC
     try:
         result = _train(fed, model, algorithm, cfg, metric, plans, ledgers, on_round,
                         eval_sets, t0, resume, checkpoint, checkpoint_every, source, params0,
-                        hosting=hosting)
+                        hosting=hosting, probe=probe)
     except BaseException:
         if own is not None:
             own.settle("failed")
@@ -272,6 +276,14 @@ def node_unit(fed, cfg: TrainingConfig) -> NodeUnit | None:
     return NodeUnit(cfg.node_S, cfg.adjacency, tuple(fed.names), cfg.seed)
 
 
+class RuleProbe(Protocol):
+    """An audit's hook on a run's DP-SGD rule (see `simulate`'s `probe`)."""
+
+    def attach(self, rule: GradientRule) -> GradientRule:
+        """The rule to train with."""
+        ...
+
+
 class _SeededStream(Protocol):
     """What `Randomness.seeded` builds: a stream over a NumPy generator, whose state a
     checkpoint keeps (a secure stream has none to keep)."""
@@ -281,16 +293,18 @@ class _SeededStream(Protocol):
 
 def _train(fed, model, algorithm, cfg, metric, plans, ledgers, on_round, eval_sets,
            t0, resume=None, checkpoint=None, every: int = 1, source=None,
-           params0=None, hosting: str = "joint") -> RunResult:
+           params0=None, hosting: str = "joint", probe: RuleProbe | None = None) -> RunResult:
     # non-private runs protect nothing, so they stay reproducible
     secure = cfg.private and cfg.noise == "secure"
     rng = Randomness.os_entropy() if secure else Randomness.seeded(cfg.seed)
+    rule = GradientRule(cfg.clip, noise_multipliers(plans) if cfg.private else None)
+    if probe is not None:  # an audit's instrument (silofl.audit.whitebox)
+        rule = probe.attach(rule)
     trainer = LocalTrainer(
         model=model,
         data=source if source is not None else
         SiloArrays.stack([s.X_train for s in fed.silos], [s.y_train for s in fed.silos]),
-        rule=GradientRule(cfg.clip, noise_multipliers(plans) if cfg.private else None),
-        batch_size=cfg.batch_size,
+        rule=rule, batch_size=cfg.batch_size,
         steps_per_round=np.array([p.steps_per_pass for p in plans]),
         lr=cfg.lr, l2=cfg.l2, rng=rng, ledgers=ledgers, node=node_unit(fed, cfg),
         label=NODE_LABEL if cfg.privacy_unit == "node" else "dpsgd")

@@ -14,11 +14,12 @@ would only distort it.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from silofl.models.base import Model
+from silofl.privacy.clipping import clip_bound
 from silofl.privacy.randomness import Randomness
 
 
@@ -64,14 +65,28 @@ def scale(grad: np.ndarray, expected_batch: np.ndarray) -> np.ndarray:
     return grad / np.asarray(expected_batch, dtype=float)[:, None]
 
 
+class StepProbe(Protocol):
+    """An auditor's instrument at the DP-SGD step (`silofl.audit.whitebox`): it adds known
+    canary gradients to the clipped sums — clipped by the rule, `GradientRule.clipped_norm`
+    — before the noise, and observes the noisy sums after it. Only audits attach one."""
+
+    def add(self, rule: GradientRule, silos: np.ndarray, clipped: np.ndarray) -> None:
+        """Add the canaries' clipped gradients to `clipped` (k, P) of silos `silos` (k,)."""
+
+    def observe(self, silos: np.ndarray, noisy: np.ndarray) -> None:
+        """See the noisy sums (k, P) of silos `silos` (what the step releases)."""
+
+
 @dataclass(frozen=True)
 class GradientRule:
     """How a silo turns a sampled batch into a gradient estimate.
 
-    `noise_multiplier` is None for the non-private mode (no clipping, no noise)."""
+    `noise_multiplier` is None for the non-private mode (no clipping, no noise). `probe`
+    (audits only) sees every step: see `StepProbe`."""
 
     clip: float
     noise_multiplier: np.ndarray | None  # (K,)
+    probe: StepProbe | None = None
 
     @property
     def private(self) -> bool:
@@ -96,13 +111,26 @@ class GradientRule:
         N(0, 1) draws, else from `rng`."""
         if not self.private:
             return scale(model.grad_sum(W, X, y, mask), expected_batch)
-        clipped = clip_and_sum(model, W, X, y, mask, self.clip, **aux)
+        clipped = self.clipped_sum(model, W, X, y, mask, **aux)
+        if self.probe is not None:
+            self.probe.add(self, np.asarray(silos), clipped)
         if noise is not None:
             clipped += noise
-            return scale(clipped, expected_batch)
-        noisy = add_noise(clipped, self.sigmas[silos] * self.clip, rng,
-                          standard_normal)
+            noisy = clipped
+        else:
+            noisy = add_noise(clipped, self.noise_std()[silos], rng, standard_normal)
+        if self.probe is not None:
+            self.probe.observe(np.asarray(silos), noisy)
         return scale(noisy, expected_batch)
+
+    def clipped_sum(self, model: Model, W: np.ndarray, X: np.ndarray, y: np.ndarray,
+                    mask: np.ndarray, **aux: Any) -> np.ndarray:
+        """Σ_i clip_C(g_i) per silo → (K, P) (`clip_and_sum` at this rule's C)."""
+        return clip_and_sum(model, W, X, y, mask, self.clip, **aux)
+
+    def clipped_norm(self, norm: np.ndarray | float) -> np.ndarray:
+        """The norm a per-example gradient of norm `norm` has after this rule's clipping."""
+        return np.minimum(np.asarray(norm, dtype=float), clip_bound(self.clip))
 
     def noise_std(self) -> np.ndarray:
         """(K,) σ_k·C: the std of each silo's noise on its clipped sum."""
