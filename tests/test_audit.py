@@ -218,7 +218,7 @@ DIRAC = Canaries(np.array([[0.0, 100.0]]), np.array([0]))
 
 
 def _multi(d, runs, canary=DIRAC, **kw):
-    rep = audit(_cfg(d, **kw), kind="multi-run", runs=runs, canaries=canary)
+    rep = audit(_cfg(d, **kw), view="model", kind="multi-run", runs=runs, canaries=canary)
     (row,) = rep.rows
     assert row.claimed_epsilon == pytest.approx(CLAIM, rel=1e-3)
     assert rep.scratch and any("scratch" in n for n in rep.notes)
@@ -277,7 +277,7 @@ def test_uncharged_standardization_with_an_outlier_canary_is_flagged(silo):
 
 def test_heart_one_run_stays_below_and_reports(tmp_path):
     cfg = config_from_dict({"budget": {"scratch": True}, "output": {"dir": ""}})
-    rep = audit(cfg, kind="one-run")
+    rep = audit(cfg, view="model", kind="one-run")
     assert [r.silo for r in rep.rows] == ["Cleveland", "Hungary", "Switzerland",
                                          "VA Long Beach"]
     for r in rep.rows:
@@ -307,7 +307,7 @@ def test_school_one_run_stays_below():
     cfg = config_from_dict({"data": {"source": "school"}, "model": {"name": "linear"},
                             "training": {"methods": ["fedavg"], "rounds": 5},
                             "budget": {"scratch": True}, "output": {"dir": ""}})
-    rep = audit(cfg, kind="one-run", canaries=10)  # the smallest school has 18 pupils
+    rep = audit(cfg, view="model", kind="one-run", canaries=10)  # the smallest school has 18 pupils
     assert len(rep.rows) > 100 and not rep.violations
 
 
@@ -316,12 +316,12 @@ def test_one_run_is_charged_to_the_real_store(tmp_path):
     cfg = config_from_dict({"training": {"methods": ["local"], "rounds": 3},
                             "budget": {"store": str(tmp_path / "b.sqlite")},
                             "output": {"dir": ""}})
-    rep = audit(cfg, silo="Hungary", canaries=50)
+    rep = audit(cfg, view="model", silo="Hungary", canaries=50)
     assert not rep.scratch and rep.store == str(tmp_path / "b.sqlite")
     spent = BudgetStore(tmp_path / "b.sqlite").spent("Hungary")
     assert 0 < spent["epsilon"] <= 1.0
     with pytest.raises(Exception, match="lifetime"):  # a second job's worth is refused
-        audit(cfg, silo="Hungary", canaries=50)
+        audit(cfg, view="model", silo="Hungary", canaries=50)
 
 
 # --- bad input ----------------------------------------------------------------------------
@@ -329,9 +329,9 @@ def test_one_run_is_charged_to_the_real_store(tmp_path):
 def test_bad_input_is_refused_before_anything_runs(silo, tmp_path):
     cfg = _cfg(silo)
     with pytest.raises(ConfigError, match="more than the 114 training records of silo 'hospital'"):
-        audit(cfg, canaries=500)
+        audit(cfg, view="model", canaries=500)
     with pytest.raises(DataError, match="do not fit"):
-        audit(cfg, canaries=Canaries(np.zeros((3, 5)), np.zeros(3)))
+        audit(cfg, view="model", canaries=Canaries(np.zeros((3, 5)), np.zeros(3)))
     nop = config_from_dict({"privacy": {"enabled": False}, "output": {"dir": ""}})
     with pytest.raises(ConfigError, match="no ε claim"):
         audit(nop)
@@ -359,21 +359,22 @@ def _conf(silo, tmp_path):
 def test_cli_audit(silo, tmp_path):
     from silofl.cli import app
     conf = _conf(silo, tmp_path)
-    res = CliRunner().invoke(app, ["audit", "--config", str(conf), "--kind", "multi-run",
-                                   "--runs", "20", "--scratch", "--out", str(tmp_path / "o"),
+    res = CliRunner().invoke(app, ["audit", "--config", str(conf), "--view", "model",
+                                   "--kind", "multi-run", "--runs", "20", "--scratch", "--out", str(tmp_path / "o"),
                                    "-q"])
     assert res.exit_code == 0, res.output
     assert "claimed ε" in res.output and "lower bound" in res.output
     assert (tmp_path / "o" / "audit.json").is_file()
-    bad = CliRunner().invoke(app, ["audit", "--config", str(conf), "--canaries", "999",
+    bad = CliRunner().invoke(app, ["audit", "--config", str(conf), "--view", "model",
+                                   "--canaries", "999",
                                    "--out", str(tmp_path / "p")])
     assert bad.exit_code == 2 and not (tmp_path / "p").exists()
 
 
 def test_cli_flags_a_violation_with_exit_code_3(silo, tmp_path, replayed_noise):
     from silofl.cli import app
-    res = CliRunner().invoke(app, ["audit", "--config", str(_conf(silo, tmp_path)), "--kind",
-                                   "multi-run", "--runs", "60", "--scratch", "--out",
+    res = CliRunner().invoke(app, ["audit", "--config", str(_conf(silo, tmp_path)), "--view",
+                                   "model", "--kind", "multi-run", "--runs", "60", "--scratch", "--out",
                                    str(tmp_path / "o"), "-q"])
     assert res.exit_code == 3, res.output
     assert "VIOLATION" in res.output

@@ -228,7 +228,7 @@ def test_audit_and_erosion_options_come_from_the_file_unless_given(tmp_path, mon
                                    "--contributions"])
     assert seen["args"][1] is None and seen["contributions"] is True
     # defaults: the section's, and a saved run config without them is unchanged
-    assert Config().audit.runs == 200 and "audit" not in Config().to_dict()
+    assert Config().audit.runs is None and "audit" not in Config().to_dict()
     with pytest.raises(ConfigError, match="did you mean 'audit.runs'"):
         config_from_dict({"audit": {"run": 3}})
 

@@ -41,7 +41,8 @@ Progress = Callable[[int, int], None]
 @dataclass
 class SiloAudit:
     """One silo's audit: the job's claimed ε for it (all methods composed, what its privacy
-    report states), and the empirical lower bound at `confidence`."""
+    report states), the rigorous empirical lower bound at `confidence`, and (server view)
+    the lower end of the estimate's interval — an estimate, labelled as such."""
 
     silo: str
     claimed_epsilon: float
@@ -49,16 +50,19 @@ class SiloAudit:
     delta: float
     lower_bound: float
     details: dict = field(default_factory=dict)
+    estimate_lower: float | None = None
 
     @property
     def violation(self) -> bool:
-        return self.lower_bound > self.claimed_epsilon
+        """A rigorous bound, or the estimate's lower end, above the claim."""
+        return self.lower_bound > self.claimed_epsilon or (
+            self.estimate_lower is not None and self.estimate_lower > self.claimed_epsilon)
 
     def to_dict(self) -> dict:
         return {"silo": self.silo, "claimed_epsilon": self.claimed_epsilon,
                 "target_epsilon": self.target_epsilon, "delta": self.delta,
-                "lower_bound": self.lower_bound, "violation": self.violation,
-                "details": self.details}
+                "lower_bound": self.lower_bound, "estimate_lower": self.estimate_lower,
+                "violation": self.violation, "details": self.details}
 
 
 @dataclass
@@ -103,6 +107,8 @@ class AuditReport:
     noise: str
     #: the neighbouring relation the claim is for (the accountant's, made concrete)
     neighbouring: str = ""
+    #: what the attacker sees: "server" (white box) or "model" (black box)
+    view: str = "model"
 
     @property
     def violations(self) -> list[str]:
@@ -116,7 +122,8 @@ class AuditReport:
         dict
             Kind, confidence, notes, budget store, violations, and one entry per silo.
         """
-        return {"kind": self.kind, "confidence": self.confidence, "methods": self.methods,
+        return {"kind": self.kind, "view": self.view, "confidence": self.confidence,
+                "methods": self.methods,
                 "noise": self.noise, "notes": self.notes, "budget_store": self.store,
                 "scratch_store": self.scratch, "run_ids": self.run_ids,
                 "seconds": self.seconds, "violations": self.violations,

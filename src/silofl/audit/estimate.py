@@ -28,9 +28,10 @@ each pass (B,).
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 
 import numpy as np
-from scipy import special, stats
+from scipy import stats
 
 from silofl.errors import ConfigError
 
@@ -42,13 +43,23 @@ ESTIMATE_ASSUMES = ("an estimate, not proof: assumes the mechanism is a Poisson-
                     "normal theory for μ̂ (one-sided)")
 
 
-def _pass_weights(steps: np.ndarray, q: float) -> tuple[np.ndarray, np.ndarray]:
-    """ks (L+1,) and log Binomial(k; L_b, q) (B, L+1) (−inf beyond each pass's L_b)."""
-    steps = np.asarray(steps, dtype=int)
-    ks = np.arange(int(steps.max()) + 1)
-    with np.errstate(divide="ignore"):
-        logw = stats.binom.logpmf(ks[None, :], steps[:, None], q)
-    return ks, logw
+#: binomial terms below this mass are dropped from the mixture (they cannot move a score)
+_TINY = 1e-15
+
+
+def _terms(L: int, q: float) -> tuple[np.ndarray, np.ndarray]:
+    """The canary counts k worth keeping in a pass of L steps and their log Binomial(k; L, q)."""
+    ks = np.arange(L + 1)
+    logw = stats.binom.logpmf(ks, L, q)
+    keep = logw > math.log(_TINY)
+    keep[0] = True
+    return ks[keep], logw[keep]
+
+
+def _lse(t: np.ndarray) -> np.ndarray:
+    """log Σ exp over the last axis (max-shifted)."""
+    mx = t.max(axis=-1)
+    return mx + np.log(np.exp(t - mx[..., None]).sum(axis=-1))
 
 
 def llr_scores(u: np.ndarray, steps: np.ndarray, q: float, sigma: float) -> np.ndarray:
@@ -56,24 +67,32 @@ def llr_scores(u: np.ndarray, steps: np.ndarray, q: float, sigma: float) -> np.n
 
     p_out = N(0, L_b σ²); p_in = Σ_k Binomial(k; L_b, q)·N(k, L_b σ²)."""
     u = np.asarray(u, dtype=float)
-    steps = np.asarray(steps)
+    steps = np.asarray(steps, dtype=int)
     if u.ndim != 2 or u.shape[1] != steps.size:
         raise ConfigError(f"per-pass sums must be (m, {steps.size}), got {u.shape}")
-    ks, logw = _pass_weights(steps, q)
-    var = steps * sigma ** 2  # (B,)
     out = np.zeros(u.shape[0])
-    for b in range(u.shape[1]):  # (m, L+1) at a time keeps memory flat
-        t = logw[b][None, :] + (ks[None, :] * u[:, b:b + 1] - ks[None, :] ** 2 / 2) / var[b]
-        out += special.logsumexp(t, axis=1)
+    for L in np.unique(steps):
+        ks, logw = _terms(int(L), q)
+        cols = np.flatnonzero(steps == L)
+        for lo in range(0, cols.size, 8):  # (m, 8, k) at a time keeps memory flat
+            x = u[:, cols[lo:lo + 8], None]
+            t = logw + (ks * x - ks ** 2 / 2) / (L * sigma ** 2)
+            out += _lse(t).sum(axis=1)
     return out
 
 
 def _shrunk_cov(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Mean and Ledoit–Wolf covariance of rows x (n, B)."""
-    from sklearn.covariance import LedoitWolf  # scikit-learn: only the audit needs it
-
-    lw = LedoitWolf().fit(x)
-    return x.mean(0), lw.covariance_
+    """Mean and Ledoit–Wolf (2004) shrunk covariance of rows x (n, B): the sample
+    covariance pulled towards a multiple of the identity by the estimated optimal weight."""
+    n, p = x.shape
+    mean = x.mean(0)
+    xc = x - mean
+    S = xc.T @ xc / n
+    mu = np.trace(S) / p
+    d2 = float(np.sum((S - mu * np.eye(p)) ** 2))
+    b2 = float(np.sum(np.sum(xc ** 2, axis=1) ** 2) / n ** 2 - np.sum(S ** 2) / n)
+    shrink = 0.0 if d2 == 0 else min(max(b2, 0.0), d2) / d2
+    return mean, (1 - shrink) * S + shrink * mu * np.eye(p)
 
 
 def qda_scores(u: np.ndarray, included: np.ndarray, fit: np.ndarray) -> np.ndarray:
@@ -110,33 +129,30 @@ _GH_X, _GH_W = np.polynomial.hermite_e.hermegauss(96)
 _GH_W = _GH_W / _GH_W.sum()
 
 
-def _pass_llr(u: np.ndarray, L: int, q: float, sigma: float) -> np.ndarray:
-    ks = np.arange(L + 1)
-    logw = stats.binom.logpmf(ks, L, q)
-    t = logw[None, :] + (ks[None, :] * u[:, None] - ks[None, :] ** 2 / 2) / (L * sigma ** 2)
-    return special.logsumexp(t, axis=1)
-
-
 def score_moments(steps: np.ndarray, q: float, sigma: float,
                   scale: float = 1.0) -> tuple[float, float, float, float]:
     """Exact mean and variance of `llr_scores` (claimed q, σ) without and with the canary
     when the mechanism's noise is σ·`scale`: (mean₀, var₀, mean₁, var₁), by quadrature per
     pass length (passes are independent, so moments add)."""
-    out = np.zeros(4)
     lengths, counts = np.unique(np.asarray(steps, dtype=int), return_counts=True)
-    for L, n in zip(lengths, counts):
+    return _moments(tuple(zip(lengths.tolist(), counts.tolist())), float(q), float(sigma),
+                    float(scale))
+
+
+@lru_cache(maxsize=4096)
+def _moments(passes: tuple, q: float, sigma: float, scale: float) -> tuple:
+    out = np.zeros(4)
+    for L, n in passes:
+        ks, logw = _terms(L, q)
         sd = math.sqrt(L) * sigma * scale
-        w = stats.binom.pmf(np.arange(L + 1), L, q)
-        f0 = _pass_llr(sd * _GH_X, L, q, sigma)
-        m0, s0 = _GH_W @ f0, _GH_W @ f0 ** 2
-        m1 = s1 = 0.0
-        for k in range(L + 1):
-            if w[k] < 1e-300:
-                continue
-            fk = _pass_llr(k + sd * _GH_X, L, q, sigma)
-            m1, s1 = m1 + w[k] * (_GH_W @ fk), s1 + w[k] * (_GH_W @ fk ** 2)
-        out += n * np.array([m0, s0 - m0 ** 2, m1, s1 - m1 ** 2])
-    return tuple(float(v) for v in out)  # type: ignore[return-value]
+        # rows: the canary's count j (0 = out), columns: quadrature nodes; the score's terms k
+        x = np.concatenate([[0.0], ks])[:, None] + sd * _GH_X[None, :]
+        f = _lse(logw + (ks * x[..., None] - ks ** 2 / 2) / (L * sigma ** 2))
+        m, s2 = f @ _GH_W, (f ** 2) @ _GH_W
+        w = np.exp(logw)
+        m1, s1 = float(w @ m[1:]), float(w @ s2[1:])
+        out += n * np.array([m[0], s2[0] - m[0] ** 2, m1, s1 - m1 ** 2])
+    return tuple(float(v) for v in out)
 
 
 def expected_mu(steps: np.ndarray, q: float, sigma: float, scale: float = 1.0) -> float:
@@ -173,7 +189,7 @@ def noise_scale_for(mu: float, steps: np.ndarray, q: float, sigma: float) -> flo
         return math.inf
     if math.isinf(mu) or mu >= expected_mu(steps, q, sigma, lo):
         return 0.0
-    for _ in range(50):  # bisection in log scale
+    while math.log(hi / lo) > 1e-5:  # bisection in log scale
         mid = math.sqrt(lo * hi)
         lo, hi = (mid, hi) if expected_mu(steps, q, sigma, mid) > mu else (lo, mid)
     return math.sqrt(lo * hi)
@@ -202,7 +218,10 @@ def _eps_at(true_epsilon, c: float) -> float:
 
 def scale_at(true_epsilon, epsilon: float, tol: float = 1e-3) -> float:
     """The noise scale c at which `true_epsilon(c)` = `epsilon` (ε falls as c grows;
-    bisection in log scale to relative `tol`)."""
+    bisection in log scale to relative `tol`). 1 when the mechanism as run is at `epsilon`
+    (a job's claim is its accountant's ε)."""
+    if math.isclose(float(true_epsilon(1.0)), epsilon, rel_tol=1e-9):
+        return 1.0
     a, b = SCALE_RANGE
     while math.log(b / a) > tol:
         mid = math.sqrt(a * b)

@@ -24,6 +24,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from silofl.audit import server
 from silofl.audit.canaries import Canaries, check_canaries, insert, make_canaries
 from silofl.audit.engine import (
     AUDIT_NOTE,
@@ -46,67 +47,79 @@ from silofl.runtime.job import NO_METHOD, fingerprints, open_job
 from silofl.runtime.simulator import simulate
 
 _AUDIT = AuditSection()  # the defaults of [audit] (one place: silofl.config)
+VIEWS = ("server", "model")
+#: jobs pooled by a multi-run server-view audit, and jobs per side of a model-view one
+SERVER_RUNS = 4
+_AUDIT_MODEL_RUNS = 200
 
 #: canaries per silo when not given: at most 1000, at most the silo's training records
 DEFAULT_CANARIES = 1000
 
 
-def audit(cfg, *, kind: str = _AUDIT.kind, silo: str | None = None,
-          canaries: int | Canaries | None = None, runs: int = _AUDIT.runs,
+def audit(cfg, *, view: str = _AUDIT.view, kind: str = _AUDIT.kind, silo: str | None = None,
+          canaries: int | Canaries | None = None, runs: int | None = None,
           confidence: float = _AUDIT.confidence, store: BudgetStore | None = None,
-          seed: int | None = None,
-          on_progress: Callable[[int, int], None] | None = None) -> AuditReport:
+          seed: int | None = None, on_progress: Callable[[int, int], None] | None = None,
+          weaken=None) -> AuditReport:
     """Audit the job `cfg` describes: does each silo's claimed ε survive an attack?
 
-    The real job runs with canary records inserted; an attacker guesses which canaries
-    were trained on, giving an empirical lower bound on ε at `confidence`. A bound above
-    the claim is a violation. The audit's own runs are charged to the budget store like
-    any job. Everything that can fail on bad input fails before any budget is reserved.
+    The real job runs with canaries; an attacker guesses which canaries were trained on,
+    giving an empirical lower bound on ε at `confidence`. A bound above the claim is a
+    violation. The audit's own runs are charged to the budget store like any job.
+    Everything that can fail on bad input fails before any budget is reserved.
 
     Parameters
     ----------
     cfg : Config
         The job (`load_config`); privacy must be enabled.
+    view : {"server", "model"}, default "server"
+        What the attacker sees. "server" (white box): every round's released update, with
+        m Dirac gradient canaries per silo in auditing-only coordinates (`audit.server`);
+        "model" (black box): the released models only, with canary records.
     kind : {"one-run", "multi-run"}, default "one-run"
-        One training run with many canaries (Steinke et al. 2023), or many runs on
-        neighbouring datasets D and D′ (Clopper–Pearson).
+        One training run with many canaries (Steinke et al. 2023), or many runs (server:
+        `runs` jobs pooled; model: `runs` jobs on each of D and D′, Clopper–Pearson).
     silo : str, optional
         The silo audited (default: every silo).
     canaries : int or Canaries, optional
-        one-run: the number m per silo (default min(1000, n_k)) or explicit `Canaries`
-        (raw encoded features); multi-run: explicit `Canaries` whose first record is the
-        canary, else one generated canary.
-    runs : int, default 200
-        multi-run: jobs on each of D and D′.
+        server: m per silo (default 20000); model one-run: m per silo (default
+        min(1000, n_k)) or explicit `Canaries`; model multi-run: explicit `Canaries` whose
+        first record is the canary, else one generated canary.
+    runs : int, optional
+        multi-run jobs (default: server 4, model 200 on each of D and D′).
     confidence : float, default 0.95
-        Confidence of the lower bound.
+        Family-wise confidence of the bounds (and of the estimate, server view).
     store : BudgetStore, optional
         The store charged (default: as `run`: [budget] store, else a scratch store when
         [budget] scratch).
     seed : int, optional
-        Seed of the canaries and coin flips (default: OS entropy).
+        Seed of the canaries, coin flips and canary sampling (default: OS entropy).
     on_progress : callable (done, total) -> None, optional
-        Progress of the audit's runs.
+        Progress of the audit's jobs.
+    weaken : callable, optional
+        Server view only, the self-test's deliberately weakened rule (`whitebox.WEAKENINGS`).
 
     Returns
     -------
     AuditReport
-        Per silo the claimed ε and the empirical lower bound.
+        Per silo the claimed ε, the rigorous lower bound and (server) the estimate.
 
     Raises
     ------
     ConfigError
-        An unknown kind, privacy disabled, or an unsupported model.
+        An unknown view or kind, privacy disabled, or an unsupported model.
     """
     t0 = time.perf_counter()
     check_kind(kind)
+    if view not in VIEWS:
+        raise ConfigError(f"unknown audit view {view!r}; choose one of {', '.join(VIEWS)}")
     if not cfg.privacy.enabled:
         raise ConfigError("an audit compares a claimed ε with an empirical lower bound, but "
                           "this config has no ε claim (privacy is disabled); enable "
                           "[privacy] with epsilon and delta")
-    if cfg.model.name in TORCH_MODELS:
-        raise ConfigError(f"auditing supports the GLMs (linear, logistic, focal, svm, "
-                          f"softmax), not model {cfg.model.name!r}")
+    if view == "model" and cfg.model.name in TORCH_MODELS:
+        raise ConfigError(f"the model-view audit supports the GLMs (linear, logistic, focal, "
+                          f"svm, softmax), not model {cfg.model.name!r}; use --view server")
     check_confidence(confidence)
     rng = np.random.default_rng(seed)  # None: OS entropy
     raw = build.apply_privacy(build.load_raw(cfg.data), cfg)
@@ -114,10 +127,66 @@ def audit(cfg, *, kind: str = _AUDIT.kind, silo: str | None = None,
     for s in raw.silos:
         if s.target is None:
             raise ConfigError(f"silo {s.name!r} has no ε claim; set [privacy] epsilon/delta")
+    if view == "server":
+        return _server(cfg, raw, names, kind, canaries, runs, confidence, store, rng, seed,
+                       t0, on_progress, weaken)
+    runs = _AUDIT_MODEL_RUNS if runs is None else runs
     if kind == "one-run":
         return _one_run(cfg, raw, names, canaries, confidence, store, rng, t0, on_progress)
     return _multi_run(cfg, raw, names, canaries, runs, confidence, store, rng, t0,
                       on_progress)
+
+
+def _server(cfg, raw, names, kind, canaries, runs, confidence, store, rng, seed, t0,
+            on_progress, weaken) -> AuditReport:
+    """The server-view audit (`audit.server`): one job, or `runs` jobs pooled on a
+    scratch store; rows per silo."""
+    if isinstance(canaries, Canaries):
+        raise ConfigError("the server view uses gradient canaries, not records: give "
+                          "--canaries as a number (or --view model for record canaries)")
+    m = server.canary_count(canaries)
+    jobs = 1 if kind == "one-run" else (SERVER_RUNS if runs is None else int(runs))
+    if jobs < 1:
+        raise ConfigError(f"a multi-run server-view audit needs at least 1 job, got {jobs}")
+    experiment = kind == "multi-run" or weaken is not None
+    if experiment:
+        _require_scratch(cfg, store, "a multi-run or self-test audit trains several jobs "
+                         "(the self-test with deliberately broken privacy)")
+    p = run_mod._prepare(cfg, raw)
+    st = BudgetStore(None) if experiment else _store(cfg, store)
+    parts, run_ids, uncharged = [], [], []
+    for i in range(jobs):
+        if on_progress:
+            on_progress(i, jobs)
+        model, probe = server.plan_probe(p, names, m, rng, None if seed is None else
+                                         seed + i, weaken)
+        what = "self-test" if weaken is not None else kind
+        fed, results, job = _run_job(cfg, p, st, f"silofl audit (server view, {what})",
+                                     model=model, probe=probe)
+        run_ids.append(job.run_id)
+        uncharged = fed.meta.get("uncharged", [])
+        claims = {n: _claims(results, p, n) for n in names}
+        parts.append(server.observe(p, probe, results, claims, p.tcfg.clip, p.extra))
+    if on_progress:
+        on_progress(jobs, jobs)
+    obs = server.pool(parts)
+    rows = [server.assess(n, obs[n], confidence, len(names)) for n in names]
+    notes = [server.SERVER_NOTE, "estimate: " + server.est.ESTIMATE_ASSUMES]
+    if not experiment:
+        notes.append("the audit job trains every silo, so it is charged to every silo's "
+                     "budget")
+    return AuditReport(kind, rows, p.labels, _notes(cfg, st, uncharged, notes),
+                       None if st.path is None else str(st.path), st.scratch, run_ids,
+                       time.perf_counter() - t0, confidence, cfg.privacy.noise,
+                       neighbouring=run_mod.ADJACENCY, view="server")
+
+
+def _require_scratch(cfg, store: BudgetStore | None, what: str) -> None:
+    if store is not None and not store.scratch or store is None and not cfg.budget.scratch:
+        raise ConfigError(f"{what}: that is an experiment, not a release, and would spend "
+                          "many jobs' worth of the silo's lifetime budget. Run it on a "
+                          "scratch store (--scratch, or [budget] scratch = true), or use a "
+                          "one-run audit (--kind one-run) on the real store")
 
 
 # --- the plug-in ---------------------------------------------------------------------------
@@ -129,9 +198,10 @@ def _store(cfg, store: BudgetStore | None) -> BudgetStore:
     return store
 
 
-def _run_job(cfg, p, store: BudgetStore, command: str):
+def _run_job(cfg, p, store: BudgetStore, command: str, model=None, probe=None):
     """One job exactly as `silofl run` executes it (reserve, preprocess, every method,
-    settle), without writing a run directory. Returns (fed, results, job)."""
+    settle), without writing a run directory; `model`/`probe`: the server view's wrapped
+    model and step probe. Returns (fed, results, job)."""
     job = open_job(store, dict(zip(p.labels, p.plans)), lifetime=run_mod._lifetime(cfg, p.raw),
                    explicit_lifetime=cfg.budget.epsilon is not None, command=command,
                    noise=p.tcfg.noise, accountant=p.tcfg.accountant,
@@ -142,8 +212,9 @@ def _run_job(cfg, p, store: BudgetStore, command: str):
         for name in p.extra:
             job.spend_extra(name, "preprocess")
         fed = run_mod._preprocess(p, cfg)
-        results = [simulate(fed, p.model, alg, p.tcfg, metric=cfg.model.metric or None,
-                            plans=plans, job=job, method=label)
+        results = [simulate(fed, p.model if model is None else model, alg, p.tcfg,
+                            metric=cfg.model.metric or None, plans=plans, job=job,
+                            method=label, probe=probe)
                    for alg, plans, label in zip(p.algorithms, p.plans, p.labels)]
     except BaseException:
         job.settle("failed")
@@ -270,12 +341,7 @@ def _one_run(cfg, raw, names, canaries, confidence, store, rng, t0, on_progress)
 
 
 def _multi_run(cfg, raw, names, canaries, runs, confidence, store, rng, t0, on_progress):
-    if store is not None and not store.scratch or store is None and not cfg.budget.scratch:
-        raise ConfigError("a multi-run audit trains `runs` jobs on each of D and D′: that is "
-                          "an experiment, not a release, and would spend many jobs' worth of "
-                          "the silo's lifetime budget. Run it on a scratch store (--scratch, "
-                          "or [budget] scratch = true), or use a one-run audit (--kind one-run)"
-                          " on the real store")
+    _require_scratch(cfg, store, "a multi-run audit trains `runs` jobs on each of D and D′")
     check_runs(runs)
     c = canaries if isinstance(canaries, Canaries) else make_canaries(raw, 1, rng)
     if isinstance(canaries, int) and not isinstance(canaries, bool) and canaries != 1:

@@ -22,12 +22,19 @@ from silofl.errors import SiloflError
 def audit(config: Path | None = typer.Option(None, "--config", "-c",
                                                 help="TOML config of the job to audit"),
           silo: str | None = typer.Option(None, "--silo", help="audit one silo (default: all)"),
+          view: str | None = typer.Option(None, "--view", help=(
+              "server (white box: every round's update, gradient canaries) | model (black "
+              "box: the released models, canary records) (default: [audit] view, server)")),
           kind: str | None = typer.Option(None, "--kind", help=(
               "one-run | multi-run (default: [audit] kind, one-run)")),
-          canaries: int | None = typer.Option(
-              None, "--canaries", help="one-run: canaries per silo (default min(1000, n_k))"),
+          canaries: int | None = typer.Option(None, "--canaries", help=(
+              "per silo (default: server 20000; model one-run min(1000, n_k))")),
           runs: int | None = typer.Option(None, "--runs", help=(
-              "multi-run: jobs on each of D and D′ (default: [audit] runs, 200)")),
+              "multi-run jobs (default: server 4 pooled; model 200 on each of D and D′)")),
+          self_test: bool = typer.Option(False, "--self-test", help=(
+              "run the server-view audit against weakened copies of this job's mechanism "
+              "(noise ×½, ×¼, clipping off, replayed noise) and show which it flags; needs "
+              "a scratch store (--scratch)")),
           confidence: float | None = typer.Option(None, "--confidence", help=(
               "of the lower bound (default: [audit] confidence, 0.95)")),
           out: Path | None = typer.Option(None, "--out", help=(
@@ -48,6 +55,8 @@ def audit(config: Path | None = typer.Option(None, "--config", "-c",
         cfg = _job_config(config, store, scratch, out, overrides=set_ or ())
         dest = out if out is not None else Path(cfg.output.dir or "runs") / \
             time.strftime("audit-%Y%m%d-%H%M%S")
+        if self_test:
+            return _self_test(cfg, dest, silo, canaries, confidence, quiet)
         with Progress(TextColumn("audit"), BarColumn(), TextColumn("{task.completed}/"
                       "{task.total} jobs"), TimeElapsedColumn(), console=err,
                       disable=quiet, transient=False) as prog:
@@ -55,16 +64,46 @@ def audit(config: Path | None = typer.Option(None, "--config", "-c",
 
             def on_progress(done, total):
                 prog.update(task, completed=done, total=total)
-            given = {"kind": kind, "silo": silo, "canaries": canaries, "runs": runs,
-                     "confidence": confidence}  # the command line over [audit]
+            given = {"view": view, "kind": kind, "silo": silo, "canaries": canaries,
+                     "runs": runs, "confidence": confidence}  # the command line over [audit]
             a = cfg.audit.model_copy(update={k: v for k, v in given.items() if v is not None})
-            rep = run_audit(cfg, kind=a.kind, silo=a.silo, canaries=a.canaries, runs=a.runs,
-                            confidence=a.confidence, on_progress=on_progress)
+            rep = run_audit(cfg, view=a.view, kind=a.kind, silo=a.silo, canaries=a.canaries,
+                            runs=a.runs, confidence=a.confidence, on_progress=on_progress)
         files = write_audit(rep, dest)
     except SiloflError as e:
         _fail(e)
     _audit_footer(rep, files, f"Methods audited together: {', '.join(rep.methods)}. Noise: "
                               f"{rep.noise}.")
+
+
+def _self_test(cfg, dest: Path, silo, canaries, confidence, quiet: bool) -> None:
+    """`--self-test`: the table of weakened copies; exit 3 when the audit missed a copy it
+    must flag or flagged the mechanism as run."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from silofl.audit.report import selftest_table, write_selftest
+    from silofl.audit.selftest import self_test
+    from silofl.audit.tabular import _require_scratch
+    _require_scratch(cfg, None, "the self-test trains one job per weakened copy of the "
+                     "mechanism (with deliberately broken privacy)")
+    conf = confidence if confidence is not None else cfg.audit.confidence
+    with Progress(TextColumn("self-test"), BarColumn(), TextColumn("{task.completed}/"
+                  "{task.total} mechanisms"), TimeElapsedColumn(), console=err,
+                  disable=quiet, transient=False) as prog:
+        task = prog.add_task("self-test", total=None)
+        rep = self_test(cfg, silo=silo or cfg.audit.silo, canaries=canaries or
+                        cfg.audit.canaries, confidence=conf, on_progress=lambda d, t:
+                        prog.update(task, completed=d, total=t))
+    files = write_selftest(rep, dest)
+    console.print(selftest_table(rep))
+    for note in rep.notes:
+        err.print(f"[bold yellow]note:[/] {escape(note)}")
+    console.print(f"{rep.seconds:.1f} s. Self-test: [bold]{escape(str(files[0]))}[/], "
+                  f"{escape(str(files[1]))}")
+    if not rep.passed:
+        err.print("[bold red]SELF-TEST FAILED[/]: the audit missed a weakened copy it must "
+                  "flag, or flagged the mechanism as run")
+        raise typer.Exit(3)
 
 
 def _audit_footer(rep, files, what: str) -> None:

@@ -233,10 +233,11 @@ class AuditSection(Section):
     by `silofl.audit.engine.audit`)."""
 
     section: ClassVar[str] = "audit"
+    view: str = "server"           # server (white box: every round's update) | model
     kind: str = "one-run"          # one-run | multi-run
     silo: str | None = None        # audit one silo (default: every silo)
-    canaries: int | None = None    # one-run: canaries per silo (default min(1000, n_k))
-    runs: int = 200                # multi-run: jobs on each of D and D′
+    canaries: int | None = None    # per silo (default: server 20000; model min(1000, n_k))
+    runs: int | None = None        # multi-run jobs (default: server 4 pooled; model 200 per side)
     confidence: float = 0.95       # of the lower bound, in [0.5, 1)
 
 

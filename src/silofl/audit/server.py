@@ -1,0 +1,187 @@
+"""The server-view (white-box) audit of a `silofl run` job: the real job, with m Dirac
+gradient canaries per audited silo in auditing-only coordinates (`audit.whitebox`), each
+"in" with probability ½ (the auditor's coin flip); every canary's per-pass sums are scored
+with the claimed mechanism's log-likelihood ratio (`estimate.llr_scores`).
+
+Per silo three statements, at a family-wise `confidence` (Bonferroni over silos, then
+split: ¼ of the error to each rigorous bound, ½ to the estimate):
+
+* one run (Steinke, Nasr & Jagielski 2023): guesses on the top/bottom LLR scores →
+  a rigorous (ε, δ) lower bound (`bounds.one_run_audit`);
+* pooled canaries: the "out" canaries are draws of the no-canary view, the "in" canaries
+  of the canary view — independent coordinates, independent coin flips — so a threshold
+  chosen on half and Clopper–Pearson on the other half is a rigorous lower bound too
+  (`bounds.multi_run_epsilon`, over the LLR score and a QDA score fitted on the first half);
+* the estimate (`estimate.estimate`): μ̂ of the LLR score read through the claimed
+  mechanism family; its lower end is labelled as an estimate.
+
+A silo is flagged when a rigorous bound or the estimate's lower end exceeds its claim.
+`detectable` beside each row says the smallest true ε the estimate would have flagged.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter
+from collections.abc import Callable
+from functools import lru_cache
+
+import dp_accounting as dpa
+import numpy as np
+
+from silofl.audit import estimate as est
+from silofl.audit.bounds import multi_run_epsilon, one_run_audit
+from silofl.audit.engine import Claim, SiloAudit, per_unit
+from silofl.audit.whitebox import AuditedModel, DiracCanaries
+from silofl.errors import ConfigError
+from silofl.privacy import events
+from silofl.privacy.ledger import tightest
+from silofl.privacy.randomness import Randomness
+
+#: canaries per audited silo in the server view when not given (they are coordinates,
+#: not records: they cost memory and time, not privacy, and never change n or q)
+DEFAULT_CANARIES = 20_000
+#: the most canaries per silo (memory: the model grows by m parameters per silo)
+MAX_CANARIES = 200_000
+
+#: noise scales whose ε every row reports (what a copy with that much less noise would claim)
+NOISE_SCALES = (0.5, 0.25)
+
+SERVER_NOTE = ("server view (white box): m Dirac gradient canaries per audited silo in "
+               "auditing-only coordinates, each in with probability 1/2; every DP-SGD step "
+               "samples each canary with the silo's q and clips its gradient (8·C) like a "
+               "record's; the auditor sees every step's noisy sum, summed per local pass "
+               "(what a server receives per round); the canaries are not records: they "
+               "change no record's batch, n, q or σ, and their scores depend only on the "
+               "noise and the coin flips")
+
+
+def canary_count(canaries: int | None) -> int:
+    """m for the server view (default `DEFAULT_CANARIES`); ConfigError outside [20, MAX]."""
+    m = DEFAULT_CANARIES if canaries is None else int(canaries)
+    if not 20 <= m <= MAX_CANARIES:
+        raise ConfigError(f"the server-view audit needs between 20 and {MAX_CANARIES} "
+                          f"canaries per silo (--canaries), got {m}")
+    return m
+
+
+@dataclasses.dataclass
+class Observed:
+    """One audited silo's canaries over one or more jobs: per-pass sums (m, B), steps per
+    pass (B,), σ per pass (B,), q, coin flips (m,), and the job's claim and events."""
+
+    u: np.ndarray
+    steps: np.ndarray
+    sigma: np.ndarray
+    q: float
+    included: np.ndarray
+    claim: Claim
+    counts: Counter
+
+
+def plan_probe(p, names: list[str], m: int, rng: np.random.Generator,
+               seed: int | None, weaken=None) -> tuple[AuditedModel, DiracCanaries]:
+    """The wrapped model and the probe for a prepared job `p` (experiments.run._prepare)."""
+    order = list(p.raw.names)
+    plans = p.plans[0]
+    included = {order.index(n): rng.random(m) < 0.5 for n in names}
+    q = np.array([pl.q for pl in plans])
+    steps = np.array([pl.steps_per_pass for pl in plans])
+    stream = Randomness.seeded(seed) if seed is not None else Randomness.os_entropy()
+    model = AuditedModel(p.model, m)
+    return model, DiracCanaries(model.P, included, q, steps, stream, weaken=weaken)
+
+
+def observe(p, probe: DiracCanaries, results, claims: dict[str, Claim], clip: float,
+            extra: dict) -> dict[str, Observed]:
+    """What the probe saw, per audited silo (after `_run_job`)."""
+    order = list(p.raw.names)
+    out = {}
+    for k, inc in probe.included.items():
+        name = order[k]
+        u, steps = probe.per_pass(k, clip)
+        sig = np.array([p.plans[min(s, len(p.plans) - 1)][k].noise_multiplier
+                        for s in probe.segments(k)], dtype=float)
+        counts: Counter = Counter()
+        if name in extra:
+            counts += events.flatten(extra[name])
+        for r in results:
+            counts += r.ledgers[k].spent_counts()
+        out[name] = Observed(u, steps, sig, float(probe.q[k]), inc, claims[name], counts)
+    return out
+
+
+def pool(parts: list[dict[str, Observed]]) -> dict[str, Observed]:
+    """Several jobs' observations of the same silos as one (canaries concatenated)."""
+    first = parts[0]
+    return {n: dataclasses.replace(o, u=np.concatenate([x[n].u for x in parts]),
+                                   included=np.concatenate([x[n].included for x in parts]))
+            for n, o in first.items()}
+
+
+def scaled_counts(counts: Counter, scale: float) -> dpa.DpEvent:
+    """The job's executed events with every DP-SGD step's noise multiplier × `scale`."""
+    out: Counter = Counter()
+    for e, c in counts.items():
+        if isinstance(e, dpa.PoissonSampledDpEvent) and isinstance(e.event, dpa.GaussianDpEvent):
+            e = dpa.PoissonSampledDpEvent(e.sampling_probability, dpa.GaussianDpEvent(
+                e.event.noise_multiplier * scale))
+        out[e] += c
+    return events.compose(out)
+
+
+def true_epsilon_fn(o: Observed) -> Callable[[float], float]:
+    """c ↦ the accountant's ε (the claim's: the tighter of RDP and PLD) of the job's
+    mechanism with its DP-SGD noise × c."""
+    @lru_cache(maxsize=256)
+    def f(c: float) -> float:
+        return tightest(scaled_counts(o.counts, c), o.claim.delta)[0]
+    return f
+
+
+def scores(o: Observed) -> dict[str, np.ndarray]:
+    """(m,) LLR scores (each pass at its own σ) and QDA scores fitted on the first half
+    of each class (the half `multi_run_epsilon` chooses on)."""
+    llr = np.zeros(o.u.shape[0])
+    for s in np.unique(o.sigma):
+        cols = o.sigma == s
+        llr += est.llr_scores(o.u[:, cols], o.steps[cols], o.q, float(s))
+    inc = o.included
+    fit = np.zeros_like(inc)
+    for cls in (inc, ~inc):
+        idx = np.flatnonzero(cls)
+        fit[idx[: len(idx) // 2]] = True
+    return {"llr": llr, "qda": est.qda_scores(o.u, inc, fit)}
+
+
+def assess(name: str, o: Observed, confidence: float, units: int) -> SiloAudit:
+    """One silo's row: both rigorous bounds, the estimate, its power."""
+    c_unit = per_unit(confidence, units)
+    c_rig, c_est = 1 - (1 - c_unit) / 4, 1 - (1 - c_unit) / 2
+    sc = scores(o)
+    inc, d = o.included, o.claim.delta
+    one = one_run_audit({"llr": sc["llr"]}, inc, d, c_rig)
+    pooled = multi_run_epsilon({k: v[~inc] for k, v in sc.items()},
+                               {k: v[inc] for k, v in sc.items()}, d, c_rig)
+    f = true_epsilon_fn(o)
+    sigma = float(np.median(o.sigma))  # σ of the family the estimate reads μ̂ through
+    e = est.estimate(sc["llr"][~inc], sc["llr"][inc], o.steps, o.q, sigma, f, c_est)
+    power = est.detectable(o.steps, o.q, sigma, o.claim.epsilon, int((~inc).sum()),
+                           int(inc.sum()), c_est, f)
+    rigorous = max(one["epsilon"], pooled["epsilon"])
+    details = {"view": "server", "canaries": int(inc.size), "included": int(inc.sum()),
+               "passes": int(o.steps.size), "steps": int(o.steps.sum()),
+               "sampling_rate": o.q, "noise_multiplier": sigma,
+               "one_run": _trim(one), "pooled": pooled, "estimate": e,
+               "power": power, "rigorous_lower_bound": rigorous,
+               "estimate_lower": e["epsilon_lower"], "detectable_epsilon":
+               power["detectable_epsilon"], "confidence_rigorous": c_rig,
+               "confidence_estimate": c_est,
+               # the accountant's ε were the noise smaller (the self-test's copies)
+               "epsilon_at_noise_scale": {f"{c:g}": f(c) for c in NOISE_SCALES}}
+    return SiloAudit(name, o.claim.epsilon, o.claim.target_epsilon, d, rigorous, details,
+                     estimate_lower=e["epsilon_lower"])
+
+
+def _trim(one: dict) -> dict:
+    return {k: v for k, v in one.items() if k != "tries"}
