@@ -20,7 +20,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from silofl.audit import server
 from silofl.audit.engine import SiloAudit
 from silofl.audit.whitebox import WEAKENINGS
 
@@ -104,16 +103,17 @@ def self_test(cfg, *, silo: str | None = None, canaries: int | None = None,
     t0 = time.perf_counter()
     names = [AS_RUN] + [n for n in WEAKENINGS if only is None or n in only]
     rows: list[SelfTestRow] = []
-    m = server.canary_count(canaries)
+    m = 0
     for i, name in enumerate(names):
         if on_progress:
             on_progress(i, len(names))
         what, weaken, scale = (("the job's DP-SGD, unchanged", lambda r: r, 1.0)
                                if name == AS_RUN else WEAKENINGS[name])
-        rep = audit(cfg, view="server", kind="one-run", silo=silo, canaries=m,
+        rep = audit(cfg, view="server", kind="one-run", silo=silo, canaries=canaries,
                     confidence=confidence, seed=None if seed is None else seed + 1000 * i,
                     weaken=weaken)
         rows += [_row(name, what, scale, r, r.violation) for r in rep.rows]
+        m = rep.rows[0].details["canaries"]
     if on_progress:
         on_progress(len(names), len(names))
     return SelfTestReport(rows, confidence, m, time.perf_counter() - t0, [

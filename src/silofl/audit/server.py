@@ -39,8 +39,10 @@ from silofl.privacy.ledger import tightest
 from silofl.privacy.randomness import Randomness
 
 #: canaries per audited silo in the server view when not given (they are coordinates,
-#: not records: they cost memory and time, not privacy, and never change n or q)
-DEFAULT_CANARIES = 20_000
+#: not records: they cost memory and time, not privacy, and never change n or q) ...
+DEFAULT_CANARIES = 50_000
+#: ... unless the per-pass sums of all audited silos would exceed this many numbers
+DEFAULT_CELLS = 40_000_000
 #: the most canaries per silo (memory: the model grows by m parameters per silo)
 MAX_CANARIES = 200_000
 
@@ -56,9 +58,12 @@ SERVER_NOTE = ("server view (white box): m Dirac gradient canaries per audited s
                "noise and the coin flips")
 
 
-def canary_count(canaries: int | None) -> int:
-    """m for the server view (default `DEFAULT_CANARIES`); ConfigError outside [20, MAX]."""
-    m = DEFAULT_CANARIES if canaries is None else int(canaries)
+def canary_count(canaries: int | None, silos: int = 1, passes: int = 1) -> int:
+    """m for the server view: `canaries`, else `DEFAULT_CANARIES` capped so that `silos` ×
+    `passes` × m stays within `DEFAULT_CELLS` (at least 1000); ConfigError outside
+    [20, MAX_CANARIES]."""
+    m = (min(DEFAULT_CANARIES, max(1000, DEFAULT_CELLS // max(1, silos * passes)))
+         if canaries is None else int(canaries))
     if not 20 <= m <= MAX_CANARIES:
         raise ConfigError(f"the server-view audit needs between 20 and {MAX_CANARIES} "
                           f"canaries per silo (--canaries), got {m}")

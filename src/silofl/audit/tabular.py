@@ -82,7 +82,7 @@ def audit(cfg, *, view: str = _AUDIT.view, kind: str = _AUDIT.kind, silo: str | 
     silo : str, optional
         The silo audited (default: every silo).
     canaries : int or Canaries, optional
-        server: m per silo (default 20000); model one-run: m per silo (default
+        server: m per silo (default 50000, fewer for many silos or rounds); model one-run: m per silo (default
         min(1000, n_k)) or explicit `Canaries`; model multi-run: explicit `Canaries` whose
         first record is the canary, else one generated canary.
     runs : int, optional
@@ -144,7 +144,8 @@ def _server(cfg, raw, names, kind, canaries, runs, confidence, store, rng, seed,
     if isinstance(canaries, Canaries):
         raise ConfigError("the server view uses gradient canaries, not records: give "
                           "--canaries as a number (or --view model for record canaries)")
-    m = server.canary_count(canaries)
+    passes = cfg.training.rounds * max(1, len(cfg.training.methods))
+    m = server.canary_count(canaries, len(names), passes)
     jobs = 1 if kind == "one-run" else (SERVER_RUNS if runs is None else int(runs))
     if jobs < 1:
         raise ConfigError(f"a multi-run server-view audit needs at least 1 job, got {jobs}")

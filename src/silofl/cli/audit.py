@@ -28,7 +28,7 @@ def audit(config: Path | None = typer.Option(None, "--config", "-c",
           kind: str | None = typer.Option(None, "--kind", help=(
               "one-run | multi-run (default: [audit] kind, one-run)")),
           canaries: int | None = typer.Option(None, "--canaries", help=(
-              "per silo (default: server 20000; model one-run min(1000, n_k))")),
+              "per silo (default: server 50000, fewer for many silos; model one-run min(1000, n_k))")),
           runs: int | None = typer.Option(None, "--runs", help=(
               "multi-run jobs (default: server 4 pooled; model 200 on each of D and D′)")),
           self_test: bool = typer.Option(False, "--self-test", help=(

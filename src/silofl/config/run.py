@@ -236,7 +236,7 @@ class AuditSection(Section):
     view: str = "server"           # server (white box: every round's update) | model
     kind: str = "one-run"          # one-run | multi-run
     silo: str | None = None        # audit one silo (default: every silo)
-    canaries: int | None = None    # per silo (default: server 20000; model min(1000, n_k))
+    canaries: int | None = None    # per silo (default: server 50000; model min(1000, n_k))
     runs: int | None = None        # multi-run jobs (default: server 4 pooled; model 200 per side)
     confidence: float = 0.95       # of the lower bound, in [0.5, 1)
 

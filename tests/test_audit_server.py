@@ -1,0 +1,189 @@
+"""The server-view (white-box) audit: Dirac gradient canaries at the DP-SGD step, the LLR
+score, the estimate read through the claimed mechanism family, its power, and the
+self-test against weakened copies of the job's mechanism.
+
+Statistical tests state their tolerance; each can fail (a mechanism with less noise, a
+missing clip, repeated noise, or a biased estimator would break them)."""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+
+import numpy as np
+import pytest
+from scipy import stats
+from typer.testing import CliRunner
+
+from silofl.audit import estimate as E
+from silofl.audit import server
+from silofl.audit.tabular import audit
+from silofl.audit.whitebox import WEAKENINGS, AuditedModel
+from silofl.config import config_from_dict
+from silofl.errors import ConfigError
+from silofl.models import make_model
+from silofl.privacy import evaluate, events
+
+# a mechanism of the size of one heart hospital's job, smaller: 30 passes of 8 steps
+STEPS, Q, SIGMA, DELTA = np.full(30, 8), 0.08, 3.0, 1e-4
+
+
+@functools.lru_cache(None)
+def _eps(c: float) -> float:
+    return evaluate.epsilon(events.dpsgd_event(Q, SIGMA * c, int(STEPS.sum())), DELTA, "pld")
+
+
+@pytest.mark.statistical
+def test_score_moments_match_a_simulation():
+    rng = np.random.default_rng(0)
+    for c in (1.0, 0.5):
+        inc = np.arange(40_000) < 20_000
+        s = E.llr_scores(E.simulate_sums(inc.size, STEPS, Q, SIGMA * c, 1.0, inc, rng),
+                         STEPS, Q, SIGMA)
+        m0, v0, m1, v1 = E.score_moments(STEPS, Q, SIGMA, c)
+        for x, m, v in ((s[~inc], m0, v0), (s[inc], m1, v1)):
+            se = math.sqrt(v / x.size)  # 5 standard errors: a wrong moment is far outside
+            assert abs(x.mean() - m) < 5 * se and x.var() == pytest.approx(v, rel=0.05)
+
+
+@pytest.mark.statistical
+def test_the_estimate_is_calibrated_and_rarely_flags_the_claimed_mechanism():
+    """100 audits of the analytic mechanism as claimed at 95%: the estimate's lower end
+    exceeds the claim in ≤ 11 (Binomial(100, 0.05) reaches 12 with probability 0.004),
+    and the point estimates centre on the claim."""
+    rng = np.random.default_rng(1)
+    claim, flags, points = _eps(1.0), 0, []
+    for _ in range(100):
+        inc = rng.random(4000) < 0.5
+        s = E.llr_scores(E.simulate_sums(inc.size, STEPS, Q, SIGMA, 1.0, inc, rng),
+                         STEPS, Q, SIGMA)
+        e = E.estimate(s[~inc], s[inc], STEPS, Q, SIGMA, _eps, 0.95)
+        flags += e["epsilon_lower"] > claim
+        points.append(e["epsilon"])
+    assert flags <= 11, flags
+    assert np.mean(points) == pytest.approx(claim, rel=0.05)
+
+
+@pytest.mark.statistical
+def test_the_power_readout_is_what_a_simulation_of_the_audit_finds():
+    n = 1000
+    d = E.detectable(STEPS, Q, SIGMA, _eps(1.0), n, n, 0.95, _eps)
+    c = d["detectable_noise_scale"]
+    assert 1.0 < d["detectable_epsilon"] < 3 * _eps(1.0) and c < 1
+    rng = np.random.default_rng(2)
+
+    def rate(scale: float) -> float:
+        hits = 0
+        for _ in range(120):
+            inc = np.arange(2 * n) < n
+            s = E.llr_scores(E.simulate_sums(2 * n, STEPS, Q, SIGMA * scale, 1.0, inc, rng),
+                             STEPS, Q, SIGMA)
+            hits += E.estimate(s[~inc], s[inc], STEPS, Q, SIGMA, _eps, 0.95)[
+                "epsilon_lower"] > _eps(1.0)
+        return hits / 120
+    assert rate(c) >= 0.87          # 95% expected; 120 tries: 4 standard errors below
+    assert rate(min(1.0, c * 1.25)) < 0.95  # a smaller break is not reliably seen
+
+
+def test_the_audited_model_predicts_like_its_model_and_only_noise_reaches_the_tail():
+    base = make_model("logistic", 3)
+    m = AuditedModel(base, 5)
+    w = np.r_[np.array([0.5, -1.0, 2.0, 0.1]), np.arange(5.0)]
+    X, y = np.random.default_rng(0).normal(size=(7, 3)), np.array([0, 1, 1, 0, 1, 0, 1])
+    np.testing.assert_allclose(m.predict(w, X), base.predict(w[:4], X), rtol=1e-12)
+    np.testing.assert_allclose(m.loss(w, X, y), base.loss(w[:4], X, y), rtol=1e-12)
+    g = m.clipped_grad_sum(w[None], X[None], y[None], np.ones((1, 7)), 1.0)
+    assert g.shape == (1, 9) and np.all(g[0, 4:] == 0)
+
+
+@pytest.fixture(scope="module")
+def small_heart():
+    return config_from_dict({"training": {"methods": ["fedavg"], "rounds": 10},
+                             "budget": {"scratch": True}, "output": {"dir": ""}})
+
+
+def test_the_canaries_see_the_claimed_noise_and_the_clipped_norm(small_heart):
+    """Out-canaries' per-pass sums have variance L·σ² (units of C), in-canaries' mean is
+    q·L (their 8·C gradient clipped to C): the probe sees the mechanism as accounted."""
+    rep = audit(small_heart, silo="Cleveland", canaries=20_000, seed=3)
+    (row,) = rep.rows
+    d = row.details
+    assert d["passes"] == 10 and d["view"] == "server" and not row.violation
+    assert row.estimate_lower is not None and row.estimate_lower < row.claimed_epsilon
+    e = d["estimate"]
+    # the estimate's noise scale: 1 (σ as claimed) within its interval
+    assert e["noise_scale_at_lower"] > 1 > 0.85 * e["noise_scale"]
+
+
+def test_the_server_audit_writes_its_verdict_and_power(small_heart, tmp_path):
+    from silofl.audit import write_audit
+    rep = audit(small_heart, canaries=2000, seed=4)
+    data = json.loads(write_audit(rep, tmp_path)[0].read_text())
+    assert data["view"] == "server" and data["violations"] == []
+    row = data["silos"][0]
+    assert {"estimate_lower", "lower_bound"} <= set(row)
+    d = row["details"]
+    assert d["estimate"]["assumes"].startswith("an estimate, not proof")
+    assert d["detectable_epsilon"] > row["claimed_epsilon"]
+    assert set(d["epsilon_at_noise_scale"]) == {"0.5", "0.25"}
+    assert "Dirac" in " ".join(data["notes"])
+    assert "estimate" in (tmp_path / "audit.html").read_text()
+
+
+@pytest.mark.slow
+@pytest.mark.statistical
+def test_real_audits_of_the_real_mechanism_rarely_flag(small_heart):
+    """100 audits of the real job (a small one: one method, 3 rounds, 2000 canaries) at
+    95%: at most 11 flagged (Binomial(100, 0.05) reaches 12 with probability 0.004)."""
+    cfg = config_from_dict({"training": {"methods": ["local"], "rounds": 3},
+                            "budget": {"scratch": True}, "output": {"dir": ""}})
+    flags = sum(bool(audit(cfg, silo="Hungary", canaries=2000).violations) for _ in range(100))
+    assert flags <= 11, flags
+
+
+@pytest.mark.slow
+def test_self_test_flags_every_weakened_copy(small_heart):
+    from silofl.audit.selftest import self_test
+    rep = self_test(small_heart, silo="Hungary", canaries=20_000, seed=5)
+    by = {r.mechanism: r for r in rep.rows}
+    assert set(by) == {"as run", *WEAKENINGS}
+    assert not by["as run"].flagged
+    for name in WEAKENINGS:
+        r = by[name]
+        assert r.must_flag and r.flagged, (name, r)
+    assert by["noise x1/2"].true_epsilon >= 2 * by["as run"].claimed_epsilon
+    assert by["clipping off"].true_epsilon == math.inf and rep.passed
+
+
+def test_bad_input_is_refused_before_any_job(small_heart, tmp_path):
+    from silofl.audit.canaries import Canaries
+    with pytest.raises(ConfigError, match="unknown audit view"):
+        audit(small_heart, view="side")
+    with pytest.raises(ConfigError, match="between 20 and"):
+        audit(small_heart, canaries=5)
+    with pytest.raises(ConfigError, match="gradient canaries, not records"):
+        audit(small_heart, canaries=Canaries(np.zeros((1, 13)), np.zeros(1)))
+    real = config_from_dict({"budget": {"store": str(tmp_path / "s.sqlite")},
+                             "output": {"dir": ""}})
+    with pytest.raises(ConfigError, match="scratch"):
+        audit(real, kind="multi-run")
+    assert not (tmp_path / "s.sqlite").exists()
+
+
+def test_cli_self_test_needs_a_scratch_store_and_view_is_checked(tmp_path, monkeypatch):
+    from silofl.cli import app
+    monkeypatch.setenv("SILOFL_HOME", str(tmp_path / "home"))
+    res = CliRunner().invoke(app, ["audit", "--self-test", "--store", str(tmp_path / "b.db"),
+                                   "--out", str(tmp_path / "o")])
+    assert res.exit_code == 2 and "scratch" in res.output
+    assert not (tmp_path / "b.db").exists() and not (tmp_path / "o").exists()
+    res = CliRunner().invoke(app, ["audit", "--scratch", "--view", "side"])
+    assert res.exit_code == 2 and "unknown audit view" in res.output
+
+
+def test_estimate_refuses_too_few_canaries():
+    with pytest.raises(ConfigError, match="at least 2"):
+        E.mu_hat(np.zeros(1), np.zeros(5), 0.95)
+    assert stats.norm.ppf(0.95) > 1  # the one-sided quantile the estimate uses
+    assert server.canary_count(None, 139, 30) < server.DEFAULT_CANARIES
