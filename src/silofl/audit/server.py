@@ -36,7 +36,6 @@ from silofl.audit.whitebox import AuditedModel, DiracCanaries
 from silofl.errors import ConfigError
 from silofl.privacy import events
 from silofl.privacy.ledger import tightest
-from silofl.privacy.randomness import Randomness
 
 #: canaries per audited silo in the server view when not given (they are coordinates,
 #: not records: they cost memory and time, not privacy, and never change n or q) ...
@@ -92,7 +91,7 @@ def plan_probe(p, names: list[str], m: int, rng: np.random.Generator,
     included = {order.index(n): rng.random(m) < 0.5 for n in names}
     q = np.array([pl.q for pl in plans])
     steps = np.array([pl.steps_per_pass for pl in plans])
-    stream = Randomness.seeded(seed) if seed is not None else Randomness.os_entropy()
+    stream = np.random.default_rng(seed)  # the auditor's own coins (None: OS entropy)
     model = AuditedModel(p.model, m)
     return model, DiracCanaries(model.P, included, q, steps, stream, weaken=weaken)
 
@@ -119,6 +118,8 @@ def observe(p, probe: DiracCanaries, results, claims: dict[str, Claim], clip: fl
 def pool(parts: list[dict[str, Observed]]) -> dict[str, Observed]:
     """Several jobs' observations of the same silos as one (canaries concatenated)."""
     first = parts[0]
+    if len(parts) == 1:
+        return first
     return {n: dataclasses.replace(o, u=np.concatenate([x[n].u for x in parts]),
                                    included=np.concatenate([x[n].included for x in parts]))
             for n, o in first.items()}
