@@ -12,7 +12,7 @@ from silofl.audit import release
 from silofl.audit.canaries import Canaries
 from silofl.config import config_from_dict
 from silofl.data.federation import Silo
-from silofl.data.preprocess import PreprocessSpec, RawFederation
+from silofl.data.preprocess import PreprocessSpec, RawFederation, plan_preprocessing
 from silofl.data.schema import ColumnSpec
 from silofl.errors import ConfigError, DataError, PrivacyError
 from silofl.privacy.budget import BudgetStore
@@ -159,3 +159,14 @@ def test_the_heart_jobs_release_through_the_config(jobs):
     assert not honest[0].violation and weak[0].violation, (honest, weak)
     assert weak[0].lower_bound > 2.5
     assert len(jobs) == 400
+
+
+def test_the_aligned_statistic_sums_the_released_means_along_the_canary():
+    raw = _raw()
+    plan = plan_preprocessing(raw, PRIVATE, accountant="pld")
+    c = Canaries(np.array([[10.0, -5.0]]), np.array([1]))  # u = (+1, −1)
+    # column a is standardized and imputed: its center is read; b is standardized only
+    stats = {"north: center of a": [5.0, 7.5], "north: fill of a": [0.0, 0.0],
+             "north: center of b": [0.0, -2.5]}
+    # run 1: m = (0, 0) → 0; run 2: m = (0.5, −0.5) → 1·0.5 + (−1)·(−0.5) = 1
+    assert release._aligned(raw, "north", c, plan, stats) == pytest.approx([0.0, 1.0])
