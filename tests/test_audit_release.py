@@ -12,7 +12,12 @@ from silofl.audit import release
 from silofl.audit.canaries import Canaries
 from silofl.config import config_from_dict
 from silofl.data.federation import Silo
-from silofl.data.preprocess import PreprocessSpec, RawFederation, plan_preprocessing
+from silofl.data.preprocess import (
+    PreprocessSpec,
+    RawFederation,
+    plan_preprocessing,
+    weakened_for_audit,
+)
 from silofl.data.schema import ColumnSpec
 from silofl.errors import ConfigError, DataError, PrivacyError
 from silofl.privacy.budget import BudgetStore
@@ -170,3 +175,23 @@ def test_the_aligned_statistic_sums_the_released_means_along_the_canary():
              "north: center of b": [0.0, -2.5]}
     # run 1: m = (0, 0) → 0; run 2: m = (0.5, −0.5) → 1·0.5 + (−1)·(−0.5) = 1
     assert release._aligned(raw, "north", c, plan, stats) == pytest.approx([0.0, 1.0])
+
+
+def test_the_weakened_plan_keeps_the_claim_and_states_its_noise():
+    raw = _raw()
+    plan = plan_preprocessing(raw, PRIVATE, accountant="pld")
+    weak = weakened_for_audit(plan, 0.25)
+    assert weak.events == plan.events  # the honest claim, unchanged
+    for name, sigma in plan.noise_multipliers.items():
+        assert weak.noise_multipliers[name] == pytest.approx(0.25 * sigma)
+        assert weak.to_meta()["noise_multiplier"][name] == pytest.approx(0.25 * sigma)
+    assert all(st.noise["north"] == pytest.approx(0.25 * plan.sensitivity *
+                                                  plan.noise_multipliers["north"])
+               for st in weak.steps if st.mode == "private")
+    assert plan.noise_multipliers["north"] > 0 and weak is not plan  # plan unchanged
+    for bad in (1.0, -0.1, True):
+        with pytest.raises(ConfigError, match="noise_factor"):
+            weakened_for_audit(plan, bad)
+    declared = plan_preprocessing(raw, PreprocessSpec("declared", "declared"))
+    with pytest.raises(ConfigError, match="no noise to weaken"):
+        weakened_for_audit(declared)
