@@ -31,6 +31,14 @@ under the released region model over every training window of its "in" examples
 
 Canaries read only public facts (region membership and the contacts' residence ids, which
 describe places); the scores are post-processing of the release.
+
+The *white-box* view (``view="white-box"``, the one-run default: the server's threat
+model) needs no canary persons: `pandemic.whitebox.NodeCanaries` puts m Dirac node
+canaries into auditing-only coordinates of the real job (every region's model widened, the
+data untouched), each a person whose K = S or 2S − 1 affected examples move by ±C per step
+they are drawn in, and scores them with the exact log-likelihood ratio of the per-pass
+sums (`whitebox.node_llr_scores`). The bound is `bounds.one_run_audit`'s; beside it the
+estimate `whitebox.node_estimate` (μ̂ read through the claimed mechanism family).
 """
 
 from __future__ import annotations
@@ -46,6 +54,7 @@ from silofl.audit.engine import (
     LOWER_BOUND_NOTE,
     AuditReport,
     Claim,
+    SiloAudit,
     canary_count,
     check_confidence,
     check_kind,
@@ -61,15 +70,24 @@ from silofl.privacy.budget import SCRATCH_NOTE, BudgetStore
 
 #: canaries when not given: at most 200, at most the region's persons
 DEFAULT_CANARIES = 200
+#: white-box (Dirac node) canaries when not given, and at most
+DEFAULT_NODE_CANARIES, MAX_NODE_CANARIES = 1000, 20000
+#: what a pandemic audit scores: the server's view (white box) or the released models' loss
+VIEWS = ("white-box", "black-box")
 #: contacts of each canary when not given (at most S − 1)
 DEFAULT_CONTACTS = 5
 CANARY_AGE = 40
 _EVENING, _HOURS = 18 * 3600, 4 * 3600
 
 
-def neighbouring_text(adjacency: str) -> str:
+def neighbouring_text(adjacency: str, view: str = "black-box") -> str:
     """What D and D′ differ in, for the output (the accountant's relation, made concrete)."""
     from silofl.privacy.node_level import ADJACENCY_TEXT
+    if view == "white-box":
+        return (f"{adjacency}: {ADJACENCY_TEXT[adjacency]}. In the audit each canary is a "
+                "Dirac node canary in an auditing-only coordinate: a person whose affected "
+                "examples each contribute +C ('in') or -C ('out') to that coordinate at "
+                "every step they are drawn in; the region's persons and n are unchanged")
     what = ("the canary (its record, its alternating S/I history and its home contacts) or "
             "the null person (never infected, no contacts)" if adjacency == "node+edges" else
             "the canary (alternating S/I history) or the null person (never infected) — "
@@ -254,6 +272,56 @@ class PandemicMechanism:
         return out, _claim(pm, unit)
 
 
+def _true_epsilon(entry: dict, cfg):
+    """c ↦ the accountant's ε of the region's DP-SGD steps with their noise × c."""
+    from silofl.privacy.node_level import node_epsilon
+    return lambda c: node_epsilon(int(entry["n"]), int(entry["S"]), cfg.batch_size,
+                                  float(entry["noise_multiplier"]) * c, int(entry["steps"]),
+                                  entry["delta"], adjacency=cfg.adjacency)
+
+
+def _white_box(data, cfg, region: str, members: dict[str, np.ndarray], canaries,
+               confidence: float, rng: np.random.Generator, store: BudgetStore | None,
+               weaken=None):
+    """One job with m Dirac node canaries on `region` (module docstring): (row, model,
+    store charged). ConfigError before any budget for a bad canary count."""
+    from silofl.audit.bounds import one_run_audit
+    from silofl.pandemic.charges import passes_per_round
+    from silofl.pandemic.pipeline import train
+    from silofl.pandemic.whitebox import NodeCanaries, node_estimate, node_llr_scores
+    from silofl.privacy.node_level import affected_examples
+    m = canary_count(canaries, DEFAULT_NODE_CANARIES)
+    if m > MAX_NODE_CANARIES:
+        raise ConfigError(f"{m} canaries: a white-box audit takes at most "
+                          f"{MAX_NODE_CANARIES} (--canaries); the bound gains little "
+                          "beyond a few thousand")
+    n = members[region].size
+    if cfg.batch_size > n:
+        raise ConfigError(f"batch_size {cfg.batch_size} is larger than {region} ({n} "
+                          "persons)")
+    inc = rng.random(m) < 0.5
+    K = affected_examples(n, cfg.S, cfg.adjacency)
+    probe = NodeCanaries(list(members).index(region), inc, n, K, cfg.batch_size,
+                         np.random.default_rng(rng.integers(2 ** 63)), weaken)
+    st = store if store is not None else BudgetStore(None)
+    pm = train(data, cfg, store=st, command="silofl pandemic audit (white box)",
+               probe=probe)
+    entry = next(p for p in pm.privacy if p["region"] == region)
+    L = int(entry["steps"]) // (cfg.rounds * passes_per_round(cfg))
+    u, steps = probe.per_pass(max(L, 1), cfg.clip)
+    sigma = float(entry["noise_multiplier"])
+    score = node_llr_scores(u, steps, n, K, cfg.batch_size, sigma)
+    claim = _claim(pm, region)
+    res = one_run_audit({"white-box": score}, inc, claim.delta, confidence)
+    res["estimate"] = node_estimate(score[~inc], score[inc], steps, n, K, cfg.batch_size,
+                                    sigma, _true_epsilon(entry, cfg), confidence)
+    res.update(view="white-box", affected_examples=K, passes=int(steps.size),
+               steps_per_pass=int(L))
+    row = SiloAudit(region, claim.epsilon, claim.target_epsilon, claim.delta,
+                    res["epsilon"], res)
+    return row, pm, st
+
+
 def _resolve_region(members: dict[str, np.ndarray], region: str | None) -> str:
     region = next(iter(members)) if region is None else str(region)
     if region not in members and f"region-{region}" in members:
@@ -268,17 +336,28 @@ def audit_pandemic(data, cfg, *, region: str | None = None, kind: str = "one-run
                    canaries: int | None = None, contacts: int = DEFAULT_CONTACTS,
                    runs: int = 100, confidence: float = 0.95,
                    store: BudgetStore | None = None, seed: int | None = None,
-                   on_progress: Callable[[int, int], None] | None = None
-                   ) -> AuditReport:
+                   on_progress: Callable[[int, int], None] | None = None,
+                   view: str | None = None, weaken=None) -> AuditReport:
     """Audit node-level `pipeline.train(data, cfg)` for `region` (default: the first).
 
-    canaries: one-run slots (default min(200, n_region)); multi-run uses one (leave it
-    None or 1). runs: multi-run jobs on each of D and D′. store: one-run: the budget store
-    charged (None: an in-memory scratch store, said so); multi-run: must be None or
-    scratch. seed: canaries and coin flips (default OS entropy). Everything that can fail
-    on bad input fails before any budget is reserved."""
+    view: "white-box" (Dirac node canaries scored in the server's view; the one-run
+    default) or "black-box" (canary persons scored by their loss; multi-run is black box
+    only). canaries: one-run canaries (white box: default 1000, at most 20000; black box:
+    slots, default min(200, n_region)); multi-run uses one (leave it None or 1). contacts:
+    each canary person's contacts (black box). runs: multi-run jobs on each of D and D′.
+    store: one-run: the budget store charged (None: an in-memory scratch store, said so);
+    multi-run: must be None or scratch. seed: canaries and coin flips (default OS
+    entropy). weaken: white box, rule → rule, a deliberately weakened mechanism (tests,
+    self-test; the claim stays the real one's). Everything that can fail on bad input
+    fails before any budget is reserved."""
     t0 = time.perf_counter()
     check_kind(kind)
+    view = view if view is not None else "white-box" if kind == "one-run" else "black-box"
+    if view not in VIEWS:
+        raise ConfigError(f"unknown audit view {view!r}; choose one of {', '.join(VIEWS)}")
+    if view == "white-box" and kind != "one-run":
+        raise ConfigError("the white-box pandemic audit is one-run only; use --kind one-run, "
+                          "or the black-box view for a multi-run audit")
     cfg.validate()
     if not cfg.private:
         raise ConfigError("an audit compares a claimed ε with an empirical lower bound, but "
@@ -287,20 +366,31 @@ def audit_pandemic(data, cfg, *, region: str | None = None, kind: str = "one-run
     members = _regions(data, cfg)
     region = _resolve_region(members, region)
     rng = np.random.default_rng(seed)
-    neighbouring = neighbouring_text(cfg.adjacency)
-    notes = [AUDIT_NOTE, f"neighbouring: {neighbouring}",
-             f"canaries: {contacts} home contacts each, drawn uniformly from {region}'s "
-             "members; the job's σ was calibrated for the region with its canary slots in"]
-    mech = PandemicMechanism(data, cfg, members, canaries, contacts, store)
+    neighbouring = neighbouring_text(cfg.adjacency, view)
+    notes = [AUDIT_NOTE, f"neighbouring: {neighbouring}"]
+    if view == "white-box":
+        row, pm, st = _white_box(data, cfg, region, members, canaries, confidence, rng,
+                                 store, weaken)
+        notes.append(f"white box: {row.details['canaries']} Dirac node canaries in "
+                     "auditing-only coordinates of every region's model, scored by the "
+                     "exact log-likelihood ratio of their per-pass sums (one pass: one "
+                     f"round's release of {region}); estimate: "
+                     f"{row.details['estimate']['assumes']}")
+    else:
+        notes.append(f"canaries: {contacts} home contacts each, drawn uniformly from "
+                     f"{region}'s members; the job's σ was calibrated for the region with "
+                     "its canary slots in")
+        mech = PandemicMechanism(data, cfg, members, canaries, contacts, store)
     if kind == "one-run":
-        (row,), _p, _job = one_run(mech, [region], canaries, confidence, rng,
-                                         on_progress)
-        pm = mech.pm
+        if view == "black-box":
+            (row,), _p, _job = one_run(mech, [region], canaries, confidence, rng,
+                                       on_progress)
+            pm, st = mech.pm, mech.st
         run_ids = [next(p for p in pm.privacy if p["region"] == region).get("run_id") or "-"]
         notes += [n for n in pm.notes if n not in notes]
         notes.append("the audit job trains every region, so it is charged to every "
-                     "region's budget (the audited region's with its canary slots in)")
-        st = mech.st
+                     "region's budget" + (" (the audited region's with its canary slots "
+                                          "in)" if view == "black-box" else ""))
         scratch, path = st.scratch, None if st.path is None else str(st.path)
     else:
         if store is not None and not store.scratch:
@@ -327,4 +417,4 @@ def audit_pandemic(data, cfg, *, region: str | None = None, kind: str = "one-run
 
 __all__ = ["audit_pandemic", "make_canary_persons", "insert_persons", "canary_scores",
            "CanaryPersons", "PandemicAuditReport", "PandemicMechanism", "neighbouring_text",
-           "LOWER_BOUND_NOTE"]
+           "LOWER_BOUND_NOTE", "VIEWS"]
