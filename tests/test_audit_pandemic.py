@@ -180,6 +180,10 @@ def test_white_box_estimate_flags_quartered_noise_and_not_the_real_one(data, reg
     est = row.details["estimate"]
     assert not row.violation and est["epsilon_lower"] < CLAIM, est
     assert 0.1 * CLAIM < est["epsilon"] < 3 * CLAIM and est["expected_mu"] > 0
+    # its power: what it flags with 95% probability, and its false-flag rate at the claim
+    det = row.details["detectable"]
+    assert CLAIM < det["detectable_epsilon"] < 6 * CLAIM
+    assert det["false_flag_probability"] == pytest.approx(0.05, abs=0.01)
 
 
 def test_node_probe_sees_every_step_of_its_region_only(data, region):
@@ -269,8 +273,10 @@ def test_cli_pandemic_audit(tmp_path):
     assert "claimed ε" in res.output and "replacement" in res.output
     rep = json.loads((tmp_path / "o" / "audit.json").read_text())
     assert rep["scratch_store"] and rep["violations"] == [] and len(rep["silos"]) == 1
+    assert rep["silos"][0]["details"]["view"] == "white-box"
+    assert "estimate" in rep["silos"][0]["details"]
     for bad in (["--region", "nowhere", "--scratch"], ["--kind", "multi-run"],
-                ["--canaries", "100000", "--scratch"]):
+                ["--canaries", "100000", "--scratch"], ["--view", "grey", "--scratch"]):
         r = CliRunner().invoke(app, common + bad + ["--out", str(tmp_path / "p"),
                                                     "--store", str(tmp_path / "b.sqlite")])
         assert r.exit_code == 2, r.output

@@ -288,7 +288,12 @@ def _white_box(data, cfg, region: str, members: dict[str, np.ndarray], canaries,
     from silofl.audit.bounds import one_run_audit
     from silofl.pandemic.charges import passes_per_round
     from silofl.pandemic.pipeline import train
-    from silofl.pandemic.whitebox import NodeCanaries, node_estimate, node_llr_scores
+    from silofl.pandemic.whitebox import (
+        NodeCanaries,
+        node_detectable,
+        node_estimate,
+        node_llr_scores,
+    )
     from silofl.privacy.node_level import affected_examples
     m = canary_count(canaries, DEFAULT_NODE_CANARIES)
     if m > MAX_NODE_CANARIES:
@@ -313,8 +318,11 @@ def _white_box(data, cfg, region: str, members: dict[str, np.ndarray], canaries,
     score = node_llr_scores(u, steps, n, K, cfg.batch_size, sigma)
     claim = _claim(pm, region)
     res = one_run_audit({"white-box": score}, inc, claim.delta, confidence)
-    res["estimate"] = node_estimate(score[~inc], score[inc], steps, n, K, cfg.batch_size,
-                                    sigma, _true_epsilon(entry, cfg), confidence)
+    facts = (steps, n, K, cfg.batch_size, sigma)
+    true_eps = _true_epsilon(entry, cfg)
+    res["estimate"] = node_estimate(score[~inc], score[inc], *facts, true_eps, confidence)
+    res["detectable"] = node_detectable(*facts, claim.epsilon, int(np.sum(~inc)),
+                                        int(np.sum(inc)), confidence, true_eps)
     res.update(view="white-box", affected_examples=K, passes=int(steps.size),
                steps_per_pass=int(L))
     row = SiloAudit(region, claim.epsilon, claim.target_epsilon, claim.delta,
@@ -332,6 +340,51 @@ def _resolve_region(members: dict[str, np.ndarray], region: str | None) -> str:
     return region
 
 
+def _check_view(view: str | None, kind: str) -> str:
+    """The audit's view (default: white box for one run, black box for many)."""
+    view = view if view is not None else "white-box" if kind == "one-run" else "black-box"
+    if view not in VIEWS:
+        raise ConfigError(f"unknown audit view {view!r}; choose one of {', '.join(VIEWS)}")
+    if view == "white-box" and kind != "one-run":
+        raise ConfigError("the white-box pandemic audit is one-run only; use --kind one-run, "
+                          "or the black-box view for a multi-run audit")
+    return view
+
+
+def _one_run(data, cfg, region, members, view, canaries, contacts, confidence, rng, store,
+             weaken, on_progress, notes: list[str]):
+    """The one-run audit in `view`: (row, run ids, scratch, store path); `notes` extended."""
+    if view == "white-box":
+        if on_progress:
+            on_progress(0, 1)
+        row, pm, st = _white_box(data, cfg, region, members, canaries, confidence, rng,
+                                 store, weaken)
+        if on_progress:
+            on_progress(1, 1)
+        notes.append(f"white box: {row.details['canaries']} Dirac node canaries in "
+                     "auditing-only coordinates of every region's model, scored by the "
+                     "exact log-likelihood ratio of their per-pass sums (a pass: one "
+                     f"round's local training of {region}, as the node-level accountant "
+                     "sees it, every step released); the estimate covers the region's "
+                     f"DP-SGD steps only: {row.details['estimate']['assumes']}")
+    else:
+        notes.append(_canary_note(contacts, region))
+        mech = PandemicMechanism(data, cfg, members, canaries, contacts, store)
+        (row,), _p, _job = one_run(mech, [region], canaries, confidence, rng, on_progress)
+        pm, st = mech.pm, mech.st
+    run_ids = [next(p for p in pm.privacy if p["region"] == region).get("run_id") or "-"]
+    notes += [n for n in pm.notes if n not in notes]
+    notes.append("the audit job trains every region, so it is charged to every region's "
+                 "budget" + (" (the audited region's with its canary slots in)"
+                             if view == "black-box" else ""))
+    return row, run_ids, st.scratch, None if st.path is None else str(st.path)
+
+
+def _canary_note(contacts: int, region: str) -> str:
+    return (f"canaries: {contacts} home contacts each, drawn uniformly from {region}'s "
+            "members; the job's σ was calibrated for the region with its canary slots in")
+
+
 def audit_pandemic(data, cfg, *, region: str | None = None, kind: str = "one-run",
                    canaries: int | None = None, contacts: int = DEFAULT_CONTACTS,
                    runs: int = 100, confidence: float = 0.95,
@@ -340,24 +393,37 @@ def audit_pandemic(data, cfg, *, region: str | None = None, kind: str = "one-run
                    view: str | None = None, weaken=None) -> AuditReport:
     """Audit node-level `pipeline.train(data, cfg)` for `region` (default: the first).
 
-    view: "white-box" (Dirac node canaries scored in the server's view; the one-run
-    default) or "black-box" (canary persons scored by their loss; multi-run is black box
-    only). canaries: one-run canaries (white box: default 1000, at most 20000; black box:
-    slots, default min(200, n_region)); multi-run uses one (leave it None or 1). contacts:
-    each canary person's contacts (black box). runs: multi-run jobs on each of D and D′.
-    store: one-run: the budget store charged (None: an in-memory scratch store, said so);
-    multi-run: must be None or scratch. seed: canaries and coin flips (default OS
-    entropy). weaken: white box, rule → rule, a deliberately weakened mechanism (tests,
-    self-test; the claim stays the real one's). Everything that can fail on bad input
-    fails before any budget is reserved."""
+    Parameters
+    ----------
+    view : {"white-box", "black-box"}, optional
+        White box: Dirac node canaries scored in the server's view (the one-run default);
+        black box: canary persons scored by their loss (multi-run is black box only).
+    canaries : int, optional
+        One run: white box default 1000 (at most 20000); black box the slots, default
+        min(200, n_region). Multi-run uses one (leave it None or 1).
+    contacts : int
+        Home contacts of each canary person (black box).
+    runs : int
+        Multi-run: jobs on each of D and D′.
+    store : BudgetStore, optional
+        One run: the budget store charged (None: an in-memory scratch store, said so);
+        multi-run: must be None or scratch.
+    seed : int, optional
+        Canaries and coin flips (default OS entropy).
+    weaken : callable, optional
+        White box: rule → rule, a deliberately weakened mechanism (tests, self-test); the
+        claim stays the real one's.
+
+    Returns
+    -------
+    AuditReport
+        One row (the region): claimed ε, the one-run or multi-run lower bound and details
+        (white box: also "estimate" and "detectable"). Everything that can fail on bad
+        input fails before any budget is reserved.
+    """
     t0 = time.perf_counter()
     check_kind(kind)
-    view = view if view is not None else "white-box" if kind == "one-run" else "black-box"
-    if view not in VIEWS:
-        raise ConfigError(f"unknown audit view {view!r}; choose one of {', '.join(VIEWS)}")
-    if view == "white-box" and kind != "one-run":
-        raise ConfigError("the white-box pandemic audit is one-run only; use --kind one-run, "
-                          "or the black-box view for a multi-run audit")
+    view = _check_view(view, kind)
     cfg.validate()
     if not cfg.private:
         raise ConfigError("an audit compares a claimed ε with an empirical lower bound, but "
@@ -368,30 +434,10 @@ def audit_pandemic(data, cfg, *, region: str | None = None, kind: str = "one-run
     rng = np.random.default_rng(seed)
     neighbouring = neighbouring_text(cfg.adjacency, view)
     notes = [AUDIT_NOTE, f"neighbouring: {neighbouring}"]
-    if view == "white-box":
-        row, pm, st = _white_box(data, cfg, region, members, canaries, confidence, rng,
-                                 store, weaken)
-        notes.append(f"white box: {row.details['canaries']} Dirac node canaries in "
-                     "auditing-only coordinates of every region's model, scored by the "
-                     "exact log-likelihood ratio of their per-pass sums (one pass: one "
-                     f"round's release of {region}); estimate: "
-                     f"{row.details['estimate']['assumes']}")
-    else:
-        notes.append(f"canaries: {contacts} home contacts each, drawn uniformly from "
-                     f"{region}'s members; the job's σ was calibrated for the region with "
-                     "its canary slots in")
-        mech = PandemicMechanism(data, cfg, members, canaries, contacts, store)
     if kind == "one-run":
-        if view == "black-box":
-            (row,), _p, _job = one_run(mech, [region], canaries, confidence, rng,
-                                       on_progress)
-            pm, st = mech.pm, mech.st
-        run_ids = [next(p for p in pm.privacy if p["region"] == region).get("run_id") or "-"]
-        notes += [n for n in pm.notes if n not in notes]
-        notes.append("the audit job trains every region, so it is charged to every "
-                     "region's budget" + (" (the audited region's with its canary slots "
-                                          "in)" if view == "black-box" else ""))
-        scratch, path = st.scratch, None if st.path is None else str(st.path)
+        row, run_ids, scratch, path = _one_run(data, cfg, region, members, view, canaries,
+                                               contacts, confidence, rng, store, weaken,
+                                               on_progress, notes)
     else:
         if store is not None and not store.scratch:
             raise ConfigError("a multi-run audit trains `runs` jobs on each of D and D′: "
@@ -402,6 +448,8 @@ def audit_pandemic(data, cfg, *, region: str | None = None, kind: str = "one-run
             raise ConfigError("a multi-run audit uses one canary (D′ = D with the canary "
                               "in its slot); leave --canaries out or set it to 1")
         check_runs(runs)
+        notes.append(_canary_note(contacts, region))
+        mech = PandemicMechanism(data, cfg, members, canaries, contacts, store)
         c = make_canary_persons(data, cfg, region, 1, contacts, rng)
         (row,) = multi_run(mech, [region], c, runs, confidence, on_progress)
         run_ids = [f"{2 * runs} scratch jobs"]

@@ -42,7 +42,7 @@ from typing import Any
 import numpy as np
 from scipy import stats
 
-from silofl.audit.estimate import SCALE_RANGE, mu_hat
+from silofl.audit.estimate import SCALE_RANGE, mu_hat, scale_at
 from silofl.errors import ConfigError
 from silofl.models.base import Model
 from silofl.training.dpsgd import GradientRule
@@ -290,6 +290,36 @@ def node_estimate(out: np.ndarray, inn: np.ndarray, steps: np.ndarray, n: int,
             "assumes": NODE_ESTIMATE_ASSUMES}
 
 
+def node_detectable(steps: np.ndarray, n: int, affected: int, b: int, sigma: float,
+                    claim: float, n_out: int, n_in: int, confidence: float,
+                    true_epsilon) -> dict:
+    """The power of `node_estimate` at these settings: the smallest true ε (the claimed
+    family at noise σ·c) it flags — lower end above `claim` — with probability ≥
+    `confidence` when n_out and n_in canaries are scored, as
+    `silofl.audit.estimate.detectable` for Poisson sampling: μ̂ ≈ N(μ_c, SE_c), flagged
+    when μ̂ − z·SE > μ_claim; P(flag) = Φ((μ_c − μ_claim − z·SE_c)/SE_c)."""
+    z = float(stats.norm.ppf(confidence))
+
+    def mu(c: float) -> float:
+        return node_expected_mu(steps, n, affected, b, sigma, c)
+
+    def se(m: float) -> float:
+        return math.sqrt(1 / n_out + 1 / n_in + m ** 2 / (2 * (n_out + n_in)))
+
+    def p_flag(c: float) -> float:
+        m = mu(c)
+        return float(stats.norm.cdf((m - mu_claim - z * se(m)) / se(m)))
+
+    lo, hi = SCALE_RANGE[0], 1.0
+    c_claim = scale_at(true_epsilon, claim)
+    mu_claim = mu(c_claim)
+    while hi / lo > 1.001:  # the largest noise scale still flagged with `confidence`
+        mid = math.sqrt(lo * hi)
+        lo, hi = (mid, hi) if p_flag(mid) >= confidence else (lo, mid)
+    return {"detectable_epsilon": float(true_epsilon(lo)), "detectable_noise_scale": lo,
+            "mu_claim": mu_claim, "false_flag_probability": p_flag(1.0)}
+
+
 __all__ = ["CanaryCoordinates", "NodeCanaries", "NORM_FACTOR", "node_llr_scores",
-           "node_expected_mu", "node_noise_scale_for", "node_estimate",
+           "node_expected_mu", "node_noise_scale_for", "node_estimate", "node_detectable",
            "pass_count_log_pmf"]
