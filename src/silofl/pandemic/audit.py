@@ -46,6 +46,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -196,6 +197,7 @@ def canary_scores(data_in, pm, region: str, slots: np.ndarray) -> np.ndarray:
     saved = pm.constants.get(region) if cfg.preprocessing == "private" else None
     build_features(data_in, r, cfg, None if saved is None else as_constants(saved))
     F = r.features
+    assert F is not None  # built just above
     local = np.searchsorted(r.persons, slots)  # region persons are sorted indices
     lo, hi = F.train_window_range
     model = new_model(F, cfg)
@@ -239,7 +241,7 @@ class PandemicMechanism:
                  contacts: int, store: BudgetStore | None):
         self.data, self.cfg, self.members = data, cfg, members
         self.canaries, self.contacts, self.store = canaries, contacts, store
-        self.pm = None
+        self.pm: Any = None  # the last trained PandemicModel
         self.st: BudgetStore | None = None
 
     def draw(self, unit: str, canaries, rng: np.random.Generator) -> CanaryPersons:
