@@ -174,11 +174,12 @@ def test_white_box_estimate_flags_quartered_noise_and_not_the_real_one(data, reg
     is flagged (its lower end above the claim); the real mechanism (seeded noise, so this
     is one fixed draw) is not, and its point estimate is near the claim."""
     weak = audit_pandemic(data, _cfg(), region=region, seed=4, weaken=_scaled(0.25))
-    assert weak.rows[0].details["estimate"]["epsilon_lower"] > CLAIM
+    est = weak.rows[0].details["estimate"]
+    assert est["epsilon_lower"] > CLAIM and est["flags"]
     real = audit_pandemic(data, _cfg(noise="seeded", seed=5), region=region, seed=5)
     (row,) = real.rows
     est = row.details["estimate"]
-    assert not row.violation and est["epsilon_lower"] < CLAIM, est
+    assert not row.violation and est["epsilon_lower"] < CLAIM and not est["flags"], est
     assert 0.1 * CLAIM < est["epsilon"] < 3 * CLAIM and est["expected_mu"] > 0
     # its power: what it flags with 95% probability, and its false-flag rate at the claim
     det = row.details["detectable"]

@@ -323,6 +323,7 @@ def _white_box(data, cfg, region: str, members: dict[str, np.ndarray], canaries,
     facts = (steps, n, K, cfg.batch_size, sigma)
     true_eps = _true_epsilon(entry, cfg)
     res["estimate"] = node_estimate(score[~inc], score[inc], *facts, true_eps, confidence)
+    res["estimate"]["flags"] = res["estimate"]["epsilon_lower"] > claim.epsilon
     res["detectable"] = node_detectable(*facts, claim.epsilon, int(np.sum(~inc)),
                                         int(np.sum(inc)), confidence, true_eps)
     res.update(view="white-box", affected_examples=K, passes=int(steps.size),
