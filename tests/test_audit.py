@@ -360,8 +360,8 @@ def test_cli_audit(silo, tmp_path):
     from silofl.cli import app
     conf = _conf(silo, tmp_path)
     res = CliRunner().invoke(app, ["audit", "--config", str(conf), "--view", "model",
-                                   "--kind", "multi-run", "--runs", "20", "--scratch", "--out", str(tmp_path / "o"),
-                                   "-q"])
+                                   "--kind", "multi-run", "--runs", "20", "--scratch",
+                                   "--out", str(tmp_path / "o"), "-q"])
     assert res.exit_code == 0, res.output
     assert "claimed ε" in res.output and "lower bound" in res.output
     assert (tmp_path / "o" / "audit.json").is_file()

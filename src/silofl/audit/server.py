@@ -29,9 +29,9 @@ from functools import lru_cache
 import dp_accounting as dpa
 import numpy as np
 
-from silofl.audit import estimate as est
 from silofl.audit.bounds import multi_run_epsilon, one_run_audit
 from silofl.audit.engine import Claim, SiloAudit, per_unit
+from silofl.audit.estimate import detectable, estimate, llr_scores, qda_scores
 from silofl.audit.whitebox import AuditedModel, DiracCanaries
 from silofl.errors import ConfigError
 from silofl.privacy import events
@@ -151,13 +151,13 @@ def scores(o: Observed) -> dict[str, np.ndarray]:
     llr = np.zeros(o.u.shape[0])
     for s in np.unique(o.sigma):
         cols = o.sigma == s
-        llr += est.llr_scores(o.u[:, cols], o.steps[cols], o.q, float(s))
+        llr += llr_scores(o.u[:, cols], o.steps[cols], o.q, float(s))
     inc = o.included
     fit = np.zeros_like(inc)
     for cls in (inc, ~inc):
         idx = np.flatnonzero(cls)
         fit[idx[: len(idx) // 2]] = True
-    return {"llr": llr, "qda": est.qda_scores(o.u, inc, fit)}
+    return {"llr": llr, "qda": qda_scores(o.u, inc, fit)}
 
 
 def assess(name: str, o: Observed, confidence: float, units: int) -> SiloAudit:
@@ -171,8 +171,8 @@ def assess(name: str, o: Observed, confidence: float, units: int) -> SiloAudit:
                                {k: v[inc] for k, v in sc.items()}, d, c_rig)
     f = true_epsilon_fn(o)
     sigma = float(np.median(o.sigma))  # σ of the family the estimate reads μ̂ through
-    e = est.estimate(sc["llr"][~inc], sc["llr"][inc], o.steps, o.q, sigma, f, c_est)
-    power = est.detectable(o.steps, o.q, sigma, o.claim.epsilon, int((~inc).sum()),
+    e = estimate(sc["llr"][~inc], sc["llr"][inc], o.steps, o.q, sigma, f, c_est)
+    power = detectable(o.steps, o.q, sigma, o.claim.epsilon, int((~inc).sum()),
                            int(inc.sum()), c_est, f)
     rigorous = max(one["epsilon"], pooled["epsilon"])
     details = {"view": "server", "canaries": int(inc.size), "included": int(inc.sum()),

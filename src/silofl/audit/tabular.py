@@ -24,7 +24,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from silofl.audit import server
+import silofl.audit.server as server
 from silofl.audit.canaries import Canaries, check_canaries, insert, make_canaries
 from silofl.audit.engine import (
     AUDIT_NOTE,
@@ -37,6 +37,7 @@ from silofl.audit.engine import (
     multi_run,
     one_run,
 )
+from silofl.audit.estimate import ESTIMATE_ASSUMES
 from silofl.config import AuditSection
 from silofl.errors import ConfigError
 from silofl.experiments import build
@@ -172,7 +173,7 @@ def _server(cfg, raw, names, kind, canaries, runs, confidence, store, rng, seed,
         on_progress(jobs, jobs)
     obs = server.pool(parts)
     rows = [server.assess(n, obs[n], confidence, len(names)) for n in names]
-    notes = [server.SERVER_NOTE, "estimate: " + server.est.ESTIMATE_ASSUMES]
+    notes = [server.SERVER_NOTE, "estimate: " + ESTIMATE_ASSUMES]
     if not experiment:
         notes.append("the audit job trains every silo, so it is charged to every silo's "
                      "budget")
