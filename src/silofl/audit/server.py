@@ -77,6 +77,7 @@ class Observed:
     u: np.ndarray
     steps: np.ndarray
     sigma: np.ndarray
+    segment: np.ndarray
     q: float
     included: np.ndarray
     claim: Claim
@@ -104,14 +105,15 @@ def observe(p, probe: DiracCanaries, results, claims: dict[str, Claim], clip: fl
     for k, inc in probe.included.items():
         name = order[k]
         u, steps = probe.per_pass(k, clip)
+        seg = np.array(probe.segments(k), dtype=int)
         sig = np.array([p.plans[min(s, len(p.plans) - 1)][k].noise_multiplier
-                        for s in probe.segments(k)], dtype=float)
+                        for s in seg], dtype=float)
         counts: Counter = Counter()
         if name in extra:
             counts += events.flatten(extra[name])
         for r in results:
             counts += r.ledgers[k].spent_counts()
-        out[name] = Observed(u, steps, sig, float(probe.q[k]), inc, claims[name], counts)
+        out[name] = Observed(u, steps, sig, seg, float(probe.q[k]), inc, claims[name], counts)
     return out
 
 
@@ -146,8 +148,11 @@ def true_epsilon_fn(o: Observed) -> Callable[[float], float]:
 
 
 def scores(o: Observed) -> dict[str, np.ndarray]:
-    """(m,) LLR scores (each pass at its own σ) and QDA scores fitted on the first half
-    of each class (the half `multi_run_epsilon` chooses on)."""
+    """(m,) scores of each canary: "llr" (each pass at its own σ), "qda" (fitted on the
+    first half of each class, the half `multi_run_epsilon` chooses on) and "spread", the
+    spread of its per-pass sums over √steps within each method's passes of one length —
+    under fresh noise the same for every canary, under noise that repeats from pass to
+    pass ~0 without the canary."""
     llr = np.zeros(o.u.shape[0])
     for s in np.unique(o.sigma):
         cols = o.sigma == s
@@ -157,7 +162,12 @@ def scores(o: Observed) -> dict[str, np.ndarray]:
     for cls in (inc, ~inc):
         idx = np.flatnonzero(cls)
         fit[idx[: len(idx) // 2]] = True
-    return {"llr": llr, "qda": qda_scores(o.u, inc, fit)}
+    z = o.u / np.sqrt(o.steps)[None, :]
+    spread = np.zeros(len(inc))
+    for key in set(zip(o.segment.tolist(), o.steps.tolist())):
+        cols = (o.segment == key[0]) & (o.steps == key[1])
+        spread += np.sum((z[:, cols] - z[:, cols].mean(axis=1, keepdims=True)) ** 2, axis=1)
+    return {"llr": llr, "qda": qda_scores(o.u, inc, fit), "spread": spread}
 
 
 def assess(name: str, o: Observed, confidence: float, units: int) -> SiloAudit:
