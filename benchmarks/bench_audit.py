@@ -37,7 +37,7 @@ warnings.simplefilter("ignore")
 
 
 def _f(x) -> str:
-    return "inf" if x == float("inf") else f"{x:.3f}"
+    return "—" if x is None else "inf" if x == float("inf") else f"{x:.3f}"
 
 
 def server_rows(rep) -> list[dict]:
@@ -97,7 +97,9 @@ def heart(false_runs: int) -> dict:
     print(f"\nself-test ({st.seconds:.1f} s): mechanism, true ε, flagged per hospital")
     for name in dict.fromkeys(r.mechanism for r in st.rows):
         rs = [r for r in st.rows if r.mechanism == name]
-        print(f"  {name:<15} true ε {_f(rs[0].true_epsilon):>6}  estimate low "
+        print(f"  {name:<26} claim {rs[0].claimed_epsilon:.2f} true ε "
+              f"{_f(rs[0].true_epsilon):>6}  rigorous "
+              + " ".join(_f(r.lower_bound) for r in rs) + "  estimate low "
               + " ".join(_f(r.estimate_lower) for r in rs) + "  flagged "
               + " ".join("yes" if r.flagged else "no" for r in rs)
               + ("" if all(r.passed for r in rs) else "  FAILED"))

@@ -187,3 +187,20 @@ def test_estimate_refuses_too_few_canaries():
         E.mu_hat(np.zeros(1), np.zeros(5), 0.95)
     assert stats.norm.ppf(0.95) > 1  # the one-sided quantile the estimate uses
     assert server.canary_count(None, 139, 30) < server.DEFAULT_CANARIES
+
+
+def test_the_release_view_audits_the_preprocessing_statistics(tmp_path, monkeypatch):
+    from silofl.cli import app
+    monkeypatch.setenv("SILOFL_HOME", str(tmp_path / "home"))
+    conf = tmp_path / "rel.toml"
+    conf.write_text('[data]\nsource = "heart"\nstandardize = "private"\n')
+    res = CliRunner().invoke(app, ["audit", "-c", str(conf), "--view", "release", "--runs",
+                                   "30", "--scratch", "--silo", "Hungary", "--out",
+                                   str(tmp_path / "o"), "-q"])
+    assert res.exit_code == 0, res.output
+    data = json.loads((tmp_path / "o" / "audit.json").read_text())
+    assert data["view"] == "release" and data["violations"] == []
+    (row,) = data["silos"]
+    assert row["claimed_epsilon"] == pytest.approx(0.1, rel=1e-6)  # the release's share
+    res = CliRunner().invoke(app, ["audit", "-c", str(conf), "--view", "release"])
+    assert res.exit_code == 2 and "scratch" in res.output

@@ -24,7 +24,8 @@ def audit(config: Path | None = typer.Option(None, "--config", "-c",
           silo: str | None = typer.Option(None, "--silo", help="audit one silo (default: all)"),
           view: str | None = typer.Option(None, "--view", help=(
               "server (white box: every round's update, gradient canaries) | model (black "
-              "box: the released models, canary records) (default: [audit] view, server)")),
+              "box: the released models, canary records) | release (the private "
+              "preprocessing statistics; --scratch) (default: [audit] view, server)")),
           kind: str | None = typer.Option(None, "--kind", help=(
               "one-run | multi-run (default: [audit] kind, one-run)")),
           canaries: int | None = typer.Option(None, "--canaries", help=(

@@ -263,9 +263,9 @@ def pandemic_audit(data: Path = typer.Option(..., "--data", help="directory of t
                        "(default: the first)"),
                    kind: str = typer.Option("one-run", "--kind", help="one-run | multi-run"),
                    view: str | None = typer.Option(
-                       None, "--view", help="white-box (Dirac node canaries in the "
-                       "server's view; one-run default) | black-box (canary persons scored "
-                       "by their loss; multi-run default)"),
+                       None, "--view", help="white-box (= server: Dirac node canaries in "
+                       "the server's view; one-run default) | black-box (= model: canary "
+                       "persons scored by their loss; multi-run default)"),
                    canaries: int | None = typer.Option(
                        None, "--canaries", help="one-run: white-box canaries (default "
                        "1000) or black-box canary persons (default min(200, region "

@@ -344,7 +344,9 @@ def _resolve_region(members: dict[str, np.ndarray], region: str | None) -> str:
 
 
 def _check_view(view: str | None, kind: str) -> str:
-    """The audit's view (default: white box for one run, black box for many)."""
+    """The audit's view (default: white box for one run, black box for many); `silofl
+    audit`'s names "server" and "model" are the same two views."""
+    view = {"server": "white-box", "model": "black-box"}.get(view, view) if view else view
     view = view if view is not None else "white-box" if kind == "one-run" else "black-box"
     if view not in VIEWS:
         raise ConfigError(f"unknown audit view {view!r}; choose one of {', '.join(VIEWS)}")
