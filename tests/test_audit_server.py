@@ -201,6 +201,6 @@ def test_the_release_view_audits_the_preprocessing_statistics(tmp_path, monkeypa
     data = json.loads((tmp_path / "o" / "audit.json").read_text())
     assert data["view"] == "release" and data["violations"] == []
     (row,) = data["silos"]
-    assert row["claimed_epsilon"] == pytest.approx(0.1, rel=1e-6)  # the release's share
+    assert 0.09 < row["claimed_epsilon"] <= 0.1  # the release's share of ε = 1
     res = CliRunner().invoke(app, ["audit", "-c", str(conf), "--view", "release"])
     assert res.exit_code == 2 and "scratch" in res.output
