@@ -204,3 +204,14 @@ def test_the_release_view_audits_the_preprocessing_statistics(tmp_path, monkeypa
     assert 0.09 < row["claimed_epsilon"] <= 0.1  # the release's share of ε = 1
     res = CliRunner().invoke(app, ["audit", "-c", str(conf), "--view", "release"])
     assert res.exit_code == 2 and "scratch" in res.output
+
+
+@pytest.mark.slow
+def test_the_server_view_audits_a_torch_model():
+    cfg = config_from_dict({"model": {"name": "mlp"},
+                            "training": {"methods": ["fedavg"], "rounds": 2},
+                            "budget": {"scratch": True}, "output": {"dir": ""}})
+    (row,) = audit(cfg, silo="Hungary", canaries=2000, seed=6).rows
+    e = row.details["estimate"]
+    assert not row.violation and 0 < e["epsilon"] < 3 * row.claimed_epsilon
+    assert row.details["passes"] == 2

@@ -178,7 +178,7 @@ def _server(cfg, raw, names, kind, canaries, runs, confidence, store, rng, seed,
     obs = server.pool(parts)
     rows = [server.assess(n, obs[n], confidence, len(names)) for n in names]
     notes = [server.SERVER_NOTE, "estimate: " + ESTIMATE_ASSUMES]
-    if not experiment:
+    if not st.scratch:
         notes.append("the audit job trains every silo, so it is charged to every silo's "
                      "budget")
     return AuditReport(kind, rows, p.labels, _notes(cfg, st, uncharged, notes),
