@@ -260,3 +260,22 @@ def test_true_epsilon_of_a_copy_below_the_pld_range_is_rdps(monkeypatch):
     assert low == pytest.approx(evaluate.epsilon(events.dpsgd_event(Q, 0.005, 360), DELTA,
                                                  "rdp"), rel=1e-9)
     assert low > f(0.6) > f(1.0)
+
+
+@pytest.mark.parametrize("args", [
+    ["--self-test", "--kind", "multi-run"], ["--self-test", "--view", "model"],
+    ["--self-test", "--runs", "5"], ["--self-test", "--canaries", "0"],
+    ["--runs", "-3"], ["--view", "model", "--runs", "7"],
+    ["--view", "release", "--kind", "one-run"], ["--view", "release", "--canaries", "50"],
+    ["--view", "release", "--runs", "-1"]])
+def test_cli_refuses_options_the_mode_would_ignore(tmp_path, monkeypatch, args):
+    # each was silently ignored (or --canaries 0 read as the default) and the audit ran
+    from silofl.cli import app
+    monkeypatch.setenv("SILOFL_HOME", str(tmp_path / "home"))
+    conf = tmp_path / "rel.toml"
+    conf.write_text('[data]\nsource = "heart"\nstandardize = "private"\n'
+                    '[training]\nrounds = 1\n')
+    res = CliRunner().invoke(app, ["audit", "-c", str(conf), "--scratch", "-q", "--out",
+                                   str(tmp_path / "o"), *args])
+    assert res.exit_code == 2, res.output
+    assert not (tmp_path / "o").exists()
