@@ -52,8 +52,10 @@ NOISE_SCALES = (0.5, 0.25)
 
 SERVER_NOTE = ("server view (white box): m Dirac gradient canaries per audited silo in "
                "auditing-only coordinates, each in with probability 1/2; every DP-SGD step "
-               "samples each canary with the silo's q and clips its gradient (8·C) like a "
-               "record's; the auditor sees every step's noisy sum, summed per local pass "
+               "samples each canary with the silo's q and cuts its gradient (8·C) to the "
+               "rule's clipping bound (the model's per-example clipping code and the "
+               "records' sampler are not exercised: bugs there are not seen); the auditor "
+               "sees every step's noisy sum, summed per local pass "
                "(what a server receives per round); the canaries are not records: they "
                "change no record's batch, n, q or σ, and their scores depend only on the "
                "noise and the coin flips")
