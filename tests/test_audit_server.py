@@ -279,3 +279,15 @@ def test_cli_refuses_options_the_mode_would_ignore(tmp_path, monkeypatch, args):
                                    str(tmp_path / "o"), *args])
     assert res.exit_code == 2, res.output
     assert not (tmp_path / "o").exists()
+
+
+def test_a_local_dp_method_is_refused_before_any_budget(tmp_path):
+    # fedavg_ldp has no DP-SGD step: the probe saw nothing and the analysis crashed
+    # (ValueError) after the audit job had run and been charged
+    store = tmp_path / "real.sqlite"
+    cfg = config_from_dict({"training": {"methods": ["fedavg_ldp"], "rounds": 1},
+                            "privacy": {"epsilon": 20.0, "delta": 1e-4},
+                            "budget": {"store": str(store)}, "output": {"dir": ""}})
+    with pytest.raises(ConfigError, match="local DP"):
+        audit(cfg, canaries=100, seed=0)
+    assert not store.exists()
