@@ -282,3 +282,12 @@ def test_cli_pandemic_audit(tmp_path):
                                                     "--store", str(tmp_path / "b.sqlite")])
         assert r.exit_code == 2, r.output
         assert not (tmp_path / "p").exists() and not (tmp_path / "b.sqlite").exists()
+
+
+def test_node_power_is_infinite_when_not_even_a_noiseless_copy_is_flagged():
+    # one pass of 2 steps, a person in 1% of batches, 10 + 10 canaries: μ saturates near
+    # 0.28 as the noise vanishes, so nothing is flagged with 97.5% confidence; the power
+    # must say so (inf), not report the accountant's ε at noise × 0.001 as detectable
+    from silofl.pandemic.whitebox import node_detectable
+    p = node_detectable(np.array([2]), 1000, 1, 10, 1.0, 1.0, 10, 10, 0.975, lambda c: 1 / c)
+    assert p["detectable_epsilon"] == float("inf") and p["detectable_noise_scale"] == 0

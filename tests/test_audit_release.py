@@ -195,3 +195,13 @@ def test_the_weakened_plan_keeps_the_claim_and_states_its_noise():
     declared = plan_preprocessing(raw, PreprocessSpec("declared", "declared"))
     with pytest.raises(ConfigError, match="no noise to weaken"):
         weakened_for_audit(declared)
+
+
+def test_the_rows_report_no_value_of_a_released_statistic(jobs):
+    # the bound's threshold is a silo's (noisy) released mean from an uncharged scratch
+    # release: a data-dependent number, so the row keeps only the statistic's name
+    cfg = config_from_dict({"data": {"standardize": "private"},
+                            "privacy": {"epsilon": 1.0, "delta": 1e-5},
+                            "budget": {"scratch": True}, "output": {"dir": ""}})
+    (row,) = release.audit_job_release(cfg, silo="Switzerland", runs=10, seed=1)
+    assert "threshold" not in row.details and row.details["statistic"]

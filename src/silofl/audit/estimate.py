@@ -251,7 +251,8 @@ def detectable(steps: np.ndarray, q: float, sigma: float, claim: float, n_out: i
     A mechanism with noise σ·c gives μ_c (`expected_mu`); μ̂ ≈ N(μ_c, SE_c), and it is
     flagged when μ̂ − z·SE > μ_claim, μ_claim the μ at the scale where the family's ε is
     the claim: P(flag) = Φ((μ_c − μ_claim − z·SE_c)/SE_c). The answer is the c where that
-    probability reaches `confidence` (bisection), and the accountant's ε there."""
+    probability reaches `confidence` (bisection), and the accountant's ε there — inf
+    (noise scale 0) when even the smallest noise scale is not flagged that often."""
     z = float(stats.norm.ppf(confidence))
     mu_claim = expected_mu(steps, q, sigma, scale_at(true_epsilon, claim))
 
@@ -263,11 +264,15 @@ def detectable(steps: np.ndarray, q: float, sigma: float, claim: float, n_out: i
         return float(stats.norm.cdf((mu_c - mu_claim - z * se(mu_c)) / se(mu_c)))
 
     a, b = SCALE_RANGE[0], 1.0
-    while math.log(b / a) > 1e-3:
-        mid = math.sqrt(a * b)
-        a, b = (mid, b) if p_flag(mid) >= confidence else (a, mid)
+    if p_flag(a) < confidence:  # not even (almost) no noise is flagged reliably: no ε is
+        a, found = 0.0, math.inf  # (and the accountant is not asked at a vanishing noise)
+    else:
+        while math.log(b / a) > 1e-3:
+            mid = math.sqrt(a * b)
+            a, b = (mid, b) if p_flag(mid) >= confidence else (a, mid)
+        found = float(true_epsilon(a))
     mu1 = expected_mu(steps, q, sigma, 1.0)
-    return {"detectable_epsilon": float(true_epsilon(a)), "detectable_noise_scale": a,
+    return {"detectable_epsilon": found, "detectable_noise_scale": a,
             "mu_claim": mu_claim, "expected_mu": mu1,
             "expected_epsilon_lower": _eps_at(true_epsilon, noise_scale_for(
                 mu1 - z * se(mu1), steps, q, sigma)),

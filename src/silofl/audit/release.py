@@ -273,6 +273,9 @@ def _row(target: PrivacyTarget, silo: str, nb: _Neighbour, stats: tuple[dict, di
     res = multi_run_epsilon({k: np.array(v) for k, v in stats[0].items()},
                             {k: np.array(v) for k, v in stats[1].items()},
                             target.delta, confidence)
+    # the threshold is a value of a released statistic (a silo's noisy mean, released on a
+    # scratch store, uncharged): it is not reported; the statistic's name and the bound are
+    res.pop("threshold", None)
     res.update(runs=runs, weakened=bool(weaken), release="preprocessing",
                noise_multiplier=plan.noise_multipliers.get(silo, 0.0),
                claimed_noise_multiplier=nb.claimed_sigma.get(silo, 0.0),

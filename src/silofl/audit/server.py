@@ -22,6 +22,7 @@ A silo is flagged when a rigorous bound or the estimate's lower end exceeds its 
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections import Counter
 from collections.abc import Callable
 from functools import lru_cache
@@ -35,6 +36,7 @@ from silofl.audit.estimate import detectable, estimate, llr_scores, qda_scores
 from silofl.audit.whitebox import AuditedModel, DiracCanaries
 from silofl.errors import ConfigError
 from silofl.privacy import events
+from silofl.privacy.evaluate import epsilon
 from silofl.privacy.ledger import tightest
 
 #: canaries per audited silo in the server view when not given (they are coordinates,
@@ -50,8 +52,10 @@ NOISE_SCALES = (0.5, 0.25)
 
 SERVER_NOTE = ("server view (white box): m Dirac gradient canaries per audited silo in "
                "auditing-only coordinates, each in with probability 1/2; every DP-SGD step "
-               "samples each canary with the silo's q and clips its gradient (8·C) like a "
-               "record's; the auditor sees every step's noisy sum, summed per local pass "
+               "samples each canary with the silo's q and cuts its gradient (8·C) to the "
+               "rule's clipping bound (the model's per-example clipping code and the "
+               "records' sampler are not exercised: bugs there are not seen); the auditor "
+               "sees every step's noisy sum, summed per local pass "
                "(what a server receives per round); the canaries are not records: they "
                "change no record's batch, n, q or σ, and their scores depend only on the "
                "noise and the coin flips")
@@ -138,12 +142,31 @@ def scaled_counts(counts: Counter, scale: float) -> dpa.DpEvent:
     return events.compose(out)
 
 
+#: below this DP-SGD noise multiplier the PLD accountant's grid outgrows memory (σ = 0.1,
+#: q = 0.08, 360 steps: terabytes); a copy with less noise than the job gets RDP's ε there
+PLD_MIN_NOISE = 0.25
+
+
+def _min_noise(counts: Counter) -> float:
+    """The smallest DP-SGD noise multiplier among the events (inf if none)."""
+    return min((e.event.noise_multiplier for e in counts
+                if isinstance(e, dpa.PoissonSampledDpEvent)
+                and isinstance(e.event, dpa.GaussianDpEvent)), default=math.inf)
+
+
 def true_epsilon_fn(o: Observed) -> Callable[[float], float]:
     """c ↦ the accountant's ε (the claim's: the tighter of RDP and PLD) of the job's
-    mechanism with its DP-SGD noise × c."""
+    mechanism with its DP-SGD noise × c. For c < 1 whose noise falls below
+    `PLD_MIN_NOISE` it is RDP's ε alone: an upper bound on the tighter one, larger than
+    the claim either way (less noise than the job), so no verdict changes."""
+    low = _min_noise(o.counts)
+
     @lru_cache(maxsize=256)
     def f(c: float) -> float:
-        return tightest(scaled_counts(o.counts, c), o.claim.delta)[0]
+        event = scaled_counts(o.counts, c)
+        if c < 1 and low * c < PLD_MIN_NOISE:
+            return float(epsilon(event, o.claim.delta, "rdp"))
+        return tightest(event, o.claim.delta)[0]
     return f
 
 

@@ -159,6 +159,10 @@ def _server(cfg, raw, names, kind, canaries, runs, confidence, store, rng, seed,
         _require_scratch(cfg, store, "a multi-run or self-test audit trains several jobs "
                          "(the self-test with deliberately broken privacy)")
     p = run_mod._prepare(cfg, raw)
+    local_dp = [lb for lb, plans in zip(p.labels, p.plans) if plans[0].noise_multiplier is None]
+    if local_dp:  # before any budget: the probe would see no DP-SGD step at all
+        raise ConfigError(f"the server view audits DP-SGD steps; {', '.join(local_dp)} "
+                          "uploads under local DP with no DP-SGD step; use --view model")
     st = BudgetStore(None) if experiment else _store(cfg, store)
     parts, run_ids, uncharged = [], [], []
     for i in range(jobs):

@@ -297,7 +297,8 @@ def node_detectable(steps: np.ndarray, n: int, affected: int, b: int, sigma: flo
     family at noise σ·c) it flags — lower end above `claim` — with probability ≥
     `confidence` when n_out and n_in canaries are scored, as
     `silofl.audit.estimate.detectable` for Poisson sampling: μ̂ ≈ N(μ_c, SE_c), flagged
-    when μ̂ − z·SE > μ_claim; P(flag) = Φ((μ_c − μ_claim − z·SE_c)/SE_c)."""
+    when μ̂ − z·SE > μ_claim; P(flag) = Φ((μ_c − μ_claim − z·SE_c)/SE_c). inf (noise
+    scale 0) when even the smallest noise scale is not flagged that often."""
     z = float(stats.norm.ppf(confidence))
 
     def mu(c: float) -> float:
@@ -313,6 +314,9 @@ def node_detectable(steps: np.ndarray, n: int, affected: int, b: int, sigma: flo
     lo, hi = SCALE_RANGE[0], 1.0
     c_claim = scale_at(true_epsilon, claim)
     mu_claim = mu(c_claim)
+    if p_flag(lo) < confidence:  # not even (almost) no noise is flagged that often
+        return {"detectable_epsilon": math.inf, "detectable_noise_scale": 0.0,
+                "mu_claim": mu_claim, "false_flag_probability": p_flag(1.0)}
     while hi / lo > 1.001:  # the largest noise scale still flagged with `confidence`
         mid = math.sqrt(lo * hi)
         lo, hi = (mid, hi) if p_flag(mid) >= confidence else (lo, mid)
