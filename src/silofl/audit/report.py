@@ -57,7 +57,9 @@ SERVER_ESTIMATE_NOTE = ("estimate, not proof: the canaries' score read through t
 
 
 def _f(x) -> str:
-    return "—" if x is None else ("∞" if x == float("inf") else f"{x:.3f}")
+    if x is None or x != x:  # None or NaN: not computed
+        return "—"
+    return "∞" if x == float("inf") else f"{x:.3f}"
 
 
 def _how_server(d: dict) -> str:

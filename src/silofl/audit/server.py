@@ -181,10 +181,7 @@ def scores(o: Observed) -> dict[str, np.ndarray]:
         cols = o.sigma == s
         llr += llr_scores(o.u[:, cols], o.steps[cols], o.q, float(s))
     inc = o.included
-    fit = np.zeros_like(inc)
-    for cls in (inc, ~inc):
-        idx = np.flatnonzero(cls)
-        fit[idx[: len(idx) // 2]] = True
+    fit = _fit_half(inc)
     z = o.u / np.sqrt(o.steps)[None, :]
     spread = np.zeros(len(inc))
     for key in set(zip(o.segment.tolist(), o.steps.tolist())):
@@ -193,11 +190,50 @@ def scores(o: Observed) -> dict[str, np.ndarray]:
     return {"llr": llr, "qda": qda_scores(o.u, inc, fit), "spread": spread}
 
 
-def assess(name: str, o: Observed, confidence: float, units: int) -> SiloAudit:
-    """One silo's row: both rigorous bounds, the estimate, its power."""
+def cross_scores(obs: dict[str, Observed]) -> dict[str, np.ndarray]:
+    """Per silo, the LLR score of its per-pass sums with what the other silos' sums predict
+    of them removed (least squares on the silo's "out" canaries of the fitting half; every
+    silo's canary i shares coordinate P + i). A server sees every silo's update: if the
+    silos' noise is not independent (one stream shared), the residual cancels it. Under
+    independent noise the prediction is ~0 and the score is ~the plain LLR."""
+    out: dict[str, np.ndarray] = {}
+    for name, o in obs.items():
+        others = [x.u for n, x in obs.items() if n != name and x.u.shape[0] == o.u.shape[0]]
+        if not others or not o.u.size:
+            continue
+        X = np.concatenate(others, axis=1)
+        fit = _fit_half(o.included) & ~o.included
+        if fit.sum() <= 2 * X.shape[1]:  # too few canaries to fit the prediction
+            continue
+        beta, *_ = np.linalg.lstsq(X[fit], o.u[fit], rcond=None)
+        r = o.u - X @ beta
+        llr = np.zeros(o.u.shape[0])
+        for s in np.unique(o.sigma):
+            cols = o.sigma == s
+            llr += llr_scores(r[:, cols], o.steps[cols], o.q, float(s))
+        out[name] = llr
+    return out
+
+
+def _fit_half(inc: np.ndarray) -> np.ndarray:
+    """The first half of each class (in canary order): where scores are fitted and the
+    pooled test chooses its threshold (`multi_run_epsilon` splits the same way)."""
+    fit = np.zeros_like(inc)
+    for cls in (inc, ~inc):
+        idx = np.flatnonzero(cls)
+        fit[idx[: len(idx) // 2]] = True
+    return fit
+
+
+def assess(name: str, o: Observed, confidence: float, units: int,
+           cross: np.ndarray | None = None) -> SiloAudit:
+    """One silo's row: both rigorous bounds, the estimate, its power. `cross`: the
+    silo's `cross_scores` (a further score for the pooled bound)."""
     c_unit = per_unit(confidence, units)
     c_rig, c_est = 1 - (1 - c_unit) / 4, 1 - (1 - c_unit) / 2
     sc = scores(o)
+    if cross is not None:
+        sc["llr, other silos' noise removed"] = cross
     inc, d = o.included, o.claim.delta
     one = one_run_audit({"llr": sc["llr"]}, inc, d, c_rig)
     pooled = multi_run_epsilon({k: v[~inc] for k, v in sc.items()},

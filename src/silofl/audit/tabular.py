@@ -180,7 +180,8 @@ def _server(cfg, raw, names, kind, canaries, runs, confidence, store, rng, seed,
     if on_progress:
         on_progress(jobs, jobs)
     obs = server.pool(parts)
-    rows = [server.assess(n, obs[n], confidence, len(names)) for n in names]
+    cross = server.cross_scores(obs)
+    rows = [server.assess(n, obs[n], confidence, len(names), cross.get(n)) for n in names]
     notes = [server.SERVER_NOTE, "estimate: " + ESTIMATE_ASSUMES]
     if not st.scratch:
         notes.append("the audit job trains every silo, so it is charged to every silo's "

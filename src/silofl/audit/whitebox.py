@@ -207,6 +207,20 @@ class _ReplayedNoise(GradientRule):
                                 noise=noise, **aux)
 
 
+@dataclasses.dataclass(frozen=True)
+class _SharedNoise(GradientRule):
+    """Every silo of a step draws the same standard normals (one stream shared), each at
+    its own σ_k·C: a server can subtract two silos' updates and cancel the noise."""
+
+    def __call__(self, model, W, X, y, mask, expected_batch, silos, rng,
+                 standard_normal=None, noise=None, **aux):
+        ids = np.atleast_1d(np.asarray(silos))
+        std = self.noise_std()[ids]
+        z = (np.asarray(rng.normal(W.shape[1:])) if noise is None else noise[0] / std[0])
+        return super().__call__(model, W, X, y, mask, expected_batch, silos, rng,
+                                noise=z[None, :] * std[:, None], **aux)
+
+
 #: the self-test's weakenings: name → (what it does, rule → weakened rule, noise scale the
 #: accountant can evaluate it at — None: no finite ε holds)
 WEAKENINGS: dict[str, tuple[str, Any, float | None]] = {
@@ -218,4 +232,6 @@ WEAKENINGS: dict[str, tuple[str, Any, float | None]] = {
                      lambda r: _NoClipping(r.clip, r.noise_multiplier), None),
     "replayed noise": ("every step re-adds its silo's first noise draw",
                        lambda r: _ReplayedNoise(r.clip, r.noise_multiplier), None),
+    "shared noise": ("every silo draws the same noise (one stream for all)",
+                     lambda r: _SharedNoise(r.clip, r.noise_multiplier), None),
 }
