@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+import re
 
 import numpy as np
 import pytest
@@ -215,3 +216,90 @@ def test_the_server_view_audits_a_torch_model():
     e = row.details["estimate"]
     assert not row.violation and 0 < e["epsilon"] < 3 * row.claimed_epsilon
     assert row.details["passes"] == 2
+
+
+# --- what a reader sees: the tables fit 80 columns, the verdict is never cut -------------
+
+LONG_NAMES = ["Hôpital Necker-Enfants Malades", "St Mary's Hospital, London",
+              "Rural Clinic 7", "VA Long Beach"]
+
+
+def _render(renderable, width: int = 80) -> str:
+    import io
+
+    from rich.console import Console
+    con = Console(width=width, record=True, file=io.StringIO())
+    con.print(renderable)
+    return con.export_text()
+
+
+def _fits(text: str, names) -> None:
+    """No line over 80 columns, nothing cut with '…', every word of every name shown."""
+    assert max(map(len, text.splitlines())) <= 80, text
+    assert "…" not in text, text
+    for word in (w for n in names for w in n.split()):
+        assert word in text, (word, text)
+
+
+def test_the_audit_tables_fit_80_columns_and_never_cut_a_name_or_verdict(small_heart):
+    from dataclasses import replace
+
+    from silofl.audit.report import audit_table
+    rep = audit(small_heart, canaries=2000, seed=4)
+    base = rep.rows[0]
+    rows = [replace(base, silo=n) for n in LONG_NAMES]
+    rows[1] = replace(rows[1], estimate_lower=9.0)  # an estimated violation
+    text = _render(audit_table(replace(rep, rows=rows)))
+    _fits(text, LONG_NAMES)
+    assert text.count("│ consistent") == 3 and text.count("│ VIOLATION") == 1
+    assert len(re.findall(r"\d\.\d{3}–\d\.\d{3}", text)) == 4  # each estimate whole
+    assert "How each silo was attacked" in text
+    # the black-box (model) view too, at its real settings
+    model = audit(small_heart, view="model", canaries=50, seed=1)
+    rows = [replace(model.rows[0], silo=n) for n in LONG_NAMES]
+    text = _render(audit_table(replace(model, rows=rows)))
+    _fits(text, LONG_NAMES)
+    assert text.count("│ consistent") == 4 and "if Gaussian†" in text
+
+
+def test_the_self_test_table_fits_80_columns_and_names_each_failure():
+    from types import SimpleNamespace
+
+    from silofl.audit.report import selftest_table
+    from silofl.audit.selftest import SelfTestRow
+    rows = []
+    for mech, true_eps, flagged in (("as run", 1.0, True), ("noise x1/2", 2.25, False),
+                                    ("noise x1/4", 5.3, True),
+                                    ("uncharged standardization", math.inf, True)):
+        for n in LONG_NAMES:
+            rows.append(SelfTestRow(mech, "", n, 1.0, true_eps, 0.5, 0.9, flagged, 1.17))
+    text = _render(selftest_table(SimpleNamespace(rows=rows, confidence=0.95,
+                                                  canaries=50_000)))
+    _fits(text, LONG_NAMES + ["uncharged standardization"])
+    # each failure is named on its row (and once in the caption)
+    assert text.count("FALSE") == 5 and text.count("MISSED") == 5
+    assert text.count("yes (ok)") == 8 and "∞" in text
+    assert text.count("noise x1/2") == 1  # the mechanism is named once, on its first row
+
+
+def test_the_cli_says_whether_a_violation_is_proved_or_estimated(small_heart, tmp_path,
+                                                                 capsys):
+    from dataclasses import replace
+
+    import typer
+
+    from silofl.audit import write_audit
+    from silofl.cli.audit import _audit_footer, _verdict_line
+    rep = audit(small_heart, canaries=2000, seed=4)
+    line = _verdict_line(rep)
+    det = rep.rows[0].details["detectable_epsilon"]
+    assert line.startswith("Verdict: no violation") and f"{det:.2f} or more" in line
+    rows = [replace(rep.rows[0], silo="A", lower_bound=5.0),
+            replace(rep.rows[0], silo="B", estimate_lower=5.0)]
+    bad = replace(rep, rows=rows)
+    with pytest.raises(typer.Exit) as exc:
+        _audit_footer(bad, write_audit(bad, tmp_path), "Methods: fedavg.")
+    assert exc.value.exit_code == 3
+    out = " ".join(capsys.readouterr().err.split())
+    assert "VIOLATION A: proved: the rigorous lower bound exceeds" in out
+    assert "VIOLATION B: estimated (not proof)" in out
