@@ -278,7 +278,21 @@ def _result(r) -> str:
 
 
 def write_selftest(rep, out_dir: Path) -> list[Path]:
-    """selftest.json and selftest.html into `out_dir`."""
+    """Write a self-test's report files.
+
+    Parameters
+    ----------
+    rep : SelfTestReport
+        From `audit.selftest.self_test`.
+    out_dir : Path
+        The folder written (created if needed).
+
+    Returns
+    -------
+    list of Path
+        selftest.json (strict JSON, written atomically; an infinite true ε is null, its
+        path listed under "nonfinite") and selftest.html.
+    """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     nonfinite: list[str] = []
