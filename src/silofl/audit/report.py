@@ -220,11 +220,11 @@ def _how(kind: str, d: dict) -> str:
 
 
 def _extra(r, server: bool) -> str:
+    """The HTML cells after the verdict: the f-DP figure, or the estimate and the power."""
     if not server:
-        return _gdp(r.details)
+        return f"<td>{_gdp(r.details)}</td>"
     d = r.details
-    return (f"{_f(d['estimate']['epsilon_lower'])} – {_f(d['estimate']['epsilon'])}; "
-            f"{_f(d['detectable_epsilon'])}")
+    return f"<td>{_estimate(d)}</td><td>{_f(d['detectable_epsilon'])}</td>"
 
 
 def selftest_table(rep) -> Table:
@@ -320,7 +320,7 @@ mechanism and deliberately weakened copies of it; {rep.seconds:.0f} s.</p>
 <p>flagged: the rigorous lower bound or the estimate's lower end exceeds the claim. A copy
 whose true ε is at least {MUST_FLAG:g} × the claim must be flagged, the mechanism as run
 must not be; a copy in between may go either way. ∞: the copy has no finite ε.</p>
-<p>{e(SERVER_ESTIMATE_NOTE)}.</p><ul>{notes}</ul></body></html>
+<p>{e(ESTIMATE_NOTE)}.</p><ul>{notes}</ul></body></html>
 """)
     return [out_dir / "selftest.json", out_dir / "selftest.html"]
 
@@ -356,7 +356,7 @@ def audit_html(rep) -> str:
     rows = "".join(
         f"<tr class='{'bad' if r.violation else 'ok'}'><td>{e(r.silo)}</td>"
         f"<td>{r.claimed_epsilon:.3f}</td><td>{r.delta:.0e}</td><td>{r.lower_bound:.3f}</td>"
-        f"<td>{'VIOLATION' if r.violation else 'consistent'}</td><td>{_extra(r, server)}</td>"
+        f"<td>{'VIOLATION' if r.violation else 'consistent'}</td>{_extra(r, server)}"
         f"<td>{e(_how_server(r.details) if server else _how(rep.kind, r.details))}</td></tr>"
         for r in rep.rows)
     gdp_note = ("<p>† f-DP refinement: the ε refuted for a Gaussian tradeoff curve; "
@@ -372,10 +372,12 @@ td:last-child{{text-align:left}}tr.bad{{background:#fdd}}tr.ok{{background:#efe}
 </head><body><section id="audit"><h2>Audit: claimed ε vs empirical lower bound</h2>
 <p>{e(_view_name(rep) if not server else "server view (white box)")}, {e(rep.kind)}
 audit at {rep.confidence:.0%} family-wise confidence; methods: {e(', '.join(rep.methods))};
-noise: {e(rep.noise)}; budget store: {e(rep.store or 'scratch (in memory)')}.</p>
+noise: {e(rep.noise)}; budget store: {e(rep.store or 'scratch (in memory)')}.
+{'Neighbouring datasets: ' + e(rep.neighbouring) + '.' if rep.neighbouring else ''}</p>
 <table><tr><th>silo</th><th>claimed ε</th><th>δ</th>
 <th>{'rigorous lower bound' if server else 'lower bound'}</th><th>verdict</th>
-<th>{'estimate‡ low – point; detects ≥' if server else 'if Gaussian†'}</th><th>how</th></tr>
+{'<th>estimate‡ (lower end–point)</th><th>detects true ε ≥</th>' if server
+  else '<th>if Gaussian†</th>'}<th>how</th></tr>
 {rows}</table>{gdp_note}
 <p><b>What this means:</b> {e(LOWER_BOUND_NOTE)}.</p><ul>{notes}</ul></section>
 </body></html>

@@ -83,7 +83,8 @@ def audit(config: Path | None = typer.Option(None, "--config", "-c",
     except SiloflError as e:
         _fail(e)
     _audit_footer(rep, files, f"Methods audited together: {', '.join(rep.methods)}. Noise: "
-                              f"{rep.noise}.")
+                              f"{rep.noise}. Neighbouring datasets: "
+                              f"{rep.neighbouring or 'as the accountant states'}.")
 
 
 def _self_test(cfg, dest: Path, silo, canaries, confidence, quiet: bool) -> None:
