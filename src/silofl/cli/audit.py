@@ -20,18 +20,22 @@ from silofl.errors import SiloflError
 
 @app.command()
 def audit(config: Path | None = typer.Option(None, "--config", "-c",
-                                                help="TOML config of the job to audit"),
+                                                help=("TOML config of the job to audit "
+                                                      "(default: the built-in heart job)")),
           silo: str | None = typer.Option(None, "--silo", help="audit one silo (default: all)"),
           view: str | None = typer.Option(None, "--view", help=(
               "server (white box: every round's update, gradient canaries) | model (black "
               "box: the released models, canary records) | release (the private "
-              "preprocessing statistics; --scratch) (default: [audit] view, server)")),
+              "preprocessing statistics; needs --scratch and [data] standardize or impute "
+              "= \"private\") (default: [audit] view, server)")),
           kind: str | None = typer.Option(None, "--kind", help=(
               "one-run | multi-run (default: [audit] kind, one-run)")),
           canaries: int | None = typer.Option(None, "--canaries", help=(
-              "per silo (default: server 50000, fewer for many silos; model one-run min(1000, n_k))")),
+              "per silo (default: server 50000, fewer for many silos or rounds; model "
+              "one-run min(1000, the silo's training records))")),
           runs: int | None = typer.Option(None, "--runs", help=(
-              "multi-run jobs (default: server 4 pooled; model 200 on each of D and D′)")),
+              "multi-run jobs, scratch store only (default: server 4 pooled; model 200 "
+              "on each of D and D′; release 500 releases on each)")),
           self_test: bool = typer.Option(False, "--self-test", help=(
               "does the audit have teeth? Run the one-run server-view audit against the "
               "job's mechanism and deliberately weakened copies (noise ×½, ×¼, clipping "
@@ -40,7 +44,8 @@ def audit(config: Path | None = typer.Option(None, "--config", "-c",
               "(exit 3 if it misses one it must flag). Needs --scratch; ignores --view, "
               "--kind and --runs; writes selftest.json and selftest.html")),
           confidence: float | None = typer.Option(None, "--confidence", help=(
-              "of the lower bound (default: [audit] confidence, 0.95)")),
+              "family-wise, over the audited silos, of the rigorous bounds and the "
+              "estimate's lower end (default: [audit] confidence, 0.95)")),
           out: Path | None = typer.Option(None, "--out", help=(
               "directory for audit.json and audit.html (default: [output] dir, else runs/, "
               "plus audit-<time>)")),
