@@ -262,24 +262,28 @@ def test_the_audit_tables_fit_80_columns_and_never_cut_a_name_or_verdict(small_h
     assert text.count("│ consistent") == 4 and "if Gaussian†" in text
 
 
-def test_the_self_test_table_fits_80_columns_and_names_each_failure():
-    from types import SimpleNamespace
-
-    from silofl.audit.report import selftest_table
-    from silofl.audit.selftest import SelfTestRow
+def test_the_self_test_table_fits_80_columns_and_names_each_failure(tmp_path):
+    from silofl.audit.report import selftest_table, write_selftest
+    from silofl.audit.selftest import SelfTestReport, SelfTestRow
     rows = []
     for mech, true_eps, flagged in (("as run", 1.0, True), ("noise x1/2", 2.25, False),
                                     ("noise x1/4", 5.3, True),
                                     ("uncharged standardization", math.inf, True)):
         for n in LONG_NAMES:
             rows.append(SelfTestRow(mech, "", n, 1.0, true_eps, 0.5, 0.9, flagged, 1.17))
-    text = _render(selftest_table(SimpleNamespace(rows=rows, confidence=0.95,
-                                                  canaries=50_000)))
+    rep = SelfTestReport(rows, confidence=0.95, canaries=50_000, seconds=60.0,
+                         notes=["a note"])
+    text = _render(selftest_table(rep))
     _fits(text, LONG_NAMES + ["uncharged standardization"])
     # each failure is named on its row (and once in the caption)
     assert text.count("FALSE") == 5 and text.count("MISSED") == 5
     assert text.count("yes (ok)") == 8 and "∞" in text
     assert text.count("noise x1/2") == 1  # the mechanism is named once, on its first row
+    js, page = write_selftest(rep, tmp_path)
+    data = json.loads(js.read_text())
+    assert not data["passed"] and data["nonfinite"] and "null" in data["nonfinite_means"]
+    html = page.read_text()
+    assert "FAILED" in html and "must be flagged" in html and "a note" in html
 
 
 def test_the_cli_says_whether_a_violation_is_proved_or_estimated(small_heart, tmp_path,

@@ -297,7 +297,7 @@ def write_selftest(rep, out_dir: Path) -> list[Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     nonfinite: list[str] = []
     data = json_safe(rep.to_dict(), nonfinite)
-    write_json_atomic(out_dir / "selftest.json", dict(data, nonfinite=nonfinite), indent=1)
+    write_json_atomic(out_dir / "selftest.json", _with_nonfinite(data, nonfinite), indent=1)
     e = html.escape
     notes = "".join(f"<li>{e(n)}</li>" for n in rep.notes)
     rows = "".join(f"<tr class='{'ok' if r.passed else 'bad'}'><td>{e(r.mechanism)}</td>"
@@ -325,6 +325,18 @@ must not be; a copy in between may go either way. ∞: the copy has no finite ε
     return [out_dir / "selftest.json", out_dir / "selftest.html"]
 
 
+#: what a null listed under "nonfinite" means, written beside the list when it is not empty
+NONFINITE_NOTE = ("the values at these paths are not finite (∞: no finite ε, e.g. clipping "
+                  "off) and are written as null: strict JSON has no infinity")
+
+
+def _with_nonfinite(data: dict, nonfinite: list[str]) -> dict:
+    out = dict(data, nonfinite=nonfinite)
+    if nonfinite:
+        out["nonfinite_means"] = NONFINITE_NOTE
+    return out
+
+
 def write_audit(rep, out_dir: Path) -> list[Path]:
     """Write an audit's report files.
 
@@ -344,7 +356,7 @@ def write_audit(rep, out_dir: Path) -> list[Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     nonfinite: list[str] = []
     data = json_safe(rep.to_dict(), nonfinite)
-    write_json_atomic(out_dir / "audit.json", dict(data, nonfinite=nonfinite), indent=1)
+    write_json_atomic(out_dir / "audit.json", _with_nonfinite(data, nonfinite), indent=1)
     write_text_atomic(out_dir / "audit.html", audit_html(rep))
     return [out_dir / "audit.json", out_dir / "audit.html"]
 
