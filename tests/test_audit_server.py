@@ -307,3 +307,25 @@ def test_the_cli_says_whether_a_violation_is_proved_or_estimated(small_heart, tm
     out = " ".join(capsys.readouterr().err.split())
     assert "VIOLATION A: proved: the rigorous lower bound exceeds" in out
     assert "VIOLATION B: estimated (not proof)" in out
+
+
+@pytest.mark.parametrize("missed", [False, True])
+def test_cli_self_test_says_passed_or_failed_and_what_it_ignores(tmp_path, monkeypatch, missed):
+    """The self-test's verdict line and exit code (the audits themselves are replaced by a
+    fixed report: their statistics are tested above)."""
+    from silofl.audit import selftest
+    from silofl.cli import app
+    rows = [selftest.SelfTestRow("as run", "", "Cleveland", 1.0, 1.0, 0.2, 0.9, False, 1.17),
+            selftest.SelfTestRow("noise x1/2", "", "Cleveland", 1.0, 2.25, 1.0, 2.1,
+                                 not missed, 1.17)]
+    monkeypatch.setattr(selftest, "self_test", lambda cfg, **kw: selftest.SelfTestReport(
+        rows, confidence=0.95, canaries=50_000, seconds=1.0))
+    res = CliRunner().invoke(app, ["audit", "--self-test", "--scratch", "--view", "model",
+                                   "--out", str(tmp_path / "o")])
+    out = " ".join(res.output.split())
+    assert "ignoring --view" in out
+    if missed:
+        assert res.exit_code == 3 and "SELF-TEST FAILED" in out and "MISSED" in out
+    else:
+        assert res.exit_code == 0 and "Self-test passed" in out, out
+    assert (tmp_path / "o" / "selftest.json").exists()

@@ -98,7 +98,7 @@ def _self_test(cfg, dest: Path, silo, canaries, confidence, quiet: bool) -> None
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     from silofl.audit.report import selftest_table, write_selftest
-    from silofl.audit.selftest import self_test
+    from silofl.audit.selftest import MUST_FLAG, self_test
     from silofl.audit.tabular import _require_scratch
     _require_scratch(cfg, None, "the self-test trains one job per weakened copy of the "
                      "mechanism (with deliberately broken privacy)")
@@ -120,6 +120,8 @@ def _self_test(cfg, dest: Path, silo, canaries, confidence, quiet: bool) -> None
         err.print("[bold red]SELF-TEST FAILED[/]: the audit missed a weakened copy it must "
                   "flag, or flagged the mechanism as run")
         raise typer.Exit(3)
+    console.print("Self-test passed: the audit flagged every weakened copy it must flag "
+                  f"(true ε ≥ {MUST_FLAG:g} × the claim) and not the mechanism as run.")
 
 
 def _audit_footer(rep, files, what: str) -> None:
