@@ -61,6 +61,13 @@ def audit_table(rep) -> Group:
         how.add_column("if Gaussian†", justify="right")
         how.caption = (f"† f-DP refinement: ε refuted for a Gaussian tradeoff curve; "
                        f"{GDP_ASSUMPTION}.")
+    else:
+        how.caption = ("runs on D + runs on D′ (D plus one canary record); the statistic, "
+                       "direction and threshold were chosen on the first half of the runs"
+                       + (" among every silo's released statistics (the attacker sees them "
+                          "all, so it may be another silo's)" if getattr(rep, "view", "") ==
+                          "release" else "") + ", the bound is Clopper–Pearson on the other "
+                       "half.")
     for r in rows:
         cells = [r.silo, _how(rep.kind, r.details)]
         how.add_row(*cells, *([_gdp(r.details)] if rep.kind == "one-run" else []))
