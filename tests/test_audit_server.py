@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+import re
 
 import numpy as np
 import pytest
@@ -291,3 +292,117 @@ def test_a_local_dp_method_is_refused_before_any_budget(tmp_path):
     with pytest.raises(ConfigError, match="local DP"):
         audit(cfg, canaries=100, seed=0)
     assert not store.exists()
+# --- what a reader sees: the tables fit 80 columns, the verdict is never cut -------------
+
+LONG_NAMES = ["Hôpital Necker-Enfants Malades", "St Mary's Hospital, London",
+              "Rural Clinic 7", "VA Long Beach"]
+
+
+def _render(renderable, width: int = 80) -> str:
+    import io
+
+    from rich.console import Console
+    con = Console(width=width, record=True, file=io.StringIO())
+    con.print(renderable)
+    return con.export_text()
+
+
+def _fits(text: str, names) -> None:
+    """No line over 80 columns, nothing cut with '…', every word of every name shown."""
+    assert max(map(len, text.splitlines())) <= 80, text
+    assert "…" not in text, text
+    for word in (w for n in names for w in n.split()):
+        assert word in text, (word, text)
+
+
+def test_the_audit_tables_fit_80_columns_and_never_cut_a_name_or_verdict(small_heart):
+    from dataclasses import replace
+
+    from silofl.audit.report import audit_table
+    rep = audit(small_heart, canaries=2000, seed=4)
+    # the verdicts are set here (the real ones are random: ~5% false alarms by design)
+    base = replace(rep.rows[0], lower_bound=0.1, estimate_lower=0.5)
+    rows = [replace(base, silo=n) for n in LONG_NAMES]
+    rows[1] = replace(rows[1], estimate_lower=9.0)  # an estimated violation
+    text = _render(audit_table(replace(rep, rows=rows)))
+    _fits(text, LONG_NAMES)
+    assert text.count("│ consistent") == 3 and text.count("│ VIOLATION") == 1
+    assert len(re.findall(r"\d\.\d{3}–\d\.\d{3}", text)) == 4  # each estimate whole
+    assert "How each silo was attacked" in text
+    # the black-box (model) view too, at its real settings
+    model = audit(small_heart, view="model", canaries=50, seed=1)
+    rows = [replace(model.rows[0], silo=n, lower_bound=0.0) for n in LONG_NAMES]
+    text = _render(audit_table(replace(model, rows=rows)))
+    _fits(text, LONG_NAMES)
+    assert text.count("│ consistent") == 4 and "if Gaussian†" in text
+
+
+def test_the_self_test_table_fits_80_columns_and_names_each_failure(tmp_path):
+    from silofl.audit.report import selftest_table, write_selftest
+    from silofl.audit.selftest import SelfTestReport, SelfTestRow
+    rows = []
+    for mech, true_eps, flagged in (("as run", 1.0, True), ("noise x1/2", 2.25, False),
+                                    ("noise x1/4", 5.3, True),
+                                    ("uncharged standardization", math.inf, True)):
+        for n in LONG_NAMES:
+            rows.append(SelfTestRow(mech, "", n, 1.0, true_eps, 0.5, 0.9, flagged, 1.17))
+    rep = SelfTestReport(rows, confidence=0.95, canaries=50_000, seconds=60.0,
+                         notes=["a note"])
+    text = _render(selftest_table(rep))
+    _fits(text, LONG_NAMES + ["uncharged standardization"])
+    # each failure is named on its row (and once in the caption)
+    assert text.count("FALSE") == 5 and text.count("MISSED") == 5
+    assert text.count("yes (ok)") == 8 and "∞" in text
+    assert text.count("noise x1/2") == 1  # the mechanism is named once, on its first row
+    js, page = write_selftest(rep, tmp_path)
+    data = json.loads(js.read_text())
+    assert not data["passed"] and data["nonfinite"] and "null" in data["nonfinite_means"]
+    html = page.read_text()
+    assert "FAILED" in html and "must be flagged" in html and "a note" in html
+
+
+def test_the_cli_says_whether_a_violation_is_proved_or_estimated(small_heart, tmp_path,
+                                                                 capsys):
+    from dataclasses import replace
+
+    import typer
+
+    from silofl.audit import write_audit
+    from silofl.cli.audit import _audit_footer, _verdict_line
+    rep = audit(small_heart, canaries=2000, seed=4)
+    rep = replace(rep, rows=[replace(r, lower_bound=0.1, estimate_lower=0.5)
+                             for r in rep.rows])  # no violation, whatever the noise drew
+    line = _verdict_line(rep)
+    det = rep.rows[0].details["detectable_epsilon"]
+    assert line.startswith("Verdict: no violation") and f"{det:.2f} or more" in line
+    rows = [replace(rep.rows[0], silo="A", lower_bound=5.0),
+            replace(rep.rows[0], silo="B", estimate_lower=5.0)]
+    bad = replace(rep, rows=rows)
+    with pytest.raises(typer.Exit) as exc:
+        _audit_footer(bad, write_audit(bad, tmp_path), "Methods: fedavg.")
+    assert exc.value.exit_code == 3
+    out = " ".join(capsys.readouterr().err.split())
+    assert "VIOLATION A: proved: the rigorous lower bound exceeds" in out
+    assert "VIOLATION B: estimated (not proof)" in out
+
+
+@pytest.mark.parametrize("missed", [False, True])
+def test_cli_self_test_says_passed_or_failed_and_what_it_ignores(tmp_path, monkeypatch, missed):
+    """The self-test's verdict line and exit code (the audits themselves are replaced by a
+    fixed report: their statistics are tested above)."""
+    from silofl.audit import selftest
+    from silofl.cli import app
+    rows = [selftest.SelfTestRow("as run", "", "Cleveland", 1.0, 1.0, 0.2, 0.9, False, 1.17),
+            selftest.SelfTestRow("noise x1/2", "", "Cleveland", 1.0, 2.25, 1.0, 2.1,
+                                 not missed, 1.17)]
+    monkeypatch.setattr(selftest, "self_test", lambda cfg, **kw: selftest.SelfTestReport(
+        rows, confidence=0.95, canaries=50_000, seconds=1.0))
+    res = CliRunner().invoke(app, ["audit", "--self-test", "--scratch", "--view", "model",
+                                   "--out", str(tmp_path / "o")])
+    out = " ".join(res.output.split())
+    assert "ignoring --view" in out
+    if missed:
+        assert res.exit_code == 3 and "SELF-TEST FAILED" in out and "MISSED" in out
+    else:
+        assert res.exit_code == 0 and "Self-test passed" in out, out
+    assert (tmp_path / "o" / "selftest.json").exists()

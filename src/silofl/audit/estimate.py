@@ -63,12 +63,34 @@ def _lse(t: np.ndarray) -> np.ndarray:
 
 
 def llr_scores(u: np.ndarray, steps: np.ndarray, q: float, sigma: float) -> np.ndarray:
-    """(m,) Σ_b log p_in(u_b)/p_out(u_b) for per-pass sums u (m, B) (units of C).
+    """Each canary's log-likelihood ratio "in" vs "out", Σ_b log p_in(u_b)/p_out(u_b).
 
     p_out = N(0, L_b σ²); p_in = Σ_k Binomial(k; L_b, q)·N(k, L_b σ²). The per-pass term is
     a smooth function of u_b; it is evaluated exactly on `GRID` points spanning the data and
     interpolated (error far below 1e-6 per pass: any score gives valid bounds, and the
-    estimate's moments use the exact function)."""
+    estimate's moments use the exact function).
+
+    Parameters
+    ----------
+    u : ndarray, shape (m, B)
+        Per-pass sums of m canaries' coordinates over B passes, in units of the clip norm C.
+    steps : ndarray of int, shape (B,)
+        DP-SGD steps L_b in each pass.
+    q : float
+        The claimed per-step sampling rate, in (0, 1].
+    sigma : float
+        The claimed noise multiplier (noise std / C).
+
+    Returns
+    -------
+    ndarray, shape (m,)
+        The scores (nats); larger means "in" is more likely.
+
+    Raises
+    ------
+    ConfigError
+        `u` is not (m, B) for B = ``steps.size``.
+    """
     u = np.asarray(u, dtype=float)
     steps = np.asarray(steps, dtype=int)
     if u.ndim != 2 or u.shape[1] != steps.size:
@@ -109,12 +131,28 @@ def _shrunk_cov(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def qda_scores(u: np.ndarray, included: np.ndarray, fit: np.ndarray) -> np.ndarray:
-    """(m,) Gaussian log-likelihood ratio "in" vs "out" with each class's mean and
-    (shrunk) covariance over the B passes, fitted on the canaries where `fit` (m,) is True.
+    """Gaussian log-likelihood ratio "in" vs "out" with each class's mean and (Ledoit–Wolf
+    shrunk) covariance over the B passes, fitted on the canaries where `fit` is True.
 
     Under the claimed mechanism this is close to the plain sum; when the noise repeats
     across passes, the out-canaries' covariance is nearly singular and the score separates
-    the two classes almost perfectly."""
+    the two classes almost perfectly.
+
+    Parameters
+    ----------
+    u : ndarray, shape (m, B)
+        Per-pass sums (units of C), as `llr_scores`.
+    included : ndarray of bool, shape (m,)
+        The auditor's coin: the canary was "in".
+    fit : ndarray of bool, shape (m,)
+        The canaries the class means and covariances are fitted on (score the others for
+        a valid bound).
+
+    Returns
+    -------
+    ndarray, shape (m,)
+        The scores (nats); all zero when either class has fewer than 3 fitted canaries.
+    """
     u = np.asarray(u, dtype=float)
     inc, fit = np.asarray(included, bool), np.asarray(fit, bool)
     if min(np.sum(fit & inc), np.sum(fit & ~inc)) < 3:
@@ -169,14 +207,49 @@ def _moments(passes: tuple, q: float, sigma: float, scale: float) -> tuple:
 
 
 def expected_mu(steps: np.ndarray, q: float, sigma: float, scale: float = 1.0) -> float:
-    """μ the LLR score separates "in" from "out" by when the noise is σ·`scale`."""
+    """The μ by which the LLR score separates "in" from "out" when the noise is σ·`scale`.
+
+    Parameters
+    ----------
+    steps : ndarray of int, shape (B,)
+        DP-SGD steps per pass.
+    q, sigma : float
+        The claimed sampling rate and noise multiplier (the score's parameters).
+    scale : float
+        The mechanism's noise is σ·scale (1: as claimed).
+
+    Returns
+    -------
+    float
+        (mean₁ − mean₀) / √((var₀ + var₁)/2) of the score (dimensionless), from its exact
+        moments (`score_moments`).
+    """
     m0, v0, m1, v1 = score_moments(steps, q, sigma, scale)
     return (m1 - m0) / math.sqrt((v0 + v1) / 2)
 
 
 def mu_hat(out: np.ndarray, inn: np.ndarray, confidence: float) -> tuple[float, float, float]:
-    """(μ̂, its one-sided lower confidence limit, SE): the standardized mean difference of
-    two samples, Var μ̂ ≈ 1/n₀ + 1/n₁ + μ²/(2(n₀ + n₁)) (normal theory)."""
+    """The standardized mean difference of two samples of scores, with its one-sided
+    lower confidence limit: Var μ̂ ≈ 1/n₀ + 1/n₁ + μ²/(2(n₀ + n₁)) (normal theory).
+
+    Parameters
+    ----------
+    out, inn : ndarray, shape (n₀,) and (n₁,)
+        Scores of the canaries without and with the canary's contribution (n ≥ 2 each).
+    confidence : float
+        Of the one-sided lower limit, in (0, 1).
+
+    Returns
+    -------
+    tuple of float
+        (μ̂, its lower limit, its standard error), dimensionless; (inf, inf, 0) when the
+        samples are separated with no spread.
+
+    Raises
+    ------
+    ConfigError
+        Fewer than 2 scores in either sample.
+    """
     a, b = np.asarray(out, float), np.asarray(inn, float)
     n0, n1 = a.size, b.size
     if min(n0, n1) < 2:
@@ -210,11 +283,31 @@ def noise_scale_for(mu: float, steps: np.ndarray, q: float, sigma: float) -> flo
 
 def estimate(out: np.ndarray, inn: np.ndarray, steps: np.ndarray, q: float, sigma: float,
              true_epsilon, confidence: float) -> dict:
-    """The ε estimate from LLR scores without (`out`) and with (`inn`) the canary.
+    """The ε estimate from LLR scores without (`out`) and with (`inn`) the canary, read
+    through the claimed mechanism family. An estimate, not proof (`ESTIMATE_ASSUMES`).
 
-    `true_epsilon(c)` is the accountant's ε of the job's mechanism with its noise × c
-    (inf at c = 0, 0 at c = inf). Returns μ̂ and its lower limit, the noise scales they
-    imply, and ε for both: "epsilon" (point) and "epsilon_lower" (the verdict's)."""
+    Parameters
+    ----------
+    out, inn : ndarray, shape (n₀,) and (n₁,)
+        `llr_scores` of the "out" and "in" canaries.
+    steps : ndarray of int, shape (B,)
+        DP-SGD steps per pass.
+    q, sigma : float
+        The claimed sampling rate and noise multiplier.
+    true_epsilon : callable
+        ``true_epsilon(c)``: the accountant's ε of the job's mechanism with its noise × c
+        (inf at c = 0, 0 at c = inf), at the claim's δ.
+    confidence : float
+        Of the one-sided lower limit, in (0, 1).
+
+    Returns
+    -------
+    dict
+        "mu", "mu_lower", "se" (dimensionless); "noise_scale" and "noise_scale_at_lower"
+        (the c they imply; 1 = the claimed noise); "epsilon" (point) and "epsilon_lower"
+        (the verdict's), in the claim's unit; "confidence", "canaries" [n₀, n₁] and
+        "assumes".
+    """
     mu, lower, se = mu_hat(out, inn, confidence)
     c, c_lo = noise_scale_for(mu, steps, q, sigma), noise_scale_for(lower, steps, q, sigma)
     return {"mu": mu, "mu_lower": lower, "se": se, "noise_scale": c,
@@ -244,15 +337,39 @@ def scale_at(true_epsilon, epsilon: float, tol: float = 1e-3) -> float:
 
 def detectable(steps: np.ndarray, q: float, sigma: float, claim: float, n_out: int,
                n_in: int, confidence: float, true_epsilon) -> dict:
-    """The smallest true ε that `estimate` flags (ε lower end above `claim`) with
-    probability ≥ `confidence` when n_out and n_in canaries are scored, and what it expects
-    for the mechanism as run.
+    """The power of `estimate`: the smallest true ε it flags (ε lower end above `claim`)
+    with probability ≥ `confidence` when n_out and n_in canaries are scored, and what it
+    expects for the mechanism as run.
 
     A mechanism with noise σ·c gives μ_c (`expected_mu`); μ̂ ≈ N(μ_c, SE_c), and it is
     flagged when μ̂ − z·SE > μ_claim, μ_claim the μ at the scale where the family's ε is
     the claim: P(flag) = Φ((μ_c − μ_claim − z·SE_c)/SE_c). The answer is the c where that
     probability reaches `confidence` (bisection), and the accountant's ε there — inf
-    (noise scale 0) when even the smallest noise scale is not flagged that often."""
+    (noise scale 0) when even the smallest noise scale is not flagged that often.
+
+    Parameters
+    ----------
+    steps : ndarray of int, shape (B,)
+        DP-SGD steps per pass.
+    q, sigma : float
+        The claimed sampling rate and noise multiplier.
+    claim : float
+        The claimed ε.
+    n_out, n_in : int
+        Canaries scored without and with the canary.
+    confidence : float
+        Both the estimate's one-sided confidence and the required flagging probability.
+    true_epsilon : callable
+        ``true_epsilon(c)``, as `estimate`.
+
+    Returns
+    -------
+    dict
+        "detectable_epsilon" (same unit as the claim) and "detectable_noise_scale";
+        "mu_claim" and "expected_mu" (dimensionless); "expected_epsilon_lower" (the lower
+        end expected for the mechanism as run); "false_flag_probability" (of the mechanism
+        as run).
+    """
     z = float(stats.norm.ppf(confidence))
     mu_claim = expected_mu(steps, q, sigma, scale_at(true_epsilon, claim))
 

@@ -112,8 +112,32 @@ def self_test(cfg, *, silo: str | None = None, canaries: int | None = None,
               only: list[str] | None = None,
               on_progress: Callable[[int, int], None] | None = None) -> SelfTestReport:
     """Run the server-view one-run audit of `cfg` against the mechanism as run and each
-    weakened copy (on scratch stores; `cfg` must allow scratch: [budget] scratch or
-    --scratch). `only`: a subset of `whitebox.WEAKENINGS`' names. Returns the table."""
+    weakened copy, and the release audit against the preprocessing release without noise.
+
+    Parameters
+    ----------
+    cfg : Config
+        The job (`load_config`); it must allow a scratch store ([budget] scratch, or
+        ``--scratch``): every audit here is an experiment, four with broken privacy.
+    silo : str, optional
+        Audit one silo (default: every silo).
+    canaries : int, optional
+        Dirac canaries per silo (default: the server view's, 50,000 or fewer).
+    confidence : float
+        Family-wise confidence of each audit, in [0.5, 1).
+    seed : int, optional
+        Seeds the canaries and coins (default: OS entropy).
+    only : list of str, optional
+        A subset of `whitebox.WEAKENINGS`' names (default: all).
+    on_progress : callable, optional
+        ``on_progress(done, total)`` after each mechanism.
+
+    Returns
+    -------
+    SelfTestReport
+        One row per (mechanism, silo): claim, true ε, rigorous bound, estimate's lower end,
+        flagged, must flag, passed; its notes; wall time in seconds.
+    """
     from silofl.audit.tabular import audit
 
     t0 = time.perf_counter()

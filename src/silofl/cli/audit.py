@@ -20,33 +20,42 @@ from silofl.errors import SiloflError
 
 @app.command()
 def audit(config: Path | None = typer.Option(None, "--config", "-c",
-                                                help="TOML config of the job to audit"),
+                                                help=("TOML config of the job to audit "
+                                                      "(default: the built-in heart job)")),
           silo: str | None = typer.Option(None, "--silo", help="audit one silo (default: all)"),
           view: str | None = typer.Option(None, "--view", help=(
               "server (white box: every round's update, gradient canaries) | model (black "
               "box: the released models, canary records) | release (the private "
-              "preprocessing statistics; --scratch) (default: [audit] view, server)")),
+              "preprocessing statistics; needs --scratch and [data] standardize or impute "
+              "= \"private\") (default: [audit] view, server)")),
           kind: str | None = typer.Option(None, "--kind", help=(
               "one-run | multi-run (default: [audit] kind, one-run)")),
           canaries: int | None = typer.Option(None, "--canaries", help=(
-              "per silo (default: server 50000, fewer for many silos; model one-run min(1000, n_k))")),
+              "per silo (default: server 50000, fewer for many silos or rounds; model "
+              "one-run min(1000, the silo's training records))")),
           runs: int | None = typer.Option(None, "--runs", help=(
-              "multi-run jobs (default: server 4 pooled; model 200 on each of D and D′)")),
+              "multi-run jobs, scratch store only (default: server 4 pooled; model 200 "
+              "on each of D and D′; release 500 releases on each)")),
           self_test: bool = typer.Option(False, "--self-test", help=(
-              "run the server-view audit against weakened copies of this job's mechanism "
-              "(noise ×½, ×¼, clipping off, replayed noise) and show which it flags; needs "
-              "a scratch store (--scratch)")),
+              "does the audit have teeth? Run the one-run server-view audit against the "
+              "job's mechanism and deliberately weakened copies (noise ×½, ×¼, clipping "
+              "off, replayed noise) and the release audit against the preprocessing "
+              "release without noise (an uncharged standardization); show which it flags "
+              "(exit 3 if it misses one it must flag). Needs --scratch; ignores --view, "
+              "--kind and --runs; writes selftest.json and selftest.html")),
           confidence: float | None = typer.Option(None, "--confidence", help=(
-              "of the lower bound (default: [audit] confidence, 0.95)")),
+              "family-wise, over the audited silos, of the rigorous bounds and the "
+              "estimate's lower end (default: [audit] confidence, 0.95)")),
           out: Path | None = typer.Option(None, "--out", help=(
               "directory for audit.json and audit.html (default: [output] dir, else runs/, "
               "plus audit-<time>)")),
           store: JobStore = None,
           scratch: Scratch = False,
           quiet: Quiet = False, set_: SetItems = None):
-    """Measure empirically that each silo's guarantee holds: canary runs through the real
-    job, the claimed ε beside an empirical lower bound, violations flagged. Canary runs use
-    the silo's data: they are charged to its budget (or a scratch store, marked so)."""
+    """Attack the job to test each silo's claimed ε: by default as the federated server
+    (every round's update, gradient canaries), printing a rigorous lower bound, an estimate
+    and the smallest true ε the audit detects; exit 3 on a violation. The audit job uses
+    the silos' data: it is charged to their budgets (or a scratch store, marked so)."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     from silofl.audit import audit as run_audit
@@ -58,6 +67,11 @@ def audit(config: Path | None = typer.Option(None, "--config", "-c",
             time.strftime("audit-%Y%m%d-%H%M%S")
         _check_options(cfg, self_test, view, kind, runs, canaries)
         if self_test:
+            ignored = [f"--{k}" for k, v in (("view", view), ("kind", kind), ("runs", runs))
+                       if v is not None]
+            if ignored:
+                err.print(f"[bold yellow]note:[/] --self-test runs its own fixed set of "
+                          f"audits; ignoring {', '.join(ignored)}")
             return _self_test(cfg, dest, silo, canaries, confidence, quiet)
         with Progress(TextColumn("audit"), BarColumn(), TextColumn("{task.completed}/"
                       "{task.total} jobs"), TimeElapsedColumn(), console=err,
@@ -75,7 +89,8 @@ def audit(config: Path | None = typer.Option(None, "--config", "-c",
     except SiloflError as e:
         _fail(e)
     _audit_footer(rep, files, f"Methods audited together: {', '.join(rep.methods)}. Noise: "
-                              f"{rep.noise}.")
+                              f"{rep.noise}. Neighbouring datasets: "
+                              f"{rep.neighbouring or 'as the accountant states'}.")
 
 
 def _check_options(cfg, self_test: bool, view, kind, runs, canaries) -> None:
@@ -106,7 +121,7 @@ def _self_test(cfg, dest: Path, silo, canaries, confidence, quiet: bool) -> None
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     from silofl.audit.report import selftest_table, write_selftest
-    from silofl.audit.selftest import self_test
+    from silofl.audit.selftest import MUST_FLAG, self_test
     from silofl.audit.tabular import _require_scratch
     _require_scratch(cfg, None, "the self-test trains one job per weakened copy of the "
                      "mechanism (with deliberately broken privacy)")
@@ -128,6 +143,8 @@ def _self_test(cfg, dest: Path, silo, canaries, confidence, quiet: bool) -> None
         err.print("[bold red]SELF-TEST FAILED[/]: the audit missed a weakened copy it must "
                   "flag, or flagged the mechanism as run")
         raise typer.Exit(3)
+    console.print("Self-test passed: the audit flagged every weakened copy it must flag "
+                  f"(true ε ≥ {MUST_FLAG:g} × the claim) and not the mechanism as run.")
 
 
 def _audit_footer(rep, files, what: str) -> None:
@@ -140,8 +157,28 @@ def _audit_footer(rep, files, what: str) -> None:
                   f"{rep.seconds:.1f} s. Note: {escape(LOWER_BOUND_NOTE)}.")
     for note in rep.notes:
         err.print(f"[bold yellow]note:[/] {escape(note)}")
+    if not rep.violations:
+        console.print(_verdict_line(rep))
     console.print(f"Audit: [bold]{escape(str(files[0]))}[/], {escape(str(files[1]))}")
     if rep.violations:  # the audit ran and refuted a claim
-        err.print(f"[bold red]VIOLATION[/]: the lower bound exceeds the claimed ε for "
-                  f"{escape(', '.join(rep.violations))}")
+        for r in (r for r in rep.rows if r.violation):
+            how = ("proved: the rigorous lower bound" if r.lower_bound > r.claimed_epsilon
+                   else "estimated (not proof): the estimate's lower end")
+            err.print(f"[bold red]VIOLATION[/] {escape(r.silo)}: {how} exceeds the claimed "
+                      f"ε = {r.claimed_epsilon:.3f}")
         raise typer.Exit(3)
+
+
+def _verdict_line(rep) -> str:
+    """The audit's verdict in one sentence, with the size of break it could have seen."""
+    n = len(rep.rows)
+    line = (f"Verdict: no violation found for {n} silo{'s' if n != 1 else ''} at "
+            f"{rep.confidence:.0%} confidence: this attack did not refute any claim")
+    from silofl.audit.report import detectable_epsilon
+    det = [d for d in map(detectable_epsilon, rep.rows) if d is not None]
+    if det:
+        lo, hi = min(det), max(det)
+        span = f"{lo:.2f}" if hi - lo < 0.005 else f"{lo:.2f}–{hi:.2f}"
+        line += (f"; at these settings it flags, with {rep.confidence:.0%} confidence, a "
+                 f"mechanism whose true ε is {span} or more")
+    return line + "."
