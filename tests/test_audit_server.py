@@ -152,6 +152,9 @@ def test_self_test_flags_every_weakened_copy(small_heart):
     assert not any(r.flagged for r in rep.rows if r.mechanism == "as run")
     for name in [*WEAKENINGS, "uncharged standardization"]:
         r = by[name]
+        if name == "shared noise":  # one audited silo: no other silo's noise to compare
+            assert math.isnan(r.true_epsilon) and not r.must_flag
+            continue
         assert r.must_flag and r.flagged, (name, r)
     assert by["noise x1/2"].true_epsilon >= 2 * by["as run"].claimed_epsilon
     assert by["clipping off"].true_epsilon == math.inf and rep.passed
@@ -387,7 +390,7 @@ def test_the_cli_says_whether_a_violation_is_proved_or_estimated(small_heart, tm
 
 
 @pytest.mark.parametrize("missed", [False, True])
-def test_cli_self_test_says_passed_or_failed_and_what_it_ignores(tmp_path, monkeypatch, missed):
+def test_cli_self_test_says_passed_or_failed(tmp_path, monkeypatch, missed):
     """The self-test's verdict line and exit code (the audits themselves are replaced by a
     fixed report: their statistics are tested above)."""
     from silofl.audit import selftest
@@ -397,10 +400,9 @@ def test_cli_self_test_says_passed_or_failed_and_what_it_ignores(tmp_path, monke
                                  not missed, 1.17)]
     monkeypatch.setattr(selftest, "self_test", lambda cfg, **kw: selftest.SelfTestReport(
         rows, confidence=0.95, canaries=50_000, seconds=1.0))
-    res = CliRunner().invoke(app, ["audit", "--self-test", "--scratch", "--view", "model",
+    res = CliRunner().invoke(app, ["audit", "--self-test", "--scratch",
                                    "--out", str(tmp_path / "o")])
     out = " ".join(res.output.split())
-    assert "ignoring --view" in out
     if missed:
         assert res.exit_code == 3 and "SELF-TEST FAILED" in out and "MISSED" in out
     else:

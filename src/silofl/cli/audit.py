@@ -67,11 +67,6 @@ def audit(config: Path | None = typer.Option(None, "--config", "-c",
             time.strftime("audit-%Y%m%d-%H%M%S")
         _check_options(cfg, self_test, view, kind, runs, canaries)
         if self_test:
-            ignored = [f"--{k}" for k, v in (("view", view), ("kind", kind), ("runs", runs))
-                       if v is not None]
-            if ignored:
-                err.print(f"[bold yellow]note:[/] --self-test runs its own fixed set of "
-                          f"audits; ignoring {', '.join(ignored)}")
             return _self_test(cfg, dest, silo, canaries, confidence, quiet)
         with Progress(TextColumn("audit"), BarColumn(), TextColumn("{task.completed}/"
                       "{task.total} jobs"), TimeElapsedColumn(), console=err,
