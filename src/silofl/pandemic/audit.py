@@ -319,17 +319,20 @@ def _white_box(data, cfg, region: str, members: dict[str, np.ndarray], canaries,
     sigma = float(entry["noise_multiplier"])
     score = node_llr_scores(u, steps, n, K, cfg.batch_size, sigma)
     claim = _claim(pm, region)
-    res = one_run_audit({"white-box": score}, inc, claim.delta, confidence)
+    # as `silofl audit`'s server view: half the error to the rigorous bound, half to the
+    # estimate, and a flag from either
+    c_rig, c_est = 1 - (1 - confidence) / 2, 1 - (1 - confidence) / 2
+    res = one_run_audit({"white-box": score}, inc, claim.delta, c_rig)
     facts = (steps, n, K, cfg.batch_size, sigma)
     true_eps = _true_epsilon(entry, cfg)
-    res["estimate"] = node_estimate(score[~inc], score[inc], *facts, true_eps, confidence)
+    res["estimate"] = node_estimate(score[~inc], score[inc], *facts, true_eps, c_est)
     res["estimate"]["flags"] = res["estimate"]["epsilon_lower"] > claim.epsilon
     res["detectable"] = node_detectable(*facts, claim.epsilon, int(np.sum(~inc)),
-                                        int(np.sum(inc)), confidence, true_eps)
+                                        int(np.sum(inc)), c_est, true_eps)
     res.update(view="white-box", affected_examples=K, passes=int(steps.size),
-               steps_per_pass=int(L))
+               steps_per_pass=int(L), confidence_rigorous=c_rig, confidence_estimate=c_est)
     row = SiloAudit(region, claim.epsilon, claim.target_epsilon, claim.delta,
-                    res["epsilon"], res)
+                    res["epsilon"], res, estimate_lower=res["estimate"]["epsilon_lower"])
     return row, pm, st
 
 
