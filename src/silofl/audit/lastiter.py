@@ -37,7 +37,7 @@ import time
 from collections.abc import Callable
 
 import numpy as np
-from scipy import optimize
+from scipy import optimize, stats
 
 from silofl.audit.bounds import gdp_epsilon
 from silofl.audit.canaries import Canaries, insert, make_canaries
@@ -408,14 +408,22 @@ def estimate(out: np.ndarray, inn: np.ndarray, delta: float, confidence: float) 
     dict
         μ̂ ("mu"), its one-sided lower limit at `confidence` ("mu_lower"), "se", and
         their ε under μ-GDP at `delta` ("epsilon", "epsilon_lower": the verdict's), with
-        what it assumes.
+        what it assumes; "auc" of the scores and its μ-GDP reading √2·Φ⁻¹(AUC)
+        ("mu_auc", "epsilon_auc": a point cross-check that assumes no score law).
     """
     mu, lower, se = mu_hat(out, inn, confidence)
 
     def eps(m: float) -> float:
         return math.inf if math.isinf(m) else (gdp_epsilon(m, delta) if m > 0 else 0.0)
+    # a cross-check that needs no Gaussian scores: a μ-GDP mechanism's every test has
+    # AUC ≤ Φ(μ/√2), so √2·Φ⁻¹(AUC) under-reads μ whatever the scores' law; far below μ̂,
+    # it says the scores are not Gaussian and μ̂ is not to be trusted
+    a, b = np.asarray(out, float), np.asarray(inn, float)
+    auc = float(np.mean((b[:, None] > a[None, :]) + 0.5 * (b[:, None] == a[None, :])))
+    mu_auc = math.sqrt(2) * float(stats.norm.ppf(auc))
     return {"mu": mu, "mu_lower": lower, "se": se, "epsilon": eps(mu),
-            "epsilon_lower": eps(lower), "confidence": confidence,
+            "epsilon_lower": eps(lower), "confidence": confidence, "auc": auc,
+            "mu_auc": mu_auc, "epsilon_auc": eps(mu_auc),
             "runs": [int(np.size(out)), int(np.size(inn))], "score": SCORE,
             "assumes": ESTIMATE_ASSUMES}
 
@@ -471,32 +479,7 @@ def audit_last_iterate(cfg, *, kind: str = "multi-run", silo: str | None = None,
         A canary or public records that do not fit the silo.
     """
     t0 = time.perf_counter()
-    if not cfg.privacy.enabled:
-        raise ConfigError("an audit compares a claimed ε with an empirical lower bound, but "
-                          "this config has no ε claim (privacy is disabled); enable "
-                          "[privacy] with epsilon and delta")
-    if kind != "multi-run":
-        raise ConfigError(f"the model-view audit of the last iterate is multi-run only (D "
-                          f"and D′ = D + one canary, many jobs each), got kind {kind!r}; use "
-                          "--kind multi-run, or --view server for a one-run audit")
-    check_init(init)
-    check_confidence(confidence)
-    runs = DEFAULT_RUNS if runs is None else runs
-    check_runs(runs)
-    if isinstance(canaries, int) and not isinstance(canaries, bool):
-        if canaries != 1:
-            raise ConfigError("the model-view audit uses one canary (D′ = D + one record); "
-                              "leave --canaries out or set it to 1")
-        canaries = None
-    if canaries is not None and not isinstance(canaries, Canaries) and \
-            canaries not in CANARY_IMAGES:
-        raise ConfigError(f"unknown canary {canaries!r}: give Canaries, or for image data one "
-                          f"of {', '.join(CANARY_IMAGES)}")
-    if store is not None and not store.scratch or store is None and not cfg.budget.scratch:
-        raise ConfigError(f"a multi-run audit trains {runs} jobs on each of D and D′: that is "
-                          "an experiment, not a release, and would spend many jobs' worth of "
-                          "the silo's lifetime budget. Run it on a scratch store (--scratch, "
-                          "or [budget] scratch = true)")
+    runs, canaries = _check_settings(cfg, kind, init, confidence, runs, canaries, store)
     rng = np.random.default_rng(seed)  # None: OS entropy
     raw = build.apply_privacy(build.load_raw(cfg.data), cfg)
     names = [raw.silo(silo).name] if silo is not None else raw.names
@@ -525,6 +508,39 @@ def audit_last_iterate(cfg, *, kind: str = "multi-run", silo: str | None = None,
                                               else []),
         time.perf_counter() - t0, confidence, cfg.privacy.noise,
         neighbouring=run_mod.ADJACENCY, view="model")
+
+
+def _check_settings(cfg, kind: str, init: str, confidence: float, runs: int | None,
+                    canaries, store: BudgetStore | None):
+    """Everything `audit_last_iterate` refuses before reading any data; returns (runs,
+    canaries) with their defaults."""
+    if not cfg.privacy.enabled:
+        raise ConfigError("an audit compares a claimed ε with an empirical lower bound, but "
+                          "this config has no ε claim (privacy is disabled); enable "
+                          "[privacy] with epsilon and delta")
+    if kind != "multi-run":
+        raise ConfigError(f"the model-view audit of the last iterate is multi-run only (D "
+                          f"and D′ = D + one canary, many jobs each), got kind {kind!r}; use "
+                          "--kind multi-run, or --view server for a one-run audit")
+    check_init(init)
+    check_confidence(confidence)
+    runs = DEFAULT_RUNS if runs is None else runs
+    check_runs(runs)
+    if isinstance(canaries, int) and not isinstance(canaries, bool):
+        if canaries != 1:
+            raise ConfigError("the model-view audit uses one canary (D′ = D + one record); "
+                              "leave --canaries out or set it to 1")
+        canaries = None
+    if canaries is not None and not isinstance(canaries, Canaries) and \
+            canaries not in CANARY_IMAGES:
+        raise ConfigError(f"unknown canary {canaries!r}: give Canaries, or for image data one "
+                          f"of {', '.join(CANARY_IMAGES)}")
+    if store is not None and not store.scratch or store is None and not cfg.budget.scratch:
+        raise ConfigError(f"a multi-run audit trains {runs} jobs on each of D and D′: that is "
+                          "an experiment, not a release, and would spend many jobs' worth of "
+                          "the silo's lifetime budget. Run it on a scratch store (--scratch, "
+                          "or [budget] scratch = true)")
+    return runs, canaries
 
 
 def _add_estimate(row: SiloAudit, mech: LastIterate, confidence: float) -> None:
