@@ -58,6 +58,27 @@ def cp_ceiling(runs: int, delta: float, confidence: float) -> float:
     return math.log((tpr - delta) / fpr)
 
 
+def runs_for(mu_hat: float, mu_claim: float, target: float, delta: float,
+             confidence: float) -> dict:
+    """Runs per side for the estimate's lower end to reach ε = `target` (normal theory:
+    μ − (z + z_p)·SE(N) ≥ μ_target, SE² = (2 + μ²/4)/N) with probability ½ and 0.9 when
+    the true μ is μ̂ or the claim's; and the fewest for which a Clopper–Pearson bound
+    could reach it at all."""
+    from scipy import stats
+
+    from silofl.audit.lastiter import gdp_mu
+
+    mt, z = gdp_mu(target, delta), float(stats.norm.ppf(confidence))
+
+    def n(mu: float, zp: float) -> int | None:
+        if mu <= mt:
+            return None
+        return math.ceil((z + zp) ** 2 * (2 + mu ** 2 / 4) / (mu - mt) ** 2)
+    cp = next(k for k in range(8, 10 ** 6, 8) if cp_ceiling(k, delta, confidence) >= target)
+    return {"mu_target": mt, "at_mu_hat_50": n(mu_hat, 0.0), "at_mu_hat_90": n(mu_hat, 1.2816),
+            "at_claim_50": n(mu_claim, 0.0), "at_claim_90": n(mu_claim, 1.2816), "cp": cp}
+
+
 def row(name: str, rep) -> dict:
     r = rep.rows[0]
     e = r.details["estimate"]
@@ -112,10 +133,16 @@ def main(argv=None) -> int:
         need.append({"runs_per_side": k, "estimate_lower": e["epsilon_lower"],
                      "cp_ceiling": ceil})
         print(f"  {k:>4}  {e['epsilon_lower']:7.3f}  {ceil:7.3f}")
+    plan = runs_for(wc["mu_hat"], wc["mu_claim"], 6.0, 1e-5, wc["estimate_confidence"])
+    print(f"  runs per side for the estimate's lower end to reach ε = 6 (μ = "
+          f"{plan['mu_target']:.3f}), normal theory: with μ = μ̂ = {wc['mu_hat']:.3f}: "
+          f"{plan['at_mu_hat_50']} (half the time), {plan['at_mu_hat_90']} (90% of the "
+          f"time); with μ = the claim's: {plan['at_claim_50']}, {plan['at_claim_90']}; "
+          f"Clopper–Pearson needs {plan['cp']} (every held-out run right)")
     report = {"job": {"n": a.n, "rounds": a.rounds, "epsilon": a.epsilon, "delta": 1e-5,
                       "model": "convnet", "batch": "full (q = 1)"},
               "rows": [{k: v for k, v in r.items() if k != "scores"} for r in rows],
-              "runs_needed": need}
+              "runs_needed": need, "runs_for_6": plan}
     print(json.dumps(report, indent=1))
     if a.json:
         with open(a.json, "w") as f:
