@@ -62,17 +62,27 @@ from silofl.runtime.simulator import simulate
 INITS = ("worst-case", "default")
 #: crafted image canaries: every pixel at this value (the public [0, 1] pixel scale)
 CANARY_IMAGES = {"blank": 0.0, "white": 1.0}
+#: the scores used when not given: black box
+DEFAULT_SCORES = ("loss",)
 #: jobs on each of D and D′ when not given
 DEFAULT_RUNS = 200
 #: the worst-case start: plain SGD with momentum on this many public records (fixed
 #: before any data is seen; ~2 s for the ConvNet on a CPU)
 PRETRAIN = {"size": 4000, "epochs": 2, "batch": 50, "lr": 0.05, "momentum": 0.9}
-#: the score's name in the statistics and the report
-SCORE = "logit-scaled confidence"
+#: the scores of a released model (higher: "the canary was in"), each summed over the
+#: job's methods: the canary's logit-scaled confidence (black box: one loss query), and
+#: minus the squared distance of the weights from θ₀ (a model's user holds its weights).
+#: The weights see the scale of the noise on all P parameters, which depends on the
+#: silo's size n (σ is calibrated for q = b/n; a full batch is divided by n): D′ = D +
+#: one record changes it by ~1/n, read with d′ ≈ √(2P)/n whatever σ — a leak under
+#: add/remove adjacency that no gradient canary can show (tests/test_audit_lastiter.py)
+SCORES = {"loss": "the canary's logit-scaled confidence −log(e^loss − 1)",
+          "weights": "−‖θ_T − θ₀‖², the released weights' squared distance from the start"}
 
-MODEL_VIEW_NOTE = ("model view (black box, last iterate): the attacker sees only the "
-                   "released model and queries its loss on one canary record; D and D′ = "
-                   "D + canary, each run a whole job on its own scratch store")
+MODEL_VIEW_NOTE = ("model view (last iterate): the attacker sees only the released model: "
+                   "its loss on one canary record (black box) and, with score 'weights', "
+                   "its parameters; D and D′ = D + canary, each run a whole job on its own "
+                   "scratch store")
 ESTIMATE_ASSUMES = ("estimate, assumes Gaussian scores: μ̂ = (mean score on D′ − mean on "
                     "D)/pooled sd with a one-sided normal-theory interval, read as μ-GDP at "
                     "the claimed δ (exact for full-batch DP-SGD, q = 1; an approximation "
@@ -99,6 +109,14 @@ class StartModel:
     init: str
     public_rows: int
     note: str
+
+
+def check_scores(scores) -> None:
+    """Refuse an empty or unknown choice of scores (ConfigError)."""
+    if isinstance(scores, str) or not scores or any(s not in SCORES for s in scores) \
+            or len(set(scores)) != len(scores):
+        raise ConfigError(f"scores must be a non-empty list of distinct names from "
+                          f"{', '.join(SCORES)}, got {scores!r}")
 
 
 def check_init(init: str) -> None:
@@ -307,14 +325,17 @@ class LastIterate:
         Public records for the worst-case start (`start_model`).
     """
 
-    def __init__(self, cfg, raw, init: str, rng: np.random.Generator, public=None):
+    def __init__(self, cfg, raw, init: str, rng: np.random.Generator, public=None,
+                 scores: tuple[str, ...] = DEFAULT_SCORES):
         check_init(init)
+        check_scores(scores)
         self.cfg, self.raw, self.init, self.rng, self.public = cfg, raw, init, rng, public
+        self.score_names = tuple(scores)
         self.model = build.build_model(cfg, raw)
         self.starts: dict[str, StartModel] = {}
         self.canaries: dict[str, tuple[Canaries, str]] = {}
-        #: unit -> (scores on D, scores on D′), the estimate's input
-        self.scores: dict[str, tuple[list[float], list[float]]] = {}
+        #: unit -> score name -> (scores on D, scores on D′), the estimates' input
+        self.scores: dict[str, dict[str, tuple[list[float], list[float]]]] = {}
         self.run_ids: list[str] = []
         self.labels: list[str] = []
         self.uncharged: list = []
@@ -324,13 +345,13 @@ class LastIterate:
         start = start_model(self.model, self.raw, unit, self.init, self.rng, self.public)
         c, how = craft_canary(self.model, start.params, self.raw, unit, canary, self.rng)
         self.starts[unit], self.canaries[unit] = start, (c, how)
-        self.scores[unit] = ([], [])
+        self.scores[unit] = {name: ([], []) for name in self.score_names}
         return tuple(run_mod._prepare(self.cfg, insert(self.raw, unit, c, np.array([inc])))
                      for inc in (False, True))
 
     def run_neighbour(self, unit: str, pair, which: int) -> tuple[dict[str, float], Claim]:
         """Train pair[which] (0: D, 1: D′) from the unit's start model on a scratch store;
-        ({SCORE: the canary's score summed over the job's methods}, the job's claim)."""
+        ({score name: the score summed over the job's methods}, the job's claim)."""
         p = pair[which]
         tcfg = p.tcfg
         if tcfg.noise == "seeded":  # reproducible, but each run needs its own noise
@@ -341,9 +362,17 @@ class LastIterate:
         self.labels, self.uncharged = p.labels, list(fed.meta.get("uncharged", []))
         k, s = fed.names.index(unit), fed.silo(unit)
         X, y = s.X_test[-1:], s.y_test[-1:]  # the canary, preprocessed like the silo's rows
-        score = sum(float(margin(p.model, r.params[k], X, y, fed.task)[0]) for r in results)
-        self.scores[unit][which].append(score)
-        return {SCORE: score}, _claim(results, p, unit)
+        w0 = self.starts[unit].params
+        out = {}
+        for name in self.score_names:
+            if name == "loss":
+                v = sum(float(margin(p.model, r.params[k], X, y, fed.task)[0])
+                        for r in results)
+            else:
+                v = -sum(float(np.sum((r.params[k] - w0) ** 2)) for r in results)
+            self.scores[unit][name][which].append(v)
+            out[name] = v
+        return out, _claim(results, p, unit)
 
 
 def run_job(cfg, p, tcfg, params0: np.ndarray):
@@ -424,7 +453,7 @@ def estimate(out: np.ndarray, inn: np.ndarray, delta: float, confidence: float) 
     return {"mu": mu, "mu_lower": lower, "se": se, "epsilon": eps(mu),
             "epsilon_lower": eps(lower), "confidence": confidence, "auc": auc,
             "mu_auc": mu_auc, "epsilon_auc": eps(mu_auc),
-            "runs": [int(np.size(out)), int(np.size(inn))], "score": SCORE,
+            "runs": [int(np.size(out)), int(np.size(inn))],
             "assumes": ESTIMATE_ASSUMES}
 
 
@@ -432,6 +461,7 @@ def audit_last_iterate(cfg, *, kind: str = "multi-run", silo: str | None = None,
                        canaries=None, runs: int | None = None, confidence: float = 0.95,
                        store: BudgetStore | None = None, seed: int | None = None,
                        init: str = "worst-case", public=None,
+                       scores: tuple[str, ...] = DEFAULT_SCORES,
                        on_progress: Callable[[int, int], None] | None = None) -> AuditReport:
     """The model-view (black box, last iterate) multi-run audit of the job `cfg`.
 
@@ -461,6 +491,11 @@ def audit_last_iterate(cfg, *, kind: str = "multi-run", silo: str | None = None,
         The start model (`start_model`).
     public : (X, y), optional
         Public records for the worst-case start (default: MNIST digits no silo holds).
+    scores : tuple of str, default ("loss",)
+        What the attacker computes from the released model (`SCORES`): "loss" (black
+        box) and "weights" (the parameters: sees the silo size through the noise scale).
+        Every score is a statistic of the Clopper–Pearson test (chosen on half the runs),
+        and each gets an estimate at the estimate's confidence split over the scores.
     on_progress : callable (done, total) -> None, optional
         After each job.
 
@@ -480,6 +515,7 @@ def audit_last_iterate(cfg, *, kind: str = "multi-run", silo: str | None = None,
     """
     t0 = time.perf_counter()
     runs, canaries = _check_settings(cfg, kind, init, confidence, runs, canaries, store)
+    check_scores(scores)
     rng = np.random.default_rng(seed)  # None: OS entropy
     raw = build.apply_privacy(build.load_raw(cfg.data), cfg)
     names = [raw.silo(silo).name] if silo is not None else raw.names
@@ -492,15 +528,17 @@ def audit_last_iterate(cfg, *, kind: str = "multi-run", silo: str | None = None,
                                            np.asarray(canaries.y)[:1]))
         if public is not None and init == "worst-case":
             _check_public(raw, n, public)
-    mech = LastIterate(cfg, raw, init, rng, public)
+    mech = LastIterate(cfg, raw, init, rng, public, scores)
     half = 1 - (1 - confidence) / 2
     rows = multi_run(mech, names, canaries, runs, half, on_progress)
     for row in rows:
         _add_estimate(row, mech, per_unit(half, len(names)))
     notes = [AUDIT_NOTE, MODEL_VIEW_NOTE, *dict.fromkeys(mech.starts[n].note for n in names),
-             *dict.fromkeys(mech.canaries[n][1] for n in names), "estimate: " + ESTIMATE_ASSUMES,
+             *dict.fromkeys(mech.canaries[n][1] for n in names),
+             "scores: " + "; ".join(f"{k}: {SCORES[k]}" for k in mech.score_names),
+             "estimate: " + ESTIMATE_ASSUMES,
              f"confidence {confidence:.0%} family-wise: half of the error to the "
-             "Clopper–Pearson bound, half to the estimate"]
+             "Clopper–Pearson bound, half to the estimates (split over the scores)"]
     ids = mech.run_ids
     return AuditReport("multi-run", rows, mech.labels, run_mod.job_notes(
         private=True, noise=cfg.privacy.noise, scratch=True, uncharged=mech.uncharged,
@@ -544,12 +582,17 @@ def _check_settings(cfg, kind: str, init: str, confidence: float, runs: int | No
 
 
 def _add_estimate(row: SiloAudit, mech: LastIterate, confidence: float) -> None:
-    out, inn = (np.array(v) for v in mech.scores[row.silo])
-    est = estimate(out, inn, row.delta, confidence)
+    """Each score's estimate at `confidence` split evenly over the scores (Bonferroni);
+    the row's estimate is the one with the highest lower end."""
+    per = 1 - (1 - confidence) / len(mech.score_names)
+    ests, raw = {}, {}
+    for name, (out, inn) in mech.scores[row.silo].items():
+        ests[name] = dict(estimate(np.array(out), np.array(inn), row.delta, per), score=name)
+        raw[name] = {"D": list(out), "D'": list(inn)}
+    best = max(ests.values(), key=lambda e: e["epsilon_lower"])
     start, (c, how) = mech.starts[row.silo], mech.canaries[row.silo]
-    row.estimate_lower = est["epsilon_lower"]
-    row.details.update(estimate=est, mu_claim=gdp_mu(row.claimed_epsilon, row.delta),
-                       init=start.init, public_rows=start.public_rows, canary=how,
-                       canary_label=int(c.y[0]), confidence_rigorous=confidence,
-                       confidence_estimate=confidence,
-                       scores={"D": out.tolist(), "D'": inn.tolist()})
+    row.estimate_lower = best["epsilon_lower"]
+    row.details.update(estimate=best, estimates=ests,
+                       mu_claim=gdp_mu(row.claimed_epsilon, row.delta), init=start.init,
+                       public_rows=start.public_rows, canary=how, canary_label=int(c.y[0]),
+                       confidence_rigorous=confidence, confidence_estimate=per, scores=raw)
