@@ -15,8 +15,8 @@ scores), the lower end of its one-sided interval at the audit's estimate confide
 (half of the family-wise 5%, split over the scores) and its point; the runs per side;
 the wall seconds on this machine (torch at one thread: on a shared 2-core machine two
 threads run the small batches several times slower). Then two small silos (n = 60,
-full batch and q = ½, claimed ε = 1) where the weights score reads the silo size the
-noise scale reveals. Last: the black-box estimate's lower end from the first k runs
+full batch and q = ½, claimed ε = 1, `--leak-runs` per side) where the weights score
+reads the silo size the noise scale reveals. Last: the black-box estimate's lower end from the first k runs
 per side of the worst-case audit, the runs per side it needs for 6 (normal theory),
 and the most a Clopper–Pearson bound could prove with that many runs (every held-out
 run classified right).
@@ -122,6 +122,8 @@ def main(argv=None) -> int:
     ap.add_argument("--default-runs", type=int, default=20,
                     help="jobs per side from the model's own init, and of the weights "
                          "audits (0: skip them)")
+    ap.add_argument("--leak-runs", type=int, default=100,
+                    help="jobs per side of the two small-silo audits (0: skip them)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", help="also write the figures here")
     a = ap.parse_args(argv)
@@ -139,10 +141,10 @@ def main(argv=None) -> int:
           "with two); rigorous: Clopper–Pearson at 97.5%; AUC μ: √2·Φ⁻¹(AUC), a point "
           "cross-check that assumes no score law; flag: either above the claim")
     leak = []
-    if a.default_runs:  # the released weights reveal the silo's size (module docstring)
+    if a.leak_runs:  # the released weights reveal the silo's size (module docstring)
         for name, c in (("n = 60, full batch, ε = 1", job(60, 2, 1.0)),
                         ("n = 60, q = 1/2, ε = 1", job(60, 2, 1.0, batch=30))):
-            leak.append(row(name, audit_last_iterate(c, runs=a.default_runs, seed=a.seed,
+            leak.append(row(name, audit_last_iterate(c, runs=a.leak_runs, seed=a.seed,
                                                      init="default", scores=both)))
         show("\nthe released weights reveal n (σ calibrated for q = b/n; a full batch "
              "divided by n): small silos", leak)
