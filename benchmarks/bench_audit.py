@@ -1,60 +1,143 @@
-"""Wall time and ε lower bound of one-run audits (figures printed, not asserted).
+"""Audits with teeth: what each audit mode certifies, flags and costs (figures printed and
+written as JSON; the statistical guarantees are tested in tests/test_audit_server.py).
 
-1. The default heart job (Local + FedAvg + MR-MTL, ε = 1, δ = 1e-4 per hospital). m = 1000
-   canaries per silo is refused: every hospital has fewer training records (98–243), and
-   canaries outnumbering the patients would change q and σ beyond the job being audited.
-   So each hospital gets m = n_k canaries (about half of them included: the audited job
-   trains on ~1.5·n_k rows, σ calibrated for that).
-2. A School run (139 schools, linear model, FedAvg + MR-MTL), m = n_k canaries per school.
-3. The node-level pandemic pipeline (`silofl pandemic audit`): a synthetic outbreak of 10k
-   persons in 4 regions (seed 3), the default recipe (MR-MTL, S = 20, b = 512, 2 rounds,
-   ε = 5), m = 1000 canary persons in the largest region under each adjacency; then the
-   multi-run audit with 50 + 50 jobs (node+edges).
-All on scratch stores (experiments, not releases)."""
+1. The default heart job (Local + FedAvg + MR-MTL, ε = 1, δ = 1e-4 per hospital):
+   one training run (median of 3) beside
+   - the server-view (white-box) one-run audit, default m: per hospital the rigorous
+     bound, the estimate (95% lower end – point) and its ratio to the claim, the smallest
+     true ε it detects, the one-run f-DP bound; wall time and its ratio to one run;
+   - the model-view (black-box) one-run audit with canary records (the old default);
+   - the self-test: the same server-view audit against noise ×½, ×¼, clipping off and
+     replayed noise, which it must flag (true ε ≥ 2× the claim);
+   - with --false N: N server-view audits of the real mechanism (m = 10,000), the number
+     flagged at 95% (expected ≤ 5%).
+2. School (139 schools, linear, FedAvg + MR-MTL, 30 rounds): the server-view audit.
+3. `pandemic`: the node-level pandemic audits.
+All on scratch stores (experiments, not releases).
+
+Run:  .venv/bin/python benchmarks/bench_audit.py [--false 100] [--json audit.json]
+      .venv/bin/python benchmarks/bench_audit.py pandemic
+"""
 
 from __future__ import annotations
 
+import argparse
+import json
+import statistics
 import time
 import warnings
 
 from silofl.audit import audit
+from silofl.audit.selftest import self_test
 from silofl.config import config_from_dict
-from silofl.errors import ConfigError
+from silofl.experiments.run import run
+from silofl.io import json_safe
 
 warnings.simplefilter("ignore")
 
 
-def show(title, rep):
-    print(f"\n{title}: {rep.seconds:.2f} s wall, {rep.kind}, {rep.confidence:.0%} confidence")
-    # acc: share of correct guesses when guessing every canary (k = m/2 each side), per
-    # score: 0.5 is chance; the bound needs far more than chance on few guesses
-    print(f"{'silo':<16}{'m':>6}{'in':>6}{'acc black':>11}{'acc white':>11}"
-          f"{'claimed ε':>11}{'lower bound':>13}")
-    for r in rep.rows[:8]:
+def _f(x) -> str:
+    return "—" if x is None else "inf" if x == float("inf") else f"{x:.3f}"
+
+
+def server_rows(rep) -> list[dict]:
+    out = []
+    for r in rep.rows:
         d = r.details
-        acc = {t["score"]: t["correct"] / t["guesses"] for t in d["tries"]}  # last k wins
-        print(f"{r.silo:<16}{d['canaries']:>6}{d['included']:>6}{acc['black-box']:>11.3f}"
-              f"{acc['white-box']:>11.3f}{r.claimed_epsilon:>11.3f}{r.lower_bound:>13.3f}")
-    if len(rep.rows) > 8:
-        lbs = [r.lower_bound for r in rep.rows]
-        print(f"... {len(rep.rows)} silos: max lower bound {max(lbs):.3f}, "
-              f"violations {len(rep.violations)}")
+        out.append({"silo": r.silo, "claimed": r.claimed_epsilon, "rigorous": r.lower_bound,
+                    "estimate_low": d["estimate"]["epsilon_lower"],
+                    "estimate": d["estimate"]["epsilon"],
+                    "certified_share": d["estimate"]["epsilon_lower"] / r.claimed_epsilon,
+                    "detects": d["detectable_epsilon"],
+                    "one_run_fdp": d["one_run"]["gdp"]["epsilon"],
+                    "one_run_dp": d["one_run"]["epsilon"], "violation": r.violation,
+                    "canaries": d["canaries"]})
+    return out
 
 
-def main():
-    heart = config_from_dict({"budget": {"scratch": True}, "output": {"dir": ""}})
-    try:
-        audit(heart, canaries=1000)
-    except ConfigError as e:
-        print(f"m = 1000 on heart: refused ({e})")
-    t = time.perf_counter()
-    show("heart, default job, m = n_k per hospital", audit(heart))
-    print(f"(total {time.perf_counter() - t:.2f} s)")
-    school = config_from_dict({"data": {"source": "school"}, "model": {"name": "linear"},
-                               "training": {"methods": ["fedavg", "mrmtl"], "rounds": 30},
-                               "budget": {"scratch": True}, "output": {"dir": ""}})
-    show("School, FedAvg + MR-MTL, m = n_k per school", audit(school))
-    pandemic()
+def show_server(title: str, rep, train_s: float | None = None) -> list[dict]:
+    rows = server_rows(rep)
+    ratio = f", {rep.seconds / train_s:.1f}x one training run" if train_s else ""
+    print(f"\n{title}: {rep.seconds:.1f} s{ratio}; m = {rows[0]['canaries']} per silo")
+    print(f"{'silo':<16}{'claimed':>9}{'rigorous':>10}{'est. low':>10}{'estimate':>10}"
+          f"{'low/claim':>11}{'detects':>9}{'1-run f-DP':>12}{'flag':>6}")
+    for r in rows[:8]:
+        print(f"{r['silo']:<16}{r['claimed']:>9.3f}{r['rigorous']:>10.3f}"
+              f"{_f(r['estimate_low']):>10}{_f(r['estimate']):>10}"
+              f"{r['certified_share']:>11.2f}{_f(r['detects']):>9}{r['one_run_fdp']:>12.3f}"
+              f"{'yes' if r['violation'] else 'no':>6}")
+    if len(rows) > 8:
+        print(f"... {len(rows)} silos: estimate low / claim min "
+              f"{min(r['certified_share'] for r in rows):.2f} median "
+              f"{statistics.median(r['certified_share'] for r in rows):.2f}; violations "
+              f"{sum(r['violation'] for r in rows)}")
+    return rows
+
+
+def heart(false_runs: int) -> dict:
+    cfg = config_from_dict({"budget": {"scratch": True}, "output": {"dir": ""}})
+    times = []
+    for _ in range(3):
+        t = time.perf_counter()
+        run(cfg)
+        times.append(time.perf_counter() - t)
+    train = statistics.median(times)
+    print(f"heart default job, one training run (median of 3): {train:.2f} s")
+    out: dict = {"training_seconds": train}
+    rep = audit(cfg)
+    out["server_one_run"] = {"seconds": rep.seconds,
+                             "rows": show_server("server view (white box), one run", rep,
+                                                 train)}
+    rep = audit(cfg, view="model")
+    print(f"\nmodel view (black box, canary records), one run: {rep.seconds:.1f} s; "
+          "bounds " + ", ".join(f"{r.silo} {r.lower_bound:.3f}" for r in rep.rows))
+    out["model_one_run"] = {"seconds": rep.seconds,
+                            "bounds": {r.silo: r.lower_bound for r in rep.rows}}
+    st = self_test(cfg)
+    print(f"\nself-test ({st.seconds:.1f} s): mechanism, true ε, flagged per hospital")
+    for name in dict.fromkeys(r.mechanism for r in st.rows):
+        rs = [r for r in st.rows if r.mechanism == name]
+        print(f"  {name:<26} claim {rs[0].claimed_epsilon:.2f} true ε "
+              f"{_f(rs[0].true_epsilon):>6}  rigorous "
+              + " ".join(_f(r.lower_bound) for r in rs) + "  estimate low "
+              + " ".join(_f(r.estimate_lower) for r in rs) + "  flagged "
+              + " ".join("yes" if r.flagged else "no" for r in rs)
+              + ("" if all(r.passed for r in rs) else "  FAILED"))
+    out["self_test"] = st.to_dict()
+    if false_runs:
+        flags = 0
+        t = time.perf_counter()
+        for _ in range(false_runs):
+            flags += bool(audit(cfg, canaries=10_000).violations)
+        print(f"\n{false_runs} server-view audits of the real mechanism (m = 10,000): "
+              f"{flags} flagged at 95% family-wise ({time.perf_counter() - t:.0f} s)")
+        out["false_violations"] = {"audits": false_runs, "flagged": flags}
+    return out
+
+
+def school() -> dict:
+    cfg = config_from_dict({"data": {"source": "school"}, "model": {"name": "linear"},
+                            "training": {"methods": ["fedavg", "mrmtl"], "rounds": 30},
+                            "budget": {"scratch": True}, "output": {"dir": ""}})
+    rep = audit(cfg)
+    return {"seconds": rep.seconds,
+            "rows": show_server("School, FedAvg + MR-MTL, server view, one run", rep)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("what", nargs="?", default="all", choices=["all", "heart", "pandemic"])
+    ap.add_argument("--false", type=int, default=0, help="audits of the real mechanism")
+    ap.add_argument("--json", default=None, help="write the figures here")
+    a = ap.parse_args()
+    if a.what == "pandemic":
+        return pandemic()
+    out = {"heart": heart(a.false)}
+    if a.what == "all":
+        out["school"] = school()
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(json_safe(out, []), f, indent=1)
 
 
 def pandemic():
@@ -81,5 +164,4 @@ def pandemic():
 
 
 if __name__ == "__main__":
-    import sys
-    pandemic() if sys.argv[1:] == ["pandemic"] else main()
+    main()

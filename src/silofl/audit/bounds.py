@@ -243,6 +243,19 @@ def _cp_bound(k1, n1, k0, n0, delta: float, alpha: float) -> np.ndarray:
     return np.maximum(np.maximum(a, b), 0.0)
 
 
+#: thresholds tried per statistic: every distinct value up to this many, else this many
+#: evenly spaced order statistics (the choice uses the first halves only either way)
+MAX_THRESHOLDS = 4000
+
+
+def _candidates(x: np.ndarray) -> np.ndarray:
+    """The thresholds a multi-run test tries on the first halves' values x."""
+    cand = np.unique(x)
+    if cand.size > MAX_THRESHOLDS:
+        cand = cand[np.linspace(0, cand.size - 1, MAX_THRESHOLDS).round().astype(int)]
+    return cand
+
+
 def multi_run_epsilon(on_d: dict[str, np.ndarray], on_d1: dict[str, np.ndarray],
                       delta: float, confidence: float = 0.95) -> dict:
     """ε lower bound from statistics of runs on D (without the canary) and D′ (with it).
@@ -257,10 +270,16 @@ def multi_run_epsilon(on_d: dict[str, np.ndarray], on_d1: dict[str, np.ndarray],
     for name in on_d:
         a, b = np.asarray(on_d[name], float), np.asarray(on_d1[name], float)
         ha, hb = len(a) // 2, len(b) // 2
-        cand = np.unique(np.concatenate([a[:ha], b[:hb]]))
+        cand = _candidates(np.concatenate([a[:ha], b[:hb]]))
+        sa, sb = np.sort(a[:ha]), np.sort(b[:hb])
         for sign in (1, -1):
-            k1 = (sign * b[:hb][None, :] > sign * cand[:, None]).sum(1)
-            k0 = (sign * a[:ha][None, :] > sign * cand[:, None]).sum(1)
+            # how many of each first half lie strictly beyond each candidate (sign · x > sign · t)
+            if sign == 1:
+                k1 = hb - np.searchsorted(sb, cand, side="right")
+                k0 = ha - np.searchsorted(sa, cand, side="right")
+            else:
+                k1 = np.searchsorted(sb, cand, side="left")
+                k0 = np.searchsorted(sa, cand, side="left")
             score = _cp_bound(k1, hb, k0, ha, delta, alpha)
             i = int(np.argmax(score))
             if score[i] > best[0]:

@@ -2,7 +2,9 @@
 
 The same server-view audit runs against the job's mechanism as run and against
 deliberately weakened copies of it (`whitebox.WEAKENINGS`: noise × ½, noise × ¼, clipping
-off, replayed noise), each on a scratch store (they are experiments, four of them with
+off, replayed noise), and the release audit (`audit.release`) against the private
+preprocessing release without its noise (an uncharged standardization), each on a scratch
+store (they are experiments, four of them with
 broken privacy; their models are discarded, and what the audit reads of them — the
 canaries' coordinates — depends on the noise and the coin flips only). Every copy keeps
 the claim and the accounting of the real job; only what the DP-SGD step does changes.
@@ -116,8 +118,49 @@ def self_test(cfg, *, silo: str | None = None, canaries: int | None = None,
         m = rep.rows[0].details["canaries"]
     if on_progress:
         on_progress(len(names), len(names))
+    notes = _release_rows(cfg, silo, confidence, seed, rows)
     return SelfTestReport(rows, confidence, m, time.perf_counter() - t0, [
         "each mechanism: one server-view audit job on a scratch store; the weakened copies "
         "keep the job's claim and accounting, only the DP-SGD step changes",
         f"a weakened copy must be flagged when its true ε ≥ {MUST_FLAG:g} × the claim; "
-        "clipping off and replayed noise have no finite ε"])
+        "clipping off and replayed noise have no finite ε", *notes])
+
+
+UNCHARGED = "uncharged standardization"
+
+
+def _release_rows(cfg, silo: str | None, confidence: float, seed: int | None,
+                  rows: list[SelfTestRow]) -> list[str]:
+    """The preprocessing release's rows: as run (when the job has a private release) and
+    without its noise (the job's private spec, else standardize = "private" made up for the
+    test). Returns notes."""
+    from silofl.audit.release import audit_job_release
+    from silofl.data.preprocess import PreprocessSpec
+    from silofl.errors import SiloflError
+    from silofl.experiments import build
+
+    spec = build.preprocess_spec(cfg.data)
+    private = "private" in (spec.standardize, spec.impute)
+    if not private:
+        spec = PreprocessSpec("private", "private", spec.share)
+    cases = ([(AS_RUN + " (release)", False)] if private else []) + [(UNCHARGED, True)]
+    try:
+        for name, weaken in cases:
+            for r in audit_job_release(cfg, silo=silo, runs=RELEASE_RUNS, confidence=confidence,
+                                       spec=spec, weaken=weaken, seed=seed):
+                rows.append(SelfTestRow(
+                    AS_RUN if not weaken else name,
+                    "the private preprocessing release, unchanged" if not weaken else
+                    "the private preprocessing release without its noise",
+                    r.silo, r.claimed_epsilon, math.inf if weaken else r.claimed_epsilon,
+                    r.lower_bound, None, r.violation, None))
+    except SiloflError as e:  # no bounded column to release privately, ...
+        return [f"{UNCHARGED}: not tested ({e})"]
+    made_up = "" if private else (" (the job's preprocessing is declared, so the test "
+                                  "makes standardize/impute private for this check)")
+    return [f"{UNCHARGED}: the release audit on {RELEASE_RUNS} + {RELEASE_RUNS} releases "
+            f"of the preprocessing statistics{made_up}; its claim is the release's own ε"]
+
+
+#: releases on each of D and D′ for the preprocessing rows (no training: cheap)
+RELEASE_RUNS = 200

@@ -22,6 +22,7 @@ A silo is flagged when a rigorous bound or the estimate's lower end exceeds its 
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections import Counter
 from collections.abc import Callable
 from functools import lru_cache
@@ -29,14 +30,14 @@ from functools import lru_cache
 import dp_accounting as dpa
 import numpy as np
 
-from silofl.audit import estimate as est
 from silofl.audit.bounds import multi_run_epsilon, one_run_audit
 from silofl.audit.engine import Claim, SiloAudit, per_unit
+from silofl.audit.estimate import detectable, estimate, llr_scores, qda_scores
 from silofl.audit.whitebox import AuditedModel, DiracCanaries
 from silofl.errors import ConfigError
 from silofl.privacy import events
+from silofl.privacy.evaluate import epsilon
 from silofl.privacy.ledger import tightest
-from silofl.privacy.randomness import Randomness
 
 #: canaries per audited silo in the server view when not given (they are coordinates,
 #: not records: they cost memory and time, not privacy, and never change n or q) ...
@@ -51,8 +52,10 @@ NOISE_SCALES = (0.5, 0.25)
 
 SERVER_NOTE = ("server view (white box): m Dirac gradient canaries per audited silo in "
                "auditing-only coordinates, each in with probability 1/2; every DP-SGD step "
-               "samples each canary with the silo's q and clips its gradient (8·C) like a "
-               "record's; the auditor sees every step's noisy sum, summed per local pass "
+               "samples each canary with the silo's q and cuts its gradient (8·C) to the "
+               "rule's clipping bound (the model's per-example clipping code and the "
+               "records' sampler are not exercised: bugs there are not seen); the auditor "
+               "sees every step's noisy sum, summed per local pass "
                "(what a server receives per round); the canaries are not records: they "
                "change no record's batch, n, q or σ, and their scores depend only on the "
                "noise and the coin flips")
@@ -78,6 +81,7 @@ class Observed:
     u: np.ndarray
     steps: np.ndarray
     sigma: np.ndarray
+    segment: np.ndarray
     q: float
     included: np.ndarray
     claim: Claim
@@ -92,7 +96,7 @@ def plan_probe(p, names: list[str], m: int, rng: np.random.Generator,
     included = {order.index(n): rng.random(m) < 0.5 for n in names}
     q = np.array([pl.q for pl in plans])
     steps = np.array([pl.steps_per_pass for pl in plans])
-    stream = Randomness.seeded(seed) if seed is not None else Randomness.os_entropy()
+    stream = np.random.default_rng(seed)  # the auditor's own coins (None: OS entropy)
     model = AuditedModel(p.model, m)
     return model, DiracCanaries(model.P, included, q, steps, stream, weaken=weaken)
 
@@ -105,20 +109,23 @@ def observe(p, probe: DiracCanaries, results, claims: dict[str, Claim], clip: fl
     for k, inc in probe.included.items():
         name = order[k]
         u, steps = probe.per_pass(k, clip)
+        seg = np.array(probe.segments(k), dtype=int)
         sig = np.array([p.plans[min(s, len(p.plans) - 1)][k].noise_multiplier
-                        for s in probe.segments(k)], dtype=float)
+                        for s in seg], dtype=float)
         counts: Counter = Counter()
         if name in extra:
             counts += events.flatten(extra[name])
         for r in results:
             counts += r.ledgers[k].spent_counts()
-        out[name] = Observed(u, steps, sig, float(probe.q[k]), inc, claims[name], counts)
+        out[name] = Observed(u, steps, sig, seg, float(probe.q[k]), inc, claims[name], counts)
     return out
 
 
 def pool(parts: list[dict[str, Observed]]) -> dict[str, Observed]:
     """Several jobs' observations of the same silos as one (canaries concatenated)."""
     first = parts[0]
+    if len(parts) == 1:
+        return first
     return {n: dataclasses.replace(o, u=np.concatenate([x[n].u for x in parts]),
                                    included=np.concatenate([x[n].included for x in parts]))
             for n, o in first.items()}
@@ -135,28 +142,55 @@ def scaled_counts(counts: Counter, scale: float) -> dpa.DpEvent:
     return events.compose(out)
 
 
+#: below this DP-SGD noise multiplier the PLD accountant's grid outgrows memory (σ = 0.1,
+#: q = 0.08, 360 steps: terabytes); a copy with less noise than the job gets RDP's ε there
+PLD_MIN_NOISE = 0.25
+
+
+def _min_noise(counts: Counter) -> float:
+    """The smallest DP-SGD noise multiplier among the events (inf if none)."""
+    return min((e.event.noise_multiplier for e in counts
+                if isinstance(e, dpa.PoissonSampledDpEvent)
+                and isinstance(e.event, dpa.GaussianDpEvent)), default=math.inf)
+
+
 def true_epsilon_fn(o: Observed) -> Callable[[float], float]:
     """c ↦ the accountant's ε (the claim's: the tighter of RDP and PLD) of the job's
-    mechanism with its DP-SGD noise × c."""
+    mechanism with its DP-SGD noise × c. For c < 1 whose noise falls below
+    `PLD_MIN_NOISE` it is RDP's ε alone: an upper bound on the tighter one, larger than
+    the claim either way (less noise than the job), so no verdict changes."""
+    low = _min_noise(o.counts)
+
     @lru_cache(maxsize=256)
     def f(c: float) -> float:
-        return tightest(scaled_counts(o.counts, c), o.claim.delta)[0]
+        event = scaled_counts(o.counts, c)
+        if c < 1 and low * c < PLD_MIN_NOISE:
+            return float(epsilon(event, o.claim.delta, "rdp"))
+        return tightest(event, o.claim.delta)[0]
     return f
 
 
 def scores(o: Observed) -> dict[str, np.ndarray]:
-    """(m,) LLR scores (each pass at its own σ) and QDA scores fitted on the first half
-    of each class (the half `multi_run_epsilon` chooses on)."""
+    """(m,) scores of each canary: "llr" (each pass at its own σ), "qda" (fitted on the
+    first half of each class, the half `multi_run_epsilon` chooses on) and "spread", the
+    spread of its per-pass sums over √steps within each method's passes of one length —
+    under fresh noise the same for every canary, under noise that repeats from pass to
+    pass ~0 without the canary."""
     llr = np.zeros(o.u.shape[0])
     for s in np.unique(o.sigma):
         cols = o.sigma == s
-        llr += est.llr_scores(o.u[:, cols], o.steps[cols], o.q, float(s))
+        llr += llr_scores(o.u[:, cols], o.steps[cols], o.q, float(s))
     inc = o.included
     fit = np.zeros_like(inc)
     for cls in (inc, ~inc):
         idx = np.flatnonzero(cls)
         fit[idx[: len(idx) // 2]] = True
-    return {"llr": llr, "qda": est.qda_scores(o.u, inc, fit)}
+    z = o.u / np.sqrt(o.steps)[None, :]
+    spread = np.zeros(len(inc))
+    for key in set(zip(o.segment.tolist(), o.steps.tolist())):
+        cols = (o.segment == key[0]) & (o.steps == key[1])
+        spread += np.sum((z[:, cols] - z[:, cols].mean(axis=1, keepdims=True)) ** 2, axis=1)
+    return {"llr": llr, "qda": qda_scores(o.u, inc, fit), "spread": spread}
 
 
 def assess(name: str, o: Observed, confidence: float, units: int) -> SiloAudit:
@@ -170,8 +204,8 @@ def assess(name: str, o: Observed, confidence: float, units: int) -> SiloAudit:
                                {k: v[inc] for k, v in sc.items()}, d, c_rig)
     f = true_epsilon_fn(o)
     sigma = float(np.median(o.sigma))  # σ of the family the estimate reads μ̂ through
-    e = est.estimate(sc["llr"][~inc], sc["llr"][inc], o.steps, o.q, sigma, f, c_est)
-    power = est.detectable(o.steps, o.q, sigma, o.claim.epsilon, int((~inc).sum()),
+    e = estimate(sc["llr"][~inc], sc["llr"][inc], o.steps, o.q, sigma, f, c_est)
+    power = detectable(o.steps, o.q, sigma, o.claim.epsilon, int((~inc).sum()),
                            int(inc.sum()), c_est, f)
     rigorous = max(one["epsilon"], pooled["epsilon"])
     details = {"view": "server", "canaries": int(inc.size), "included": int(inc.sum()),

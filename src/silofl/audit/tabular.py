@@ -24,7 +24,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from silofl.audit import server
+import silofl.audit.server as server
 from silofl.audit.canaries import Canaries, check_canaries, insert, make_canaries
 from silofl.audit.engine import (
     AUDIT_NOTE,
@@ -37,6 +37,7 @@ from silofl.audit.engine import (
     multi_run,
     one_run,
 )
+from silofl.audit.estimate import ESTIMATE_ASSUMES
 from silofl.config import AuditSection
 from silofl.errors import ConfigError
 from silofl.experiments import build
@@ -47,7 +48,7 @@ from silofl.runtime.job import NO_METHOD, fingerprints, open_job
 from silofl.runtime.simulator import simulate
 
 _AUDIT = AuditSection()  # the defaults of [audit] (one place: silofl.config)
-VIEWS = ("server", "model")
+VIEWS = ("server", "model", "release")
 #: jobs pooled by a multi-run server-view audit, and jobs per side of a model-view one
 SERVER_RUNS = 4
 _AUDIT_MODEL_RUNS = 200
@@ -72,10 +73,12 @@ def audit(cfg, *, view: str = _AUDIT.view, kind: str = _AUDIT.kind, silo: str | 
     ----------
     cfg : Config
         The job (`load_config`); privacy must be enabled.
-    view : {"server", "model"}, default "server"
+    view : {"server", "model", "release"}, default "server"
         What the attacker sees. "server" (white box): every round's released update, with
         m Dirac gradient canaries per silo in auditing-only coordinates (`audit.server`);
-        "model" (black box): the released models only, with canary records.
+        "model" (black box): the released models only, with canary records; "release":
+        the private preprocessing statistics only (`audit.release`, `runs` releases on
+        each of D and D′, scratch store).
     kind : {"one-run", "multi-run"}, default "one-run"
         One training run with many canaries (Steinke et al. 2023), or many runs (server:
         `runs` jobs pooled; model: `runs` jobs on each of D and D′, Clopper–Pearson).
@@ -132,6 +135,8 @@ def audit(cfg, *, view: str = _AUDIT.view, kind: str = _AUDIT.kind, silo: str | 
     for s in raw.silos:
         if s.target is None:
             raise ConfigError(f"silo {s.name!r} has no ε claim; set [privacy] epsilon/delta")
+    if view == "release":
+        return _release(cfg, silo, runs, confidence, store, seed, t0, on_progress)
     if view == "server":
         return _server(cfg, raw, names, kind, canaries, runs, confidence, store, rng, seed,
                        t0, on_progress, weaken)
@@ -159,6 +164,10 @@ def _server(cfg, raw, names, kind, canaries, runs, confidence, store, rng, seed,
         _require_scratch(cfg, store, "a multi-run or self-test audit trains several jobs "
                          "(the self-test with deliberately broken privacy)")
     p = run_mod._prepare(cfg, raw)
+    local_dp = [lb for lb, plans in zip(p.labels, p.plans) if plans[0].noise_multiplier is None]
+    if local_dp:  # before any budget: the probe would see no DP-SGD step at all
+        raise ConfigError(f"the server view audits DP-SGD steps; {', '.join(local_dp)} "
+                          "uploads under local DP with no DP-SGD step; use --view model")
     st = BudgetStore(None) if experiment else _store(cfg, store)
     parts, run_ids, uncharged = [], [], []
     for i in range(jobs):
@@ -177,14 +186,28 @@ def _server(cfg, raw, names, kind, canaries, runs, confidence, store, rng, seed,
         on_progress(jobs, jobs)
     obs = server.pool(parts)
     rows = [server.assess(n, obs[n], confidence, len(names)) for n in names]
-    notes = [server.SERVER_NOTE, "estimate: " + server.est.ESTIMATE_ASSUMES]
-    if not experiment:
+    notes = [server.SERVER_NOTE, "estimate: " + ESTIMATE_ASSUMES]
+    if not st.scratch:
         notes.append("the audit job trains every silo, so it is charged to every silo's "
                      "budget")
     return AuditReport(kind, rows, p.labels, _notes(cfg, st, uncharged, notes),
                        None if st.path is None else str(st.path), st.scratch, run_ids,
                        time.perf_counter() - t0, confidence, cfg.privacy.noise,
                        neighbouring=run_mod.ADJACENCY, view="server")
+
+
+def _release(cfg, silo, runs, confidence, store, seed, t0, on_progress) -> AuditReport:
+    """The preprocessing release's audit (`audit.release`) as an AuditReport."""
+    from silofl.audit.release import CHARGED_NOTE, DEFAULT_RUNS, audit_job_release
+    n = DEFAULT_RUNS if runs is None else int(runs)
+    rows = audit_job_release(cfg, silo=silo, runs=n, confidence=confidence, store=store,
+                             seed=seed, on_progress=on_progress)
+    return AuditReport("multi-run", rows, ["preprocessing release"], _notes(
+        cfg, BudgetStore(None), [], [CHARGED_NOTE, f"release audit: {n} releases on D and "
+                                     f"{n} on D′ = D + one canary record per audited silo; "
+                                     "each row's claim is the release's own ε"]),
+        None, True, [], time.perf_counter() - t0, confidence, cfg.privacy.noise,
+        neighbouring=run_mod.ADJACENCY, view="release")
 
 
 def _require_scratch(cfg, store: BudgetStore | None, what: str) -> None:

@@ -34,7 +34,6 @@ from typing import Any
 import numpy as np
 
 from silofl.models.base import Model
-from silofl.privacy.randomness import Randomness
 from silofl.training.dpsgd import GradientRule
 
 #: a canary's gradient norm before clipping, in units of C: clipping must cut it to C
@@ -98,14 +97,15 @@ class DiracCanaries:
         (K,) each silo's Poisson sampling rate (the trainer's q_k = min(1, b/n_k)).
     pass_steps : numpy.ndarray
         (K,) DP-SGD steps of one local pass per silo: the per-pass sums' length.
-    rng : Randomness
-        The canaries' sampling (secure unless the audit is seeded).
+    rng : numpy.random.Generator
+        The canaries' sampling: the auditor's own coins, not privacy noise (NumPy PCG64,
+        from OS entropy unless the audit is seeded).
     weaken : callable, optional
         rule → rule: a deliberately weakened copy for the self-test (`weakened`).
     """
 
     def __init__(self, P: int, included: dict[int, np.ndarray], q: np.ndarray,
-                 pass_steps: np.ndarray, rng: Randomness, weaken=None):
+                 pass_steps: np.ndarray, rng: np.random.Generator, weaken=None):
         self.P, self.included = int(P), {int(k): np.asarray(v, bool)
                                          for k, v in included.items()}
         self.m = len(next(iter(self.included.values())))
@@ -132,7 +132,7 @@ class DiracCanaries:
         for j, k in enumerate(np.atleast_1d(silos)):
             inc = self.included.get(int(k))
             if inc is not None:
-                joined = np.asarray(self.rng.uniform((self.m,))) < self.q[int(k)]
+                joined = self.rng.random(self.m, dtype=np.float32) < self.q[int(k)]
                 clipped[j, self.P:] += (joined & inc) * size
 
     def observe(self, silos: np.ndarray, noisy: np.ndarray) -> None:

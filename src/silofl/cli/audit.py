@@ -24,7 +24,8 @@ def audit(config: Path | None = typer.Option(None, "--config", "-c",
           silo: str | None = typer.Option(None, "--silo", help="audit one silo (default: all)"),
           view: str | None = typer.Option(None, "--view", help=(
               "server (white box: every round's update, gradient canaries) | model (black "
-              "box: the released models, canary records) (default: [audit] view, server)")),
+              "box: the released models, canary records) | release (the private "
+              "preprocessing statistics; --scratch) (default: [audit] view, server)")),
           kind: str | None = typer.Option(None, "--kind", help=(
               "one-run | multi-run (default: [audit] kind, one-run)")),
           canaries: int | None = typer.Option(None, "--canaries", help=(
@@ -55,6 +56,7 @@ def audit(config: Path | None = typer.Option(None, "--config", "-c",
         cfg = _job_config(config, store, scratch, out, overrides=set_ or ())
         dest = out if out is not None else Path(cfg.output.dir or "runs") / \
             time.strftime("audit-%Y%m%d-%H%M%S")
+        _check_options(cfg, self_test, view, kind, runs, canaries)
         if self_test:
             return _self_test(cfg, dest, silo, canaries, confidence, quiet)
         with Progress(TextColumn("audit"), BarColumn(), TextColumn("{task.completed}/"
@@ -76,6 +78,28 @@ def audit(config: Path | None = typer.Option(None, "--config", "-c",
                               f"{rep.noise}.")
 
 
+def _check_options(cfg, self_test: bool, view, kind, runs, canaries) -> None:
+    """ConfigError for an option the chosen mode would silently ignore (the command line
+    only: [audit] keeps settings for other modes)."""
+    from silofl.errors import ConfigError
+    if self_test:
+        if view not in (None, "server") or kind not in (None, "one-run") or runs is not None:
+            raise ConfigError("--self-test runs the one-run server-view audit (and the "
+                              "release audit) against weakened copies: leave out --view, "
+                              "--kind and --runs")
+        return
+    v, k = view or cfg.audit.view, kind or cfg.audit.kind
+    if v == "release":
+        if kind not in (None, "multi-run") or canaries is not None:
+            raise ConfigError("--view release audits `--runs` releases on each of D and D′ "
+                              "with one canary record: leave out --kind one-run and "
+                              "--canaries")
+    elif runs is not None and k == "one-run":
+        raise ConfigError(f"--runs {runs} applies to --kind multi-run (or --view release); "
+                          "a one-run audit trains one job: leave --runs out or add --kind "
+                          "multi-run")
+
+
 def _self_test(cfg, dest: Path, silo, canaries, confidence, quiet: bool) -> None:
     """`--self-test`: the table of weakened copies; exit 3 when the audit missed a copy it
     must flag or flagged the mechanism as run."""
@@ -91,9 +115,9 @@ def _self_test(cfg, dest: Path, silo, canaries, confidence, quiet: bool) -> None
                   "{task.total} mechanisms"), TimeElapsedColumn(), console=err,
                   disable=quiet, transient=False) as prog:
         task = prog.add_task("self-test", total=None)
-        rep = self_test(cfg, silo=silo or cfg.audit.silo, canaries=canaries or
-                        cfg.audit.canaries, confidence=conf, on_progress=lambda d, t:
-                        prog.update(task, completed=d, total=t))
+        m = canaries if canaries is not None else cfg.audit.canaries  # 0 is refused
+        rep = self_test(cfg, silo=silo or cfg.audit.silo, canaries=m, confidence=conf,
+                        on_progress=lambda d, t: prog.update(task, completed=d, total=t))
     files = write_selftest(rep, dest)
     console.print(selftest_table(rep))
     for note in rep.notes:

@@ -262,11 +262,17 @@ def pandemic_audit(data: Path = typer.Option(..., "--data", help="directory of t
                        None, "--region", help="region audited, e.g. region-51001 or 51001 "
                        "(default: the first)"),
                    kind: str = typer.Option("one-run", "--kind", help="one-run | multi-run"),
+                   view: str | None = typer.Option(
+                       None, "--view", help="white-box (= server: Dirac node canaries in "
+                       "the server's view; one-run default) | black-box (= model: canary "
+                       "persons scored by their loss; multi-run default)"),
                    canaries: int | None = typer.Option(
-                       None, "--canaries", help="one-run: canary persons (default "
-                       "min(200, region size)); multi-run: 1"),
+                       None, "--canaries", help="one-run: white-box canaries (default "
+                       "1000) or black-box canary persons (default min(200, region "
+                       "size)); multi-run: 1"),
                    contacts: int = typer.Option(5, "--contacts",
-                                                help="home contacts per canary (≤ S-1)"),
+                                                help="black-box: home contacts per "
+                                                "canary person (≤ S-1)"),
                    runs: int = typer.Option(100, "--runs",
                                             help="multi-run: jobs on each of D and D′"),
                    confidence: float = typer.Option(0.95, "--confidence"),
@@ -289,9 +295,10 @@ def pandemic_audit(data: Path = typer.Option(..., "--data", help="directory of t
                    scratch: bool = typer.Option(False, "--scratch", help=(
                        "charge an in-memory scratch budget (required for multi-run)")),
                    quiet: Quiet = False):
-    """Audit node-level DP of `pandemic train` with canary persons: the region's claimed ε
-    beside an empirical lower bound (exit 3 on a violation). The one-run audit trains once
-    on the region's data (charged to --store, or --scratch); multi-run needs --scratch."""
+    """Audit node-level DP of `pandemic train`: the region's claimed ε beside an empirical
+    lower bound (exit 3 on a violation). The one-run audit trains once (charged to
+    --store, or --scratch), by default white box: Dirac node canaries in the server's view;
+    multi-run (black box, canary persons) needs --scratch."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
     st = None
     try:
@@ -318,7 +325,7 @@ def pandemic_audit(data: Path = typer.Option(..., "--data", help="directory of t
             task = prog.add_task("audit", total=None)
             rep = audit_pandemic(ds, cfg, region=region, kind=kind, canaries=canaries,
                                  contacts=contacts, runs=runs, confidence=confidence,
-                                 store=st, on_progress=lambda d, t: prog.update(
+                                 store=st, view=view, on_progress=lambda d, t: prog.update(
                                      task, completed=d, total=t))
         files = write_audit(rep, dest)
     except SiloflError as e:

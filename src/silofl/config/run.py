@@ -233,7 +233,7 @@ class AuditSection(Section):
     by `silofl.audit.engine.audit`)."""
 
     section: ClassVar[str] = "audit"
-    view: str = "server"           # server (white box: every round's update) | model
+    view: str = "server"           # server (white box: every round's update) | model | release
     kind: str = "one-run"          # one-run | multi-run
     silo: str | None = None        # audit one silo (default: every silo)
     canaries: int | None = None    # per silo (default: server 50000; model min(1000, n_k))

@@ -423,6 +423,39 @@ def plan_preprocessing(raw: RawFederation, spec: PreprocessSpec | None = None,
                           raw.names, raw.dim)
 
 
+def weakened_for_audit(plan: PreprocessPlan, noise_factor: float = 0.0) -> PreprocessPlan:
+    """AUDIT SELF-TESTS ONLY: a deliberately broken copy of `plan` whose private release
+    draws its noise × `noise_factor` (0: none, i.e. an uncharged standardization) while
+    `events` still claim the honest cost -- the mechanism an audit must flag. Its meta
+    (``noise_multiplier``, the steps' ``noise``) states the weakened noise. Never release
+    what it computes; nothing in the library calls it outside `silofl.audit` and tests.
+
+    Parameters
+    ----------
+    plan : PreprocessPlan
+        A plan with a private release (``plan.private``).
+    noise_factor : float, default 0.0
+        In [0, 1): the factor on every silo's noise standard deviation.
+
+    Returns
+    -------
+    PreprocessPlan
+        The copy; `plan` is unchanged.
+    """
+    if not plan.private:
+        raise ConfigError("this preprocessing plan releases nothing private (no "
+                          "standardize/impute step is 'private'), so there is no noise to "
+                          "weaken; audit a plan with a private release")
+    if isinstance(noise_factor, bool) or not 0 <= noise_factor < 1:
+        raise ConfigError(f"noise_factor must be in [0, 1) (a weakened release), got "
+                          f"{noise_factor!r}")
+    sigmas = {k: v * noise_factor for k, v in plan.noise_multipliers.items()}
+    noise = {k: v * plan.sensitivity for k, v in sigmas.items()}
+    steps = [dataclasses.replace(st, noise=noise) if st.mode == "private" else st
+             for st in plan.steps]
+    return dataclasses.replace(plan, steps=steps, noise_multipliers=sigmas)
+
+
 # --- applying ---------------------------------------------------------------------------------
 
 class SiloConstants(TypedDict):

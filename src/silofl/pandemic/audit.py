@@ -31,6 +31,14 @@ under the released region model over every training window of its "in" examples
 
 Canaries read only public facts (region membership and the contacts' residence ids, which
 describe places); the scores are post-processing of the release.
+
+The *white-box* view (``view="white-box"``, the one-run default: the server's threat
+model) needs no canary persons: `pandemic.whitebox.NodeCanaries` puts m Dirac node
+canaries into auditing-only coordinates of the real job (every region's model widened, the
+data untouched), each a person whose K = S or 2S − 1 affected examples move by ±C per step
+they are drawn in, and scores them with the exact log-likelihood ratio of the per-pass
+sums (`whitebox.node_llr_scores`). The bound is `bounds.one_run_audit`'s; beside it the
+estimate `whitebox.node_estimate` (μ̂ read through the claimed mechanism family).
 """
 
 from __future__ import annotations
@@ -38,6 +46,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -46,6 +55,7 @@ from silofl.audit.engine import (
     LOWER_BOUND_NOTE,
     AuditReport,
     Claim,
+    SiloAudit,
     canary_count,
     check_confidence,
     check_kind,
@@ -61,15 +71,24 @@ from silofl.privacy.budget import SCRATCH_NOTE, BudgetStore
 
 #: canaries when not given: at most 200, at most the region's persons
 DEFAULT_CANARIES = 200
+#: white-box (Dirac node) canaries when not given, and at most
+DEFAULT_NODE_CANARIES, MAX_NODE_CANARIES = 1000, 20000
+#: what a pandemic audit scores: the server's view (white box) or the released models' loss
+VIEWS = ("white-box", "black-box")
 #: contacts of each canary when not given (at most S − 1)
 DEFAULT_CONTACTS = 5
 CANARY_AGE = 40
 _EVENING, _HOURS = 18 * 3600, 4 * 3600
 
 
-def neighbouring_text(adjacency: str) -> str:
+def neighbouring_text(adjacency: str, view: str = "black-box") -> str:
     """What D and D′ differ in, for the output (the accountant's relation, made concrete)."""
     from silofl.privacy.node_level import ADJACENCY_TEXT
+    if view == "white-box":
+        return (f"{adjacency}: {ADJACENCY_TEXT[adjacency]}. In the audit each canary is a "
+                "Dirac node canary in an auditing-only coordinate: a person whose affected "
+                "examples each contribute +C ('in') or -C ('out') to that coordinate at "
+                "every step they are drawn in; the region's persons and n are unchanged")
     what = ("the canary (its record, its alternating S/I history and its home contacts) or "
             "the null person (never infected, no contacts)" if adjacency == "node+edges" else
             "the canary (alternating S/I history) or the null person (never infected) — "
@@ -178,6 +197,7 @@ def canary_scores(data_in, pm, region: str, slots: np.ndarray) -> np.ndarray:
     saved = pm.constants.get(region) if cfg.preprocessing == "private" else None
     build_features(data_in, r, cfg, None if saved is None else as_constants(saved))
     F = r.features
+    assert F is not None  # built just above
     local = np.searchsorted(r.persons, slots)  # region persons are sorted indices
     lo, hi = F.train_window_range
     model = new_model(F, cfg)
@@ -221,7 +241,7 @@ class PandemicMechanism:
                  contacts: int, store: BudgetStore | None):
         self.data, self.cfg, self.members = data, cfg, members
         self.canaries, self.contacts, self.store = canaries, contacts, store
-        self.pm = None
+        self.pm: Any = None  # the last trained PandemicModel
         self.st: BudgetStore | None = None
 
     def draw(self, unit: str, canaries, rng: np.random.Generator) -> CanaryPersons:
@@ -254,6 +274,65 @@ class PandemicMechanism:
         return out, _claim(pm, unit)
 
 
+def _true_epsilon(entry: dict, cfg):
+    """c ↦ the accountant's ε of the region's DP-SGD steps with their noise × c."""
+    from silofl.privacy.node_level import node_epsilon
+    return lambda c: node_epsilon(int(entry["n"]), int(entry["S"]), cfg.batch_size,
+                                  float(entry["noise_multiplier"]) * c, int(entry["steps"]),
+                                  entry["delta"], adjacency=cfg.adjacency)
+
+
+def _white_box(data, cfg, region: str, members: dict[str, np.ndarray], canaries,
+               confidence: float, rng: np.random.Generator, store: BudgetStore | None,
+               weaken=None):
+    """One job with m Dirac node canaries on `region` (module docstring): (row, model,
+    store charged). ConfigError before any budget for a bad canary count."""
+    from silofl.audit.bounds import one_run_audit
+    from silofl.pandemic.charges import passes_per_round
+    from silofl.pandemic.pipeline import train
+    from silofl.pandemic.whitebox import (
+        NodeCanaries,
+        node_detectable,
+        node_estimate,
+        node_llr_scores,
+    )
+    from silofl.privacy.node_level import affected_examples
+    m = canary_count(canaries, DEFAULT_NODE_CANARIES)
+    if m > MAX_NODE_CANARIES:
+        raise ConfigError(f"{m} canaries: a white-box audit takes at most "
+                          f"{MAX_NODE_CANARIES} (--canaries); the bound gains little "
+                          "beyond a few thousand")
+    n = members[region].size
+    if cfg.batch_size > n:
+        raise ConfigError(f"batch_size {cfg.batch_size} is larger than {region} ({n} "
+                          "persons)")
+    inc = rng.random(m) < 0.5
+    K = affected_examples(n, cfg.S, cfg.adjacency)
+    probe = NodeCanaries(list(members).index(region), inc, n, K, cfg.batch_size,
+                         np.random.default_rng(rng.integers(2 ** 63)), weaken)
+    st = store if store is not None else BudgetStore(None)
+    pm = train(data, cfg, store=st, command="silofl pandemic audit (white box)",
+               probe=probe)
+    entry = next(p for p in pm.privacy if p["region"] == region)
+    L = int(entry["steps"]) // (cfg.rounds * passes_per_round(cfg))
+    u, steps = probe.per_pass(max(L, 1), cfg.clip)
+    sigma = float(entry["noise_multiplier"])
+    score = node_llr_scores(u, steps, n, K, cfg.batch_size, sigma)
+    claim = _claim(pm, region)
+    res = one_run_audit({"white-box": score}, inc, claim.delta, confidence)
+    facts = (steps, n, K, cfg.batch_size, sigma)
+    true_eps = _true_epsilon(entry, cfg)
+    res["estimate"] = node_estimate(score[~inc], score[inc], *facts, true_eps, confidence)
+    res["estimate"]["flags"] = res["estimate"]["epsilon_lower"] > claim.epsilon
+    res["detectable"] = node_detectable(*facts, claim.epsilon, int(np.sum(~inc)),
+                                        int(np.sum(inc)), confidence, true_eps)
+    res.update(view="white-box", affected_examples=K, passes=int(steps.size),
+               steps_per_pass=int(L))
+    row = SiloAudit(region, claim.epsilon, claim.target_epsilon, claim.delta,
+                    res["epsilon"], res)
+    return row, pm, st
+
+
 def _resolve_region(members: dict[str, np.ndarray], region: str | None) -> str:
     region = next(iter(members)) if region is None else str(region)
     if region not in members and f"region-{region}" in members:
@@ -264,21 +343,92 @@ def _resolve_region(members: dict[str, np.ndarray], region: str | None) -> str:
     return region
 
 
+def _check_view(view: str | None, kind: str) -> str:
+    """The audit's view (default: white box for one run, black box for many); `silofl
+    audit`'s names "server" and "model" are the same two views."""
+    view = {"server": "white-box", "model": "black-box"}.get(view, view) if view else view
+    view = view if view is not None else "white-box" if kind == "one-run" else "black-box"
+    if view not in VIEWS:
+        raise ConfigError(f"unknown audit view {view!r}; choose one of {', '.join(VIEWS)}")
+    if view == "white-box" and kind != "one-run":
+        raise ConfigError("the white-box pandemic audit is one-run only; use --kind one-run, "
+                          "or the black-box view for a multi-run audit")
+    return view
+
+
+def _one_run(data, cfg, region, members, view, canaries, contacts, confidence, rng, store,
+             weaken, on_progress, notes: list[str]):
+    """The one-run audit in `view`: (row, run ids, scratch, store path); `notes` extended."""
+    if view == "white-box":
+        if on_progress:
+            on_progress(0, 1)
+        row, pm, st = _white_box(data, cfg, region, members, canaries, confidence, rng,
+                                 store, weaken)
+        if on_progress:
+            on_progress(1, 1)
+        notes.append(f"white box: {row.details['canaries']} Dirac node canaries in "
+                     "auditing-only coordinates of every region's model, scored by the "
+                     "exact log-likelihood ratio of their per-pass sums (a pass: one "
+                     f"round's local training of {region}, as the node-level accountant "
+                     "sees it, every step released); the estimate covers the region's "
+                     f"DP-SGD steps only: {row.details['estimate']['assumes']}")
+    else:
+        notes.append(_canary_note(contacts, region))
+        mech = PandemicMechanism(data, cfg, members, canaries, contacts, store)
+        (row,), _p, _job = one_run(mech, [region], canaries, confidence, rng, on_progress)
+        pm, st = mech.pm, mech.st
+    run_ids = [next(p for p in pm.privacy if p["region"] == region).get("run_id") or "-"]
+    notes += [n for n in pm.notes if n not in notes]
+    notes.append("the audit job trains every region, so it is charged to every region's "
+                 "budget" + (" (the audited region's with its canary slots in)"
+                             if view == "black-box" else ""))
+    return row, run_ids, st.scratch, None if st.path is None else str(st.path)
+
+
+def _canary_note(contacts: int, region: str) -> str:
+    return (f"canaries: {contacts} home contacts each, drawn uniformly from {region}'s "
+            "members; the job's σ was calibrated for the region with its canary slots in")
+
+
 def audit_pandemic(data, cfg, *, region: str | None = None, kind: str = "one-run",
                    canaries: int | None = None, contacts: int = DEFAULT_CONTACTS,
                    runs: int = 100, confidence: float = 0.95,
                    store: BudgetStore | None = None, seed: int | None = None,
-                   on_progress: Callable[[int, int], None] | None = None
-                   ) -> AuditReport:
+                   on_progress: Callable[[int, int], None] | None = None,
+                   view: str | None = None, weaken=None) -> AuditReport:
     """Audit node-level `pipeline.train(data, cfg)` for `region` (default: the first).
 
-    canaries: one-run slots (default min(200, n_region)); multi-run uses one (leave it
-    None or 1). runs: multi-run jobs on each of D and D′. store: one-run: the budget store
-    charged (None: an in-memory scratch store, said so); multi-run: must be None or
-    scratch. seed: canaries and coin flips (default OS entropy). Everything that can fail
-    on bad input fails before any budget is reserved."""
+    Parameters
+    ----------
+    view : {"white-box", "black-box"}, optional
+        White box: Dirac node canaries scored in the server's view (the one-run default);
+        black box: canary persons scored by their loss (multi-run is black box only).
+    canaries : int, optional
+        One run: white box default 1000 (at most 20000); black box the slots, default
+        min(200, n_region). Multi-run uses one (leave it None or 1).
+    contacts : int
+        Home contacts of each canary person (black box).
+    runs : int
+        Multi-run: jobs on each of D and D′.
+    store : BudgetStore, optional
+        One run: the budget store charged (None: an in-memory scratch store, said so);
+        multi-run: must be None or scratch.
+    seed : int, optional
+        Canaries and coin flips (default OS entropy).
+    weaken : callable, optional
+        White box: rule → rule, a deliberately weakened mechanism (tests, self-test); the
+        claim stays the real one's.
+
+    Returns
+    -------
+    AuditReport
+        One row (the region): claimed ε, the one-run or multi-run lower bound and details
+        (white box: also "estimate" and "detectable"). Everything that can fail on bad
+        input fails before any budget is reserved.
+    """
     t0 = time.perf_counter()
     check_kind(kind)
+    view = _check_view(view, kind)
     cfg.validate()
     if not cfg.private:
         raise ConfigError("an audit compares a claimed ε with an empirical lower bound, but "
@@ -287,21 +437,12 @@ def audit_pandemic(data, cfg, *, region: str | None = None, kind: str = "one-run
     members = _regions(data, cfg)
     region = _resolve_region(members, region)
     rng = np.random.default_rng(seed)
-    neighbouring = neighbouring_text(cfg.adjacency)
-    notes = [AUDIT_NOTE, f"neighbouring: {neighbouring}",
-             f"canaries: {contacts} home contacts each, drawn uniformly from {region}'s "
-             "members; the job's σ was calibrated for the region with its canary slots in"]
-    mech = PandemicMechanism(data, cfg, members, canaries, contacts, store)
+    neighbouring = neighbouring_text(cfg.adjacency, view)
+    notes = [AUDIT_NOTE, f"neighbouring: {neighbouring}"]
     if kind == "one-run":
-        (row,), _p, _job = one_run(mech, [region], canaries, confidence, rng,
-                                         on_progress)
-        pm = mech.pm
-        run_ids = [next(p for p in pm.privacy if p["region"] == region).get("run_id") or "-"]
-        notes += [n for n in pm.notes if n not in notes]
-        notes.append("the audit job trains every region, so it is charged to every "
-                     "region's budget (the audited region's with its canary slots in)")
-        st = mech.st
-        scratch, path = st.scratch, None if st.path is None else str(st.path)
+        row, run_ids, scratch, path = _one_run(data, cfg, region, members, view, canaries,
+                                               contacts, confidence, rng, store, weaken,
+                                               on_progress, notes)
     else:
         if store is not None and not store.scratch:
             raise ConfigError("a multi-run audit trains `runs` jobs on each of D and D′: "
@@ -312,6 +453,8 @@ def audit_pandemic(data, cfg, *, region: str | None = None, kind: str = "one-run
             raise ConfigError("a multi-run audit uses one canary (D′ = D with the canary "
                               "in its slot); leave --canaries out or set it to 1")
         check_runs(runs)
+        notes.append(_canary_note(contacts, region))
+        mech = PandemicMechanism(data, cfg, members, canaries, contacts, store)
         c = make_canary_persons(data, cfg, region, 1, contacts, rng)
         (row,) = multi_run(mech, [region], c, runs, confidence, on_progress)
         run_ids = [f"{2 * runs} scratch jobs"]
@@ -327,4 +470,4 @@ def audit_pandemic(data, cfg, *, region: str | None = None, kind: str = "one-run
 
 __all__ = ["audit_pandemic", "make_canary_persons", "insert_persons", "canary_scores",
            "CanaryPersons", "PandemicAuditReport", "PandemicMechanism", "neighbouring_text",
-           "LOWER_BOUND_NOTE"]
+           "LOWER_BOUND_NOTE", "VIEWS"]

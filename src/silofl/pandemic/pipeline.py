@@ -352,7 +352,8 @@ def server_step(W: np.ndarray, sizes: np.ndarray) -> np.ndarray:
 def train(data: PandemicData, cfg: PandemicConfig,
           on_round: Callable[[int, int], None] | None = None, *,
           store: BudgetStore | None = None,
-          command: str = "silofl.pandemic.train", tuning=None) -> PandemicModel:
+          command: str = "silofl.pandemic.train", tuning=None,
+          probe=None) -> PandemicModel:
     """MR-MTL over regions (or one centralized model) with node-level DP-SGD.
 
     Private runs charge ``store`` (None: an in-memory scratch store, flagged in the
@@ -366,7 +367,11 @@ def train(data: PandemicData, cfg: PandemicConfig,
     on graph data"), the whole RepeatAndSelect release reserved and charged; the pivot's
     public λ̄ is ``tuning.pivot_lam`` (the CLI passes ``--lam``), and
     ``validation_fraction`` does not apply (the score reads every person's example at a
-    public window, `pandemic.tuning.NodeValidation`)."""
+    public window, `pandemic.tuning.NodeValidation`).
+
+    ``probe`` (audits only, `pandemic.whitebox.NodeCanaries`): trains the model widened
+    by the probe's auditing-only coordinates with the probe on the DP-SGD rule; the saved
+    weights keep only the model's own."""
     cfg.validate()
     t0 = time.perf_counter()
     tc = tuning if tuning is not None and tuning.mode != "none" else None
@@ -385,7 +390,7 @@ def train(data: PandemicData, cfg: PandemicConfig,
         job = reserve_regions(store, regions, cfg, plans, command=command, fingerprints=fps,
                               charges=charges)
     try:
-        pm = _train_reserved(data, cfg, regions, on_round, t0, plans, job, alg)
+        pm = _train_reserved(data, cfg, regions, on_round, t0, plans, job, alg, probe)
         if job is not None:
             job.settle()
     except BaseException:
@@ -406,7 +411,7 @@ def train(data: PandemicData, cfg: PandemicConfig,
 
 def _train_reserved(data: PandemicData, cfg: PandemicConfig, regions: list[Region],
                     on_round, t0: float, plans: list | None = None,
-                    job: Job | None = None, algorithm=None) -> PandemicModel:
+                    job: Job | None = None, algorithm=None, probe=None) -> PandemicModel:
     """Features (a private preprocessing release charged first), input scaling, then
     ``cfg.method`` on the core engine (`runtime.simulator.simulate` with the regions as
     a `GraphSource` and the node-level unit), spending the regions' ledgers."""
@@ -418,13 +423,17 @@ def _train_reserved(data: PandemicData, cfg: PandemicConfig, regions: list[Regio
         fit_region_scaling(r, cfg)
     t_scale = time.perf_counter() - t_scale
     model = new_model(regions[0].features, cfg)
+    P, trained, params0 = model.num_params, model, initial_weights(model, cfg)
+    if probe is not None:  # an audit's canary coordinates (pandemic.whitebox)
+        trained, params0 = probe.widen(model, params0)
     t1 = time.perf_counter()
-    res = simulate(graph_federation(regions, cfg), model,
+    res = simulate(graph_federation(regions, cfg), trained,
                    algorithm or method_of(cfg, [r.name for r in regions]),
                    training_config(cfg), plans=plans, job=job, method=cfg.method,
-                   source=region_source(regions, cfg), params0=initial_weights(model, cfg),
-                   on_round=(lambda t, _: on_round(t, cfg.rounds)) if on_round else None)
-    W = np.stack([raw_weights(res.params[k], r) for k, r in enumerate(regions)])
+                   source=region_source(regions, cfg), params0=params0,
+                   on_round=(lambda t, _: on_round(t, cfg.rounds)) if on_round else None,
+                   probe=probe)
+    W = np.stack([raw_weights(res.params[k][:P], r) for k, r in enumerate(regions)])
     return PandemicModel(cfg, [r.name for r in regions], W, [],
                          {"features_s": t_feat, "scaling_s": t_scale,
                           "train_s": time.perf_counter() - t1},

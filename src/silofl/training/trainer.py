@@ -401,14 +401,22 @@ class LocalTrainer:
     def _node_grad(self, k: int, w: np.ndarray, sampler: BatchSampler, noise: Randomness,
                    b: int) -> np.ndarray:
         """One node-level DP-SGD estimate at w (P,) for silo k: exactly b persons drawn
-        without replacement, clipped sum plus N(0, σ_k²C²) (private rule), divided by b."""
-        X, y, sq = self.data.gather(np.array([k]), sampler.draw(b)[None, :])
+        without replacement, clipped sum plus N(0, σ_k²C²) (private rule), divided by b.
+        An audit's probe (`rule.probe`) adds its canaries before the noise and sees the
+        noisy sum, as at an example-level step (`GradientRule.__call__`)."""
+        silo = np.array([k])
+        X, y, sq = self.data.gather(silo, sampler.draw(b)[None, :])
         mask = np.ones((1, b))
         if self.rule.private:
             aux = {} if sq is None else {"x_sqnorm": sq}
-            g = self.model.clipped_grad_sum(w[None], X, y, mask, self.rule.clip, **aux)[0]
-            sigma = float(self.rule.sigmas[k])
-            return (g + noise.normal(g.shape) * sigma * self.rule.clip) / b
+            g = self.rule.clipped_sum(self.model, w[None], X, y, mask, **aux)  # (1, P)
+            probe = self.rule.probe
+            if probe is not None:
+                probe.add(self.rule, silo, g)
+            g = g + noise.normal(g.shape[1:]) * float(self.rule.noise_std()[k])
+            if probe is not None:
+                probe.observe(silo, g)
+            return g[0] / b
         return self.model.grad_sum(w[None], X, y, mask)[0] / b
 
     def run(self, W0: np.ndarray, anchor: np.ndarray | None = None,
