@@ -462,7 +462,8 @@ def audit_last_iterate(cfg, *, kind: str = "multi-run", silo: str | None = None,
                        store: BudgetStore | None = None, seed: int | None = None,
                        init: str = "worst-case", public=None,
                        scores: tuple[str, ...] = DEFAULT_SCORES,
-                       on_progress: Callable[[int, int], None] | None = None) -> AuditReport:
+                       on_progress: Callable[[int, int], None] | None = None,
+                       scores_out: dict | None = None) -> AuditReport:
     """The model-view (black box, last iterate) multi-run audit of the job `cfg`.
 
     Parameters
@@ -498,6 +499,10 @@ def audit_last_iterate(cfg, *, kind: str = "multi-run", silo: str | None = None,
         and each gets an estimate at the estimate's confidence split over the scores.
     on_progress : callable (done, total) -> None, optional
         After each job.
+    scores_out : dict, optional
+        Benchmarks and tests only: filled with silo -> score name -> (scores on D,
+        scores on D′), one per run. They are values of statistics of models trained on
+        the silo's data on scratch stores (uncharged), so no report carries them.
 
     Returns
     -------
@@ -533,6 +538,8 @@ def audit_last_iterate(cfg, *, kind: str = "multi-run", silo: str | None = None,
     rows = multi_run(mech, names, canaries, runs, half, on_progress)
     for row in rows:
         _add_estimate(row, mech, per_unit(half, len(names)))
+    if scores_out is not None:
+        scores_out.update(mech.scores)
     notes = [AUDIT_NOTE, MODEL_VIEW_NOTE, *dict.fromkeys(mech.starts[n].note for n in names),
              *dict.fromkeys(mech.canaries[n][1] for n in names),
              "scores: " + "; ".join(f"{k}: {SCORES[k]}" for k in mech.score_names),
@@ -585,14 +592,13 @@ def _add_estimate(row: SiloAudit, mech: LastIterate, confidence: float) -> None:
     """Each score's estimate at `confidence` split evenly over the scores (Bonferroni);
     the row's estimate is the one with the highest lower end."""
     per = 1 - (1 - confidence) / len(mech.score_names)
-    ests, raw = {}, {}
+    ests = {}
     for name, (out, inn) in mech.scores[row.silo].items():
         ests[name] = dict(estimate(np.array(out), np.array(inn), row.delta, per), score=name)
-        raw[name] = {"D": list(out), "D'": list(inn)}
     best = max(ests.values(), key=lambda e: e["epsilon_lower"])
     start, (c, how) = mech.starts[row.silo], mech.canaries[row.silo]
     row.estimate_lower = best["epsilon_lower"]
     row.details.update(estimate=best, estimates=ests,
                        mu_claim=gdp_mu(row.claimed_epsilon, row.delta), init=start.init,
                        public_rows=start.public_rows, canary=how, canary_label=int(c.y[0]),
-                       confidence_rigorous=confidence, confidence_estimate=per, scores=raw)
+                       confidence_rigorous=confidence, confidence_estimate=per)
