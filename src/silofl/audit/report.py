@@ -26,6 +26,9 @@ def audit_table(rep) -> Table:
                   f"{r.lower_bound:.3f}", verdict, _gdp(r.details), _how(rep.kind, r.details))
     if rep.kind == "one-run":
         t.caption = f"† f-DP refinement: ε refuted for a Gaussian tradeoff curve; {GDP_ASSUMPTION}"
+    elif any("estimate" in r.details for r in rep.rows):  # the last-iterate audit
+        t.caption = ("† estimate, lower end – point: μ̂ of the canary's score read as μ-GDP; "
+                     "assumes Gaussian scores; flagged when its lower end exceeds the claim")
     return t
 
 
@@ -66,8 +69,11 @@ def _how_server(d: dict) -> str:
 
 
 def _gdp(d: dict) -> str:
-    """The f-DP (Gaussian) bound of a one-run audit, '—' where there is none."""
-    g = d.get("gdp")
+    """The f-DP (Gaussian) bound of a one-run audit; the estimate (lower end – point,
+    assumes Gaussian scores) of a last-iterate audit (`audit.lastiter`); else '—'."""
+    g, e = d.get("gdp"), d.get("estimate")
+    if g is None and e is not None:
+        return f"{_f(e['epsilon_lower'])} – {_f(e['epsilon'])} ({e.get('score', '')})"
     return "—" if g is None else f"{g['epsilon']:.3f}"
 
 
