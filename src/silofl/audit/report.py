@@ -216,8 +216,11 @@ def _how_server(d: dict) -> str:
 
 
 def _gdp(d: dict) -> str:
-    """The f-DP (Gaussian) bound of a one-run audit, '—' where there is none."""
-    g = d.get("gdp")
+    """The f-DP (Gaussian) bound of a one-run audit; the estimate (lower end – point,
+    assumes Gaussian scores) of a last-iterate audit (`audit.lastiter`); else '—'."""
+    g, e = d.get("gdp"), d.get("estimate")
+    if g is None and e is not None:
+        return f"{_f(e['epsilon_lower'])} – {_f(e['epsilon'])} ({e.get('score', '')})"
     return "—" if g is None else f"{g['epsilon']:.3f}"
 
 

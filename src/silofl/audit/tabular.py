@@ -61,7 +61,7 @@ def audit(cfg, *, view: str = _AUDIT.view, kind: str = _AUDIT.kind, silo: str | 
           canaries: int | Canaries | None = None, runs: int | None = None,
           confidence: float = _AUDIT.confidence, store: BudgetStore | None = None,
           seed: int | None = None, on_progress: Callable[[int, int], None] | None = None,
-          weaken=None) -> AuditReport:
+          weaken=None, init: str = "worst-case") -> AuditReport:
     """Audit the job `cfg` describes: does each silo's claimed ε survive an attack?
 
     The real job runs with canaries; an attacker guesses which canaries were trained on,
@@ -101,6 +101,9 @@ def audit(cfg, *, view: str = _AUDIT.view, kind: str = _AUDIT.kind, silo: str | 
         Progress of the audit's jobs.
     weaken : callable, optional
         Server view only, the self-test's deliberately weakened rule (`whitebox.WEAKENINGS`).
+    init : {"worst-case", "default"}, default "worst-case"
+        Model view of a torch model only (`audit.lastiter`): the start model of the
+        audited jobs.
 
     Returns
     -------
@@ -120,9 +123,11 @@ def audit(cfg, *, view: str = _AUDIT.view, kind: str = _AUDIT.kind, silo: str | 
         raise ConfigError("an audit compares a claimed ε with an empirical lower bound, but "
                           "this config has no ε claim (privacy is disabled); enable "
                           "[privacy] with epsilon and delta")
-    if view == "model" and cfg.model.name in TORCH_MODELS:
-        raise ConfigError(f"the model-view audit supports the GLMs (linear, logistic, focal, "
-                          f"svm, softmax), not model {cfg.model.name!r}; use --view server")
+    if view == "model" and cfg.model.name in TORCH_MODELS:  # black box, last iterate
+        from silofl.audit.lastiter import audit_last_iterate
+        return audit_last_iterate(cfg, kind=kind, silo=silo, canaries=canaries, runs=runs,
+                                  confidence=confidence, store=store, seed=seed, init=init,
+                                  on_progress=on_progress)
     check_confidence(confidence)
     rng = np.random.default_rng(seed)  # None: OS entropy
     raw = build.apply_privacy(build.load_raw(cfg.data), cfg)

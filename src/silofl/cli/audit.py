@@ -36,6 +36,10 @@ def audit(config: Path | None = typer.Option(None, "--config", "-c",
           runs: int | None = typer.Option(None, "--runs", help=(
               "multi-run jobs, scratch store only (default: server 4 pooled; model 200 "
               "on each of D and D′; release 500 releases on each)")),
+          init: str | None = typer.Option(None, "--init", help=(
+              "model view of a torch model (multi-run): the start of every audited job, "
+              "worst-case (pretrained on public digits so the canary stands out) | default "
+              "(default: [audit] init, worst-case)")),
           self_test: bool = typer.Option(False, "--self-test", help=(
               "does the audit have teeth? Run the one-run server-view audit against the "
               "job's mechanism and deliberately weakened copies (noise ×½, ×¼, clipping "
@@ -76,10 +80,12 @@ def audit(config: Path | None = typer.Option(None, "--config", "-c",
             def on_progress(done, total):
                 prog.update(task, completed=done, total=total)
             given = {"view": view, "kind": kind, "silo": silo, "canaries": canaries,
-                     "runs": runs, "confidence": confidence}  # the command line over [audit]
+                     "runs": runs, "confidence": confidence,
+                     "init": init}  # the command line over [audit]
             a = cfg.audit.model_copy(update={k: v for k, v in given.items() if v is not None})
             rep = run_audit(cfg, view=a.view, kind=a.kind, silo=a.silo, canaries=a.canaries,
-                            runs=a.runs, confidence=a.confidence, on_progress=on_progress)
+                            runs=a.runs, confidence=a.confidence, init=a.init,
+                            on_progress=on_progress)
         files = write_audit(rep, dest)
     except SiloflError as e:
         _fail(e)

@@ -239,6 +239,7 @@ class AuditSection(Section):
     canaries: int | None = None    # per silo (default: server 50000; model min(1000, n_k))
     runs: int | None = None        # multi-run jobs (default: server 4 pooled; model 200 per side)
     confidence: float = 0.95       # of the lower bound, in [0.5, 1)
+    init: str = "worst-case"       # model view of a torch model: worst-case | default start
 
 
 class ErosionSection(Section):
