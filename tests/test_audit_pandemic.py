@@ -161,7 +161,8 @@ def test_white_box_sees_noise_divided_by_100(data, region):
                          weaken=_scaled(0.01))
     (row,) = rep.rows
     d = row.details
-    assert row.violation and row.lower_bound > 3 * CLAIM, d
+    # the bound at 97.5% (half the error: the other half is the estimate's)
+    assert row.violation and row.lower_bound > 2 * CLAIM, d
     quarter = next(t for t in d["tries"] if t["k"] == 250)  # 250 guesses on each side
     assert quarter["correct"] == quarter["guesses"] == 500
     assert d["correct"] >= 0.98 * d["guesses"] and d["guesses"] == 1000
@@ -181,10 +182,11 @@ def test_white_box_estimate_flags_quartered_noise_and_not_the_real_one(data, reg
     est = row.details["estimate"]
     assert not row.violation and est["epsilon_lower"] < CLAIM and not est["flags"], est
     assert 0.1 * CLAIM < est["epsilon"] < 3 * CLAIM and est["expected_mu"] > 0
-    # its power: what it flags with 95% probability, and its false-flag rate at the claim
+    # its power: what it flags with 97.5% probability (the estimate's half of the error),
+    # and its false-flag rate at the claim
     det = row.details["detectable"]
     assert CLAIM < det["detectable_epsilon"] < 6 * CLAIM
-    assert det["false_flag_probability"] == pytest.approx(0.05, abs=0.01)
+    assert det["false_flag_probability"] == pytest.approx(0.025, abs=0.005)
 
 
 def test_node_probe_sees_every_step_of_its_region_only(data, region):
