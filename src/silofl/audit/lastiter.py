@@ -52,14 +52,14 @@ from silofl.audit.engine import (
     per_unit,
 )
 from silofl.audit.estimate import mu_hat
+from silofl.audit.jobs import claim_of, run_job
 from silofl.errors import ConfigError, DataError
 from silofl.experiments import build
 from silofl.experiments import run as run_mod
-from silofl.privacy.budget import BudgetStore, PlannedCharge
-from silofl.runtime.job import NO_METHOD, fingerprints, open_job
-from silofl.runtime.simulator import simulate
+from silofl.privacy.budget import BudgetStore
 
 INITS = ("worst-case", "default")
+COMMAND = "silofl audit (model view, last iterate)"
 #: crafted image canaries: every pixel at this value (the public [0, 1] pixel scale)
 CANARY_IMAGES = {"blank": 0.0, "white": 1.0}
 #: the scores used when not given: black box
@@ -356,7 +356,9 @@ class LastIterate:
         tcfg = p.tcfg
         if tcfg.noise == "seeded":  # reproducible, but each run needs its own noise
             tcfg = dataclasses.replace(tcfg, seed=int(self.rng.integers(2**31)))
-        fed, results, run_id = run_job(self.cfg, p, tcfg, self.starts[unit].params)
+        fed, results, job = run_job(self.cfg, p, BudgetStore(None), COMMAND, tcfg=tcfg,
+                                    params0=self.starts[unit].params)
+        run_id = None if job is None else job.run_id
         if run_id is not None:
             self.run_ids.append(run_id)
         self.labels, self.uncharged = p.labels, list(fed.meta.get("uncharged", []))
@@ -372,45 +374,7 @@ class LastIterate:
                 v = -sum(float(np.sum((r.params[k] - w0) ** 2)) for r in results)
             self.scores[unit][name][which].append(v)
             out[name] = v
-        return out, _claim(results, p, unit)
-
-
-def run_job(cfg, p, tcfg, params0: np.ndarray):
-    """One job as `silofl run` executes it (reserve on a fresh scratch store, preprocess,
-    every method from `params0` (P,), settle), writing nothing; a non-private `p` trains
-    without a reservation. Returns (fed, results, run id or None)."""
-    if not tcfg.private:
-        fed = run_mod._preprocess(p, cfg)
-        return fed, [simulate(fed, p.model, alg, tcfg, metric=cfg.model.metric or None,
-                              plans=plans, method=label, params0=params0)
-                     for alg, plans, label in zip(p.algorithms, p.plans, p.labels)], None
-    job = open_job(BudgetStore(None), dict(zip(p.labels, p.plans)),
-                   lifetime=run_mod._lifetime(cfg, p.raw),
-                   explicit_lifetime=cfg.budget.epsilon is not None,
-                   command="silofl audit (model view, last iterate)", noise=tcfg.noise,
-                   accountant=tcfg.accountant, fingerprints=fingerprints(p.raw),
-                   extra=[PlannedCharge(n, NO_METHOD, "preprocess", e)
-                          for n, e in p.extra.items()])
-    try:
-        for name in p.extra:
-            job.spend_extra(name, "preprocess")
-        fed = run_mod._preprocess(p, cfg)
-        results = [simulate(fed, p.model, alg, tcfg, metric=cfg.model.metric or None,
-                            plans=plans, job=job, method=label, params0=params0)
-                   for alg, plans, label in zip(p.algorithms, p.plans, p.labels)]
-    except BaseException:
-        job.settle("failed")
-        raise
-    job.settle()
-    return fed, results, job.run_id
-
-
-def _claim(results, p, silo: str) -> Claim:
-    """The job's composed claim for `silo` (ε = ∞ for a non-private job: no claim)."""
-    for c in run_mod._combined(results, p.extra):
-        if c["silo"] == silo:
-            return Claim(c["epsilon"], c["target_epsilon"], c["delta"])
-    return Claim(math.inf, math.inf, 0.0)
+        return out, claim_of(results, p, unit)
 
 
 # --- the estimate and the audit ------------------------------------------------------------

@@ -38,14 +38,13 @@ from silofl.audit.engine import (
     one_run,
 )
 from silofl.audit.estimate import ESTIMATE_ASSUMES
+from silofl.audit.jobs import claim_of, run_job
 from silofl.config import AuditSection
 from silofl.errors import ConfigError
 from silofl.experiments import build
 from silofl.experiments import run as run_mod
 from silofl.models import TORCH_MODELS
-from silofl.privacy.budget import BudgetStore, PlannedCharge
-from silofl.runtime.job import NO_METHOD, fingerprints, open_job
-from silofl.runtime.simulator import simulate
+from silofl.privacy.budget import BudgetStore
 
 _AUDIT = AuditSection()  # the defaults of [audit] (one place: silofl.config)
 VIEWS = ("server", "model", "release")
@@ -176,11 +175,11 @@ def _server(cfg, raw, names, kind, canaries, runs, confidence, store, rng, seed,
         model, probe = server.plan_probe(p, names, m, rng, None if seed is None else
                                          seed + i, weaken)
         what = "self-test" if weaken is not None else kind
-        fed, results, job = _run_job(cfg, p, st, f"silofl audit (server view, {what})",
-                                     model=model, probe=probe)
+        fed, results, job = run_job(cfg, p, st, f"silofl audit (server view, {what})",
+                                    model=model, probe=probe)
         run_ids.append(job.run_id)
         uncharged = fed.meta.get("uncharged", [])
-        claims = {n: _claims(results, p, n) for n in names}
+        claims = {n: claim_of(results, p, n) for n in names}
         parts.append(server.observe(p, probe, results, claims, p.tcfg.clip, p.extra))
     if on_progress:
         on_progress(jobs, jobs)
@@ -228,31 +227,6 @@ def _store(cfg, store: BudgetStore | None) -> BudgetStore:
     return store
 
 
-def _run_job(cfg, p, store: BudgetStore, command: str, model=None, probe=None):
-    """One job exactly as `silofl run` executes it (reserve, preprocess, every method,
-    settle), without writing a run directory; `model`/`probe`: the server view's wrapped
-    model and step probe. Returns (fed, results, job)."""
-    job = open_job(store, dict(zip(p.labels, p.plans)), lifetime=run_mod._lifetime(cfg, p.raw),
-                   explicit_lifetime=cfg.budget.epsilon is not None, command=command,
-                   noise=p.tcfg.noise, accountant=p.tcfg.accountant,
-                   fingerprints=fingerprints(p.raw),
-                   extra=[PlannedCharge(n, NO_METHOD, "preprocess", e)
-                          for n, e in p.extra.items()])
-    try:
-        for name in p.extra:
-            job.spend_extra(name, "preprocess")
-        fed = run_mod._preprocess(p, cfg)
-        results = [simulate(fed, p.model if model is None else model, alg, p.tcfg,
-                            metric=cfg.model.metric or None, plans=plans, job=job,
-                            method=label, probe=probe)
-                   for alg, plans, label in zip(p.algorithms, p.plans, p.labels)]
-    except BaseException:
-        job.settle("failed")
-        raise
-    job.settle()
-    return fed, results, job
-
-
 def _scores(model, fed, results, silo: str, m: int) -> dict[str, np.ndarray]:
     """(m,) scores of the last m test rows of `silo` (its canaries, preprocessed like its
     data) over the job's released models: black-box −Σ loss, white-box Σ alignment of
@@ -269,13 +243,6 @@ def _scores(model, fed, results, silo: str, m: int) -> dict[str, np.ndarray]:
         black -= model.loss(w, X, y)
         white += u @ (w - w0)
     return {"black-box": black, "white-box": white}
-
-
-def _claims(results, p, silo: str) -> Claim:
-    for c in run_mod._combined(results, p.extra):
-        if c["silo"] == silo:
-            return Claim(c["epsilon"], c["target_epsilon"], c["delta"])
-    raise KeyError(silo)
 
 
 def _statistics(model, fed, results, silo: str) -> dict[str, float]:
@@ -297,7 +264,7 @@ class _FinishedJob:
         return _scores(self.p.model, self.fed, self.results, unit, self.m[unit])
 
     def claim(self, unit: str) -> Claim:
-        return _claims(self.results, self.p, unit)
+        return claim_of(self.results, self.p, unit)
 
 
 class TableMechanism:
@@ -330,7 +297,7 @@ class TableMechanism:
 
     def run_one(self, prepared) -> _FinishedJob:
         p, m = prepared
-        fed, results, job = _run_job(self.cfg, p, self.st, "silofl audit (one run)")
+        fed, results, job = run_job(self.cfg, p, self.st, "silofl audit (one run)")
         self.run_ids.append(job.run_id)
         self.labels, self.uncharged = p.labels, fed.meta.get("uncharged", [])
         done = _FinishedJob(p, fed, results)
@@ -344,11 +311,11 @@ class TableMechanism:
 
     def run_neighbour(self, unit: str, pair, which: int):
         p = pair[which]
-        fed, results, job = _run_job(self.cfg, p, BudgetStore(None), "silofl audit (multi run)")
+        fed, results, job = run_job(self.cfg, p, BudgetStore(None), "silofl audit (multi run)")
         self.run_ids.append(job.run_id)
         self.uncharged = fed.meta.get("uncharged", [])
         self.labels = p.labels
-        return _statistics(p.model, fed, results, unit), _claims(results, p, unit)
+        return _statistics(p.model, fed, results, unit), claim_of(results, p, unit)
 
 
 def _notes(cfg, store: BudgetStore, uncharged, extra=()) -> list[str]:

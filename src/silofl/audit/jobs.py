@@ -1,0 +1,78 @@
+"""One audited job, the way `silofl run` executes it (reserve, preprocess, every method,
+settle) without writing a run directory — shared by every audit plug-in that trains
+(`audit.tabular`, `audit.lastiter`) — and a finished job's claim for one silo."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from silofl.audit.engine import Claim
+from silofl.experiments import run as run_mod
+from silofl.privacy.budget import BudgetStore, PlannedCharge
+from silofl.runtime.job import NO_METHOD, Job, fingerprints, open_job
+from silofl.runtime.simulator import simulate
+
+
+def run_job(cfg, p, store: BudgetStore, command: str, *, model=None, probe=None,
+            tcfg=None, params0: np.ndarray | None = None):
+    """Run the prepared job `p` (`experiments.run._prepare`) on `store`.
+
+    Parameters
+    ----------
+    cfg : Config
+        The job's configuration.
+    p : prepared job
+        Its plans, algorithms and data.
+    store : BudgetStore
+        Where the job is reserved before any data is read and settled after.
+    command : str
+        What the store records as the command.
+    model, probe : optional
+        The server view's wrapped model and step probe (`audit.whitebox`).
+    tcfg : TrainingConfig, optional
+        Another training config than `p.tcfg` (a run's own seed); a non-private one trains
+        without a reservation (power checks with DP off).
+    params0 : numpy.ndarray, optional
+        (P,) the start model of every method.
+
+    Returns
+    -------
+    (fed, results, job or None)
+    """
+    tcfg = p.tcfg if tcfg is None else tcfg
+    model = p.model if model is None else model
+    job: Job | None = None
+    if tcfg.private:
+        job = open_job(store, dict(zip(p.labels, p.plans)),
+                       lifetime=run_mod._lifetime(cfg, p.raw),
+                       explicit_lifetime=cfg.budget.epsilon is not None, command=command,
+                       noise=tcfg.noise, accountant=tcfg.accountant,
+                       fingerprints=fingerprints(p.raw),
+                       extra=[PlannedCharge(n, NO_METHOD, "preprocess", e)
+                              for n, e in p.extra.items()])
+    try:
+        for name in p.extra if job is not None else ():
+            job.spend_extra(name, "preprocess")
+        fed = run_mod._preprocess(p, cfg)
+        results = [simulate(fed, model, alg, tcfg, metric=cfg.model.metric or None,
+                            plans=plans, job=job, method=label, probe=probe,
+                            params0=params0)
+                   for alg, plans, label in zip(p.algorithms, p.plans, p.labels)]
+    except BaseException:
+        if job is not None:
+            job.settle("failed")
+        raise
+    if job is not None:
+        job.settle()
+    return fed, results, job
+
+
+def claim_of(results, p, silo: str) -> Claim:
+    """The finished job's composed claim for `silo` (ε = ∞, δ = 0 when it was not private:
+    no claim)."""
+    for c in run_mod._combined(results, p.extra):
+        if c["silo"] == silo:
+            return Claim(c["epsilon"], c["target_epsilon"], c["delta"])
+    return Claim(math.inf, math.inf, 0.0)
