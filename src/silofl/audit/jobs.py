@@ -9,6 +9,8 @@ import math
 import numpy as np
 
 from silofl.audit.engine import Claim
+from silofl.errors import ConfigError
+from silofl.experiments import build
 from silofl.experiments import run as run_mod
 from silofl.privacy.budget import BudgetStore, PlannedCharge
 from silofl.runtime.job import NO_METHOD, Job, fingerprints, open_job
@@ -76,3 +78,14 @@ def claim_of(results, p, silo: str) -> Claim:
         if c["silo"] == silo:
             return Claim(c["epsilon"], c["target_epsilon"], c["delta"])
     return Claim(math.inf, math.inf, 0.0)
+
+
+def audited_silos(cfg, silo: str | None):
+    """The job's raw federation with its privacy targets, and the audited silos' names
+    (`silo`, else all); ConfigError for a silo without an ε claim."""
+    raw = build.apply_privacy(build.load_raw(cfg.data), cfg)
+    names = [raw.silo(silo).name] if silo is not None else raw.names
+    for s in raw.silos:
+        if s.target is None:
+            raise ConfigError(f"silo {s.name!r} has no ε claim; set [privacy] epsilon/delta")
+    return raw, names

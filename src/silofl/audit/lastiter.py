@@ -52,7 +52,7 @@ from silofl.audit.engine import (
     per_unit,
 )
 from silofl.audit.estimate import mu_hat
-from silofl.audit.jobs import claim_of, run_job
+from silofl.audit.jobs import audited_silos, claim_of, run_job
 from silofl.errors import ConfigError, DataError
 from silofl.experiments import build
 from silofl.experiments import run as run_mod
@@ -486,11 +486,7 @@ def audit_last_iterate(cfg, *, kind: str = "multi-run", silo: str | None = None,
     runs, canaries = _check_settings(cfg, kind, init, confidence, runs, canaries, store)
     check_scores(scores)
     rng = np.random.default_rng(seed)  # None: OS entropy
-    raw = build.apply_privacy(build.load_raw(cfg.data), cfg)
-    names = [raw.silo(silo).name] if silo is not None else raw.names
-    for s in raw.silos:
-        if s.target is None:
-            raise ConfigError(f"silo {s.name!r} has no ε claim; set [privacy] epsilon/delta")
+    raw, names = audited_silos(cfg, silo)
     for n in names:  # misfit inputs fail before any pretraining or job
         if isinstance(canaries, Canaries):
             _check_canary(raw, n, Canaries(np.asarray(canaries.X)[:1],

@@ -38,10 +38,9 @@ from silofl.audit.engine import (
     one_run,
 )
 from silofl.audit.estimate import ESTIMATE_ASSUMES
-from silofl.audit.jobs import claim_of, run_job
+from silofl.audit.jobs import audited_silos, claim_of, run_job
 from silofl.config import AuditSection
 from silofl.errors import ConfigError
-from silofl.experiments import build
 from silofl.experiments import run as run_mod
 from silofl.models import TORCH_MODELS
 from silofl.privacy.budget import BudgetStore
@@ -129,11 +128,7 @@ def audit(cfg, *, view: str = _AUDIT.view, kind: str = _AUDIT.kind, silo: str | 
                                   on_progress=on_progress)
     check_confidence(confidence)
     rng = np.random.default_rng(seed)  # None: OS entropy
-    raw = build.apply_privacy(build.load_raw(cfg.data), cfg)
-    names = [raw.silo(silo).name] if silo is not None else raw.names
-    for s in raw.silos:
-        if s.target is None:
-            raise ConfigError(f"silo {s.name!r} has no ε claim; set [privacy] epsilon/delta")
+    raw, names = audited_silos(cfg, silo)
     if view == "release":
         return _release(cfg, silo, runs, confidence, store, seed, t0, on_progress)
     if view == "server":

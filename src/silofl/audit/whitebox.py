@@ -66,7 +66,7 @@ class AuditedModel(Model):
         return np.concatenate([g, np.zeros((g.shape[0], self.m))], axis=1)
 
     def loss(self, w: np.ndarray, X: np.ndarray, y: np.ndarray) -> np.ndarray:
-        return self.base.loss(w[: self.P], X, y)
+        return self.base.loss(w[..., : self.P], X, y)
 
     def predict(self, w: np.ndarray, X: np.ndarray) -> np.ndarray:
         return self.base.predict(w[..., : self.P], X)

@@ -7,8 +7,8 @@ for the replacement of one person: ρ of the b examples of a step's batch are af
 each moving by up to 2C. This module puts m such persons into that view without touching
 the real records:
 
-* `CanaryCoordinates` appends m *auditing-only* coordinates to the model's parameters: no
-  record's gradient touches them and predictions ignore them, but the node-level step adds
+* `silofl.audit.whitebox.AuditedModel` appends m *auditing-only* coordinates to the
+  model's parameters: no record's gradient touches them and predictions ignore them, but the node-level step adds
   its N(0, σ²C²) noise to all P + m coordinates, exactly as to the model's own.
 * `NodeCanaries` is the step probe (`training.dpsgd.StepProbe`, called by
   `LocalTrainer._node_grad`). Canary i is a person whose K affected examples contribute
@@ -37,12 +37,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any
 
 import numpy as np
 from scipy import stats
 
 from silofl.audit.estimate import SCALE_RANGE, mu_hat, scale_at
+from silofl.audit.whitebox import AuditedModel
 from silofl.errors import ConfigError
 from silofl.models.base import Model
 from silofl.training.dpsgd import GradientRule
@@ -56,51 +56,6 @@ NODE_ESTIMATE_ASSUMES = (
     "moving ±C, the claimed steps); the audit measures its effective noise (noise std / "
     "clipped canary norm) from the canaries' scores and reports the accountant's ε at that "
     "noise; the interval is normal theory for μ̂ (one-sided)")
-
-
-class CanaryCoordinates(Model):
-    """`base` with m auditing-only coordinates appended to its parameters (P + m): they
-    receive DP-SGD noise (and canaries) like every parameter but no record's gradient;
-    predictions and losses ignore them."""
-
-    def __init__(self, base: Model, m: int):
-        self.base, self.m, self.P = base, int(m), int(base.num_params)
-        self.num_params = self.P + self.m
-        self.name, self.tasks = base.name, base.tasks
-
-    def __getattr__(self, name: str) -> Any:  # dim, gamma, … of the base model
-        if name == "base":
-            raise AttributeError(name)
-        return getattr(self.base, name)
-
-    def init_params(self) -> np.ndarray:
-        return np.concatenate([self.base.init_params(), np.zeros(self.m)])
-
-    def check_task(self, task: str) -> None:
-        self.base.check_task(task)
-
-    def loss(self, w: np.ndarray, X: np.ndarray, y: np.ndarray) -> np.ndarray:
-        return self.base.loss(w[..., : self.P], X, y)
-
-    def predict(self, w: np.ndarray, X: np.ndarray) -> np.ndarray:
-        return self.base.predict(w[..., : self.P], X)
-
-    def per_example_grads(self, w: np.ndarray, X: np.ndarray, y: np.ndarray) -> np.ndarray:
-        g = self.base.per_example_grads(w[: self.P], X, y)
-        return np.concatenate([g, np.zeros((g.shape[0], self.m))], axis=1)
-
-    def _pad(self, g: np.ndarray) -> np.ndarray:
-        out = np.zeros((g.shape[0], self.num_params))
-        out[:, : self.P] = g
-        return out
-
-    def clipped_grad_sum(self, W: np.ndarray, X: np.ndarray, y: np.ndarray,
-                         mask: np.ndarray, clip: float, **aux: Any) -> np.ndarray:
-        return self._pad(self.base.clipped_grad_sum(W[:, : self.P], X, y, mask, clip, **aux))
-
-    def grad_sum(self, W: np.ndarray, X: np.ndarray, y: np.ndarray,
-                 mask: np.ndarray) -> np.ndarray:
-        return self._pad(self.base.grad_sum(W[:, : self.P], X, y, mask))
 
 
 class NodeCanaries:
@@ -137,7 +92,7 @@ class NodeCanaries:
     def widen(self, model: Model, params0: np.ndarray) -> tuple[Model, np.ndarray]:
         """The model and starting point a run trains: m coordinates appended (zeros)."""
         self.P = int(model.num_params)
-        return CanaryCoordinates(model, self.m), np.concatenate([params0, np.zeros(self.m)])
+        return AuditedModel(model, self.m), np.concatenate([params0, np.zeros(self.m)])
 
     def attach(self, rule: GradientRule) -> GradientRule:
         """The rule a run trains with: `rule` (or its weakened copy) with this probe."""
@@ -324,6 +279,6 @@ def node_detectable(steps: np.ndarray, n: int, affected: int, b: int, sigma: flo
             "mu_claim": mu_claim, "false_flag_probability": p_flag(1.0)}
 
 
-__all__ = ["CanaryCoordinates", "NodeCanaries", "NORM_FACTOR", "node_llr_scores",
+__all__ = ["NodeCanaries", "NORM_FACTOR", "node_llr_scores",
            "node_expected_mu", "node_noise_scale_for", "node_estimate", "node_detectable",
            "pass_count_log_pmf"]
