@@ -202,7 +202,7 @@ def canary_count(canaries: int | None, default: int) -> int:
     """A one-run audit's number of canaries m (`default` when not given); at least 2."""
     m = int(canaries) if canaries is not None else default
     if m < 2:
-        raise ConfigError(f"a one-run audit needs at least 2 canaries, got {m}")
+        raise ConfigError(f"a one-run audit needs at least 2 canaries (--canaries), got {m}")
     return m
 
 

@@ -158,6 +158,10 @@ def audit_release(raw: RawFederation, *, spec: PreprocessSpec, store: BudgetStor
                 on_progress(done, total)
         for part in stats:  # one more statistic: the audited silo's means along the canary
             part[f"{name}: {ALIGNED}"] = _aligned(raw, name, c, pair[0].plan, part)
+        # the canary moves only its own silo's release: the others' statistics could only
+        # be chosen by chance, at the cost of power
+        stats = tuple({k: v for k, v in part.items() if k.startswith(f"{name}: ")}
+                      for part in stats)  # type: ignore[assignment]
         row = _row(targets[name], name, pair[0], stats, runs, weaken,
                    per_unit(confidence, len(names)))
         row.details["canary"] = {"X": c.X[0].tolist(), "y": float(c.y[0])}  # public facts
@@ -227,8 +231,9 @@ def _neighbours(raw: RawFederation, silo: str, c: Canaries, spec: PreprocessSpec
                 f"preprocessing standardize={spec.standardize!r}, impute={spec.impute!r} "
                 "releases no private statistic, so there is no DP release to audit "
                 "(declared steps read no data; uncharged ones claim nothing and are listed "
-                "as uncharged); audit a spec with a 'private' step -- weaken=True audits "
-                "it without noise, as an uncharged standardization")
+                "as uncharged). Make a step private to audit it: [data] standardize = "
+                "\"private\" (or impute = \"private\"), e.g. --set "
+                "data.standardize=private")
         charges = [PlannedCharge(n, NO_METHOD, "preprocess", e)
                    for n, e in plan.events.items() if e is not None]
         out.append(_Neighbour(r, weakened_for_audit(plan, 0.0) if weaken else plan,
