@@ -8,8 +8,8 @@ each moving by up to 2C. This module puts m such persons into that view without 
 the real records:
 
 * `silofl.audit.whitebox.AuditedModel` appends m *auditing-only* coordinates to the
-  model's parameters: no record's gradient touches them and predictions ignore them, but the node-level step adds
-  its N(0, σ²C²) noise to all P + m coordinates, exactly as to the model's own.
+  model's parameters: no record's gradient touches them and predictions ignore them, but
+  the node-level step adds its N(0, σ²C²) noise to all P + m coordinates, exactly as to the model's own.
 * `NodeCanaries` is the step probe (`training.dpsgd.StepProbe`, called by
   `LocalTrainer._node_grad`). Canary i is a person whose K affected examples contribute
   ±(its gradient, `NORM_FACTOR`·C, clipped by the run's rule: C) along coordinate P + i:
