@@ -412,3 +412,18 @@ def test_cli_self_test_says_passed_or_failed(tmp_path, monkeypatch, missed):
     else:
         assert res.exit_code == 0 and "Self-test passed" in out, out
     assert (tmp_path / "o" / "selftest.json").exists()
+
+
+def test_the_clipping_check_sees_a_model_that_clips_records_loosely():
+    """The canaries are clipped by the rule's formula, so a fault in a model's own
+    per-example clipping never reaches them (attacker review): the check sends public
+    synthetic records through the run's clipped sum and finds any above C."""
+    from silofl.audit.whitebox import clipping_check
+    from silofl.training.dpsgd import GradientRule
+    rng = np.random.default_rng(0)
+    model = make_model("logistic", 5)
+    good = clipping_check(GradientRule(1.0, np.array([1.0])), model, (5,), "binary", 2, rng)
+    assert good["ok"] and 0.99 < good["ratio"] <= 1.0  # large records reach C, none above
+    loose = WEAKENINGS["model clips at 4C"][1](GradientRule(1.0, np.array([1.0])))
+    bad = clipping_check(loose, model, (5,), "binary", 2, rng)
+    assert not bad["ok"] and bad["ratio"] == pytest.approx(4.0, rel=1e-3)

@@ -33,7 +33,7 @@ import numpy as np
 from silofl.audit.bounds import multi_run_epsilon, one_run_audit
 from silofl.audit.engine import Claim, SiloAudit, per_unit
 from silofl.audit.estimate import detectable, estimate, llr_scores, qda_scores
-from silofl.audit.whitebox import AuditedModel, DiracCanaries
+from silofl.audit.whitebox import AuditedModel, DiracCanaries, clipping_check
 from silofl.errors import ConfigError
 from silofl.privacy import events
 from silofl.privacy.evaluate import epsilon
@@ -53,8 +53,9 @@ NOISE_SCALES = (0.5, 0.25)
 SERVER_NOTE = ("server view (white box): m Dirac gradient canaries per audited silo in "
                "auditing-only coordinates, each in with probability 1/2; every DP-SGD step "
                "samples each canary with the silo's q and cuts its gradient (8·C) to the "
-               "rule's clipping bound (the model's per-example clipping code and the "
-               "records' sampler are not exercised: bugs there are not seen); the auditor "
+               "rule's clipping bound (the model's own per-example clipping is checked "
+               "separately on public synthetic records; the records' batch sampler is not "
+               "exercised: bugs there are not seen); the auditor "
                "sees every step's noisy sum, summed per local pass "
                "(what a server receives per round); the canaries are not records: they "
                "change no record's batch, n, q or σ, and their scores depend only on the "
@@ -225,10 +226,19 @@ def _fit_half(inc: np.ndarray) -> np.ndarray:
     return fit
 
 
+def check_clipping(probe: DiracCanaries, model, fed, rng: np.random.Generator) -> dict:
+    """`whitebox.clipping_check` of every rule the job trained with (the worst)."""
+    shape = fed.silos[0].X_train.shape[1:]
+    checks = [clipping_check(r, model, shape, fed.task, fed.num_classes, rng)
+              for r in {id(r): r for r in probe.rules}.values()]
+    return max(checks, key=lambda c: c["ratio"])
+
+
 def assess(name: str, o: Observed, confidence: float, units: int,
-           cross: np.ndarray | None = None) -> SiloAudit:
+           cross: np.ndarray | None = None, clip: dict | None = None) -> SiloAudit:
     """One silo's row: both rigorous bounds, the estimate, its power. `cross`: the
-    silo's `cross_scores` (a further score for the pooled bound)."""
+    silo's `cross_scores` (a further score for the pooled bound); `clip`: the job's
+    `check_clipping` (a record above C is a rigorous refutation: ε at noise ÷ ratio)."""
     c_unit = per_unit(confidence, units)
     c_rig, c_est = 1 - (1 - c_unit) / 4, 1 - (1 - c_unit) / 2
     sc = scores(o)
@@ -244,10 +254,14 @@ def assess(name: str, o: Observed, confidence: float, units: int,
     power = detectable(o.steps, o.q, sigma, o.claim.epsilon, int((~inc).sum()),
                            int(inc.sum()), c_est, f)
     rigorous = max(one["epsilon"], pooled["epsilon"])
+    if clip is not None and not clip["ok"]:  # a record as private as noise σ/ratio
+        clip = dict(clip, epsilon=f(1 / clip["ratio"]))
+        rigorous = max(rigorous, clip["epsilon"])
     details = {"view": "server", "canaries": int(inc.size), "included": int(inc.sum()),
                "passes": int(o.steps.size), "steps": int(o.steps.sum()),
                "sampling_rate": o.q, "noise_multiplier": sigma,
                "one_run": _trim(one), "pooled": pooled, "estimate": e,
+               "clipping_check": clip,
                "power": power, "rigorous_lower_bound": rigorous,
                "estimate_lower": e["epsilon_lower"], "detectable_epsilon":
                power["detectable_epsilon"], "confidence_rigorous": c_rig,

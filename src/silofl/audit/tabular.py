@@ -163,7 +163,7 @@ def _server(cfg, raw, names, kind, canaries, runs, confidence, store, rng, seed,
         raise ConfigError(f"the server view audits DP-SGD steps; {', '.join(local_dp)} "
                           "uploads under local DP with no DP-SGD step; use --view model")
     st = BudgetStore(None) if experiment else _store(cfg, store)
-    parts, run_ids, uncharged = [], [], []
+    parts, run_ids, uncharged, checks = [], [], [], []
     for i in range(jobs):
         if on_progress:
             on_progress(i, jobs)
@@ -176,11 +176,14 @@ def _server(cfg, raw, names, kind, canaries, runs, confidence, store, rng, seed,
         uncharged = fed.meta.get("uncharged", [])
         claims = {n: claim_of(results, p, n) for n in names}
         parts.append(server.observe(p, probe, results, claims, p.tcfg.clip, p.extra))
+        checks.append(server.check_clipping(probe, p.model, fed, rng))
     if on_progress:
         on_progress(jobs, jobs)
     obs = server.pool(parts)
     cross = server.cross_scores(obs)
-    rows = [server.assess(n, obs[n], confidence, len(names), cross.get(n)) for n in names]
+    clip = max(checks, key=lambda c: c["ratio"])
+    rows = [server.assess(n, obs[n], confidence, len(names), cross.get(n), clip)
+            for n in names]
     notes = [server.SERVER_NOTE, "estimate: " + ESTIMATE_ASSUMES]
     if not st.scratch:
         notes.append("the audit job trains every silo, so it is charged to every silo's "
