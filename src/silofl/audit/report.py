@@ -278,7 +278,9 @@ def selftest_table(rep) -> Table:
 
 
 def _f2(x) -> str:
-    return "—" if x is None else ("∞" if x == float("inf") else f"{x:.2f}")
+    if x is None or x != x:  # None or NaN: not computed
+        return "—"
+    return "∞" if x == float("inf") else f"{x:.2f}"
 
 
 def _result(r) -> str:
