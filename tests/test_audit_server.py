@@ -151,9 +151,10 @@ def test_self_test_flags_every_weakened_copy(small_heart):
     from silofl.audit.selftest import self_test
     rep = self_test(small_heart, silo="Hungary", canaries=20_000, seed=5)
     by = {r.mechanism: r for r in rep.rows}
-    assert set(by) == {"as run", *WEAKENINGS, "uncharged standardization"}
+    assert set(by) == {"as run", *WEAKENINGS, "uncharged standardization",
+                       "release noise x1/4"}
     assert not any(r.flagged for r in rep.rows if r.mechanism == "as run")
-    for name in [*WEAKENINGS, "uncharged standardization"]:
+    for name in [*WEAKENINGS, "uncharged standardization", "release noise x1/4"]:
         r = by[name]
         if name == "shared noise":  # one audited silo: no other silo's noise to compare
             assert math.isnan(r.true_epsilon) and not r.must_flag
@@ -201,9 +202,9 @@ def test_the_release_view_audits_the_preprocessing_statistics(tmp_path, monkeypa
     monkeypatch.setenv("SILOFL_HOME", str(tmp_path / "home"))
     conf = tmp_path / "rel.toml"
     conf.write_text('[data]\nsource = "heart"\nstandardize = "private"\n')
-    res = CliRunner().invoke(app, ["audit", "-c", str(conf), "--view", "release", "--runs",
-                                   "30", "--scratch", "--silo", "Hungary", "--out",
-                                   str(tmp_path / "o"), "-q"])
+    res = CliRunner().invoke(app, ["audit", "-c", str(conf), "--view", "release", "--kind",
+                                   "multi-run", "--runs", "30", "--scratch", "--silo",
+                                   "Hungary", "--out", str(tmp_path / "o"), "-q"])
     assert res.exit_code == 0, res.output
     data = json.loads((tmp_path / "o" / "audit.json").read_text())
     assert data["view"] == "release" and data["violations"] == []
@@ -274,8 +275,9 @@ def test_true_epsilon_of_a_copy_below_the_pld_range_is_rdps(monkeypatch):
     ["--self-test", "--kind", "multi-run"], ["--self-test", "--view", "model"],
     ["--self-test", "--runs", "5"], ["--self-test", "--canaries", "0"],
     ["--runs", "-3"], ["--view", "model", "--runs", "7"],
-    ["--view", "release", "--kind", "one-run"], ["--view", "release", "--canaries", "50"],
-    ["--view", "release", "--runs", "-1"]])
+    ["--view", "release", "--kind", "multi-run", "--canaries", "50"],
+    ["--view", "release", "--runs", "5"], ["--view", "release", "--canaries", "5"],
+    ["--view", "release", "--kind", "multi-run", "--runs", "-1"]])
 def test_cli_refuses_options_the_mode_would_ignore(tmp_path, monkeypatch, args):
     # each was silently ignored (or --canaries 0 read as the default) and the audit ran
     from silofl.cli import app
@@ -427,3 +429,24 @@ def test_the_clipping_check_sees_a_model_that_clips_records_loosely():
     loose = WEAKENINGS["model clips at 4C"][1](GradientRule(1.0, np.array([1.0])))
     bad = clipping_check(loose, model, (5,), "binary", 2, rng)
     assert not bad["ok"] and bad["ratio"] == pytest.approx(4.0, rel=1e-3)
+
+
+def test_the_white_box_release_audit_certifies_the_release_and_flags_less_noise():
+    """One release with canary rows (each a record's full sensitivity): the release as
+    run is consistent and its estimate is near its claim; noise × ¼ (true ε ≈ 4× the
+    claim) and noise × 0.1 — which the record-canary multi-run audit misses — are flagged."""
+    from silofl.audit.release_server import audit_job
+    cfg = config_from_dict({"data": {"standardize": "private"},
+                            "training": {"seed": 2}, "privacy": {"noise": "seeded"},
+                            "budget": {"scratch": True}, "output": {"dir": ""}})
+    (real,) = audit_job(cfg, silo="Hungary", seed=1)
+    e = real.details["estimate"]
+    assert not real.violation and 0.5 * real.claimed_epsilon < e["epsilon"] < 1.5 * \
+        real.claimed_epsilon
+    for factor in (0.25, 0.1):
+        (weak,) = audit_job(cfg, silo="Hungary", seed=1, noise_factor=factor)
+        assert weak.violation and weak.estimate_lower > 2 * weak.claimed_epsilon
+    real_store = config_from_dict({"data": {"standardize": "private"},
+                                   "budget": {"store": "x.sqlite"}, "output": {"dir": ""}})
+    with pytest.raises(ConfigError, match="scratch"):
+        audit_job(real_store)

@@ -220,11 +220,15 @@ def _gdp(d: dict) -> str:
     assumes Gaussian scores) of a last-iterate audit (`audit.lastiter`); else '—'."""
     g, e = d.get("gdp"), d.get("estimate")
     if g is None and e is not None:
-        return f"{_f(e['epsilon_lower'])} – {_f(e['epsilon'])} ({e.get('score', '')})"
+        tag = f" ({e['score']})" if e.get("score") else ""
+        return f"{_f(e['epsilon_lower'])} – {_f(e['epsilon'])}{tag}"
     return "—" if g is None else f"{g['epsilon']:.3f}"
 
 
 def _how(kind: str, d: dict) -> str:
+    if d.get("view") == "release (white box)":
+        return (f"{d['canaries']} canary rows ({d['included']} in), one release, each a "
+                "record's full sensitivity")
     if kind == "one-run":
         return (f"m={d['canaries']} ({d['included']} in), {d['score']}: "
                 f"{d['correct']}/{d['guesses']} right")

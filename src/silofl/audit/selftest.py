@@ -172,10 +172,12 @@ UNCHARGED = "uncharged standardization"
 
 def _release_rows(cfg, silo: str | None, confidence: float, seed: int | None,
                   rows: list[SelfTestRow]) -> list[str]:
-    """The preprocessing release's rows: as run (when the job has a private release) and
-    without its noise (the job's private spec, else standardize = "private" made up for the
-    test). Returns notes."""
-    from silofl.audit.release import audit_job_release
+    """The preprocessing release's rows, by the white-box release audit
+    (`audit.release_server`, one release each): as run (when the job has a private
+    release), its noise × ¼, and without its noise (an uncharged standardization) — with
+    the job's private spec, else standardize = impute = "private" made up for the test.
+    Returns notes."""
+    from silofl.audit.release_server import _gdp, audit_job
     from silofl.data.preprocess import PreprocessSpec
     from silofl.errors import SiloflError
     from silofl.experiments import build
@@ -184,24 +186,25 @@ def _release_rows(cfg, silo: str | None, confidence: float, seed: int | None,
     private = "private" in (spec.standardize, spec.impute)
     if not private:
         spec = PreprocessSpec("private", "private", spec.share)
-    cases = ([(AS_RUN + " (release)", False)] if private else []) + [(UNCHARGED, True)]
+    cases = ([(AS_RUN, None, "the private preprocessing release, unchanged")]
+             if private else []) + [
+        (RELEASE_QUARTER, 0.25, "the private preprocessing release with its noise × 1/4"),
+        (UNCHARGED, 0.0, "the private preprocessing release without its noise")]
     try:
-        for name, weaken in cases:
-            for r in audit_job_release(cfg, silo=silo, runs=RELEASE_RUNS, confidence=confidence,
-                                       spec=spec, weaken=weaken, seed=seed):
-                rows.append(SelfTestRow(
-                    AS_RUN if not weaken else name,
-                    "the private preprocessing release, unchanged" if not weaken else
-                    "the private preprocessing release without its noise",
-                    r.silo, r.claimed_epsilon, math.inf if weaken else r.claimed_epsilon,
-                    r.lower_bound, None, r.violation, None))
+        for i, (name, factor, what) in enumerate(cases):
+            for r in audit_job(cfg, silo=silo, confidence=confidence, spec=spec,
+                               noise_factor=factor, seed=None if seed is None else seed + i):
+                sigma = r.details["claimed_noise_multiplier"]
+                true = (r.claimed_epsilon if factor is None else math.inf if factor == 0
+                        else _gdp(1 / (sigma * factor), r.delta))
+                rows.append(SelfTestRow(name, what, r.silo, r.claimed_epsilon, true,
+                                        r.lower_bound, r.estimate_lower, r.violation, None))
     except SiloflError as e:  # no bounded column to release privately, ...
         return [f"{UNCHARGED}: not tested ({e})"]
     made_up = "" if private else (" (the job's preprocessing is declared, so the test "
                                   "makes standardize/impute private for this check)")
-    return [f"{UNCHARGED}: the release audit on {RELEASE_RUNS} + {RELEASE_RUNS} releases "
-            f"of the preprocessing statistics{made_up}; its claim is the release's own ε"]
+    return [f"preprocessing release rows: the white-box release audit, one release each "
+            f"with canary rows{made_up}; their claim is the release's own ε"]
 
 
-#: releases on each of D and D′ for the preprocessing rows (no training: cheap)
-RELEASE_RUNS = 200
+RELEASE_QUARTER = "release noise x1/4"

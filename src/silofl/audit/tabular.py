@@ -130,7 +130,8 @@ def audit(cfg, *, view: str = _AUDIT.view, kind: str = _AUDIT.kind, silo: str | 
     rng = np.random.default_rng(seed)  # None: OS entropy
     raw, names = audited_silos(cfg, silo)
     if view == "release":
-        return _release(cfg, silo, runs, confidence, store, seed, t0, on_progress)
+        return _release(cfg, kind, silo, runs, canaries, confidence, store, seed, t0,
+                        on_progress)
     if view == "server":
         return _server(cfg, raw, names, kind, canaries, runs, confidence, store, rng, seed,
                        t0, on_progress, weaken)
@@ -194,16 +195,30 @@ def _server(cfg, raw, names, kind, canaries, runs, confidence, store, rng, seed,
                        neighbouring=run_mod.ADJACENCY, view="server")
 
 
-def _release(cfg, silo, runs, confidence, store, seed, t0, on_progress) -> AuditReport:
-    """The preprocessing release's audit (`audit.release`) as an AuditReport."""
+def _release(cfg, kind, silo, runs, canaries, confidence, store, seed, t0,
+             on_progress) -> AuditReport:
+    """The preprocessing release's audit as an AuditReport: one-run, the white box
+    (`audit.release_server`: canary rows in one release); multi-run, `audit.release`
+    (`runs` releases on D and D′ = D + one canary record)."""
+    from silofl.audit import release_server
     from silofl.audit.release import CHARGED_NOTE, DEFAULT_RUNS, audit_job_release
-    n = DEFAULT_RUNS if runs is None else int(runs)
-    rows = audit_job_release(cfg, silo=silo, runs=n, confidence=confidence, store=store,
-                             seed=seed, on_progress=on_progress)
-    return AuditReport("multi-run", rows, ["preprocessing release"], _notes(
-        cfg, BudgetStore(None), [], [CHARGED_NOTE, f"release audit: {n} releases on D and "
-                                     f"{n} on D′ = D + one canary record per audited silo; "
-                                     "each row's claim is the release's own ε"]),
+    if kind == "one-run":
+        if isinstance(canaries, Canaries):
+            raise ConfigError("the one-run release audit uses canary rows, not records: "
+                              "give --canaries as a number")
+        rows = release_server.audit_job(cfg, silo=silo, rows=canaries,
+                                        confidence=confidence, store=store, seed=seed)
+        what = (f"release audit, white box: {rows[0].details['canaries']} canary rows per "
+                "audited silo in one release (each a record's full sensitivity, in with "
+                "probability 1/2); each row's claim is the release's own ε")
+    else:
+        n = DEFAULT_RUNS if runs is None else int(runs)
+        rows = audit_job_release(cfg, silo=silo, runs=n, confidence=confidence, store=store,
+                                 seed=seed, on_progress=on_progress)
+        what = (f"release audit: {n} releases on D and {n} on D′ = D + one canary record per "
+                "audited silo; each row's claim is the release's own ε")
+    return AuditReport(kind, rows, ["preprocessing release"], _notes(
+        cfg, BudgetStore(None), [], [CHARGED_NOTE, what]),
         None, True, [], time.perf_counter() - t0, confidence, cfg.privacy.noise,
         neighbouring=run_mod.ADJACENCY, view="release")
 

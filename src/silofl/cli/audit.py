@@ -105,14 +105,13 @@ def _check_options(cfg, self_test: bool, view, kind, runs, canaries) -> None:
                               "--kind and --runs")
         return
     v, k = view or cfg.audit.view, kind or cfg.audit.kind
-    if v == "release":
-        if kind not in (None, "multi-run") or canaries is not None:
-            raise ConfigError("--view release audits `--runs` releases on each of D and D′ "
-                              "with one canary record: leave out --kind one-run and "
-                              "--canaries")
-    elif runs is not None and k == "one-run":
-        raise ConfigError(f"--runs {runs} applies to --kind multi-run (or --view release); "
-                          "a one-run audit trains one job: leave --runs out or add --kind "
+    if v == "release" and k == "multi-run" and canaries is not None:
+        raise ConfigError("--view release --kind multi-run audits `--runs` releases on each "
+                          "of D and D′ with one canary record: leave out --canaries (or use "
+                          "the one-run white-box release audit, --kind one-run)")
+    if runs is not None and k == "one-run":
+        raise ConfigError(f"--runs {runs} applies to --kind multi-run; a one-run audit "
+                          "runs one job (or one release): leave --runs out or add --kind "
                           "multi-run")
 
 

@@ -42,12 +42,34 @@ def sufficient_statistics(X: np.ndarray, lower: np.ndarray, upper: np.ndarray) -
                     axis=1).astype(np.float64)
 
 
+class ReleaseProbe(Protocol):
+    """An auditor's instrument on a private release (`silofl.audit.release`): it appends
+    auditing-only rows (canaries) to a silo's statistics before the noise and sees them
+    after it. Only audits attach one."""
+
+    def extend(self, silo: str, stats: np.ndarray) -> np.ndarray:
+        """(d, 3) → (d + r, 3): the statistics with the auditor's r rows appended."""
+        ...
+
+    def observe(self, silo: str, released: np.ndarray) -> None:
+        """See the noisy (d + r, 3) release."""
+
+
 def release_statistics(X: np.ndarray, lower: np.ndarray, upper: np.ndarray,
-                       noise_std: float, rng: NoiseSource) -> np.ndarray:
+                       noise_std: float, rng: NoiseSource, probe: ReleaseProbe | None = None,
+                       silo: str = "") -> np.ndarray:
     """`sufficient_statistics` + N(0, noise_std²) on each of the (d, 3) coordinates, drawn
-    with ``rng.normal`` (a `silofl.privacy.randomness.Randomness`); noise_std = σ·Δ."""
+    with ``rng.normal`` (a `silofl.privacy.randomness.Randomness`); noise_std = σ·Δ.
+    `probe` (audits only): rows appended before the noise, in the same draw, and seen after
+    it; the (d, 3) release is returned without them."""
     stats = sufficient_statistics(X, lower, upper)
-    return stats + noise_std * np.asarray(rng.normal(stats.shape), dtype=np.float64)
+    d = stats.shape[0]
+    if probe is not None:
+        stats = probe.extend(silo, stats)
+    released = stats + noise_std * np.asarray(rng.normal(stats.shape), dtype=np.float64)
+    if probe is not None:
+        probe.observe(silo, released)
+    return released[:d]
 
 
 def moments_from_statistics(stats: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:

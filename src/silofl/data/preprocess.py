@@ -55,6 +55,7 @@ import numpy as np
 from silofl.data.column_stats import (
     SENSITIVITY_PER_COLUMN,
     NoiseSource,
+    ReleaseProbe,
     center_scale,
     declared_bounds,
     fill_value,
@@ -474,7 +475,8 @@ class Constants(TypedDict):
 
 
 def apply_preprocessing(raw: RawFederation, plan: PreprocessPlan,
-                        rng: NoiseSource | None = None) -> Federation:
+                        rng: NoiseSource | None = None,
+                        probe: ReleaseProbe | None = None) -> Federation:
     """Compute the planned statistics per silo (training rows only; test rows are only
     transformed) and return the finished Federation.
 
@@ -486,6 +488,8 @@ def apply_preprocessing(raw: RawFederation, plan: PreprocessPlan,
         From `plan_preprocessing`; its events must already be charged.
     rng : NoiseSource, optional
         Draws the noise (``rng.normal``); needed only when the plan is private.
+    probe : ReleaseProbe, optional
+        Audits only (`silofl.audit.release`): canary rows in each silo's private release.
 
     Returns
     -------
@@ -516,7 +520,7 @@ def apply_preprocessing(raw: RawFederation, plan: PreprocessPlan,
             silos.append(s)
             continue
         own = constants["silos"][s.name] = {"fill": {}, "standardize": {}}
-        silos.append(_apply_silo(raw, plan, s, bounded, rng, own))
+        silos.append(_apply_silo(raw, plan, s, bounded, rng, own, probe))
     meta = {**raw.meta, "preprocessing": plan.to_meta(), "uncharged": list(plan.uncharged),
             "constants": constants}
     meta.pop("schema_from_data", None)
@@ -524,7 +528,8 @@ def apply_preprocessing(raw: RawFederation, plan: PreprocessPlan,
 
 
 def _apply_silo(raw: RawFederation, plan: PreprocessPlan, s: Silo, bounded: list[int],
-                rng: NoiseSource | None, own: SiloConstants) -> Silo:
+                rng: NoiseSource | None, own: SiloConstants,
+                probe: ReleaseProbe | None = None) -> Silo:
     """One tabular silo, preprocessed as planned; its constants are written to `own`."""
     Xtr = np.array(s.X_train, dtype=np.float64)
     Xte = np.array(s.X_test, dtype=np.float64)
@@ -541,7 +546,8 @@ def _apply_silo(raw: RawFederation, plan: PreprocessPlan, s: Silo, bounded: list
         lo = np.array([b[0] for b in bounds])
         hi = np.array([b[1] for b in bounds])
         stats = release_statistics(orig[:, rel], lo, hi,
-                                   plan.noise_multipliers[s.name] * plan.sensitivity, rng)
+                                   plan.noise_multipliers[s.name] * plan.sensitivity, rng,
+                                   probe, s.name)
         mean_u, std_u = moments_from_statistics(stats, s.n_train)
         priv = {j: (m, sd) for j, m, sd in zip(rel, mean_u, std_u)}
     index = {raw.feature_names[j]: j for j in raw.specs}
