@@ -200,13 +200,13 @@ def _release(cfg, kind, silo, runs, canaries, confidence, store, seed, t0,
     """The preprocessing release's audit as an AuditReport: one-run, the white box
     (`audit.release_server`: canary rows in one release); multi-run, `audit.release`
     (`runs` releases on D and D′ = D + one canary record)."""
-    from silofl.audit import release_server
     from silofl.audit.release import CHARGED_NOTE, DEFAULT_RUNS, audit_job_release
+    from silofl.audit.release_server import audit_job as audit_release_white_box
     if kind == "one-run":
         if isinstance(canaries, Canaries):
             raise ConfigError("the one-run release audit uses canary rows, not records: "
                               "give --canaries as a number")
-        rows = release_server.audit_job(cfg, silo=silo, rows=canaries,
+        rows = audit_release_white_box(cfg, silo=silo, rows=canaries,
                                         confidence=confidence, store=store, seed=seed)
         what = (f"release audit, white box: {rows[0].details['canaries']} canary rows per "
                 "audited silo in one release (each a record's full sensitivity, in with "
