@@ -466,9 +466,9 @@ def test_private_apply_uses_one_release_per_silo_and_post_processes(monkeypatch)
                               _targets(raw))
     asked = []
 
-    def spy(X, lo, hi, noise_std, rng):
+    def spy(X, lo, hi, noise_std, rng, probe=None, silo=""):
         asked.append(noise_std)
-        return release_statistics(X, lo, hi, noise_std, rng)
+        return release_statistics(X, lo, hi, noise_std, rng, probe, silo)
 
     monkeypatch.setattr(preprocess, "release_statistics", spy)
     rng = _ZeroNoise()
