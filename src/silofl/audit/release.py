@@ -289,6 +289,21 @@ def _row(target: PrivacyTarget, silo: str, nb: _Neighbour, stats: tuple[dict, di
                      res["epsilon"], res)
 
 
+def release_store(cfg, store: BudgetStore | None) -> BudgetStore:
+    """The store a release audit of `cfg` charges: `store`, else a scratch store when
+    [budget] scratch; ConfigError when privacy is off or no scratch store is allowed."""
+    if not cfg.privacy.enabled:
+        raise ConfigError("a release audit compares a claimed ε with an empirical lower "
+                          "bound, but this config has no ε claim (privacy is disabled); "
+                          "enable [privacy] with epsilon and delta")
+    if store is None:
+        if not cfg.budget.scratch:
+            raise ConfigError("a release audit is an experiment, not a release: run it on a "
+                              "scratch store (--scratch, or [budget] scratch = true)")
+        store = BudgetStore(None)
+    return store
+
+
 def audit_job_release(cfg, *, silo: str | None = None, runs: int = DEFAULT_RUNS,
                       confidence: float = 0.95, store: BudgetStore | None = None,
                       spec: PreprocessSpec | None = None, canary: Canaries | None = None,
@@ -325,15 +340,7 @@ def audit_job_release(cfg, *, silo: str | None = None, runs: int = DEFAULT_RUNS,
     ConfigError
         Privacy disabled, a non-scratch store, or bad input (see `audit_release`).
     """
-    if not cfg.privacy.enabled:
-        raise ConfigError("a release audit compares a claimed ε with an empirical lower "
-                          "bound, but this config has no ε claim (privacy is disabled); "
-                          "enable [privacy] with epsilon and delta")
-    if store is None:
-        if not cfg.budget.scratch:
-            raise ConfigError("a release audit is an experiment, not a release: run it on a "
-                              "scratch store (--scratch, or [budget] scratch = true)")
-        store = BudgetStore(None)
+    store = release_store(cfg, store)
     raw = build.apply_privacy(build.load_raw(cfg.data), cfg)
     return audit_release(
         raw, spec=spec or build.preprocess_spec(cfg.data), store=store,

@@ -136,15 +136,9 @@ def audit_job(cfg, *, silo: str | None = None, rows: int | None = None,
     noise mode and preprocessing, or `spec`); `store` default: a scratch store when
     [budget] scratch, else refused."""
     from silofl.audit.jobs import audited_silos
+    from silofl.audit.release import release_store
     from silofl.experiments import build
-    if not cfg.privacy.enabled:
-        raise ConfigError("a release audit compares a claimed ε with what an attack "
-                          "establishes, but this config has no ε claim (privacy is disabled)")
-    if store is None:
-        if not cfg.budget.scratch:
-            raise ConfigError("a release audit is an experiment, not a release: run it on a "
-                              "scratch store (--scratch, or [budget] scratch = true)")
-        store = BudgetStore(None)
+    store = release_store(cfg, store)
     raw, names = audited_silos(cfg, silo)
     return audit_release_rows(
         raw, spec=spec or build.preprocess_spec(cfg.data), store=store, silos=names,
