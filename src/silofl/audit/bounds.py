@@ -136,9 +136,12 @@ def gdp_delta(mu: float, epsilon: float) -> float:
 
 
 def gdp_epsilon(mu: float, delta: float) -> float:
-    """The smallest ε with μ-GDP ⇒ (ε, δ)-DP (δ(ε) falls in ε); 0 when δ(0) ≤ δ."""
+    """The smallest ε with μ-GDP ⇒ (ε, δ)-DP (δ(ε) falls in ε); 0 when δ(0) ≤ δ (every
+    μ ≤ 0), ∞ for μ = ∞ (no noise)."""
     if not 0 < delta < 1:
         raise ConfigError(f"the Gaussian (f-DP) bound needs δ in (0, 1), got {delta}")
+    if math.isinf(mu) and mu > 0:
+        return math.inf
     if gdp_delta(mu, 0.0) <= delta:
         return 0.0
     hi = 1.0
@@ -157,7 +160,7 @@ def one_run_gdp(m: int, r: int, v: int, delta: float, beta: float = 0.05,
     if not 0 < delta < 1:
         raise ConfigError(f"the Gaussian (f-DP) bound needs δ in (0, 1), got {delta}")
     mu = _largest_refuted(lambda u: fdp_rejects(m, r, v, beta, gaussian_curve(u)), tol, 64.0)
-    return {"mu": mu, "epsilon": gdp_epsilon(mu, delta) if mu > 0 else 0.0}
+    return {"mu": mu, "epsilon": gdp_epsilon(mu, delta)}
 
 
 #: what the f-DP (Gaussian) bound assumes, stated wherever it is reported

@@ -28,6 +28,7 @@ each pass (B,).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from functools import lru_cache
 
 import numpy as np
@@ -267,18 +268,37 @@ def mu_hat(out: np.ndarray, inn: np.ndarray, confidence: float) -> tuple[float, 
 SCALE_RANGE = (1e-3, 1e3)
 
 
-def noise_scale_for(mu: float, steps: np.ndarray, q: float, sigma: float) -> float:
-    """The noise scale c at which the analytic mechanism's expected μ equals `mu` (μ falls
-    as c grows); 0 for μ beyond what the smallest scale gives, inf for μ ≤ 0."""
+def scale_for_mu(mu: float, mu_at: Callable[[float], float]) -> float:
+    """The noise scale c at which a mechanism family's expected μ, `mu_at(c)`, equals `mu`
+    (μ falls as c grows; bisection in log scale); 0 for μ beyond what the smallest scale
+    gives, inf for μ ≤ 0 or below the largest scale's."""
     lo, hi = SCALE_RANGE
-    if not mu > 0 or mu <= expected_mu(steps, q, sigma, hi):
+    if not mu > 0 or mu <= mu_at(hi):
         return math.inf
-    if math.isinf(mu) or mu >= expected_mu(steps, q, sigma, lo):
+    if math.isinf(mu) or mu >= mu_at(lo):
         return 0.0
-    while math.log(hi / lo) > 1e-5:  # bisection in log scale
+    while math.log(hi / lo) > 1e-5:
         mid = math.sqrt(lo * hi)
-        lo, hi = (mid, hi) if expected_mu(steps, q, sigma, mid) > mu else (lo, mid)
+        lo, hi = (mid, hi) if mu_at(mid) > mu else (lo, mid)
     return math.sqrt(lo * hi)
+
+
+def noise_scale_for(mu: float, steps: np.ndarray, q: float, sigma: float) -> float:
+    """`scale_for_mu` for the Poisson-subsampled Gaussian (`expected_mu`)."""
+    return scale_for_mu(mu, lambda c: expected_mu(steps, q, sigma, c))
+
+
+def estimate_through(out: np.ndarray, inn: np.ndarray, mu_at: Callable[[float], float],
+                     true_epsilon, confidence: float, assumes: str) -> dict:
+    """μ̂ of the scores `out` / `inn` and its one-sided lower limit (`mu_hat`), read
+    through a mechanism family: the noise scales c where `mu_at(c)` equals them
+    (`scale_for_mu`) and `true_epsilon(c)` there (see `estimate`)."""
+    mu, lower, se = mu_hat(out, inn, confidence)
+    c, c_lo = scale_for_mu(mu, mu_at), scale_for_mu(lower, mu_at)
+    return {"mu": mu, "mu_lower": lower, "se": se, "noise_scale": c,
+            "noise_scale_at_lower": c_lo, "epsilon": _eps_at(true_epsilon, c),
+            "epsilon_lower": _eps_at(true_epsilon, c_lo), "confidence": confidence,
+            "canaries": [int(np.size(out)), int(np.size(inn))], "assumes": assumes}
 
 
 def estimate(out: np.ndarray, inn: np.ndarray, steps: np.ndarray, q: float, sigma: float,
@@ -308,12 +328,8 @@ def estimate(out: np.ndarray, inn: np.ndarray, steps: np.ndarray, q: float, sigm
         (the verdict's), in the claim's unit; "confidence", "canaries" [n₀, n₁] and
         "assumes".
     """
-    mu, lower, se = mu_hat(out, inn, confidence)
-    c, c_lo = noise_scale_for(mu, steps, q, sigma), noise_scale_for(lower, steps, q, sigma)
-    return {"mu": mu, "mu_lower": lower, "se": se, "noise_scale": c,
-            "noise_scale_at_lower": c_lo, "epsilon": _eps_at(true_epsilon, c),
-            "epsilon_lower": _eps_at(true_epsilon, c_lo), "confidence": confidence,
-            "canaries": [int(np.size(out)), int(np.size(inn))], "assumes": ESTIMATE_ASSUMES}
+    return estimate_through(out, inn, lambda c: expected_mu(steps, q, sigma, c),
+                            true_epsilon, confidence, ESTIMATE_ASSUMES)
 
 
 def _eps_at(true_epsilon, c: float) -> float:
@@ -370,14 +386,22 @@ def detectable(steps: np.ndarray, q: float, sigma: float, claim: float, n_out: i
         end expected for the mechanism as run); "false_flag_probability" (of the mechanism
         as run).
     """
+    return detectable_through(lambda c: expected_mu(steps, q, sigma, c), claim, n_out, n_in,
+                              confidence, true_epsilon)
+
+
+def detectable_through(mu_at: Callable[[float], float], claim: float, n_out: int,
+                       n_in: int, confidence: float, true_epsilon) -> dict:
+    """`detectable` for any mechanism family whose expected μ at noise scale c is
+    `mu_at(c)`."""
     z = float(stats.norm.ppf(confidence))
-    mu_claim = expected_mu(steps, q, sigma, scale_at(true_epsilon, claim))
+    mu_claim = mu_at(scale_at(true_epsilon, claim))
 
     def se(mu: float) -> float:
         return math.sqrt(1 / n_out + 1 / n_in + mu ** 2 / (2 * (n_out + n_in)))
 
     def p_flag(c: float) -> float:
-        mu_c = expected_mu(steps, q, sigma, c)
+        mu_c = mu_at(c)
         return float(stats.norm.cdf((mu_c - mu_claim - z * se(mu_c)) / se(mu_c)))
 
     a, b = SCALE_RANGE[0], 1.0
@@ -388,9 +412,9 @@ def detectable(steps: np.ndarray, q: float, sigma: float, claim: float, n_out: i
             mid = math.sqrt(a * b)
             a, b = (mid, b) if p_flag(mid) >= confidence else (a, mid)
         found = float(true_epsilon(a))
-    mu1 = expected_mu(steps, q, sigma, 1.0)
+    mu1 = mu_at(1.0)
     return {"detectable_epsilon": found, "detectable_noise_scale": a,
             "mu_claim": mu_claim, "expected_mu": mu1,
-            "expected_epsilon_lower": _eps_at(true_epsilon, noise_scale_for(
-                mu1 - z * se(mu1), steps, q, sigma)),
+            "expected_epsilon_lower": _eps_at(true_epsilon, scale_for_mu(
+                mu1 - z * se(mu1), mu_at)),
             "false_flag_probability": p_flag(1.0)}

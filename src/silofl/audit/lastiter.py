@@ -405,18 +405,15 @@ def estimate(out: np.ndarray, inn: np.ndarray, delta: float, confidence: float) 
         ("mu_auc", "epsilon_auc": a point cross-check that assumes no score law).
     """
     mu, lower, se = mu_hat(out, inn, confidence)
-
-    def eps(m: float) -> float:
-        return math.inf if math.isinf(m) else (gdp_epsilon(m, delta) if m > 0 else 0.0)
     # a cross-check that needs no Gaussian scores: a μ-GDP mechanism's every test has
     # AUC ≤ Φ(μ/√2), so √2·Φ⁻¹(AUC) under-reads μ whatever the scores' law; far below μ̂,
     # it says the scores are not Gaussian and μ̂ is not to be trusted
     a, b = np.asarray(out, float), np.asarray(inn, float)
     auc = float(np.mean((b[:, None] > a[None, :]) + 0.5 * (b[:, None] == a[None, :])))
     mu_auc = math.sqrt(2) * float(stats.norm.ppf(auc))
-    return {"mu": mu, "mu_lower": lower, "se": se, "epsilon": eps(mu),
-            "epsilon_lower": eps(lower), "confidence": confidence, "auc": auc,
-            "mu_auc": mu_auc, "epsilon_auc": eps(mu_auc),
+    return {"mu": mu, "mu_lower": lower, "se": se, "epsilon": gdp_epsilon(mu, delta),
+            "epsilon_lower": gdp_epsilon(lower, delta), "confidence": confidence, "auc": auc,
+            "mu_auc": mu_auc, "epsilon_auc": gdp_epsilon(mu_auc, delta),
             "runs": [int(np.size(out)), int(np.size(inn))],
             "assumes": ESTIMATE_ASSUMES}
 

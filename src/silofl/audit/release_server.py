@@ -19,8 +19,6 @@ the silos' data: it is reserved and settled like a job's preprocessing, on a scr
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 from silofl.audit.bounds import gdp_epsilon, multi_run_epsilon
@@ -109,7 +107,8 @@ def audit_release_rows(raw, *, spec: PreprocessSpec, store: BudgetStore, silos: 
         pooled.pop("threshold", None)  # a noise value of the release: not reported
         mu, lower, se = mu_hat(x[~inc], x[inc], 1 - (1 - c_unit) / 2)
         est = {"mu": mu, "mu_lower": lower, "se": se,
-               "epsilon": _gdp(mu, t.delta), "epsilon_lower": _gdp(lower, t.delta),
+               "epsilon": gdp_epsilon(mu, t.delta),
+               "epsilon_lower": gdp_epsilon(lower, t.delta),
                "assumes": "a Gaussian release (exact for this mechanism); the interval is "
                           "normal theory for μ̂"}
         details = {"view": "release (white box)", "canaries": int(rows),
@@ -119,13 +118,6 @@ def audit_release_rows(raw, *, spec: PreprocessSpec, store: BudgetStore, silos: 
         out.append(SiloAudit(n, claim, plan.spec.share * t.epsilon, t.delta,
                              pooled["epsilon"], details, estimate_lower=est["epsilon_lower"]))
     return out
-
-
-def _gdp(mu: float, delta: float) -> float:
-    """ε of a Gaussian mechanism with this μ at δ (0 for μ ≤ 0, ∞ past μ = 60: no noise)."""
-    if not mu > 0:
-        return 0.0
-    return math.inf if not math.isfinite(mu) or mu > 60 else gdp_epsilon(mu, delta)
 
 
 def audit_job(cfg, *, silo: str | None = None, rows: int | None = None,

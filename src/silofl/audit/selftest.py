@@ -177,7 +177,8 @@ def _release_rows(cfg, silo: str | None, confidence: float, seed: int | None,
     release), its noise × ¼, and without its noise (an uncharged standardization) — with
     the job's private spec, else standardize = impute = "private" made up for the test.
     Returns notes."""
-    from silofl.audit.release_server import _gdp, audit_job
+    from silofl.audit.bounds import gdp_epsilon
+    from silofl.audit.release_server import audit_job
     from silofl.data.preprocess import PreprocessSpec
     from silofl.errors import SiloflError
     from silofl.experiments import build
@@ -196,7 +197,7 @@ def _release_rows(cfg, silo: str | None, confidence: float, seed: int | None,
                                noise_factor=factor, seed=None if seed is None else seed + i):
                 sigma = r.details["claimed_noise_multiplier"]
                 true = (r.claimed_epsilon if factor is None else math.inf if factor == 0
-                        else _gdp(1 / (sigma * factor), r.delta))
+                        else gdp_epsilon(1 / (sigma * factor), r.delta))
                 rows.append(SelfTestRow(name, what, r.silo, r.claimed_epsilon, true,
                                         r.lower_bound, r.estimate_lower, r.violation, None))
     except SiloflError as e:  # no bounded column to release privately, ...

@@ -41,7 +41,7 @@ import math
 import numpy as np
 from scipy import stats
 
-from silofl.audit.estimate import SCALE_RANGE, mu_hat, scale_at
+from silofl.audit.estimate import detectable_through, estimate_through, scale_for_mu
 from silofl.audit.whitebox import AuditedModel
 from silofl.errors import ConfigError
 from silofl.models.base import Model
@@ -207,76 +207,34 @@ def node_expected_mu(steps: np.ndarray, n: int, affected: int, b: int, sigma: fl
 
 def node_noise_scale_for(mu: float, steps: np.ndarray, n: int, affected: int, b: int,
                          sigma: float) -> float:
-    """The noise scale c at which `node_expected_mu` equals `mu` (μ falls as c grows);
-    0 beyond the smallest scale's μ, inf for μ ≤ 0 or below the largest scale's."""
-    def mu_at(c: float) -> float:
-        return node_expected_mu(steps, n, affected, b, sigma, c)
-    lo, hi = SCALE_RANGE
-    if not mu > 0 or mu <= mu_at(hi):
-        return math.inf
-    if math.isinf(mu) or mu >= mu_at(lo):
-        return 0.0
-    while hi / lo > 1.0005:  # bisection in log scale, to 0.05%
-        mid = math.sqrt(lo * hi)
-        lo, hi = (mid, hi) if mu_at(mid) > mu else (lo, mid)
-    return math.sqrt(lo * hi)
+    """The noise scale c at which `node_expected_mu` equals `mu` (`estimate.scale_for_mu`)."""
+    return scale_for_mu(mu, lambda c: node_expected_mu(steps, n, affected, b, sigma, c))
 
 
 def node_estimate(out: np.ndarray, inn: np.ndarray, steps: np.ndarray, n: int,
                   affected: int, b: int, sigma: float, true_epsilon,
                   confidence: float) -> dict:
-    """The ε estimate from the LLR scores of the canaries without (`out`) and with (`inn`).
+    """The ε estimate from the LLR scores of the canaries without (`out`) and with (`inn`),
+    read through the node-level family (`estimate.estimate_through`).
 
     `true_epsilon(c)`: the accountant's ε of the audited steps with noise σ·c. Returns μ̂,
     its one-sided lower limit, the noise scales they imply and ε at both ("epsilon",
     "epsilon_lower": the estimate's verdict), with what it assumes."""
-    mu, lower, se = mu_hat(out, inn, confidence)
-    c = node_noise_scale_for(mu, steps, n, affected, b, sigma)
-    c_lo = node_noise_scale_for(lower, steps, n, affected, b, sigma)
-
-    def eps(scale: float) -> float:
-        return math.inf if scale == 0 else 0.0 if math.isinf(scale) else \
-            float(true_epsilon(scale))
-    return {"mu": mu, "mu_lower": lower, "se": se,
-            "expected_mu": node_expected_mu(steps, n, affected, b, sigma),
-            "noise_scale": c, "noise_scale_at_lower": c_lo, "epsilon": eps(c),
-            "epsilon_lower": eps(c_lo), "confidence": confidence,
-            "canaries": [int(np.size(out)), int(np.size(inn))],
-            "assumes": NODE_ESTIMATE_ASSUMES}
+    def mu_at(c: float) -> float:
+        return node_expected_mu(steps, n, affected, b, sigma, c)
+    return dict(estimate_through(out, inn, mu_at, true_epsilon, confidence,
+                                 NODE_ESTIMATE_ASSUMES), expected_mu=mu_at(1.0))
 
 
 def node_detectable(steps: np.ndarray, n: int, affected: int, b: int, sigma: float,
                     claim: float, n_out: int, n_in: int, confidence: float,
                     true_epsilon) -> dict:
-    """The power of `node_estimate` at these settings: the smallest true ε (the claimed
-    family at noise σ·c) it flags — lower end above `claim` — with probability ≥
-    `confidence` when n_out and n_in canaries are scored, as
-    `silofl.audit.estimate.detectable` for Poisson sampling: μ̂ ≈ N(μ_c, SE_c), flagged
-    when μ̂ − z·SE > μ_claim; P(flag) = Φ((μ_c − μ_claim − z·SE_c)/SE_c). inf (noise
-    scale 0) when even the smallest noise scale is not flagged that often."""
-    z = float(stats.norm.ppf(confidence))
-
-    def mu(c: float) -> float:
-        return node_expected_mu(steps, n, affected, b, sigma, c)
-
-    def se(m: float) -> float:
-        return math.sqrt(1 / n_out + 1 / n_in + m ** 2 / (2 * (n_out + n_in)))
-
-    def p_flag(c: float) -> float:
-        m = mu(c)
-        return float(stats.norm.cdf((m - mu_claim - z * se(m)) / se(m)))
-
-    lo, hi = SCALE_RANGE[0], 1.0
-    c_claim = scale_at(true_epsilon, claim)
-    mu_claim = mu(c_claim)
-    if p_flag(lo) < confidence:  # not even (almost) no noise is flagged that often
-        return {"detectable_epsilon": math.inf, "detectable_noise_scale": 0.0,
-                "mu_claim": mu_claim, "false_flag_probability": p_flag(1.0)}
-    while hi / lo > 1.001:  # the largest noise scale still flagged with `confidence`
-        mid = math.sqrt(lo * hi)
-        lo, hi = (mid, hi) if p_flag(mid) >= confidence else (lo, mid)
-    return {"detectable_epsilon": float(true_epsilon(lo)), "detectable_noise_scale": lo,
-            "mu_claim": mu_claim, "false_flag_probability": p_flag(1.0)}
+    """The power of `node_estimate` at these settings (`estimate.detectable_through` with
+    the node-level family): the smallest true ε it flags — lower end above `claim` — with
+    probability ≥ `confidence`; inf when even the smallest noise scale is not flagged that
+    often."""
+    return detectable_through(lambda c: node_expected_mu(steps, n, affected, b, sigma, c),
+                              claim, n_out, n_in, confidence, true_epsilon)
 
 
 __all__ = ["NodeCanaries", "NORM_FACTOR", "node_llr_scores",
