@@ -204,10 +204,10 @@ def detectable_epsilon(row) -> float | None:
     return None
 
 
-def _f(x) -> str:
+def _f(x, digits: int = 3) -> str:
     if x is None or x != x:  # None or NaN: not computed
         return "—"
-    return "∞" if x == float("inf") else f"{x:.3f}"
+    return "∞" if x == float("inf") else f"{x:.{digits}f}"
 
 
 def _how_server(d: dict) -> str:
@@ -270,8 +270,8 @@ def selftest_table(rep) -> Table:
     for i, r in enumerate(rep.rows):
         first = i == 0 or rep.rows[i - 1].mechanism != r.mechanism
         last = i == len(rep.rows) - 1 or rep.rows[i + 1].mechanism != r.mechanism
-        t.add_row(r.mechanism if first else "", r.silo, _f2(r.claimed_epsilon),
-                  _f2(r.true_epsilon), _f2(r.lower_bound), _f2(r.estimate_lower),
+        t.add_row(r.mechanism if first else "", r.silo, _f(r.claimed_epsilon, 2),
+                  _f(r.true_epsilon, 2), _f(r.lower_bound, 2), _f(r.estimate_lower, 2),
                   _result(r), end_section=last)
     t.caption = (f"flagged: the rigorous lower bound (bound) or the estimate's lower end "
                  f"(est. low) exceeds the claim; (ok) when that is what it must be: a copy "
@@ -279,12 +279,6 @@ def selftest_table(rep) -> Table:
                  "run must not be, a copy in between may go either way. MISSED or FALSE "
                  "ALARM: the self-test failed. " + ESTIMATE_NOTE + ".")
     return t
-
-
-def _f2(x) -> str:
-    if x is None or x != x:  # None or NaN: not computed
-        return "—"
-    return "∞" if x == float("inf") else f"{x:.2f}"
 
 
 def _result(r) -> str:
