@@ -293,6 +293,9 @@ def plan_job(fed: Federation, algorithms: list[Algorithm], cfg: TrainingConfig,
         return _plan_local_dp(algorithms, per_alg, cfg, extra)
     extra = extra or {}
     parts = [f"{len(algorithms)} methods composed" if len(algorithms) > 1 else "1 method"]
+    if cfg.adaptive_clip:
+        parts.append(f"clip auto: quantile γ = {cfg.clip_quantile:g}, each step's noisy count "
+                     "(σ_b) composed in")
     for k, p in enumerate(per_alg[0]):
         pre = extra.get(p.name)
         where = ", ".join(parts + (["preprocessing"] if pre is not None else []))
