@@ -68,6 +68,17 @@ class AdaptiveClipDpEvent(dpa.DpEvent):
         """σ_Δ: the gradient sum's noise multiplier (noise std σ_Δ·C)."""
         return gradient_noise(self.noise_multiplier, self.count_noise)
 
+    # PoissonSampledDpEvent's attributes, for code that reads q and σ off a DP-SGD step
+    @property
+    def sampling_probability(self) -> float:
+        """q, as `dp_accounting.PoissonSampledDpEvent` names it."""
+        return self.q
+
+    @property
+    def event(self) -> dpa.GaussianDpEvent:
+        """The equivalent Gaussian(z), as `PoissonSampledDpEvent.event`."""
+        return dpa.GaussianDpEvent(self.noise_multiplier)
+
     def equivalent(self) -> dpa.DpEvent:
         """What the accountants evaluate: ``PoissonSampled(q, Gaussian(z))``."""
         return dpa.PoissonSampledDpEvent(self.q, dpa.GaussianDpEvent(self.noise_multiplier))

@@ -18,7 +18,7 @@ would only distort it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
@@ -222,11 +222,12 @@ class GradientRule:
         return scale(clipped, expected_batch)
 
     def subset(self, rows: np.ndarray) -> GradientRule:
-        """The rule for the silos `rows` (K',) alone (private tuning's pseudo-silos)."""
+        """A plain rule for the silos `rows` (K',) alone (private tuning's pseudo-silos:
+        each starts its own clip tracker at the current clips; no probe)."""
         if self.noise_multiplier is None:
-            return self
-        return replace(self, noise_multiplier=self.noise_multiplier[rows],
-                       adaptive=None if self.adaptive is None else self.adaptive.subset(rows))
+            return GradientRule(self.clip, None)
+        return GradientRule(self.clip, self.noise_multiplier[rows],
+                            adaptive=None if self.adaptive is None else self.adaptive.subset(rows))
 
     def draw_std(self) -> np.ndarray:
         """(K,) the std of the noise a training loop draws ahead (`round_noise`): σ_k·C for
