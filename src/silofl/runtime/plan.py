@@ -30,6 +30,7 @@ from silofl.privacy.adaptive_clip import (
     DEFAULT_CLIP_LR,
     DEFAULT_QUANTILE,
     adaptive_event,
+    clip_step,
     count_noise,
     gradient_noise,
 )
@@ -83,11 +84,12 @@ class TrainingConfig:
         C, the L2 norm bound of each per-example gradient; "auto": each silo tracks the
         `clip_quantile` of its per-example gradient norms privately (Andrew et al. 2021,
         `privacy.adaptive_clip`), a noisy count per step composed into its σ.
-    clip_quantile : float, default 0.5
+    clip_quantile : float, default 0.7
         clip = "auto": γ in (0, 1), the target fraction of unclipped examples.
     clip_lr : float, default 0.2
-        clip = "auto": η_C > 0, the geometric step C ← C·exp(−η_C(b̃ − γ)).
-    clip_init : float, default 0.1
+        clip = "auto": η_C > 0, the geometric step C ← C·exp(−η_k(b̃ − γ)), η_k =
+        min(η_C, ·) smaller where the count is noisy (`adaptive_clip.clip_step`).
+    clip_init : float, default 0.3
         clip = "auto": C₀ > 0, every silo's starting clip.
     clip_count_noise : float or "auto", default "auto"
         clip = "auto": σ_b, the std of the noise on each step's centred count (examples);
@@ -538,11 +540,12 @@ def gradient_rule(cfg: TrainingConfig, plans: list[SiloPlan]) -> GradientRule:
         return GradientRule(_fixed_clip(cfg), sigmas)
     sb = np.array([float(p.count_noise) if p.count_noise is not None else math.nan
                    for p in plans])
+    m = np.array([p.q * p.n for p in plans], dtype=float)
     tracker = QuantileClip(
         clip=np.full(len(plans), float(cfg.clip_init)), quantile=float(cfg.clip_quantile),
-        lr=float(cfg.clip_lr), count_noise=sb,
+        lr=np.array([clip_step(cfg.clip_lr, b, mk) for b, mk in zip(sb, m)]), count_noise=sb,
         gradient_noise=np.array([gradient_noise(s, b) for s, b in zip(sigmas, sb)]),
-        expected_batch=np.array([p.q * p.n for p in plans], dtype=float))
+        expected_batch=m)
     return GradientRule(float(cfg.clip_init), sigmas, adaptive=tracker)
 
 

@@ -90,7 +90,7 @@ class QuantileClip:
     After every step silo k releases the count of its batch's examples with ‖g_i‖ ≤ C_k,
     centred (Σ_i (1[‖g_i‖ ≤ C_k] − ½), sensitivity ½) plus N(0, σ_b,k²), estimates the
     fraction b̃_k = noisy / m_k + ½ (m_k = q_k·n_k, the expected batch) and updates
-    C_k ← C_k · exp(−η_C (b̃_k − γ)). Everything here is public or a function of the
+    C_k ← C_k · exp(−η_k (b̃_k − γ)). Everything here is public or a function of the
     noisy releases; the state is the silo's (checkpointed with it).
 
     Attributes
@@ -99,8 +99,8 @@ class QuantileClip:
         The current clips C_k (start: clip_init).
     quantile : float
         γ in (0, 1), the target fraction of unclipped examples.
-    lr : float
-        η_C > 0, the geometric step.
+    lr : numpy.ndarray, shape (K,) (or a float for all)
+        η_k > 0, each silo's geometric step (`privacy.adaptive_clip.clip_step`).
     count_noise : numpy.ndarray, shape (K,)
         σ_b,k, the count's noise std (examples).
     gradient_noise : numpy.ndarray, shape (K,)
@@ -111,7 +111,7 @@ class QuantileClip:
 
     clip: np.ndarray
     quantile: float
-    lr: float
+    lr: np.ndarray | float
     count_noise: np.ndarray
     gradient_noise: np.ndarray
     expected_batch: np.ndarray
@@ -133,11 +133,13 @@ class QuantileClip:
         """
         noisy = count - 0.5 * batch + z * self.count_noise[silos]
         frac = noisy / self.expected_batch[silos] + 0.5
-        self.clip[silos] = self.clip[silos] * np.exp(-self.lr * (frac - self.quantile))
+        lr = self.lr if np.ndim(self.lr) == 0 else np.asarray(self.lr)[silos]
+        self.clip[silos] = self.clip[silos] * np.exp(-lr * (frac - self.quantile))
 
     def subset(self, rows: np.ndarray) -> QuantileClip:
         """A tracker for the silos `rows` (a copy: pseudo-silos of private tuning)."""
-        return QuantileClip(self.clip[rows].copy(), self.quantile, self.lr,
+        return QuantileClip(self.clip[rows].copy(), self.quantile,
+                            self.lr if np.ndim(self.lr) == 0 else np.asarray(self.lr)[rows],
                             self.count_noise[rows], self.gradient_noise[rows],
                             self.expected_batch[rows])
 
