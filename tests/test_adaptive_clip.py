@@ -315,3 +315,45 @@ def test_cli_refuses_a_bad_quantile_with_exit_2(tmp_path):
     assert res.exit_code == 2, res.output
     assert "clip_quantile" in " ".join((res.stderr or res.output).split())
     assert not any(tmp_path.iterdir())
+
+
+# --- over the network ---------------------------------------------------------------------
+
+@pytest.mark.network
+def test_network_silos_track_their_own_clip_as_the_simulator(tmp_path):
+    """server.toml [job] clip = "auto": the silo and server programs (in-process) give the
+    per-silo simulator's models and clips, each store holds exactly its adaptive-clipping
+    steps, and a restarted silo resumes with the clip it had (its state)."""
+    pytest.importorskip("flwr")
+    from silofl.privacy.budget import BudgetStore
+    from silofl.runtime.network.jobspec import job_algorithm, job_config, job_model
+    from silofl.runtime.network.server import ServerProgram, load_server_config
+    from silofl.runtime.network.silo import SiloProgram, load_silo_config
+    from test_network import DELTA as NET_DELTA  # tests/ is on the import path
+    from test_network import _drive, _store_events, consortium, edit_toml
+    fed = load_heart_disease(seed=0).with_targets(PrivacyTarget(1.0, NET_DELTA))
+    w = consortium(tmp_path, job={"method": "mrmtl", "rounds": 3, "clip": "auto",
+                                  "clip_quantile": 0.6})
+    for p in w["silos"].values():
+        edit_toml(p, "silo", methods=["mrmtl"])
+    srv = ServerProgram(load_server_config(w["server"]))
+    assert job_config(srv.job).adaptive_clip and job_config(srv.job).clip_quantile == 0.6
+    silos = {n: SiloProgram(load_silo_config(p)) for n, p in w["silos"].items()}
+    _drive(srv, silos, 3)
+    alg = job_algorithm(srv.job)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        res = simulate(fed, job_model(srv.job), alg, job_config(srv.job), hosting="per_silo",
+                       store=BudgetStore(tmp_path / "sim.sqlite"))
+    for k, (n, s) in enumerate(silos.items()):
+        np.testing.assert_array_equal(alg.personal_models(s.state, srv.server)[0],
+                                      res.params[k])
+        clip = s.trainer.rule.adaptive.clip
+        assert clip[0] == res.plans[k].final_clip != 0.3
+        got, status = _store_events(s.cfg.budget_store, n)
+        assert got == _store_events(tmp_path / "sim.sqlite", n)[0]
+        assert all(e.startswith("AdaptiveClipDpEvent") for e in got)
+        assert sum(got.values()) == 3 * res.plans[k].steps_per_pass
+        fresh = SiloProgram(load_silo_config(w["silos"][n]))
+        assert fresh.resume() and fresh.done == 3
+        np.testing.assert_array_equal(fresh.trainer.rule.adaptive.clip, clip)
