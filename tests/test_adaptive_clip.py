@@ -95,6 +95,12 @@ def test_count_noise_too_small_is_refused_naming_the_key():
 
 # --- the quantile tracker -----------------------------------------------------------------
 
+def test_clip_step_slows_only_where_the_count_is_noise():
+    from silofl.privacy.adaptive_clip import STEP_NOISE, clip_step
+    assert clip_step(0.2, 0.4, 8.0) == 0.2            # σ_b/m = 0.05 (Andrew et al.'s m/20)
+    assert clip_step(0.2, 67.0, 14.0) == pytest.approx(STEP_NOISE / (67 / 14) ** 2)
+    assert clip_step(0.2, 67.0, 14.0) < 0.01
+
 @pytest.mark.parametrize("gamma", [0.3, 0.5, 0.8])
 def test_tracker_converges_to_the_quantile_of_known_norms(gamma):
     """Norms ~ LogNormal(0, 1), m = 50 per batch (Poisson), σ_b = 2.5, η = 0.05, 4000 steps

@@ -15,6 +15,11 @@ fixed clip (z = σ), picks σ_b as a public function of the run (`count_noise`),
 gradient noise at σ_Δ = (σ⁻² − (2σ_b)⁻²)^(−1/2) (`gradient_noise`, rounded up so the
 combination never falls below σ). `AdaptiveClipDpEvent` declares one such step; the
 accountants evaluate it as ``PoissonSampled(q, Gaussian(z))`` (`equivalent`).
+
+One change to the paper's update (`clip_step`): a silo's geometric step is
+η_k = min(η_C, STEP_NOISE·(m_k/σ_b,k)²), so a silo whose noisy fraction is mostly noise
+(small silos taking full-batch steps at large σ) moves its clip slowly instead of letting
+it random-walk; a public function of public quantities, free of privacy cost.
 """
 
 from __future__ import annotations
