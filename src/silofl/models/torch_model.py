@@ -276,7 +276,7 @@ class TorchModel(Model):
                               for i in range(0, len(Xt), EVAL_CHUNK)]))
 
     def _clip_sum(self, grads: dict[str, torch.Tensor], mask: torch.Tensor,
-                  clip: float, within: list | None = None) -> torch.Tensor:
+                  clip: float | np.ndarray, within: list | None = None) -> torch.Tensor:
         """Σ_b min(1, c/‖g_b‖)·mask_b·g_b with c = clip_bound(clip). grads {name: (*L, B,
         *shape)}, mask (*L, B) → (*L, P). Norms are over all parameters of an example (the
         L2 norm DP-SGD clips), accumulated in float64: a float32 reduction over many
@@ -286,7 +286,7 @@ class TorchModel(Model):
         norms = torch.linalg.vector_norm(torch.stack(
             [torch.linalg.vector_norm(g, dim=-1, dtype=torch.float64) for g in flat]), dim=0)
         if within is None:
-            bound: float | torch.Tensor = clip_bound(clip)
+            bound: float | torch.Tensor = clip_bound(float(clip))
         else:  # one clip per silo (clip = "auto"): count the rows within it
             c = torch.as_tensor(np.asarray(clip, dtype=np.float64), device=norms.device)
             c = c.reshape(c.shape + (1,) * (norms.dim() - c.dim()))
