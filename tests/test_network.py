@@ -417,7 +417,8 @@ def test_config_errors_are_specific(tmp_path):
         assert not (tmp_path / "x").exists()
 
 
-@pytest.mark.parametrize("method", ["fedavg", "ditto", "finetune", "local"])
+@pytest.mark.parametrize("method", ["fedavg", "ditto", "finetune", "local", "fedprox", "scaffold",
+                                    "apfl"])
 def test_silo_and_server_programs_run_the_simulators_code(tmp_path, method):
     """Every network method, programs driven in-process (the transport is tested above):
     the same models as the simulator's per-silo mode, each store holding what ran."""
