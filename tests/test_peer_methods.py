@@ -235,6 +235,23 @@ def test_private_per_silo_run_is_seeded_and_charged(method, cached_epsilon):
     assert method in NETWORK_METHODS
 
 
+@pytest.mark.filterwarnings("ignore:batch_size")
+@pytest.mark.parametrize("method", ("scaffold", "apfl"))
+def test_own_step_runs_at_node_level_too(method):
+    """The node-level pass (silo by silo) applies the method's own step as the batched
+    pass does: full batches of every person equal full example-level batches."""
+    fed = linear_silos(num_silos=3, sizes=[50, 50, 50], dim=3, task="binary", seed=0)
+    base = dict(rounds=3, batch_size=50, lr=0.2, clip=1.0, seed=0, private=False,
+                local_epochs=2)
+    model = make_model("logistic", fed.dim)
+    node = simulate(fed, model, make_algorithm(method), TrainingConfig(
+        **base, privacy_unit="node", node_S=1, adjacency="node"))
+    example = simulate(fed, model, make_algorithm(method), TrainingConfig(**base))
+    np.testing.assert_allclose(node.params, example.params, **TOL)
+    fedavg = simulate(fed, model, make_algorithm("fedavg"), TrainingConfig(**base))
+    assert np.abs(node.params - fedavg.params).max() > 1e-5  # ≫ the tolerance above
+
+
 # --- GLM and torch smoke runs, settings and errors ------------------------------------------
 
 def test_glm_methods_learn_on_heart(cached_epsilon):
