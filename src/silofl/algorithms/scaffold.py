@@ -8,7 +8,9 @@ Each round silo k starts from y = x and takes its T_k local DP-SGD steps
 and sends (Δy_k, Δc_k) = (y_k − x, c_k⁺ − c_k). The server moves
     x ← x + Σ_k w_k Δy_k,   c ← c + Σ_k w_k Δc_k
 with the aggregation weights w_k (training counts, or uniform with `weighted = False`,
-which is the paper's full-participation update with global step 1).
+which is the paper's full-participation update with global step 1). Over the network, a
+round some silos miss moves x and c by the means over the silos that answered (the paper
+scales c's step by |S|/N; here every silo is expected every round).
 
 Privacy: c and x are broadcast (released), c_k is a function of the silo's earlier
 released updates, and c_k⁺ one of this round's released update y_k − x and of public T_k,
