@@ -294,3 +294,14 @@ def test_config_keys_reach_the_algorithms_and_scaffold_needs_a_step_size():
     with pytest.raises(ConfigError, match="set lr > 0"):
         simulate(fed, make_model("logistic", fed.dim), make_algorithm("scaffold"),
                  _cfg(lr=0.0, private=False))
+
+
+def test_a_networked_release_states_the_methods_settings():
+    pytest.importorskip("flwr")
+    from silofl.runtime.network import release
+    from silofl.runtime.network.server import JOB_DEFAULTS
+    job = {**JOB_DEFAULTS, "method": "fedprox", "prox_mu": 0.2}
+    assert release._method(job)["prox_mu"] == 0.2
+    apfl = release._method({**job, "method": "apfl", "apfl_alpha": 0.3})
+    assert (apfl["apfl_alpha"], apfl["apfl_alpha_lr"]) == (0.3, 0.0)
+    assert "prox_mu" not in release._method({**job, "method": "fedavg"})
