@@ -188,7 +188,7 @@ def job_config(base: dict, spec: Spec, epsilon: float, seed: int) -> dict:
 
 def run_job(dataset: str, raw: dict, spec: Spec, epsilon: float, seed: int) -> dict:
     """Train one job; a failure is returned as ``error`` (never raised)."""
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     rec = {"dataset": dataset, "method": spec.label, "epsilon": epsilon, "seed": seed,
            "value": None, "error": None}
     try:
@@ -209,7 +209,8 @@ def run_job(dataset: str, raw: dict, spec: Spec, epsilon: float, seed: int) -> d
     except Exception as e:  # noqa: BLE001 — one row's failure must not stop the run
         rec["error"] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
         rec["traceback"] = traceback.format_exc(limit=3)
-    rec["seconds"] = time.perf_counter() - t0
+    # CPU seconds size a run on other machines (wall seconds here include waiting for cores)
+    rec["seconds"], rec["cpu_seconds"] = time.perf_counter() - t0, time.process_time() - c0
     return rec
 
 
@@ -366,39 +367,57 @@ def caption(raw: dict, seeds: int, higher: bool, uncounted: bool) -> str:
 # --- running -----------------------------------------------------------------------------
 
 def plan_jobs(datasets: list[str], methods: dict[str, list[Spec]], eps_list: list[float],
-              seeds: int) -> list[tuple[str, Spec, float, int]]:
-    """Every (dataset, spec, ε, seed), costliest first (torch, then tuned) for balance."""
-    jobs = [(d, s, e, k) for d in datasets for s in methods[d] for e in eps_list
-            for k in range(seeds)]
+              seeds: int) -> list[list[tuple[str, Spec, float, int]]]:
+    """Every (dataset, spec, ε, seed), in tasks for the pool, costliest first.
 
-    def cost(j):
-        return (j[0] in TORCH_DATASETS) * 30 + ("tuning.mode" in j[1].label) * 10
-    return sorted(jobs, key=cost, reverse=True)
+    A GLM dataset's jobs are grouped by (dataset, ε, seed): σ calibration is memoized per
+    process and costs more than a GLM training (139 schools ≈ 10 s per ε), so one worker
+    calibrates once per group. Torch jobs (tens of seconds each) are tasks of their own.
+    """
+    tasks: dict[tuple, list] = {}
+    for d in datasets:
+        for e in eps_list:
+            for k in range(seeds):
+                for s in methods[d]:
+                    key = (d, e, k, s.label) if d in TORCH_DATASETS else (d, e, k)
+                    tasks.setdefault(key, []).append((d, s, e, k))
+
+    def cost(task):  # a rough relative cost, for largest-first scheduling
+        return sum(1 + (j[0] in TORCH_DATASETS) * 30 + ("tuning.mode" in j[1].label) * 10
+                   for j in task)
+    return sorted(tasks.values(), key=cost, reverse=True)
 
 
-def run_all(jobs, bases: dict[str, dict], workers: int, say) -> list[dict]:
-    """Run the jobs on a process pool (one BLAS thread each); `say(i, n, record)` after
-    each. A crashed worker marks its job (and the pool's remaining ones) as failed."""
+def run_task(items: list[tuple[str, dict, Spec, float, int]]) -> list[dict]:
+    """Run one task's jobs in turn (in a worker)."""
+    return [run_job(*item) for item in items]
+
+
+def run_all(tasks, bases: dict[str, dict], workers: int, say) -> list[dict]:
+    """Run the tasks on a process pool (one BLAS thread each); `say(i, n, record)` for
+    each finished job. A crashed worker marks its task's jobs as failed."""
     for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ[k] = "1"  # spawned workers inherit it: `workers` processes, no oversubscription
     records: list[dict] = []
+    n = sum(len(t) for t in tasks)
     ctx = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init_worker) as ex:
-        futs = {ex.submit(run_job, d, job_config(bases[d], s, e, k), s, e, k): (d, s, e, k)
-                for d, s, e, k in jobs}
+        futs = {ex.submit(run_task, [(d, job_config(bases[d], s, e, k), s, e, k)
+                                     for d, s, e, k in task]): task for task in tasks}
         pending = set(futs)
         while pending:
             done, pending = wait(pending, return_when=FIRST_COMPLETED)
             for f in done:
                 try:
-                    rec = f.result()
+                    recs = f.result()
                 except Exception as e:  # noqa: BLE001 — the worker died (memory, signal)
-                    d, s, eps, k = futs[f]
-                    rec = {"dataset": d, "method": s.label, "epsilon": eps, "seed": k,
-                           "value": None, "error": f"worker failed: {type(e).__name__}: {e}",
-                           "seconds": None}
-                records.append(rec)
-                say(len(records), len(futs), rec)
+                    recs = [{"dataset": d, "method": s.label, "epsilon": eps, "seed": k,
+                             "value": None, "seconds": None,
+                             "error": f"worker failed: {type(e).__name__}: {e}"}
+                            for d, s, eps, k in futs[f]]
+                for rec in recs:
+                    records.append(rec)
+                    say(len(records), n, rec)
     return records
 
 
@@ -470,9 +489,11 @@ def main(argv=None) -> int:
     if a.uncounted_best_lambda:  # GLM datasets only: the grid costs 10 trainings per cell
         for d in (d for d in a.names if d not in TORCH_DATASETS):
             run_specs[d] += [g for g in grid if g.label not in {s.label for s in a.specs[d]}]
-    jobs = plan_jobs(a.names, run_specs, a.eps, a.seeds)
-    con.print(f"{len(jobs)} jobs ({', '.join(f'{d}: {sum(j[0] == d for j in jobs)}' for d in a.names)})"
-              f" on {a.workers} workers; {SEEDED}")
+    tasks = plan_jobs(a.names, run_specs, a.eps, a.seeds)
+    counts = {d: sum(j[0] == d for t in tasks for j in t) for d in a.names}
+    per = ", ".join(f"{d}: {c}" for d, c in counts.items())
+    con.print(f"{sum(counts.values())} jobs ({per})"
+              f" in {len(tasks)} tasks on {a.workers} workers; {SEEDED}", highlight=False)
     if a.dry_run:
         return 0
     out = Path(a.out)
@@ -482,10 +503,10 @@ def main(argv=None) -> int:
         v = f"{r['value']:.4g}" if r["value"] is not None else f"n/a: {r['error'][:80]}"
         s = f"{r['seconds']:.1f} s" if r.get("seconds") is not None else "?"
         con.print(f"[{i:>4}/{n}] {r['dataset']} ε={r['epsilon']:g} seed {r['seed']} "
-                  f"{r['method']}: {v} ({s})", highlight=False)
+                  f"{r['method']}: {v} ({s})", highlight=False, markup=False)
 
     t0 = time.perf_counter()
-    records = run_all(jobs, bases, a.workers, say)
+    records = run_all(tasks, bases, a.workers, say)
     wall = time.perf_counter() - t0
     agg = aggregate(records)
     md = [f"<!-- bench_personalization.py {' '.join(sys.argv[1:] if argv is None else argv)}"
@@ -507,39 +528,45 @@ def main(argv=None) -> int:
         _print_table(con, DATASETS[d][0], cap, header, body, notes)
         plot(out / f"{d}.png", DATASETS[d][0], cells, rows, metric)
     secs = [r["seconds"] for r in records if r.get("seconds") is not None]
+    cpu = sum(r["cpu_seconds"] for r in records if r.get("cpu_seconds") is not None)
     timing = {"wall_seconds": wall, "workers": a.workers, "jobs": len(records),
-              "job_seconds_sum": sum(secs), "per_job_mean": _mean_by(records)}
+              "job_seconds_sum": sum(secs), "job_cpu_seconds_sum": cpu,
+              "per_job_mean": _mean_by(records)}
     (out / "tables.md").write_text("\n".join(md) + "\n")
     (out / "results.json").write_text(json.dumps(
         {"note": SEEDED, "argv": sys.argv[1:] if argv is None else argv, "timing": timing,
          "tables": tables, "records": records}, indent=1, default=str))
     con.print(f"wall {wall:.1f} s on {a.workers} workers; job seconds summed "
-              f"{sum(secs):.1f} s; files: {out}/tables.md, results.json, "
+              f"{sum(secs):.1f} s wall, {cpu:.1f} s CPU; files: {out}/tables.md, results.json, "
               f"{', '.join(d + '.png' for d in a.names)}")
     for key, v in sorted(timing["per_job_mean"].items()):
-        con.print(f"  {key}: {v['mean']:.2f} s/job × {v['n']}", highlight=False)
+        con.print(f"  {key}: {v['mean']:.2f} s wall, {v['cpu']:.2f} s CPU per job × {v['n']}",
+                  highlight=False)
     return 0
 
 
 def _mean_by(records: list[dict]) -> dict[str, dict]:
-    """Mean job seconds per dataset and method (for sizing a run)."""
-    by: dict[str, list[float]] = {}
+    """Mean job wall and CPU seconds per dataset and method (for sizing a run)."""
+    by: dict[str, list[tuple[float, float]]] = {}
     for r in records:
         if r.get("seconds") is not None:
-            by.setdefault(f"{r['dataset']} {r['method']}", []).append(r["seconds"])
-    return {k: {"mean": statistics.fmean(v), "n": len(v)} for k, v in by.items()}
+            by.setdefault(f"{r['dataset']} {r['method']}", []).append(
+                (r["seconds"], r["cpu_seconds"]))
+    return {k: {"mean": statistics.fmean(w for w, _ in v),
+                "cpu": statistics.fmean(c for _, c in v), "n": len(v)} for k, v in by.items()}
 
 
 def _print_table(con, title, cap, header, body, notes) -> None:
+    from rich.markup import escape  # cells hold brackets ([λ=0.1], E[h])
     from rich.table import Table
-    t = Table(title=title, caption=cap, caption_justify="left", show_lines=False)
+    t = Table(title=escape(title), caption=escape(cap), caption_justify="left")
     for h in header:
         t.add_column(h, overflow="fold")
     for r in body:
-        t.add_row(*r)
+        t.add_row(*map(escape, r))
     con.print(t)
     for n in notes:
-        con.print(f"  n/a in part: {n}", highlight=False)
+        con.print(f"  n/a in part: {n}", highlight=False, markup=False)
 
 
 if __name__ == "__main__":
