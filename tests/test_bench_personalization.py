@@ -77,3 +77,15 @@ def test_table_marks_the_better_baseline_ratios_and_failures():
     # accuracy: higher is better, so the other baseline wins at ε = 1
     header, body, _ = bp.make_table(cells, ["local", "fedavg"], [1.0], seeds=2, higher=True)
     assert body[0][1] == "0.4 ± 0.14 *" and body[1][1] == "0.2 ± 0 (0.50×)"
+
+
+def test_plan_groups_glm_jobs_per_cell_and_keeps_torch_jobs_apart():
+    glm = bp.parse_methods("local,mrmtl:tuning.mode=private")
+    torch = bp.parse_methods("local,fedavg")
+    tasks = bp.plan_jobs(["heart", "mnist"], {"heart": glm, "mnist": torch}, [1.0, 8.0], 2)
+    jobs = [j for t in tasks for j in t]
+    assert len(jobs) == len(set((d, s.label, e, k) for d, s, e, k in jobs)) == 16
+    heart = [t for t in tasks if t[0][0] == "heart"]
+    assert len(heart) == 4 and all(len({(j[2], j[3]) for j in t}) == 1 for t in heart)
+    assert all(len(t) == 1 for t in tasks if t[0][0] == "mnist")
+    assert tasks[0][0][0] == "mnist"  # the costliest (torch) tasks are submitted first
