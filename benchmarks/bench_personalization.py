@@ -13,11 +13,21 @@ Tables: rows = methods, columns = ε, mean ± sd over seeds; * marks the best un
 baseline (the better of FedAvg and Local at that ε) and (r×) is each method's ratio to
 it. ``--uncounted-best-lambda`` adds MR-MTL over the thesis λ grid and a row with the best
 λ per ε chosen on the test metric after the fact: NOT counted, an upper reference only.
-Outputs under --out: tables.md (for the README), results.json (every job), <dataset>.png.
+Outputs under --out: tables.md (for the README), results.json (every job), records.jsonl
+(each job as it finishes), <dataset>.png. ``--time-limit`` stops the pool at a deadline
+and reports what finished (the rest n/a); ``--from-records`` rebuilds the tables from a
+records.jsonl. Jobs of a GLM dataset run grouped per (ε, seed), σ calibrated once a group.
+A worker killed by the OS (memory) stalls its task until --time-limit.
 
-    .venv/bin/python benchmarks/bench_personalization.py --workers 16 --uncounted-best-lambda
-    .venv/bin/python benchmarks/bench_personalization.py --datasets heart,school \\
-        --epsilon 1,8 --seeds 1 --set school.training.rounds=20 --workers 2 \\
+Full run (≈ 1230 jobs; sized for 16 cores and an ~8 minute window; MNIST ≈ 3/4 of the CPU):
+
+    .venv/bin/python benchmarks/bench_personalization.py --workers 16 \\
+        --uncounted-best-lambda --time-limit 470 --out runs/bench-personalization
+
+Reduced run (2 cores, ≈ 1.5 min):
+
+    .venv/bin/python benchmarks/bench_personalization.py --datasets heart,school --seeds 1 \\
+        --set school.training.rounds=20 --workers 2 --uncounted-best-lambda \\
         --methods local,fedavg,mrmtl:lam=0.1,mrmtl:lam=1,ditto:lam=1,finetune
 """
 
@@ -31,19 +41,29 @@ import math
 import multiprocessing
 import os
 import re
-import statistics
 import sys
 import time
 import traceback
 import warnings
-from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # personalization_tables, workers too
+from personalization_tables import (  # noqa: E402
+    SEEDED,
+    UNCOUNTED,
+    add_uncounted,
+    aggregate,
+    caption,
+    higher_is_better,
+    make_table,
+    markdown,
+    mean_by,
+    plot,
+    print_table,
+)
+
 LAMS = [0.0001, 0.001, 0.003, 0.01, 0.03, 0.1, 0.3, 1, 3, 10]  # thesis appendix B.4
-SEEDED = "seeded noise: experiments, not releases (scratch budget stores)"
-UNCOUNTED = "mrmtl best λ (uncounted)"
-BASELINES = ("fedavg", "local")
 #: issue 22's rows for the GLM datasets (methods not merged yet become n/a rows)
 METHODS = ("local,fedavg,finetune,mrmtl:lam=1,mrmtl:lam=auto,ditto:lam=1,ditto:lam=auto,"
            "mrmtl:lam=auto:clip=auto,fedprox,scaffold,apfl,fedper,fedrep,"
@@ -68,23 +88,22 @@ DATASETS = {
     "school": ("School (139 schools, linear, test MSE)", _base(
         {"source": "school", "test_fraction": 0.2, "standardize": True, "seed": 0},
         {"name": "linear", "metric": "mse"},
-        {"rounds": 200, "batch_size": 32, "lr": 0.03, "clip": 1.0, "eval_every": 200}, 1e-3)),
+        {"rounds": 200, "batch_size": 32, "lr": 0.03, "clip": 1.0}, 1e-3)),
     "heart": ("heart (4 hospitals, logistic, test accuracy)", _base(
         {"source": "heart", "test_fraction": 0.2, "seed": 0},
         {"name": "logistic", "metric": "accuracy"},
-        {"rounds": 30, "batch_size": 8, "lr": 0.1, "clip": 1.0, "eval_every": 30}, 1e-4)),
+        {"rounds": 30, "batch_size": 8, "lr": 0.1, "clip": 1.0}, 1e-4)),
     "vehicle": ("Vehicle-like (23 silos, d = 100, logistic, test accuracy)", _base(
         {"source": "synthetic", "generator": "vehicle", "test_fraction": 0.2, "seed": 0},
         {"name": "logistic", "metric": "accuracy"},
-        {"rounds": 100, "batch_size": 64, "lr": 0.1, "clip": 1.0, "eval_every": 100}, 1e-4)),
+        {"rounds": 100, "batch_size": 64, "lr": 0.1, "clip": 1.0}, 1e-4)),
     # the slice fits ~1 min of CPU per (method, ε, seed); lr 0.5 beat 0.1 for Local and
     # FedAvg at ε = 4, seed 0 (a benchmark-level choice on test, the same for every row)
     "mnist": ("Rotated & Masked MNIST slice (8 silos × 300 images, convnet, test accuracy)",
               _base({"source": "mnist", "num_silos": 8, "train_per_silo": 300,
                      "test_per_silo": 100, "mask_prob": 0.1, "seed": 0},
                     {"name": "convnet", "metric": "accuracy"},
-                    {"rounds": 20, "batch_size": 50, "lr": 0.5, "clip": 1.0,
-                     "eval_every": 20}, 1e-4)),
+                    {"rounds": 20, "batch_size": 50, "lr": 0.5, "clip": 1.0}, 1e-4)),
 }
 
 
@@ -183,6 +202,7 @@ def job_config(base: dict, spec: Spec, epsilon: float, seed: int) -> dict:
     raw["privacy"]["epsilon"] = epsilon
     for section, key, value in spec.overrides:
         raw.setdefault(section, {})[key] = value
+    raw["training"].setdefault("eval_every", raw["training"]["rounds"])  # the final model only
     return raw
 
 
@@ -221,151 +241,6 @@ def _init_worker() -> None:
     warnings.simplefilter("ignore")
 
 
-# --- aggregation and tables ----------------------------------------------------------------
-
-@dataclass
-class Cell:
-    """Mean ± sd over seeds of one (method, ε); `errors` from the failed seeds."""
-
-    values: list[float] = field(default_factory=list)
-    errors: list[str] = field(default_factory=list)
-    note: str = ""  # e.g. the λ of the uncounted best
-
-    @property
-    def mean(self) -> float | None:
-        return statistics.fmean(self.values) if self.values else None
-
-    @property
-    def sd(self) -> float | None:
-        return statistics.stdev(self.values) if len(self.values) > 1 else None
-
-
-def aggregate(records: list[dict]) -> dict[str, dict[str, dict[float, Cell]]]:
-    """dataset -> method label -> ε -> Cell, in the order first seen."""
-    out: dict = {}
-    for r in records:
-        cell = out.setdefault(r["dataset"], {}).setdefault(r["method"], {}).setdefault(
-            float(r["epsilon"]), Cell())
-        if r.get("value") is not None:
-            cell.values.append(float(r["value"]))
-        else:
-            cell.errors.append(r.get("error") or "no result")
-    return out
-
-
-def higher_is_better(metric: str) -> bool:
-    return metric.lower() not in ("mse", "rmse", "mae", "loss", "log_loss")
-
-
-def _better(a: float, b: float, higher: bool) -> bool:
-    return a > b if higher else a < b
-
-
-def add_uncounted(cells: dict[str, dict[float, Cell]], lams: list[float], higher: bool
-                  ) -> None:
-    """Add the UNCOUNTED row: per ε, the MR-MTL λ of the grid with the best mean."""
-    row: dict[float, Cell] = {}
-    for lam in lams:
-        for eps, c in cells.get(f"mrmtl:lam={lam:g}", {}).items():
-            best = row.get(eps)
-            if c.mean is not None and (best is None or best.mean is None
-                                       or _better(c.mean, best.mean, higher)):
-                row[eps] = Cell(list(c.values), note=f"λ={lam:g}")
-    if row:
-        cells[UNCOUNTED] = row
-
-
-def baseline(cells: dict[str, dict[float, Cell]], eps: float, higher: bool
-             ) -> tuple[str, float] | None:
-    """The best untuned baseline at ε: (label, mean) of the better of FedAvg and Local."""
-    best = None
-    for name in BASELINES:
-        m = cells.get(name, {}).get(eps, Cell()).mean
-        if m is not None and (best is None or _better(m, best[1], higher)):
-            best = (name, m)
-    return best
-
-
-def _fmt(x: float) -> str:
-    return f"{x:.4g}"
-
-
-def cell_text(label: str, c: Cell | None, base: tuple[str, float] | None, seeds: int) -> str:
-    """``mean ± sd (ratio×)``, ``*`` on the baseline itself, ``n/a`` without values."""
-    if c is None or c.mean is None:
-        return "n/a"
-    text = _fmt(c.mean) + (f" ± {c.sd:.2g}" if c.sd is not None else "")
-    if len(c.values) < seeds:
-        text += f" (n={len(c.values)})"
-    if c.note:
-        text += f" [{c.note}]"
-    if base is not None and label == base[0]:
-        text += " *"
-    elif base is not None and base[1] != 0:
-        text += f" ({c.mean / base[1]:.2f}×)"
-    return text
-
-
-def make_table(cells: dict[str, dict[float, Cell]], rows: list[str], eps_list: list[float],
-               seeds: int, higher: bool) -> tuple[list[str], list[list[str]], list[str]]:
-    """One dataset's table as text.
-
-    Parameters
-    ----------
-    cells : method label -> ε -> Cell (`aggregate`, `add_uncounted`)
-    rows : the row labels, in order (labels without cells are shown n/a)
-    eps_list : the ε columns
-    seeds : seeds per cell asked for (fewer values are flagged ``n=``)
-    higher : whether a higher metric is better
-
-    Returns
-    -------
-    header : list of str
-        ``method``, then one column per ε.
-    body : list of rows (list of str)
-        ``n/a: <error>`` rows for methods that failed at every ε.
-    footnotes : list of str
-        Every distinct error of a partially failed row.
-    """
-    header = ["method"] + [f"ε = {e:g}" for e in eps_list]
-    bases = {e: baseline(cells, e, higher) for e in eps_list}
-    body, notes = [], []
-    for label in rows:
-        row = cells.get(label, {})
-        if not any(c.values for c in row.values()):
-            errs = sorted({e for c in row.values() for e in c.errors}) or ["not run"]
-            body.append([label, f"n/a: {errs[0][:70]}"] + [""] * (len(eps_list) - 1))
-            continue
-        body.append([label] + [cell_text(label, row.get(e), bases[e], seeds)
-                               for e in eps_list])
-        for err in sorted({e for c in row.values() for e in c.errors}):
-            notes.append(f"{label}: {err[:160]}")
-    return header, body, notes
-
-
-def markdown(title: str, caption: str, header: list[str], body: list[list[str]],
-             notes: list[str]) -> str:
-    """A table as README markdown (caption, table, footnotes)."""
-    lines = [f"### {title}", "", caption, "",
-             "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(c.replace("|", "\\|") for c in r) + " |" for r in body]
-    lines += [""] + [f"- n/a in part: {n}" for n in notes] + ([""] if notes else [])
-    return "\n".join(lines)
-
-
-def caption(raw: dict, seeds: int, higher: bool, uncounted: bool) -> str:
-    t, p = raw["training"], raw["privacy"]
-    text = (f"{'Higher' if higher else 'Lower'} is better. Mean ± sd over {seeds} seed(s), "
-            f"{t['rounds']} rounds, batch {t['batch_size']}, lr {t['lr']}, clip {t['clip']}, "
-            f"δ = {p['delta']:g}; * = best untuned baseline (better of FedAvg and Local), "
-            f"(r×) = ratio to it; ':tuning.mode=private' = λ tuned privately "
-            f"(RepeatAndSelect, E[h] = 10), its cost counted. {SEEDED}.")
-    if uncounted:
-        text += (f" '{UNCOUNTED}': MR-MTL's best λ of the thesis grid per ε, chosen on the "
-                 "test metric after the fact — its choice is NOT counted (reference only).")
-    return text
-
-
 # --- running -----------------------------------------------------------------------------
 
 def plan_jobs(datasets: list[str], methods: dict[str, list[Spec]], eps_list: list[float],
@@ -395,58 +270,40 @@ def run_task(items: list[tuple[str, dict, Spec, float, int]]) -> list[dict]:
     return [run_job(*item) for item in items]
 
 
-def run_all(tasks, bases: dict[str, dict], workers: int, say) -> list[dict]:
-    """Run the tasks on a process pool (one BLAS thread each); `say(i, n, record)` for
-    each finished job. A crashed worker marks its task's jobs as failed."""
+def run_all(tasks, bases: dict[str, dict], workers: int, say, sink: Path,
+            limit: float = 0) -> list[dict]:
+    """Run the tasks on a spawned process pool (one BLAS thread each); `say(i, n, record)`
+    for each finished job, each record appended to `sink` (JSON lines) as it arrives.
+    With `limit` > 0 (seconds) the pool is terminated then and the jobs not finished are
+    recorded as such, so a run in a fixed window still gives its tables."""
     for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ[k] = "1"  # spawned workers inherit it: `workers` processes, no oversubscription
     records: list[dict] = []
     n = sum(len(t) for t in tasks)
-    ctx = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init_worker) as ex:
-        futs = {ex.submit(run_task, [(d, job_config(bases[d], s, e, k), s, e, k)
-                                     for d, s, e, k in task]): task for task in tasks}
-        pending = set(futs)
-        while pending:
-            done, pending = wait(pending, return_when=FIRST_COMPLETED)
-            for f in done:
+    end = time.monotonic() + limit if limit > 0 else math.inf
+    payloads = [[(d, job_config(bases[d], s, e, k), s, e, k) for d, s, e, k in t]
+                for t in tasks]
+    pool = multiprocessing.get_context("spawn").Pool(workers, initializer=_init_worker)
+    try:
+        results = pool.imap_unordered(run_task, payloads)
+        with sink.open("a") as f:
+            for _ in tasks:
                 try:
-                    recs = f.result()
-                except Exception as e:  # noqa: BLE001 — the worker died (memory, signal)
-                    recs = [{"dataset": d, "method": s.label, "epsilon": eps, "seed": k,
-                             "value": None, "seconds": None,
-                             "error": f"worker failed: {type(e).__name__}: {e}"}
-                            for d, s, eps, k in futs[f]]
+                    recs = results.next(timeout=max(0.0, min(end - time.monotonic(), 1e6)))
+                except multiprocessing.TimeoutError:
+                    break
                 for rec in recs:
                     records.append(rec)
+                    f.write(json.dumps(rec, default=str) + "\n")
+                    f.flush()
                     say(len(records), n, rec)
-    return records
-
-
-def plot(path: Path, title: str, cells: dict[str, dict[float, Cell]], rows: list[str],
-         metric: str) -> None:
-    """metric vs ε, one line per method (error bars: sd over seeds)."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(8, 5))
-    colors = plt.get_cmap("tab20").colors  # up to 20 rows without repeating a colour
-    for i, label in enumerate(rows):
-        pts = sorted((e, c) for e, c in cells.get(label, {}).items() if c.mean is not None)
-        if not pts:
-            continue
-        style = ":" if label == UNCOUNTED else ("--" if label in BASELINES else "-")
-        ax.errorbar([e for e, _ in pts], [c.mean for _, c in pts],
-                    yerr=[c.sd or 0 for _, c in pts], ls=style, marker="o", ms=3,
-                    capsize=2, label=label, color=colors[i % len(colors)])
-    if metric.lower() == "mse":
-        ax.set_yscale("log")
-    ax.set(xlabel="ε per silo", ylabel=f"test {metric}", title=f"{title}\n{SEEDED}")
-    ax.title.set_fontsize(9)
-    ax.legend(fontsize=7, ncol=2)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    finally:
+        pool.terminate()  # a time limit (or Ctrl-C) leaves no worker behind
+        pool.join()
+    done = {(r["dataset"], r["method"], r["epsilon"], r["seed"]) for r in records}
+    return records + [{"dataset": d, "method": s.label, "epsilon": e, "seed": k, "value": None,
+                       "error": f"not finished within --time-limit {limit:g} s"}
+                      for t in tasks for d, s, e, k in t if (d, s.label, e, k) not in done]
 
 
 def _args(argv=None) -> argparse.Namespace:
@@ -462,6 +319,10 @@ def _args(argv=None) -> argparse.Namespace:
     ap.add_argument("--set", action="append", default=[], metavar="DATASET.SECTION.KEY=V",
                     help="override a dataset's base config, e.g. school.training.rounds=20")
     ap.add_argument("--out", default="runs/bench-personalization")
+    ap.add_argument("--time-limit", type=float, default=0, metavar="SECONDS",
+                    help="stop the pool then; unfinished jobs become n/a cells (0 = none)")
+    ap.add_argument("--from-records", default="", metavar="JSONL",
+                    help="build the tables from an earlier run's records.jsonl, run nothing")
     ap.add_argument("--dry-run", action="store_true", help="print the job counts only")
     a = ap.parse_args(argv)
     try:
@@ -509,8 +370,20 @@ def main(argv=None) -> int:
                   f"{r['method']}: {v} ({s})", highlight=False, markup=False)
 
     t0 = time.perf_counter()
-    records = run_all(tasks, bases, a.workers, say)
+    if a.from_records:
+        records = [json.loads(line) for line in Path(a.from_records).read_text().splitlines()
+                   if line.strip()]
+    else:
+        sink = out / "records.jsonl"
+        sink.write_text("")
+        records = run_all(tasks, bases, a.workers, say, sink, a.time_limit)
     wall = time.perf_counter() - t0
+    report(a, argv, con, out, bases, records, wall)
+    return 0
+
+
+def report(a, argv, con, out: Path, bases: dict, records: list[dict], wall: float) -> None:
+    """Print and write the tables (tables.md), every record (results.json) and figures."""
     agg = aggregate(records)
     md = [f"<!-- bench_personalization.py {' '.join(sys.argv[1:] if argv is None else argv)}"
           f" -->", f"_{SEEDED}._", ""]
@@ -528,48 +401,24 @@ def main(argv=None) -> int:
         md.append(markdown(DATASETS[d][0], cap, header, body, notes))
         tables[d] = {"title": DATASETS[d][0], "caption": cap, "header": header, "rows": body,
                      "notes": notes, "config": bases[d]}
-        _print_table(con, DATASETS[d][0], cap, header, body, notes)
+        print_table(con, DATASETS[d][0], cap, header, body, notes)
         plot(out / f"{d}.png", DATASETS[d][0], cells, rows, metric)
     secs = [r["seconds"] for r in records if r.get("seconds") is not None]
     cpu = sum(r["cpu_seconds"] for r in records if r.get("cpu_seconds") is not None)
     timing = {"wall_seconds": wall, "workers": a.workers, "jobs": len(records),
               "job_seconds_sum": sum(secs), "job_cpu_seconds_sum": cpu,
-              "per_job_mean": _mean_by(records)}
+              "per_job_mean": mean_by(records)}
     (out / "tables.md").write_text("\n".join(md) + "\n")
     (out / "results.json").write_text(json.dumps(
         {"note": SEEDED, "argv": sys.argv[1:] if argv is None else argv, "timing": timing,
          "tables": tables, "records": records}, indent=1, default=str))
     con.print(f"wall {wall:.1f} s on {a.workers} workers; job seconds summed "
               f"{sum(secs):.1f} s wall, {cpu:.1f} s CPU; files: {out}/tables.md, results.json, "
+              f"{'' if a.from_records else 'records.jsonl, '}"
               f"{', '.join(d + '.png' for d in a.names)}")
     for key, v in sorted(timing["per_job_mean"].items()):
         con.print(f"  {key}: {v['mean']:.2f} s wall, {v['cpu']:.2f} s CPU per job × {v['n']}",
                   highlight=False)
-    return 0
-
-
-def _mean_by(records: list[dict]) -> dict[str, dict]:
-    """Mean job wall and CPU seconds per dataset and method (for sizing a run)."""
-    by: dict[str, list[tuple[float, float]]] = {}
-    for r in records:
-        if r.get("seconds") is not None:
-            by.setdefault(f"{r['dataset']} {r['method']}", []).append(
-                (r["seconds"], r["cpu_seconds"]))
-    return {k: {"mean": statistics.fmean(w for w, _ in v),
-                "cpu": statistics.fmean(c for _, c in v), "n": len(v)} for k, v in by.items()}
-
-
-def _print_table(con, title, cap, header, body, notes) -> None:
-    from rich.markup import escape  # cells hold brackets ([λ=0.1], E[h])
-    from rich.table import Table
-    t = Table(title=escape(title), caption=escape(cap), caption_justify="left")
-    for h in header:
-        t.add_column(h, overflow="fold")
-    for r in body:
-        t.add_row(*map(escape, r))
-    con.print(t)
-    for n in notes:
-        con.print(f"  n/a in part: {n}", highlight=False, markup=False)
 
 
 if __name__ == "__main__":

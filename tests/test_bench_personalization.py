@@ -36,7 +36,7 @@ def test_job_config_applies_overrides_without_touching_the_base():
     assert raw["training"]["methods"] == ["ditto"] and raw["training"]["lam"] == 2
     assert raw["training"]["seed"] == 7 and raw["privacy"]["epsilon"] == 4.0
     assert raw["tuning"]["mode"] == "private" and raw["budget"]["scratch"] is True
-    assert raw["privacy"]["noise"] == "seeded"
+    assert raw["privacy"]["noise"] == "seeded" and raw["training"]["eval_every"] == 30
     assert "lam" not in base["training"] and "mode" not in base["tuning"]
     assert bp.parse_sets(["school.training.rounds=20"]) == {
         "school": [("training", "rounds", 20)]}
