@@ -75,6 +75,10 @@ def baseline(cells: dict[str, dict[float, Cell]], eps: float, higher: bool
     return best
 
 
+def _short(text: str, n: int) -> str:
+    return text if len(text) <= n else text[:n - 1].rstrip() + "…"
+
+
 def _fmt(x: float) -> str:
     return f"{x:.4g}"
 
@@ -123,7 +127,7 @@ def make_table(cells: dict[str, dict[float, Cell]], rows: list[str], eps_list: l
         row = cells.get(label, {})
         if not any(c.values for c in row.values()):
             errs = sorted({e for c in row.values() for e in c.errors}) or ["not run"]
-            body.append([label, f"n/a: {errs[0][:70]}"] + [""] * (len(eps_list) - 1))
+            body.append([label, f"n/a: {_short(errs[0], 70)}"] + [""] * (len(eps_list) - 1))
             continue
         body.append([label] + [cell_text(label, row.get(e), bases[e], seeds)
                                for e in eps_list])
@@ -163,7 +167,8 @@ def plot(path: Path, title: str, cells: dict[str, dict[float, Cell]], rows: list
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(8, 5))
-    colors = plt.get_cmap("tab20").colors  # up to 20 rows without repeating a colour
+    # tab10, then tab20's light shades: up to 20 rows without repeating a colour
+    colors = list(plt.get_cmap("tab10").colors) + list(plt.get_cmap("tab20").colors[1::2])
     for i, label in enumerate(rows):
         pts = sorted((e, c) for e, c in cells.get(label, {}).items() if c.mean is not None)
         if not pts:
