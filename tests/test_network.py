@@ -417,7 +417,8 @@ def test_config_errors_are_specific(tmp_path):
         assert not (tmp_path / "x").exists()
 
 
-@pytest.mark.parametrize("method", ["fedavg", "ditto", "finetune", "local"])
+@pytest.mark.parametrize("method", ["fedavg", "ditto", "finetune", "local", "fedprox", "scaffold",
+                                    "apfl"])
 def test_silo_and_server_programs_run_the_simulators_code(tmp_path, method):
     """Every network method, programs driven in-process (the transport is tested above):
     the same models as the simulator's per-silo mode, each store holding what ran."""
@@ -483,12 +484,14 @@ def _store_events(path, name):
     ("ifca_mrmtl", {"selection_rounds": 0.3}),
     ("mocha", {}),
     ("weight_erosion", {"we_update": "gradient", "we_p_d": 0.5}),
-    ("weight_erosion", {"we_update": "local_sgd", "we_p_d": 0.5})])
+    ("weight_erosion", {"we_update": "local_sgd", "we_p_d": 0.5}),
+    ("scaffold", {}), ("apfl", {"apfl_alpha": 0.7})])
 def test_cluster_mocha_and_erosion_over_the_network_equal_the_simulator(tmp_path, method, extra):
     """IFCA (private cluster selection in each silo's own store), Mocha (the released models
     broadcast, each silo its own row) and Weight Erosion (the user named in the job): the
     silo and server programs give the simulator's per-silo models, and each silo's store
-    holds exactly the events the simulator's store holds for that silo."""
+    holds exactly the events the simulator's store holds for that silo. SCAFFOLD (x and c
+    broadcast, control variates kept by each silo) and APFL (α kept by each silo) too."""
     from silofl.data.heart import load_heart_disease
     from silofl.runtime.simulator import simulate
     fed = load_heart_disease(seed=0).with_targets(PrivacyTarget(1.0, DELTA))

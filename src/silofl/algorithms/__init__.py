@@ -4,9 +4,11 @@ import difflib
 from collections.abc import Callable
 from typing import Any
 
+from silofl.algorithms.apfl import APFL
 from silofl.algorithms.base import Algorithm, check_fraction, check_nonnegative
 from silofl.algorithms.ditto import Ditto
 from silofl.algorithms.fedavg import FedAvg
+from silofl.algorithms.fedprox import FedProx
 from silofl.algorithms.finetune import Finetune
 from silofl.algorithms.ifca import IFCA, IFCAFinetune, IFCALocal
 from silofl.algorithms.ifca_mrmtl import IFCAMRMTL
@@ -15,19 +17,22 @@ from silofl.algorithms.mocha import Mocha
 from silofl.algorithms.mrmtl import MRMTL
 from silofl.algorithms.privatekt import FedAvgLDP, PrivateKT
 from silofl.algorithms.robust import ROBUST_METHODS, RULES, Aggregator, Attack, Attacked
+from silofl.algorithms.scaffold import Scaffold
 from silofl.algorithms.weight_erosion import WeightErosion
 from silofl.errors import ConfigError
 
 #: every method name a config may use, in the order figures list them
 METHODS = ("local", "fedavg", "mrmtl", "finetune", "ditto", "mocha",
            "ifca", "ifca_local", "ifca_finetune", "ifca_mrmtl", "weight_erosion",
-           "privatekt", "fedavg_ldp")
+           "privatekt", "fedavg_ldp", "fedprox", "scaffold", "apfl")
 """Every method name `make_algorithm`, a config's `[training] methods` and a sweep accept.
 
 Local and FedAvg are the two ends; MR-MTL ("mrmtl") pulls personal models towards their
 mean with strength λ; finetune, ditto, mocha and the IFCA family are personalization
 baselines; weight_erosion serves one user silo; privatekt and fedavg_ldp use local DP
-per upload instead of DP-SGD (each runs as a job of its own). All DP-SGD methods meet the
+per upload instead of DP-SGD (each runs as a job of its own); fedprox, scaffold and apfl
+are the peers' methods under silo-specific DP (FedProx's proximal pull μ and SCAFFOLD's
+control variates are post-processing, free; APFL makes two passes per round). All DP-SGD methods meet the
 same per-silo target (σ calibrated to what each declares)."""
 #: methods whose privacy is a fixed local-DP mechanism per upload (each runs as its own job)
 LOCAL_DP_METHODS = frozenset({"privatekt", "fedavg_ldp"})
@@ -38,7 +43,8 @@ ALGORITHMS = {"local": Local, "fedavg": FedAvg, "mrmtl": MRMTL, "finetune": Fine
               "ditto": Ditto, "mocha": Mocha, "ifca": IFCA, "ifca_local": IFCALocal,
               "ifca_finetune": IFCAFinetune, "ifca_mrmtl": IFCAMRMTL,
               "weight_erosion": WeightErosion, "privatekt": PrivateKT,
-              "fedavg_ldp": FedAvgLDP}
+              "fedavg_ldp": FedAvgLDP, "fedprox": FedProx, "scaffold": Scaffold,
+              "apfl": APFL}
 
 
 def make_algorithm(name: str, *, lam: float = 0.3, weighted: bool = True,
@@ -52,7 +58,8 @@ def make_algorithm(name: str, *, lam: float = 0.3, weighted: bool = True,
                    ldp_delta: float = 1e-5, client_fraction: float = 0.5,
                    max_participation: int = 0, kt_samples: int = 2, kt_buffer: int = 25,
                    kt_self_train: float = 0.1, kt_server_epochs: int = 5,
-                   kt_server_lr: float = 0.0, public_seed: int = 0) -> Algorithm:
+                   kt_server_lr: float = 0.0, public_seed: int = 0, prox_mu: float = 0.01,
+                   apfl_alpha: float = 0.5, apfl_alpha_lr: float = 0.0) -> Algorithm:
     """Build an algorithm by name, validating every setting.
 
     Every value is validated whichever method uses it (a bad setting is an error even if
@@ -63,7 +70,7 @@ def make_algorithm(name: str, *, lam: float = 0.3, weighted: bool = True,
     name : str
         One of `silofl.METHODS`: "local", "fedavg", "mrmtl", "finetune", "ditto", "mocha",
         "ifca", "ifca_local", "ifca_finetune", "ifca_mrmtl", "weight_erosion",
-        "privatekt", "fedavg_ldp".
+        "privatekt", "fedavg_ldp", "fedprox", "scaffold", "apfl".
     lam : float, default 0.3
         Regularization strength λ ≥ 0 of mrmtl, ditto, mocha, ifca_mrmtl (λ = 0 is Local).
     weighted : bool, default True
@@ -106,6 +113,12 @@ def make_algorithm(name: str, *, lam: float = 0.3, weighted: bool = True,
         PrivateKT's settings (see ``silofl.algorithms.privatekt``).
     public_seed : int, default 0
         Seed of the public client selection (local-DP methods).
+    prox_mu : float, default 0.01
+        FedProx's proximal strength μ ≥ 0 (μ = 0 is FedAvg).
+    apfl_alpha : float, default 0.5
+        APFL's initial mixing weight α in [0, 1] (1: the personal model alone).
+    apfl_alpha_lr : float, default 0.0
+        APFL's step size for α ≥ 0 (0: the training lr).
 
     Returns
     -------
@@ -121,6 +134,8 @@ def make_algorithm(name: str, *, lam: float = 0.3, weighted: bool = True,
     check_nonnegative("weight_erosion size penalty p_s (we_p_s)", we_p_s)
     check_nonnegative("weight_erosion distance penalty p_d (we_p_d)", we_p_d)
     check_fraction("finetune_fraction", finetune_fraction, low_open=False, high_open=False)
+    FedProx(prox_mu)  # validates μ
+    APFL(apfl_alpha, apfl_alpha_lr)  # validates α and its step
     cluster: dict[str, Any] = dict(clusters=clusters, selection_fraction=selection_fraction,
                                    selection_rounds=selection_rounds, weighted=weighted)
     IFCA(**cluster)  # validates the cluster settings
@@ -156,6 +171,9 @@ def make_algorithm(name: str, *, lam: float = 0.3, weighted: bool = True,
         "privatekt": lambda: PrivateKT(**kt),
         "fedavg_ldp": lambda: FedAvgLDP(ldp_epsilon, ldp_mechanism, ldp_delta, client_fraction,
                                         max_participation, public_seed),
+        "fedprox": lambda: FedProx(prox_mu, weighted),
+        "scaffold": lambda: Scaffold(weighted),
+        "apfl": lambda: APFL(apfl_alpha, apfl_alpha_lr, weighted),
     }
     if name in build:
         return build[name]()
@@ -164,8 +182,8 @@ def make_algorithm(name: str, *, lam: float = 0.3, weighted: bool = True,
     raise ConfigError(f"unknown method {name!r}; choose from {', '.join(METHODS)}.{hint}")
 
 
-__all__ = ["ALGORITHMS", "Aggregator", "Algorithm", "Attack", "Attacked", "Ditto", "FedAvg",
-           "FedAvgLDP", "LOCAL_DP_METHODS", "PrivateKT",
+__all__ = ["ALGORITHMS", "APFL", "Aggregator", "Algorithm", "Attack", "Attacked", "Ditto", "FedAvg",
+           "FedAvgLDP", "FedProx", "LOCAL_DP_METHODS", "PrivateKT", "Scaffold",
            "Finetune", "IFCA", "IFCAFinetune", "IFCALocal", "IFCAMRMTL", "LAMBDA_METHODS",
            "Local", "METHODS", "MRMTL", "Mocha", "ROBUST_METHODS", "RULES", "WeightErosion",
            "make_algorithm"]

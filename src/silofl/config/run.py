@@ -159,6 +159,9 @@ class TrainingSection(Section):
     attackers: int = 0               # f, assumed attackers (krum's f; limits are checked)
     trim_fraction: float = 0.1       # trimmed_mean: share trimmed from each end, [0, 0.5)
     clip_radius: float = 1.0         # centered_clipping: radius τ (> 0)
+    prox_mu: float = 0.01            # fedprox: proximal strength μ ≥ 0 (0 = FedAvg)
+    apfl_alpha: float = 0.5          # apfl: initial mixing weight α in [0, 1]
+    apfl_alpha_lr: float = 0.0       # apfl: step size of α ≥ 0 (0 = training.lr)
 
 
 class SiloPrivacy(Section):

@@ -332,6 +332,8 @@ def build_algorithms(cfg: Config) -> list[Algorithm]:
                            we_p_s=tc.we_p_s, we_p_d=tc.we_p_d, aggregation=tc.aggregation,
                            attackers=tc.attackers, trim_fraction=tc.trim_fraction,
                            clip_radius=tc.clip_radius, we_options=we_options(tc),
+                           prox_mu=tc.prox_mu, apfl_alpha=tc.apfl_alpha,
+                           apfl_alpha_lr=tc.apfl_alpha_lr,
                            **ldp_options(tc))
             for m in tc.methods]
 

@@ -18,6 +18,7 @@ object with ``n`` (K,) and ``gather(silos, idx)`` (graph data: `pandemic.engine.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -105,6 +106,12 @@ class SiloArrays:
         X = data_X.reshape((-1,) + data_X.shape[2:]).take(flat, axis=0)
         y = data_y.ravel().take(flat).reshape(idx.shape)
         return X.reshape(idx.shape + data_X.shape[2:]), y, None
+
+
+#: An algorithm's own local step (`LocalTrainer.run`'s `step`), in place of w ← w − lr·g:
+#: (silos (k,) hosted indices stepping now, W (k, P), noised g (k, P), l2 and pull included)
+#: → new W (k, P). It runs after the noise: post-processing, free.
+StepRule = Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]
 
 
 #: persons per gather when a node-level selection scores a whole region
@@ -429,13 +436,15 @@ class LocalTrainer:
 
     def run(self, W0: np.ndarray, anchor: np.ndarray | None = None,
             lam: float | np.ndarray = 0.0, round: int = 0, label: str | None = None,
-            silos: np.ndarray | None = None) -> np.ndarray:
+            silos: np.ndarray | None = None, step: StepRule | None = None) -> np.ndarray:
         """One local pass for every hosted silo. W0, anchor: (K, P); lam: scalar or (K,) per
         silo. Returns (K, P).
 
         Gradient step: w ← w − lr·(ĝ + l2·w + λ(w − anchor)), ĝ the DP-SGD estimate.
         `silos` (K,) bool: only these silos take their pass — only they are charged and
-        read; the others' rows come back as in W0."""
+        read; the others' rows come back as in W0. `step` (`StepRule`) replaces the
+        gradient step by the algorithm's own (SCAFFOLD's drift correction, APFL's mixed
+        model): it sees only the noised g, so whatever it computes is post-processing."""
         label = self.label if label is None else label
         ids = self._subset(silos)
         if ids is None:
@@ -449,7 +458,8 @@ class LocalTrainer:
         if lam.ndim and lam.shape != (K,):
             raise ValueError(f"lam must be a scalar or one value per silo ({K},), got {lam.shape}")
         if self.node is not None:
-            return self._run_node(W, anchor, lam, round, everyone if ids is None else ids)
+            return self._run_node(W, anchor, lam, round, everyone if ids is None else ids,
+                                  step)
         if ids is None:
             ids, n, q, steps = everyone, self.data.n, self.q, self.steps_per_round
         elif not ids.size:
@@ -487,12 +497,12 @@ class LocalTrainer:
                 g += self.l2 * Ws
             if pull and anchor is not None:
                 g += (lam if isinstance(lam, float) else lam[sel]) * (Ws - anchor[sel])
-            W[sel] = Ws - self.lr * g
+            W[sel] = Ws - self.lr * g if step is None else step(active, Ws, g)
             self.steps_done[sel] += 1
         return W
 
     def _run_node(self, W: np.ndarray, anchor: np.ndarray | None, lam: np.ndarray,
-                  round: int, ids: np.ndarray) -> np.ndarray:
+                  round: int, ids: np.ndarray, step: StepRule | None = None) -> np.ndarray:
         """`run` under the node-level unit (already charged): silo by silo, each step a
         batch of exactly b units drawn without replacement (`node_streams`), the clipped
         sum plus N(0, σ_k²C²) noise divided by b. A data source with `start_round(round)`
@@ -515,7 +525,8 @@ class LocalTrainer:
                     g = g + self.l2 * w
                 if pull and anchor is not None:
                     g = g + lam_k * (w - anchor[k])
-                w = w - self.lr * g
+                w = (w - self.lr * g if step is None
+                     else step(np.array([k]), w[None], g[None])[0])
             W[k] = w
             self.steps_done[k] += int(self.steps_per_round[k])
         return W

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 #: state, and their update travels as one row per silo (`encode_update`)
 NETWORK_METHODS = ("local", "fedavg", "mrmtl", "ditto", "finetune", "ifca", "ifca_local",
                    "ifca_finetune", "ifca_mrmtl", "mocha", "weight_erosion", "privatekt",
-                   "fedavg_ldp")
+                   "fedavg_ldp", "fedprox", "scaffold", "apfl")
 
 
 def check_network_method(name: str) -> None:
@@ -45,9 +45,10 @@ def _family(algorithm) -> str:
     from silofl.algorithms.ifca import IFCA
     from silofl.algorithms.mocha import Mocha
     from silofl.algorithms.privatekt import FedAvgLDP, PrivateKT
+    from silofl.algorithms.scaffold import Scaffold
     from silofl.algorithms.weight_erosion import WeightErosion
     for cls, fam in ((IFCA, "ifca"), (Mocha, "mocha"), (WeightErosion, "erosion"),
-                     (PrivateKT, "kt"), (FedAvgLDP, "ldp")):
+                     (PrivateKT, "kt"), (FedAvgLDP, "ldp"), (Scaffold, "scaffold")):
         if isinstance(algorithm, cls):
             return fam
     return "mean"
@@ -184,8 +185,11 @@ def own_step(algorithm, state: SiloState, view, trainer, round: int, k: int):
 
 def encode_message(algorithm, message) -> np.ndarray:
     """The broadcast as one flat float64 vector: (P,), IFCA's (G·P,), Mocha's (K·P + K²,),
-    PrivateKT's (P + K_kt,) model and indices of this round's public KT samples."""
+    PrivateKT's (P + K_kt,) model and indices of this round's public KT samples, SCAFFOLD's
+    (2P,) model and control variate."""
     fam = _family(algorithm)
+    if fam == "scaffold":
+        return np.concatenate([message[0], message[1]]).astype(np.float64)
     if fam == "mocha":
         W, omega = message[:2]
         return np.concatenate([np.ravel(W), np.ravel(omega)]).astype(np.float64)
@@ -197,6 +201,8 @@ def encode_message(algorithm, message) -> np.ndarray:
 def decode_message(algorithm, flat: np.ndarray, K: int, P: int):
     """Inverse of `encode_message` for K silos and P parameters."""
     fam = _family(algorithm)
+    if fam == "scaffold":
+        return flat[:P], flat[P:]
     if fam == "mocha":
         return flat[:K * P].reshape(K, P), flat[K * P:].reshape(K, K)
     if fam == "ifca":
@@ -212,7 +218,8 @@ def decode_message(algorithm, flat: np.ndarray, K: int, P: int):
 
 def server_view(algorithm, decoded):
     """A server-state stand-in built from a decoded broadcast, enough for
-    `personal_models` at a silo (IFCA: the cluster models; Mocha: W; others: the model)."""
+    `personal_models` at a silo (IFCA: the cluster models; Mocha: W; SCAFFOLD: x and c;
+    others: the model)."""
     from silofl.algorithms.base import ServerState
     fam = _family(algorithm)
     if fam == "ifca":
@@ -220,13 +227,16 @@ def server_view(algorithm, decoded):
         return ClusterServer(decoded)
     if fam == "kt":
         return decoded
+    if fam == "scaffold":
+        from silofl.algorithms.scaffold import ScaffoldServer
+        return ScaffoldServer(*decoded)
     return ServerState(decoded[0] if fam == "mocha" else decoded)
 
 
 def message_size(algorithm, K: int, P: int) -> int:
     fam = _family(algorithm)
     return {"mocha": K * P + K * K, "ifca": getattr(algorithm, "clusters", 1) * P,
-            "kt": P + getattr(algorithm, "samples", 0)}.get(fam, P)
+            "kt": P + getattr(algorithm, "samples", 0), "scaffold": 2 * P}.get(fam, P)
 
 
 def encode_update(algorithm, update) -> np.ndarray | None:
@@ -294,7 +304,7 @@ def check_message(algorithm, decoded) -> str | None:
 
 def update_width(algorithm, P: int) -> int:
     return {"ifca": P + 1, "erosion": P + 2, "kt": getattr(algorithm, "samples", 0) + 4,
-            "ldp": P + 1}.get(_family(algorithm), P)
+            "ldp": P + 1, "scaffold": 2 * P}.get(_family(algorithm), P)
 
 
 def merge_updates(algorithm, rows: dict[int, np.ndarray | None], weights: dict[int, float],
@@ -312,7 +322,7 @@ def merge_updates(algorithm, rows: dict[int, np.ndarray | None], weights: dict[i
                           "plan's uploads are spent); the run cannot go on")
     w = np.array([weights[k] for k in ks], float)
     if not ks:  # the averaging methods merge nothing; the others need a row to merge
-        if fam != "mean":
+        if fam not in ("mean", "scaffold"):
             raise ConfigError(f"{algorithm.name}: no silo answered round {round}; the "
                               "run cannot go on")
         return None, w

@@ -44,6 +44,8 @@ JOB_KEYS = {"method": str, "lam": float, "weighted": bool, "finetune_fraction": 
             # pre-encoded .npz data) and the declared preprocessing modes every silo applies
             "schema_sha256": str, "standardize": str, "impute": str,
             "preprocess_share": float,
+            # fedprox's μ, apfl's initial α and its step size
+            "prox_mu": float, "apfl_alpha": float, "apfl_alpha_lr": float,
             # clip = "auto" (private adaptive clipping): "" for a fixed clip, else the JSON
             # of its settings {quantile, lr, init, count_noise} (`auto_clip_job`)
             "clip_auto": str}
@@ -184,7 +186,8 @@ def job_algorithm(job: dict, public: np.ndarray | None = None):
         client_fraction=job["client_fraction"], max_participation=job["max_participation"],
         kt_samples=job["kt_samples"], kt_buffer=job["kt_buffer"],
         kt_self_train=job["kt_self_train"], kt_server_epochs=job["kt_server_epochs"],
-        kt_server_lr=job["kt_server_lr"], public_seed=job["public_seed"])
+        kt_server_lr=job["kt_server_lr"], public_seed=job["public_seed"],
+        prox_mu=job["prox_mu"], apfl_alpha=job["apfl_alpha"], apfl_alpha_lr=job["apfl_alpha_lr"])
     names = job_silos(job)
     alg.bind_silos(names)
     if hasattr(alg, "bind_data"):  # PrivateKT: the public set, checked against the job

@@ -47,7 +47,8 @@ def _spec(job: dict, model) -> dict:
 
 
 def _method(job: dict) -> dict:
-    keys = ("lam", "finetune_fraction", "clusters", "we_user")
+    own = {"fedprox": ("prox_mu",), "apfl": ("apfl_alpha", "apfl_alpha_lr")}
+    keys = ("lam", "finetune_fraction", "clusters", "we_user", *own.get(job["method"], ()))
     return {"name": job["method"], **{k: job[k] for k in keys}}
 
 

@@ -65,7 +65,7 @@ def _job_defaults() -> dict:
             "we_user", "we_p_s", "we_p_d", "we_update", "we_participation", "we_count",
             "we_newcomer", "ldp_epsilon", "ldp_mechanism", "ldp_delta", "client_fraction",
             "max_participation", "kt_samples", "kt_buffer", "kt_self_train",
-            "kt_server_epochs", "kt_server_lr")
+            "kt_server_epochs", "kt_server_lr", "prox_mu", "apfl_alpha", "apfl_alpha_lr")
     return {**{k: getattr(t, k) for k in same},
             "we_join_round": json.dumps(t.we_join_round, sort_keys=True),
             "we_leave_round": json.dumps(t.we_leave_round, sort_keys=True),
@@ -133,7 +133,8 @@ def load_server_config(path: str | Path) -> ServerConfig:
     for k in ("local_epochs", "lr", "clip", "l2", "lam", "finetune_fraction",
               "selection_fraction", "selection_rounds", "we_p_s", "we_p_d",
               "we_participation", "ldp_epsilon",
-              "ldp_delta", "client_fraction", "kt_self_train", "kt_server_lr"):
+              "ldp_delta", "client_fraction", "kt_self_train", "kt_server_lr", "prox_mu",
+              "apfl_alpha", "apfl_alpha_lr"):
         if isinstance(job.get(k), int) and not isinstance(job.get(k), bool):
             job[k] = float(job[k])
     public_path = base / s.public_data if s.public_data is not None else None
