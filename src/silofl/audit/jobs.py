@@ -45,6 +45,9 @@ def run_job(cfg, p, store: BudgetStore, command: str, *, model=None, probe=None,
     """
     tcfg = p.tcfg if tcfg is None else tcfg
     model = p.model if model is None else model
+    if probe is not None and tcfg.adaptive_clip:  # before anything is reserved
+        raise ConfigError("clip = \"auto\" cannot be audited: the white-box audit assumes "
+                          "a fixed clip C; set [training] clip to a number for an audit")
     job: Job | None = None
     if tcfg.private:
         job = open_job(store, dict(zip(p.labels, p.plans)),

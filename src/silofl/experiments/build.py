@@ -362,6 +362,8 @@ def training_config(cfg: Config) -> TrainingConfig:
     out = TrainingConfig(rounds=tc.rounds, local_epochs=tc.local_epochs, batch_size=tc.batch_size,
                          lr=tc.lr, clip=tc.clip, l2=tc.l2, private=pc.enabled,
                          accountant=pc.accountant, noise=pc.noise, seed=tc.seed,
-                         eval_every=tc.eval_every)
+                         eval_every=tc.eval_every, clip_quantile=tc.clip_quantile,
+                         clip_lr=tc.clip_lr, clip_init=tc.clip_init,
+                         clip_count_noise=tc.clip_count_noise)
     out.validate()
     return out

@@ -205,7 +205,20 @@ def privacy_table(rep, max_rows: int = 30) -> Table | None:
                   f"{lt['epsilon']:.3f} / {lt['target_epsilon']:g}" if lt else "-")
     if rep.results[0].silos[max_rows:]:
         t.caption = f"… {len(rep.results[0].silos) - max_rows} more silos in privacy_report.json"
+    clips = clip_note(priv[0][:max_rows])
+    if clips:
+        t.caption = f"{t.caption}; {clips}" if t.caption else clips
     return t
+
+
+def clip_note(entries: list[dict]) -> str:
+    """clip = "auto": each silo's count noise σ_b and final clip C_k (from its plan)."""
+    auto = [e for e in entries if e.get("clip") == "auto"]
+    if not auto:
+        return ""
+    return ("clip: auto (private quantile, a noisy count per step; σ_b, final C_k per silo: "
+            + ", ".join(f"{e['silo']} {e['count_noise']:.3g}, {e['final_clip']:.3g}"
+                        for e in auto if e.get("final_clip") is not None) + ")")
 
 
 def _max_eps(values) -> str:

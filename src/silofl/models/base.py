@@ -164,6 +164,36 @@ class Model:
             out[k] = (g * np.minimum(1.0, c / np.maximum(norms, 1e-12))[:, None]).sum(0)
         return out
 
+    def clipped_grad_sum_count(self, W: np.ndarray, X: np.ndarray, y: np.ndarray,
+                               mask: np.ndarray, clip: np.ndarray,
+                               **aux: Any) -> tuple[np.ndarray, np.ndarray]:
+        """`clipped_grad_sum` at a clip per silo, and how many rows were within it (private
+        adaptive clipping, `training.dpsgd.QuantileClip`).
+
+        Parameters
+        ----------
+        W, X, y, mask, **aux
+            As `clipped_grad_sum`.
+        clip : numpy.ndarray
+            Shape (K,): silo k's rows are clipped to clip_bound(clip[k]).
+
+        Returns
+        -------
+        (numpy.ndarray, numpy.ndarray)
+            The clipped sums (K, P) and, per silo, the number of unmasked rows whose
+            gradient norm is ≤ clip[k] (K,) float64.
+        """
+        clip = np.asarray(clip, dtype=float)
+        out, count = np.zeros_like(W), np.zeros(W.shape[0])
+        for k in range(W.shape[0]):
+            g = np.asarray(self.per_example_grads(W[k], X[k], y[k]), dtype=np.float64)
+            g = g * mask[k][:, None]
+            norms = np.linalg.norm(g, axis=1)
+            c = clip_bound(clip[k])
+            out[k] = (g * np.minimum(1.0, c / np.maximum(norms, 1e-12))[:, None]).sum(0)
+            count[k] = np.sum((norms <= clip[k]) & (np.asarray(mask[k]) > 0))
+        return out, count
+
     def grad_sum(self, W: np.ndarray, X: np.ndarray, y: np.ndarray, mask: np.ndarray) -> np.ndarray:
         """The sum of per-example gradients over unmasked rows (the non-private path).
 

@@ -16,7 +16,7 @@ from scipy.special import expit, log_expit, logsumexp, softmax
 
 from silofl.errors import ConfigError
 from silofl.models.base import NAMED_MODELS, Model
-from silofl.privacy.clipping import clip_bound
+from silofl.privacy.clipping import CLIP_MARGIN, clip_bound
 
 
 class GLM(Model):
@@ -72,25 +72,44 @@ class GLM(Model):
         float64 data); computed here in float64 when not given. Never inf or NaN from one
         row: a row whose ‖x‖² overflows X's precision contributes 0, a non-finite residual
         is clipped like a huge one (scalar outputs; softmax: its non-finite parts count 0)."""
+        return self._clipped(W, X, y, mask, clip_bound(clip), x_sqnorm)[0]
+
+    def clipped_grad_sum_count(self, W: np.ndarray, X: np.ndarray, y: np.ndarray,
+                               mask: np.ndarray, clip: np.ndarray,
+                               x_sqnorm: np.ndarray | None = None,
+                               **aux: Any) -> tuple[np.ndarray, np.ndarray]:
+        """`clipped_grad_sum` at clip[k] (K,) for silo k, and per silo the number of
+        unmasked rows with ‖g‖ = ‖r‖·‖[x, 1]‖ ≤ clip[k] (K,) (see `Model`)."""
+        clip = np.asarray(clip, dtype=np.float64)[:, None]
+        out, rnorm, xnorm = self._clipped(W, X, y, mask, clip / (1.0 + CLIP_MARGIN), x_sqnorm)
+        within = (rnorm * xnorm <= clip) & (np.asarray(mask) > 0)
+        return out, within.sum(1).astype(np.float64)
+
+    def _clipped(self, W: np.ndarray, X: np.ndarray, y: np.ndarray, mask: np.ndarray,
+                 bound0: float | np.ndarray, x_sqnorm: np.ndarray | None
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The clipped sum (K, P) at clip bound `bound0` (scalar or (K, 1)), and ‖r‖ and
+        ‖[x, 1]‖ per row (K, B)."""
         r = self.residual(self.logits(W, X), y)
         if x_sqnorm is None:  # float64 sums, rounded like the trainer's packed ‖x‖²
             x_sqnorm = np.einsum("kbd,kbd->kb", X, X, dtype=np.float64).astype(X.dtype,
                                                                                copy=False)
         xnorm = np.sqrt(np.add(x_sqnorm, 1.0, dtype=np.float64))  # ‖[x, 1]‖
         # largest ‖r‖ whose gradient stays inside the ball; 0 on padded rows
-        bound = np.multiply(mask, clip_bound(clip))
+        bound = np.multiply(mask, bound0)
         bound /= xnorm
         if self.outputs == 1:
             # clip r to ±bound: min(1, c/‖g‖)·r in two passes; fmax/fmin map NaN r to a bound
             coef = np.fmax(r, -bound)
             np.fmin(coef, bound, out=coef)
+            rnorm = np.abs(r)
         else:
             r = np.where(np.isfinite(r), r, 0.0)
             rnorm = np.sqrt(np.einsum("kbc,kbc->kb", r, r))
             den = np.fmax(rnorm, bound)  # factor bound/max(‖r‖, bound) = min(1, bound/‖r‖),
             np.fmax(den, 1e-300, out=den)  # and 0 (not 0/0) for a zero residual on a padded row
             coef = r * (bound / den)[..., None]
-        return self._weighted_sum(coef, X)
+        return self._weighted_sum(coef, X), rnorm, xnorm
 
     def grad_sum(self, W: np.ndarray, X: np.ndarray, y: np.ndarray, mask: np.ndarray) -> np.ndarray:
         r = self.residual(self.logits(W, X), y)

@@ -38,7 +38,7 @@ from torch.func import functional_call, grad, vmap
 
 from silofl.errors import ConfigError, DataError
 from silofl.models.base import Model
-from silofl.privacy.clipping import clip_bound
+from silofl.privacy.clipping import CLIP_MARGIN, clip_bound
 
 TASKS = ("binary", "multiclass", "regression")
 #: [training] device values (README, "PrivateKT")
@@ -276,7 +276,7 @@ class TorchModel(Model):
                               for i in range(0, len(Xt), EVAL_CHUNK)]))
 
     def _clip_sum(self, grads: dict[str, torch.Tensor], mask: torch.Tensor,
-                  clip: float) -> torch.Tensor:
+                  clip: float | np.ndarray, within: list | None = None) -> torch.Tensor:
         """Σ_b min(1, c/‖g_b‖)·mask_b·g_b with c = clip_bound(clip). grads {name: (*L, B,
         *shape)}, mask (*L, B) → (*L, P). Norms are over all parameters of an example (the
         L2 norm DP-SGD clips), accumulated in float64: a float32 reduction over many
@@ -285,7 +285,14 @@ class TorchModel(Model):
         flat = [grads[n].flatten(lead) for n in self._names]       # (*L, B, p_i) views
         norms = torch.linalg.vector_norm(torch.stack(
             [torch.linalg.vector_norm(g, dim=-1, dtype=torch.float64) for g in flat]), dim=0)
-        factor = torch.where(mask, (clip_bound(clip) / norms.clamp_min(1e-12)).clamp(max=1.0),
+        if within is None:
+            bound: float | torch.Tensor = clip_bound(float(clip))
+        else:  # one clip per silo (clip = "auto"): count the rows within it
+            c = torch.as_tensor(np.asarray(clip, dtype=np.float64), device=norms.device)
+            c = c.reshape(c.shape + (1,) * (norms.dim() - c.dim()))
+            bound = c / (1.0 + CLIP_MARGIN)
+            within.append(_np(((norms <= c) & mask).sum(-1)))
+        factor = torch.where(mask, (bound / norms.clamp_min(1e-12)).clamp(max=1.0),
                              0.0).to(flat[0].dtype)
         return torch.cat([torch.einsum("...b,...bp->...p", factor, g) for g in flat], -1)
 
@@ -311,6 +318,31 @@ class TorchModel(Model):
             G = self._silo_ex_grads(self._params(W[s]), Xt[s], yt[s])  # {name: (k, B, *shape)}
             out[s] = _np(self._clip_sum(G, m[s], clip))
         return out
+
+    def clipped_grad_sum_count(self, W: np.ndarray, X: np.ndarray, y: np.ndarray,
+                               mask: np.ndarray, clip: np.ndarray,
+                               **aux: Any) -> tuple[np.ndarray, np.ndarray]:
+        """`clipped_grad_sum` at clip[k] (K,) for silo k, and per silo the number of
+        unmasked rows whose gradient norm is ≤ clip[k] (K,) (see `Model`)."""
+        clip = np.asarray(clip, dtype=np.float64)
+        K, B = np.shape(mask)
+        out, count = np.zeros((K, self.num_params)), np.zeros(K)
+        if B == 0:
+            return out, count
+        Xt, yt = self._inputs(X, 2), self._labels(y)
+        m = self._mask(mask)
+        step = 1 if not self.silo_vmap or K == 1 else \
+            max(1, CHUNK_BYTES // (B * self.num_params * torch.finfo(self.dtype).bits // 8))
+        for a in range(0, K, step):
+            s, within = slice(a, a + step), []  # type: ignore[var-annotated]
+            if step == 1:
+                G = self._ex_grads(self._params(W[a]), Xt[a], yt[a])
+                out[a] = _np(self._clip_sum(G, m[a], clip[a], within))
+            else:
+                G = self._silo_ex_grads(self._params(W[s]), Xt[s], yt[s])
+                out[s] = _np(self._clip_sum(G, m[s], clip[s], within))
+            count[s] = within[0]
+        return out, count
 
     def grad_sum(self, W: np.ndarray, X: np.ndarray, y: np.ndarray, mask: np.ndarray) -> np.ndarray:
         """Σ_b g_kb over unmasked rows → (K, P) float64 (the non-private path: one

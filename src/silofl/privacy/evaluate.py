@@ -20,6 +20,7 @@ import numpy as np
 from dp_accounting import pld, rdp
 
 from silofl.errors import PrivacyError
+from silofl.privacy.adaptive_clip import equivalent
 from silofl.privacy.curves import CurveRdpAccountant, is_curve_event
 from silofl.privacy.events import flatten
 from silofl.privacy.pld_eval import PLD_BASE_GRID, _pld_epsilon, _pld_search
@@ -67,8 +68,16 @@ def _counts(event: dpa.DpEvent) -> dict:
 
 def _key(event: dpa.DpEvent) -> frozenset:
     """Canonical form of a composition: equal multisets of base events give equal ε, in
-    whatever order or nesting they were composed (ledgers and calibration must agree)."""
-    return frozenset((e, c) for e, c in _counts(event).items() if c > 0)
+    whatever order or nesting they were composed (ledgers and calibration must agree).
+    Adaptive-clipping steps count as their equivalent Gaussian (`adaptive_clip.equivalent`)."""
+    counts = _counts(event)
+    if any(equivalent(e) is not e for e in counts):
+        merged: dict = {}
+        for e, c in counts.items():
+            k = equivalent(e)
+            merged[k] = merged.get(k, 0) + c
+        counts = merged
+    return frozenset((e, c) for e, c in counts.items() if c > 0)
 
 
 def _own_curve(key: frozenset) -> np.ndarray | None:

@@ -20,7 +20,9 @@ CUSTOM_EVENTS = {"node_level_dp": "silofl.privacy.node_level:NodeLevelDpEvent",
                  "rdp_curve": "silofl.privacy.curves:FixedRdpCurveEvent",
                  # private tuning at the node level (silofl.privacy.node_tuning)
                  "node_repeat_and_select": "silofl.privacy.node_tuning:NodeRepeatAndSelectEvent",
-                 "gaussian_score": "silofl.privacy.node_tuning:GaussianScoreEvent"}
+                 "gaussian_score": "silofl.privacy.node_tuning:GaussianScoreEvent",
+                 # a DP-SGD step with a private adaptive-clipping count
+                 "adaptive_clip": "silofl.privacy.adaptive_clip:AdaptiveClipDpEvent"}
 
 
 def dpsgd_event(q: float, noise_multiplier: float, steps: int = 1) -> dpa.DpEvent:

@@ -25,6 +25,15 @@ from silofl.data.federation import Federation
 from silofl.errors import CalibrationError, ConfigError, PrivacyError
 from silofl.privacy import accounting, events
 from silofl.privacy import selection as tuning_accounting
+from silofl.privacy.adaptive_clip import (
+    DEFAULT_CLIP_INIT,
+    DEFAULT_CLIP_LR,
+    DEFAULT_QUANTILE,
+    adaptive_event,
+    clip_step,
+    count_noise,
+    gradient_noise,
+)
 from silofl.privacy.node_level import (
     ADJACENCY_TEXT,
     DEFAULT_ORDERS,
@@ -35,6 +44,7 @@ from silofl.privacy.node_level import (
 )
 from silofl.privacy.targets import PrivacyTarget
 from silofl.runtime.job import accountant_kind
+from silofl.training.dpsgd import GradientRule, QuantileClip
 
 NOISE_MODES = ("secure", "seeded")
 #: the privacy unit: "example" (one training row, Poisson-sampled DP-SGD) or "node" (one
@@ -70,8 +80,20 @@ class TrainingConfig:
         Expected batch size b; each silo samples with Poisson rate q_k = b / n_k.
     lr : float, default 0.1
         Learning rate, per step.
-    clip : float, default 1.0
-        C, the L2 norm bound of each per-example gradient.
+    clip : float or "auto", default 1.0
+        C, the L2 norm bound of each per-example gradient; "auto": each silo tracks the
+        `clip_quantile` of its per-example gradient norms privately (Andrew et al. 2021,
+        `privacy.adaptive_clip`), a noisy count per step composed into its σ.
+    clip_quantile : float, default 0.7
+        clip = "auto": γ in (0, 1), the target fraction of unclipped examples.
+    clip_lr : float, default 0.2
+        clip = "auto": η_C > 0, the geometric step C ← C·exp(−η_k(b̃ − γ)), η_k =
+        min(η_C, ·) smaller where the count is noisy (`adaptive_clip.clip_step`).
+    clip_init : float, default 0.3
+        clip = "auto": C₀ > 0, every silo's starting clip.
+    clip_count_noise : float or "auto", default "auto"
+        clip = "auto": σ_b, the std of the noise on each step's centred count (examples);
+        "auto" = max(expected batch / 20, σ/(2√0.05)) (`adaptive_clip.count_noise`).
     l2 : float, default 0.0
         L2 regularization of the loss.
     private : bool, default True
@@ -100,7 +122,7 @@ class TrainingConfig:
     local_epochs: float = 1.0
     batch_size: int = 32
     lr: float = 0.1
-    clip: float = 1.0
+    clip: float | str = 1.0
     l2: float = 0.0
     private: bool = True
     accountant: str = accounting.DEFAULT_ACCOUNTANT
@@ -115,6 +137,16 @@ class TrainingConfig:
     privacy_unit: str = "example"
     node_S: int = 1
     adjacency: str = "node+edges"
+    #: clip = "auto" (`privacy.adaptive_clip`): γ, η_C, C₀, σ_b
+    clip_quantile: float = DEFAULT_QUANTILE
+    clip_lr: float = DEFAULT_CLIP_LR
+    clip_init: float = DEFAULT_CLIP_INIT
+    clip_count_noise: float | str = "auto"
+
+    @property
+    def adaptive_clip(self) -> bool:
+        """Whether clip = "auto" (private adaptive clipping)."""
+        return self.clip == "auto"
 
     def validate(self) -> None:
         """Check every setting.
@@ -134,9 +166,7 @@ class TrainingConfig:
             bad(f"batch_size must be a positive integer, got {self.batch_size}")
         if not (math.isfinite(self.lr) and self.lr >= 0):
             bad(f"learning rate lr must be a non-negative number, got {self.lr}")
-        if not (math.isfinite(self.clip) and self.clip > 0):
-            bad(f"clip must be a positive number (the per-example gradient norm bound), "
-                f"got {self.clip}")
+        _check_clip(self, bad)
         if not (math.isfinite(self.l2) and self.l2 >= 0):
             bad(f"l2 must be non-negative, got {self.l2}")
         if self.accountant not in accounting.ACCOUNTANTS:
@@ -161,6 +191,31 @@ class TrainingConfig:
                     f"'node' (a fixed, public graph), got {self.adjacency!r}")
 
 
+def _check_clip(cfg: TrainingConfig, bad) -> None:
+    """[training] clip and, for clip = "auto", its keys (`TrainingConfig.validate`)."""
+    def positive(v: object) -> bool:
+        return isinstance(v, (int, float)) and not isinstance(v, bool) \
+            and math.isfinite(v) and v > 0
+    if not (cfg.clip == "auto" or positive(cfg.clip)):
+        bad(f"[training] clip must be a positive number (the per-example gradient norm "
+            f"bound) or \"auto\" (private adaptive clipping), got {cfg.clip!r}")
+    if not 0 < cfg.clip_quantile < 1:
+        bad(f"[training] clip_quantile (γ, the target fraction of unclipped examples) must "
+            f"lie strictly between 0 and 1, got {cfg.clip_quantile!r}")
+    if not positive(cfg.clip_lr):
+        bad(f"[training] clip_lr (η_C, the clip's geometric step) must be a positive "
+            f"number, got {cfg.clip_lr!r}")
+    if not positive(cfg.clip_init):
+        bad(f"[training] clip_init (C₀, the starting clip) must be a positive number, "
+            f"got {cfg.clip_init!r}")
+    if not (cfg.clip_count_noise == "auto" or positive(cfg.clip_count_noise)):
+        bad(f"[training] clip_count_noise (σ_b, the count's noise std in examples) must be "
+            f"a positive number or \"auto\", got {cfg.clip_count_noise!r}")
+    if cfg.clip == "auto" and cfg.privacy_unit == "node":
+        bad("[training] clip = \"auto\" is not available with privacy_unit = 'node' (its "
+            "node-level accounting assumes a fixed clip); set clip to a number")
+
+
 @dataclass
 class SiloPlan:
     name: str
@@ -174,6 +229,10 @@ class SiloPlan:
     calibrated_for: str = ""
     #: node-level unit: {"S", "adjacency", "batch_size"} (None: example level)
     node: dict | None = None
+    #: clip = "auto": σ_b, the noise std of each step's count (None: a fixed clip)
+    count_noise: float | None = None
+    #: clip = "auto": the silo's clip after training (a function of its noisy releases)
+    final_clip: float | None = None
 
     def to_dict(self) -> dict:
         out = {"silo": self.name, "n_train": self.n, "sampling_rate": self.q,
@@ -181,6 +240,10 @@ class SiloPlan:
                "target_epsilon": self.target.epsilon if self.target else None,
                "delta": self.target.delta if self.target else None,
                "calibrated_for": self.calibrated_for}
+        if self.count_noise is not None and self.noise_multiplier is not None:
+            out.update(clip="auto", count_noise=self.count_noise, final_clip=self.final_clip,
+                       gradient_noise_multiplier=gradient_noise(self.noise_multiplier,
+                                                                self.count_noise))
         if self.node is not None:
             adj = self.node["adjacency"]
             out.update(privacy_unit="node", S=self.node["S"], adjacency=adj,
@@ -232,13 +295,20 @@ def plan_job(fed: Federation, algorithms: list[Algorithm], cfg: TrainingConfig,
         return _plan_local_dp(algorithms, per_alg, cfg, extra)
     extra = extra or {}
     parts = [f"{len(algorithms)} methods composed" if len(algorithms) > 1 else "1 method"]
+    if cfg.adaptive_clip:
+        parts.append(f"clip auto: quantile γ = {cfg.clip_quantile:g}, each step's noisy count "
+                     "(σ_b) composed in")
     for k, p in enumerate(per_alg[0]):
         pre = extra.get(p.name)
         where = ", ".join(parts + (["preprocessing"] if pre is not None else []))
         sigma = cfg.noise_multiplier or _calibrate(algorithms, [ps[k] for ps in per_alg],
                                                    cfg, pre)
+        sb = count_noise(cfg.clip_count_noise, sigma, p.q * p.n) if cfg.adaptive_clip \
+            else None
+        if sb is not None:
+            gradient_noise(sigma, sb)  # ConfigError now when σ_b leaves no gradient noise
         for alg, ps in zip(algorithms, per_alg):
-            ps[k].noise_multiplier = sigma
+            ps[k].noise_multiplier, ps[k].count_noise = sigma, sb
             ps[k].declared = _declared(alg, ps[k], sigma, cfg)
             ps[k].calibrated_for = where
     return per_alg
@@ -249,6 +319,10 @@ def _plan_local_dp(algorithms, per_alg, cfg: TrainingConfig, extra) -> list[list
     """No σ to calibrate: each client's declared event is its uploads at the method's fixed
     per-round ε, for as many rounds as fit its target (`privacy_events`). Such a method
     spends up to the whole target, so it runs as a job of its own."""
+    if cfg.adaptive_clip:
+        raise ConfigError(f"{algorithms[0].name}: clip = \"auto\" is for DP-SGD methods; a "
+                          "local-DP upload is clipped to a fixed bound: set [training] clip "
+                          "to a number")
     if len(algorithms) > 1 or extra:
         names = ", ".join(a.name for a in algorithms)
         raise ConfigError(
@@ -343,6 +417,8 @@ def pass_event(p: SiloPlan, sigma: float):
     """What one local pass of `p`'s silo costs at noise multiplier `sigma`: a
     Poisson-sampled Gaussian (example level) or a `NodeLevelDpEvent` (node level)."""
     if p.node is None:
+        if p.count_noise is not None:  # clip = "auto": each step also releases a count
+            return adaptive_event(p.q, sigma, p.count_noise, p.steps_per_pass)
         return accounting.dpsgd_event(p.q, sigma, p.steps_per_pass)
     return NodeLevelDpEvent(p.n, p.node["S"], p.node["batch_size"], sigma, p.steps_per_pass,
                             p.node["adjacency"])
@@ -439,3 +515,49 @@ def noise_multipliers(plans: list[SiloPlan]) -> np.ndarray | None:
     if plans[0].noise_multiplier is None:
         return None
     return np.array([p.noise_multiplier for p in plans])
+
+
+def gradient_rule(cfg: TrainingConfig, plans: list[SiloPlan]) -> GradientRule:
+    """The DP-SGD rule of the silos `plans` (one trainer's): their σ_k at cfg.clip, or for
+    clip = "auto" a private quantile tracker per silo starting at clip_init
+    (`training.dpsgd.QuantileClip`, σ_b and σ_Δ from each plan).
+
+    Parameters
+    ----------
+    cfg : TrainingConfig
+    plans : list of SiloPlan
+        The hosted silos' plans, in the trainer's order.
+
+    Returns
+    -------
+    GradientRule
+        Non-private (no σ) when cfg.private is False.
+    """
+    if not cfg.private:
+        return GradientRule(_fixed_clip(cfg), None)
+    sigmas = noise_multipliers(plans)
+    if not cfg.adaptive_clip or sigmas is None:
+        return GradientRule(_fixed_clip(cfg), sigmas)
+    sb = np.array([float(p.count_noise) if p.count_noise is not None else math.nan
+                   for p in plans])
+    m = np.array([p.q * p.n for p in plans], dtype=float)
+    tracker = QuantileClip(
+        clip=np.full(len(plans), float(cfg.clip_init)), quantile=float(cfg.clip_quantile),
+        lr=np.array([clip_step(cfg.clip_lr, b, mk) for b, mk in zip(sb, m)]), count_noise=sb,
+        gradient_noise=np.array([gradient_noise(s, b) for s, b in zip(sigmas, sb)]),
+        expected_batch=m)
+    return GradientRule(float(cfg.clip_init), sigmas, adaptive=tracker)
+
+
+def _fixed_clip(cfg: TrainingConfig) -> float:
+    """The clip of a rule with no tracker (the non-private mode does not clip)."""
+    return float(cfg.clip_init) if cfg.adaptive_clip else float(cfg.clip)
+
+
+def final_clips(plans: list[SiloPlan], rule: GradientRule, trainers: list | None = None) -> None:
+    """Record each silo's clip after training in its plan (clip = "auto"; public: a function
+    of the noisy counts). `trainers`: one one-silo trainer per plan (per-silo hosting)."""
+    for k, p in enumerate(plans):
+        tracker = rule.adaptive if trainers is None else trainers[k].rule.adaptive
+        if tracker is not None:
+            p.final_clip = float(tracker.clip[0 if trainers is not None else k])

@@ -29,8 +29,9 @@ from silofl.runtime.network.hosting import per_silo_step, per_silo_trainers
 from silofl.runtime.plan import (
     SiloPlan,
     TrainingConfig,
+    final_clips,
+    gradient_rule,
     job_targets,
-    noise_multipliers,
     plan_silos,
 )
 from silofl.training.dpsgd import GradientRule
@@ -297,8 +298,11 @@ def _train(fed, model, algorithm, cfg, metric, plans, ledgers, on_round, eval_se
     # non-private runs protect nothing, so they stay reproducible
     secure = cfg.private and cfg.noise == "secure"
     rng = Randomness.os_entropy() if secure else Randomness.seeded(cfg.seed)
-    rule = GradientRule(cfg.clip, noise_multipliers(plans) if cfg.private else None)
+    rule = gradient_rule(cfg, plans)
     if probe is not None:  # an audit's instrument (silofl.audit.whitebox)
+        if rule.adaptive is not None:
+            raise ConfigError("clip = \"auto\" cannot be audited: the white-box audit "
+                              "assumes a fixed clip C; set [training] clip to a number")
         rule = probe.attach(rule)
     trainer = LocalTrainer(
         model=model,
@@ -312,7 +316,7 @@ def _train(fed, model, algorithm, cfg, metric, plans, ledgers, on_round, eval_se
     silos, server = algorithm.init(start_params, fed.num_silos, rounds=cfg.rounds)
     weights = (np.array([s.n_train for s in fed.silos], float)
                if getattr(algorithm, "weighted", True) else np.ones(fed.num_silos))
-    step = algorithm.silo_step
+    step, trainers = algorithm.silo_step, None
     if hosting == "per_silo":  # each silo its own trainer and stream, as on the network
         trainers = per_silo_trainers(fed, model, cfg, plans, ledgers)
         step = lambda s, m, _joint, t: per_silo_step(algorithm, s, m, trainers, t)  # noqa: E731
@@ -325,6 +329,8 @@ def _train(fed, model, algorithm, cfg, metric, plans, ledgers, on_round, eval_se
         trainer.selections_done[:] = resume["selections_done"]
         if resume["rng"] is not None and not rng.secure:  # built by Randomness.seeded
             cast(_SeededStream, rng).gen.bit_generator.state = resume["rng"]
+        if rule.adaptive is not None:  # clip = "auto": each silo's clip is its state
+            rule.adaptive.clip[:] = resume["clip"]
     for t in range(start, cfg.rounds + 1):
         silos, update = step(silos, algorithm.broadcast(server), trainer, t)
         server = algorithm.server_step(server, update, weights)
@@ -345,8 +351,10 @@ def _train(fed, model, algorithm, cfg, metric, plans, ledgers, on_round, eval_se
             checkpoint({"round": t, "silos": silos, "server": server, "history": hist,
                         "steps_done": trainer.steps_done.copy(),
                         "selections_done": trainer.selections_done.copy(),
+                        "clip": None if rule.adaptive is None else rule.adaptive.clip.copy(),
                         "rng": None if rng.secure  # else built by Randomness.seeded
                         else cast(_SeededStream, rng).gen.bit_generator.state})
+    final_clips(plans, rule, trainers if hosting == "per_silo" else None)
     final = np.array(hist.per_silo[-1])
     return RunResult(method=algorithm.describe(), metric=metric, silos=fed.names, history=hist,
                      final_per_silo=final.tolist(), final_pooled=hist.pooled[-1], plans=plans,

@@ -5,6 +5,11 @@ All arrays carry a leading silo axis K. Clipping and summing are fused in
 silo's clipped sum, and the result is divided by the *expected* batch size q_k·n_k, as
 DP-SGD with Poisson sampling prescribes (dividing by the realised size would leak it).
 
+With ``clip = "auto"`` (`QuantileClip`) the rule also tracks each silo's clip privately
+(Andrew et al. 2021): every step it counts the batch's examples with ‖g_i‖ ≤ C_k, releases
+the centred count with N(0, σ_b²) noise, and moves C_k geometrically towards the target
+quantile; the gradient noise is σ_Δ·C_k (`privacy.adaptive_clip`).
+
 Anything that depends only on already-private quantities — the MR-MTL pull λ(w_k − w̄)
 towards the (private) average and the L2 term — is added after this step: it is
 post-processing and costs no privacy, and clipping it together with the data gradient
@@ -18,6 +23,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from silofl.errors import ConfigError
 from silofl.models.base import Model
 from silofl.privacy.clipping import clip_bound
 from silofl.privacy.randomness import Randomness
@@ -77,16 +83,84 @@ class StepProbe(Protocol):
         """See the noisy sums (k, P) of silos `silos` (what the step releases)."""
 
 
+@dataclass
+class QuantileClip:
+    """Each silo's private clip: the quantile estimator of Andrew et al. (2021).
+
+    After every step silo k releases the count of its batch's examples with ‖g_i‖ ≤ C_k,
+    centred (Σ_i (1[‖g_i‖ ≤ C_k] − ½), sensitivity ½) plus N(0, σ_b,k²), estimates the
+    fraction b̃_k = noisy / m_k + ½ (m_k = q_k·n_k, the expected batch) and updates
+    C_k ← C_k · exp(−η_k (b̃_k − γ)). Everything here is public or a function of the
+    noisy releases; the state is the silo's (checkpointed with it).
+
+    Attributes
+    ----------
+    clip : numpy.ndarray, shape (K,)
+        The current clips C_k (start: clip_init).
+    quantile : float
+        γ in (0, 1), the target fraction of unclipped examples.
+    lr : numpy.ndarray, shape (K,) (or a float for all)
+        η_k > 0, each silo's geometric step (`privacy.adaptive_clip.clip_step`).
+    count_noise : numpy.ndarray, shape (K,)
+        σ_b,k, the count's noise std (examples).
+    gradient_noise : numpy.ndarray, shape (K,)
+        σ_Δ,k, the gradient sum's noise multiplier (std σ_Δ,k·C_k).
+    expected_batch : numpy.ndarray, shape (K,)
+        m_k = q_k·n_k.
+    """
+
+    clip: np.ndarray
+    quantile: float
+    lr: np.ndarray | float
+    count_noise: np.ndarray
+    gradient_noise: np.ndarray
+    expected_batch: np.ndarray
+
+    def update(self, silos: np.ndarray, count: np.ndarray, batch: np.ndarray,
+               z: np.ndarray) -> None:
+        """One step's release and clip update for the silos `silos` (k,).
+
+        Parameters
+        ----------
+        silos : numpy.ndarray, shape (k,)
+            Indices into `clip`.
+        count : numpy.ndarray, shape (k,)
+            Examples of each batch with gradient norm ≤ its clip.
+        batch : numpy.ndarray, shape (k,)
+            Realised batch sizes (private: only the noised centred count leaves).
+        z : numpy.ndarray, shape (k,)
+            N(0, 1) draws for the count noise.
+        """
+        noisy = count - 0.5 * batch + z * self.count_noise[silos]
+        frac = noisy / self.expected_batch[silos] + 0.5
+        lr = self.lr if np.ndim(self.lr) == 0 else np.asarray(self.lr)[silos]
+        self.clip[silos] = self.clip[silos] * np.exp(-lr * (frac - self.quantile))
+
+    def subset(self, rows: np.ndarray) -> QuantileClip:
+        """A tracker for the silos `rows` (a copy: pseudo-silos of private tuning)."""
+        return QuantileClip(self.clip[rows].copy(), self.quantile,
+                            self.lr if np.ndim(self.lr) == 0 else np.asarray(self.lr)[rows],
+                            self.count_noise[rows], self.gradient_noise[rows],
+                            self.expected_batch[rows])
+
+
 @dataclass(frozen=True)
 class GradientRule:
     """How a silo turns a sampled batch into a gradient estimate.
 
     `noise_multiplier` is None for the non-private mode (no clipping, no noise). `probe`
-    (audits only) sees every step: see `StepProbe`."""
+    (audits only) sees every step: see `StepProbe`. `adaptive` (clip = "auto"): each silo's
+    clip is tracked privately (`QuantileClip`); `clip` is then the starting C₀."""
 
     clip: float
     noise_multiplier: np.ndarray | None  # (K,)
     probe: StepProbe | None = None
+    adaptive: QuantileClip | None = None
+
+    def __post_init__(self) -> None:
+        if self.adaptive is not None and self.probe is not None:
+            raise ConfigError("clip = \"auto\" cannot be audited: the white-box audit assumes "
+                              "a fixed clip C; set [training] clip to a number for an audit")
 
     @property
     def private(self) -> bool:
@@ -103,14 +177,19 @@ class GradientRule:
     def __call__(self, model: Model, W: np.ndarray, X: np.ndarray, y: np.ndarray,
                  mask: np.ndarray, expected_batch: np.ndarray, silos: np.ndarray | slice,
                  rng: Randomness, standard_normal: np.ndarray | None = None,
-                 noise: np.ndarray | None = None, **aux: Any) -> np.ndarray:
+                 noise: np.ndarray | None = None, count_noise: np.ndarray | None = None,
+                 **aux: Any) -> np.ndarray:
         """The (k, P) gradient estimate for the k silos `silos` (indices into
         noise_multiplier) from their batch W (k, P), X (k, B, ...), y, mask (k, B).
         Noise comes from `noise` (k, P), draws already scaled to N(0, σ_k²C²) (a training
         loop draws a round's at once: `round_noise`), else from `standard_normal` (k, P)
-        N(0, 1) draws, else from `rng`."""
+        N(0, 1) draws, else from `rng`. clip = "auto": `noise` holds draws at std σ_Δ,k
+        (`draw_std`) and `count_noise` (k,) N(0, 1) draws for the count (else from `rng`)."""
         if not self.private:
             return scale(model.grad_sum(W, X, y, mask), expected_batch)
+        if self.adaptive is not None:
+            return self._adaptive_step(model, W, X, y, mask, expected_batch, silos, rng,
+                                       standard_normal, noise, count_noise, aux)
         clipped = self.clipped_sum(model, W, X, y, mask, **aux)
         if self.probe is not None:
             self.probe.add(self, np.asarray(silos), clipped)
@@ -123,6 +202,42 @@ class GradientRule:
             self.probe.observe(np.asarray(silos), noisy)
         return scale(noisy, expected_batch)
 
+    def _adaptive_step(self, model: Model, W: np.ndarray, X: np.ndarray, y: np.ndarray,
+                       mask: np.ndarray, expected_batch: np.ndarray, silos: np.ndarray | slice,
+                       rng: Randomness, standard_normal: np.ndarray | None,
+                       noise: np.ndarray | None, count_noise: np.ndarray | None,
+                       aux: dict) -> np.ndarray:
+        """`__call__` with private adaptive clipping: clip at each silo's C_k, add noise
+        σ_Δ,k·C_k (`noise`: draws at std σ_Δ,k, see `draw_std`), release the noisy count
+        (`count_noise`: (k,) N(0, 1) draws, else from `rng`) and update C_k."""
+        tracker = self.adaptive
+        assert tracker is not None
+        ids = np.arange(len(tracker.clip))[silos]
+        C = tracker.clip[ids]
+        clipped, count = model.clipped_grad_sum_count(W, X, y, mask, C, **aux)
+        if noise is None:
+            noise = rng.normal(clipped.shape) if standard_normal is None else standard_normal
+            noise = noise * tracker.gradient_noise[ids][:, None]
+        clipped += noise * C[:, None]
+        z = rng.normal(len(ids)) if count_noise is None else count_noise
+        tracker.update(ids, count, np.asarray(mask).sum(1), z)
+        return scale(clipped, expected_batch)
+
+    def subset(self, rows: np.ndarray) -> GradientRule:
+        """A plain rule for the silos `rows` (K',) alone (private tuning's pseudo-silos:
+        each starts its own clip tracker at the current clips; no probe)."""
+        if self.noise_multiplier is None:
+            return GradientRule(self.clip, None)
+        return GradientRule(self.clip, self.noise_multiplier[rows],
+                            adaptive=None if self.adaptive is None else self.adaptive.subset(rows))
+
+    def draw_std(self) -> np.ndarray:
+        """(K,) the std of the noise a training loop draws ahead (`round_noise`): σ_k·C for
+        a fixed clip; σ_Δ,k for clip = "auto", scaled by the step's C_k when it is added."""
+        if self.adaptive is not None:
+            return self.adaptive.gradient_noise
+        return self.noise_std()
+
     def clipped_sum(self, model: Model, W: np.ndarray, X: np.ndarray, y: np.ndarray,
                     mask: np.ndarray, **aux: Any) -> np.ndarray:
         """Σ_i clip_C(g_i) per silo → (K, P) (`clip_and_sum` at this rule's C)."""
@@ -133,5 +248,8 @@ class GradientRule:
         return np.minimum(np.asarray(norm, dtype=float), clip_bound(self.clip))
 
     def noise_std(self) -> np.ndarray:
-        """(K,) σ_k·C: the std of each silo's noise on its clipped sum."""
+        """(K,) σ_k·C: the std of each silo's noise on its clipped sum (clip = "auto":
+        σ_Δ,k·C_k at the current clips)."""
+        if self.adaptive is not None:
+            return self.adaptive.gradient_noise * self.adaptive.clip
         return np.asarray(self.noise_multiplier, dtype=float) * self.clip

@@ -25,9 +25,10 @@ from typing import Protocol
 import dp_accounting as dpa
 import numpy as np
 
-from silofl.errors import PrivacyError
+from silofl.errors import ConfigError, PrivacyError
 from silofl.models.base import Model
 from silofl.privacy import accounting
+from silofl.privacy.adaptive_clip import adaptive_event
 from silofl.privacy.ledger import Ledger
 from silofl.privacy.node_level import NodeLevelDpEvent
 from silofl.privacy.randomness import Randomness
@@ -146,6 +147,10 @@ class LocalTrainer:
         self._events: dict[int | str, list] = {}
         if self.rule.private and self.ledgers is None:
             raise ValueError("private training needs one ledger per silo")
+        if self.node is not None and self.rule.adaptive is not None:
+            raise ConfigError("clip = \"auto\" is not available with privacy_unit = 'node' "
+                              "(its accounting assumes a fixed clip); set [training] clip to "
+                              "a number")
         if self.node is not None:
             b = int(self.batch_size)
             if b != self.batch_size or np.any(self.data.n < b):
@@ -185,6 +190,9 @@ class LocalTrainer:
     def _event(self, k: int, steps: int) -> dpa.DpEvent:
         """Silo k's charge for `steps` DP-SGD steps under the trainer's privacy unit."""
         if self.node is None:
+            clip = self.rule.adaptive
+            if clip is not None:  # clip = "auto": each step also releases a noisy count
+                return adaptive_event(self.q[k], self.rule.sigmas[k], clip.count_noise[k], steps)
             return accounting.dpsgd_event(self.q[k], self.rule.sigmas[k], steps)
         return NodeLevelDpEvent(int(self.data.n[k]), self.unit.S, int(self.batch_size),
                                 float(self.rule.sigmas[k]), steps,
@@ -351,7 +359,7 @@ class LocalTrainer:
         noise = None
         if self.rule.private:
             noise, _ = round_noise(self.rng, np.ones(K, dtype=np.int64),
-                                   self.rule.noise_std(), W.shape[1])
+                                   self.rule.draw_std(), W.shape[1])
         everyone = np.arange(K)
         X, y, sq = self.data.gather(everyone, idx)
         g = self.rule(self.model, W, X, y, mask, self.expected_batch, everyone, self.rng,
@@ -373,7 +381,7 @@ class LocalTrainer:
         noise = None
         if self.rule.private:
             noise, _ = round_noise(self.rng, np.ones(ids.size, dtype=np.int64),
-                                   self.rule.noise_std()[ids], W.shape[1])
+                                   self.rule.draw_std()[ids], W.shape[1])
         X, y, sq = self.data.gather(ids, idx)
         g = self.rule(self.model, W[ids], X, y, mask, self.expected_batch[ids], ids,
                       self.rng, noise=noise, x_sqnorm=sq)
@@ -466,11 +474,13 @@ class LocalTrainer:
         idx, mask = idx.reshape(S, k, -1), mask.reshape(S, k, -1)
         # and all of its noise (only the private rule uses it), N(0, σ_k²C²) rows: step s
         # takes rows off[s]:off[s+1]; a secure stream draws the next round's meanwhile
-        z = off = None
+        z = off = zc = None
         if self.rule.private:
-            std = self.rule.noise_std()
+            std = self.rule.draw_std()
             z, off = round_noise(self.rng, steps, std if ids is everyone else std[ids],
                                  W.shape[1])
+            if self.rule.adaptive is not None:  # the count noise of every step (S, k)
+                zc = self.rng.normal((S, k))
         for s in range(S):
             # while every silo is still stepping, plain slices avoid fancy-index copies;
             # pos: rows of this round's draws, active: the silos (indices into K)
@@ -481,7 +491,8 @@ class LocalTrainer:
             Ws = W[sel]
             noise = None if z is None or off is None else z[off[s]:off[s + 1]]
             g = self.rule(self.model, Ws, X, y, mask[s, pos], self.expected_batch[sel],
-                          active, self.rng, noise=noise, x_sqnorm=sq)
+                          active, self.rng, noise=noise, x_sqnorm=sq,
+                          count_noise=None if zc is None else zc[s, pos])
             if self.l2:
                 g += self.l2 * Ws
             if pull and anchor is not None:

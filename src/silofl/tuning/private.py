@@ -52,7 +52,6 @@ from silofl.privacy import selection as TA
 from silofl.privacy.ledger import Ledger
 from silofl.privacy.node_tuning import is_node_event, node_score_sigma
 from silofl.training import selection
-from silofl.training.dpsgd import GradientRule
 from silofl.training.trainer import LocalTrainer, SiloArrays
 from silofl.tuning.distributions import TrialDistribution
 
@@ -290,7 +289,7 @@ class TunedPersonalization(Algorithm):
                 if isinstance(d, SiloArrays) else TrialSource(d, own)
             ledgers, rule = None, trainer.rule
             if trainer.rule.private:
-                rule = GradientRule(trainer.rule.clip, trainer.rule.noise_multiplier[own])
+                rule = trainer.rule.subset(own)
                 ledgers = []
                 for _t, k in zip(rows, own):
                     parent = trainer.ledgers[k]

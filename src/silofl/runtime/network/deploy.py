@@ -138,9 +138,16 @@ def _toml(sections: dict) -> str:
 def _check_job(job: dict, fed) -> None:
     """Validate the [job] that will be written (before anything is)."""
     from silofl.runtime.network import messages
-    from silofl.runtime.network.jobspec import JOB_KEYS, check_job, job_algorithm, job_config
+    from silofl.runtime.network.jobspec import (
+        JOB_KEYS,
+        auto_clip_job,
+        check_job,
+        job_algorithm,
+        job_config,
+    )
     from silofl.runtime.network.server import JOB_DEFAULTS
-    full = {**JOB_DEFAULTS, "method": "mrmtl", "rounds": default_rounds(), "dim": 1, **job}
+    full = auto_clip_job({**JOB_DEFAULTS, "method": "mrmtl", "rounds": default_rounds(),
+                          "dim": 1, **job})
     public = None if fed is None else fed.meta.get("public_X")
     if fed is not None:
         full.update(dim=fed.dim, task=fed.task)

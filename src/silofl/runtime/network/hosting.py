@@ -407,12 +407,12 @@ def per_silo_step(algorithm: Algorithm, silos: SiloState, message, trainers: lis
 def per_silo_trainers(fed, model, cfg, plans, ledgers) -> list:
     """One one-silo `LocalTrainer` per silo of `fed`, each with its own stream
     (`silo_randomness`) and ledger — what each silo process of a networked run hosts."""
-    from silofl.training.dpsgd import GradientRule
+    from silofl.runtime.plan import gradient_rule
     from silofl.training.trainer import LocalTrainer, SiloArrays
     mode = "secure" if cfg.private and cfg.noise == "secure" else "seeded"
     return [LocalTrainer(
         model=model, data=SiloArrays.stack([s.X_train], [s.y_train]),
-        rule=GradientRule(cfg.clip, np.array([p.noise_multiplier]) if cfg.private else None),
+        rule=gradient_rule(cfg, [p]),
         batch_size=cfg.batch_size, steps_per_round=np.array([p.steps_per_pass]), lr=cfg.lr,
         l2=cfg.l2, rng=silo_randomness(mode, cfg.seed, s.name),
         ledgers=None if ledgers is None else [ledgers[k]])

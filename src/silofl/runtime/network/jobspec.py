@@ -45,7 +45,14 @@ JOB_KEYS = {"method": str, "lam": float, "weighted": bool, "finetune_fraction": 
             "schema_sha256": str, "standardize": str, "impute": str,
             "preprocess_share": float,
             # fedprox's μ, apfl's initial α and its step size
-            "prox_mu": float, "apfl_alpha": float, "apfl_alpha_lr": float}
+            "prox_mu": float, "apfl_alpha": float, "apfl_alpha_lr": float,
+            # clip = "auto" (private adaptive clipping): "" for a fixed clip, else the JSON
+            # of its settings {quantile, lr, init, count_noise} (`auto_clip_job`)
+            "clip_auto": str}
+
+#: [job] keys of clip = "auto" in server.toml, folded into "clip_auto" (`auto_clip_job`)
+CLIP_AUTO_KEYS = {"clip_quantile": "quantile", "clip_lr": "lr", "clip_init": "init",
+                  "clip_count_noise": "count_noise"}
 
 #: data kinds → the module supplying their job model, algorithm and silo program, imported
 #: on use (the runtime does not import the optional tracks): "tabular" rows in an .npz
@@ -82,9 +89,50 @@ def check_job(job: dict) -> dict:
     return {k: float(v) if JOB_KEYS[k] is float else v for k, v in job.items()}
 
 
+def auto_clip_job(job: dict) -> dict:
+    """A [job] table with ``clip = "auto"`` and its `CLIP_AUTO_KEYS` as the wire form: clip
+    = C₀ (a float) and "clip_auto" = the settings' JSON (defaults: `TrainingConfig`'s).
+
+    Parameters
+    ----------
+    job : dict
+        The [job] keys as written (server.toml, `deploy init --set`).
+
+    Returns
+    -------
+    dict
+        A copy with only `JOB_KEYS` names for the clip. ConfigError: clip_* keys without
+        clip = "auto".
+    """
+    out = {k: v for k, v in job.items() if k not in CLIP_AUTO_KEYS}
+    given = {CLIP_AUTO_KEYS[k]: v for k, v in job.items() if k in CLIP_AUTO_KEYS}
+    if job.get("clip") != "auto":
+        if given:
+            raise ConfigError(f"[job] {', '.join(sorted(k for k in job if k in CLIP_AUTO_KEYS))}"
+                              " only apply with clip = \"auto\"")
+        return out
+    d = TrainingConfig()
+    settings = {"quantile": d.clip_quantile, "lr": d.clip_lr, "init": d.clip_init,
+                "count_noise": d.clip_count_noise, **given}
+    out["clip"] = float(settings["init"]) if isinstance(settings["init"], (int, float)) \
+        else settings["init"]
+    out["clip_auto"] = json.dumps(settings, sort_keys=True)
+    return out
+
+
 def job_config(job: dict) -> TrainingConfig:
+    auto = {}
+    if job.get("clip_auto"):
+        try:
+            s = json.loads(job["clip_auto"])
+            auto = dict(clip="auto", clip_quantile=s["quantile"], clip_lr=s["lr"],
+                        clip_init=s["init"], clip_count_noise=s["count_noise"])
+        except (json.JSONDecodeError, KeyError, TypeError):
+            raise W.ProtocolError(f"job: 'clip_auto' must be the JSON of clip = \"auto\"'s "
+                                  f"settings, got {job['clip_auto'][:200]!r}") from None
     return TrainingConfig(rounds=job["rounds"], local_epochs=job["local_epochs"],
-                          batch_size=job["batch_size"], lr=job["lr"], clip=job["clip"],
+                          batch_size=job["batch_size"], lr=job["lr"],
+                          **({"clip": job["clip"]} | auto),
                           l2=job["l2"], accountant=job["accountant"], noise=job["noise"],
                           seed=job["seed"], eval_every=job["rounds"])
 

@@ -37,6 +37,7 @@ from silofl.runtime.network.hosting import (
 )
 from silofl.runtime.network.jobspec import (
     JOB_KEYS,
+    auto_clip_job,
     check_job,
     data_module,
     job_algorithm,
@@ -74,7 +75,7 @@ def _job_defaults() -> dict:
             # network-only: the task and classes come from the schema (or are stated), the
             # public set of PrivateKT is pinned by its hash, graph data by its settings
             "task": "binary", "num_classes": 2, "public_seed": 0, "public_sha256": "",
-            "data_kind": "tabular", "graph": "", "schema_sha256": ""}
+            "data_kind": "tabular", "graph": "", "schema_sha256": "", "clip_auto": ""}
 
 
 JOB_DEFAULTS = _job_defaults()
@@ -117,7 +118,7 @@ def load_server_config(path: str | Path) -> ServerConfig:
         raise ConfigError(f"cannot read server config {str(path)!r}: {e}") from None
     base = path.parent
     f = read_server_file(raw, str(path))
-    s, j, silos = f.server, f.job, f.silos
+    s, j, silos = f.server, auto_clip_job(f.job), f.silos
     bad = set(j) - set(JOB_KEYS)
     if bad:
         near = [did_you_mean(k, list(JOB_KEYS)) for k in sorted(bad)]
@@ -183,6 +184,9 @@ def load_server_config(path: str | Path) -> ServerConfig:
         raise ConfigError(f"{path}: secagg = true is for tabular jobs: a graph job's regions "
                           "send their models (not bounded changes), which SecAgg+'s clipping "
                           "range does not cover; remove it")
+    if cfg.secagg and job["clip_auto"]:
+        raise ConfigError(f"{path}: secagg = true needs a fixed clip (its clipping range is "
+                          "set from [job] clip); clip = \"auto\" has none: set clip to a number")
     if cfg.secagg and job["method"] not in ("fedavg", "mrmtl"):  # secagg.SECAGG_METHODS
         raise ConfigError(f"{path}: secagg = true needs a method whose server step is a "
                           f"weighted mean (fedavg, mrmtl), not {job['method']!r}; remove it")

@@ -38,7 +38,6 @@ from silofl.data.federation import Federation, Silo
 from silofl.errors import BudgetExceeded, ConfigError, DataError, SiloflError
 from silofl.io import write_json_atomic, write_npz_atomic
 from silofl.models import metrics as M
-from silofl.privacy import accounting
 from silofl.privacy.budget import BudgetStore
 from silofl.privacy.ledger import Ledger
 from silofl.privacy.targets import PrivacyTarget
@@ -76,8 +75,7 @@ from silofl.runtime.network.silo_table import (
     schema_sha256,
     table_settings,
 )
-from silofl.runtime.plan import SiloPlan, TrainingConfig, plan_job
-from silofl.training.dpsgd import GradientRule
+from silofl.runtime.plan import SiloPlan, TrainingConfig, gradient_rule, pass_event, plan_job
 from silofl.training.trainer import LocalTrainer, SiloArrays
 
 #: fault injection for tests and drills: exit abruptly (as a crash) in this round, after
@@ -274,7 +272,7 @@ class SiloProgram(silo_table.TableHooks):
         job, plan = self._joined()
         return LocalTrainer(
             model=self.model, data=SiloArrays.stack([self.silo.X_train], [self.silo.y_train]),
-            rule=GradientRule(self.tcfg.clip, np.array([plan.noise_multiplier])),
+            rule=gradient_rule(self.tcfg, [plan]),  # clip = "auto": the silo's own tracker
             batch_size=self.tcfg.batch_size,
             steps_per_round=np.array([plan.steps_per_pass]), lr=self.tcfg.lr,
             l2=self.tcfg.l2, rng=silo_randomness(self.cfg.noise, job["seed"], self.cfg.name),
@@ -286,7 +284,7 @@ class SiloProgram(silo_table.TableHooks):
         _, p = self._joined()
         if p.noise_multiplier is None:  # plan_job calibrates σ for every private plan
             raise ConfigError(f"silo {self.cfg.name!r}: its plan has no noise multiplier")
-        return accounting.dpsgd_event(p.q, p.noise_multiplier, p.steps_per_pass)
+        return pass_event(p, p.noise_multiplier)  # clip = "auto": with the count
 
     def _data_extra_events(self, t: int) -> list:
         """Charges of round t besides the algorithm's (graph data: a preprocessing release)."""
@@ -544,6 +542,9 @@ class SiloProgram(silo_table.TableHooks):
         fields = vars(self.state)
         arrays_ = {k if k == "params" else f"state_{k}": v for k, v in fields.items()
                    if isinstance(v, np.ndarray)}
+        clip = getattr(getattr(self, "trainer", None), "rule", None)
+        if clip is not None and clip.adaptive is not None:  # clip = "auto": silo state
+            extra["clip"] = clip.adaptive.clip
         write_npz_atomic(arrays, compressed=False, **arrays_, **extra)  # keys: state_*, last_*
         write_json_atomic(meta, {
             "silo": self.cfg.name, "job_hash": self.hash, "round": self.done,
@@ -573,6 +574,9 @@ class SiloProgram(silo_table.TableHooks):
             last = z["last_update"] if "last_update" in z else None
             if "last_message" in z:
                 self.message = z["last_message"]
+            tracker = self.trainer.rule.adaptive
+            if tracker is not None and "clip" in z:  # clip = "auto": where it had moved to
+                tracker.clip[:] = z["clip"]
         import dataclasses
         self.state = dataclasses.replace(self.state, **saved, **m["state"])
         self.done, self.exhausted = int(m["round"]), bool(m["exhausted"])
