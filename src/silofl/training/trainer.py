@@ -421,14 +421,18 @@ class LocalTrainer:
 
     def run(self, W0: np.ndarray, anchor: np.ndarray | None = None,
             lam: float | np.ndarray = 0.0, round: int = 0, label: str | None = None,
-            silos: np.ndarray | None = None) -> np.ndarray:
+            silos: np.ndarray | None = None, coords: np.ndarray | None = None) -> np.ndarray:
         """One local pass for every hosted silo. W0, anchor: (K, P); lam: scalar or (K,) per
         silo. Returns (K, P).
 
         Gradient step: w ← w − lr·(ĝ + l2·w + λ(w − anchor)), ĝ the DP-SGD estimate.
         `silos` (K,) bool: only these silos take their pass — only they are charged and
-        read; the others' rows come back as in W0."""
+        read; the others' rows come back as in W0. `coords` (P,) bool: only these
+        coordinates move (FedRep's head and body passes); the per-example gradient is
+        clipped on them alone (`GradientRule`), a pass charged like any other."""
         label = self.label if label is None else label
+        if coords is not None:
+            coords = self._check_coords(coords, np.shape(W0)[-1])
         ids = self._subset(silos)
         if ids is None:
             self.charge(round, label)
@@ -470,15 +474,29 @@ class LocalTrainer:
             X, y, sq = self.data.gather(active, idx[s, pos])
             Ws = W[sel]
             noise = None if z is None or off is None else z[off[s]:off[s + 1]]
+            part = {} if coords is None else {"coords": coords}
             g = self.rule(self.model, Ws, X, y, mask[s, pos], self.expected_batch[sel],
-                          active, self.rng, noise=noise, x_sqnorm=sq)
+                          active, self.rng, noise=noise, x_sqnorm=sq, **part)
             if self.l2:
                 g += self.l2 * Ws
             if pull and anchor is not None:
                 g += (lam if isinstance(lam, float) else lam[sel]) * (Ws - anchor[sel])
+            if coords is not None:  # frozen coordinates stay put (l2 and pull too)
+                g *= coords
             W[sel] = Ws - self.lr * g
             self.steps_done[sel] += 1
         return W
+
+    def _check_coords(self, coords: np.ndarray, P: int) -> np.ndarray:
+        """`coords` as a non-empty boolean (P,) mask (example-level units only)."""
+        c = np.asarray(coords)
+        if c.dtype != bool or c.shape != (P,) or not c.any():
+            raise ValueError(f"coords must be a non-empty boolean mask of the {P} parameters, "
+                             f"got dtype {c.dtype}, shape {c.shape}")
+        if self.node is not None:
+            raise ValueError("partial updates (coords) run at example level only; the "
+                             "node-level unit trains every coordinate")
+        return c
 
     def _run_node(self, W: np.ndarray, anchor: np.ndarray | None, lam: np.ndarray,
                   round: int, ids: np.ndarray) -> np.ndarray:
