@@ -74,13 +74,13 @@ def _glm_by_hand(fed, method, rounds, steps, lr):
             X, y = s.X_train.astype(np.float32).astype(float), s.y_train
             w, b = list(body), heads[k]
 
-            def grad(w, b):
+            def grad(w, b, X=X, y=y, m=n[k]):
                 gw, gb = [0.0] * d, 0.0
-                for i in range(n[k]):
+                for i in range(m):
                     r = sum(w[j] * X[i, j] for j in range(d)) + b - y[i]
                     for j in range(d):
-                        gw[j] += r * X[i, j] / n[k]
-                    gb += r / n[k]
+                        gw[j] += r * X[i, j] / m
+                    gb += r / m
                 return gw, gb
 
             if method == "fedper":  # one pass on the whole model

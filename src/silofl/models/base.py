@@ -145,7 +145,7 @@ class Model:
 
     # -- batched over silos ---------------------------------------------------------
     def clipped_grad_sum(self, W: np.ndarray, X: np.ndarray, y: np.ndarray, mask: np.ndarray,
-                         clip: float, coords: np.ndarray | None = None,
+                         clip: float, *, coords: np.ndarray | None = None,
                          **aux: Any) -> np.ndarray:
         """The sum of clipped per-example gradients, per silo: Σ_i min(1, c/‖g_i‖) g_i.
 

@@ -88,7 +88,7 @@ class GLM(Model):
 
     def clipped_grad_sum(self, W: np.ndarray, X: np.ndarray, y: np.ndarray, mask: np.ndarray,
                          clip: float, x_sqnorm: np.ndarray | None = None,
-                         coords: np.ndarray | None = None, **aux: Any) -> np.ndarray:
+                         *, coords: np.ndarray | None = None, **aux: Any) -> np.ndarray:
         """Σ_b clip(g_kb) over unmasked rows → (K, P) float64, every per-example gradient
         g = r ⊗ [x, 1] clipped to norm ≤ clip_bound(clip) < clip (see models.base).
 

@@ -315,7 +315,7 @@ class TorchModel(Model):
         return torch.cat([torch.einsum("...b,...bp->...p", factor, g) for g in flat], -1)
 
     def clipped_grad_sum(self, W: np.ndarray, X: np.ndarray, y: np.ndarray, mask: np.ndarray,
-                         clip: float, coords: np.ndarray | None = None,
+                         clip: float, *, coords: np.ndarray | None = None,
                          **aux: Any) -> np.ndarray:
         """Σ_b min(1, clip/‖g_kb‖)·g_kb over unmasked rows → (K, P) float64.
         W (K, P); X (K, B, *input_shape); y, mask (K, B). coords (P,) bool: g restricted to
