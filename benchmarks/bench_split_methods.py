@@ -74,7 +74,8 @@ def federation(data: str):
                                     seed=0)
     flat = [Silo(s.name, s.X_train.reshape(len(s.y_train), -1), s.y_train,
                  s.X_test.reshape(len(s.y_test), -1), s.y_test) for s in img.silos]
-    return Federation(flat, [], "multiclass", num_classes=10, name="rmm-flat")
+    return Federation(flat, [f"px{i}" for i in range(784)], "multiclass", num_classes=10,
+                      name="rmm-flat")
 
 
 def run_cell(data: str, model: str, method: str, eps: float) -> dict:
@@ -85,7 +86,7 @@ def run_cell(data: str, model: str, method: str, eps: float) -> dict:
         out = cell(fed, model, method, eps, 1e-3, rounds=50, batch_size=32, lr=0.03,
                    clip=1.0)
     else:  # Rotated & Masked MNIST, 8 silos × 300, flattened for the LayerNorm MLP
-        out = cell(fed, model, method, eps, 1e-4, seeds=(0,), rounds=10, batch_size=32,
+        out = cell(fed, model, method, eps, 1e-4, seeds=(0,), rounds=20, batch_size=32,
                    lr=0.1, clip=1.0)
     return {"data": data, **out}
 
