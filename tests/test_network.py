@@ -418,11 +418,12 @@ def test_config_errors_are_specific(tmp_path):
 
 
 @pytest.mark.parametrize("method", ["fedavg", "ditto", "finetune", "local", "fedprox", "scaffold",
-                                    "apfl"])
+                                    "apfl", "fedper", "fedrep", "fedbn"])
 def test_silo_and_server_programs_run_the_simulators_code(tmp_path, method):
     """Every network method, programs driven in-process (the transport is tested above):
     the same models as the simulator's per-silo mode, each store holding what ran."""
-    w = consortium(tmp_path, job={"method": method, "rounds": 2})
+    model = {"fedbn": {"model": "mlp_norm"}}.get(method, {})  # FedBN: personal LayerNorms
+    w = consortium(tmp_path, job={"method": method, "rounds": 2, **model})
     for p in w["silos"].values():
         edit_toml(p, "silo", methods=[method])
     srv = ServerProgram(load_server_config(w["server"]))

@@ -372,4 +372,5 @@ def test_config_keys_reach_the_algorithms():
     with pytest.raises(ConfigError, match="must be of type int"):
         config_from_dict({"training": {"clusters": 2.5}})
     assert set(NEW) | {"local", "fedavg", "mrmtl", "weight_erosion", "privatekt",
-                       "fedavg_ldp", "fedprox", "scaffold", "apfl"} == set(METHODS)
+                       "fedavg_ldp", "fedprox", "scaffold", "apfl", "fedper", "fedrep",
+                       "fedbn"} == set(METHODS)

@@ -178,7 +178,8 @@ def test_silo_vectorization_equals_per_silo_loop(net, monkeypatch):
                                rtol=1e-5, atol=1e-7)
     loop_sum = np.concatenate([model.grad_sum(W[k:k + 1], X[k:k + 1], y[k:k + 1],
                                               mask[k:k + 1]) for k in range(K)])
-    np.testing.assert_allclose(model.grad_sum(W, X, y, mask), loop_sum, rtol=1e-5, atol=1e-6)
+    # unclipped float32 sums reduced in another order: errors reach ~2e-6 on sums of ~10
+    np.testing.assert_allclose(model.grad_sum(W, X, y, mask), loop_sum, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("clip", [1e-3, 0.05, 1.0])

@@ -8,7 +8,10 @@ from silofl.algorithms.apfl import APFL
 from silofl.algorithms.base import Algorithm, check_fraction, check_nonnegative
 from silofl.algorithms.ditto import Ditto
 from silofl.algorithms.fedavg import FedAvg
+from silofl.algorithms.fedbn import FedBN
+from silofl.algorithms.fedper import FedPer
 from silofl.algorithms.fedprox import FedProx
+from silofl.algorithms.fedrep import FedRep
 from silofl.algorithms.finetune import Finetune
 from silofl.algorithms.ifca import IFCA, IFCAFinetune, IFCALocal
 from silofl.algorithms.ifca_mrmtl import IFCAMRMTL
@@ -24,7 +27,7 @@ from silofl.errors import ConfigError
 #: every method name a config may use, in the order figures list them
 METHODS = ("local", "fedavg", "mrmtl", "finetune", "ditto", "mocha",
            "ifca", "ifca_local", "ifca_finetune", "ifca_mrmtl", "weight_erosion",
-           "privatekt", "fedavg_ldp", "fedprox", "scaffold", "apfl")
+           "privatekt", "fedavg_ldp", "fedprox", "scaffold", "apfl", "fedper", "fedrep", "fedbn")
 """Every method name `make_algorithm`, a config's `[training] methods` and a sweep accept.
 
 Local and FedAvg are the two ends; MR-MTL ("mrmtl") pulls personal models towards their
@@ -32,7 +35,9 @@ mean with strength λ; finetune, ditto, mocha and the IFCA family are personaliz
 baselines; weight_erosion serves one user silo; privatekt and fedavg_ldp use local DP
 per upload instead of DP-SGD (each runs as a job of its own); fedprox, scaffold and apfl
 are the peers' methods under silo-specific DP (FedProx's proximal pull μ and SCAFFOLD's
-control variates are post-processing, free; APFL makes two passes per round). All DP-SGD methods meet the
+control variates are post-processing, free; APFL makes two passes per round); fedper and
+fedrep share a body and keep a personal head, fedbn keeps personal normalization layers.
+All DP-SGD methods meet the
 same per-silo target (σ calibrated to what each declares)."""
 #: methods whose privacy is a fixed local-DP mechanism per upload (each runs as its own job)
 LOCAL_DP_METHODS = frozenset({"privatekt", "fedavg_ldp"})
@@ -44,7 +49,7 @@ ALGORITHMS = {"local": Local, "fedavg": FedAvg, "mrmtl": MRMTL, "finetune": Fine
               "ifca_finetune": IFCAFinetune, "ifca_mrmtl": IFCAMRMTL,
               "weight_erosion": WeightErosion, "privatekt": PrivateKT,
               "fedavg_ldp": FedAvgLDP, "fedprox": FedProx, "scaffold": Scaffold,
-              "apfl": APFL}
+              "apfl": APFL, "fedper": FedPer, "fedrep": FedRep, "fedbn": FedBN}
 
 
 def make_algorithm(name: str, *, lam: float = 0.3, weighted: bool = True,
@@ -70,7 +75,8 @@ def make_algorithm(name: str, *, lam: float = 0.3, weighted: bool = True,
     name : str
         One of `silofl.METHODS`: "local", "fedavg", "mrmtl", "finetune", "ditto", "mocha",
         "ifca", "ifca_local", "ifca_finetune", "ifca_mrmtl", "weight_erosion",
-        "privatekt", "fedavg_ldp", "fedprox", "scaffold", "apfl".
+        "privatekt", "fedavg_ldp", "fedprox", "scaffold", "apfl", "fedper", "fedrep",
+        "fedbn".
     lam : float, default 0.3
         Regularization strength λ ≥ 0 of mrmtl, ditto, mocha, ifca_mrmtl (λ = 0 is Local).
     weighted : bool, default True
@@ -169,6 +175,9 @@ def make_algorithm(name: str, *, lam: float = 0.3, weighted: bool = True,
         "weight_erosion": lambda: WeightErosion("" if we_user is None else we_user, we_p_s,
                                                 we_p_d, agg, **we_options),
         "privatekt": lambda: PrivateKT(**kt),
+        "fedper": lambda: FedPer(weighted),
+        "fedrep": lambda: FedRep(weighted),
+        "fedbn": lambda: FedBN(weighted),
         "fedavg_ldp": lambda: FedAvgLDP(ldp_epsilon, ldp_mechanism, ldp_delta, client_fraction,
                                         max_participation, public_seed),
         "fedprox": lambda: FedProx(prox_mu, weighted),
@@ -183,7 +192,8 @@ def make_algorithm(name: str, *, lam: float = 0.3, weighted: bool = True,
 
 
 __all__ = ["ALGORITHMS", "APFL", "Aggregator", "Algorithm", "Attack", "Attacked", "Ditto", "FedAvg",
-           "FedAvgLDP", "FedProx", "LOCAL_DP_METHODS", "PrivateKT", "Scaffold",
+           "FedAvgLDP", "FedBN", "FedPer", "FedProx", "FedRep", "LOCAL_DP_METHODS", "PrivateKT",
+           "Scaffold",
            "Finetune", "IFCA", "IFCAFinetune", "IFCALocal", "IFCAMRMTL", "LAMBDA_METHODS",
            "Local", "METHODS", "MRMTL", "Mocha", "ROBUST_METHODS", "RULES", "WeightErosion",
            "make_algorithm"]

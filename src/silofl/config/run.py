@@ -102,7 +102,7 @@ class DataConfig(Section):
 
 class ModelConfig(Section):
     section: ClassVar[str] = "model"
-    name: str = "logistic"         # linear | logistic | focal | svm | softmax | mlp | convnet
+    name: str = "logistic"         # linear | logistic | focal | svm | softmax | mlp | mlp_norm | convnet
     gamma: float = 2.0             # focal loss only
     alpha: float = 0.25            # focal loss only
     metric: str = ""               # accuracy | mse | auprc | roc_auc (default by task)

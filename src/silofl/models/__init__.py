@@ -16,7 +16,7 @@ from silofl.models.base import Model
 from silofl.models.glm import MODELS
 
 #: neural models of the PyTorch backend (silofl.models.torch_nets)
-TORCH_MODELS = ("mlp", "convnet", "kt_cnn")
+TORCH_MODELS = ("mlp", "mlp_norm", "convnet", "kt_cnn")
 
 __all__ = ["MODELS", "TORCH_MODELS", "Model", "check_input", "make_model"]
 
@@ -28,7 +28,7 @@ def make_model(name: str, dim: int, num_classes: int = 2, **options: Any) -> Mod
     ----------
     name : str
         A GLM ("linear", "logistic", "focal", "svm", "softmax"; numpy, closed-form
-        gradients) or a neural model ("mlp", "convnet", "kt_cnn"; needs
+        gradients) or a neural model ("mlp", "mlp_norm", "convnet", "kt_cnn"; needs
         ``pip install "silofl[torch]"``).
     dim : int
         Input features per example (``Federation.dim``).

@@ -73,6 +73,19 @@ class Model:
                 f"a {task} task; choose a model for {task} data "
                 f"({', '.join(_models_for(task))})")
 
+    def param_groups(self) -> dict[str, np.ndarray]:
+        """Named parts of the flat parameter vector, for methods that share only some of it.
+
+        Returns
+        -------
+        dict of str to numpy.ndarray
+            Boolean (P,) masks: "head", the personal head of FedPer / FedRep (the rest is
+            the shared body), and "norm", the affine parameters of normalization layers
+            (FedBN). A backend without such a split returns no entry for it (the default:
+            none).
+        """
+        return {}
+
     # -- per-example ----------------------------------------------------------------
     def per_example_grads(self, w: np.ndarray, X: np.ndarray, y: np.ndarray) -> np.ndarray:
         """Each example's loss gradient.
@@ -132,7 +145,8 @@ class Model:
 
     # -- batched over silos ---------------------------------------------------------
     def clipped_grad_sum(self, W: np.ndarray, X: np.ndarray, y: np.ndarray, mask: np.ndarray,
-                         clip: float, **aux: Any) -> np.ndarray:
+                         clip: float, *, coords: np.ndarray | None = None,
+                         **aux: Any) -> np.ndarray:
         """The sum of clipped per-example gradients, per silo: Σ_i min(1, c/‖g_i‖) g_i.
 
         Parameters
@@ -147,6 +161,10 @@ class Model:
             Shape (K, B): 1 for real rows, 0 for padding.
         clip : float
             The L2 norm bound C; rows are clipped to c = clip_bound(C) (norms in float64).
+        coords : numpy.ndarray, optional
+            Boolean (P,): only these coordinates are trained (FedRep's head or body pass);
+            each g_i is restricted to them before its norm is taken, so the sum has
+            sensitivity C on them and is 0 elsewhere. None: all coordinates.
         **aux
             Precomputed per-row quantities a backend can use (or ignore).
 
@@ -160,19 +178,22 @@ class Model:
         for k in range(W.shape[0]):
             g = np.asarray(self.per_example_grads(W[k], X[k], y[k]), dtype=np.float64)
             g = g * mask[k][:, None]
+            if coords is not None:
+                g = g * coords
             norms = np.linalg.norm(g, axis=1)
             out[k] = (g * np.minimum(1.0, c / np.maximum(norms, 1e-12))[:, None]).sum(0)
         return out
 
     def clipped_grad_sum_count(self, W: np.ndarray, X: np.ndarray, y: np.ndarray,
-                               mask: np.ndarray, clip: np.ndarray,
+                               mask: np.ndarray, clip: np.ndarray, *,
+                               coords: np.ndarray | None = None,
                                **aux: Any) -> tuple[np.ndarray, np.ndarray]:
         """`clipped_grad_sum` at a clip per silo, and how many rows were within it (private
         adaptive clipping, `training.dpsgd.QuantileClip`).
 
         Parameters
         ----------
-        W, X, y, mask, **aux
+        W, X, y, mask, coords, **aux
             As `clipped_grad_sum`.
         clip : numpy.ndarray
             Shape (K,): silo k's rows are clipped to clip_bound(clip[k]).
@@ -188,6 +209,8 @@ class Model:
         for k in range(W.shape[0]):
             g = np.asarray(self.per_example_grads(W[k], X[k], y[k]), dtype=np.float64)
             g = g * mask[k][:, None]
+            if coords is not None:
+                g = g * coords
             norms = np.linalg.norm(g, axis=1)
             c = clip_bound(clip[k])
             out[k] = (g * np.minimum(1.0, c / np.maximum(norms, 1e-12))[:, None]).sum(0)

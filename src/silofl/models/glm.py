@@ -26,6 +26,31 @@ class GLM(Model):
         self.dim = int(dim)
         self.num_params = self.outputs * (self.dim + 1)
 
+    def param_groups(self) -> dict[str, np.ndarray]:
+        """{"head": the intercepts}: a GLM has no deep body, so FedPer / FedRep share the
+        weights and keep a personal intercept per silo (per class for softmax) — the GLM
+        analogue of a personal head. No "norm" group (FedBN refuses GLMs)."""
+        head = np.zeros((self.outputs, self.dim + 1), dtype=bool)
+        head[:, self.dim] = True
+        return {"head": head.ravel()}
+
+    def _coords_norm(self, coords: np.ndarray, X: np.ndarray,
+                     x_sqnorm: np.ndarray) -> np.ndarray:
+        """‖[x, 1] restricted to coords‖ per row (K, B), float64, for a (P,) mask that
+        selects the same weights and intercept in every output block."""
+        blocks = np.asarray(coords, dtype=bool).reshape(self.outputs, self.dim + 1)
+        if np.any(blocks != blocks[0]) or not blocks.any():
+            raise ValueError("a GLM trains a coordinate subset only when it is non-empty and "
+                             "the same in every output block (weights and/or intercepts)")
+        cw, cb = blocks[0, :self.dim], float(blocks[0, self.dim])
+        if cw.all():
+            sq = np.asarray(x_sqnorm, dtype=np.float64)
+        elif not cw.any():
+            sq = np.zeros(X.shape[:2])
+        else:
+            sq = np.einsum("kbd,kbd,d->kb", X, X, cw.astype(X.dtype), dtype=np.float64)
+        return np.fmax(np.sqrt(sq + cb), 1e-300)
+
     # logits: (..., B) for one output, (..., B, C) for several
     def logits(self, W: np.ndarray, X: np.ndarray) -> np.ndarray:
         d = self.dim
@@ -63,7 +88,7 @@ class GLM(Model):
 
     def clipped_grad_sum(self, W: np.ndarray, X: np.ndarray, y: np.ndarray, mask: np.ndarray,
                          clip: float, x_sqnorm: np.ndarray | None = None,
-                         **aux: Any) -> np.ndarray:
+                         *, coords: np.ndarray | None = None, **aux: Any) -> np.ndarray:
         """Σ_b clip(g_kb) over unmasked rows → (K, P) float64, every per-example gradient
         g = r ⊗ [x, 1] clipped to norm ≤ clip_bound(clip) < clip (see models.base).
 
@@ -71,30 +96,37 @@ class GLM(Model):
         row, accurate to X's precision (the trainer stores it in float32, computed from the
         float64 data); computed here in float64 when not given. Never inf or NaN from one
         row: a row whose ‖x‖² overflows X's precision contributes 0, a non-finite residual
-        is clipped like a huge one (scalar outputs; softmax: its non-finite parts count 0)."""
-        return self._clipped(W, X, y, mask, clip_bound(clip), x_sqnorm)[0]
+        is clipped like a huge one (scalar outputs; softmax: its non-finite parts count 0).
+        coords (P,) bool: each g restricted to these coordinates (weights and/or intercepts,
+        the same in every block) is clipped, and the sum is 0 elsewhere."""
+        return self._clipped(W, X, y, mask, clip_bound(clip), x_sqnorm, coords)[0]
 
     def clipped_grad_sum_count(self, W: np.ndarray, X: np.ndarray, y: np.ndarray,
                                mask: np.ndarray, clip: np.ndarray,
-                               x_sqnorm: np.ndarray | None = None,
+                               x_sqnorm: np.ndarray | None = None, *,
+                               coords: np.ndarray | None = None,
                                **aux: Any) -> tuple[np.ndarray, np.ndarray]:
         """`clipped_grad_sum` at clip[k] (K,) for silo k, and per silo the number of
-        unmasked rows with ‖g‖ = ‖r‖·‖[x, 1]‖ ≤ clip[k] (K,) (see `Model`)."""
+        unmasked rows with ‖g‖ = ‖r‖·‖[x, 1]‖ ≤ clip[k] (K,) (see `Model`); with `coords`,
+        ‖g‖ is the norm of g restricted to them."""
         clip = np.asarray(clip, dtype=np.float64)[:, None]
-        out, rnorm, xnorm = self._clipped(W, X, y, mask, clip / (1.0 + CLIP_MARGIN), x_sqnorm)
+        out, rnorm, xnorm = self._clipped(W, X, y, mask, clip / (1.0 + CLIP_MARGIN), x_sqnorm,
+                                          coords)
         within = (rnorm * xnorm <= clip) & (np.asarray(mask) > 0)
         return out, within.sum(1).astype(np.float64)
 
     def _clipped(self, W: np.ndarray, X: np.ndarray, y: np.ndarray, mask: np.ndarray,
-                 bound0: float | np.ndarray, x_sqnorm: np.ndarray | None
+                 bound0: float | np.ndarray, x_sqnorm: np.ndarray | None,
+                 coords: np.ndarray | None = None
                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The clipped sum (K, P) at clip bound `bound0` (scalar or (K, 1)), and ‖r‖ and
-        ‖[x, 1]‖ per row (K, B)."""
+        ‖[x, 1]‖ (restricted to `coords`) per row (K, B)."""
         r = self.residual(self.logits(W, X), y)
         if x_sqnorm is None:  # float64 sums, rounded like the trainer's packed ‖x‖²
             x_sqnorm = np.einsum("kbd,kbd->kb", X, X, dtype=np.float64).astype(X.dtype,
                                                                                copy=False)
-        xnorm = np.sqrt(np.add(x_sqnorm, 1.0, dtype=np.float64))  # ‖[x, 1]‖
+        xnorm = (np.sqrt(np.add(x_sqnorm, 1.0, dtype=np.float64)) if coords is None  # ‖[x, 1]‖
+                 else self._coords_norm(coords, X, x_sqnorm))
         # largest ‖r‖ whose gradient stays inside the ball; 0 on padded rows
         bound = np.multiply(mask, bound0)
         bound /= xnorm
@@ -109,7 +141,8 @@ class GLM(Model):
             den = np.fmax(rnorm, bound)  # factor bound/max(‖r‖, bound) = min(1, bound/‖r‖),
             np.fmax(den, 1e-300, out=den)  # and 0 (not 0/0) for a zero residual on a padded row
             coef = r * (bound / den)[..., None]
-        return self._weighted_sum(coef, X), rnorm, xnorm
+        out = self._weighted_sum(coef, X)
+        return (out if coords is None else out * coords), rnorm, xnorm
 
     def grad_sum(self, W: np.ndarray, X: np.ndarray, y: np.ndarray, mask: np.ndarray) -> np.ndarray:
         r = self.residual(self.logits(W, X), y)

@@ -275,14 +275,40 @@ class TorchModel(Model):
                                                         yt[i:i + EVAL_CHUNK]), 1)
                               for i in range(0, len(Xt), EVAL_CHUNK)]))
 
+    def param_groups(self) -> dict[str, np.ndarray]:
+        """{"head": the last Linear layer's weight and bias; "norm": the affine parameters of
+        normalization layers (LayerNorm, GroupNorm, …), present only if the net has any}."""
+        def mask_of(prefixes: list[str]) -> np.ndarray:
+            parts = [np.full(k, n.rpartition(".")[0] in prefixes)
+                     for n, k in zip(self._names, self._sizes)]
+            return np.concatenate(parts) if parts else np.zeros(0, dtype=bool)
+        mods = list(self.module.named_modules())
+        linear = [n for n, m in mods if isinstance(m, nn.Linear)]
+        norm = [n for n, m in mods if isinstance(m, (nn.LayerNorm, nn.GroupNorm))]
+        groups = {"head": mask_of(linear[-1:])}
+        if norm:
+            groups["norm"] = mask_of(norm)
+        return groups
+
+    def _coords(self, coords: np.ndarray | None) -> list[torch.Tensor] | None:
+        """A (P,) bool mask as one 0/1 tensor per parameter (flattened), or None."""
+        if coords is None:
+            return None
+        t = torch.from_numpy(np.ascontiguousarray(coords, dtype=bool)).to(self.device,
+                                                                           self.dtype)
+        return list(torch.split(t, self._sizes))
+
     def _clip_sum(self, grads: dict[str, torch.Tensor], mask: torch.Tensor,
-                  clip: float | np.ndarray, within: list | None = None) -> torch.Tensor:
+                  clip: float | np.ndarray, within: list | None = None,
+                  coords: list[torch.Tensor] | None = None) -> torch.Tensor:
         """Σ_b min(1, c/‖g_b‖)·mask_b·g_b with c = clip_bound(clip). grads {name: (*L, B,
         *shape)}, mask (*L, B) → (*L, P). Norms are over all parameters of an example (the
         L2 norm DP-SGD clips), accumulated in float64: a float32 reduction over many
         parameters can err by more than the clipping margin."""
         lead = mask.dim()
         flat = [grads[n].flatten(lead) for n in self._names]       # (*L, B, p_i) views
+        if coords is not None:  # the gradient restricted to the trained coordinates
+            flat = [g * c for g, c in zip(flat, coords)]
         norms = torch.linalg.vector_norm(torch.stack(
             [torch.linalg.vector_norm(g, dim=-1, dtype=torch.float64) for g in flat]), dim=0)
         if within is None:
@@ -297,9 +323,12 @@ class TorchModel(Model):
         return torch.cat([torch.einsum("...b,...bp->...p", factor, g) for g in flat], -1)
 
     def clipped_grad_sum(self, W: np.ndarray, X: np.ndarray, y: np.ndarray, mask: np.ndarray,
-                         clip: float, **aux: Any) -> np.ndarray:
+                         clip: float, *, coords: np.ndarray | None = None,
+                         **aux: Any) -> np.ndarray:
         """Σ_b min(1, clip/‖g_kb‖)·g_kb over unmasked rows → (K, P) float64.
-        W (K, P); X (K, B, *input_shape); y, mask (K, B). `aux` (GLM helpers) is ignored."""
+        W (K, P); X (K, B, *input_shape); y, mask (K, B). coords (P,) bool: g restricted to
+        these coordinates (0 elsewhere) before its norm. `aux` (GLM helpers) is ignored."""
+        cm = self._coords(coords)
         K, B = np.shape(mask)
         out = np.zeros((K, self.num_params))
         if B == 0:
@@ -309,22 +338,24 @@ class TorchModel(Model):
         if not self.silo_vmap or K == 1:
             for k in range(K):
                 G = self._ex_grads(self._params(W[k]), Xt[k], yt[k])  # {name: (B, *shape)}
-                out[k] = _np(self._clip_sum(G, m[k], clip))
+                out[k] = _np(self._clip_sum(G, m[k], clip, coords=cm))
             return out
         # silos per chunk so the (k, B, P) per-example gradients stay under CHUNK_BYTES
         step = max(1, CHUNK_BYTES // (B * self.num_params * torch.finfo(self.dtype).bits // 8))
         for a in range(0, K, step):
             s = slice(a, a + step)
             G = self._silo_ex_grads(self._params(W[s]), Xt[s], yt[s])  # {name: (k, B, *shape)}
-            out[s] = _np(self._clip_sum(G, m[s], clip))
+            out[s] = _np(self._clip_sum(G, m[s], clip, coords=cm))
         return out
 
     def clipped_grad_sum_count(self, W: np.ndarray, X: np.ndarray, y: np.ndarray,
-                               mask: np.ndarray, clip: np.ndarray,
+                               mask: np.ndarray, clip: np.ndarray, *,
+                               coords: np.ndarray | None = None,
                                **aux: Any) -> tuple[np.ndarray, np.ndarray]:
         """`clipped_grad_sum` at clip[k] (K,) for silo k, and per silo the number of
-        unmasked rows whose gradient norm is ≤ clip[k] (K,) (see `Model`)."""
-        clip = np.asarray(clip, dtype=np.float64)
+        unmasked rows whose gradient norm (restricted to `coords`) is ≤ clip[k] (K,)
+        (see `Model`)."""
+        clip, cm = np.asarray(clip, dtype=np.float64), self._coords(coords)
         K, B = np.shape(mask)
         out, count = np.zeros((K, self.num_params)), np.zeros(K)
         if B == 0:
@@ -337,10 +368,10 @@ class TorchModel(Model):
             s, within = slice(a, a + step), []  # type: ignore[var-annotated]
             if step == 1:
                 G = self._ex_grads(self._params(W[a]), Xt[a], yt[a])
-                out[a] = _np(self._clip_sum(G, m[a], clip[a], within))
+                out[a] = _np(self._clip_sum(G, m[a], clip[a], within, cm))
             else:
                 G = self._silo_ex_grads(self._params(W[s]), Xt[s], yt[s])
-                out[s] = _np(self._clip_sum(G, m[s], clip[s], within))
+                out[s] = _np(self._clip_sum(G, m[s], clip[s], within, cm))
             count[s] = within[0]
         return out, count
 

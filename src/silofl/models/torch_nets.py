@@ -4,6 +4,9 @@
   hidden widths (default one hidden layer of 64 units: enough capacity to beat a GLM on
   interacting features while staying small, since DP noise grows with √P), then a Linear
   head.
+* `mlp_norm` — the MLP with a LayerNorm after each hidden Linear (FedBN's personal
+  normalization layers; LayerNorm normalizes each example by its own statistics, so it is
+  safe under DP-SGD where BatchNorm is not).
 * `convnet` — images (per-example x of shape (C, H, W), channels first): the ConvNet of
   thesis appendix B.1: Conv k×k 32 → ReLU → MaxPool 2 → Conv k×k 64 → ReLU → MaxPool 2 →
   Linear, no padding (k = 3; appendix B.1 uses k = 5 for ADNI).
@@ -24,12 +27,15 @@ from silofl.models.torch_model import TASKS, TorchModel, mismatch_message, resol
 DEFAULT_HIDDEN = (64,)
 
 
-def mlp(in_dim: int, out_dim: int, hidden: Sequence[int] = DEFAULT_HIDDEN) -> nn.Sequential:
-    """(n, in_dim) → (n, out_dim); `hidden` = widths of the ReLU layers (may be empty)."""
+def mlp(in_dim: int, out_dim: int, hidden: Sequence[int] = DEFAULT_HIDDEN,
+        norm: bool = False) -> nn.Sequential:
+    """(n, in_dim) → (n, out_dim); `hidden` = widths of the ReLU layers (may be empty).
+    norm: a LayerNorm (with affine parameters) after each hidden Linear, before its ReLU —
+    per-example statistics, so DP-SGD's per-example gradients stay separate (`mlp_norm`)."""
     layers: list[nn.Module] = []
     width = in_dim
     for h in hidden:
-        layers += [nn.Linear(width, h), nn.ReLU()]
+        layers += [nn.Linear(width, h), *([nn.LayerNorm(h)] if norm else []), nn.ReLU()]
         width = h
     layers.append(nn.Linear(width, out_dim))
     return nn.Sequential(*layers)
@@ -87,7 +93,7 @@ def make_torch_model(name: str, dim: int, num_classes: int = 2, *, task: str | N
                      input_shape: Sequence[int] | None = None,
                      hidden: Sequence[int] | None = None, kernel: int = 3,
                      seed: int = 0, device: str = "cpu") -> TorchModel:
-    """Build 'mlp' or 'convnet' as a `TorchModel`.
+    """Build 'mlp', 'mlp_norm', 'convnet' or 'kt_cnn' as a `TorchModel`.
 
     dim: number of tabular features (mlp; ignored by convnet). num_classes: C (multiclass).
     task: 'binary' | 'multiclass' | 'regression' (default: multiclass if C > 2 else binary).
@@ -104,7 +110,7 @@ def make_torch_model(name: str, dim: int, num_classes: int = 2, *, task: str | N
     if task == "multiclass" and num_classes < 2:
         raise ConfigError(f"a multiclass {name} needs num_classes ≥ 2, got {num_classes}")
     out = _output_dim(task, num_classes)
-    if name == "mlp":
+    if name in ("mlp", "mlp_norm"):
         hidden = tuple(hidden) if hidden else DEFAULT_HIDDEN
         if not all(isinstance(h, int) and not isinstance(h, bool) and h > 0 for h in hidden):
             raise ConfigError(f"model.hidden must be a list of positive integers (layer widths), "
@@ -112,8 +118,9 @@ def make_torch_model(name: str, dim: int, num_classes: int = 2, *, task: str | N
         shape = tuple(input_shape) if input_shape is not None else (int(dim),)
         if len(shape) != 1:
             raise ConfigError(mismatch_message("mlp", shape))
-        return TorchModel(mlp(shape[0], out, hidden), task=task, input_shape=shape,
-                          num_classes=num_classes, name="mlp", seed=seed, device=device)
+        return TorchModel(mlp(shape[0], out, hidden, norm=name == "mlp_norm"), task=task,
+                          input_shape=shape, num_classes=num_classes, name=name, seed=seed,
+                          device=device)
     if name == "convnet":
         if input_shape is None:
             raise ConfigError("model 'convnet' needs input_shape = (channels, height, width) of "
@@ -130,5 +137,6 @@ def make_torch_model(name: str, dim: int, num_classes: int = 2, *, task: str | N
         return TorchModel(kt_cnn(shape, out, tuple(hidden) if hidden else KT_CNN_HIDDEN),
                           task=task, input_shape=shape, num_classes=num_classes,
                           name="kt_cnn", seed=seed, device=device)
-    raise ConfigError(f"unknown neural model {name!r}; choose 'mlp', 'convnet' or 'kt_cnn'")
+    raise ConfigError(f"unknown neural model {name!r}; choose 'mlp', 'mlp_norm', 'convnet' or "
+                      "'kt_cnn'")
 

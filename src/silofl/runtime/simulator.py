@@ -264,10 +264,14 @@ def simulate(fed: Federation, model: Model, algorithm: Algorithm, cfg: TrainingC
 
 def bind_data(algorithm: Algorithm, fed: Federation, model: Model) -> None:
     """Give an algorithm that needs them (PrivateKT: the public set) the federation and the
-    model, before planning, so their checks fail before any budget is spent."""
+    model, and one that splits the model (FedPer, FedRep, FedBN: `bind_model`) the model,
+    before planning, so their checks fail before any budget is spent."""
     hook = getattr(algorithm, "bind_data", None)
     if hook is not None:
         hook(fed, model)
+    split = getattr(algorithm, "bind_model", None)
+    if split is not None:
+        split(model)
 
 
 def node_unit(fed, cfg: TrainingConfig) -> NodeUnit | None:

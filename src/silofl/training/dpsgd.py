@@ -178,19 +178,29 @@ class GradientRule:
                  mask: np.ndarray, expected_batch: np.ndarray, silos: np.ndarray | slice,
                  rng: Randomness, standard_normal: np.ndarray | None = None,
                  noise: np.ndarray | None = None, count_noise: np.ndarray | None = None,
+                 coords: np.ndarray | None = None,
                  **aux: Any) -> np.ndarray:
         """The (k, P) gradient estimate for the k silos `silos` (indices into
         noise_multiplier) from their batch W (k, P), X (k, B, ...), y, mask (k, B).
         Noise comes from `noise` (k, P), draws already scaled to N(0, σ_k²C²) (a training
         loop draws a round's at once: `round_noise`), else from `standard_normal` (k, P)
         N(0, 1) draws, else from `rng`. clip = "auto": `noise` holds draws at std σ_Δ,k
-        (`draw_std`) and `count_noise` (k,) N(0, 1) draws for the count (else from `rng`)."""
+        (`draw_std`) and `count_noise` (k,) N(0, 1) draws for the count (else from `rng`).
+        `coords` (P,) bool: a partial update (FedRep's head or body pass): each example's
+        gradient restricted to these coordinates is clipped to C and the noise kept only on
+        them — the same Gaussian mechanism on fewer coordinates — and the estimate is 0
+        elsewhere."""
+        if coords is not None:
+            aux["coords"] = coords
         if not self.private:
-            return scale(model.grad_sum(W, X, y, mask), expected_batch)
+            g = model.grad_sum(W, X, y, mask)
+            return scale(g if coords is None else g * coords, expected_batch)
         if self.adaptive is not None:
             return self._adaptive_step(model, W, X, y, mask, expected_batch, silos, rng,
                                        standard_normal, noise, count_noise, aux)
         clipped = self.clipped_sum(model, W, X, y, mask, **aux)
+        if coords is not None:  # a backend that ignores coords clipped the full norm
+            clipped *= coords
         if self.probe is not None:
             self.probe.add(self, np.asarray(silos), clipped)
         if noise is not None:
@@ -198,6 +208,8 @@ class GradientRule:
             noisy = clipped
         else:
             noisy = add_noise(clipped, self.noise_std()[silos], rng, standard_normal)
+        if coords is not None:
+            noisy *= coords
         if self.probe is not None:
             self.probe.observe(np.asarray(silos), noisy)
         return scale(noisy, expected_batch)
@@ -219,6 +231,8 @@ class GradientRule:
             noise = rng.normal(clipped.shape) if standard_normal is None else standard_normal
             noise = noise * tracker.gradient_noise[ids][:, None]
         clipped += noise * C[:, None]
+        if "coords" in aux:  # a partial pass: the sum and its noise live on the coordinates
+            clipped *= aux["coords"]
         z = rng.normal(len(ids)) if count_noise is None else count_noise
         tracker.update(ids, count, np.asarray(mask).sum(1), z)
         return scale(clipped, expected_batch)

@@ -436,7 +436,8 @@ class LocalTrainer:
 
     def run(self, W0: np.ndarray, anchor: np.ndarray | None = None,
             lam: float | np.ndarray = 0.0, round: int = 0, label: str | None = None,
-            silos: np.ndarray | None = None, step: StepRule | None = None) -> np.ndarray:
+            silos: np.ndarray | None = None, step: StepRule | None = None,
+            coords: np.ndarray | None = None) -> np.ndarray:
         """One local pass for every hosted silo. W0, anchor: (K, P); lam: scalar or (K,) per
         silo. Returns (K, P).
 
@@ -444,8 +445,13 @@ class LocalTrainer:
         `silos` (K,) bool: only these silos take their pass — only they are charged and
         read; the others' rows come back as in W0. `step` (`StepRule`) replaces the
         gradient step by the algorithm's own (SCAFFOLD's drift correction, APFL's mixed
-        model): it sees only the noised g, so whatever it computes is post-processing."""
+        model): it sees only the noised g, so whatever it computes is post-processing.
+        `coords` (P,) bool: only these coordinates move (FedRep's head and body passes);
+        the per-example gradient is clipped on them alone (`GradientRule`), a pass charged
+        like any other."""
         label = self.label if label is None else label
+        if coords is not None:
+            coords = self._check_coords(coords, np.shape(W0)[-1])
         ids = self._subset(silos)
         if ids is None:
             self.charge(round, label)
@@ -490,16 +496,30 @@ class LocalTrainer:
             X, y, sq = self.data.gather(active, idx[s, pos])
             Ws = W[sel]
             noise = None if z is None or off is None else z[off[s]:off[s + 1]]
+            part = {} if coords is None else {"coords": coords}
             g = self.rule(self.model, Ws, X, y, mask[s, pos], self.expected_batch[sel],
                           active, self.rng, noise=noise, x_sqnorm=sq,
-                          count_noise=None if zc is None else zc[s, pos])
+                          count_noise=None if zc is None else zc[s, pos], **part)
             if self.l2:
                 g += self.l2 * Ws
             if pull and anchor is not None:
                 g += (lam if isinstance(lam, float) else lam[sel]) * (Ws - anchor[sel])
+            if coords is not None:  # frozen coordinates stay put (l2 and pull too)
+                g *= coords
             W[sel] = Ws - self.lr * g if step is None else step(active, Ws, g)
             self.steps_done[sel] += 1
         return W
+
+    def _check_coords(self, coords: np.ndarray, P: int) -> np.ndarray:
+        """`coords` as a non-empty boolean (P,) mask (example-level units only)."""
+        c = np.asarray(coords)
+        if c.dtype != bool or c.shape != (P,) or not c.any():
+            raise ValueError(f"coords must be a non-empty boolean mask of the {P} parameters, "
+                             f"got dtype {c.dtype}, shape {c.shape}")
+        if self.node is not None:
+            raise ValueError("partial updates (coords) run at example level only; the "
+                             "node-level unit trains every coordinate")
+        return c
 
     def _run_node(self, W: np.ndarray, anchor: np.ndarray | None, lam: np.ndarray,
                   round: int, ids: np.ndarray, step: StepRule | None = None) -> np.ndarray:

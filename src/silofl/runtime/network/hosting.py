@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 #: state, and their update travels as one row per silo (`encode_update`)
 NETWORK_METHODS = ("local", "fedavg", "mrmtl", "ditto", "finetune", "ifca", "ifca_local",
                    "ifca_finetune", "ifca_mrmtl", "mocha", "weight_erosion", "privatekt",
-                   "fedavg_ldp", "fedprox", "scaffold", "apfl")
+                   "fedavg_ldp", "fedprox", "scaffold", "apfl", "fedper", "fedrep", "fedbn")
 
 
 def check_network_method(name: str) -> None:

@@ -202,6 +202,8 @@ def job_algorithm(job: dict, public: np.ndarray | None = None):
                                    num_classes=job["num_classes"],
                                    silos=[SimpleNamespace(X_train=public[:1])])
         alg.bind_data(stand_in, job_model(job))
+    if hasattr(alg, "bind_model"):  # FedPer, FedRep, FedBN: the personal coordinates
+        alg.bind_model(job_model(job))
     alg.check_plan(len(names), job["rounds"], job["accountant"])
     return alg
 
