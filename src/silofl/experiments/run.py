@@ -244,7 +244,8 @@ def _tuned_algorithms(cfg: Config, algorithms: list, raw, counts) -> list:
     # the raw validation rows, for the checks at planning (preprocessed ones replace them)
     raw_val = [(s.X_test[len(s.y_test) - m:], s.y_test[len(s.y_test) - m:])
                for s, m in zip(raw.silos, counts)]
-    tuned = tuning_setup.tuned_algorithm(tc, tc.lam, tc.lr, raw_val, cfg.training.weighted)
+    tuned = tuning_setup.tuned_algorithm(tc, tc.lam or list(tuning_setup.DEFAULT_LAMS), tc.lr,
+                                         raw_val, cfg.training.weighted)
     return [tuned if m == tc.method else a for m, a in zip(cfg.training.methods, algorithms)]
 
 
