@@ -117,7 +117,7 @@ def test_subsample_trials_run_at_the_thinned_rate():
     fed, alg, cfg, model = _sub(fraction=0.25)
     simulate(fed, model, alg, cfg)
     (subs,) = alg._subs.values()
-    for sub, rows in subs:
+    for sub, _rows in subs:
         n = sub.data.n
         assert np.allclose(sub.q, 0.25 * np.minimum(1.0, 8 / n))
         assert np.allclose(sub.expected_batch, sub.q * n)
