@@ -12,7 +12,7 @@ Per silo k, at the first round (before the silos' first full pass):
    average, in prepaid sub-ledgers; the silo scores them (noisy) and keeps the best
    setting (λ_k, lr_k) and its trial model — the RepeatAndSelect output;
 4. final phase, the run's own `rounds` rounds: MR-MTL at the full rate q_k with the
-   silo's own λ_k (and lr_k), starting from the chosen trial, every pass charged.
+   silo's own λ_k (and lr_k), from the run's initial model, every pass charged.
 
 Cost = pivot(γq) + RepeatAndSelect(trial(γq) + score) + one full run; for small q the
 subsampled Gaussian's RDP falls about as γ², so the selection costs a fraction of a run
@@ -23,6 +23,7 @@ In-process (simulator, example level, joint hosting) only.
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from dataclasses import dataclass
 
@@ -89,7 +90,6 @@ class SubsampleTuned(TunedPersonalization):
         self.select = "subsample"
         self.fraction = check_fraction("tuning.subsample_fraction", fraction,
                                        low_open=True, high_open=False)
-        self._server0: np.ndarray | None = None
 
     def privacy_events(self, round_event, rounds, target=None):
         return TA.subsample_tuned_event(round_event, rounds, self.dist,
@@ -102,7 +102,6 @@ class SubsampleTuned(TunedPersonalization):
 
     def init(self, params0, num_silos, rounds=None):
         silos, server = super().init(params0, num_silos, rounds)
-        self._server0 = None
         return SubsampleSiloState(silos.params, pivot=silos.pivot), server
 
     # -- the silo step -----------------------------------------------------------------
@@ -112,11 +111,10 @@ class SubsampleTuned(TunedPersonalization):
         K = silos.params.shape[0]
         if silos.lam_k is None:
             silos = self._tune(silos, trainer, message, round)
-            # pull towards the tuning phase's released average; the update moves the
-            # server from its start to the mean of the personal models (MR-MTL's invariant)
-            anchor, old = self._server0, np.tile(message, (K, 1))
-        else:
-            anchor, old = message, silos.params
+            # the final run starts afresh from the server's model (the trials, trained on
+            # γ of the rows per step, are far noisier than a full-rate start)
+            silos = dataclasses.replace(silos, params=np.tile(message, (K, 1)))
+        anchor, old = message, silos.params
         new = silos.params.copy()
         for lr in np.unique(silos.lr_k):  # one pass per silo, at its own lr
             mask = silos.lr_k == lr
@@ -160,7 +158,6 @@ class SubsampleTuned(TunedPersonalization):
             for sub, rows in subs:
                 trials[rows] = sub.run(trials[rows], anchor=anchor[st.owner[rows]],
                                        lam=st.lam[rows], round=round, label="trial")
-        self._server0 = server
         self._subs = {(id(trainer), id(st.owner)): subs}
         done = TunedSiloState(pivot, pivot=pivot, trials=trials, owner=st.owner, lam=st.lam,
                               lr=st.lr, h=st.h)
