@@ -298,3 +298,21 @@ def test_subsample_fraction_checked_by_the_algorithm():
         SubsampleTuned([0.1], D.tnb(1.0, mean=3), val, fraction=0.0)
     with pytest.raises(ConfigError, match="mrmtl"):
         SubsampleTuned([0.1], D.tnb(1.0, mean=3), val, pivot="ditto")
+
+
+def test_sweep_with_subsample_tuning(tmp_path):
+    """sweep.tuning = "private" with select = "subsample": the tuned run meets ε and
+    records its select and fraction (tuning.select is read from [tuning] as in a run)."""
+    from silofl.experiments.sweep import run_sweep
+    from silofl.experiments.sweep_config import sweep_config_from_dict
+    from silofl.experiments.sweep_results import read_results
+    from test_tuning import BASE
+    raw = json.loads(json.dumps(BASE))
+    raw["sweep"]["results"] = str(tmp_path / "r.jsonl")
+    raw["tuning"].update({"select": "subsample", "subsample_fraction": 0.2})
+    out = run_sweep(sweep_config_from_dict(raw, tmp_path))
+    _head, records = read_results(out.results)
+    (t,) = [r for r in records if r["method"] == "mrmtl_tuned"]
+    assert t["privacy"]["max_epsilon_spent"] <= 2.0 and not t["privacy"]["over_target"]
+    assert t["tuning"]["select"] == "subsample" and t["tuning"]["subsample_fraction"] == 0.2
+    assert len(t["tuning"]["released"]) == len(_head["silos"])
