@@ -7,7 +7,7 @@ trains and is tested on the same remaining silos:
 - local, fedavg: untuned (lr fixed, public);
 - mrmtl λ̄: MR-MTL at the public λ̄ = 0.1 (no tuning);
 - tuned η=1 / η=0: `select = "random"` (pivot + RepeatAndSelect over E[h] = 10, TNB);
-- subsample: `select = "subsample"` (γ = 0.1, η = 0, E[h] = 10);
+- subsample: `select = "subsample"` (γ = 0.1, η = 0, E[h] = 10; score ratio 2, and 4);
 - proxy: λ chosen non-privately on the held-out silos (declared public), one private run.
 
     .venv/bin/python benchmarks/bench_tuning_modes.py --data heart --seeds 2   # ~2 min
@@ -78,6 +78,8 @@ def methods(val, lam_proxy: float) -> dict:
         "tuned η=0": TunedPersonalization(grid, D.tnb(0.0, mean=10), val, pivot_lam=0.1),
         "subsample": SubsampleTuned(grid, D.tnb(0.0, mean=10), val, pivot_lam=0.1,
                                     fraction=0.1),
+        "subsample s=4": SubsampleTuned(grid, D.tnb(0.0, mean=10), val, pivot_lam=0.1,
+                                        fraction=0.1, score_ratio=4.0),
         f"proxy (λ={lam_proxy:g})": make_algorithm("mrmtl", lam=lam_proxy),
     }
 
