@@ -8,7 +8,8 @@ trains and is tested on the same remaining silos:
 - mrmtl λ̄: MR-MTL at the public λ̄ = 0.1 (no tuning);
 - tuned η=1 / η=0: `select = "random"` (pivot + RepeatAndSelect over E[h] = 10, TNB);
 - subsample: `select = "subsample"` (γ = 0.1, η = 0, E[h] = 10; score ratio 2, and 4);
-- proxy: λ chosen non-privately on the held-out silos (declared public), one private run.
+- proxy: λ chosen non-privately on the held-out silos (declared public), one private run;
+- proxy sim: the same with the run's DP noise simulated on the proxy (`proxy_noise`).
 
     .venv/bin/python benchmarks/bench_tuning_modes.py --data heart --seeds 2   # ~2 min
     .venv/bin/python benchmarks/bench_tuning_modes.py --data school --rounds 100 --seeds 1
@@ -68,7 +69,7 @@ def split(prep, name: str):
     return sub(rest), [prep.validation[k] for k in rest], sub(proxy)
 
 
-def methods(val, lam_proxy: float) -> dict:
+def methods(val, lam_proxy: float, lam_sim: float) -> dict:
     grid = list(DEFAULT_LAMS)
     return {
         "local": make_algorithm("local"),
@@ -80,7 +81,8 @@ def methods(val, lam_proxy: float) -> dict:
                                     fraction=0.1),
         "subsample s=4": SubsampleTuned(grid, D.tnb(0.0, mean=10), val, pivot_lam=0.1,
                                         fraction=0.1, score_ratio=4.0),
-        f"proxy (λ={lam_proxy:g})": make_algorithm("mrmtl", lam=lam_proxy),
+        "proxy": make_algorithm("mrmtl", lam=lam_proxy),
+        "proxy sim": make_algorithm("mrmtl", lam=lam_sim),
     }
 
 
@@ -104,16 +106,22 @@ def main() -> None:
           ", ".join(f"λ={s['lam']:g}: {s['score']:.4f}" for s in scores))
     table: dict = {}
     for eps in [float(e) for e in a.epsilon.split(",")]:
+        target = PrivacyTarget(eps, sc.base.privacy.delta)
+        sim = grid_on_proxy(proxy, prep.model, "mrmtl", list(DEFAULT_LAMS), base, prep.metric,
+                            target=target)
+        lam_sim = best_lam(sim, prep.metric)
+        print(f"ε = {eps:g}: proxy λ = {lam:g}, proxy sim λ = {lam_sim:g} (" +
+              ", ".join(f"{s['lam']:g}: {s['score']:.4f}" for s in sim) + ")")
         for seed in range(a.seeds):
             cfg = dataclasses.replace(base, seed=seed, private=True)
             f = fed.with_targets(PrivacyTarget(eps, sc.base.privacy.delta))
-            for name, alg in methods(val, lam).items():
+            for name, alg in methods(val, lam, lam_sim).items():
                 t0 = time.perf_counter()
                 r = simulate(f, prep.model, alg, cfg, metric=prep.metric)
                 sig = float(np.median([p.noise_multiplier for p in r.plans]))
                 table.setdefault((name, eps), []).append(
                     (r.final_pooled, sig, time.perf_counter() - t0))
-    names = list(methods(val, lam))
+    names = list(methods(val, lam, lam))
     for eps in sorted({e for _, e in table}):
         print(f"ε = {eps:g} ({prep.metric}, mean ± std over {a.seeds} seed(s); median σ)")
         for n in names:

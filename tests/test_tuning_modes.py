@@ -201,6 +201,7 @@ def test_run_subsample_over_lifetime_budget_spends_nothing(tmp_path):
     ({"mode": "proxy", "proxy_source": "table"}, "proxy_path"),
     ({"mode": "proxy", "proxy_source": "school"}, "needs the silos' label and feature"),
     ({"mode": "proxy", "proxy_source": "exam", "lr": [0.1]}, "tunes λ only"),
+    ({"mode": "proxy", "proxy_source": "exam", "proxy_noise": "loud"}, "proxy_noise"),
 ])
 def test_tuning_mode_config_errors_spend_nothing(tmp_path, tuning, msg):
     p = _toml(tmp_path, {"mode": "private", "lam": [0.1, 1.0], "mean_trials": 3, **tuning})
@@ -267,6 +268,7 @@ def test_proxy_mode_charges_nothing_for_tuning(tmp_path):
     summary = json.loads((run_dir / "summary.json").read_text())
     info = summary["methods"][1]["tuning"]
     assert info["mode"] == "proxy" and info["declared_public"] is True
+    assert info["proxy_noise"].startswith("simulated")
     assert info["silo_epsilon_spent_on_tuning"] == 0.0
     assert [g["lam"] for g in info["grid"]] == [0.01, 1.0, 10.0]
     lam = info["chosen_lam"]

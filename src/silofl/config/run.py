@@ -230,6 +230,7 @@ class TuningConfig(Section):
     subsample_fraction: float = 0.1  # subsample: γ, trials sample rows at rate γ·q
     proxy_source: str = ""         # mode proxy: built-in source declared public ("table":
     proxy_path: str = ""           # proxy_path, with [data]'s columns); never the silos' own
+    proxy_noise: str = "simulated"  # proxy: simulated (the run's ε on the proxy) | none
 
 
 class AuditSection(Section):

@@ -19,6 +19,7 @@ from silofl.errors import ConfigError
 from silofl.experiments import build
 from silofl.models.metrics import default_metric
 from silofl.privacy.randomness import Randomness
+from silofl.privacy.targets import PrivacyTarget
 from silofl.tuning import proxy as P
 from silofl.tuning import setup as tuning_setup
 
@@ -47,6 +48,10 @@ def proxy_data_config(cfg: Config):
     if tc.lr:
         raise ConfigError("tuning.mode = 'proxy' tunes λ only (the run's lr is shared by "
                           "every method); leave tuning.lr empty")
+    if tc.proxy_noise not in ("simulated", "none"):
+        raise ConfigError(f"tuning.proxy_noise must be 'simulated' (the grid is trained on "
+                          f"the proxy with the run's DP noise) or 'none', got "
+                          f"{tc.proxy_noise!r}")
     if tc.proxy_source == "table" and not tc.proxy_path:
         raise ConfigError("tuning.proxy_source = 'table' needs tuning.proxy_path (the public "
                           "table's file)")
@@ -98,12 +103,16 @@ def proxy_algorithms(cfg: Config, algorithms: list, raw) -> list:
     model = build.build_model(cfg, fed)
     metric = cfg.model.metric or default_metric(fed.task)
     lams = list(tc.lam or tuning_setup.DEFAULT_LAMS)
+    target = None
+    if tc.proxy_noise == "simulated" and cfg.privacy.enabled:
+        target = PrivacyTarget(cfg.privacy.epsilon, cfg.privacy.delta)
     scores = P.grid_on_proxy(fed, model, tc.method, lams, build.training_config(cfg), metric,
-                             cfg.training.weighted)
+                             cfg.training.weighted, target=target)
     lam = P.best_lam(scores, metric)
     info = {"mode": "proxy", "proxy_source": tc.proxy_source, "proxy_path": tc.proxy_path,
             "declared_public": True, "silo_epsilon_spent_on_tuning": 0.0,
             "metric": metric, "grid": scores, "chosen_lam": lam,
+            "proxy_noise": "simulated at the run's ε (seeded)" if target else "none",
             "note": "λ chosen non-privately on data declared public; the silos' rows were "
                     "not read for the choice, so it cost them nothing"}
     chosen = P.chosen_algorithm(tc.method, lam, info, cfg.training.weighted)

@@ -43,8 +43,11 @@ _CHOSEN = {"mrmtl": ProxyChosenMRMTL, "ditto": ProxyChosenDitto}
 
 
 def grid_on_proxy(fed, model, method: str, lams: list[float], tcfg, metric: str,
-                  weighted: bool = True) -> list[dict]:
-    """Train `method` once per λ, non-privately, on the public proxy federation.
+                  weighted: bool = True, target=None, repeats: int = 2) -> list[dict]:
+    """Train `method` once per λ on the public proxy federation: non-privately, or with
+    the run's DP-SGD noise simulated (`target` given: the proxy's silos get the run's
+    (ε, δ), so λ is chosen for the noise the private run will see; the proxy is public,
+    so this noise protects nothing and nothing is charged to any silo of the run).
 
     Parameters
     ----------
@@ -61,18 +64,28 @@ def grid_on_proxy(fed, model, method: str, lams: list[float], tcfg, metric: str,
         The run's metric (`models.metrics.HIGHER_IS_BETTER`).
     weighted : bool
         Weighted server averaging, as in the run.
+    target : PrivacyTarget, optional
+        Simulate the run's noise at this (ε, δ) per proxy silo (seeded noise).
+    repeats : int
+        Simulated noise: seeds averaged per λ.
 
     Returns
     -------
     list of dict
-        One {"lam", "score"} per λ, the final pooled test metric on the proxy.
+        One {"lam", "score"} per λ, the final pooled test metric on the proxy (mean over
+        `repeats` seeds with simulated noise).
     """
-    cfg = dataclasses.replace(tcfg, private=False)
+    if target is None:
+        cfg, seeds = dataclasses.replace(tcfg, private=False), [tcfg.seed]
+    else:
+        cfg = dataclasses.replace(tcfg, private=True, noise="seeded")
+        fed, seeds = fed.with_targets(target), [tcfg.seed + i for i in range(int(repeats))]
     out = []
     for lam in lams:
-        res = simulate(fed, model, make_algorithm(method, lam=float(lam), weighted=weighted),
-                       cfg, metric=metric)
-        out.append({"lam": float(lam), "score": float(res.final_pooled)})
+        vals = [simulate(fed, model, make_algorithm(method, lam=float(lam), weighted=weighted),
+                         dataclasses.replace(cfg, seed=s), metric=metric).final_pooled
+                for s in seeds]
+        out.append({"lam": float(lam), "score": float(np.mean(vals))})
     return out
 
 
