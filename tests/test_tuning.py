@@ -268,7 +268,7 @@ def test_run_with_tuning_section(tmp_path):
 
 @pytest.mark.parametrize("tuning, msg", [
     ({"eta": -1.0}, "eta"), ({"gamma": 1.5, "mean_trials": None}, "gamma"),
-    ({"lam": []}, "lam is empty"),
+    ({"lam": [-1.0]}, "tuning.lam"),
     ({"distribution": "poisson", "mu": 0.0, "mean_trials": None}, "mu"),
     ({"pivot_lam": -0.1}, "pivot_lam"), ({"method": "fedavg"}, "tuning.method"),
     ({"select": "best"}, "tuning.select"), ({"mode": "grid"}, "tuning.mode"),

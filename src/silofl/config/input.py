@@ -27,7 +27,8 @@ from silofl.errors import ConfigError
 #: (section, key) of every config key that names a file the job reads or keeps. Not
 #: [output] dir: like --out it is where runs are written, relative to the working
 #: directory (a run folder's saved config.toml must not move it into the run folder).
-PATH_KEYS = (("data", "path"), ("data", "schema"), ("budget", "store"), ("sweep", "results"))
+PATH_KEYS = (("data", "path"), ("data", "schema"), ("budget", "store"), ("sweep", "results"),
+             ("tuning", "proxy_path"))
 
 
 def _resolve(root: Path, value: str) -> str:

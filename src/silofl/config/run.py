@@ -219,7 +219,7 @@ class TuningConfig(Section):
     """[tuning]: hyperparameter tuning under silo-specific DP (silofl.tuning; README
     "Private tuning"). `silofl run`: mode none | private; `silofl sweep` reads the mode
     from sweep.tuning and the other keys from here."""
-    mode: str = "none"             # none | private (random h, best-only release)
+    mode: str = "none"             # none | private (random h, best-only release) | proxy
     method: str = "mrmtl"          # mrmtl | ditto: the method whose λ is tuned
     lam: list = Field(default_factory=list)   # λ grid (sweep: default sweep.lam)
     lr: list = Field(default_factory=list)    # lr grid ([]: the run's lr, not tuned)
@@ -232,8 +232,13 @@ class TuningConfig(Section):
     score_ratio: float = 2.0       # score noise multiplier relative to a trial's (module doc)
     validation_fraction: float = 0.2  # run: share of each silo's training rows for scoring
     select: str = "random"         # random (h ~ distribution, RepeatAndSelect) | em (every
-                                   # grid setting once, exponential-mechanism choice)
+                                   # grid setting once, exponential-mechanism choice) |
+                                   # subsample (random h on a γ-subsample, then one full run)
     em_fraction: float = 0.05      # em: share of each silo's ε for the choice
+    subsample_fraction: float = 0.1  # subsample: γ, trials sample rows at rate γ·q
+    proxy_source: str = ""         # mode proxy: built-in source declared public ("table":
+    proxy_path: str = ""           # proxy_path, with [data]'s columns); never the silos' own
+    proxy_noise: str = "simulated"  # proxy: simulated (the run's ε on the proxy) | none
 
 
 class AuditSection(Section):

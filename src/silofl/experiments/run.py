@@ -214,6 +214,7 @@ def _prepare(cfg: Config, raw=None) -> _Prepared:
     tuning_counts = None
     if cfg.tuning.mode != "none":
         tuning_setup.validate(cfg.tuning)
+    if cfg.tuning.mode == "private":
         raw, tuning_counts = tuning_setup.carve_into_test(
             raw, cfg.tuning.validation_fraction, cfg.data.seed)
     tcfg = build.training_config(cfg)
@@ -225,6 +226,9 @@ def _prepare(cfg: Config, raw=None) -> _Prepared:
     algorithms = build.build_algorithms(cfg)
     if tuning_counts is not None:  # the tuned method replaces its untuned version
         algorithms = _tuned_algorithms(cfg, algorithms, raw, tuning_counts)
+    elif cfg.tuning.mode == "proxy":  # λ chosen on declared public data: free for the silos
+        from silofl.experiments.proxy_tuning import proxy_algorithms
+        algorithms = proxy_algorithms(cfg, algorithms, raw)
     for alg in algorithms:  # PrivateKT: the public set and the model, checked before planning
         bind_data(alg, raw, model)
     extra = {n: e for n, e in prep.events.items() if e is not None}
@@ -244,7 +248,8 @@ def _tuned_algorithms(cfg: Config, algorithms: list, raw, counts) -> list:
     # the raw validation rows, for the checks at planning (preprocessed ones replace them)
     raw_val = [(s.X_test[len(s.y_test) - m:], s.y_test[len(s.y_test) - m:])
                for s, m in zip(raw.silos, counts)]
-    tuned = tuning_setup.tuned_algorithm(tc, tc.lam, tc.lr, raw_val, cfg.training.weighted)
+    tuned = tuning_setup.tuned_algorithm(tc, tc.lam or list(tuning_setup.DEFAULT_LAMS), tc.lr,
+                                         raw_val, cfg.training.weighted)
     return [tuned if m == tc.method else a for m, a in zip(cfg.training.methods, algorithms)]
 
 

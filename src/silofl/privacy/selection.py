@@ -210,6 +210,68 @@ def naive_event(round_event: dpa.DpEvent, rounds: int, trials: int,
                                                         int(trials))])
 
 
+def subsample_event(round_event: dpa.DpEvent, fraction: float) -> dpa.DpEvent:
+    """A local pass at Poisson rate γ·q instead of q, same σ and steps (a subsample trial).
+
+    Parameters
+    ----------
+    round_event : dp_accounting.DpEvent
+        One example-level pass: `steps` × PoissonSampled(q, Gaussian(σ)).
+    fraction : float
+        γ in (0, 1], public.
+
+    Returns
+    -------
+    dp_accounting.DpEvent
+        `steps` × PoissonSampled(γ·q, Gaussian(σ)) (`events.dpsgd_event`).
+
+    Raises
+    ------
+    ConfigError
+        A node-level pass (its batches are exactly b persons; no Poisson rate to thin).
+    """
+    if _node(round_event):
+        raise ConfigError("tuning select = 'subsample' thins the Poisson sampling rate of "
+                          "example-level DP-SGD; node-level passes sample exactly b persons. "
+                          "Use select = 'random' at node level")
+    (base, steps), = events.flatten(round_event).items()
+    q, sigma = float(base.sampling_probability), float(base.event.noise_multiplier)
+    return events.dpsgd_event(float(fraction) * q, sigma, int(steps))
+
+
+def subsample_tuned_event(round_event: dpa.DpEvent, rounds: int, dist: TrialDistributionLike,
+                          score_sigma: float, fraction: float) -> dpa.DpEvent:
+    """Tuning on a subsample (Koskela & Kulkarni 2023), then one full run:
+
+        Compose(pivot at γ·q,  RepeatAndSelect(trial at γ·q + score),  final run at q)
+
+    Every part is a DP-SGD run of `rounds` passes with the same σ; the trials' and the
+    pivot's passes sample each row with probability γ·q per step (independently per step,
+    so the subsampled Gaussian's RDP at rate γ·q holds step by step).
+
+    Parameters
+    ----------
+    round_event : dp_accounting.DpEvent
+        One full-rate local pass (example level).
+    rounds : int
+        Passes of each phase.
+    dist : TrialDistributionLike
+        Distribution of the number of trials h.
+    score_sigma : float
+        Noise multiplier of each trial's validation score.
+    fraction : float
+        γ in (0, 1].
+
+    Returns
+    -------
+    dp_accounting.ComposedDpEvent
+    """
+    sub = subsample_event(round_event, fraction)
+    return dpa.ComposedDpEvent([dpa.SelfComposedDpEvent(sub, rounds),
+                                select_event(sub, rounds, dist, score_sigma),
+                                dpa.SelfComposedDpEvent(round_event, rounds)])
+
+
 # --- fast σ search (an aid: every σ is re-checked with dp_accounting before use) ----------
 
 def fast_rdp(event: dpa.DpEvent) -> np.ndarray | None:
@@ -331,5 +393,6 @@ def is_tuned(event: dpa.DpEvent) -> bool:
 
 __all__ = ["GaussianScoreEvent", "NodeRepeatAndSelectEvent", "TrialDistributionLike",
            "check_accountable", "epsilon_of", "fast_rdp", "is_node_event", "is_tuned",
-           "naive_event", "node_score_sigma", "noise_of", "select_event", "sigma_guess",
+           "naive_event", "node_score_sigma", "noise_of", "select_event", "sigma_guess", "subsample_event",
+           "subsample_tuned_event",
            "trial_event", "tuned_event"]

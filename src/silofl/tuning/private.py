@@ -247,6 +247,12 @@ class TunedPersonalization(Algorithm):
                 led.check(ev, round=round, label="tuning")
             for led, ev in zip(trainer.ledgers, evs):
                 led.charge(ev, round=round, label="tuning")
+        return self._draw(silos, trainer)
+
+    def _draw(self, silos, trainer) -> TunedSiloState:
+        """h_k and the h_k settings of every silo, from its own randomness (em: the whole
+        grid); nothing is read or charged here."""
+        K = silos.params.shape[0]
         G, L = len(self.lams), len(self.lrs or [trainer.lr])
         if self.select == "em":  # the whole grid, once, in every silo
             h = np.full(K, G * L)

@@ -17,9 +17,15 @@ from silofl.data.federation import split_silo
 from silofl.errors import ConfigError
 from silofl.tuning import distributions as D
 
-MODES = ("none", "private")
+MODES = ("none", "private", "proxy")
+SELECTS = ("random", "em", "subsample")
 TUNABLE = ("mrmtl", "ditto")
 DEFAULT_MEAN_TRIALS = 10.0
+#: the default λ grid (`tuning.lam = []`): 5 values a decade apart over MR-MTL's useful
+#: range (near-FedAvg 10 … near-local 0.001). Every extra value costs nothing under random
+#: h (E[h] fixes the cost) but dilutes each draw: with E[h] = 10 over 5 values each is
+#: tried about twice, over the thesis's 10-value grid about once
+DEFAULT_LAMS = (0.001, 0.01, 0.1, 1.0, 10.0)
 
 
 def distribution(tc) -> D.TrialDistribution:
@@ -60,9 +66,19 @@ def validate(tc, *, sweep: bool = False) -> None:
                           f"{tc.validation_fraction}")
     if not tc.score_ratio > 0:
         raise ConfigError(f"tuning.score_ratio must be positive, got {tc.score_ratio}")
-    if tc.select not in ("random", "em"):
-        raise ConfigError(f"tuning.select must be 'random' or 'em', got {tc.select!r}")
-    if tc.select == "random":
+    if tc.select not in SELECTS:
+        raise ConfigError(f"tuning.select must be one of {', '.join(SELECTS)}, got "
+                          f"{tc.select!r}")
+    if tc.select == "subsample":
+        if tc.method != "mrmtl":
+            raise ConfigError("tuning.select = 'subsample' trains the chosen setting once "
+                              "with MR-MTL; set tuning.method = 'mrmtl' (or select = "
+                              "'random' for ditto)")
+        f = tc.subsample_fraction
+        if isinstance(f, bool) or not isinstance(f, (int, float)) or not 0 < f <= 1:
+            raise ConfigError(f"tuning.subsample_fraction (γ: the trials sample each row "
+                              f"with probability γ·q per step) must be in (0, 1], got {f!r}")
+    if tc.select in ("random", "subsample"):
         from silofl.privacy.selection import check_accountable
         check_accountable(distribution(tc))
 
@@ -71,7 +87,13 @@ def tuned_algorithm(tc, lams, lrs, validation, weighted: bool = True):
     from silofl.tuning.private import TunedPersonalization
     if not lams:
         raise ConfigError("tuning.lam is empty; list the λ values to try, e.g. "
-                          "lam = [0.001, 0.01, 0.1, 1, 10]")
+                          f"lam = {list(DEFAULT_LAMS)}")
+    if tc.select == "subsample":
+        from silofl.tuning.subsample import SubsampleTuned
+        return SubsampleTuned(list(lams), distribution(tc), validation,
+                              lrs=list(lrs) or None, pivot=tc.method,
+                              pivot_lam=tc.pivot_lam, score_ratio=tc.score_ratio,
+                              weighted=weighted, fraction=tc.subsample_fraction)
     return TunedPersonalization(list(lams), distribution(tc), validation,
                                 lrs=list(lrs) or None, pivot=tc.method,
                                 pivot_lam=tc.pivot_lam, score_ratio=tc.score_ratio,

@@ -1,0 +1,119 @@
+"""`[tuning] mode = "proxy"` in `silofl run`: load the declared public proxy, evaluate the
+λ grid on it (non-private, `tuning.proxy`), and put the chosen method in the job — all
+before the silos' budget is reserved or their rows are read (the proxy is not theirs).
+
+    [tuning]
+    mode = "proxy"
+    proxy_source = "table"          # or a built-in source that is not [data] source
+    proxy_path = "public_proxy.csv" # a table with [data]'s label and feature columns
+    lam = [0.001, 0.01, 0.1, 1, 10]
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from silofl.config import Config
+from silofl.data.preprocess import apply_preprocessing
+from silofl.errors import ConfigError
+from silofl.experiments import build
+from silofl.models.metrics import default_metric
+from silofl.privacy.randomness import Randomness
+from silofl.privacy.targets import PrivacyTarget
+from silofl.tuning import proxy as P
+from silofl.tuning import setup as tuning_setup
+
+
+def proxy_data_config(cfg: Config):
+    """[data] with the proxy's source and path; refuses the silos' own data.
+
+    Parameters
+    ----------
+    cfg : Config
+
+    Returns
+    -------
+    DataConfig
+        The proxy's data section (every other key as the run's [data]).
+
+    Raises
+    ------
+    ConfigError
+        No proxy declared, lr grid given, or the proxy is the silos' own source or table.
+    """
+    tc, dc = cfg.tuning, cfg.data
+    if not tc.proxy_source:
+        raise ConfigError("tuning.mode = 'proxy' needs tuning.proxy_source: a built-in source "
+                          "or 'table' (with tuning.proxy_path) that you declare public")
+    if tc.lr:
+        raise ConfigError("tuning.mode = 'proxy' tunes λ only (the run's lr is shared by "
+                          "every method); leave tuning.lr empty")
+    if tc.proxy_noise not in ("simulated", "none"):
+        raise ConfigError(f"tuning.proxy_noise must be 'simulated' (the grid is trained on "
+                          f"the proxy with the run's DP noise) or 'none', got "
+                          f"{tc.proxy_noise!r}")
+    if tc.proxy_source == "table" and not tc.proxy_path:
+        raise ConfigError("tuning.proxy_source = 'table' needs tuning.proxy_path (the public "
+                          "table's file)")
+    same_path = _resolved(tc.proxy_path) == _resolved(dc.path)
+    if tc.proxy_source == dc.source and (same_path or dc.source not in ("table", "school")):
+        raise ConfigError(f"tuning proxy (source {tc.proxy_source!r}"
+                          f"{', path ' + repr(tc.proxy_path) if tc.proxy_path else ''}) is the "
+                          "silos' own data ([data] source/path): a proxy must be public data "
+                          "the silos do not hold, or tuning on it is not free. Point "
+                          "tuning.proxy_path at a public table, or use tuning.mode = 'private'")
+    return dc.model_copy(update={"source": tc.proxy_source, "path": tc.proxy_path})
+
+
+def _resolved(path: str) -> str:
+    return str(Path(path).expanduser().resolve()) if path else ""
+
+
+def proxy_algorithms(cfg: Config, algorithms: list, raw) -> list:
+    """Replace tuning.method's algorithm by the one with λ chosen on the proxy.
+
+    Parameters
+    ----------
+    cfg : Config
+    algorithms : list of Algorithm
+        As built from training.methods.
+    raw : RawFederation
+        The silos' raw federation (only its public feature names are read).
+
+    Returns
+    -------
+    list of Algorithm
+    """
+    tc = cfg.tuning
+    if tc.method not in cfg.training.methods:
+        raise ConfigError(f"[tuning] tunes {tc.method!r}, which is not in training.methods "
+                          f"{cfg.training.methods}; add it or set tuning.method")
+    pdc = proxy_data_config(cfg)
+    praw = build.load_raw(pdc)
+    if list(praw.feature_names) != list(raw.feature_names) or praw.task != raw.task:
+        raise ConfigError(f"tuning proxy {tc.proxy_source!r} has features "
+                          f"{list(praw.feature_names)[:6]}… (task {praw.task}), the silos "
+                          f"{list(raw.feature_names)[:6]}… (task {raw.task}): the proxy needs "
+                          "the silos' label and feature columns")
+    prep = build.plan_data(pdc, praw, None)
+    if prep.private:
+        raise ConfigError("the proxy is public: set data.standardize/impute to 'auto' or "
+                          "'declared' (private preprocessing would spend budget on it)")
+    fed = apply_preprocessing(praw, prep, Randomness.for_mode("seeded", [cfg.data.seed, 0x7C0]))
+    model = build.build_model(cfg, fed)
+    metric = cfg.model.metric or default_metric(fed.task)
+    lams = list(tc.lam or tuning_setup.DEFAULT_LAMS)
+    target = None
+    if tc.proxy_noise == "simulated" and cfg.privacy.enabled:
+        target = PrivacyTarget(cfg.privacy.epsilon, cfg.privacy.delta)
+    scores = P.grid_on_proxy(fed, model, tc.method, lams, build.training_config(cfg), metric,
+                             cfg.training.weighted, target=target)
+    lam = P.best_lam(scores, metric)
+    info = {"mode": "proxy", "proxy_source": tc.proxy_source, "proxy_path": tc.proxy_path,
+            "declared_public": True, "silo_epsilon_spent_on_tuning": 0.0,
+            "metric": metric, "grid": scores, "chosen_lam": lam,
+            "proxy_noise": "simulated at the run's ε (seeded)" if target else "none",
+            "note": "λ chosen non-privately on data declared public; the silos' rows were "
+                    "not read for the choice, so it cost them nothing"}
+    chosen = P.chosen_algorithm(tc.method, lam, info, cfg.training.weighted)
+    return [chosen if m == tc.method else a for m, a in zip(cfg.training.methods, algorithms)]
