@@ -4,8 +4,8 @@ import difflib
 from collections.abc import Callable
 from typing import Any
 
-from silofl.algorithms.base import Algorithm, check_fraction, check_nonnegative
 from silofl.algorithms.auto_lambda import check_lam
+from silofl.algorithms.base import Algorithm, check_fraction, check_nonnegative
 from silofl.algorithms.ditto import Ditto, ditto
 from silofl.algorithms.fedavg import FedAvg
 from silofl.algorithms.finetune import Finetune

@@ -73,7 +73,7 @@ SOURCE = "auto: from released updates (post-processing), ε cost 0"
 #: lr·λ at or above this is run as FedAvg (λ = ∞): an explicit pull that strong is unstable
 MAX_STEP_PULL = 0.5
 #: weight of past rounds in the running statistics (per round)
-MEMORY = 0.9
+MEMORY = 1.0
 #: how λ_k follows from the estimates: "sgd" (the DP-SGD error model, step 5b) or "d30"
 RULE = "sgd"
 #: columns of a silo's header: DP noise variance per coordinate per step, lr, steps, q
@@ -202,13 +202,21 @@ class Estimate:
     sxg: np.ndarray
     sgg: np.ndarray
     n2: np.ndarray
+    dgg: np.ndarray
+    dsg: np.ndarray
+    dss: np.ndarray
+    dn: np.ndarray
+    last_s: np.ndarray
+    last_g: np.ndarray
+    seen: np.ndarray
     spread: np.ndarray = field(default_factory=lambda: np.zeros(4))  # A, B, C, Σv/m
     spread_w: float = 0.0
     rounds: int = 0
 
     @classmethod
     def empty(cls, K: int, P: int) -> Estimate:
-        return cls(np.zeros((K, P)), np.zeros((K, P)), *(np.zeros(K) for _ in range(5)))
+        return cls(np.zeros((K, P)), np.zeros((K, P)), *(np.zeros(K) for _ in range(9)),
+                   np.zeros((K, P)), np.zeros((K, P)), np.zeros(K, bool))
 
     def slope(self) -> float | None:
         """h_e: pooled least-squares slope of ĝ on S with a per-silo intercept (None: not
@@ -225,17 +233,13 @@ class Estimate:
         return b if b > 0 and math.isfinite(b) else None
 
     def residual_var(self, h_e: float) -> np.ndarray:
-        """(K,) per coordinate, the variance of ĝ_k(t) around its fit h_e·S_k(t) + c_k over
-        rounds (0 where fewer than three rounds are in)."""
-        n = np.maximum(self.n, 1e-300)
-        sxx = self.sxx - np.einsum("kp,kp->k", self.sum_s, self.sum_s) / n
-        sxg = self.sxg - np.einsum("kp,kp->k", self.sum_s, self.sum_g) / n
-        sgg = self.sgg - np.einsum("kp,kp->k", self.sum_g, self.sum_g) / n
-        dof = self.n - self.n2 / n  # weighted rounds less one (for the intercept)
+        """(K,) per coordinate, the variance of ĝ_k(t) around the fit h_e·S_k(t) + c_k, from
+        successive rounds (robust to a slow drift of the fit): E‖(ĝ_t − ĝ_{t−1}) −
+        h_e(S_t − S_{t−1})‖² = 2P·var; 0 before two differences are in."""
         P = self.sum_s.shape[1]
-        ok = dof > 1.0
-        rss = np.maximum(sgg - 2 * h_e * sxg + h_e ** 2 * sxx, 0.0)
-        return np.where(ok, rss / (P * np.maximum(dof - 1.0, 1e-300)), 0.0)
+        d = self.dn > 0
+        ss = self.dgg - 2 * h_e * self.dsg + h_e ** 2 * self.dss
+        return np.where(d, np.maximum(ss, 0.0) / (2 * P * np.maximum(self.dn, 1e-300)), 0.0)
 
     def tau2(self, h_e: float, shrink: float = 1.0) -> float:
         """τ̂² ≥ 0 at slope h_e (step 3 of the module docstring); `shrink` = Σρ^{2i}/T,
@@ -305,7 +309,8 @@ class LambdaEstimator:
         est = copy.deepcopy(est)  # states are values: the previous round's stays as it was
         g = implied_gradients(starts, deltas, pull, anchor, header)
         m = self.memory
-        for arr in (est.sum_s, est.sum_g, est.n, est.sxx, est.sxg, est.sgg):
+        for arr in (est.sum_s, est.sum_g, est.n, est.sxx, est.sxg, est.sgg, est.dgg,
+                    est.dsg, est.dss, est.dn):
             arr *= m
         est.n2 *= m * m
         est.spread *= m
@@ -318,6 +323,13 @@ class LambdaEstimator:
         est.n[k] += 1
         est.n2[k] += 1
         est.sgg[k] += np.einsum("kp,kp->k", G, G)
+        j = k[est.seen[k]]  # silos with a previous round: successive differences
+        dS, dG = starts[j] - est.last_s[j], g[j] - est.last_g[j]
+        est.dss[j] += np.einsum("kp,kp->k", dS, dS)
+        est.dsg[j] += np.einsum("kp,kp->k", dS, dG)
+        est.dgg[j] += np.einsum("kp,kp->k", dG, dG)
+        est.dn[j] += 1
+        est.last_s[k], est.last_g[k], est.seen[k] = S, G, True
         est.sxx[k] += np.einsum("kp,kp->k", S, S)
         est.sxg[k] += np.einsum("kp,kp->k", S, G)
         if k.size >= 2:
