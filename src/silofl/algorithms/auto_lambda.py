@@ -530,7 +530,7 @@ class AutoLambda:
         # mirrored on the algorithm for describe(); the server state keeps its own copy
         self.path = [*server.path, json_lam(server.lam)]
         self.estimates = {"h": info["h"], "tau2": info["tau2"], "s": info["s"],
-                          "next_lam": json_lam(lam)}
+                          "s_stat": info["s_stat"], "next_lam": json_lam(lam)}
         return AutoServer(shared, lam=lam, used=server.lam, W=W, est=est, header=header,
                           path=self.path, estimates=self.estimates,
                           total_rounds=server.total_rounds)
