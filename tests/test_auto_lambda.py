@@ -161,7 +161,7 @@ def test_the_wire_carries_lambda_and_the_update_unchanged():
     upd = AutoUpdate(rng.normal(size=(3, 2)), np.tile([0.1, 0.1, 5.0, 0.2], (3, 1)))
     rows = {k: hosting.encode_update(alg, AutoUpdate(upd.delta[k:k + 1], upd.header[k:k + 1]))
             for k in (0, 2)}
-    for k, row in rows.items():
+    for row in rows.values():
         assert row.shape == (1, hosting.update_width(alg, 2))
         assert hosting.check_row(alg, row, lr=0.1, batch=8, n=40, round=1) is None
     bad = rows[0].copy()
