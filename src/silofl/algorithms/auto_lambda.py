@@ -149,8 +149,9 @@ def optimal_lambdas(s: np.ndarray, tau2: float) -> np.ndarray:
     return np.where(s == 0, 0.0, lam)
 
 
-def sgd_error(lam: np.ndarray, h: float, lr: float, var: float, steps: float,
-              tau2: float, stat: float = 0.0) -> np.ndarray:
+def sgd_error(lam: np.ndarray, h: float, lr: float, var: float | np.ndarray,
+              steps: float | np.ndarray, tau2: float,
+              stat: float | np.ndarray = 0.0) -> np.ndarray:
     """A silo's error in the deviation from the silos' mean after `steps` DP-SGD steps with
     pull λ (any shape; ∞: FedAvg), per coordinate, up to the factor (1 − 1/K) and the
     mean's error, which λ does not change (step 5b of the module docstring)."""
@@ -215,8 +216,10 @@ class Estimate:
 
     @classmethod
     def empty(cls, K: int, P: int) -> Estimate:
-        return cls(np.zeros((K, P)), np.zeros((K, P)), *(np.zeros(K) for _ in range(9)),
-                   np.zeros((K, P)), np.zeros((K, P)), np.zeros(K, bool))
+        z, zp = (lambda: np.zeros(K)), (lambda: np.zeros((K, P)))  # noqa: E731
+        return cls(sum_s=zp(), sum_g=zp(), n=z(), sxx=z(), sxg=z(), sgg=z(), n2=z(), dgg=z(),
+                   dsg=z(), dss=z(), dn=z(), last_s=zp(), last_g=zp(),
+                   seen=np.zeros(K, bool))
 
     def slope(self) -> float | None:
         """h_e: pooled least-squares slope of ĝ on S with a per-silo intercept (None: not
@@ -493,7 +496,8 @@ class AutoLambda:
                           est=Estimate.empty(K, P), header=np.zeros((K, HEADER)),
                           total_rounds=int(rounds))
 
-    def broadcast(self, server: AutoServer) -> AutoMessage:
+    def broadcast(self, server: Any) -> Any:
+        """The shared model and every silo's λ_k (`AutoMessage`)."""
         return AutoMessage(server.params, server.lam)
 
     def pass_starts(self, server: AutoServer) -> np.ndarray:
@@ -505,8 +509,9 @@ class AutoLambda:
         """(K,) the pull the released passes used."""
         return finite_pull(server.lam)
 
-    def server_step(self, server: AutoServer, update: AutoUpdate | None,
-                    weights: np.ndarray) -> AutoServer:
+    def server_step(self, server: Any, update: Any, weights: np.ndarray) -> Any:
+        """Fold the round's released updates (`AutoUpdate`) into the estimate, move the
+        shared model by their weighted mean and set the next round's λ_k (`AutoServer`)."""
         if update is None:
             return server
         assert server.est is not None and server.header is not None
