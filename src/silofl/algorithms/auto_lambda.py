@@ -74,12 +74,12 @@ SOURCE = "auto: from released updates (post-processing), ε cost 0"
 MAX_STEP_PULL = 0.5
 #: weight of past rounds in the running statistics (per round)
 MEMORY = 1.0
+#: weight of past rounds in the successive differences that measure sampling noise
+DIFF_MEMORY = 0.8
 #: how λ_k follows from the estimates: "sgd" (the DP-SGD error model, step 5b) or "d30"
 RULE = "sgd"
 #: columns of a silo's header: DP noise variance per coordinate per step, lr, steps, q
 HEADER = 4
-#: the largest 1/(1 − q) the sampling-noise → statistical-variance conversion may use
-MAX_FPC = 10.0
 
 
 def check_lam(value: Any, name: str = "lambda (lam)") -> float | str:
@@ -237,8 +237,9 @@ class Estimate:
 
     def residual_var(self, h_e: float) -> np.ndarray:
         """(K,) per coordinate, the variance of ĝ_k(t) around the fit h_e·S_k(t) + c_k, from
-        successive rounds (robust to a slow drift of the fit): E‖(ĝ_t − ĝ_{t−1}) −
-        h_e(S_t − S_{t−1})‖² = 2P·var; 0 before two differences are in."""
+        successive rounds of the deviations from each round's silo mean (a drift common to
+        all silos cancels): E‖(ĝ_t − ĝ_{t−1}) − h_e(S_t − S_{t−1})‖² = 2P·var; 0 before
+        two differences are in."""
         P = self.sum_s.shape[1]
         d = self.dn > 0
         ss = self.dgg - 2 * h_e * self.dsg + h_e ** 2 * self.dss
@@ -312,9 +313,10 @@ class LambdaEstimator:
         est = copy.deepcopy(est)  # states are values: the previous round's stays as it was
         g = implied_gradients(starts, deltas, pull, anchor, header)
         m = self.memory
-        for arr in (est.sum_s, est.sum_g, est.n, est.sxx, est.sxg, est.sgg, est.dgg,
-                    est.dsg, est.dss, est.dn):
+        for arr in (est.sum_s, est.sum_g, est.n, est.sxx, est.sxg, est.sgg):
             arr *= m
+        for arr in (est.dgg, est.dsg, est.dss, est.dn):  # recent rounds: past the transient
+            arr *= DIFF_MEMORY
         est.n2 *= m * m
         est.spread *= m
         est.spread_w *= m
@@ -326,13 +328,17 @@ class LambdaEstimator:
         est.n[k] += 1
         est.n2[k] += 1
         est.sgg[k] += np.einsum("kp,kp->k", G, G)
-        j = k[est.seen[k]]  # silos with a previous round: successive differences
-        dS, dG = starts[j] - est.last_s[j], g[j] - est.last_g[j]
-        est.dss[j] += np.einsum("kp,kp->k", dS, dS)
-        est.dsg[j] += np.einsum("kp,kp->k", dS, dG)
-        est.dgg[j] += np.einsum("kp,kp->k", dG, dG)
-        est.dn[j] += 1
-        est.last_s[k], est.last_g[k], est.seen[k] = S, G, True
+        if k.size >= 2:  # successive differences of the deviations from the round's mean
+            Sc, Gc = S - S.mean(0), G - G.mean(0)  # (a common drift cancels)
+            up = 1.0 / (1.0 - 1.0 / k.size)  # a deviation's noise is (1 − 1/m) of a silo's
+            seen = est.seen[k]
+            j = k[seen]
+            dS, dG = Sc[seen] - est.last_s[j], Gc[seen] - est.last_g[j]
+            est.dss[j] += up * np.einsum("kp,kp->k", dS, dS)
+            est.dsg[j] += up * np.einsum("kp,kp->k", dS, dG)
+            est.dgg[j] += up * np.einsum("kp,kp->k", dG, dG)
+            est.dn[j] += 1
+            est.last_s[k], est.last_g[k], est.seen[k] = Sc, Gc, True
         est.sxx[k] += np.einsum("kp,kp->k", S, S)
         est.sxg[k] += np.einsum("kp,kp->k", S, G)
         if k.size >= 2:
@@ -383,10 +389,15 @@ class LambdaEstimator:
         shrink = float(np.mean(_sum_rho(rho, steps) / steps))
         # 3b. sampling noise: what ĝ_k varies by beyond its DP noise; an epoch of Poisson
         # batches varies like the silo's mean gradient over its n_k examples, times (1 − q)
+        # ψ = Σ²/B (per-example gradient variance over the batch), pooled over silos with
+        # weight (1 − q_k)²: a full-batch silo (q = 1) has no sampling noise to measure
         dp_g = shrink * var / steps  # DP noise variance of ĝ_k
-        samp = np.maximum(est.residual_var(h_e) - dp_g, 0.0)
-        fpc = np.minimum(1.0 / np.maximum(1.0 - q, 1e-12), MAX_FPC)
-        stat = samp * fpc * q * steps / h ** 2  # of the empirical optimum, parameter units
+        excess = est.residual_var(h_e) - dp_g  # unclipped: the pooled mean stays unbiased
+        w = (1.0 - q) ** 2
+        psi = max(0.0, float(np.sum(w * excess * steps / np.maximum(1.0 - q, 1e-12))
+                             / max(float(np.sum(w)), 1e-300)))
+        samp = psi * (1.0 - q) / steps  # sampling noise variance of ĝ_k
+        stat = psi * q / h ** 2  # Σ²/n_k: the empirical optimum's, parameter units
         tau2 = max(0.0, est.tau2(h_e, shrink) - float(np.mean(samp)) / h_e ** 2
                    - float(np.mean(stat)))
         s_dp = lr * lr * var * _sum_rho(rho, self.rounds * steps)
