@@ -17,38 +17,58 @@ objective (loss + l2) is h/2‖w − w_k*‖²; the w_k* spread around their mea
 V_k = (σ_k·C / B_k)², B_k = q_k·n_k the expected batch.
 
 Public inputs. σ_k is calibrated from silo k's declared target (ε_k, δ_k) and its steps;
-C, lr, l2, the batch size and the rounds R are job settings; B_k and the steps per pass
-T_k follow from the silo's size n_k, public under the library's stated assumption that
-silo sizes are public (the same assumption that lets weighted averaging and q_k = b/n_k be
-declared). Each silo sends [V_k, lr, T_k] with its update (`noise_header`).
+C, lr, l2, the batch size b and the rounds R are job settings; q_k = b/n_k, B_k = q_k·n_k
+and the steps per pass T_k follow from the silo's size n_k, public under the library's
+stated assumption that silo sizes are public (the assumption that already lets weighted
+averaging and the sampling rate be declared). Each silo sends [V_k, lr, T_k, q_k] with its
+update (`noise_header`); the server checks lr against the job's.
 
 Per round t, from the pass of silo k that started at S_k with pull λ'_k towards the
 anchor w̄ and released Δ_k (T_k steps):
 
-1. Implied gradient:  ĝ_k = −Δ_k/(lr·T_k) − λ'_k (S_k + Δ_k/2 − w̄), noise variance
-   v_k = V_k·Σ_{i<T_k} ρ^{2i}/T_k² per coordinate (ρ = 1 − lr·h; the known DP noise).
+1. Implied gradient:  ĝ_k = −Δ_k/(lr·T_k) − λ'_k (S_k + Δ_k/2 − w̄); its DP noise has
+   variance v_k = V_k·Σ_{i<T_k} ρ^{2i}/T_k² per coordinate (ρ = 1 − lr·h).
 2. Curvature (secant over rounds): under the model a pass without pull gives
    ĝ_k = h_e (S_k − w_k*) + noise, h_e = (1 − ρ^T)/(lr·T), and the noise of round t is
    independent of S_k(t). So h_e is the slope of ĝ_k(t) on S_k(t) pooled over silos with a
    per-silo intercept (least squares over rounds), and h = (1 − (1 − lr·T·h_e)^{1/T})/lr.
-3. Heterogeneity: the implied optima u_k = S_k − ĝ_k/h_e have mean w_k* and noise
-   variance v_k/h_e², so per round, over the m silos that answered,
-       τ̂²_t = Σ_k‖u_k − ū‖² / ((m − 1)·P) − Σ_k v_k / (m·h_e²)
-   is unbiased for τ²; the estimate averages the rounds (forgetting factor `MEMORY`) and
-   is clipped at 0. Finite-sample differences between the silos' empirical optima and
-   their gradients' sampling noise are not separable from τ² without reading data; they
-   are counted in τ̂² (which makes λ smaller, towards Local).
-4. Local variance: the DP noise a silo's Local model carries after its R·T_k steps,
-   s_k = lr²·V_k·(1 − ρ^{2RT_k})/(1 − ρ²) per coordinate (ρ = 1 − lr·h).
-5. λ_k = h · λ_k*(s, τ̂²) by D.30 (the theory's λ is for curvature 1: the stationary
-   point of h/2‖w − u‖² + λ/2‖w − w̄‖² is that of 1/2‖w − u‖² + (λ/h)/2‖w − w̄‖²).
-   λ_k = ∞ where D.30's bracket is ≤ 0 or lr·λ_k ≥ `MAX_STEP_PULL` (an explicit pull that
-   strong is unstable): that silo runs as FedAvg (starts from the broadcast model, no pull,
-   its personal model is the shared one). λ_k = 0 is Local.
+3. Spread of the implied optima u_k = S_k − ĝ_k/h_e, per round over the m silos that
+   answered: U_t = Σ_k‖u_k − ū‖²/((m − 1)·P), averaged over rounds. Its expectation is
+   τ² + mean_k(stat_k) + mean_k(v_k + samp_k)/h_e²: the heterogeneity, the silos'
+   empirical optima's own sampling error, and this round's noise.
+3b. Sampling noise, from successive rounds: the deviation of ĝ_k from the round's silo
+   mean, less h_e times that of S_k, varies between rounds by 2(v_k + samp_k) (a drift
+   common to all silos cancels). An epoch of Poisson batches (T_k·q_k = local_epochs)
+   gives samp_k = (1 − q_k)·ψ/T_k with ψ = Σ²/b (Σ² the per-example gradient variance);
+   ψ is pooled over silos with weight (1 − q_k)² (a full-batch silo measures none). The
+   empirical optimum of n_k examples then varies by stat_k = Σ²/(n_k h²) = ψ·q_k/h².
+       τ̂² = max(0, U − (1 + κ)·mean_k(v_k + samp_k)/h_e² − mean_k(stat_k)),
+   κ = `NOISE_MARGIN` = 5%: the noise variance is trusted to 5% (a real loss contracts the
+   noise along a pass in directions of every curvature, not the model's one h), so under
+   high noise a spread within 5% of the noise is read as none (λ → FedAvg).
+4. Local variance: the DP noise a silo's Local model carries after its R·T_k steps plus
+   its sampling error, s_k = lr²·V_k·(1 − ρ^{2RT_k})/(1 − ρ²) + stat_k per coordinate.
+5. λ_k. The thesis's closed form (`RULE = "d30"`): λ_k = h·λ_k*(s, τ̂²) by D.30 (its λ is
+   for curvature 1: the stationary point of h/2‖w − u‖² + λ/2‖w − w̄‖² is that of
+   1/2‖w − u‖² + (λ/h)/2‖w − w̄‖²).
+5b. The default (`RULE = "sgd"`) keeps the model and the estimates but not the estimator's
+   error formula: under DP-SGD the pull shrinks a personal model's noise as 1/(1 + λ/h)
+   (a stationary fluctuation), not as the released mean's 1/(1 + λ/h)² (D.21), so D.30
+   overshoots. It takes the λ_k minimizing the deviation error after N = R·T_k steps,
+       (1 − r)²·τ̂² + r²·stat_k + lr²·V_k·(1 − ρ_λ^{2N})/(1 − ρ_λ²),
+   r = (1 − ρ_λ^N)·h/(h + λ) the share of the way to the personal optimum, ρ_λ =
+   1 − lr(h + λ), over 0, a log grid h·10^[−3, 3] and ∞ (error τ̂²). Large N, small lr:
+   λ/h = s'/(2τ² − s') (s' the Local noise), ∞ for s' ≥ 2τ² — D.30's s/τ² halved.
+   Either rule: λ_k = ∞ where D.30's bracket is ≤ 0 or lr·λ_k ≥ `MAX_STEP_PULL` (an
+   explicit pull that strong is unstable): that silo runs as FedAvg (starts from the
+   broadcast model, no pull, its personal model is the shared one). λ_k = 0 is Local.
 
 Until the slope is measurable (rounds 1–2: one point per silo) λ_k = 0; in round 1 every
-personal model equals the shared one, so the pull does nothing anyway. In the non-private
-mode V_k = 0, s_k = 0 and λ_k = 0 (Local): only the DP noise is counted as local variance.
+personal model equals the shared one, so the pull does nothing anyway. Checked against
+the mean-estimation truth in tests/test_auto_lambda.py and benchmarks/bench_auto_lambda.py.
+Known limits: one curvature for every direction (an anisotropic loss is summarized by the
+slope the rounds' movements see); with few silos (heart: K = 4) τ̂² has few degrees of
+freedom and λ_k can swing between rounds.
 """
 
 from __future__ import annotations
@@ -74,6 +94,9 @@ SOURCE = "auto: from released updates (post-processing), ε cost 0"
 MAX_STEP_PULL = 0.5
 #: weight of past rounds in the running statistics (per round)
 MEMORY = 1.0
+#: relative error allowed for the noise variance of ĝ before a spread counts as τ² (the
+#: contraction along a pass and the curvature of a real loss are not the model's)
+NOISE_MARGIN = 0.05
 #: weight of past rounds in the successive differences that measure sampling noise
 DIFF_MEMORY = 0.8
 #: how λ_k follows from the estimates: "sgd" (the DP-SGD error model, step 5b) or "d30"
@@ -245,13 +268,13 @@ class Estimate:
         ss = self.dgg - 2 * h_e * self.dsg + h_e ** 2 * self.dss
         return np.where(d, np.maximum(ss, 0.0) / (2 * P * np.maximum(self.dn, 1e-300)), 0.0)
 
-    def tau2(self, h_e: float, shrink: float = 1.0) -> float:
-        """τ̂² ≥ 0 at slope h_e (step 3 of the module docstring); `shrink` = Σρ^{2i}/T,
-        the contraction of the DP noise along a pass."""
+    def tau2(self, h_e: float, noise: float) -> float:
+        """τ̂² ≥ 0 at slope h_e (step 3 of the module docstring), `noise` the variance of ĝ
+        per coordinate that is not heterogeneity, averaged over silos."""
         if self.spread_w <= 0:
             return 0.0
-        A, B, C, V = self.spread / self.spread_w
-        return max(0.0, A - 2 * B / h_e + (C - shrink * V) / h_e ** 2)
+        A, B, C, _ = self.spread / self.spread_w
+        return max(0.0, A - 2 * B / h_e + (C - (1 + NOISE_MARGIN) * noise) / h_e ** 2)
 
 
 def implied_gradients(starts: np.ndarray, deltas: np.ndarray, pull: np.ndarray,
@@ -398,7 +421,8 @@ class LambdaEstimator:
                              / max(float(np.sum(w)), 1e-300)))
         samp = psi * (1.0 - q) / steps  # sampling noise variance of ĝ_k
         stat = psi * q / h ** 2  # Σ²/n_k: the empirical optimum's, parameter units
-        tau2 = max(0.0, est.tau2(h_e, shrink) - float(np.mean(samp)) / h_e ** 2
+        V_round = est.spread[3] / est.spread_w if est.spread_w > 0 else 0.0
+        tau2 = max(0.0, est.tau2(h_e, shrink * V_round + float(np.mean(samp)))
                    - float(np.mean(stat)))
         s_dp = lr * lr * var * _sum_rho(rho, self.rounds * steps)
         s = s_dp + stat
