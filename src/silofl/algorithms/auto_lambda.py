@@ -63,8 +63,11 @@ anchor w̄ and released Δ_k (T_k steps):
    explicit pull that strong is unstable): that silo runs as FedAvg (starts from the
    broadcast model, no pull, its personal model is the shared one). λ_k = 0 is Local.
 
-Until the slope is measurable (rounds 1–2: one point per silo) λ_k = 0; in round 1 every
-personal model equals the shared one, so the pull does nothing anyway. Checked against
+Burn-in: the first ⌈R/10⌉ rounds (at least 2) run as FedAvg (λ = ∞; round 1 at λ = 0,
+where every model is the shared one anyway) and are not observed: early on every silo moves
+along the same steep directions, which the one-curvature model reads as a large h; FedAvg
+is also what the estimator falls back to until the slope is measurable (two observed
+rounds). Checked against
 the mean-estimation truth in tests/test_auto_lambda.py and benchmarks/bench_auto_lambda.py.
 Known limits: one curvature for every direction (an anisotropic loss is summarized by the
 slope the rounds' movements see); with few silos (heart: K = 4) τ̂² has few degrees of
