@@ -229,17 +229,15 @@ class Estimate:
     """The estimator's running statistics (post-processing of released updates only).
 
     Per silo (K, P): sum_s, sum_g — weighted sums over rounds of the pass starts S_k and
-    implied gradients ĝ_k; (K,): n (weights), sxx = Σ‖S_k‖², sxg = Σ⟨S_k, ĝ_k⟩. Scalars:
-    the weighted round sums of the spread terms A, B, C (`round_spread`) and of the noise
-    term, and their weight."""
+    implied gradients ĝ_k; (K,): n (weights), sxx = Σ‖S_k‖², sxg = Σ⟨S_k, ĝ_k⟩; the
+    successive-difference sums dgg, dsg, dss, dn and the last deviations (step 3b); (4, P):
+    the round sums of the spread terms A, B, C, V (`round_spread`) and their weight."""
 
     sum_s: np.ndarray
     sum_g: np.ndarray
     n: np.ndarray
     sxx: np.ndarray
     sxg: np.ndarray
-    sgg: np.ndarray
-    n2: np.ndarray
     dgg: np.ndarray
     dsg: np.ndarray
     dss: np.ndarray
@@ -254,7 +252,7 @@ class Estimate:
     @classmethod
     def empty(cls, K: int, P: int) -> Estimate:
         z, zp = (lambda: np.zeros(K)), (lambda: np.zeros((K, P)))  # noqa: E731
-        return cls(sum_s=zp(), sum_g=zp(), n=z(), sxx=z(), sxg=z(), sgg=z(), n2=z(), dgg=z(),
+        return cls(sum_s=zp(), sum_g=zp(), n=z(), sxx=z(), sxg=z(), dgg=z(),
                    dsg=z(), dss=z(), dn=z(), last_s=zp(), last_g=zp(),
                    seen=np.zeros(K, bool), spread=np.zeros((4, P)))
 
@@ -353,11 +351,10 @@ class LambdaEstimator:
         est = copy.deepcopy(est)  # states are values: the previous round's stays as it was
         g = implied_gradients(starts, deltas, pull, anchor, header)
         m = self.memory
-        for arr in (est.sum_s, est.sum_g, est.n, est.sxx, est.sxg, est.sgg):
+        for arr in (est.sum_s, est.sum_g, est.n, est.sxx, est.sxg):
             arr *= m
         for arr in (est.dgg, est.dsg, est.dss, est.dn):  # recent rounds: past the transient
             arr *= DIFF_MEMORY
-        est.n2 *= m * m
         est.spread *= m
         est.spread_w *= m
         est.rounds += 1
@@ -366,8 +363,6 @@ class LambdaEstimator:
         est.sum_s[k] += S
         est.sum_g[k] += G
         est.n[k] += 1
-        est.n2[k] += 1
-        est.sgg[k] += np.einsum("kp,kp->k", G, G)
         if k.size >= 2:  # successive differences of the deviations from the round's mean
             Sc, Gc = S - S.mean(0), G - G.mean(0)  # (a common drift cancels)
             up = 1.0 / (1.0 - 1.0 / k.size)  # a deviation's noise is (1 − 1/m) of a silo's
