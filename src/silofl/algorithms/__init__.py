@@ -5,8 +5,9 @@ from collections.abc import Callable
 from typing import Any
 
 from silofl.algorithms.apfl import APFL
+from silofl.algorithms.auto_lambda import check_lam
 from silofl.algorithms.base import Algorithm, check_fraction, check_nonnegative
-from silofl.algorithms.ditto import Ditto
+from silofl.algorithms.ditto import Ditto, ditto
 from silofl.algorithms.fedavg import FedAvg
 from silofl.algorithms.fedbn import FedBN
 from silofl.algorithms.fedper import FedPer
@@ -17,7 +18,7 @@ from silofl.algorithms.ifca import IFCA, IFCAFinetune, IFCALocal
 from silofl.algorithms.ifca_mrmtl import IFCAMRMTL
 from silofl.algorithms.local import Local
 from silofl.algorithms.mocha import Mocha
-from silofl.algorithms.mrmtl import MRMTL
+from silofl.algorithms.mrmtl import MRMTL, mrmtl
 from silofl.algorithms.privatekt import FedAvgLDP, PrivateKT
 from silofl.algorithms.robust import ROBUST_METHODS, RULES, Aggregator, Attack, Attacked
 from silofl.algorithms.scaffold import Scaffold
@@ -52,7 +53,7 @@ ALGORITHMS = {"local": Local, "fedavg": FedAvg, "mrmtl": MRMTL, "finetune": Fine
               "apfl": APFL, "fedper": FedPer, "fedrep": FedRep, "fedbn": FedBN}
 
 
-def make_algorithm(name: str, *, lam: float = 0.3, weighted: bool = True,
+def make_algorithm(name: str, *, lam: float | str = 0.3, weighted: bool = True,
                    finetune_fraction: float = 0.5, clusters: int = 2,
                    selection_fraction: float = 0.03,
                    selection_rounds: float = 0.1, we_user: int | str | None = None,
@@ -77,8 +78,10 @@ def make_algorithm(name: str, *, lam: float = 0.3, weighted: bool = True,
         "ifca", "ifca_local", "ifca_finetune", "ifca_mrmtl", "weight_erosion",
         "privatekt", "fedavg_ldp", "fedprox", "scaffold", "apfl", "fedper", "fedrep",
         "fedbn".
-    lam : float, default 0.3
-        Regularization strength λ ≥ 0 of mrmtl, ditto, mocha, ifca_mrmtl (λ = 0 is Local).
+    lam : float or "auto", default 0.3
+        Regularization strength λ ≥ 0 of mrmtl, ditto, mocha, ifca_mrmtl (λ = 0 is Local);
+        "auto" (mrmtl, ditto): each silo's λ_k from the released updates, no privacy cost
+        (``silofl.algorithms.auto_lambda``).
     weighted : bool, default True
         Averaging weights by training counts (False: uniform).
     finetune_fraction : float, default 0.5
@@ -136,7 +139,10 @@ def make_algorithm(name: str, *, lam: float = 0.3, weighted: bool = True,
     ConfigError
         An unknown name (with the nearest valid one) or an invalid setting.
     """
-    check_nonnegative("lambda (lam)", lam)
+    if check_lam(lam) == "auto" and name in LAMBDA_METHODS - {"mrmtl", "ditto"}:
+        raise ConfigError(f"lam = \"auto\" is for mrmtl and ditto; {name!r} needs a number "
+                          "λ ≥ 0 (or remove it from the methods)")
+    num_lam = 0.0 if lam == "auto" else float(lam)
     check_nonnegative("weight_erosion size penalty p_s (we_p_s)", we_p_s)
     check_nonnegative("weight_erosion distance penalty p_d (we_p_d)", we_p_d)
     check_fraction("finetune_fraction", finetune_fraction, low_open=False, high_open=False)
@@ -164,14 +170,14 @@ def make_algorithm(name: str, *, lam: float = 0.3, weighted: bool = True,
     build: dict[str, Callable[[], Algorithm[Any, Any]]] = {
         "local": lambda: Local(),
         "fedavg": lambda: FedAvg(weighted, agg),
-        "mrmtl": lambda: MRMTL(lam, weighted, agg),
+        "mrmtl": lambda: mrmtl(lam, weighted, agg),
         "finetune": lambda: Finetune(finetune_fraction, weighted),
-        "ditto": lambda: Ditto(lam, weighted),
-        "mocha": lambda: Mocha(lam),
+        "ditto": lambda: ditto(lam, weighted),
+        "mocha": lambda: Mocha(num_lam),
         "ifca": lambda: IFCA(**cluster),
         "ifca_local": lambda: IFCALocal(**cluster),
         "ifca_finetune": lambda: IFCAFinetune(finetune_fraction=finetune_fraction, **cluster),
-        "ifca_mrmtl": lambda: IFCAMRMTL(lam, **cluster),
+        "ifca_mrmtl": lambda: IFCAMRMTL(num_lam, **cluster),
         "weight_erosion": lambda: WeightErosion("" if we_user is None else we_user, we_p_s,
                                                 we_p_d, agg, **we_options),
         "privatekt": lambda: PrivateKT(**kt),

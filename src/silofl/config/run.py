@@ -112,7 +112,7 @@ class ModelConfig(Section):
 class TrainingSection(Section):
     section: ClassVar[str] = "training"
     methods: list = Field(default_factory=lambda: ["local", "fedavg", "mrmtl"])
-    lam: float = 0.3               # MR-MTL regularization strength λ
+    lam: float | str = 0.3         # MR-MTL / Ditto λ ≥ 0, or "auto" (from released updates)
     weighted: bool = True          # weight model updates by training counts
     rounds: int = 30
     local_epochs: float = 1.0
@@ -162,6 +162,25 @@ class TrainingSection(Section):
     prox_mu: float = 0.01            # fedprox: proximal strength μ ≥ 0 (0 = FedAvg)
     apfl_alpha: float = 0.5          # apfl: initial mixing weight α in [0, 1]
     apfl_alpha_lr: float = 0.0       # apfl: step size of α ≥ 0 (0 = training.lr)
+
+
+    @field_validator("lam", mode="before")
+    @classmethod
+    def _lam_or_auto(cls, value: Any) -> Any:
+        # the rule of silofl.algorithms.auto_lambda.check_lam (config sits below algorithms)
+        if value == "auto":
+            return value
+        if isinstance(value, str):
+            hint = ("write it exactly as \"auto\" (lower case, no spaces)"
+                    if value.strip().lower() == "auto" else "give a number ≥ 0 (0: Local; "
+                    "larger federates more) or \"auto\" (λ from the released updates, no "
+                    "privacy cost)")
+            raise ConfigError(f"'training.lam' must be a number ≥ 0 or \"auto\", got "
+                              f"{value!r}: {hint}")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) \
+                or not value >= 0 or value == float("inf"):
+            raise ConfigError(f"'training.lam' must be a number ≥ 0 or \"auto\", got {value!r}")
+        return float(value)
 
 
 class SiloPrivacy(Section):

@@ -117,12 +117,14 @@ class RunReport:
         """
         local = [r.method["name"] for r in self.results
                  if r.method["name"] in LOCAL_DP_METHODS]
+        auto = [f"{self.label(r)}: λ_k per silo and round, {r.method['lam_source']}"
+                for r in self.results if "lam_source" in r.method]  # λ from released updates
         return job_notes(private=self.config.privacy.enabled, noise=self.noise,
                          scratch=self.scratch, demo=self.demo, uncharged=self.uncharged,
                          extra=self.resumed + ([LOCAL_DP_NOTE.format(", ".join(local))]
                                                if local and self.config.privacy.enabled
                                                else []) + reset_notes(self.lifetime,
-                                                                      self.demo))
+                                                                      self.demo) + auto)
 
     def store_text(self) -> str | None:
         """The budget store as every output names it.
@@ -154,7 +156,9 @@ class RunReport:
         """
         m = r.method
         if m["name"] in LAMBDA_METHODS and "lam" in m:  # every λ method, not only MR-MTL
-            return f"{m['name']}(λ={m['lam']:g})"
+            lam = m["lam"]  # a number, or "auto" (λ_k from released updates)
+            return f"{m['name']}(λ={lam:g})" if isinstance(lam, (int, float)) else \
+                f"{m['name']}(λ={lam})"
         return m["name"]
 
     def summary(self) -> dict:

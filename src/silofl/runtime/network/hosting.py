@@ -42,13 +42,15 @@ def check_network_method(name: str) -> None:
 # server step. The wire carries one float64 vector per message (`messages.check_array`).
 
 def _family(algorithm) -> str:
+    from silofl.algorithms.auto_lambda import AutoLambda
     from silofl.algorithms.ifca import IFCA
     from silofl.algorithms.mocha import Mocha
     from silofl.algorithms.privatekt import FedAvgLDP, PrivateKT
     from silofl.algorithms.scaffold import Scaffold
     from silofl.algorithms.weight_erosion import WeightErosion
     for cls, fam in ((IFCA, "ifca"), (Mocha, "mocha"), (WeightErosion, "erosion"),
-                     (PrivateKT, "kt"), (FedAvgLDP, "ldp"), (Scaffold, "scaffold")):
+                     (PrivateKT, "kt"), (FedAvgLDP, "ldp"), (Scaffold, "scaffold"),
+                     (AutoLambda, "autolam")):
         if isinstance(algorithm, cls):
             return fam
     return "mean"
@@ -60,6 +62,8 @@ def silo_message(algorithm, message, k: int):
     if _family(algorithm) == "mocha":
         W, omega = message[:2]
         return W, omega, np.array([k])
+    if _family(algorithm) == "autolam":  # the model and silo k's own λ_k
+        return dataclasses.replace(message, lam=np.asarray(message.lam)[k:k + 1])
     return message
 
 
@@ -195,6 +199,9 @@ def encode_message(algorithm, message) -> np.ndarray:
         return np.concatenate([np.ravel(W), np.ravel(omega)]).astype(np.float64)
     if fam == "kt":
         return np.concatenate([message.params, message.kt]).astype(np.float64)
+    if fam == "autolam":  # [model, λ per silo] (∞ as −1: the wire is finite)
+        from silofl.algorithms.auto_lambda import wire_lam
+        return np.concatenate([message.params, wire_lam(message.lam)]).astype(np.float64)
     return np.ravel(np.asarray(message, dtype=np.float64))
 
 
@@ -213,6 +220,9 @@ def decode_message(algorithm, flat: np.ndarray, K: int, P: int):
         idx = flat[P:]
         kt = idx.astype(np.int64) if np.all(idx == np.floor(idx)) else np.full(len(idx), -1)
         return KTServer(flat[:P], kt, np.zeros(0, np.int64), np.zeros((0, C)))
+    if fam == "autolam":
+        from silofl.algorithms.auto_lambda import AutoMessage, unwire_lam
+        return AutoMessage(flat[:P], unwire_lam(flat[P:]))
     return flat
 
 
@@ -230,13 +240,17 @@ def server_view(algorithm, decoded):
     if fam == "scaffold":
         from silofl.algorithms.scaffold import ScaffoldServer
         return ScaffoldServer(*decoded)
+    if fam == "autolam":  # the λ decides whether a silo's model is the shared one
+        from silofl.algorithms.auto_lambda import AutoServer
+        return AutoServer(decoded.params, lam=decoded.lam, used=decoded.lam)
     return ServerState(decoded[0] if fam == "mocha" else decoded)
 
 
 def message_size(algorithm, K: int, P: int) -> int:
     fam = _family(algorithm)
     return {"mocha": K * P + K * K, "ifca": getattr(algorithm, "clusters", 1) * P,
-            "kt": P + getattr(algorithm, "samples", 0), "scaffold": 2 * P}.get(fam, P)
+            "kt": P + getattr(algorithm, "samples", 0), "scaffold": 2 * P,
+            "autolam": P + K}.get(fam, P)
 
 
 def encode_update(algorithm, update) -> np.ndarray | None:
@@ -259,6 +273,8 @@ def encode_update(algorithm, update) -> np.ndarray | None:
         up = len(update.clients)
         return np.concatenate([[up], update.delta[0] if up else
                                np.zeros(update.delta.shape[1])])[None].astype(np.float64)
+    if fam == "autolam":  # [V, lr, T, q (the public noise header), Δ]
+        return np.concatenate([update.header, update.delta], axis=1).astype(np.float64)
     return np.asarray(update, dtype=np.float64)
 
 
@@ -279,6 +295,9 @@ def check_row(algorithm, row: np.ndarray, *, lr: float, batch: int, n: int,
             used = int(algorithm.taken_part(round)[silo])
         if r[0] != np.floor((used - 1) * batch / n) or r[1] != lr:
             return "epoch counter or step size differs from the job's"
+    if fam == "autolam" and not (r[0] >= 0 and r[1] == lr and r[2] >= 1
+                                 and r[2] == int(r[2]) and 0 < r[3] <= 1):
+        return "noise variance, step size, steps per pass or sampling rate is not the job's"
     if fam in ("kt", "ldp") and r[0] not in (0.0, 1.0):
         return f"upload flag {r[0]!r} is not 0 or 1"
     if fam == "kt":
@@ -304,7 +323,7 @@ def check_message(algorithm, decoded) -> str | None:
 
 def update_width(algorithm, P: int) -> int:
     return {"ifca": P + 1, "erosion": P + 2, "kt": getattr(algorithm, "samples", 0) + 4,
-            "ldp": P + 1, "scaffold": 2 * P}.get(_family(algorithm), P)
+            "ldp": P + 1, "scaffold": 2 * P, "autolam": P + 4}.get(_family(algorithm), P)
 
 
 def merge_updates(algorithm, rows: dict[int, np.ndarray | None], weights: dict[int, float],
@@ -343,6 +362,12 @@ def merge_updates(algorithm, rows: dict[int, np.ndarray | None], weights: dict[i
         full = np.zeros((K, R.shape[1]))
         full[ks] = R
         return full, np.ones(K)
+    if fam == "autolam":  # all K rows, NaN (weight 0) for the silos that did not answer
+        from silofl.algorithms.auto_lambda import HEADER, AutoUpdate
+        full, wk = np.full((K, R.shape[1]), np.nan), np.zeros(K)
+        full[ks], wk[ks] = R, w
+        header = np.nan_to_num(full[:, :HEADER])
+        return AutoUpdate(full[:, HEADER:], header), wk
     if fam in ("kt", "ldp"):
         from silofl.algorithms.privatekt import KTUpdate, LDPUpdate
         up = [i for i, k in enumerate(ks) if R[i, 0] == 1]
