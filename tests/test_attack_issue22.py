@@ -6,11 +6,13 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import tomllib
 import warnings
 from pathlib import Path
 
 import pandas as pd
 import pytest
+import tomli_w
 from typer.testing import CliRunner
 
 from silofl.cli import app
@@ -89,3 +91,20 @@ def test_proxy_overlap_check_refuses_own_rows_and_passes_others():
     moved = dataclasses.replace(fed, silos=[dataclasses.replace(
         s, X_train=s.X_train + 1e-3, X_test=s.X_test + 1e-3) for s in fed.silos])
     check_disjoint(moved, fed)
+
+
+# --- SCAFFOLD without a step size ---------------------------------------------------------
+
+def test_scaffold_with_lr_zero_is_refused_before_the_store_is_opened(tmp_path):
+    """Before: refused inside the first silo step — after the budget store had been created
+    and the run reserved (and released). Now: exit 2 before any store or run folder."""
+    p = _toml(tmp_path, {})
+    d = tomllib.loads(p.read_text())
+    d.pop("tuning")
+    d["training"].update(methods=["scaffold"], lr=0.0)
+    p.write_text(tomli_w.dumps(d))
+    res = CliRunner().invoke(app, ["run", "-c", str(p)])
+    assert res.exit_code == 2, res.output
+    assert "set lr > 0" in " ".join(res.output.split())
+    assert not (tmp_path / "budget.sqlite").exists()
+    assert _nothing_written(tmp_path)

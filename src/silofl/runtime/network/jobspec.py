@@ -171,6 +171,9 @@ def job_algorithm(job: dict, public: np.ndarray | None = None):
     if graph is not None:
         return graph.job_algorithm(job)
     check_network_method(job["method"])
+    if job["method"] == "scaffold":
+        from silofl.algorithms.scaffold import check_step_size
+        check_step_size(job["lr"])
     alg = make_algorithm(
         job["method"], lam=job["lam"], weighted=job["weighted"],
         finetune_fraction=job["finetune_fraction"], clusters=job["clusters"],
