@@ -108,3 +108,19 @@ def test_scaffold_with_lr_zero_is_refused_before_the_store_is_opened(tmp_path):
     assert "set lr > 0" in " ".join(res.output.split())
     assert not (tmp_path / "budget.sqlite").exists()
     assert _nothing_written(tmp_path)
+
+
+def test_sweep_refuses_auto_clip_with_subsample_tuning_when_loaded(tmp_path):
+    """A sweep would have run (and charged) its other cells before the tuned cell's plan
+    refused: the sweep config itself is refused."""
+    import json
+
+    from silofl.errors import ConfigError
+    from silofl.experiments.sweep_config import sweep_config_from_dict
+    from test_tuning import BASE
+    raw = json.loads(json.dumps(BASE))
+    raw["sweep"]["results"] = str(tmp_path / "r.jsonl")
+    raw["tuning"].update({"select": "subsample", "subsample_fraction": 0.2})
+    raw.setdefault("training", {})["clip"] = "auto"
+    with pytest.raises(ConfigError, match="select = 'subsample' needs a fixed clip"):
+        sweep_config_from_dict(raw, tmp_path)
