@@ -34,6 +34,25 @@ if TYPE_CHECKING:
     from silofl.training.trainer import LocalTrainer
 
 
+def check_step_size(lr: float) -> float:
+    """`lr` if > 0: SCAFFOLD's control variates divide by T_k·lr (ConfigError otherwise;
+    the job builders call it before a budget store is opened).
+
+    Parameters
+    ----------
+    lr : float
+        The training step size.
+
+    Returns
+    -------
+    float
+    """
+    if not lr > 0:
+        raise ConfigError(f"scaffold's control variates divide by T_k·lr: set lr > 0 "
+                          f"(got training.lr = {lr!r})")
+    return float(lr)
+
+
 @dataclass
 class ScaffoldSilos(SiloState):
     control: np.ndarray | None = None  # (K, P) each silo's control variate c_k
@@ -69,9 +88,7 @@ class Scaffold(Algorithm[ScaffoldSilos, ScaffoldServer]):
         K = silos.params.shape[0]
         ck = np.zeros((K, x.shape[0])) if silos.control is None else silos.control
         drift = c[None, :] - ck  # (K, P): the correction, fixed during the pass
-        lr = trainer.lr
-        if not lr > 0:  # before anything is charged or read
-            raise ConfigError("scaffold's control variates divide by T_k·lr: set lr > 0")
+        lr = check_step_size(trainer.lr)  # before anything is charged or read
 
         def step(active: np.ndarray, W: np.ndarray, g: np.ndarray) -> np.ndarray:
             return W - lr * (g + drift[active])  # on the noised g: free

@@ -325,6 +325,9 @@ def build_algorithms(cfg: Config) -> list[Algorithm]:
     if dup:
         raise ConfigError(f"training.methods lists {', '.join(dup)} more than once; list each "
                           "method once (each would spend the silos' budget again)")
+    if "scaffold" in tc.methods:  # before the budget store is opened
+        from silofl.algorithms.scaffold import check_step_size
+        check_step_size(tc.lr)
     return [make_algorithm(m, lam=tc.lam, weighted=tc.weighted,
                            finetune_fraction=tc.finetune_fraction, clusters=tc.clusters,
                            selection_fraction=tc.selection_fraction,

@@ -11,7 +11,12 @@ before the silos' budget is reserved or their rows are read (the proxy is not th
 
 from __future__ import annotations
 
+import filecmp
+import hashlib
+import os
 from pathlib import Path
+
+import numpy as np
 
 from silofl.config import Config
 from silofl.data.preprocess import apply_preprocessing
@@ -55,7 +60,7 @@ def proxy_data_config(cfg: Config):
     if tc.proxy_source == "table" and not tc.proxy_path:
         raise ConfigError("tuning.proxy_source = 'table' needs tuning.proxy_path (the public "
                           "table's file)")
-    same_path = _resolved(tc.proxy_path) == _resolved(dc.path)
+    same_path = _same_file(tc.proxy_path, dc.path)
     if tc.proxy_source == dc.source and (same_path or dc.source not in ("table", "school")):
         raise ConfigError(f"tuning proxy (source {tc.proxy_source!r}"
                           f"{', path ' + repr(tc.proxy_path) if tc.proxy_path else ''}) is the "
@@ -67,6 +72,66 @@ def proxy_data_config(cfg: Config):
 
 def _resolved(path: str) -> str:
     return str(Path(path).expanduser().resolve()) if path else ""
+
+
+def _same_file(a: str, b: str) -> bool:
+    """The same file under another name: one resolved path (symlinks), one inode (hard
+    links) or byte-identical content (a copy). Compared locally; nothing is output."""
+    if not (a and b):
+        return False
+    if _resolved(a) == _resolved(b):
+        return True
+    pa, pb = Path(a).expanduser(), Path(b).expanduser()
+    if not (pa.is_file() and pb.is_file()):
+        return False
+    return os.path.samefile(pa, pb) or filecmp.cmp(pa, pb, shallow=False)
+
+
+#: a proxy with at least this share of its rows among the silos' rows is refused
+OVERLAP_REFUSED = 0.5
+
+
+def _row_keys(fed) -> list[bytes]:
+    """A 16-byte digest of each row's encoded features and label (train and test rows of
+    every silo); kept in memory for `check_disjoint`, never written or printed."""
+    out = []
+    for s in fed.silos:
+        for X, y in ((s.X_train, s.y_train), (s.X_test, s.y_test)):
+            X = np.ascontiguousarray(np.asarray(X, dtype=np.float64).reshape(len(y), -1))
+            y = np.asarray(y, dtype=np.float64)
+            out += [hashlib.blake2b(X[i].tobytes() + y[i].tobytes(), digest_size=16).digest()
+                    for i in range(len(y))]
+    return out
+
+
+def check_disjoint(praw, raw) -> None:
+    """Refuse a proxy that is mostly the silos' own rows (a copy, a re-export, another
+    format or silo split of the same table): a local check whose only output is the
+    refusal (no count, no hash leaves this function). A proxy with fewer of the silos'
+    rows than `OVERLAP_REFUSED`, or with perturbed copies, is not caught: that it is
+    public stays the configuration's declaration.
+
+    Parameters
+    ----------
+    praw : RawFederation
+        The proxy, encoded (before preprocessing).
+    raw : RawFederation
+        The silos' federation, encoded.
+
+    Raises
+    ------
+    ConfigError
+        At least `OVERLAP_REFUSED` of the proxy's rows are rows of the silos.
+    """
+    proxy = _row_keys(praw)
+    if not proxy:
+        return
+    own = set(_row_keys(raw))
+    if sum(k in own for k in proxy) >= OVERLAP_REFUSED * len(proxy):
+        raise ConfigError("tuning proxy holds the silos' own rows (a copy of [data] under "
+                          "another name, format or silo split): a proxy must be public data "
+                          "the silos do not hold, or tuning on it is not free. Point "
+                          "tuning.proxy_path at a public table, or use tuning.mode = 'private'")
 
 
 def proxy_algorithms(cfg: Config, algorithms: list, raw) -> list:
@@ -95,6 +160,7 @@ def proxy_algorithms(cfg: Config, algorithms: list, raw) -> list:
                           f"{list(praw.feature_names)[:6]}… (task {praw.task}), the silos "
                           f"{list(raw.feature_names)[:6]}… (task {raw.task}): the proxy needs "
                           "the silos' label and feature columns")
+    check_disjoint(praw, raw)
     prep = build.plan_data(pdc, praw, None)
     if prep.private:
         raise ConfigError("the proxy is public: set data.standardize/impute to 'auto' or "

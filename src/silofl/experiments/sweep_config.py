@@ -160,6 +160,10 @@ def _check_private_tuning(s: SweepSection, base: Config) -> None:
     uncounted choice are the comparison) and λ̄ must be on the grid."""
     tc = base.tuning
     tuning_setup.validate(tc, sweep=True)
+    if tc.select == "subsample" and base.training.clip == "auto":  # before any run charges
+        raise ConfigError("tuning select = 'subsample' needs a fixed clip: with [training] "
+                          "clip = \"auto\" set tuning.select = 'random' or 'em', or set "
+                          "[training] clip to a number")
     if tc.method not in s.methods:
         raise ConfigError(f"sweep.tuning = 'private' tunes tuning.method = {tc.method!r}, which "
                           f"is not in sweep.methods {s.methods}; add it (its fixed-λ̄ and "

@@ -228,13 +228,21 @@ def subsample_event(round_event: dpa.DpEvent, fraction: float) -> dpa.DpEvent:
     Raises
     ------
     ConfigError
-        A node-level pass (its batches are exactly b persons; no Poisson rate to thin).
+        A node-level pass (its batches are exactly b persons; no Poisson rate to thin), or
+        an adaptive-clipping pass (clip = "auto").
     """
     if _node(round_event):
         raise ConfigError("tuning select = 'subsample' thins the Poisson sampling rate of "
                           "example-level DP-SGD; node-level passes sample exactly b persons. "
                           "Use select = 'random' at node level")
     (base, steps), = events.flatten(round_event).items()
+    if getattr(base, "count_noise", None) is not None:
+        # clip = "auto": each step also releases a noisy count; the subsample trials and
+        # the pivot would run at a full-rate tracker (or a fixed C₀) and be charged events
+        # the plan did not declare — refuse before anything is reserved or read
+        raise ConfigError("tuning select = 'subsample' needs a fixed clip: with [training] "
+                          "clip = \"auto\" set tuning.select = 'random' or 'em', or set "
+                          "[training] clip to a number")
     q, sigma = float(base.sampling_probability), float(base.event.noise_multiplier)
     return events.dpsgd_event(float(fraction) * q, sigma, int(steps))
 

@@ -81,6 +81,10 @@ def tables_as_json(job: dict) -> dict:
 
 def check_job(job: dict) -> dict:
     """The public job description with exactly `JOB_KEYS` (ProtocolError otherwise)."""
+    if isinstance(job.get("lam"), str) and job["lam"].strip().lower() == "auto":
+        raise ConfigError("[job] lam = \"auto\" is not available over the network yet (the "
+                          "wire carries one λ); run it in the simulator (silofl run, or "
+                          "simulate(..., hosting='per_silo')) or set [job] lam to a number")
     W.check_fields({**job, "protocol": W.PROTOCOL, "kind": "job"},
                    {**JOB_KEYS, "protocol": str, "kind": str}, "job")
     for key in JOB_TABLES:
@@ -171,6 +175,9 @@ def job_algorithm(job: dict, public: np.ndarray | None = None):
     if graph is not None:
         return graph.job_algorithm(job)
     check_network_method(job["method"])
+    if job["method"] == "scaffold":
+        from silofl.algorithms.scaffold import check_step_size
+        check_step_size(job["lr"])
     alg = make_algorithm(
         job["method"], lam=job["lam"], weighted=job["weighted"],
         finetune_fraction=job["finetune_fraction"], clusters=job["clusters"],
