@@ -171,10 +171,11 @@ def test_refused_over_budget_charges_nothing():
     assert tr.steps_done.sum() == 0
 
 
-def test_default_tuning_through_the_store(tmp_path):
-    """`silofl run` with the default tuning (subsample, η = −0.5): the store holds the
-    charge, re-read from disk, within the target."""
-    p = _toml(tmp_path, {"mode": "private", "lam": [0.1, 1.0], "mean_trials": 3})
+def test_negative_eta_through_the_store(tmp_path):
+    """`silofl run` with the default select (subsample) and η = −0.5: the lifetime store
+    holds the charge, re-read from disk, within the target."""
+    p = _toml(tmp_path, {"mode": "private", "lam": [0.1, 1.0], "mean_trials": 3,
+                         "eta": -0.5})
     res = CliRunner().invoke(app, ["run", "-c", str(p)])
     assert res.exit_code == 0, res.output
     spent = _spent(tmp_path)
@@ -182,3 +183,25 @@ def test_default_tuning_through_the_store(tmp_path):
     with BudgetStore(tmp_path / "budget.sqlite") as st:
         text = json.dumps(st.charges("Cleveland"))
     assert "tnb_repeat_and_select" in text
+    run_dir = next((tmp_path / "runs").iterdir())
+    tuned = json.loads((run_dir / "summary.json").read_text())["methods"][1]
+    assert tuned["select"] == "subsample"
+
+
+def test_default_select_is_subsample_for_mrmtl_random_for_ditto():
+    from silofl.config.run import TuningConfig
+    from silofl.tuning.setup import select_of
+    assert select_of(TuningConfig()) == "subsample"
+    assert select_of(TuningConfig(method="ditto")) == "random"
+    assert select_of(TuningConfig(method="ditto", select="subsample")) == "subsample"
+    run_dir = next((tmp_path / "runs").iterdir())
+    tuned = json.loads((run_dir / "summary.json").read_text())["methods"][1]
+    assert tuned["select"] == "subsample"
+
+
+def test_default_select_is_subsample_for_mrmtl_random_for_ditto():
+    from silofl.config.run import TuningConfig
+    from silofl.tuning.setup import select_of
+    assert select_of(TuningConfig()) == "subsample"
+    assert select_of(TuningConfig(method="ditto")) == "random"
+    assert select_of(TuningConfig(method="ditto", select="subsample")) == "subsample"

@@ -294,7 +294,7 @@ BASE = {"data": {"source": "heart", "test_fraction": 0.2},
         "privacy": {"delta": 1e-4, "noise": "seeded", "accountant": "rdp"},
         "sweep": {"methods": ["local", "fedavg", "mrmtl"], "epsilon": [2.0], "lam": [0.1, 1.0],
                   "lr": [0.1], "seeds": [0], "workers": 1, "tuning": "private"},
-        "tuning": {"mean_trials": 3}}
+        "tuning": {"mean_trials": 3, "select": "random", "eta": 1.0, "score_ratio": 2.0}}
 
 
 def test_sweep_private_tuning_compares_honestly(tmp_path):

@@ -264,6 +264,8 @@ def test_proxy_mode_charges_nothing_for_tuning(tmp_path):
     p = _proxy_toml(tmp_path, str(tmp_path / "proxy.csv"))
     res = CliRunner().invoke(app, ["run", "-c", str(p)])
     assert res.exit_code == 0, res.output
+    assert "declared public by this config" in " ".join(res.output.split())
+    assert "cost the silos ε = 0" in " ".join(res.output.split())
     run_dir = next((tmp_path / "runs").iterdir())
     summary = json.loads((run_dir / "summary.json").read_text())
     info = summary["methods"][1]["tuning"]

@@ -46,6 +46,14 @@ def distribution(tc) -> D.TrialDistribution:
                       f"{tc.distribution!r}")
 
 
+def select_of(tc) -> str:
+    """tuning.select as run: the default "subsample" trains the chosen setting with MR-MTL,
+    so Ditto without an explicit `select` is tuned by "random"."""
+    if tc.select == "subsample" and tc.method != "mrmtl" and "select" not in tc.model_fields_set:
+        return "random"
+    return tc.select
+
+
 def validate(tc, *, sweep: bool = False) -> None:
     """Check a TuningConfig before any data is touched (raises ConfigError)."""
     if not sweep and tc.mode not in MODES:
@@ -69,7 +77,8 @@ def validate(tc, *, sweep: bool = False) -> None:
     if tc.select not in SELECTS:
         raise ConfigError(f"tuning.select must be one of {', '.join(SELECTS)}, got "
                           f"{tc.select!r}")
-    if tc.select == "subsample":
+    select = select_of(tc)
+    if select == "subsample":
         if tc.method != "mrmtl":
             raise ConfigError("tuning.select = 'subsample' trains the chosen setting once "
                               "with MR-MTL; set tuning.method = 'mrmtl' (or select = "
@@ -78,7 +87,7 @@ def validate(tc, *, sweep: bool = False) -> None:
         if isinstance(f, bool) or not isinstance(f, (int, float)) or not 0 < f <= 1:
             raise ConfigError(f"tuning.subsample_fraction (γ: the trials sample each row "
                               f"with probability γ·q per step) must be in (0, 1], got {f!r}")
-    if tc.select in ("random", "subsample"):
+    if select in ("random", "subsample"):
         from silofl.privacy.selection import check_accountable
         check_accountable(distribution(tc))
 
@@ -88,7 +97,8 @@ def tuned_algorithm(tc, lams, lrs, validation, weighted: bool = True):
     if not lams:
         raise ConfigError("tuning.lam is empty; list the λ values to try, e.g. "
                           f"lam = {list(DEFAULT_LAMS)}")
-    if tc.select == "subsample":
+    select = select_of(tc)
+    if select == "subsample":
         from silofl.tuning.subsample import SubsampleTuned
         return SubsampleTuned(list(lams), distribution(tc), validation,
                               lrs=list(lrs) or None, pivot=tc.method,
@@ -97,7 +107,7 @@ def tuned_algorithm(tc, lams, lrs, validation, weighted: bool = True):
     return TunedPersonalization(list(lams), distribution(tc), validation,
                                 lrs=list(lrs) or None, pivot=tc.method,
                                 pivot_lam=tc.pivot_lam, score_ratio=tc.score_ratio,
-                                weighted=weighted, select=tc.select,
+                                weighted=weighted, select=select,
                                 em_fraction=tc.em_fraction)
 
 
