@@ -7,9 +7,9 @@ trains and is tested on the same remaining silos:
 - local, fedavg: untuned (lr fixed, public);
 - mrmtl λ̄: MR-MTL at the public λ̄ = 0.1 (no tuning);
 - tuned η=1 / η=0: `select = "random"` (pivot + RepeatAndSelect over E[h] = 10, TNB);
-- subsample: `select = "subsample"` (γ = 0.1, η = 0, E[h] = 10; score ratio 2, and 4);
-- default: the default counted tuning, `select = "subsample"` with γ = 0.1, η = −0.5
-  (`privacy.tnb_select`), E[h] = 10, score ratio 2 (and its score ratio 4 variant);
+- subsample: `select = "subsample"` (γ = 0.1, η = 0, E[h] = 10; score ratio 2, and 4 —
+  "subsample s=4" is the default counted tuning);
+- sub η=-.5: the same with TNB η = −0.5 (`privacy.tnb_select`), score ratio 2 and 4;
 - proxy: λ chosen non-privately on the held-out silos (declared public), one private run;
 - proxy sim: the same with the run's DP noise simulated on the proxy (`proxy_noise`).
 
@@ -83,10 +83,10 @@ def methods(val, lam_proxy: float, lam_sim: float) -> dict:
                                     fraction=0.1),
         "subsample s=4": SubsampleTuned(grid, D.tnb(0.0, mean=10), val, pivot_lam=0.1,
                                         fraction=0.1, score_ratio=4.0),
-        "default η=-.5": SubsampleTuned(grid, D.tnb(-0.5, mean=10), val, pivot_lam=0.1,
-                                        fraction=0.1),
-        "default s=4": SubsampleTuned(grid, D.tnb(-0.5, mean=10), val, pivot_lam=0.1,
-                                      fraction=0.1, score_ratio=4.0),
+        "sub η=-.5": SubsampleTuned(grid, D.tnb(-0.5, mean=10), val, pivot_lam=0.1,
+                                    fraction=0.1),
+        "sub η=-.5 s=4": SubsampleTuned(grid, D.tnb(-0.5, mean=10), val, pivot_lam=0.1,
+                                        fraction=0.1, score_ratio=4.0),
         "proxy": make_algorithm("mrmtl", lam=lam_proxy),
         "proxy sim": make_algorithm("mrmtl", lam=lam_sim),
     }

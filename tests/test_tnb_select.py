@@ -194,14 +194,3 @@ def test_default_select_is_subsample_for_mrmtl_random_for_ditto():
     assert select_of(TuningConfig()) == "subsample"
     assert select_of(TuningConfig(method="ditto")) == "random"
     assert select_of(TuningConfig(method="ditto", select="subsample")) == "subsample"
-    run_dir = next((tmp_path / "runs").iterdir())
-    tuned = json.loads((run_dir / "summary.json").read_text())["methods"][1]
-    assert tuned["select"] == "subsample"
-
-
-def test_default_select_is_subsample_for_mrmtl_random_for_ditto():
-    from silofl.config.run import TuningConfig
-    from silofl.tuning.setup import select_of
-    assert select_of(TuningConfig()) == "subsample"
-    assert select_of(TuningConfig(method="ditto")) == "random"
-    assert select_of(TuningConfig(method="ditto", select="subsample")) == "subsample"
