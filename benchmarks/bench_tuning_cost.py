@@ -4,10 +4,12 @@ For a DP-SGD run (q, T steps) at the σ whose one-run RDP ε is 1, 2, 4, 8, prin
   ε(tuned release) / ε(one run) at the same σ, and σ(tuned) / σ(one run) at the same ε,
 for: the tuned release of `select = "random"` (pivot + RepeatAndSelect, dp_accounting's
 bound, TNB η = 1 / η = 0 / Poisson); the same bound on a fine order grid and with η = −0.5
-(Papernot & Steinke's Theorem 2 allows η > −1; dp_accounting only η ≥ 0: computed here by
-an independent transcription, `tnb_bound`); `select = "subsample"` (γ = 0.1); and a naive
-grid of 10 settings (composition). The score's noise multiplier is silofl's
-(`tuning.private.score_sigma`, ratio 2 unless --score-ratio).
+(Papernot & Steinke's Theorem 2 allows η > −1; dp_accounting only η ≥ 0: an independent
+transcription, `tnb_bound`, and what silofl charges, `privacy.tnb_select`);
+`select = "subsample"` (γ = 0.1; η = 0 and −0.5; "sub default" is the default counted
+tuning: η = 0, score ratio 4); and a naive grid of 10 settings (composition). The
+score's noise multiplier is silofl's (`tuning.private.score_sigma`, ratio 2 unless
+--score-ratio).
 
     .venv/bin/python benchmarks/bench_tuning_cost.py                 # ~1 min
     .venv/bin/python benchmarks/bench_tuning_cost.py --q 0.3 --delta 1e-3
@@ -63,6 +65,11 @@ def row(q: float, T: int, delta: float, e1: float, ratio: float, gam: float,
     for eta in (1.0, 0.0):
         ev = TA.subsample_tuned_event(rev, 1, D.tnb(eta, mean=mean), ss, gam)
         out[f"sub η={eta:g}"] = eps(ev) / base
+    out["RS η=-.5"] = eps(TA.tuned_event(rev, 1, D.tnb(-0.5, mean=mean), ss)) / base
+    out["sub η=-.5"] = eps(TA.subsample_tuned_event(rev, 1, D.tnb(-0.5, mean=mean), ss,
+                                                    gam)) / base
+    out["sub default"] = eps(TA.subsample_tuned_event(
+        rev, 1, D.tnb(0.0, mean=mean), 4.0 * s / (q * math.sqrt(T)), gam)) / base
     out["naive 10"] = eps(TA.naive_event(rev, 1, 10, ss)) / base
     # noise: σ needed by the tuned release at the same ε, over one run's σ
     for name, mk in (("σ× RS η=0", lambda z: TA.tuned_event(

@@ -7,7 +7,9 @@ trains and is tested on the same remaining silos:
 - local, fedavg: untuned (lr fixed, public);
 - mrmtl λ̄: MR-MTL at the public λ̄ = 0.1 (no tuning);
 - tuned η=1 / η=0: `select = "random"` (pivot + RepeatAndSelect over E[h] = 10, TNB);
-- subsample: `select = "subsample"` (γ = 0.1, η = 0, E[h] = 10; score ratio 2, and 4);
+- subsample: `select = "subsample"` (γ = 0.1, η = 0, E[h] = 10; score ratio 2, and 4 —
+  "subsample s=4" is the default counted tuning);
+- sub η=-.5: the same with TNB η = −0.5 (`privacy.tnb_select`), score ratio 2 and 4;
 - proxy: λ chosen non-privately on the held-out silos (declared public), one private run;
 - proxy sim: the same with the run's DP noise simulated on the proxy (`proxy_noise`).
 
@@ -81,6 +83,10 @@ def methods(val, lam_proxy: float, lam_sim: float) -> dict:
                                     fraction=0.1),
         "subsample s=4": SubsampleTuned(grid, D.tnb(0.0, mean=10), val, pivot_lam=0.1,
                                         fraction=0.1, score_ratio=4.0),
+        "sub η=-.5": SubsampleTuned(grid, D.tnb(-0.5, mean=10), val, pivot_lam=0.1,
+                                    fraction=0.1),
+        "sub η=-.5 s=4": SubsampleTuned(grid, D.tnb(-0.5, mean=10), val, pivot_lam=0.1,
+                                        fraction=0.1, score_ratio=4.0),
         "proxy": make_algorithm("mrmtl", lam=lam_proxy),
         "proxy sim": make_algorithm("mrmtl", lam=lam_sim),
     }
@@ -92,6 +98,7 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=0)
     ap.add_argument("--epsilon", default="1,4")
+    ap.add_argument("--only", default="", help="comma-separated method names to run")
     a = ap.parse_args()
     logging.getLogger("absl").setLevel(logging.ERROR)
     warnings.simplefilter("ignore")
@@ -116,12 +123,14 @@ def main() -> None:
             cfg = dataclasses.replace(base, seed=seed, private=True)
             f = fed.with_targets(PrivacyTarget(eps, sc.base.privacy.delta))
             for name, alg in methods(val, lam, lam_sim).items():
+                if a.only and name not in a.only.split(","):
+                    continue
                 t0 = time.perf_counter()
                 r = simulate(f, prep.model, alg, cfg, metric=prep.metric)
                 sig = float(np.median([p.noise_multiplier for p in r.plans]))
                 table.setdefault((name, eps), []).append(
                     (r.final_pooled, sig, time.perf_counter() - t0))
-    names = list(methods(val, lam, lam))
+    names = [n for n in methods(val, lam, lam) if not a.only or n in a.only.split(",")]
     for eps in sorted({e for _, e in table}):
         print(f"ε = {eps:g} ({prep.metric}, mean ± std over {a.seeds} seed(s); median σ)")
         for n in names:

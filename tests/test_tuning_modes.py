@@ -264,6 +264,8 @@ def test_proxy_mode_charges_nothing_for_tuning(tmp_path):
     p = _proxy_toml(tmp_path, str(tmp_path / "proxy.csv"))
     res = CliRunner().invoke(app, ["run", "-c", str(p)])
     assert res.exit_code == 0, res.output
+    assert "declared public by this config" in " ".join(res.output.split())
+    assert "cost the silos ε = 0" in " ".join(res.output.split())
     run_dir = next((tmp_path / "runs").iterdir())
     summary = json.loads((run_dir / "summary.json").read_text())
     info = summary["methods"][1]["tuning"]
@@ -318,3 +320,55 @@ def test_sweep_with_subsample_tuning(tmp_path):
     assert t["privacy"]["max_epsilon_spent"] <= 2.0 and not t["privacy"]["over_target"]
     assert t["tuning"]["select"] == "subsample" and t["tuning"]["subsample_fraction"] == 0.2
     assert len(t["tuning"]["released"]) == len(_head["silos"])
+
+
+def _proxy_sweep(tmp: Path, **tuning) -> dict:
+    _tables(tmp)
+    return {"data": {"source": "table", "path": str(tmp / "silos.csv"),
+                     "silo_column": "site", "label_column": "label",
+                     "schema": str(tmp / "schema.toml")},
+            "model": {"name": "logistic", "metric": "accuracy"},
+            "training": {"rounds": 2, "batch_size": 8},
+            "privacy": {"delta": 1e-4, "noise": "seeded", "accountant": "rdp"},
+            "sweep": {"methods": ["local", "mrmtl"], "epsilon": [2.0],
+                      "lam": [0.01, 1.0, 10.0], "lr": [0.1], "seeds": [0], "workers": 1,
+                      "tuning": "proxy", "results": str(tmp / "r.jsonl")},
+            "tuning": {"proxy_source": "table", "proxy_path": str(tmp / "proxy.csv"),
+                       "lam": [0.01, 1.0, 10.0], **tuning}}
+
+
+def test_sweep_with_proxy_tuning(tmp_path):
+    """sweep.tuning = "proxy": one mrmtl_proxy run per (ε, seed) at the λ the proxy picks,
+    declared public in its record, costing the silos what the same λ fixed in advance
+    costs (the mrmtl grid run at that λ), and the console says it cost 0."""
+    from silofl.experiments.sweep import run_sweep
+    from silofl.experiments.sweep_config import sweep_config_from_dict
+    from silofl.experiments.sweep_results import read_results
+    raw = _proxy_sweep(tmp_path)
+    out = run_sweep(sweep_config_from_dict(raw, tmp_path))
+    _head, records = read_results(out.results)
+    (t,) = [r for r in records if r["method"] == "mrmtl_proxy"]
+    info = t["tuning"]
+    assert info["declared_public"] is True and info["silo_epsilon_spent_on_tuning"] == 0.0
+    lam = info["chosen_lam"]
+    assert lam in (0.01, 1.0, 10.0) and t["algorithm"]["lam"] == lam
+    (fixed,) = [r for r in records if r["method"] == "mrmtl" and r["lam"] == lam]
+    assert t["privacy"]["epsilon_spent"] == pytest.approx(fixed["privacy"]["epsilon_spent"],
+                                                          rel=1e-9)
+    assert not t["privacy"]["over_target"]
+    (tmp_path / "sweep.toml").write_text(tomli_w.dumps(raw))  # all recorded: prints only
+    res = CliRunner().invoke(app, ["sweep", str(tmp_path / "sweep.toml")])
+    assert res.exit_code == 0, res.output
+    assert "declared public by this config" in " ".join(res.output.split())
+
+
+def test_sweep_proxy_tuning_needs_a_declared_proxy(tmp_path):
+    from silofl.experiments.sweep_config import sweep_config_from_dict
+    raw = _proxy_sweep(tmp_path)
+    raw["tuning"].pop("proxy_source")
+    with pytest.raises(ConfigError, match="proxy_source"):
+        sweep_config_from_dict(raw, tmp_path)
+    raw = _proxy_sweep(tmp_path, proxy_source="table")
+    raw["tuning"]["proxy_path"] = str(tmp_path / "silos.csv")
+    with pytest.raises(ConfigError, match="silos' own data"):
+        sweep_config_from_dict(raw, tmp_path)

@@ -169,7 +169,7 @@ def test_score_sensitivity_holds_for_neighbouring_datasets(data):
     ({"method": "fedavg"}, {}, "mrmtl or ditto"),
     ({}, {"select": "em"}, "select = 'random'"),
     ({}, {"lam": []}, "lam is empty"),
-    ({}, {"eta": -0.5, "gamma": 0.5, "mean_trials": None}, "η ≥ 0"),
+    ({}, {"eta": -1.0, "gamma": 0.5, "mean_trials": None}, "must be a number > −1"),
     ({}, {"method": "ditto"}, "differs"),
 ])
 def test_bad_tuning_options_are_refused_with_nothing_charged(data, kw, tuning, msg,

@@ -84,6 +84,19 @@ def run(config: Path | None = typer.Option(None, "--config", "-c",
     _run_report(rep)
 
 
+def _proxy_lines(rep) -> list[str]:
+    """One line per method whose λ was chosen on a declared-public proxy (`mode = proxy`)."""
+    out = []
+    for r in rep.results:
+        t = r.method.get("tuning") if isinstance(r.method, dict) else None
+        if isinstance(t, dict) and t.get("mode") == "proxy":
+            src = t.get("proxy_path") or t.get("proxy_source")
+            out.append(f"{rep.label(r)}: λ = {t['chosen_lam']:g} chosen on the proxy {src}, "
+                       "declared public by this config; the choice read no silo row and cost "
+                       "the silos ε = 0")
+    return out
+
+
 def _run_report(rep) -> None:
     """What `silofl run` prints: results, quality warnings, the privacy table, the footer."""
     from silofl.experiments.report import (
@@ -98,6 +111,8 @@ def _run_report(rep) -> None:
         console.print(f"[bold yellow]warning:[/] {escape(line)}")
     if (fl := flamby_comparison(rep)) is not None:  # built-in heart data only
         console.print(escape(fl))
+    for line in _proxy_lines(rep):
+        console.print(escape(line))
     if (pt := privacy_table(rep)) is not None:
         console.print(pt)
         console.print(f"Adjacency: {escape(ADJACENCY)}. Noise: {rep.noise}. Budget store: "

@@ -77,6 +77,12 @@ def sweep(config: Path = typer.Argument(..., help="sweep TOML: run sections + [s
         table, files = write_comparison(head, records, outcome.results)
         console.print(table)
         console.print(f"tuning comparison: {escape(', '.join(str(f) for f in files))}")
+    if sc.sweep.tuning == "proxy":
+        tc = sc.base.tuning
+        console.print(escape(
+            f"{tc.method}_proxy: λ chosen per ε and seed on the proxy "
+            f"{tc.proxy_path or tc.proxy_source}, declared public by this config; the choice "
+            "read no silo row and cost the silos ε = 0"))
     if sc.sweep.tuning == "none":
         console.print("sweep.tuning = 'none': one setting per method, fixed in advance; each "
                       "run meets its (ε, δ) on its own (runs are not composed with each other)")

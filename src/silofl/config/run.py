@@ -243,16 +243,21 @@ class TuningConfig(Section):
     lam: list = Field(default_factory=list)   # λ grid (sweep: default sweep.lam)
     lr: list = Field(default_factory=list)    # lr grid ([]: the run's lr, not tuned)
     distribution: str = "tnb"      # tnb (eta with gamma or mean_trials) | poisson (mu)
-    eta: float = 1.0               # TNB shape η ≥ 0 (1: geometric, 0: logarithmic)
+    eta: float = 1.0               # TNB shape η > −1 (1: geometric, 0: logarithmic; < 0
+                                   # charged by privacy.tnb_select; select = subsample: 0
+                                   # unless set)
     gamma: float | None = None     # TNB γ in (0, 1) (or give mean_trials)
     mean_trials: float | None = None  # E[h] (default 10 when gamma is not given)
     mu: float | None = None        # Poisson mean (default 10)
     pivot_lam: float = 0.1         # public λ̄ of the pivot model (and the fixed-λ baseline)
-    score_ratio: float = 2.0       # score noise multiplier relative to a trial's (module doc)
+    score_ratio: float = 2.0       # score noise multiplier relative to a trial's (module
+                                   # doc); select = subsample: 4 unless set
     validation_fraction: float = 0.2  # run: share of each silo's training rows for scoring
-    select: str = "random"         # random (h ~ distribution, RepeatAndSelect) | em (every
+    select: str = "subsample"      # random (h ~ distribution, RepeatAndSelect) | em (every
                                    # grid setting once, exponential-mechanism choice) |
-                                   # subsample (random h on a γ-subsample, then one full run)
+                                   # subsample (random h on a γ-subsample, then one full run;
+                                   # the default: ≤ 1.4× one run's ε, docs/guides/tuning.md;
+                                   # method = ditto without select: random)
     em_fraction: float = 0.05      # em: share of each silo's ε for the choice
     subsample_fraction: float = 0.1  # subsample: γ, trials sample rows at rate γ·q
     proxy_source: str = ""         # mode proxy: built-in source declared public ("table":

@@ -18,7 +18,7 @@ from silofl.errors import ConfigError
 __all__ = ["SWEEP_MODES", "ReportSection", "SweepFile", "SweepSection"]
 
 #: sweep.tuning: how hyperparameters are chosen (see `SweepSection.tuning`)
-SWEEP_MODES = ("none", "private", "uncounted")
+SWEEP_MODES = ("none", "private", "proxy", "uncounted")
 
 
 class SweepSection(Section):
@@ -37,7 +37,8 @@ class SweepSection(Section):
     results: str = "results.jsonl"
     #: hyperparameter choice: "uncounted" (the grid, best on validation; its cost is NOT
     #: counted), "none" (one fixed setting per method), "private" (also run
-    #: [tuning] method privately tuned: random h, best-only; silofl.tuning)
+    #: [tuning] method privately tuned: random h, best-only; silofl.tuning), "proxy" (also
+    #: run [tuning] method with λ chosen on the declared-public [tuning] proxy: free)
     tuning: str = "uncounted"
 
     @model_validator(mode="after")

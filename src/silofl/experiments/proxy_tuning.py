@@ -153,12 +153,42 @@ def proxy_algorithms(cfg: Config, algorithms: list, raw) -> list:
     if tc.method not in cfg.training.methods:
         raise ConfigError(f"[tuning] tunes {tc.method!r}, which is not in training.methods "
                           f"{cfg.training.methods}; add it or set tuning.method")
+    epsilon = cfg.privacy.epsilon if cfg.privacy.enabled else None
+    chosen = proxy_chosen(cfg, raw.feature_names, raw.task, build.training_config(cfg),
+                          epsilon)
+    return [chosen if m == tc.method else a for m, a in zip(cfg.training.methods, algorithms)]
+
+
+def proxy_chosen(cfg: Config, feature_names, task: str, tcfg, epsilon: float | None):
+    """tuning.method with λ chosen on the declared-public proxy (`silofl run` and sweeps).
+
+    Parameters
+    ----------
+    cfg : Config
+        The job ([data] of the silos, [tuning] naming the proxy).
+    feature_names : sequence of str
+        The silos' public feature names (the proxy must have the same).
+    task : str
+        The silos' task.
+    tcfg : TrainingConfig
+        How the grid trains on the proxy (the run's rounds, batch, lr, seed).
+    epsilon : float or None
+        The run's per-silo ε: with proxy_noise = "simulated" the proxy trains with that
+        noise (None: non-private run, no noise).
+
+    Returns
+    -------
+    Algorithm
+        `tuning.proxy.chosen_algorithm`: the method at the chosen λ, its report saying the
+        proxy is declared public and cost the silos 0.
+    """
+    tc = cfg.tuning
     pdc = proxy_data_config(cfg)
     praw = build.load_raw(pdc)
-    if list(praw.feature_names) != list(raw.feature_names) or praw.task != raw.task:
+    if list(praw.feature_names) != list(feature_names) or praw.task != task:
         raise ConfigError(f"tuning proxy {tc.proxy_source!r} has features "
                           f"{list(praw.feature_names)[:6]}… (task {praw.task}), the silos "
-                          f"{list(raw.feature_names)[:6]}… (task {raw.task}): the proxy needs "
+                          f"{list(feature_names)[:6]}… (task {task}): the proxy needs "
                           "the silos' label and feature columns")
     check_disjoint(praw, raw)
     prep = build.plan_data(pdc, praw, None)
@@ -170,9 +200,9 @@ def proxy_algorithms(cfg: Config, algorithms: list, raw) -> list:
     metric = cfg.model.metric or default_metric(fed.task)
     lams = list(tc.lam or tuning_setup.DEFAULT_LAMS)
     target = None
-    if tc.proxy_noise == "simulated" and cfg.privacy.enabled:
-        target = PrivacyTarget(cfg.privacy.epsilon, cfg.privacy.delta)
-    scores = P.grid_on_proxy(fed, model, tc.method, lams, build.training_config(cfg), metric,
+    if tc.proxy_noise == "simulated" and epsilon is not None:
+        target = PrivacyTarget(float(epsilon), cfg.privacy.delta)
+    scores = P.grid_on_proxy(fed, model, tc.method, lams, tcfg, metric,
                              cfg.training.weighted, target=target)
     lam = P.best_lam(scores, metric)
     info = {"mode": "proxy", "proxy_source": tc.proxy_source, "proxy_path": tc.proxy_path,
@@ -181,5 +211,4 @@ def proxy_algorithms(cfg: Config, algorithms: list, raw) -> list:
             "proxy_noise": "simulated at the run's ε (seeded)" if target else "none",
             "note": "λ chosen non-privately on data declared public; the silos' rows were "
                     "not read for the choice, so it cost them nothing"}
-    chosen = P.chosen_algorithm(tc.method, lam, info, cfg.training.weighted)
-    return [chosen if m == tc.method else a for m, a in zip(cfg.training.methods, algorithms)]
+    return P.chosen_algorithm(tc.method, lam, info, cfg.training.weighted)

@@ -108,14 +108,16 @@ def expand(sc: SweepConfig) -> list[RunSpec]:
     out = [RunSpec(m, e, lam, lr, seed)
            for seed in s.seeds for e in eps for m in s.methods for lr in s.lr
            for lam in (s.lam if m in LAMBDA_METHODS else [None])]
-    if s.tuning == "private":  # one privately tuned run per (ε, seed): random h, best-only
+    if s.tuning in ("private", "proxy"):  # one tuned run per (ε, seed)
         out += [RunSpec(tuned_name(sc), e, None, s.lr[0], seed)
                 for seed in s.seeds for e in s.epsilon]
     return out
 
 
 def tuned_name(sc: SweepConfig) -> str:
-    return f"{sc.base.tuning.method}_tuned"
+    """The tuned method's name in results: "<method>_tuned" (private) or "_proxy"."""
+    kind = "proxy" if sc.sweep.tuning == "proxy" else "tuned"
+    return f"{sc.base.tuning.method}_{kind}"
 
 
 # --- data: validation carved from training rows -------------------------------------------
@@ -176,6 +178,8 @@ def training_config(sc: SweepConfig, spec: RunSpec) -> TrainingConfig:
 
 
 def algorithm(sc: SweepConfig, spec: RunSpec, prep: Prepared | None = None):
+    if spec.method.endswith("_proxy"):  # λ chosen on the declared-public proxy: free
+        return _proxy_algorithm(sc, spec, prep)
     if spec.method.endswith("_tuned"):  # grid: tuning.lam (default sweep.lam), tuning.lr
         tc = sc.base.tuning
         return tuning_setup.tuned_algorithm(tc, tc.lam or sc.sweep.lam, tc.lr,
@@ -185,6 +189,24 @@ def algorithm(sc: SweepConfig, spec: RunSpec, prep: Prepared | None = None):
     if prep is not None:  # methods that need the data before planning (PrivateKT)
         bind_data(alg, prep.fed, prep.model)
     return alg
+
+
+_PROXY: dict = {}  # (ε, lr, seed) → (λ, report info) chosen on the proxy, per process
+
+
+def _proxy_algorithm(sc: SweepConfig, spec: RunSpec, prep: Prepared | None):
+    """tuning.method at the λ the proxy grid picks for this run's ε, lr and seed."""
+    from silofl.experiments.proxy_tuning import proxy_chosen
+    from silofl.tuning.proxy import chosen_algorithm
+    key = (spec.epsilon, spec.lr, spec.seed)
+    if key not in _PROXY:
+        if prep is None:
+            raise ConfigError("a proxy-tuned sweep run needs the prepared data")
+        alg = proxy_chosen(sc.base, prep.fed.feature_names, prep.fed.task,
+                           training_config(sc, spec), spec.epsilon)
+        _PROXY[key] = (alg.proxy_info["chosen_lam"], alg.proxy_info)
+    lam, info = _PROXY[key]
+    return chosen_algorithm(sc.base.tuning.method, lam, info, sc.base.training.weighted)
 
 
 def targeted(sc: SweepConfig, fed: Federation, spec: RunSpec) -> Federation:
@@ -258,6 +280,8 @@ def execute(sc: SweepConfig, spec: RunSpec, fingerprint: str, plans: dict | None
     tuning = None
     if spec.method.endswith("_tuned"):
         tuning = tuning_summary(sc, spec, alg, res, prep)
+    elif spec.method.endswith("_proxy"):  # declared public: the choice cost the silos 0
+        tuning = getattr(alg, "proxy_info", None)
     return _clean({
         "kind": "run", "key": spec.key, "method": spec.method, "private": spec.private,
         "epsilon": spec.epsilon, "delta": sc.base.privacy.delta if spec.private else None,
@@ -383,8 +407,8 @@ def preflight(sc: SweepConfig, prep: Prepared) -> None:
                               "per silo with [budget] epsilon (and delta), or remove [budget] "
                               "store to run on scratch stores (an experiment, not a release)")
         budget_store(sc)  # a locked or corrupt store fails here, before anything is written
-    methods = list(sc.sweep.methods) + ([tuned_name(sc)] if sc.sweep.tuning == "private"
-                                        else [])
+    methods = list(sc.sweep.methods) + ([tuned_name(sc)] if sc.sweep.tuning in
+                                        ("private", "proxy") else [])
     for method in methods:
         spec = RunSpec(method, min(sc.sweep.epsilon), sc.sweep.lam[0] if method in
                        LAMBDA_METHODS else None, sc.sweep.lr[0], sc.sweep.seeds[0])

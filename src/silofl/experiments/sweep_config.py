@@ -141,6 +141,10 @@ def sweep_config_from_dict(raw: dict, root: Path | str = ".", source: Source = "
                           "tuning.mode (the other [tuning] keys set up tuning = 'private')")
     if sweep.tuning == "private":
         _check_private_tuning(sweep, base)
+    elif sweep.tuning == "proxy":
+        from silofl.experiments.proxy_tuning import proxy_data_config
+        tuning_setup.validate(base.tuning, sweep=True)
+        proxy_data_config(base)  # declared, not the silos' own data, λ only
     root = Path(root)
     sc = SweepConfig(base, sweep, report, root, base.data.path)
     for m in sweep.methods:  # the registry refuses unimplemented methods and bad options

@@ -303,7 +303,9 @@ def tuned_method(regions: list[Region], cfg: PandemicConfig, tc):
     val = [NodeValidation(r, (lambda X, r=r: region_inputs(r, cfg, X)),
                           affected=affected_examples(r.n, r.S, cfg.adjacency),
                           loss_bound=DEFAULT_LOSS_BOUND, seed=cfg.seed) for r in regions]
-    return TunedPersonalization(list(tc.lam), distribution(tc), val,
+    # graph tuning runs select = "random" (`check_setting`): its η is the config's own
+    return TunedPersonalization(list(tc.lam), distribution(tc.model_copy(
+                                    update={"select": "random"})), val,
                                 lrs=list(tc.lr) or None, pivot=cfg.method,
                                 pivot_lam=tc.pivot_lam, score_ratio=tc.score_ratio,
                                 loss_bound=DEFAULT_LOSS_BOUND)

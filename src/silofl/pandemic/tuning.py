@@ -125,7 +125,8 @@ def check_setting(tc, cfg) -> None:
     if tc.method != cfg.method:
         raise ConfigError(f"tuning.method {tc.method!r} differs from the run's method "
                           f"{cfg.method!r}; set them alike")
-    if tc.select != "random":
+    # the default select (subsample) is example-level only: graph tuning runs "random"
+    if tc.select != "random" and "select" in tc.model_fields_set:
         raise ConfigError("graph tuning supports select = 'random' (random h, "
                           "RepeatAndSelect) only: the exponential-mechanism route is "
                           "accounted with zCDP, which does not compose with node-level "

@@ -208,6 +208,11 @@ def equivalent(event: dpa.DpEvent) -> dpa.DpEvent:
         inner = equivalent(event.event)
         return event if inner is event.event else RepeatAndSelectDpEvent(
             inner, event.mean, event.shape)
+    from silofl.privacy.tnb_select import TnbRepeatAndSelectDpEvent
+    if isinstance(event, TnbRepeatAndSelectDpEvent):
+        inner = equivalent(event.event)
+        return event if inner is event.event else TnbRepeatAndSelectDpEvent(
+            inner, event.mean, event.shape)
     return event
 
 

@@ -22,7 +22,9 @@ CUSTOM_EVENTS = {"node_level_dp": "silofl.privacy.node_level:NodeLevelDpEvent",
                  "node_repeat_and_select": "silofl.privacy.node_tuning:NodeRepeatAndSelectEvent",
                  "gaussian_score": "silofl.privacy.node_tuning:GaussianScoreEvent",
                  # a DP-SGD step with a private adaptive-clipping count
-                 "adaptive_clip": "silofl.privacy.adaptive_clip:AdaptiveClipDpEvent"}
+                 "adaptive_clip": "silofl.privacy.adaptive_clip:AdaptiveClipDpEvent",
+                 # repeat-and-select with TNB η ∈ (−1, 0) (dp_accounting: η ≥ 0 only)
+                 "tnb_repeat_and_select": "silofl.privacy.tnb_select:TnbRepeatAndSelectDpEvent"}
 
 
 def dpsgd_event(q: float, noise_multiplier: float, steps: int = 1) -> dpa.DpEvent:

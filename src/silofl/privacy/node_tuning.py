@@ -32,6 +32,7 @@ from silofl.errors import PrivacyError
 from silofl.privacy import _dpa_adapter as adapter
 from silofl.privacy import events
 from silofl.privacy.curves import RdpCurveDpEvent, is_curve_event
+from silofl.privacy.tnb_select import tnb_select_rdp
 
 SCORE_EVENT = "gaussian_score"
 SELECT_EVENT = "node_repeat_and_select"
@@ -101,6 +102,9 @@ class NodeRepeatAndSelectEvent(RdpCurveDpEvent):
     def rdp(self, orders: npt.ArrayLike) -> np.ndarray:
         """dp_accounting's RepeatAndSelect formula on the trial's curve at ``orders``."""
         orders = np.asarray(orders, dtype=float)
+        if self.shape < 0:  # η ∈ (−1, 0): dp_accounting's formula refuses it (`tnb_select`)
+            return tnb_select_rdp(orders, self.trial_rdp(orders), float(self.mean),
+                                  float(self.shape))
         return adapter.repeat_and_select_rdp(orders, self.trial_rdp(orders),
                                              float(self.mean), float(self.shape))
 

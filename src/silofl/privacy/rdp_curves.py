@@ -24,6 +24,8 @@ from dp_accounting.rdp.rdp_privacy_accountant import DEFAULT_RDP_ORDERS
 from scipy.special import gammaln, log_ndtr
 
 from silofl.errors import PrivacyError
+from silofl.privacy.events import flatten
+from silofl.privacy.tnb_select import TnbRepeatAndSelectDpEvent
 
 # The integer orders of earlier releases stay in the grid: a superset of orders can only
 # lower the reported ε, so no figure got worse with the change to fractional orders.
@@ -87,6 +89,8 @@ def _base_rdp(event: dpa.DpEvent, idx: tuple | None = None) -> np.ndarray:
         sel = slice(None) if idx is None else np.asarray(idx, dtype=int)
         return rr_rdp(event, _ORDERS[sel])
     vals = _RDP_VALUES.get(event)
+    if vals is None and isinstance(event, TnbRepeatAndSelectDpEvent):
+        vals = _tnb_rdp(event)
     if vals is None:
         if not rdp.RdpAccountant().supports(event):
             raise PrivacyError(f"the rdp accountant cannot account for {type(event).__name__}")
@@ -104,6 +108,19 @@ def _base_rdp(event: dpa.DpEvent, idx: tuple | None = None) -> np.ndarray:
     out = vals[sel]
     out.flags.writeable = False
     return out
+
+
+def _tnb_rdp(event: TnbRepeatAndSelectDpEvent) -> np.ndarray:
+    """RDP of repeat-and-select with TNB η > −1 at every RDP_ORDERS (Theorem 2 needs the
+    run's whole curve: its λ̂ ranges over the orders), from the run's base events' RDP."""
+    inner = np.zeros(_ORDERS.size)
+    for e, c in _sorted(frozenset(flatten(event.event).items())):
+        inner = inner + c * _base_rdp(e)
+    vals = event.rdp_from(_ORDERS, inner)
+    if len(_RDP_VALUES) >= 8192:
+        _RDP_VALUES.popitem(last=False)
+    _RDP_VALUES[event] = vals
+    return vals
 
 
 # --- k-ary randomized response (PrivateKT's uploads, silofl.privacy.ldp) ------------------

@@ -48,6 +48,7 @@ from silofl.privacy.node_tuning import (
     node_score_sigma,
 )
 from silofl.privacy.rdp_curves import RDP_ORDERS, _fast_rdp_of_items
+from silofl.privacy.tnb_select import TnbRepeatAndSelectDpEvent, tnb_gamma
 
 
 class TrialDistributionLike(Protocol):
@@ -67,7 +68,7 @@ class TrialDistributionLike(Protocol):
 # --- the charges ------------------------------------------------------------------------
 
 def check_accountable(dist: TrialDistributionLike) -> None:
-    """Refuse a trial distribution RepeatAndSelect cannot account for.
+    """Refuse a trial distribution repeat-and-select cannot account for.
 
     Parameters
     ----------
@@ -77,12 +78,12 @@ def check_accountable(dist: TrialDistributionLike) -> None:
     Raises
     ------
     ConfigError
-        Unless η ≥ 0 (or Poisson) and E[h] ≥ 1 (dp_accounting's RepeatAndSelect).
+        Unless η > −1 (TNB; η < 0 through `tnb_select`, η ≥ 0 dp_accounting's
+        RepeatAndSelect) or Poisson, and E[h] ≥ 1.
     """
-    if dist.shape < 0:
-        raise ConfigError(f"tuning eta = {dist.eta:g}: TNB with −1 < η < 0 is a valid "
-                          "distribution but dp_accounting's RepeatAndSelectDpEvent accounts only "
-                          "for η ≥ 0 (0: logarithmic, 1: geometric) or Poisson; use eta ≥ 0")
+    if not dist.shape > -1:
+        raise ConfigError(f"tuning eta = {dist.eta:g}: the truncated negative binomial needs "
+                          "η > −1 (−0.5: the cheap default, 0: logarithmic, 1: geometric)")
     if dist.mean < 1:
         raise ConfigError(f"tuning needs a mean number of trials ≥ 1, got {dist.mean:g}; "
                           "raise mu (Poisson) or lower gamma (TNB)")
@@ -154,15 +155,18 @@ def select_event(round_event: dpa.DpEvent, rounds: int, dist: TrialDistributionL
     Returns
     -------
     dp_accounting.DpEvent
-        dp_accounting's `RepeatAndSelectDpEvent`, or a `NodeRepeatAndSelectEvent` (on a
+        dp_accounting's `RepeatAndSelectDpEvent` (η ≥ 0 or Poisson), a
+        `TnbRepeatAndSelectDpEvent` (η ∈ (−1, 0)), or a `NodeRepeatAndSelectEvent` (on a
         curve) for node-level passes.
     """
     check_accountable(dist)
     if _node(round_event):  # dp_accounting's RepeatAndSelect cannot wrap node-level events
         return NodeRepeatAndSelectEvent(round_event, int(rounds), float(score_sigma),
                                         float(dist.mean), float(dist.shape))
-    return RepeatAndSelectDpEvent(trial_event(round_event, rounds, score_sigma),
-                                      float(dist.mean), float(dist.shape))
+    trial = trial_event(round_event, rounds, score_sigma)
+    if dist.shape < 0:  # dp_accounting's RepeatAndSelect refuses η < 0 (`tnb_select`)
+        return TnbRepeatAndSelectDpEvent(trial, float(dist.mean), float(dist.shape))
+    return RepeatAndSelectDpEvent(trial, float(dist.mean), float(dist.shape))
 
 
 def tuned_event(round_event: dpa.DpEvent, rounds: int, dist: TrialDistributionLike,
@@ -297,7 +301,7 @@ def fast_rdp(event: dpa.DpEvent) -> np.ndarray | None:
     """
     total = np.zeros(len(RDP_ORDERS))
     for e, c in _counts(event).items():
-        if isinstance(e, RepeatAndSelectDpEvent):
+        if isinstance(e, (RepeatAndSelectDpEvent, TnbRepeatAndSelectDpEvent)):
             inner = fast_rdp(e.event)
             if inner is None:
                 return None
@@ -331,7 +335,8 @@ def _node_rdp(e: dpa.DpEvent) -> np.ndarray | None:
 
 @lru_cache(maxsize=256)
 def _gamma(shape: float, mean: float) -> float:
-    return adapter.tnb_gamma(shape, mean)
+    # dp_accounting's γ where it has one (so the aid agrees with its figures); η < 0: ours
+    return adapter.tnb_gamma(shape, mean) if shape >= 0 else tnb_gamma(shape, mean)
 
 
 def _repeat_and_select_rdp(inner: np.ndarray, mean: float, shape: float) -> np.ndarray:
@@ -395,11 +400,13 @@ def epsilon_of(event: dpa.DpEvent, delta: float) -> float:
 
 def is_tuned(event: dpa.DpEvent) -> bool:
     """Whether `event` holds a repeat-and-select charge (dp_accounting's or on a curve)."""
-    return any(isinstance(e, (RepeatAndSelectDpEvent, NodeRepeatAndSelectEvent))
+    return any(isinstance(e, (RepeatAndSelectDpEvent, NodeRepeatAndSelectEvent,
+                              TnbRepeatAndSelectDpEvent))
                for e in _counts(event))
 
 
-__all__ = ["GaussianScoreEvent", "NodeRepeatAndSelectEvent", "TrialDistributionLike",
+__all__ = ["GaussianScoreEvent", "NodeRepeatAndSelectEvent", "TnbRepeatAndSelectDpEvent",
+           "TrialDistributionLike",
            "check_accountable", "epsilon_of", "fast_rdp", "is_node_event", "is_tuned",
            "naive_event", "node_score_sigma", "noise_of", "select_event", "sigma_guess", "subsample_event",
            "subsample_tuned_event",

@@ -132,7 +132,7 @@ def tnb_mean(eta: float, gamma: float) -> float:
     Parameters
     ----------
     eta : float
-        Shape η ≥ 0 (0: logarithmic, 1: geometric).
+        Shape η > −1 (0: logarithmic, 1: geometric).
     gamma : float
         γ in (0, 1).
 

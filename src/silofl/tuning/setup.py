@@ -28,15 +28,38 @@ DEFAULT_MEAN_TRIALS = 10.0
 DEFAULT_LAMS = (0.001, 0.01, 0.1, 1.0, 10.0)
 
 
+#: the default counted tuning (`select = "subsample"` unless set): TNB η and the score's
+#: noise ratio where the config leaves them unset — ≤ 1.4× one run's ε at E[h] = 10, γ = 0.1
+#: (docs/guides/tuning.md); "random" keeps the config's own defaults (η 1, ratio 2)
+SUBSAMPLE_ETA = 0.0
+SUBSAMPLE_SCORE_RATIO = 4.0
+
+
+def _unset(tc, key: str) -> bool:
+    return key not in getattr(tc, "model_fields_set", {key})
+
+
+def eta_of(tc) -> float:
+    """TNB η as run: `SUBSAMPLE_ETA` for select = subsample when tuning.eta is unset."""
+    return SUBSAMPLE_ETA if select_of(tc) == "subsample" and _unset(tc, "eta") else tc.eta
+
+
+def score_ratio_of(tc) -> float:
+    """The score's noise ratio as run (`SUBSAMPLE_SCORE_RATIO` for subsample, if unset)."""
+    if select_of(tc) == "subsample" and _unset(tc, "score_ratio"):
+        return SUBSAMPLE_SCORE_RATIO
+    return tc.score_ratio
+
+
 def distribution(tc) -> D.TrialDistribution:
-    """The distribution of h from a TuningConfig."""
+    """The distribution of h from a TuningConfig (η: `eta_of`)."""
     if tc.distribution == "tnb":
         if tc.mu is not None:
             raise ConfigError("tuning.mu is the Poisson mean; with distribution = 'tnb' give "
                               "eta and gamma or mean_trials")
         mean = tc.mean_trials if tc.mean_trials is not None or tc.gamma is not None \
             else DEFAULT_MEAN_TRIALS
-        return D.tnb(tc.eta, gamma=tc.gamma, mean=mean)
+        return D.tnb(eta_of(tc), gamma=tc.gamma, mean=mean)
     if tc.distribution == "poisson":
         if tc.gamma is not None or tc.mean_trials is not None:
             raise ConfigError("with distribution = 'poisson' give tuning.mu (the mean "
@@ -44,6 +67,14 @@ def distribution(tc) -> D.TrialDistribution:
         return D.poisson(DEFAULT_MEAN_TRIALS if tc.mu is None else tc.mu)
     raise ConfigError(f"tuning.distribution must be 'tnb' or 'poisson', got "
                       f"{tc.distribution!r}")
+
+
+def select_of(tc) -> str:
+    """tuning.select as run: the default "subsample" trains the chosen setting with MR-MTL,
+    so Ditto without an explicit `select` is tuned by "random"."""
+    if tc.select == "subsample" and tc.method != "mrmtl" and _unset(tc, "select"):
+        return "random"
+    return tc.select
 
 
 def validate(tc, *, sweep: bool = False) -> None:
@@ -69,7 +100,8 @@ def validate(tc, *, sweep: bool = False) -> None:
     if tc.select not in SELECTS:
         raise ConfigError(f"tuning.select must be one of {', '.join(SELECTS)}, got "
                           f"{tc.select!r}")
-    if tc.select == "subsample":
+    select = select_of(tc)
+    if select == "subsample":
         if tc.method != "mrmtl":
             raise ConfigError("tuning.select = 'subsample' trains the chosen setting once "
                               "with MR-MTL; set tuning.method = 'mrmtl' (or select = "
@@ -78,7 +110,7 @@ def validate(tc, *, sweep: bool = False) -> None:
         if isinstance(f, bool) or not isinstance(f, (int, float)) or not 0 < f <= 1:
             raise ConfigError(f"tuning.subsample_fraction (γ: the trials sample each row "
                               f"with probability γ·q per step) must be in (0, 1], got {f!r}")
-    if tc.select in ("random", "subsample"):
+    if select in ("random", "subsample"):
         from silofl.privacy.selection import check_accountable
         check_accountable(distribution(tc))
 
@@ -88,16 +120,17 @@ def tuned_algorithm(tc, lams, lrs, validation, weighted: bool = True):
     if not lams:
         raise ConfigError("tuning.lam is empty; list the λ values to try, e.g. "
                           f"lam = {list(DEFAULT_LAMS)}")
-    if tc.select == "subsample":
+    select = select_of(tc)
+    if select == "subsample":
         from silofl.tuning.subsample import SubsampleTuned
         return SubsampleTuned(list(lams), distribution(tc), validation,
                               lrs=list(lrs) or None, pivot=tc.method,
-                              pivot_lam=tc.pivot_lam, score_ratio=tc.score_ratio,
+                              pivot_lam=tc.pivot_lam, score_ratio=score_ratio_of(tc),
                               weighted=weighted, fraction=tc.subsample_fraction)
     return TunedPersonalization(list(lams), distribution(tc), validation,
                                 lrs=list(lrs) or None, pivot=tc.method,
                                 pivot_lam=tc.pivot_lam, score_ratio=tc.score_ratio,
-                                weighted=weighted, select=tc.select,
+                                weighted=weighted, select=select,
                                 em_fraction=tc.em_fraction)
 
 
