@@ -155,11 +155,12 @@ def proxy_algorithms(cfg: Config, algorithms: list, raw) -> list:
                           f"{cfg.training.methods}; add it or set tuning.method")
     epsilon = cfg.privacy.epsilon if cfg.privacy.enabled else None
     chosen = proxy_chosen(cfg, raw.feature_names, raw.task, build.training_config(cfg),
-                          epsilon)
+                          epsilon, own=raw)
     return [chosen if m == tc.method else a for m, a in zip(cfg.training.methods, algorithms)]
 
 
-def proxy_chosen(cfg: Config, feature_names, task: str, tcfg, epsilon: float | None):
+def proxy_chosen(cfg: Config, feature_names, task: str, tcfg, epsilon: float | None,
+                 own=None):
     """tuning.method with λ chosen on the declared-public proxy (`silofl run` and sweeps).
 
     Parameters
@@ -175,6 +176,8 @@ def proxy_chosen(cfg: Config, feature_names, task: str, tcfg, epsilon: float | N
     epsilon : float or None
         The run's per-silo ε: with proxy_noise = "simulated" the proxy trains with that
         noise (None: non-private run, no noise).
+    own : RawFederation, optional
+        The silos' encoded rows, for `check_disjoint` (None: loaded from cfg.data).
 
     Returns
     -------
@@ -190,7 +193,7 @@ def proxy_chosen(cfg: Config, feature_names, task: str, tcfg, epsilon: float | N
                           f"{list(praw.feature_names)[:6]}… (task {praw.task}), the silos "
                           f"{list(feature_names)[:6]}… (task {task}): the proxy needs "
                           "the silos' label and feature columns")
-    check_disjoint(praw, raw)
+    check_disjoint(praw, build.load_raw(cfg.data) if own is None else own)
     prep = build.plan_data(pdc, praw, None)
     if prep.private:
         raise ConfigError("the proxy is public: set data.standardize/impute to 'auto' or "
