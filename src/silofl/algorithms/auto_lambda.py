@@ -104,6 +104,10 @@ NOISE_MARGIN = 0.05
 START_LAM = math.inf
 #: share of the rounds run as FedAvg before the estimator starts (at least 2 rounds)
 BURN_IN = 0.1
+#: ψ from the silo sizes (step 3) needs this many silos that answered ...
+MIN_SIZE_FIT = 10
+#: ... and q_k whose standard deviation is at least this share of their mean
+SIZE_SPREAD = 0.25
 #: weight of past rounds in the successive differences that measure sampling noise
 DIFF_MEMORY = 0.8
 #: how λ_k follows from the estimates: "sgd" (the DP-SGD error model, step 5b) or "d30"
@@ -230,8 +234,9 @@ class Estimate:
 
     Per silo (K, P): sum_s, sum_g — weighted sums over rounds of the pass starts S_k and
     implied gradients ĝ_k; (K,): n (weights), sxx = Σ‖S_k‖², sxg = Σ⟨S_k, ĝ_k⟩; the
-    successive-difference sums dgg, dsg, dss, dn and the last deviations (step 3b); (4, P):
-    the round sums of the spread terms A, B, C, V (`round_spread`) and their weight."""
+    successive-difference sums dgg, dsg, dss, dn and the last deviations (step 3b); the
+    sums over rounds of each silo's deviations from the round's silo mean, sum_cs, sum_cg
+    (K, P), and their counts nc (K,) (step 3)."""
 
     sum_s: np.ndarray
     sum_g: np.ndarray
@@ -245,8 +250,9 @@ class Estimate:
     last_s: np.ndarray
     last_g: np.ndarray
     seen: np.ndarray
-    spread: np.ndarray = field(default_factory=lambda: np.zeros((4, 1)))  # A, B, C, V (4, P)
-    spread_w: float = 0.0
+    sum_cs: np.ndarray = field(default_factory=lambda: np.zeros((0, 0)))
+    sum_cg: np.ndarray = field(default_factory=lambda: np.zeros((0, 0)))
+    nc: np.ndarray = field(default_factory=lambda: np.zeros(0))
     rounds: int = 0
 
     @classmethod
@@ -254,7 +260,7 @@ class Estimate:
         z, zp = (lambda: np.zeros(K)), (lambda: np.zeros((K, P)))  # noqa: E731
         return cls(sum_s=zp(), sum_g=zp(), n=z(), sxx=z(), sxg=z(), dgg=z(),
                    dsg=z(), dss=z(), dn=z(), last_s=zp(), last_g=zp(),
-                   seen=np.zeros(K, bool), spread=np.zeros((4, P)))
+                   seen=np.zeros(K, bool), sum_cs=zp(), sum_cg=zp(), nc=z())
 
     def slope(self) -> float | None:
         """h_e: pooled least-squares slope of ĝ on S with a per-silo intercept (None: not
@@ -280,16 +286,39 @@ class Estimate:
         ss = self.dgg - 2 * h_e * self.dsg + h_e ** 2 * self.dss
         return np.where(d, np.maximum(ss, 0.0) / (2 * P * np.maximum(self.dn, 1e-300)), 0.0)
 
-    def tau2(self, h_e: float, noise: float, stat: float = 0.0) -> float:
-        """τ̂² ≥ 0 at slope h_e (step 3 of the module docstring), `noise` the variance of ĝ
-        per coordinate that is not heterogeneity, averaged over silos."""
-        if self.spread_w <= 0:
-            return 0.0
-        A, B, C, _ = self.spread / self.spread_w
-        # the mean over coordinates (isotropic model): clipping each coordinate at 0 first
-        # would add the positive parts of pure noise (measured: School ε = 1, +19% MSE)
-        per = A - 2 * B / h_e + (C - (1 + NOISE_MARGIN) * noise) / h_e ** 2 - stat
-        return max(0.0, float(np.mean(per)))
+    def tau2(self, h_e: float, noise: np.ndarray, x: np.ndarray,
+             psi_res: float) -> tuple[float, float]:
+        """(τ̂², ψ̂) at slope h_e (step 3 of the module docstring).
+
+        Parameters
+        ----------
+        h_e : float
+            The pass's secant slope.
+        noise : numpy.ndarray
+            (K,) the variance per coordinate of one round's ĝ_k that is not heterogeneity
+            (DP and sampling noise).
+        x : numpy.ndarray
+            (K,) q_k/h², so that a silo's sampling error of its optimum is ψ·x_k.
+        psi_res : float
+            ψ measured from the rounds' residuals (step 3b), used where the silo sizes
+            do not vary enough to separate ψ from τ².
+        """
+        ok = self.nc > 0
+        K = int(ok.sum())
+        if K < 2:
+            return 0.0, psi_res
+        nc = self.nc[ok]
+        D = (self.sum_cs[ok] - self.sum_cg[ok] / h_e) / nc[:, None]  # mean implied optimum
+        D = D - D.mean(0)
+        # per silo: ‖D_k‖²/P ≈ (1 − 1/K)(τ² + ψ·x_k) + its noise averaged over nc_k rounds
+        d = np.mean(D * D, axis=1) * K / (K - 1) \
+            - (1 + NOISE_MARGIN) * noise[ok] / (nc * h_e ** 2)
+        x = x[ok]
+        psi = psi_res
+        if K >= MIN_SIZE_FIT and np.std(x) >= SIZE_SPREAD * np.mean(x):
+            slope = float(np.polyfit(x, d, 1)[0])  # ψ from how the spread grows with 1/n_k
+            psi = max(slope, 0.0)
+        return max(0.0, float(np.mean(d - psi * x))), psi
 
 
 def implied_gradients(starts: np.ndarray, deltas: np.ndarray, pull: np.ndarray,
@@ -355,8 +384,8 @@ class LambdaEstimator:
             arr *= m
         for arr in (est.dgg, est.dsg, est.dss, est.dn):  # recent rounds: past the transient
             arr *= DIFF_MEMORY
-        est.spread *= m
-        est.spread_w *= m
+        for arr in (est.sum_cs, est.sum_cg, est.nc):
+            arr *= m
         est.rounds += 1
         k = np.flatnonzero(present)
         S, G = starts[k], g[k]
@@ -374,22 +403,12 @@ class LambdaEstimator:
             est.dgg[j] += up * np.einsum("kp,kp->k", dG, dG)
             est.dn[j] += 1
             est.last_s[k], est.last_g[k], est.seen[k] = Sc, Gc, True
+            est.sum_cs[k] += Sc
+            est.sum_cg[k] += Gc
+            est.nc[k] += 1
         est.sxx[k] += np.einsum("kp,kp->k", S, S)
         est.sxg[k] += np.einsum("kp,kp->k", S, G)
-        if k.size >= 2:
-            est.spread += self.round_spread(S, G, header[k])
-            est.spread_w += 1.0
         return est
-
-    def round_spread(self, S: np.ndarray, G: np.ndarray, header: np.ndarray) -> np.ndarray:
-        """(4, P) [A, B, C, V] of one round over its m ≥ 2 silos, per coordinate:
-        A = Σ_k(S_k − S̄)²/(m−1), B = Σ_k(S_k − S̄)(ĝ_k − ḡ)/(m−1), C = Σ_k(ĝ_k − ḡ)²/(m−1)
-        and V = Σ_k V_k/(m T_k) (the DP noise variance of ĝ_k, before the contraction)."""
-        m = S.shape[0]
-        dS, dG = S - S.mean(0), G - G.mean(0)
-        V = float(np.mean(header[:, 0] / header[:, 2]))
-        return np.stack([(dS * dS).sum(0), (dS * dG).sum(0), (dG * dG).sum(0),
-                         np.full(S.shape[1], V * (m - 1))]) / (m - 1)
 
     def lambdas(self, est: Estimate, header: np.ndarray) -> tuple[np.ndarray, dict]:
         """λ_k (K,) for the next round (∞: FedAvg), and the estimates behind them.
@@ -405,7 +424,8 @@ class LambdaEstimator:
         -------
         tuple of (numpy.ndarray, dict)
             λ_k in the training objective's units, and {"h", "h_e", "tau2", "s"} (None
-            where not measurable yet).
+            where not measurable yet), "psi" the per-example gradient variance over the
+            batch.
         """
         K = header.shape[0]
         var, lr, steps, q = header[:, 0], float(np.median(header[:, 1])), header[:, 2], \
@@ -413,7 +433,7 @@ class LambdaEstimator:
         h_e = est.slope()
         if h_e is None:  # not measurable yet: FedAvg, the start every silo shares
             return np.full(K, START_LAM), {"h": None, "h_e": h_e, "tau2": None, "s": None,
-                                           "s_stat": None}
+                                           "s_stat": None, "psi": None}
         lrT = float(np.median(lr * steps))
         T = float(np.median(steps))
         rho_T = max(1.0 - lrT * h_e, 1e-6)  # the pass's contraction ρ^T
@@ -431,9 +451,8 @@ class LambdaEstimator:
         psi = max(0.0, float(np.sum(w * excess * steps / np.maximum(1.0 - q, 1e-12))
                              / max(float(np.sum(w)), 1e-300)))
         samp = psi * (1.0 - q) / steps  # sampling noise variance of ĝ_k
+        tau2, psi = est.tau2(h_e, dp_g + samp, q / h ** 2, psi)
         stat = psi * q / h ** 2  # Σ²/n_k: the empirical optimum's, parameter units
-        V_round = float(est.spread[3].mean()) / est.spread_w if est.spread_w > 0 else 0.0
-        tau2 = est.tau2(h_e, shrink * V_round + float(np.mean(samp)), float(np.mean(stat)))
         s_dp = lr * lr * var * _sum_rho(rho, self.rounds * steps)
         s = s_dp + stat
         if self.rule == "d30":
@@ -442,7 +461,7 @@ class LambdaEstimator:
             lam = sgd_lambdas(h, lr, var, self.rounds * steps, tau2, stat)
         lam = np.where(np.isfinite(lam) & (lr * lam < MAX_STEP_PULL), lam, np.inf)
         return lam, {"h": h, "h_e": h_e, "tau2": tau2, "s": s.tolist(),
-                     "s_stat": stat.tolist()}
+                     "s_stat": stat.tolist(), "psi": psi}
 
 
 @dataclass
