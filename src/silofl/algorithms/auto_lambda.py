@@ -287,7 +287,7 @@ class Estimate:
         return np.where(d, np.maximum(ss, 0.0) / (2 * P * np.maximum(self.dn, 1e-300)), 0.0)
 
     def tau2(self, h_e: float, noise: np.ndarray, x: np.ndarray,
-             psi_res: float) -> tuple[float, float]:
+             psi_res: float, psi_se: float = math.inf) -> tuple[float, float]:
         """(τ̂², ψ̂) at slope h_e (step 3 of the module docstring).
 
         Parameters
@@ -299,9 +299,9 @@ class Estimate:
             (DP and sampling noise).
         x : numpy.ndarray
             (K,) q_k/h², so that a silo's sampling error of its optimum is ψ·x_k.
-        psi_res : float
-            ψ measured from the rounds' residuals (step 3b), used where the silo sizes
-            do not vary enough to separate ψ from τ².
+        psi_res, psi_se : float
+            ψ measured from the rounds' residuals (step 3b) and its standard error, alone
+            where the silo sizes do not vary enough to separate ψ from τ².
         """
         ok = self.nc > 0
         K = int(ok.sum())
@@ -316,8 +316,15 @@ class Estimate:
         x = x[ok]
         psi = psi_res
         if K >= MIN_SIZE_FIT and np.std(x) >= SIZE_SPREAD * np.mean(x):
-            slope = float(np.polyfit(x, d, 1)[0])  # ψ from how the spread grows with 1/n_k
-            psi = max(slope, 0.0)
+            # ψ from how the spread grows with q_k/h² = b/(n_k h²), weighed against the
+            # residuals' ψ by their standard errors (OLS; the residuals' from trusting
+            # the DP noise to NOISE_MARGIN)
+            xc = x - x.mean()
+            fit = float((xc * d).sum() / (xc * xc).sum())
+            r = d - d.mean() - fit * xc
+            se2 = float((r * r).sum() / (K - 2) / (xc * xc).sum())
+            w_fit, w_res = 1.0 / max(se2, 1e-300), 1.0 / max(psi_se ** 2, 1e-300)
+            psi = max((w_fit * fit + w_res * psi_res) / (w_fit + w_res), 0.0)
         return max(0.0, float(np.mean(d - psi * x))), psi
 
 
@@ -448,10 +455,13 @@ class LambdaEstimator:
         dp_g = shrink * var / steps  # DP noise variance of ĝ_k
         excess = est.residual_var(h_e) - dp_g  # unclipped: the pooled mean stays unbiased
         w = (1.0 - q) ** 2
-        psi = max(0.0, float(np.sum(w * excess * steps / np.maximum(1.0 - q, 1e-12))
-                             / max(float(np.sum(w)), 1e-300)))
+        to_psi = w * steps / np.maximum(1.0 - q, 1e-12) / max(float(np.sum(w)), 1e-300)
+        psi = max(0.0, float(np.sum(to_psi * excess)))
         samp = psi * (1.0 - q) / steps  # sampling noise variance of ĝ_k
-        tau2, psi = est.tau2(h_e, dp_g + samp, q / h ** 2, psi)
+        # in parameter units (ψ·q/h²): the residuals' ψ is as good as the DP noise's model
+        se = NOISE_MARGIN * float(np.sum(to_psi * dp_g)) + 1e-300
+        tau2, psi_x = est.tau2(h_e, dp_g + samp, q / h ** 2, psi, se)
+        psi = psi_x
         stat = psi * q / h ** 2  # Σ²/n_k: the empirical optimum's, parameter units
         s_dp = lr * lr * var * _sum_rho(rho, self.rounds * steps)
         s = s_dp + stat
