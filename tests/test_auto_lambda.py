@@ -9,6 +9,7 @@ import pytest
 
 from silofl import make_algorithm, make_model
 from silofl.algorithms import auto_lambda as A
+from silofl.algorithms import lambda_estimate as E
 from silofl.algorithms.auto_lambda import AutoMessage, AutoUpdate
 from silofl.config.run import config_from_dict
 from silofl.data.synthetic import mean_estimation
@@ -82,7 +83,7 @@ def test_infinite_lambda_is_fedavg(monkeypatch):
     """λ_k = ∞ from round 2 on: each pass starts from the broadcast model without pull and
     the personal models are the shared one — the same models as FedAvg on the same draws
     (round 1 runs at λ = 0 from the common start, which is FedAvg's pass too)."""
-    monkeypatch.setattr(A.LambdaEstimator, "lambdas",
+    monkeypatch.setattr(E.LambdaEstimator, "lambdas",
                         lambda self, est, header: (np.full(len(header), np.inf), {
                             "h": 1.0, "h_e": 1.0, "tau2": 0.0, "s": None, "s_stat": None}))
     fed = _mean_fed(0, K=5)
@@ -95,10 +96,10 @@ def test_infinite_lambda_is_fedavg(monkeypatch):
 def test_strong_or_negative_d30_is_infinite():
     """D.30's bracket ≤ 0 (a silo much noisier than the rest, τ² = 0) and lr·λ ≥ 0.5 both
     give ∞ (FedAvg); a silo without noise gets 0 (Local)."""
-    lam = A.optimal_lambdas(np.array([1.0, 0.01, 0.01]), 0.0)
+    lam = E.optimal_lambdas(np.array([1.0, 0.01, 0.01]), 0.0)
     assert np.isinf(lam[0]) and np.all(np.isfinite(lam[1:]))
-    assert A.optimal_lambdas(np.array([0.0, 1.0]), 0.5)[0] == 0.0
-    grid = A.sgd_lambdas(1.0, 0.1, np.array([1e-6, 10.0]), np.array([100.0, 100.0]), 0.1)
+    assert E.optimal_lambdas(np.array([0.0, 1.0]), 0.5)[0] == 0.0
+    grid = E.sgd_lambdas(1.0, 0.1, np.array([1e-6, 10.0]), np.array([100.0, 100.0]), 0.1)
     assert grid[0] < 0.5 / 0.1 and np.isinf(grid[1])
 
 
