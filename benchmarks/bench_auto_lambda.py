@@ -13,12 +13,14 @@ seed, "theory" `silo_optimal_errors` at the true (s, τ²) (the estimator model 
 which DP-SGD does not reach exactly: its noise shrinks as 1/(1 + λ) under the pull, not
 1/(1 + λ)²).
 
-real: heart (logistic, batch 8, lr 0.1, clip 1, δ = 1e-5) and School (139 schools, linear
-mse, batch 32, lr 0.03, clip 1, δ = 1e-3): auto vs FedAvg vs Local vs MR-MTL at fixed λ.
+real: heart (logistic, batch 8, lr 0.1, clip 1, δ = 1e-5), School (139 schools, linear
+mse, batch 32, lr 0.03, clip 1, δ = 1e-3) and the Vehicle-like synthetic task (23 silos,
+logistic, batch 64, lr 0.1, clip 1, δ = 1e-4): auto vs FedAvg vs Local vs MR-MTL at fixed
+λ ∈ {0.01, 0.1, 1, 10}.
 
 Noise is seeded (an experiment, not a privacy guarantee). Run:
     .venv/bin/python benchmarks/bench_auto_lambda.py theory [--seeds 5] [--eps 1,4,8]
-    .venv/bin/python benchmarks/bench_auto_lambda.py real --data school --rounds 100
+    .venv/bin/python benchmarks/bench_auto_lambda.py real --data school --rounds 200 [--data vehicle]
 """
 
 from __future__ import annotations
@@ -83,10 +85,13 @@ def theory(eps_list: list[float], seeds: int) -> None:
 
 
 def real(data: str, rounds: int, eps_list: list[float], seeds: int,
-         lams: tuple[float, ...] = (0.1, 1.0, 10.0)) -> None:
+         lams: tuple[float, ...] = (0.01, 0.1, 1.0, 10.0)) -> None:
     if data == "heart":
         from silofl.data.heart import load_heart_disease as load
         name, kw, delta, metric = "logistic", dict(batch_size=8, lr=0.1), 1e-5, None
+    elif data == "vehicle":  # bench_personalization's settings (100 rounds there)
+        from silofl.data.synthetic import vehicle_like as load
+        name, kw, delta, metric = "logistic", dict(batch_size=64, lr=0.1), 1e-4, None
     else:
         from silofl.data.school import load_school as load
         name, kw, delta, metric = "linear", dict(batch_size=32, lr=0.03), 1e-3, "mse"
@@ -100,16 +105,18 @@ def real(data: str, rounds: int, eps_list: list[float], seeds: int,
             runs = [("local", 0.0), ("fedavg", 0.0)] + [("mrmtl", lam) for lam in lams] + \
                 [("mrmtl", "auto")]
             for method, lam in runs:
-                res = simulate(fed, model, make_algorithm(method, lam=lam), cfg, metric=metric)
+                alg = make_algorithm(method, lam=lam)
+                res = simulate(fed, model, alg, cfg, metric=metric)
                 key = method if method in ("local", "fedavg") else f"mrmtl({lam})"
                 row[key] = round(float(res.final_pooled), 5)
+            row["tau2_hat"] = alg.describe()["lam_estimates"]["tau2"]
             print(json.dumps(row), flush=True)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("what", choices=["theory", "real"])
-    ap.add_argument("--data", default="school", choices=["school", "heart"])
+    ap.add_argument("--data", default="school", choices=["school", "heart", "vehicle"])
     ap.add_argument("--rounds", type=int, default=100)
     ap.add_argument("--eps", default="1,4,8")
     ap.add_argument("--seeds", type=int, default=2)

@@ -9,6 +9,7 @@ import pytest
 
 from silofl import make_algorithm, make_model
 from silofl.algorithms import auto_lambda as A
+from silofl.algorithms import lambda_estimate as E
 from silofl.algorithms.auto_lambda import AutoMessage, AutoUpdate
 from silofl.config.run import config_from_dict
 from silofl.data.synthetic import mean_estimation
@@ -82,7 +83,7 @@ def test_infinite_lambda_is_fedavg(monkeypatch):
     """λ_k = ∞ from round 2 on: each pass starts from the broadcast model without pull and
     the personal models are the shared one — the same models as FedAvg on the same draws
     (round 1 runs at λ = 0 from the common start, which is FedAvg's pass too)."""
-    monkeypatch.setattr(A.LambdaEstimator, "lambdas",
+    monkeypatch.setattr(E.LambdaEstimator, "lambdas",
                         lambda self, est, header: (np.full(len(header), np.inf), {
                             "h": 1.0, "h_e": 1.0, "tau2": 0.0, "s": None, "s_stat": None}))
     fed = _mean_fed(0, K=5)
@@ -95,10 +96,10 @@ def test_infinite_lambda_is_fedavg(monkeypatch):
 def test_strong_or_negative_d30_is_infinite():
     """D.30's bracket ≤ 0 (a silo much noisier than the rest, τ² = 0) and lr·λ ≥ 0.5 both
     give ∞ (FedAvg); a silo without noise gets 0 (Local)."""
-    lam = A.optimal_lambdas(np.array([1.0, 0.01, 0.01]), 0.0)
+    lam = E.optimal_lambdas(np.array([1.0, 0.01, 0.01]), 0.0)
     assert np.isinf(lam[0]) and np.all(np.isfinite(lam[1:]))
-    assert A.optimal_lambdas(np.array([0.0, 1.0]), 0.5)[0] == 0.0
-    grid = A.sgd_lambdas(1.0, 0.1, np.array([1e-6, 10.0]), np.array([100.0, 100.0]), 0.1)
+    assert E.optimal_lambdas(np.array([0.0, 1.0]), 0.5)[0] == 0.0
+    grid = E.sgd_lambdas(1.0, 0.1, np.array([1e-6, 10.0]), np.array([100.0, 100.0]), 0.1)
     assert grid[0] < 0.5 / 0.1 and np.isinf(grid[1])
 
 
@@ -188,3 +189,38 @@ def test_per_silo_hosting_runs_the_same_estimator():
     lj = np.median([v for v in dj["lam_final"] if v != "inf"])
     lp = np.median([v for v in dp["lam_final"] if v != "inf"])
     assert lj / 2 < lp < 2 * lj
+
+
+def test_heterogeneity_is_recovered_with_unequal_silo_sizes():
+    """24 mean-estimation silos of 20 to 200 points (σ = 1: each silo's own mean is off by
+    σ²/n_k, which must not be read as heterogeneity), τ = 0.3, ε = 8, 3 seeds: τ̂² within a
+    factor 2.5 of the centres' sample variance for each seed (measured 0.90–1.92; the
+    per-round estimator of the first version gave up to 2.55), and the sampling error it
+    removes, mean_k s_stat, within a factor 2 of σ²/n_k (measured 0.61–0.92)."""
+    sizes = list(np.geomspace(20, 200, 24).astype(int))
+    for seed in range(3):
+        fed = mean_estimation(sizes=sizes, sigma=1.0, tau=0.3, seed=seed)
+        fed = fed.with_targets(PrivacyTarget(8.0, 1e-5))
+        alg = make_algorithm("mrmtl", lam="auto")
+        _run(fed, alg, seed=seed)
+        est = alg.describe()["lam_estimates"]
+        tau2 = float(np.var(fed.meta["centers"], ddof=1))
+        assert tau2 / 2.5 < est["tau2"] < 2.5 * tau2, (seed, est["tau2"], tau2)
+        stat = float(np.mean([1.0 / s.n_train for s in fed.silos]))
+        assert stat / 2 < np.mean(est["s_stat"]) < 2 * stat, seed
+
+
+def test_network_job_key_takes_auto():
+    """The networked job's "lam" is a number ≥ 0 or "auto": an int is the same number (one
+    canonical form to hash), a near miss is a specific protocol error."""
+    from silofl.runtime.network.jobspec import check_job
+    from silofl.runtime.network.messages import ProtocolError
+    from silofl.runtime.network.server import JOB_DEFAULTS
+    job = {**JOB_DEFAULTS, "method": "mrmtl", "rounds": 3, "dim": 2, "silos": '["a", "b"]'}
+    assert check_job({**job, "lam": "auto"})["lam"] == "auto"
+    one = check_job({**job, "lam": 1})["lam"]
+    assert one == 1.0 and isinstance(one, float)
+    with pytest.raises(ProtocolError, match='exactly as "auto"'):
+        check_job({**job, "lam": "Auto"})
+    with pytest.raises(ProtocolError, match="must be float or str"):
+        check_job({**job, "lam": [1.0]})

@@ -735,3 +735,42 @@ def test_graph_regions_as_tls_processes_equal_in_process_pandemic_training(tmp_p
     Path(w["server"]).write_text(text)
     with pytest.raises(ConfigError, match="tabular jobs"):
         load_server_config(w["server"])
+
+
+def test_auto_lambda_job_over_the_network_programs(tmp_path):
+    """lam = "auto" as a job key: the silo and server programs (in-process) run the
+    estimator the simulator's per-silo mode runs — the same λ path and personal models
+    (same process: equal within 1e-12) — and each store holds the steps of a fixed-λ run."""
+    w = consortium(tmp_path, job={"method": "mrmtl", "lam": "auto", "rounds": 4})
+    srv = ServerProgram(load_server_config(w["server"]))
+    assert srv.job["lam"] == "auto"
+    silos = {n: SiloProgram(load_silo_config(p)) for n, p in w["silos"].items()}
+    _drive(srv, silos, 4)
+    from silofl.data.heart import load_heart_disease
+    from silofl.runtime.simulator import simulate
+    fed = load_heart_disease(seed=0).with_targets(PrivacyTarget(1.0, DELTA))
+    alg = job_algorithm(srv.job)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        res = simulate(fed, job_model(srv.job), alg, job_config(srv.job), hosting="per_silo")
+    sim, plans = res.params, res.plans
+    assert srv.server.path == alg.describe()["lam_path"] and len(srv.server.path) == 4
+    for k, (n, s) in enumerate(silos.items()):
+        personal = alg.auto_personal(s.state.params, srv.server)[0]
+        np.testing.assert_allclose(personal, sim[k], rtol=1e-12, atol=1e-12)
+        steps, _ = steps_in_store(s.cfg.budget_store, n)
+        assert steps == 4 * plans[k].steps_per_pass
+
+
+def test_secagg_refuses_an_auto_lambda_job_before_anything_runs(tmp_path):
+    """SecAgg+ hides each silo's update, from which lam = "auto" sets λ_k: the server's
+    configuration is refused with a specific error, and no store holds a charge."""
+    w = consortium(tmp_path, job={"method": "mrmtl", "lam": "auto"})
+    edit_toml(w["server"], "server", secagg=True)
+    with pytest.raises(ConfigError, match=r'lam = "auto" sets λ_k from those updates'):
+        load_server_config(w["server"])
+    for n, p in w["silos"].items():  # no silo ever reached its store
+        store = load_silo_config(p).budget_store
+        if Path(store).exists():
+            with pytest.raises(BudgetStoreError, match="is not in budget store"):
+                steps_in_store(store, n)

@@ -381,3 +381,29 @@ def test_report_lists_the_silos_a_sweep_left_out(tmp_path):
     assert [d["silo"] for d in summary["dropped_silos"]] == ["Switzerland"]
     html = (tmp_path / "rep" / "report.html").read_text()
     assert "left out by sweep.min_silo_train: Switzerland (78 training rows)" in html
+
+
+def test_auto_lambda_in_the_sweep_grid(tmp_path):
+    """sweep.lam may list "auto" next to numbers: MR-MTL runs at each, the records keep
+    "auto", selection and the report handle it (the λ figure plots the numbers only), and
+    a method that takes no "auto" or a near miss is refused before anything runs."""
+    raw = copy.deepcopy(BASE)
+    raw["sweep"].update(methods=["fedavg", "mrmtl"], epsilon=[4], nonprivate=False,
+                        lam=[1.0, "auto"])
+    out = run_sweep(load_sweep_config(_write(tmp_path, raw)))
+    assert out.executed == 3
+    head, records = read_results(out.results)
+    assert sorted(str(r["lam"]) for r in records if r["method"] == "mrmtl") == ["1.0", "auto"]
+    (row,) = [r for r in select_best(head, records) if r["method"] == "mrmtl"]
+    assert row["lam"] in (1.0, "auto")
+    summary = write_report(out.results, tmp_path / "rep")
+    assert summary["figures"]["mrmtl_lambda"]
+    for lam, expect in ((["Auto"], 'exactly as "auto"'), (["auto", "auto"], "more than once")):
+        bad = copy.deepcopy(raw)
+        bad["sweep"]["lam"] = lam
+        with pytest.raises(ConfigError, match=expect):
+            sweep_config_from_dict(bad)
+    bad = copy.deepcopy(raw)
+    bad["sweep"]["methods"] = ["mocha"]
+    with pytest.raises(ConfigError, match="mrmtl and ditto"):
+        sweep_config_from_dict(bad)

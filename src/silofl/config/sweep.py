@@ -44,7 +44,7 @@ class SweepSection(Section):
     @model_validator(mode="after")
     def _check_grid(self) -> SweepSection:
         self.epsilon = _number_list(self.epsilon, "sweep.epsilon", positive=True)
-        self.lam = _number_list(self.lam, "sweep.lam")
+        self.lam = _lam_list(self.lam)
         self.lr = _number_list(self.lr, "sweep.lr", positive=True)
         self.seeds = _number_list(self.seeds, "sweep.seeds", integer=True)
         if not 0 < self.validation_fraction < 1:
@@ -74,6 +74,23 @@ class ReportSection(Section):
 
     section: ClassVar[str] = "report"
     epsilon: float | None = None   # ε of the λ and over-rounds figures (default: middle ε)
+
+
+def _lam_list(value: list) -> list:
+    """sweep.lam: distinct numbers ≥ 0 and at most one "auto" (λ_k from the released
+    updates, MR-MTL and Ditto), in the order given."""
+    if not isinstance(value, list):
+        raise ConfigError(f"'sweep.lam' must be a list, e.g. [0.1, 1, \"auto\"], got {value!r}")
+    for v in value:
+        if isinstance(v, str) and v != "auto":
+            hint = ("write it exactly as \"auto\"" if v.strip().lower() == "auto" else
+                    "give numbers ≥ 0 or \"auto\"")
+            raise ConfigError(f"'sweep.lam' holds {v!r}: {hint}")
+    if value.count("auto") > 1:
+        raise ConfigError("'sweep.lam' lists \"auto\" more than once; list it once")
+    numbers = [v for v in value if v != "auto"]
+    checked = iter(_number_list(numbers, "sweep.lam") if numbers or not value else [])
+    return [v if v == "auto" else next(checked) for v in value]
 
 
 def _number_list(value: list, where: str, *, positive: bool = False,

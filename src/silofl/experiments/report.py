@@ -281,6 +281,11 @@ def mean_per_silo(values) -> float:
     return float(v.mean()) if v.size else float("nan")
 
 
+def lam_text(lam: float | str | None) -> str:
+    """λ as a table cell: "—" (the method has none), "auto" or the number."""
+    return "—" if lam is None else str(lam) if isinstance(lam, str) else f"{lam:g}"
+
+
 def flamby_comparison(rep) -> str | None:
     """Where the methods stand against FLamby's Fed-Heart-Disease figures, like with like
     (mean per-hospital accuracy); None unless the run is on the built-in heart data."""
@@ -326,7 +331,7 @@ def selection_table(head: dict, rows: list[dict]) -> Table:
         t.add_column(c, justify="left" if c == "method" else "right")
     for r in rows:
         t.add_row(r["method"], eps_label(r["epsilon"]),
-                  "—" if r["lam"] is None else f"{r['lam']:g}", f"{r['lr']:g}",
+                  lam_text(r["lam"]), f"{r['lr']:g}",
                   _fmt(r["validation_mean"]),
                   f"{_fmt(r['test_mean'])} ± {_fmt(r['test_std'], 2)}", str(len(r["seeds"])),
                   "—" if r["max_epsilon_spent"] is None else f"{r['max_epsilon_spent']:.3f}")
@@ -434,7 +439,7 @@ def _selection_html(rows: list[dict], metric: str) -> list[str]:
            f"<th>validation {metric}</th><th>test {metric} (mean ± std)</th>"
            "<th>seeds</th><th>candidates</th><th>max ε spent</th></tr>"]
     for r in rows:
-        lam = "—" if r["lam"] is None else f"{r['lam']:g}"
+        lam = lam_text(r["lam"])
         spent = "—" if r["max_epsilon_spent"] is None else f"{r['max_epsilon_spent']:.3f}"
         out.append(
             f"<tr><td>{e(r['method'])}</td><td>{eps_label(r['epsilon'])}</td><td>{lam}</td>"

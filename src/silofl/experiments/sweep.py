@@ -88,7 +88,7 @@ class RunSpec:
 
     method: str
     epsilon: float | None
-    lam: float | None
+    lam: float | str | None  # "auto": λ_k from the released updates
     lr: float
     seed: int
 
@@ -182,7 +182,8 @@ def algorithm(sc: SweepConfig, spec: RunSpec, prep: Prepared | None = None):
         return _proxy_algorithm(sc, spec, prep)
     if spec.method.endswith("_tuned"):  # grid: tuning.lam (default sweep.lam), tuning.lr
         tc = sc.base.tuning
-        return tuning_setup.tuned_algorithm(tc, tc.lam or sc.sweep.lam, tc.lr,
+        grid = tc.lam or [v for v in sc.sweep.lam if v != "auto"]  # a λ to try is a number
+        return tuning_setup.tuned_algorithm(tc, grid, tc.lr,
                                             prep.validation, sc.base.training.weighted)
     lam = _ALG_DEFAULTS["lam"] if spec.lam is None else spec.lam
     alg = make_algorithm(spec.method, lam=lam, **sc.algorithm_options())

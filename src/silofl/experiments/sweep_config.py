@@ -149,6 +149,8 @@ def sweep_config_from_dict(raw: dict, root: Path | str = ".", source: Source = "
     sc = SweepConfig(base, sweep, report, root, base.data.path)
     for m in sweep.methods:  # the registry refuses unimplemented methods and bad options
         make_algorithm(m, lam=sweep.lam[0], **sc.algorithm_options())
+        if "auto" in sweep.lam and m in LAMBDA_METHODS:  # only MR-MTL and Ditto take it
+            make_algorithm(m, lam="auto", **sc.algorithm_options())
     if base.data.path:
         base.data.path = str(_resolve(root, base.data.path))
     if base.budget.store:

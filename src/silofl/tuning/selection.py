@@ -41,8 +41,8 @@ def group_runs(records: list[dict]) -> dict:
 
 
 def _grid_order(c: tuple) -> tuple:
-    lam, lr = c
-    return (-1.0 if lam is None else lam, lr)
+    lam, lr = c  # "auto" after every number
+    return (-1.0 if lam is None else float("inf") if lam == "auto" else lam, lr)
 
 
 def choose(candidates: dict, higher: bool) -> tuple:
@@ -57,7 +57,7 @@ def lambda_curve(records: list[dict], method: str, epsilon, higher: bool) -> lis
     validation for that λ and the test metric mean ± std over seeds."""
     cands = group_runs(records).get((method, epsilon), {})
     out = []
-    for lam in sorted({c[0] for c in cands if c[0] is not None}):
+    for lam in sorted({c[0] for c in cands if c[0] is not None and c[0] != "auto"}):
         best = choose({c: v for c, v in cands.items() if c[0] == lam}, higher)
         tm, ts = mean_std([r["final_test"] for r in cands[best]])
         out.append({"lam": lam, "lr": best[1], "test_mean": tm, "test_std": ts})

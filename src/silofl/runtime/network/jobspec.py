@@ -12,13 +12,14 @@ from pathlib import Path
 import numpy as np
 
 from silofl.algorithms import make_algorithm
+from silofl.algorithms.auto_lambda import check_lam
 from silofl.errors import ConfigError, DataError
 from silofl.models import make_model
 from silofl.runtime.network import messages as W
 from silofl.runtime.network.hosting import check_network_method
 from silofl.runtime.plan import TrainingConfig
 
-JOB_KEYS = {"method": str, "lam": float, "weighted": bool, "finetune_fraction": float,
+JOB_KEYS = {"method": str, "lam": (float, str), "weighted": bool, "finetune_fraction": float,
             "model": str, "task": str, "num_classes": int, "dim": int, "rounds": int,
             "batch_size": int, "local_epochs": float, "lr": float, "clip": float,
             "l2": float, "accountant": str, "noise": str, "seed": int,
@@ -89,8 +90,13 @@ def check_job(job: dict) -> dict:
                    {**JOB_KEYS, "protocol": str, "kind": str}, "job")
     for key in JOB_TABLES:
         job_rounds(job, key)
+    try:  # λ: a number ≥ 0 or "auto" (λ_k from the released updates)
+        lam = check_lam(job["lam"], "job: field 'lam'")
+    except ConfigError as e:
+        raise W.ProtocolError(str(e)) from None
     # ints where floats are expected are the same number: one canonical form to hash
-    return {k: float(v) if JOB_KEYS[k] is float else v for k, v in job.items()}
+    return {k: lam if k == "lam" else float(v) if JOB_KEYS[k] is float else v
+            for k, v in job.items()}
 
 
 def auto_clip_job(job: dict) -> dict:

@@ -59,11 +59,13 @@ def check_fields(msg: dict, schema: dict, kind: str) -> dict:
                             f"(expected exactly {sorted(want)})")
     for k, t in schema.items():
         v = msg[k]
-        ok = isinstance(v, t) and not (t is int and isinstance(v, bool))
-        if t is float and isinstance(v, int) and not isinstance(v, bool):
+        ts = t if isinstance(t, tuple) else (t,)  # a tuple: any of its types
+        ok = isinstance(v, ts) and not (int in ts and isinstance(v, bool))
+        if float in ts and isinstance(v, int) and not isinstance(v, bool):
             ok = True
         if not ok:
-            raise ProtocolError(f"{kind}: field {k!r} must be {t.__name__}, got "
+            raise ProtocolError(f"{kind}: field {k!r} must be "
+                                f"{' or '.join(x.__name__ for x in ts)}, got "
                                 f"{type(v).__name__}")
         if isinstance(v, str) and len(v) > 4096:
             raise ProtocolError(f"{kind}: field {k!r} is longer than 4096 characters")

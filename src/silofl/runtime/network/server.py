@@ -187,6 +187,10 @@ def load_server_config(path: str | Path) -> ServerConfig:
     if cfg.secagg and job["clip_auto"]:
         raise ConfigError(f"{path}: secagg = true needs a fixed clip (its clipping range is "
                           "set from [job] clip); clip = \"auto\" has none: set clip to a number")
+    if cfg.secagg and job["lam"] == "auto":
+        raise ConfigError(f"{path}: secagg = true hides each silo's update from the server, "
+                          "and lam = \"auto\" sets λ_k from those updates: set lam to a "
+                          "number (e.g. 1.0) or remove secagg")
     if cfg.secagg and job["method"] not in ("fedavg", "mrmtl"):  # secagg.SECAGG_METHODS
         raise ConfigError(f"{path}: secagg = true needs a method whose server step is a "
                           f"weighted mean (fedavg, mrmtl), not {job['method']!r}; remove it")
