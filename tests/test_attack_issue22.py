@@ -124,18 +124,3 @@ def test_sweep_refuses_auto_clip_with_subsample_tuning_when_loaded(tmp_path):
     raw.setdefault("training", {})["clip"] = "auto"
     with pytest.raises(ConfigError, match="select = 'subsample' needs a fixed clip"):
         sweep_config_from_dict(raw, tmp_path)
-
-
-# --- lam = "auto" over the network ---------------------------------------------------------
-
-@pytest.mark.network
-def test_network_job_with_auto_lambda_is_refused_by_name(tmp_path):
-    """Before: "job: field 'lam' must be float, got str". Now the error says lam = "auto"
-    is simulator-only (secagg or not: refused before any silo joins)."""
-    pytest.importorskip("flwr")
-    from silofl.errors import ConfigError
-    from silofl.runtime.network.server import load_server_config
-    from test_network import consortium
-    with pytest.raises(ConfigError, match="lam = \"auto\" is not available over the network"):
-        w = consortium(tmp_path, job={"method": "mrmtl", "lam": "auto", "rounds": 2})
-        load_server_config(w["server"])

@@ -82,10 +82,6 @@ def tables_as_json(job: dict) -> dict:
 
 def check_job(job: dict) -> dict:
     """The public job description with exactly `JOB_KEYS` (ProtocolError otherwise)."""
-    if isinstance(job.get("lam"), str) and job["lam"].strip().lower() == "auto":
-        raise ConfigError("[job] lam = \"auto\" is not available over the network yet (the "
-                          "wire carries one λ); run it in the simulator (silofl run, or "
-                          "simulate(..., hosting='per_silo')) or set [job] lam to a number")
     W.check_fields({**job, "protocol": W.PROTOCOL, "kind": "job"},
                    {**JOB_KEYS, "protocol": str, "kind": str}, "job")
     for key in JOB_TABLES:
