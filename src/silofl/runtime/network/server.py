@@ -172,6 +172,12 @@ def load_server_config(path: str | Path) -> ServerConfig:
         rejoin_wait=s.rejoin_wait, poll_interval=s.poll_interval, secagg=s.secagg,
         public_data=public_path,
         schema=schema_path, run_dir=base / s.run_dir if s.run_dir is not None else None)
+    _check_server(cfg, job, silos, path)
+    return cfg
+
+
+def _check_server(cfg: ServerConfig, job: dict, silos: dict, path: Path) -> None:
+    """The [server] settings against the registered silos and the job (ConfigError)."""
     if not silos:
         raise ConfigError(f"{path}: [silos] is empty; list each silo's name = public key file")
     if not 0.01 <= cfg.poll_interval <= 60.0:
@@ -194,7 +200,6 @@ def load_server_config(path: str | Path) -> ServerConfig:
     if cfg.secagg and job["method"] not in ("fedavg", "mrmtl"):  # secagg.SECAGG_METHODS
         raise ConfigError(f"{path}: secagg = true needs a method whose server step is a "
                           f"weighted mean (fedavg, mrmtl), not {job['method']!r}; remove it")
-    return cfg
 
 
 def _schema_job(job: dict, stated: dict, schema_path: Path, path: Path) -> None:
