@@ -216,8 +216,7 @@ def _prepare(cfg: Config, raw=None) -> _Prepared:
         raw = build.apply_privacy(build.load_raw(cfg.data), cfg)
     # --- private tuning (silofl.tuning): validation rows leave the training rows first
     tuning_counts = None
-    if cfg.tuning.mode != "none":
-        tuning_setup.validate(cfg.tuning)
+    tuning_setup.validate(cfg.tuning)  # every mode: a misspelt key value is refused too
     if cfg.tuning.mode == "private":
         raw, tuning_counts = tuning_setup.carve_into_test(
             raw, cfg.tuning.validation_fraction, cfg.data.seed)

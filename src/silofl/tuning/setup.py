@@ -13,6 +13,7 @@ import dataclasses
 
 import numpy as np
 
+from silofl.config.base import did_you_mean
 from silofl.data.federation import split_silo
 from silofl.errors import ConfigError
 from silofl.tuning import distributions as D
@@ -20,6 +21,7 @@ from silofl.tuning import distributions as D
 MODES = ("none", "private", "proxy")
 SELECTS = ("random", "em", "subsample")
 TUNABLE = ("mrmtl", "ditto")
+PROXY_NOISES = ("simulated", "none")
 DEFAULT_MEAN_TRIALS = 10.0
 #: the default λ grid (`tuning.lam = []`): 5 values a decade apart over MR-MTL's useful
 #: range (near-FedAvg 10 … near-local 0.001). Every extra value costs nothing under random
@@ -43,16 +45,33 @@ def distribution(tc) -> D.TrialDistribution:
                               "number of trials), not gamma or mean_trials")
         return D.poisson(DEFAULT_MEAN_TRIALS if tc.mu is None else tc.mu)
     raise ConfigError(f"tuning.distribution must be 'tnb' or 'poisson', got "
-                      f"{tc.distribution!r}")
+                      f"{tc.distribution!r}.{_near(tc.distribution, ('tnb', 'poisson'))}")
+
+
+def _near(word: object, choices) -> str:
+    """" Did you mean 'x'?" for a near miss (case ignored), else ""."""
+    near = did_you_mean(str(word).strip().lower(), list(choices))
+    return f" Did you mean {near!r}?" if near else ""
 
 
 def validate(tc, *, sweep: bool = False) -> None:
-    """Check a TuningConfig before any data is touched (raises ConfigError)."""
+    """Check a TuningConfig before any data is touched (raises ConfigError).
+
+    Parameters
+    ----------
+    tc : TuningConfig
+        The [tuning] section; checked whatever its mode, so a misspelt value is refused
+        even where the mode ignores it.
+    sweep : bool
+        True for a sweep's tuning (its mode is sweep.tuning, not tuning.mode).
+    """
     if not sweep and tc.mode not in MODES:
-        raise ConfigError(f"tuning.mode must be one of {', '.join(MODES)}, got {tc.mode!r}")
+        raise ConfigError(f"tuning.mode must be one of {', '.join(MODES)}, got "
+                          f"{tc.mode!r}.{_near(tc.mode, MODES)}")
     if tc.method not in TUNABLE:
         raise ConfigError(f"tuning.method must be one of {', '.join(TUNABLE)} (the methods "
-                          f"whose λ can be tuned privately), got {tc.method!r}")
+                          f"whose λ can be tuned privately), got "
+                          f"{tc.method!r}.{_near(tc.method, TUNABLE)}")
     for name in ("lam", "lr"):
         vals = getattr(tc, name)
         if any(isinstance(v, bool) or not isinstance(v, (int, float)) or not np.isfinite(v)
@@ -68,7 +87,11 @@ def validate(tc, *, sweep: bool = False) -> None:
         raise ConfigError(f"tuning.score_ratio must be positive, got {tc.score_ratio}")
     if tc.select not in SELECTS:
         raise ConfigError(f"tuning.select must be one of {', '.join(SELECTS)}, got "
-                          f"{tc.select!r}")
+                          f"{tc.select!r}.{_near(tc.select, SELECTS)}")
+    if tc.proxy_noise not in PROXY_NOISES:
+        raise ConfigError(f"tuning.proxy_noise must be 'simulated' (the grid is trained on "
+                          f"the proxy with the run's DP noise) or 'none', got "
+                          f"{tc.proxy_noise!r}.{_near(tc.proxy_noise, PROXY_NOISES)}")
     if tc.select == "subsample":
         if tc.method != "mrmtl":
             raise ConfigError("tuning.select = 'subsample' trains the chosen setting once "
