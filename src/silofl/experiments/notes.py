@@ -27,6 +27,17 @@ LOCAL_DP_NOTE = ("{}: each client's upload in a round is ε-LDP for its whole lo
                  "in — no shuffle-model amplification is assumed")
 
 
+#: clip = "auto" (`silofl.privacy.adaptive_clip`): where C came from and what it cost
+CLIP_AUTO_NOTE = (
+    "clip = auto: each silo's clip C_k tracks the γ = {quantile:g} quantile of its "
+    "per-example gradient norms (Andrew et al. 2021): every DP-SGD step also releases a "
+    "count of the batch's records with gradient norm ≤ C_k (sensitivity ½ under add/remove "
+    "of one record, Gaussian noise σ_b), and the gradient noise is raised so that the pair "
+    "is one Gaussian mechanism at the calibrated σ: its cost is inside every ε stated here, "
+    "nothing extra; C_k is a function of the noisy counts (post-processing). "
+    "privacy_report.json lists σ_b, the gradient noise and each silo's final C_k per method")
+
+
 def job_notes(*, private: bool, noise: str, scratch: bool, uncharged=(), extra=(),
               nonprivate: str = NONPRIVATE_NOTE, demo: bool = False) -> list[str]:
     """The notes every output of a job carries, in this order: non-private, reproducible

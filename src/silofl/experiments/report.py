@@ -205,20 +205,33 @@ def privacy_table(rep, max_rows: int = 30) -> Table | None:
                   f"{lt['epsilon']:.3f} / {lt['target_epsilon']:g}" if lt else "-")
     if rep.results[0].silos[max_rows:]:
         t.caption = f"… {len(rep.results[0].silos) - max_rows} more silos in privacy_report.json"
-    clips = clip_note(priv[0][:max_rows])
+    clips = clip_note(priv[0][:max_rows], rep.label(rep.results[0]))
     if clips:
         t.caption = f"{t.caption}; {clips}" if t.caption else clips
     return t
 
 
-def clip_note(entries: list[dict]) -> str:
-    """clip = "auto": each silo's count noise σ_b and final clip C_k (from its plan)."""
+def clip_note(entries: list[dict], method: str = "") -> str:
+    """clip = "auto": each silo's count noise σ_b and final clip C_k (from its plan).
+
+    Parameters
+    ----------
+    entries : one method's per-silo privacy entries (`ExperimentResult.privacy`).
+    method : that method's label: the final C_k are its own (each method tracks its own).
+
+    Returns
+    -------
+    str
+        One line, or "" where no silo clips automatically.
+    """
     auto = [e for e in entries if e.get("clip") == "auto"]
     if not auto:
         return ""
-    return ("clip: auto (private quantile, a noisy count per step; σ_b, final C_k per silo: "
-            + ", ".join(f"{e['silo']} {e['count_noise']:.3g}, {e['final_clip']:.3g}"
-                        for e in auto if e.get("final_clip") is not None) + ")")
+    of = f" of {method}" if method else ""
+    return ("clip: auto (private quantile: a noisy count per step, cost inside ε); per silo "
+            f"the count noise σ_b and the final C_k{of}: "
+            + "; ".join(f"{e['silo']} σ_b {e['count_noise']:.3g}, C {e['final_clip']:.3g}"
+                        for e in auto if e.get("final_clip") is not None))
 
 
 def _max_eps(values) -> str:

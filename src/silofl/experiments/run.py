@@ -29,7 +29,13 @@ from silofl.data.preprocess import apply_preprocessing
 from silofl.errors import ConfigError
 from silofl.experiments import build, saving, signals
 from silofl.experiments.figures import alpha_over_rounds
-from silofl.experiments.notes import ASSUMPTIONS, LOCAL_DP_NOTE, job_notes, reset_notes
+from silofl.experiments.notes import (
+    ASSUMPTIONS,
+    CLIP_AUTO_NOTE,
+    LOCAL_DP_NOTE,
+    job_notes,
+    reset_notes,
+)
 from silofl.experiments.quality import QUALITY_NOTE, assess, warnings_of
 from silofl.experiments.reference import add_nonprivate_reference
 from silofl.experiments.report import plot_history
@@ -119,6 +125,9 @@ class RunReport:
                  if r.method["name"] in LOCAL_DP_METHODS]
         auto = [f"{self.label(r)}: λ_k per silo and round, {r.method['lam_source']}"
                 for r in self.results if "lam_source" in r.method]  # λ from released updates
+        tc = self.config.training
+        if tc.clip == "auto" and self.config.privacy.enabled:
+            auto.append(CLIP_AUTO_NOTE.format(quantile=tc.clip_quantile))
         return job_notes(private=self.config.privacy.enabled, noise=self.noise,
                          scratch=self.scratch, demo=self.demo, uncharged=self.uncharged,
                          extra=self.resumed + ([LOCAL_DP_NOTE.format(", ".join(local))]

@@ -90,6 +90,9 @@ def _privacy_statement(rep, r, k: int) -> dict:
             "target_epsilon": led["target_epsilon"],
             "noise_multiplier": led.get("noise_multiplier"),
             "calibrated_for": led.get("calibrated_for"),
+            **({"clip": {key: led.get(key) for key in (
+                "clip", "count_noise", "gradient_noise_multiplier", "final_clip")}}
+               if led.get("clip") == "auto" else {}),
             "job": {key: job.get(key) for key in ("epsilon", "accountant", "epsilon_rdp",
                                                   "epsilon_pld", "target_epsilon", "methods")},
             "job_note": ("'job' is this silo's spend for the whole job (private preprocessing "

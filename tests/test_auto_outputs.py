@@ -1,0 +1,64 @@
+"""clip = "auto" says where C came from and what it cost, in every output a reader gets:
+the run notes (summary.json, privacy_report.json, every model card), the card's own final
+C_k and count noise, and the terminal caption naming whose final C_k it prints."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import tomli_w
+from typer.testing import CliRunner
+
+from silofl.cli import app
+from silofl.experiments.report import clip_note
+
+
+def _run(tmp: Path, clip) -> Path:
+    raw = {"data": {"source": "heart"}, "model": {"name": "logistic"},
+           "training": {"methods": ["local", "fedrep"], "rounds": 2, "batch_size": 8,
+                        "clip": clip},
+           "privacy": {"epsilon": 2.0, "delta": 1e-4, "noise": "seeded", "accountant": "rdp"},
+           "output": {"dir": str(tmp / "runs")}}
+    p = tmp / "run.toml"
+    p.write_text(tomli_w.dumps(raw))
+    res = CliRunner().invoke(app, ["run", "-c", str(p), "--scratch", "-q"])
+    assert res.exit_code == 0, res.output
+    return next((tmp / "runs").iterdir())
+
+
+def test_clip_auto_is_explained_in_notes_and_cards(tmp_path):
+    run = _run(tmp_path, "auto")
+    summary = json.loads((run / "summary.json").read_text())
+    note = [n for n in summary["notes"] if n.startswith("clip = auto")]
+    assert len(note) == 1 and "γ = 0.7" in note[0] and "add/remove" in note[0]
+    assert "inside every ε" in note[0]
+    report = json.loads((run / "privacy_report.json").read_text())
+    assert note[0] in report["notes"]
+    for method in ("local", "fedrep"):
+        card = json.loads(next((run / "models" / method).glob("card-Cleveland-*.json"))
+                          .read_text())
+        clip = card["privacy"]["clip"]
+        entry = report["methods"][method][0]
+        assert entry["silo"] == "Cleveland"
+        assert clip["final_clip"] == entry["final_clip"] > 0  # this method's own C_k
+        assert clip["count_noise"] == entry["count_noise"] > 0
+        assert clip["gradient_noise_multiplier"] >= card["privacy"]["noise_multiplier"]
+        assert note[0] in card["privacy"]["notes"]
+
+
+def test_fixed_clip_has_no_auto_note(tmp_path):
+    run = _run(tmp_path, 1.0)
+    summary = json.loads((run / "summary.json").read_text())
+    assert not any(n.startswith("clip = auto") for n in summary["notes"])
+    card = json.loads(next((run / "models" / "local").glob("card-*.json")).read_text())
+    assert "clip" not in card["privacy"]
+
+
+def test_clip_caption_names_the_method_and_pairs_each_value():
+    entries = [{"silo": "A", "clip": "auto", "count_noise": 30.0, "final_clip": 1.25},
+               {"silo": "B", "clip": "auto", "count_noise": 40.0, "final_clip": 0.5}]
+    text = clip_note(entries, "fedrep")
+    assert "final C_k of fedrep" in text
+    assert "A σ_b 30, C 1.25; B σ_b 40, C 0.5" in text
+    assert clip_note([{"silo": "A", "n_train": 3}], "local") == ""
