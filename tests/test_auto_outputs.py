@@ -14,7 +14,7 @@ from silofl.cli import app
 from silofl.experiments.report import clip_note
 
 
-def _run(tmp: Path, clip) -> Path:
+def _run(tmp: Path, clip) -> tuple[Path, str]:
     raw = {"data": {"source": "heart"}, "model": {"name": "logistic"},
            "training": {"methods": ["local", "fedrep"], "rounds": 2, "batch_size": 8,
                         "clip": clip},
@@ -24,11 +24,13 @@ def _run(tmp: Path, clip) -> Path:
     p.write_text(tomli_w.dumps(raw))
     res = CliRunner().invoke(app, ["run", "-c", str(p), "--scratch", "-q"])
     assert res.exit_code == 0, res.output
-    return next((tmp / "runs").iterdir())
+    return next((tmp / "runs").iterdir()), " ".join(res.output.split())
 
 
 def test_clip_auto_is_explained_in_notes_and_cards(tmp_path):
-    run = _run(tmp_path, "auto")
+    run, out = _run(tmp_path, "auto")
+    # printed once, with the closing notes (not again under the metrics table)
+    assert out.count("tracks the γ = 0.7 quantile") == 1
     summary = json.loads((run / "summary.json").read_text())
     note = [n for n in summary["notes"] if n.startswith("clip = auto")]
     assert len(note) == 1 and "γ = 0.7" in note[0] and "add/remove" in note[0]
@@ -48,7 +50,7 @@ def test_clip_auto_is_explained_in_notes_and_cards(tmp_path):
 
 
 def test_fixed_clip_has_no_auto_note(tmp_path):
-    run = _run(tmp_path, 1.0)
+    run, _ = _run(tmp_path, 1.0)
     summary = json.loads((run / "summary.json").read_text())
     assert not any(n.startswith("clip = auto") for n in summary["notes"])
     card = json.loads(next((run / "models" / "local").glob("card-*.json")).read_text())

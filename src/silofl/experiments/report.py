@@ -11,6 +11,7 @@ from rich.console import Group
 from rich.table import Table
 
 from silofl.experiments import figures
+from silofl.experiments.notes import CLIP_AUTO_NOTE
 from silofl.experiments.quality import TINY_TEST, warnings_of
 from silofl.experiments.reference import reference_of
 from silofl.experiments.sweep_results import read_results
@@ -68,8 +69,11 @@ def results_table(rep) -> Group:
         t.add_row(*row)
         s.add_row(rep.label(r), *_worst_best(vals, silos, higher,
                                              q["per_silo"] if q else None, metric))
-    if rep.notes():
-        t.caption = "; ".join(rep.notes())
+    # the clip note is long and about privacy: the privacy table's caption and the closing
+    # notes carry it, the metrics table does not
+    short = [n for n in rep.notes() if not n.startswith(CLIP_AUTO_NOTE[:13])]
+    if short:
+        t.caption = "; ".join(short)
     if q0 is not None:
         s.caption = ("baselines: the best constant prediction on the same test rows (test-set "
                      "statistics, like the metrics: not privatized)")
