@@ -64,3 +64,38 @@ def test_clip_caption_names_the_method_and_pairs_each_value():
     assert "final C_k of fedrep" in text
     assert "A σ_b 30, C 1.25; B σ_b 40, C 0.5" in text
     assert clip_note([{"silo": "A", "n_train": 3}], "local") == ""
+
+
+def test_tuning_note_says_where_lambda_came_from_and_its_cost():
+    from silofl.config import TuningConfig
+    from silofl.experiments.notes import tuning_note
+    tc = TuningConfig(mode="private", select="subsample", eta=0.0, mean_trials=10)
+    text = tuning_note("mrmtl_tuned", {"tuned": "lam", "select": "subsample",
+                                       "subsample_fraction": 0.1}, tc)
+    assert "λ per silo chosen privately" in text and "20% of each silo's training rows" in text
+    assert "E[h] = 10" in text and "γ = 0.1 subsample" in text and "inside this method's ε" in text
+    proxy = {"tuning": {"mode": "proxy", "proxy_source": "table", "proxy_path": "pub.csv",
+                        "chosen_lam": 1.0, "proxy_noise": "none"}}
+    text = tuning_note("mrmtl(λ=1)", proxy, TuningConfig(mode="proxy"))
+    assert "λ = 1 chosen on the proxy pub.csv" in text and "ε cost 0 for the silos" in text
+    assert "declared public" in text
+    assert tuning_note("mrmtl", {"lam": 0.1}, TuningConfig()) is None
+
+
+def test_private_tuning_run_note_reaches_summary_and_cards(tmp_path):
+    raw = {"data": {"source": "heart"}, "model": {"name": "logistic"},
+           "training": {"methods": ["local", "mrmtl"], "rounds": 2, "batch_size": 8},
+           "privacy": {"epsilon": 2.0, "delta": 1e-4, "noise": "seeded", "accountant": "rdp"},
+           "output": {"dir": str(tmp_path / "runs")},
+           "tuning": {"mode": "private", "select": "subsample", "lam": [0.1, 1.0],
+                      "mean_trials": 3}}
+    p = tmp_path / "run.toml"
+    p.write_text(tomli_w.dumps(raw))
+    res = CliRunner().invoke(app, ["run", "-c", str(p), "--scratch", "-q"])
+    assert res.exit_code == 0, res.output
+    run = next((tmp_path / "runs").iterdir())
+    notes = json.loads((run / "summary.json").read_text())["notes"]
+    tuned = [n for n in notes if n.startswith("mrmtl_tuned: λ per silo chosen privately")]
+    assert len(tuned) == 1 and "E[h] = 3" in tuned[0]
+    card = json.loads(next((run / "models" / "mrmtl_tuned").glob("card-*.json")).read_text())
+    assert tuned[0] in card["privacy"]["notes"]

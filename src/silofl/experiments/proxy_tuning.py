@@ -92,7 +92,12 @@ def proxy_algorithms(cfg: Config, algorithms: list, raw) -> list:
         raise ConfigError(f"[tuning] tunes {tc.method!r}, which is not in training.methods "
                           f"{cfg.training.methods}; add it or set tuning.method")
     pdc = proxy_data_config(cfg)
-    praw = build.load_raw(pdc)
+    try:
+        praw = build.load_raw(pdc)
+    except ConfigError as e:  # its messages name data.*: say it is the proxy's reading
+        where = f", tuning.proxy_path {tc.proxy_path!r}" if tc.proxy_path else ""
+        raise ConfigError(f"tuning proxy (tuning.proxy_source {tc.proxy_source!r}{where}, "
+                          f"read with [data]'s other keys): {e}") from e
     if list(praw.feature_names) != list(raw.feature_names) or praw.task != raw.task:
         raise ConfigError(f"tuning proxy {tc.proxy_source!r} has features "
                           f"{list(praw.feature_names)[:6]}… (task {praw.task}), the silos "

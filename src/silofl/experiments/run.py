@@ -35,6 +35,7 @@ from silofl.experiments.notes import (
     LOCAL_DP_NOTE,
     job_notes,
     reset_notes,
+    tuning_note,
 )
 from silofl.experiments.quality import QUALITY_NOTE, assess, warnings_of
 from silofl.experiments.reference import add_nonprivate_reference
@@ -125,6 +126,8 @@ class RunReport:
                  if r.method["name"] in LOCAL_DP_METHODS]
         auto = [f"{self.label(r)}: λ_k per silo and round, {r.method['lam_source']}"
                 for r in self.results if "lam_source" in r.method]  # λ from released updates
+        auto += [n for r in self.results
+                 if (n := tuning_note(self.label(r), r.method, self.config.tuning))]
         tc = self.config.training
         if tc.clip == "auto" and self.config.privacy.enabled:
             auto.append(CLIP_AUTO_NOTE.format(quantile=tc.clip_quantile))
