@@ -99,3 +99,30 @@ def test_private_tuning_run_note_reaches_summary_and_cards(tmp_path):
     assert len(tuned) == 1 and "E[h] = 3" in tuned[0]
     card = json.loads(next((run / "models" / "mrmtl_tuned").glob("card-*.json")).read_text())
     assert tuned[0] in card["privacy"]["notes"]
+
+
+def test_a_card_carries_only_its_own_methods_notes(tmp_path):
+    raw = {"data": {"source": "heart"}, "model": {"name": "logistic"},
+           "training": {"methods": ["mrmtl", "ditto", "fedper"], "rounds": 2,
+                        "batch_size": 8, "lam": "auto"},
+           "privacy": {"epsilon": 2.0, "delta": 1e-4, "noise": "seeded", "accountant": "rdp"},
+           "output": {"dir": str(tmp_path / "runs")}}
+    p = tmp_path / "run.toml"
+    p.write_text(tomli_w.dumps(raw))
+    res = CliRunner().invoke(app, ["run", "-c", str(p), "--scratch", "-q"])
+    assert res.exit_code == 0, res.output
+    run = next((tmp_path / "runs").iterdir())
+
+    def card(method):
+        return json.loads(next((run / "models" / method).glob("card-*.json")).read_text())
+
+    def about(notes, label):
+        return [n for n in notes if n.startswith(f"{label}: ")]
+
+    summary = json.loads((run / "summary.json").read_text())["notes"]
+    assert about(summary, "mrmtl(λ=auto)") and about(summary, "ditto(λ=auto)")  # the run: all
+    fedper = card("fedper")["privacy"]
+    assert not about(fedper["notes"], "mrmtl(λ=auto)") and "λ" not in fedper["statement"]
+    mrmtl = card("mrmtl(λ=auto)")["privacy"]
+    assert about(mrmtl["notes"], "mrmtl(λ=auto)") and not about(mrmtl["notes"], "ditto(λ=auto)")
+    assert "scratch budget store" in mrmtl["statement"]  # notes about the whole run stay
