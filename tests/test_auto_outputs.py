@@ -126,3 +126,22 @@ def test_a_card_carries_only_its_own_methods_notes(tmp_path):
     mrmtl = card("mrmtl(λ=auto)")["privacy"]
     assert about(mrmtl["notes"], "mrmtl(λ=auto)") and not about(mrmtl["notes"], "ditto(λ=auto)")
     assert "scratch budget store" in mrmtl["statement"]  # notes about the whole run stay
+
+
+def _rep(metric, pooled: dict):
+    from types import SimpleNamespace
+    results = [SimpleNamespace(method={"name": n}, metric=metric, final_pooled=v)
+               for n, v in pooled.items()]
+    return SimpleNamespace(results=results, label=lambda r: r.method["name"])
+
+
+def test_baseline_to_beat_is_the_better_of_local_and_fedavg():
+    from silofl.experiments.report import baseline_line
+    line = baseline_line(_rep("accuracy", {"local": 0.80, "fedavg": 0.78, "fedper": 0.82,
+                                           "apfl": 0.79}))
+    assert "local 0.8000; above it: fedper 0.8200; not above: apfl 0.7900" in line
+    line = baseline_line(_rep("mse", {"local": 0.040, "fedavg": 0.024, "fedrep": 0.0258,
+                                      "scaffold": 0.0235}))
+    assert "fedavg 0.0240; above it: scaffold 0.0235; not above: fedrep 0.0258" in line
+    assert baseline_line(_rep("accuracy", {"local": 0.8, "fedavg": 0.7})) is None
+    assert "add \"local\" and \"fedavg\"" in baseline_line(_rep("accuracy", {"fedper": 0.8}))

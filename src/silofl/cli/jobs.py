@@ -87,6 +87,7 @@ def run(config: Path | None = typer.Option(None, "--config", "-c",
 def _run_report(rep) -> None:
     """What `silofl run` prints: results, quality warnings, the privacy table, the footer."""
     from silofl.experiments.report import (
+        baseline_line,
         flamby_comparison,
         privacy_table,
         quality_lines,
@@ -94,6 +95,8 @@ def _run_report(rep) -> None:
     )
     from silofl.privacy.targets import ADJACENCY
     console.print(results_table(rep))
+    if (bl := baseline_line(rep)) is not None:
+        console.print(escape(bl))
     for line in quality_lines(rep):  # a useless model never looks fine
         console.print(f"[bold yellow]warning:[/] {escape(line)}")
     if (fl := flamby_comparison(rep)) is not None:  # built-in heart data only

@@ -114,6 +114,44 @@ def _baseline_cell(q: dict | None) -> str:
     return cell + ("\nNOT BEATEN" if q["warning"] else "")
 
 
+def baseline_line(rep) -> str | None:
+    """The baseline a personalized method must beat: the better of Local and FedAvg.
+
+    Parameters
+    ----------
+    rep : RunReport
+
+    Returns
+    -------
+    str or None
+        Which of the two it is, its pooled test metric and which other methods are above
+        it; a hint to add them where either is missing; None for a job of Local and
+        FedAvg alone.
+    """
+    res = rep.results
+    names = [r.method.get("name") for r in res]
+    others = [r for r in res if r.method.get("name") not in ("local", "fedavg")]
+    if not others:
+        return None
+    if "local" not in names or "fedavg" not in names:
+        return ("add \"local\" and \"fedavg\" to training.methods to see the baseline a "
+                "personalized method must beat (the better of the two)")
+    metric = res[0].metric
+    higher = HIGHER_IS_BETTER[metric]
+    base = [r for r in res if r.method.get("name") in ("local", "fedavg")]
+    best = (max if higher else min)(base, key=lambda r: r.final_pooled)
+    b = best.final_pooled
+
+    def cell(r) -> str:
+        return f"{rep.label(r)} {_metric_cell(r.final_pooled)}"
+    above = [r for r in others if (r.final_pooled > b if higher else r.final_pooled < b)]
+    not_above = [r for r in others if r not in above]
+    return (f"baseline to beat (the better of local and fedavg, pooled test {metric}): "
+            f"{cell(best)}; above it: {', '.join(map(cell, above)) or 'none'}; not above: "
+            f"{', '.join(map(cell, not_above)) or 'none'} (one run: read a difference "
+            "against the per-silo intervals)")
+
+
 def quality_lines(rep) -> list[str]:
     """The warnings to print below the results table: every method that does not beat
     its baseline (`silofl.experiments.quality`), and the silos dropped by
