@@ -47,3 +47,16 @@ def test_typo_is_refused_with_the_fix_and_nothing_written(tmp_path, training, tu
     assert hint in " ".join(res.output.split())
     assert not (tmp_path / "budget.sqlite").exists()
     assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
+
+
+def test_sweep_lam_auto_says_where_auto_runs(tmp_path):
+    raw = {"data": {"source": "heart"}, "training": {"rounds": 2},
+           "sweep": {"methods": ["local", "mrmtl"], "epsilon": [1], "lam": ["auto"],
+                     "seeds": [0], "results": "sw.jsonl"}}
+    p = tmp_path / "sw.toml"
+    p.write_text(tomli_w.dumps(raw))
+    res = CliRunner().invoke(app, ["sweep", str(p)])
+    assert res.exit_code == 2, res.output
+    msg = " ".join(res.output.split())
+    assert "'sweep.lam' cannot hold \"auto\" yet" in msg and '[training] lam = "auto"' in msg
+    assert not (tmp_path / "sw.jsonl").exists()

@@ -43,6 +43,10 @@ class SweepSection(Section):
     @model_validator(mode="after")
     def _check_grid(self) -> SweepSection:
         self.epsilon = _number_list(self.epsilon, "sweep.epsilon", positive=True)
+        if any(isinstance(v, str) and v.strip().lower() == "auto" for v in self.lam):
+            raise ConfigError("'sweep.lam' cannot hold \"auto\" yet (λ from the released "
+                              "updates runs in `silofl run`: [training] lam = \"auto\"); "
+                              "give numbers, e.g. sweep.lam = [0.1, 1]")
         self.lam = _number_list(self.lam, "sweep.lam")
         self.lr = _number_list(self.lr, "sweep.lr", positive=True)
         self.seeds = _number_list(self.seeds, "sweep.seeds", integer=True)
