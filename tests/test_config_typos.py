@@ -60,3 +60,16 @@ def test_sweep_lam_auto_says_where_auto_runs(tmp_path):
     msg = " ".join(res.output.split())
     assert "'sweep.lam' cannot hold \"auto\" yet" in msg and '[training] lam = "auto"' in msg
     assert not (tmp_path / "sw.jsonl").exists()
+
+
+@pytest.mark.parametrize("tuning", [
+    {"mode": "private", "lam": [0.1, 1.0], "mean_trials": 3},
+    {"mode": "proxy", "proxy_source": "school"},
+])
+def test_lam_auto_and_a_tuning_mode_are_not_silently_combined(tmp_path, tuning):
+    p = _toml(tmp_path, {"lam": "auto"}, tuning)
+    res = CliRunner().invoke(app, ["run", "-c", str(p)])
+    assert res.exit_code == 2, res.output
+    assert "both choose λ of 'mrmtl': keep one" in " ".join(res.output.split())
+    assert not (tmp_path / "budget.sqlite").exists()
+

@@ -106,6 +106,27 @@ def validate(tc, *, sweep: bool = False) -> None:
         check_accountable(distribution(tc))
 
 
+def check_with_training(tc, methods: list, lam) -> None:
+    """Refuse a [tuning] mode that would silently override ``training.lam = "auto"``.
+
+    Parameters
+    ----------
+    tc : TuningConfig
+    methods : training.methods.
+    lam : training.lam (a number or "auto").
+
+    Raises
+    ------
+    ConfigError
+        Both choose λ of the same method.
+    """
+    if tc.mode != "none" and lam == "auto" and tc.method in methods:
+        raise ConfigError(
+            f"training.lam = \"auto\" and tuning.mode = {tc.mode!r} both choose λ of "
+            f"{tc.method!r}: keep one. lam = \"auto\" costs nothing (drop [tuning] or set "
+            "tuning.mode = 'none'); to tune instead, set training.lam to a number")
+
+
 def tuned_algorithm(tc, lams, lrs, validation, weighted: bool = True):
     from silofl.tuning.private import TunedPersonalization
     if not lams:
