@@ -21,6 +21,7 @@ import numpy as np
 
 from silofl.algorithms.base import ServerState, check_nonnegative
 from silofl.algorithms.lambda_estimate import Estimate, LambdaEstimator, burn_in
+from silofl.config.base import did_you_mean
 from silofl.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -57,8 +58,8 @@ def check_lam(value: Any, name: str = "lambda (lam)") -> float | str:
     if isinstance(value, str):
         if value == AUTO:
             return AUTO
-        hint = ("write it exactly as \"auto\" (lower case, no spaces)"
-                if value.strip().lower() == AUTO else
+        hint = ("did you mean \"auto\"? write it exactly as \"auto\" (lower case, no spaces)"
+                if did_you_mean(value.strip().lower(), [AUTO], cutoff=0.7) else
                 "give a number ≥ 0 (0: Local; larger federates more) or \"auto\" (λ from "
                 "the released updates, no privacy cost)")
         raise ConfigError(f"{name} must be a number ≥ 0 or \"auto\", got {value!r}: {hint}")

@@ -100,6 +100,7 @@ def _proxy_lines(rep) -> list[str]:
 def _run_report(rep) -> None:
     """What `silofl run` prints: results, quality warnings, the privacy table, the footer."""
     from silofl.experiments.report import (
+        baseline_line,
         flamby_comparison,
         privacy_table,
         quality_lines,
@@ -107,6 +108,8 @@ def _run_report(rep) -> None:
     )
     from silofl.privacy.targets import ADJACENCY
     console.print(results_table(rep))
+    if (bl := baseline_line(rep)) is not None:
+        console.print(escape(bl))
     for line in quality_lines(rep):  # a useless model never looks fine
         console.print(f"[bold yellow]warning:[/] {escape(line)}")
     if (fl := flamby_comparison(rep)) is not None:  # built-in heart data only

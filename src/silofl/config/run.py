@@ -11,7 +11,7 @@ from typing import Any, ClassVar
 
 from pydantic import Field, field_validator, model_validator
 
-from silofl.config.base import Section, read_toml, validate
+from silofl.config.base import Section, did_you_mean, read_toml, validate
 from silofl.errors import ConfigError
 
 __all__ = [
@@ -171,10 +171,10 @@ class TrainingSection(Section):
         if value == "auto":
             return value
         if isinstance(value, str):
-            hint = ("write it exactly as \"auto\" (lower case, no spaces)"
-                    if value.strip().lower() == "auto" else "give a number ≥ 0 (0: Local; "
-                    "larger federates more) or \"auto\" (λ from the released updates, no "
-                    "privacy cost)")
+            hint = ("did you mean \"auto\"? write it exactly as \"auto\" (lower case, no spaces)"
+                    if did_you_mean(value.strip().lower(), ["auto"], cutoff=0.7) else
+                    "give a number ≥ 0 (0: Local; larger federates more) or \"auto\" (λ "
+                    "from the released updates, no privacy cost)")
             raise ConfigError(f"'training.lam' must be a number ≥ 0 or \"auto\", got "
                               f"{value!r}: {hint}")
         if isinstance(value, bool) or not isinstance(value, (int, float)) \

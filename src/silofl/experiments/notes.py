@@ -27,6 +27,59 @@ LOCAL_DP_NOTE = ("{}: each client's upload in a round is ε-LDP for its whole lo
                  "in — no shuffle-model amplification is assumed")
 
 
+#: clip = "auto" (`silofl.privacy.adaptive_clip`): where C came from and what it cost
+CLIP_AUTO_NOTE = (
+    "clip = auto: each silo's clip C_k tracks the γ = {quantile:g} quantile of its "
+    "per-example gradient norms (Andrew et al. 2021): every DP-SGD step also releases a "
+    "count of the batch's records with gradient norm ≤ C_k (sensitivity ½ under add/remove "
+    "of one record, Gaussian noise σ_b), and the gradient noise is raised so that the pair "
+    "is one Gaussian mechanism at the calibrated σ: its cost is inside every ε stated here, "
+    "nothing extra; C_k is a function of the noisy counts (post-processing). "
+    "privacy_report.json lists σ_b, the gradient noise and each silo's final C_k per method")
+
+
+def tuning_note(label: str, method: dict, tc) -> str | None:
+    """Where a tuned method's λ came from and what choosing it cost, in one sentence.
+
+    Parameters
+    ----------
+    label : the method's label in the run's tables.
+    method : its `ExperimentResult.method` (a private choice has "tuned", a proxy
+        choice "tuning").
+    tc : TuningConfig, the run's [tuning] section.
+
+    Returns
+    -------
+    str or None
+        None for a method whose λ was not chosen by [tuning].
+    """
+    proxy = method.get("tuning")
+    if isinstance(proxy, dict) and proxy.get("mode") == "proxy":
+        where = proxy.get("proxy_path") or proxy.get("proxy_source")
+        return (f"{label}: λ = {proxy.get('chosen_lam'):g} chosen on the proxy {where} "
+                f"(declared public, scored on its own test rows, DP noise "
+                f"{proxy.get('proxy_noise')}), ε cost 0 for the silos: the claim rests on "
+                "that declaration (a proxy holding any silo's records is not free)")
+    if not method.get("tuned"):
+        return None
+    share = f"{tc.validation_fraction:.0%} of each silo's training rows"
+    if method.get("select") == "em":
+        how = ("every grid setting trained once and one picked by the exponential mechanism "
+               f"(ε_sel = {tc.em_fraction:g}·ε_k)")
+    else:
+        h = (f"Poisson(μ = {tc.mu if tc.mu is not None else 10:g})"
+             if tc.distribution == "poisson" else
+             f"TNB(η = {tc.eta:g}, E[h] = {tc.mean_trials if tc.mean_trials else 10:g})")
+        how = f"a random number of trials h_k ~ {h}, best only (RepeatAndSelect)"
+        if method.get("select") == "subsample":
+            how += (f", trials on a γ = {method.get('subsample_fraction'):g} subsample, then "
+                    "one full run")
+    what = {"lam": "λ", "lam+lr": "λ and lr"}.get(method["tuned"], method["tuned"])
+    return (f"{label}: {what} per silo chosen privately on validation rows "
+            f"({share}): {how}; trials, noisy scores and the release are charged before the "
+            "first trial and are inside this method's ε; h_k is not released")
+
+
 def job_notes(*, private: bool, noise: str, scratch: bool, uncharged=(), extra=(),
               nonprivate: str = NONPRIVATE_NOTE, demo: bool = False) -> list[str]:
     """The notes every output of a job carries, in this order: non-private, reproducible

@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from silofl.config import Config
+from silofl.config.base import did_you_mean
 from silofl.data.preprocess import apply_preprocessing
 from silofl.errors import ConfigError
 from silofl.experiments import build
@@ -53,10 +54,12 @@ def proxy_data_config(cfg: Config):
     if tc.lr:
         raise ConfigError("tuning.mode = 'proxy' tunes λ only (the run's lr is shared by "
                           "every method); leave tuning.lr empty")
-    if tc.proxy_noise not in ("simulated", "none"):
-        raise ConfigError(f"tuning.proxy_noise must be 'simulated' (the grid is trained on "
-                          f"the proxy with the run's DP noise) or 'none', got "
-                          f"{tc.proxy_noise!r}")
+    if tc.proxy_source not in build.SOURCES:
+        near = did_you_mean(tc.proxy_source, build.SOURCES)
+        raise ConfigError(f"unknown tuning.proxy_source {tc.proxy_source!r}; choose one of "
+                          f"{', '.join(build.SOURCES)} ('table' with tuning.proxy_path)."
+                          + (f" Did you mean {near!r}?" if near else ""))
+    tuning_setup.validate(tc)
     if tc.proxy_source == "table" and not tc.proxy_path:
         raise ConfigError("tuning.proxy_source = 'table' needs tuning.proxy_path (the public "
                           "table's file)")
@@ -187,7 +190,12 @@ def proxy_chosen(cfg: Config, feature_names, task: str, tcfg, epsilon: float | N
     """
     tc = cfg.tuning
     pdc = proxy_data_config(cfg)
-    praw = build.load_raw(pdc)
+    try:
+        praw = build.load_raw(pdc)
+    except ConfigError as e:  # its messages name data.*: say it is the proxy's reading
+        where = f", tuning.proxy_path {tc.proxy_path!r}" if tc.proxy_path else ""
+        raise ConfigError(f"tuning proxy (tuning.proxy_source {tc.proxy_source!r}{where}, "
+                          f"read with [data]'s other keys): {e}") from e
     if list(praw.feature_names) != list(feature_names) or praw.task != task:
         raise ConfigError(f"tuning proxy {tc.proxy_source!r} has features "
                           f"{list(praw.feature_names)[:6]}… (task {praw.task}), the silos "

@@ -11,6 +11,7 @@ from rich.console import Group
 from rich.table import Table
 
 from silofl.experiments import figures
+from silofl.experiments.notes import CLIP_AUTO_NOTE
 from silofl.experiments.quality import TINY_TEST, warnings_of
 from silofl.experiments.reference import reference_of
 from silofl.experiments.sweep_results import read_results
@@ -68,8 +69,11 @@ def results_table(rep) -> Group:
         t.add_row(*row)
         s.add_row(rep.label(r), *_worst_best(vals, silos, higher,
                                              q["per_silo"] if q else None, metric))
-    if rep.notes():
-        t.caption = "; ".join(rep.notes())
+    # the clip note is long and about privacy: the privacy table's caption and the closing
+    # notes carry it, the metrics table does not
+    short = [n for n in rep.notes() if not n.startswith(CLIP_AUTO_NOTE[:13])]
+    if short:
+        t.caption = "; ".join(short)
     if q0 is not None:
         s.caption = ("baselines: the best constant prediction on the same test rows (test-set "
                      "statistics, like the metrics: not privatized)")
@@ -108,6 +112,44 @@ def _baseline_cell(q: dict | None) -> str:
         return "n/a"
     cell = _metric_cell(q["baseline"]["value"])
     return cell + ("\nNOT BEATEN" if q["warning"] else "")
+
+
+def baseline_line(rep) -> str | None:
+    """The baseline a personalized method must beat: the better of Local and FedAvg.
+
+    Parameters
+    ----------
+    rep : RunReport
+
+    Returns
+    -------
+    str or None
+        Which of the two it is, its pooled test metric and which other methods are above
+        it; a hint to add them where either is missing; None for a job of Local and
+        FedAvg alone.
+    """
+    res = rep.results
+    names = [r.method.get("name") for r in res]
+    others = [r for r in res if r.method.get("name") not in ("local", "fedavg")]
+    if not others:
+        return None
+    if "local" not in names or "fedavg" not in names:
+        return ("add \"local\" and \"fedavg\" to training.methods to see the baseline a "
+                "personalized method must beat (the better of the two)")
+    metric = res[0].metric
+    higher = HIGHER_IS_BETTER[metric]
+    base = [r for r in res if r.method.get("name") in ("local", "fedavg")]
+    best = (max if higher else min)(base, key=lambda r: r.final_pooled)
+    b = best.final_pooled
+
+    def cell(r) -> str:
+        return f"{rep.label(r)} {_metric_cell(r.final_pooled)}"
+    above = [r for r in others if (r.final_pooled > b if higher else r.final_pooled < b)]
+    not_above = [r for r in others if r not in above]
+    return (f"baseline to beat (the better of local and fedavg, pooled test {metric}): "
+            f"{cell(best)}; above it: {', '.join(map(cell, above)) or 'none'}; not above: "
+            f"{', '.join(map(cell, not_above)) or 'none'} (one run: read a difference "
+            "against the per-silo intervals)")
 
 
 def quality_lines(rep) -> list[str]:
@@ -205,20 +247,33 @@ def privacy_table(rep, max_rows: int = 30) -> Table | None:
                   f"{lt['epsilon']:.3f} / {lt['target_epsilon']:g}" if lt else "-")
     if rep.results[0].silos[max_rows:]:
         t.caption = f"… {len(rep.results[0].silos) - max_rows} more silos in privacy_report.json"
-    clips = clip_note(priv[0][:max_rows])
+    clips = clip_note(priv[0][:max_rows], rep.label(rep.results[0]))
     if clips:
         t.caption = f"{t.caption}; {clips}" if t.caption else clips
     return t
 
 
-def clip_note(entries: list[dict]) -> str:
-    """clip = "auto": each silo's count noise σ_b and final clip C_k (from its plan)."""
+def clip_note(entries: list[dict], method: str = "") -> str:
+    """clip = "auto": each silo's count noise σ_b and final clip C_k (from its plan).
+
+    Parameters
+    ----------
+    entries : one method's per-silo privacy entries (`ExperimentResult.privacy`).
+    method : that method's label: the final C_k are its own (each method tracks its own).
+
+    Returns
+    -------
+    str
+        One line, or "" where no silo clips automatically.
+    """
     auto = [e for e in entries if e.get("clip") == "auto"]
     if not auto:
         return ""
-    return ("clip: auto (private quantile, a noisy count per step; σ_b, final C_k per silo: "
-            + ", ".join(f"{e['silo']} {e['count_noise']:.3g}, {e['final_clip']:.3g}"
-                        for e in auto if e.get("final_clip") is not None) + ")")
+    of = f" of {method}" if method else ""
+    return ("clip: auto (private quantile: a noisy count per step, cost inside ε); per silo "
+            f"the count noise σ_b and the final C_k{of}: "
+            + "; ".join(f"{e['silo']} σ_b {e['count_noise']:.3g}, C {e['final_clip']:.3g}"
+                        for e in auto if e.get("final_clip") is not None))
 
 
 def _max_eps(values) -> str:

@@ -29,7 +29,14 @@ from silofl.data.preprocess import apply_preprocessing
 from silofl.errors import ConfigError
 from silofl.experiments import build, saving, signals
 from silofl.experiments.figures import alpha_over_rounds
-from silofl.experiments.notes import ASSUMPTIONS, LOCAL_DP_NOTE, job_notes, reset_notes
+from silofl.experiments.notes import (
+    ASSUMPTIONS,
+    CLIP_AUTO_NOTE,
+    LOCAL_DP_NOTE,
+    job_notes,
+    reset_notes,
+    tuning_note,
+)
 from silofl.experiments.quality import QUALITY_NOTE, assess, warnings_of
 from silofl.experiments.reference import add_nonprivate_reference
 from silofl.experiments.report import plot_history
@@ -119,6 +126,11 @@ class RunReport:
                  if r.method["name"] in LOCAL_DP_METHODS]
         auto = [f"{self.label(r)}: λ_k per silo and round, {r.method['lam_source']}"
                 for r in self.results if "lam_source" in r.method]  # λ from released updates
+        auto += [n for r in self.results
+                 if (n := tuning_note(self.label(r), r.method, self.config.tuning))]
+        tc = self.config.training
+        if tc.clip == "auto" and self.config.privacy.enabled:
+            auto.append(CLIP_AUTO_NOTE.format(quantile=tc.clip_quantile))
         return job_notes(private=self.config.privacy.enabled, noise=self.noise,
                          scratch=self.scratch, demo=self.demo, uncharged=self.uncharged,
                          extra=self.resumed + ([LOCAL_DP_NOTE.format(", ".join(local))]
@@ -216,8 +228,8 @@ def _prepare(cfg: Config, raw=None) -> _Prepared:
         raw = build.apply_privacy(build.load_raw(cfg.data), cfg)
     # --- private tuning (silofl.tuning): validation rows leave the training rows first
     tuning_counts = None
-    if cfg.tuning.mode != "none":
-        tuning_setup.validate(cfg.tuning)
+    tuning_setup.validate(cfg.tuning)  # every mode: a misspelt key value is refused too
+    tuning_setup.check_with_training(cfg.tuning, cfg.training.methods, cfg.training.lam)
     if cfg.tuning.mode == "private":
         raw, tuning_counts = tuning_setup.carve_into_test(
             raw, cfg.tuning.validation_fraction, cfg.data.seed)

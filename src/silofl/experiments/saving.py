@@ -68,8 +68,26 @@ def _json_bytes(obj) -> bytes:
     return dumps_strict(obj, indent=1, ensure_ascii=False).encode()
 
 
+def card_notes(rep, r) -> list[str]:
+    """The run's notes that concern method `r`: a note about another method (it starts with
+    that method's label, e.g. "ditto(λ=auto): …") is left off this method's cards.
+
+    Parameters
+    ----------
+    rep : RunReport
+    r : ExperimentResult, one of ``rep.results``.
+
+    Returns
+    -------
+    list of str
+    """
+    others = {rep.label(x) for x in rep.results} - {rep.label(r)}
+    return [n for n in rep.notes() if not any(n.startswith(f"{o}: ") for o in others)]
+
+
 def _privacy_statement(rep, r, k: int) -> dict:
-    base = {"adjacency": ADJACENCY, "noise": rep.noise, "notes": rep.notes(),
+    notes = card_notes(rep, r)
+    base = {"adjacency": ADJACENCY, "noise": rep.noise, "notes": notes,
             "uncharged": list(rep.uncharged), "run_id": rep.run_id,
             "budget_store": rep.store, "scratch_store": rep.scratch}
     if not rep.config.privacy.enabled or r.ledgers is None:
@@ -83,13 +101,16 @@ def _privacy_statement(rep, r, k: int) -> dict:
         statement += (f"; all of this job's models and constants for the silo together: "
                       f"({job['epsilon']:.4g}, {led['delta']:g})-DP")
     if rep.noise == "seeded" or rep.scratch:
-        statement += "; " + "; ".join(n for n in rep.notes() if not n.startswith("uncharged"))
+        statement += "; " + "; ".join(n for n in notes if not n.startswith("uncharged"))
     return {"private": True, "statement": statement, **base,
             "epsilon": eps, "accountant": led["accountant"], "delta": led["delta"],
             "epsilon_rdp": led["epsilon_rdp"], "epsilon_pld": led["epsilon_pld"],
             "target_epsilon": led["target_epsilon"],
             "noise_multiplier": led.get("noise_multiplier"),
             "calibrated_for": led.get("calibrated_for"),
+            **({"clip": {key: led.get(key) for key in (
+                "clip", "count_noise", "gradient_noise_multiplier", "final_clip")}}
+               if led.get("clip") == "auto" else {}),
             "job": {key: job.get(key) for key in ("epsilon", "accountant", "epsilon_rdp",
                                                   "epsilon_pld", "target_epsilon", "methods")},
             "job_note": ("'job' is this silo's spend for the whole job (private preprocessing "

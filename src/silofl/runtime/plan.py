@@ -20,7 +20,7 @@ import dp_accounting as dpa
 import numpy as np
 
 from silofl.algorithms.base import Algorithm
-from silofl.config.base import section_dataclass
+from silofl.config.base import did_you_mean, section_dataclass
 from silofl.data.federation import Federation
 from silofl.errors import CalibrationError, ConfigError, PrivacyError
 from silofl.privacy import accounting, events
@@ -197,8 +197,12 @@ def _check_clip(cfg: TrainingConfig, bad) -> None:
         return isinstance(v, (int, float)) and not isinstance(v, bool) \
             and math.isfinite(v) and v > 0
     if not (cfg.clip == "auto" or positive(cfg.clip)):
+        near = isinstance(cfg.clip, str) and did_you_mean(cfg.clip.strip().lower(), ["auto"],
+                                                          cutoff=0.7)
         bad(f"[training] clip must be a positive number (the per-example gradient norm "
-            f"bound) or \"auto\" (private adaptive clipping), got {cfg.clip!r}")
+            f"bound) or \"auto\" (private adaptive clipping), got {cfg.clip!r}"
+            + ("; did you mean \"auto\"? write it exactly as \"auto\" (lower case, no spaces)"
+               if near else ""))
     if not 0 < cfg.clip_quantile < 1:
         bad(f"[training] clip_quantile (γ, the target fraction of unclipped examples) must "
             f"lie strictly between 0 and 1, got {cfg.clip_quantile!r}")

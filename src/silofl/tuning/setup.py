@@ -13,6 +13,7 @@ import dataclasses
 
 import numpy as np
 
+from silofl.config.base import did_you_mean
 from silofl.data.federation import split_silo
 from silofl.errors import ConfigError
 from silofl.tuning import distributions as D
@@ -20,6 +21,7 @@ from silofl.tuning import distributions as D
 MODES = ("none", "private", "proxy")
 SELECTS = ("random", "em", "subsample")
 TUNABLE = ("mrmtl", "ditto")
+PROXY_NOISES = ("simulated", "none")
 DEFAULT_MEAN_TRIALS = 10.0
 #: the default λ grid (`tuning.lam = []`): 5 values a decade apart over MR-MTL's useful
 #: range (near-FedAvg 10 … near-local 0.001). Every extra value costs nothing under random
@@ -66,7 +68,13 @@ def distribution(tc) -> D.TrialDistribution:
                               "number of trials), not gamma or mean_trials")
         return D.poisson(DEFAULT_MEAN_TRIALS if tc.mu is None else tc.mu)
     raise ConfigError(f"tuning.distribution must be 'tnb' or 'poisson', got "
-                      f"{tc.distribution!r}")
+                      f"{tc.distribution!r}.{_near(tc.distribution, ('tnb', 'poisson'))}")
+
+
+def _near(word: object, choices) -> str:
+    """" Did you mean 'x'?" for a near miss (case ignored), else ""."""
+    near = did_you_mean(str(word).strip().lower(), list(choices))
+    return f" Did you mean {near!r}?" if near else ""
 
 
 def select_of(tc) -> str:
@@ -78,12 +86,23 @@ def select_of(tc) -> str:
 
 
 def validate(tc, *, sweep: bool = False) -> None:
-    """Check a TuningConfig before any data is touched (raises ConfigError)."""
+    """Check a TuningConfig before any data is touched (raises ConfigError).
+
+    Parameters
+    ----------
+    tc : TuningConfig
+        The [tuning] section; checked whatever its mode, so a misspelt value is refused
+        even where the mode ignores it.
+    sweep : bool
+        True for a sweep's tuning (its mode is sweep.tuning, not tuning.mode).
+    """
     if not sweep and tc.mode not in MODES:
-        raise ConfigError(f"tuning.mode must be one of {', '.join(MODES)}, got {tc.mode!r}")
+        raise ConfigError(f"tuning.mode must be one of {', '.join(MODES)}, got "
+                          f"{tc.mode!r}.{_near(tc.mode, MODES)}")
     if tc.method not in TUNABLE:
         raise ConfigError(f"tuning.method must be one of {', '.join(TUNABLE)} (the methods "
-                          f"whose λ can be tuned privately), got {tc.method!r}")
+                          f"whose λ can be tuned privately), got "
+                          f"{tc.method!r}.{_near(tc.method, TUNABLE)}")
     for name in ("lam", "lr"):
         vals = getattr(tc, name)
         if any(isinstance(v, bool) or not isinstance(v, (int, float)) or not np.isfinite(v)
@@ -99,7 +118,11 @@ def validate(tc, *, sweep: bool = False) -> None:
         raise ConfigError(f"tuning.score_ratio must be positive, got {tc.score_ratio}")
     if tc.select not in SELECTS:
         raise ConfigError(f"tuning.select must be one of {', '.join(SELECTS)}, got "
-                          f"{tc.select!r}")
+                          f"{tc.select!r}.{_near(tc.select, SELECTS)}")
+    if tc.proxy_noise not in PROXY_NOISES:
+        raise ConfigError(f"tuning.proxy_noise must be 'simulated' (the grid is trained on "
+                          f"the proxy with the run's DP noise) or 'none', got "
+                          f"{tc.proxy_noise!r}.{_near(tc.proxy_noise, PROXY_NOISES)}")
     select = select_of(tc)
     if select == "subsample":
         if tc.method != "mrmtl":
@@ -113,6 +136,27 @@ def validate(tc, *, sweep: bool = False) -> None:
     if select in ("random", "subsample"):
         from silofl.privacy.selection import check_accountable
         check_accountable(distribution(tc))
+
+
+def check_with_training(tc, methods: list, lam) -> None:
+    """Refuse a [tuning] mode that would silently override ``training.lam = "auto"``.
+
+    Parameters
+    ----------
+    tc : TuningConfig
+    methods : training.methods.
+    lam : training.lam (a number or "auto").
+
+    Raises
+    ------
+    ConfigError
+        Both choose λ of the same method.
+    """
+    if tc.mode != "none" and lam == "auto" and tc.method in methods:
+        raise ConfigError(
+            f"training.lam = \"auto\" and tuning.mode = {tc.mode!r} both choose λ of "
+            f"{tc.method!r}: keep one. lam = \"auto\" costs nothing (drop [tuning] or set "
+            "tuning.mode = 'none'); to tune instead, set training.lam to a number")
 
 
 def tuned_algorithm(tc, lams, lrs, validation, weighted: bool = True):
