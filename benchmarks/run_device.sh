@@ -40,7 +40,7 @@ collect() {  # whatever happened, bring back the tables (or the records) and the
 trap collect EXIT
 
 {
-    echo "== $(date -u +%FT%TZ) $(nproc) cores; PY=$PY; PYTHONPATH=$PYTHONPATH"
+    echo "== $(date -u +%FT%TZ) $(nproc --all) cores; PY=$PY; PYTHONPATH=$PYTHONPATH"
     # a simulated job must need none of flwr; fail in seconds if a dependency is missing
     "$PY" - <<'EOF' || exit 1
 import importlib, sys
