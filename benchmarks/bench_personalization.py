@@ -19,15 +19,18 @@ and reports what finished (the rest n/a); ``--from-records`` rebuilds the tables
 records.jsonl. Jobs of a GLM dataset run grouped per (ε, seed), σ calibrated once a group.
 A worker killed by the OS (memory) stalls its task until --time-limit.
 
-Full run (≈ 1230 jobs; sized for 16 cores and an ~8 minute window; MNIST ≈ 3/4 of the CPU):
+Full run (1275 jobs: 360 each on School, heart, Vehicle with the uncounted λ grid, 195 on
+MNIST; ≈ 5600 CPU s, ≈ 350 s on 16 cores; the uncounted λ grid is on by default,
+--no-uncounted-best-lambda drops it). On the lent 16-core machine, `benchmarks/run_device.sh`
+(wheels, threads, preflight, ≤ 8 files back); by hand:
 
-    .venv/bin/python benchmarks/bench_personalization.py --workers 16 \\
-        --uncounted-best-lambda --time-limit 470 --out runs/bench-personalization
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_personalization.py --workers 16 \\
+        --time-limit 470 --out runs/bench-personalization
 
 Reduced run (2 cores, ≈ 1.5 min):
 
     .venv/bin/python benchmarks/bench_personalization.py --datasets heart,school --seeds 1 \\
-        --set school.training.rounds=20 --workers 2 --uncounted-best-lambda \\
+        --set school.training.rounds=20 --workers 2 \\
         --methods local,fedavg,mrmtl:lam=0.1,mrmtl:lam=1,ditto:lam=1,finetune
 """
 
@@ -64,14 +67,17 @@ from personalization_tables import (  # noqa: E402
 )
 
 LAMS = [0.0001, 0.001, 0.003, 0.01, 0.03, 0.1, 0.3, 1, 3, 10]  # thesis appendix B.4
-#: issue 22's rows for the GLM datasets (methods not merged yet become n/a rows)
-METHODS = ("local,fedavg,finetune,mrmtl:lam=1,mrmtl:lam=auto,ditto:lam=1,ditto:lam=auto,"
-           "mrmtl:lam=auto:clip=auto,fedprox,scaffold,apfl,fedper,fedrep,"
-           "mrmtl:tuning.mode=private,ditto:tuning.mode=private:tuning.method=ditto")
-#: the torch rows (MNIST): no private tuning (≈ 11 trainings per job)
+#: issue 22's rows for the GLM datasets: the baselines, fixed and auto λ, auto clipping, the
+#: peers' methods, MR-MTL tuned privately over LAMS (RepeatAndSelect, E[h] = 10) and by the
+#: subsample route (random h on a γ-subsample, then one full run), both counted
+METHODS = ("local,fedavg,finetune,mrmtl:lam=1,mrmtl:lam=auto,ditto:lam=auto,"
+           "mrmtl:lam=auto:clip=auto,fedavg:clip=auto,fedprox,scaffold,apfl,fedper,fedrep,"
+           "mrmtl:tuning.mode=private,mrmtl:tuning.mode=private:tuning.select=subsample")
+#: the torch rows (MNIST): no private tuning (≈ 11 trainings per job); FedBN on mlp_norm
 TORCH_METHODS = ("local,fedavg,finetune,mrmtl:lam=1,mrmtl:lam=auto,ditto:lam=auto,"
                  "mrmtl:lam=auto:clip=auto,fedprox,scaffold,apfl,fedper,fedrep,fedbn")
 TORCH_DATASETS = ("mnist",)
+TWO_MODELS = ("ditto", "apfl", "fedrep")  # about twice a FedAvg job's compute
 _TUNING = {"method": "mrmtl", "lam": LAMS, "pivot_lam": 0.1, "eta": 1.0, "mean_trials": 10}
 _KEY = re.compile(r"^[a-z_][a-z0-9_]*(\.[a-z_][a-z0-9_]*)?$")
 
@@ -97,13 +103,19 @@ DATASETS = {
         {"source": "synthetic", "generator": "vehicle", "test_fraction": 0.2, "seed": 0},
         {"name": "logistic", "metric": "accuracy"},
         {"rounds": 100, "batch_size": 64, "lr": 0.1, "clip": 1.0}, 1e-4)),
-    # the slice fits ~1 min of CPU per (method, ε, seed); lr 0.5 beat 0.1 for Local and
-    # FedAvg at ε = 4, seed 0 (a benchmark-level choice on test, the same for every row)
-    "mnist": ("Rotated & Masked MNIST slice (8 silos × 300 images, convnet, test accuracy)",
-              _base({"source": "mnist", "num_silos": 8, "train_per_silo": 300,
-                     "test_per_silo": 100, "mask_prob": 0.1, "seed": 0},
-                    {"name": "convnet", "metric": "accuracy"},
-                    {"rounds": 20, "batch_size": 50, "lr": 0.5, "clip": 1.0}, 1e-4)),
+    # The slice is sized to ≈ 22 s of CPU per job (8 silos × 600 flattened images, a
+    # LayerNorm MLP of 32 hidden units, so FedBN has its personal normalization layers).
+    # batch 100, lr 1, clip 1 are a benchmark-level public choice, the same for every row:
+    # lr ∈ {0.5, 1, 2} compared on FedAvg and Local at ε = 8, seed 0 only (Local 0.72 /
+    # 0.76 / 0.78, FedAvg 0.46 / 0.51 / 0.54), then capped at lr·λ ≤ 1 for the fixed λ = 1
+    # row (a public stability bound: at lr 2 the prox step overshoots, MR-MTL λ=1 got 0.08).
+    "mnist": ("Rotated & Masked MNIST slice (8 silos × 600 images, flattened, LayerNorm MLP "
+              "32 units, test accuracy)",
+              _base({"source": "mnist", "num_silos": 8, "train_per_silo": 600,
+                     "test_per_silo": 100, "mask_prob": 0.1, "flatten": True,
+                     "standardize": "none", "seed": 0},
+                    {"name": "mlp_norm", "hidden": [32], "metric": "accuracy"},
+                    {"rounds": 20, "batch_size": 100, "lr": 1.0, "clip": 1.0}, 1e-4)),
 }
 
 
@@ -243,8 +255,9 @@ def _init_worker() -> None:
 
 # --- running -----------------------------------------------------------------------------
 
-def plan_jobs(datasets: list[str], methods: dict[str, list[Spec]], eps_list: list[float],
-              seeds: int) -> list[list[tuple[str, Spec, float, int]]]:
+def plan_jobs(datasets: list[str], methods: dict[str, list[Spec]],
+              eps_by: dict[str, list[float]], seeds: int
+              ) -> list[list[tuple[str, Spec, float, int]]]:
     """Every (dataset, spec, ε, seed), in tasks for the pool, costliest first.
 
     A GLM dataset's jobs are grouped by (dataset, ε, seed): σ calibration is memoized per
@@ -253,15 +266,17 @@ def plan_jobs(datasets: list[str], methods: dict[str, list[Spec]], eps_list: lis
     """
     tasks: dict[tuple, list] = {}
     for d in datasets:
-        for e in eps_list:
+        for e in eps_by[d]:
             for k in range(seeds):
                 for s in methods[d]:
                     key = (d, e, k, s.label) if d in TORCH_DATASETS else (d, e, k)
                     tasks.setdefault(key, []).append((d, s, e, k))
 
-    def cost(task):  # a rough relative cost, for largest-first scheduling
-        return sum(1 + (j[0] in TORCH_DATASETS) * 30 + ("tuning.mode" in j[1].label) * 10
-                   for j in task)
+    def cost(task):  # a rough relative cost, for largest-first scheduling; measured CPU:
+        # a torch job ≈ 17-22 s (Ditto, APFL, FedRep train two models: ≈ 35-45 s), a GLM
+        # group ≈ 4 (heart) to 50 s (School), private tuning ≈ 10× a training
+        return sum(1 + (j[0] in TORCH_DATASETS) * 30 * (2 if j[1].method in TWO_MODELS else 1)
+                   + ("tuning.mode" in j[1].label) * 10 for j in task)
     return sorted(tasks.values(), key=cost, reverse=True)
 
 
@@ -311,11 +326,14 @@ def _args(argv=None) -> argparse.Namespace:
     ap.add_argument("--datasets", default="school,heart,vehicle,mnist")
     ap.add_argument("--methods", default=METHODS, help="GLM datasets' rows (name[:k=v]...)")
     ap.add_argument("--torch-methods", default=TORCH_METHODS, help="MNIST's rows")
-    ap.add_argument("--epsilon", default="1,2,4,6,8")
+    ap.add_argument("--epsilon", default="1,2,4,6,8", help="the GLM datasets' ε columns")
+    ap.add_argument("--torch-epsilon", default="1,2,4,8",
+                    help="MNIST's ε columns (fewer: torch jobs cost ≈ 20× a GLM group's)")
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--workers", type=int, default=os.cpu_count() or 1)
-    ap.add_argument("--uncounted-best-lambda", action="store_true",
-                    help="also MR-MTL over the thesis λ grid; report the best λ (uncounted)")
+    ap.add_argument("--uncounted-best-lambda", action=argparse.BooleanOptionalAction,
+                    default=True, help="also MR-MTL over the thesis λ grid (GLM datasets); "
+                    "report the best λ per ε, uncounted (default on)")
     ap.add_argument("--set", action="append", default=[], metavar="DATASET.SECTION.KEY=V",
                     help="override a dataset's base config, e.g. school.training.rounds=20")
     ap.add_argument("--out", default="runs/bench-personalization")
@@ -326,7 +344,8 @@ def _args(argv=None) -> argparse.Namespace:
     ap.add_argument("--dry-run", action="store_true", help="print the job counts only")
     a = ap.parse_args(argv)
     try:
-        a.eps = [float(e) for e in a.epsilon.split(",")]
+        eps = [float(e) for e in a.epsilon.split(",")]
+        torch_eps = [float(e) for e in a.torch_epsilon.split(",")]
         a.names = [d for d in a.datasets.split(",") if d]
         bad = [d for d in a.names if d not in DATASETS]
         if bad:
@@ -334,6 +353,7 @@ def _args(argv=None) -> argparse.Namespace:
         a.specs = {d: parse_methods(a.torch_methods if d in TORCH_DATASETS else a.methods)
                    for d in a.names}
         a.sets = parse_sets(a.set)
+        a.eps = {d: torch_eps if d in TORCH_DATASETS else eps for d in a.names}
     except ValueError as e:
         ap.error(str(e))
     return a
@@ -396,8 +416,11 @@ def report(a, argv, con, out: Path, bases: dict, records: list[dict], wall: floa
         if a.uncounted_best_lambda and d not in TORCH_DATASETS:
             add_uncounted(cells, LAMS, higher)
         rows = [s.label for s in a.specs[d]] + ([UNCOUNTED] if UNCOUNTED in cells else [])
-        header, body, notes = make_table(cells, rows, a.eps, a.seeds, higher)
+        header, body, notes = make_table(cells, rows, a.eps[d], a.seeds, higher)
         cap = caption(bases[d], a.seeds, higher, UNCOUNTED in cells)
+        if d in TORCH_DATASETS:  # the torch jobs' ε grid is sized to the run's window
+            cap += (f" ε ∈ {{{', '.join(f'{e:g}' for e in a.eps[d])}}} (torch jobs cost ≈ 20 "
+                    "s of CPU each); no private tuning or uncounted λ grid on this slice.")
         md.append(markdown(DATASETS[d][0], cap, header, body, notes))
         tables[d] = {"title": DATASETS[d][0], "caption": cap, "header": header, "rows": body,
                      "notes": notes, "config": bases[d]}

@@ -82,10 +82,23 @@ def test_table_marks_the_better_baseline_ratios_and_failures():
 def test_plan_groups_glm_jobs_per_cell_and_keeps_torch_jobs_apart():
     glm = bp.parse_methods("local,mrmtl:tuning.mode=private")
     torch = bp.parse_methods("local,fedavg")
-    tasks = bp.plan_jobs(["heart", "mnist"], {"heart": glm, "mnist": torch}, [1.0, 8.0], 2)
+    tasks = bp.plan_jobs(["heart", "mnist"], {"heart": glm, "mnist": torch},
+                         {"heart": [1.0, 8.0], "mnist": [1.0, 4.0, 8.0]}, 2)
     jobs = [j for t in tasks for j in t]
-    assert len(jobs) == len(set((d, s.label, e, k) for d, s, e, k in jobs)) == 16
+    assert len(jobs) == len(set((d, s.label, e, k) for d, s, e, k in jobs)) == 8 + 12
+    assert {e for d, _, e, _ in jobs if d == "mnist"} == {1.0, 4.0, 8.0}  # its own ε grid
     heart = [t for t in tasks if t[0][0] == "heart"]
     assert len(heart) == 4 and all(len({(j[2], j[3]) for j in t}) == 1 for t in heart)
     assert all(len(t) == 1 for t in tasks if t[0][0] == "mnist")
     assert tasks[0][0][0] == "mnist"  # the costliest (torch) tasks are submitted first
+
+
+def test_defaults_cover_issue_22_rows_and_the_torch_eps_grid():
+    a = bp._args([])
+    glm = {s.label for s in a.specs["school"]}
+    assert {"fedavg:clip=auto", "mrmtl:lam=auto:clip=auto", "mrmtl:tuning.mode=private",
+            "mrmtl:tuning.mode=private:tuning.select=subsample", "fedper", "fedrep",
+            "scaffold", "fedprox", "apfl"} <= glm
+    assert "fedbn" in {s.label for s in a.specs["mnist"]} and a.uncounted_best_lambda
+    assert a.eps["school"] == [1, 2, 4, 6, 8] and a.eps["mnist"] == [1, 2, 4, 8]
+    assert not bp._args(["--no-uncounted-best-lambda"]).uncounted_best_lambda

@@ -102,6 +102,25 @@ def test_mnist_masks_fixed_per_silo_and_distinct(mnist):
     assert len({m.tobytes() for m in flat}) == 8  # no two silos share a mask
 
 
+def test_mnist_flatten_is_the_same_images_as_rows(mnist):
+    """data.flatten for the mnist source: (n, 784) float64 rows of the rotated, masked
+    images (for MLPs), named px0..px783; a source that has no images refuses the key."""
+    flat = load_rotated_masked_mnist(num_silos=8, train_per_silo=100, test_per_silo=20,
+                                     mask_prob=0.2, seed=3, flatten=True)
+    assert flat.feature_names[:2] == ["px0", "px1"] and len(flat.feature_names) == 784
+    for a, b in zip(mnist.silos, flat.silos):
+        assert b.X_train.shape == (100, 784) and b.X_train.dtype == np.float64
+        np.testing.assert_allclose(b.X_train, a.X_train.reshape(100, -1), rtol=0, atol=1e-7)
+        np.testing.assert_allclose(b.X_test, a.X_test.reshape(20, -1), rtol=0, atol=1e-7)
+        assert np.array_equal(b.y_train, a.y_train)
+    from silofl.config import config_from_dict
+    from silofl.errors import ConfigError
+    from silofl.experiments.build import _check_source_keys
+    _check_source_keys(config_from_dict({"data": {"source": "mnist", "flatten": True}}).data)
+    with pytest.raises(ConfigError, match="flatten"):
+        _check_source_keys(config_from_dict({"data": {"source": "heart", "flatten": True}}).data)
+
+
 def test_mnist_mask_density_and_determinism():
     a = load_rotated_masked_mnist(num_silos=40, train_per_silo=20, test_per_silo=5,
                                   mask_prob=0.3, seed=1)

@@ -80,7 +80,7 @@ class DataConfig(Section):
     # num_silos (default 80), train_per_silo, test_per_silo, alpha (label skew)
     public_fraction: float = 0.2   # share of the training pool made the unlabeled public set
     public_size: int = 0           # cap on the public set (0 = public_fraction of the pool)
-    flatten: bool = False          # images as (784,) rows, for GLMs (softmax)
+    flatten: bool = False          # mnist, mnist_dirichlet: images as (784,) rows (MLPs, GLMs)
 
     @field_validator("standardize", mode="before")
     @classmethod

@@ -92,11 +92,13 @@ def transform(images: np.ndarray, rotation: int, mask: np.ndarray) -> np.ndarray
 
 def load_rotated_masked_mnist(num_silos: int = 40, train_per_silo: int = 1500,
                               test_per_silo: int = 250, mask_prob: float = 0.1,
-                              seed: int = 0) -> Federation:
+                              seed: int = 0, flatten: bool = False) -> Federation:
     """Build the Rotated & Masked MNIST federation (see module docstring).
 
     Returns a multiclass Federation (10 classes) whose silos hold X (n, 1, 28, 28) float32
-    in [0, 1] and y (n,) int64 digits; no standardization (pixels share one scale).
+    in [0, 1] (or (n, 784) float64 rows named ``px0..px783`` with `flatten`, for MLPs and
+    GLMs; rotated and masked first) and y (n,) int64 digits; no standardization (pixels
+    share one scale).
     `mask_prob` is the probability of each 2x2 patch being white (the thesis' mask ratio;
     the expected masked fraction of the image).
     """
@@ -112,14 +114,17 @@ def load_rotated_masked_mnist(num_silos: int = 40, train_per_silo: int = 1500,
     masks = np.stack([random_mask(mask_prob, np.random.default_rng([seed, 2, k]))
                       for k in range(num_silos)])
     rotation = np.asarray(ROTATIONS)[groups]
+    def shape(images: np.ndarray) -> np.ndarray:
+        return images.reshape(len(images), -1).astype(np.float64) if flatten else images
     silos = [Silo(f"rot{rotation[k]}-s{k:02d}",
-                  transform(X[tr[k]], rotation[k], masks[k]), y[tr[k]],
-                  transform(Xt[te[k]], rotation[k], masks[k]), yt[te[k]])
+                  shape(transform(X[tr[k]], rotation[k], masks[k])), y[tr[k]],
+                  shape(transform(Xt[te[k]], rotation[k], masks[k])), yt[te[k]])
              for k in range(num_silos)]
     meta = {"source": str(mnist_path()), "rotation": rotation, "groups": groups,
             "masks": masks, "mask_prob": mask_prob, "seed": seed,
             "train_pool_index": tr, "test_pool_index": te}
-    return Federation(silos, [], "multiclass", num_classes=10, name="rotated-masked-mnist",
+    names = [f"px{i}" for i in range(SIDE * SIDE)] if flatten else []
+    return Federation(silos, names, "multiclass", num_classes=10, name="rotated-masked-mnist",
                       meta=meta)
 
 

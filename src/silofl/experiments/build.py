@@ -38,7 +38,8 @@ SOURCE_KEYS = {
 }
 #: keys two MNIST sources share (allowed under either)
 MNIST_SHARED = {"train_per_silo": ("mnist", "mnist_dirichlet"),
-                "test_per_silo": ("mnist", "mnist_dirichlet")}
+                "test_per_silo": ("mnist", "mnist_dirichlet"),
+                "flatten": ("mnist", "mnist_dirichlet")}
 # Sources whose table can be split into simulated silos (data.split and its keys).
 SPLIT_SOURCES = ("table", "heart", "titanic")
 SPLIT_KEYS = ("split", "alpha", "size_law", "power", "split_feature", "group_size",
@@ -228,7 +229,8 @@ def _load_raw(dc: DataConfig) -> RawFederation:
         return RawFederation.from_federation(D.load_rotated_masked_mnist(
             num_silos=dc.num_silos or DEFAULT_SILOS["mnist"],
             train_per_silo=dc.train_per_silo or 1500,
-            test_per_silo=dc.test_per_silo or 250, mask_prob=dc.mask_prob, seed=dc.seed))
+            test_per_silo=dc.test_per_silo or 250, mask_prob=dc.mask_prob, seed=dc.seed,
+            flatten=dc.flatten))
     if dc.source == "mnist_dirichlet":  # PrivateKT's setting: Dirichlet label mixes + D_p
         return RawFederation.from_federation(load_dirichlet_mnist(
             num_silos=dc.num_silos or DEFAULT_SILOS["mnist_dirichlet"],

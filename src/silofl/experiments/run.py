@@ -21,7 +21,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-import tomli_w
 
 from silofl.algorithms import LAMBDA_METHODS, LOCAL_DP_METHODS
 from silofl.config import Config
@@ -549,6 +548,7 @@ def _make_run_dir(cfg: Config, base: Path | None) -> Path | None:
         run_dir = base / f"{name}-{i}"
         i += 1
     run_dir.mkdir(parents=True)
+    import tomli_w  # only a run that writes a folder needs it (a cheap process start)
     write_text_atomic(run_dir / "config.toml", tomli_w.dumps(_toml_safe(cfg.to_dict())))
     return run_dir
 

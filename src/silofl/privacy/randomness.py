@@ -36,7 +36,6 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, NoReturn
 
 import numpy as np
-from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
 from silofl.errors import ConfigError
 
@@ -188,6 +187,8 @@ class _Secure(Randomness):
         self._rekey()
 
     def _rekey(self) -> None:
+        # imported here: seeded runs (experiments, benchmarks) never need OpenSSL
+        from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
         self._enc = Cipher(algorithms.AES(os.urandom(32)), modes.CTR(os.urandom(16))).encryptor()
         self._left = _REKEY_BYTES
 
