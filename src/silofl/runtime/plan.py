@@ -84,8 +84,10 @@ class TrainingConfig:
         C, the L2 norm bound of each per-example gradient; "auto": each silo tracks the
         `clip_quantile` of its per-example gradient norms privately (Andrew et al. 2021,
         `privacy.adaptive_clip`), a noisy count per step composed into its σ.
-    clip_quantile : float, default 0.7
-        clip = "auto": γ in (0, 1), the target fraction of unclipped examples.
+    clip_quantile : float or "auto", default "auto"
+        clip = "auto": γ in (0, 1), the target fraction of unclipped examples; "auto":
+        each silo's γ_k from its public noise level σ_Δ,k√P/m_k, the clipped sum's
+        bias-variance balance (`adaptive_clip.auto_quantile`).
     clip_lr : float, default 0.2
         clip = "auto": η_C > 0, the geometric step C ← C·exp(−η_k(b̃ − γ)), η_k =
         min(η_C, ·) smaller where the count is noisy (`adaptive_clip.clip_step`).
@@ -138,7 +140,7 @@ class TrainingConfig:
     node_S: int = 1
     adjacency: str = "node+edges"
     #: clip = "auto" (`privacy.adaptive_clip`): γ, η_C, C₀, σ_b
-    clip_quantile: float = DEFAULT_QUANTILE
+    clip_quantile: float | str = DEFAULT_QUANTILE
     clip_lr: float = DEFAULT_CLIP_LR
     clip_init: float = DEFAULT_CLIP_INIT
     clip_count_noise: float | str = "auto"
@@ -199,9 +201,11 @@ def _check_clip(cfg: TrainingConfig, bad) -> None:
     if not (cfg.clip == "auto" or positive(cfg.clip)):
         bad(f"[training] clip must be a positive number (the per-example gradient norm "
             f"bound) or \"auto\" (private adaptive clipping), got {cfg.clip!r}")
-    if not 0 < cfg.clip_quantile < 1:
+    q = cfg.clip_quantile
+    if not (q == "auto" or (isinstance(q, (int, float)) and not isinstance(q, bool)
+                            and 0 < q < 1)):
         bad(f"[training] clip_quantile (γ, the target fraction of unclipped examples) must "
-            f"lie strictly between 0 and 1, got {cfg.clip_quantile!r}")
+            f"lie strictly between 0 and 1, or be \"auto\", got {cfg.clip_quantile!r}")
     if not positive(cfg.clip_lr):
         bad(f"[training] clip_lr (η_C, the clip's geometric step) must be a positive "
             f"number, got {cfg.clip_lr!r}")
@@ -233,6 +237,8 @@ class SiloPlan:
     count_noise: float | None = None
     #: clip = "auto": the silo's clip after training (a function of its noisy releases)
     final_clip: float | None = None
+    #: clip = "auto": the target quantile γ_k of the silo's last clip update (public)
+    clip_target: float | None = None
 
     def to_dict(self) -> dict:
         out = {"silo": self.name, "n_train": self.n, "sampling_rate": self.q,
@@ -242,8 +248,10 @@ class SiloPlan:
                "calibrated_for": self.calibrated_for}
         if self.count_noise is not None and self.noise_multiplier is not None:
             out.update(clip="auto", count_noise=self.count_noise, final_clip=self.final_clip,
+                       clip_target_quantile=self.clip_target,
                        gradient_noise_multiplier=gradient_noise(self.noise_multiplier,
-                                                                self.count_noise))
+                                                                self.count_noise),
+                       clip_release=CLIP_RELEASE)
         if self.node is not None:
             adj = self.node["adjacency"]
             out.update(privacy_unit="node", S=self.node["S"], adjacency=adj,
@@ -296,7 +304,7 @@ def plan_job(fed: Federation, algorithms: list[Algorithm], cfg: TrainingConfig,
     extra = extra or {}
     parts = [f"{len(algorithms)} methods composed" if len(algorithms) > 1 else "1 method"]
     if cfg.adaptive_clip:
-        parts.append(f"clip auto: quantile γ = {cfg.clip_quantile:g}, each step's noisy count "
+        parts.append(f"clip auto: quantile γ = {_gamma_text(cfg.clip_quantile)}, each step's noisy count "
                      "(σ_b) composed in")
     for k, p in enumerate(per_alg[0]):
         pre = extra.get(p.name)
@@ -542,11 +550,30 @@ def gradient_rule(cfg: TrainingConfig, plans: list[SiloPlan]) -> GradientRule:
                    for p in plans])
     m = np.array([p.q * p.n for p in plans], dtype=float)
     tracker = QuantileClip(
-        clip=np.full(len(plans), float(cfg.clip_init)), quantile=float(cfg.clip_quantile),
+        clip=np.full(len(plans), float(cfg.clip_init)),
+        quantile="auto" if cfg.clip_quantile == "auto" else float(cfg.clip_quantile),
         lr=np.array([clip_step(cfg.clip_lr, b, mk) for b, mk in zip(sb, m)]), count_noise=sb,
         gradient_noise=np.array([gradient_noise(s, b) for s, b in zip(sigmas, sb)]),
         expected_batch=m)
     return GradientRule(float(cfg.clip_init), sigmas, adaptive=tracker)
+
+
+#: what clip = "auto" releases, in a plan's privacy entry (for a reader of the report)
+CLIP_RELEASE = (
+    "clip = auto (Andrew et al. 2021): besides the noisy clipped gradient sum (noise std "
+    "gradient_noise_multiplier × C_k), every DP-SGD step released the count of the batch's "
+    "examples whose gradient norm was ≤ C_k, centred (Σ(1[‖g_i‖ ≤ C_k] − ½), sensitivity ½) "
+    "plus N(0, count_noise²); the pair is one Gaussian mechanism of noise multiplier "
+    "noise_multiplier, charged as such in every event of this entry. C_k moved only by "
+    "those noisy counts and public settings, starting at clip_init: final_clip and "
+    "clip_target_quantile are post-processing and cost nothing more")
+
+
+def _gamma_text(quantile: float | str) -> str:
+    """How a report names the target quantile setting."""
+    if quantile == "auto":
+        return "auto (each silo's from its noise level σ_Δ√P/m, public)"
+    return f"{float(quantile):g}"
 
 
 def _fixed_clip(cfg: TrainingConfig) -> float:
@@ -560,4 +587,6 @@ def final_clips(plans: list[SiloPlan], rule: GradientRule, trainers: list | None
     for k, p in enumerate(plans):
         tracker = rule.adaptive if trainers is None else trainers[k].rule.adaptive
         if tracker is not None:
-            p.final_clip = float(tracker.clip[0 if trainers is not None else k])
+            j = 0 if trainers is not None else k
+            p.final_clip = float(tracker.clip[j])
+            p.clip_target = None if np.isnan(tracker.target[j]) else float(tracker.target[j])
