@@ -21,6 +21,7 @@ from silofl.experiments.artifacts import NON_PRIVATE
 from silofl.io import dumps_strict, file_hashes, sha256_file, write_bytes_atomic, write_npz_atomic
 from silofl.privacy.ledger import silo_file_id
 from silofl.privacy.targets import ADJACENCY
+from silofl.runtime.plan import clip_entry
 
 
 def _run_schema(dc) -> dict | None:
@@ -90,6 +91,8 @@ def _privacy_statement(rep, r, k: int) -> dict:
             "target_epsilon": led["target_epsilon"],
             "noise_multiplier": led.get("noise_multiplier"),
             "calibrated_for": led.get("calibrated_for"),
+            **({"adaptive_clip": clip_entry(r.plans[k].to_dict())}
+               if r.plans and clip_entry(r.plans[k].to_dict()) else {}),
             "job": {key: job.get(key) for key in ("epsilon", "accountant", "epsilon_rdp",
                                                   "epsilon_pld", "target_epsilon", "methods")},
             "job_note": ("'job' is this silo's spend for the whole job (private preprocessing "

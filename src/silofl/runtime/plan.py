@@ -84,7 +84,7 @@ class TrainingConfig:
         C, the L2 norm bound of each per-example gradient; "auto": each silo tracks the
         `clip_quantile` of its per-example gradient norms privately (Andrew et al. 2021,
         `privacy.adaptive_clip`), a noisy count per step composed into its σ.
-    clip_quantile : float or "auto", default "auto"
+    clip_quantile : float or "auto", default 0.7
         clip = "auto": γ in (0, 1), the target fraction of unclipped examples; "auto":
         each silo's γ_k from its public noise level σ_Δ,k√P/m_k, the clipped sum's
         bias-variance balance (`adaptive_clip.auto_quantile`).
@@ -565,7 +565,7 @@ CLIP_RELEASE = (
     "examples whose gradient norm was ≤ C_k, centred (Σ(1[‖g_i‖ ≤ C_k] − ½), sensitivity ½) "
     "plus N(0, count_noise²); the pair is one Gaussian mechanism of noise multiplier "
     "noise_multiplier, charged as such in every event of this entry. C_k moved only by "
-    "those noisy counts and public settings, starting at clip_init: final_clip and "
+    "those noisy counts and public settings, from [training] clip_init: final_clip and "
     "clip_target_quantile are post-processing and cost nothing more")
 
 
@@ -579,6 +579,17 @@ def _gamma_text(quantile: float | str) -> str:
 def _fixed_clip(cfg: TrainingConfig) -> float:
     """The clip of a rule with no tracker (the non-private mode does not clip)."""
     return float(cfg.clip_init) if cfg.adaptive_clip else float(cfg.clip)
+
+
+#: the clip = "auto" keys of a plan's `to_dict`, as summaries and model cards repeat them
+CLIP_KEYS = ("clip", "count_noise", "gradient_noise_multiplier", "final_clip",
+             "clip_target_quantile", "clip_release")
+
+
+def clip_entry(plan: dict) -> dict:
+    """The clip = "auto" part of a plan's `to_dict` (empty for a fixed clip): σ_b, σ_Δ,
+    the final C_k and γ_k, and what was released."""
+    return {k: plan[k] for k in CLIP_KEYS if k in plan} if plan.get("clip") == "auto" else {}
 
 
 def final_clips(plans: list[SiloPlan], rule: GradientRule, trainers: list | None = None) -> None:
