@@ -414,3 +414,29 @@ def test_a_quantile_that_is_not_auto_or_a_fraction_is_refused():
     with pytest.raises(ConfigError, match="clip_quantile"):
         TrainingConfig(clip="auto", clip_quantile="median").validate()
     TrainingConfig(clip="auto", clip_quantile="auto").validate()
+
+
+def test_run_outputs_state_the_count_release_for_a_regulator(tmp_path):
+    """summary.json, privacy_report.json and every model card of a clip = "auto" run name
+    σ_b, σ_Δ (> σ), the final C_k and γ_k of each silo and what the count released."""
+    import json
+
+    from silofl.config.input import load_config
+    from silofl.experiments.run import run as run_job
+    cfg = load_config(None, ["training.rounds=2", 'training.clip="auto"', "budget.scratch=true",
+                             'training.methods=["fedavg"]', 'privacy.noise="seeded"'])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        rep = run_job(cfg, tmp_path)
+    d = rep.run_dir
+    summary = json.loads((d / "summary.json").read_text())["methods"][0]["adaptive_clip"]
+    report = json.loads((d / "privacy_report.json").read_text())["methods"]["fedavg"]
+    cards = sorted((d / "models" / "fedavg").glob("card-*.json"))
+    assert len(summary) == len(report) == len(cards) == 4
+    by_silo = {e["silo"]: e for e in report}
+    for card in cards:
+        doc = json.loads(card.read_text())
+        c, s, entry = doc["privacy"]["adaptive_clip"], summary[doc["silo"]], by_silo[doc["silo"]]
+        assert c == s and s["final_clip"] == entry["final_clip"] > 0
+        assert s["count_noise"] > 0 and s["gradient_noise_multiplier"] > entry["noise_multiplier"]
+        assert s["clip_target_quantile"] == 0.7 and "sensitivity ½" in s["clip_release"]
