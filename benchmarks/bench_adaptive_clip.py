@@ -1,15 +1,21 @@
-"""clip = "auto" (private adaptive clipping) against hand-set clips, on heart and School.
+"""clip = "auto" (private adaptive clipping) against hand-set clips, on heart, School and the
+Vehicle-like task.
 
 Each (data, ε, method, clip, seed) is its own `silofl run` job (seeded noise, scratch
-store): heart (logistic, batch 8, lr 0.1, δ 1e-4, 30 rounds) and School (all 139 schools,
-linear, MSE, batch 32, lr 0.03, δ 1e-3, 100 rounds), ε ∈ {1, 4}, FedAvg and MR-MTL (λ = 1),
-clip ∈ {0.1, 0.3, 1, 3, 10, "auto"} at the default clip_* settings, seeds 0 and 1. Prints
-the mean over seeds per cell and auto's gap to the best hand-set clip (heart: accuracy
-points; School: relative MSE). Figures printed, not asserted.
+store): heart (logistic, batch 8, lr 0.1, δ 1e-4, 30 rounds), School (all 139 schools,
+linear, MSE, batch 32, lr 0.03, δ 1e-3, 100 rounds) and Vehicle-like (23 silos, d = 100,
+logistic, batch 64, lr 0.1, δ 1e-4, 100 rounds; bench_personalization's settings),
+ε ∈ {1, 4}, FedAvg, MR-MTL and Ditto (λ = 1), clip ∈ {0.1, 0.3, 1, 3, 10, "auto"} at the
+default clip_* settings (or --set ones). Prints the mean over seeds per cell and auto's gap
+to the best hand-set clip (accuracy points; School: relative MSE). Figures printed, not
+asserted. --out keeps every job as a JSON line and --load tables earlier ones, so a new
+auto setting needs only its own jobs (--clips auto) beside the hand-set rows.
 
-    .venv/bin/python benchmarks/bench_adaptive_clip.py                 # both (~5 min)
-    .venv/bin/python benchmarks/bench_adaptive_clip.py --data heart    # ~20 s
-    .venv/bin/python benchmarks/bench_adaptive_clip.py --out runs/clip.jsonl  # keep rows
+    .venv/bin/python benchmarks/bench_adaptive_clip.py                   # heart + School
+    .venv/bin/python benchmarks/bench_adaptive_clip.py --data heart,vehicle --seeds 0,1,2 \
+        --methods fedavg,mrmtl,ditto --out runs/clip.jsonl
+    .venv/bin/python benchmarks/bench_adaptive_clip.py --data school --clips auto \
+        --set 'training.clip_quantile="auto"' --load runs/clip.jsonl
 """
 
 from __future__ import annotations
