@@ -64,6 +64,8 @@ def main() -> None:
             for c in CLIPS:
                 got = [one(data, m, c, s, a.eps) for s in seeds]
                 v[c] = float(np.mean([g[0] for g in got]))
+                print(f"  ({m}, clip {c}: {v[c]:.4f}, {time.perf_counter() - t0:.0f} s)",
+                      flush=True)
                 fin = got[0][1] if c == "auto" else fin
             hand = {c: x for c, x in v.items() if c != "auto"}
             best = max(hand, key=hand.__getitem__)
