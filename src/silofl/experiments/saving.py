@@ -107,7 +107,7 @@ def save_models(rep) -> Path:
     tc = rep.config.training
     hyper = {k: getattr(tc, k) for k in ("rounds", "local_epochs", "batch_size", "lr", "clip",
                                           "l2", "seed", "weighted")}
-    if tc.clip == "auto":  # private adaptive clipping: its settings (final C_k: the report)
+    if tc.clip == "auto":  # private adaptive clipping: its settings (final C_k: privacy)
         hyper.update({k: getattr(tc, k) for k in ("clip_quantile", "clip_lr", "clip_init",
                                                   "clip_count_noise")})
     constants = info.get("constants") or {}
