@@ -64,6 +64,17 @@ DEFAULT_CLIP_LR = 0.2
 DEFAULT_CLIP_INIT = 0.3
 
 
+#: what clip = "auto" releases, in a plan's privacy entry (for a reader of the report)
+RELEASE_TEXT = (
+    "clip = auto (Andrew et al. 2021): besides the noisy clipped gradient sum (noise std "
+    "gradient_noise_multiplier × C_k), every DP-SGD step released the count of the batch's "
+    "examples whose gradient norm was ≤ C_k, centred (Σ(1[‖g_i‖ ≤ C_k] − ½), sensitivity ½) "
+    "plus N(0, count_noise²); the pair is one Gaussian mechanism of noise multiplier "
+    "noise_multiplier, charged as such in every event of this entry. C_k moved only by "
+    "those noisy counts and public settings, from [training] clip_init: final_clip and "
+    "clip_target_quantile are post-processing and cost nothing more")
+
+
 @dataclass(frozen=True)
 class AdaptiveClipDpEvent(dpa.DpEvent):
     """One DP-SGD step with a private adaptive-clipping count (a hashable base event).

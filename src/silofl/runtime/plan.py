@@ -29,6 +29,7 @@ from silofl.privacy.adaptive_clip import (
     DEFAULT_CLIP_INIT,
     DEFAULT_CLIP_LR,
     DEFAULT_QUANTILE,
+    RELEASE_TEXT,
     adaptive_event,
     clip_step,
     count_noise,
@@ -251,7 +252,7 @@ class SiloPlan:
                        clip_target_quantile=self.clip_target,
                        gradient_noise_multiplier=gradient_noise(self.noise_multiplier,
                                                                 self.count_noise),
-                       clip_release=CLIP_RELEASE)
+                       clip_release=RELEASE_TEXT)
         if self.node is not None:
             adj = self.node["adjacency"]
             out.update(privacy_unit="node", S=self.node["S"], adjacency=adj,
@@ -556,17 +557,6 @@ def gradient_rule(cfg: TrainingConfig, plans: list[SiloPlan]) -> GradientRule:
         gradient_noise=np.array([gradient_noise(s, b) for s, b in zip(sigmas, sb)]),
         expected_batch=m)
     return GradientRule(float(cfg.clip_init), sigmas, adaptive=tracker)
-
-
-#: what clip = "auto" releases, in a plan's privacy entry (for a reader of the report)
-CLIP_RELEASE = (
-    "clip = auto (Andrew et al. 2021): besides the noisy clipped gradient sum (noise std "
-    "gradient_noise_multiplier × C_k), every DP-SGD step released the count of the batch's "
-    "examples whose gradient norm was ≤ C_k, centred (Σ(1[‖g_i‖ ≤ C_k] − ½), sensitivity ½) "
-    "plus N(0, count_noise²); the pair is one Gaussian mechanism of noise multiplier "
-    "noise_multiplier, charged as such in every event of this entry. C_k moved only by "
-    "those noisy counts and public settings, from [training] clip_init: final_clip and "
-    "clip_target_quantile are post-processing and cost nothing more")
 
 
 def _gamma_text(quantile: float | str) -> str:
