@@ -363,3 +363,93 @@ def test_network_silos_track_their_own_clip_as_the_simulator(tmp_path):
         fresh = SiloProgram(load_silo_config(w["silos"][n]))
         assert fresh.resume() and fresh.done == 3
         np.testing.assert_array_equal(fresh.trainer.rule.adaptive.clip, clip)
+
+
+# --- clip_quantile = "auto": the target from the noise level -------------------------------
+
+@pytest.mark.parametrize("r", [0.2, 0.5, 1.0])
+def test_auto_quantile_minimises_the_bias_variance_error_of_exponential_norms(r):
+    """Norms ~ Exp(scale 1): bias B(C) = e^(−C) (per example, aligned), noise r·C. The C
+    minimising B² + r²C² on a fine grid is the auto γ's quantile −log(1 − γ) to 1e-3, where
+    γ is inside the clamp; r ↦ γ decreases (a noisier silo aims lower)."""
+    from silofl.privacy.adaptive_clip import QUANTILE_MAX, QUANTILE_MIN, auto_quantile
+    grid = np.linspace(1e-4, 10, 200_001)
+    c_star = grid[np.argmin(np.exp(-2 * grid) + (r * grid) ** 2)]
+    gamma = float(auto_quantile(r, 1, 1.0))
+    want = 1 - np.exp(-c_star)
+    assert gamma == pytest.approx(np.clip(want, QUANTILE_MIN, QUANTILE_MAX), abs=1e-3)
+    # r = σ_Δ√P/m: the same r from other public pieces gives the same γ
+    assert float(auto_quantile(2 * r, 16, 8.0)) == pytest.approx(gamma, abs=1e-12)
+
+
+def test_auto_quantile_is_clamped_and_monotone():
+    from silofl.privacy.adaptive_clip import QUANTILE_MAX, QUANTILE_MIN, auto_quantile
+    g = auto_quantile(np.geomspace(1e-4, 1e3, 50), 1, 1.0)
+    assert np.all(np.diff(g) <= 0) and g[0] == QUANTILE_MAX and g[-1] == QUANTILE_MIN
+
+
+def test_auto_quantile_tracker_uses_each_silos_target_and_the_plan_reports_it():
+    """A tracker with quantile "auto" moves each silo by its own γ_k (checked against one
+    hand step), and a run's plans state the count release, σ_b, σ_Δ, the final C_k and γ_k."""
+    from silofl.privacy.adaptive_clip import auto_quantile
+    sd, m = np.array([0.5, 4.0]), np.array([10.0, 10.0])
+    t = QuantileClip(np.array([1.0, 1.0]), "auto", 0.1, np.array([1.0, 1.0]), sd, m)
+    t.update(np.arange(2), np.array([5, 5]), np.array([10, 10]), np.zeros(2), num_params=9)
+    gam = auto_quantile(sd, 9, m)
+    assert gam[0] > gam[1]
+    np.testing.assert_allclose(t.clip, np.exp(-0.1 * (0.5 - gam)), rtol=1e-12)
+    np.testing.assert_allclose(t.target, gam, rtol=1e-12)
+    cfg = TrainingConfig(rounds=2, batch_size=8, lr=0.1, clip="auto", clip_quantile="auto",
+                         noise="seeded")
+    cfg.validate()
+    r = run(heart(2.0), cfg, "fedavg")
+    for p in r.plans:
+        d = p.to_dict()
+        assert 0.3 <= d["clip_target_quantile"] <= 0.9 and d["final_clip"] > 0
+        assert d["gradient_noise_multiplier"] > d["noise_multiplier"]
+        assert "sensitivity ½" in d["clip_release"] and "count_noise" in d["clip_release"]
+
+
+def test_a_quantile_that_is_not_auto_or_a_fraction_is_refused():
+    with pytest.raises(ConfigError, match="clip_quantile"):
+        TrainingConfig(clip="auto", clip_quantile="median").validate()
+    TrainingConfig(clip="auto", clip_quantile="auto").validate()
+
+
+def test_run_outputs_state_the_count_release_for_a_regulator(tmp_path):
+    """summary.json, privacy_report.json and every model card of a clip = "auto" run name
+    σ_b, σ_Δ (> σ), the final C_k and γ_k of each silo and what the count released."""
+    import json
+
+    from silofl.config.input import load_config
+    from silofl.experiments.run import run as run_job
+    cfg = load_config(None, ["training.rounds=2", 'training.clip="auto"', "budget.scratch=true",
+                             'training.methods=["fedavg"]', 'privacy.noise="seeded"'])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        rep = run_job(cfg, tmp_path)
+    d = rep.run_dir
+    summary = json.loads((d / "summary.json").read_text())["methods"][0]["adaptive_clip"]
+    report = json.loads((d / "privacy_report.json").read_text())["methods"]["fedavg"]
+    cards = sorted((d / "models" / "fedavg").glob("card-*.json"))
+    assert len(summary) == len(report) == len(cards) == 4
+    by_silo = {e["silo"]: e for e in report}
+    for card in cards:
+        doc = json.loads(card.read_text())
+        c, s, entry = doc["privacy"]["adaptive_clip"], summary[doc["silo"]], by_silo[doc["silo"]]
+        assert c == s and s["final_clip"] == entry["final_clip"] > 0
+        assert s["count_noise"] > 0 and s["gradient_noise_multiplier"] > entry["noise_multiplier"]
+        assert s["clip_target_quantile"] == 0.7 and "sensitivity ½" in s["clip_release"]
+
+
+def test_the_clip_never_passes_its_public_ceiling():
+    """A batch where no example is ever within C (a diverging model) drives C up by
+    exp(η(γ − b̃)) every step; clip_max stops it there, and below it C moves freely."""
+    t = QuantileClip(clip=np.array([0.3, 0.3]), quantile=0.7, lr=0.5,
+                     count_noise=np.array([1e-9, 1e-9]), gradient_noise=np.ones(2),
+                     expected_batch=np.array([10.0, 10.0]), ceiling=2.0)
+    for _ in range(200):  # silo 0: nothing within C; silo 1: everything within C
+        t.update(np.arange(2), np.array([0.0, 10.0]), np.array([10.0, 10.0]), np.zeros(2))
+    assert t.clip[0] == 2.0 and 0 < t.clip[1] < 0.3
+    with pytest.raises(ConfigError, match="clip_max"):
+        TrainingConfig(clip="auto", clip_init=0.3, clip_max=0.1).validate()

@@ -40,7 +40,7 @@ def test_clip_auto_is_explained_in_notes_and_cards(tmp_path):
     for method in ("local", "fedrep"):
         card = json.loads(next((run / "models" / method).glob("card-Cleveland-*.json"))
                           .read_text())
-        clip = card["privacy"]["clip"]
+        clip = card["privacy"]["adaptive_clip"]
         entry = report["methods"][method][0]
         assert entry["silo"] == "Cleveland"
         assert clip["final_clip"] == entry["final_clip"] > 0  # this method's own C_k
@@ -54,15 +54,17 @@ def test_fixed_clip_has_no_auto_note(tmp_path):
     summary = json.loads((run / "summary.json").read_text())
     assert not any(n.startswith("clip = auto") for n in summary["notes"])
     card = json.loads(next((run / "models" / "local").glob("card-*.json")).read_text())
-    assert "clip" not in card["privacy"]
+    assert "adaptive_clip" not in card["privacy"]
 
 
 def test_clip_caption_names_the_method_and_pairs_each_value():
-    entries = [{"silo": "A", "clip": "auto", "count_noise": 30.0, "final_clip": 1.25},
-               {"silo": "B", "clip": "auto", "count_noise": 40.0, "final_clip": 0.5}]
-    text = clip_note(entries, "fedrep")
-    assert "final C_k of fedrep" in text
-    assert "A σ_b 30, C 1.25; B σ_b 40, C 0.5" in text
+    entries = [{"silo": "A", "clip": "auto", "count_noise": 30.0, "final_clip": 1.25,
+                "gradient_noise_multiplier": 1.5},
+               {"silo": "B", "clip": "auto", "count_noise": 40.0, "final_clip": 0.5,
+                "gradient_noise_multiplier": 2.0}]
+    text = clip_note(entries, "fedrep", 2)
+    assert "fedrep's final C_k" in text and "other methods' in privacy_report.json" in text
+    assert "A σ_b 30, σ_Δ 1.5, C 1.25; B σ_b 40, σ_Δ 2, C 0.5" in text
     assert clip_note([{"silo": "A", "n_train": 3}], "local") == ""
 
 

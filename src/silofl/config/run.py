@@ -120,9 +120,11 @@ class TrainingSection(Section):
     lr: float = 0.03                # chosen on the public built-in heart data (README)
     clip: float | str = 1.0         # C, or "auto": private adaptive clipping (quantile of
                                     # per-example gradient norms, Andrew et al. 2021)
-    clip_quantile: float = 0.7      # clip = "auto": γ, target fraction unclipped
+    clip_quantile: float | str = 0.7  # clip = "auto": γ, target fraction unclipped;
+                                    # "auto": from each silo's noise level (public)
     clip_lr: float = 0.2            # clip = "auto": η_C, geometric step of the clip
     clip_init: float = 0.3          # clip = "auto": C₀, the starting clip
+    clip_max: float = 10.0          # clip = "auto": public ceiling of C_k (stops a runaway)
     clip_count_noise: float | str = "auto"  # clip = "auto": σ_b of each step's noisy count
     l2: float = 0.0
     seed: int = 0

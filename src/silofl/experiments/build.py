@@ -368,7 +368,7 @@ def training_config(cfg: Config) -> TrainingConfig:
                          lr=tc.lr, clip=tc.clip, l2=tc.l2, private=pc.enabled,
                          accountant=pc.accountant, noise=pc.noise, seed=tc.seed,
                          eval_every=tc.eval_every, clip_quantile=tc.clip_quantile,
-                         clip_lr=tc.clip_lr, clip_init=tc.clip_init,
+                         clip_lr=tc.clip_lr, clip_init=tc.clip_init, clip_max=tc.clip_max,
                          clip_count_noise=tc.clip_count_noise)
     out.validate()
     return out

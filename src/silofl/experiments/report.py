@@ -247,33 +247,26 @@ def privacy_table(rep, max_rows: int = 30) -> Table | None:
                   f"{lt['epsilon']:.3f} / {lt['target_epsilon']:g}" if lt else "-")
     if rep.results[0].silos[max_rows:]:
         t.caption = f"… {len(rep.results[0].silos) - max_rows} more silos in privacy_report.json"
-    clips = clip_note(priv[0][:max_rows], rep.label(rep.results[0]))
+    clips = clip_note(priv[0][:max_rows], rep.label(rep.results[0]), len(rep.results))
     if clips:
         t.caption = f"{t.caption}; {clips}" if t.caption else clips
     return t
 
 
-def clip_note(entries: list[dict], method: str = "") -> str:
-    """clip = "auto": each silo's count noise σ_b and final clip C_k (from its plan).
-
-    Parameters
-    ----------
-    entries : one method's per-silo privacy entries (`ExperimentResult.privacy`).
-    method : that method's label: the final C_k are its own (each method tracks its own).
-
-    Returns
-    -------
-    str
-        One line, or "" where no silo clips automatically.
-    """
+def clip_note(entries: list[dict], method: str = "", methods: int = 1) -> str:
+    """clip = "auto": each silo's count noise σ_b, gradient noise σ_Δ and final clip C_k
+    (from the plans of `method`, the first of `methods`; each method tracks its own)."""
     auto = [e for e in entries if e.get("clip") == "auto"]
     if not auto:
         return ""
-    of = f" of {method}" if method else ""
-    return ("clip: auto (private quantile: a noisy count per step, cost inside ε); per silo "
-            f"the count noise σ_b and the final C_k{of}: "
-            + "; ".join(f"{e['silo']} σ_b {e['count_noise']:.3g}, C {e['final_clip']:.3g}"
-                        for e in auto if e.get("final_clip") is not None))
+    whose = f"{method}'s " if method else ""
+    rest = "; other methods' in privacy_report.json" if methods > 1 else ""
+    return (f"clip: auto (each step also released a noisy count of unclipped examples, "
+            f"composed into σ); per silo the count noise σ_b, the gradient noise σ_Δ and "
+            f"{whose}final C_k: "
+            + "; ".join(f"{e['silo']} σ_b {e['count_noise']:.3g}, "
+                        f"σ_Δ {e['gradient_noise_multiplier']:.3g}, C {e['final_clip']:.3g}"
+                        for e in auto if e.get("final_clip") is not None) + rest)
 
 
 def _max_eps(values) -> str:

@@ -54,7 +54,7 @@ from silofl.privacy.ledger import silo_file_id, tightest
 from silofl.privacy.randomness import Randomness
 from silofl.privacy.targets import ADJACENCY, PrivacyTarget
 from silofl.runtime.job import NO_METHOD, fingerprints, open_job
-from silofl.runtime.plan import plan_job
+from silofl.runtime.plan import clip_entry, plan_job
 from silofl.runtime.simulator import RunResult, bind_data, simulate
 from silofl.tuning import setup as tuning_setup
 
@@ -188,7 +188,7 @@ class RunReport:
                "methods": [{"method": self.label(r), **r.method, "metric": r.metric,
                             "pooled": r.final_pooled,
                             "per_silo": dict(zip(r.silos, r.final_per_silo)),
-                            "seconds": r.seconds,
+                            "seconds": r.seconds, **_clip_summary(r),
                             **({"quality": self.quality[self.label(r)]}
                                if self.label(r) in self.quality else {})}
                            for r in self.results],
@@ -203,6 +203,13 @@ class RunReport:
                 f"the values, and who took part each round, in history.json under "
                 f"<method>.extra.{ALPHA_KEY}")
         return out
+
+
+def _clip_summary(r: RunResult) -> dict:
+    """clip = "auto": {"adaptive_clip": {silo: σ_b, σ_Δ, final C_k, γ_k, the release}} for
+    summary.json (empty for a fixed clip)."""
+    per = {name: clip_entry(p.to_dict()) for name, p in zip(r.silos, r.plans or [])}
+    return {"adaptive_clip": per} if any(per.values()) else {}
 
 
 @dataclass

@@ -21,6 +21,7 @@ from silofl.experiments.artifacts import NON_PRIVATE
 from silofl.io import dumps_strict, file_hashes, sha256_file, write_bytes_atomic, write_npz_atomic
 from silofl.privacy.ledger import silo_file_id
 from silofl.privacy.targets import ADJACENCY
+from silofl.runtime.plan import clip_entry
 
 
 def _run_schema(dc) -> dict | None:
@@ -108,9 +109,8 @@ def _privacy_statement(rep, r, k: int) -> dict:
             "target_epsilon": led["target_epsilon"],
             "noise_multiplier": led.get("noise_multiplier"),
             "calibrated_for": led.get("calibrated_for"),
-            **({"clip": {key: led.get(key) for key in (
-                "clip", "count_noise", "gradient_noise_multiplier", "final_clip")}}
-               if led.get("clip") == "auto" else {}),
+            **({"adaptive_clip": clip_entry(r.plans[k].to_dict())}
+               if r.plans and clip_entry(r.plans[k].to_dict()) else {}),
             "job": {key: job.get(key) for key in ("epsilon", "accountant", "epsilon_rdp",
                                                   "epsilon_pld", "target_epsilon", "methods")},
             "job_note": ("'job' is this silo's spend for the whole job (private preprocessing "
@@ -125,9 +125,9 @@ def save_models(rep) -> Path:
     tc = rep.config.training
     hyper = {k: getattr(tc, k) for k in ("rounds", "local_epochs", "batch_size", "lr", "clip",
                                           "l2", "seed", "weighted")}
-    if tc.clip == "auto":  # private adaptive clipping: its settings (final C_k: the report)
+    if tc.clip == "auto":  # private adaptive clipping: its settings (final C_k: privacy)
         hyper.update({k: getattr(tc, k) for k in ("clip_quantile", "clip_lr", "clip_init",
-                                                  "clip_count_noise")})
+                                                  "clip_max", "clip_count_noise")})
     constants = info.get("constants") or {}
     version = silofl_version()
     for r in rep.results:

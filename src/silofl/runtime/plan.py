@@ -27,8 +27,10 @@ from silofl.privacy import accounting, events
 from silofl.privacy import selection as tuning_accounting
 from silofl.privacy.adaptive_clip import (
     DEFAULT_CLIP_INIT,
+    DEFAULT_CLIP_MAX,
     DEFAULT_CLIP_LR,
     DEFAULT_QUANTILE,
+    RELEASE_TEXT,
     adaptive_event,
     clip_step,
     count_noise,
@@ -84,13 +86,19 @@ class TrainingConfig:
         C, the L2 norm bound of each per-example gradient; "auto": each silo tracks the
         `clip_quantile` of its per-example gradient norms privately (Andrew et al. 2021,
         `privacy.adaptive_clip`), a noisy count per step composed into its σ.
-    clip_quantile : float, default 0.7
-        clip = "auto": γ in (0, 1), the target fraction of unclipped examples.
+    clip_quantile : float or "auto", default 0.7
+        clip = "auto": γ in (0, 1), the target fraction of unclipped examples; "auto":
+        each silo's γ_k from its public noise level σ_Δ,k√P/m_k, the clipped sum's
+        bias-variance balance (`adaptive_clip.auto_quantile`).
     clip_lr : float, default 0.2
         clip = "auto": η_C > 0, the geometric step C ← C·exp(−η_k(b̃ − γ)), η_k =
         min(η_C, ·) smaller where the count is noisy (`adaptive_clip.clip_step`).
     clip_init : float, default 0.3
         clip = "auto": C₀ > 0, every silo's starting clip.
+    clip_max : float, default 10.0
+        clip = "auto": a public ceiling on C_k (≥ clip_init). Without it a diverging model
+        (large gradients → larger C → more noise) can run the clip away (seen on torch
+        models at 20–50,000).
     clip_count_noise : float or "auto", default "auto"
         clip = "auto": σ_b, the std of the noise on each step's centred count (examples);
         "auto" = max(expected batch / 20, σ/(2√0.05)) (`adaptive_clip.count_noise`).
@@ -138,9 +146,10 @@ class TrainingConfig:
     node_S: int = 1
     adjacency: str = "node+edges"
     #: clip = "auto" (`privacy.adaptive_clip`): γ, η_C, C₀, σ_b
-    clip_quantile: float = DEFAULT_QUANTILE
+    clip_quantile: float | str = DEFAULT_QUANTILE
     clip_lr: float = DEFAULT_CLIP_LR
     clip_init: float = DEFAULT_CLIP_INIT
+    clip_max: float = DEFAULT_CLIP_MAX
     clip_count_noise: float | str = "auto"
 
     @property
@@ -203,15 +212,20 @@ def _check_clip(cfg: TrainingConfig, bad) -> None:
             f"bound) or \"auto\" (private adaptive clipping), got {cfg.clip!r}"
             + ("; did you mean \"auto\"? write it exactly as \"auto\" (lower case, no spaces)"
                if near else ""))
-    if not 0 < cfg.clip_quantile < 1:
+    q = cfg.clip_quantile
+    if not (q == "auto" or (isinstance(q, (int, float)) and not isinstance(q, bool)
+                            and 0 < q < 1)):
         bad(f"[training] clip_quantile (γ, the target fraction of unclipped examples) must "
-            f"lie strictly between 0 and 1, got {cfg.clip_quantile!r}")
+            f"lie strictly between 0 and 1, or be \"auto\", got {cfg.clip_quantile!r}")
     if not positive(cfg.clip_lr):
         bad(f"[training] clip_lr (η_C, the clip's geometric step) must be a positive "
             f"number, got {cfg.clip_lr!r}")
     if not positive(cfg.clip_init):
         bad(f"[training] clip_init (C₀, the starting clip) must be a positive number, "
             f"got {cfg.clip_init!r}")
+    if not positive(cfg.clip_max) or positive(cfg.clip_init) and cfg.clip_max < cfg.clip_init:
+        bad(f"[training] clip_max (the ceiling of the automatic clip) must be a number ≥ "
+            f"clip_init ({cfg.clip_init!r}), got {cfg.clip_max!r}")
     if not (cfg.clip_count_noise == "auto" or positive(cfg.clip_count_noise)):
         bad(f"[training] clip_count_noise (σ_b, the count's noise std in examples) must be "
             f"a positive number or \"auto\", got {cfg.clip_count_noise!r}")
@@ -237,6 +251,8 @@ class SiloPlan:
     count_noise: float | None = None
     #: clip = "auto": the silo's clip after training (a function of its noisy releases)
     final_clip: float | None = None
+    #: clip = "auto": the target quantile γ_k of the silo's last clip update (public)
+    clip_target: float | None = None
 
     def to_dict(self) -> dict:
         out = {"silo": self.name, "n_train": self.n, "sampling_rate": self.q,
@@ -246,8 +262,10 @@ class SiloPlan:
                "calibrated_for": self.calibrated_for}
         if self.count_noise is not None and self.noise_multiplier is not None:
             out.update(clip="auto", count_noise=self.count_noise, final_clip=self.final_clip,
+                       clip_target_quantile=self.clip_target,
                        gradient_noise_multiplier=gradient_noise(self.noise_multiplier,
-                                                                self.count_noise))
+                                                                self.count_noise),
+                       clip_release=RELEASE_TEXT)
         if self.node is not None:
             adj = self.node["adjacency"]
             out.update(privacy_unit="node", S=self.node["S"], adjacency=adj,
@@ -300,7 +318,7 @@ def plan_job(fed: Federation, algorithms: list[Algorithm], cfg: TrainingConfig,
     extra = extra or {}
     parts = [f"{len(algorithms)} methods composed" if len(algorithms) > 1 else "1 method"]
     if cfg.adaptive_clip:
-        parts.append(f"clip auto: quantile γ = {cfg.clip_quantile:g}, each step's noisy count "
+        parts.append(f"clip auto: quantile γ = {_gamma_text(cfg.clip_quantile)}, each step's noisy count "
                      "(σ_b) composed in")
     for k, p in enumerate(per_alg[0]):
         pre = extra.get(p.name)
@@ -546,16 +564,35 @@ def gradient_rule(cfg: TrainingConfig, plans: list[SiloPlan]) -> GradientRule:
                    for p in plans])
     m = np.array([p.q * p.n for p in plans], dtype=float)
     tracker = QuantileClip(
-        clip=np.full(len(plans), float(cfg.clip_init)), quantile=float(cfg.clip_quantile),
+        clip=np.full(len(plans), float(cfg.clip_init)),
+        quantile="auto" if cfg.clip_quantile == "auto" else float(cfg.clip_quantile),
         lr=np.array([clip_step(cfg.clip_lr, b, mk) for b, mk in zip(sb, m)]), count_noise=sb,
         gradient_noise=np.array([gradient_noise(s, b) for s, b in zip(sigmas, sb)]),
-        expected_batch=m)
+        expected_batch=m, ceiling=float(cfg.clip_max))
     return GradientRule(float(cfg.clip_init), sigmas, adaptive=tracker)
+
+
+def _gamma_text(quantile: float | str) -> str:
+    """How a report names the target quantile setting."""
+    if quantile == "auto":
+        return "auto (each silo's from its noise level σ_Δ√P/m, public)"
+    return f"{float(quantile):g}"
 
 
 def _fixed_clip(cfg: TrainingConfig) -> float:
     """The clip of a rule with no tracker (the non-private mode does not clip)."""
     return float(cfg.clip_init) if cfg.adaptive_clip else float(cfg.clip)
+
+
+#: the clip = "auto" keys of a plan's `to_dict`, as summaries and model cards repeat them
+CLIP_KEYS = ("clip", "count_noise", "gradient_noise_multiplier", "final_clip",
+             "clip_target_quantile", "clip_release")
+
+
+def clip_entry(plan: dict) -> dict:
+    """The clip = "auto" part of a plan's `to_dict` (empty for a fixed clip): σ_b, σ_Δ,
+    the final C_k and γ_k, and what was released."""
+    return {k: plan[k] for k in CLIP_KEYS if k in plan} if plan.get("clip") == "auto" else {}
 
 
 def final_clips(plans: list[SiloPlan], rule: GradientRule, trainers: list | None = None) -> None:
@@ -564,4 +601,6 @@ def final_clips(plans: list[SiloPlan], rule: GradientRule, trainers: list | None
     for k, p in enumerate(plans):
         tracker = rule.adaptive if trainers is None else trainers[k].rule.adaptive
         if tracker is not None:
-            p.final_clip = float(tracker.clip[0 if trainers is not None else k])
+            j = 0 if trainers is not None else k
+            p.final_clip = float(tracker.clip[j])
+            p.clip_target = None if np.isnan(tracker.target[j]) else float(tracker.target[j])

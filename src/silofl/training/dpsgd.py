@@ -18,13 +18,14 @@ would only distort it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
 
 from silofl.errors import ConfigError
 from silofl.models.base import Model
+from silofl.privacy.adaptive_clip import auto_quantile
 from silofl.privacy.clipping import clip_bound
 from silofl.privacy.randomness import Randomness
 
@@ -90,15 +91,16 @@ class QuantileClip:
     After every step silo k releases the count of its batch's examples with ‖g_i‖ ≤ C_k,
     centred (Σ_i (1[‖g_i‖ ≤ C_k] − ½), sensitivity ½) plus N(0, σ_b,k²), estimates the
     fraction b̃_k = noisy / m_k + ½ (m_k = q_k·n_k, the expected batch) and updates
-    C_k ← C_k · exp(−η_k (b̃_k − γ)). Everything here is public or a function of the
+    C_k ← C_k · exp(−η_k (b̃_k − γ_k)). Everything here is public or a function of the
     noisy releases; the state is the silo's (checkpointed with it).
 
     Attributes
     ----------
     clip : numpy.ndarray, shape (K,)
         The current clips C_k (start: clip_init).
-    quantile : float
-        γ in (0, 1), the target fraction of unclipped examples.
+    quantile : float or "auto"
+        γ in (0, 1), the target fraction of unclipped examples; "auto": each silo's γ_k
+        from its noise level (`privacy.adaptive_clip.auto_quantile`, public).
     lr : numpy.ndarray, shape (K,) (or a float for all)
         η_k > 0, each silo's geometric step (`privacy.adaptive_clip.clip_step`).
     count_noise : numpy.ndarray, shape (K,)
@@ -107,17 +109,35 @@ class QuantileClip:
         σ_Δ,k, the gradient sum's noise multiplier (std σ_Δ,k·C_k).
     expected_batch : numpy.ndarray, shape (K,)
         m_k = q_k·n_k.
+    target : numpy.ndarray, shape (K,)
+        The γ_k of each silo's last update (NaN before its first; for the reports).
+    ceiling : float
+        A public upper bound on every C_k (`[training] clip_max`): stops a runaway clip.
     """
 
     clip: np.ndarray
-    quantile: float
+    quantile: float | str
     lr: np.ndarray | float
     count_noise: np.ndarray
     gradient_noise: np.ndarray
     expected_batch: np.ndarray
+    target: np.ndarray = field(default_factory=lambda: np.full(0, np.nan))
+    ceiling: float = np.inf
+
+    def __post_init__(self) -> None:
+        if len(self.target) != len(self.clip):
+            self.target = np.full(len(self.clip), np.nan)
+
+    def targets(self, silos: np.ndarray, num_params: int) -> np.ndarray | float:
+        """γ of the silos `silos` (k,): the set quantile, or for "auto" each silo's γ_k
+        for noise on `num_params` coordinates."""
+        if self.quantile == "auto":
+            return auto_quantile(self.gradient_noise[silos], num_params,
+                                 self.expected_batch[silos])
+        return float(self.quantile)
 
     def update(self, silos: np.ndarray, count: np.ndarray, batch: np.ndarray,
-               z: np.ndarray) -> None:
+               z: np.ndarray, num_params: int = 1) -> None:
         """One step's release and clip update for the silos `silos` (k,).
 
         Parameters
@@ -130,18 +150,23 @@ class QuantileClip:
             Realised batch sizes (private: only the noised centred count leaves).
         z : numpy.ndarray, shape (k,)
             N(0, 1) draws for the count noise.
+        num_params : int, default 1
+            Coordinates the gradient noise lies on (quantile = "auto" only).
         """
         noisy = count - 0.5 * batch + z * self.count_noise[silos]
         frac = noisy / self.expected_batch[silos] + 0.5
         lr = self.lr if np.ndim(self.lr) == 0 else np.asarray(self.lr)[silos]
-        self.clip[silos] = self.clip[silos] * np.exp(-lr * (frac - self.quantile))
+        gamma = self.targets(silos, num_params)
+        self.target[silos] = gamma
+        self.clip[silos] = np.minimum(self.clip[silos] * np.exp(-lr * (frac - gamma)),
+                                      self.ceiling)
 
     def subset(self, rows: np.ndarray) -> QuantileClip:
         """A tracker for the silos `rows` (a copy: pseudo-silos of private tuning)."""
         return QuantileClip(self.clip[rows].copy(), self.quantile,
                             self.lr if np.ndim(self.lr) == 0 else np.asarray(self.lr)[rows],
                             self.count_noise[rows], self.gradient_noise[rows],
-                            self.expected_batch[rows])
+                            self.expected_batch[rows], ceiling=self.ceiling)
 
 
 @dataclass(frozen=True)
@@ -234,7 +259,8 @@ class GradientRule:
         if "coords" in aux:  # a partial pass: the sum and its noise live on the coordinates
             clipped *= aux["coords"]
         z = rng.normal(len(ids)) if count_noise is None else count_noise
-        tracker.update(ids, count, np.asarray(mask).sum(1), z)
+        P = int(np.count_nonzero(aux["coords"])) if "coords" in aux else int(np.shape(W)[-1])
+        tracker.update(ids, count, np.asarray(mask).sum(1), z, num_params=P)
         return scale(clipped, expected_batch)
 
     def subset(self, rows: np.ndarray) -> GradientRule:

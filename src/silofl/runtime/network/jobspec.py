@@ -53,7 +53,7 @@ JOB_KEYS = {"method": str, "lam": (float, str), "weighted": bool, "finetune_frac
 
 #: [job] keys of clip = "auto" in server.toml, folded into "clip_auto" (`auto_clip_job`)
 CLIP_AUTO_KEYS = {"clip_quantile": "quantile", "clip_lr": "lr", "clip_init": "init",
-                  "clip_count_noise": "count_noise"}
+                  "clip_max": "max", "clip_count_noise": "count_noise"}
 
 #: data kinds → the module supplying their job model, algorithm and silo program, imported
 #: on use (the runtime does not import the optional tracks): "tabular" rows in an .npz
@@ -119,7 +119,7 @@ def auto_clip_job(job: dict) -> dict:
         return out
     d = TrainingConfig()
     settings = {"quantile": d.clip_quantile, "lr": d.clip_lr, "init": d.clip_init,
-                "count_noise": d.clip_count_noise, **given}
+                "max": d.clip_max, "count_noise": d.clip_count_noise, **given}
     out["clip"] = float(settings["init"]) if isinstance(settings["init"], (int, float)) \
         else settings["init"]
     out["clip_auto"] = json.dumps(settings, sort_keys=True)
@@ -127,12 +127,13 @@ def auto_clip_job(job: dict) -> dict:
 
 
 def job_config(job: dict) -> TrainingConfig:
-    auto = {}
+    auto, d_max = {}, TrainingConfig().clip_max
     if job.get("clip_auto"):
         try:
             s = json.loads(job["clip_auto"])
             auto = dict(clip="auto", clip_quantile=s["quantile"], clip_lr=s["lr"],
-                        clip_init=s["init"], clip_count_noise=s["count_noise"])
+                        clip_init=s["init"], clip_max=s.get("max", d_max),
+                        clip_count_noise=s["count_noise"])
         except (json.JSONDecodeError, KeyError, TypeError):
             raise W.ProtocolError(f"job: 'clip_auto' must be the JSON of clip = \"auto\"'s "
                                   f"settings, got {job['clip_auto'][:200]!r}") from None
