@@ -27,8 +27,8 @@ from silofl.privacy import accounting, events
 from silofl.privacy import selection as tuning_accounting
 from silofl.privacy.adaptive_clip import (
     DEFAULT_CLIP_INIT,
-    DEFAULT_CLIP_MAX,
     DEFAULT_CLIP_LR,
+    DEFAULT_CLIP_MAX,
     DEFAULT_QUANTILE,
     RELEASE_TEXT,
     adaptive_event,
