@@ -282,8 +282,12 @@ class Estimate:
             # random effects, between-silo spread less within-silo scatter over nc_k
             uu = self.wss[ok] - 2 * self.wsg[ok] / h_e + self.wgg[ok] / h_e ** 2
             within = np.maximum(uu - nc * np.sum(D * D, axis=1), 0.0) / (P * (nc - 1))
+            # never below the noise model's: noise that persists over rounds (a pull, or
+            # the shared model's slow excursions on an anisotropic loss) escapes the scatter
+            within = np.maximum(within * K / (K - 1),
+                                (1 + NOISE_MARGIN) * noise[ok] / h_e ** 2)
             D = D - D.mean(0)
-            d = (np.mean(D * D, axis=1) - within / nc) * K / (K - 1)
+            d = np.mean(D * D, axis=1) * K / (K - 1) - within / nc
         else:
             D = D - D.mean(0)
             # per silo: ‖D_k‖²/P ≈ (1 − 1/K)(τ² + ψ·x_k) + its noise over nc_k rounds
