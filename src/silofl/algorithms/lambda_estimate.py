@@ -77,9 +77,20 @@ is also what the estimator falls back to until the slope is measurable (two obse
 rounds). The algorithm side
 (broadcast, server step, wire) is `silofl.algorithms.auto_lambda`. Checked against
 the mean-estimation truth in tests/test_auto_lambda.py and benchmarks/bench_auto_lambda.py.
-Known limits: one curvature for every direction (an anisotropic loss is summarized by the
-slope the rounds' movements see); with few silos (heart: K = 4) τ̂² has few degrees of
-freedom and λ_k can swing between rounds.
+The noise subtracted in step 3 is each silo's measured scatter of u_k over the rounds,
+floored by the model's (1 + κ)·(v_k + samp_k)/h_e²: noise that persists over rounds (a pull,
+the shared model's slow excursions on an anisotropic loss) escapes the scatter (on School
+the scatter alone reads DP noise as τ²).
+
+Per direction (`silofl.algorithms.lambda_aniso`, models of 2 to `ANISO_MAX_P` coordinates
+and ≥ `MIN_SIZE_FIT` silos): the same steps along each eigendirection of a matrix secant,
+heterogeneity read from FedAvg rounds only, and λ_k minimizing the summed per-direction
+error of step 5b; it replaces the isotropic λ where it applies (School: the heterogeneity
+sits in one steep direction, which one curvature cannot aim at).
+
+Known limits: with few silos (heart: K = 4) τ̂² has few degrees of freedom and λ_k can
+swing between rounds, and the isotropic model runs there; per direction, a silo's
+heterogeneity stops updating once it leaves FedAvg.
 """
 
 from __future__ import annotations
