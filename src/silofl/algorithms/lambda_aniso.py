@@ -26,7 +26,13 @@ Post-processing of released updates and public settings only, as the isotropic m
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
 import numpy as np
+
+if TYPE_CHECKING:
+    from silofl.algorithms.lambda_estimate import Estimate
 
 #: a direction's pass secant is floored at this share of the isotropic one (noise in the
 #: flat directions can make the fitted secant ≤ 0)
@@ -37,7 +43,7 @@ def aniso_empty(K: int, P: int) -> dict:
     """The per-direction statistics of K silos, P coordinates: pooled P×P second moments
     (xx, xg over every round; wss, wsg, wgg over FedAvg rounds) and per silo the FedAvg
     rounds' deviation sums cs, cg (K, P), their count nc and squared norms ws, wsg1, wg."""
-    m = {n: np.zeros((P, P)) for n in ("xx", "xg", "wss", "wsg", "wgg")}
+    m: dict[str, np.ndarray] = {n: np.zeros((P, P)) for n in ("xx", "xg", "wss", "wsg", "wgg")}
     m.update({n: np.zeros((K, P)) for n in ("cs", "cg")})
     m.update({n: np.zeros(K) for n in ("nc", "ws", "wsg1", "wg")})
     return m
@@ -66,10 +72,20 @@ def observe_aniso(m: dict, S: np.ndarray, G: np.ndarray, k: np.ndarray,
     m["wg"][kf] += np.einsum("kp,kp->k", Gc, Gc)
 
 
-def curvatures(est, h_e: float, lrT: float, T: float, lr: float
+def curvatures(est: Estimate, h_e: float, lrT: float, T: float, lr: float
                ) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
     """(h_e,j, h_j, E): the pass secants, per-step curvatures (P,) and eigenvectors (P, P)
-    of the pooled matrix secant (step 1); None where not measurable."""
+    of the pooled matrix secant (step 1); None where not measurable.
+
+    Parameters
+    ----------
+    est : Estimate
+        Running statistics (n, sum_s, sum_g and est.mat's xx, xg).
+    h_e : float
+        The isotropic pass secant (the floor's scale).
+    lrT, T, lr : float
+        lr·T, steps per pass and the learning rate (public settings).
+    """
     ok = est.n > 1.5
     if not est.mat or ok.sum() < 1:
         return None
@@ -89,9 +105,22 @@ def curvatures(est, h_e: float, lrT: float, T: float, lr: float
     return hej, (1.0 - rho) / lr, E
 
 
-def heterogeneity(est, hej: np.ndarray, E: np.ndarray, h_e: float,
+def heterogeneity(est: Estimate, hej: np.ndarray, E: np.ndarray, h_e: float,
                   noise: np.ndarray | None = None) -> np.ndarray | None:
-    """d_kj (K', P): per silo that answered and direction, τ_j² + stat_kj (step 2)."""
+    """d_kj (K', P): per silo seen in FedAvg rounds and direction, τ_j² + stat_kj (step 2),
+    parameter units squared.
+
+    Parameters
+    ----------
+    est : Estimate
+        Running statistics (est.mat from `observe_aniso`).
+    hej, E : numpy.ndarray
+        Pass secants (P,) and eigenvectors (P, P) from `curvatures`.
+    h_e : float
+        The isotropic pass secant (each silo's scatter scale).
+    noise : numpy.ndarray, optional
+        (K,) DP noise variance of one round's ĝ_k per coordinate: the scatter's floor.
+    """
     m = est.mat
     ok = m["nc"] > 1.5
     K = int(ok.sum())
@@ -131,9 +160,9 @@ def psi_from_sizes(d: np.ndarray, x: np.ndarray, psi: float, spread: float) -> f
     return max(0.0, min(fit, cap, psi))
 
 
-def aniso_lambdas(est, h_e: float, lr: float, T: float, var: np.ndarray,
+def aniso_lambdas(est: Estimate, h_e: float, lr: float, T: float, var: np.ndarray,
                   steps: np.ndarray, q: np.ndarray, psi: float, grid: np.ndarray,
-                  error, spread: float, noise: np.ndarray | None = None
+                  error: Callable[..., np.ndarray], spread: float, noise: np.ndarray | None = None
                   ) -> tuple[np.ndarray, dict] | None:
     """λ_k (K,) from the per-direction model (module docstring), and its estimates
     {"h_dir", "tau2_dir", "psi"}; None where the model does not apply (then the isotropic λ).

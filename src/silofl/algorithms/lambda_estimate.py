@@ -466,7 +466,8 @@ class LambdaEstimator:
         stat = psi * q / h ** 2  # Σ²/n_k: the empirical optimum's, parameter units
         s_dp = lr * lr * var * _sum_rho(rho, self.rounds * steps)
         s = s_dp + stat
-        aniso, info = None, {}
+        aniso: tuple[np.ndarray, dict] | None = None
+        info: dict = {}
         if ANISO and est.mat and self.rule == "sgd":  # the per-direction model
             aniso = aniso_lambdas(est, h_e, lr, T, var, self.rounds * steps, q, psi_res,
                                   lam_grid(h, lr), sgd_error, SIZE_SPREAD, dp_g)
