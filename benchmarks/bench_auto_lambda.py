@@ -109,7 +109,12 @@ def real(data: str, rounds: int, eps_list: list[float], seeds: int,
                 res = simulate(fed, model, alg, cfg, metric=metric)
                 key = method if method in ("local", "fedavg") else f"mrmtl({lam})"
                 row[key] = round(float(res.final_pooled), 5)
-            row["tau2_hat"] = alg.describe()["lam_estimates"]["tau2"]
+            est = alg.describe()["lam_estimates"]
+            row["tau2_hat"], row["model"] = est["tau2"], est.get("model")
+            if est.get("tau2_dir") is not None:  # the per-direction model's estimates
+                row["tau2_dir"] = [float(f"{v:.2e}") for v in est["tau2_dir"]]
+                lam = [v for v in est["next_lam"] if v != "inf"]
+                row["lam_finite"] = [len(lam), float(np.median(lam)) if lam else None]
             print(json.dumps(row), flush=True)
 
 

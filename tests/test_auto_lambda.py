@@ -224,3 +224,42 @@ def test_network_job_key_takes_auto():
         check_job({**job, "lam": "Auto"})
     with pytest.raises(ProtocolError, match="must be float or str"):
         check_job({**job, "lam": [1.0]})
+
+
+def test_per_direction_model_recovers_curvatures_and_heterogeneity():
+    """lambda_aniso on synthetic rounds (K = 40 silos, P = 3, H = diag(4, 1, 0.25), optima
+    spread τ_j² = (1e-2, 1e-3, 1e-3) per direction, gradient noise 1e-2 per round, 200
+    FedAvg rounds from a common jittered start): the matrix secant's eigenvalues within 10%
+    of H's and each direction's heterogeneity, the rounds' scatter removed, within a factor
+    1.5 of the optima's sample variance along it (measured 0.86–1.48 over seeds 0–2; without
+    the removal the flat direction reads 2.0–2.7× too high: its noise is v/h² = 0.16 a round,
+    8e-4 over the 200 rounds)."""
+    from types import SimpleNamespace
+
+    from silofl.algorithms.lambda_aniso import (
+        aniso_empty,
+        curvatures,
+        heterogeneity,
+        observe_aniso,
+    )
+    rng = np.random.default_rng(0)
+    K, P, R = 40, 3, 200
+    hs, tau2 = np.array([4.0, 1.0, 0.25]), np.array([1e-2, 1e-3, 1e-3])
+    w = rng.normal(size=(K, P)) * np.sqrt(tau2)
+    m = aniso_empty(K, P)
+    est = SimpleNamespace(n=np.zeros(K), sum_s=np.zeros((K, P)), sum_g=np.zeros((K, P)), mat=m)
+    k = np.arange(K)
+    for _ in range(R):
+        S = np.broadcast_to(rng.normal(size=P) * 0.1, (K, P))
+        G = (S - w) * hs + rng.normal(size=(K, P)) * np.sqrt(1e-2)
+        observe_aniso(m, S, G, k, np.ones(K, bool))
+        est.n += 1
+        est.sum_s += S
+        est.sum_g += G
+    # one step per pass (T = 1), so the pass secant is the curvature
+    hej, hj, E = curvatures(est, 1.0, 0.01, 1.0, 0.01)
+    order = np.argsort(hs)
+    assert np.allclose(hej, hs[order], rtol=0.1), hej
+    d = heterogeneity(est, hej, E, 1.0).mean(0)
+    truth = np.var(w @ E, axis=0, ddof=1)
+    assert np.all(truth / 1.5 < d) and np.all(d < 1.5 * truth), (d, truth)

@@ -221,7 +221,9 @@ class AutoLambda:
         # mirrored on the algorithm for describe(); the server state keeps its own copy
         self.path = [*server.path, json_lam(server.lam)]
         self.estimates = {"h": info["h"], "tau2": info["tau2"], "s": info["s"],
-                          "s_stat": info["s_stat"], "next_lam": json_lam(lam)}
+                          "s_stat": info["s_stat"], "psi": info.get("psi"), "model": info.get("model"),
+                          "tau2_dir": info.get("tau2_dir"),
+                          "next_lam": json_lam(lam)}
         return AutoServer(shared, lam=lam, used=server.lam, W=W, est=est, header=header,
                           path=self.path, estimates=self.estimates,
                           total_rounds=server.total_rounds)

@@ -77,9 +77,20 @@ is also what the estimator falls back to until the slope is measurable (two obse
 rounds). The algorithm side
 (broadcast, server step, wire) is `silofl.algorithms.auto_lambda`. Checked against
 the mean-estimation truth in tests/test_auto_lambda.py and benchmarks/bench_auto_lambda.py.
-Known limits: one curvature for every direction (an anisotropic loss is summarized by the
-slope the rounds' movements see); with few silos (heart: K = 4) τ̂² has few degrees of
-freedom and λ_k can swing between rounds.
+The noise subtracted in step 3 is each silo's measured scatter of u_k over the rounds,
+floored by the model's (1 + κ)·(v_k + samp_k)/h_e²: noise that persists over rounds (a pull,
+the shared model's slow excursions on an anisotropic loss) escapes the scatter (on School
+the scatter alone reads DP noise as τ²).
+
+Per direction (`silofl.algorithms.lambda_aniso`, models of 2 to `ANISO_MAX_P` coordinates
+and ≥ `MIN_SIZE_FIT` silos): the same steps along each eigendirection of a matrix secant,
+heterogeneity read from FedAvg rounds only, and λ_k minimizing the summed per-direction
+error of step 5b; it replaces the isotropic λ where it applies (School: the heterogeneity
+sits in one steep direction, which one curvature cannot aim at).
+
+Known limits: with few silos (heart: K = 4) τ̂² has few degrees of freedom and λ_k can
+swing between rounds, and the isotropic model runs there; per direction, a silo's
+heterogeneity stops updating once it leaves FedAvg.
 """
 
 from __future__ import annotations
@@ -89,6 +100,8 @@ import math
 from dataclasses import dataclass, field
 
 import numpy as np
+
+from silofl.algorithms.lambda_aniso import aniso_empty, aniso_lambdas, observe_aniso
 
 #: lr·λ at or above this is run as FedAvg (λ = ∞): an explicit pull that strong is unstable
 MAX_STEP_PULL = 0.5
@@ -109,6 +122,14 @@ SIZE_SPREAD = 0.25
 DIFF_MEMORY = 0.8
 #: how λ_k follows from the estimates: "sgd" (the DP-SGD error model, step 5b) or "d30"
 RULE = "sgd"
+#: step 3 subtracts each silo's measured round-to-round scatter, not the modelled noise
+MEASURED_NOISE = True
+#: step 3's ψ: "fit" the size regression alone where it applies, "pool" weighed with 3b's
+PSI_FROM = "pool"
+#: the per-direction model (lambda_aniso) runs for models of at most this many coordinates
+ANISO_MAX_P = 64
+#: λ_k from the per-direction model where it applies
+ANISO = True
 
 
 def optimal_lambdas(s: np.ndarray, tau2: float) -> np.ndarray:
@@ -148,11 +169,16 @@ def sgd_error(lam: np.ndarray, h: float, lr: float, var: float | np.ndarray,
     return np.where(fin, bias + noise, tau2)
 
 
+def lam_grid(h: float, lr: float) -> np.ndarray:
+    """The candidate λ: 0, a log grid h·10^[−3, 3] below `MAX_STEP_PULL`/lr, and ∞."""
+    grid = np.concatenate([[0.0], h * np.logspace(-3, 3, 121), [np.inf]])
+    return grid[~(lr * grid >= MAX_STEP_PULL) | np.isinf(grid)]
+
+
 def sgd_lambdas(h: float, lr: float, var: np.ndarray, steps: np.ndarray,
                 tau2: float, stat: np.ndarray | float = 0.0) -> np.ndarray:
     """Each silo's λ_k minimizing `sgd_error` over 0, a log grid h·10^[−3, 3] and ∞, (K,)."""
-    grid = np.concatenate([[0.0], h * np.logspace(-3, 3, 121), [np.inf]])
-    grid = grid[~(lr * grid >= MAX_STEP_PULL) | np.isinf(grid)]
+    grid = lam_grid(h, lr)
     err = sgd_error(grid[None, :], h, lr, np.asarray(var, float)[:, None],
                     np.asarray(steps, float)[:, None], tau2,
                     np.broadcast_to(np.asarray(stat, float), np.shape(var))[:, None])
@@ -199,6 +225,10 @@ class Estimate:
     sum_cs: np.ndarray = field(default_factory=lambda: np.zeros((0, 0)))
     sum_cg: np.ndarray = field(default_factory=lambda: np.zeros((0, 0)))
     nc: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    wss: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    wsg: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    wgg: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    mat: dict = field(default_factory=dict)
     rounds: int = 0
 
     @classmethod
@@ -206,7 +236,9 @@ class Estimate:
         z, zp = (lambda: np.zeros(K)), (lambda: np.zeros((K, P)))  # noqa: E731
         return cls(sum_s=zp(), sum_g=zp(), n=z(), sxx=z(), sxg=z(), dgg=z(),
                    dsg=z(), dss=z(), dn=z(), last_s=zp(), last_g=zp(),
-                   seen=np.zeros(K, bool), sum_cs=zp(), sum_cg=zp(), nc=z())
+                   seen=np.zeros(K, bool), sum_cs=zp(), sum_cg=zp(), nc=z(),
+                   wss=z(), wsg=z(), wgg=z(),
+                   mat=aniso_empty(K, P) if 2 <= P <= ANISO_MAX_P and K >= MIN_SIZE_FIT else {})
 
     def slope(self) -> float | None:
         """h_e: pooled least-squares slope of ĝ on S with a per-silo intercept (None: not
@@ -255,10 +287,23 @@ class Estimate:
             return 0.0, psi_res
         nc = self.nc[ok]
         D = (self.sum_cs[ok] - self.sum_cg[ok] / h_e) / nc[:, None]  # mean implied optimum
-        D = D - D.mean(0)
-        # per silo: ‖D_k‖²/P ≈ (1 − 1/K)(τ² + ψ·x_k) + its noise averaged over nc_k rounds
-        d = np.mean(D * D, axis=1) * K / (K - 1) \
-            - (1 + NOISE_MARGIN) * noise[ok] / (nc * h_e ** 2)
+        P = D.shape[1]
+        if MEASURED_NOISE and np.all(nc > 1.5) and self.wss.size:
+            # the rounds' own scatter of u_k − ū around D_k (no DP-noise model): one-way
+            # random effects, between-silo spread less within-silo scatter over nc_k
+            uu = self.wss[ok] - 2 * self.wsg[ok] / h_e + self.wgg[ok] / h_e ** 2
+            within = np.maximum(uu - nc * np.sum(D * D, axis=1), 0.0) / (P * (nc - 1))
+            # never below the noise model's: noise that persists over rounds (a pull, or
+            # the shared model's slow excursions on an anisotropic loss) escapes the scatter
+            within = np.maximum(within * K / (K - 1),
+                                (1 + NOISE_MARGIN) * noise[ok] / h_e ** 2)
+            D = D - D.mean(0)
+            d = np.mean(D * D, axis=1) * K / (K - 1) - within / nc
+        else:
+            D = D - D.mean(0)
+            # per silo: ‖D_k‖²/P ≈ (1 − 1/K)(τ² + ψ·x_k) + its noise over nc_k rounds
+            d = np.mean(D * D, axis=1) * K / (K - 1) \
+                - (1 + NOISE_MARGIN) * noise[ok] / (nc * h_e ** 2)
         x = x[ok]
         psi = psi_res
         if K >= MIN_SIZE_FIT and np.std(x) >= SIZE_SPREAD * np.mean(x):
@@ -270,6 +315,8 @@ class Estimate:
             r = d - d.mean() - fit * xc
             se2 = float((r * r).sum() / (K - 2) / (xc * xc).sum())
             w_fit, w_res = 1.0 / max(se2, 1e-300), 1.0 / max(psi_se ** 2, 1e-300)
+            if PSI_FROM == "fit":
+                w_res = 0.0
             psi = max((w_fit * fit + w_res * psi_res) / (w_fit + w_res), 0.0)
         return max(0.0, float(np.mean(d - psi * x))), psi
 
@@ -337,7 +384,8 @@ class LambdaEstimator:
             arr *= m
         for arr in (est.dgg, est.dsg, est.dss, est.dn):  # recent rounds: past the transient
             arr *= DIFF_MEMORY
-        for arr in (est.sum_cs, est.sum_cg, est.nc):
+        for arr in (est.sum_cs, est.sum_cg, est.nc, est.wss, est.wsg, est.wgg,
+                    *est.mat.values()):
             arr *= m
         est.rounds += 1
         k = np.flatnonzero(present)
@@ -359,7 +407,13 @@ class LambdaEstimator:
             est.sum_cs[k] += Sc
             est.sum_cg[k] += Gc
             est.nc[k] += 1
+            est.wss[k] += np.einsum("kp,kp->k", Sc, Sc)
+            est.wsg[k] += np.einsum("kp,kp->k", Sc, Gc)
+            est.wgg[k] += np.einsum("kp,kp->k", Gc, Gc)
         est.sxx[k] += np.einsum("kp,kp->k", S, S)
+        if est.mat:  # the per-direction model's statistics
+            observe_aniso(est.mat, S, G, k, (pull[k] == 0)
+                          & np.all(starts[k] == anchor[None, :], axis=1))
         est.sxg[k] += np.einsum("kp,kp->k", S, G)
         return est
 
@@ -406,17 +460,27 @@ class LambdaEstimator:
         samp = psi * (1.0 - q) / steps  # sampling noise variance of ĝ_k
         # in parameter units (ψ·q/h²): the residuals' ψ is as good as the DP noise's model
         se = NOISE_MARGIN * float(np.sum(to_psi * dp_g)) + 1e-300
+        psi_res = psi
         tau2, psi_x = est.tau2(h_e, dp_g + samp, q / h ** 2, psi, se)
         psi = psi_x
         stat = psi * q / h ** 2  # Σ²/n_k: the empirical optimum's, parameter units
         s_dp = lr * lr * var * _sum_rho(rho, self.rounds * steps)
         s = s_dp + stat
-        if self.rule == "d30":
+        aniso: tuple[np.ndarray, dict] | None = None
+        info: dict = {}
+        if ANISO and est.mat and self.rule == "sgd":  # the per-direction model
+            aniso = aniso_lambdas(est, h_e, lr, T, var, self.rounds * steps, q, psi_res,
+                                  lam_grid(h, lr), sgd_error, SIZE_SPREAD, dp_g)
+        if aniso is not None:
+            lam, info = aniso
+        elif self.rule == "d30":
             lam = h * optimal_lambdas(s, tau2)
         else:
             lam = sgd_lambdas(h, lr, var, self.rounds * steps, tau2, stat)
         lam = np.where(np.isfinite(lam) & (lr * lam < MAX_STEP_PULL), lam, np.inf)
         return lam, {"h": h, "h_e": h_e, "tau2": tau2, "s": s.tolist(),
-                     "s_stat": stat.tolist(), "psi": psi}
+                     "s_stat": stat.tolist(), "psi": psi,
+                     "model": "per-direction" if aniso is not None else "isotropic",
+                     "tau2_dir": info.get("tau2_dir"), "h_dir": info.get("h_dir")}
 
 
