@@ -24,7 +24,8 @@ from silofl.privacy.adaptive_clip import (
 )
 from silofl.privacy.randomness import Randomness
 from silofl.privacy.targets import PrivacyTarget
-from silofl.runtime.plan import TrainingConfig, gradient_rule, plan_silos
+from silofl.runtime.plan import TrainingConfig, plan_silos
+from silofl.runtime.rules import gradient_rule
 from silofl.runtime.simulator import simulate
 from silofl.training.dpsgd import QuantileClip
 from silofl.training.trainer import LocalTrainer, SiloArrays

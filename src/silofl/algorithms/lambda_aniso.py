@@ -27,12 +27,19 @@ Post-processing of released updates and public settings only, as the isotropic m
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 
-if TYPE_CHECKING:
-    from silofl.algorithms.lambda_estimate import Estimate
+
+class Estimate(Protocol):
+    """What this module reads of `lambda_estimate.Estimate` (declared here, so the two
+    modules do not import each other)."""
+
+    mat: dict
+    n: np.ndarray
+    sum_s: np.ndarray
+    sum_g: np.ndarray
 
 #: a direction's pass secant is floored at this share of the isotropic one (noise in the
 #: flat directions can make the fitted secant ≤ 0)

@@ -54,7 +54,8 @@ from silofl.privacy.ledger import silo_file_id, tightest
 from silofl.privacy.randomness import Randomness
 from silofl.privacy.targets import ADJACENCY, PrivacyTarget
 from silofl.runtime.job import NO_METHOD, fingerprints, open_job
-from silofl.runtime.plan import clip_entry, plan_job
+from silofl.runtime.plan import plan_job
+from silofl.runtime.rules import clip_entry
 from silofl.runtime.simulator import RunResult, bind_data, simulate
 from silofl.tuning import setup as tuning_setup
 

@@ -21,7 +21,7 @@ from silofl.experiments.artifacts import NON_PRIVATE
 from silofl.io import dumps_strict, file_hashes, sha256_file, write_bytes_atomic, write_npz_atomic
 from silofl.privacy.ledger import silo_file_id
 from silofl.privacy.targets import ADJACENCY
-from silofl.runtime.plan import clip_entry
+from silofl.runtime.rules import clip_entry
 
 
 def _run_schema(dc) -> dict | None:

@@ -26,14 +26,8 @@ from silofl.privacy.randomness import Randomness
 from silofl.privacy.targets import PrivacyTarget
 from silofl.runtime.job import Job, fingerprints, open_job
 from silofl.runtime.network.hosting import per_silo_step, per_silo_trainers
-from silofl.runtime.plan import (
-    SiloPlan,
-    TrainingConfig,
-    final_clips,
-    gradient_rule,
-    job_targets,
-    plan_silos,
-)
+from silofl.runtime.plan import SiloPlan, TrainingConfig, job_targets, plan_silos
+from silofl.runtime.rules import final_clips, gradient_rule
 from silofl.training.dpsgd import GradientRule
 from silofl.training.sampling import NODE_LABEL, NodeUnit
 from silofl.training.trainer import LocalTrainer, SiloArrays

@@ -432,7 +432,7 @@ def per_silo_step(algorithm: Algorithm, silos: SiloState, message, trainers: lis
 def per_silo_trainers(fed, model, cfg, plans, ledgers) -> list:
     """One one-silo `LocalTrainer` per silo of `fed`, each with its own stream
     (`silo_randomness`) and ledger — what each silo process of a networked run hosts."""
-    from silofl.runtime.plan import gradient_rule
+    from silofl.runtime.rules import gradient_rule
     from silofl.training.trainer import LocalTrainer, SiloArrays
     mode = "secure" if cfg.private and cfg.noise == "secure" else "seeded"
     return [LocalTrainer(

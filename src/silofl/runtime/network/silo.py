@@ -75,7 +75,8 @@ from silofl.runtime.network.silo_table import (
     schema_sha256,
     table_settings,
 )
-from silofl.runtime.plan import SiloPlan, TrainingConfig, gradient_rule, pass_event, plan_job
+from silofl.runtime.plan import SiloPlan, TrainingConfig, pass_event, plan_job
+from silofl.runtime.rules import gradient_rule
 from silofl.training.trainer import LocalTrainer, SiloArrays
 
 #: fault injection for tests and drills: exit abruptly (as a crash) in this round, after
