@@ -68,17 +68,19 @@ from personalization_tables import (  # noqa: E402
 
 LAMS = [0.0001, 0.001, 0.003, 0.01, 0.03, 0.1, 0.3, 1, 3, 10]  # thesis appendix B.4
 #: issue 22's rows for the GLM datasets: the baselines, fixed and auto λ, auto clipping, the
-#: peers' methods, MR-MTL tuned privately over LAMS (RepeatAndSelect, E[h] = 10) and by the
-#: subsample route (random h on a γ-subsample, then one full run), both counted
+#: peers' methods, MR-MTL tuned privately over LAMS by the full-rate RepeatAndSelect route
+#: (select = "random", TNB η = 1, E[h] = 10) and by the default subsample route (random h on a
+#: γ = 0.1 subsample, then one full run; η = 0, score ratio 4), both counted
 METHODS = ("local,fedavg,finetune,mrmtl:lam=1,mrmtl:lam=auto,ditto:lam=auto,"
            "mrmtl:lam=auto:clip=auto,fedavg:clip=auto,fedprox,scaffold,apfl,fedper,fedrep,"
-           "mrmtl:tuning.mode=private,mrmtl:tuning.mode=private:tuning.select=subsample")
+           "mrmtl:tuning.mode=private:tuning.select=random:tuning.eta=1,"
+           "mrmtl:tuning.mode=private:tuning.select=subsample")
 #: the torch rows (MNIST): no private tuning (≈ 11 trainings per job); FedBN on mlp_norm
 TORCH_METHODS = ("local,fedavg,finetune,mrmtl:lam=1,mrmtl:lam=auto,ditto:lam=auto,"
                  "mrmtl:lam=auto:clip=auto,fedprox,scaffold,apfl,fedper,fedrep,fedbn")
 TORCH_DATASETS = ("mnist",)
 TWO_MODELS = ("ditto", "apfl", "fedrep")  # about twice a FedAvg job's compute
-_TUNING = {"method": "mrmtl", "lam": LAMS, "pivot_lam": 0.1, "eta": 1.0, "mean_trials": 10}
+_TUNING = {"method": "mrmtl", "lam": LAMS, "pivot_lam": 0.1, "mean_trials": 10}
 _KEY = re.compile(r"^[a-z_][a-z0-9_]*(\.[a-z_][a-z0-9_]*)?$")
 
 

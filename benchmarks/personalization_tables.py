@@ -151,9 +151,10 @@ def caption(raw: dict, seeds: int, higher: bool, uncounted: bool) -> str:
     text = (f"{'Higher' if higher else 'Lower'} is better. Mean ± sd over {seeds} seed(s), "
             f"{t['rounds']} rounds, batch {t['batch_size']}, lr {t['lr']}, clip {t['clip']}, "
             f"δ = {p['delta']:g}; * = best untuned baseline (better of FedAvg and Local), "
-            f"(r×) = ratio to it; ':tuning.mode=private' = λ tuned privately "
-            f"(RepeatAndSelect, E[h] = 10) and ':tuning.select=subsample' = the same on a "
-            f"γ = 0.1 subsample, then one full run, their cost counted. {SEEDED}.")
+            f"(r×) = ratio to it; ':tuning.mode=private' = λ tuned privately, E[h] = 10: "
+            f"':tuning.select=random' trials at the full rate (RepeatAndSelect), "
+            f"':tuning.select=subsample' on a γ = 0.1 subsample, then one full run; "
+            f"their cost counted. {SEEDED}.")
     if uncounted:
         text += (f" '{UNCOUNTED}': MR-MTL's best λ of the thesis grid per ε, chosen on the "
                  "test metric after the fact — its choice is NOT counted (reference only).")

@@ -96,7 +96,8 @@ def test_plan_groups_glm_jobs_per_cell_and_keeps_torch_jobs_apart():
 def test_defaults_cover_issue_22_rows_and_the_torch_eps_grid():
     a = bp._args([])
     glm = {s.label for s in a.specs["school"]}
-    assert {"fedavg:clip=auto", "mrmtl:lam=auto:clip=auto", "mrmtl:tuning.mode=private",
+    assert {"fedavg:clip=auto", "mrmtl:lam=auto:clip=auto",
+            "mrmtl:tuning.mode=private:tuning.select=random:tuning.eta=1",
             "mrmtl:tuning.mode=private:tuning.select=subsample", "fedper", "fedrep",
             "scaffold", "fedprox", "apfl"} <= glm
     assert "fedbn" in {s.label for s in a.specs["mnist"]} and a.uncounted_best_lambda
