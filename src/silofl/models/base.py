@@ -173,16 +173,9 @@ class Model:
         numpy.ndarray
             Shape (K, P).
         """
-        c = clip_bound(clip)
-        out = np.zeros_like(W)
-        for k in range(W.shape[0]):
-            g = np.asarray(self.per_example_grads(W[k], X[k], y[k]), dtype=np.float64)
-            g = g * mask[k][:, None]
-            if coords is not None:
-                g = g * coords
-            norms = np.linalg.norm(g, axis=1)
-            out[k] = (g * np.minimum(1.0, c / np.maximum(norms, 1e-12))[:, None]).sum(0)
-        return out
+        # the generic loop (not a subclass's override): one clip for every silo
+        return Model.clipped_grad_sum_count(self, W, X, y, mask, np.full(W.shape[0], clip),
+                                            coords=coords)[0]
 
     def clipped_grad_sum_count(self, W: np.ndarray, X: np.ndarray, y: np.ndarray,
                                mask: np.ndarray, clip: np.ndarray, *,
