@@ -34,7 +34,6 @@ from silofl.errors import ConfigError
 from silofl.privacy import events
 from silofl.privacy import selection as TA
 from silofl.privacy.ledger import Ledger
-from silofl.training.dpsgd import GradientRule
 from silofl.training.trainer import LocalTrainer, SiloArrays
 from silofl.tuning.private import TunedPersonalization, TunedSiloState, score_sigma
 
@@ -195,7 +194,7 @@ class SubsampleTuned(TunedPersonalization):
                               y=None if d.y is None else d.y[own])
             ledgers, rule = None, trainer.rule
             if trainer.rule.private:
-                rule = GradientRule(trainer.rule.clip, trainer.rule.noise_multiplier[own])
+                rule = trainer.rule.subset(own)
                 ledgers = [Ledger(f"{trainer.ledgers[k].silo}#trial", trainer.ledgers[k].target,
                                   trainer.ledgers[k].accountant,
                                   allowance=Counter(events.flatten(
