@@ -189,9 +189,7 @@ class SubsampleTuned(TunedPersonalization):
         for lr in np.unique(st.lr):
             rows = np.nonzero(st.lr == lr)[0]
             own = st.owner[rows]
-            data = SiloArrays(d.n[own], rows=None if d.rows is None else d.rows[own],
-                              X=None if d.X is None else d.X[own],
-                              y=None if d.y is None else d.y[own])
+            data = d.take(own)
             ledgers, rule = None, trainer.rule
             if trainer.rule.private:
                 rule = trainer.rule.subset(own)
