@@ -302,6 +302,19 @@ def test_count_noise_too_small_for_sigma_is_refused_before_any_charge():
         plan_silos(fed, make_algorithm("fedavg"), cfg)
 
 
+def test_a_white_box_probe_refuses_auto_clip():
+    """An audit's probe attached to a clip = "auto" rule is refused (the audit assumes a
+    fixed C), in the simulator as in any rule built with both."""
+    import dataclasses
+
+    class Probe:  # attaches itself as the audit's DiracCanaries does
+        def attach(self, rule):
+            return dataclasses.replace(rule, probe=self)
+
+    with pytest.raises(ConfigError, match="cannot be audited"):
+        run(heart(), TrainingConfig(rounds=1, clip="auto"), probe=Probe())
+
+
 def test_local_dp_methods_refuse_auto_clip():
     from silofl.data.mnist import load_dirichlet_mnist
     fed = load_dirichlet_mnist(num_silos=3, train_per_silo=40, test_per_silo=10, seed=0)

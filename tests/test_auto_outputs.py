@@ -84,6 +84,19 @@ def test_tuning_note_says_where_lambda_came_from_and_its_cost():
     assert tuning_note("mrmtl", {"lam": 0.1}, TuningConfig()) is None
 
 
+def test_tuning_note_states_the_distribution_the_run_draws_from():
+    """η and E[h] as the run builds them (`tuning.setup.distribution`): subsample's η = 0
+    when eta is unset, E[h] = 1/γ for a geometric TNB given gamma — not the config fields."""
+    from silofl.config import TuningConfig
+    from silofl.experiments.notes import tuning_note
+    sub = TuningConfig(mode="private", select="subsample")
+    text = tuning_note("m", {"tuned": "lam", "select": "subsample",
+                             "subsample_fraction": 0.1}, sub)
+    assert "TNB(η = 0, E[h] = 10)" in text
+    geo = TuningConfig(mode="private", select="random", eta=1.0, gamma=0.05)
+    assert "TNB(η = 1, E[h] = 20)" in tuning_note("m", {"tuned": "lam", "select": "random"}, geo)
+
+
 def test_private_tuning_run_note_reaches_summary_and_cards(tmp_path):
     raw = {"data": {"source": "heart"}, "model": {"name": "logistic"},
            "training": {"methods": ["local", "mrmtl"], "rounds": 2, "batch_size": 8},

@@ -71,8 +71,7 @@ class APFL(Algorithm[ApflSilos, ServerState]):
         w = np.tile(message, (K, 1))
         glob = trainer.run(w, round=round, label="dpsgd-global")
         v = silos.params.copy()
-        alpha = (np.full(K, self.alpha) if silos.alpha is None
-                 else np.asarray(silos.alpha, dtype=float).copy())
+        alpha = self._alphas(silos).copy()
         lr, a_lr = trainer.lr, self.alpha_lr or trainer.lr
 
         def step(active: np.ndarray, vbar: np.ndarray, g: np.ndarray) -> np.ndarray:
@@ -94,10 +93,14 @@ class APFL(Algorithm[ApflSilos, ServerState]):
         return apply_mean_update(server, update, weights)
 
     def personal_models(self, silos: ApflSilos, server: ServerState) -> np.ndarray:
-        K = silos.params.shape[0]
-        a = (np.full(K, self.alpha) if silos.alpha is None
-             else np.asarray(silos.alpha, dtype=float))[:, None]
+        a = self._alphas(silos)[:, None]
         return a * silos.params + (1 - a) * server.params[None, :]
+
+    def _alphas(self, silos: ApflSilos) -> np.ndarray:
+        """(K,) each silo's mixing weight α_k (the starting α before any is stored)."""
+        if silos.alpha is None:
+            return np.full(silos.params.shape[0], self.alpha)
+        return np.asarray(silos.alpha, dtype=float)
 
     def describe(self) -> dict[str, Any]:
         return {"name": self.name, "alpha": self.alpha, "alpha_lr": self.alpha_lr,

@@ -113,7 +113,7 @@ class AutoMessage:
 @dataclass
 class AutoUpdate:
     """What silos send: their released changes `delta` (K, P) (NaN rows: absent) and the
-    public `header` (K, 3) of `noise_header`."""
+    public `header` (K, 4) of `noise_header`."""
 
     delta: np.ndarray
     header: np.ndarray

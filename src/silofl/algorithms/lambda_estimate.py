@@ -334,7 +334,7 @@ def implied_gradients(starts: np.ndarray, deltas: np.ndarray, pull: np.ndarray,
     anchor : numpy.ndarray
         The model the pull pointed to, (P,).
     header : numpy.ndarray
-        `noise_header` rows (K, 3).
+        `noise_header` rows (K, 4).
     """
     lr_t = header[:, 1] * header[:, 2]
     mid = starts + deltas / 2
@@ -373,7 +373,7 @@ class LambdaEstimator:
         anchor : numpy.ndarray
             (P,) the pull's anchor.
         header : numpy.ndarray
-            (K, 3) `noise_header` rows.
+            (K, 4) `noise_header` rows.
         present : numpy.ndarray
             (K,) bool, the silos whose update arrived.
         """
@@ -425,7 +425,7 @@ class LambdaEstimator:
         est : Estimate
             The running statistics.
         header : numpy.ndarray
-            (K, 3) the silos' latest `noise_header` rows.
+            (K, 4) the silos' latest `noise_header` rows.
 
         Returns
         -------

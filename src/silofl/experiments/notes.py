@@ -6,6 +6,7 @@ from __future__ import annotations
 from silofl.privacy import store_paths
 from silofl.privacy.budget import SCRATCH_NOTE
 from silofl.runtime.plan import SEEDED_NOTE
+from silofl.tuning.setup import distribution
 
 ASSUMPTIONS = (
     "Silo sizes n_k are treated as public: they set the sampling rate q = b/n_k, the noise "
@@ -67,9 +68,9 @@ def tuning_note(label: str, method: dict, tc) -> str | None:
         how = ("every grid setting trained once and one picked by the exponential mechanism "
                f"(ε_sel = {tc.em_fraction:g}·ε_k)")
     else:
-        h = (f"Poisson(μ = {tc.mu if tc.mu is not None else 10:g})"
-             if tc.distribution == "poisson" else
-             f"TNB(η = {tc.eta:g}, E[h] = {tc.mean_trials if tc.mean_trials else 10:g})")
+        dist = distribution(tc)  # as the run built it (η and E[h] defaults included)
+        h = (f"Poisson(μ = {dist.mean:g})" if dist.kind == "poisson" else
+             f"TNB(η = {dist.eta:g}, E[h] = {dist.mean:.3g})")
         how = f"a random number of trials h_k ~ {h}, best only (RepeatAndSelect)"
         if method.get("select") == "subsample":
             how += (f", trials on a γ = {method.get('subsample_fraction'):g} subsample, then "

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import copy
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -329,23 +329,9 @@ class TorchModel(Model):
         W (K, P); X (K, B, *input_shape); y, mask (K, B). coords (P,) bool: g restricted to
         these coordinates (0 elsewhere) before its norm. `aux` (GLM helpers) is ignored."""
         cm = self._coords(coords)
-        K, B = np.shape(mask)
-        out = np.zeros((K, self.num_params))
-        if B == 0:
-            return out
-        Xt, yt = self._inputs(X, 2), self._labels(y)
-        m = self._mask(mask)
-        if not self.silo_vmap or K == 1:
-            for k in range(K):
-                G = self._ex_grads(self._params(W[k]), Xt[k], yt[k])  # {name: (B, *shape)}
-                out[k] = _np(self._clip_sum(G, m[k], clip, coords=cm))
-            return out
-        # silos per chunk so the (k, B, P) per-example gradients stay under CHUNK_BYTES
-        step = max(1, CHUNK_BYTES // (B * self.num_params * torch.finfo(self.dtype).bits // 8))
-        for a in range(0, K, step):
-            s = slice(a, a + step)
-            G = self._silo_ex_grads(self._params(W[s]), Xt[s], yt[s])  # {name: (k, B, *shape)}
-            out[s] = _np(self._clip_sum(G, m[s], clip, coords=cm))
+        out = np.zeros((np.shape(mask)[0], self.num_params))
+        for s, G, m in self._example_grads(W, X, y, mask):
+            out[s] = _np(self._clip_sum(G, m, clip, coords=cm))
         return out
 
     def clipped_grad_sum_count(self, W: np.ndarray, X: np.ndarray, y: np.ndarray,
@@ -356,24 +342,33 @@ class TorchModel(Model):
         unmasked rows whose gradient norm (restricted to `coords`) is ≤ clip[k] (K,)
         (see `Model`)."""
         clip, cm = np.asarray(clip, dtype=np.float64), self._coords(coords)
-        K, B = np.shape(mask)
+        K = np.shape(mask)[0]
         out, count = np.zeros((K, self.num_params)), np.zeros(K)
-        if B == 0:
-            return out, count
-        Xt, yt = self._inputs(X, 2), self._labels(y)
-        m = self._mask(mask)
-        step = 1 if not self.silo_vmap or K == 1 else \
-            max(1, CHUNK_BYTES // (B * self.num_params * torch.finfo(self.dtype).bits // 8))
-        for a in range(0, K, step):
-            s, within = slice(a, a + step), []  # type: ignore[var-annotated]
-            if step == 1:
-                G = self._ex_grads(self._params(W[a]), Xt[a], yt[a])
-                out[a] = _np(self._clip_sum(G, m[a], clip[a], within, cm))
-            else:
-                G = self._silo_ex_grads(self._params(W[s]), Xt[s], yt[s])
-                out[s] = _np(self._clip_sum(G, m[s], clip[s], within, cm))
+        for s, G, m in self._example_grads(W, X, y, mask):
+            within: list = []
+            out[s] = _np(self._clip_sum(G, m, clip[s], within, cm))
             count[s] = within[0]
         return out, count
+
+    def _example_grads(self, W: np.ndarray, X: np.ndarray, y: np.ndarray,
+                       mask: np.ndarray) -> Iterator[tuple[int | slice, dict, torch.Tensor]]:
+        """The per-example gradients of `clipped_grad_sum`, silo by silo (an int index,
+        {name: (B, *shape)}, mask (B,)) or, with `silo_vmap`, in chunks of silos (a slice,
+        {name: (k, B, *shape)}, mask (k, B)); nothing when B = 0."""
+        K, B = np.shape(mask)
+        if B == 0:
+            return
+        Xt, yt = self._inputs(X, 2), self._labels(y)
+        m = self._mask(mask)
+        if not self.silo_vmap or K == 1:
+            for k in range(K):
+                yield k, self._ex_grads(self._params(W[k]), Xt[k], yt[k]), m[k]
+            return
+        # silos per chunk so the (k, B, P) per-example gradients stay under CHUNK_BYTES
+        step = max(1, CHUNK_BYTES // (B * self.num_params * torch.finfo(self.dtype).bits // 8))
+        for a in range(0, K, step):
+            s = slice(a, a + step)
+            yield s, self._silo_ex_grads(self._params(W[s]), Xt[s], yt[s]), m[s]
 
     def grad_sum(self, W: np.ndarray, X: np.ndarray, y: np.ndarray, mask: np.ndarray) -> np.ndarray:
         """Σ_b g_kb over unmasked rows → (K, P) float64 (the non-private path: one

@@ -297,11 +297,8 @@ def _train(fed, model, algorithm, cfg, metric, plans, ledgers, on_round, eval_se
     secure = cfg.private and cfg.noise == "secure"
     rng = Randomness.os_entropy() if secure else Randomness.seeded(cfg.seed)
     rule = gradient_rule(cfg, plans)
-    if probe is not None:  # an audit's instrument (silofl.audit.whitebox)
-        if rule.adaptive is not None:
-            raise ConfigError("clip = \"auto\" cannot be audited: the white-box audit "
-                              "assumes a fixed clip C; set [training] clip to a number")
-        rule = probe.attach(rule)
+    if probe is not None:  # an audit's instrument (silofl.audit.whitebox); GradientRule
+        rule = probe.attach(rule)  # refuses a probe on a clip = "auto" rule
     trainer = LocalTrainer(
         model=model,
         data=source if source is not None else

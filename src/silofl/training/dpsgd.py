@@ -155,16 +155,19 @@ class QuantileClip:
         """
         noisy = count - 0.5 * batch + z * self.count_noise[silos]
         frac = noisy / self.expected_batch[silos] + 0.5
-        lr = self.lr if np.ndim(self.lr) == 0 else np.asarray(self.lr)[silos]
+        lr = self._lr(silos)
         gamma = self.targets(silos, num_params)
         self.target[silos] = gamma
         self.clip[silos] = np.minimum(self.clip[silos] * np.exp(-lr * (frac - gamma)),
                                       self.ceiling)
 
+    def _lr(self, rows: np.ndarray) -> np.ndarray | float:
+        """η of the silos `rows` (one float shared by all, or each silo's)."""
+        return self.lr if np.ndim(self.lr) == 0 else np.asarray(self.lr)[rows]
+
     def subset(self, rows: np.ndarray) -> QuantileClip:
         """A tracker for the silos `rows` (a copy: pseudo-silos of private tuning)."""
-        return QuantileClip(self.clip[rows].copy(), self.quantile,
-                            self.lr if np.ndim(self.lr) == 0 else np.asarray(self.lr)[rows],
+        return QuantileClip(self.clip[rows].copy(), self.quantile, self._lr(rows),
                             self.count_noise[rows], self.gradient_noise[rows],
                             self.expected_batch[rows], ceiling=self.ceiling)
 

@@ -91,6 +91,24 @@ class SiloArrays:
             X[k, : n[k]], y[k, : n[k]] = Xk, yk
         return cls(n, X=X, y=y)
 
+    def take(self, silos: np.ndarray) -> SiloArrays:
+        """The silos `silos` (k,) alone, silo silos[j] as row j (a copy; private tuning's
+        pseudo-silos, one per trial).
+
+        Parameters
+        ----------
+        silos : numpy.ndarray
+            Shape (k,), integer indices into the K silos (repeats allowed).
+
+        Returns
+        -------
+        SiloArrays
+            k silos.
+        """
+        return SiloArrays(self.n[silos], rows=None if self.rows is None else self.rows[silos],
+                          X=None if self.X is None else self.X[silos],
+                          y=None if self.y is None else self.y[silos])
+
     def gather(self, silos: np.ndarray, idx: np.ndarray) -> Batch:
         """Rows idx[j] of silo silos[j] → X (k, M, ...), y (k, M), ‖x‖² (k, M) or None.
         Every read of private training data goes through here."""

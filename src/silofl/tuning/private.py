@@ -289,10 +289,7 @@ class TunedPersonalization(Algorithm):
                 continue
             own = silos.owner[rows]
             d = trainer.data
-            data = SiloArrays(d.n[own], rows=None if d.rows is None else d.rows[own],
-                              X=None if d.X is None else d.X[own],
-                              y=None if d.y is None else d.y[own]) \
-                if isinstance(d, SiloArrays) else TrialSource(d, own)
+            data = d.take(own) if isinstance(d, SiloArrays) else TrialSource(d, own)
             ledgers, rule = None, trainer.rule
             if trainer.rule.private:
                 rule = trainer.rule.subset(own)

@@ -34,7 +34,6 @@ from silofl.errors import ConfigError
 from silofl.privacy import events
 from silofl.privacy import selection as TA
 from silofl.privacy.ledger import Ledger
-from silofl.training.dpsgd import GradientRule
 from silofl.training.trainer import LocalTrainer, SiloArrays
 from silofl.tuning.private import TunedPersonalization, TunedSiloState, score_sigma
 
@@ -190,12 +189,10 @@ class SubsampleTuned(TunedPersonalization):
         for lr in np.unique(st.lr):
             rows = np.nonzero(st.lr == lr)[0]
             own = st.owner[rows]
-            data = SiloArrays(d.n[own], rows=None if d.rows is None else d.rows[own],
-                              X=None if d.X is None else d.X[own],
-                              y=None if d.y is None else d.y[own])
+            data = d.take(own)
             ledgers, rule = None, trainer.rule
             if trainer.rule.private:
-                rule = GradientRule(trainer.rule.clip, trainer.rule.noise_multiplier[own])
+                rule = trainer.rule.subset(own)
                 ledgers = [Ledger(f"{trainer.ledgers[k].silo}#trial", trainer.ledgers[k].target,
                                   trainer.ledgers[k].accountant,
                                   allowance=Counter(events.flatten(
