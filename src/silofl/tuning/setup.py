@@ -77,6 +77,14 @@ def _near(word: object, choices) -> str:
     return f" Did you mean {near!r}?" if near else ""
 
 
+def _one_of(key: str, value: object, choices, what: str = "") -> None:
+    """ConfigError "tuning.<key> must be one of …[what], got <value>. Did you mean …?"
+    unless `value` is one of `choices`."""
+    if value not in choices:
+        raise ConfigError(f"tuning.{key} must be one of {', '.join(choices)}{what}, got "
+                          f"{value!r}.{_near(value, choices)}")
+
+
 def select_of(tc) -> str:
     """tuning.select as run: the default "subsample" trains the chosen setting with MR-MTL,
     so Ditto without an explicit `select` is tuned by "random"."""
@@ -96,13 +104,9 @@ def validate(tc, *, sweep: bool = False) -> None:
     sweep : bool
         True for a sweep's tuning (its mode is sweep.tuning, not tuning.mode).
     """
-    if not sweep and tc.mode not in MODES:
-        raise ConfigError(f"tuning.mode must be one of {', '.join(MODES)}, got "
-                          f"{tc.mode!r}.{_near(tc.mode, MODES)}")
-    if tc.method not in TUNABLE:
-        raise ConfigError(f"tuning.method must be one of {', '.join(TUNABLE)} (the methods "
-                          f"whose λ can be tuned privately), got "
-                          f"{tc.method!r}.{_near(tc.method, TUNABLE)}")
+    if not sweep:
+        _one_of("mode", tc.mode, MODES)
+    _one_of("method", tc.method, TUNABLE, " (the methods whose λ can be tuned privately)")
     for name in ("lam", "lr"):
         vals = getattr(tc, name)
         if any(isinstance(v, bool) or not isinstance(v, (int, float)) or not np.isfinite(v)
@@ -116,9 +120,7 @@ def validate(tc, *, sweep: bool = False) -> None:
                           f"{tc.validation_fraction}")
     if not tc.score_ratio > 0:
         raise ConfigError(f"tuning.score_ratio must be positive, got {tc.score_ratio}")
-    if tc.select not in SELECTS:
-        raise ConfigError(f"tuning.select must be one of {', '.join(SELECTS)}, got "
-                          f"{tc.select!r}.{_near(tc.select, SELECTS)}")
+    _one_of("select", tc.select, SELECTS)
     if tc.proxy_noise not in PROXY_NOISES:
         raise ConfigError(f"tuning.proxy_noise must be 'simulated' (the grid is trained on "
                           f"the proxy with the run's DP noise) or 'none', got "
