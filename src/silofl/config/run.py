@@ -45,6 +45,8 @@ class DataConfig(Section):
     sep: str = ""                  # table (CSV): column separator ("" = ","), e.g. ";"
     encoding: str = ""             # table (CSV): text encoding ("" = utf-8), e.g. "latin-1"
     drop: list = Field(default_factory=list)  # table: columns to leave out (dates, ids)
+    person_column: str = ""        # table: the person of each row (never a feature); with
+                                   # [privacy] unit = "person" DP protects persons, not rows
     schema: str = ""  # type: ignore[assignment]  # declared schema (TOML): bounds, levels…
     # preprocessing (silofl.data.preprocess): auto | declared | private | uncharged | none
     standardize: str = "auto"      # auto = declared from the schema (no cost)
@@ -201,6 +203,12 @@ class PrivacyConfig(Section):
     noise: str = "secure"          # secure (CSPRNG from OS entropy) | seeded (reproducible
                                    # experiments: not a privacy guarantee)
     silos: dict[str, SiloPrivacy] = Field(default_factory=dict)  # silo name -> its own target
+    unit: str = "example"          # example (one row) | person (all rows of one person of a
+                                   # silo: needs [data] person_column)
+    max_rows_per_person: int = 0   # person: the most rows of a sampled person a step reads
+                                   # (a random subset; 0 = all); contribution ≤ C either way
+    persons_in_silos: int = 0      # person: the most silos one person appears in (declared,
+                                   # public; 0 = every silo) for the consortium-wide figure
 
     @field_validator("silos", mode="before")
     @classmethod

@@ -29,6 +29,11 @@ class Silo:
         classification.
     target : PrivacyTarget, optional
         The silo's own (ε, δ); None until `Federation.with_targets` sets it.
+    person_train, person_test : numpy.ndarray, optional
+        Shape (n_train,) and (n_test,): the person each row belongs to (`[data]
+        person_column`; ints or strings as read, never a feature). Person-level DP
+        (`[privacy] unit = "person"`) samples and bounds persons, not rows. None: one
+        person per row is not assumed anywhere; example-level DP only.
     """
 
     name: str
@@ -37,6 +42,13 @@ class Silo:
     X_test: np.ndarray
     y_test: np.ndarray
     target: PrivacyTarget | None = None
+    person_train: np.ndarray | None = None
+    person_test: np.ndarray | None = None
+
+    @property
+    def n_persons(self) -> int:
+        """Distinct persons among the training rows (0 without a person column)."""
+        return 0 if self.person_train is None else int(len(np.unique(self.person_train)))
 
     @property
     def n_train(self) -> int:
@@ -59,6 +71,11 @@ class SiloCollection:
     @property
     def num_silos(self) -> int:
         return len(self.silos)
+
+    @property
+    def has_persons(self) -> bool:
+        """True when every silo names the person of each row (person-level DP possible)."""
+        return bool(self.silos) and all(s.person_train is not None for s in self.silos)
 
     @property
     def is_image(self) -> bool:
@@ -170,6 +187,11 @@ class Federation(SiloCollection):
                     k = int(np.sum(~np.isfinite(y)))
                     raise DataError(f"silo {s.name!r} {part}: {k} label(s) are NaN or "
                                     "infinite; fix or drop those rows")
+            for part in ("train", "test"):
+                ids = getattr(s, f"person_{part}")
+                if ids is not None and len(ids) != getattr(s, f"n_{part}"):
+                    raise DataError(f"silo {s.name!r} {part}: {len(ids)} person ids for "
+                                    f"{getattr(s, f'n_{part}')} rows; give one person per row")
             if s.n_train < 2:
                 raise DataError(f"silo {s.name!r} has {s.n_train} training example(s); DP-SGD "
                                 "needs at least 2. Merge it with another silo or drop it")

@@ -47,10 +47,12 @@ from silofl.privacy.targets import PrivacyTarget
 from silofl.runtime.job import accountant_kind
 
 NOISE_MODES = ("secure", "seeded")
-#: the privacy unit: "example" (one training row, Poisson-sampled DP-SGD) or "node" (one
-#: person of a graph who appears in ≤ S examples; fixed-size batches without replacement,
-#: `privacy.node_level` accounting)
-PRIVACY_UNITS = ("example", "node")
+#: the privacy unit: "example" (one training row, Poisson-sampled DP-SGD), "person" (all
+#: rows of one person of a silo, `[data] person_column`: persons Poisson-sampled, each
+#: sampled person's rows' clipped gradients averaged, the same events with n = persons) or
+#: "node" (one person of a graph who appears in ≤ S examples; fixed-size batches without
+#: replacement, `privacy.node_level` accounting)
+PRIVACY_UNITS = ("example", "person", "node")
 #: methods whose private accesses are accounted at example level only (local-DP uploads);
 #: the IFCA family's selections and Weight Erosion's one-step gradients have node-level
 #: versions (`training.selection.node_sensitivity`, `LocalTrainer.gradients`)
@@ -116,8 +118,13 @@ class TrainingConfig:
     noise_multiplier : float or None, default None
         A fixed σ instead of calibrating it (the ledgers still refuse anything over the
         target).
-    privacy_unit : {"example", "node"}, default "example"
-        One training row, or one person of a contact graph.
+    privacy_unit : {"example", "person", "node"}, default "example"
+        One training row, all rows of one person of a silo, or one person of a contact
+        graph.
+    max_rows_per_person : int, default 0
+        Person level: the most rows of one sampled person a step reads (a uniformly
+        random subset; 0 = all of them). The person's contribution is the average of the
+        rows' clipped gradients either way, so its norm is ≤ C.
     node_S : int, default 1
         Node level: the most examples one person appears in.
     adjacency : {"node+edges", "node"}, default "node+edges"
@@ -141,6 +148,7 @@ class TrainingConfig:
     #: "example" (default) or "node": see `PRIVACY_UNITS`; node level needs `node_S` (each
     #: person appears in ≤ node_S examples) and `adjacency` ("node+edges" | "node")
     privacy_unit: str = "example"
+    max_rows_per_person: int = 0
     node_S: int = 1
     adjacency: str = "node+edges"
     #: clip = "auto" (`privacy.adaptive_clip`): γ, η_C, C₀, σ_b
@@ -187,8 +195,12 @@ class TrainingConfig:
         if not (isinstance(self.eval_every, int) and self.eval_every >= 1):
             bad(f"eval_every must be a positive integer, got {self.eval_every}")
         if self.privacy_unit not in PRIVACY_UNITS:
-            bad(f"privacy_unit must be 'example' (one training row) or 'node' (one person "
-                f"of a contact graph), got {self.privacy_unit!r}")
+            bad(f"privacy_unit must be 'example' (one training row), 'person' (all rows of "
+                f"one person, [data] person_column) or 'node' (one person of a contact "
+                f"graph), got {self.privacy_unit!r}")
+        if not (isinstance(self.max_rows_per_person, int) and self.max_rows_per_person >= 0):
+            bad(f"max_rows_per_person (the most rows of one person a step reads; 0 = all) "
+                f"must be a non-negative integer, got {self.max_rows_per_person!r}")
         if self.privacy_unit == "node":
             if not (isinstance(self.node_S, int) and self.node_S >= 1):
                 bad(f"node_S (the most examples one person appears in) must be a positive "
