@@ -236,7 +236,8 @@ def _prepare(cfg: Config, raw=None) -> _Prepared:
     # --- private tuning (silofl.tuning): validation rows leave the training rows first
     tuning_counts = None
     tuning_setup.validate(cfg.tuning)  # every mode: a misspelt key value is refused too
-    tuning_setup.check_with_training(cfg.tuning, cfg.training.methods, cfg.training.lam)
+    tuning_setup.check_with_training(cfg.tuning, cfg.training.methods, cfg.training.lam,
+                                     cfg.privacy.unit)
     if cfg.tuning.mode == "private":
         raw, tuning_counts = tuning_setup.carve_into_test(
             raw, cfg.tuning.validation_fraction, cfg.data.seed)

@@ -158,7 +158,9 @@ class Model:
         y : numpy.ndarray
             Labels, shape (K, B).
         mask : numpy.ndarray
-            Shape (K, B): 1 for real rows, 0 for padding.
+            Shape (K, B): 1 (True) for real rows, 0 for padding; or float row weights
+            w ∈ [0, 1] (person level: 1/r_p on each of a person's r_p rows), and the sum
+            is Σ_i w_i·min(1, c/‖g_i‖) g_i: each row clipped first, then weighed.
         clip : float
             The L2 norm bound C; rows are clipped to c = clip_bound(C) (norms in float64).
         coords : numpy.ndarray, optional
@@ -195,19 +197,21 @@ class Model:
         -------
         (numpy.ndarray, numpy.ndarray)
             The clipped sums (K, P) and, per silo, the number of unmasked rows whose
-            gradient norm is ≤ clip[k] (K,) float64.
+            gradient norm is ≤ clip[k] (K,) float64 (weighted by a float mask).
         """
         clip = np.asarray(clip, dtype=float)
         out, count = np.zeros_like(W), np.zeros(W.shape[0])
         for k in range(W.shape[0]):
+            w = np.asarray(mask[k], dtype=np.float64)
             g = np.asarray(self.per_example_grads(W[k], X[k], y[k]), dtype=np.float64)
-            g = g * mask[k][:, None]
+            g = np.where(w[:, None] > 0, g, 0.0)  # padded rows may hold anything
             if coords is not None:
                 g = g * coords
             norms = np.linalg.norm(g, axis=1)
             c = clip_bound(clip[k])
-            out[k] = (g * np.minimum(1.0, c / np.maximum(norms, 1e-12))[:, None]).sum(0)
-            count[k] = np.sum((norms <= clip[k]) & (np.asarray(mask[k]) > 0))
+            factor = np.minimum(1.0, c / np.maximum(norms, 1e-12)) * w  # clip, then weigh
+            out[k] = (g * factor[:, None]).sum(0)
+            count[k] = np.sum((norms <= clip[k]) * w)
         return out, count
 
     def grad_sum(self, W: np.ndarray, X: np.ndarray, y: np.ndarray, mask: np.ndarray) -> np.ndarray:

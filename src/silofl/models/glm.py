@@ -92,7 +92,8 @@ class GLM(Model):
         """Σ_b clip(g_kb) over unmasked rows → (K, P) float64, every per-example gradient
         g = r ⊗ [x, 1] clipped to norm ≤ clip_bound(clip) < clip (see models.base).
 
-        W (K, P); X (K, B, d) float32 or float64; y, mask (K, B). x_sqnorm (K, B): ‖x‖² per
+        W (K, P); X (K, B, d) float32 or float64; y, mask (K, B): bool (padding) or float
+        row weights w ∈ [0, 1] (the sum is then Σ_b w_b·clip(g_b)). x_sqnorm (K, B): ‖x‖² per
         row, accurate to X's precision (the trainer stores it in float32, computed from the
         float64 data); computed here in float64 when not given. Never inf or NaN from one
         row: a row whose ‖x‖² overflows X's precision contributes 0, a non-finite residual
@@ -112,8 +113,9 @@ class GLM(Model):
         clip = np.asarray(clip, dtype=np.float64)[:, None]
         out, rnorm, xnorm = self._clipped(W, X, y, mask, clip / (1.0 + CLIP_MARGIN), x_sqnorm,
                                           coords)
-        within = (rnorm * xnorm <= clip) & (np.asarray(mask) > 0)
-        return out, within.sum(1).astype(np.float64)
+        # weighted: a person's rows count Σ w_i ≤ 1 in all (person level)
+        within = (rnorm * xnorm <= clip) * np.asarray(mask, dtype=np.float64)
+        return out, within.sum(1)
 
     def _clipped(self, W: np.ndarray, X: np.ndarray, y: np.ndarray, mask: np.ndarray,
                  bound0: float | np.ndarray, x_sqnorm: np.ndarray | None,
@@ -127,8 +129,10 @@ class GLM(Model):
                                                                                copy=False)
         xnorm = (np.sqrt(np.add(x_sqnorm, 1.0, dtype=np.float64)) if coords is None  # ‖[x, 1]‖
                  else self._coords_norm(coords, X, x_sqnorm))
-        # largest ‖r‖ whose gradient stays inside the ball; 0 on padded rows
-        bound = np.multiply(mask, bound0)
+        # largest ‖r‖ whose gradient stays inside the ball; 0 on padded rows. A float mask
+        # holds row weights (person level: 1/r_p): clip first, then weigh (Σ w_i·clip(g_i))
+        weights = None if np.asarray(mask).dtype == bool else np.asarray(mask, dtype=np.float64)
+        bound = np.multiply(mask if weights is None else weights > 0, bound0)
         bound /= xnorm
         if self.outputs == 1:
             # clip r to ±bound: min(1, c/‖g‖)·r in two passes; fmax/fmin map NaN r to a bound
@@ -141,6 +145,8 @@ class GLM(Model):
             den = np.fmax(rnorm, bound)  # factor bound/max(‖r‖, bound) = min(1, bound/‖r‖),
             np.fmax(den, 1e-300, out=den)  # and 0 (not 0/0) for a zero residual on a padded row
             coef = r * (bound / den)[..., None]
+        if weights is not None:
+            coef = coef * (weights if self.outputs == 1 else weights[..., None])
         out = self._weighted_sum(coef, X)
         return (out if coords is None else out * coords), rnorm, xnorm
 

@@ -306,6 +306,8 @@ class TorchModel(Model):
         L2 norm DP-SGD clips), accumulated in float64: a float32 reduction over many
         parameters can err by more than the clipping margin."""
         lead = mask.dim()
+        # a float mask holds row weights (person level): clip each row, then weigh it
+        valid = mask if mask.dtype == torch.bool else mask > 0
         flat = [grads[n].flatten(lead) for n in self._names]       # (*L, B, p_i) views
         if coords is not None:  # the gradient restricted to the trained coordinates
             flat = [g * c for g, c in zip(flat, coords)]
@@ -317,9 +319,14 @@ class TorchModel(Model):
             c = torch.as_tensor(np.asarray(clip, dtype=np.float64), device=norms.device)
             c = c.reshape(c.shape + (1,) * (norms.dim() - c.dim()))
             bound = c / (1.0 + CLIP_MARGIN)
-            within.append(_np(((norms <= c) & mask).sum(-1)))
-        factor = torch.where(mask, (bound / norms.clamp_min(1e-12)).clamp(max=1.0),
-                             0.0).to(flat[0].dtype)
+            inside = (norms <= c) & valid
+            within.append(_np(inside.sum(-1) if valid is mask
+                              else (inside.to(norms.dtype) * mask.to(norms.dtype)).sum(-1)))
+        factor = torch.where(valid, (bound / norms.clamp_min(1e-12)).clamp(max=1.0),
+                             0.0)
+        if valid is not mask:
+            factor = factor * mask.to(factor.dtype)
+        factor = factor.to(flat[0].dtype)
         return torch.cat([torch.einsum("...b,...bp->...p", factor, g) for g in flat], -1)
 
     def clipped_grad_sum(self, W: np.ndarray, X: np.ndarray, y: np.ndarray, mask: np.ndarray,
@@ -359,7 +366,8 @@ class TorchModel(Model):
         if B == 0:
             return
         Xt, yt = self._inputs(X, 2), self._labels(y)
-        m = self._mask(mask)
+        m = (self._mask(mask) if np.asarray(mask).dtype == bool
+             else self._mask(mask, torch.float64))  # row weights (person level)
         if not self.silo_vmap or K == 1:
             for k in range(K):
                 yield k, self._ex_grads(self._params(W[k]), Xt[k], yt[k]), m[k]

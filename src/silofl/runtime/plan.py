@@ -45,6 +45,7 @@ from silofl.privacy.node_level import (
 )
 from silofl.privacy.targets import PrivacyTarget
 from silofl.runtime.job import accountant_kind
+from silofl.runtime.sources import require_persons
 
 NOISE_MODES = ("secure", "seeded")
 #: the privacy unit: "example" (one training row, Poisson-sampled DP-SGD), "person" (all
@@ -53,6 +54,11 @@ NOISE_MODES = ("secure", "seeded")
 #: "node" (one person of a graph who appears in ≤ S examples; fixed-size batches without
 #: replacement, `privacy.node_level` accounting)
 PRIVACY_UNITS = ("example", "person", "node")
+#: what the person-level unit protects (each plan's privacy report says it)
+PERSON_TEXT = ("person level: adding or removing all rows of one person in one silo "
+               "(persons named by [data] person_column; each sampled person adds the average "
+               "of their rows' clipped gradients, norm ≤ C; the numbers of persons and rows "
+               "per silo are treated as public)")
 #: methods whose private accesses are accounted at example level only (local-DP uploads);
 #: the IFCA family's selections and Weight Erosion's one-step gradients have node-level
 #: versions (`training.selection.node_sensitivity`, `LocalTrainer.gradients`)
@@ -259,6 +265,8 @@ class SiloPlan:
     node: dict | None = None
     #: clip = "auto": σ_b, the noise std of each step's count (None: a fixed clip)
     count_noise: float | None = None
+    #: "example" (n counts rows) or "person" (n counts persons; node level: see `node`)
+    unit: str = "example"
     #: clip = "auto": the silo's clip after training (a function of its noisy releases)
     final_clip: float | None = None
     #: clip = "auto": the target quantile γ_k of the silo's last clip update (public)
@@ -276,6 +284,9 @@ class SiloPlan:
                        gradient_noise_multiplier=gradient_noise(self.noise_multiplier,
                                                                 self.count_noise),
                        clip_release=RELEASE_TEXT)
+        if self.unit == "person":
+            out.update(privacy_unit="person", n_persons=out.pop("n_train"),
+                       adjacency_text=PERSON_TEXT)
         if self.node is not None:
             adj = self.node["adjacency"]
             out.update(privacy_unit="node", S=self.node["S"], adjacency=adj,
@@ -380,16 +391,21 @@ def _base_plans(fed: Federation, algorithm: Algorithm, cfg: TrainingConfig) -> l
     algorithm.check_plan(fed.num_silos, cfg.rounds, cfg.accountant if cfg.private else None)
     if cfg.privacy_unit == "node":
         return _node_plans(fed, algorithm, cfg)
+    person = cfg.privacy_unit == "person"
+    if person:
+        _check_person_unit(fed, algorithm)
     plans, full_batch = [], []
     for s in fed.silos:
+        n = s.n_persons if person else s.n_train  # the unit sampled: persons or rows
         # b ≥ n_k: every step uses the whole silo (q_k = 1, no amplification by sampling;
         # thesis setting for small schools) — allowed, with a notice
-        q = min(1.0, cfg.batch_size / s.n_train)
+        q = min(1.0, cfg.batch_size / n)
         if q == 1.0:
-            full_batch.append(f"{s.name} (n = {s.n_train})")
+            full_batch.append(f"{s.name} (n = {n})")
         steps = algorithm.fixed_steps_per_pass or \
-            accounting.steps_for_epochs(s.n_train, cfg.batch_size, cfg.local_epochs)
-        plans.append(SiloPlan(s.name, s.n_train, q, steps, s.target))
+            accounting.steps_for_epochs(n, cfg.batch_size, cfg.local_epochs)
+        plans.append(SiloPlan(s.name, n, q, steps, s.target,
+                              unit="person" if person else "example"))
     if full_batch:
         warnings.warn(
             f"batch_size {cfg.batch_size} ≥ the training examples of {len(full_batch)} "
@@ -408,6 +424,18 @@ def _base_plans(fed: Federation, algorithm: Algorithm, cfg: TrainingConfig) -> l
                 "mechanism that publishes one random record outright satisfies such a δ, so "
                 "the guarantee is weak; use δ well below 1/n (e.g. n^-1.1)", stacklevel=2)
     return plans
+
+
+def _check_person_unit(fed: Federation, algorithm: Algorithm) -> None:
+    """Refuse the person-level unit where it cannot hold: silos without person ids, and
+    methods whose private accesses are accounted per example only (local-DP uploads)."""
+    require_persons(fed.silos)
+    if algorithm.name in EXAMPLE_LEVEL_ONLY or not getattr(algorithm, "calibrated", True):
+        raise ConfigError(
+            f"{algorithm.name} is not available with [privacy] unit = \"person\": its "
+            "local-DP uploads are accounted per example; use a DP-SGD method (local, fedavg, "
+            "mrmtl, ditto, finetune, mocha, the ifca family, weight_erosion, fedprox, "
+            "scaffold, apfl, fedper, fedrep, fedbn)")
 
 
 def _node_plans(fed: Federation, algorithm: Algorithm, cfg: TrainingConfig) -> list[SiloPlan]:

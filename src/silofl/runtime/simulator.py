@@ -28,9 +28,10 @@ from silofl.runtime.job import Job, fingerprints, open_job
 from silofl.runtime.network.hosting import per_silo_step, per_silo_trainers
 from silofl.runtime.plan import SiloPlan, TrainingConfig, job_targets, plan_silos
 from silofl.runtime.rules import final_clips, gradient_rule
+from silofl.runtime.sources import training_source
 from silofl.training.dpsgd import GradientRule
 from silofl.training.sampling import NODE_LABEL, NodeUnit
-from silofl.training.trainer import LocalTrainer, SiloArrays
+from silofl.training.trainer import LocalTrainer
 
 
 @dataclass
@@ -219,8 +220,8 @@ def simulate(fed: Federation, model: Model, algorithm: Algorithm, cfg: TrainingC
     """
     if hosting not in ("joint", "per_silo") or hosting == "per_silo" and (
             resume is not None or checkpoint is not None or source is not None
-            or getattr(cfg, "privacy_unit", "example") != "example"):
-        raise ConfigError(f"hosting must be 'joint' or 'per_silo' (per_silo: example-level, "
+            or getattr(cfg, "privacy_unit", "example") == "node"):
+        raise ConfigError(f"hosting must be 'joint' or 'per_silo' (per_silo: example or person level, "
                           f"without resume, checkpoint or another data source), got {hosting!r}")
     t0 = time.perf_counter()
     model.check_task(fed.task)
@@ -302,7 +303,7 @@ def _train(fed, model, algorithm, cfg, metric, plans, ledgers, on_round, eval_se
     trainer = LocalTrainer(
         model=model,
         data=source if source is not None else
-        SiloArrays.stack([s.X_train for s in fed.silos], [s.y_train for s in fed.silos]),
+        training_source(fed.silos, cfg.privacy_unit, cfg.max_rows_per_person, cfg.seed),
         rule=rule, batch_size=cfg.batch_size,
         steps_per_round=np.array([p.steps_per_pass for p in plans]),
         lr=cfg.lr, l2=cfg.l2, rng=rng, ledgers=ledgers, node=node_unit(fed, cfg),

@@ -84,13 +84,21 @@ def node_sensitivity(model: Model, n: int, S: int, adjacency: str,
 
 
 def scores(model: Model, candidates: np.ndarray, X: np.ndarray, y: np.ndarray,
-           loss_bound: float = DEFAULT_LOSS_BOUND) -> np.ndarray:
-    """(G,) score of each candidate (G, P) on one silo's data X (n, ...), y (n,)."""
+           loss_bound: float = DEFAULT_LOSS_BOUND,
+           weights: np.ndarray | None = None) -> np.ndarray:
+    """(G,) score of each candidate (G, P) on one silo's data X (n, ...), y (n,).
+
+    `weights` (n,): person level, 1/r on each of a person's r rows: the score is the mean
+    over persons of each person's mean term, so one person moves it as one example does at
+    example level (Δ = `sensitivity` with n = persons)."""
+    if weights is None:
+        weights = np.ones(len(y))
+    w = np.asarray(weights, dtype=float)
     if uses_loss(model):
-        return np.array([np.clip(model.loss(w, X, y), 0.0, loss_bound).mean()
-                         for w in candidates])
-    acc = M.metric_fn("accuracy", model.name)
-    return np.array([1.0 - acc(y, model.predict(w, X)) for w in candidates])
+        return np.array([np.clip(model.loss(c, X, y), 0.0, loss_bound) @ w / w.sum()
+                         for c in candidates])
+    return np.array([float((M.predicted_classes(model.predict(c, X), model.name) != y) @ w)
+                     / w.sum() for c in candidates])
 
 
 def noisy_argmin(score: np.ndarray, epsilon: float, delta_s: float, rng: Randomness) -> int:

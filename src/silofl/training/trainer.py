@@ -7,8 +7,10 @@ take, then runs them as batched array operations across silos. `gradients` is on
 gradient per silo at given parameters (Weight Erosion), and `select_cluster` a private
 choice among candidate models (IFCA): the other private data accesses, charged first too.
 
-The privacy unit is a choice (`node`): example level (default; Poisson sampling, batched
-across silos) or node level (`sampling.NodeUnit`: one person of a graph appears in ≤ S
+The privacy unit is a choice: example level (default; Poisson sampling, batched across
+silos); person level (a `training.persons.PersonSource`: persons Poisson-sampled, each
+sampled person's rows weighted 1/r so a person adds ≤ C, the same events with n = persons);
+or node level (`sampling.NodeUnit`: one person of a graph appears in ≤ S
 examples; every step a batch of exactly b units drawn without replacement, silo by silo,
 charged as `privacy.node_level.NodeLevelDpEvent`s; a `gradients` release is one such step,
 and a cluster selection scores all n persons' examples at Δ = `selection.node_sensitivity`).
@@ -288,10 +290,13 @@ class LocalTrainer:
         choice = np.empty(K, dtype=np.int64)
         if self.node is not None:
             return self._select_node(cands, eps, round, loss_bound, choice)
+        everyone = getattr(self.data, "everyone", None)  # person level: all rows, weighted
         for k in range(K):  # one silo at a time: a whole training set per gather
-            n_k = int(self.data.n[k])
-            X, y, _ = self.data.gather(np.array([k]), np.arange(n_k)[None, :])
-            score = selection.scores(self.model, cands[k], X[0], y[0], loss_bound)
+            n_k = int(self.data.n[k])  # examples, or persons
+            idx, w = (np.arange(n_k)[None, :], None) if everyone is None else everyone(k)
+            X, y, _ = self.data.gather(np.array([k]), idx)
+            score = selection.scores(self.model, cands[k], X[0], y[0], loss_bound,
+                                     weights=None if w is None else w[0])
             if eps is None:
                 choice[k] = int(np.argmin(score))
             else:
@@ -379,7 +384,7 @@ class LocalTrainer:
             noise, _ = round_noise(self.rng, np.ones(K, dtype=np.int64),
                                    self.rule.draw_std(), W.shape[1])
         everyone = np.arange(K)
-        X, y, sq = self.data.gather(everyone, idx)
+        X, y, sq, mask = self._read(everyone, idx, mask)
         g = self.rule(self.model, W, X, y, mask, self.expected_batch, everyone, self.rng,
                       noise=noise, x_sqnorm=sq)
         if self.l2:
@@ -400,7 +405,7 @@ class LocalTrainer:
         if self.rule.private:
             noise, _ = round_noise(self.rng, np.ones(ids.size, dtype=np.int64),
                                    self.rule.draw_std()[ids], W.shape[1])
-        X, y, sq = self.data.gather(ids, idx)
+        X, y, sq, mask = self._read(ids, idx, mask)
         g = self.rule(self.model, W[ids], X, y, mask, self.expected_batch[ids], ids,
                       self.rng, noise=noise, x_sqnorm=sq)
         out[ids] = g + self.l2 * W[ids] if self.l2 else g
@@ -511,11 +516,11 @@ class LocalTrainer:
             pos = slice(None) if steps.min() > s else np.nonzero(steps > s)[0]
             active = ids if isinstance(pos, slice) else ids[pos]
             sel = slice(None) if active is everyone else active
-            X, y, sq = self.data.gather(active, idx[s, pos])
+            X, y, sq, m = self._read(active, idx[s, pos], mask[s, pos])
             Ws = W[sel]
             noise = None if z is None or off is None else z[off[s]:off[s + 1]]
             part = {} if coords is None else {"coords": coords}
-            g = self.rule(self.model, Ws, X, y, mask[s, pos], self.expected_batch[sel],
+            g = self.rule(self.model, Ws, X, y, m, self.expected_batch[sel],
                           active, self.rng, noise=noise, x_sqnorm=sq,
                           count_noise=None if zc is None else zc[s, pos], **part)
             if self.l2:
@@ -527,6 +532,16 @@ class LocalTrainer:
             W[sel] = Ws - self.lr * g if step is None else step(active, Ws, g)
             self.steps_done[sel] += 1
         return W
+
+    def _read(self, silos: np.ndarray, idx: np.ndarray,
+              mask: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray]:
+        """Read a sampled batch: X, y, ‖x‖² and the mask (bool), or at person level the
+        sampled persons' rows with their weights 1/r (`PersonSource.expand`)."""
+        expand = getattr(self.data, "expand", None)
+        if expand is not None:
+            idx, mask = expand(silos, idx, mask)
+        X, y, sq = self.data.gather(silos, idx)
+        return X, y, sq, mask
 
     def _check_coords(self, coords: np.ndarray, P: int) -> np.ndarray:
         """`coords` as a non-empty boolean (P,) mask (example-level units only)."""

@@ -52,7 +52,7 @@ from silofl.privacy import selection as TA
 from silofl.privacy.ledger import Ledger
 from silofl.privacy.node_tuning import is_node_event, node_score_sigma
 from silofl.training import selection
-from silofl.training.trainer import LocalTrainer, SiloArrays
+from silofl.training.trainer import LocalTrainer
 from silofl.tuning.distributions import TrialDistribution
 
 PIVOTS = ("mrmtl", "ditto")
@@ -289,7 +289,7 @@ class TunedPersonalization(Algorithm):
                 continue
             own = silos.owner[rows]
             d = trainer.data
-            data = d.take(own) if isinstance(d, SiloArrays) else TrialSource(d, own)
+            data = d.take(own) if hasattr(d, "take") else TrialSource(d, own)
             ledgers, rule = None, trainer.rule
             if trainer.rule.private:
                 rule = trainer.rule.subset(own)

@@ -140,20 +140,27 @@ def validate(tc, *, sweep: bool = False) -> None:
         check_accountable(distribution(tc))
 
 
-def check_with_training(tc, methods: list, lam) -> None:
-    """Refuse a [tuning] mode that would silently override ``training.lam = "auto"``.
+def check_with_training(tc, methods: list, lam, unit: str = "example") -> None:
+    """Refuse a [tuning] mode that would silently override ``training.lam = "auto"``, and
+    private tuning at the person level (its validation scores are per row).
 
     Parameters
     ----------
     tc : TuningConfig
     methods : training.methods.
     lam : training.lam (a number or "auto").
+    unit : [privacy] unit.
 
     Raises
     ------
     ConfigError
         Both choose λ of the same method.
     """
+    if unit == "person" and tc.mode not in ("none", "proxy"):
+        raise ConfigError(
+            f"tuning.mode = {tc.mode!r} scores trials on held-out rows, one row at a time, "
+            "so it is not available with [privacy] unit = \"person\"; use training.lam = "
+            "\"auto\" (free), tuning.mode = 'proxy' (declared-public data) or 'none'")
     if tc.mode != "none" and lam == "auto" and tc.method in methods:
         raise ConfigError(
             f"training.lam = \"auto\" and tuning.mode = {tc.mode!r} both choose λ of "

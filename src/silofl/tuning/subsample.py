@@ -34,7 +34,7 @@ from silofl.errors import ConfigError
 from silofl.privacy import events
 from silofl.privacy import selection as TA
 from silofl.privacy.ledger import Ledger
-from silofl.training.trainer import LocalTrainer, SiloArrays
+from silofl.training.trainer import LocalTrainer
 from silofl.tuning.private import TunedPersonalization, TunedSiloState, score_sigma
 
 
@@ -184,7 +184,7 @@ class SubsampleTuned(TunedPersonalization):
         each), with prepaid sub-ledgers allowing exactly one subsample trial each."""
         out = []
         d = trainer.data
-        if not isinstance(d, SiloArrays):
+        if not hasattr(d, "take"):
             raise ConfigError("tuning select = 'subsample' needs in-memory silo rows")
         for lr in np.unique(st.lr):
             rows = np.nonzero(st.lr == lr)[0]

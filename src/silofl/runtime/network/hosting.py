@@ -433,10 +433,12 @@ def per_silo_trainers(fed, model, cfg, plans, ledgers) -> list:
     """One one-silo `LocalTrainer` per silo of `fed`, each with its own stream
     (`silo_randomness`) and ledger — what each silo process of a networked run hosts."""
     from silofl.runtime.rules import gradient_rule
-    from silofl.training.trainer import LocalTrainer, SiloArrays
+    from silofl.runtime.sources import training_source
+    from silofl.training.trainer import LocalTrainer
     mode = "secure" if cfg.private and cfg.noise == "secure" else "seeded"
     return [LocalTrainer(
-        model=model, data=SiloArrays.stack([s.X_train], [s.y_train]),
+        model=model, data=training_source([s], cfg.privacy_unit, cfg.max_rows_per_person,
+                                          cfg.seed),
         rule=gradient_rule(cfg, [p]),
         batch_size=cfg.batch_size, steps_per_round=np.array([p.steps_per_pass]), lr=cfg.lr,
         l2=cfg.l2, rng=silo_randomness(mode, cfg.seed, s.name),

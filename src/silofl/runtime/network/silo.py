@@ -77,7 +77,8 @@ from silofl.runtime.network.silo_table import (
 )
 from silofl.runtime.plan import SiloPlan, TrainingConfig, pass_event, plan_job
 from silofl.runtime.rules import gradient_rule
-from silofl.training.trainer import LocalTrainer, SiloArrays
+from silofl.runtime.sources import training_source
+from silofl.training.trainer import LocalTrainer
 
 #: fault injection for tests and drills: exit abruptly (as a crash) in this round, after
 #: the round was charged and before its reply is sent
@@ -257,7 +258,8 @@ class SiloProgram(silo_table.TableHooks):
         silos (clusters ≤ K, the user silo) are checked alike."""
         c, me, names = self.cfg, self.silo, job_silos(job)
         fed = Federation([me if n == c.name else Silo(n, me.X_train, me.y_train, me.X_test,
-                                                      me.y_test, me.target) for n in names],
+                                                      me.y_test, me.target, me.person_train)
+                          for n in names],
                          self.feature_names or [f"x{i}" for i in range(job["dim"])],
                          job["task"], job["num_classes"])
         return plan_job(fed, [algorithm], tcfg, extra)[0][names.index(c.name)]
@@ -272,7 +274,9 @@ class SiloProgram(silo_table.TableHooks):
         """The one-silo trainer over the silo's rows (ledgers are set per round)."""
         job, plan = self._joined()
         return LocalTrainer(
-            model=self.model, data=SiloArrays.stack([self.silo.X_train], [self.silo.y_train]),
+            model=self.model,
+            data=training_source([self.silo], self.tcfg.privacy_unit,
+                                 self.tcfg.max_rows_per_person, job["seed"]),
             rule=gradient_rule(self.tcfg, [plan]),  # clip = "auto": the silo's own tracker
             batch_size=self.tcfg.batch_size,
             steps_per_round=np.array([plan.steps_per_pass]), lr=self.tcfg.lr,

@@ -1,0 +1,57 @@
+"""What a trainer reads: the silos' training rows under the run's privacy unit.
+
+One function for every host (the simulator, per-silo hosting, a networked silo), so a silo
+trained alone reads its rows exactly as it does in the simulator.
+"""
+
+from __future__ import annotations
+
+from silofl.data.federation import Silo
+from silofl.errors import ConfigError
+from silofl.training.persons import PersonIndex, PersonSource
+from silofl.training.trainer import SiloArrays
+
+
+def require_persons(silos: list[Silo]) -> None:
+    """Refuse the person-level unit for silos that do not name the person of each row.
+
+    Raises
+    ------
+    ConfigError
+        A silo has no person ids, with the keys that fix it.
+    """
+    missing = [s.name for s in silos if s.person_train is None]
+    if missing:
+        raise ConfigError(
+            f"[privacy] unit = \"person\" needs the person of every row, and silo(s) "
+            f"{', '.join(missing[:5])} have none; set [data] person_column to the column "
+            "naming each row's person (a patient or customer id), or use unit = \"example\"")
+
+
+def training_source(silos: list[Silo], unit: str = "example", max_rows_per_person: int = 0,
+                    seed: int = 0):
+    """The trainer's data source for `silos` under `unit`.
+
+    Parameters
+    ----------
+    silos : list of Silo
+        The hosted silos, in the trainer's order.
+    unit : {"example", "person"}, default "example"
+        Example level reads rows (`SiloArrays`); person level groups each silo's rows by
+        `Silo.person_train` (`PersonSource`: n counts persons).
+    max_rows_per_person : int, default 0
+        Person level: the most rows of a sampled person one step reads (0: all).
+    seed : int, default 0
+        Seeds which rows a capped person's step reads (not a privacy-relevant draw).
+
+    Returns
+    -------
+    SiloArrays or PersonSource
+    """
+    if unit != "person":
+        return SiloArrays.stack([s.X_train for s in silos], [s.y_train for s in silos])
+    require_persons(silos)
+    index, orders = PersonIndex.group([s.person_train for s in silos], max_rows_per_person)
+    rows = SiloArrays.stack([s.X_train[o] for s, o in zip(silos, orders)],
+                            [s.y_train[o] for s, o in zip(silos, orders)])
+    return PersonSource(rows, index, seed)
