@@ -526,3 +526,58 @@ def test_resume_after_the_data_changed_is_refused_before_any_charge(tmp_path, un
     with pytest.raises(ConfigError, match="charged under another plan"):
         resume_run(run_dir)
     assert _spent_events(tmp_path / "out" / "b.sqlite") == before
+
+
+def test_table_silos_read_their_person_column_and_train_at_person_level(tmp_path):
+    """Silos that read their own tables with [data] person_column: the person ids reach
+    their trainers (the join reply counts persons), the models equal the simulator's
+    per-silo mode over the silos' own data (1e-12), and each store's charges are recorded
+    at the person unit where the store records units."""
+    if not _person_reader():
+        pytest.skip("the table reader has no person_column yet (the plumbing part)")
+    import pandas as pd
+    import tomllib
+
+    from silofl.runtime.network import consortium
+    from silofl.runtime.network.jobspec import job_algorithm, job_config, job_model
+    _table(tmp_path / "t.csv", seed=6)
+    (tmp_path / "schema.toml").write_text(SCHEMA)
+    df = pd.read_csv(tmp_path / "t.csv", dtype={"patient": str})
+    for h in "ABCD":
+        df[df["hospital"] == h].to_csv(tmp_path / f"{h}.csv", index=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        w = consortium.init(tmp_path / "c", schema=tmp_path / "schema.toml", silos=list("ABCD"),
+                            tables=[f"{h}={tmp_path / f'{h}.csv'}" for h in "ABCD"],
+                            noise="seeded", job={"rounds": 2, "method": "mrmtl",
+                                                 "batch_size": 8, "privacy_unit": "person"},
+                            address="127.0.0.1:9")
+    for p in w["silos"].values():
+        raw = tomllib.loads(Path(p).read_text())
+        raw["data"]["person_column"] = "patient"
+        Path(p).write_text(deploy._toml(raw))
+    srv, silos = _programs(w)
+    for n, s in silos.items():
+        rep = _join(srv, s)
+        assert rep["status"] == "ok", rep["reason"]
+        assert rep["n_train"] == s.silo.n_persons < s.silo.n_train
+        srv.accept_join(rep)
+    for t in (1, 2):
+        ups = {}
+        for n, s in silos.items():
+            rep, u = s.round(srv.request(n, t), [srv.message])
+            assert rep["status"] == "ok", rep["reason"]
+            ups[n] = srv.accept_update(n, t, rep, [u])[1]
+        srv.step(t, ups)
+    fed = Federation([s.silo for s in silos.values()], list(silos["A"].feature_names),
+                     srv.job["task"], srv.job["num_classes"])
+    alg = job_algorithm(srv.job)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        res = simulate(fed, job_model(srv.job), alg, job_config(srv.job), hosting="per_silo")
+    for k, (n, s) in enumerate(silos.items()):
+        np.testing.assert_allclose(alg.personal_models(s.state, srv.server)[0],
+                                   res.params[k], **SAME)
+        with BudgetStore(s.cfg.budget_store) as st:
+            rows = st.charges(n)
+        assert rows and all(r.get("unit", "person") == "person" for r in rows)
