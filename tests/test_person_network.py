@@ -11,6 +11,7 @@ another order: equal within rtol 1e-6, atol 1e-10 with the same (patched) noise.
 
 from __future__ import annotations
 
+import json
 import warnings
 from pathlib import Path
 
@@ -535,8 +536,9 @@ def test_table_silos_read_their_person_column_and_train_at_person_level(tmp_path
     at the person unit where the store records units."""
     if not _person_reader():
         pytest.skip("the table reader has no person_column yet (the plumbing part)")
-    import pandas as pd
     import tomllib
+
+    import pandas as pd
 
     from silofl.runtime.network import consortium
     from silofl.runtime.network.jobspec import job_algorithm, job_config, job_model
@@ -557,7 +559,7 @@ def test_table_silos_read_their_person_column_and_train_at_person_level(tmp_path
         raw["data"]["person_column"] = "patient"
         Path(p).write_text(deploy._toml(raw))
     srv, silos = _programs(w)
-    for n, s in silos.items():
+    for s in silos.values():
         rep = _join(srv, s)
         assert rep["status"] == "ok", rep["reason"]
         assert rep["n_train"] == s.silo.n_persons < s.silo.n_train
@@ -581,3 +583,42 @@ def test_table_silos_read_their_person_column_and_train_at_person_level(tmp_path
         with BudgetStore(s.cfg.budget_store) as st:
             rows = st.charges(n)
         assert rows and all(r.get("unit", "person") == "person" for r in rows)
+
+
+@pytest.mark.slow
+@pytest.mark.network
+def test_person_job_over_tls_processes_equals_the_simulator(tmp_path):
+    """The server and four silos as processes over Flower gRPC with TLS: a person-level
+    MR-MTL job gives each silo the simulator's per-silo model (separate processes: within
+    1e-10), and each store holds exactly the planned person-level steps."""
+    pytest.importorskip("flwr")
+    from silofl.runtime.network.jobspec import job_algorithm, job_config, job_model
+    from silofl.runtime.network.server import load_server_config
+    from silofl.runtime.network.silo import load_silo_config
+    from test_network import WAIT, finish, free_port, generous, serving, silo_params, start
+    fed = heart_persons(7)
+    from silofl.runtime.network import consortium
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        w = generous(consortium.init(
+            tmp_path / "c", federation=fed, noise="seeded", address=f"127.0.0.1:{free_port()}",
+            job={"method": "mrmtl", "rounds": 2, "batch_size": 8, "privacy_unit": "person",
+                 "max_rows_per_person": 2}))
+    procs = [start(["server", "--config", w["server"]], tmp_path / "server.log")]
+    serving(w["server"], procs[0])
+    procs += [start(["silo", "--config", p, "--wait", WAIT], tmp_path / f"{i}.log")
+              for i, p in enumerate(w["silos"].values())]
+    assert finish(procs) == [0] * 5, (tmp_path / "server.log").read_text()[-3000:]
+    job = load_server_config(w["server"]).job
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        res = simulate(fed, job_model(job), job_algorithm(job), job_config(job),
+                       hosting="per_silo")
+    summary = json.loads((Path(load_server_config(w["server"]).state_dir)
+                          / "summary.json").read_text())
+    assert summary["privacy_unit"] == "person"
+    for k, (name, cfg) in enumerate(w["silos"].items()):
+        np.testing.assert_allclose(silo_params(cfg), res.params[k], rtol=1e-10, atol=1e-10)
+        got, status = _store_events(load_silo_config(cfg).budget_store, name)
+        assert sum(got.values()) == 2 * res.plans[k].steps_per_pass
+        assert status == ["charged"] * 2
