@@ -312,7 +312,8 @@ def _train(fed, model, algorithm, cfg, metric, plans, ledgers, on_round, eval_se
     silos, server = algorithm.init(start_params, fed.num_silos, rounds=cfg.rounds)
     # each silo's weight: its units (rows, or persons at person level), as a networked
     # silo reports them at join and the server weighs them
-    weights = (np.array([p.n for p in plans], float)
+    weights = (np.array([p.n if p.unit == "person" else s.n_train
+                         for p, s in zip(plans, fed.silos)], float)
                if getattr(algorithm, "weighted", True) else np.ones(fed.num_silos))
     step, trainers = algorithm.silo_step, None
     if hosting == "per_silo":  # each silo its own trainer and stream, as on the network
