@@ -13,6 +13,7 @@ import pickle
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
+from typing import cast
 
 from silofl.config import Config, config_from_dict
 from silofl.errors import ConfigError
@@ -34,6 +35,7 @@ from silofl.privacy import events, runlock, store_paths
 from silofl.privacy.budget import BudgetStore, BudgetStoreError, PlannedCharge
 from silofl.privacy.ledger import read_entries, silo_file_id
 from silofl.runtime.job import NO_METHOD, fingerprints, open_job
+from silofl.runtime.plan import TrainingConfig
 
 
 def resume_run(run_dir: str | Path,
@@ -148,9 +150,10 @@ def _check_plans_hold(run_dir: Path, p: _Prepared, done: dict, states: dict) -> 
     the rounds the checkpoint keeps: the data changed since the run was killed (other rows,
     or at person level other person ids: another number of units gives another q), so the
     kept rounds and the rest would be two different mechanisms that no plan composes."""
-    if not p.tcfg.private:  # nothing charged, nothing to compose
+    tcfg = cast(TrainingConfig, p.tcfg)
+    if not tcfg.private:  # nothing charged, nothing to compose
         return
-    what = "rows or person ids" if p.tcfg.privacy_unit == "person" else "rows"
+    what = "rows or person ids" if tcfg.privacy_unit == "person" else "rows"
     for label, plans in zip(p.labels, p.plans):
         kept = states[label]["round"] if label in states else 0
         for plan in plans if label not in done else []:

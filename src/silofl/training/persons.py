@@ -164,7 +164,7 @@ class PersonSource:
     def stream_state(self) -> dict:
         """The state of the capped-row choice stream (a checkpoint keeps it, so that a
         resumed run reads the rows an uninterrupted one reads)."""
-        return self._rng.bit_generator.state
+        return dict(self._rng.bit_generator.state)
 
     @stream_state.setter
     def stream_state(self, state: dict) -> None:
