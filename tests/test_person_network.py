@@ -71,7 +71,9 @@ def test_job_spec_carries_the_unit_and_refuses_what_the_network_cannot_run():
                      ({"privacy_unit": "node"}, "privacy_unit must be"),
                      ({"privacy_unit": "person", "max_rows_per_person": -1}, "must be ≥ 0"),
                      ({"max_rows_per_person": 3}, "is for privacy_unit = 'person'"),
-                     ({"privacy_unit": "person", "data_kind": "graph"}, "needs tabular")):
+                     ({"privacy_unit": "person", "data_kind": "graph"}, "needs tabular"),
+                     ({"privacy_unit": "person", "method": "privatekt"}, "accounted per "
+                                                                         "example")):
         with pytest.raises(W.ProtocolError, match=msg):
             check_job({**base, **bad})
 
@@ -622,3 +624,19 @@ def test_person_job_over_tls_processes_equals_the_simulator(tmp_path):
         got, status = _store_events(load_silo_config(cfg).budget_store, name)
         assert sum(got.values()) == 2 * res.plans[k].steps_per_pass
         assert status == ["charged"] * 2
+
+
+def test_deploy_init_refuses_a_person_job_on_data_without_persons(tmp_path):
+    """`silofl deploy init --demo heart --set privacy_unit="person"`: the demo names no
+    person, so the CLI exits 2 with a specific error and writes nothing; a typo in the
+    unit is refused the same way."""
+    from typer.testing import CliRunner
+
+    from silofl import cli
+    for value, msg in (('"person"', "names no person of its rows"),
+                       ('"persons"', "privacy_unit must be")):
+        res = CliRunner().invoke(cli.app, ["deploy", "init", "--out", str(tmp_path / "x"),
+                                           "--demo", "heart", "--set",
+                                           f"privacy_unit={value}"])
+        assert res.exit_code == 2 and msg in " ".join(res.output.split()), res.output
+        assert not (tmp_path / "x").exists()

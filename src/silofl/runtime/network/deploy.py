@@ -177,6 +177,11 @@ def _check_job(job: dict, fed) -> None:
         job_config(full).validate()
     except messages.ProtocolError as e:
         raise ConfigError(str(e)) from None
+    if fed is not None and full["privacy_unit"] == "person" and not fed.has_persons:
+        raise ConfigError("privacy_unit = 'person' protects all rows of one person, and this "
+                          "data names no person of its rows (the heart demo has no person "
+                          "ids); give silos whose data names each row's person, or use "
+                          "privacy_unit = 'example'. Nothing was written")
 
 
 def _write_certs(out: Path, address: str, hosts: list[str] | None) -> None:

@@ -17,7 +17,7 @@ from silofl.errors import ConfigError, DataError
 from silofl.models import make_model
 from silofl.runtime.network import messages as W
 from silofl.runtime.network.hosting import check_network_method
-from silofl.runtime.plan import TrainingConfig
+from silofl.runtime.plan import EXAMPLE_LEVEL_ONLY, TrainingConfig
 
 JOB_KEYS = {"method": str, "lam": (float, str), "weighted": bool, "finetune_fraction": float,
             "model": str, "task": str, "num_classes": int, "dim": int, "rounds": int,
@@ -118,6 +118,10 @@ def check_unit(job: dict) -> None:
     if unit == "person" and job["data_kind"] != "tabular":
         raise W.ProtocolError(f"job: privacy_unit = 'person' needs tabular data; "
                               f"{job['data_kind']!r} data has its own unit")
+    if unit == "person" and job["method"] in EXAMPLE_LEVEL_ONLY:
+        raise W.ProtocolError(f"job: {job['method']} is not available with privacy_unit = "
+                              "'person': its local-DP uploads are accounted per example; use "
+                              "a DP-SGD method")
 
 
 def auto_clip_job(job: dict) -> dict:
