@@ -115,8 +115,11 @@ def _store_events(path, name) -> tuple[dict, list]:
 
 # --- over the network: the silo and server programs equal the simulator ----------------------
 
-@pytest.mark.parametrize("method,cap", [("mrmtl", 0), ("fedavg", 2), ("ifca", 0)])
-def test_person_job_over_the_network_equals_the_simulator(tmp_path, method, cap):
+@pytest.mark.parametrize("method,cap,extra", [
+    ("mrmtl", 0, {}), ("fedavg", 2, {}), ("ifca", 0, {"selection_rounds": 0.5}),
+    ("weight_erosion", 0, {"we_update": "gradient", "we_p_d": 0.5}),
+    ("mocha", 1, {}), ("scaffold", 0, {})])
+def test_person_job_over_the_network_equals_the_simulator(tmp_path, method, cap, extra):
     """A person-level job: each silo reads its own person ids (from its .npz), samples
     persons, and its model equals the simulator's per-silo mode (1e-12); each store holds
     exactly the simulator's events; the join reply counts persons; the silo's and the
@@ -124,7 +127,8 @@ def test_person_job_over_the_network_equals_the_simulator(tmp_path, method, cap)
     from silofl.runtime.network import release
     from silofl.runtime.network.jobspec import job_algorithm, job_config, job_model
     fed = heart_persons()
-    extra = {"selection_rounds": 0.5} if method == "ifca" else {}
+    if method == "weight_erosion":
+        extra = {**extra, "we_user": fed.names[1]}
     w = _consortium(tmp_path, fed, {"method": method, "rounds": 3, "batch_size": 8,
                                     "privacy_unit": "person", "max_rows_per_person": cap,
                                     **extra})
@@ -138,8 +142,8 @@ def test_person_job_over_the_network_equals_the_simulator(tmp_path, method, cap)
         srv.accept_join(rep)
     for t in (1, 2, 3):
         ups = {}
-        for n, s in silos.items():
-            rep, u = s.round(srv.request(n, t), [srv.message])
+        for n in srv.selected(t, list(silos)):  # who is asked (Weight Erosion: a schedule)
+            rep, u = silos[n].round(srv.request(n, t), [srv.message])
             status, u = srv.accept_update(n, t, rep, [] if u is None else [u])
             assert status == "ok", rep["reason"]
             ups[n] = u
