@@ -160,7 +160,8 @@ def render(summary: list[dict], delta: float) -> str:
         f"{s['acc_person']:.3f} | {s['gap_points']:+.1f} | {s['k_max']} | "
         f"{'≤' * s['at_grid_floor']}{s['example_eps_at_equal_accuracy']:.2f} | "
         f"{'≤' * s['at_grid_floor']}{s['group_bound_at_equal_accuracy']:.1f} | "
-        f"{'≤' * s['at_grid_floor']}{s['ratio_group_to_person']:.1f}× | {s['tight_person_eps_of_example_run_same_eps']:.1f} |\n"
+        f"{'≤' * s['at_grid_floor']}{s['ratio_group_to_person']:.1f}× | "
+        f"{s['tight_person_eps_of_example_run_same_eps']:.1f} |\n"
         for s in summary)
     return head + body + (f"\nδ = {delta:g}. Group bound: (k·ε, k·e^((k−1)ε)·δ) for the "
                           "largest k; tight: mixture-of-Gaussians PLD of the example-level "
