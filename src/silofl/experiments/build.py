@@ -46,7 +46,8 @@ SPLIT_KEYS = ("split", "alpha", "size_law", "power", "split_feature", "group_siz
               "split_bins", "label_purity")
 MIN_SIZE_SOURCES = (*SPLIT_SOURCES, "exam")  # data.min_silo_size: split minimum / exam filter
 DEFAULT_SILOS = {"table": 10, "mnist": 40, "mnist_dirichlet": 80}  # data.num_silos = 0 means these
-GENERATORS = {"linear": D.linear_silos, "mean": D.mean_estimation, "vehicle": D.vehicle_like}
+GENERATORS = {"linear": D.linear_silos, "mean": D.mean_estimation, "vehicle": D.vehicle_like,
+              "ehr": D.ehr_silos}
 
 
 def _check_own_table_keys(dc: DataConfig) -> None:
