@@ -17,10 +17,21 @@ import pytest
 
 import silofl.data as D
 from silofl.config import DataConfig, load_config
-from silofl.data.ehr import FEATURES, ehr_silos, ehr_table, simulate_ehr, write_ehr_csv
+from silofl.data.ehr import (
+    FEATURES,
+    REFERENCE,
+    ehr_silos,
+    ehr_silos_raw,
+    ehr_table,
+    simulate_ehr,
+    write_ehr_csv,
+)
+from silofl.data.preprocess import PreprocessSpec, plan_preprocessing
 from silofl.data.row_persons import ONE_ROW_NOTE, one_row_per_person
+from silofl.data.schema import load_schema
 from silofl.errors import ConfigError
 from silofl.experiments.build import load_federation, load_raw
+from silofl.privacy.targets import PrivacyTarget
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "ehr"
@@ -102,16 +113,42 @@ def test_outcomes_depend_on_the_person():
 
 
 def test_the_generator_is_registered_and_person_ids_survive_preprocessing():
-    dc = DataConfig(source="synthetic", generator="ehr", standardize="none",
+    dc = DataConfig(source="synthetic", generator="ehr",
                     options={"hospitals": 4, "persons": 800, "multi_share": 0.3})
     fed = load_federation(dc)
     assert fed.has_persons and fed.num_silos == 4 and fed.feature_names == list(FEATURES)
+    assert fed.meta["uncharged"] == []  # declared reference scaling: nothing read
     assert fed.meta["simulated"] is True and "public by construction" in fed.meta["note"]
     assert fed.meta["parameters"]["multi_share"] == 0.3
     assert sorted(set(np.concatenate([s.y_train for s in fed.silos]).tolist())) == [0, 1]
     again = load_federation(dc)  # deterministic in the seed
     assert all(np.array_equal(s.person_train, t.person_train)
                for s, t in zip(fed.silos, again.silos))
+
+
+def test_features_are_declared_so_default_scaling_costs_nothing():
+    raw_units = ehr_silos(persons=600, standardize="none")
+    scaled = ehr_silos(persons=600)
+    j = FEATURES.index("creatinine")
+    centre, scale, lower, upper, _ = REFERENCE["creatinine"]
+    for a, b in zip(raw_units.silos, scaled.silos):
+        assert np.allclose(b.X_train[:, j], (a.X_train[:, j] - centre) / scale, atol=1e-12)
+        assert a.X_train[:, j].min() >= lower and a.X_train[:, j].max() <= upper
+        binary = [FEATURES.index(f) for f in ("female", "ckd", "emergency")]
+        assert np.array_equal(a.X_train[:, binary], b.X_train[:, binary])
+    # declared bounds make private statistics possible, planned (and charged) first
+    raw = ehr_silos_raw(persons=600).with_targets(PrivacyTarget(1.0, 1e-5))
+    plan = plan_preprocessing(raw, PreprocessSpec.of("private", "auto"))
+    assert all(plan.events[name] is not None for name in raw.names)
+
+
+def test_the_example_schema_declares_the_generators_constants():
+    schema = load_schema(EXAMPLE / "ehr_schema.toml")
+    cols = {c.name: c for c in schema.columns}
+    for name, (centre, scale, lower, upper, _) in REFERENCE.items():
+        c = cols[name]
+        assert (c.mean, c.scale, c.lower, c.upper) == (centre, scale, lower, upper), name
+    assert {c.name for c in schema.columns} == {*FEATURES, "sex"} - {"female"}
 
 
 @pytest.mark.parametrize("options, name", [

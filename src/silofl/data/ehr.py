@@ -31,9 +31,11 @@ The model (``generator = "ehr"`` under ``[data] source = "synthetic"``; `ehr_sil
 
 `ehr_silos` gives a `Federation` whose rows carry global person ids (`Silo.person_train`,
 `person_test`): a person seen at two hospitals has the same id in both. The train/test split
-is by person (all rows of a test person are test rows, in every hospital). Features are in
-reference units: (value - centre) / scale with the public constants of `REFERENCE` (no
-statistic of the data), binary columns 0/1. `ehr_table` / `write_ehr_csv` give the same
+is by person (all rows of a test person are test rows, in every hospital). Features are
+recorded in raw units and declared (`column_specs`: the public centre, scale and bounds of
+`REFERENCE`, no statistic of the data), so the default preprocessing maps them to
+(value - centre) / scale at no cost; binary columns stay 0/1. `ehr_silos_raw` stops before
+preprocessing (what ``[data]`` loads). `ehr_table` / `write_ehr_csv` give the same
 simulation as a "messy" export in raw units (text patient ids, a hospital column, dates, a
 few missing lab values) for the table reader; ``examples/ehr/`` holds one.
 """
@@ -48,7 +50,8 @@ import numpy as np
 import pandas as pd
 
 from silofl.data.federation import Federation, Silo
-from silofl.data.synthetic import _finish
+from silofl.data.preprocess import PreprocessSpec, RawFederation, preprocess_without_budget
+from silofl.data.schema import ColumnSpec
 from silofl.errors import ConfigError
 from silofl.io import write_text_atomic
 
@@ -59,17 +62,20 @@ MIN_PERSONS_PER_HOSPITAL = 20
 CONDITIONS = ("diabetes", "heart_failure", "copd", "ckd")
 #: baseline log-odds of each chronic condition at age 62
 _CONDITION_BASE = (-1.4, -2.2, -2.0, -2.0)
-#: numeric features: (reference centre, reference scale, unit); public constants, not
-#: statistics of any data. X holds (value - centre) / scale.
+#: numeric features: (reference centre, reference scale, lower, upper, unit). Public
+#: constants (typical adult values and generous clinical plausibility limits), not
+#: statistics of any data: declared in the silos' column specs, so the default
+#: preprocessing maps a value to (value - centre) / scale at no privacy cost and private
+#: preprocessing has the bounds it needs. Recorded values are clipped to [lower, upper].
 REFERENCE = {
-    "age": (60.0, 15.0, "years"),
-    "sbp": (125.0, 20.0, "mm Hg (systolic blood pressure)"),
-    "heart_rate": (80.0, 15.0, "beats per minute"),
-    "temperature": (37.0, 0.7, "°C"),
-    "creatinine": (1.0, 0.5, "mg/dl"),
-    "hemoglobin": (13.5, 2.0, "g/dl"),
-    "glucose": (110.0, 40.0, "mg/dl"),
-    "los_days": (4.0, 3.0, "days (length of stay)"),
+    "age": (60.0, 15.0, 18.0, 100.0, "years"),
+    "sbp": (125.0, 20.0, 60.0, 240.0, "mm Hg (systolic blood pressure)"),
+    "heart_rate": (80.0, 15.0, 30.0, 180.0, "beats per minute"),
+    "temperature": (37.0, 0.7, 34.0, 41.0, "°C"),
+    "creatinine": (1.0, 0.5, 0.2, 10.0, "mg/dl"),
+    "hemoglobin": (13.5, 2.0, 5.0, 20.0, "g/dl"),
+    "glucose": (110.0, 40.0, 40.0, 500.0, "mg/dl"),
+    "los_days": (4.0, 3.0, 1.0, 60.0, "days (length of stay)"),
 }
 BINARY = ("female", *CONDITIONS, "emergency")
 FEATURES = ("age", "female", *CONDITIONS, "emergency", "sbp", "heart_rate", "temperature",
@@ -280,7 +286,7 @@ def _true_visit_values(rng: np.random.Generator, pf: dict[str, np.ndarray]
 
 
 def _reference(name: str, v: np.ndarray) -> np.ndarray:
-    centre, scale, _ = REFERENCE[name]
+    centre, scale = REFERENCE[name][:2]
     return (v - centre) / scale
 
 
@@ -321,7 +327,9 @@ def simulate_ehr(hospitals: int = 5, persons: int = 4000, mean_visits: float = 5
     for name, (noise, _) in _MEASURED.items():
         recorded[name] = (true[name] + noise * rng.standard_normal(len(person))
                           + eff[f"offset_{name}"][hospital])
-    recorded["creatinine"] = np.maximum(recorded["creatinine"], 0.2)
+    for name, (_, _, lower, upper, _) in REFERENCE.items():  # as a reader clips to bounds
+        if name in recorded:
+            recorded[name] = np.clip(recorded[name], lower, upper)
     values = {f: (rows[f] if f in rows else recorded[f]) for f in FEATURES}
     day = rng.integers(0, DAYS, size=len(person))
     return EhrSimulation(o, HOSPITAL_NAMES[:o.hospitals], person, hospital, day, values, y,
@@ -361,10 +369,28 @@ def overlap_statistics(sim: EhrSimulation) -> dict:
 
 
 def _design(sim: EhrSimulation) -> np.ndarray:
-    """(R, d) features in reference units (binary columns 0/1), columns in `FEATURES`."""
-    cols = [(_reference(f, sim.values[f]) if f in REFERENCE else sim.values[f])
-            for f in FEATURES]
-    return np.column_stack(cols).astype(np.float64)
+    """(R, d) recorded features in raw units (binary columns 0/1), columns in `FEATURES`."""
+    return np.column_stack([sim.values[f] for f in FEATURES]).astype(np.float64)
+
+
+def column_specs() -> dict[int, ColumnSpec]:
+    """The declared spec of every feature column (index in `FEATURES`): numeric columns
+    with the public `REFERENCE` centre/scale and bounds, binary columns 0/1.
+
+    Returns
+    -------
+    dict of int to ColumnSpec
+        {j: spec of FEATURES[j]}.
+    """
+    specs = {}
+    for j, f in enumerate(FEATURES):
+        if f in REFERENCE:
+            centre, scale, lower, upper, unit = REFERENCE[f]
+            specs[j] = ColumnSpec(f, "numeric", lower=lower, upper=upper, mean=centre,
+                                  scale=scale, description=unit)
+        else:
+            specs[j] = ColumnSpec(f, "binary", description="0/1")
+    return specs
 
 
 def _meta(sim: EhrSimulation, test_fraction: float, n_test_persons: int) -> dict:
@@ -379,16 +405,47 @@ def _meta(sim: EhrSimulation, test_fraction: float, n_test_persons: int) -> dict
         "person_split": (f"by person: {n_test_persons} of {sim.options.persons} persons "
                          "(all their rows, at every hospital) are test persons"),
         "person_ids": "global ints: a person seen at two hospitals has one id in both",
-        "units": {f: f"({REFERENCE[f][2]} - {REFERENCE[f][0]:g}) / {REFERENCE[f][1]:g}"
-                  if f in REFERENCE else "0/1" for f in FEATURES},
+        "units": {f: REFERENCE[f][4] if f in REFERENCE else "0/1" for f in FEATURES},
         "target": "30-day readmission (simulated logistic outcome; 1 = readmitted)",
     }
+
+
+def ehr_silos_raw(hospitals: int = 5, persons: int = 4000, mean_visits: float = 5.0,
+                  multi_share: float = 0.2, person_effect: float = 1.0,
+                  heterogeneity: float = 1.0, seed: int = 0, test_fraction: float = 0.2,
+                  task: str = "binary") -> RawFederation:
+    """`ehr_silos` before preprocessing: raw units, declared column specs (`column_specs`),
+    ``simulated=True``. What ``[data] generator = "ehr"`` loads, so ``[data] standardize``
+    (default "auto": the declared reference scaling, no cost) and "private" apply."""
+    if task != "binary":
+        raise ConfigError(f"data.options.task = {task!r} for generator 'ehr': the only task "
+                          "is 'binary' (30-day readmission)")
+    if not _is_num(test_fraction) or not 0.0 < test_fraction < 1.0:
+        raise ConfigError(f"data.options.test_fraction = {test_fraction!r} for generator "
+                          "'ehr': give a share in (0, 1) of persons held out")
+    sim = simulate_ehr(hospitals, persons, mean_visits, multi_share, person_effect,
+                       heterogeneity, seed)
+    split = np.random.default_rng([sim.options.seed, 1])
+    n_test = int(round(test_fraction * sim.options.persons))
+    is_test = np.zeros(sim.options.persons, bool)
+    is_test[split.permutation(sim.options.persons)[:n_test]] = True
+    X = _design(sim)
+    silos = []
+    for h, name in enumerate(sim.names):
+        rows = np.flatnonzero(sim.hospital == h)
+        rows = rows[split.permutation(len(rows))]  # no order by person or time
+        tr, te = rows[~is_test[sim.person[rows]]], rows[is_test[sim.person[rows]]]
+        silos.append(Silo(name, X[tr], sim.y[tr], X[te], sim.y[te],
+                          person_train=sim.person[tr], person_test=sim.person[te]))
+    return RawFederation(silos, list(FEATURES), "binary", num_classes=2,
+                         specs=column_specs(), name="ehr-simulated",
+                         meta=_meta(sim, float(test_fraction), n_test), simulated=True)
 
 
 def ehr_silos(hospitals: int = 5, persons: int = 4000, mean_visits: float = 5.0,
               multi_share: float = 0.2, person_effect: float = 1.0,
               heterogeneity: float = 1.0, seed: int = 0, test_fraction: float = 0.2,
-              task: str = "binary", standardize: str | bool = "none") -> Federation:
+              task: str = "binary", standardize: str | bool = "auto") -> Federation:
     """The simulated EHR consortium as a federation: one silo per hospital, rows = visits.
 
     Parameters
@@ -412,9 +469,10 @@ def ehr_silos(hospitals: int = 5, persons: int = 4000, mean_visits: float = 5.0,
         Share of PERSONS held out (all their rows, at every hospital).
     task : {"binary"}
         The only task (readmission).
-    standardize : str or bool, default "none"
-        Features are already in public reference units; True/"uncharged" z-scores per
-        silo (listed in ``meta["uncharged"]``).
+    standardize : str or bool, default "auto"
+        "auto"/"declared": (value - centre) / scale with the public `REFERENCE`
+        constants (no cost); "none": raw units; "uncharged": per-silo z-scores (listed
+        in ``meta["uncharged"]``).
 
     Returns
     -------
@@ -428,29 +486,9 @@ def ehr_silos(hospitals: int = 5, persons: int = 4000, mean_visits: float = 5.0,
     ConfigError
         A bad option, named as ``data.options.<name>``.
     """
-    if task != "binary":
-        raise ConfigError(f"data.options.task = {task!r} for generator 'ehr': the only task "
-                          "is 'binary' (30-day readmission)")
-    if not _is_num(test_fraction) or not 0.0 < test_fraction < 1.0:
-        raise ConfigError(f"data.options.test_fraction = {test_fraction!r} for generator "
-                          "'ehr': give a share in (0, 1) of persons held out")
-    sim = simulate_ehr(hospitals, persons, mean_visits, multi_share, person_effect,
-                       heterogeneity, seed)
-    split = np.random.default_rng([sim.options.seed, 1])
-    n_test = int(round(test_fraction * sim.options.persons))
-    is_test = np.zeros(sim.options.persons, bool)
-    is_test[split.permutation(sim.options.persons)[:n_test]] = True
-    X = _design(sim)
-    silos = []
-    for h, name in enumerate(sim.names):
-        rows = np.flatnonzero(sim.hospital == h)
-        rows = rows[split.permutation(len(rows))]  # no order by person or time
-        tr, te = rows[~is_test[sim.person[rows]]], rows[is_test[sim.person[rows]]]
-        silos.append(Silo(name, X[tr], sim.y[tr], X[te], sim.y[te],
-                          person_train=sim.person[tr], person_test=sim.person[te]))
-    fed = Federation(silos, list(FEATURES), "binary", num_classes=2, name="ehr-simulated",
-                     meta=_meta(sim, float(test_fraction), n_test))
-    return _finish(fed, standardize)
+    raw = ehr_silos_raw(hospitals, persons, mean_visits, multi_share, person_effect,
+                        heterogeneity, seed, test_fraction, task)
+    return preprocess_without_budget(raw, PreprocessSpec.of(standardize, "auto"), "ehr_silos")
 
 
 def ehr_table(hospitals: int = 5, persons: int = 4000, mean_visits: float = 5.0,
@@ -519,5 +557,5 @@ def write_ehr_csv(path: str | Path, **options: object) -> Path:
 
 
 __all__ = ["EhrOptions", "EhrSimulation", "FEATURES", "REFERENCE", "HOSPITAL_NAMES",
-           "check_options", "simulate_ehr", "overlap_statistics", "ehr_silos", "ehr_table",
-           "write_ehr_csv"]
+           "check_options", "simulate_ehr", "overlap_statistics", "column_specs",
+           "ehr_silos_raw", "ehr_silos", "ehr_table", "write_ehr_csv"]
