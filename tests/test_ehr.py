@@ -112,6 +112,22 @@ def test_outcomes_depend_on_the_person():
     assert w0 > 0.05  # the fixed person features (age, conditions) are the other
 
 
+def test_hospitals_differ_by_heterogeneity():
+    """Calibration offsets and practice: hospital means of a lab (persons without kidney
+    disease) and readmission rates spread with `heterogeneity` and agree without it (at
+    heterogeneity 0 the spread is sampling noise: about 0.01 mg/dl and 0.03-0.05)."""
+    def spreads(het):
+        sim = simulate_ehr(persons=4000, heterogeneity=het, seed=0)
+        ok = sim.values["ckd"] == 0
+        lab = [sim.values["creatinine"][(sim.hospital == h) & ok].mean() for h in range(5)]
+        rate = [sim.y[sim.hospital == h].mean() for h in range(5)]
+        return np.ptp(lab), np.ptp(rate)
+    lab0, rate0 = spreads(0.0)
+    lab1, rate1 = spreads(1.0)
+    assert lab0 < 0.03 and lab1 > 5 * lab0
+    assert rate0 < 0.07 and rate1 > 2 * rate0
+
+
 def test_the_generator_is_registered_and_person_ids_survive_preprocessing():
     dc = DataConfig(source="synthetic", generator="ehr",
                     options={"hospitals": 4, "persons": 800, "multi_share": 0.3})
