@@ -170,6 +170,7 @@ def test_the_example_schema_declares_the_generators_constants():
 @pytest.mark.parametrize("options, name", [
     ({"hospitals": 2}, "hospitals"), ({"hospitals": 11}, "hospitals"),
     ({"hospitals": 4.5}, "hospitals"), ({"persons": 30}, "persons"),
+    ({"persons": 10**8}, "persons"),
     ({"mean_visits": 0.5}, "mean_visits"), ({"mean_visits": float("nan")}, "mean_visits"),
     ({"multi_share": -0.1}, "multi_share"), ({"multi_share": 1.5}, "multi_share"),
     ({"mean_visits": 1, "multi_share": 0.2}, "multi_share"),

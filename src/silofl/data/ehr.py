@@ -24,8 +24,8 @@ The model (``generator = "ehr"`` under ``[data] source = "synthetic"``; `ehr_sil
   others. Visit days are uniform over two years.
 * Each visit: an acute severity s ~ N(0, 1) drives the true vitals and labs (plus the
   person's age, sex and conditions); what the hospital records is the true value plus
-  measurement noise plus its calibration offset.
-* Outcome (30-day readmission, binary): B(sigmoid(α_h - 1.7 + β·person features +
+  measurement noise plus its calibration offset, clipped to the declared bounds.
+* Outcome (30-day readmission, binary): B(sigmoid(α_h - 2.2 + β·person features +
   γ_h·true visit values + u_p)). The frailty and the person features make a person's rows
   correlated: the reason person-level DP matters.
 
@@ -59,6 +59,7 @@ HOSPITAL_NAMES = ("northgate", "riverside", "st-anne", "lakeview", "hillcrest", 
                   "westfield", "southmead", "parkside", "harbour")
 MIN_HOSPITALS, MAX_HOSPITALS = 3, len(HOSPITAL_NAMES)
 MIN_PERSONS_PER_HOSPITAL = 20
+MAX_PERSONS = 1_000_000  # the per-person loops and the rows must fit a laptop
 CONDITIONS = ("diabetes", "heart_failure", "copd", "ckd")
 #: baseline log-odds of each chronic condition at age 62
 _CONDITION_BASE = (-1.4, -2.2, -2.0, -2.0)
@@ -138,10 +139,10 @@ def check_options(hospitals: int = 5, persons: int = 4000, mean_visits: float = 
         raise bad("hospitals", hospitals, f"give an integer from {MIN_HOSPITALS} to "
                   f"{MAX_HOSPITALS} (the number of hospitals, i.e. silos)")
     least = MIN_PERSONS_PER_HOSPITAL * hospitals
-    if not _is_int(persons) or persons < least:
-        raise bad("persons", persons, f"give an integer of at least {least} "
+    if not _is_int(persons) or not least <= persons <= MAX_PERSONS:
+        raise bad("persons", persons, f"give an integer from {least} "
                   f"({MIN_PERSONS_PER_HOSPITAL} per hospital, so every hospital keeps "
-                  "training rows of both outcomes)")
+                  f"training rows of both outcomes) to {MAX_PERSONS:,}")
     if not _is_num(mean_visits) or not 1.0 <= mean_visits <= 50.0:
         raise bad("mean_visits", mean_visits, "give a number in [1, 50] (visits per person: "
                   "1 + Poisson(mean_visits - 1))")
