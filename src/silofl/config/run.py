@@ -53,7 +53,7 @@ class DataConfig(Section):
     impute: str = "auto"           # auto | declared | private | uncharged
     preprocess_share: float = 0.1  # share of each silo's ε for private statistics
     seed: int = 0
-    generator: str = "linear"      # synthetic: linear | mean | vehicle
+    generator: str = "linear"      # synthetic: linear | mean | vehicle | ehr
     options: dict = Field(default_factory=dict)  # synthetic: generator keyword arguments
     # table without silo_column, heart (pooled) or titanic: simulate silos
     # (silofl.data.splitters)

@@ -46,7 +46,8 @@ SPLIT_KEYS = ("split", "alpha", "size_law", "power", "split_feature", "group_siz
               "split_bins", "label_purity")
 MIN_SIZE_SOURCES = (*SPLIT_SOURCES, "exam")  # data.min_silo_size: split minimum / exam filter
 DEFAULT_SILOS = {"table": 10, "mnist": 40, "mnist_dirichlet": 80}  # data.num_silos = 0 means these
-GENERATORS = {"linear": D.linear_silos, "mean": D.mean_estimation, "vehicle": D.vehicle_like}
+GENERATORS = {"linear": D.linear_silos, "mean": D.mean_estimation, "vehicle": D.vehicle_like,
+              "ehr": D.ehr_silos_raw}
 
 
 def _check_own_table_keys(dc: DataConfig) -> None:
@@ -261,7 +262,9 @@ def _load_raw(dc: DataConfig) -> RawFederation:
         if "standardize" in kw:
             raise ConfigError("data.options.standardize: set data.standardize instead (it "
                               "applies to every source)")
-        return RawFederation.from_federation(gen(**kw), simulated=True)
+        out = gen(**kw)  # a generator with declared columns returns them (RawFederation)
+        return out if isinstance(out, RawFederation) else \
+            RawFederation.from_federation(out, simulated=True)
     near = difflib.get_close_matches(dc.source, SOURCES, n=1)
     hint = f" Did you mean {near[0]!r}?" if near else ""
     raise ConfigError(f"unknown data.source {dc.source!r}; choose one of {', '.join(SOURCES)}.{hint}")
