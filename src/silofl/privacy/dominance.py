@@ -100,14 +100,13 @@ def dominates(a: Signature, b: Signature) -> bool:
     # nodes: 0 source, 1..len(eb) b-types, then a-types, last sink
     nb, na = len(eb), len(ea)
     sink = 1 + nb + na
-    rows, cols, caps = [], [], []
+    edges: list[tuple[int, int, int]] = []  # (from, to, capacity)
     for i, (e, c) in enumerate(eb):
-        rows.append(0), cols.append(1 + i), caps.append(c)
-        for j, (f, _) in enumerate(ea):
-            if base_dominates(f, e):
-                rows.append(1 + i), cols.append(1 + nb + j), caps.append(c)
-    for j, (_, c) in enumerate(ea):
-        rows.append(1 + nb + j), cols.append(sink), caps.append(c)
+        edges.append((0, 1 + i, c))
+        edges.extend((1 + i, 1 + nb + j, c) for j, (f, _) in enumerate(ea)
+                     if base_dominates(f, e))
+    edges.extend((1 + nb + j, sink, c) for j, (_, c) in enumerate(ea))
+    rows, cols, caps = (list(x) for x in zip(*edges))
     if max(caps) >= 2 ** 31:
         return False  # beyond int32 flows: claim nothing
     graph = csr_matrix((np.array(caps, dtype=np.int32), (rows, cols)),
