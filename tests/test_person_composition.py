@@ -8,6 +8,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import os
 from collections import Counter
 
 import dp_accounting as dpa
@@ -207,3 +208,19 @@ def test_person_report_is_json_ready_and_renders() -> None:
     assert "A person seen by m hospitals" in text and "naive sum" in text and "◀ M" in text
     with pytest.raises(PrivacyError, match="one entry per m"):
         person_report(evs, targets, DELTA, 2, overlap=[1.0, 2.0])
+
+
+def test_the_guides_example_runs_as_printed() -> None:
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    page = (root / "docs" / "guides" / "persons-across-silos.md").read_text(encoding="utf-8")
+    (code,) = re.findall(r"```python\n(.*?)```", page, re.DOTALL)
+    env = {**os.environ, "COLUMNS": "160",
+           "PYTHONPATH": str(root / "src") + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=300, check=False, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "A person seen by m hospitals" in proc.stdout

@@ -93,6 +93,10 @@ def dominates(a: Signature, b: Signature) -> bool:
     """
     if a == b or not b:
         return True
+    if len(a) == 1 and len(b) == 1:  # one step type each (the usual silo): no flow needed
+        (ea1, ca), = a
+        (eb1, cb), = b
+        return ca >= cb and base_dominates(ea1, eb1)
     ea, eb = sorted(a, key=repr), sorted(b, key=repr)
     need = sum(c for _, c in eb)
     if need > sum(c for _, c in ea):
@@ -146,7 +150,7 @@ def maximal_multisets(caps: Sequence[int], strict: Sequence[set[int]], m: int,
     -------
     list of tuple of int, each shape (D,), or None
         Counts per signature of every non-upgradeable multiset; None when there are more
-        than `limit` (or the search visits more than 1000·`limit` partial multisets).
+        than `limit` (or the search visits more than 200·`limit` partial multisets).
     """
     d = len(caps)
     order = sorted(range(d), key=lambda i: (len(strict[i]), i))  # dominators come first
@@ -157,7 +161,7 @@ def maximal_multisets(caps: Sequence[int], strict: Sequence[set[int]], m: int,
 
     def rec(pos: int, left: int) -> bool:
         visits[0] += 1
-        if visits[0] > 1000 * limit:
+        if visits[0] > 200 * limit:
             return False
         if left == 0:
             out.append(tuple(counts))

@@ -8,7 +8,12 @@ silos S changes the data of every silo in S, and the silos draw their noise
 independently, so what the whole run reveals about that person is bounded by the
 (adaptive) composition of the mechanisms of the silos in S — silos outside S do not
 depend on them. This module composes those mechanisms under PLD (RDP where PLD has no
-model, the tighter of the two as a silo's ledger reports it), not the naive m·ε.
+model, the tighter of the two as a silo's ledger reports it), not the naive m·ε. This
+holds when each silo's events describe mechanisms on that silo's data with its own noise
+(silo-specific DP-SGD: the server's sum is post-processing of the silos' noisy parts). A
+release computed from all silos at once and charged to every ledger (the overlap
+histogram, `silofl.privacy.overlap`) is counted once per silo: conservative there, since
+removing a person from all their silos moves that histogram by 1, less than √2.
 
 Worst case over which m silos: silos with equal mechanisms are interchangeable, so the
 candidates are multisets of distinct mechanisms; those that can be upgraded to a provably
