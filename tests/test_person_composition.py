@@ -158,20 +158,53 @@ def test_too_many_sets_fall_back_to_proved_bounds_or_say_not_computed() -> None:
     capped = person_composition(evs, DELTA, max_subsets=1)
     for m in (2, 3):
         row = capped.row(m)
-        assert row.method == "bound" and row.silos is None and "join" in row.reason
+        assert row.method == "bound" and row.silos is None and "upper bound" in row.reason
         assert row.epsilon >= exact.row(m).epsilon
+    sigs = [dominance.signature(Counter({dpsgd_event(*v[:2]): v[2]})) for v in MIXED.values()]
+    e, c = dominance.join_event(sigs)
+    joined = dominance.signature(Counter({e: c}))
+    assert all(dominance.dominates(joined, s) for s in sigs)
+    assert dominance.join_event(sigs + [frozenset({(dpa.LaplaceDpEvent(1.0), 1)})]) is None
     # a maximum: A dominates B and C → m copies of A
-    three = {k: evs[k] for k in ("A", "B", "C")}
+    three = {"A": [dpsgd_event(0.05, 0.8, 40)], "B": [dpsgd_event(0.045, 0.82, 40)],
+             "C": [dpsgd_event(0.048, 0.85, 40)]}
     row = person_composition(three, DELTA, max_subsets=1).row(2)
     assert row.method == "bound" and "'A'" in row.reason
     assert row.epsilon >= person_composition(three, DELTA).row(2).epsilon
-    # several mechanism types and no maximum: no number is made up
+    # several mechanism types and no maximum: the set of all three silos (one candidate)
+    # still bounds m = 2
     multi = {"x": [dpsgd_event(0.02, 1.0, 20), dpa.LaplaceDpEvent(5.0)],
              "y": [dpsgd_event(0.05, 1.5, 20), dpa.LaplaceDpEvent(8.0)],
              "z": [dpsgd_event(0.01, 0.9, 20)]}
-    row = person_composition(multi, DELTA, max_subsets=1).row(2)
-    assert row.method == "not computed" and row.epsilon is None
-    assert "max_subsets" in row.reason
+    capped = person_composition(multi, DELTA, max_subsets=1)
+    assert capped.row(3).method == "exact"
+    row = capped.row(2)
+    assert row.method == "bound" and row.epsilon == capped.row(3).epsilon
+    assert "m = 3" in row.reason
+    assert row.epsilon >= person_composition(multi, DELTA).row(2).epsilon
+    # events that do not compose (a node-level RDP curve with DP-SGD): no number made up
+    from silofl.privacy.curves import FixedRdpCurveEvent
+    from silofl.privacy.rdp_curves import RDP_ORDERS_FINE
+    curve = FixedRdpCurveEvent(tuple(RDP_ORDERS_FINE), tuple(0.01 * a for a in RDP_ORDERS_FINE))
+    mixed = {"x": [curve], "y": [dpsgd_event(0.05, 1.5, 20)], "z": [dpsgd_event(0.01, 0.9, 20)]}
+    comp = person_composition(mixed, DELTA)
+    assert comp.row(1).epsilon is not None
+    for m in (2, 3):
+        assert comp.row(m).method == "not computed" and comp.row(m).epsilon is None
+        assert "do not compose" in comp.row(m).reason
+
+
+def test_bounds_are_tightened_by_larger_sets() -> None:
+    evs = {f"S{i}": [dpsgd_event(0.01 + 0.002 * i, 1.0 + 0.08 * i, 40)] for i in range(8)}
+    capped = person_composition(evs, DELTA, max_subsets=8)
+    exact = person_composition(evs, DELTA)
+    figures = [r.epsilon for r in capped.rows]
+    assert all(a <= b + 1e-12 for a, b in zip(figures[1:], figures[2:]))  # non-decreasing
+    for m in range(2, 9):
+        assert capped.row(m).epsilon >= exact.row(m).epsilon * (1 - 1e-9)
+        if capped.row(m).method == "bound":
+            assert capped.row(m).silos is None and "upper bound" in capped.row(m).reason
+    assert {r.method for r in capped.rows} == {"exact", "bound"}
 
 
 def test_declared_m_comparisons_and_errors() -> None:

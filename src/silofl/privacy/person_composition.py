@@ -21,7 +21,8 @@ dominating one (`silofl.privacy.dominance`) are skipped. When at most `max_subse
 candidates remain, every one is composed and the largest ε is reported (exact: the worst
 set is named). Otherwise an upper bound is given only where one is proved: m copies of a
 mechanism that dominates every silo's, or of the join (largest q and steps, smallest σ)
-of single-Gaussian-type silos; else the row says "not computed" and why.
+of single-Gaussian-type silos, or the figure for m + 1 silos when that is smaller (the
+worst case grows with m); else the row says "not computed" and why.
 
 Two comparisons show why composition matters: the naive sum Σε of the m largest ε_k
 (basic composition: δ adds up to m·δ), and the group-privacy bound that treats the
@@ -33,7 +34,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import dp_accounting as dpa
@@ -178,7 +179,28 @@ def person_composition(silo_events: Mapping[str, Sequence[dpa.DpEvent]], delta: 
                                   "the largest silo's own ε", k, **base))
             continue
         rows.append(_row(m, sigs, groups, strict, delta, max_subsets, base))
-    return PersonComposition(delta, declared_m or k, own, rows)
+    return PersonComposition(delta, declared_m or k, own, _monotone(rows))
+
+
+def _monotone(rows: list[PersonRow]) -> list[PersonRow]:
+    """Tighten bounds (and fill "not computed" rows) from larger m: any m silos are a
+    subset of some m' > m silos, and composing more mechanisms never costs less privacy,
+    so every figure for m' silos (an upper bound itself) bounds the worst case for m."""
+    out = list(rows)
+    best: tuple[float, str | None, int] | None = None  # smallest figure above: (ε, acc, m')
+    for i in range(len(out) - 1, 0, -1):
+        row = out[i]
+        if row.method != "exact" and best is not None and (
+                row.epsilon is None or best[0] < row.epsilon):
+            out[i] = replace(row, epsilon=best[0], accountant=best[1], method="bound",
+                             silos=None, reason=(
+                                 f"upper bound: the figure for m = {best[2]} silos; a person "
+                                 f"in {row.m} silos is no worse off than in {best[2]} silos "
+                                 "that include them"))
+        eps = out[i].epsilon
+        if eps is not None and (best is None or eps < best[0]):
+            best = (eps, out[i].accountant, out[i].m)
+    return out
 
 
 def _counts(evs: Sequence[dpa.DpEvent]) -> Counter:
