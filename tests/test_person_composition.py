@@ -218,9 +218,13 @@ def test_declared_m_comparisons_and_errors() -> None:
     assert row.group_epsilon == pytest.approx(3 * own[0])
     assert row.group_delta == pytest.approx(DELTA * (1 + math.exp(own[0]) + math.exp(2 * own[0])))
     assert row.epsilon < row.naive_sum_epsilon
-    for bad in (4, -1, 1.5, True):
+    assert person_composition(_subsampled_events(), DELTA, declared_m=7).declared.m == 3
+    for bad in (-1, 1.5, True, "2"):
         with pytest.raises(PrivacyError, match="persons_in_silos"):
             person_composition(_subsampled_events(), DELTA, declared_m=bad)
+    for bad in (0, 2.5):
+        with pytest.raises(PrivacyError, match="max_subsets"):
+            person_composition(_subsampled_events(), DELTA, max_subsets=bad)
     with pytest.raises(PrivacyError, match="at least one silo"):
         person_composition({}, DELTA)
     with pytest.raises(PrivacyError, match="delta"):

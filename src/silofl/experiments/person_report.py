@@ -44,7 +44,7 @@ def person_report(silo_events: Mapping[str, Sequence[dpa.DpEvent]],
     delta : float
         δ of the consortium-wide figures.
     declared_m : int, default 0
-        Declared most silos per person (0 = K).
+        Declared most silos per person (0, or more than K: K).
     overlap : sequence of float, shape (K,), optional
         A *released* noisy histogram: entry m − 1 = persons in exactly m silos
         (`OverlapRelease.noisy`). Never pass the exact histogram: it is not private.

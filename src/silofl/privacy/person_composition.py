@@ -138,7 +138,7 @@ def person_composition(silo_events: Mapping[str, Sequence[dpa.DpEvent]], delta: 
         δ in (0, 0.5) of every figure.
     declared_m : int, default 0
         The declared most silos a person appears in (`[privacy] persons_in_silos`);
-        0 means K.
+        0, or more than K, means K.
     max_subsets : int, default 256
         The most candidate silo sets composed per m before falling back to a bound.
 
@@ -150,17 +150,19 @@ def person_composition(silo_events: Mapping[str, Sequence[dpa.DpEvent]], delta: 
     Raises
     ------
     PrivacyError
-        No silos, δ out of range, or `declared_m` outside 0..K.
+        No silos, δ out of range, `declared_m` not an integer ≥ 0, or `max_subsets`
+        not an integer ≥ 1.
     """
     delta = check_delta(delta, "person composition: ")
     names = list(silo_events)
     k = len(names)
     if k == 0:
         raise PrivacyError("person composition needs at least one silo's events")
-    if isinstance(declared_m, bool) or not isinstance(declared_m, int) \
-            or not 0 <= declared_m <= k:
-        raise PrivacyError(f"[privacy] persons_in_silos must be an integer in 0..{k} (the "
-                           f"number of silos; 0 = every silo), got {declared_m!r}")
+    if isinstance(declared_m, bool) or not isinstance(declared_m, int) or declared_m < 0:
+        raise PrivacyError(f"[privacy] persons_in_silos must be an integer ≥ 0 (the most "
+                           f"silos one person appears in; 0 = every silo), got {declared_m!r}")
+    if isinstance(max_subsets, bool) or not isinstance(max_subsets, int) or max_subsets < 1:
+        raise PrivacyError(f"max_subsets must be an integer ≥ 1, got {max_subsets!r}")
     counts = {n: _counts(silo_events[n]) for n in names}
     own = {n: tightest(events.compose(counts[n]), delta)[0] for n in names}
     groups: dict[dominance.Signature, list[str]] = {}
@@ -179,7 +181,8 @@ def person_composition(silo_events: Mapping[str, Sequence[dpa.DpEvent]], delta: 
                                   "the largest silo's own ε", k, **base))
             continue
         rows.append(_row(m, sigs, groups, strict, delta, max_subsets, base))
-    return PersonComposition(delta, declared_m or k, own, _monotone(rows))
+    # nobody is in more silos than there are: a larger declared M means every silo
+    return PersonComposition(delta, min(declared_m or k, k), own, _monotone(rows))
 
 
 def _monotone(rows: list[PersonRow]) -> list[PersonRow]:
