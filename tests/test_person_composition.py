@@ -12,6 +12,7 @@ import os
 from collections import Counter
 
 import dp_accounting as dpa
+import numpy as np
 import pytest
 from dp_accounting import pld, rdp
 from scipy.optimize import brentq
@@ -245,6 +246,15 @@ def test_person_report_is_json_ready_and_renders() -> None:
     assert "A person seen by m hospitals" in text and "naive sum" in text and "◀ M" in text
     with pytest.raises(PrivacyError, match="one entry per m"):
         person_report(evs, targets, DELTA, 2, overlap=[1.0, 2.0])
+    from silofl.privacy.overlap import OverlapRelease
+    rel = OverlapRelease(np.array([300.0, 40.0, 25.0]), 2.0, 2.0 * math.sqrt(2), tuple(evs))
+    rep = person_report(evs, targets, DELTA, 2, overlap=rel)
+    assert rep["overlap_above_declared"] == [3]  # 25 > 3 · 2.83
+    con = Console(width=200, record=True)
+    con.print(person_table(rep))
+    assert "more than the declared M = 2" in con.export_text()
+    rel = OverlapRelease(np.array([300.0, 40.0, 5.0]), 2.0, 2.0 * math.sqrt(2), tuple(evs))
+    assert person_report(evs, targets, DELTA, 2, overlap=rel)["overlap_above_declared"] == []
 
 
 def test_the_guides_example_runs_as_printed() -> None:

@@ -18,6 +18,7 @@ import numpy as np
 from silofl.errors import PrivacyError
 from silofl.io import json_safe
 from silofl.privacy.ledger import tightest
+from silofl.privacy.overlap import OverlapRelease
 from silofl.privacy.person_composition import DEFAULT_MAX_SUBSETS, person_composition
 from silofl.privacy.targets import PrivacyTarget
 
@@ -31,7 +32,7 @@ UNIT_NOTE = ("each silo's ε is for adding or removing one person of that silo w
 
 def person_report(silo_events: Mapping[str, Sequence[dpa.DpEvent]],
                   targets: Mapping[str, PrivacyTarget], delta: float, declared_m: int = 0,
-                  overlap: Sequence[float] | np.ndarray | None = None, *,
+                  overlap: OverlapRelease | Sequence[float] | np.ndarray | None = None, *,
                   max_subsets: int = DEFAULT_MAX_SUBSETS) -> dict[str, Any]:
     """The consortium-wide person guarantee as a JSON-ready dict.
 
@@ -45,9 +46,11 @@ def person_report(silo_events: Mapping[str, Sequence[dpa.DpEvent]],
         δ of the consortium-wide figures.
     declared_m : int, default 0
         Declared most silos per person (0, or more than K: K).
-    overlap : sequence of float, shape (K,), optional
+    overlap : OverlapRelease or sequence of float, shape (K,), optional
         A *released* noisy histogram: entry m − 1 = persons in exactly m silos
-        (`OverlapRelease.noisy`). Never pass the exact histogram: it is not private.
+        (`release_overlap`'s answer, or its ``noisy``). Never pass the exact histogram:
+        it is not private. With an `OverlapRelease` (its noise std known) the report
+        also flags the m above the declared M whose noisy count exceeds 3 noise stds.
     max_subsets : int
         See `person_composition`.
 
@@ -56,8 +59,13 @@ def person_report(silo_events: Mapping[str, Sequence[dpa.DpEvent]],
     dict
         ``silos`` (own ε vs target), ``rows`` (m = 1..K: ε, δ, method, worst silos,
         naive sum, group bound, noisy persons), ``declared`` (the row for M), ``unit``,
-        ``delta``; non-finite floats as None.
+        ``delta``, ``overlap_above_declared`` (with an `OverlapRelease`: m > M whose
+        noisy count exceeds 3 stds — an estimate from a private release, post-processing
+        only); non-finite floats as None.
     """
+    std = overlap.std if isinstance(overlap, OverlapRelease) else None
+    if isinstance(overlap, OverlapRelease):
+        overlap = overlap.noisy
     comp = person_composition(silo_events, delta, declared_m=declared_m,
                               max_subsets=max_subsets)
     k = len(comp.rows)
@@ -76,8 +84,12 @@ def person_report(silo_events: Mapping[str, Sequence[dpa.DpEvent]],
         if overlap is not None:
             d["persons_noisy"] = float(overlap[r.m - 1])
         rows.append(d)
-    return json_safe({"unit": UNIT_NOTE, "delta": comp.delta, "declared_m": comp.declared_m,
-                      "silos": silos, "rows": rows, "declared": rows[comp.declared_m - 1]})
+    out = {"unit": UNIT_NOTE, "delta": comp.delta, "declared_m": comp.declared_m,
+           "silos": silos, "rows": rows, "declared": rows[comp.declared_m - 1]}
+    if std is not None and overlap is not None:
+        out["overlap_above_declared"] = [m for m in range(comp.declared_m + 1, k + 1)
+                                         if overlap[m - 1] > 3 * std]
+    return json_safe(out)
 
 
 def _composed(evs: Sequence[dpa.DpEvent]) -> dpa.DpEvent:
@@ -102,8 +114,13 @@ def person_table(report: Mapping[str, Any]) -> Table:
     """
     from rich.table import Table
     delta = report["delta"]
+    caption = report["unit"]
+    above = report.get("overlap_above_declared")
+    if above:
+        caption += (f". The released overlap suggests persons in {', '.join(map(str, above))} "
+                    f"silos, more than the declared M = {report['declared_m']}")
     t = Table(title=f"A person seen by m hospitals (δ = {delta:g}; declared M = "
-                    f"{report['declared_m']})", caption=report["unit"])
+                    f"{report['declared_m']})", caption=caption)
     noisy = any("persons_noisy" in r for r in report["rows"])
     for c in ("m", "ε (composition)", "how", "worst silos", "naive sum Σε (δ)",
               "group bound (δ)") + (("persons (noisy)",) if noisy else ()):
