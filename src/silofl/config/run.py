@@ -209,6 +209,8 @@ class PrivacyConfig(Section):
                                    # (a random subset; 0 = all); contribution ≤ C either way
     persons_in_silos: int = 0      # person: the most silos one person appears in (declared,
                                    # public; 0 = every silo) for the consortium-wide figure
+    linkage_key_file: str = ""     # person: the consortium's linkage key (HMAC pseudonyms,
+                                   # silofl.data.pseudonyms; "" = env SILOFL_LINKAGE_KEY)
 
     @field_validator("silos", mode="before")
     @classmethod
