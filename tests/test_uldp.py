@@ -232,3 +232,21 @@ def test_the_network_refuses_uldp_for_want_of_a_secagg_sum():
     from silofl.runtime.network.hosting import check_network_method
     with pytest.raises(ConfigError, match="SecAgg\\+ makes the sum"):
         check_network_method("uldp")
+
+
+def test_secure_noise_and_the_config_path():
+    """The default (secure) noise draws each silo's share from the OS-keyed stream, and
+    `[privacy] persons_in_silos` reaches the method through the config."""
+    from silofl.config import config_from_dict
+    from silofl.experiments.build import build_algorithms
+    fed = _federation(persons=50, seed=6)
+    a = simulate(fed, make_model("logistic", DIM), make_algorithm("uldp"),
+                 _cfg(noise="secure", rounds=2))
+    b = simulate(fed, make_model("logistic", DIM), make_algorithm("uldp"),
+                 _cfg(noise="secure", rounds=2))
+    assert np.all(np.isfinite(a.params)) and not np.allclose(a.params, b.params)
+    cfg = config_from_dict({"training": {"methods": ["uldp"]},
+                            "privacy": {"persons_in_silos": 3}})
+    alg = build_algorithms(cfg)[0]
+    alg.bind_data(fed, make_model("logistic", DIM))
+    assert alg.m == 3 and all(np.all(w == 1 / 3) for w in alg.weights)
