@@ -15,7 +15,8 @@ Assumptions, stated in every report (`consortium_report`):
   silo's u_k; the silos do not collude with it (a colluding silo knows its own noise).
 * No person is in more silos than the weights account for: Σ_k w_{p,k} ≤ 1 ("uniform":
   w = 1/M for a declared M ≥ the silos any person is in; "linked": record proportions
-  from keyed pseudonyms, which sum to one by construction).
+  from keyed pseudonyms, which sum to one by construction). A person's weights depend on
+  their own rows only, so removing them leaves everyone else's weights unchanged.
 * One gradient step per round (FedSGD): a multi-step local update would make each
   person's contribution depend on the trajectory, and the bound above would not hold.
 
