@@ -70,7 +70,8 @@ def make_algorithm(name: str, *, lam: float | str = 0.3, weighted: bool = True,
                    kt_self_train: float = 0.1, kt_server_epochs: int = 5,
                    kt_server_lr: float = 0.0, public_seed: int = 0, prox_mu: float = 0.01,
                    apfl_alpha: float = 0.5, apfl_alpha_lr: float = 0.0,
-                   uldp_weighting: str = "uniform", persons_in_silos: int = 0) -> Algorithm:
+                   uldp_weighting: str = "uniform", persons_in_silos: int = 0,
+                   uldp_sample_rate: float = 1.0) -> Algorithm:
     """Build an algorithm by name, validating every setting.
 
     Every value is validated whichever method uses it (a bad setting is an error even if
@@ -137,6 +138,8 @@ def make_algorithm(name: str, *, lam: float | str = 0.3, weighted: bool = True,
         uldp's person weights: 1/M, or record proportions over linked persons.
     persons_in_silos : int, default 0
         uldp "uniform": M, the declared most silos one person is in (0: every silo).
+    uldp_sample_rate : float, default 1.0
+        uldp: the persons' Poisson sampling rate per round, the same in every silo (1: all).
 
     Returns
     -------
@@ -157,7 +160,7 @@ def make_algorithm(name: str, *, lam: float | str = 0.3, weighted: bool = True,
     check_fraction("finetune_fraction", finetune_fraction, low_open=False, high_open=False)
     FedProx(prox_mu)  # validates μ
     APFL(apfl_alpha, apfl_alpha_lr)  # validates α and its step
-    ULDP(uldp_weighting, persons_in_silos)  # validates the weighting and M
+    ULDP(uldp_weighting, persons_in_silos, sample_rate=uldp_sample_rate)  # validates them
     cluster: dict[str, Any] = dict(clusters=clusters, selection_fraction=selection_fraction,
                                    selection_rounds=selection_rounds, weighted=weighted)
     IFCA(**cluster)  # validates the cluster settings
@@ -199,7 +202,7 @@ def make_algorithm(name: str, *, lam: float | str = 0.3, weighted: bool = True,
         "fedprox": lambda: FedProx(prox_mu, weighted),
         "scaffold": lambda: Scaffold(weighted),
         "apfl": lambda: APFL(apfl_alpha, apfl_alpha_lr, weighted),
-        "uldp": lambda: ULDP(uldp_weighting, persons_in_silos),
+        "uldp": lambda: ULDP(uldp_weighting, persons_in_silos, sample_rate=uldp_sample_rate),
     }
     if name in build:
         return build[name]()

@@ -24,6 +24,11 @@ Weights ("weighting"):
   data-dependent and never released).
 The numbers of persons per silo n_k are treated as public (as at person level).
 
+Sampling (`sample_rate` q, default 1: every person every round): with q < 1 each person
+takes part in a round in every silo or in none (`training.uldp.consortium_sample`, keyed
+by a consortium secret drawn at the first round from the trainer's stream: OS entropy in
+secure mode), and the server divides by the expected total weight q·Z.
+
 SecAgg+: the networked runtime does not run this method (it is not among the network's
 methods); the simulator models SecAgg+ as an exact sum of the shares. Hosting must be
 joint (one trainer for all silos).
@@ -41,7 +46,7 @@ import numpy as np
 from silofl.algorithms.base import Algorithm, ServerState, SiloState
 from silofl.errors import ConfigError
 from silofl.privacy import uldp as accounting
-from silofl.training.uldp import silo_release
+from silofl.training.uldp import consortium_sample, silo_release
 
 if TYPE_CHECKING:
     from silofl.data.federation import Federation
@@ -114,6 +119,8 @@ class ULDP(Algorithm[SiloState, ServerState]):
         "linked": one (n_persons_k,) array per silo, sorted person-id order (from keyed
         pseudonyms, `data.pseudonyms` / `privacy.overlap`); None: derived from the
         federation's person ids in the simulator.
+    sample_rate : float, default 1.0
+        q in (0, 1]: the consortium-wide Poisson sampling rate of persons per round.
     """
 
     name = "uldp"
@@ -125,7 +132,8 @@ class ULDP(Algorithm[SiloState, ServerState]):
     fixed_steps_per_pass = 1
 
     def __init__(self, weighting: str = "uniform", persons_in_silos: int = 0,
-                 person_weights: list[np.ndarray] | None = None) -> None:
+                 person_weights: list[np.ndarray] | None = None,
+                 sample_rate: float = 1.0) -> None:
         if weighting not in WEIGHTINGS:
             raise ConfigError(f"uldp weighting must be 'uniform' (1/M for a declared M) or "
                               f"'linked' (record proportions over linked persons), got "
@@ -141,7 +149,10 @@ class ULDP(Algorithm[SiloState, ServerState]):
         self.weighting, self.declared_m = weighting, int(persons_in_silos)
         self.given = None if person_weights is None else [np.asarray(w, float)
                                                           for w in person_weights]
+        self.sample_rate = accounting.check_rate(sample_rate)
         self.weights: list[np.ndarray] | None = None
+        self.ids: list[np.ndarray] = []  # each silo's sorted person ids (sampling)
+        self._key: bytes | None = None   # the consortium secret of the sampling
         self.num_silos = 0
         self._events: dict[float, dpa.DpEvent] = {}
 
@@ -162,6 +173,7 @@ class ULDP(Algorithm[SiloState, ServerState]):
             raise ConfigError("uldp weights persons across silos: set [data] person_column "
                               "(the person of every row) and [privacy] unit = \"person\"")
         ids = [np.asarray(s.person_train) for s in fed.silos]
+        self.ids = [np.unique(a) for a in ids]
         n = [s.n_persons for s in fed.silos]
         if self.weighting == "uniform":
             weights = [np.full(nk, 1.0 / self.m) for nk in n]
@@ -200,13 +212,23 @@ class ULDP(Algorithm[SiloState, ServerState]):
         """The per-round charge (the same object every round: the ledgers' fast path)."""
         ev = self._events.get(sigma)
         if ev is None:
-            ev = self._events[sigma] = accounting.round_event(sigma)
+            ev = self._events[sigma] = accounting.round_event(sigma, self.sample_rate)
         return ev
 
     def normaliser(self, n_persons: np.ndarray) -> float:
-        """Z: Σ_k n_k / M (uniform, the total weight) or Σ_k n_k (linked); public."""
-        total = float(np.sum(n_persons))
+        """q·Z: Z = Σ_k n_k / M (uniform, the total weight) or Σ_k n_k (linked); public."""
+        total = float(np.sum(n_persons)) * self.sample_rate
         return total / self.m if self.weighting == "uniform" else total
+
+    def round_weights(self, trainer: LocalTrainer, round: int) -> list[np.ndarray]:
+        """Each silo's person weights this round: 0 for persons not sampled (q < 1)."""
+        weights = self.weights or []
+        if self.sample_rate >= 1.0:
+            return weights
+        if self._key is None:  # 256 bits from the trainer's stream (secure: OS entropy)
+            self._key = np.asarray(trainer.rng.uniform(4), dtype=np.float64).tobytes()[:32]
+        return [w * consortium_sample(self._key, ids, round, self.sample_rate)
+                for w, ids in zip(weights, self.ids)]
 
     def silo_step(self, silos: SiloState, message: np.ndarray, trainer: LocalTrainer,
                   round: int) -> tuple[SiloState, np.ndarray]:
@@ -224,7 +246,8 @@ class ULDP(Algorithm[SiloState, ServerState]):
                                   "runtime.plan.plan_job)")
             event = self.round_event(float(sigmas[0]))
             share_std = float(sigmas[0]) * float(trainer.rule.clip) / math.sqrt(K)
-        shares = silo_release(trainer, W, self.weights, event, share_std, round)
+        shares = silo_release(trainer, W, self.round_weights(trainer, round), event,
+                              share_std, round)
         # post-processing by public constants; the server sums the K rows (SecAgg+)
         delta = -trainer.lr * (shares / self.normaliser(n) + trainer.l2 * W / K)
         return replace(silos, params=W), delta
@@ -241,7 +264,9 @@ class ULDP(Algorithm[SiloState, ServerState]):
     def describe(self) -> dict[str, Any]:
         return {"name": self.name, "weighting": self.weighting,
                 "persons_in_silos": self.m if self.weighting == "uniform" else None,
-                "local_steps": 1, "sampling": "none (every person, every round)",
+                "local_steps": 1, "person_sampling_rate": self.sample_rate,
+                "sampling": ("none (every person, every round)" if self.sample_rate >= 1 else
+                             "Poisson over persons, the same in every silo (keyed PRF)"),
                 "secagg": "SecAgg+ sum of the shares (the simulator: an exact sum)"}
 
 

@@ -53,8 +53,9 @@ class _Config(Protocol):
 
 def plan_consortium(algorithms: list[Algorithm], plans: Sequence[_Plan], cfg: _Config,
                     extra: dict | None) -> None:
-    """Fill the plans of a consortium-wide method: one step per round over every person
-    (q = 1), σ for the aggregate, each silo's declared event the aggregate's R rounds.
+    """Fill the plans of a consortium-wide method: one step per round over its persons
+    (q: the method's `sample_rate`, 1 = all), σ for the aggregate, each silo's declared
+    event the aggregate's R rounds.
 
     Parameters
     ----------
@@ -82,8 +83,9 @@ def plan_consortium(algorithms: list[Algorithm], plans: Sequence[_Plan], cfg: _C
     if cfg.clip == "auto":
         raise ConfigError(f"{alg.name}: clip = \"auto\" is not available (the aggregate's "
                           "sensitivity is the fixed clip C); set [training] clip to a number")
-    for p in plans:  # every person every round, one gradient step (FedSGD)
-        p.q, p.steps_per_pass = 1.0, 1
+    q = float(getattr(alg, "sample_rate", 1.0))  # persons, the same in every silo
+    for p in plans:  # one gradient step per round (FedSGD)
+        p.q, p.steps_per_pass = q, 1
     if not cfg.private:
         return
     targets = []
@@ -92,10 +94,11 @@ def plan_consortium(algorithms: list[Algorithm], plans: Sequence[_Plan], cfg: _C
             raise PrivacyError(f"silo {p.name!r} has no privacy target")
         targets.append(p.target)
     sigma = cfg.noise_multiplier or uldp.calibrate_sigma(targets, cfg.rounds,
-                                                         accountant_kind(cfg.accountant))
+                                                         accountant_kind(cfg.accountant), q)
     for p, target in zip(plans, targets):
         p.noise_multiplier = sigma
-        p.declared = alg.privacy_events(uldp.round_event(sigma), cfg.rounds, target=p.target)
+        p.declared = alg.privacy_events(uldp.round_event(sigma, q), cfg.rounds,
+                                        target=p.target)
         p.calibrated_for = (f"{alg.name}: one σ for the consortium's aggregate (the strictest "
                             "silo target), SecAgg+ sum")
-        p.consortium = uldp.consortium_report(sigma, len(plans), cfg.rounds, target)
+        p.consortium = uldp.consortium_report(sigma, len(plans), cfg.rounds, target, q)

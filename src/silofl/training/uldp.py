@@ -9,9 +9,10 @@ Silo k's release in a round, at the broadcast model w:
 r_p the rows of person p in silo k, w_{p,k} ∈ [0, 1] the person's weight in this silo (Σ_k
 w_{p,k} ≤ 1 over the consortium). Each row's weight w_{p,k}/r_p goes into the models'
 float-mask clipped sum (`models.base.Model.clipped_grad_sum`), so person p adds a vector of
-norm ≤ w_{p,k}·C. No sampling: every person of every silo is read every round (an honest
-default; consortium-consistent Poisson sampling keyed by pseudonym is not implemented), so
-`max_rows_per_person` does not apply (all of a person's rows are averaged).
+norm ≤ w_{p,k}·C. By default every person of every silo takes part every round; with a
+sampling rate q < 1 a person takes part in a round in every silo or in none
+(`consortium_sample`: a keyed PRF of the person's id and the round), their weight set to 0
+otherwise. `max_rows_per_person` does not apply (all of a person's rows are averaged).
 
 Reads go through the person source's `gather`, after every hosted silo's ledger has been
 checked and charged (all or none).
@@ -19,6 +20,7 @@ checked and charged (all or none).
 
 from __future__ import annotations
 
+import hashlib
 from typing import TYPE_CHECKING
 
 import dp_accounting as dpa
@@ -34,6 +36,38 @@ if TYPE_CHECKING:  # annotations only
 
 #: rows per gather when a silo sums over all its persons (bounds memory on large silos)
 ROW_CHUNK = 8192
+
+
+def consortium_sample(key: bytes, ids: np.ndarray, round: int, q: float) -> np.ndarray:
+    """Which persons take part in `round`: the same decision in every silo that holds them.
+
+    u_p = BLAKE2b-64 keyed by the consortium secret `key` over (id, round), as a fraction
+    of 2^64; person p is sampled iff u_p < q. Every silo computes it for its own persons;
+    the server, without the key, cannot.
+
+    Parameters
+    ----------
+    key : bytes
+        The consortium secret (16 to 64 bytes).
+    ids : numpy.ndarray
+        Shape (n,): person ids (pseudonyms in a deployment; equal ids = the same person).
+    round : int
+        The round.
+    q : float
+        The sampling rate in (0, 1].
+
+    Returns
+    -------
+    numpy.ndarray
+        Shape (n,) bool.
+    """
+    if q >= 1.0:
+        return np.ones(len(ids), dtype=bool)
+    tail = b"\x1f" + int(round).to_bytes(8, "little", signed=True)
+    words = [int.from_bytes(hashlib.blake2b(str(i).encode() + tail, key=key,
+                                            digest_size=8).digest(), "little") for i in ids]
+    u = (np.array(words, dtype=np.uint64) >> np.uint64(11)).astype(float) / 2.0 ** 53
+    return u < q
 
 
 def row_weights(source: PersonSource, k: int, person_weights: np.ndarray
@@ -149,4 +183,4 @@ def silo_release(trainer: LocalTrainer, W: np.ndarray, weights: list[np.ndarray]
     return sums
 
 
-__all__ = ["ROW_CHUNK", "row_weights", "silo_release", "weighted_sums"]
+__all__ = ["ROW_CHUNK", "consortium_sample", "row_weights", "silo_release", "weighted_sums"]
