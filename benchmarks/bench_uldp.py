@@ -8,6 +8,8 @@ each (person, hospital) pair has 1 + Poisson(4) visits (mean 5); a visit's featu
 person's own vector plus noise, its binary outcome depends on the person's vector (logistic).
 Test rows: fresh persons per hospital. Every silo has the same target (ε, δ = 1e-5).
 
+The last variant samples persons at q = 0.25 per round, the same in every silo (keyed PRF).
+
 Guarantees printed, per run, for a person in M = 3 silos (the most any person is in here):
 * uldp: the aggregate's R Gaussian rounds (`privacy.uldp`), whatever M — and each silo's
   own figure if SecAgg+ fails (noise σ/√K);
@@ -99,7 +101,8 @@ def main() -> None:
     a = ap.parse_args()
     variants = [("fedavg", {}), ("uldp", {"uldp_weighting": "uniform", "persons_in_silos": 3}),
                 ("uldp", {"uldp_weighting": "uniform"}),
-                ("uldp", {"uldp_weighting": "linked"})]
+                ("uldp", {"uldp_weighting": "linked"}),
+                ("uldp", {"uldp_weighting": "linked", "uldp_sample_rate": 0.25})]
     for eps in [0.0] + [float(e) for e in a.epsilon.split(",")]:
         for method, kw in variants:
             rows = []
@@ -107,8 +110,8 @@ def main() -> None:
                 fed = ehr_like(a.persons, a.silos, seed, eps if eps > 0 else 1.0)
                 rows.append(run_one(fed, method, eps, a.rounds, seed, **kw))
             acc = np.array([r["acc"] for r in rows])
-            name = method + ("" if not kw else f"[{kw.get('uldp_weighting')}"
-                             f"{', M=' + str(kw['persons_in_silos']) if 'persons_in_silos' in kw else ''}]")
+            name = method + ("" if not kw else "[" + ", ".join(
+                f"{k.replace('uldp_', '')}={v}" for k, v in kw.items()) + "]")
             extra = {k: np.mean([r[k] for r in rows]) for k in rows[0] if k not in ("acc", "s")}
             print(f"ε={eps:g} {name:22s} acc {acc.mean():.3f} ± {acc.std():.3f} "
                   + " ".join(f"{k} {v:.3g}" for k, v in extra.items())

@@ -307,3 +307,15 @@ def test_a_sampled_run_charges_subsampled_rounds_and_needs_less_noise():
         assert led.spent_counts() == {ev: 5} and led.epsilon() <= led.target.epsilon
     with pytest.raises(ConfigError, match="uldp_sample_rate"):
         make_algorithm("uldp", uldp_sample_rate=0.0)
+
+
+def test_every_run_samples_with_a_fresh_secret():
+    """Two runs sharing a sampling secret would sample the same persons in the same rounds
+    (not the independent mechanisms their composition assumes): init draws a new one."""
+    fed = _federation(persons=50, seed=6)
+    alg = make_algorithm("uldp", uldp_sample_rate=0.5)
+    model = make_model("logistic", DIM)
+    simulate(fed, model, alg, _cfg(rounds=2, noise="secure"))
+    first = alg._key
+    simulate(fed, model, alg, _cfg(rounds=2, noise="secure"))
+    assert first is not None and alg._key is not None and alg._key != first

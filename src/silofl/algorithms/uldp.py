@@ -208,6 +208,11 @@ class ULDP(Algorithm[SiloState, ServerState]):
                               f"{num_silos} silos; give at most {num_silos} (0 = every silo)")
 
     # -- the algorithm ------------------------------------------------------------------
+    def init(self, params0: np.ndarray, num_silos: int,
+             rounds: int | None = None) -> tuple[SiloState, ServerState]:
+        self._key = None  # every run samples with a secret of its own (independent runs)
+        return super().init(params0, num_silos, rounds)
+
     def round_event(self, sigma: float) -> dpa.DpEvent:
         """The per-round charge (the same object every round: the ledgers' fast path)."""
         ev = self._events.get(sigma)
