@@ -342,6 +342,7 @@ def build_algorithms(cfg: Config) -> list[Algorithm]:
                            clip_radius=tc.clip_radius, we_options=we_options(tc),
                            prox_mu=tc.prox_mu, apfl_alpha=tc.apfl_alpha,
                            apfl_alpha_lr=tc.apfl_alpha_lr,
+                           persons_in_silos=cfg.privacy.persons_in_silos,
                            **ldp_options(tc))
             for m in tc.methods]
 
