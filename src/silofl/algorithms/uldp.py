@@ -46,6 +46,7 @@ import numpy as np
 from silofl.algorithms.base import Algorithm, ServerState, SiloState
 from silofl.errors import ConfigError
 from silofl.privacy import uldp as accounting
+from silofl.privacy.overlap import record_weights
 from silofl.training.uldp import consortium_sample, silo_release
 
 if TYPE_CHECKING:
@@ -73,15 +74,9 @@ def record_proportion_weights(ids: list[np.ndarray]) -> list[np.ndarray]:
         Per silo, (n_persons_k,) weights in sorted person-id order (`PersonIndex`), each
         person's weights summing to one over the silos.
     """
-    uniq = [np.unique(np.asarray(a), return_counts=True) for a in ids]
-    every, inverse = np.unique(np.concatenate([u for u, _ in uniq]), return_inverse=True)
-    totals = np.zeros(len(every))
-    np.add.at(totals, inverse, np.concatenate([c for _, c in uniq]).astype(float))
-    out, at = [], 0
-    for u, c in uniq:
-        out.append(c / totals[inverse[at: at + len(u)]])
-        at += len(u)
-    return out
+    w = record_weights({str(k): list(np.asarray(a)) for k, a in enumerate(ids)})
+    return [np.array([w[str(k)][p] for p in np.unique(np.asarray(a))])
+            for k, a in enumerate(ids)]
 
 
 def person_totals(ids: list[np.ndarray], weights: list[np.ndarray]) -> np.ndarray:
