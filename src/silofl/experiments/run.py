@@ -241,7 +241,7 @@ def _prepare(cfg: Config, raw=None) -> _Prepared:
         raw, tuning_counts = tuning_setup.carve_into_test(
             raw, cfg.tuning.validation_fraction, cfg.data.seed)
     tcfg = build.training_config(cfg)
-    prep = build.plan_data(cfg.data, raw, tcfg.accountant)
+    prep = build.plan_data(cfg.data, raw, tcfg.accountant, tcfg.privacy_unit)
     if prep.private and not tcfg.private:
         raise ConfigError("private preprocessing (data.standardize/impute = 'private') needs "
                           "privacy; a non-private run has no budget to charge")
@@ -320,6 +320,7 @@ def run(cfg: Config, out_dir: Path | None = None,
     if p.tcfg.private:
         store = store if store is not None else open_store(cfg, base)
         check_demo_store(cfg, store)
+        store.use_unit(p.tcfg.privacy_unit)  # every charge of this job is in this unit
         job = open_job(store, dict(zip(p.labels, p.plans)), lifetime=_lifetime(cfg, p.raw),
                        explicit_lifetime=cfg.budget.epsilon is not None,
                        command="silofl run", noise=p.tcfg.noise, accountant=p.tcfg.accountant,
