@@ -45,14 +45,14 @@ from silofl.io import (
     write_json_atomic,
     write_text_atomic,
 )
-from silofl.privacy import accounting, events, store_paths
+from silofl.privacy import accounting, events, store_paths, units
 from silofl.privacy.budget import (
     BudgetStore,
     PlannedCharge,
 )
 from silofl.privacy.ledger import silo_file_id, tightest
 from silofl.privacy.randomness import Randomness
-from silofl.privacy.targets import ADJACENCY, PrivacyTarget
+from silofl.privacy.targets import ADJACENCY, PrivacyTarget  # noqa: F401 (audits: run.ADJACENCY)
 from silofl.runtime.job import NO_METHOD, fingerprints, open_job
 from silofl.runtime.plan import plan_job
 from silofl.runtime.rules import clip_entry
@@ -114,6 +114,17 @@ class RunReport:
     def noise(self) -> str:
         return self.config.privacy.noise
 
+    @property
+    def unit(self) -> str:
+        """The privacy unit of every guarantee of this job: "example" or "person"."""
+        return self.config.privacy.unit if self.config.privacy.enabled else "example"
+
+    @property
+    def adjacency(self) -> str:
+        """The neighbouring relation, in the words every output states it (per row or per
+        person, `silofl.privacy.units.ADJACENCY`)."""
+        return units.adjacency(self.unit)
+
     def notes(self) -> list[str]:
         """What every reader of this run's outputs must be told.
 
@@ -131,6 +142,9 @@ class RunReport:
         tc = self.config.training
         if tc.clip == "auto" and self.config.privacy.enabled:
             auto.append(CLIP_AUTO_NOTE.format(quantile=tc.clip_quantile))
+        if self.config.privacy.enabled and (g := units.group_bound(
+                self.unit, self.config.data.person_column)):
+            auto.append(g)  # per-row guarantee on rows that name persons: what k rows cost
         return job_notes(private=self.config.privacy.enabled, noise=self.noise,
                          scratch=self.scratch, demo=self.demo, uncharged=self.uncharged,
                          extra=self.resumed + ([LOCAL_DP_NOTE.format(", ".join(local))]
@@ -576,7 +590,7 @@ def _write_outputs(rep: RunReport) -> None:
             for r in rep.results}
     write_json_atomic(d / "history.json", hist)
     privacy = {"accountant_for_calibration": rep.config.privacy.accountant,
-               "neighbouring_relation": ADJACENCY,
+               "neighbouring_relation": rep.adjacency, "privacy_unit": rep.unit,
                "noise": rep.noise, "notes": rep.notes(), "assumptions": list(ASSUMPTIONS),
                "uncharged": rep.uncharged, "preprocessing": rep.preprocessing,
                "run_id": rep.run_id,

@@ -20,12 +20,14 @@ import sqlite3
 from collections.abc import Iterable, Mapping
 
 from silofl.privacy.store_schema import NODE_LABELS, UNITS
+from silofl.privacy.targets import ADJACENCY as ROW_ADJACENCY
+from silofl.privacy.targets import PERSON_ADJACENCY
 
 #: the neighbouring relation of each unit, as every report, card and table states it
 ADJACENCY = {
-    "example": "per row: adding or removing one row (record) of one silo",
-    "person": "per person: adding or removing all rows of one person in one silo",
-    "node": "per node: adding or removing one person of the contact graph (node-level)",
+    "example": ROW_ADJACENCY,
+    "person": PERSON_ADJACENCY,
+    "node": "per node: add/remove one person of the contact graph (node-level DP)",
 }
 #: the short column label of terminal tables
 SHORT = {"example": "per row", "person": "per person", "node": "per node"}
@@ -42,7 +44,7 @@ def adjacency(unit: str) -> str:
     Returns
     -------
     str
-        E.g. "per row: adding or removing one row (record) of one silo".
+        E.g. "per row: add/remove one record (example-level DP within each silo; …)".
     """
     return ADJACENCY.get(unit, f"per {unit}")
 
@@ -66,10 +68,10 @@ def group_bound(unit: str, person_column: str = "") -> str:
     """
     if unit != "example" or not person_column:
         return ""
-    return (f"the rows name persons ([data] person_column = {person_column!r}) but the "
+    return (f"the rows name persons (data.person_column = {person_column!r}) but the "
             "guarantee is per row; a person with k rows in a silo is protected only by "
             "group privacy: ε_person ≤ k·ε and δ_person ≤ k·e^((k−1)·ε)·δ for a person "
-            "with k rows. Set [privacy] unit = \"person\" for a guarantee about persons")
+            "with k rows. Set privacy.unit = \"person\" for a guarantee about persons")
 
 
 def infer_unit(labels: Iterable[str]) -> str:
