@@ -68,7 +68,7 @@ def _as_int(v: object) -> int | None:
     return None
 
 
-def test_side(ids: np.ndarray, test_fraction: float, seed: int) -> np.ndarray:
+def on_test_side(ids: np.ndarray, test_fraction: float, seed: int) -> np.ndarray:
     """(n,) bool: the rows whose person is on the test side, from a keyed hash of (seed,
     id) -- the same person on the same side in every silo and every call.
 
@@ -98,7 +98,7 @@ def test_side(ids: np.ndarray, test_fraction: float, seed: int) -> np.ndarray:
 
 def group_split(ids: np.ndarray, test_fraction: float, seed: int
                 ) -> tuple[np.ndarray, np.ndarray]:
-    """(train rows, test rows) of 0..n-1 with every person's rows on one side (`test_side`).
+    """(train rows, test rows) of 0..n-1 with every person's rows on one side (`on_test_side`).
 
     Parameters
     ----------
@@ -114,7 +114,7 @@ def group_split(ids: np.ndarray, test_fraction: float, seed: int
     tuple of numpy.ndarray
         Row indices, in row order.
     """
-    test = test_side(ids, test_fraction, seed)
+    test = on_test_side(ids, test_fraction, seed)
     return np.flatnonzero(~test), np.flatnonzero(test)
 
 

@@ -568,7 +568,7 @@ def _apply_silo(raw: RawFederation, plan: PreprocessPlan, s: Silo, bounded: list
         per = s.person_train if plan.spec.unit == "person" else None
         stats = release_statistics(orig[:, rel], lo, hi,
                                    plan.noise_multipliers[s.name] * plan.sensitivity, rng,
-                                   probe, s.name, per)
+                                   probe, s.name, **({} if per is None else {"persons": per}))
         mean_u, std_u = moments_from_statistics(stats, s.n_train if per is None
                                                 else s.n_persons)
         priv = {j: (m, sd) for j, m, sd in zip(rel, mean_u, std_u)}
