@@ -329,3 +329,12 @@ def test_a_person_level_run_states_the_unit_everywhere(tmp_path):
     assert {c["unit"] for n in st.silos() for c in st.charges(n)} == {"person"}
     shown = CliRunner().invoke(app, ["budget", "show", "--store", str(tmp_path / "b.sqlite")])
     assert "per person" in " ".join(shown.output.split())
+
+
+def test_a_schema_draft_never_drafts_the_person_column_as_a_feature():
+    from silofl.data import draft_schema
+    df = _ehr(40).rename(columns={"patient": "who"})
+    df["who"] = df["who"].str[1:].astype(int) % 7  # not id-like by name nor by values
+    assert "name = \"who\"" in draft_schema(df, "hospital", "y")
+    text = draft_schema(df, "hospital", "y", person_column="who")
+    assert "name = \"who\"" not in text and "\"who\": the person column" in text

@@ -281,7 +281,7 @@ class BudgetStore:
     # -- the protocol ---------------------------------------------------------------------
     def reserve(self, run_id: str, planned: list[PlannedCharge], *, command: str,
                 noise: str, fingerprints: dict[str, str] | None = None,
-                parent: str | None = None) -> None:
+                parent: str | None = None, unit: str | None = None) -> None:
         """Reserve a run's planned charges, all or nothing, in one transaction.
 
         Parameters
@@ -299,6 +299,8 @@ class BudgetStore:
         parent : str, optional
             The settled run this one continues (a resume); a run is continued at most
             once.
+        unit : str, optional
+            The job's privacy unit (default: `use_unit`'s, else inferred from the labels).
 
         Raises
         ------
@@ -308,7 +310,7 @@ class BudgetStore:
             A silo's charges are of another privacy unit (`use_unit`); nothing recorded.
         """
         by_silo = _per_silo(planned, nonnegative=True)
-        unit = self.unit or units.infer_unit(p.label for p in planned)
+        unit = unit or self.unit or units.infer_unit(p.label for p in planned)
         digests = fingerprints or {}
         fingerprints = {n: self.keyed(d) for n, d in digests.items()}
         now = time.time()
