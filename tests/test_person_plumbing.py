@@ -338,3 +338,12 @@ def test_a_schema_draft_never_drafts_the_person_column_as_a_feature():
     assert "name = \"who\"" in draft_schema(df, "hospital", "y")
     text = draft_schema(df, "hospital", "y", person_column="who")
     assert "name = \"who\"" not in text and "\"who\": the person column" in text
+
+
+@pytest.mark.parametrize("command", [["erosion", "--user", "H1"], ["rank", "--user", "H1"]])
+def test_commands_bounded_per_row_refuse_the_person_unit(tmp_path, command):
+    path = tmp_path / "job.toml"
+    path.write_text(tomli_w.dumps(_cfg(tmp_path, {"unit": "person"})))
+    res = CliRunner().invoke(app, [*command, "--config", str(path)])
+    assert res.exit_code == 2, res.output
+    assert "per row" in " ".join(res.output.split()) and not (tmp_path / "b.sqlite").exists()

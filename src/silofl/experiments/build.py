@@ -305,6 +305,15 @@ def check_unit(cfg: Config, fed=None) -> None:
                           "unit = \"example\"")
 
 
+def require_row_unit(cfg: Config, command: str) -> None:
+    """ConfigError for [privacy] unit = "person" under a command whose releases are
+    bounded per row only (`command`, e.g. "silofl erosion")."""
+    if cfg.privacy.enabled and cfg.privacy.unit != "example":
+        raise ConfigError(f"{command} bounds its releases per row (add/remove one record) "
+                          f"only; [privacy] unit = {cfg.privacy.unit!r} is for `silofl run`. "
+                          "Set [privacy] unit = \"example\" for this command")
+
+
 def apply_privacy(fed, cfg: Config):
     """Attach each silo's (ε_k, δ_k): the default target unless overridden by name.
     Checks [privacy] unit against the silos first (`check_unit`)."""

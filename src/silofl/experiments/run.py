@@ -334,7 +334,6 @@ def run(cfg: Config, out_dir: Path | None = None,
     if p.tcfg.private:
         store = store if store is not None else open_store(cfg, base)
         check_demo_store(cfg, store)
-        store.use_unit(p.tcfg.privacy_unit)  # every charge of this job is in this unit
         job = open_job(store, dict(zip(p.labels, p.plans)), lifetime=_lifetime(cfg, p.raw),
                        explicit_lifetime=cfg.budget.epsilon is not None,
                        command="silofl run", noise=p.tcfg.noise, accountant=p.tcfg.accountant,
@@ -508,7 +507,9 @@ def open_store(cfg: Config, base: Path | None = None) -> BudgetStore:
 
 def check_demo_store(cfg: Config, store: BudgetStore) -> None:
     """Refuse the demo store (its budget restarts when spent) for any source but the
-    built-in public heart data, however the store was handed over (Python API, job file).
+    built-in public heart data, however the store was handed over (Python API, job file);
+    then set the job's privacy unit on the store (`BudgetStore.use_unit`: every charge
+    records it, a silo's charges of another unit are refused).
 
     Raises
     ------
@@ -520,6 +521,7 @@ def check_demo_store(cfg: Config, store: BudgetStore) -> None:
                           f"restarts); data.source {cfg.data.source!r} is not the built-in "
                           "public heart data. Charge the source's lifetime store (leave "
                           "[budget] store empty) or name another store")
+    store.use_unit(cfg.privacy.unit if cfg.privacy.enabled else "example")
 
 
 def _lifetime(cfg: Config, fed) -> dict[str, PrivacyTarget]:

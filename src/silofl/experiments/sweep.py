@@ -156,6 +156,7 @@ def carve_validation(fed: Federation, fraction: float, seed: int
 def prepare(sc: SweepConfig) -> Prepared:
     """Load the data, carve validation sets, drop silos below sweep.min_silo_train, build
     the model. Touches no training example beyond loading and splitting."""
+    build.require_row_unit(sc.base, "silofl sweep")  # its reports state per-row DP
     fed = build.load_federation(sc.base.data)
     fed, val = carve_validation(fed, sc.sweep.validation_fraction, sc.base.data.seed)
     dropped = []
