@@ -347,3 +347,19 @@ def test_commands_bounded_per_row_refuse_the_person_unit(tmp_path, command):
     res = CliRunner().invoke(app, [*command, "--config", str(path)])
     assert res.exit_code == 2, res.output
     assert "per row" in " ".join(res.output.split()) and not (tmp_path / "b.sqlite").exists()
+
+
+def test_validation_rows_carved_for_tuning_keep_each_person_whole():
+    from silofl.experiments.sweep import carve_validation
+    from silofl.tuning.setup import carve_into_test, split_from_test
+    fed = _fed(_ehr(300))
+    carved, counts = carve_into_test(fed, 0.3, seed=0)
+    back, val = split_from_test(carved, counts)
+    for s, c, b, m in zip(fed.silos, carved.silos, back.silos, counts):
+        held = c.person_test[len(c.y_test) - m:]
+        assert m > 0 and not set(held) & set(c.person_train)  # a person on one side only
+        assert set(held) | set(c.person_train) == set(s.person_train)
+        assert np.array_equal(b.person_test, s.person_test)
+    reduced, _ = carve_validation(fed, 0.3, seed=0)
+    for s, r in zip(fed.silos, reduced.silos):
+        assert r.person_train.shape == (r.n_train,) and r.n_train < s.n_train

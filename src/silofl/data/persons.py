@@ -17,6 +17,7 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
+from silofl.data.federation import Silo, split_silo
 from silofl.errors import DataError
 
 #: the domain of the split hash (a new domain would re-draw every split)
@@ -68,7 +69,8 @@ def _as_int(v: object) -> int | None:
     return None
 
 
-def on_test_side(ids: np.ndarray, test_fraction: float, seed: int) -> np.ndarray:
+def on_test_side(ids: np.ndarray, test_fraction: float, seed: int, salt: str = ""
+                 ) -> np.ndarray:
     """(n,) bool: the rows whose person is on the test side, from a keyed hash of (seed,
     id) -- the same person on the same side in every silo and every call.
 
@@ -80,6 +82,8 @@ def on_test_side(ids: np.ndarray, test_fraction: float, seed: int) -> np.ndarray
         In [0, 1): the expected share of persons held out.
     seed : int
         The split seed ([data] seed).
+    salt : str, default ""
+        Another split of the same persons (e.g. "validation"), independent of this one.
 
     Returns
     -------
@@ -88,7 +92,7 @@ def on_test_side(ids: np.ndarray, test_fraction: float, seed: int) -> np.ndarray
     """
     if not 0 <= test_fraction < 1:
         raise DataError(f"test_fraction must be in [0, 1), got {test_fraction}")
-    key = _SPLIT_KEY + str(int(seed)).encode()
+    key = _SPLIT_KEY + f"{int(seed)}/{salt}".encode()
     uniq, inverse = np.unique(np.asarray(ids).astype(str), return_inverse=True)
     u = np.array([int.from_bytes(hashlib.blake2b(str(p).encode(), key=key[:64],
                                                  digest_size=8).digest(), "big") / 2.0 ** 64
@@ -116,6 +120,40 @@ def group_split(ids: np.ndarray, test_fraction: float, seed: int
     """
     test = on_test_side(ids, test_fraction, seed)
     return np.flatnonzero(~test), np.flatnonzero(test)
+
+
+def split_training(s: Silo, fraction: float, rng: np.random.Generator, seed: int,
+                   salt: str) -> Silo:
+    """A silo's training rows split in two, as `split_silo` does (the held-out share in
+    the returned silo's test part): by person (keyed hash of seed, `salt` and id) where the
+    silo names persons, else seeded by `rng`. Validation rows carved for tuning keep each
+    person on one side, like the test split.
+
+    Parameters
+    ----------
+    s : Silo
+        The silo; only its training rows are read.
+    fraction : float
+        In [0, 1): the share held out (of persons, in expectation, where persons are named).
+    rng : numpy.random.Generator
+        Draws the row split of a silo without persons.
+    seed : int
+        The split seed.
+    salt : str
+        Names this split (e.g. "validation"), independent of the train/test split.
+
+    Returns
+    -------
+    Silo
+        Training part in ``X_train``/``y_train``/``person_train``, held-out part in
+        ``X_test``/``y_test``/``person_test``.
+    """
+    if s.person_train is None:
+        return split_silo(s.name, s.X_train, s.y_train, fraction, rng)
+    out = on_test_side(s.person_train, fraction, seed, salt)
+    tr, te = np.flatnonzero(~out), np.flatnonzero(out)
+    return Silo(s.name, s.X_train[tr], s.y_train[tr], s.X_train[te], s.y_train[te],
+                person_train=s.person_train[tr], person_test=s.person_train[te])
 
 
 def keep_persons_whole(parts: list[np.ndarray], ids: np.ndarray) -> list[np.ndarray]:
