@@ -319,6 +319,7 @@ def test_a_person_level_run_states_the_unit_everywhere(tmp_path):
     out = " ".join(res.output.split())
     assert "per person: add/remove all rows of one person in one silo" in out
     assert "person-level DP" in out and "ε per person" in out
+    assert "number of persons is treated as public" in out
     rep = json.loads((tmp_path / "runs" / "job" / "privacy_report.json").read_text())
     assert rep["privacy_unit"] == "person" and "per person" in rep["neighbouring_relation"]
     assert rep["preprocessing"]["unit"] == "person"

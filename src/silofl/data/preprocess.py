@@ -185,8 +185,7 @@ class PreprocessSpec:
                 hint = f" Did you mean {near[0]!r}?" if near else ""
                 raise ConfigError(f"{key} must be one of {', '.join(modes)}; got {v!r}.{hint}")
         if self.unit not in ("example", "person"):
-            raise ConfigError(f"preprocessing unit must be 'example' or 'person', got "
-                              f"{self.unit!r}")
+            raise ConfigError(f"preprocessing unit must be 'example' or 'person': {self.unit!r}")
         share = self.share
         if isinstance(share, bool) or not isinstance(share, (int, float)) or \
                 not 0 < share < 1:
@@ -432,13 +431,11 @@ def plan_preprocessing(raw: RawFederation, spec: PreprocessSpec | None = None,
 
 
 def _per_person(raw: RawFederation, steps: list[Step]) -> list[Step]:
-    """Private steps at the person unit: each person contributes the mean of their rows
-    (`column_stats.sufficient_statistics`), so the sensitivity Δ is unchanged and the
-    charge protects a person; ConfigError when the silos name no persons."""
+    """Private steps at the person unit: each person adds the mean of their rows
+    (`column_stats.sufficient_statistics`), so Δ is unchanged and the charge is per person."""
     if not raw.has_persons:
-        raise ConfigError("private preprocessing at the person unit ([privacy] unit = "
-                          "\"person\") needs the person of each row: set [data] "
-                          "person_column, or use [privacy] unit = \"example\"")
+        raise ConfigError("private preprocessing per person ([privacy] unit = \"person\") "
+                          "needs [data] person_column; or use [privacy] unit = \"example\"")
     return [dataclasses.replace(st, mechanism=st.mechanism.replace(
         "over the training rows", "per person (each person: the mean of their rows)"))
         if st.mode == "private" else st for st in steps]

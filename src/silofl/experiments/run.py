@@ -35,6 +35,7 @@ from silofl.experiments.notes import (
     job_notes,
     reset_notes,
     tuning_note,
+    unit_notes,
 )
 from silofl.experiments.quality import QUALITY_NOTE, assess, warnings_of
 from silofl.experiments.reference import add_nonprivate_reference
@@ -121,8 +122,7 @@ class RunReport:
 
     @property
     def adjacency(self) -> str:
-        """The neighbouring relation, in the words every output states it (per row or per
-        person, `silofl.privacy.units.ADJACENCY`)."""
+        """The neighbouring relation as every output states it (`units.ADJACENCY`)."""
         return units.adjacency(self.unit)
 
     def notes(self) -> list[str]:
@@ -142,9 +142,8 @@ class RunReport:
         tc = self.config.training
         if tc.clip == "auto" and self.config.privacy.enabled:
             auto.append(CLIP_AUTO_NOTE.format(quantile=tc.clip_quantile))
-        if self.config.privacy.enabled and (g := units.group_bound(
-                self.unit, self.config.data.person_column)):
-            auto.append(g)  # per-row guarantee on rows that name persons: what k rows cost
+        auto += unit_notes(self.unit, self.config.data.person_column,
+                           self.config.privacy.enabled)
         return job_notes(private=self.config.privacy.enabled, noise=self.noise,
                          scratch=self.scratch, demo=self.demo, uncharged=self.uncharged,
                          extra=self.resumed + ([LOCAL_DP_NOTE.format(", ".join(local))]
