@@ -11,7 +11,8 @@ A silo's lifetime figure composes charges of ONE unit. ε per row and ε per per
 add up to a figure about anything: converting a per-row charge to a person costs group
 privacy (ε_person ≤ k·ε for a person with k rows, δ_person ≤ k·e^{(k−1)ε}·δ), and k is a
 data-dependent number no output may print unreleased. So a store refuses a job whose unit
-differs from the charges it already composes for a silo (`check_units`).
+differs from the charges it already composes for a silo (`check_units`: the silo's current
+epoch; after a logged reset or new cohort its composition, and so its unit, starts afresh).
 """
 
 from __future__ import annotations
