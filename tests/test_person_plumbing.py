@@ -241,12 +241,16 @@ def test_a_schema_2_store_migrates_its_charges_as_example_and_node(tmp_path):
     st = BudgetStore(path)
     _charge(st, "r1", None)
     st.register({"b": PrivacyTarget(10.0, 1e-5)})
-    st._db.execute("INSERT INTO runs SELECT 'r2', command, started, finished, status, noise, "
-                   "host, pid, proc_start, parent FROM runs WHERE id = 'r1'")
-    for label in ("node-dpsgd", "preprocess"):  # a pandemic run: node rounds + preprocessing
+    st.register({"c": PrivacyTarget(10.0, 1e-5)})
+    for run, command in (("r2", "t"), ("r3", "silofl pandemic train")):
+        st._db.execute("INSERT INTO runs SELECT ?, ?, started, finished, status, noise, "
+                       "host, pid, proc_start, parent FROM runs WHERE id = 'r1'", (run, command))
+    # a pandemic run: node rounds + preprocessing; a tuned pandemic run: no node label
+    for sid, run, label in ((2, "r2", "node-dpsgd"), (2, "r2", "preprocess"),
+                            (3, "r3", "dpsgd-pivot"), (3, "r3", "tuning")):
         st._db.execute("INSERT INTO charges (silo_id, epoch, run_id, method, label, event, "
-                       "count, status, time) VALUES (2, 0, 'r2', 'm', ?, ?, 1, 'charged', 0)",
-                       (label, events.to_json(EV)))
+                       "count, status, time) VALUES (?, 0, ?, 'm', ?, ?, 1, 'charged', 0)",
+                       (sid, run, label, events.to_json(EV)))
     st.close()
     db = sqlite3.connect(path)  # back to schema 2: no unit column
     db.execute("ALTER TABLE charges DROP COLUMN unit")
@@ -257,6 +261,7 @@ def test_a_schema_2_store_migrates_its_charges_as_example_and_node(tmp_path):
     assert st.export()["schema_version"] == 3
     assert [c["unit"] for c in st.charges("a")] == ["example"]
     assert [c["unit"] for c in st.charges("b")] == ["node", "node"]  # its preprocessing too
+    assert [c["unit"] for c in st.charges("c")] == ["node", "node"]
     assert any(e["action"] == "migrate" for e in st.log())
     st.use_unit("person")
     with pytest.raises(BudgetStoreError, match="another unit"):

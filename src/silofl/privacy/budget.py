@@ -310,7 +310,7 @@ class BudgetStore:
             A silo's charges are of another privacy unit (`use_unit`); nothing recorded.
         """
         by_silo = _per_silo(planned, nonnegative=True)
-        unit = unit or self.unit or units.infer_unit(p.label for p in planned)
+        unit = unit or self.unit or units.infer_unit((p.label for p in planned), command)
         digests = fingerprints or {}
         fingerprints = {n: self.keyed(d) for n, d in digests.items()}
         now = time.time()

@@ -16,8 +16,10 @@ SCHEMA_VERSION = 3
 #: the privacy unit of a charge: "example" (one row), "person" (all rows of one person of a
 #: silo) or "node" (a person of a contact graph, `privacy.node_level`)
 UNITS = ("example", "person", "node")
-#: labels of node-level charges before schema 3 recorded units (`migrate_v2`)
+#: labels of node-level charges, and the word in the command of every node-level
+#: (pandemic) job, whose tuned runs charge only labels that example-level tuning uses too
 NODE_LABELS = ("node-dpsgd",)
+NODE_COMMAND = "pandemic"
 
 E = TypeVar("E", bound=Exception)
 
@@ -123,12 +125,13 @@ def migrate_v1(db: sqlite3.Connection, version: int) -> None:
 def migrate_v2(db: sqlite3.Connection) -> None:
     """Schema 2 -> 3, inside the caller's open transaction: every charge records its
     privacy unit. Stores before schema 3 knew two units: the charges of a run with a
-    node-level charge (`NODE_LABELS`: its rounds and its preprocessing) are "node", every
-    other charge is "example". Nothing else changes."""
+    node-level charge (`NODE_LABELS`: its rounds and its preprocessing) or of a pandemic
+    command (`NODE_COMMAND`: its tuned runs too) are "node", every other "example"."""
     db.execute("ALTER TABLE charges ADD COLUMN unit TEXT NOT NULL DEFAULT 'example'")
     marks = ", ".join("?" * len(NODE_LABELS))
     db.execute(f"UPDATE charges SET unit = 'node' WHERE run_id IN (SELECT DISTINCT run_id "
-               f"FROM charges WHERE label IN ({marks}))", NODE_LABELS)
+               f"FROM charges WHERE label IN ({marks})) OR run_id IN (SELECT id FROM runs "
+               f"WHERE instr(command, ?) > 0)", (*NODE_LABELS, NODE_COMMAND))
     db.execute("UPDATE meta SET value = '3' WHERE key = 'schema'")
     db.execute("INSERT INTO log (time, silo_id, action, reason, detail) VALUES (?, NULL, "
                "'migrate', 'schema 2 -> 3', 'charges record their privacy unit: node-level "

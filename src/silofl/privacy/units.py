@@ -20,7 +20,7 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Iterable, Mapping
 
-from silofl.privacy.store_schema import NODE_LABELS, UNITS
+from silofl.privacy.store_schema import NODE_COMMAND, NODE_LABELS, UNITS
 from silofl.privacy.targets import ADJACENCY as ROW_ADJACENCY
 from silofl.privacy.targets import PERSON_ADJACENCY
 
@@ -75,10 +75,11 @@ def group_bound(unit: str, person_column: str = "") -> str:
             "with k rows. Set privacy.unit = \"person\" for a guarantee about persons")
 
 
-def infer_unit(labels: Iterable[str]) -> str:
+def infer_unit(labels: Iterable[str], command: str = "") -> str:
     """The unit of a job that did not name one: "node" when a charge is node-level
-    (`NODE_LABELS`), else "example"."""
-    return "node" if any(lb in NODE_LABELS for lb in labels) else "example"
+    (`NODE_LABELS`) or the command a pandemic one (`NODE_COMMAND`), else "example"."""
+    node = NODE_COMMAND in command or any(lb in NODE_LABELS for lb in labels)
+    return "node" if node else "example"
 
 
 def check_units(db: sqlite3.Connection, ids: Mapping[str, tuple], unit: str, where: str,
