@@ -369,3 +369,10 @@ def test_validation_rows_carved_for_tuning_keep_each_person_whole():
     reduced, _ = carve_validation(fed, 0.3, seed=0)
     for s, r in zip(fed.silos, reduced.silos):
         assert r.person_train.shape == (r.n_train,) and r.n_train < s.n_train
+
+
+def test_a_drafts_left_out_identifier_points_to_person_column():
+    from silofl.data import draft_schema
+    text = draft_schema(_ehr(40), "hospital", "y")
+    assert "\"patient\": its name ('patient') suggests an identifier" in text
+    assert "set [data]\n# person_column to it" in text
