@@ -225,8 +225,6 @@ def test_the_example_config_loads_without_person_ids_as_features():
     assert fed.meta["uncharged"] == []  # declared schema: preprocessing costs nothing
 
 
-@pytest.mark.xfail(strict=False, reason="needs the table reader's person_column (plumbing "
-                   "part of issue 23); the coordinator flips this after merging")
 def test_the_example_config_gives_person_ids_split_by_person():
     fed = load_federation(load_config(EXAMPLE / "ehr.toml").data)
     assert fed.has_persons

@@ -241,7 +241,8 @@ def privacy_table(rep, max_rows: int = 30) -> Table | None:
     for k, silo in enumerate(rep.results[0].silos[:max_rows]):
         p0, c = priv[0][k], rep.combined_privacy[k]
         lt = life.get(silo)
-        t.add_row(silo, str(p0["n_train"]), f"{p0['target_epsilon']:g}, {p0['delta']:g}",
+        t.add_row(silo, str(p0.get("n_persons", p0.get("n_train"))),
+                  f"{p0['target_epsilon']:g}, {p0['delta']:g}",
                   f"{p0['noise_multiplier']:.3g}" if p0["noise_multiplier"] is not None
                   # local-DP methods (privatekt, fedavg_ldp): no σ; the rounds it uploaded in
                   else f"LDP, {len(rep.results[0].ledgers[k].entries)} rounds",
