@@ -24,6 +24,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+import silofl.audit.persons as persons
 import silofl.audit.server as server
 from silofl.audit.canaries import Canaries, check_canaries, insert, make_canaries
 from silofl.audit.engine import (
@@ -121,6 +122,11 @@ def audit(cfg, *, view: str = _AUDIT.view, kind: str = _AUDIT.kind, silo: str | 
         raise ConfigError("an audit compares a claimed ε with an empirical lower bound, but "
                           "this config has no ε claim (privacy is disabled); enable "
                           "[privacy] with epsilon and delta")
+    if getattr(cfg.privacy, "unit", "example") == "person" and view != "server":
+        raise ConfigError(f"[privacy] unit = \"person\" is audited in the server view, with "
+                          f"canary persons of several rows each (audit.persons); --view "
+                          f"{view} puts single canary records in and cannot test a claim "
+                          "about persons: use --view server")
     if view == "model" and cfg.model.name in TORCH_MODELS:  # black box, last iterate
         from silofl.audit.lastiter import audit_last_iterate
         return audit_last_iterate(cfg, kind=kind, silo=silo, canaries=canaries, runs=runs,
@@ -163,13 +169,19 @@ def _server(cfg, raw, names, kind, canaries, runs, confidence, store, rng, seed,
     if local_dp:  # before any budget: the probe would see no DP-SGD step at all
         raise ConfigError(f"the server view audits DP-SGD steps; {', '.join(local_dp)} "
                           "uploads under local DP with no DP-SGD step; use --view model")
+    unit = getattr(p.tcfg, "privacy_unit", "example")
+    person = unit == "person"
+    if person != (getattr(cfg.privacy, "unit", "example") == "person"):  # before any budget
+        raise ConfigError(f"[privacy] unit = {cfg.privacy.unit!r} did not reach the training "
+                          f"config (privacy_unit {unit!r}): the audit would test the wrong "
+                          "claim")
     st = BudgetStore(None) if experiment else _store(cfg, store)
     parts, run_ids, uncharged, checks = [], [], [], []
     for i in range(jobs):
         if on_progress:
             on_progress(i, jobs)
-        model, probe = server.plan_probe(p, names, m, rng, None if seed is None else
-                                         seed + i, weaken)
+        plan = persons.plan_probe if person else server.plan_probe  # canary persons
+        model, probe = plan(p, names, m, rng, None if seed is None else seed + i, weaken)
         what = "self-test" if weaken is not None else kind
         fed, results, job = run_job(cfg, p, st, f"silofl audit (server view, {what})",
                                     model=model, probe=probe)
@@ -177,7 +189,8 @@ def _server(cfg, raw, names, kind, canaries, runs, confidence, store, rng, seed,
         uncharged = fed.meta.get("uncharged", [])
         claims = {n: claim_of(results, p, n) for n in names}
         parts.append(server.observe(p, probe, results, claims, p.tcfg.clip, p.extra))
-        checks.append(server.check_clipping(probe, p.model, fed, rng))
+        checks.append(persons.check_job(probe, p.model, fed, rng,
+                                        getattr(p.tcfg, "max_rows_per_person", 0)))
     if on_progress:
         on_progress(jobs, jobs)
     obs = server.pool(parts)
@@ -185,14 +198,16 @@ def _server(cfg, raw, names, kind, canaries, runs, confidence, store, rng, seed,
     clip = max(checks, key=lambda c: c["ratio"])
     rows = [server.assess(n, obs[n], confidence, len(names), cross.get(n), clip)
             for n in names]
-    notes = [server.SERVER_NOTE, "estimate: " + ESTIMATE_ASSUMES]
+    notes = [server.SERVER_NOTE, "estimate: " + ESTIMATE_ASSUMES] + (
+        [persons.PERSON_NOTE] if person else [])
     if not st.scratch:
         notes.append("the audit job trains every silo, so it is charged to every silo's "
                      "budget")
     return AuditReport(kind, rows, p.labels, _notes(cfg, st, uncharged, notes),
                        None if st.path is None else str(st.path), st.scratch, run_ids,
                        time.perf_counter() - t0, confidence, cfg.privacy.noise,
-                       neighbouring=run_mod.ADJACENCY, view="server")
+                       neighbouring=persons.PERSON_TEXT if person else run_mod.ADJACENCY,
+                       view="server")
 
 
 def _release(cfg, kind, silo, runs, canaries, confidence, store, seed, t0,
