@@ -11,6 +11,7 @@ from its threshold (the margins are stated at each assertion)."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import warnings
 
 import numpy as np
@@ -67,10 +68,10 @@ def _canary_bound(row) -> float:
     return max(d["one_run"]["epsilon"], d["pooled"]["epsilon"])
 
 
-def _run(fed, unit: str, rows, seed: int, **kw):
+def _run(fed, unit: str, rows, seed: int, tseed: int = 0, **kw):
     (row,) = AP.audit_persons(fed, make_model("logistic", D), make_algorithm("local"),
-                              _tcfg(unit), silo="h0", canaries=20_000, rows=rows,
-                              seed=seed, **kw).rows
+                              _tcfg(unit, seed=tseed), silo="h0", canaries=20_000,
+                              rows=rows, seed=seed, **kw).rows
     return row
 
 
@@ -139,9 +140,11 @@ def test_the_weighting_check_sees_a_person_above_c(cls, model, broken):
 
 def test_a_person_level_run_stays_below_its_per_person_claim(fed):
     """(a) All rows of a canary person (3–8) in or out, person-level DP-SGD: the rigorous
-    bound stays below the claim (measured 0.26 against 1.0 at seed 1) and the estimate's
-    lower end too (0.76); the weighting check finds every person within C."""
-    row = _run(fed, "person", (3, 8), seed=1)
+    bound stays below the claim (measured 0.29 against 1.0 at seed 5) and the estimate's
+    lower end too (0.85; it is calibrated to exceed a true claim 5% of the time, see the
+    statistical test below); the weighting check finds every person within C."""
+    row = _run(fed, "person", (3, 8), seed=5)
+    assert row.lower_bound < 0.6 * row.claimed_epsilon
     d = row.details
     assert d["unit"] == "person" and d["canary_rows"]["max"] <= 8
     assert row.claimed_epsilon == pytest.approx(EPS, rel=1e-2)
@@ -154,7 +157,7 @@ def test_a_person_level_run_stays_below_its_per_person_claim(fed):
 def test_example_level_dp_under_protects_a_person_with_eight_rows(fed):
     """(b) The same attack on example-level training at the same nominal ε: a person's 8
     rows are each protected only as a row, and the bound at the person level exceeds the
-    per-row claim (measured ~2.9 against 1.0) — from the canaries alone, not a check.
+    per-row claim (measured 3.7 against 1.0) — from the canaries alone, not a check.
     The control: single-row canaries on the same run stay below the claim (the mechanism
     is correct for what it claims)."""
     row = _run(fed, "example", 8, seed=2)
@@ -182,6 +185,21 @@ def test_the_person_self_test_catches_rows_weighted_one(fed):
                store=BudgetStore(None))
     assert _canary_bound(row) > 1.5 * row.claimed_epsilon
     assert row.details["clipping_check"]["ratio"] == pytest.approx(8.0, rel=1e-3)
+
+
+@pytest.mark.slow
+@pytest.mark.statistical
+def test_the_verdicts_hold_over_many_draws(fed):
+    """30 audits each (training noise seed and the auditor's coins varied): the person-level
+    run is flagged in at most 5 (at 95%, Binomial(30, 0.05) reaches 6 with probability
+    0.003; measured 1 in 20), the example-level run is refuted at the person level by the
+    canaries alone in at least 29 (measured 20 of 20, bounds 3.0–4.0 against 1.0)."""
+    flags = refuted = 0
+    for i in range(30):
+        flags += _run(fed, "person", (3, 8), seed=100 + i, tseed=i).violation
+        row = _run(fed, "example", 8, seed=200 + i, tseed=i)
+        refuted += _canary_bound(row) > row.claimed_epsilon
+    assert flags <= 5 and refuted >= 29, (flags, refuted)
 
 
 # --- bad input, and the config route ----------------------------------------------------
@@ -217,7 +235,7 @@ def _person_config():
                              "budget": {"scratch": True}, "output": {"dir": ""}})
 
 
-def test_the_config_route_audits_persons(monkeypatch):
+def test_the_config_route_audits_persons(monkeypatch, tmp_path):
     """`silofl audit` on a config with [privacy] unit = "person": the server view trains
     with canary persons (the training config's unit and the heart rows' person ids are
     patched in here, as the config plumbing provides them)."""
@@ -241,6 +259,9 @@ def test_the_config_route_audits_persons(monkeypatch):
     assert not row.violation and row.details["clipping_check"]["ok"]
     n = with_persons(cfg, "Cleveland")[0].silo("Cleveland").n_persons
     assert row.details["sampling_rate"] == pytest.approx(cfg.training.batch_size / n)
+    from silofl.audit import write_audit
+    data = json.loads(write_audit(rep, tmp_path)[0].read_text())
+    assert data["neighbouring_relation"] == PERSON_TEXT and data["violations"] == []
 
 
 def test_the_config_route_refuses_a_record_view_and_an_unplumbed_unit():
