@@ -235,10 +235,10 @@ def _person_config():
                              "budget": {"scratch": True}, "output": {"dir": ""}})
 
 
-def test_the_config_route_audits_persons(monkeypatch, tmp_path):
-    """`silofl audit` on a config with [privacy] unit = "person": the server view trains
-    with canary persons (the training config's unit and the heart rows' person ids are
-    patched in here, as the config plumbing provides them)."""
+@pytest.fixture
+def plumbed(monkeypatch):
+    """The config plumbing, patched in here: the training config takes [privacy] unit, and
+    the heart rows are grouped in threes, one "patient" each (`[data] person_column`)."""
     from silofl.audit import tabular
     from silofl.experiments import build
     made = build.training_config
@@ -246,12 +246,19 @@ def test_the_config_route_audits_persons(monkeypatch, tmp_path):
         made(cfg), privacy_unit=cfg.privacy.unit))
     found = tabular.audited_silos
 
-    def with_persons(cfg, silo):  # heart rows grouped in threes: one "patient" each
+    def with_persons(cfg, silo):
         raw, names = found(cfg, silo)
         silos = [dataclasses.replace(s, person_train=np.arange(s.n_train) // 3)
                  for s in raw.silos]
         return dataclasses.replace(raw, silos=silos, meta=dict(raw.meta)), names
     monkeypatch.setattr(tabular, "audited_silos", with_persons)
+    return with_persons
+
+
+def test_the_config_route_audits_persons(plumbed, tmp_path):
+    """`silofl audit` on a config with [privacy] unit = "person": the server view trains
+    with canary persons and compares with the per-person claim."""
+    with_persons = plumbed
     cfg = _person_config()
     rep = audit(cfg, silo="Cleveland", canaries=2000, seed=5)
     (row,) = rep.rows
@@ -262,6 +269,18 @@ def test_the_config_route_audits_persons(monkeypatch, tmp_path):
     from silofl.audit import write_audit
     data = json.loads(write_audit(rep, tmp_path)[0].read_text())
     assert data["neighbouring_relation"] == PERSON_TEXT and data["violations"] == []
+
+
+def test_the_config_route_self_test_catches_rows_weighted_one(plumbed):
+    """`silofl audit --self-test` at person level adds the broken source (rows weighted 1,
+    trainer and canaries alike) and flags it; the run as it is passes."""
+    from silofl.audit.selftest import ROWS_ONE, self_test
+    rep = self_test(_person_config(), silo="Cleveland", canaries=2000, seed=6,
+                    only=[ROWS_ONE])
+    by = {r.mechanism: r for r in rep.rows}
+    assert set(by) == {"as run", ROWS_ONE} and rep.passed
+    assert by[ROWS_ONE].must_flag and by[ROWS_ONE].flagged and not by["as run"].flagged
+    assert any("not audited" in n for n in rep.notes)
 
 
 def test_the_config_route_refuses_a_record_view_and_an_unplumbed_unit():

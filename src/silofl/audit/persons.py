@@ -306,9 +306,8 @@ def audit_persons(fed, model, algorithm, tcfg, *, silo: str | None = None,
     probe = CanaryPersons(base.P, included, np.array([p.q for p in plans]),
                           np.array([p.steps_per_pass for p in plans]), rng, r, unit, cls,
                           tcfg.max_rows_per_person, weaken)
-    src = training_source(fed.silos, unit, tcfg.max_rows_per_person, tcfg.seed)
-    if source_class is not None:
-        src = source_class(src.rows, src.index, tcfg.seed)
+    src = (training_source(fed.silos, unit, tcfg.max_rows_per_person, tcfg.seed)
+           if source_class is None else person_source(fed, tcfg, source_class))
     st = BudgetStore(None) if store is None else store
     res = simulate(fed, base, algorithm, tcfg, plans=plans, store=st, probe=probe,
                    source=src, method=algorithm.name)
@@ -317,16 +316,8 @@ def audit_persons(fed, model, algorithm, tcfg, *, silo: str | None = None,
     obs = server.observe(job, probe, [res], claims, tcfg.clip, {})
     cross = server.cross_scores(obs)
     check = check_job(probe, model, fed, rng, tcfg.max_rows_per_person)
-    out = []
-    for n in names:
-        row = server.assess(n, obs[n], confidence, len(names), cross.get(n), check)
-        top = int(r.max()) if not tcfg.max_rows_per_person else min(
-            int(r.max()), tcfg.max_rows_per_person)
-        row.details.update(unit=unit, canary_rows={"min": int(r.min()), "max": int(r.max()),
-                                                   "mean": float(r.mean())},
-                           epsilon_at_sensitivity={
-                               str(top): server.true_epsilon_fn(obs[n])(1.0 / top)})
-        out.append(row)
+    out = [describe(server.assess(n, obs[n], confidence, len(names), cross.get(n), check),
+                    obs[n], unit, r, tcfg.max_rows_per_person) for n in names]
     notes = [server.SERVER_NOTE, PERSON_NOTE, AUDIT_NOTE,
              "the claim is per person" if unit == "person" else
              "the claim is per row (example level): a canary person's rows are each "
@@ -339,16 +330,35 @@ def audit_persons(fed, model, algorithm, tcfg, *, silo: str | None = None,
                        neighbouring=PERSON_TEXT if unit == "person" else ADJACENCY)
 
 
+def person_source(fed, tcfg, source_class: type):
+    """The trainer's person source for `fed` under `tcfg`, as `source_class` (the
+    self-test's `UnitWeights`): the rows and index `training_source` builds."""
+    src = training_source(fed.silos, "person", tcfg.max_rows_per_person, tcfg.seed)
+    return source_class(src.rows, src.index, tcfg.seed)
+
+
+def describe(row, o, unit: str, rows: np.ndarray, cap: int = 0):
+    """`row` (a `server.assess` row) with the person-level details: "unit", "canary_rows"
+    (min, max, mean) and "epsilon_at_sensitivity" — the claimed mechanism's ε were one
+    unit to add r·C, r the most rows a canary person contributes (`o`: its Observed)."""
+    top = int(rows.max()) if not cap else min(int(rows.max()), cap)
+    row.details.update(unit=unit, canary_rows={"min": int(rows.min()), "max": int(rows.max()),
+                                               "mean": float(rows.mean())},
+                       epsilon_at_sensitivity={str(top): server.true_epsilon_fn(o)(1.0 / top)})
+    return row
+
+
 def _worst(checks: list[dict]) -> dict:
     """The check with the largest norm over C."""
     return max(checks, key=lambda c: c["ratio"])
 
 
 def plan_probe(p, names: list[str], m: int, rng: np.random.Generator, seed: int | None,
-               weaken=None, rows: int | tuple[int, int] = DEFAULT_ROWS
-               ) -> tuple[AuditedModel, CanaryPersons]:
+               weaken=None, rows: int | tuple[int, int] = DEFAULT_ROWS,
+               source_class: type = PersonSource) -> tuple[AuditedModel, CanaryPersons]:
     """`server.plan_probe` for a prepared person-level job `p` (`experiments.run._prepare`
-    with `[privacy] unit = "person"`): the wrapped model and a `CanaryPersons` probe."""
+    with `[privacy] unit = "person"`): the wrapped model and a `CanaryPersons` probe whose
+    canaries are weighed by `source_class` (the trainer's)."""
     order = list(p.raw.names)
     plans = p.plans[0]
     included = {order.index(n): rng.random(m) < 0.5 for n in names}
@@ -356,7 +366,7 @@ def plan_probe(p, names: list[str], m: int, rng: np.random.Generator, seed: int 
     model = AuditedModel(p.model, m)
     probe = CanaryPersons(model.P, included, np.array([pl.q for pl in plans]),
                           np.array([pl.steps_per_pass for pl in plans]), stream,
-                          canary_rows(rows, m, stream), "person",
+                          canary_rows(rows, m, stream), "person", source_class,
                           cap=p.tcfg.max_rows_per_person, weaken=weaken)
     return model, probe
 

@@ -148,25 +148,37 @@ def self_test(cfg, *, silo: str | None = None, canaries: int | None = None,
     from silofl.audit.tabular import audit
 
     t0 = time.perf_counter()
-    names = [AS_RUN] + [n for n in WEAKENINGS if only is None or n in only]
+    person = getattr(cfg.privacy, "unit", "example") == "person"
+    names = [AS_RUN] + [n for n in WEAKENINGS if only is None or n in only] + (
+        [ROWS_ONE] if person and (only is None or ROWS_ONE in only) else [])
     rows: list[SelfTestRow] = []
     m = 0
     for i, name in enumerate(names):
         if on_progress:
             on_progress(i, len(names))
-        what, weaken, scale = (("the job's DP-SGD, unchanged", lambda r: r, 1.0)
-                               if name == AS_RUN else WEAKENINGS[name])
+        cls = None
+        if name == ROWS_ONE:  # the trainer's and the canaries' person source, broken
+            what, _w, cls = PERSON_WEAKENINGS[name]
+            weaken, scale = (lambda r: r), None
+        else:
+            what, weaken, scale = (("the job's DP-SGD, unchanged", lambda r: r, 1.0)
+                                   if name == AS_RUN else WEAKENINGS[name])
         rep = audit(cfg, view="server", kind="one-run", silo=silo, canaries=canaries,
                     confidence=confidence, seed=None if seed is None else seed + 1000 * i,
-                    weaken=weaken)
+                    weaken=weaken, source_class=cls)
         new = [_row(name, what, scale, r, r.violation) for r in rep.rows]
+        if name == ROWS_ONE:
+            for row, r in zip(new, rep.rows):
+                row.true_epsilon = _true_epsilon(name, r)
         if name == SHARED:
             _shared_truth(new, rep.rows)
         rows += new
         m = rep.rows[0].details["canaries"]
     if on_progress:
         on_progress(len(names), len(names))
-    notes = _release_rows(cfg, silo, confidence, seed, rows)
+    notes = (["the preprocessing release is not audited at [privacy] unit = \"person\" "
+              "(its white-box audit inserts canary rows, not persons)"] if person
+             else _release_rows(cfg, silo, confidence, seed, rows))
     return SelfTestReport(rows, confidence, m, time.perf_counter() - t0, [
         "each mechanism: one server-view audit job on a scratch store; the weakened copies "
         "keep the job's claim and accounting, only the DP-SGD step changes",
@@ -220,8 +232,9 @@ RELEASE_QUARTER = "release noise x1/4"
 
 #: the person-level self-test's weakened copies: name → (what it does, rule → weakened
 #: rule or None, person source class or None); each keeps the claim and the accounting
+ROWS_ONE = "rows weighted 1"
 PERSON_WEAKENINGS = {
-    "rows weighted 1": ("every read row of a sampled person weighs 1, not 1/r (a person "
+    ROWS_ONE: ("every read row of a sampled person weighs 1, not 1/r (a person "
                         "adds up to r·C)", None, persons.UnitWeights),
     "noise x1/4": ("DP-SGD noise quartered", WEAKENINGS["noise x1/4"][1], None),
 }
@@ -233,7 +246,7 @@ def _true_epsilon(name: str, row) -> float:
     d = row.details
     if name == AS_RUN:
         return row.claimed_epsilon
-    if name == "rows weighted 1":
+    if name == ROWS_ONE:
         return float(next(iter(d["epsilon_at_sensitivity"].values())))
     return float(d["epsilon_at_noise_scale"]["0.25"])
 
