@@ -137,3 +137,37 @@ def person_table(report: Mapping[str, Any]) -> Table:
             cells.append(_num(r.get("persons_noisy"), ".1f"))
         t.add_row(*cells)
     return t
+
+
+def job_persons(results: Sequence[Any], extra: Mapping[str, dpa.DpEvent] | None,
+                delta: float, declared_m: int = 0) -> dict[str, Any] | None:
+    """`person_report` for a finished person-level job: each silo's executed events over
+    every method of the job (its ledgers) plus its private preprocessing (`extra`).
+
+    Parameters
+    ----------
+    results : sequence of RunResult
+        The job's results, one per method (their ledgers hold what executed).
+    extra : mapping of str to dp_accounting.DpEvent, optional
+        Silo name → its preprocessing release, charged with the job.
+    delta : float
+        δ of the consortium-wide figures ([privacy] delta).
+    declared_m : int, default 0
+        [privacy] persons_in_silos (0: every silo).
+
+    Returns
+    -------
+    dict or None
+        The report, or None for a non-private job.
+    """
+    if not results or results[0].ledgers is None:
+        return None
+    silo_events: dict[str, list[dpa.DpEvent]] = {}
+    targets: dict[str, PrivacyTarget] = {}
+    for r in results:
+        for led in r.ledgers:
+            silo_events.setdefault(led.silo, []).extend(e.event for e in led.entries)
+            targets[led.silo] = led.target
+    for name, ev in (extra or {}).items():
+        silo_events.setdefault(name, []).append(ev)
+    return person_report(silo_events, targets, delta, declared_m)

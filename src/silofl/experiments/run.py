@@ -37,6 +37,7 @@ from silofl.experiments.notes import (
     tuning_note,
     unit_notes,
 )
+from silofl.experiments.person_report import job_persons
 from silofl.experiments.quality import QUALITY_NOTE, assess, warnings_of
 from silofl.experiments.reference import add_nonprivate_reference
 from silofl.experiments.report import plot_history
@@ -110,6 +111,8 @@ class RunReport:
     quality: dict = field(default_factory=dict)
     #: silos left out by [data] min_silo_rows with small_silos = "drop": {silo, n_train, n_test}
     dropped_silos: list = field(default_factory=list)
+    #: person level: a person seen by m silos (`person_report.job_persons`), else None
+    persons: dict | None = None
 
     @property
     def noise(self) -> str:
@@ -411,6 +414,9 @@ def _execute(cfg: Config, p: _Prepared, fed, job, run_dir: Path | None,
         release=saving.release_info(cfg, p.model, fed), resumed=resumed or [],
         dropped_silos=list(p.raw.meta.get("dropped_silos", [])))
     report.quality = _assess(report, p.model, fed)
+    if p.tcfg.privacy_unit == "person":  # what a person seen by m silos is guaranteed
+        report.persons = job_persons(results, p.extra, cfg.privacy.delta,
+                                     cfg.privacy.persons_in_silos)
     if job is not None:
         report.run_id, report.scratch = job.run_id, job.scratch
         report.store = None if job.store.path is None else str(job.store.path)
@@ -602,7 +608,8 @@ def _write_outputs(rep: RunReport) -> None:
                        "silo is calibrated for their composition. 'combined' is the job's "
                        "spend per silo; 'lifetime' is everything the silo has spent so far."),
                "methods": {rep.label(r): r.privacy() for r in rep.results},
-               "combined": rep.combined_privacy, "lifetime": rep.lifetime}
+               "combined": rep.combined_privacy, "lifetime": rep.lifetime,
+               "persons_across_silos": rep.persons}
     write_json_atomic(d / "privacy_report.json", privacy, indent=1)
     nonfinite: list[str] = []
     summary = json_safe(rep.summary(), nonfinite)
