@@ -213,7 +213,7 @@ def test_a_schema_1_store_is_migrated_and_its_fingerprints_rekeyed(tmp_path):
     st = BudgetStore(path)
     c = st.charges("a")
     assert len(c) == 1 and c[0]["fingerprint"] != "0123456789abcdef"
-    assert st.export()["schema_version"] == 2
+    assert st.export()["schema_version"] == 3
     assert st.spent("a")["epsilon_rdp"] == pytest.approx(  # the charge is kept
         dpa.rdp.RdpAccountant().compose(ev).get_epsilon(1e-5), rel=1e-6)
     st.close()

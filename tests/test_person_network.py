@@ -1,6 +1,7 @@
 """Person-level DP (issue 23) over the network, across hosting modes and with torch models
-(checkpoint and resume: tests/test_person_resume.py): the same mechanism (persons Poisson-sampled, each sampled
-person's rows weighted 1/r so that a person adds ≤ C) wherever a silo's rows are trained.
+(checkpoint and resume: tests/test_person_resume.py): the same mechanism (persons
+Poisson-sampled, each sampled person's rows weighted 1/r so that a person adds ≤ C)
+wherever a silo's rows are trained.
 
 Tolerances: the silo and server programs run in this process and the simulator's per-silo
 mode runs the same code on the same seeded streams, so their models agree within 1e-12

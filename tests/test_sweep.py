@@ -324,8 +324,9 @@ def test_every_registered_method_runs_in_a_sweep(tmp_path):
     silos' targets (ledgers), and figure (c) shows Finetune vs FedAvg vs Local."""
     # every method but the local-DP ones (they need a public set and a per-round ε:
     # test_privatekt.py); a method that fails to build fails the test (never dropped)
-    # and FedBN, which needs a torch model with normalization layers (test_split_models.py)
-    methods = [m for m in METHODS if m not in LOCAL_DP_METHODS and m != "fedbn"]
+    # and FedBN, which needs a torch model with normalization layers (test_split_models.py),
+    # and ULDP, which needs persons across silos (test_uldp.py)
+    methods = [m for m in METHODS if m not in LOCAL_DP_METHODS and m not in ("fedbn", "uldp")]
     assert {"weight_erosion", "fedavg", "mrmtl", "local", "finetune"} <= set(methods)
     raw = copy.deepcopy(BASE)
     raw["training"].update(rounds=10, we_user="Cleveland")  # weight_erosion's user silo

@@ -22,13 +22,15 @@ from silofl.algorithms.mrmtl import MRMTL, mrmtl
 from silofl.algorithms.privatekt import FedAvgLDP, PrivateKT
 from silofl.algorithms.robust import ROBUST_METHODS, RULES, Aggregator, Attack, Attacked
 from silofl.algorithms.scaffold import Scaffold
+from silofl.algorithms.uldp import ULDP
 from silofl.algorithms.weight_erosion import WeightErosion
 from silofl.errors import ConfigError
 
 #: every method name a config may use, in the order figures list them
 METHODS = ("local", "fedavg", "mrmtl", "finetune", "ditto", "mocha",
            "ifca", "ifca_local", "ifca_finetune", "ifca_mrmtl", "weight_erosion",
-           "privatekt", "fedavg_ldp", "fedprox", "scaffold", "apfl", "fedper", "fedrep", "fedbn")
+           "privatekt", "fedavg_ldp", "fedprox", "scaffold", "apfl", "fedper", "fedrep", "fedbn",
+           "uldp")
 """Every method name `make_algorithm`, a config's `[training] methods` and a sweep accept.
 
 Local and FedAvg are the two ends; MR-MTL ("mrmtl") pulls personal models towards their
@@ -37,7 +39,9 @@ baselines; weight_erosion serves one user silo; privatekt and fedavg_ldp use loc
 per upload instead of DP-SGD (each runs as a job of its own); fedprox, scaffold and apfl
 are the peers' methods under silo-specific DP (FedProx's proximal pull μ and SCAFFOLD's
 control variates are post-processing, free; APFL makes two passes per round); fedper and
-fedrep share a body and keep a personal head, fedbn keeps personal normalization layers.
+fedrep share a body and keep a personal head, fedbn keeps personal normalization layers;
+uldp weights each person's contributions across silos to ≤ 1 (ULDP-FL, person level,
+SecAgg+ sum, one σ for the consortium).
 All DP-SGD methods meet the
 same per-silo target (σ calibrated to what each declares)."""
 #: methods whose privacy is a fixed local-DP mechanism per upload (each runs as its own job)
@@ -50,7 +54,7 @@ ALGORITHMS = {"local": Local, "fedavg": FedAvg, "mrmtl": MRMTL, "finetune": Fine
               "ifca_finetune": IFCAFinetune, "ifca_mrmtl": IFCAMRMTL,
               "weight_erosion": WeightErosion, "privatekt": PrivateKT,
               "fedavg_ldp": FedAvgLDP, "fedprox": FedProx, "scaffold": Scaffold,
-              "apfl": APFL, "fedper": FedPer, "fedrep": FedRep, "fedbn": FedBN}
+              "apfl": APFL, "fedper": FedPer, "fedrep": FedRep, "fedbn": FedBN, "uldp": ULDP}
 
 
 def make_algorithm(name: str, *, lam: float | str = 0.3, weighted: bool = True,
@@ -65,7 +69,9 @@ def make_algorithm(name: str, *, lam: float | str = 0.3, weighted: bool = True,
                    max_participation: int = 0, kt_samples: int = 2, kt_buffer: int = 25,
                    kt_self_train: float = 0.1, kt_server_epochs: int = 5,
                    kt_server_lr: float = 0.0, public_seed: int = 0, prox_mu: float = 0.01,
-                   apfl_alpha: float = 0.5, apfl_alpha_lr: float = 0.0) -> Algorithm:
+                   apfl_alpha: float = 0.5, apfl_alpha_lr: float = 0.0,
+                   uldp_weighting: str = "uniform", persons_in_silos: int = 0,
+                   uldp_sample_rate: float = 1.0) -> Algorithm:
     """Build an algorithm by name, validating every setting.
 
     Every value is validated whichever method uses it (a bad setting is an error even if
@@ -77,7 +83,7 @@ def make_algorithm(name: str, *, lam: float | str = 0.3, weighted: bool = True,
         One of `silofl.METHODS`: "local", "fedavg", "mrmtl", "finetune", "ditto", "mocha",
         "ifca", "ifca_local", "ifca_finetune", "ifca_mrmtl", "weight_erosion",
         "privatekt", "fedavg_ldp", "fedprox", "scaffold", "apfl", "fedper", "fedrep",
-        "fedbn".
+        "fedbn", "uldp".
     lam : float or "auto", default 0.3
         Regularization strength λ ≥ 0 of mrmtl, ditto, mocha, ifca_mrmtl (λ = 0 is Local);
         "auto" (mrmtl, ditto): each silo's λ_k from the released updates, no privacy cost
@@ -128,6 +134,12 @@ def make_algorithm(name: str, *, lam: float | str = 0.3, weighted: bool = True,
         APFL's initial mixing weight α in [0, 1] (1: the personal model alone).
     apfl_alpha_lr : float, default 0.0
         APFL's step size for α ≥ 0 (0: the training lr).
+    uldp_weighting : {"uniform", "linked"}, default "uniform"
+        uldp's person weights: 1/M, or record proportions over linked persons.
+    persons_in_silos : int, default 0
+        uldp "uniform": M, the declared most silos one person is in (0: every silo).
+    uldp_sample_rate : float, default 1.0
+        uldp: the persons' Poisson sampling rate per round, the same in every silo (1: all).
 
     Returns
     -------
@@ -148,6 +160,7 @@ def make_algorithm(name: str, *, lam: float | str = 0.3, weighted: bool = True,
     check_fraction("finetune_fraction", finetune_fraction, low_open=False, high_open=False)
     FedProx(prox_mu)  # validates μ
     APFL(apfl_alpha, apfl_alpha_lr)  # validates α and its step
+    ULDP(uldp_weighting, persons_in_silos, sample_rate=uldp_sample_rate)  # validates them
     cluster: dict[str, Any] = dict(clusters=clusters, selection_fraction=selection_fraction,
                                    selection_rounds=selection_rounds, weighted=weighted)
     IFCA(**cluster)  # validates the cluster settings
@@ -189,6 +202,7 @@ def make_algorithm(name: str, *, lam: float | str = 0.3, weighted: bool = True,
         "fedprox": lambda: FedProx(prox_mu, weighted),
         "scaffold": lambda: Scaffold(weighted),
         "apfl": lambda: APFL(apfl_alpha, apfl_alpha_lr, weighted),
+        "uldp": lambda: ULDP(uldp_weighting, persons_in_silos, sample_rate=uldp_sample_rate),
     }
     if name in build:
         return build[name]()
@@ -199,7 +213,7 @@ def make_algorithm(name: str, *, lam: float | str = 0.3, weighted: bool = True,
 
 __all__ = ["ALGORITHMS", "APFL", "Aggregator", "Algorithm", "Attack", "Attacked", "Ditto", "FedAvg",
            "FedAvgLDP", "FedBN", "FedPer", "FedProx", "FedRep", "LOCAL_DP_METHODS", "PrivateKT",
-           "Scaffold",
+           "Scaffold", "ULDP",
            "Finetune", "IFCA", "IFCAFinetune", "IFCALocal", "IFCAMRMTL", "LAMBDA_METHODS",
            "Local", "METHODS", "MRMTL", "Mocha", "ROBUST_METHODS", "RULES", "WeightErosion",
            "make_algorithm"]

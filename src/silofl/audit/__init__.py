@@ -2,7 +2,9 @@
 (`silofl audit`; see README, "Auditing a guarantee".)
 
 One engine (`engine.one_run`, `engine.multi_run`) over a `Mechanism` plug-in: `tabular`
-audits a `silofl run` job; the pandemic pipeline's plug-in lives in `silofl.pandemic.audit`."""
+audits a `silofl run` job; the pandemic pipeline's plug-in lives in `silofl.pandemic.audit`.
+Person-level runs (`[privacy] unit = "person"`) are audited with canary persons of several
+rows each (`persons.audit_persons`; `silofl audit` routes such a config there)."""
 
 from silofl.audit.bounds import (
                                  fdp_rejects,
@@ -21,10 +23,11 @@ from silofl.audit.engine import (
                                  multi_run,
                                  one_run,
 )
+from silofl.audit.persons import audit_persons
 from silofl.audit.report import audit_table, write_audit
 from silofl.audit.tabular import audit
 
-__all__ = ["audit", "AuditReport", "SiloAudit", "Claim", "Mechanism", "one_run", "multi_run",
+__all__ = ["audit", "audit_persons", "AuditReport", "SiloAudit", "Claim", "Mechanism", "one_run", "multi_run",
            "Canaries", "make_canaries",
            "one_run_epsilon", "one_run_p_value", "one_run_audit", "multi_run_epsilon",
            "one_run_gdp", "fdp_rejects",

@@ -18,7 +18,7 @@ from silofl.runtime.simulator import simulate
 
 
 def run_job(cfg, p, store: BudgetStore, command: str, *, model=None, probe=None,
-            tcfg=None, params0: np.ndarray | None = None):
+            tcfg=None, params0: np.ndarray | None = None, source=None):
     """Run the prepared job `p` (`experiments.run._prepare`) on `store`.
 
     Parameters
@@ -38,6 +38,9 @@ def run_job(cfg, p, store: BudgetStore, command: str, *, model=None, probe=None,
         without a reservation (power checks with DP off).
     params0 : numpy.ndarray, optional
         (P,) the start model of every method.
+    source : callable, optional
+        fed → the trainer's data source (the person-level self-test's broken source);
+        default the run's own (`runtime.sources.training_source`).
 
     Returns
     -------
@@ -61,9 +64,10 @@ def run_job(cfg, p, store: BudgetStore, command: str, *, model=None, probe=None,
         for name in p.extra if job is not None else ():
             job.spend_extra(name, "preprocess")
         fed = run_mod._preprocess(p, cfg)
+        data = None if source is None else source(fed)
         results = [simulate(fed, model, alg, tcfg, metric=cfg.model.metric or None,
                             plans=plans, job=job, method=label, probe=probe,
-                            params0=params0)
+                            params0=params0, source=data)
                    for alg, plans, label in zip(p.algorithms, p.plans, p.labels)]
     except BaseException:
         if job is not None:

@@ -9,6 +9,10 @@ broken privacy; their models are discarded, and what the audit reads of them —
 canaries' coordinates — depends on the noise and the coin flips only). Every copy keeps
 the claim and the accounting of the real job; only what the DP-SGD step does changes.
 
+At privacy unit "person" (`self_test_persons`, the API route) the audit's canaries are
+persons of several rows (`audit.persons`) and the weakened copies add one that weighs every
+row of a sampled person 1 instead of 1/r (a person then adds up to r·C).
+
 A row passes when the verdict is what it must be: the mechanism as run is not flagged, and
 every weakened copy whose true ε is at least twice the claim is (clipping off and replayed
 noise have no finite ε). Copies with a smaller true ε are shown with the audit's power
@@ -22,8 +26,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import silofl.audit.persons as persons
 from silofl.audit.engine import SiloAudit
 from silofl.audit.whitebox import WEAKENINGS
+from silofl.errors import ConfigError
+from silofl.privacy.budget import BudgetStore
 
 #: a weakened copy must be flagged when its true ε is at least this many times the claim
 MUST_FLAG = 2.0
@@ -141,25 +148,37 @@ def self_test(cfg, *, silo: str | None = None, canaries: int | None = None,
     from silofl.audit.tabular import audit
 
     t0 = time.perf_counter()
-    names = [AS_RUN] + [n for n in WEAKENINGS if only is None or n in only]
+    person = getattr(cfg.privacy, "unit", "example") == "person"
+    names = [AS_RUN] + [n for n in WEAKENINGS if only is None or n in only] + (
+        [ROWS_ONE] if person and (only is None or ROWS_ONE in only) else [])
     rows: list[SelfTestRow] = []
     m = 0
     for i, name in enumerate(names):
         if on_progress:
             on_progress(i, len(names))
-        what, weaken, scale = (("the job's DP-SGD, unchanged", lambda r: r, 1.0)
-                               if name == AS_RUN else WEAKENINGS[name])
+        cls = None
+        if name == ROWS_ONE:  # the trainer's and the canaries' person source, broken
+            what, _w, cls = PERSON_WEAKENINGS[name]
+            weaken, scale = (lambda r: r), None
+        else:
+            what, weaken, scale = (("the job's DP-SGD, unchanged", lambda r: r, 1.0)
+                                   if name == AS_RUN else WEAKENINGS[name])
         rep = audit(cfg, view="server", kind="one-run", silo=silo, canaries=canaries,
                     confidence=confidence, seed=None if seed is None else seed + 1000 * i,
-                    weaken=weaken)
+                    weaken=weaken, source_class=cls)
         new = [_row(name, what, scale, r, r.violation) for r in rep.rows]
+        if name == ROWS_ONE:
+            for row, r in zip(new, rep.rows):
+                row.true_epsilon = _true_epsilon(name, r)
         if name == SHARED:
             _shared_truth(new, rep.rows)
         rows += new
         m = rep.rows[0].details["canaries"]
     if on_progress:
         on_progress(len(names), len(names))
-    notes = _release_rows(cfg, silo, confidence, seed, rows)
+    notes = (["the preprocessing release is not audited at [privacy] unit = \"person\" "
+              "(its white-box audit inserts canary rows, not persons)"] if person
+             else _release_rows(cfg, silo, confidence, seed, rows))
     return SelfTestReport(rows, confidence, m, time.perf_counter() - t0, [
         "each mechanism: one server-view audit job on a scratch store; the weakened copies "
         "keep the job's claim and accounting, only the DP-SGD step changes",
@@ -209,3 +228,67 @@ def _release_rows(cfg, silo: str | None, confidence: float, seed: int | None,
 
 
 RELEASE_QUARTER = "release noise x1/4"
+
+
+#: the person-level self-test's weakened copies: name → (what it does, rule → weakened
+#: rule or None, person source class or None); each keeps the claim and the accounting
+ROWS_ONE = "rows weighted 1"
+PERSON_WEAKENINGS = {
+    ROWS_ONE: ("every read row of a sampled person weighs 1, not 1/r (a person "
+                        "adds up to r·C)", None, persons.UnitWeights),
+    "noise x1/4": ("DP-SGD noise quartered", WEAKENINGS["noise x1/4"][1], None),
+}
+
+
+def _true_epsilon(name: str, row) -> float:
+    """A self-test row's true ε: the claim as run; `rows weighted 1`: the claimed
+    mechanism at sensitivity r·C; noise × ¼: at noise σ/4."""
+    d = row.details
+    if name == AS_RUN:
+        return row.claimed_epsilon
+    if name == ROWS_ONE:
+        return float(next(iter(d["epsilon_at_sensitivity"].values())))
+    return float(d["epsilon_at_noise_scale"]["0.25"])
+
+
+def self_test_persons(fed, model, algorithm, tcfg, *, silo: str | None = None,
+                      canaries: int | None = None,
+                      rows: int | tuple[int, int] = persons.DEFAULT_ROWS,
+                      confidence: float = 0.95, seed: int | None = None) -> SelfTestReport:
+    """Does the person-level audit have teeth for this run? `persons.audit_persons`
+    against the run as it is and against each of `PERSON_WEAKENINGS`, each on a scratch
+    store.
+
+    Parameters
+    ----------
+    fed, model, algorithm, tcfg, silo, canaries, rows, confidence
+        As `persons.audit_persons` (tcfg at privacy unit "person").
+    seed : int, optional
+        Seeds each audit's coins (seed + 1000·i); default OS entropy.
+
+    Returns
+    -------
+    SelfTestReport
+        One row per (mechanism, silo): claim, true ε, rigorous bound, flagged, passed (as
+        run: not flagged; a copy whose true ε ≥ 2 × the claim: flagged).
+    """
+    t0 = time.perf_counter()
+    if tcfg.privacy_unit != "person":
+        raise ConfigError("the person-level self-test needs privacy unit 'person'")
+    cases = [(AS_RUN, ("the run's person-level DP-SGD, unchanged", None, None)),
+             *PERSON_WEAKENINGS.items()]
+    out: list[SelfTestRow] = []
+    m = 0
+    for i, (name, (what, weaken, cls)) in enumerate(cases):
+        rep = persons.audit_persons(
+            fed, model, algorithm, tcfg, silo=silo, canaries=canaries, rows=rows,
+            confidence=confidence, store=BudgetStore(None),
+            seed=None if seed is None else seed + 1000 * i, weaken=weaken, source_class=cls)
+        m = rep.rows[0].details["canaries"]
+        out += [SelfTestRow(name, what, r.silo, r.claimed_epsilon, _true_epsilon(name, r),
+                            r.lower_bound, r.estimate_lower, r.violation,
+                            r.details.get("detectable_epsilon")) for r in rep.rows]
+    return SelfTestReport(out, confidence, m, time.perf_counter() - t0, [
+        "person level: each mechanism one server-view audit with canary persons on a "
+        "scratch store; the weakened copies keep the run's claim and accounting",
+        f"a weakened copy must be flagged when its true ε ≥ {MUST_FLAG:g} × the claim"])

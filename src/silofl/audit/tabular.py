@@ -24,6 +24,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+import silofl.audit.persons as persons
 import silofl.audit.server as server
 from silofl.audit.canaries import Canaries, check_canaries, insert, make_canaries
 from silofl.audit.engine import (
@@ -59,7 +60,8 @@ def audit(cfg, *, view: str = _AUDIT.view, kind: str = _AUDIT.kind, silo: str | 
           canaries: int | Canaries | None = None, runs: int | None = None,
           confidence: float = _AUDIT.confidence, store: BudgetStore | None = None,
           seed: int | None = None, on_progress: Callable[[int, int], None] | None = None,
-          weaken=None, init: str = "worst-case") -> AuditReport:
+          weaken=None, init: str = "worst-case", source_class: type | None = None
+          ) -> AuditReport:
     """Audit the job `cfg` describes: does each silo's claimed ε survive an attack?
 
     The real job runs with canaries; an attacker guesses which canaries were trained on,
@@ -99,6 +101,9 @@ def audit(cfg, *, view: str = _AUDIT.view, kind: str = _AUDIT.kind, silo: str | 
         Progress of the audit's jobs.
     weaken : callable, optional
         Server view only, the self-test's deliberately weakened rule (`whitebox.WEAKENINGS`).
+    source_class : type, optional
+        Server view at `[privacy] unit = "person"` only: the self-test's deliberately
+        broken person source (`persons.UnitWeights`), for the trainer and the canaries.
     init : {"worst-case", "default"}, default "worst-case"
         Model view of a torch model only (`audit.lastiter`): the start model of the
         audited jobs.
@@ -121,6 +126,11 @@ def audit(cfg, *, view: str = _AUDIT.view, kind: str = _AUDIT.kind, silo: str | 
         raise ConfigError("an audit compares a claimed ε with an empirical lower bound, but "
                           "this config has no ε claim (privacy is disabled); enable "
                           "[privacy] with epsilon and delta")
+    if getattr(cfg.privacy, "unit", "example") == "person" and view != "server":
+        raise ConfigError(f"[privacy] unit = \"person\" is audited in the server view, with "
+                          f"canary persons of several rows each (audit.persons); --view "
+                          f"{view} puts single canary records in and cannot test a claim "
+                          "about persons: use --view server")
     if view == "model" and cfg.model.name in TORCH_MODELS:  # black box, last iterate
         from silofl.audit.lastiter import audit_last_iterate
         return audit_last_iterate(cfg, kind=kind, silo=silo, canaries=canaries, runs=runs,
@@ -134,7 +144,7 @@ def audit(cfg, *, view: str = _AUDIT.view, kind: str = _AUDIT.kind, silo: str | 
                         on_progress)
     if view == "server":
         return _server(cfg, raw, names, kind, canaries, runs, confidence, store, rng, seed,
-                       t0, on_progress, weaken)
+                       t0, on_progress, weaken, source_class)
     runs = _AUDIT_MODEL_RUNS if runs is None else runs
     if kind == "one-run":
         return _one_run(cfg, raw, names, canaries, confidence, store, rng, t0, on_progress)
@@ -143,7 +153,7 @@ def audit(cfg, *, view: str = _AUDIT.view, kind: str = _AUDIT.kind, silo: str | 
 
 
 def _server(cfg, raw, names, kind, canaries, runs, confidence, store, rng, seed, t0,
-            on_progress, weaken) -> AuditReport:
+            on_progress, weaken, source_class=None) -> AuditReport:
     """The server-view audit (`audit.server`): one job, or `runs` jobs pooled on a
     scratch store; rows per silo."""
     if isinstance(canaries, Canaries):
@@ -154,7 +164,7 @@ def _server(cfg, raw, names, kind, canaries, runs, confidence, store, rng, seed,
     jobs = 1 if kind == "one-run" else (SERVER_RUNS if runs is None else int(runs))
     if jobs < 1:
         raise ConfigError(f"a multi-run server-view audit needs at least 1 job, got {jobs}")
-    experiment = kind == "multi-run" or weaken is not None
+    experiment = kind == "multi-run" or weaken is not None or source_class is not None
     if experiment:
         _require_scratch(cfg, store, "a multi-run or self-test audit trains several jobs "
                          "(the self-test with deliberately broken privacy)")
@@ -163,21 +173,38 @@ def _server(cfg, raw, names, kind, canaries, runs, confidence, store, rng, seed,
     if local_dp:  # before any budget: the probe would see no DP-SGD step at all
         raise ConfigError(f"the server view audits DP-SGD steps; {', '.join(local_dp)} "
                           "uploads under local DP with no DP-SGD step; use --view model")
+    unit = getattr(p.tcfg, "privacy_unit", "example")
+    person = unit == "person"
+    if person != (getattr(cfg.privacy, "unit", "example") == "person"):  # before any budget
+        raise ConfigError(f"[privacy] unit = {cfg.privacy.unit!r} did not reach the training "
+                          f"config (privacy_unit {unit!r}): the audit would test the wrong "
+                          "claim")
+    if source_class is not None and not person:
+        raise ConfigError("a person source (source_class) only exists at [privacy] unit = "
+                          "\"person\"")
+    cls = persons.PersonSource if source_class is None else source_class
+    factory = None if source_class is None else (
+        lambda fed: persons.person_source(fed, p.tcfg, cls))
     st = BudgetStore(None) if experiment else _store(cfg, store)
     parts, run_ids, uncharged, checks = [], [], [], []
+    rows_seen: list[np.ndarray] = []
     for i in range(jobs):
         if on_progress:
             on_progress(i, jobs)
-        model, probe = server.plan_probe(p, names, m, rng, None if seed is None else
-                                         seed + i, weaken)
-        what = "self-test" if weaken is not None else kind
+        s_i = None if seed is None else seed + i
+        model, probe = (persons.plan_probe(p, names, m, rng, s_i, weaken, source_class=cls)
+                        if person else server.plan_probe(p, names, m, rng, s_i, weaken))
+        what = "self-test" if experiment and kind == "one-run" else kind
         fed, results, job = run_job(cfg, p, st, f"silofl audit (server view, {what})",
-                                    model=model, probe=probe)
+                                    model=model, probe=probe, source=factory)
+        if isinstance(probe, persons.CanaryPersons):
+            rows_seen.append(probe.rows)
         run_ids.append(job.run_id)
         uncharged = fed.meta.get("uncharged", [])
         claims = {n: claim_of(results, p, n) for n in names}
         parts.append(server.observe(p, probe, results, claims, p.tcfg.clip, p.extra))
-        checks.append(server.check_clipping(probe, p.model, fed, rng))
+        checks.append(persons.check_job(probe, p.model, fed, rng,
+                                        getattr(p.tcfg, "max_rows_per_person", 0)))
     if on_progress:
         on_progress(jobs, jobs)
     obs = server.pool(parts)
@@ -185,14 +212,19 @@ def _server(cfg, raw, names, kind, canaries, runs, confidence, store, rng, seed,
     clip = max(checks, key=lambda c: c["ratio"])
     rows = [server.assess(n, obs[n], confidence, len(names), cross.get(n), clip)
             for n in names]
-    notes = [server.SERVER_NOTE, "estimate: " + ESTIMATE_ASSUMES]
+    if person:  # canary rows, and ε were a person to add r·C (the self-test's truth)
+        rows = [persons.describe(r, obs[r.silo], "person", np.concatenate(rows_seen),
+                                 getattr(p.tcfg, "max_rows_per_person", 0)) for r in rows]
+    notes = [server.SERVER_NOTE, "estimate: " + ESTIMATE_ASSUMES] + (
+        [persons.PERSON_NOTE] if person else [])
     if not st.scratch:
         notes.append("the audit job trains every silo, so it is charged to every silo's "
                      "budget")
     return AuditReport(kind, rows, p.labels, _notes(cfg, st, uncharged, notes),
                        None if st.path is None else str(st.path), st.scratch, run_ids,
                        time.perf_counter() - t0, confidence, cfg.privacy.noise,
-                       neighbouring=run_mod.ADJACENCY, view="server")
+                       neighbouring=persons.PERSON_TEXT if person else run_mod.ADJACENCY,
+                       view="server")
 
 
 def _release(cfg, kind, silo, runs, canaries, confidence, store, seed, t0,

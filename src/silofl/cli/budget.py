@@ -14,6 +14,7 @@ from rich.table import Table
 from silofl.cli.common import _write_atomic
 from silofl.cli.root import _fail, app, console
 from silofl.errors import SiloflError
+from silofl.privacy.units import SHORT as UNIT_SHORT
 
 budget_app = typer.Typer(help="Lifetime privacy budgets per silo (the budget store).")
 app.add_typer(budget_app, name="budget")
@@ -58,30 +59,33 @@ def budget_show(store: StorePath = None, deployment: Deployment = "default",
                                          "log": log}))
         return
     t = Table(title=f"lifetime budgets in {escape(shown)}")
-    for c in ["silo", "target ε, δ", "spent ε", "RDP / PLD", "remaining", "runs",
+    for c in ["silo", "unit", "target ε, δ", "spent ε", "RDP / PLD", "remaining", "runs",
               "unfinished"]:
         t.add_column(c, justify="left" if c == "silo" else "right")
     for r in rows:
         runs = len({c["run"] for c in charges[r["silo"]]})
         pld = "n/a" if r["epsilon_pld"] is None else f"{r['epsilon_pld']:.3f}"
-        t.add_row(escape(r["silo"]), f"{r['target_epsilon']:g}, {r['delta']:g}",
+        t.add_row(escape(r["silo"]), UNIT_SHORT.get(r.get("unit") or "", "-"),
+                  f"{r['target_epsilon']:g}, {r['delta']:g}",
                   f"{r['epsilon']:.3f} ({r['accountant']})", f"{r['epsilon_rdp']:.3f} / {pld}",
                   f"{r['remaining']:.3f}", str(runs), str(r["unfinished_runs"]))
     console.print(t)
     if silo:
         ct = Table(title=f"charges of {escape(silo)} (current epoch)")
-        for c in ["run", "command", "method", "label", "count", "status", "noise"]:
+        for c in ["run", "command", "method", "label", "count", "status", "noise", "unit"]:
             ct.add_column(c)
         for c in charges[silo]:
             ct.add_row(c["run"], c["command"], c["method"], c["label"], str(c["count"]),
-                       c["status"], c["noise"])
+                       c["status"], c["noise"], UNIT_SHORT.get(c["unit"], c["unit"]))
         console.print(ct)
     for entry in log:
         console.print(f"{time.strftime('%Y-%m-%d %H:%M', time.localtime(entry['time']))} "
                       f"{escape(str(entry['silo'] or '(whole store)'))}: {entry['action']} — "
                       f"{escape(entry['reason'])} ({escape(entry['detail'])})")
     console.print("'remaining' is target − spent; privacy costs compose, they do not add up, "
-                  "so a new run may fit more or less than that.")
+                  "so a new run may fit more or less than that. 'unit': what a silo's ε "
+                  "protects -- per row (add/remove one record) or per person (add/remove "
+                  "all rows of one person in the silo); a store composes one unit per silo.")
 
 
 @budget_app.command("export")

@@ -118,7 +118,11 @@ def _run_report(rep) -> None:
         console.print(escape(line))
     if (pt := privacy_table(rep)) is not None:
         console.print(pt)
-        console.print(f"Adjacency: {escape(ADJACENCY)}. Noise: {rep.noise}. Budget store: "
+        if getattr(rep, "persons", None):  # person level: a person seen by m silos
+            from silofl.experiments.person_report import person_table
+            console.print(person_table(rep.persons))
+        console.print(f"Adjacency: {escape(getattr(rep, 'adjacency', ADJACENCY))}. "
+                      f"Noise: {rep.noise}. Budget store: "
                       f"{escape(rep.store_text() or '')}, run {rep.run_id}. "
                       "Assumed: silo sizes are public; per-round test metrics are not "
                       "privatized (privacy_report.json states every assumption).")

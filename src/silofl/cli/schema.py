@@ -19,6 +19,9 @@ app.add_typer(schema_app, name="schema")
 def schema_draft(data: Path = typer.Argument(..., help="the table (CSV, CSV.gz, Parquet)"),
                  label_column: str = typer.Option(..., "--label-column"),
                  silo_column: str | None = typer.Option(None, "--silo-column"),
+                 person_column: str | None = typer.Option(
+                     None, "--person-column", help="the column naming each row's person "
+                     "(never drafted as a feature)"),
                  out: Path = typer.Option(..., "--out", help="TOML file to write"),
                  sep: str = typer.Option("", "--sep", help="CSV column separator (default ,)"),
                  encoding: str = typer.Option("", "--encoding",
@@ -37,8 +40,11 @@ def schema_draft(data: Path = typer.Argument(..., help="the table (CSV, CSV.gz, 
         from silofl.data.column_roles import likely_non_features
         frame = read_table(data, sep=sep, encoding=encoding,
                            settings=("--sep", "--encoding", "--drop"))
-        text = draft_schema(frame, silo_column, label_column)
+        text = draft_schema(frame, silo_column, label_column, person_column=person_column)
         left_out = likely_non_features(frame, silo_column, label_column)
+        if person_column:
+            left_out = {person_column: "the person column: never a feature",
+                        **{c: w for c, w in left_out.items() if c != person_column}}
         _write_atomic(out, text)
     except SiloflError as e:
         _fail(e)

@@ -53,7 +53,7 @@ class DataConfig(Section):
     impute: str = "auto"           # auto | declared | private | uncharged
     preprocess_share: float = 0.1  # share of each silo's ε for private statistics
     seed: int = 0
-    generator: str = "linear"      # synthetic: linear | mean | vehicle
+    generator: str = "linear"      # synthetic: linear | mean | vehicle | ehr
     options: dict = Field(default_factory=dict)  # synthetic: generator keyword arguments
     # table without silo_column, heart (pooled) or titanic: simulate silos
     # (silofl.data.splitters)
@@ -209,6 +209,8 @@ class PrivacyConfig(Section):
                                    # (a random subset; 0 = all); contribution ≤ C either way
     persons_in_silos: int = 0      # person: the most silos one person appears in (declared,
                                    # public; 0 = every silo) for the consortium-wide figure
+    linkage_key_file: str = ""     # person: the consortium's linkage key (HMAC pseudonyms,
+                                   # silofl.data.pseudonyms; "" = env SILOFL_LINKAGE_KEY)
 
     @field_validator("silos", mode="before")
     @classmethod

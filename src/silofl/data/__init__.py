@@ -2,6 +2,7 @@
 data, splitters that turn one table into simulated silos, declared schemas and two-phase
 preprocessing (plan and charge first, then compute)."""
 
+from silofl.data.ehr import ehr_silos, ehr_silos_raw, ehr_table, write_ehr_csv
 from silofl.data.exam import EXAM_SCHEMA, load_exam, load_exam_raw
 from silofl.data.federation import Federation, Silo, split_indices, split_silo, standardize
 from silofl.data.heart import (
@@ -63,6 +64,7 @@ __all__ = [
     "SPLITS", "SEED_SPLITS", "split_arrays", "split_arrays_raw", "split_frame", "split_frame_raw",
     "split_table", "split_table_raw", "table_arrays",
     "mean_estimation", "linear_silos", "vehicle_like",
+    "ehr_silos", "ehr_silos_raw", "ehr_table", "write_ehr_csv",
     "Schema", "ColumnSpec", "LabelSpec", "load_schema", "schema_from_dict", "draft_schema",
     "RawFederation", "PreprocessSpec", "PreprocessPlan", "Step", "plan_preprocessing",
     "apply_preprocessing", "preprocess_without_budget", "STANDARDIZE_MODES", "IMPUTE_MODES",

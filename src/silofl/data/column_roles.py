@@ -75,6 +75,10 @@ def left_out_block(left_out: Mapping[str, str]) -> str:
              "# first (e.g. days since a public reference date) and declare it above."]
     for c, why in left_out.items():
         lines.append(f"#   {json.dumps(c, ensure_ascii=False)}: {why}")
+    if any("identifier" in why for why in left_out.values()):
+        lines += ["# A column naming the person of each row (a patient number): set [data]",
+                  "# person_column to it, so splits keep a person's rows together and",
+                  "# [privacy] unit = \"person\" can protect persons, not rows."]
     return "\n".join(lines) + "\n"
 
 

@@ -30,16 +30,25 @@ def to_unit(X: np.ndarray, lower: np.ndarray, upper: np.ndarray) -> np.ndarray:
     return (np.clip(X, lower, upper) - mid) / half
 
 
-def sufficient_statistics(X: np.ndarray, lower: np.ndarray, upper: np.ndarray) -> np.ndarray:
+def sufficient_statistics(X: np.ndarray, lower: np.ndarray, upper: np.ndarray,
+                          persons: np.ndarray | None = None) -> np.ndarray:
     """Noiseless (d, 3) statistics of X (n, d) (NaN = missing): per column
     (Σ o, Σ o·u, Σ o·(u² - 1)) with o = 1 where observed and u = `to_unit(X)`.
     One record changes the flattened vector by at most √(2·d) in L2 (see
-    `silofl.data.preprocess`)."""
+    `silofl.data.preprocess`). With `persons` ((n,) the person of each row) the sums run
+    over persons, each contributing the mean of their rows' vectors: a mean of vectors of
+    norm ≤ √(2·d) has norm ≤ √(2·d), so adding or removing all rows of one person moves
+    the statistics by at most what one row did; the counts are then of persons."""
     u = to_unit(np.asarray(X, dtype=np.float64), lower, upper)
     o = ~np.isnan(u)
     u0 = np.where(o, u, 0.0)
-    return np.stack([o.sum(axis=0), u0.sum(axis=0), (o * (u0 ** 2 - 1.0)).sum(axis=0)],
-                    axis=1).astype(np.float64)
+    rows = np.stack([o, u0, o * (u0 ** 2 - 1.0)], axis=2).astype(np.float64)  # (n, d, 3)
+    if persons is None:
+        return rows.sum(axis=0)
+    _, pid, per = np.unique(np.asarray(persons).astype(str), return_inverse=True,
+                            return_counts=True)
+    weight = 1.0 / per[pid.reshape(-1)]  # each person's rows average to one contribution
+    return np.einsum("n,ndk->dk", weight, rows)
 
 
 class ReleaseProbe(Protocol):
@@ -57,12 +66,13 @@ class ReleaseProbe(Protocol):
 
 def release_statistics(X: np.ndarray, lower: np.ndarray, upper: np.ndarray,
                        noise_std: float, rng: NoiseSource, probe: ReleaseProbe | None = None,
-                       silo: str = "") -> np.ndarray:
+                       silo: str = "", persons: np.ndarray | None = None) -> np.ndarray:
     """`sufficient_statistics` + N(0, noise_std²) on each of the (d, 3) coordinates, drawn
     with ``rng.normal`` (a `silofl.privacy.randomness.Randomness`); noise_std = σ·Δ.
     `probe` (audits only): rows appended before the noise, in the same draw, and seen after
-    it; the (d, 3) release is returned without them."""
-    stats = sufficient_statistics(X, lower, upper)
+    it; the (d, 3) release is returned without them. `persons` (n,): per person (see
+    `sufficient_statistics`)."""
+    stats = sufficient_statistics(X, lower, upper, persons)
     d = stats.shape[0]
     if probe is not None:
         stats = probe.extend(silo, stats)
@@ -73,9 +83,9 @@ def release_statistics(X: np.ndarray, lower: np.ndarray, upper: np.ndarray,
 
 
 def moments_from_statistics(stats: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
-    """Post-process released (d, 3) statistics of a silo with n training rows into (mean,
-    std) of u per column, each (d,): count clamped to [1, n], mean to [-1, 1], second moment
-    to [mean², 1], std floored at MIN_STD."""
+    """Post-process released (d, 3) statistics of a silo with n training rows (persons,
+    for a per-person release) into (mean, std) of u per column, each (d,): count clamped
+    to [1, n], mean to [-1, 1], second moment to [mean², 1], std floored at MIN_STD."""
     count = np.clip(stats[:, 0], 1.0, max(float(n), 1.0))
     mean = np.clip(stats[:, 1] / count, -1.0, 1.0)
     second = np.clip(stats[:, 2] / count + 1.0, mean ** 2, 1.0)

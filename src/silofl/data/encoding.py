@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from silofl.data.persons import check_person_column, missing_ids, person_ids
 from silofl.data.schema import ColumnSpec, LabelSpec, Schema, SchemaLike, as_schema, value_key
 from silofl.data.schema_draft import infer_schema
 from silofl.data.table_checks import HUGE, check_all_missing
@@ -44,19 +45,23 @@ class EncodedTable:
     uncharged: list[str] = field(default_factory=list)
     dropped: dict[str, int] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    persons: np.ndarray | None = None  # (n,) person ids as read (`person_column`), or None
 
 
 def encode_table(df: pd.DataFrame, label_column: str, *, silo_column: str | None = None,
                  schema: SchemaLike | None = None, task: str = "auto",
                  features: Sequence[str] | None = None,
                  missing: str = "impute", categorical_max_levels: int = 50,
-                 name: str = "table") -> EncodedTable:
+                 name: str = "table", person_column: str | None = None) -> EncodedTable:
     """Encode a whole table (see the module docstring); no split, no statistic. Without a
-    schema the encoding is read from the table (listed in `EncodedTable.uncharged`)."""
+    schema the encoding is read from the table (listed in `EncodedTable.uncharged`).
+    `person_column` names the person of each row: never a feature, its ids kept as read
+    (`silofl.data.persons.person_ids`); rows without one are dropped with
+    ``missing="drop"`` and refused otherwise."""
     df, label_column, silo_column, schema, feats = _checked_frame(
-        df, label_column, silo_column, schema, task, features, missing, name)
+        df, label_column, silo_column, schema, task, features, missing, name, person_column)
     dropped, notes, rows, all_silos, df = _drop_unusable(df, label_column, silo_column, feats,
-                                                         schema, missing, name)
+                                                         schema, missing, name, person_column)
     _check_label_finite(df[label_column], label_column,
                         np.array([_silo_name(v) for v in df[silo_column].tolist()],
                                  dtype=object) if silo_column is not None else None)
@@ -78,13 +83,14 @@ def encode_table(df: pd.DataFrame, label_column: str, *, silo_column: str | None
     blocks = [_encode_column(df[c.name], c, silos) for c in schema.columns]
     X = np.hstack([b for bl in blocks for b in bl]) if blocks else np.zeros((len(df), 0))
     y = _encode_label(df[label_column], schema.label, silos)
+    persons = person_ids(df[person_column], person_column) if person_column else None
     return EncodedTable(X, y, rows, silos, schema, schema.value_columns(), uncharged,
-                        dropped, notes)
+                        dropped, notes, persons)
 
 
 def _checked_frame(df: pd.DataFrame, label_column: str, silo_column: str | None,
                    schema: SchemaLike | None, task: str, features: Sequence[str] | None,
-                   missing: str, name: str
+                   missing: str, name: str, person_column: str | None = None
                    ) -> tuple[pd.DataFrame, str, str | None, Schema | None, list[str]]:
     """The arguments of `encode_table` checked: (a copy of `df` with str column names, the
     label and silo column names, the schema, the feature columns)."""
@@ -111,20 +117,31 @@ def _checked_frame(df: pd.DataFrame, label_column: str, silo_column: str | None,
     if silo_column == label_column:
         raise DataError(f"silo column and label column are both {silo_column!r}; "
                         "they must be different columns")
+    if person_column:
+        person_column = str(person_column)
+        _check_column(df, person_column, "person column")
+        check_person_column(person_column, silo_column, label_column, features)
     schema = as_schema(schema)
     if schema is not None:
         _check_schema_fits(df, schema, silo_column, label_column, task, features, name)
+        if person_column in schema.column_names:
+            raise ConfigError(f"the schema declares the person column {person_column!r} as "
+                              "a feature; remove it from the schema's columns: a person id "
+                              "is never a feature")
         feats = schema.column_names
     else:
-        feats = _feature_columns(df, silo_column, label_column, features)
+        feats = [c for c in _feature_columns(df, silo_column, label_column, features)
+                 if c != person_column]
     return df, label_column, silo_column, schema, feats
 
 
 def _drop_unusable(df: pd.DataFrame, label_column: str, silo_column: str | None,
-                   feats: list[str], schema: Schema | None, missing: str, name: str
+                   feats: list[str], schema: Schema | None, missing: str, name: str,
+                   person_column: str | None = None
                    ) -> tuple[dict[str, int], list[str], np.ndarray, list[str], pd.DataFrame]:
     """Drop rows without a label or silo (and, with missing='drop', rows with a missing
-    feature): (dropped counts, notes, kept input rows, every silo name, kept rows)."""
+    feature or person id): (dropped counts, notes, kept input rows, every silo name, kept
+    rows)."""
     # rows without a label or silo carry no usable example
     dropped: dict[str, int] = {}
     notes: list[str] = []
@@ -140,6 +157,13 @@ def _drop_unusable(df: pd.DataFrame, label_column: str, silo_column: str | None,
         if bad.any():
             dropped[what] = int(bad.sum())
             notes.append(f"dropped {int(bad.sum())} row(s) with a missing {col!r} value")
+            df, rows = df.loc[~bad], rows[~bad]
+    if person_column and missing == "drop":
+        bad = missing_ids(df[person_column])
+        if bad.any():
+            dropped["missing_person"] = int(bad.sum())
+            notes.append(f"dropped {int(bad.sum())} row(s) without a person id "
+                         f"({person_column!r})")
             df, rows = df.loc[~bad], rows[~bad]
     check_all_missing(df, feats, schema, missing, name)
     if missing == "error":
@@ -157,7 +181,8 @@ def _drop_unusable(df: pd.DataFrame, label_column: str, silo_column: str | None,
     if len(df) == 0:
         fix = {"missing_label": f"fill the label column {label_column!r}",
                "missing_silo": f"fill the silo column {silo_column!r}",
-               "missing_features": "use missing='impute' (or declare the columns nullable)"}
+               "missing_features": "use missing='impute' (or declare the columns nullable)",
+               "missing_person": f"fill the person column {person_column!r}"}
         raise DataError(f"table {name!r} has no rows left after dropping rows with missing "
                         f"values ({dropped}); " + " or ".join(fix[k] for k in dropped))
     return dropped, notes, rows, all_silos, df

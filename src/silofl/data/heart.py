@@ -19,6 +19,7 @@ import pandas as pd
 
 from silofl.data.federation import Federation
 from silofl.data.preprocess import PreprocessSpec, RawFederation, preprocess_without_budget
+from silofl.data.row_persons import one_row_per_person
 from silofl.data.schema import Schema, SchemaLike, schema_from_dict
 from silofl.data.tabular import federation_from_frame_raw
 
@@ -44,10 +45,12 @@ def heart_schema() -> Schema:
 
 
 def load_heart_disease_raw(*, test_fraction: float = 0.2, seed: int = 0,
-                           missing: str = "impute",
-                           schema: SchemaLike | None = None) -> RawFederation:
+                           missing: str = "impute", schema: SchemaLike | None = None,
+                           persons: bool = False) -> RawFederation:
     """The heart federation encoded by its schema (default `heart_schema()`) and split,
-    before preprocessing: X (n_k, 34) float64 with NaN in the gaps of nullable columns."""
+    before preprocessing: X (n_k, 34) float64 with NaN in the gaps of nullable columns.
+    `persons`: set person ids = row ids (every row is a distinct patient of the study;
+    `silofl.data.row_persons.one_row_per_person`)."""
     df = heart_disease_frame()
     df[TARGET] = (df["num"] > 0).astype("int64")
     df = df.drop(columns=["id", "num"])
@@ -57,12 +60,13 @@ def load_heart_disease_raw(*, test_fraction: float = 0.2, seed: int = 0,
                                     name="heart-disease")
     raw.meta["source"] = f"silofl.data/builtin/{HEART_FILE}"
     raw.meta["target"] = "num > 0 (angiographic heart disease present)"
-    return raw
+    return one_row_per_person(raw) if persons else raw
 
 
 def load_heart_disease(*, test_fraction: float = 0.2, seed: int = 0,
                        standardize: str | bool = "auto", impute: str = "auto",
-                       missing: str = "impute", schema: SchemaLike | None = None) -> Federation:
+                       missing: str = "impute", schema: SchemaLike | None = None,
+                       persons: bool = False) -> Federation:
     """The built-in UCI heart-disease data: four hospitals, one binary task.
 
     The data is public (UCI; provenance in ``silofl/data/builtin/PROVENANCE.md``), so a
@@ -83,6 +87,10 @@ def load_heart_disease(*, test_fraction: float = 0.2, seed: int = 0,
         Rows with a missing feature value.
     schema : Schema, dict or path, optional
         Another schema than the built-in one.
+    persons : bool, default False
+        Set ``person_train`` / ``person_test`` to row ids: each row is a distinct patient
+        of the UCI study, so person-level DP equals example-level DP here (noted in
+        ``meta["persons"]``).
 
     Returns
     -------
@@ -94,6 +102,6 @@ def load_heart_disease(*, test_fraction: float = 0.2, seed: int = 0,
         private `simulate`.
     """
     raw = load_heart_disease_raw(test_fraction=test_fraction, seed=seed, missing=missing,
-                                 schema=schema)
+                                 schema=schema, persons=persons)
     return preprocess_without_budget(raw, PreprocessSpec.of(standardize, impute),
                                      "load_heart_disease")

@@ -171,6 +171,7 @@ class PreprocessSpec:
     impute: str = "auto"
     share: float = DEFAULT_SHARE
     allow_uncharged: bool = False
+    unit: str = "example"  # "person": each person's rows are one contribution (per person)
 
     def __post_init__(self) -> None:
         if isinstance(self.standardize, bool):  # old configs: standardize = true/false
@@ -183,6 +184,8 @@ class PreprocessSpec:
                 near = difflib.get_close_matches(str(v), modes, n=1)
                 hint = f" Did you mean {near[0]!r}?" if near else ""
                 raise ConfigError(f"{key} must be one of {', '.join(modes)}; got {v!r}.{hint}")
+        if self.unit not in ("example", "person"):
+            raise ConfigError(f"preprocessing unit must be 'example' or 'person': {self.unit!r}")
         share = self.share
         if isinstance(share, bool) or not isinstance(share, (int, float)) or \
                 not 0 < share < 1:
@@ -255,6 +258,7 @@ class PreprocessPlan:
     def to_meta(self) -> dict:
         """A JSON-ready record of the plan (no statistic of the data in it)."""
         return {"standardize": self.spec.standardize, "impute": self.spec.impute,
+                "unit": self.spec.unit,
                 "share": self.spec.share if self.private else 0.0,
                 "sensitivity": self.sensitivity, "noise_multiplier": dict(self.noise_multipliers),
                 "steps": [s.to_dict() for s in self.steps]}
@@ -336,7 +340,7 @@ def _standardize_step(col: ColumnSpec, asked: str, uncharged_ok: bool) -> Step |
     mech = {"declared": "declared mean and scale" if col.mean is not None
             else "declared bounds mapped to [-1, 1]",
             "private": "Gaussian release of (count, Σu, Σ(u²-1)) over the "
-                       "training rows",
+                       "training rows",  # `_per_person` rewrites it at the person unit
             "uncharged": "per-silo training mean and standard deviation"}[mode]
     return Step("standardize", col.name, mode, mech)
 
@@ -398,6 +402,8 @@ def plan_preprocessing(raw: RawFederation, spec: PreprocessSpec | None = None,
     target."""
     spec = spec or PreprocessSpec()
     steps, released, uncharged = _resolve(raw, spec)
+    if released and spec.unit == "person":
+        steps = _per_person(raw, steps)
     events: dict[str, object | None] = {name: None for name in raw.names}
     sigmas: dict[str, float] = {}
     delta_l2 = SENSITIVITY_PER_COLUMN * math.sqrt(len(released)) if released else 0.0
@@ -422,6 +428,17 @@ def plan_preprocessing(raw: RawFederation, spec: PreprocessSpec | None = None,
                  for st in steps]
     return PreprocessPlan(spec, steps, events, uncharged, released, delta_l2, sigmas,
                           raw.names, raw.dim)
+
+
+def _per_person(raw: RawFederation, steps: list[Step]) -> list[Step]:
+    """Private steps at the person unit: each person adds the mean of their rows
+    (`column_stats.sufficient_statistics`), so Δ is unchanged and the charge is per person."""
+    if not raw.has_persons:
+        raise ConfigError("private preprocessing per person ([privacy] unit = \"person\") "
+                          "needs [data] person_column; or use [privacy] unit = \"example\"")
+    return [dataclasses.replace(st, mechanism=st.mechanism.replace(
+        "over the training rows", "per person (each person: the mean of their rows)"))
+        if st.mode == "private" else st for st in steps]
 
 
 def weakened_for_audit(plan: PreprocessPlan, noise_factor: float = 0.0) -> PreprocessPlan:
@@ -545,10 +562,12 @@ def _apply_silo(raw: RawFederation, plan: PreprocessPlan, s: Silo, bounded: list
         bounds = [declared_bounds(raw.specs[j]) for j in rel]
         lo = np.array([b[0] for b in bounds])
         hi = np.array([b[1] for b in bounds])
+        per = s.person_train if plan.spec.unit == "person" else None
         stats = release_statistics(orig[:, rel], lo, hi,
                                    plan.noise_multipliers[s.name] * plan.sensitivity, rng,
-                                   probe, s.name)
-        mean_u, std_u = moments_from_statistics(stats, s.n_train)
+                                   probe, s.name, **({} if per is None else {"persons": per}))
+        mean_u, std_u = moments_from_statistics(stats, s.n_train if per is None
+                                                else s.n_persons)
         priv = {j: (m, sd) for j, m, sd in zip(rel, mean_u, std_u)}
     index = {raw.feature_names[j]: j for j in raw.specs}
     for st in plan.steps:

@@ -46,13 +46,19 @@ def infer_schema(df: pd.DataFrame, silo_column: str | None, label_column: str, *
 
 def draft_schema(df: pd.DataFrame, silo_column: str | None, label_column: str, *,
                  features: Sequence[str] | None = None, task: str = "auto",
-                 categorical_max_levels: int = 50, name: str = "") -> str:
+                 categorical_max_levels: int = 50, name: str = "",
+                 person_column: str | None = None) -> str:
     """A TOML schema draft for `df`, read from the data, for a person to check against
     public documentation (see DRAFT_HEADER, written at its top). It carries
-    ``drafted = true``: `load_schema` refuses it until that line is deleted."""
+    ``drafted = true``: `load_schema` refuses it until that line is deleted.
+    `person_column` (the person of each row) is never drafted as a feature."""
     df = df.copy()
     df.columns = [str(c) for c in df.columns]
+    if person_column:
+        from silofl.data.persons import check_person_column
+        check_person_column(person_column, silo_column, label_column, features)
     for col, opt in ((label_column, "--label-column"), (silo_column, "--silo-column"),
+                     (person_column, "--person-column"),
                      *((f, "feature") for f in features or ())):
         if col is not None and col not in df.columns:
             near = difflib.get_close_matches(col, list(df.columns), n=1, cutoff=0.6)
@@ -62,7 +68,11 @@ def draft_schema(df: pd.DataFrame, silo_column: str | None, label_column: str, *
     from silofl.data.column_roles import left_out_block, likely_non_features
     left_out = {}  # likely identifiers and dates are never drafted as features silently
     if features is None:
-        left_out = likely_non_features(df, silo_column, label_column)
+        left_out = likely_non_features(df.drop(columns=[person_column] if person_column
+                                               else []), silo_column, label_column)
+        if person_column:
+            left_out[person_column] = ("the person column ([data] person_column): who a row "
+                                       "is about, never a feature")
         features = [c for c in df.columns if c not in (silo_column, label_column, *left_out)]
     schema = infer_schema(df, silo_column, label_column, features=features, task=task,
                           bounds=True, categorical_max_levels=categorical_max_levels)

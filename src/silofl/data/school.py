@@ -25,6 +25,7 @@ import pandas as pd
 
 from silofl.data.federation import Federation
 from silofl.data.preprocess import PreprocessSpec, RawFederation, preprocess_without_budget
+from silofl.data.row_persons import one_row_per_person
 from silofl.data.schema import Schema, SchemaLike, as_schema, schema_from_dict
 from silofl.data.tabular import federation_from_frame_raw
 from silofl.errors import DataError
@@ -43,18 +44,21 @@ def school_schema() -> Schema:
 
 
 def load_school_raw(path: str | Path | None = None, *, test_fraction: float = 0.2,
-                    seed: int = 0, schema: SchemaLike | None = None) -> RawFederation:
+                    seed: int = 0, schema: SchemaLike | None = None,
+                    persons: bool = False) -> RawFederation:
     """``school.mat`` encoded by its schema (default `school_schema()`) and split, before
     preprocessing: silos ``school-000``..``school-138``, X (n_k, 28) float64 in raw units
     (percentages clipped to [0, 100]), y (n_k,) float64 = (score - lower) / (upper - lower)
-    with the label's declared bounds (1 and 70)."""
+    with the label's declared bounds (1 and 70). `persons`: set person ids = row ids (every
+    row is one student; `silofl.data.row_persons.one_row_per_person`)."""
     import scipy.io  # local: scipy import is slow and only this loader needs it
 
     schema = school_schema() if schema is None else as_schema(schema)
     if path is None:
         with resources.as_file(resources.files("silofl.data").joinpath("builtin",
                                                                         SCHOOL_FILE)) as p:
-            return load_school_raw(p, test_fraction=test_fraction, seed=seed, schema=schema)
+            return load_school_raw(p, test_fraction=test_fraction, seed=seed, schema=schema,
+                                   persons=persons)
     p = Path(path)
     if not p.is_file():
         raise DataError(f"School data file not found: {str(p)!r}; pass the path to school.mat "
@@ -95,14 +99,16 @@ def load_school_raw(path: str | Path | None = None, *, test_fraction: float = 0.
             s.y_test = (s.y_test - b[0]) / (b[1] - b[0])
         raw.meta["target_scaling"] = f"(score - {b[0]:g}) / {b[1] - b[0]:g}"
     raw.meta["source"] = str(p)
-    return raw
+    return one_row_per_person(raw) if persons else raw
 
 
 def load_school(path: str | Path | None = None, *, test_fraction: float = 0.2, seed: int = 0,
                 standardize: str | bool = "auto", impute: str = "auto",
-                schema: SchemaLike | None = None) -> Federation:
+                schema: SchemaLike | None = None, persons: bool = False) -> Federation:
     """Load ``school.mat``: silos ``school-000``..``school-138``, X (n_k, 28) float64,
     y (n_k,) float64 = (score - 1) / 69. Features are named ``x00``..``x27``. Default
-    preprocessing is declared (no cost, ``meta["uncharged"] == []``)."""
-    raw = load_school_raw(path, test_fraction=test_fraction, seed=seed, schema=schema)
+    preprocessing is declared (no cost, ``meta["uncharged"] == []``). `persons`: person
+    ids = row ids (one student per row; person-level DP equals example-level DP here)."""
+    raw = load_school_raw(path, test_fraction=test_fraction, seed=seed, schema=schema,
+                          persons=persons)
     return preprocess_without_budget(raw, PreprocessSpec.of(standardize, impute), "load_school")

@@ -62,6 +62,7 @@ import pandas as pd
 
 from silofl.data.encoding import encode_table
 from silofl.data.federation import Federation, Silo, split_indices
+from silofl.data.persons import group_split, keep_persons_whole
 from silofl.data.preprocess import (
     PreprocessSpec,
     RawFederation,
@@ -161,7 +162,8 @@ def split_arrays_raw(X: np.ndarray, y: np.ndarray, split: str, *, num_silos: int
                      bins: Sequence[float] | None = None, label_purity: float = 0.8,
                      min_size: int = 10, test_fraction: float = 0.2, seed: int = 0,
                      max_tries: int = 100, name: str = "split",
-                     uncharged: Sequence[str] = ()) -> RawFederation:
+                     uncharged: Sequence[str] = (),
+                     persons: np.ndarray | None = None) -> RawFederation:
     """Split X (n, d) float, y (n,) into a RawFederation of `num_silos` silos named
     ``silo-00``.. (see the module docstring for the splits and ``meta``), before
     preprocessing. `task` is "binary", "multiclass" or "regression"; for classification y
@@ -172,7 +174,10 @@ def split_arrays_raw(X: np.ndarray, y: np.ndarray, split: str, *, num_silos: int
     as uncharged). `uncharged` are items read earlier (e.g. by `table_arrays`). `bins`
     (age_strict, age_some) are the declared bin edges; `label_purity` (by_label) the share
     of each class kept by its own silo; `num_silos` may be None for the splits whose silo
-    count follows from the data (SEED_SPLITS)."""
+    count follows from the data (SEED_SPLITS). `persons` (n,): the person of each row; each
+    person's rows then go to one silo (the one the split gave most of them,
+    `silofl.data.persons.keep_persons_whole`) and to one side of its train/test split
+    (`group_split`), and the silos carry ``person_train``/``person_test``."""
     X = np.asarray(X, dtype=np.float64)
     names = [str(f) for f in feature_names] if feature_names is not None else \
         [f"x{j}" for j in range(X.shape[1] if X.ndim == 2 else 0)]
@@ -220,12 +225,29 @@ def split_arrays_raw(X: np.ndarray, y: np.ndarray, split: str, *, num_silos: int
         return [b[part] for b, s in zip(blocks, sizes)
                 for part in iid_parts(len(b), s, rng)]
 
+    if persons is not None:
+        persons = _checked_persons(persons, X.shape[0])
+        meta["split_by"] = "person (each person's rows in one silo and on one side)"
+        items.append("silo membership of each person follows where the split put most of "
+                     "their rows (reads the pooled person ids)")
     rows, tries = _draw_valid(draw, y, split, count, classify, min_size, test_fraction,
-                              max_tries, rng)
-    silos = [Silo(f"silo-{k:02d}", X[tr], y[tr], X[te], y[te]) for k, (tr, te) in enumerate(rows)]
+                              max_tries, rng, persons, seed)
+    silos = [Silo(f"silo-{k:02d}", X[tr], y[tr], X[te], y[te],
+                  person_train=None if persons is None else persons[tr],
+                  person_test=None if persons is None else persons[te])
+             for k, (tr, te) in enumerate(rows)]
     meta.update(parts=rows, groups=groups, tries=tries)
     return RawFederation(silos, names, task, num_classes=num_classes, specs=specs, name=name,
                          meta=meta, uncharged=items, simulated=True)
+
+
+def _checked_persons(persons: np.ndarray, n: int) -> np.ndarray:
+    """(n,) person ids, or a DataError naming the mismatch."""
+    persons = np.asarray(persons)
+    if persons.shape != (n,):
+        raise DataError(f"persons has shape {persons.shape} but X has {n} rows; give one "
+                        "person id per row")
+    return persons
 
 
 def _checked_arrays(X: np.ndarray, y_in: np.ndarray, names: list[str],
@@ -329,18 +351,23 @@ _RETRY_HINTS = {
 
 def _draw_valid(draw: Callable[[], list[np.ndarray]], y: np.ndarray, split: str,
                 num_silos: int, classify: bool, min_size: int, test_fraction: float,
-                max_tries: int, rng: np.random.Generator) -> tuple[list, int]:
+                max_tries: int, rng: np.random.Generator, persons: np.ndarray | None = None,
+                seed: int = 0) -> tuple[list, int]:
     """Draw partitions until every silo has ``min_size`` rows and (classification) two
     classes in its training rows; returns the (train, test) row indices per silo and the
-    number of draws."""
+    number of draws. With `persons`, each person's rows are moved to one silo and split
+    by person before the checks."""
     def check(parts: list[np.ndarray]) -> tuple[list, str]:
+        if persons is not None:
+            parts = keep_persons_whole(parts, persons)
         small = [k for k, p in enumerate(parts) if len(p) < min_size]
         if small:
             return [], (f"silo(s) {small[:5]} got fewer than min_size={min_size} rows "
                         f"(smallest sizes {sorted(len(p) for p in parts)[:5]})")
         rows = []
         for p in parts:
-            tr, te = split_indices(len(p), test_fraction, rng)
+            tr, te = split_indices(len(p), test_fraction, rng) if persons is None else \
+                group_split(persons[p], test_fraction, seed)
             rows.append((p[tr], p[te]))
         single = [k for k, (tr, _) in enumerate(rows) if classify and len(np.unique(y[tr])) < 2]
         if single:
@@ -384,21 +411,24 @@ def split_arrays(X: np.ndarray, y: np.ndarray, split: str, *, num_silos: int | N
 def table_arrays(df: pd.DataFrame, label_column: str, *, schema: SchemaLike | None = None,
                  task: str = "auto",
                  features: Sequence[str] | None = None, missing: str = "impute",
-                 categorical_max_levels: int = 50) -> tuple[np.ndarray, np.ndarray, dict]:
+                 categorical_max_levels: int = 50,
+                 person_column: str | None = None) -> tuple[np.ndarray, np.ndarray, dict]:
     """Encode a whole table like `federation_from_frame` does (by `schema`, or read from
     the table itself), with no split and no statistic. Returns (X (n, d) float64 in the
     table's row order minus dropped rows, NaN where a nullable value is missing; y (n,);
     info) with info = {"feature_names", "task", "num_classes", "classes", "dropped",
     "rows" (n,) the table row of each row, "specs" {column index: ColumnSpec} of the value
-    columns, "uncharged" (what was read from the pooled table), "schema"}."""
+    columns, "uncharged" (what was read from the pooled table), "schema", "persons" ((n,)
+    person ids of `person_column`, or None)}."""
     enc = encode_table(df, label_column, schema=schema, task=task, features=features,
-                       missing=missing, categorical_max_levels=categorical_max_levels)
+                       missing=missing, categorical_max_levels=categorical_max_levels,
+                       person_column=person_column)
     label = enc.schema.label
     info = {"feature_names": enc.schema.feature_names, "task": label.kind,
             "num_classes": len(label.classes),
             "classes": list(label.classes) if label.kind != "regression" else None,
             "dropped": enc.dropped, "rows": enc.rows, "specs": enc.specs,
-            "uncharged": list(enc.uncharged), "schema": enc.schema}
+            "uncharged": list(enc.uncharged), "schema": enc.schema, "persons": enc.persons}
     return enc.X, enc.y, info
 
 
@@ -406,14 +436,18 @@ def split_frame_raw(df: pd.DataFrame, label_column: str, split: str, *,
                     schema: SchemaLike | None = None,
                     task: str = "auto", features: Sequence[str] | None = None,
                     missing: str = "impute", name: str = "table",
-                    **split_kw: Any) -> RawFederation:
+                    person_column: str | None = None, **split_kw: Any) -> RawFederation:
     """Encode a table (see `table_arrays`) and split it (see `split_arrays_raw`; `split_kw`
-    are its keyword arguments: num_silos, alpha, feature, ...), before preprocessing."""
+    are its keyword arguments: num_silos, alpha, feature, ...), before preprocessing.
+    `person_column`: each person's rows stay in one silo and on one side."""
     X, y, info = table_arrays(df, label_column, schema=schema, task=task, features=features,
-                              missing=missing)
+                              missing=missing, person_column=person_column)
     raw = split_arrays_raw(X, y, split, task=info["task"], num_classes=info["num_classes"],
                            feature_names=info["feature_names"], specs=info["specs"],
-                           uncharged=info["uncharged"], name=name, **split_kw)
+                           uncharged=info["uncharged"], name=name, persons=info["persons"],
+                           **split_kw)
+    if person_column:
+        raw.meta["person_column"] = str(person_column)
     raw.meta.update(label_column=label_column, missing=missing, dropped=info["dropped"],
                     schema=info["schema"].source if not info["schema"].drafted
                     else "read from the data")
@@ -436,8 +470,10 @@ def split_frame(df: pd.DataFrame, label_column: str, split: str, *,
 def split_table_raw(path: str | Path, label_column: str, split: str,
                     read_options: dict | None = None, **kw: Any) -> RawFederation:
     """Read a CSV/Parquet file (see `silofl.data.tabular.read_table`; `read_options`: its
-    sep, encoding and drop) and `split_frame_raw` it."""
-    raw = split_frame_raw(read_table(path, **(read_options or {})), label_column, split,
+    sep, encoding and drop) and `split_frame_raw` it (person ids read as exact text)."""
+    person = kw.get("person_column")
+    raw = split_frame_raw(read_table(path, text_columns=[person] if person else (),
+                                     **(read_options or {})), label_column, split,
                           name=Path(path).name.split(".")[0], **kw)
     raw.meta["source"] = str(path)
     return raw

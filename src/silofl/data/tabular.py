@@ -45,7 +45,8 @@ import numpy as np
 import pandas as pd
 
 from silofl.data.encoding import encode_table
-from silofl.data.federation import Federation, split_silo
+from silofl.data.federation import Federation, Silo, split_silo
+from silofl.data.persons import group_split
 from silofl.data.preprocess import PreprocessSpec, RawFederation, preprocess_without_budget
 from silofl.data.schema import MISSING_LEVEL, SchemaLike
 from silofl.data.silo_size import check_settings, limit_silos
@@ -61,7 +62,8 @@ def load_table(path: str | Path, silo_column: str, label_column: str, *,
                task: str = "auto", features: Sequence[str] | None = None,
                test_fraction: float = 0.2, seed: int = 0, standardize: str | bool = "auto",
                impute: str = "auto", missing: str = "impute",
-               categorical_max_levels: int = 50) -> Federation:
+               categorical_max_levels: int = 50, person_column: str | None = None
+               ) -> Federation:
     """Read one table with a silo column and build a validated federation from it.
 
     Each row is one example; every silo is split into train/test with one seeded
@@ -96,6 +98,10 @@ def load_table(path: str | Path, silo_column: str, label_column: str, *,
         Rows with a missing feature value: keep for imputation, drop, or refuse.
     categorical_max_levels : int, default 50
         Without a schema, the most levels a column may have to count as categorical.
+    person_column : str, optional
+        The column naming the person of each row (never a feature): the silos then carry
+        ``person_train``/``person_test`` and the train/test split keeps each person's rows
+        on one side (see `federation_from_frame_raw`).
 
     Returns
     -------
@@ -112,7 +118,8 @@ def load_table(path: str | Path, silo_column: str, label_column: str, *,
     """
     raw = load_table_raw(path, silo_column, label_column, schema=schema, task=task,
                          features=features, test_fraction=test_fraction, seed=seed,
-                         missing=missing, categorical_max_levels=categorical_max_levels)
+                         missing=missing, categorical_max_levels=categorical_max_levels,
+                         person_column=person_column)
     return preprocess_without_budget(raw, _spec(standardize, impute), "load_table")
 
 
@@ -121,16 +128,18 @@ def load_table_raw(path: str | Path, silo_column: str, label_column: str, *,
                    task: str = "auto", features: Sequence[str] | None = None,
                    test_fraction: float = 0.2, seed: int = 0, missing: str = "impute",
                    categorical_max_levels: int = 50, min_silo_rows: int = 0,
-                   small_silos: str = "refuse", read_options: dict | None = None
-                   ) -> RawFederation:
+                   small_silos: str = "refuse", read_options: dict | None = None,
+                   person_column: str | None = None) -> RawFederation:
     """`load_table` up to (not including) preprocessing: a `RawFederation`.
-    `read_options`: `read_table`'s sep, encoding and drop."""
-    df = read_table(path, text_columns=[silo_column], **(read_options or {}))
+    `read_options`: `read_table`'s sep, encoding and drop. A CSV's person ids are read as
+    exact text ("01" and "1" are two persons)."""
+    df = read_table(path, text_columns=[c for c in (silo_column, person_column) if c],
+                    **(read_options or {}))
     raw = federation_from_frame_raw(
         df, silo_column, label_column, schema=schema, task=task, features=features,
         test_fraction=test_fraction, seed=seed, missing=missing,
         categorical_max_levels=categorical_max_levels, name=Path(path).name.split(".")[0],
-        min_silo_rows=min_silo_rows, small_silos=small_silos)
+        min_silo_rows=min_silo_rows, small_silos=small_silos, person_column=person_column)
     raw.meta["source"] = str(path)
     return raw
 
@@ -208,7 +217,8 @@ def federation_from_frame(df: pd.DataFrame, silo_column: str, label_column: str,
                           features: Sequence[str] | None = None, test_fraction: float = 0.2,
                           seed: int = 0, standardize: str | bool = "auto",
                           impute: str = "auto", missing: str = "impute",
-                          categorical_max_levels: int = 50, name: str = "table") -> Federation:
+                          categorical_max_levels: int = 50, name: str = "table",
+                          person_column: str | None = None) -> Federation:
     """Build a validated `Federation` from an in-memory table (one row per example).
 
     Parameters
@@ -242,6 +252,8 @@ def federation_from_frame(df: pd.DataFrame, silo_column: str, label_column: str,
         Without a schema, the most levels a column may have to count as categorical.
     name : str, default "table"
         The federation's name.
+    person_column : str, optional
+        The column naming the person of each row (see `federation_from_frame_raw`).
 
     Returns
     -------
@@ -261,7 +273,7 @@ def federation_from_frame(df: pd.DataFrame, silo_column: str, label_column: str,
     raw = federation_from_frame_raw(
         df, silo_column, label_column, schema=schema, task=task, features=features,
         test_fraction=test_fraction, seed=seed, missing=missing,
-        categorical_max_levels=categorical_max_levels, name=name)
+        categorical_max_levels=categorical_max_levels, name=name, person_column=person_column)
     return preprocess_without_budget(raw, spec, "federation_from_frame")
 
 
@@ -271,19 +283,29 @@ def federation_from_frame_raw(df: pd.DataFrame, silo_column: str, label_column: 
                               test_fraction: float = 0.2, seed: int = 0,
                               missing: str = "impute", categorical_max_levels: int = 50,
                               name: str = "table", min_silo_rows: int = 0,
-                              small_silos: str = "refuse") -> RawFederation:
+                              small_silos: str = "refuse",
+                              person_column: str | None = None) -> RawFederation:
     """Encode and split a table without computing any statistic: a `RawFederation` whose X
     (n_k, d) float64 holds NaN where a nullable value is missing. Silos with fewer than
     `min_silo_rows` training or test rows are refused or dropped (`small_silos`; see
-    `silofl.data.silo_size`) before the silos are checked."""
+    `silofl.data.silo_size`) before the silos are checked. With `person_column` every
+    silo carries ``person_train``/``person_test`` and the split is by person: a keyed hash
+    of (seed, id) puts each person's rows on one side, the same side in every silo
+    (`silofl.data.persons.group_split`)."""
     check_settings(min_silo_rows, small_silos)
     enc = encode_table(df, label_column, silo_column=silo_column, schema=schema, task=task,
                        features=features, missing=missing,
-                       categorical_max_levels=categorical_max_levels, name=name)
+                       categorical_max_levels=categorical_max_levels, name=name,
+                       person_column=person_column)
     codes, order = pd.factorize(pd.Series(enc.silos, dtype=object), sort=False)
-    rng = np.random.default_rng(seed)
-    silos = [split_silo(str(s), enc.X[codes == k], enc.y[codes == k], test_fraction, rng)
-             for k, s in enumerate(order)]
+    if enc.persons is None:
+        rng = np.random.default_rng(seed)
+        silos = [split_silo(str(s), enc.X[codes == k], enc.y[codes == k], test_fraction, rng)
+                 for k, s in enumerate(order)]
+    else:
+        silos = [_person_silo(str(s), enc.X[codes == k], enc.y[codes == k],
+                              enc.persons[codes == k], test_fraction, seed)
+                 for k, s in enumerate(order)]
     silos, small = limit_silos(silos, min_silo_rows, small_silos)
     meta = {"silo_column": str(silo_column), "label_column": str(label_column),
             "missing": missing, "dropped": enc.dropped, "warnings": enc.notes, "seed": seed,
@@ -291,6 +313,9 @@ def federation_from_frame_raw(df: pd.DataFrame, silo_column: str, label_column: 
             "schema": enc.schema.source if not enc.schema.drafted else "read from the data"}
     if small:
         meta["dropped_silos"] = small
+    if enc.persons is not None:
+        meta["person_column"] = str(person_column)
+        meta["split_by"] = "person (keyed hash of seed and id)"
     if enc.schema.drafted:
         meta["schema_from_data"] = True
     if enc.schema.label.kind != "regression":
@@ -305,6 +330,14 @@ def federation_from_frame_raw(df: pd.DataFrame, silo_column: str, label_column: 
         raise DataError(f"{e} (this is after missing='drop' removed "
                         f"{enc.dropped['missing_features']} row(s); missing='impute' keeps "
                         "them)") from None
+
+
+def _person_silo(name: str, X: np.ndarray, y: np.ndarray, persons: np.ndarray,
+                 test_fraction: float, seed: int) -> Silo:
+    """One silo split by person (`group_split`), its ids kept with its rows."""
+    tr, te = group_split(persons, test_fraction, seed)
+    return Silo(name, X[tr], y[tr], X[te], y[te], person_train=persons[tr],
+                person_test=persons[te])
 
 
 def _spec(standardize: str | bool, impute: str) -> PreprocessSpec:

@@ -34,8 +34,10 @@ SOURCES = ("heart", "table", "school", "exam", "titanic", "mnist", "synthetic",
 SOURCE_KEYS = {
     "mnist": ("train_per_silo", "test_per_silo", "mask_prob"),
     "mnist_dirichlet": ("public_fraction", "public_size", "flatten"),
-    "table": ("sep", "encoding", "drop"),  # how its CSV is read
+    "table": ("sep", "encoding", "drop", "person_column"),  # how its CSV is read; persons
 }
+#: [privacy] unit values a config may name ("node" is the pandemic engine's own unit)
+CONFIG_UNITS = ("example", "person")
 #: keys two MNIST sources share (allowed under either)
 MNIST_SHARED = {"train_per_silo": ("mnist", "mnist_dirichlet"),
                 "test_per_silo": ("mnist", "mnist_dirichlet"),
@@ -46,7 +48,8 @@ SPLIT_KEYS = ("split", "alpha", "size_law", "power", "split_feature", "group_siz
               "split_bins", "label_purity")
 MIN_SIZE_SOURCES = (*SPLIT_SOURCES, "exam")  # data.min_silo_size: split minimum / exam filter
 DEFAULT_SILOS = {"table": 10, "mnist": 40, "mnist_dirichlet": 80}  # data.num_silos = 0 means these
-GENERATORS = {"linear": D.linear_silos, "mean": D.mean_estimation, "vehicle": D.vehicle_like}
+GENERATORS = {"linear": D.linear_silos, "mean": D.mean_estimation, "vehicle": D.vehicle_like,
+              "ehr": D.ehr_silos_raw}
 
 
 def _check_own_table_keys(dc: DataConfig) -> None:
@@ -150,7 +153,8 @@ def _split_table(dc: DataConfig) -> RawFederation:
         return D.load_titanic_raw(dc.split, missing=dc.missing, schema=_schema(dc), **kw)
     return D.split_table_raw(dc.path, dc.label_column, dc.split, schema=_schema(dc),
                              task=dc.task, features=dc.features or None, missing=dc.missing,
-                             read_options=_read_options(dc), **kw)
+                             read_options=_read_options(dc),
+                             person_column=dc.person_column or None, **kw)
 
 
 def _read_options(dc: DataConfig) -> dict:
@@ -162,8 +166,10 @@ def _schema(dc: DataConfig):
     return load_schema(dc.schema) if dc.schema else None
 
 
-def preprocess_spec(dc: DataConfig) -> PreprocessSpec:
-    return PreprocessSpec(dc.standardize, dc.impute, dc.preprocess_share)
+def preprocess_spec(dc: DataConfig, unit: str = "example") -> PreprocessSpec:
+    """The preprocessing of [data] at privacy `unit` ("person": each person's rows count
+    as one contribution to the private statistics, `silofl.data.preprocess`)."""
+    return PreprocessSpec(dc.standardize, dc.impute, dc.preprocess_share, unit=unit)
 
 
 def load_federation(dc: DataConfig) -> Federation:
@@ -174,10 +180,12 @@ def load_federation(dc: DataConfig) -> Federation:
                                      f"{dc.source!r}")
 
 
-def plan_data(dc: DataConfig, raw: RawFederation, accountant: str | None):
-    """The preprocessing plan of `raw` (reads only public things: schema, silo sizes and
-    targets); its events must be charged before `apply_preprocessing`."""
-    return plan_preprocessing(raw, preprocess_spec(dc), accountant=accountant)
+def plan_data(dc: DataConfig, raw: RawFederation, accountant: str | None,
+              unit: str = "example"):
+    """The preprocessing plan of `raw` at privacy `unit` (reads only public things:
+    schema, silo sizes and targets); its events must be charged before
+    `apply_preprocessing`."""
+    return plan_preprocessing(raw, preprocess_spec(dc, unit), accountant=accountant)
 
 
 def load_raw(dc: DataConfig) -> RawFederation:
@@ -222,7 +230,7 @@ def _load_raw(dc: DataConfig) -> RawFederation:
                                 features=dc.features or None, missing=dc.missing,
                                 schema=_schema(dc), min_silo_rows=dc.min_silo_rows,
                                 small_silos=dc.small_silos, read_options=_read_options(dc),
-                                **common)
+                                person_column=dc.person_column or None, **common)
     if dc.source == "exam":
         return D.load_exam_raw(min_size=dc.min_silo_size, schema=_schema(dc), **common)
     if dc.source == "mnist":  # images: pixels share the public [0, 1] scale
@@ -261,17 +269,61 @@ def _load_raw(dc: DataConfig) -> RawFederation:
         if "standardize" in kw:
             raise ConfigError("data.options.standardize: set data.standardize instead (it "
                               "applies to every source)")
-        return RawFederation.from_federation(gen(**kw), simulated=True)
+        out = gen(**kw)  # a generator with declared columns returns them (RawFederation)
+        return out if isinstance(out, RawFederation) else \
+            RawFederation.from_federation(out, simulated=True)
     near = difflib.get_close_matches(dc.source, SOURCES, n=1)
     hint = f" Did you mean {near[0]!r}?" if near else ""
     raise ConfigError(f"unknown data.source {dc.source!r}; choose one of {', '.join(SOURCES)}.{hint}")
 
 
+def check_unit(cfg: Config, fed=None) -> None:
+    """[privacy] unit, max_rows_per_person and persons_in_silos against [data]
+    person_column (and the loaded silos, `fed`): a specific ConfigError naming the keys and
+    the fix."""
+    pc, dc = cfg.privacy, cfg.data
+    if pc.unit not in CONFIG_UNITS:
+        near = difflib.get_close_matches(str(pc.unit), CONFIG_UNITS, n=1)
+        hint = f" Did you mean {near[0]!r}?" if near else ""
+        raise ConfigError(f"unknown [privacy] unit {pc.unit!r}; choose \"example\" (DP per "
+                          f"row) or \"person\" (DP per person: all rows of one person of a "
+                          f"silo; needs [data] person_column).{hint}")
+    for key in ("max_rows_per_person", "persons_in_silos"):
+        v = getattr(pc, key)
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            raise ConfigError(f"[privacy] {key} must be a whole number ≥ 0 (0 = "
+                              f"{'all rows' if key[0] == 'm' else 'every silo'}), got {v!r}")
+        if v and pc.unit != "person":
+            raise ConfigError(f"[privacy] {key} applies only with [privacy] unit = "
+                              f"\"person\", but unit is {pc.unit!r}; remove {key} or set "
+                              "unit = \"person\" (with [data] person_column)")
+    if pc.unit == "person" and pc.enabled and not dc.person_column:
+        raise ConfigError("[privacy] unit = \"person\" needs [data] person_column, the "
+                          "column naming the person of each row (data.source = \"table\"); "
+                          f"data.source {dc.source!r} names no persons. Set [data] "
+                          "person_column, or use [privacy] unit = \"example\" (DP per row)")
+    if pc.unit == "person" and pc.enabled and fed is not None and not fed.has_persons:
+        raise ConfigError("[privacy] unit = \"person\" but the loaded silos carry no person "
+                          "ids ([data] person_column); this source has no persons: use "
+                          "unit = \"example\"")
+
+
+def require_row_unit(cfg: Config, command: str) -> None:
+    """ConfigError for [privacy] unit = "person" under a command whose releases are
+    bounded per row only (`command`, e.g. "silofl erosion")."""
+    if cfg.privacy.enabled and cfg.privacy.unit != "example":
+        raise ConfigError(f"{command} bounds its releases per row (add/remove one record) "
+                          f"only; [privacy] unit = {cfg.privacy.unit!r} is for `silofl run`. "
+                          "Set [privacy] unit = \"example\" for this command")
+
+
 def apply_privacy(fed, cfg: Config):
-    """Attach each silo's (ε_k, δ_k): the default target unless overridden by name."""
+    """Attach each silo's (ε_k, δ_k): the default target unless overridden by name.
+    Checks [privacy] unit against the silos first (`check_unit`)."""
     pc = cfg.privacy
     if not pc.enabled:
         return fed
+    check_unit(cfg, fed)
     default = PrivacyTarget(pc.epsilon, pc.delta)
     overrides = {}
     dropped = {d["silo"] for d in fed.meta.get("dropped_silos", [])}  # listed in the output
@@ -339,6 +391,7 @@ def build_algorithms(cfg: Config) -> list[Algorithm]:
                            clip_radius=tc.clip_radius, we_options=we_options(tc),
                            prox_mu=tc.prox_mu, apfl_alpha=tc.apfl_alpha,
                            apfl_alpha_lr=tc.apfl_alpha_lr,
+                           persons_in_silos=cfg.privacy.persons_in_silos,
                            **ldp_options(tc))
             for m in tc.methods]
 
@@ -369,6 +422,9 @@ def training_config(cfg: Config) -> TrainingConfig:
                          accountant=pc.accountant, noise=pc.noise, seed=tc.seed,
                          eval_every=tc.eval_every, clip_quantile=tc.clip_quantile,
                          clip_lr=tc.clip_lr, clip_init=tc.clip_init, clip_max=tc.clip_max,
-                         clip_count_noise=tc.clip_count_noise)
+                         clip_count_noise=tc.clip_count_noise,
+                         privacy_unit=pc.unit if pc.enabled else "example",
+                         max_rows_per_person=pc.max_rows_per_person)
+    check_unit(cfg)
     out.validate()
     return out

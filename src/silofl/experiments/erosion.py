@@ -209,6 +209,7 @@ def erosion_for_users(cfg: Config, users=None, *, out_dir: Path | None = None,
     way, so `silofl contrib` can make them later."""
     cfg = copy.deepcopy(cfg)
     cfg.training.methods = ["fedavg", "local"]
+    build.require_row_unit(cfg, "silofl erosion")  # its one-step gradients: per row
     p = _prepare(cfg)
     names = p.raw.names
     users = resolve_users(names, users)

@@ -36,6 +36,7 @@ import numpy as np
 
 from silofl.config import Config
 from silofl.errors import ConfigError
+from silofl.experiments import build
 from silofl.experiments.run import (
     ADJACENCY,
     _base_dir,
@@ -189,6 +190,7 @@ def rank_silos(cfg: Config, user: str, *, top: int | None = None,
         raise ConfigError(f"cv_share must be a fraction of ε in (0, 1), got {cv_share}")
     cfg = copy.deepcopy(cfg)
     cfg.training.methods = ["local"]
+    build.require_row_unit(cfg, "silofl rank")  # its CV losses: sensitivity B/n_cv per row
     p = _prepare(cfg)
     names = p.raw.names
     check_selection(names, user, top, threshold)

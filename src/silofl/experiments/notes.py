@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from silofl.privacy import store_paths
 from silofl.privacy.budget import SCRATCH_NOTE
+from silofl.privacy.units import group_bound
 from silofl.runtime.plan import SEEDED_NOTE
 from silofl.tuning.setup import distribution
 
@@ -18,6 +19,38 @@ ASSUMPTIONS = (
     "DP noise is drawn in floating point (the usual floating-point caveat of Mironov 2012 "
     "applies).",
 )
+
+
+#: a person-level job ([privacy] unit = "person"): what it treats as public besides n_k
+PERSONS_PUBLIC = ("per person: each silo's number of persons is treated as public like its "
+                  "size (it sets the sampling rate q = b/n_persons and the noise "
+                  "calibration); the number of rows of any one person is not released")
+
+
+
+def unit_notes(unit: str, person_column: str, private: bool) -> list[str]:
+    """What the unit of a private job's guarantee means for persons: per person, what is
+    public; per row on rows that name persons, the group-privacy bound as a formula of k.
+
+    Parameters
+    ----------
+    unit : str
+        "example" or "person".
+    person_column : str
+        [data] person_column ("" if none).
+    private : bool
+        The job is private.
+
+    Returns
+    -------
+    list of str
+    """
+    if not private:
+        return []
+    if unit == "person":
+        return [PERSONS_PUBLIC]
+    bound = group_bound(unit, person_column)
+    return [bound] if bound else []
 
 
 NONPRIVATE_NOTE = "NON-PRIVATE run: no differential privacy; no budget was charged"

@@ -21,7 +21,7 @@ from silofl.tuning.selection import eps_label, privacy_check, select_best
 
 #: what the reader of any report must know about the guarantee's scope
 ASSUMPTION_TEXT = (
-    "Adjacency: add/remove one record within a silo (example-level DP; each silo's "
+    "Adjacency: per row, add/remove one record within a silo (example-level DP; each silo's "
     "guarantee covers the records in its own data). Silo sizes n_k are treated as public "
     "(they set q = b/n_k, σ, the averaging weights and IFCA's score sensitivity). "
     "Per-round validation and test metrics are computed on held-out rows and are not "
@@ -39,7 +39,8 @@ def results_table(rep) -> Group:
     higher = HIGHER_IS_BETTER[metric]
     private = rep.config.privacy.enabled
     quality = getattr(rep, "quality", None) or {}
-    title = "private: silo-specific example-level DP" if private else "NON-PRIVATE"
+    level = "person" if getattr(rep, "unit", "example") == "person" else "example"
+    title = f"private: silo-specific {level}-level DP" if private else "NON-PRIVATE"
     t = Table(title=f"silofl run ({title})")
     q0 = quality.get(rep.label(res[0]))
     extra = _extra_columns(metric, q0)
@@ -231,7 +232,8 @@ def privacy_table(rep, max_rows: int = 30) -> Table | None:
         return None
     priv = [r.privacy() for r in rep.results]
     how = priv[0][0].get("calibrated_for", "") if priv[0] else ""
-    t = Table(title=f"privacy per silo (σ calibrated for {how}; ε at the silo's δ)")
+    per = "per person" if getattr(rep, "unit", "example") == "person" else "per row"
+    t = Table(title=f"privacy per silo, ε {per} (σ calibrated for {how}; ε at the silo's δ)")
     for name in ["silo", "n", "job target ε, δ", "σ", "job ε spent", "lifetime ε spent / "
                  "target"]:
         t.add_column(name, justify="left" if name == "silo" else "right")
@@ -239,7 +241,7 @@ def privacy_table(rep, max_rows: int = 30) -> Table | None:
     for k, silo in enumerate(rep.results[0].silos[:max_rows]):
         p0, c = priv[0][k], rep.combined_privacy[k]
         lt = life.get(silo)
-        t.add_row(silo, str(p0.get("n_train", p0.get("n_persons"))),  # rows or persons
+        t.add_row(silo, str(p0.get("n_persons", p0.get("n_train"))),
                   f"{p0['target_epsilon']:g}, {p0['delta']:g}",
                   f"{p0['noise_multiplier']:.3g}" if p0["noise_multiplier"] is not None
                   # local-DP methods (privatekt, fedavg_ldp): no σ; the rounds it uploaded in

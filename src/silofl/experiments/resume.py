@@ -92,6 +92,7 @@ def resume_run(run_dir: str | Path,
     if p.tcfg.private:
         remaining = {lb: [_remaining(pl, restored[lb].get(pl.name, [])) for pl in plans]
                      for lb, plans in zip(p.labels, p.plans) if lb in restored}
+        store.use_unit(p.tcfg.privacy_unit)  # the interrupted run's unit (from its config)
         job = open_job(store, remaining, lifetime=_lifetime(cfg, p.raw),
                        command="silofl run --resume", noise=p.tcfg.noise,
                        accountant=p.tcfg.accountant, fingerprints=raw_fps, parent=latest)

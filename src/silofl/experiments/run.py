@@ -35,7 +35,9 @@ from silofl.experiments.notes import (
     job_notes,
     reset_notes,
     tuning_note,
+    unit_notes,
 )
+from silofl.experiments.person_report import job_persons
 from silofl.experiments.quality import QUALITY_NOTE, assess, warnings_of
 from silofl.experiments.reference import add_nonprivate_reference
 from silofl.experiments.report import plot_history
@@ -45,14 +47,14 @@ from silofl.io import (
     write_json_atomic,
     write_text_atomic,
 )
-from silofl.privacy import accounting, events, store_paths
+from silofl.privacy import accounting, events, store_paths, units
 from silofl.privacy.budget import (
     BudgetStore,
     PlannedCharge,
 )
 from silofl.privacy.ledger import silo_file_id, tightest
 from silofl.privacy.randomness import Randomness
-from silofl.privacy.targets import ADJACENCY, PrivacyTarget
+from silofl.privacy.targets import ADJACENCY, PrivacyTarget  # noqa: F401 (audits: run.ADJACENCY)
 from silofl.runtime.job import NO_METHOD, fingerprints, open_job
 from silofl.runtime.plan import plan_job
 from silofl.runtime.rules import clip_entry
@@ -109,10 +111,22 @@ class RunReport:
     quality: dict = field(default_factory=dict)
     #: silos left out by [data] min_silo_rows with small_silos = "drop": {silo, n_train, n_test}
     dropped_silos: list = field(default_factory=list)
+    #: person level: a person seen by m silos (`person_report.job_persons`), else None
+    persons: dict | None = None
 
     @property
     def noise(self) -> str:
         return self.config.privacy.noise
+
+    @property
+    def unit(self) -> str:
+        """The privacy unit of every guarantee of this job: "example" or "person"."""
+        return self.config.privacy.unit if self.config.privacy.enabled else "example"
+
+    @property
+    def adjacency(self) -> str:
+        """The neighbouring relation as every output states it (`units.ADJACENCY`)."""
+        return units.adjacency(self.unit)
 
     def notes(self) -> list[str]:
         """What every reader of this run's outputs must be told.
@@ -131,6 +145,8 @@ class RunReport:
         tc = self.config.training
         if tc.clip == "auto" and self.config.privacy.enabled:
             auto.append(CLIP_AUTO_NOTE.format(quantile=tc.clip_quantile))
+        auto += unit_notes(self.unit, self.config.data.person_column,
+                           self.config.privacy.enabled)
         return job_notes(private=self.config.privacy.enabled, noise=self.noise,
                          scratch=self.scratch, demo=self.demo, uncharged=self.uncharged,
                          extra=self.resumed + ([LOCAL_DP_NOTE.format(", ".join(local))]
@@ -242,7 +258,7 @@ def _prepare(cfg: Config, raw=None) -> _Prepared:
         raw, tuning_counts = tuning_setup.carve_into_test(
             raw, cfg.tuning.validation_fraction, cfg.data.seed)
     tcfg = build.training_config(cfg)
-    prep = build.plan_data(cfg.data, raw, tcfg.accountant)
+    prep = build.plan_data(cfg.data, raw, tcfg.accountant, tcfg.privacy_unit)
     if prep.private and not tcfg.private:
         raise ConfigError("private preprocessing (data.standardize/impute = 'private') needs "
                           "privacy; a non-private run has no budget to charge")
@@ -398,6 +414,9 @@ def _execute(cfg: Config, p: _Prepared, fed, job, run_dir: Path | None,
         release=saving.release_info(cfg, p.model, fed), resumed=resumed or [],
         dropped_silos=list(p.raw.meta.get("dropped_silos", [])))
     report.quality = _assess(report, p.model, fed)
+    if p.tcfg.privacy_unit == "person":  # what a person seen by m silos is guaranteed
+        report.persons = job_persons(results, p.extra, cfg.privacy.delta,
+                                     cfg.privacy.persons_in_silos)
     if job is not None:
         report.run_id, report.scratch = job.run_id, job.scratch
         report.store = None if job.store.path is None else str(job.store.path)
@@ -494,7 +513,9 @@ def open_store(cfg: Config, base: Path | None = None) -> BudgetStore:
 
 def check_demo_store(cfg: Config, store: BudgetStore) -> None:
     """Refuse the demo store (its budget restarts when spent) for any source but the
-    built-in public heart data, however the store was handed over (Python API, job file).
+    built-in public heart data, however the store was handed over (Python API, job file);
+    then set the job's privacy unit on the store (`BudgetStore.use_unit`: every charge
+    records it, a silo's charges of another unit are refused).
 
     Raises
     ------
@@ -506,6 +527,7 @@ def check_demo_store(cfg: Config, store: BudgetStore) -> None:
                           f"restarts); data.source {cfg.data.source!r} is not the built-in "
                           "public heart data. Charge the source's lifetime store (leave "
                           "[budget] store empty) or name another store")
+    store.use_unit(cfg.privacy.unit if cfg.privacy.enabled else "example")
 
 
 def _lifetime(cfg: Config, fed) -> dict[str, PrivacyTarget]:
@@ -576,7 +598,7 @@ def _write_outputs(rep: RunReport) -> None:
             for r in rep.results}
     write_json_atomic(d / "history.json", hist)
     privacy = {"accountant_for_calibration": rep.config.privacy.accountant,
-               "neighbouring_relation": ADJACENCY,
+               "neighbouring_relation": rep.adjacency, "privacy_unit": rep.unit,
                "noise": rep.noise, "notes": rep.notes(), "assumptions": list(ASSUMPTIONS),
                "uncharged": rep.uncharged, "preprocessing": rep.preprocessing,
                "run_id": rep.run_id,
@@ -586,7 +608,8 @@ def _write_outputs(rep: RunReport) -> None:
                        "silo is calibrated for their composition. 'combined' is the job's "
                        "spend per silo; 'lifetime' is everything the silo has spent so far."),
                "methods": {rep.label(r): r.privacy() for r in rep.results},
-               "combined": rep.combined_privacy, "lifetime": rep.lifetime}
+               "combined": rep.combined_privacy, "lifetime": rep.lifetime,
+               "persons_across_silos": rep.persons}
     write_json_atomic(d / "privacy_report.json", privacy, indent=1)
     nonfinite: list[str] = []
     summary = json_safe(rep.summary(), nonfinite)

@@ -88,7 +88,10 @@ def card_notes(rep, r) -> list[str]:
 
 def _privacy_statement(rep, r, k: int) -> dict:
     notes = card_notes(rep, r)
-    base = {"adjacency": ADJACENCY, "noise": rep.noise, "notes": notes,
+    adjacency = getattr(rep, "adjacency", ADJACENCY)  # per row unless the job is per person
+    person = getattr(rep, "unit", "example") == "person"
+    base = {"adjacency": adjacency, "privacy_unit": "person" if person else "example",
+            "noise": rep.noise, "notes": notes,
             "uncharged": list(rep.uncharged), "run_id": rep.run_id,
             "budget_store": rep.store, "scratch_store": rep.scratch}
     if not rep.config.privacy.enabled or r.ledgers is None:
@@ -96,8 +99,10 @@ def _privacy_statement(rep, r, k: int) -> dict:
     led = r.privacy()[k]
     job = rep.combined_privacy[k] if k < len(rep.combined_privacy) else {}
     eps = led["epsilon"]
-    statement = (f"this model: ({eps:.4g}, {led['delta']:g})-DP for the records of this silo "
-                 f"(add/remove one record), {led['accountant']} accountant")
+    whom = ("the persons of this silo (per person: add/remove all rows of one person)"
+            if person else "the records of this silo (per row: add/remove one record)")
+    statement = (f"this model: ({eps:.4g}, {led['delta']:g})-DP for {whom}, "
+                 f"{led['accountant']} accountant")
     if job.get("epsilon") is not None:
         statement += (f"; all of this job's models and constants for the silo together: "
                       f"({job['epsilon']:.4g}, {led['delta']:g})-DP")

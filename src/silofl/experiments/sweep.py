@@ -49,7 +49,8 @@ import dp_accounting as dpa
 import numpy as np
 
 from silofl.algorithms import LAMBDA_METHODS, make_algorithm
-from silofl.data.federation import Federation, split_silo
+from silofl.data.federation import Federation
+from silofl.data.persons import split_training
 from silofl.errors import ConfigError, DataError, SiloflError
 from silofl.experiments import build
 from silofl.experiments.sweep_config import _ALG_DEFAULTS, SweepConfig
@@ -137,13 +138,14 @@ class Prepared:
 def carve_validation(fed: Federation, fraction: float, seed: int
                      ) -> tuple[Federation, list[tuple[np.ndarray, np.ndarray]]]:
     """Split each silo's training rows into training and validation (seeded, per silo, with
-    `split_silo`); test rows are untouched. Returns the reduced federation and the
-    validation (X (m_k, d), y (m_k,)) of every silo."""
+    `split_training`: by person where persons are named); test rows are untouched. Returns
+    the reduced federation and the validation (X (m_k, d), y (m_k,)) of every silo."""
     rng = np.random.default_rng([seed, 0x5EED])  # its own stream: the test split is unchanged
     silos, val = [], []
     for s in fed.silos:
-        part = split_silo(s.name, s.X_train, s.y_train, fraction, rng)
-        silos.append(dataclasses.replace(s, X_train=part.X_train, y_train=part.y_train))
+        part = split_training(s, fraction, rng, seed, "sweep-validation")  # persons whole
+        silos.append(dataclasses.replace(s, X_train=part.X_train, y_train=part.y_train,
+                                         person_train=part.person_train))
         val.append((part.X_test, part.y_test))
     try:
         return dataclasses.replace(fed, silos=silos), val
@@ -156,6 +158,7 @@ def carve_validation(fed: Federation, fraction: float, seed: int
 def prepare(sc: SweepConfig) -> Prepared:
     """Load the data, carve validation sets, drop silos below sweep.min_silo_train, build
     the model. Touches no training example beyond loading and splitting."""
+    build.require_row_unit(sc.base, "silofl sweep")  # its reports state per-row DP
     fed = build.load_federation(sc.base.data)
     fed, val = carve_validation(fed, sc.sweep.validation_fraction, sc.base.data.seed)
     dropped = []

@@ -48,7 +48,7 @@ from pathlib import Path
 from typing import Any, Self
 
 from silofl.errors import BudgetExceeded, SiloflError
-from silofl.privacy import events, runlock, store_admin, store_paths, store_registry
+from silofl.privacy import events, runlock, store_admin, store_paths, store_registry, units
 from silofl.privacy.ledger import tightest
 from silofl.privacy.store_schema import configure, db_error, make_folder, prepare
 from silofl.privacy.targets import PrivacyTarget
@@ -141,6 +141,8 @@ class BudgetStore:
         self._registered: set[str] = set()
         #: the demo store of the built-in public data (`store_paths.DEMO_NOTE`)
         self.demo = demo
+        #: the privacy unit of the next reservations (`use_unit`; None: inferred)
+        self.unit: str | None = None
         if self.path is not None:
             make_folder(self.path, BudgetStoreError)
             self.created = not self.path.exists()
@@ -271,10 +273,22 @@ class BudgetStore:
         """
         return store_admin.spent(self, name)
 
+    def use_unit(self, unit: str) -> None:
+        """Reserve jobs of privacy `unit` from now on (`silofl.privacy.units`; unset:
+        inferred from the labels).
+
+        Parameters
+        ----------
+        unit : {"example", "person", "node"}
+            What the next jobs' guarantees protect: one row, all rows of one person, or
+            one person of a graph.
+        """
+        self.unit = unit
+
     # -- the protocol ---------------------------------------------------------------------
     def reserve(self, run_id: str, planned: list[PlannedCharge], *, command: str,
                 noise: str, fingerprints: dict[str, str] | None = None,
-                parent: str | None = None) -> None:
+                parent: str | None = None, unit: str | None = None) -> None:
         """Reserve a run's planned charges, all or nothing, in one transaction.
 
         Parameters
@@ -292,22 +306,28 @@ class BudgetStore:
         parent : str, optional
             The settled run this one continues (a resume); a run is continued at most
             once.
+        unit : str, optional
+            The job's privacy unit (default: `use_unit`'s, else inferred from the labels).
 
         Raises
         ------
         BudgetExceeded
             Naming every silo that cannot pay; nothing is recorded.
+        BudgetStoreError
+            A silo's charges are of another privacy unit (`use_unit`); nothing recorded.
         """
         by_silo = _per_silo(planned, nonnegative=True)
+        unit = unit or self.unit or units.infer_unit((p.label for p in planned), command)
         digests = fingerprints or {}
         fingerprints = {n: self.keyed(d) for n, d in digests.items()}
         now = time.time()
         with self._tx():
             if parent is not None:
                 self._check_parent(parent)
-            ids = self._check_fits(by_silo)
+            ids = self._check_fits(by_silo, unit)
             fresh = self._write_reservation(run_id, planned, ids, fingerprints, now,
-                                            command=command, noise=noise, parent=parent)
+                                            command=command, noise=noise, parent=parent,
+                                            unit=unit)
         if self.path is not None and not self.demo and digests:
             # a silo is new to a store once (the newcomer review: a networked silo's own new
             # store was re-flagged at every round of the same process)
@@ -316,10 +336,11 @@ class BudgetStore:
                                  {n: d for n, d in digests.items() if n in ids}, new)
             self._registered |= set(ids)
 
-    def _check_fits(self, by_silo: dict[str, Counter]) -> dict[str, tuple]:
-        """Inside the reservation's transaction: every silo is registered and its lifetime ε
-        with `by_silo` (its added base-event counts) stays within its target, or raise
-        `BudgetExceeded` naming every silo that cannot pay. Returns each silo's row."""
+    def _check_fits(self, by_silo: dict[str, Counter], unit: str) -> dict[str, tuple]:
+        """Inside the reservation's transaction: every silo is registered, its charges are
+        of `unit` and its lifetime ε with `by_silo` (its added base-event counts) stays
+        within its target, or raise `BudgetExceeded` naming every silo that cannot pay.
+        Returns each silo's row."""
         problems = []
         ids = {}
         for name, added in by_silo.items():
@@ -334,6 +355,7 @@ class BudgetStore:
                 problems.append(
                     f"silo {name!r}: lifetime ε would reach {eps:.4g} ({kind}) > its "
                     f"target {eps_t:g} (δ = {delta:g}); already spent {before:.4g}")
+        units.check_units(self._db, ids, unit, self.where, BudgetStoreError)
         if problems:
             raise BudgetExceeded(
                 "; ".join(problems) + f". Nothing was executed (budget store "
@@ -346,7 +368,8 @@ class BudgetStore:
 
     def _write_reservation(self, run_id: str, planned: list[PlannedCharge],
                            ids: dict[str, tuple], fingerprints: dict[str, str], now: float,
-                           *, command: str, noise: str, parent: str | None) -> list[str]:
+                           *, command: str, noise: str, parent: str | None,
+                           unit: str = "example") -> list[str]:
         """Inside the reservation's transaction, after `_check_fits`: the run row, the
         data-change notes and the reserved charges (`fingerprints` keyed). Returns the
         silos that had no charge in this store before (checked in the machine registry)."""
@@ -365,10 +388,10 @@ class BudgetStore:
             sid, _, _, epoch = ids[p.silo]
             self._db.execute(
                 "INSERT INTO charges (silo_id, epoch, run_id, method, label, event, "
-                "count, status, time, fingerprint) VALUES (?, ?, ?, ?, ?, ?, ?, "
-                "'reserved', ?, ?)", (sid, epoch, run_id, p.method, p.label,
-                                      events.to_json(p.event), p.count, now,
-                                      fingerprints.get(p.silo)))
+                "count, status, time, fingerprint, unit) VALUES (?, ?, ?, ?, ?, ?, ?, "
+                "'reserved', ?, ?, ?)", (sid, epoch, run_id, p.method, p.label,
+                                         events.to_json(p.event), p.count, now,
+                                         fingerprints.get(p.silo), unit))
         return fresh
 
     def _check_parent(self, parent: str) -> None:
@@ -485,24 +508,25 @@ class BudgetStore:
         with self._tx():
             self._check_reserved(run_id)  # again: another process may have settled it
             rows = self._db.execute(
-                "SELECT DISTINCT silo_id, epoch, fingerprint FROM charges WHERE run_id = ? "
-                "AND status = 'reserved'", (run_id,)).fetchall()
+                "SELECT DISTINCT silo_id, epoch, fingerprint, unit FROM charges WHERE "
+                "run_id = ? AND status = 'reserved'", (run_id,)).fetchall()
             where = {}
-            for sid, epoch, fp in rows:
+            for sid, epoch, fp, unit in rows:  # executed charges keep the reserved unit
                 name = self._db.execute("SELECT name FROM silos WHERE id = ?",
                                         (sid,)).fetchone()[0]
-                where[name] = (sid, epoch, fp)
+                where[name] = (sid, epoch, fp, unit)
             self._db.execute("DELETE FROM charges WHERE run_id = ? AND status = 'reserved'",
                              (run_id,))
             for p in executed:
                 if p.count == 0:
                     continue
-                sid, epoch, fp = where[p.silo]
+                sid, epoch, fp, unit = where[p.silo]
                 self._db.execute(
                     "INSERT INTO charges (silo_id, epoch, run_id, method, label, event, "
-                    "count, status, time, fingerprint) VALUES (?, ?, ?, ?, ?, ?, ?, "
-                    "'charged', ?, ?)", (sid, epoch, run_id, p.method, p.label,
-                                         events.to_json(p.event), p.count, now, fp))
+                    "count, status, time, fingerprint, unit) VALUES (?, ?, ?, ?, ?, ?, ?, "
+                    "'charged', ?, ?, ?)", (sid, epoch, run_id, p.method, p.label,
+                                            events.to_json(p.event), p.count, now, fp,
+                                            unit))
             self._db.execute("UPDATE runs SET finished = ?, status = ? WHERE id = ?",
                              (now, status, run_id))
 

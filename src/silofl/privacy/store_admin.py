@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from silofl.errors import SiloflError
-from silofl.privacy import accounting, events
+from silofl.privacy import accounting, events, units
 from silofl.privacy.ledger import tightest
 from silofl.privacy.store_schema import SCHEMA_VERSION
 from silofl.privacy.targets import PrivacyTarget, check_target
@@ -189,7 +189,9 @@ def spent(store: BudgetStore, name: str) -> dict:
         ``target_epsilon``, ``delta``, ``epsilon`` (spent: reserved + executed,
         composed, the tightest guarantee), ``accountant``, ``epsilon_rdp``,
         ``epsilon_pld``, ``remaining``, ``unfinished_runs``, ``within_target``,
-        ``epoch``, ``reset``.
+        ``epoch``, ``reset``, ``unit`` (the privacy unit of the composed charges:
+        "example", "person" or "node"; None before the first charge) and ``adjacency``
+        (that unit in words, `silofl.privacy.units.ADJACENCY`).
 
     Raises
     ------
@@ -212,11 +214,14 @@ def spent(store: BudgetStore, name: str) -> dict:
                        "IN ('reset', 'new-cohort') ORDER BY id DESC LIMIT 1", (sid,))
     reset = ({"reason": last[0][1], "time": last[0][2]}
              if last and last[0][0] == "reset" else None)
+    unit = store._read("SELECT unit FROM charges WHERE silo_id = ? AND epoch = ? ORDER BY "
+                       "id LIMIT 1", (sid, epoch))  # one unit per epoch (units.check_units)
     return {"silo": name, "target_epsilon": eps_t, "delta": delta, "epoch": epoch,
             "epsilon": eps, "accountant": kind, "epsilon_rdp": both["rdp"],
             "epsilon_pld": both["pld"], "remaining": max(eps_t - eps, 0.0),
             "unfinished_runs": reserved, "within_target": eps <= eps_t,
-            "reset": reset}
+            "reset": reset, "unit": unit[0][0] if unit else None,
+            "adjacency": units.adjacency(unit[0][0]) if unit else None}
 
 
 def run_status(store: BudgetStore, run_id: str) -> str | None:
@@ -388,7 +393,7 @@ def charges(store: BudgetStore, name: str, *, all_epochs: bool = False) -> list[
     -------
     list of dict
         One dict per charge: epoch, run, command, method, label, event, count,
-        status, time, fingerprint, noise, run_status.
+        status, time, fingerprint, noise, run_status, unit.
 
     Raises
     ------
@@ -399,13 +404,14 @@ def charges(store: BudgetStore, name: str, *, all_epochs: bool = False) -> list[
     if row is None:
         raise store._error(f"silo {name!r} is not in budget store {store.where}")
     sql = ("SELECT c.epoch, c.run_id, r.command, c.method, c.label, c.event, c.count, "
-           "c.status, c.time, c.fingerprint, r.noise, r.status FROM charges c JOIN runs r "
+           "c.status, c.time, c.fingerprint, r.noise, r.status, c.unit FROM charges c "
+           "JOIN runs r "
            "ON r.id = c.run_id WHERE c.silo_id = ?" + ("" if all_epochs else
                                                        " AND c.epoch = ?") +
            " ORDER BY c.id")
     args = (row[0],) if all_epochs else (row[0], row[3])
     keys = ("epoch", "run", "command", "method", "label", "event", "count", "status",
-            "time", "fingerprint", "noise", "run_status")
+            "time", "fingerprint", "noise", "run_status", "unit")
     return [dict(zip(keys, r)) for r in store._read(sql, args)]
 
 

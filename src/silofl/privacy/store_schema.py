@@ -12,7 +12,14 @@ from typing import TypeVar
 
 from silofl.privacy.store_paths import keyed
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
+#: the privacy unit of a charge: "example" (one row), "person" (all rows of one person of a
+#: silo) or "node" (a person of a contact graph, `privacy.node_level`)
+UNITS = ("example", "person", "node")
+#: labels of node-level charges, and the word in the command of every node-level
+#: (pandemic) job, whose tuned runs charge only labels that example-level tuning uses too
+NODE_LABELS = ("node-dpsgd",)
+NODE_COMMAND = "pandemic"
 
 E = TypeVar("E", bound=Exception)
 
@@ -29,7 +36,8 @@ CREATE TABLE IF NOT EXISTS charges (
     id INTEGER PRIMARY KEY, silo_id INTEGER NOT NULL REFERENCES silos(id),
     epoch INTEGER NOT NULL, run_id TEXT NOT NULL REFERENCES runs(id),
     method TEXT NOT NULL, label TEXT NOT NULL, event TEXT NOT NULL,
-    count INTEGER NOT NULL, status TEXT NOT NULL, time REAL NOT NULL, fingerprint TEXT);
+    count INTEGER NOT NULL, status TEXT NOT NULL, time REAL NOT NULL, fingerprint TEXT,
+    unit TEXT NOT NULL DEFAULT 'example');
 CREATE INDEX IF NOT EXISTS charges_by_silo ON charges (silo_id, epoch);
 CREATE INDEX IF NOT EXISTS charges_by_run ON charges (run_id);
 CREATE TABLE IF NOT EXISTS progress (
@@ -70,8 +78,10 @@ def prepare(db: sqlite3.Connection, demo: bool, where: str,
         db.execute("INSERT INTO meta VALUES ('schema', ?)", (str(SCHEMA_VERSION),))
         db.execute("INSERT INTO meta VALUES ('secret', ?)", (secrets.token_hex(32),))
         db.execute("INSERT INTO meta VALUES ('kind', ?)", ("demo" if demo else "lifetime",))
-    elif row[0] == "1":
-        migrate_v1(db, SCHEMA_VERSION)
+    elif row[0] in ("1", "2"):
+        if row[0] == "1":
+            migrate_v1(db, 2)
+        migrate_v2(db)
         migrated = True
     elif row[0] != str(SCHEMA_VERSION):
         raise error(f"budget store {where} has schema version {row[0]}, this "
@@ -110,6 +120,22 @@ def migrate_v1(db: sqlite3.Connection, version: int) -> None:
     db.execute("INSERT INTO log (time, silo_id, action, reason, detail) VALUES (?, NULL, "
                "'migrate', 'schema 1 -> 2', 'fingerprints re-keyed; runs record their "
                "owner; progress is recorded per charge')", (time.time(),))
+
+
+def migrate_v2(db: sqlite3.Connection) -> None:
+    """Schema 2 -> 3, inside the caller's open transaction: every charge records its
+    privacy unit. Stores before schema 3 knew two units: the charges of a run with a
+    node-level charge (`NODE_LABELS`: its rounds and its preprocessing) or of a pandemic
+    command (`NODE_COMMAND`: its tuned runs too) are "node", every other "example"."""
+    db.execute("ALTER TABLE charges ADD COLUMN unit TEXT NOT NULL DEFAULT 'example'")
+    marks = ", ".join("?" * len(NODE_LABELS))
+    db.execute(f"UPDATE charges SET unit = 'node' WHERE run_id IN (SELECT DISTINCT run_id "
+               f"FROM charges WHERE label IN ({marks})) OR run_id IN (SELECT id FROM runs "
+               f"WHERE instr(command, ?) > 0)", (*NODE_LABELS, NODE_COMMAND))
+    db.execute("UPDATE meta SET value = '3' WHERE key = 'schema'")
+    db.execute("INSERT INTO log (time, silo_id, action, reason, detail) VALUES (?, NULL, "
+               "'migrate', 'schema 2 -> 3', 'charges record their privacy unit: node-level "
+               "runs node, every other charge example (per row)')", (time.time(),))
 
 
 def configure(db: sqlite3.Connection, *, on_disk: bool) -> None:

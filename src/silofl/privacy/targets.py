@@ -23,8 +23,12 @@ import numpy as np
 from silofl.errors import PrivacyError
 
 #: The neighbouring relation of every example-level guarantee (a run's cards and reports)
-ADJACENCY = ("add/remove one record (example-level DP within each silo; each silo's "
-             "guarantee covers the records in its own data)")
+ADJACENCY = ("per row: add/remove one record (example-level DP within each silo; each "
+             "silo's guarantee covers the records in its own data)")
+#: ... and of every person-level guarantee ([privacy] unit = "person")
+PERSON_ADJACENCY = ("per person: add/remove all rows of one person in one silo (person-level "
+                    "DP within each silo; each silo's guarantee covers the persons in its "
+                    "own data, whatever number of rows each has)")
 EPSILON_MAX = 100.0
 DELTA_MAX = 0.5
 

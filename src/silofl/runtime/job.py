@@ -223,12 +223,13 @@ def open_job(store: BudgetStore, plans: dict[str, list], *,
         planned += labelled[method]
     planned += list(extra or [])
     store.register(lifetime, explicit=explicit_lifetime)
+    unit = plans_unit(plans)  # what the plans protect, whoever opens the job
     run_id = new_run_id()
     restarted = False
     try:
         try:
             store.reserve(run_id, planned, command=command, noise=noise,
-                          fingerprints=fingerprints, parent=parent)
+                          fingerprints=fingerprints, parent=parent, unit=unit)
         except BudgetExceeded:
             if not store.demo:
                 raise
@@ -236,7 +237,7 @@ def open_job(store: BudgetStore, plans: dict[str, list], *,
                 store.reset(name, "demo store (public built-in data): budget restarted so "
                             "the demo can be repeated")
             store.reserve(run_id, planned, command=command, noise=noise,
-                          fingerprints=fingerprints, parent=parent)
+                          fingerprints=fingerprints, parent=parent, unit=unit)
             restarted = True
     except KeyboardInterrupt:  # Ctrl-C / SIGTERM before the caller holds the job
         _release_unstarted(store, run_id)
@@ -244,6 +245,17 @@ def open_job(store: BudgetStore, plans: dict[str, list], *,
     targets = {p.name: p.target for ps in plans.values() for p in ps}
     return Job(store, run_id, kind, dict(plans), targets, _extra=list(extra or []),
                _allowance=allowances, demo_restarted=restarted)
+
+
+def plans_unit(plans: dict[str, list]) -> str | None:
+    """The privacy unit the plans protect: "person" or "node" when their plans say so,
+    None (the store's own: `BudgetStore.use_unit`, else inferred) otherwise."""
+    ps = [p for v in plans.values() for p in v]
+    if any(getattr(p, "unit", "example") == "person" for p in ps):
+        return "person"
+    if any(getattr(p, "node", None) is not None for p in ps):
+        return "node"
+    return None
 
 
 def _release_unstarted(store: BudgetStore, run_id: str) -> None:

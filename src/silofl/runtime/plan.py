@@ -46,6 +46,7 @@ from silofl.privacy.node_level import (
 from silofl.privacy.targets import PrivacyTarget
 from silofl.runtime.job import accountant_kind
 from silofl.runtime.sources import require_persons
+from silofl.runtime.uldp_plan import plan_consortium
 
 NOISE_MODES = ("secure", "seeded")
 #: the privacy unit: "example" (one training row, Poisson-sampled DP-SGD), "person" (all
@@ -271,6 +272,8 @@ class SiloPlan:
     final_clip: float | None = None
     #: clip = "auto": the target quantile γ_k of the silo's last clip update (public)
     clip_target: float | None = None
+    #: a consortium-wide mechanism (uldp): its report (`privacy.uldp.consortium_report`)
+    consortium: dict | None = None
 
     def to_dict(self) -> dict:
         out = {"silo": self.name, "n_train": self.n, "sampling_rate": self.q,
@@ -287,6 +290,8 @@ class SiloPlan:
         if self.unit == "person":
             out.update(privacy_unit="person", n_persons=out.pop("n_train"),
                        adjacency_text=PERSON_TEXT)
+        if self.consortium is not None:
+            out["consortium"] = self.consortium
         if self.node is not None:
             adj = self.node["adjacency"]
             out.update(privacy_unit="node", S=self.node["S"], adjacency=adj,
@@ -332,6 +337,9 @@ def plan_job(fed: Federation, algorithms: list[Algorithm], cfg: TrainingConfig,
     every algorithm's declared events meets the silo's target. Returns one plan list per
     algorithm (same σ_k in each, `declared` = that algorithm's own events)."""
     per_alg = [_base_plans(fed, alg, cfg) for alg in algorithms]
+    if any(getattr(a, "consortium", False) for a in algorithms):  # ULDP: one σ for all
+        plan_consortium(algorithms, per_alg[0], cfg, extra)
+        return per_alg
     if not cfg.private:
         return per_alg
     if any(not getattr(a, "calibrated", True) for a in algorithms):

@@ -6,6 +6,8 @@ trained alone reads its rows exactly as it does in the simulator.
 
 from __future__ import annotations
 
+import numpy as np
+
 from silofl.data.federation import Silo
 from silofl.errors import ConfigError
 from silofl.training.persons import PersonIndex, PersonSource
@@ -51,7 +53,8 @@ def training_source(silos: list[Silo], unit: str = "example", max_rows_per_perso
     if unit != "person":
         return SiloArrays.stack([s.X_train for s in silos], [s.y_train for s in silos])
     require_persons(silos)
-    index, orders = PersonIndex.group([s.person_train for s in silos], max_rows_per_person)
+    index, orders = PersonIndex.group([np.asarray(s.person_train) for s in silos],
+                                       max_rows_per_person)
     rows = SiloArrays.stack([s.X_train[o] for s, o in zip(silos, orders)],
                             [s.y_train[o] for s, o in zip(silos, orders)])
     return PersonSource(rows, index, seed)

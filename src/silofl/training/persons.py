@@ -19,6 +19,7 @@ the person's contribution ≤ C), so that choice uses ordinary (non-DP) randomne
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -150,7 +151,7 @@ class PersonSource:
         Seeds the choice of a capped person's rows (not a privacy-relevant draw).
     """
 
-    def __init__(self, rows, index: PersonIndex, seed: int = 0) -> None:
+    def __init__(self, rows: Any, index: PersonIndex, seed: int = 0) -> None:
         self.rows, self.index = rows, index
         self.n = index.n
         self._rng = np.random.default_rng([int(seed), 23])
@@ -170,7 +171,8 @@ class PersonSource:
     def stream_state(self, state: dict) -> None:
         self._rng.bit_generator.state = state
 
-    def gather(self, silos: np.ndarray, idx: np.ndarray):
+    def gather(self, silos: np.ndarray,
+               idx: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
         """Rows idx (k, R) (already expanded) of silos `silos` (k,): X, y, ‖x‖² or None."""
         return self.rows.gather(silos, idx)
 

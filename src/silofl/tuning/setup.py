@@ -14,7 +14,7 @@ import dataclasses
 import numpy as np
 
 from silofl.config.base import did_you_mean
-from silofl.data.federation import split_silo
+from silofl.data.persons import split_training
 from silofl.errors import ConfigError
 from silofl.tuning import distributions as D
 
@@ -195,12 +195,15 @@ def carve_into_test(raw, fraction: float, seed: int):
     rng = np.random.default_rng([seed, 0x7E57])
     silos, counts = [], []
     for s in raw.silos:
-        part = split_silo(s.name, s.X_train, s.y_train, fraction, rng)
+        part = split_training(s, fraction, rng, seed, "validation")  # persons kept whole
         counts.append(len(part.y_test))
+        persons = {} if s.person_train is None else dict(
+            person_train=part.person_train,
+            person_test=np.concatenate([s.person_test, part.person_test]))
         silos.append(dataclasses.replace(
             s, X_train=part.X_train, y_train=part.y_train,
             X_test=np.concatenate([s.X_test, part.X_test]),
-            y_test=np.concatenate([s.y_test, part.y_test])))
+            y_test=np.concatenate([s.y_test, part.y_test]), **persons))
     return dataclasses.replace(raw, silos=silos), np.array(counts)
 
 
@@ -211,5 +214,7 @@ def split_from_test(fed, counts):
     for s, m in zip(fed.silos, counts):
         cut = len(s.y_test) - int(m)
         val.append((s.X_test[cut:], s.y_test[cut:]))
-        silos.append(dataclasses.replace(s, X_test=s.X_test[:cut], y_test=s.y_test[:cut]))
+        silos.append(dataclasses.replace(
+            s, X_test=s.X_test[:cut], y_test=s.y_test[:cut],
+            person_test=None if s.person_test is None else s.person_test[:cut]))
     return dataclasses.replace(fed, silos=silos), val

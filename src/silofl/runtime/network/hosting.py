@@ -30,6 +30,12 @@ NETWORK_METHODS = ("local", "fedavg", "mrmtl", "ditto", "finetune", "ifca", "ifc
 
 
 def check_network_method(name: str) -> None:
+    if name == "uldp":  # its privacy rests on SecAgg+ summing unnormalised shares
+        raise ConfigError(
+            "method 'uldp' does not run over the network: its person-level guarantee holds "
+            "only where SecAgg+ makes the sum of the silos' shares the only release, and the "
+            "network's secagg mode serves the weighted mean of fedavg and mrmtl; run uldp in "
+            "the simulator (`silofl run`), which models SecAgg+ as an exact sum")
     if name not in NETWORK_METHODS:
         raise ConfigError(
             f"method {name!r} does not run over the network. Network methods: "

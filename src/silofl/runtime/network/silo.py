@@ -346,8 +346,6 @@ class SiloProgram(silo_table.TableHooks):
                               "silo process")
         # the store's lifetime target must be the one this config states (else refuse now)
         self.store.register({c.name: c.lifetime}, explicit=True)
-        if hasattr(self.store, "use_unit"):  # stores that record each charge's unit
-            self.store.use_unit(job["privacy_unit"] if job["data_kind"] == "tabular" else "node")
         algorithm = job_algorithm(job, load_public(c.public_data, f"silo {c.name!r}"))
         tcfg, model = job_config(job), job_model(job)
         self.job, self.algorithm, self.tcfg, self.model = job, algorithm, tcfg, model
@@ -441,7 +439,7 @@ class SiloProgram(silo_table.TableHooks):
         if extra:
             declared = dpa.ComposedDpEvent([*extra, declared])
         round_plan = SiloPlan(p.name, p.n, p.q, p.steps_per_pass, p.target, p.noise_multiplier,
-                              declared=declared)
+                              declared=declared, unit=p.unit)  # the store records the unit
         method = accepted["method"]
         try:  # reserve this round in the lifetime store before any row is read
             job = open_job(self.store, {method: [round_plan]}, lifetime={c.name: c.lifetime},
