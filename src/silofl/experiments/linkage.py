@@ -103,7 +103,7 @@ def key_configured(cfg: Config, environ: Mapping[str, str] | None = None) -> boo
     return bool(cfg.privacy.linkage_key_file or env.get(KEY_ENV))
 
 
-def plan_linkage(cfg: Config, fed: Any, *, release: bool = True,
+def plan_linkage(cfg: Config, fed: Any, *, release: bool = True, standalone: bool = False,
                  environ: Mapping[str, str] | None = None) -> LinkagePlan | None:
     """The job's linkage plan: key loaded and checked, the release's noise calibrated.
 
@@ -115,6 +115,9 @@ def plan_linkage(cfg: Config, fed: Any, *, release: bool = True,
         The silos (their names and targets; no row is read).
     release : bool, default True
         Plan the overlap release (False: the key only, e.g. for linked weights).
+    standalone : bool, default False
+        A release of its own (`silofl persons`), not composed into a job's training: a
+        uldp job's configuration may then release it too.
     environ : mapping, optional
         The environment (default `os.environ`).
 
@@ -143,7 +146,8 @@ def plan_linkage(cfg: Config, fed: Any, *, release: bool = True,
     targets = [s.target for s in fed.silos]
     delta = min(t.delta for t in targets)
     eps = pc.overlap_epsilon
-    if "uldp" in tc.methods:  # one σ for the consortium: nothing else composes into it
+    if "uldp" in tc.methods and not standalone:  # one σ for the consortium: nothing
+        # else composes into it
         if eps:
             raise ConfigError(
                 "[privacy] overlap_epsilon: uldp calibrates one σ for the consortium's "
