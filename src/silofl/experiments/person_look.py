@@ -90,6 +90,8 @@ def first_look(cfg: Config, store: BudgetStore | None = None) -> PersonLook:
     link = p.link
     if link is not None and not link.events:  # the job releases none: one of its own
         link = linkage.plan_linkage(cfg, p.raw, standalone=True)
+    tcfg: Any = p.tcfg  # _Prepared types its fields loosely
+    raw: Any = p.raw
     spent = linkage.merged(p.extra, p.link)
     silo_events: dict[str, list[dpa.DpEvent]] = {}
     targets = {}
@@ -103,13 +105,13 @@ def first_look(cfg: Config, store: BudgetStore | None = None) -> PersonLook:
     if link is not None and link.events:
         st = store if store is not None else open_store(cfg)
         check_demo_store(cfg, st)
-        job = open_job(st, {}, lifetime=_lifetime(cfg, p.raw),
+        job = open_job(st, {}, lifetime=_lifetime(cfg, raw),
                        explicit_lifetime=cfg.budget.epsilon is not None,
-                       command="silofl persons", noise=p.tcfg.noise,
-                       accountant=p.tcfg.accountant, fingerprints=fingerprints(p.raw),
+                       command="silofl persons", noise=tcfg.noise,
+                       accountant=tcfg.accountant, fingerprints=fingerprints(raw),
                        extra=linkage.charges(link))
         try:
-            release = linkage.release(link, p.raw, job, p.tcfg.noise, cfg.training.seed)
+            release = linkage.release(link, raw, job, tcfg.noise, cfg.training.seed)
         except BaseException:
             job.settle("failed")
             raise
