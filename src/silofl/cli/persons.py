@@ -45,7 +45,7 @@ def persons(config: Path = typer.Option(..., "--config", "-c",
             f"(Gaussian, noise std {ov['noise_std_persons']:.3g} persons per bin), to every "
             f"silo's lifetime budget store {escape(look.store or 'scratch (in memory)')}, "
             f"run {look.run_id}. A later `silofl run` with the key releases it again unless "
-            "\\[privacy] overlap_epsilon = 0.")
+            "\\[privacy] overlap_epsilon = 0 (a uldp job releases none).")
     else:
         console.print("Nothing released, nothing charged: the table composes each silo's "
                       "planned events for the declared M (planning read only the silos' "

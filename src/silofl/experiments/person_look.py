@@ -123,5 +123,6 @@ def first_look(cfg: Config, store: BudgetStore | None = None) -> PersonLook:
         info["overlap"]["charged"] = (
             "to every silo's ledger and lifetime budget store, as a run of its own "
             "(command \"silofl persons\"); a later `silofl run` with the key releases and "
-            "charges the overlap again unless [privacy] overlap_epsilon = 0")
+            "charges the overlap again unless [privacy] overlap_epsilon = 0 (a uldp job "
+            "releases none)")
     return PersonLook(report, info, release is not None, run_id, where)
