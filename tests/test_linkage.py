@@ -234,3 +234,23 @@ def test_overlap_epsilon_is_checked(tmp_path):
         config_from_dict(_raw(tmp_path, overlap_epsilon=-0.1))
     p = run_mod._prepare(config_from_dict(_raw(tmp_path, overlap_epsilon=0.0)))
     assert p.link is not None and p.link.events == {} and not linkage.charges(p.link)
+
+
+def test_a_release_above_the_declared_m_is_flagged(tmp_path):
+    """Declared M = 1 while a fifth of the patients are at 2-3 hospitals: with a release
+    precise enough (ε = 1 of 2), the report flags m = 2 from the noisy counts alone."""
+    raw = _raw(tmp_path, overlap_epsilon=1.0)
+    raw["privacy"]["persons_in_silos"] = 1
+    raw["budget"] = {"scratch": True}
+    raw["output"] = {"dir": ""}
+    rep = run_mod.run(config_from_dict(raw))
+    assert 2 in rep.persons["overlap_above_declared"]
+    assert rep.persons["declared_m"] == 1
+    std = rep.linkage["overlap"]["noise_std_persons"]
+    assert std < 10  # persons per bin
+    from rich.console import Console
+
+    from silofl.experiments.person_report import person_table
+    con = Console(record=True, width=200)
+    con.print(person_table(rep.persons))
+    assert "more than the declared M = 1" in " ".join(con.export_text().split())
