@@ -254,3 +254,28 @@ def test_a_release_above_the_declared_m_is_flagged(tmp_path):
     con = Console(record=True, width=200)
     con.print(person_table(rep.persons))
     assert "more than the declared M = 1" in " ".join(con.export_text().split())
+
+
+def test_a_resumed_run_keeps_the_release_charged_once_and_its_sigma(tmp_path):
+    """Interrupted after the release: the resume plans the same σ (the release composed
+    in), charges no second release, and says its table has no noisy column."""
+    from silofl.experiments.resume import resume_run
+    raw = _raw(tmp_path)
+    raw["training"]["rounds"] = 4
+    raw["output"]["name"] = "job"
+    raw["budget"]["epsilon"] = 4.0  # a resume re-reads the rounds after its checkpoint
+
+    def stop(label, t, total, pooled):
+        if t == 2:
+            raise KeyboardInterrupt
+    with pytest.raises(KeyboardInterrupt):
+        run_mod.run(config_from_dict(raw), on_progress=stop)
+    rep = resume_run(tmp_path / "runs" / "job")
+    assert all(c["within_target"] for c in rep.combined_privacy)
+    assert "overlap histogram" in rep.results[0].plans[0].calibrated_for
+    assert all("persons_noisy" not in r for r in rep.persons["rows"])
+    assert any("not redone on resume" in n for n in rep.notes())
+    with BudgetStore(tmp_path / "store.sqlite") as st:
+        for s in st.silos():
+            got = [c for c in st.charges(s) if c["label"] == "overlap"]
+            assert len(got) == 1 and got[0]["count"] == 1
