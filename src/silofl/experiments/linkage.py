@@ -134,7 +134,9 @@ def plan_linkage(cfg: Config, fed: Any, *, release: bool = True, standalone: boo
     """
     pc, tc = cfg.privacy, cfg.training
     linked = "uldp" in tc.methods and tc.uldp_weighting == "linked"
-    if not (pc.enabled and pc.unit == "person") or not key_configured(cfg, environ):
+    if not (pc.enabled or linked):
+        return None
+    if pc.unit != "person" or not key_configured(cfg, environ):
         if linked:
             raise ConfigError(
                 "[training] uldp_weighting = \"linked\" weights persons linked by keyed "
@@ -143,6 +145,8 @@ def plan_linkage(cfg: Config, fed: Any, *, release: bool = True, standalone: boo
                 "uldp_weighting = \"uniform\" (1/M, no linkage)")
         return None
     key = load_linkage_key(pc.linkage_key_file or None, environ=environ)
+    if not pc.enabled:  # no budget to charge: the key serves linked weights only
+        return LinkagePlan(key, 0.0, pc.delta, None, linked=linked)
     targets = [s.target for s in fed.silos]
     delta = min(t.delta for t in targets)
     eps = pc.overlap_epsilon
