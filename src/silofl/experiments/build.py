@@ -392,6 +392,8 @@ def build_algorithms(cfg: Config) -> list[Algorithm]:
                            prox_mu=tc.prox_mu, apfl_alpha=tc.apfl_alpha,
                            apfl_alpha_lr=tc.apfl_alpha_lr,
                            persons_in_silos=cfg.privacy.persons_in_silos,
+                           uldp_weighting=tc.uldp_weighting,
+                           uldp_sample_rate=tc.uldp_sample_rate,
                            **ldp_options(tc))
             for m in tc.methods]
 
