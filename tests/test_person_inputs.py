@@ -90,11 +90,14 @@ def test_messy_person_inputs_exit_2_before_any_charge(tmp_path, mess, privacy, w
     assert "Traceback" not in res.output and _charges(tmp_path) == 0
 
 
-def test_a_declared_m_equal_to_the_silos_runs(tmp_path):
+def test_a_declared_m_equal_to_the_silos_runs_and_counts_persons(tmp_path):
     path = _job(tmp_path, _visits(), {"persons_in_silos": 3})
-    res = CliRunner().invoke(app, ["run", "--config", str(path), "-q"])
+    res = CliRunner().invoke(app, ["run", "--config", str(path), "-q"],
+                             env={"COLUMNS": "200"})
     assert res.exit_code == 0, res.output
     assert _charges(tmp_path) > 0
+    # the privacy table's n is what q = b/n counts: persons, and says so
+    assert "n persons" in res.output and "3 ◀ M" in res.output
 
 
 def test_the_digest_of_a_silo_without_test_rows_is_its_rows_digest():
