@@ -4,6 +4,7 @@ training side. Each either reads as the user meant or is refused before any char
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from pathlib import Path
 
@@ -98,6 +99,10 @@ def test_a_declared_m_equal_to_the_silos_runs_and_counts_persons(tmp_path):
     assert _charges(tmp_path) > 0
     # the privacy table's n is what q = b/n counts: persons, and says so
     assert "n persons" in res.output and "3 ◀ M" in res.output
+    # summary.json, read alone, says what its combined ε protects
+    (summary,) = (tmp_path / "runs").glob("*/summary.json")
+    got = json.loads(summary.read_text())
+    assert got["privacy_unit"] == "person" and "all rows of one person" in got["adjacency"]
 
 
 def test_the_digest_of_a_silo_without_test_rows_is_its_rows_digest():

@@ -210,6 +210,8 @@ class RunReport:
                                if self.label(r) in self.quality else {})}
                            for r in self.results],
                "combined_privacy": self.combined_privacy}
+        if self.config.privacy.enabled:  # what combined_privacy's ε protects
+            out["privacy_unit"], out["adjacency"] = self.unit, self.adjacency
         if self.quality:  # a useless model never looks fine (README "Reading the results")
             out["quality_warnings"] = warnings_of(self.quality)
             out["quality_note"] = QUALITY_NOTE
