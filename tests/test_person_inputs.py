@@ -113,3 +113,16 @@ def test_the_digest_of_a_silo_without_test_rows_is_its_rows_digest():
     assert silo_digest(empty) == silo_digest(split)  # rows in no particular order
     assert silo_digest(empty) != silo_digest(Silo("s", X[:5], y[:5], np.zeros((0, 3)),
                                                   np.zeros(0)))
+
+
+def test_a_silo_whose_persons_all_fell_on_the_test_side_is_refused_with_the_reason():
+    from silofl.data.federation import Federation
+    rng = np.random.default_rng(1)
+    X, y = rng.normal(size=(8, 2)), np.array([0, 1] * 4, float)
+    big = Silo("big", X[:6], y[:6], X[6:], y[6:], person_train=np.arange(6),
+               person_test=np.array([6, 7]))
+    solo = Silo("solo", np.zeros((0, 2)), np.zeros(0), X[:3], y[:3],
+                person_train=np.zeros(0, np.int64), person_test=np.array([9, 9, 9]))
+    with pytest.raises(DataError, match=r"0 training example\(s\) \(the person split put 1 "
+                                        r"of its persons.*on the test side\).*small_silos"):
+        Federation([big, solo], ["a", "b"], "binary", 2)
