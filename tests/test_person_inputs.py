@@ -126,3 +126,12 @@ def test_a_silo_whose_persons_all_fell_on_the_test_side_is_refused_with_the_reas
     with pytest.raises(DataError, match=r"0 training example\(s\) \(the person split put 1 "
                                         r"of its persons.*on the test side\).*small_silos"):
         Federation([big, solo], ["a", "b"], "binary", 2)
+
+
+def test_a_misspelt_unit_is_refused_before_the_table_is_read(tmp_path):
+    path = _job(tmp_path, _visits(), {"unit": "persn"})
+    (tmp_path / "v.csv").unlink()  # the unit is checked first: no "cannot read" error
+    res = CliRunner().invoke(app, ["run", "--config", str(path), "-q"])
+    assert res.exit_code == 2, res.output
+    assert "Did you mean 'person'" in " ".join(res.output.split())
+    assert "v.csv" not in res.output and _charges(tmp_path) == 0

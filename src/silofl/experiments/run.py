@@ -250,6 +250,7 @@ def _prepare(cfg: Config, raw=None) -> _Prepared:
     # facts only) so that its private statistics are reserved with the training.
     # (`raw` given: `silofl.audit` passes the silos with its canaries inserted.)
     if raw is None:
+        build.check_unit(cfg)  # a misspelt unit fails before a large table is read
         raw = build.apply_privacy(build.load_raw(cfg.data), cfg)
     # --- private tuning (silofl.tuning): validation rows leave the training rows first
     tuning_counts = None
