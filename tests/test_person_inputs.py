@@ -135,3 +135,11 @@ def test_a_misspelt_unit_is_refused_before_the_table_is_read(tmp_path):
     assert res.exit_code == 2, res.output
     assert "Did you mean 'person'" in " ".join(res.output.split())
     assert "v.csv" not in res.output and _charges(tmp_path) == 0
+
+
+def test_ldp_compare_refuses_the_person_unit_before_reading_or_charging(tmp_path):
+    path = _job(tmp_path, _visits(), {})
+    res = CliRunner().invoke(app, ["ldp-compare", "--config", str(path)])
+    assert res.exit_code == 2, res.output
+    assert "silofl ldp-compare bounds its releases per row" in " ".join(res.output.split())
+    assert _charges(tmp_path) == 0
