@@ -212,6 +212,8 @@ class RunReport:
                                if self.label(r) in self.quality else {})}
                            for r in self.results],
                "combined_privacy": self.combined_privacy}
+        if self.config.privacy.enabled:  # what combined_privacy's ε protects
+            out["privacy_unit"], out["adjacency"] = self.unit, self.adjacency
         if self.quality:  # a useless model never looks fine (README "Reading the results")
             out["quality_warnings"] = warnings_of(self.quality)
             out["quality_note"] = QUALITY_NOTE
@@ -251,6 +253,7 @@ def _prepare(cfg: Config, raw=None) -> _Prepared:
     # facts only) so that its private statistics are reserved with the training.
     # (`raw` given: `silofl.audit` passes the silos with its canaries inserted.)
     if raw is None:
+        build.check_unit(cfg)  # a misspelt unit fails before a large table is read
         raw = build.apply_privacy(build.load_raw(cfg.data), cfg)
     # --- private tuning (silofl.tuning): validation rows leave the training rows first
     tuning_counts = None
