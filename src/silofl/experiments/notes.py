@@ -10,7 +10,8 @@ from silofl.runtime.plan import SEEDED_NOTE
 from silofl.tuning.setup import distribution
 
 ASSUMPTIONS = (
-    "Silo sizes n_k are treated as public: they set the sampling rate q = b/n_k, the noise "
+    "Silo sizes n_k (rows; at the person level persons, and rows too) are treated as "
+    "public: they set the sampling rate q = b/n_k (n_k in the unit sampled), the noise "
     "calibration, the averaging weights (weighted = true) and IFCA's score sensitivity.",
     "Per-round test metrics are computed on each silo's held-out test rows for the "
     "researcher and are not privatized: release the models, not those metrics. The same "

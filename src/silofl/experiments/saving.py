@@ -155,7 +155,9 @@ def save_models(rep) -> Path:
                 "silo": name, "file_id": fid,
                 "method": {"label": label, **r.method}, "hyperparameters": hyper,
                 "model": spec, "task": info["task"], "classes": info["classes"],
-                "n_train": plan.get("n_train"),
+                # training units: rows, or persons at the person level (public sizes)
+                **({"n_persons": plan["n_persons"]} if "n_persons" in plan
+                   else {"n_train": plan.get("n_train")}),
                 "preprocessing": {
                     "feature_names": info["feature_names"], "schema": info["schema"],
                     "steps": rep.preprocessing, "clip": constants.get("clip", {}),
