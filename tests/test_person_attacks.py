@@ -171,3 +171,24 @@ def test_a_person_level_run_writes_no_person_id_and_no_id_feature(tmp_path):
         assert not hits, (p.name, hits[:3])
         if p.suffix == ".json":
             assert "patient_id=" not in text and '"patient_id"' not in text, p.name
+
+
+# --- accounting: no per-row release under a per-person claim ------------------------------
+
+def test_private_tuning_from_the_api_is_refused_at_the_person_unit():
+    """`silofl run` refused tuning.mode = 'private' at the person level, but the API ran
+    `TunedPersonalization` and printed a per-person guarantee while its validation score
+    moved by Δ per row: a person with k validation rows moved it k·Δ."""
+    from silofl.runtime.plan import TrainingConfig
+    from silofl.runtime.simulator import simulate
+    from silofl.tuning import distributions as D
+    from silofl.tuning.private import TunedPersonalization
+
+    silos = [_silo(f"s{k}", np.repeat(np.arange(30) + 100 * k, 3), seed=k) for k in range(2)]
+    fed = Federation(silos, ["x0", "x1", "x2"], "binary")
+    val = [(s.X_test, s.y_test) for s in fed.silos]
+    cfg = TrainingConfig(rounds=1, batch_size=8, lr=0.5, privacy_unit="person")
+    from silofl.errors import ConfigError
+    with pytest.raises(ConfigError, match="one row at a time.*unit = \"person\""):
+        simulate(fed, LogisticRegression(3),
+                 TunedPersonalization([0.01, 0.1], D.tnb(1.0, mean=4), val), cfg)
