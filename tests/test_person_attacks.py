@@ -192,3 +192,20 @@ def test_private_tuning_from_the_api_is_refused_at_the_person_unit():
     with pytest.raises(ConfigError, match="one row at a time.*unit = \"person\""):
         simulate(fed, LogisticRegression(3),
                  TunedPersonalization([0.01, 0.1], D.tnb(1.0, mean=4), val), cfg)
+
+
+def test_the_unit_clash_never_advises_a_fresh_store_as_a_clean_escape(tmp_path):
+    """The refusal to mix per-row and per-person charges offered a new deployment name as
+    the fix, silent that a new store forgets the charges already spent on those persons."""
+    from silofl.privacy.budget import BudgetStore, BudgetStoreError, PlannedCharge
+    from silofl.privacy.events import dpsgd_event
+    ev = dpsgd_event(0.1, 1.0, 10)
+    st = BudgetStore(tmp_path / "b.sqlite")
+    st.register({"a": PrivacyTarget(10.0, 1e-5)})
+    st.use_unit("example")
+    st.reserve("r1", [PlannedCharge("a", "m", "dpsgd", ev)], command="t", noise="secure")
+    st.settle("r1", [PlannedCharge("a", "m", "dpsgd", ev)])
+    st.use_unit("person")
+    with pytest.raises(BudgetStoreError, match=r"(?s)separate store.*does NOT include this "
+                                               r"store's charges.*group privacy"):
+        st.reserve("r2", [PlannedCharge("a", "m", "dpsgd", ev)], command="t", noise="secure")
