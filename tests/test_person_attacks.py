@@ -222,3 +222,26 @@ def test_the_unit_clash_never_advises_a_fresh_store_as_a_clean_escape(tmp_path):
     with pytest.raises(BudgetStoreError, match=r"(?s)separate store.*does NOT include this "
                                                r"store's charges.*group privacy"):
         st.reserve("r2", [PlannedCharge("a", "m", "dpsgd", ev)], command="t", noise="secure")
+
+
+@pytest.mark.parametrize("hosting", ["joint", "per_silo"])
+def test_every_charge_of_a_person_level_run_samples_persons(hosting):
+    """q = b/n_persons in the plan, in each hosted trainer and in every ledger event (never
+    b/n_rows), joint or per-silo hosting (the network's layout)."""
+    from silofl.algorithms import make_algorithm
+    from silofl.privacy.events import flatten
+    from silofl.runtime.plan import TrainingConfig
+    from silofl.runtime.simulator import simulate
+    silos = [_silo(f"s{k}", np.repeat(np.arange(40 + 10 * k) + 100 * k, 4), seed=k)
+             for k in range(2)]
+    fed = Federation(silos, ["x0", "x1", "x2"], "binary")
+    cfg = TrainingConfig(rounds=2, batch_size=8, lr=0.5, privacy_unit="person",
+                         noise="seeded")
+    res = simulate(fed, LogisticRegression(3), make_algorithm("fedavg"), cfg, hosting=hosting)
+    for s, p, led in zip(fed.silos, res.plans, res.ledgers):
+        assert p.n == s.n_persons and p.q == pytest.approx(8 / s.n_persons)
+        base = set()
+        for e in led.entries:
+            base |= set(flatten(e.event))
+        assert base and all(isinstance(x, dpa.PoissonSampledDpEvent) for x in base), base
+        assert [x.sampling_probability for x in base] == pytest.approx([8 / s.n_persons])
