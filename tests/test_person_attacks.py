@@ -245,3 +245,20 @@ def test_every_charge_of_a_person_level_run_samples_persons(hosting):
             base |= set(flatten(e.event))
         assert base and all(isinstance(x, dpa.PoissonSampledDpEvent) for x in base), base
         assert [x.sampling_probability for x in base] == pytest.approx([8 / s.n_persons])
+
+
+# --- ids in errors --------------------------------------------------------------------------
+
+def test_a_refused_id_is_never_echoed_in_the_error():
+    """Pseudonymizing a float id printed the id itself ("person id 918273.0 …") into an
+    error, i.e. a terminal or a log."""
+    from silofl.data.pseudonyms import LinkageKey, pseudonymize
+    key = LinkageKey(b"k" * 32)
+    for bad in (918273.5, 918273.0):
+        with pytest.raises(DataError) as err:
+            pseudonymize(key, np.array([bad, 1.0]))
+        assert "918273" not in str(err.value) and "float" in str(err.value)
+    with pytest.raises(DataError) as err:  # text mixed with numbers: no id either
+        Federation([_silo("a", np.array(["918273", 918274] * 5, dtype=object))],
+                   ["x0", "x1", "x2"], "binary")
+    assert "91827" not in str(err.value)
