@@ -262,3 +262,51 @@ def test_a_refused_id_is_never_echoed_in_the_error():
         Federation([_silo("a", np.array(["918273", 918274] * 5, dtype=object))],
                    ["x0", "x1", "x2"], "binary")
     assert "91827" not in str(err.value)
+
+
+# --- a capped step's row choice under a public seed ----------------------------------------
+
+def _capped_reads(ids, cap, seed, steps=3):
+    """{(step, id): the original row numbers read} when every person is sampled."""
+    from silofl.training.persons import PersonSource
+
+    class _Rows:  # a stand-in row source: expand is all that is used
+        pass
+
+    index, (order,) = PersonIndex.group([ids], cap)
+    src = PersonSource(_Rows(), index, seed=seed)
+    n = int(index.n[0])
+    uniq = np.unique(ids)
+    out = {}
+    for t in range(steps):
+        rows, w = src.expand(np.array([0]), np.arange(n)[None, :], np.ones((1, n), bool))
+        real = w[0] > 0
+        read = order[rows[0][real]]
+        owner = ids[read]
+        for p in uniq:
+            out[(t, p)] = sorted(read[owner == p].tolist())
+    return out
+
+
+def test_a_persons_capped_rows_do_not_depend_on_who_else_is_sampled():
+    """The seed of the capped row choice is public (config, model card). A person's rows
+    were picked by their position in the batch, so one more person in the batch shifted
+    every later person's choice: given the seed, adding a person moved the sum by their
+    own ≤ C *plus* the changed rows of others. Each person's choice must depend on that
+    person (and the public step) only."""
+    rng = np.random.default_rng(0)
+    ids = np.repeat(np.arange(30) * 2 + 1, 6)  # odd ids
+    rng.shuffle(ids)
+    extra = np.full(6, 10)                     # a person sorting into the middle
+    both = np.concatenate([extra, ids])
+    a = _capped_reads(ids, 2, seed=5)
+    b = _capped_reads(both, 2, seed=5)
+    shift = len(extra)
+    for (t, p), rows in a.items():
+        assert [r + shift for r in rows] == b[(t, p)], (t, p)
+    # and the window stays uniform: each of a 6-row person's rows is read 2/6 of the steps
+    reads = _capped_reads(ids[:60], 2, seed=9, steps=600)
+    p = ids[0]
+    rows = np.flatnonzero(ids[:60] == p)
+    freq = [np.mean([r in reads[(t, p)] for t in range(600)]) for r in rows]
+    assert len(rows) > 2 and np.allclose(freq, 2 / len(rows), atol=0.1), freq
