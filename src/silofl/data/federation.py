@@ -214,6 +214,7 @@ class Federation(SiloCollection):
                     raise DataError(f"silo {s.name!r} has {over} label(s) with a class id "
                                     f"outside 0..{self.num_classes - 1} (num_classes is "
                                     f"{self.num_classes})")
+        check_person_ids(self.silos)
 
     def with_targets(self, default: PrivacyTarget | None,
                      overrides: dict[str, PrivacyTarget] | None = None) -> Federation:
@@ -241,6 +242,62 @@ class Federation(SiloCollection):
             self.silo(name)  # raises a clear error for unknown silos
         silos = [dataclasses.replace(s, target=overrides.get(s.name, default)) for s in self.silos]
         return dataclasses.replace(self, silos=silos)
+
+
+def check_person_ids(silos: list[Silo]) -> None:
+    """Refuse person ids that are missing (None, NaN, empty text) or that mix text with
+    numbers, within a silo or across silos: ``1`` and ``"1"`` would be one person to one
+    routine (a keyed hash of the text) and two to another (sorting, counting), so a
+    person's rows could be split or merged silently, and the person-level bound with them.
+
+    Parameters
+    ----------
+    silos : list of Silo
+        The silos; those without person ids are skipped.
+
+    Raises
+    ------
+    DataError
+        Naming the silo and part (never an id) and the fix.
+    """
+    kinds: dict[str, str] = {}
+    for s in silos:
+        for part in ("train", "test"):
+            ids = getattr(s, f"person_{part}")
+            if ids is None:
+                continue
+            a = np.asarray(ids)
+            where = f"silo {s.name!r} {part}"
+            if a.ndim != 1:
+                raise DataError(f"{where}: person ids must be one value per row, shape (n,), "
+                                f"got shape {a.shape}")
+            if a.size == 0:  # an empty part has no type of its own
+                continue
+            if a.dtype.kind in "biuf":
+                if a.dtype.kind == "f" and not np.all(np.isfinite(a)):
+                    raise DataError(f"{where}: {int(np.sum(~np.isfinite(a)))} person id(s) are "
+                                    "NaN or infinite; every row needs its person's id")
+                kind = "number"
+            elif a.dtype.kind in "US":
+                kind = "text"
+            else:
+                bad = [v for v in a.tolist() if (isinstance(v, str) and not v.strip()) or
+                       v is None or (isinstance(v, float) and not np.isfinite(v))]
+                if bad:
+                    raise DataError(f"{where}: {len(bad)} person id(s) are missing (None, NaN "
+                                    "or empty text); every row needs its person's id")
+                text = [isinstance(v, str) for v in a.tolist()]
+                if not all(text) and any(text):
+                    raise DataError(f"{where}: person ids mix text and numbers; give every id "
+                                    "as text, or every id as an integer")
+                kind = "text" if all(text) else "number"
+            kinds[where] = kind
+    if len(set(kinds.values())) > 1:
+        txt = [w for w, k in kinds.items() if k == "text"][:3]
+        num = [w for w, k in kinds.items() if k == "number"][:3]
+        raise DataError(f"person ids are text in {', '.join(txt)} but numbers in "
+                        f"{', '.join(num)}; the same person must carry the same id in every "
+                        "silo: give every silo's ids as text, or every silo's as integers")
 
 
 def split_indices(n: int, test_fraction: float,

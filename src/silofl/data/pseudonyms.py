@@ -136,7 +136,7 @@ def _id_bytes(person_id: object) -> bytes:
         return str(person_id).encode("utf-8")
     if isinstance(person_id, (bool, np.bool_)) or not isinstance(person_id, numbers.Integral):
         raise DataError(
-            f"person id {person_id!r} ({type(person_id).__name__}) cannot be pseudonymized: "
+            f"a person id of type {type(person_id).__name__} cannot be pseudonymized: "
             "person ids must be strings or integers (a float or missing id is ambiguous); "
             "clean the person column")
     return str(int(person_id)).encode("ascii")

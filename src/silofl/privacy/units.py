@@ -115,6 +115,8 @@ def check_units(db: sqlite3.Connection, ids: Mapping[str, tuple], unit: str, whe
             f"already holds charges of another unit for {'; '.join(clash)}. A lifetime "
             "figure composes charges of one unit: mixing per-row and per-person charges "
             "would need group privacy with a data-dependent number of rows per person. "
-            "Nothing was charged. Fix: run this unit against a separate store ([budget] "
-            "deployment = \"<a new name>\" or [budget] store = <another file>), or keep "
-            "this store's unit")
+            "Nothing was charged. Fix: keep this store's unit, or run this unit against a "
+            "separate store ([budget] deployment = \"<a new name>\" or [budget] store = "
+            "<another file>) -- which does NOT include this store's charges: the same "
+            "persons' privacy was spent here too, and their total is both stores' figures "
+            "together (this store's per-row ones through group privacy)")

@@ -444,6 +444,15 @@ def _check_person_unit(fed: Federation, algorithm: Algorithm) -> None:
             "local-DP uploads are accounted per example; use a DP-SGD method (local, fedavg, "
             "mrmtl, ditto, finetune, mocha, the ifca family, weight_erosion, fedprox, "
             "scaffold, apfl, fedper, fedrep, fedbn)")
+    # private tuning (`tuning.private`) scores (X, y) validation rows with a per-row Δ: a
+    # person with k validation rows would move the score k times as far as charged
+    rows = [v for v in getattr(algorithm, "validation", None) or [] if not hasattr(v, "scores")]
+    if rows:
+        raise ConfigError(
+            f"{algorithm.name} scores its validation rows one row at a time, so it is not "
+            "available with [privacy] unit = \"person\": give one person-level `Validation` "
+            "per silo (its scores and sensitivity over persons), or choose λ with "
+            "training.lam = \"auto\" (free) or tuning.mode = 'proxy' (declared-public data)")
 
 
 def _node_plans(fed: Federation, algorithm: Algorithm, cfg: TrainingConfig) -> list[SiloPlan]:

@@ -13,12 +13,16 @@ Gaussian event with q over persons (`privacy.accounting.dpsgd_event`): the event
 example-level ones, the *unit* they protect is the person.
 
 Which rows of a person a capped step reads does not enter the guarantee (any subset keeps
-the person's contribution ≤ C), so that choice uses ordinary (non-DP) randomness.
+the person's contribution ≤ C), so that choice uses ordinary (non-DP) randomness -- but its
+seed is public, so a person's choice must depend on that person alone: it is keyed by a
+hash of the person's id and one draw per step, never by their position in the batch (which
+moves when another person is sampled, and would move the others' rows with it).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import hashlib
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -40,11 +44,14 @@ class PersonIndex:
         Shape (K,) int64: persons per silo.
     cap : int
         The most rows of one person a step reads (0: all of them).
+    keys : numpy.ndarray or None
+        Shape (K, P_max) uint64: a hash of each person's id (keys a capped person's rows).
     """
 
     starts: np.ndarray
     n: np.ndarray
     cap: int = 0
+    keys: np.ndarray | None = field(default=None, repr=False)
 
     @classmethod
     def group(cls, ids: list[np.ndarray], cap: int = 0) -> tuple[PersonIndex, list[np.ndarray]]:
@@ -65,24 +72,29 @@ class PersonIndex:
         """
         if cap < 0:
             raise ValueError(f"max_rows_per_person must be ≥ 0, got {cap}")
-        orders, counts = [], []
+        orders, counts, uniq = [], [], []
         for a in ids:
             a = np.asarray(a)
             if a.ndim != 1 or a.size == 0:
                 raise ValueError("every silo needs a (n,) person id per training row")
-            _, inverse, count = np.unique(a, return_inverse=True, return_counts=True)
+            u, inverse, count = np.unique(a, return_inverse=True, return_counts=True)
             orders.append(np.argsort(inverse, kind="stable"))
             counts.append(count)
+            uniq.append(u)
         n = np.array([len(c) for c in counts], dtype=np.int64)
         starts = np.zeros((len(ids), int(n.max()) + 1), dtype=np.int64)
+        keys = np.zeros((len(ids), int(n.max())), dtype=np.uint64)
         for k, c in enumerate(counts):
             starts[k, 1: len(c) + 1] = np.cumsum(c)
             starts[k, len(c) + 1:] = starts[k, len(c)]
-        return cls(starts, n, int(cap)), orders
+            if cap:
+                keys[k, : len(c)] = [_id_key(v) for v in uniq[k].tolist()]
+        return cls(starts, n, int(cap), keys if cap else None), orders
 
     def take(self, silos: np.ndarray) -> PersonIndex:
         """The index of the silos `silos` (k,) alone (private tuning's pseudo-silos)."""
-        return PersonIndex(self.starts[silos], self.n[silos], self.cap)
+        return PersonIndex(self.starts[silos], self.n[silos], self.cap,
+                           None if self.keys is None else self.keys[silos])
 
     def rows_per_person(self) -> list[np.ndarray]:
         """Per silo, each person's number of rows (n_persons,) (private: for tests and the
@@ -124,8 +136,13 @@ class PersonIndex:
         first = np.cumsum(flat) - flat
         within = np.arange(n_read) - np.repeat(first, flat)         # 0..r−1 inside a person
         tot = total.ravel()[owner]
-        if self.cap:  # a random cyclic window of the person's rows (any subset keeps ≤ C)
-            offset = np.floor(rng.random(k * M) * np.maximum(total.ravel(), 1)).astype(np.int64)
+        if self.cap:  # a random cyclic window of the person's rows (any subset keeps ≤ C),
+            # keyed by the person's id and one draw per step, not by batch position
+            if self.keys is None:
+                raise ValueError("a capped PersonIndex needs its person keys (group())")
+            salt = np.uint64(int(rng.integers(0, 2 ** 63)))
+            u = _uniform(self.keys[silos[:, None], persons].ravel(), salt)
+            offset = np.floor(u * np.maximum(total.ravel(), 1)).astype(np.int64)
             within = (within + offset[owner]) % np.maximum(tot, 1)
         row = st.ravel()[owner] + within
         silo_of = owner // M
@@ -135,6 +152,22 @@ class PersonIndex:
         idx[silo_of, pos] = row
         weights[silo_of, pos] = 1.0 / read.ravel()[owner]
         return idx, weights
+
+
+def _id_key(person_id: object) -> int:
+    """A 64-bit hash of a person id (an int and its decimal text alike)."""
+    return int.from_bytes(hashlib.blake2b(str(person_id).encode(), digest_size=8).digest(),
+                          "little")
+
+
+def _uniform(keys: np.ndarray, salt: np.uint64) -> np.ndarray:
+    """(n,) uniforms in [0, 1), one per key, from splitmix64(key ^ salt)."""
+    with np.errstate(over="ignore"):
+        x = keys ^ salt
+        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        x = x ^ (x >> np.uint64(31))
+    return (x >> np.uint64(11)).astype(np.float64) / 2.0 ** 53
 
 
 class PersonSource:
