@@ -44,13 +44,13 @@ def person_ids(n: int, rng: np.random.Generator, text: bool) -> np.ndarray:
 
 
 def heart_persons(seed: int = 0, epsilon: float = 1.0) -> Federation:
-    """The heart federation with simulated person ids (1–4 rows per person; text ids in
-    two silos, integer ids in the others)."""
+    """The heart federation with simulated person ids (1–4 rows per person; text ids, one
+    type for every silo as `Federation` requires)."""
     fed = load_heart_disease(seed=0).with_targets(PrivacyTarget(epsilon, DELTA))
     rng = np.random.default_rng(seed)
     silos = [Silo(s.name, s.X_train, s.y_train, s.X_test, s.y_test, s.target,
-                  person_ids(s.n_train, rng, k % 2 == 0), person_ids(s.n_test, rng, False))
-             for k, s in enumerate(fed.silos)]
+                  person_ids(s.n_train, rng, True), person_ids(s.n_test, rng, True))
+             for s in fed.silos]
     return Federation(silos, fed.feature_names, fed.task, fed.num_classes, fed.name,
                       dict(fed.meta))
 
@@ -312,12 +312,12 @@ def test_per_silo_hosting_equals_joint_at_person_level(monkeypatch, method):
 
 # --- torch models: one person moves the clipped sum by ≤ C -------------------------------------
 
-def _person_batch(model, rng, persons=6, rows=14):
+def _person_batch(model, rng, persons=6, rows=14, cap=0):
     """A one-silo batch of `rows` rows of `persons` persons and their index."""
     ids = np.sort(rng.integers(0, persons, size=rows))
     ids[:persons] = np.arange(persons)  # every person has a row
     ids = np.sort(ids)
-    index, order = PersonIndex.group([ids])
+    index, order = PersonIndex.group([ids], cap)
     X = rng.normal(size=(1, rows) + tuple(model.input_shape)).astype(np.float32)
     y = rng.integers(0, 2, size=(1, rows)).astype(float)
     return X[:, order[0]], y[:, order[0]], index
@@ -334,11 +334,11 @@ def test_torch_person_contribution_is_at_most_C(net, vmap, cap):
              make_model("convnet", 0, 2, task="binary", input_shape=(1, 12, 12), seed=3))
     model.silo_vmap = vmap
     rng = np.random.default_rng(4)
-    X, y, index = _person_batch(model, rng)
-    index = PersonIndex(index.starts, index.n, cap)
+    X, y, index = _person_batch(model, rng, cap=cap)
     K = 2  # two silos: the second a copy, so the silo axis is exercised
     X, y = np.repeat(X, K, 0), np.repeat(y, K, 0)
-    index = PersonIndex(np.repeat(index.starts, K, 0), np.repeat(index.n, K), cap)
+    index = PersonIndex(np.repeat(index.starts, K, 0), np.repeat(index.n, K), cap,
+                        None if index.keys is None else np.repeat(index.keys, K, 0))
     W = np.tile(model.init_params(), (K, 1)) + rng.normal(0, 0.3, (K, model.num_params))
     n = int(index.n[0])
     persons = np.tile(np.arange(n), (K, 1))
