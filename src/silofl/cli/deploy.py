@@ -204,7 +204,9 @@ def server_cmd(config: Path = typer.Option(..., "--config", help="the job's serv
     except SiloflError as e:
         _fail(e)
     s = program.summary()
-    t = Table(title=f"{escape(s['method'])}: {s['rounds_done']} round(s) done")
+    unit = "per person" if s.get("privacy_unit") == "person" else "per row"
+    t = Table(title=f"{escape(s['method'])}: {s['rounds_done']} round(s) done "
+                    f"(each silo's DP {unit})")
     for c in ("silo", "status", "rounds", "σ", "q", "steps/round"):
         t.add_column(c)
     for name, r in s["silos"].items():

@@ -103,6 +103,8 @@ class SiloDataSection(Section):
     sep: str = _RUN_DATA["sep"].default            # CSV separator ("" = ","), e.g. ";"
     encoding: str = _RUN_DATA["encoding"].default  # CSV text encoding ("" = utf-8)
     drop: list[str] = Field(default_factory=list)  # columns to leave out (dates, ids)
+    # the person of each row (never a feature): needed for a job at privacy_unit = "person"
+    person_column: str = _RUN_DATA["person_column"].default
 
     @model_validator(mode="after")
     def _check(self) -> SiloDataSection:

@@ -310,7 +310,9 @@ def _train(fed, model, algorithm, cfg, metric, plans, ledgers, on_round, eval_se
         label=NODE_LABEL if cfg.privacy_unit == "node" else "dpsgd")
     start_params = model.init_params() if params0 is None else np.asarray(params0, float)
     silos, server = algorithm.init(start_params, fed.num_silos, rounds=cfg.rounds)
-    weights = (np.array([s.n_train for s in fed.silos], float)
+    # each silo's weight: its units (rows, or persons at person level), as a networked
+    # silo reports them at join and the server weighs them
+    weights = (np.array([p.n for p in plans], float)
                if getattr(algorithm, "weighted", True) else np.ones(fed.num_silos))
     step, trainers = algorithm.silo_step, None
     if hosting == "per_silo":  # each silo its own trainer and stream, as on the network

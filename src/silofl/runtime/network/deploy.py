@@ -110,9 +110,19 @@ def demo_data(name: str, seed: int = 0):
 
 
 def write_silo_data(path: Path, silo, feature_names: list[str]) -> None:
+    """A silo's .npz (what `silo_table.load_silo_data` reads), with its person ids if any."""
     Path(path).parent.mkdir(parents=True, exist_ok=True)
+    persons = {f"person_{p}": _ids(getattr(silo, f"person_{p}")) for p in ("train", "test")
+               if getattr(silo, f"person_{p}", None) is not None}
     io.write_npz_atomic(path, X_train=silo.X_train, y_train=silo.y_train, X_test=silo.X_test,
-                     y_test=silo.y_test, feature_names=np.array(feature_names, dtype=str))
+                     y_test=silo.y_test, feature_names=np.array(feature_names, dtype=str),
+                     **persons)
+
+
+def _ids(ids) -> np.ndarray:
+    """Person ids as an array an .npz holds without pickle (text ids as str)."""
+    a = np.asarray(ids)
+    return a.astype(str) if a.dtype == object else a
 
 
 def _toml_value(v) -> str:

@@ -49,7 +49,11 @@ JOB_KEYS = {"method": str, "lam": (float, str), "weighted": bool, "finetune_frac
             "prox_mu": float, "apfl_alpha": float, "apfl_alpha_lr": float,
             # clip = "auto" (private adaptive clipping): "" for a fixed clip, else the JSON
             # of its settings {quantile, lr, init, count_noise} (`auto_clip_job`)
-            "clip_auto": str}
+            "clip_auto": str,
+            # the privacy unit ("example": one row; "person": all rows of one person of a
+            # silo, named by the silo's own person column) and, per person, the most rows
+            # one step reads (0: all)
+            "privacy_unit": str, "max_rows_per_person": int}
 
 #: [job] keys of clip = "auto" in server.toml, folded into "clip_auto" (`auto_clip_job`)
 CLIP_AUTO_KEYS = {"clip_quantile": "quantile", "clip_lr": "lr", "clip_init": "init",
@@ -90,9 +94,30 @@ def check_job(job: dict) -> dict:
         lam = check_lam(job["lam"], "job: field 'lam'")
     except ConfigError as e:
         raise W.ProtocolError(str(e)) from None
+    check_unit(job)
     # ints where floats are expected are the same number: one canonical form to hash
     return {k: lam if k == "lam" else float(v) if JOB_KEYS[k] is float else v
             for k, v in job.items()}
+
+
+#: privacy units a networked tabular job can name (graph data: its own node level)
+NETWORK_UNITS = ("example", "person")
+
+
+def check_unit(job: dict) -> None:
+    """ProtocolError for a job's privacy unit the network cannot run: not `NETWORK_UNITS`,
+    a negative row cap, or the person level on graph data (node level there)."""
+    unit, cap = job["privacy_unit"], job["max_rows_per_person"]
+    if unit not in NETWORK_UNITS:
+        raise W.ProtocolError(f"job: privacy_unit must be 'example' (one row) or 'person' "
+                              f"(all rows of one person of a silo), got {unit!r}")
+    if cap < 0 or (cap and unit != "person"):
+        raise W.ProtocolError(f"job: max_rows_per_person (the most rows of one person a step "
+                              f"reads; 0 = all) must be ≥ 0 and is for privacy_unit = "
+                              f"'person', got {cap!r} with {unit!r}")
+    if unit == "person" and job["data_kind"] != "tabular":
+        raise W.ProtocolError(f"job: privacy_unit = 'person' needs tabular data; "
+                              f"{job['data_kind']!r} data has its own unit")
 
 
 def auto_clip_job(job: dict) -> dict:
@@ -141,7 +166,9 @@ def job_config(job: dict) -> TrainingConfig:
                           batch_size=job["batch_size"], lr=job["lr"],
                           **({"clip": job["clip"]} | auto),
                           l2=job["l2"], accountant=job["accountant"], noise=job["noise"],
-                          seed=job["seed"], eval_every=job["rounds"])
+                          seed=job["seed"], eval_every=job["rounds"],
+                          privacy_unit=job["privacy_unit"],
+                          max_rows_per_person=job["max_rows_per_person"])
 
 
 def job_silos(job: dict) -> list[str]:

@@ -29,6 +29,7 @@ from silofl.privacy.targets import ADJACENCY
 from silofl.runtime.network.hosting import local_dp_family, round_events
 from silofl.runtime.network.jobspec import job_model
 from silofl.runtime.network.silo_table import declared_constants, is_private, read_schema
+from silofl.runtime.plan import PERSON_TEXT
 from silofl.runtime.simulator import _shared
 
 SHARED = "shared"  # the pseudo-silo name of the server's model (`predict --silo shared`)
@@ -88,6 +89,11 @@ def _preprocessing(names: list[str], schema, constants: dict | None,
             "private ones are post-processed outputs of this silo's charged release"}
 
 
+def adjacency(job: dict) -> str:
+    """The neighbouring relation of a job's guarantees, in words (its privacy unit)."""
+    return PERSON_TEXT if job.get("privacy_unit") == "person" else ADJACENCY
+
+
 def silo_privacy(program) -> dict:
     """What protects the records of this silo in its released model: its own target, the
     composition of the rounds it ran (reserved in its store before each ran), its store."""
@@ -107,8 +113,11 @@ def silo_privacy(program) -> dict:
         notes.append("seeded noise: reproducible experiment noise, NOT a privacy guarantee")
     if program.exhausted:
         notes.append(f"the silo stopped early: {getattr(program, '_why', '')[:300]}")
-    statement = (f"this model: ({eps:.4g}, {c.delta:g})-DP for the records of silo "
-                 f"{c.name!r} (add/remove one record), {kind} accountant, composed over the "
+    person = job.get("privacy_unit") == "person"
+    who = (f"the persons of silo {c.name!r} (person level: add/remove all rows of one "
+           "person)" if person else f"the records of silo {c.name!r} (add/remove one record)")
+    statement = (f"this model: ({eps:.4g}, {c.delta:g})-DP for {who}, {kind} accountant, "
+                 "composed over the "
                  f"{program.done} round(s) it ran of the job's {job['rounds']}"
                  + (" and its private preprocessing release" if released else "")
                  + f" (calibrated at the silo for its job target ε = {c.epsilon:g})")
@@ -116,7 +125,8 @@ def silo_privacy(program) -> dict:
         statement += "; each upload also passed the job's local-DP mechanism"
     if c.noise == "seeded":
         statement += "; " + notes[-1 if not program.exhausted else -2]
-    return {"private": True, "statement": statement, "adjacency": ADJACENCY,
+    return {"private": True, "statement": statement, "adjacency": adjacency(job),
+            "privacy_unit": job.get("privacy_unit", "example"),
             "noise": c.noise, "epsilon": eps, "delta": c.delta, "accountant": kind,
             "target_epsilon": c.epsilon, "rounds_run": program.done,
             "noise_multiplier": p.noise_multiplier, "q": p.q, "steps_per_pass": p.steps_per_pass,
@@ -167,9 +177,12 @@ def save_server_release(program) -> Path | None:
     entry = {"name": SHARED, "file_id": SHARED, "params": "shared.npz",
              "card": f"card-{SHARED}.json"}
     privacy = {
-        "private": True, "adjacency": "add/remove one record of any one silo",
+        "private": True, "adjacency": adjacency(job),
+        "privacy_unit": job.get("privacy_unit", "example"),
         "statement": ("the shared model is post-processing of the silos' DP updates: the "
-                      "records of each silo are protected by the guarantee in that silo's "
+                      + ("persons (person level: all rows of one person)"
+                         if job.get("privacy_unit") == "person" else "records")
+                      + " of each silo are protected by the guarantee in that silo's "
                       "own model card (its (ε, δ), calibrated and charged at the silo; the "
                       "server never sees them)"),
         "noise": job["noise"], "silos": {n: {"sigma": r.sigma, "q": r.q, "steps": r.steps,

@@ -75,7 +75,8 @@ def _job_defaults() -> dict:
             # network-only: the task and classes come from the schema (or are stated), the
             # public set of PrivateKT is pinned by its hash, graph data by its settings
             "task": "binary", "num_classes": 2, "public_seed": 0, "public_sha256": "",
-            "data_kind": "tabular", "graph": "", "schema_sha256": "", "clip_auto": ""}
+            "data_kind": "tabular", "graph": "", "schema_sha256": "", "clip_auto": "",
+            "privacy_unit": p.unit, "max_rows_per_person": p.max_rows_per_person}
 
 
 JOB_DEFAULTS = _job_defaults()
@@ -385,6 +386,8 @@ class ServerProgram:
 
     def summary(self) -> dict:
         return {"job_hash": self.hash, "method": self.job["method"], "rounds_done": self.done,
+                # what each silo's guarantee protects: one row, or all rows of one person
+                "privacy_unit": self.job["privacy_unit"],
                 "silos": {n: {"status": r.status, "reason": r.reason, "rounds": r.rounds,
                               "sigma": r.sigma, "q": r.q, "steps": r.steps}
                           for n, r in self.silos.items()}}

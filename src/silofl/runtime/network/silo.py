@@ -35,7 +35,7 @@ import numpy as np
 
 from silofl.config.network import DEFAULT_METHODS, SiloSection, read_silo_file
 from silofl.data.federation import Federation, Silo
-from silofl.errors import BudgetExceeded, ConfigError, DataError, SiloflError
+from silofl.errors import BudgetExceeded, ConfigError, SiloflError
 from silofl.io import write_json_atomic, write_npz_atomic
 from silofl.models import metrics as M
 from silofl.privacy.budget import BudgetStore
@@ -71,6 +71,8 @@ from silofl.runtime.network.jobspec import (
 )
 from silofl.runtime.network.silo_table import (
     TableSettings,
+    check_person_job,
+    load_silo_data,
     read_silo_table,
     schema_sha256,
     table_settings,
@@ -159,20 +161,6 @@ def load_silo_config(path: str | Path) -> SiloConfig:
     return cfg
 
 
-def load_silo_data(cfg: SiloConfig) -> tuple[Silo, list[str]]:
-    try:
-        with np.load(cfg.data, allow_pickle=False) as z:
-            arrays = {k: z[k] for k in ("X_train", "y_train", "X_test", "y_test")}
-            names = [str(v) for v in z["feature_names"]] if "feature_names" in z else []
-    except (OSError, KeyError, ValueError) as e:
-        raise DataError(f"silo {cfg.name!r}: cannot read its data file {str(cfg.data)!r} "
-                        f"({e}); it must be an .npz with X_train, y_train, X_test, "
-                        "y_test") from None
-    silo = Silo(cfg.name, arrays["X_train"].astype(np.float64), arrays["y_train"],
-                arrays["X_test"].astype(np.float64), arrays["y_test"], cfg.target)
-    return silo, names
-
-
 def open_program(cfg: SiloConfig, key=None) -> SiloProgram:
     """The silo program for the config's data kind (graph data: the pandemic track's)."""
     graph = data_module(cfg.data_kind)
@@ -244,6 +232,7 @@ class SiloProgram(silo_table.TableHooks):
         if job["dim"] != self.dim:
             raise ConfigError(f"silo {self.cfg.name!r} has {self.dim} features, the "
                               f"job's model expects {job['dim']}")
+        check_person_job(self.cfg.name, job, self.silo, self.cfg.table)  # before any charge
         if self.raw is not None and self.hash is None:  # once per job (a re-join keeps it)
             self._table_plan(job)
 
@@ -357,6 +346,8 @@ class SiloProgram(silo_table.TableHooks):
                               "silo process")
         # the store's lifetime target must be the one this config states (else refuse now)
         self.store.register({c.name: c.lifetime}, explicit=True)
+        if hasattr(self.store, "use_unit"):  # stores that record each charge's unit
+            self.store.use_unit(job["privacy_unit"] if job["data_kind"] == "tabular" else "node")
         algorithm = job_algorithm(job, load_public(c.public_data, f"silo {c.name!r}"))
         tcfg, model = job_config(job), job_model(job)
         self.job, self.algorithm, self.tcfg, self.model = job, algorithm, tcfg, model

@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+import numpy as np
+
 from silofl.config.base import validate
 from silofl.config.network import SiloDataSection
 from silofl.data.federation import Federation, Silo
@@ -72,6 +74,7 @@ class TableSettings:
     sep: str                  # CSV separator ("" = ","), as `silofl run`'s [data] sep
     encoding: str             # CSV text encoding ("" = utf-8), as [data] encoding
     drop: tuple[str, ...]
+    person_column: str = ""   # the person of each row ("" none): person-level jobs
 
 
 def table_settings(raw: dict | SiloDataSection | None, base: Path, where: str
@@ -84,7 +87,7 @@ def table_settings(raw: dict | SiloDataSection | None, base: Path, where: str
     d = raw if isinstance(raw, SiloDataSection) else validate(SiloDataSection, raw, "data",
                                                               where)
     return TableSettings(base / d.path, base / d.schema, d.test_fraction, d.seed, d.missing,
-                         d.sep, d.encoding, tuple(d.drop))
+                         d.sep, d.encoding, tuple(d.drop), d.person_column)
 
 
 def read_silo_table(name: str, ts: TableSettings, target: PrivacyTarget
@@ -95,18 +98,57 @@ def read_silo_table(name: str, ts: TableSettings, target: PrivacyTarget
     from silofl.data.tabular import federation_from_frame_raw, read_table
     schema = read_schema(ts.schema, f"silo {name!r}")
     col = schema.silo_column or _SILO_COLUMN
-    df = read_table(ts.path, text_columns=[col], sep=ts.sep, encoding=ts.encoding,
-                    drop=ts.drop)
+    person = {"person_column": ts.person_column} if ts.person_column else {}  # ids as text
+    df = read_table(ts.path, text_columns=[col, *person.values()], sep=ts.sep,
+                    encoding=ts.encoding, drop=ts.drop)
     df[col] = name
     raw = federation_from_frame_raw(df, col, schema.label.name, schema=schema,
                                     test_fraction=ts.test_fraction, seed=ts.seed,
-                                    missing=ts.missing, name=f"silo {name!r}")
+                                    missing=ts.missing, name=f"silo {name!r}", **person)
     if not raw.silos or raw.silos[0].n_train < 1:
         raise DataError(f"silo {name!r}: its table {str(ts.path)!r} has no training rows "
                         "left after the split; it needs more rows")
-    raw.silos[0] = Silo(name, raw.silos[0].X_train, raw.silos[0].y_train,
-                        raw.silos[0].X_test, raw.silos[0].y_test, target)
+    s = raw.silos[0]  # the person ids (if any) stay with their rows
+    raw.silos[0] = Silo(name, s.X_train, s.y_train, s.X_test, s.y_test, target,
+                        s.person_train, s.person_test)
     return raw, schema
+
+
+def load_silo_data(cfg) -> tuple[Silo, list[str]]:
+    """A silo's pre-encoded data: its .npz at `cfg.data` (X_train, y_train, X_test, y_test,
+    optional feature_names and person_train/person_test: the person of each row, never a
+    feature). Returns the silo (target `cfg.target`) and its feature names; DataError
+    naming the file."""
+    try:
+        with np.load(cfg.data, allow_pickle=False) as z:
+            arrays = {k: z[k] for k in ("X_train", "y_train", "X_test", "y_test")}
+            names = [str(v) for v in z["feature_names"]] if "feature_names" in z else []
+            persons = [z[k] if k in z else None for k in ("person_train", "person_test")]
+    except (OSError, KeyError, ValueError) as e:
+        raise DataError(f"silo {cfg.name!r}: cannot read its data file {str(cfg.data)!r} "
+                        f"({e}); it must be an .npz with X_train, y_train, X_test, "
+                        "y_test") from None
+    silo = Silo(cfg.name, arrays["X_train"].astype(np.float64), arrays["y_train"],
+                arrays["X_test"].astype(np.float64), arrays["y_test"], cfg.target, *persons)
+    for part, ids in zip(("train", "test"), persons):
+        if ids is not None and (ids.ndim != 1 or len(ids) != len(arrays[f"y_{part}"])):
+            raise DataError(f"silo {cfg.name!r}: {str(cfg.data)!r} holds person_{part} of "
+                            f"shape {ids.shape} for {len(arrays[f'y_{part}'])} rows; give "
+                            "one person id per row")
+    return silo, names
+
+
+def check_person_job(name: str, job: dict, silo: Silo, table: TableSettings | None) -> None:
+    """Refuse (ConfigError) a person-level job at a silo whose data names no person of each
+    row: at join, before anything is charged or read for training."""
+    if job.get("privacy_unit") != "person" or silo.person_train is not None:
+        return
+    fix = ("set [data] person_column in its silo.toml to the column naming each row's "
+           "person (a patient or customer id)" if table is not None else
+           "add person_train and person_test (the person of each row) to its .npz data file")
+    raise ConfigError(f"silo {name!r} refuses the job: privacy_unit = 'person' protects all "
+                      f"rows of one person, and this silo's data names no person of its rows; "
+                      f"{fix}, or run the job at privacy_unit = 'example'. Nothing was charged")
 
 
 def preprocess_spec(job: dict) -> PreprocessSpec:
@@ -167,7 +209,8 @@ def apply_constants(raw: RawFederation, constants: dict) -> Federation:
             j = index[col]
             X[:, j] = (X[:, j] - center) / scale
         out.append(X)
-    silo = Silo(name, out[0], s.y_train, out[1], s.y_test, s.target)
+    silo = Silo(name, out[0], s.y_train, out[1], s.y_test, s.target, s.person_train,
+                s.person_test)
     meta = {**raw.meta, "constants": constants}
     meta.pop("schema_from_data", None)
     return Federation([silo], list(raw.feature_names), raw.task, raw.num_classes, raw.name,
@@ -263,10 +306,9 @@ class TableHooks:
             fed = preprocess(raw, job)
             self.silo, self.constants = fed.silos[0], fed.meta["constants"]
             return
-        import numpy as np
         s = raw.silos[0]
         self.silo = Silo(s.name, np.nan_to_num(s.X_train), s.y_train, np.nan_to_num(s.X_test),
-                         s.y_test, s.target)
+                         s.y_test, s.target, s.person_train, s.person_test)
         self.constants = None
 
     def _table_extra(self) -> list:
