@@ -92,6 +92,7 @@ class AppSiloClient(SiloClient):
             self.program.trainer.rng = Randomness.for_mode("seeded", [
                 int(self.program.job["seed"]), zlib.crc32(c.name.encode()),
                 int(config.get("round", 0))])
+        self.program.masked = self.secagg  # uldp: the silo refuses an unmasked round
         arrays, _, rep = super().fit(parameters, config)
         _save_when_done(self.program)
         if not self.secagg:
@@ -101,7 +102,9 @@ class AppSiloClient(SiloClient):
             # as dropped out; the server re-joins it next round and learns its status)
             raise SiloflError(f"silo {self.program.cfg.name}: {rep['status']}: "
                               f"{rep['reason'][:500]}")
-        weight = self.program.plan.n if self.program.job["weighted"] else 1
+        weighted = self.program.job["weighted"] and getattr(self.program.algorithm,
+                                                             "weighted", True)
+        weight = self.program.plan.n if weighted else 1  # uldp: 1 (the sum, unweighted)
         # sign the reply's fields without the update: a signature over the update's hash
         # would let the server confirm a guessed update, which SecAgg+ is meant to hide
         rep = {**rep, "signature": ""}

@@ -18,6 +18,7 @@ import numpy as np
 from silofl.algorithms.base import Algorithm, SiloState
 from silofl.errors import ConfigError
 from silofl.privacy.randomness import Randomness
+from silofl.runtime.network.secagg import SECAGG_ONLY
 
 if TYPE_CHECKING:
     import dp_accounting as dpa
@@ -30,16 +31,19 @@ NETWORK_METHODS = ("local", "fedavg", "mrmtl", "ditto", "finetune", "ifca", "ifc
 
 
 def check_network_method(name: str) -> None:
-    if name == "uldp":  # its privacy rests on SecAgg+ summing unnormalised shares
-        raise ConfigError(
-            "method 'uldp' does not run over the network: its person-level guarantee holds "
-            "only where SecAgg+ makes the sum of the silos' shares the only release, and the "
-            "network's secagg mode serves the weighted mean of fedavg and mrmtl; run uldp in "
-            "the simulator (`silofl run`), which models SecAgg+ as an exact sum")
-    if name not in NETWORK_METHODS:
+    """ConfigError for a method the network cannot run. `uldp` runs only inside a SecAgg+
+    sum (`secagg.SECAGG_ONLY`); the server's config and every silo's round check that."""
+    if name not in NETWORK_METHODS and name not in SECAGG_ONLY:
         raise ConfigError(
             f"method {name!r} does not run over the network. Network methods: "
-            f"{', '.join(NETWORK_METHODS)}; run {name!r} in the simulator (`silofl run`)")
+            f"{', '.join(NETWORK_METHODS)} (and {', '.join(SECAGG_ONLY)} with [server] "
+            f"secagg = true); run {name!r} in the simulator (`silofl run`)")
+
+
+def consortium_method(algorithm) -> bool:
+    """A consortium-wide mechanism (ULDP): each silo sends its share of one noisy sum, which
+    only SecAgg+ may reveal; one σ for every silo."""
+    return bool(getattr(algorithm, "consortium", False))
 
 
 # --- one silo's view of the broadcast, and the silos' updates on the wire ----------------

@@ -46,6 +46,7 @@ from silofl.runtime.network import messages as W
 from silofl.runtime.network import silo_table
 from silofl.runtime.network.hosting import (
     check_message,
+    consortium_method,
     decode_message,
     encode_update,
     local_dp_family,
@@ -201,6 +202,9 @@ class SiloProgram(silo_table.TableHooks):
         self.job = self.hash = self.plan = None
         self.done, self.last = 0, None  # rounds served (0 until a job is joined)
         self.exhausted = False
+        # uldp: whether the round under way is SecAgg+-masked (set by the ClientApp, which
+        # sees the message), and the consortium's σ this silo has run its rounds with
+        self.masked, self.sigma_used = False, None
 
     # -- the data hooks (tabular) ---------------------------------------------------------
     def _data_open(self) -> None:
@@ -278,6 +282,8 @@ class SiloProgram(silo_table.TableHooks):
         _, p = self._joined()
         if p.noise_multiplier is None:  # plan_job calibrates σ for every private plan
             raise ConfigError(f"silo {self.cfg.name!r}: its plan has no noise multiplier")
+        if consortium_method(self.algorithm):  # uldp: one round = one Gaussian(σ) release
+            return self.algorithm.round_event(self.sigma_used or p.noise_multiplier)
         return pass_event(p, p.noise_multiplier)  # clip = "auto": with the count
 
     def _data_extra_events(self, t: int) -> list:
@@ -388,10 +394,17 @@ class SiloProgram(silo_table.TableHooks):
         message = W.check_array(list(arrays), (message_size(self.algorithm, self.K, self.P),),
                                 "round")
         t = req["round"]
+        shared = consortium_method(self.algorithm)  # uldp: σ checked by `_uldp_check`
         wrong = [f"{k} {req[k]!r} ≠ {v!r}" for k, v in (
             ("job_hash", self.hash), ("silo", self.cfg.name), ("method", job["method"]),
             ("steps", self.reported[0]), ("q", self.reported[1]),
-            ("sigma", self.reported[2])) if req[k] != v]
+            ("sigma", None if shared else self.reported[2])) if v is not None and req[k] != v]
+        if shared and not self.masked:
+            return self._reply(req, "refused", "uldp rounds run only inside a SecAgg+ sum "
+                               "(the server may see only the sum of the silos' shares); this "
+                               "round is not masked; nothing was run", None)
+        if shared:
+            wrong += self._uldp_check(req["sigma"])
         if wrong:
             return self._reply(req, "refused", "request differs from this silo's own plan: "
                                + "; ".join(wrong) + "; nothing was run", None)
@@ -433,6 +446,20 @@ class SiloProgram(silo_table.TableHooks):
         self._save_state()
         return self._reply(req, "ok", "", update)
 
+    def _uldp_check(self, sigma: float) -> list[str]:
+        """Why the consortium's σ of a uldp request is refused ([]: accepted): below this
+        silo's own σ_k (its target would not hold), or another σ than its earlier rounds."""
+        own = self.reported[2]
+        if sigma < own or (own == 0.0 and sigma != 0.0):
+            return [f"the consortium's sigma {sigma!r} is below this silo's own {own!r} "
+                    "(calibrated for its (ε, δ))"]
+        if self.sigma_used is not None and sigma != self.sigma_used:
+            return [f"sigma {sigma!r} ≠ {self.sigma_used!r}, the σ of this silo's earlier "
+                    "rounds (one σ per job)"]
+        if self.sigma_used is None:
+            self.sigma_used = float(sigma)
+        return []
+
     def _run(self, t: int, message: np.ndarray) -> np.ndarray | None:
         c, (accepted, p) = self.cfg, self._joined()
         declared = round_events(self.algorithm, None if self.cap is not None else
@@ -460,8 +487,13 @@ class SiloProgram(silo_table.TableHooks):
             if self._table_extra():  # the private release, reserved with this round
                 self._table_release(job)
             self._data_before_step(t, self.trainer.ledgers[0])
-            self.state, update = own_step(self.algorithm, self.state, self._view(message),
-                                          self.trainer, t, self.index)
+            if consortium_method(self.algorithm):  # uldp: this silo's share, charged first
+                self.state, update = self.algorithm.share_step(
+                    self.state, self._view(message), self.trainer, t,
+                    self.sigma_used if self.trainer.rule.private else None)
+            else:
+                self.state, update = own_step(self.algorithm, self.state,
+                                              self._view(message), self.trainer, t, self.index)
         except BaseException:
             job.settle("failed")
             raise
@@ -546,6 +578,7 @@ class SiloProgram(silo_table.TableHooks):
             "silo": self.cfg.name, "job_hash": self.hash, "round": self.done,
             "exhausted": self.exhausted, "reason": getattr(self, "_why", ""),
             "uploads": getattr(self, "uploads", 0),
+            "sigma_used": getattr(self, "sigma_used", None),  # uldp: the consortium's σ
             "last_digest": None if self.last is None else self.last["digest"],
             # scalar fields (rounds done, …); arrays are in the .npz, the rest (IFCA's
             # public schedule) is rebuilt from the job at restart
@@ -577,6 +610,7 @@ class SiloProgram(silo_table.TableHooks):
         self.state = dataclasses.replace(self.state, **saved, **m["state"])
         self.done, self.exhausted = int(m["round"]), bool(m["exhausted"])
         self.uploads = int(m.get("uploads", 0))
+        self.sigma_used = m.get("sigma_used")
         self._why = m.get("reason", "")
         if m.get("constants") is not None and self.raw is not None:
             self._use_constants(silo_table.apply_constants(self.raw, m["constants"]))
