@@ -46,6 +46,21 @@ def consortium_method(algorithm) -> bool:
     return bool(getattr(algorithm, "consortium", False))
 
 
+def uldp_refusal(masked: bool, own: float, used: float | None, sigma: float) -> str | None:
+    """Why a silo refuses a uldp round request (None: it runs it): not SecAgg+-masked, the
+    consortium's σ below the silo's own σ_k (its target would not hold), or another σ than
+    its earlier rounds ran with (one σ per job)."""
+    if not masked:
+        return ("uldp rounds run only inside a SecAgg+ sum (the server may see only the sum "
+                "of the silos' shares); this round is not masked")
+    if sigma < own or (own == 0.0 and sigma != 0.0):
+        return (f"the consortium's sigma {sigma!r} is below this silo's own {own!r} "
+                "(calibrated for its (ε, δ))")
+    if used is not None and sigma != used:
+        return f"sigma {sigma!r} ≠ {used!r}, the σ of this silo's earlier rounds (one σ per job)"
+    return None
+
+
 # --- one silo's view of the broadcast, and the silos' updates on the wire ----------------
 # The algorithms' own silo_step/server_step run unchanged; these functions only cut the
 # broadcast to what silo k's step needs, and put the per-silo updates back together for the

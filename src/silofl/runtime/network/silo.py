@@ -58,6 +58,7 @@ from silofl.runtime.network.hosting import (
     silo_message,
     silo_randomness,
     slice_state,
+    uldp_refusal,
 )
 from silofl.runtime.network.jobspec import (
     DATA_KINDS,
@@ -193,6 +194,8 @@ class SiloProgram(silo_table.TableHooks):
     _why: str
     #: the latest shared model received (FedAvg's model for prediction); absent until one
     message: np.ndarray
+    #: uldp: the consortium's σ this silo's rounds ran with (None until its first round)
+    sigma_used: float | None
 
     def __init__(self, cfg: SiloConfig, key=None):
         self.cfg = cfg
@@ -203,7 +206,7 @@ class SiloProgram(silo_table.TableHooks):
         self.done, self.last = 0, None  # rounds served (0 until a job is joined)
         self.exhausted = False
         # uldp: whether the round under way is SecAgg+-masked (set by the ClientApp, which
-        # sees the message), and the consortium's σ this silo has run its rounds with
+        # sees the message)
         self.masked, self.sigma_used = False, None
 
     # -- the data hooks (tabular) ---------------------------------------------------------
@@ -399,15 +402,13 @@ class SiloProgram(silo_table.TableHooks):
             ("job_hash", self.hash), ("silo", self.cfg.name), ("method", job["method"]),
             ("steps", self.reported[0]), ("q", self.reported[1]),
             ("sigma", None if shared else self.reported[2])) if v is not None and req[k] != v]
-        if shared and not self.masked:
-            return self._reply(req, "refused", "uldp rounds run only inside a SecAgg+ sum "
-                               "(the server may see only the sum of the silos' shares); this "
-                               "round is not masked; nothing was run", None)
-        if shared:
-            wrong += self._uldp_check(req["sigma"])
         if wrong:
             return self._reply(req, "refused", "request differs from this silo's own plan: "
                                + "; ".join(wrong) + "; nothing was run", None)
+        why = uldp_refusal(self.masked, self.reported[2], self.sigma_used, req["sigma"]) \
+            if shared else None
+        if why:
+            return self._reply(req, "refused", why + "; nothing was run", None)
         if not 1 <= t <= job["rounds"]:
             return self._reply(req, "refused", f"round {t} is outside the job's 1.."
                                f"{job['rounds']}; nothing was run", None)
@@ -436,6 +437,8 @@ class SiloProgram(silo_table.TableHooks):
             self._save_state()
             return self._reply(req, "exhausted", self._why, None)
         self.message = message  # the latest shared model (FedAvg's model for prediction)
+        if shared:  # uldp: the σ this round (and every later one) runs and is charged with
+            self.sigma_used = float(req["sigma"])
         update = self._run(t, message)
         if update is None and self.exhausted:
             return self._reply(req, "exhausted", self._why, None)
@@ -445,20 +448,6 @@ class SiloProgram(silo_table.TableHooks):
             self.uploads += int(update is not None and update[0, 0] == 1)
         self._save_state()
         return self._reply(req, "ok", "", update)
-
-    def _uldp_check(self, sigma: float) -> list[str]:
-        """Why the consortium's σ of a uldp request is refused ([]: accepted): below this
-        silo's own σ_k (its target would not hold), or another σ than its earlier rounds."""
-        own = self.reported[2]
-        if sigma < own or (own == 0.0 and sigma != 0.0):
-            return [f"the consortium's sigma {sigma!r} is below this silo's own {own!r} "
-                    "(calibrated for its (ε, δ))"]
-        if self.sigma_used is not None and sigma != self.sigma_used:
-            return [f"sigma {sigma!r} ≠ {self.sigma_used!r}, the σ of this silo's earlier "
-                    "rounds (one σ per job)"]
-        if self.sigma_used is None:
-            self.sigma_used = float(sigma)
-        return []
 
     def _run(self, t: int, message: np.ndarray) -> np.ndarray | None:
         c, (accepted, p) = self.cfg, self._joined()
