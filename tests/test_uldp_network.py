@@ -233,6 +233,11 @@ def test_the_silo_report_states_the_consortium_and_the_share_figures(tmp_path):
         assert cards, "the silo saved no card after its last round"
         card = json.loads(cards[0].read_text())
         assert card["privacy"]["uldp"]["share_epsilon"] == pytest.approx(u["share_epsilon"])
+    # the server's shared-model card names the one σ and the SecAgg+ sum
+    server_cards = list((Path(w["server"]).parent / "state/server").rglob("card-*.json"))
+    assert server_cards
+    shared = json.loads(server_cards[0].read_text())["privacy"]
+    assert shared["uldp_sigma"] == sigma and "SecAgg+ sum of all 3" in shared["statement"]
 
 
 # --- refusals: no SecAgg+, no person unit, not every silo, linked weights, bad σ --------------

@@ -210,6 +210,13 @@ def save_server_release(program) -> Path | None:
         "notes": ([f"noise = {job['noise']!r}: reproducible experiment noise, NOT a privacy "
                    "guarantee"] if job["noise"] == "seeded" else []),
         "uncharged": [], "budget_store": None, "scratch_store": False}
+    if consortium_method(program.algorithm):  # uldp: one σ, the sum of every silo's share
+        privacy["uldp_sigma"] = program.consortium_sigma()
+        privacy["statement"] += (
+            f"; uldp: each round's step used only the SecAgg+ sum of all {len(program.names)} "
+            f"silos' shares (noise σ = {privacy['uldp_sigma']:.4g} times the clip, person level "
+            "across silos for a person in any number of silos); each silo's card states that "
+            "figure and its own share's ε if SecAgg+ fails")
     card = _card(job, SHARED, SHARED, model, names, schema, constants,
                  privacy, entry)
     card.update(rounds_done=program.done, job_hash=program.hash)
