@@ -244,6 +244,14 @@ def test_the_silo_report_states_the_consortium_and_the_share_figures(tmp_path):
 
 def test_uldp_needs_secagg_the_person_unit_and_every_silo(tmp_path):
     fed = federation()
+    from silofl.runtime.network import consortium as network_init
+    with warnings.catch_warnings():  # deploy init writes what uldp needs
+        warnings.simplefilter("ignore")
+        network_init.init(tmp_path / "z", federation=fed, noise="seeded", delta=DELTA,
+                          address="127.0.0.1:9", job=JOB)
+    written = tomllib.loads((tmp_path / "z" / "server.toml").read_text())["server"]
+    assert written["secagg"] is True and written["min_silos"] == written["expected_silos"] == K
+    load_server_config(tmp_path / "z" / "server.toml")
     consortium(tmp_path / "a", fed, secagg=False)
     with pytest.raises(ConfigError, match="only inside a SecAgg\\+ sum.*secagg = true"):
         load_server_config(tmp_path / "a" / "server.toml")
@@ -345,3 +353,67 @@ def test_a_sum_missing_a_silo_is_never_unmasked(tmp_path):
     for name, path in w["silos"].items():
         got = store_events(load_silo_config(path).budget_store, name)
         assert got == {repr(dpa.GaussianDpEvent(sigma)): 1 if name == "h0" else 2}
+
+
+class _DropOnce(flower_app.LoopbackGrid):
+    """Loses node `node`'s first masked-vector request (as a SuperNode that went away):
+    the others have run the round and sent their masked shares."""
+
+    def __init__(self, configs, node: int):
+        super().__init__(configs)
+        self.node, self.dropped = node, False
+
+    def _deliver(self, messages):
+        from flwr.app import Error, Message
+        from flwr.common.secure_aggregation.secaggplus_constants import (
+            RECORD_KEY_CONFIGS,
+            Key,
+            Stage,
+        )
+        out, keep = [], []
+        for m in messages:
+            rec = m.content.config_records.get(RECORD_KEY_CONFIGS)
+            if not self.dropped and m.metadata.dst_node_id == self.node and rec is not None \
+                    and rec.get(Key.STAGE) == Stage.COLLECT_MASKED_VECTORS:
+                self.dropped = True
+                out.append(Message(Error(code=1, reason="node went away"), reply_to=m))
+            else:
+                keep.append(m)
+        return out + super()._deliver(keep)
+
+
+def test_a_round_missing_a_share_is_asked_again_and_resent_shares_cost_nothing(
+        tmp_path, monkeypatch):
+    """h0's masked upload is lost in the first attempt at round 1: with threshold K the
+    partial sum is never unmasked (no step); the round is asked again, h1 and h2 resend
+    their cached shares (no second charge) and h0 runs it once: every store holds one
+    round, and the model is one full sum's step."""
+    fed = federation()
+    w = consortium(tmp_path / "c", fed, job={"rounds": 2})
+    seen = spy_quantization(monkeypatch)
+    nodes = {100 + i: {"silo-config": str(w["silos"][n])} for i, n in enumerate(sorted(w["silos"]))}
+    grid = _DropOnce(nodes, node=100)  # h0
+    ctx = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(),
+                  run_config={"server-config": str(tmp_path / "c" / "server.toml")})
+    prog = flower_app.run_server_app(grid, ctx)  # the workflow's 2 rounds: 1 lost, 1 done
+    assert grid.dropped and prog.done == 1
+    assert all(r.rounds == [1] for r in prog.silos.values())
+    sigma = prog.consortium_sigma()
+    for name, path in w["silos"].items():  # one charge each, the resend cost nothing
+        got = store_events(load_silo_config(path).budget_store, name)
+        assert got == {repr(dpa.GaussianDpEvent(sigma)): 1}
+    # two masked uploads by h1 and h2 (first attempt and resend), one by h0
+    assert len(seen["ratio"]) == 2 * (K - 1) + 1
+    # the same step as a run without the loss: the same job (σ, seeded shares), its
+    # ServerApp serving one round only; two quantizations apart
+    real = flower_app.FlowerServerConfig
+    monkeypatch.setattr(flower_app, "FlowerServerConfig",
+                        lambda num_rounds, round_timeout: real(1, round_timeout))
+    clean = run_loopback(tmp_path / "d", consortium(tmp_path / "d", fed, job={"rounds": 2}))
+    assert clean.done == 1 and clean.consortium_sigma() == sigma
+    n = [s.n_persons for s in fed.silos]
+    c = S.share_range(n, JOB["clip"], sigma, K, M)
+    bound = 2 * JOB["lr"] * S.sum_error_bound(K, c) / (sum(n) / M) * math.sqrt(prog.P)
+    diff = float(np.linalg.norm(prog.server.params - clean.server.params))
+    assert diff <= bound, (diff, bound)
+    assert np.linalg.norm(clean.server.params - job_model(prog.job).init_params()) > 1e3 * bound
