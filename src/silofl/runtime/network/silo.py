@@ -397,7 +397,7 @@ class SiloProgram(silo_table.TableHooks):
         message = W.check_array(list(arrays), (message_size(self.algorithm, self.K, self.P),),
                                 "round")
         t = req["round"]
-        shared = consortium_method(self.algorithm)  # uldp: σ checked by `_uldp_check`
+        shared = consortium_method(self.algorithm)  # uldp: σ checked by `uldp_refusal`
         wrong = [f"{k} {req[k]!r} ≠ {v!r}" for k, v in (
             ("job_hash", self.hash), ("silo", self.cfg.name), ("method", job["method"]),
             ("steps", self.reported[0]), ("q", self.reported[1]),
