@@ -84,7 +84,9 @@ def federation(persons: int = 70, seed: int = 0) -> Federation:
 
 
 def consortium(tmp: Path, fed: Federation, secagg: bool = True, job: dict | None = None,
-               server: dict | None = None) -> dict:
+               server: dict | None = None, lifetime: float = 1.0) -> dict:
+    """A consortium folder of `fed` (each silo its `EPS` target, `lifetime` times it as its
+    lifetime ε; the stores are the test user's, shared by every deployment of the data)."""
     from silofl.runtime.network import consortium as network_init
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -95,7 +97,8 @@ def consortium(tmp: Path, fed: Federation, secagg: bool = True, job: dict | None
     (tmp / "server.toml").write_text(deploy._toml(raw))
     for name, path in w["silos"].items():  # each silo its own target
         raw = tomllib.loads(Path(path).read_text())
-        raw["silo"]["epsilon"] = raw["silo"]["lifetime_epsilon"] = EPS[name]
+        raw["silo"]["epsilon"] = EPS[name]
+        raw["silo"]["lifetime_epsilon"] = lifetime * EPS[name]
         Path(path).write_text(deploy._toml(raw))
     return w
 
@@ -417,3 +420,85 @@ def test_a_round_missing_a_share_is_asked_again_and_resent_shares_cost_nothing(
     diff = float(np.linalg.norm(prog.server.params - clean.server.params))
     assert diff <= bound, (diff, bound)
     assert np.linalg.norm(clean.server.params - job_model(prog.job).init_params()) > 1e3 * bound
+
+
+# --- real processes: flower-superlink, one SuperNode per hospital, `flwr run` -----------------
+
+@pytest.mark.slow
+@pytest.mark.network
+def test_uldp_over_tls_processes_with_secagg(tmp_path):
+    """Three hospitals as SuperNodes (TLS, registered keys) run two uldp rounds through
+    `flwr run` with SecAgg+: every store holds two Gaussian(σ*) rounds, the server's model
+    equals the in-process (LoopbackGrid) run of the same job within twice the module's
+    quantization allowance (same seeded shares; each run quantizes stochastically)."""
+    import os
+    import subprocess
+    import time
+
+    from test_network_flower import (
+        BIN,
+        READY_S,
+        _free_port,
+        _ports_free,
+        _wait_online,
+        _wait_registered,
+    )
+    fed = federation()
+    port = _free_port()
+    while not _ports_free(port, 16):
+        port = _free_port()
+    out = tmp_path / "c"
+    w = consortium(out, fed, job={"rounds": 2}, lifetime=3.0)  # two runs of the data
+    raw = tomllib.loads((out / "server.toml").read_text())
+    raw["server"].update(address=f"127.0.0.1:{port}", join_timeout=READY_S)
+    (out / "server.toml").write_text(deploy._toml(raw))
+    for path in w["silos"].values():
+        raw = tomllib.loads(Path(path).read_text())
+        raw["server"]["address"] = f"127.0.0.1:{port}"
+        Path(path).write_text(deploy._toml(raw))
+    flower_app.write_app(out, out / "server.toml", f"127.0.0.1:{port}", insecure=False)
+    cmds = flower_app.local_commands(out, w["silos"], port, bin_dir=str(BIN))
+    env = {**os.environ, **cmds["env"], "FLWR_HOME": str(out / "flower_home"),
+           "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"}
+    procs: list = []
+    try:
+        procs.append(subprocess.Popen(cmds["superlink"], env=env, stdout=open(
+            tmp_path / "superlink.log", "w"), stderr=subprocess.STDOUT))
+        deadline = time.monotonic() + READY_S
+        for cmd in cmds["register"]:
+            _wait_registered(cmd, env, deadline)
+        for n, argv in cmds["supernodes"].items():
+            procs.append(subprocess.Popen(argv, env=env, stdout=open(
+                tmp_path / f"node_{deploy.silo_file_id(n)}.log", "w"), stderr=subprocess.STDOUT))
+        _wait_online(env, K, time.monotonic() + READY_S)
+        r = subprocess.run(cmds["run"], env=env, capture_output=True, text=True,
+                           timeout=2 * READY_S)
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            try:
+                p.wait(10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+    summary = out / "state" / "server" / "summary.json"
+    assert summary.is_file(), r.stdout[-3000:] + r.stderr[-2000:]
+    s = json.loads(summary.read_text())
+    assert s["rounds_done"] == 2 and s["secagg"]
+    from silofl.runtime.network.server import ServerProgram
+    real = ServerProgram(load_server_config(out / "server.toml"))  # its checkpoint
+    sigma = real.consortium_sigma()
+    for name, path in w["silos"].items():
+        got = store_events(load_silo_config(path).budget_store, name)
+        assert got == {repr(dpa.GaussianDpEvent(sigma)): 2}
+    # the same job in process (another folder: its own stores and state)
+    loop = run_loopback(tmp_path / "d", consortium(tmp_path / "d", fed, job={"rounds": 2},
+                                                   lifetime=3.0))
+    assert loop.done == 2
+    n = [x.n_persons for x in fed.silos]
+    c = S.share_range(n, JOB["clip"], sigma, K, M)
+    step = JOB["lr"] * S.sum_error_bound(K, c) / (sum(n) / M) * math.sqrt(real.P)
+    x2 = max(float((np.sum(x.X_train ** 2, axis=1) + 1).max()) for x in fed.silos)
+    L = 1 + JOB["lr"] * (x2 / 4 + real.job["l2"])
+    diff = float(np.linalg.norm(real.server.params - loop.server.params))
+    assert diff <= 2 * step * (1 + L), (diff, step)
