@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -229,53 +230,42 @@ def test_bad_input_is_refused_before_any_budget(fed, tmp_path, change, match):
     assert store.silos() == []  # nothing registered, reserved or charged
 
 
+EHR = Path(__file__).resolve().parents[1] / "examples" / "ehr"
+
+
 def _person_config():
-    return config_from_dict({"training": {"methods": ["local"], "rounds": 3, "seed": 11},
-                             "privacy": {"noise": "seeded", "unit": "person"},
-                             "budget": {"scratch": True}, "output": {"dir": ""}})
+    """The simulated EHR export (`examples/ehr`): a table with a patient column."""
+    return config_from_dict({
+        "data": {"source": "table", "path": str(EHR / "visits.csv"),
+                 "schema": str(EHR / "ehr_schema.toml"), "silo_column": "hospital",
+                 "label_column": "readmit_30d", "person_column": "patient_id",
+                 "drop": ["admit_date"]},
+        "training": {"methods": ["local"], "rounds": 3, "seed": 11, "batch_size": 16},
+        "privacy": {"noise": "seeded", "unit": "person"},
+        "budget": {"scratch": True}, "output": {"dir": ""}})
 
 
-@pytest.fixture
-def plumbed(monkeypatch):
-    """The config plumbing, patched in here: the training config takes [privacy] unit, and
-    the heart rows are grouped in threes, one "patient" each (`[data] person_column`)."""
-    from silofl.audit import tabular
-    from silofl.experiments import build
-    made = build.training_config
-    monkeypatch.setattr(build, "training_config", lambda cfg: dataclasses.replace(
-        made(cfg), privacy_unit=cfg.privacy.unit))
-    found = tabular.audited_silos
-
-    def with_persons(cfg, silo):
-        raw, names = found(cfg, silo)
-        silos = [dataclasses.replace(s, person_train=np.arange(s.n_train) // 3)
-                 for s in raw.silos]
-        return dataclasses.replace(raw, silos=silos, meta=dict(raw.meta)), names
-    monkeypatch.setattr(tabular, "audited_silos", with_persons)
-    return with_persons
-
-
-def test_the_config_route_audits_persons(plumbed, tmp_path):
+def test_the_config_route_audits_persons(tmp_path):
     """`silofl audit` on a config with [privacy] unit = "person": the server view trains
     with canary persons and compares with the per-person claim."""
-    with_persons = plumbed
+    from silofl.audit import tabular
     cfg = _person_config()
-    rep = audit(cfg, silo="Cleveland", canaries=2000, seed=5)
+    rep = audit(cfg, silo="lakeview", canaries=2000, seed=5)
     (row,) = rep.rows
     assert rep.neighbouring == PERSON_TEXT and AP.PERSON_NOTE in rep.notes
     assert not row.violation and row.details["clipping_check"]["ok"]
-    n = with_persons(cfg, "Cleveland")[0].silo("Cleveland").n_persons
+    n = tabular.audited_silos(cfg, "lakeview")[0].silo("lakeview").n_persons
     assert row.details["sampling_rate"] == pytest.approx(cfg.training.batch_size / n)
     from silofl.audit import write_audit
     data = json.loads(write_audit(rep, tmp_path)[0].read_text())
     assert data["neighbouring_relation"] == PERSON_TEXT and data["violations"] == []
 
 
-def test_the_config_route_self_test_catches_rows_weighted_one(plumbed):
+def test_the_config_route_self_test_catches_rows_weighted_one():
     """`silofl audit --self-test` at person level adds the broken source (rows weighted 1,
     trainer and canaries alike) and flags it; the run as it is passes."""
     from silofl.audit.selftest import ROWS_ONE, self_test
-    rep = self_test(_person_config(), silo="Cleveland", canaries=2000, seed=6,
+    rep = self_test(_person_config(), silo="lakeview", canaries=2000, seed=6,
                     only=[ROWS_ONE])
     by = {r.mechanism: r for r in rep.rows}
     assert set(by) == {"as run", ROWS_ONE} and rep.passed
@@ -283,10 +273,11 @@ def test_the_config_route_self_test_catches_rows_weighted_one(plumbed):
     assert any("not audited" in n for n in rep.notes)
 
 
-def test_the_config_route_refuses_a_record_view_and_an_unplumbed_unit():
+def test_the_config_route_refuses_a_record_view_and_a_table_without_persons():
     with pytest.raises(ConfigError, match="server view"):
         audit(_person_config(), view="model")
-    # before the config plumbing: the unit did not reach training; after it: heart rows
-    # name no person (no [data] person_column) — refused either way, before any budget
-    with pytest.raises(ConfigError, match="did not reach the training|person of every"):
-        audit(_person_config(), view="server", canaries=100)
+    cfg = _person_config()
+    bare = config_from_dict(dict(cfg.to_dict(), data=dict(cfg.to_dict()["data"],
+                                                          person_column="")))
+    with pytest.raises(ConfigError, match="person_column"):
+        audit(bare, view="server", canaries=100)

@@ -193,3 +193,15 @@ def test_a_person_level_job_reports_what_a_person_in_m_hospitals_is_guaranteed(t
     one = max(c["epsilon"] for c in rep.combined_privacy)
     assert eps[0] == pytest.approx(one, rel=1e-3)
     assert one < eps[1] < eps[2] < 3 * one  # composition, not the naive sum
+
+
+def test_the_guides_python_example_runs_as_printed(capsys):
+    import re
+    from pathlib import Path
+    page = (Path(__file__).resolve().parents[1] / "docs" / "guides" / "person-level.md")
+    code = re.findall(r"```python\n(.*?)```", page.read_text(encoding="utf-8"), re.DOTALL)[0]
+    scope: dict = {"__name__": "guide"}
+    exec(compile(code, str(page), "exec"), scope)  # noqa: S102 — our own documentation
+    scope["main"]()
+    first = capsys.readouterr().out.splitlines()[0].split()
+    assert first[0] == "person" and int(first[1]) > 100 and float(first[2]) <= 2.0

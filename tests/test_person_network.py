@@ -1,6 +1,7 @@
-"""Person-level DP (issue 23) over the network, across hosting modes, with torch models and
-through a checkpoint/resume: the same mechanism (persons Poisson-sampled, each sampled
-person's rows weighted 1/r so that a person adds ≤ C) wherever a silo's rows are trained.
+"""Person-level DP (issue 23) over the network, across hosting modes and with torch models
+(checkpoint and resume: tests/test_person_resume.py): the same mechanism (persons
+Poisson-sampled, each sampled person's rows weighted 1/r so that a person adds ≤ C)
+wherever a silo's rows are trained.
 
 Tolerances: the silo and server programs run in this process and the simulator's per-silo
 mode runs the same code on the same seeded streams, so their models agree within 1e-12
@@ -11,6 +12,7 @@ another order: equal within rtol 1e-6, atol 1e-10 with the same (patched) noise.
 
 from __future__ import annotations
 
+import json
 import warnings
 from pathlib import Path
 
@@ -70,7 +72,9 @@ def test_job_spec_carries_the_unit_and_refuses_what_the_network_cannot_run():
                      ({"privacy_unit": "node"}, "privacy_unit must be"),
                      ({"privacy_unit": "person", "max_rows_per_person": -1}, "must be ≥ 0"),
                      ({"max_rows_per_person": 3}, "is for privacy_unit = 'person'"),
-                     ({"privacy_unit": "person", "data_kind": "graph"}, "needs tabular")):
+                     ({"privacy_unit": "person", "data_kind": "graph"}, "needs tabular"),
+                     ({"privacy_unit": "person", "method": "privatekt"}, "accounted per "
+                                                                         "example")):
         with pytest.raises(W.ProtocolError, match=msg):
             check_job({**base, **bad})
 
@@ -112,8 +116,11 @@ def _store_events(path, name) -> tuple[dict, list]:
 
 # --- over the network: the silo and server programs equal the simulator ----------------------
 
-@pytest.mark.parametrize("method,cap", [("mrmtl", 0), ("fedavg", 2), ("ifca", 0)])
-def test_person_job_over_the_network_equals_the_simulator(tmp_path, method, cap):
+@pytest.mark.parametrize("method,cap,extra", [
+    ("mrmtl", 0, {}), ("fedavg", 2, {}), ("ifca", 0, {"selection_rounds": 0.5}),
+    ("weight_erosion", 0, {"we_update": "gradient", "we_p_d": 0.5}),
+    ("mocha", 1, {}), ("scaffold", 0, {})])
+def test_person_job_over_the_network_equals_the_simulator(tmp_path, method, cap, extra):
     """A person-level job: each silo reads its own person ids (from its .npz), samples
     persons, and its model equals the simulator's per-silo mode (1e-12); each store holds
     exactly the simulator's events; the join reply counts persons; the silo's and the
@@ -121,7 +128,8 @@ def test_person_job_over_the_network_equals_the_simulator(tmp_path, method, cap)
     from silofl.runtime.network import release
     from silofl.runtime.network.jobspec import job_algorithm, job_config, job_model
     fed = heart_persons()
-    extra = {"selection_rounds": 0.5} if method == "ifca" else {}
+    if method == "weight_erosion":
+        extra = {**extra, "we_user": fed.names[1]}
     w = _consortium(tmp_path, fed, {"method": method, "rounds": 3, "batch_size": 8,
                                     "privacy_unit": "person", "max_rows_per_person": cap,
                                     **extra})
@@ -135,8 +143,8 @@ def test_person_job_over_the_network_equals_the_simulator(tmp_path, method, cap)
         srv.accept_join(rep)
     for t in (1, 2, 3):
         ups = {}
-        for n, s in silos.items():
-            rep, u = s.round(srv.request(n, t), [srv.message])
+        for n in srv.selected(t, list(silos)):  # who is asked (Weight Erosion: a schedule)
+            rep, u = silos[n].round(srv.request(n, t), [srv.message])
             status, u = srv.accept_update(n, t, rep, [] if u is None else [u])
             assert status == "ok", rep["reason"]
             ups[n] = u
@@ -204,11 +212,16 @@ def test_a_restarted_silo_resumes_its_person_level_job(tmp_path):
 
 
 def test_a_silo_without_person_ids_refuses_a_person_job_before_any_charge(tmp_path):
-    """The heart demo's silos name no person: each refuses the person-level job at join
-    with what to fix, and its store holds no charge; the example-level job is accepted."""
-    w = _consortium(tmp_path, None, {"method": "mrmtl", "rounds": 2,
-                                     "privacy_unit": "person"})
+    """The heart demo's silos name no person: each refuses a person-level job (the
+    server's [job] edited after `deploy init`, which refuses it) at join with what to fix,
+    and its store holds no charge."""
+    import tomllib
+    w = _consortium(tmp_path, None, {"method": "mrmtl", "rounds": 2})
+    raw = tomllib.loads(Path(w["server"]).read_text())
+    raw["job"]["privacy_unit"] = "person"
+    Path(w["server"]).write_text(deploy._toml(raw))
     srv, silos = _programs(w)
+    assert srv.job["privacy_unit"] == "person"
     for n, s in silos.items():
         rep = _join(srv, s)
         assert rep["status"] == "refused"
@@ -365,3 +378,152 @@ def test_torch_mlp_trains_at_person_level():
     assert res.final_pooled > 0.6, res.final_pooled
     row = res.plans[0].to_dict()
     assert row["privacy_unit"] == "person" and row["n_persons"] == fed.silos[0].n_persons
+
+
+SCHEMA = """source = "test: public bounds of simulated features"
+silo_column = "hospital"
+
+[label]
+name = "label"
+kind = "binary"
+classes = [0, 1]
+""" + "".join(f"""
+[[columns]]
+name = "x{j}"
+kind = "numeric"
+lower = -6.0
+upper = 6.0
+nullable = false
+""" for j in range(4))
+
+
+def _table(path: Path, seed: int = 0) -> None:
+    """A consortium table: 4 hospitals, persons with 1–4 visits each (a `patient` id)."""
+    import pandas as pd
+    rng = np.random.default_rng(seed)
+    parts = []
+    for h in "ABCD":
+        pid = np.repeat(np.arange(70), rng.integers(1, 5, 70))[:160]
+        X = rng.normal(size=(len(pid), 4)).clip(-6, 6)
+        y = (X @ [1.0, -1.0, 0.5, 0.0] + rng.normal(size=len(pid)) > 0).astype(int)
+        parts.append(pd.DataFrame({"hospital": h, "patient": [f"{h}{i}" for i in pid],
+                                   **{f"x{j}": X[:, j] for j in range(4)}, "label": y}))
+    pd.concat(parts).to_csv(path, index=False)
+
+
+def _person_reader() -> bool:
+    import inspect
+
+    from silofl.data.tabular import load_table_raw
+    return "person_column" in inspect.signature(load_table_raw).parameters
+
+
+def test_table_silos_read_their_person_column_and_train_at_person_level(tmp_path):
+    """Silos that read their own tables with [data] person_column: the person ids reach
+    their trainers (the join reply counts persons), the models equal the simulator's
+    per-silo mode over the silos' own data (1e-12), and each store's charges are recorded
+    at the person unit where the store records units."""
+    if not _person_reader():
+        pytest.skip("the table reader has no person_column yet (the plumbing part)")
+    import tomllib
+
+    import pandas as pd
+
+    from silofl.runtime.network import consortium
+    from silofl.runtime.network.jobspec import job_algorithm, job_config, job_model
+    _table(tmp_path / "t.csv", seed=6)
+    (tmp_path / "schema.toml").write_text(SCHEMA)
+    df = pd.read_csv(tmp_path / "t.csv", dtype={"patient": str})
+    for h in "ABCD":
+        df[df["hospital"] == h].to_csv(tmp_path / f"{h}.csv", index=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        w = consortium.init(tmp_path / "c", schema=tmp_path / "schema.toml", silos=list("ABCD"),
+                            tables=[f"{h}={tmp_path / f'{h}.csv'}" for h in "ABCD"],
+                            noise="seeded", job={"rounds": 2, "method": "mrmtl",
+                                                 "batch_size": 8, "privacy_unit": "person"},
+                            address="127.0.0.1:9")
+    for p in w["silos"].values():
+        raw = tomllib.loads(Path(p).read_text())
+        raw["data"]["person_column"] = "patient"
+        Path(p).write_text(deploy._toml(raw))
+    srv, silos = _programs(w)
+    for s in silos.values():
+        rep = _join(srv, s)
+        assert rep["status"] == "ok", rep["reason"]
+        assert rep["n_train"] == s.silo.n_persons < s.silo.n_train
+        srv.accept_join(rep)
+    for t in (1, 2):
+        ups = {}
+        for n, s in silos.items():
+            rep, u = s.round(srv.request(n, t), [srv.message])
+            assert rep["status"] == "ok", rep["reason"]
+            ups[n] = srv.accept_update(n, t, rep, [u])[1]
+        srv.step(t, ups)
+    fed = Federation([s.silo for s in silos.values()], list(silos["A"].feature_names),
+                     srv.job["task"], srv.job["num_classes"])
+    alg = job_algorithm(srv.job)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        res = simulate(fed, job_model(srv.job), alg, job_config(srv.job), hosting="per_silo")
+    for k, (n, s) in enumerate(silos.items()):
+        np.testing.assert_allclose(alg.personal_models(s.state, srv.server)[0],
+                                   res.params[k], **SAME)
+        with BudgetStore(s.cfg.budget_store) as st:
+            rows = st.charges(n)
+        assert rows and all(r.get("unit", "person") == "person" for r in rows)
+
+
+@pytest.mark.slow
+@pytest.mark.network
+def test_person_job_over_tls_processes_equals_the_simulator(tmp_path):
+    """The server and four silos as processes over Flower gRPC with TLS: a person-level
+    MR-MTL job gives each silo the simulator's per-silo model (separate processes: within
+    1e-10), and each store holds exactly the planned person-level steps."""
+    pytest.importorskip("flwr")
+    from silofl.runtime.network.jobspec import job_algorithm, job_config, job_model
+    from silofl.runtime.network.server import load_server_config
+    from silofl.runtime.network.silo import load_silo_config
+    from test_network import WAIT, finish, free_port, generous, serving, silo_params, start
+    fed = heart_persons(7)
+    from silofl.runtime.network import consortium
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        w = generous(consortium.init(
+            tmp_path / "c", federation=fed, noise="seeded", address=f"127.0.0.1:{free_port()}",
+            job={"method": "mrmtl", "rounds": 2, "batch_size": 8, "privacy_unit": "person",
+                 "max_rows_per_person": 2}))
+    procs = [start(["server", "--config", w["server"]], tmp_path / "server.log")]
+    serving(w["server"], procs[0])
+    procs += [start(["silo", "--config", p, "--wait", WAIT], tmp_path / f"{i}.log")
+              for i, p in enumerate(w["silos"].values())]
+    assert finish(procs) == [0] * 5, (tmp_path / "server.log").read_text()[-3000:]
+    job = load_server_config(w["server"]).job
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        res = simulate(fed, job_model(job), job_algorithm(job), job_config(job),
+                       hosting="per_silo")
+    summary = json.loads((Path(load_server_config(w["server"]).state_dir)
+                          / "summary.json").read_text())
+    assert summary["privacy_unit"] == "person"
+    for k, (name, cfg) in enumerate(w["silos"].items()):
+        np.testing.assert_allclose(silo_params(cfg), res.params[k], rtol=1e-10, atol=1e-10)
+        got, status = _store_events(load_silo_config(cfg).budget_store, name)
+        assert sum(got.values()) == 2 * res.plans[k].steps_per_pass
+        assert status == ["charged"] * 2
+
+
+def test_deploy_init_refuses_a_person_job_on_data_without_persons(tmp_path):
+    """`silofl deploy init --demo heart --set privacy_unit="person"`: the demo names no
+    person, so the CLI exits 2 with a specific error and writes nothing; a typo in the
+    unit is refused the same way."""
+    from typer.testing import CliRunner
+
+    from silofl import cli
+    for value, msg in (('"person"', "names no person of its rows"),
+                       ('"persons"', "privacy_unit must be")):
+        res = CliRunner().invoke(cli.app, ["deploy", "init", "--out", str(tmp_path / "x"),
+                                           "--demo", "heart", "--set",
+                                           f"privacy_unit={value}"])
+        assert res.exit_code == 2 and msg in " ".join(res.output.split()), res.output
+        assert not (tmp_path / "x").exists()

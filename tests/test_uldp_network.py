@@ -264,6 +264,11 @@ def test_uldp_needs_secagg_the_person_unit_and_every_silo(tmp_path):
     consortium(tmp_path / "d", fed, job={"privacy_unit": "example"})
     with pytest.raises(ConfigError, match="privacy_unit = \"person\""):
         load_server_config(tmp_path / "d" / "server.toml")
+    for k, (key, value) in enumerate((("uldp_weighting", "linked"),
+                                      ("uldp_sample_rate", 0.5))):
+        consortium(tmp_path / f"l{k}", fed, job={key: value})
+        with pytest.raises(ConfigError, match="linkage protocol.*consortium secret"):
+            load_server_config(tmp_path / f"l{k}" / "server.toml")
     # the legacy fast path has no SecAgg+: refused there as for the other secagg jobs
     from silofl.runtime.network.flower import run_server
     consortium(tmp_path / "e", fed)

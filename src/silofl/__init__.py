@@ -50,6 +50,7 @@ _API: dict[str, tuple[str, str]] = {
     "federation_from_frame": ("silofl.data.tabular", "federation_from_frame"),
     "split_table": ("silofl.data.splitters", "split_table"),
     "load_heart_disease": ("silofl.data.heart", "load_heart_disease"),
+    "ehr_silos": ("silofl.data.ehr", "ehr_silos"),
     # models
     "Model": ("silofl.models.base", "Model"),
     "make_model": ("silofl.models", "make_model"),
@@ -78,6 +79,10 @@ _API: dict[str, tuple[str, str]] = {
     "epsilons": ("silofl.privacy.accounting", "epsilons"),
     "calibrate": ("silofl.privacy.accounting", "calibrate"),
     "calibrate_dpsgd": ("silofl.privacy.accounting", "calibrate_dpsgd"),
+    # persons: what example level gives a person, what a person in m silos is guaranteed
+    "group_bound": ("silofl.privacy.group", "group_bound"),
+    "example_level_person_epsilon": ("silofl.privacy.group", "example_level_person_epsilon"),
+    "person_composition": ("silofl.privacy.person_composition", "person_composition"),
     # empirical audit ("audit" itself is the subpackage silofl.audit, so the function is
     # exported as run_audit: a package attribute cannot be both)
     "run_audit": ("silofl.audit.tabular", "audit"),
@@ -118,9 +123,12 @@ __all__ = [
     "calibrate",
     "calibrate_dpsgd",
     "dpsgd_event",
+    "ehr_silos",
     "epsilon",
     "epsilons",
+    "example_level_person_epsilon",
     "federation_from_frame",
+    "group_bound",
     "load_config",
     "load_heart_disease",
     "load_run",
@@ -129,6 +137,7 @@ __all__ = [
     "load_table",
     "make_algorithm",
     "make_model",
+    "person_composition",
     "resume_run",
     "run",
     "run_audit",
@@ -148,6 +157,7 @@ if TYPE_CHECKING:  # pragma: no cover - what type checkers and mkdocstrings read
     from silofl.audit.report import write_audit
     from silofl.audit.tabular import audit as run_audit
     from silofl.config import Config, load_config
+    from silofl.data.ehr import ehr_silos
     from silofl.data.federation import Federation, Silo
     from silofl.data.heart import load_heart_disease
     from silofl.data.schema import Schema, load_schema
@@ -177,6 +187,8 @@ if TYPE_CHECKING:  # pragma: no cover - what type checkers and mkdocstrings read
         epsilons,
     )
     from silofl.privacy.budget import BudgetStore, BudgetStoreError
+    from silofl.privacy.group import example_level_person_epsilon, group_bound
+    from silofl.privacy.person_composition import person_composition
     from silofl.privacy.targets import PrivacyTarget
     from silofl.runtime.plan import TrainingConfig
     from silofl.runtime.simulator import RunResult, simulate

@@ -163,7 +163,7 @@ def test_node_level_unit_refuses_what_it_cannot_account_for():
     with pytest.raises(ConfigError, match="without replacement"):
         plan_silos(fed, make_algorithm("mrmtl"), TrainingConfig(batch_size=10_000, **node))
     with pytest.raises(ConfigError, match="privacy_unit must be"):
-        TrainingConfig(privacy_unit="person").validate()
+        TrainingConfig(privacy_unit="persons").validate()
     with pytest.raises(ConfigError, match="adjacency"):
         TrainingConfig(privacy_unit="node", adjacency="edge").validate()
     with pytest.raises(ConfigError, match="method must be one of"):

@@ -14,7 +14,6 @@ from rich.table import Table
 from silofl.cli.common import _write_atomic
 from silofl.cli.root import _fail, app, console
 from silofl.errors import SiloflError
-from silofl.privacy.units import SHORT as UNIT_SHORT
 
 budget_app = typer.Typer(help="Lifetime privacy budgets per silo (the budget store).")
 app.add_typer(budget_app, name="budget")
@@ -58,6 +57,7 @@ def budget_show(store: StorePath = None, deployment: Deployment = "default",
         console.print_json(dumps_strict({"store": shown, "silos": rows, "charges": charges,
                                          "log": log}))
         return
+    from silofl.privacy.units import SHORT as UNIT_SHORT  # keeps `silofl --help` cheap
     t = Table(title=f"lifetime budgets in {escape(shown)}")
     for c in ["silo", "unit", "target ε, δ", "spent ε", "RDP / PLD", "remaining", "runs",
               "unfinished"]:

@@ -28,7 +28,7 @@ from silofl.errors import ConfigError
 #: [output] dir: like --out it is where runs are written, relative to the working
 #: directory (a run folder's saved config.toml must not move it into the run folder).
 PATH_KEYS = (("data", "path"), ("data", "schema"), ("budget", "store"), ("sweep", "results"),
-             ("tuning", "proxy_path"))
+             ("tuning", "proxy_path"), ("privacy", "linkage_key_file"))
 
 
 def _resolve(root: Path, value: str) -> str:

@@ -166,6 +166,9 @@ class TrainingSection(Section):
     prox_mu: float = 0.01            # fedprox: proximal strength μ ≥ 0 (0 = FedAvg)
     apfl_alpha: float = 0.5          # apfl: initial mixing weight α in [0, 1]
     apfl_alpha_lr: float = 0.0       # apfl: step size of α ≥ 0 (0 = training.lr)
+    uldp_weighting: str = "uniform"  # uldp: uniform (1/M, M = privacy.persons_in_silos) |
+                                     # linked (record proportions from keyed pseudonyms)
+    uldp_sample_rate: float = 1.0    # uldp: persons' sampling rate per round, (0, 1]
 
 
     @field_validator("lam", mode="before")
@@ -211,6 +214,9 @@ class PrivacyConfig(Section):
                                    # public; 0 = every silo) for the consortium-wide figure
     linkage_key_file: str = ""     # person: the consortium's linkage key (HMAC pseudonyms,
                                    # silofl.data.pseudonyms; "" = env SILOFL_LINKAGE_KEY)
+    overlap_epsilon: float | None = None  # person, with a linkage key: ε of the private
+                                   # overlap histogram charged to every silo (default 0.05·ε;
+                                   # 0 = no release); training σ is calibrated with it composed
 
     @field_validator("silos", mode="before")
     @classmethod
@@ -406,3 +412,9 @@ def _check_privacy_section(pc: PrivacyConfig) -> None:
         check_privacy_target(pc.epsilon if sp.epsilon is None else sp.epsilon,
                              pc.delta if sp.delta is None else sp.delta,
                              f"privacy.silos.{name}.")
+    oe = pc.overlap_epsilon
+    if oe is not None and (isinstance(oe, bool) or not isinstance(oe, (int, float))
+                           or not 0 <= oe < pc.epsilon):
+        raise ConfigError(f"[privacy] overlap_epsilon (the share of each silo's ε spent on "
+                          f"the private overlap histogram; 0 = no release) must be ≥ 0 and "
+                          f"below privacy.epsilon = {pc.epsilon:g}, got {oe!r}")

@@ -193,8 +193,12 @@ class Federation(SiloCollection):
                     raise DataError(f"silo {s.name!r} {part}: {len(ids)} person ids for "
                                     f"{getattr(s, f'n_{part}')} rows; give one person per row")
             if s.n_train < 2:
-                raise DataError(f"silo {s.name!r} has {s.n_train} training example(s); DP-SGD "
-                                "needs at least 2. Merge it with another silo or drop it")
+                why = "" if s.person_test is None or not s.n_test else (
+                    f" (the person split put {len(np.unique(s.person_test))} of its persons, "
+                    "with all their rows, on the test side)")
+                raise DataError(f"silo {s.name!r} has {s.n_train} training example(s){why}; "
+                                "DP-SGD needs at least 2. Merge it with another silo or drop "
+                                "it ([data] min_silo_rows with small_silos = \"drop\")")
             if self.task != "regression":
                 if np.any(s.y_train != np.round(s.y_train)) or np.any(s.y_train < 0):
                     raise DataError(f"silo {s.name!r} has non-integer or negative class labels; "

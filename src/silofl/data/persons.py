@@ -27,8 +27,10 @@ _SPLIT_KEY = b"silofl/person-split/v1/"
 def person_ids(values: pd.Series | Sequence, column: str) -> np.ndarray:
     """The person ids of a column as read: (n,) int64 when every id is an integer (an
     integer-valued float such as 3.0 read from a column with gaps counts as 3), else (n,)
-    object of str. A missing id is a DataError (the caller drops such rows first when
-    ``missing = "drop"``).
+    object of str with surrounding spaces dropped (" P1 " is "P1"). A missing id is a
+    DataError (the caller drops such rows first when ``missing = "drop"``), and so are two
+    ids that differ only in letter case ("P1", "p1"): one person under two spellings would
+    be counted as two persons and protected only by group privacy.
 
     Parameters
     ----------
@@ -42,7 +44,8 @@ def person_ids(values: pd.Series | Sequence, column: str) -> np.ndarray:
     numpy.ndarray
         (n,) the ids.
     """
-    s = pd.Series(list(values), dtype=object)
+    s = pd.Series(list(values), dtype=object,
+                  index=values.index if isinstance(values, pd.Series) else None)
     miss = missing_ids(s)
     if miss.any():
         raise DataError(f"person column {column!r}: {int(miss.sum())} row(s) have no person "
@@ -51,7 +54,29 @@ def person_ids(values: pd.Series | Sequence, column: str) -> np.ndarray:
     ints = [_as_int(v) for v in vals]
     if all(i is not None for i in ints):
         return np.asarray(ints, dtype=np.int64)
-    return np.asarray([str(v) if not isinstance(v, str) else v for v in vals], dtype=object)
+    out = np.asarray([str(v).strip() for v in vals], dtype=object)
+    _refuse_case_variants(out, column, s.index if isinstance(values, pd.Series) else None)
+    return out
+
+
+def _refuse_case_variants(ids: np.ndarray, column: str, index: pd.Index | None) -> None:
+    """DataError when distinct ids are equal up to letter case (no id is printed: the
+    message names the column, counts and rows -- `index` labels where given)."""
+    uniq = np.unique(ids)
+    folded = pd.Series([u.casefold() for u in uniq])
+    dup = folded.duplicated(keep=False).to_numpy()
+    if not dup.any():
+        return
+    clash = set(uniq[dup].tolist())
+    pos = [i for i, v in enumerate(ids) if v in clash][:3]
+    rows = [str(index[i]) for i in pos] if index is not None else [str(i) for i in pos]
+    raise DataError(
+        f"person column {column!r}: {int(dup.sum())} ids differ from another id only in "
+        f"letter case (e.g. table rows {', '.join(rows)}, counted from 0 as pandas reads "
+        "the table); one person under two spellings would be counted as "
+        "two persons and get a weaker guarantee. Write every id of a person the same way "
+        "(e.g. upper-case the column) -- or, if they really are different persons, rename "
+        "one of them")
 
 
 def missing_ids(s: pd.Series) -> np.ndarray:

@@ -306,6 +306,21 @@ def check_unit(cfg: Config, fed=None) -> None:
         raise ConfigError("[privacy] unit = \"person\" but the loaded silos carry no person "
                           "ids ([data] person_column); this source has no persons: use "
                           "unit = \"example\"")
+    if fed is not None:
+        _check_declared_m(pc.persons_in_silos, fed)
+
+
+def _check_declared_m(m: int, fed) -> None:
+    """A declared M above the number of silos is a mistake (a wrong count of hospitals, a
+    silo missing from the table), not a bound: refuse it rather than cap it silently."""
+    dropped = [d["silo"] for d in fed.meta.get("dropped_silos", [])
+               if d["silo"] not in fed.names]
+    k = len(fed.names) + len(dropped)
+    if m > k:
+        raise ConfigError(f"[privacy] persons_in_silos = {m}, but this job has {k} silo(s) "
+                          f"({', '.join(list(fed.names) + dropped)}): a person can be seen by "
+                          f"at most {k}. Set it to the most silos one person is seen by "
+                          f"(1..{k}), or 0 for every silo")
 
 
 def require_row_unit(cfg: Config, command: str) -> None:
@@ -392,6 +407,8 @@ def build_algorithms(cfg: Config) -> list[Algorithm]:
                            prox_mu=tc.prox_mu, apfl_alpha=tc.apfl_alpha,
                            apfl_alpha_lr=tc.apfl_alpha_lr,
                            persons_in_silos=cfg.privacy.persons_in_silos,
+                           uldp_weighting=tc.uldp_weighting,
+                           uldp_sample_rate=tc.uldp_sample_rate,
                            **ldp_options(tc))
             for m in tc.methods]
 

@@ -49,6 +49,8 @@ def compare(cfg: Config, out_dir: Path | None = None, *, store: BudgetStore | No
     (per client), ...}}; with `out_dir`, also write comparison.json and comparison.png."""
     if not cfg.privacy.enabled:
         raise ConfigError("the comparison is about privacy: it needs [privacy] enabled")
+    # PrivateKT's and fedavg_ldp's uploads are accounted per client dataset, not per person
+    build.require_row_unit(cfg, "silofl ldp-compare")
     fed = build.apply_privacy(build.load_federation(cfg.data), cfg)
     model = build.build_model(cfg, fed)
     tcfg = build.training_config(cfg)

@@ -140,7 +140,8 @@ def person_table(report: Mapping[str, Any]) -> Table:
 
 
 def job_persons(results: Sequence[Any], extra: Mapping[str, dpa.DpEvent] | None,
-                delta: float, declared_m: int = 0) -> dict[str, Any] | None:
+                delta: float, declared_m: int = 0,
+                overlap: OverlapRelease | None = None) -> dict[str, Any] | None:
     """`person_report` for a finished person-level job: each silo's executed events over
     every method of the job (its ledgers) plus its private preprocessing (`extra`).
 
@@ -149,11 +150,15 @@ def job_persons(results: Sequence[Any], extra: Mapping[str, dpa.DpEvent] | None,
     results : sequence of RunResult
         The job's results, one per method (their ledgers hold what executed).
     extra : mapping of str to dp_accounting.DpEvent, optional
-        Silo name → its preprocessing release, charged with the job.
+        Silo name → its releases outside the methods (preprocessing, the overlap
+        histogram), charged with the job.
     delta : float
         δ of the consortium-wide figures ([privacy] delta).
     declared_m : int, default 0
         [privacy] persons_in_silos (0: every silo).
+    overlap : OverlapRelease, optional
+        The job's released noisy overlap histogram (`experiments.linkage.release`): the
+        table gains its "persons (noisy)" column and the above-declared warning.
 
     Returns
     -------
@@ -170,4 +175,4 @@ def job_persons(results: Sequence[Any], extra: Mapping[str, dpa.DpEvent] | None,
             targets[led.silo] = led.target
     for name, ev in (extra or {}).items():
         silo_events.setdefault(name, []).append(ev)
-    return person_report(silo_events, targets, delta, declared_m)
+    return person_report(silo_events, targets, delta, declared_m, overlap)

@@ -234,7 +234,9 @@ def privacy_table(rep, max_rows: int = 30) -> Table | None:
     how = priv[0][0].get("calibrated_for", "") if priv[0] else ""
     per = "per person" if getattr(rep, "unit", "example") == "person" else "per row"
     t = Table(title=f"privacy per silo, ε {per} (σ calibrated for {how}; ε at the silo's δ)")
-    for name in ["silo", "n", "job target ε, δ", "σ", "job ε spent", "lifetime ε spent / "
+    # n is what q = b/n counts: training persons at the person unit, training rows otherwise
+    n_label = "n persons" if per == "per person" else "n"
+    for name in ["silo", n_label, "job target ε, δ", "σ", "job ε spent", "lifetime ε spent / "
                  "target"]:
         t.add_column(name, justify="left" if name == "silo" else "right")
     life = {x["silo"]: x for x in rep.lifetime}

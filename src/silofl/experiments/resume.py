@@ -13,6 +13,7 @@ import pickle
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
+from typing import cast
 
 from silofl.config import Config, config_from_dict
 from silofl.errors import ConfigError
@@ -34,6 +35,7 @@ from silofl.privacy import events, runlock, store_paths
 from silofl.privacy.budget import BudgetStore, BudgetStoreError, PlannedCharge
 from silofl.privacy.ledger import read_entries, silo_file_id
 from silofl.runtime.job import NO_METHOD, fingerprints, open_job
+from silofl.runtime.plan import TrainingConfig
 
 
 def resume_run(run_dir: str | Path,
@@ -78,6 +80,7 @@ def resume_run(run_dir: str | Path,
     p = _prepare(cfg)
     _check_resumable(cfg, p)
     done, states = _read_checkpoints(run_dir, p)
+    _check_plans_hold(run_dir, p, done, states)
     job, latest = None, info["run_id"]
     if p.tcfg.private:
         store = _reopen_store(info, cfg, store)
@@ -141,6 +144,32 @@ def _check_resumable(cfg: Config, p: _Prepared) -> None:
         raise ConfigError("resuming a run with private preprocessing is not supported: its "
                           "noisy statistics cannot be derived again without spending budget "
                           "again. Start a new run (the killed run's charges stay counted)")
+
+
+def _check_plans_hold(run_dir: Path, p: _Prepared, done: dict, states: dict) -> None:
+    """Refuse (before the store is touched) a resume whose re-planned job no longer holds
+    the rounds the checkpoint keeps: the data changed since the run was killed (other rows,
+    or at person level other person ids: another number of units gives another q), so the
+    kept rounds and the rest would be two different mechanisms that no plan composes."""
+    tcfg = cast(TrainingConfig, p.tcfg)
+    if not tcfg.private:  # nothing charged, nothing to compose
+        return
+    what = "rows or person ids" if tcfg.privacy_unit == "person" else "rows"
+    for label, plans in zip(p.labels, p.plans):
+        kept = states[label]["round"] if label in states else 0
+        for plan in plans if label not in done else []:
+            path = run_dir / "ledgers" / label / f"{silo_file_id(plan.name)}.jsonl"
+            counts = Counter(events.flatten(plan.declared))
+            for e in read_entries(path):
+                if e.round <= kept:
+                    counts.subtract(events.flatten(e.event))
+            if min(counts.values(), default=0) < 0:
+                raise ConfigError(
+                    f"cannot resume {label} for silo {plan.name!r}: the rounds its checkpoint "
+                    f"keeps were charged under another plan than the job's data gives now "
+                    f"(its {what} changed since the run was killed, so q, σ or the "
+                    "steps differ). Start a new run; the killed run's charges stay counted. "
+                    "Nothing was charged")
 
 
 def _read_checkpoints(run_dir: Path, p: _Prepared) -> tuple[dict, dict]:

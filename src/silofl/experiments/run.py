@@ -26,7 +26,7 @@ from silofl.algorithms import LAMBDA_METHODS, LOCAL_DP_METHODS
 from silofl.config import Config
 from silofl.data.preprocess import apply_preprocessing
 from silofl.errors import ConfigError
-from silofl.experiments import build, saving, signals
+from silofl.experiments import build, linkage, saving, signals
 from silofl.experiments.figures import alpha_over_rounds
 from silofl.experiments.notes import (
     ASSUMPTIONS,
@@ -113,6 +113,8 @@ class RunReport:
     dropped_silos: list = field(default_factory=list)
     #: person level: a person seen by m silos (`person_report.job_persons`), else None
     persons: dict | None = None
+    #: linked persons (`linkage.describe`): the overlap release and its charge, or None
+    linkage: dict | None = None
 
     @property
     def noise(self) -> str:
@@ -146,7 +148,7 @@ class RunReport:
         if tc.clip == "auto" and self.config.privacy.enabled:
             auto.append(CLIP_AUTO_NOTE.format(quantile=tc.clip_quantile))
         auto += unit_notes(self.unit, self.config.data.person_column,
-                           self.config.privacy.enabled)
+                           self.config.privacy.enabled) + (self.linkage or {}).get("notes", [])
         return job_notes(private=self.config.privacy.enabled, noise=self.noise,
                          scratch=self.scratch, demo=self.demo, uncharged=self.uncharged,
                          extra=self.resumed + ([LOCAL_DP_NOTE.format(", ".join(local))]
@@ -210,6 +212,8 @@ class RunReport:
                                if self.label(r) in self.quality else {})}
                            for r in self.results],
                "combined_privacy": self.combined_privacy}
+        if self.config.privacy.enabled:  # what combined_privacy's ε protects
+            out["privacy_unit"], out["adjacency"] = self.unit, self.adjacency
         if self.quality:  # a useless model never looks fine (README "Reading the results")
             out["quality_warnings"] = warnings_of(self.quality)
             out["quality_note"] = QUALITY_NOTE
@@ -241,6 +245,7 @@ class _Prepared:
     plans: list
     extra: dict
     tuning_counts: object = None  # (K,) validation rows carved for private tuning, or None
+    link: linkage.LinkagePlan | None = None  # persons linked by keyed pseudonyms
 
 
 def _prepare(cfg: Config, raw=None) -> _Prepared:
@@ -248,6 +253,7 @@ def _prepare(cfg: Config, raw=None) -> _Prepared:
     # facts only) so that its private statistics are reserved with the training.
     # (`raw` given: `silofl.audit` passes the silos with its canaries inserted.)
     if raw is None:
+        build.check_unit(cfg)  # a misspelt unit fails before a large table is read
         raw = build.apply_privacy(build.load_raw(cfg.data), cfg)
     # --- private tuning (silofl.tuning): validation rows leave the training rows first
     tuning_counts = None
@@ -263,7 +269,8 @@ def _prepare(cfg: Config, raw=None) -> _Prepared:
         raise ConfigError("private preprocessing (data.standardize/impute = 'private') needs "
                           "privacy; a non-private run has no budget to charge")
     model = build.build_model(cfg, raw)
-    algorithms = build.build_algorithms(cfg)
+    link = linkage.plan_linkage(cfg, raw)  # the key checked before anything is reserved
+    algorithms = linkage.link_algorithms(build.build_algorithms(cfg), link, raw)
     if tuning_counts is not None:  # the tuned method replaces its untuned version
         algorithms = _tuned_algorithms(cfg, algorithms, raw, tuning_counts)
     elif cfg.tuning.mode == "proxy":  # λ chosen on declared public data: free for the silos
@@ -272,10 +279,11 @@ def _prepare(cfg: Config, raw=None) -> _Prepared:
     for alg in algorithms:  # PrivateKT: the public set and the model, checked before planning
         bind_data(alg, raw, model)
     extra = {n: e for n, e in prep.events.items() if e is not None}
-    plans = plan_job(raw, algorithms, tcfg, extra=extra)
+    plans = plan_job(raw, algorithms, tcfg, extra=linkage.merged(extra, link) or None)
+    linkage.note_calibration(plans, extra, link)
     return _Prepared(raw, tcfg, prep, model, algorithms,
                      [alg.describe()["name"] for alg in algorithms], plans, extra,
-                     tuning_counts)
+                     tuning_counts, link)
 
 
 def _tuned_algorithms(cfg: Config, algorithms: list, raw, counts) -> list:
@@ -342,12 +350,14 @@ def run(cfg: Config, out_dir: Path | None = None,
                        command="silofl run", noise=p.tcfg.noise, accountant=p.tcfg.accountant,
                        fingerprints=raw_fps,
                        extra=[PlannedCharge(n, NO_METHOD, "preprocess", e)
-                              for n, e in p.extra.items()])
+                              for n, e in p.extra.items()] + linkage.charges(p.link))
     # --- from here on the job's budget is reserved: settle it whatever happens ----------
     run_dir = None
     try:
         for name in p.extra:  # reserved above; recorded as executed before the data is read
             job.spend_extra(name, "preprocess")
+        if job is not None:  # charged (ledger, store) before any person id is read
+            linkage.release(p.link, p.raw, job, p.tcfg.noise, cfg.training.seed)
         fed = _preprocess(p, cfg)
         run_dir = _make_run_dir(cfg, base)
         if run_dir and cfg.output.checkpoint_every:
@@ -409,14 +419,17 @@ def _execute(cfg: Config, p: _Prepared, fed, job, run_dir: Path | None,
     add_nonprivate_reference(cfg, fed, p.model, p.algorithms, p.tcfg, results)
     if job is not None:
         job.settle()
-    report = RunReport(run_dir, cfg, results, _combined(results, p.extra), uncharged=list(
+    spent = linkage.merged(p.extra, p.link)  # preprocessing and the overlap release
+    report = RunReport(run_dir, cfg, results, _combined(results, spent), uncharged=list(
         fed.meta.get("uncharged", [])), preprocessing=fed.meta.get("preprocessing"),
         release=saving.release_info(cfg, p.model, fed), resumed=resumed or [],
         dropped_silos=list(p.raw.meta.get("dropped_silos", [])))
     report.quality = _assess(report, p.model, fed)
     if p.tcfg.privacy_unit == "person":  # what a person seen by m silos is guaranteed
-        report.persons = job_persons(results, p.extra, cfg.privacy.delta,
-                                     cfg.privacy.persons_in_silos)
+        report.persons = job_persons(results, spent, cfg.privacy.delta,
+                                     cfg.privacy.persons_in_silos,
+                                     overlap=p.link.released if p.link else None)
+    report.linkage = linkage.describe(p.link)
     if job is not None:
         report.run_id, report.scratch = job.run_id, job.scratch
         report.store = None if job.store.path is None else str(job.store.path)
@@ -609,7 +622,7 @@ def _write_outputs(rep: RunReport) -> None:
                        "spend per silo; 'lifetime' is everything the silo has spent so far."),
                "methods": {rep.label(r): r.privacy() for r in rep.results},
                "combined": rep.combined_privacy, "lifetime": rep.lifetime,
-               "persons_across_silos": rep.persons}
+               "persons_across_silos": rep.persons, "linkage": rep.linkage}
     write_json_atomic(d / "privacy_report.json", privacy, indent=1)
     nonfinite: list[str] = []
     summary = json_safe(rep.summary(), nonfinite)

@@ -274,8 +274,15 @@ class BudgetStore:
         return store_admin.spent(self, name)
 
     def use_unit(self, unit: str) -> None:
-        """Reserve jobs of privacy `unit` ("example" | "person" | "node") from now on
-        (`silofl.privacy.units`; unset: inferred from the labels)."""
+        """Reserve jobs of privacy `unit` from now on (`silofl.privacy.units`; unset:
+        inferred from the labels).
+
+        Parameters
+        ----------
+        unit : {"example", "person", "node"}
+            What the next jobs' guarantees protect: one row, all rows of one person, or
+            one person of a graph.
+        """
         self.unit = unit
 
     # -- the protocol ---------------------------------------------------------------------

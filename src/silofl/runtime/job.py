@@ -80,9 +80,11 @@ def silo_digest(silo) -> str:
     registry that flags a new store for data charged elsewhere. Never written as is."""
     parts = []
     for X, y in ((silo.X_train, silo.y_train), (silo.X_test, silo.y_test)):
-        n = len(y)
-        parts.append(np.column_stack([np.asarray(X, np.float64).reshape(n, -1),
-                                      np.asarray(y, np.float64).reshape(n, -1)]))
+        n, X, y = len(y), np.asarray(X, np.float64), np.asarray(y, np.float64)
+        # explicit widths: reshape(0, -1) fails on a silo with no test rows (a small
+        # silo whose few persons all fell on the training side)
+        parts.append(np.column_stack([X.reshape(n, int(np.prod(X.shape[1:]))),
+                                      y.reshape(n, int(np.prod(y.shape[1:])))]))
     rows = np.ascontiguousarray(np.concatenate(parts))
     if rows.shape[0] == 0:
         return fingerprint(rows, np.zeros(0))

@@ -30,6 +30,7 @@ from silofl.runtime.plan import SiloPlan, TrainingConfig, job_targets, plan_silo
 from silofl.runtime.rules import final_clips, gradient_rule
 from silofl.runtime.sources import training_source
 from silofl.training.dpsgd import GradientRule
+from silofl.training.persons import PersonSource
 from silofl.training.sampling import NODE_LABEL, NodeUnit
 from silofl.training.trainer import LocalTrainer
 
@@ -312,7 +313,8 @@ def _train(fed, model, algorithm, cfg, metric, plans, ledgers, on_round, eval_se
     silos, server = algorithm.init(start_params, fed.num_silos, rounds=cfg.rounds)
     # each silo's weight: its units (rows, or persons at person level), as a networked
     # silo reports them at join and the server weighs them
-    weights = (np.array([p.n for p in plans], float)
+    weights = (np.array([p.n if p.unit == "person" else s.n_train
+                         for p, s in zip(plans, fed.silos)], float)
                if getattr(algorithm, "weighted", True) else np.ones(fed.num_silos))
     step, trainers = algorithm.silo_step, None
     if hosting == "per_silo":  # each silo its own trainer and stream, as on the network
@@ -329,6 +331,8 @@ def _train(fed, model, algorithm, cfg, metric, plans, ledgers, on_round, eval_se
             cast(_SeededStream, rng).gen.bit_generator.state = resume["rng"]
         if rule.adaptive is not None:  # clip = "auto": each silo's clip is its state
             rule.adaptive.clip[:] = resume["clip"]
+        if resume.get("rows") is not None and isinstance(trainer.data, PersonSource):
+            trainer.data.stream_state = resume["rows"]  # which rows of a capped person
     for t in range(start, cfg.rounds + 1):
         silos, update = step(silos, algorithm.broadcast(server), trainer, t)
         server = algorithm.server_step(server, update, weights)
@@ -350,6 +354,8 @@ def _train(fed, model, algorithm, cfg, metric, plans, ledgers, on_round, eval_se
                         "steps_done": trainer.steps_done.copy(),
                         "selections_done": trainer.selections_done.copy(),
                         "clip": None if rule.adaptive is None else rule.adaptive.clip.copy(),
+                        "rows": trainer.data.stream_state  # person level: the row choice
+                        if isinstance(trainer.data, PersonSource) else None,
                         "rng": None if rng.secure  # else built by Randomness.seeded
                         else cast(_SeededStream, rng).gen.bit_generator.state})
     final_clips(plans, rule, trainers if hosting == "per_silo" else None)

@@ -161,6 +161,16 @@ class PersonSource:
         """Rows (k, R) and weights (k, R) of the sampled persons (`PersonIndex.expand`)."""
         return self.index.expand(silos, persons, mask, self._rng)
 
+    @property
+    def stream_state(self) -> dict:
+        """The state of the capped-row choice stream (a checkpoint keeps it, so that a
+        resumed run reads the rows an uninterrupted one reads)."""
+        return dict(self._rng.bit_generator.state)
+
+    @stream_state.setter
+    def stream_state(self, state: dict) -> None:
+        self._rng.bit_generator.state = state
+
     def gather(self, silos: np.ndarray,
                idx: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
         """Rows idx (k, R) (already expanded) of silos `silos` (k,): X, y, ‖x‖² or None."""

@@ -27,6 +27,7 @@ import ipaddress
 import json
 import re
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from cryptography import x509
@@ -112,8 +113,9 @@ def demo_data(name: str, seed: int = 0):
 def write_silo_data(path: Path, silo, feature_names: list[str]) -> None:
     """A silo's .npz (what `silo_table.load_silo_data` reads), with its person ids if any."""
     Path(path).parent.mkdir(parents=True, exist_ok=True)
-    persons = {f"person_{p}": _ids(getattr(silo, f"person_{p}")) for p in ("train", "test")
-               if getattr(silo, f"person_{p}", None) is not None}
+    persons: dict[str, Any] = {f"person_{p}": _ids(getattr(silo, f"person_{p}"))
+                               for p in ("train", "test")
+                               if getattr(silo, f"person_{p}", None) is not None}
     io.write_npz_atomic(path, X_train=silo.X_train, y_train=silo.y_train, X_test=silo.X_test,
                      y_test=silo.y_test, feature_names=np.array(feature_names, dtype=str),
                      **persons)
@@ -177,6 +179,11 @@ def _check_job(job: dict, fed) -> None:
         job_config(full).validate()
     except messages.ProtocolError as e:
         raise ConfigError(str(e)) from None
+    if fed is not None and full["privacy_unit"] == "person" and not fed.has_persons:
+        raise ConfigError("privacy_unit = 'person' protects all rows of one person, and this "
+                          "data names no person of its rows (the heart demo has no person "
+                          "ids); give silos whose data names each row's person, or use "
+                          "privacy_unit = 'example'. Nothing was written")
 
 
 def _write_certs(out: Path, address: str, hosts: list[str] | None) -> None:

@@ -17,7 +17,7 @@ from silofl.errors import ConfigError, DataError
 from silofl.models import make_model
 from silofl.runtime.network import messages as W
 from silofl.runtime.network.hosting import check_network_method
-from silofl.runtime.plan import TrainingConfig
+from silofl.runtime.plan import EXAMPLE_LEVEL_ONLY, TrainingConfig
 
 JOB_KEYS = {"method": str, "lam": (float, str), "weighted": bool, "finetune_fraction": float,
             "model": str, "task": str, "num_classes": int, "dim": int, "rounds": int,
@@ -54,8 +54,9 @@ JOB_KEYS = {"method": str, "lam": (float, str), "weighted": bool, "finetune_frac
             # silo, named by the silo's own person column) and, per person, the most rows
             # one step reads (0: all)
             "privacy_unit": str, "max_rows_per_person": int,
-            # uldp: M, the declared most silos one person is in (0: every silo)
-            "persons_in_silos": int}
+            # uldp: M, the declared most silos one person is in (0: every silo), its weights
+            # and persons' sampling rate (the network runs "uniform" at rate 1 only)
+            "persons_in_silos": int, "uldp_weighting": str, "uldp_sample_rate": float}
 
 #: [job] keys of clip = "auto" in server.toml, folded into "clip_auto" (`auto_clip_job`)
 CLIP_AUTO_KEYS = {"clip_quantile": "quantile", "clip_lr": "lr", "clip_init": "init",
@@ -120,6 +121,10 @@ def check_unit(job: dict) -> None:
     if unit == "person" and job["data_kind"] != "tabular":
         raise W.ProtocolError(f"job: privacy_unit = 'person' needs tabular data; "
                               f"{job['data_kind']!r} data has its own unit")
+    if unit == "person" and job["method"] in EXAMPLE_LEVEL_ONLY:
+        raise W.ProtocolError(f"job: {job['method']} is not available with privacy_unit = "
+                              "'person': its local-DP uploads are accounted per example; use "
+                              "a DP-SGD method")
 
 
 def auto_clip_job(job: dict) -> dict:
@@ -227,7 +232,8 @@ def job_algorithm(job: dict, public: np.ndarray | None = None):
         kt_self_train=job["kt_self_train"], kt_server_epochs=job["kt_server_epochs"],
         kt_server_lr=job["kt_server_lr"], public_seed=job["public_seed"],
         prox_mu=job["prox_mu"], apfl_alpha=job["apfl_alpha"], apfl_alpha_lr=job["apfl_alpha_lr"],
-        persons_in_silos=job["persons_in_silos"])
+        persons_in_silos=job["persons_in_silos"], uldp_weighting=job["uldp_weighting"],
+        uldp_sample_rate=job["uldp_sample_rate"])
     names = job_silos(job)
     alg.bind_silos(names)
     # PrivateKT: the public set, checked against the job (uldp binds no data over the

@@ -79,7 +79,8 @@ def _job_defaults() -> dict:
             "task": "binary", "num_classes": 2, "public_seed": 0, "public_sha256": "",
             "data_kind": "tabular", "graph": "", "schema_sha256": "", "clip_auto": "",
             "privacy_unit": p.unit, "max_rows_per_person": p.max_rows_per_person,
-            "persons_in_silos": p.persons_in_silos}
+            "persons_in_silos": p.persons_in_silos, "uldp_weighting": t.uldp_weighting,
+            "uldp_sample_rate": t.uldp_sample_rate}
 
 
 JOB_DEFAULTS = _job_defaults()
@@ -138,7 +139,7 @@ def load_server_config(path: str | Path) -> ServerConfig:
               "selection_fraction", "selection_rounds", "we_p_s", "we_p_d",
               "we_participation", "ldp_epsilon",
               "ldp_delta", "client_fraction", "kt_self_train", "kt_server_lr", "prox_mu",
-              "apfl_alpha", "apfl_alpha_lr"):
+              "apfl_alpha", "apfl_alpha_lr", "uldp_sample_rate"):
         if isinstance(job.get(k), int) and not isinstance(job.get(k), bool):
             job[k] = float(job[k])
     public_path = base / s.public_data if s.public_data is not None else None
@@ -220,6 +221,14 @@ def _check_uldp(cfg: ServerConfig, job: dict, silos: dict, path: Path) -> None:
     if job["privacy_unit"] != "person":
         raise ConfigError(f"{path}: method 'uldp' weights persons across silos: set [job] "
                           "privacy_unit = \"person\" (every silo's data names its persons)")
+    if job["uldp_weighting"] != "uniform" or job["uldp_sample_rate"] != 1.0:
+        raise ConfigError(
+            f"{path}: over the network uldp runs with [job] uldp_weighting = \"uniform\" (1/M "
+            "for the declared persons_in_silos) and uldp_sample_rate = 1: linked weights need "
+            "a linkage protocol between the silos (each silo would learn the others' record "
+            "counts of its persons, and could not check that a person's weights sum to ≤ 1), "
+            "and sampling needs a consortium secret the server does not hold; use the "
+            "simulator (`silofl run`) for those")
     if not cfg.min_silos == cfg.expected_silos == len(silos):
         raise ConfigError(
             f"{path}: method 'uldp' needs every one of the {len(silos)} silos in every "

@@ -457,7 +457,7 @@ class SiloProgram(silo_table.TableHooks):
         if extra:
             declared = dpa.ComposedDpEvent([*extra, declared])
         round_plan = SiloPlan(p.name, p.n, p.q, p.steps_per_pass, p.target, p.noise_multiplier,
-                              declared=declared)
+                              declared=declared, unit=p.unit)  # the store records the unit
         method = accepted["method"]
         try:  # reserve this round in the lifetime store before any row is read
             job = open_job(self.store, {method: [round_plan]}, lifetime={c.name: c.lifetime},

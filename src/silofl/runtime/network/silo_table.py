@@ -98,7 +98,8 @@ def read_silo_table(name: str, ts: TableSettings, target: PrivacyTarget
     from silofl.data.tabular import federation_from_frame_raw, read_table
     schema = read_schema(ts.schema, f"silo {name!r}")
     col = schema.silo_column or _SILO_COLUMN
-    person = {"person_column": ts.person_column} if ts.person_column else {}  # ids as text
+    # ids read as text; the reader takes the key only where a silo names the column
+    person: dict[str, Any] = {"person_column": ts.person_column} if ts.person_column else {}
     df = read_table(ts.path, text_columns=[col, *person.values()], sep=ts.sep,
                     encoding=ts.encoding, drop=ts.drop)
     df[col] = name
