@@ -476,13 +476,8 @@ class SiloProgram(silo_table.TableHooks):
             if self._table_extra():  # the private release, reserved with this round
                 self._table_release(job)
             self._data_before_step(t, self.trainer.ledgers[0])
-            if consortium_method(self.algorithm):  # uldp: this silo's share, charged first
-                self.state, update = self.algorithm.share_step(
-                    self.state, self._view(message), self.trainer, t,
-                    self.sigma_used if self.trainer.rule.private else None)
-            else:
-                self.state, update = own_step(self.algorithm, self.state,
-                                              self._view(message), self.trainer, t, self.index)
+            self.state, update = own_step(self.algorithm, self.state, self._view(message),
+                                          self.trainer, t, self.index, self.sigma_used)
         except BaseException:
             job.settle("failed")
             raise
