@@ -507,3 +507,16 @@ def test_uldp_over_tls_processes_with_secagg(tmp_path):
     L = 1 + JOB["lr"] * (x2 / 4 + real.job["l2"])
     diff = float(np.linalg.norm(real.server.params - loop.server.params))
     assert diff <= 2 * step * (1 + L), (diff, step)
+
+
+def test_silos_refuse_a_secagg_setup_that_could_unmask_a_partial_sum(tmp_path, monkeypatch):
+    """A server that sets a majority threshold (a curious one, outside the honest-but-
+    curious assumption) gets no share at all: every silo refuses the setup stage, before
+    its round is run or charged."""
+    fed = federation()
+    w = consortium(tmp_path / "c", fed, job={"rounds": 1})
+    monkeypatch.setattr(S, "uldp_threshold", S.reconstruction_threshold)
+    prog = run_loopback(tmp_path / "c", w)
+    assert prog.done == 0
+    for name, path in w["silos"].items():
+        assert store_events(load_silo_config(path).budget_store, name) == {}
