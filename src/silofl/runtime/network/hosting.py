@@ -195,16 +195,13 @@ class _AsRowK:
         return out
 
 
-def own_step(algorithm, state: SiloState, view, trainer, round: int, k: int,
-             sigma: float | None = None):
+def own_step(algorithm, state: SiloState, view, trainer, round: int, k: int):
     """`algorithm.silo_step` of silo k on its one-silo `state` and `trainer`, `view` its
     cut of the broadcast (`silo_message`): (state, update). Weight Erosion's scheduled
     step masks and counts all K silos: it runs on a K-row stand-in (`_AsRowK`, only row k
-    computed) and silo k keeps its own row of the result. ULDP: the silo's share of the
-    SecAgg+ sum at the consortium's σ `sigma` (`ULDP.share_step`, charged first)."""
-    if consortium_method(algorithm):
-        return algorithm.share_step(state, view, trainer, round,
-                                    sigma if trainer.rule.private else None)
+    computed) and silo k keeps its own row of the result. (ULDP's networked silo sends a
+    share instead: `ULDP.share_step`, called by the silo program; the simulator's per-silo
+    hosting refuses uldp.)"""
     if not erosion_schedule(algorithm):
         return algorithm.silo_step(state, view, trainer, round)
     K = len(algorithm.present(round))

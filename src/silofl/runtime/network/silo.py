@@ -205,9 +205,7 @@ class SiloProgram(silo_table.TableHooks):
         self.job = self.hash = self.plan = None
         self.done, self.last = 0, None  # rounds served (0 until a job is joined)
         self.exhausted = False
-        # uldp: whether the round under way is SecAgg+-masked (set by the ClientApp, which
-        # sees the message)
-        self.masked, self.sigma_used = False, None
+        self.masked, self.sigma_used = False, None  # uldp: is the round masked (ClientApp)
 
     # -- the data hooks (tabular) ---------------------------------------------------------
     def _data_open(self) -> None:
@@ -476,8 +474,13 @@ class SiloProgram(silo_table.TableHooks):
             if self._table_extra():  # the private release, reserved with this round
                 self._table_release(job)
             self._data_before_step(t, self.trainer.ledgers[0])
-            self.state, update = own_step(self.algorithm, self.state, self._view(message),
-                                          self.trainer, t, self.index, self.sigma_used)
+            if consortium_method(self.algorithm):  # uldp: its share, charged first
+                self.state, update = self.algorithm.share_step(
+                    self.state, self._view(message), self.trainer, t,
+                    self.sigma_used if self.trainer.rule.private else None)
+            else:
+                self.state, update = own_step(self.algorithm, self.state,
+                                              self._view(message), self.trainer, t, self.index)
         except BaseException:
             job.settle("failed")
             raise
