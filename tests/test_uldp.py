@@ -233,10 +233,13 @@ def test_uldp_learns_without_noise_and_is_refused_where_the_bound_would_not_hold
     assert ALGORITHMS["uldp"] is ULDP
 
 
-def test_the_network_refuses_uldp_for_want_of_a_secagg_sum():
+def test_the_network_names_uldp_as_secagg_only():
+    """uldp is a network method only inside SecAgg+ (the refusals without it:
+    tests/test_uldp_network.py)."""
     from silofl.runtime.network.hosting import check_network_method
-    with pytest.raises(ConfigError, match="SecAgg\\+ makes the sum"):
-        check_network_method("uldp")
+    check_network_method("uldp")
+    with pytest.raises(ConfigError, match="uldp with \\[server\\] secagg = true"):
+        check_network_method("nosuch")
 
 
 def test_secure_noise_and_the_config_path():

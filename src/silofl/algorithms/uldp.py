@@ -29,9 +29,13 @@ takes part in a round in every silo or in none (`training.uldp.consortium_sample
 by a consortium secret drawn at the first round from the trainer's stream: OS entropy in
 secure mode), and the server divides by the expected total weight q·Z.
 
-SecAgg+: the networked runtime does not run this method (it is not among the network's
-methods); the simulator models SecAgg+ as an exact sum of the shares. Hosting must be
-joint (one trainer for all silos).
+SecAgg+: the simulator models SecAgg+ as an exact sum of the shares (hosting must be joint:
+one trainer for all silos). Over the network (`share_step`, `sum_update`) the method runs
+only with SecAgg+ (Flower's SuperLink route, `[server] secagg = true`): each silo sends its
+share u_k, masked; the server unmasks only Σ_k u_k and steps. There, weighting is "uniform"
+and q = 1 only: linked weights need every silo's weights of a person to sum to ≤ 1, which a
+silo cannot check from its own rows (a linkage protocol over keyed pseudonyms would), and
+the sampling PRF needs a consortium secret the server does not hold.
 """
 
 from __future__ import annotations
@@ -252,6 +256,73 @@ class ULDP(Algorithm[SiloState, ServerState]):
         delta = -trainer.lr * (shares / self.normaliser(n) + trainer.l2 * W / K)
         return replace(silos, params=W), delta
 
+    # -- over the network: one silo's share, the server's step on the SecAgg+ sum -------
+    def share_step(self, silos: SiloState, message: np.ndarray, trainer: LocalTrainer,
+                   round: int, sigma: float | None) -> tuple[SiloState, np.ndarray]:
+        """One networked silo's round: its share u_k for the SecAgg+ sum, charged first.
+
+        Parameters
+        ----------
+        silos : SiloState
+            This silo's one-row state.
+        message : numpy.ndarray
+            Shape (P,): the broadcast model.
+        trainer : LocalTrainer
+            This silo's one-silo trainer over its persons (`PersonSource`).
+        round : int
+            The round (for the ledger).
+        sigma : float or None
+            The consortium's σ (the largest any silo calibrated; its share's noise is
+            σC/√K); None: a non-private job.
+
+        Returns
+        -------
+        (SiloState, numpy.ndarray)
+            The state (the broadcast model) and u_k, shape (1, P): Σ_p (1/M)·ḡ_p +
+            N(0, σ²C²/K), whose every coordinate is below `secagg.share_range`'s bound
+            outside a 6-std noise tail.
+        """
+        if self.weighting != "uniform" or self.sample_rate < 1.0:
+            raise ConfigError(
+                "uldp over the network runs with uniform weights 1/M (declared [privacy] "
+                "persons_in_silos) and every person every round: linked weights need a "
+                "linkage protocol between the silos and sampling a consortium secret, which "
+                "the network does not have; use the simulator for those")
+        n = np.asarray(trainer.data.n)
+        if len(n) != 1 or self.num_silos < 2:
+            raise ConfigError("uldp share_step: one silo's trainer, in a job of ≥ 2 silos")
+        W = np.asarray(message, dtype=float).reshape(1, -1)
+        event, share_std = None, 0.0
+        if sigma is not None:
+            event = self.round_event(float(sigma))
+            share_std = float(sigma) * float(trainer.rule.clip) / math.sqrt(self.num_silos)
+        share = silo_release(trainer, W, [np.full(int(n[0]), 1.0 / self.m)], event,
+                             share_std, round)
+        return replace(silos, params=W), share
+
+    def sum_update(self, params: np.ndarray, share_sum: np.ndarray, n_persons: np.ndarray,
+                   lr: float, l2: float) -> np.ndarray:
+        """The server's change from the SecAgg+ sum: −lr·(Σ_k u_k / Z + l2·w).
+
+        Parameters
+        ----------
+        params : numpy.ndarray
+            Shape (P,): the current shared model w.
+        share_sum : numpy.ndarray
+            Shape (P,): Σ_k u_k, the only release.
+        n_persons : numpy.ndarray
+            Shape (K,): every silo's number of persons (public; their join replies).
+        lr, l2 : float
+            The job's step size and L2 penalty.
+
+        Returns
+        -------
+        numpy.ndarray
+            Shape (1, P): the change `server_step` adds.
+        """
+        z = self.normaliser(np.asarray(n_persons, dtype=float))
+        return (-lr * (np.asarray(share_sum, dtype=float) / z + l2 * np.asarray(params)))[None]
+
     def server_step(self, server: ServerState, update: np.ndarray | None,
                     weights: np.ndarray) -> ServerState:
         if update is None:
@@ -267,7 +338,8 @@ class ULDP(Algorithm[SiloState, ServerState]):
                 "local_steps": 1, "person_sampling_rate": self.sample_rate,
                 "sampling": ("none (every person, every round)" if self.sample_rate >= 1 else
                              "Poisson over persons, the same in every silo (keyed PRF)"),
-                "secagg": "SecAgg+ sum of the shares (the simulator: an exact sum)"}
+                "secagg": "SecAgg+ sum of the shares (the simulator: an exact sum; the "
+                          "network: Flower's SecAgg+, quantized)"}
 
 
 __all__ = ["ULDP", "WEIGHTINGS", "person_totals", "record_proportion_weights"]

@@ -164,7 +164,7 @@ class ServerSection(Section):
     round_timeout: float = 600.0   # s a round may take (a silo slower is left out)
     rejoin_wait: float = 0.0       # s to wait each round for silos that dropped out
     poll_interval: float = 0.05    # s between the ServerApp's polls for replies (flwr: 3 s)
-    secagg: bool = False           # SecAgg+ over Flower (fedavg, mrmtl; tabular)
+    secagg: bool = False           # SecAgg+ over Flower (fedavg, mrmtl, uldp; tabular)
     public_data: str | None = None  # PrivateKT's public set (.npz with X), as the silos'
     schema: str | None = None  # type: ignore[assignment]  # the declared schema
     run_dir: str | None = None      # where the shared model goes (default: state_dir)

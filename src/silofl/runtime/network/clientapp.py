@@ -92,6 +92,7 @@ class AppSiloClient(SiloClient):
             self.program.trainer.rng = Randomness.for_mode("seeded", [
                 int(self.program.job["seed"]), zlib.crc32(c.name.encode()),
                 int(config.get("round", 0))])
+        self.program.masked = self.secagg  # uldp: the silo refuses an unmasked round
         arrays, _, rep = super().fit(parameters, config)
         _save_when_done(self.program)
         if not self.secagg:
@@ -101,7 +102,9 @@ class AppSiloClient(SiloClient):
             # as dropped out; the server re-joins it next round and learns its status)
             raise SiloflError(f"silo {self.program.cfg.name}: {rep['status']}: "
                               f"{rep['reason'][:500]}")
-        weight = self.program.plan.n if self.program.job["weighted"] else 1
+        weighted = self.program.job["weighted"] and getattr(self.program.algorithm,
+                                                             "weighted", True)
+        weight = self.program.plan.n if weighted else 1  # uldp: 1 (the sum, unweighted)
         # sign the reply's fields without the update: a signature over the update's hash
         # would let the server confirm a guessed update, which SecAgg+ is meant to hide
         rep = {**rep, "signature": ""}
@@ -161,9 +164,40 @@ def _silofl_mod(msg, ctxt, call_next):
         raise SiloflError("this silo requires SecAgg+ (node config require-secagg=true) "
                           "and the server sent an unmasked round; refused, nothing was run")
     if secagg:
+        why = _uldp_setup_refusal(msg, ctxt)
+        if why:
+            raise SiloflError(why)
         from flwr.client.mod import secaggplus_mod
         return secaggplus_mod(msg, ctxt, call_next)
     return call_next(msg, ctxt)
+
+
+def _uldp_setup_refusal(msg, ctxt) -> str | None:
+    """Why a silo of a uldp job refuses a SecAgg+ setup (None: it takes part): a sum of
+    fewer than all K silos, or a reconstruction threshold below K, could be unmasked
+    without every silo's share of the noise. Checked by the silo at the setup stage,
+    before its round is run or charged."""
+    import json
+
+    from flwr.common.secure_aggregation.secaggplus_constants import (
+        RECORD_KEY_CONFIGS,
+        Key,
+        Stage,
+    )
+    rec = msg.content.config_records.get(RECORD_KEY_CONFIGS)
+    joined = ctxt.state.config_records.get(STATE_KEY)
+    if rec is None or rec.get(Key.STAGE) != Stage.SETUP or joined is None:
+        return None
+    job = json.loads(str(joined.get("job", "{}")))
+    if job.get("method") != "uldp":
+        return None
+    K = len(json.loads(job["silos"]))
+    got = {k: int(rec.get(k, 0)) for k in (Key.SAMPLE_NUMBER, Key.THRESHOLD)}
+    if min(got.values()) >= K:
+        return None
+    return (f"uldp: this silo takes part only in a SecAgg+ sum of all {K} silos with "
+            f"reconstruction threshold {K}; the server's setup has {got}; refused, nothing "
+            "was run or charged")
 
 
 def _worker_mod(msg, ctxt, call_next):

@@ -184,8 +184,7 @@ def _write(out: Path, sch, schema_file: Path, names, frames, unnamed, paths, job
         written["tables"][n] = data if data == PLACEHOLDER else str(home / data) \
             if frames is not None else data
     srv = {"address": address, "state_dir": "state/server", "run_dir": "server",
-           "schema": "schema.toml", "expected_silos": len(names),
-           "min_silos": int(min_silos or max(1, len(names) // 2))}
+           "schema": "schema.toml", **deploy.quorum(names, job, min_silos)}
     srv.update({"insecure": True} if insecure else
                {"root_certificate": "certs/ca.pem", "certificate": "certs/server.pem",
                 "private_key": "certs/server.key"})

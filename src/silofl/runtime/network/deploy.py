@@ -202,10 +202,20 @@ def _write_certs(out: Path, address: str, hosts: list[str] | None) -> None:
         (out / "certs" / p).chmod(0o600)
 
 
+def quorum(names: list[str], job: dict, min_silos) -> dict:
+    """[server] expected_silos, min_silos (default: half the silos) and, for uldp (whose
+    sum must hold every silo's share, masked), min_silos = all and secagg = true."""
+    if job.get("method") == "uldp":
+        return {"expected_silos": len(names), "min_silos": int(min_silos or len(names)),
+                "secagg": True}
+    return {"expected_silos": len(names),
+            "min_silos": int(min_silos or max(1, len(names) // 2))}
+
+
 def _write_server(out: Path, names: list[str], job: dict, address: str, min_silos,
                   insecure: bool, extra: dict | None = None, tables: dict | None = None):
-    srv = {"address": address, "state_dir": "state/server", "expected_silos": len(names),
-           "min_silos": int(min_silos or max(1, len(names) // 2)), **(extra or {})}
+    srv = {"address": address, "state_dir": "state/server", **quorum(names, job, min_silos),
+           **(extra or {})}
     srv.update({"insecure": True} if insecure else
                {"root_certificate": "certs/ca.pem", "certificate": "certs/server.pem",
                 "private_key": "certs/server.key"})

@@ -48,6 +48,7 @@ from silofl.runtime.network import messages as W
 from silofl.runtime.network import secagg as S
 from silofl.runtime.network.clientapp import client_app
 from silofl.runtime.network.flower import SiloflStrategy
+from silofl.runtime.network.hosting import consortium_method
 from silofl.runtime.network.server import ServerProgram, load_server_config
 
 log = logging.getLogger("flwr.silofl")
@@ -72,12 +73,28 @@ class SecAggStrategy(SiloflStrategy):
                               f"{len(regs)} available; stopping (checkpointed)")
         S.check_capacity(len(regs))
         job, wf = self.p.job, self.workflow
+        self.asked = [r.name for r in regs]
+        if consortium_method(self.p.algorithm):  # ULDP: the unweighted sum of all K shares
+            self._uldp_settings(regs)
+            return ins
         wf.clipping_range = S.clipping_range([vars(r) for r in regs], job["lr"], job["clip"],
                                              job["rounds"], job["method"])
         wf.max_weight = S.max_weight([r.n_train if job["weighted"] else 1.0 for r in regs])
         wf.reconstruction_threshold = S.reconstruction_threshold(len(regs))
-        self.asked = [r.name for r in regs]
         return ins
+
+    def _uldp_settings(self, regs: list) -> None:
+        """ULDP's SecAgg+ settings: every silo in the sum (threshold K), weight 1 each, the
+        range of a share (`secagg.share_range`) from public join replies and the job."""
+        K, alg, job = len(self.p.names), self.p.algorithm, self.p.job
+        if len(regs) != K:
+            raise SiloflError(f"round {self.p.done + 1}: uldp needs all {K} silos in the sum, "
+                              f"{len(regs)} available; stopping (checkpointed)")
+        wf = self.workflow
+        wf.clipping_range = S.share_range([r.n_train for r in regs], job["clip"],
+                                          self.p.consortium_sigma(), K, alg.m)
+        wf.max_weight = 1.0
+        wf.reconstruction_threshold = S.uldp_threshold(K)
 
     def aggregate_fit(self, server_round, results, failures):
         t = self.p.done + 1

@@ -18,6 +18,7 @@ import numpy as np
 from silofl.algorithms.base import Algorithm, SiloState
 from silofl.errors import ConfigError
 from silofl.privacy.randomness import Randomness
+from silofl.runtime.network.secagg import SECAGG_ONLY
 
 if TYPE_CHECKING:
     import dp_accounting as dpa
@@ -30,16 +31,34 @@ NETWORK_METHODS = ("local", "fedavg", "mrmtl", "ditto", "finetune", "ifca", "ifc
 
 
 def check_network_method(name: str) -> None:
-    if name == "uldp":  # its privacy rests on SecAgg+ summing unnormalised shares
-        raise ConfigError(
-            "method 'uldp' does not run over the network: its person-level guarantee holds "
-            "only where SecAgg+ makes the sum of the silos' shares the only release, and the "
-            "network's secagg mode serves the weighted mean of fedavg and mrmtl; run uldp in "
-            "the simulator (`silofl run`), which models SecAgg+ as an exact sum")
-    if name not in NETWORK_METHODS:
+    """ConfigError for a method the network cannot run. `uldp` runs only inside a SecAgg+
+    sum (`secagg.SECAGG_ONLY`); the server's config and every silo's round check that."""
+    if name not in NETWORK_METHODS and name not in SECAGG_ONLY:
         raise ConfigError(
             f"method {name!r} does not run over the network. Network methods: "
-            f"{', '.join(NETWORK_METHODS)}; run {name!r} in the simulator (`silofl run`)")
+            f"{', '.join(NETWORK_METHODS)} (and {', '.join(SECAGG_ONLY)} with [server] "
+            f"secagg = true); run {name!r} in the simulator (`silofl run`)")
+
+
+def consortium_method(algorithm) -> bool:
+    """A consortium-wide mechanism (ULDP): each silo sends its share of one noisy sum, which
+    only SecAgg+ may reveal; one σ for every silo."""
+    return bool(getattr(algorithm, "consortium", False))
+
+
+def uldp_refusal(masked: bool, own: float, used: float | None, sigma: float) -> str | None:
+    """Why a silo refuses a uldp round request (None: it runs it): not SecAgg+-masked, the
+    consortium's σ below the silo's own σ_k (its target would not hold), or another σ than
+    its earlier rounds ran with (one σ per job)."""
+    if not masked:
+        return ("uldp rounds run only inside a SecAgg+ sum (the server may see only the sum "
+                "of the silos' shares); this round is not masked")
+    if sigma < own or (own == 0.0 and sigma != 0.0):
+        return (f"the consortium's sigma {sigma!r} is below this silo's own {own!r} "
+                "(calibrated for its (ε, δ))")
+    if used is not None and sigma != used:
+        return f"sigma {sigma!r} ≠ {used!r}, the σ of this silo's earlier rounds (one σ per job)"
+    return None
 
 
 # --- one silo's view of the broadcast, and the silos' updates on the wire ----------------
@@ -180,7 +199,9 @@ def own_step(algorithm, state: SiloState, view, trainer, round: int, k: int):
     """`algorithm.silo_step` of silo k on its one-silo `state` and `trainer`, `view` its
     cut of the broadcast (`silo_message`): (state, update). Weight Erosion's scheduled
     step masks and counts all K silos: it runs on a K-row stand-in (`_AsRowK`, only row k
-    computed) and silo k keeps its own row of the result."""
+    computed) and silo k keeps its own row of the result. (ULDP's networked silo sends a
+    share instead: `ULDP.share_step`, called by the silo program; the simulator's per-silo
+    hosting refuses uldp.)"""
     if not erosion_schedule(algorithm):
         return algorithm.silo_step(state, view, trainer, round)
     K = len(algorithm.present(round))

@@ -53,7 +53,10 @@ JOB_KEYS = {"method": str, "lam": (float, str), "weighted": bool, "finetune_frac
             # the privacy unit ("example": one row; "person": all rows of one person of a
             # silo, named by the silo's own person column) and, per person, the most rows
             # one step reads (0: all)
-            "privacy_unit": str, "max_rows_per_person": int}
+            "privacy_unit": str, "max_rows_per_person": int,
+            # uldp: M, the declared most silos one person is in (0: every silo), its weights
+            # and persons' sampling rate (the network runs "uniform" at rate 1 only)
+            "persons_in_silos": int, "uldp_weighting": str, "uldp_sample_rate": float}
 
 #: [job] keys of clip = "auto" in server.toml, folded into "clip_auto" (`auto_clip_job`)
 CLIP_AUTO_KEYS = {"clip_quantile": "quantile", "clip_lr": "lr", "clip_init": "init",
@@ -228,10 +231,14 @@ def job_algorithm(job: dict, public: np.ndarray | None = None):
         kt_samples=job["kt_samples"], kt_buffer=job["kt_buffer"],
         kt_self_train=job["kt_self_train"], kt_server_epochs=job["kt_server_epochs"],
         kt_server_lr=job["kt_server_lr"], public_seed=job["public_seed"],
-        prox_mu=job["prox_mu"], apfl_alpha=job["apfl_alpha"], apfl_alpha_lr=job["apfl_alpha_lr"])
+        prox_mu=job["prox_mu"], apfl_alpha=job["apfl_alpha"], apfl_alpha_lr=job["apfl_alpha_lr"],
+        persons_in_silos=job["persons_in_silos"], uldp_weighting=job["uldp_weighting"],
+        uldp_sample_rate=job["uldp_sample_rate"])
     names = job_silos(job)
     alg.bind_silos(names)
-    if hasattr(alg, "bind_data"):  # PrivateKT: the public set, checked against the job
+    # PrivateKT: the public set, checked against the job (uldp binds no data over the
+    # network: a silo has its own persons only, weights 1/M)
+    if hasattr(alg, "bind_data") and not getattr(alg, "consortium", False):
         if public is None or public_sha256(public) != job["public_sha256"]:
             raise ConfigError(
                 f"{job['method']} needs the public set D_p on the server and every silo: "

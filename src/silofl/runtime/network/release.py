@@ -26,7 +26,7 @@ from silofl.errors import ConfigError
 from silofl.io import dumps_strict, file_hashes, sha256_file, write_bytes_atomic, write_npz_atomic
 from silofl.privacy.ledger import silo_file_id, tightest
 from silofl.privacy.targets import ADJACENCY
-from silofl.runtime.network.hosting import local_dp_family, round_events
+from silofl.runtime.network.hosting import consortium_method, local_dp_family, round_events
 from silofl.runtime.network.jobspec import job_model
 from silofl.runtime.network.silo_table import declared_constants, is_private, read_schema
 from silofl.runtime.plan import PERSON_TEXT
@@ -125,13 +125,32 @@ def silo_privacy(program) -> dict:
         statement += "; each upload also passed the job's local-DP mechanism"
     if c.noise == "seeded":
         statement += "; " + notes[-1 if not program.exhausted else -2]
+    shared = uldp_privacy(program)
+    if shared is not None:
+        statement += (f"; consortium-wide for a person in any number of silos, inside the "
+                      f"SecAgg+ sum; this silo's own share alone (if SecAgg+ fails): "
+                      f"ε = {shared['share_epsilon']:.4g}")
     return {"private": True, "statement": statement, "adjacency": adjacency(job),
+            **({"uldp": shared} if shared is not None else {}),
             "privacy_unit": job.get("privacy_unit", "example"),
             "noise": c.noise, "epsilon": eps, "delta": c.delta, "accountant": kind,
             "target_epsilon": c.epsilon, "rounds_run": program.done,
-            "noise_multiplier": p.noise_multiplier, "q": p.q, "steps_per_pass": p.steps_per_pass,
+            "noise_multiplier": getattr(program, "sigma_used", None) or p.noise_multiplier,
+            "q": p.q, "steps_per_pass": p.steps_per_pass,
             "budget_store": str(Path(c.budget_store).resolve()), "lifetime": life, "notes": notes,
             "uncharged": [], "scratch_store": False}
+
+
+def uldp_privacy(program) -> dict | None:
+    """A uldp silo's two figures over the rounds it ran (`privacy.uldp.consortium_report`):
+    the consortium-wide person-level ε (what its store was charged) and its share's ε if
+    SecAgg+ fails (noise σ/√K); None for other methods or before a round ran."""
+    if not consortium_method(program.algorithm) or program.done == 0 \
+            or not program.sigma_used:
+        return None
+    from silofl.privacy.uldp import consortium_report
+    return consortium_report(float(program.sigma_used), program.K, program.done,
+                             program.plan.target, program.algorithm.sample_rate)
 
 
 def save_silo_release(program) -> Path:
@@ -191,6 +210,13 @@ def save_server_release(program) -> Path | None:
         "notes": ([f"noise = {job['noise']!r}: reproducible experiment noise, NOT a privacy "
                    "guarantee"] if job["noise"] == "seeded" else []),
         "uncharged": [], "budget_store": None, "scratch_store": False}
+    if consortium_method(program.algorithm):  # uldp: one σ, the sum of every silo's share
+        privacy["uldp_sigma"] = program.consortium_sigma()
+        privacy["statement"] += (
+            f"; uldp: each round's step used only the SecAgg+ sum of all {len(program.names)} "
+            f"silos' shares (noise σ = {privacy['uldp_sigma']:.4g} times the clip, person level "
+            "across silos for a person in any number of silos); each silo's card states that "
+            "figure and its own share's ε if SecAgg+ fails")
     card = _card(job, SHARED, SHARED, model, names, schema, constants,
                  privacy, entry)
     card.update(rounds_done=program.done, job_hash=program.hash)

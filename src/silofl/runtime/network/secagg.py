@@ -13,6 +13,13 @@ with |error| < 2c/Q, so the recovered mean is off by less than K · 2c / (Q · �
 because the largest silo has r = 1); the weights are off by less than 1/Q relative. A
 coordinate whose |r_k u_k| exceeds c is clipped to ±c: post-processing of a DP output (no
 privacy cost) but a bias; `clipping_range` makes that a > 6σ event per DP-SGD step.
+
+ULDP (`algorithms.uldp`, the only release is the sum): every silo's weight is 1 (r_k = 1
+exactly), so Flower returns Σ_k u_k / K' over the K' silos in the sum and the server
+multiplies by K'; the sum is then off by less than K'·2c/Q per coordinate
+(`sum_error_bound`). The range c covers a share's coordinate (`share_range`), and the
+reconstruction threshold is every silo of the job (`uldp_threshold`): a sum missing a
+silo (its noise share) is never unmasked.
 """
 
 from __future__ import annotations
@@ -21,7 +28,11 @@ from __future__ import annotations
 QUANTIZATION_RANGE = 1 << 22
 MODULUS_RANGE = 1 << 32
 #: methods whose server step needs only the weighted mean of the update rows
-SECAGG_METHODS = ("fedavg", "mrmtl")
+SECAGG_METHODS = ("fedavg", "mrmtl", "uldp")
+#: methods that run over the network ONLY inside a SecAgg+ sum (their privacy rests on it)
+SECAGG_ONLY = ("uldp",)
+#: noise stds a share's coordinate may reach before Flower clips it (`share_range`)
+SHARE_TAIL_Z = 6.0
 
 
 def clipping_range(silos: list[dict], lr: float, clip: float, rounds: int,
@@ -36,6 +47,52 @@ def clipping_range(silos: list[dict], lr: float, clip: float, rounds: int,
                     for s in silos)
     scale = rounds if method == "mrmtl" else 1
     return float(max(1.0, per_round * scale))
+
+
+def share_range(n_persons: list[int], clip: float, sigma: float, num_silos: int, m: int,
+                z: float = SHARE_TAIL_Z) -> float:
+    """c for ULDP's SecAgg+ sum from public quantities: a bound on any coordinate of one
+    silo's share u_k = Σ_p (1/M)·ḡ_p + N(0, σ²C²/K).
+
+    ‖ḡ_p‖ ≤ C, so the weighted sum's every coordinate is at most n_k·C/M in absolute value;
+    the noise coordinate exceeds z·σC/√K with probability 2·Φ(−z) (z = 6: 2.0e-9), so a
+    coordinate is clipped (a bias, no privacy cost) with probability at most
+    K·P·R·2·Φ(−z) over a run of R rounds and P parameters.
+
+    Parameters
+    ----------
+    n_persons : list of int
+        Every silo's number of persons n_k (its join reply).
+    clip : float
+        C.
+    sigma : float
+        The consortium's σ (0: non-private).
+    num_silos : int
+        K, the silos whose shares make the sum.
+    m : int
+        M, the declared most silos one person is in (uniform weights 1/M).
+    z : float, default 6.0
+        Noise stds covered.
+
+    Returns
+    -------
+    float
+        c ≥ 1.
+    """
+    mean = max(n_persons) * clip / m
+    return float(max(1.0, mean + z * sigma * clip / num_silos ** 0.5))
+
+
+def sum_error_bound(num_silos: int, c: float, q: int = QUANTIZATION_RANGE) -> float:
+    """Bound on |SecAgg+ sum − exact Σ_k u_k| per coordinate for ULDP (no clipping; every
+    weight 1): each silo's stochastic rounding is off by less than one level 2c/Q."""
+    return num_silos * 2.0 * c / q
+
+
+def uldp_threshold(num_silos: int) -> int:
+    """ULDP's reconstruction threshold: every silo. Each share carries 1/K of the noise, so
+    a sum missing one would carry less than σC; with threshold K it is never unmasked."""
+    return int(num_silos)
 
 
 def max_weight(weights: list[float]) -> float:
@@ -64,5 +121,6 @@ def check_capacity(num_silos: int) -> None:
                          f"{MODULUS_RANGE // QUANTIZATION_RANGE} silos")
 
 
-__all__ = ["SECAGG_METHODS", "clipping_range", "max_weight", "reconstruction_threshold",
+__all__ = ["SECAGG_METHODS", "SECAGG_ONLY", "SHARE_TAIL_Z", "share_range", "sum_error_bound",
+           "uldp_threshold", "clipping_range", "max_weight", "reconstruction_threshold",
            "mean_error_bound", "check_capacity", "QUANTIZATION_RANGE", "MODULUS_RANGE"]

@@ -26,9 +26,11 @@ from silofl.config.network import ServerSection, read_server_file
 from silofl.errors import ConfigError, SiloflError
 from silofl.io import write_json_atomic, write_npz_atomic
 from silofl.runtime.network import messages as W
+from silofl.runtime.network import secagg as S
 from silofl.runtime.network.hosting import (
     asks_subset,
     check_row,
+    consortium_method,
     encode_message,
     local_dp_family,
     merge_updates,
@@ -76,7 +78,9 @@ def _job_defaults() -> dict:
             # public set of PrivateKT is pinned by its hash, graph data by its settings
             "task": "binary", "num_classes": 2, "public_seed": 0, "public_sha256": "",
             "data_kind": "tabular", "graph": "", "schema_sha256": "", "clip_auto": "",
-            "privacy_unit": p.unit, "max_rows_per_person": p.max_rows_per_person}
+            "privacy_unit": p.unit, "max_rows_per_person": p.max_rows_per_person,
+            "persons_in_silos": p.persons_in_silos, "uldp_weighting": t.uldp_weighting,
+            "uldp_sample_rate": t.uldp_sample_rate}
 
 
 JOB_DEFAULTS = _job_defaults()
@@ -135,7 +139,7 @@ def load_server_config(path: str | Path) -> ServerConfig:
               "selection_fraction", "selection_rounds", "we_p_s", "we_p_d",
               "we_participation", "ldp_epsilon",
               "ldp_delta", "client_fraction", "kt_self_train", "kt_server_lr", "prox_mu",
-              "apfl_alpha", "apfl_alpha_lr"):
+              "apfl_alpha", "apfl_alpha_lr", "uldp_sample_rate"):
         if isinstance(job.get(k), int) and not isinstance(job.get(k), bool):
             job[k] = float(job[k])
     public_path = base / s.public_data if s.public_data is not None else None
@@ -198,9 +202,38 @@ def _check_server(cfg: ServerConfig, job: dict, silos: dict, path: Path) -> None
         raise ConfigError(f"{path}: secagg = true hides each silo's update from the server, "
                           "and lam = \"auto\" sets λ_k from those updates: set lam to a "
                           "number (e.g. 1.0) or remove secagg")
-    if cfg.secagg and job["method"] not in ("fedavg", "mrmtl"):  # secagg.SECAGG_METHODS
+    if cfg.secagg and job["method"] not in S.SECAGG_METHODS:
         raise ConfigError(f"{path}: secagg = true needs a method whose server step is a "
-                          f"weighted mean (fedavg, mrmtl), not {job['method']!r}; remove it")
+                          f"weighted mean (fedavg, mrmtl) or a sum (uldp), not "
+                          f"{job['method']!r}; remove it")
+    if job["method"] in S.SECAGG_ONLY:
+        _check_uldp(cfg, job, silos, path)
+
+
+def _check_uldp(cfg: ServerConfig, job: dict, silos: dict, path: Path) -> None:
+    """ULDP over the network: inside a SecAgg+ sum, at person level, every silo each round."""
+    if not cfg.secagg:
+        raise ConfigError(
+            f"{path}: method 'uldp' runs over the network only inside a SecAgg+ sum: its "
+            "person-level guarantee holds where the server sees nothing but the sum of the "
+            "silos' shares (each carries 1/K of the noise). Set [server] secagg = true "
+            "(Flower's SuperLink route, `flwr run`), or run uldp in the simulator")
+    if job["privacy_unit"] != "person":
+        raise ConfigError(f"{path}: method 'uldp' weights persons across silos: set [job] "
+                          "privacy_unit = \"person\" (every silo's data names its persons)")
+    if job["uldp_weighting"] != "uniform" or job["uldp_sample_rate"] != 1.0:
+        raise ConfigError(
+            f"{path}: over the network uldp runs with [job] uldp_weighting = \"uniform\" (1/M "
+            "for the declared persons_in_silos) and uldp_sample_rate = 1: linked weights need "
+            "a linkage protocol between the silos (each silo would learn the others' record "
+            "counts of its persons, and could not check that a person's weights sum to ≤ 1), "
+            "and sampling needs a consortium secret the server does not hold; use the "
+            "simulator (`silofl run`) for those")
+    if not cfg.min_silos == cfg.expected_silos == len(silos):
+        raise ConfigError(
+            f"{path}: method 'uldp' needs every one of the {len(silos)} silos in every "
+            "sum (a sum without a silo's share lacks its part of the noise σC); remove "
+            f"[server] min_silos / expected_silos (default: all) or set both to {len(silos)}")
 
 
 def _schema_job(job: dict, stated: dict, schema_path: Path, path: Path) -> None:
@@ -292,9 +325,24 @@ class ServerProgram:
 
     def request(self, name: str, t: int) -> dict:
         r = self.silos[name]
+        sigma = self.consortium_sigma() if consortium_method(self.algorithm) else r.sigma
         return {"protocol": W.PROTOCOL, "kind": "round", "job_hash": self.hash, "round": t,
-                "method": self.job["method"], "steps": r.steps, "q": r.q, "sigma": r.sigma,
+                "method": self.job["method"], "steps": r.steps, "q": r.q, "sigma": sigma,
                 "silo": name}
+
+    def consortium_sigma(self) -> float:
+        """ULDP's one σ: the largest any silo calibrated for its own (ε_k, δ_k) (their join
+        replies; public), so that every silo's target holds (each silo accepts a σ at least
+        its own, and charges the σ it ran)."""
+        return max((r.sigma for r in self.silos.values()), default=0.0)
+
+    def n_persons(self) -> np.ndarray:
+        """(K,) every job silo's number of persons as its join reply stated (ULDP's Z)."""
+        missing = [n for n in self.names if n not in self.silos]
+        if missing:
+            raise SiloflError(f"uldp needs every silo's number of persons; {missing} never "
+                              "joined")
+        return np.array([self.silos[n].n_train for n in self.names], dtype=float)
 
     def accept_update(self, name: str, t: int, reply: dict, arrays: list):
         """A silo's checked reply: (status, update row (1, P) or None)."""
@@ -340,7 +388,9 @@ class ServerProgram:
             self.algorithm, {idx[n]: updates[n] for n in names},
             {idx[n]: float(self.silos[n].n_train) if weighted else 1.0 for n in names},
             len(self.names), t)
-        if mean is not None:  # the weighted mean, with weight 1, is the same server step
+        if consortium_method(self.algorithm):  # ULDP: the step on the SecAgg+ sum only
+            update, weights = self._sum_update(t, names, mean), np.ones(1)
+        elif mean is not None:  # the weighted mean, with weight 1, is the same server step
             update, weights = np.asarray(mean, dtype=np.float64).reshape(1, -1), np.ones(1)
         self.server = self.algorithm.server_step(self.server, update, weights)
         for n in names:
@@ -350,6 +400,18 @@ class ServerProgram:
         self._save()
         if os.environ.get(CRASH_ENV) == str(t):
             os._exit(17)
+
+    def _sum_update(self, t: int, names: list[str], mean: np.ndarray | None) -> np.ndarray:
+        """ULDP's (1, P) change from SecAgg+'s mean of the K shares (every weight 1):
+        Σ_k u_k = K·mean; never from individual shares, and never from a partial sum."""
+        if mean is None or len(names) != len(self.names):
+            raise SiloflError(
+                f"round {t}: uldp steps only on the SecAgg+ sum of all {len(self.names)} "
+                f"silos' shares, got {'a plain round' if mean is None else len(names)}; the "
+                f"run stops after round {self.done} (checkpointed)")
+        total = np.asarray(mean, dtype=np.float64).reshape(-1) * len(names)
+        return self.algorithm.sum_update(self.server.params, total, self.n_persons(),
+                                         float(self.job["lr"]), float(self.job["l2"]))
 
     # -- checkpoint ---------------------------------------------------------------------
     def _paths(self):

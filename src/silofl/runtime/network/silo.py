@@ -46,6 +46,7 @@ from silofl.runtime.network import messages as W
 from silofl.runtime.network import silo_table
 from silofl.runtime.network.hosting import (
     check_message,
+    consortium_method,
     decode_message,
     encode_update,
     local_dp_family,
@@ -57,6 +58,7 @@ from silofl.runtime.network.hosting import (
     silo_message,
     silo_randomness,
     slice_state,
+    uldp_refusal,
 )
 from silofl.runtime.network.jobspec import (
     DATA_KINDS,
@@ -192,6 +194,8 @@ class SiloProgram(silo_table.TableHooks):
     _why: str
     #: the latest shared model received (FedAvg's model for prediction); absent until one
     message: np.ndarray
+    #: uldp: the consortium's σ this silo's rounds ran with (None until its first round)
+    sigma_used: float | None
 
     def __init__(self, cfg: SiloConfig, key=None):
         self.cfg = cfg
@@ -201,6 +205,7 @@ class SiloProgram(silo_table.TableHooks):
         self.job = self.hash = self.plan = None
         self.done, self.last = 0, None  # rounds served (0 until a job is joined)
         self.exhausted = False
+        self.masked, self.sigma_used = False, None  # uldp: is the round masked (ClientApp)
 
     # -- the data hooks (tabular) ---------------------------------------------------------
     def _data_open(self) -> None:
@@ -278,6 +283,8 @@ class SiloProgram(silo_table.TableHooks):
         _, p = self._joined()
         if p.noise_multiplier is None:  # plan_job calibrates σ for every private plan
             raise ConfigError(f"silo {self.cfg.name!r}: its plan has no noise multiplier")
+        if consortium_method(self.algorithm):  # uldp: one round = one Gaussian(σ) release
+            return self.algorithm.round_event(self.sigma_used or p.noise_multiplier)
         return pass_event(p, p.noise_multiplier)  # clip = "auto": with the count
 
     def _data_extra_events(self, t: int) -> list:
@@ -346,6 +353,8 @@ class SiloProgram(silo_table.TableHooks):
                               "silo process")
         # the store's lifetime target must be the one this config states (else refuse now)
         self.store.register({c.name: c.lifetime}, explicit=True)
+        if hasattr(self.store, "use_unit"):  # stores that record each charge's unit
+            self.store.use_unit(job["privacy_unit"] if job["data_kind"] == "tabular" else "node")
         algorithm = job_algorithm(job, load_public(c.public_data, f"silo {c.name!r}"))
         tcfg, model = job_config(job), job_model(job)
         self.job, self.algorithm, self.tcfg, self.model = job, algorithm, tcfg, model
@@ -386,13 +395,18 @@ class SiloProgram(silo_table.TableHooks):
         message = W.check_array(list(arrays), (message_size(self.algorithm, self.K, self.P),),
                                 "round")
         t = req["round"]
+        shared = consortium_method(self.algorithm)  # uldp: σ checked by `uldp_refusal`
         wrong = [f"{k} {req[k]!r} ≠ {v!r}" for k, v in (
             ("job_hash", self.hash), ("silo", self.cfg.name), ("method", job["method"]),
             ("steps", self.reported[0]), ("q", self.reported[1]),
-            ("sigma", self.reported[2])) if req[k] != v]
+            ("sigma", None if shared else self.reported[2])) if v is not None and req[k] != v]
         if wrong:
             return self._reply(req, "refused", "request differs from this silo's own plan: "
                                + "; ".join(wrong) + "; nothing was run", None)
+        why = uldp_refusal(self.masked, self.reported[2], self.sigma_used, req["sigma"]) \
+            if shared else None
+        if why:
+            return self._reply(req, "refused", why + "; nothing was run", None)
         if not 1 <= t <= job["rounds"]:
             return self._reply(req, "refused", f"round {t} is outside the job's 1.."
                                f"{job['rounds']}; nothing was run", None)
@@ -421,6 +435,8 @@ class SiloProgram(silo_table.TableHooks):
             self._save_state()
             return self._reply(req, "exhausted", self._why, None)
         self.message = message  # the latest shared model (FedAvg's model for prediction)
+        if shared:  # uldp: the σ this round (and every later one) runs and is charged with
+            self.sigma_used = float(req["sigma"])
         update = self._run(t, message)
         if update is None and self.exhausted:
             return self._reply(req, "exhausted", self._why, None)
@@ -458,8 +474,13 @@ class SiloProgram(silo_table.TableHooks):
             if self._table_extra():  # the private release, reserved with this round
                 self._table_release(job)
             self._data_before_step(t, self.trainer.ledgers[0])
-            self.state, update = own_step(self.algorithm, self.state, self._view(message),
-                                          self.trainer, t, self.index)
+            if consortium_method(self.algorithm):  # uldp: its share, charged first
+                self.state, update = self.algorithm.share_step(
+                    self.state, self._view(message), self.trainer, t,
+                    self.sigma_used if self.trainer.rule.private else None)
+            else:
+                self.state, update = own_step(self.algorithm, self.state,
+                                              self._view(message), self.trainer, t, self.index)
         except BaseException:
             job.settle("failed")
             raise
@@ -544,6 +565,7 @@ class SiloProgram(silo_table.TableHooks):
             "silo": self.cfg.name, "job_hash": self.hash, "round": self.done,
             "exhausted": self.exhausted, "reason": getattr(self, "_why", ""),
             "uploads": getattr(self, "uploads", 0),
+            "sigma_used": getattr(self, "sigma_used", None),  # uldp: the consortium's σ
             "last_digest": None if self.last is None else self.last["digest"],
             # scalar fields (rounds done, …); arrays are in the .npz, the rest (IFCA's
             # public schedule) is rebuilt from the job at restart
@@ -575,6 +597,7 @@ class SiloProgram(silo_table.TableHooks):
         self.state = dataclasses.replace(self.state, **saved, **m["state"])
         self.done, self.exhausted = int(m["round"]), bool(m["exhausted"])
         self.uploads = int(m.get("uploads", 0))
+        self.sigma_used = m.get("sigma_used")
         self._why = m.get("reason", "")
         if m.get("constants") is not None and self.raw is not None:
             self._use_constants(silo_table.apply_constants(self.raw, m["constants"]))
