@@ -43,6 +43,7 @@ from silofl.audit.jobs import audited_silos, claim_of, run_job
 from silofl.config import AuditSection
 from silofl.errors import ConfigError
 from silofl.experiments import run as run_mod
+from silofl.experiments.notes import job_notes
 from silofl.models import TORCH_MODELS
 from silofl.privacy.budget import BudgetStore
 
@@ -364,7 +365,7 @@ class TableMechanism:
 
 
 def _notes(cfg, store: BudgetStore, uncharged, extra=()) -> list[str]:
-    return run_mod.job_notes(private=True, noise=cfg.privacy.noise, scratch=store.scratch,
+    return job_notes(private=True, noise=cfg.privacy.noise, scratch=store.scratch,
                              demo=store.demo, uncharged=uncharged, extra=[AUDIT_NOTE, *extra])
 
 
