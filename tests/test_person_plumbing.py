@@ -21,7 +21,8 @@ from silofl.config import config_from_dict
 from silofl.data import federation_from_frame, load_table, split_frame
 from silofl.data.column_stats import sufficient_statistics
 from silofl.data.persons import on_test_side
-from silofl.data.preprocess import PreprocessSpec, RawFederation, plan_preprocessing
+from silofl.data.preprocess import PreprocessSpec, plan_preprocessing
+from silofl.data.raw import RawFederation
 from silofl.data.schema import ColumnSpec
 from silofl.errors import ConfigError, DataError
 from silofl.experiments import build

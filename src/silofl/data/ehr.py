@@ -50,7 +50,8 @@ import numpy as np
 import pandas as pd
 
 from silofl.data.federation import Federation, Silo
-from silofl.data.preprocess import PreprocessSpec, RawFederation, preprocess_without_budget
+from silofl.data.preprocess import PreprocessSpec, preprocess_without_budget
+from silofl.data.raw import RawFederation
 from silofl.data.schema import ColumnSpec
 from silofl.errors import ConfigError
 from silofl.io import write_text_atomic

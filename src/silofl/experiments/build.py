@@ -13,12 +13,8 @@ from silofl.config import Config, DataConfig
 from silofl.data import heart as _heart
 from silofl.data.federation import Federation
 from silofl.data.mnist import load_dirichlet_mnist
-from silofl.data.preprocess import (
-    PreprocessSpec,
-    RawFederation,
-    plan_preprocessing,
-    preprocess_without_budget,
-)
+from silofl.data.preprocess import PreprocessSpec, plan_preprocessing, preprocess_without_budget
+from silofl.data.raw import RawFederation
 from silofl.data.schema import load_schema
 from silofl.data.silo_size import check_settings, limit_federation
 from silofl.errors import ConfigError
