@@ -23,6 +23,7 @@ from silofl.models.base import Model
 from silofl.models.metrics import METRICS, default_metric
 from silofl.privacy.targets import PrivacyTarget
 from silofl.runtime.plan import TrainingConfig
+from silofl.runtime.sources import require_persons
 
 SOURCES = ("heart", "table", "school", "exam", "titanic", "mnist", "synthetic",
            "mnist_dirichlet")
@@ -298,10 +299,8 @@ def check_unit(cfg: Config, fed=None) -> None:
                           "column naming the person of each row (data.source = \"table\"); "
                           f"data.source {dc.source!r} names no persons. Set [data] "
                           "person_column, or use [privacy] unit = \"example\" (DP per row)")
-    if pc.unit == "person" and pc.enabled and fed is not None and not fed.has_persons:
-        raise ConfigError("[privacy] unit = \"person\" but the loaded silos carry no person "
-                          "ids ([data] person_column); this source has no persons: use "
-                          "unit = \"example\"")
+    if pc.unit == "person" and pc.enabled and fed is not None:
+        require_persons(fed.silos)  # the one check the trainer and the planner make too
     if fed is not None:
         _check_declared_m(pc.persons_in_silos, fed)
 
