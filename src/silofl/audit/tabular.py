@@ -214,7 +214,7 @@ def _server(cfg, raw, names, kind, canaries, runs, confidence, store, rng, seed,
     rows = [server.assess(n, obs[n], confidence, len(names), cross.get(n), clip)
             for n in names]
     if person:  # canary rows, and ε were a person to add r·C (the self-test's truth)
-        rows = [persons.describe(r, obs[r.silo], "person", np.concatenate(rows_seen),
+        rows = [persons.with_person_details(r, obs[r.silo], "person", np.concatenate(rows_seen),
                                  getattr(p.tcfg, "max_rows_per_person", 0)) for r in rows]
     notes = [server.SERVER_NOTE, "estimate: " + ESTIMATE_ASSUMES] + (
         [persons.PERSON_NOTE] if person else [])

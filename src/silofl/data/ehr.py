@@ -79,7 +79,6 @@ REFERENCE = {
     "glucose": (110.0, 40.0, 40.0, 500.0, "mg/dl"),
     "los_days": (4.0, 3.0, 1.0, 60.0, "days (length of stay)"),
 }
-BINARY = ("female", *CONDITIONS, "emergency")
 FEATURES = ("age", "female", *CONDITIONS, "emergency", "sbp", "heart_rate", "temperature",
             "creatinine", "hemoglobin", "glucose", "los_days")
 #: measured with noise and a hospital calibration offset: (noise sd, offset sd at het = 1)
