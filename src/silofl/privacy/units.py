@@ -50,7 +50,7 @@ def adjacency(unit: str) -> str:
     return ADJACENCY.get(unit, f"per {unit}")
 
 
-def group_bound(unit: str, person_column: str = "") -> str:
+def group_bound_note(unit: str, person_column: str = "") -> str:
     """What a per-row guarantee means for a person, where the rows name persons
     (`person_column` set, `unit` "example"): the group-privacy bound as a formula of k --
     never k itself, which is data-dependent. "" otherwise.
