@@ -275,9 +275,22 @@ def _load_raw(dc: DataConfig) -> RawFederation:
 
 
 def check_unit(cfg: Config, fed=None) -> None:
-    """[privacy] unit, max_rows_per_person and persons_in_silos against [data]
-    person_column (and the loaded silos, `fed`): a specific ConfigError naming the keys and
-    the fix."""
+    """Check [privacy] unit, max_rows_per_person and persons_in_silos against [data]
+    person_column, and against the loaded silos where given.
+
+    Parameters
+    ----------
+    cfg : Config
+        The job.
+    fed : Federation or RawFederation, optional
+        The loaded silos (person ids, the number of silos); None: the keys alone, before a
+        large table is read.
+
+    Raises
+    ------
+    ConfigError
+        Naming the keys and the fix (silos without person ids: `require_persons`).
+    """
     pc, dc = cfg.privacy, cfg.data
     if pc.unit not in CONFIG_UNITS:
         near = difflib.get_close_matches(str(pc.unit), CONFIG_UNITS, n=1)
