@@ -89,6 +89,7 @@ class RunReport:
 
     @property
     def noise(self) -> str:
+        """[privacy] noise: "secure" or "seeded" (every output says which)."""
         return self.config.privacy.noise
 
     @property
@@ -231,10 +232,25 @@ ALPHA_KEY, ALPHA_PNG = "alpha", "alpha_over_rounds.png"
 
 
 def record_alpha(r: RunResult, alg, rounds: int) -> None:
-    """Put Weight Erosion's weights into `r.history.extra[ALPHA_KEY]`: `per_silo` [round]
-    [silo] α after each round (NaN: a late joiner before it joined), `present` [round]
-    [silo] who took part, the `user`, and the `rounds` they cover (a resumed run: the
-    rounds after resuming). α is post-processing of the DP gradients."""
+    """Put Weight Erosion's weights into ``r.history.extra[ALPHA_KEY]`` (history.json).
+
+    α is post-processing of the DP gradients: recording it costs nothing.
+
+    Parameters
+    ----------
+    r : RunResult
+        The method's result (its history is updated in place).
+    alg : WeightErosion
+        The trained algorithm (``alpha_history``, ``round_log``, ``user_index``).
+    rounds : int
+        The job's rounds.
+
+    Notes
+    -----
+    The entry holds ``per_silo`` [round][silo] α after each round (NaN: a late joiner
+    before it joined), ``present`` [round][silo] who took part, the ``user``, and the
+    ``rounds`` they cover (a resumed run: the rounds after resuming).
+    """
     n = len(alg.alpha_history)
     r.history.extra[ALPHA_KEY] = {
         "rounds": list(range(rounds - n + 1, rounds + 1)), "user": r.silos[alg.user_index],
@@ -243,8 +259,20 @@ def record_alpha(r: RunResult, alg, rounds: int) -> None:
 
 
 def plot_alpha(rep: RunReport, path: Path) -> bool:
-    """`ALPHA_PNG`: α of every silo over rounds, the user highlighted (False: no Weight
-    Erosion in the run, nothing drawn)."""
+    """Draw `ALPHA_PNG`: α of every silo over rounds, the user highlighted.
+
+    Parameters
+    ----------
+    rep : RunReport
+        The job (the first Weight Erosion result is drawn).
+    path : Path
+        The figure's file.
+
+    Returns
+    -------
+    bool
+        False: no Weight Erosion in the run, nothing drawn.
+    """
     for r in rep.results:
         a = r.history.extra.get(ALPHA_KEY)
         if a and a["per_silo"]:
