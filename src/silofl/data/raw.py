@@ -50,7 +50,25 @@ class RawFederation(SiloCollection):
     def with_targets(self, default: PrivacyTarget | None,
                      overrides: Mapping[str, PrivacyTarget] | None = None) -> RawFederation:
         """A copy where every silo carries `default` unless overridden by name (as
-        `Federation.with_targets`); `plan_preprocessing` reads these targets."""
+        `Federation.with_targets`); `plan_preprocessing` reads these targets.
+
+        Parameters
+        ----------
+        default : PrivacyTarget or None
+            Every silo's (ε_k, δ_k) unless overridden.
+        overrides : mapping of str to PrivacyTarget, optional
+            Silo name → its own target.
+
+        Returns
+        -------
+        RawFederation
+            The copy.
+
+        Raises
+        ------
+        DataError
+            An override names no silo of the federation.
+        """
         overrides = dict(overrides or {})
         for name in overrides:
             self.silo(name)  # a clear error for unknown silos
@@ -86,9 +104,25 @@ class RawFederation(SiloCollection):
     @staticmethod
     def from_federation(fed: Federation, specs: Mapping[int, ColumnSpec] | None = None, *,
                         simulated: bool = False, uncharged: Sequence[str] = ()) -> RawFederation:
-        """Wrap a finished federation (e.g. generated or image data). Without `specs`, every
-        tabular column is a numeric value column with no declared bounds; images get none
-        (their pixels share the public [0, 1] scale)."""
+        """Wrap a finished federation (e.g. generated or image data).
+
+        Parameters
+        ----------
+        fed : Federation
+            The silos.
+        specs : mapping of int to ColumnSpec, optional
+            Encoded column index → its schema column. Default: every tabular column a
+            numeric value column with no declared bounds; images none (their pixels share
+            the public [0, 1] scale).
+        simulated : bool, default False
+            Simulated silos ("auto" may fall back to uncharged statistics, listed).
+        uncharged : sequence of str, default ()
+            What building `fed` read from the data without a charge.
+
+        Returns
+        -------
+        RawFederation
+        """
         if specs is None:
             specs = {} if fed.is_image else {j: ColumnSpec(n, "numeric")
                                              for j, n in enumerate(fed.feature_names)}
