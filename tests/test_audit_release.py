@@ -12,12 +12,8 @@ from silofl.audit import release
 from silofl.audit.canaries import Canaries
 from silofl.config import config_from_dict
 from silofl.data.federation import Silo
-from silofl.data.preprocess import (
-    PreprocessSpec,
-    RawFederation,
-    plan_preprocessing,
-    weakened_for_audit,
-)
+from silofl.data.preprocess import PreprocessSpec, plan_preprocessing, weakened_for_audit
+from silofl.data.raw import RawFederation
 from silofl.data.schema import ColumnSpec
 from silofl.errors import ConfigError, DataError, PrivacyError
 from silofl.privacy.budget import BudgetStore

@@ -12,7 +12,6 @@ import signal
 import sqlite3
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import dp_accounting as dpa
@@ -21,6 +20,7 @@ import pytest
 import tomli_w
 from typer.testing import CliRunner
 
+from ledger_wait import wait_for_rounds
 from silofl.cli import app
 from silofl.config import config_from_dict
 from silofl.errors import ConfigError
@@ -238,19 +238,6 @@ def _start(cfg: Path) -> subprocess.Popen:
                             env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
 
 
-def _wait_lines(proc, ledger: Path, n: int) -> None:
-    """Wait (bounded) until the job's ledger holds `n` rounds: synchronised on the file."""
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
-        # whole lines only: a line caught half-written is a charge whose round never ran
-        if ledger.exists() and ledger.read_text().count("\n") >= n:
-            return
-        if proc.poll() is not None:
-            pytest.fail(f"the job ended before round {n}: {proc.stderr.read()[-2000:]}")
-        time.sleep(0.01)
-    pytest.fail("the job never reached its round")
-
-
 def _dpa_event(d: dict):
     """dp_accounting's event from a ledger line's event dict (independent of silofl)."""
     t = d["type"]
@@ -274,7 +261,7 @@ def test_deleted_ledgers_do_not_make_the_store_forget_a_killed_run(tmp_path):
     proc = _start(cfg)
     run_dir = tmp_path / "runs" / "job"
     try:
-        _wait_lines(proc, run_dir / "ledgers" / "local" / f"{silo_file_id('Cleveland')}.jsonl",
+        wait_for_rounds(proc, run_dir / "ledgers" / "local" / f"{silo_file_id('Cleveland')}.jsonl",
                     150)
         proc.send_signal(signal.SIGKILL)
         proc.wait(30)
@@ -312,7 +299,7 @@ def test_resume_refuses_while_the_run_is_alive_and_sigterm_settles(tmp_path):
     proc = _start(cfg)
     run_dir = tmp_path / "runs" / "job"
     try:
-        _wait_lines(proc, run_dir / "ledgers" / "local" / f"{silo_file_id('Cleveland')}.jsonl",
+        wait_for_rounds(proc, run_dir / "ledgers" / "local" / f"{silo_file_id('Cleveland')}.jsonl",
                     5)
         res = runner.invoke(app, ["run", "--resume", str(run_dir), "-q"])
         assert res.exit_code == 2 and "still running" in _flat(res.output), res.output
@@ -347,7 +334,7 @@ def test_ctrl_c_settles_prints_the_charge_and_exits_130(tmp_path):
     proc = _start(cfg)
     run_dir = tmp_path / "runs" / "job"
     try:
-        _wait_lines(proc, run_dir / "ledgers" / "local" / f"{silo_file_id('Cleveland')}.jsonl",
+        wait_for_rounds(proc, run_dir / "ledgers" / "local" / f"{silo_file_id('Cleveland')}.jsonl",
                     3)
         proc.send_signal(signal.SIGINT)
         _, errs = proc.communicate(timeout=120)
@@ -413,7 +400,7 @@ def test_set_target_below_what_was_spent_is_refused_with_the_figures(tmp_path):
 
 def _kill_at(proc, ledger: Path, n: int) -> None:
     try:
-        _wait_lines(proc, ledger, n)
+        wait_for_rounds(proc, ledger, n)
         proc.send_signal(signal.SIGKILL)
         proc.wait(30)
     finally:

@@ -21,7 +21,8 @@ from silofl.config import config_from_dict
 from silofl.data import federation_from_frame, load_table, split_frame
 from silofl.data.column_stats import sufficient_statistics
 from silofl.data.persons import on_test_side
-from silofl.data.preprocess import PreprocessSpec, RawFederation, plan_preprocessing
+from silofl.data.preprocess import PreprocessSpec, plan_preprocessing
+from silofl.data.raw import RawFederation
 from silofl.data.schema import ColumnSpec
 from silofl.errors import ConfigError, DataError
 from silofl.experiments import build
@@ -29,7 +30,7 @@ from silofl.privacy import accounting as A
 from silofl.privacy import events
 from silofl.privacy.budget import BudgetStore, BudgetStoreError, PlannedCharge
 from silofl.privacy.targets import PrivacyTarget
-from silofl.privacy.units import group_bound
+from silofl.privacy.units import group_bound_note
 
 SCHEMA = {"source": "test", "label": {"name": "y", "kind": "binary", "classes": [0, 1]},
           "columns": [{"name": "x1", "kind": "numeric", "lower": -4.0, "upper": 4.0},
@@ -310,9 +311,9 @@ def test_private_preprocessing_at_the_person_unit_is_charged_and_stated_per_pers
 # --- outputs -------------------------------------------------------------------------------
 
 def test_a_per_row_guarantee_on_rows_that_name_persons_states_the_bound_as_a_formula():
-    text = group_bound("example", "patient")
+    text = group_bound_note("example", "patient")
     assert "ε_person ≤ k·ε" in text and "per row" in text
-    assert group_bound("person", "patient") == "" and group_bound("example", "") == ""
+    assert group_bound_note("person", "patient") == "" and group_bound_note("example", "") == ""
 
 
 def test_a_person_level_run_states_the_unit_everywhere(tmp_path):

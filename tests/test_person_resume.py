@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from ledger_wait import wait_for_rounds
 from silofl.errors import ConfigError
 from silofl.models import make_model
 from silofl.privacy import events
@@ -159,7 +160,6 @@ def test_sigkilled_person_level_run_resumes_with_the_uninterrupted_ledgers(tmp_p
     import signal
     import subprocess
     import sys
-    import time
 
     import tomli_w
     from typer.testing import CliRunner
@@ -185,13 +185,7 @@ def test_sigkilled_person_level_run_resumes_with_the_uninterrupted_ledgers(tmp_p
         stderr=subprocess.DEVNULL, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
     ledger = tmp_path / "out" / "job" / "ledgers" / "mrmtl" / f"{silo_file_id('A')}.jsonl"
     try:
-        deadline = time.monotonic() + 300  # bound; the loop ends when round 5 is logged
-        while time.monotonic() < deadline:
-            if ledger.exists() and len(ledger.read_text().splitlines()) >= 5:
-                break
-            if proc.poll() is not None:
-                pytest.fail("the run ended before it could be killed")
-            time.sleep(0.01)
+        wait_for_rounds(proc, ledger, 5)
         proc.send_signal(signal.SIGKILL)
         proc.wait(30)
     finally:

@@ -11,7 +11,6 @@ import random
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +18,7 @@ import pytest
 import tomli_w
 from typer.testing import CliRunner
 
+from ledger_wait import wait_for_rounds
 from silofl.cli import app
 from silofl.config import config_from_dict
 from silofl.errors import ConfigError
@@ -61,13 +61,7 @@ def _killed_then_resumed(tmp: Path, noise: str) -> Path:
     method, at = rng.choice(METHODS), rng.randint(3, ROUNDS // 2)
     ledger = out / "job" / "ledgers" / method / f"{silo_file_id('Cleveland')}.jsonl"
     try:
-        deadline = time.monotonic() + 300  # bound; the loop ends when ready
-        while time.monotonic() < deadline:
-            if ledger.exists() and len(ledger.read_text().splitlines()) >= at:
-                break
-            if proc.poll() is not None:
-                pytest.fail("the job ended before it could be killed")
-            time.sleep(0.01)
+        wait_for_rounds(proc, ledger, at)
         proc.send_signal(signal.SIGKILL)
         proc.wait(30)
     finally:

@@ -67,7 +67,7 @@ _API: dict[str, tuple[str, str]] = {
     "load_config": ("silofl.config", "load_config"),
     "run": ("silofl.experiments.run", "run"),
     "resume_run": ("silofl.experiments.resume", "resume_run"),
-    "RunReport": ("silofl.experiments.run", "RunReport"),
+    "RunReport": ("silofl.experiments.run_report", "RunReport"),
     "load_sweep_config": ("silofl.experiments.sweep_config", "load_sweep_config"),
     "run_sweep": ("silofl.experiments.sweep", "run_sweep"),
     "write_report": ("silofl.experiments.report", "write_report"),
@@ -174,7 +174,8 @@ if TYPE_CHECKING:  # pragma: no cover - what type checkers and mkdocstrings read
     from silofl.experiments.artifacts import Predictor, SavedRun, load_run
     from silofl.experiments.report import write_report
     from silofl.experiments.resume import resume_run
-    from silofl.experiments.run import RunReport, run
+    from silofl.experiments.run import run
+    from silofl.experiments.run_report import RunReport
     from silofl.experiments.sweep import run_sweep
     from silofl.experiments.sweep_config import load_sweep_config
     from silofl.models import make_model

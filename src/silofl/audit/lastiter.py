@@ -56,6 +56,7 @@ from silofl.audit.jobs import audited_silos, claim_of, run_job
 from silofl.errors import ConfigError, DataError
 from silofl.experiments import build
 from silofl.experiments import run as run_mod
+from silofl.experiments.notes import job_notes
 from silofl.privacy.budget import BudgetStore
 
 INITS = ("worst-case", "default")
@@ -504,7 +505,7 @@ def audit_last_iterate(cfg, *, kind: str = "multi-run", silo: str | None = None,
              f"confidence {confidence:.0%} family-wise: half of the error to the "
              "Clopper–Pearson bound, half to the estimates (split over the scores)"]
     ids = mech.run_ids
-    return AuditReport("multi-run", rows, mech.labels, run_mod.job_notes(
+    return AuditReport("multi-run", rows, mech.labels, job_notes(
         private=True, noise=cfg.privacy.noise, scratch=True, uncharged=mech.uncharged,
         extra=notes), None, True, ids[:1] + ([f"... {len(ids) - 1} more"] if len(ids) > 1
                                               else []),

@@ -316,7 +316,7 @@ def audit_persons(fed, model, algorithm, tcfg, *, silo: str | None = None,
     obs = server.observe(job, probe, [res], claims, tcfg.clip, {})
     cross = server.cross_scores(obs)
     check = check_job(probe, model, fed, rng, tcfg.max_rows_per_person)
-    out = [describe(server.assess(n, obs[n], confidence, len(names), cross.get(n), check),
+    out = [with_person_details(server.assess(n, obs[n], confidence, len(names), cross.get(n), check),
                     obs[n], unit, r, tcfg.max_rows_per_person) for n in names]
     notes = [server.SERVER_NOTE, PERSON_NOTE, AUDIT_NOTE,
              "the claim is per person" if unit == "person" else
@@ -331,16 +331,49 @@ def audit_persons(fed, model, algorithm, tcfg, *, silo: str | None = None,
 
 
 def person_source(fed, tcfg, source_class: type):
-    """The trainer's person source for `fed` under `tcfg`, as `source_class` (the
-    self-test's `UnitWeights`): the rows and index `training_source` builds."""
+    """The trainer's person source for `fed`, rebuilt as `source_class`.
+
+    Parameters
+    ----------
+    fed : Federation
+        The audited silos (with person ids).
+    tcfg : TrainingConfig
+        The job's training settings (row cap, seed).
+    source_class : type
+        A `PersonSource` subclass (the self-test's `UnitWeights`).
+
+    Returns
+    -------
+    PersonSource
+        Of `source_class`, on the rows and index `training_source` builds.
+    """
     src = training_source(fed.silos, "person", tcfg.max_rows_per_person, tcfg.seed)
     return source_class(src.rows, src.index, tcfg.seed)
 
 
-def describe(row, o, unit: str, rows: np.ndarray, cap: int = 0):
-    """`row` (a `server.assess` row) with the person-level details: "unit", "canary_rows"
-    (min, max, mean) and "epsilon_at_sensitivity" — the claimed mechanism's ε were one
-    unit to add r·C, r the most rows a canary person contributes (`o`: its Observed)."""
+def with_person_details(row, o, unit: str, rows: np.ndarray, cap: int = 0):
+    """Add the person-level details to an audit row.
+
+    Parameters
+    ----------
+    row : SiloAudit
+        A `server.assess` row (its ``details`` are updated in place).
+    o : Observed
+        The silo's observations.
+    unit : str
+        The audited unit ("person" or "example").
+    rows : numpy.ndarray of int, shape (m,)
+        Rows per canary person.
+    cap : int, default 0
+        [privacy] max_rows_per_person (0: all rows).
+
+    Returns
+    -------
+    SiloAudit
+        `row`, with "unit", "canary_rows" (min, max, mean) and "epsilon_at_sensitivity":
+        the claimed mechanism's ε were one unit to add r·C, r the most rows a canary
+        person contributes (after the cap).
+    """
     top = int(rows.max()) if not cap else min(int(rows.max()), cap)
     row.details.update(unit=unit, canary_rows={"min": int(rows.min()), "max": int(rows.max()),
                                                "mean": float(rows.mean())},
@@ -356,9 +389,32 @@ def _worst(checks: list[dict]) -> dict:
 def plan_probe(p, names: list[str], m: int, rng: np.random.Generator, seed: int | None,
                weaken=None, rows: int | tuple[int, int] = DEFAULT_ROWS,
                source_class: type = PersonSource) -> tuple[AuditedModel, CanaryPersons]:
-    """`server.plan_probe` for a prepared person-level job `p` (`experiments.run._prepare`
-    with `[privacy] unit = "person"`): the wrapped model and a `CanaryPersons` probe whose
-    canaries are weighed by `source_class` (the trainer's)."""
+    """`server.plan_probe` for a prepared person-level job.
+
+    Parameters
+    ----------
+    p : _Prepared
+        The job (`experiments.run._prepare` with [privacy] unit = "person").
+    names : list of str
+        The audited silos.
+    m : int
+        Canary persons per audited silo.
+    rng : numpy.random.Generator
+        Draws which canaries are included.
+    seed : int or None
+        Seeds the auditor's own coins (None: OS entropy).
+    weaken : optional
+        The self-test's weakening of the mechanism (None: the claimed one).
+    rows : int or (int, int), default DEFAULT_ROWS
+        Rows per canary person (a range: drawn per canary).
+    source_class : type, default PersonSource
+        How the canaries' rows are weighed (the trainer's class).
+
+    Returns
+    -------
+    (AuditedModel, CanaryPersons)
+        The wrapped model and the probe.
+    """
     order = list(p.raw.names)
     plans = p.plans[0]
     included = {order.index(n): rng.random(m) < 0.5 for n in names}
@@ -372,8 +428,27 @@ def plan_probe(p, names: list[str], m: int, rng: np.random.Generator, seed: int 
 
 
 def check_job(probe: DiracCanaries, model, fed, rng: np.random.Generator, cap: int = 0) -> dict:
-    """`server.check_clipping` and, for canary persons at person level, `weighting_check`
-    with the probe's source class: the worse of the two (the one `server.assess` reads)."""
+    """Check that the audited job bounds each canary's contribution as claimed.
+
+    Parameters
+    ----------
+    probe : DiracCanaries
+        The probe (`CanaryPersons` at person level).
+    model : AuditedModel
+        The wrapped model.
+    fed : Federation
+        The audited silos.
+    rng : numpy.random.Generator
+        The checks' draws.
+    cap : int, default 0
+        [privacy] max_rows_per_person (0: all rows).
+
+    Returns
+    -------
+    dict
+        The worse of `server.check_clipping` and, for canary persons at person level,
+        `weighting_check` with the probe's source class (the one `server.assess` reads).
+    """
     checks = [server.check_clipping(probe, model, fed, rng)]
     if isinstance(probe, CanaryPersons) and probe.unit == "person":
         checks += [weighting_check(type(probe.source), r, model, fed.silos[0].X_train.shape[1:],

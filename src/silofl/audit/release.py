@@ -44,11 +44,11 @@ from silofl.audit.engine import SiloAudit, check_confidence, check_runs, per_uni
 from silofl.data.preprocess import (
     PreprocessPlan,
     PreprocessSpec,
-    RawFederation,
     apply_preprocessing,
     plan_preprocessing,
     weakened_for_audit,
 )
+from silofl.data.raw import RawFederation
 from silofl.errors import ConfigError
 from silofl.experiments import build
 from silofl.privacy import evaluate

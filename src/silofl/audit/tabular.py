@@ -43,6 +43,7 @@ from silofl.audit.jobs import audited_silos, claim_of, run_job
 from silofl.config import AuditSection
 from silofl.errors import ConfigError
 from silofl.experiments import run as run_mod
+from silofl.experiments.notes import job_notes
 from silofl.models import TORCH_MODELS
 from silofl.privacy.budget import BudgetStore
 
@@ -213,7 +214,7 @@ def _server(cfg, raw, names, kind, canaries, runs, confidence, store, rng, seed,
     rows = [server.assess(n, obs[n], confidence, len(names), cross.get(n), clip)
             for n in names]
     if person:  # canary rows, and ε were a person to add r·C (the self-test's truth)
-        rows = [persons.describe(r, obs[r.silo], "person", np.concatenate(rows_seen),
+        rows = [persons.with_person_details(r, obs[r.silo], "person", np.concatenate(rows_seen),
                                  getattr(p.tcfg, "max_rows_per_person", 0)) for r in rows]
     notes = [server.SERVER_NOTE, "estimate: " + ESTIMATE_ASSUMES] + (
         [persons.PERSON_NOTE] if person else [])
@@ -364,7 +365,7 @@ class TableMechanism:
 
 
 def _notes(cfg, store: BudgetStore, uncharged, extra=()) -> list[str]:
-    return run_mod.job_notes(private=True, noise=cfg.privacy.noise, scratch=store.scratch,
+    return job_notes(private=True, noise=cfg.privacy.noise, scratch=store.scratch,
                              demo=store.demo, uncharged=uncharged, extra=[AUDIT_NOTE, *extra])
 
 

@@ -17,12 +17,12 @@ from silofl.data.preprocess import (
     STANDARDIZE_MODES,
     PreprocessPlan,
     PreprocessSpec,
-    RawFederation,
     Step,
     apply_preprocessing,
     plan_preprocessing,
     preprocess_without_budget,
 )
+from silofl.data.raw import RawFederation
 from silofl.data.schema import ColumnSpec, LabelSpec, Schema, load_schema, schema_from_dict
 from silofl.data.schema_draft import draft_schema
 from silofl.data.school import load_school, load_school_raw, school_schema

@@ -50,7 +50,8 @@ import numpy as np
 import pandas as pd
 
 from silofl.data.federation import Federation, Silo
-from silofl.data.preprocess import PreprocessSpec, RawFederation, preprocess_without_budget
+from silofl.data.preprocess import PreprocessSpec, preprocess_without_budget
+from silofl.data.raw import RawFederation
 from silofl.data.schema import ColumnSpec
 from silofl.errors import ConfigError
 from silofl.io import write_text_atomic
@@ -78,7 +79,6 @@ REFERENCE = {
     "glucose": (110.0, 40.0, 40.0, 500.0, "mg/dl"),
     "los_days": (4.0, 3.0, 1.0, 60.0, "days (length of stay)"),
 }
-BINARY = ("female", *CONDITIONS, "emergency")
 FEATURES = ("age", "female", *CONDITIONS, "emergency", "sbp", "heart_rate", "temperature",
             "creatinine", "hemoglobin", "glucose", "los_days")
 #: measured with noise and a hospital calibration offset: (noise sd, offset sd at het = 1)

@@ -22,7 +22,8 @@ from __future__ import annotations
 import pandas as pd
 
 from silofl.data.federation import Federation
-from silofl.data.preprocess import PreprocessSpec, RawFederation, preprocess_without_budget
+from silofl.data.preprocess import PreprocessSpec, preprocess_without_budget
+from silofl.data.raw import RawFederation
 from silofl.data.schema import SchemaLike, schema_from_dict
 from silofl.data.tabular import federation_from_frame_raw
 from silofl.errors import ConfigError, DataError

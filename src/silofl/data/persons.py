@@ -80,7 +80,18 @@ def _refuse_case_variants(ids: np.ndarray, column: str, index: pd.Index | None) 
 
 
 def missing_ids(s: pd.Series) -> np.ndarray:
-    """(n,) bool: ids that are missing (NA, or text that is empty after stripping)."""
+    """Which person ids are missing.
+
+    Parameters
+    ----------
+    s : pandas.Series
+        The person column, (n,).
+
+    Returns
+    -------
+    numpy.ndarray of bool, shape (n,)
+        True where the id is NA, or text that is empty after stripping.
+    """
     return (s.isna() | s.map(lambda v: isinstance(v, str) and not v.strip())).to_numpy(bool)
 
 
@@ -212,8 +223,25 @@ def keep_persons_whole(parts: list[np.ndarray], ids: np.ndarray) -> list[np.ndar
 
 def check_person_column(person_column: str | None, silo_column: str | None,
                         label_column: str, features: Sequence[str] | None) -> None:
-    """DataError when the person column is also the silo or label column or a listed
-    feature: it names who a row is about and must never reach a model."""
+    """Refuse a person column that is also the silo or label column or a listed feature:
+    it names who a row is about and must never reach a model.
+
+    Parameters
+    ----------
+    person_column : str or None
+        [data] person_column (None: no persons, nothing to check).
+    silo_column : str or None
+        The column naming each row's silo.
+    label_column : str
+        The label column.
+    features : sequence of str or None
+        [data] features (None: not listed, nothing to check against).
+
+    Raises
+    ------
+    DataError
+        Naming the clash and the fix.
+    """
     if not person_column:
         return
     for role, col in (("silo", silo_column), ("label", label_column)):

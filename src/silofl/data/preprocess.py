@@ -46,8 +46,8 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import NoReturn, TypedDict
 
 import numpy as np
@@ -62,93 +62,16 @@ from silofl.data.column_stats import (
     moments_from_statistics,
     release_statistics,
 )
-from silofl.data.federation import Federation, Silo, SiloCollection, Task
+from silofl.data.federation import Federation, Silo
+from silofl.data.raw import RawFederation
 from silofl.data.schema import ColumnSpec
-from silofl.errors import ConfigError, DataError, PrivacyError
+from silofl.errors import ConfigError, PrivacyError
 from silofl.privacy import accounting
 from silofl.privacy.targets import PrivacyTarget
 
 STANDARDIZE_MODES = ("auto", "declared", "private", "uncharged", "none")
 IMPUTE_MODES = ("auto", "declared", "private", "uncharged")
 DEFAULT_SHARE = 0.1
-
-
-# --- the raw federation -----------------------------------------------------------------------
-
-@dataclass
-class RawFederation(SiloCollection):
-    """Encoded silos before preprocessing: like a `Federation`, but X may hold NaN in the
-    nullable value columns. `specs` maps an encoded column index to the schema column of each
-    numeric/binary value column (one-hot and indicator columns have none and are left as
-    they are). `uncharged` names what the encoding itself read from the data (e.g. category
-    levels from a pooled table); `simulated` marks simulated silos (splitters, generators),
-    where "auto" may fall back to uncharged statistics, listed."""
-
-    silos: list[Silo]
-    feature_names: list[str]
-    task: Task
-    num_classes: int = 0
-    specs: dict[int, ColumnSpec] = field(default_factory=dict)
-    name: str = "federation"
-    meta: dict = field(default_factory=dict)
-    uncharged: list[str] = field(default_factory=list)
-    simulated: bool = False
-
-    def __post_init__(self) -> None:
-        self.validate()
-
-    @property
-    def dim(self) -> int:
-        return int(np.prod(self.silos[0].X_train.shape[1:])) if self.silos else 0
-
-    def with_targets(self, default: PrivacyTarget | None,
-                     overrides: Mapping[str, PrivacyTarget] | None = None) -> RawFederation:
-        """A copy where every silo carries `default` unless overridden by name (as
-        `Federation.with_targets`); `plan_preprocessing` reads these targets."""
-        overrides = dict(overrides or {})
-        for name in overrides:
-            self.silo(name)  # a clear error for unknown silos
-        silos = [dataclasses.replace(s, target=overrides.get(s.name, default))
-                 for s in self.silos]
-        return dataclasses.replace(self, silos=silos, meta=dict(self.meta))
-
-    def validate(self) -> None:
-        """The checks of `Federation.validate` (shapes, sizes, labels, finiteness), except
-        that NaN may stand in nullable value columns, and nowhere else."""
-        nullable = np.zeros(len(self.feature_names), bool)
-        for j, spec in self.specs.items():
-            if not 0 <= j < len(self.feature_names) or self.feature_names[j] != spec.name:
-                raise DataError(f"{self.name}: spec for column {spec.name!r} does not match "
-                                f"feature {j}")
-            nullable[j] = spec.nullable
-        silos = []
-        for s in self.silos:
-            parts = {}
-            for part in ("X_train", "X_test"):
-                X = getattr(s, part)
-                if X.ndim == 2 and X.shape[1] == len(nullable) and np.isnan(X).any():
-                    bad = np.isnan(X).any(axis=0) & ~nullable
-                    if bad.any():
-                        raise DataError(f"silo {s.name!r}: column "
-                                        f"{self.feature_names[int(np.argmax(bad))]!r} has "
-                                        "missing values but is not nullable")
-                    X = np.where(np.isnan(X), 0.0, X)
-                parts[part] = X
-            silos.append(dataclasses.replace(s, **parts))
-        Federation(silos, self.feature_names, self.task, self.num_classes, self.name)
-
-    @staticmethod
-    def from_federation(fed: Federation, specs: Mapping[int, ColumnSpec] | None = None, *,
-                        simulated: bool = False, uncharged: Sequence[str] = ()) -> RawFederation:
-        """Wrap a finished federation (e.g. generated or image data). Without `specs`, every
-        tabular column is a numeric value column with no declared bounds; images get none
-        (their pixels share the public [0, 1] scale)."""
-        if specs is None:
-            specs = {} if fed.is_image else {j: ColumnSpec(n, "numeric")
-                                             for j, n in enumerate(fed.feature_names)}
-        return RawFederation(list(fed.silos), list(fed.feature_names), fed.task,
-                             fed.num_classes, dict(specs), fed.name, dict(fed.meta),
-                             list(uncharged), simulated)
 
 
 # --- spec, steps, plan ------------------------------------------------------------------------

@@ -24,7 +24,8 @@ import numpy as np
 import pandas as pd
 
 from silofl.data.federation import Federation
-from silofl.data.preprocess import PreprocessSpec, RawFederation, preprocess_without_budget
+from silofl.data.preprocess import PreprocessSpec, preprocess_without_budget
+from silofl.data.raw import RawFederation
 from silofl.data.row_persons import one_row_per_person
 from silofl.data.schema import Schema, SchemaLike, as_schema, schema_from_dict
 from silofl.data.tabular import federation_from_frame_raw

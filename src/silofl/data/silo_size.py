@@ -14,7 +14,7 @@ import dataclasses
 from typing import TypeVar
 
 from silofl.data.federation import Federation, Silo
-from silofl.data.preprocess import RawFederation
+from silofl.data.raw import RawFederation
 from silofl.errors import ConfigError, DataError
 
 SMALL_SILOS = ("refuse", "drop")

@@ -63,11 +63,8 @@ import pandas as pd
 from silofl.data.encoding import encode_table
 from silofl.data.federation import Federation, Silo, split_indices
 from silofl.data.persons import group_split, keep_persons_whole
-from silofl.data.preprocess import (
-    PreprocessSpec,
-    RawFederation,
-    preprocess_without_budget,
-)
+from silofl.data.preprocess import PreprocessSpec, preprocess_without_budget
+from silofl.data.raw import RawFederation
 from silofl.data.schema import ColumnSpec, SchemaLike, Task
 from silofl.data.seed_splits import (
     SEED_SPLITS,

@@ -16,7 +16,8 @@ from typing import Literal
 import numpy as np
 
 from silofl.data.federation import Federation, split_silo
-from silofl.data.preprocess import PreprocessSpec, RawFederation, preprocess_without_budget
+from silofl.data.preprocess import PreprocessSpec, preprocess_without_budget
+from silofl.data.raw import RawFederation
 from silofl.errors import ConfigError
 
 

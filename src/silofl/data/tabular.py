@@ -47,7 +47,8 @@ import pandas as pd
 from silofl.data.encoding import encode_table
 from silofl.data.federation import Federation, Silo, split_silo
 from silofl.data.persons import group_split
-from silofl.data.preprocess import PreprocessSpec, RawFederation, preprocess_without_budget
+from silofl.data.preprocess import PreprocessSpec, preprocess_without_budget
+from silofl.data.raw import RawFederation
 from silofl.data.schema import MISSING_LEVEL, SchemaLike
 from silofl.data.silo_size import check_settings, limit_silos
 from silofl.data.table_checks import check_header_unique

@@ -25,7 +25,8 @@ from typing import Any
 import pandas as pd
 
 from silofl.data.federation import Federation
-from silofl.data.preprocess import PreprocessSpec, RawFederation, preprocess_without_budget
+from silofl.data.preprocess import PreprocessSpec, preprocess_without_budget
+from silofl.data.raw import RawFederation
 from silofl.data.schema import Schema, SchemaLike, schema_from_dict
 from silofl.data.splitters import split_frame_raw
 from silofl.errors import DataError

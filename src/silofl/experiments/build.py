@@ -13,12 +13,8 @@ from silofl.config import Config, DataConfig
 from silofl.data import heart as _heart
 from silofl.data.federation import Federation
 from silofl.data.mnist import load_dirichlet_mnist
-from silofl.data.preprocess import (
-    PreprocessSpec,
-    RawFederation,
-    plan_preprocessing,
-    preprocess_without_budget,
-)
+from silofl.data.preprocess import PreprocessSpec, plan_preprocessing, preprocess_without_budget
+from silofl.data.raw import RawFederation
 from silofl.data.schema import load_schema
 from silofl.data.silo_size import check_settings, limit_federation
 from silofl.errors import ConfigError
@@ -27,6 +23,7 @@ from silofl.models.base import Model
 from silofl.models.metrics import METRICS, default_metric
 from silofl.privacy.targets import PrivacyTarget
 from silofl.runtime.plan import TrainingConfig
+from silofl.runtime.sources import require_persons
 
 SOURCES = ("heart", "table", "school", "exam", "titanic", "mnist", "synthetic",
            "mnist_dirichlet")
@@ -278,9 +275,22 @@ def _load_raw(dc: DataConfig) -> RawFederation:
 
 
 def check_unit(cfg: Config, fed=None) -> None:
-    """[privacy] unit, max_rows_per_person and persons_in_silos against [data]
-    person_column (and the loaded silos, `fed`): a specific ConfigError naming the keys and
-    the fix."""
+    """Check [privacy] unit, max_rows_per_person and persons_in_silos against [data]
+    person_column, and against the loaded silos where given.
+
+    Parameters
+    ----------
+    cfg : Config
+        The job.
+    fed : Federation or RawFederation, optional
+        The loaded silos (person ids, the number of silos); None: the keys alone, before a
+        large table is read.
+
+    Raises
+    ------
+    ConfigError
+        Naming the keys and the fix (silos without person ids: `require_persons`).
+    """
     pc, dc = cfg.privacy, cfg.data
     if pc.unit not in CONFIG_UNITS:
         near = difflib.get_close_matches(str(pc.unit), CONFIG_UNITS, n=1)
@@ -302,10 +312,8 @@ def check_unit(cfg: Config, fed=None) -> None:
                           "column naming the person of each row (data.source = \"table\"); "
                           f"data.source {dc.source!r} names no persons. Set [data] "
                           "person_column, or use [privacy] unit = \"example\" (DP per row)")
-    if pc.unit == "person" and pc.enabled and fed is not None and not fed.has_persons:
-        raise ConfigError("[privacy] unit = \"person\" but the loaded silos carry no person "
-                          "ids ([data] person_column); this source has no persons: use "
-                          "unit = \"example\"")
+    if pc.unit == "person" and pc.enabled and fed is not None:
+        require_persons(fed.silos)  # the one check the trainer and the planner make too
     if fed is not None:
         _check_declared_m(pc.persons_in_silos, fed)
 

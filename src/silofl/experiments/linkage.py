@@ -98,7 +98,20 @@ class LinkagePlan:
 
 
 def key_configured(cfg: Config, environ: Mapping[str, str] | None = None) -> bool:
-    """Whether the job names a linkage key (file or environment variable)."""
+    """Whether the job names a linkage key.
+
+    Parameters
+    ----------
+    cfg : Config
+        The job ([privacy] linkage_key_file).
+    environ : mapping of str to str, optional
+        The environment to read `KEY_ENV` from (default: ``os.environ``).
+
+    Returns
+    -------
+    bool
+        A key file or the environment variable is set (not yet read nor checked).
+    """
     env = os.environ if environ is None else environ
     return bool(cfg.privacy.linkage_key_file or env.get(KEY_ENV))
 
@@ -197,7 +210,17 @@ def merged(extra: Mapping[str, dpa.DpEvent], plan: LinkagePlan | None
 def note_calibration(plans: list[list[Any]], extra: Mapping[str, Any],
                      plan: LinkagePlan | None) -> None:
     """Say in each plan's ``calibrated_for`` that the overlap release is composed in
-    (`plan_job` names every pre-training release "preprocessing")."""
+    (`plan_job` names every pre-training release "preprocessing").
+
+    Parameters
+    ----------
+    plans : list of list of SiloPlan
+        Per method, per silo (updated in place).
+    extra : mapping of str to DpEvent
+        Silo → its private preprocessing event (silos with none are absent).
+    plan : LinkagePlan or None
+        The job's linkage (None, or no release: nothing changes).
+    """
     if not plan or not plan.events:
         return
     for ps in plans:
@@ -213,7 +236,18 @@ def note_calibration(plans: list[list[Any]], extra: Mapping[str, Any],
 
 
 def charges(plan: LinkagePlan | None) -> list[PlannedCharge]:
-    """The release's charges to reserve with the job (`open_job(extra=...)`)."""
+    """The overlap release's charges, reserved with the job (`open_job(extra=...)`).
+
+    Parameters
+    ----------
+    plan : LinkagePlan or None
+        The job's linkage.
+
+    Returns
+    -------
+    list of PlannedCharge
+        One per silo (label `OVERLAP_LABEL`); empty without a release.
+    """
     return [PlannedCharge(n, NO_METHOD, OVERLAP_LABEL, ev)
             for n, ev in (plan.events if plan else {}).items()]
 
@@ -294,7 +328,23 @@ def linked_weights(key: LinkageKey, fed: Any) -> list[np.ndarray]:
 
 
 def link_algorithms(algorithms: list[Any], plan: LinkagePlan | None, fed: Any) -> list[Any]:
-    """Give a "linked" uldp its weights from the pseudonyms (others unchanged)."""
+    """Give a "linked" uldp its weights from the pseudonyms.
+
+    Parameters
+    ----------
+    algorithms : list of Algorithm
+        The job's methods.
+    plan : LinkagePlan or None
+        The job's linkage (None, or not linked: `algorithms` as given).
+    fed : Federation or RawFederation
+        The silos, with person ids.
+
+    Returns
+    -------
+    list of Algorithm
+        `algorithms`, each "linked" `ULDP` replaced by one with its person weights (others
+        unchanged).
+    """
     if plan is None or not plan.linked:
         return algorithms
     from silofl.algorithms.uldp import ULDP
@@ -308,8 +358,20 @@ def link_algorithms(algorithms: list[Any], plan: LinkagePlan | None, fed: Any) -
 
 
 def describe(plan: LinkagePlan | None) -> dict[str, Any] | None:
-    """privacy_report.json's ``linkage``: what was linked, released and charged (noisy
-    figures only; never the key, a pseudonym or the exact histogram)."""
+    """privacy_report.json's ``linkage``: what was linked, released and charged.
+
+    Parameters
+    ----------
+    plan : LinkagePlan or None
+        The job's linkage.
+
+    Returns
+    -------
+    dict or None
+        The key's source (the key withheld), the pseudonym scheme, the overlap release
+        (noisy figures only: never a pseudonym or the exact histogram) and its notes;
+        None without linkage.
+    """
     if plan is None:
         return None
     out: dict[str, Any] = {

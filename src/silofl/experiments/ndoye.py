@@ -37,6 +37,7 @@ import numpy as np
 from silofl.config import Config
 from silofl.errors import ConfigError
 from silofl.experiments import build
+from silofl.experiments.notes import job_notes
 from silofl.experiments.run import (
     ADJACENCY,
     _base_dir,
@@ -46,7 +47,6 @@ from silofl.experiments.run import (
     _prepare,
     _preprocess,
     check_demo_store,
-    job_notes,
     open_store,
 )
 from silofl.io import json_safe, savefig_atomic, write_json_atomic

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from silofl.privacy import store_paths
 from silofl.privacy.budget import SCRATCH_NOTE
-from silofl.privacy.units import group_bound
+from silofl.privacy.units import group_bound_note
 from silofl.runtime.plan import SEEDED_NOTE
 from silofl.tuning.setup import distribution
 
@@ -50,7 +50,7 @@ def unit_notes(unit: str, person_column: str, private: bool) -> list[str]:
         return []
     if unit == "person":
         return [PERSONS_PUBLIC]
-    bound = group_bound(unit, person_column)
+    bound = group_bound_note(unit, person_column)
     return [bound] if bound else []
 
 

@@ -20,7 +20,6 @@ from silofl.errors import ConfigError
 from silofl.experiments import signals
 from silofl.experiments.run import (
     CHECKPOINT,
-    RunReport,
     _execute,
     _lifetime,
     _prepare,
@@ -30,6 +29,7 @@ from silofl.experiments.run import (
     _state_path,
     check_demo_store,
 )
+from silofl.experiments.run_report import RunReport
 from silofl.io import write_text_atomic
 from silofl.privacy import events, runlock, store_paths
 from silofl.privacy.budget import BudgetStore, BudgetStoreError, PlannedCharge

@@ -86,6 +86,7 @@ def _per_silo(charges: list[PlannedCharge], *, nonnegative: bool = False
 
 
 def new_run_id() -> str:
+    """A fresh run id: the local time and 8 random hex digits (sortable, unique)."""
     return time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:8]
 
 
@@ -323,7 +324,7 @@ class BudgetStore:
         now = time.time()
         with self._tx():
             if parent is not None:
-                self._check_parent(parent)
+                store_admin.check_parent(self, parent)
             ids = self._check_fits(by_silo, unit)
             fresh = self._write_reservation(run_id, planned, ids, fingerprints, now,
                                             command=command, noise=noise, parent=parent,
@@ -393,17 +394,6 @@ class BudgetStore:
                                          events.to_json(p.event), p.count, now,
                                          fingerprints.get(p.silo), unit))
         return fresh
-
-    def _check_parent(self, parent: str) -> None:
-        row = self._db.execute("SELECT status FROM runs WHERE id = ?", (parent,)).fetchone()
-        if row is None or row[0] == "reserved":
-            state = "unknown" if row is None else "not settled"
-            raise BudgetStoreError(f"run {parent} is {state} in budget store {self.where}; "
-                                   "it cannot be continued")
-        child = self._db.execute("SELECT id FROM runs WHERE parent = ?", (parent,)).fetchone()
-        if child is not None:
-            raise BudgetStoreError(f"run {parent} was already continued by run {child[0]} "
-                                   "(another resume); resume that run instead")
 
     def record_progress(self, run_id: str, rows: list[tuple[str, str, str, str, int]]
                         ) -> None:
@@ -493,7 +483,7 @@ class BudgetStore:
         BudgetStoreError
             Executing more than was reserved, or settling a run that is not reserved.
         """
-        self._check_reserved(run_id)
+        store_admin.check_reserved(self, run_id)
         executed = self._with_floor(run_id, executed)
         reserved = _per_silo([PlannedCharge(name, "", "", events.from_json(text), count)
                               for text, name, count in self._read(
@@ -506,15 +496,12 @@ class BudgetStore:
                                        "reserved; its reservation stays counted")
         now = time.time()
         with self._tx():
-            self._check_reserved(run_id)  # again: another process may have settled it
+            store_admin.check_reserved(self, run_id)  # another process may have settled
             rows = self._db.execute(
                 "SELECT DISTINCT silo_id, epoch, fingerprint, unit FROM charges WHERE "
                 "run_id = ? AND status = 'reserved'", (run_id,)).fetchall()
-            where = {}
-            for sid, epoch, fp, unit in rows:  # executed charges keep the reserved unit
-                name = self._db.execute("SELECT name FROM silos WHERE id = ?",
-                                        (sid,)).fetchone()[0]
-                where[name] = (sid, epoch, fp, unit)
+            where = {self._db.execute("SELECT name FROM silos WHERE id = ?", (r[0],)
+                                      ).fetchone()[0]: r for r in rows}  # keeps the unit
             self._db.execute("DELETE FROM charges WHERE run_id = ? AND status = 'reserved'",
                              (run_id,))
             for p in executed:
@@ -529,13 +516,6 @@ class BudgetStore:
                                             unit))
             self._db.execute("UPDATE runs SET finished = ?, status = ? WHERE id = ?",
                              (now, status, run_id))
-
-    def _check_reserved(self, run_id: str) -> None:
-        st = self._db.execute("SELECT status FROM runs WHERE id = ?", (run_id,)).fetchone()
-        if st is None or st[0] != "reserved":
-            state = "unknown" if st is None else f"already settled ({st[0]})"
-            raise BudgetStoreError(f"run {run_id} is {state} in budget store {self.where}; "
-                                   "nothing was changed")
 
     def _with_floor(self, run_id: str, executed: list[PlannedCharge]
                     ) -> list[PlannedCharge]:

@@ -70,7 +70,18 @@ def _q_sigma(e: dpa.DpEvent) -> tuple[float, float] | None:
 
 
 def base_dominates(a: dpa.DpEvent, b: dpa.DpEvent) -> bool:
-    """Does base event `a` provably dominate `b` (see the module docstring)?"""
+    """Does base event `a` provably dominate `b` (see the module docstring)?
+
+    Parameters
+    ----------
+    a, b : dp_accounting.DpEvent
+        Base events (no composition).
+
+    Returns
+    -------
+    bool
+        True only where the dominance is proven; False also where it is unknown.
+    """
     if a == b:
         return True
     qa, qb = _q_sigma(a), _q_sigma(b)
@@ -119,8 +130,18 @@ def dominates(a: Signature, b: Signature) -> bool:
 
 
 def strict_dominators(sigs: Sequence[Signature]) -> list[set[int]]:
-    """For each signature, the indices of the signatures that strictly dominate it
-    (dominate it, and are not dominated by it)."""
+    """For each signature, the signatures that strictly dominate it.
+
+    Parameters
+    ----------
+    sigs : sequence of Signature
+        One per silo.
+
+    Returns
+    -------
+    list of set of int
+        Entry i: the indices j whose signature dominates i's and is not dominated by it.
+    """
     n = len(sigs)
     dom = [[i != j and dominates(sigs[j], sigs[i]) for j in range(n)] for i in range(n)]
     return [{j for j in range(n) if dom[i][j] and not dom[j][i]} for i in range(n)]
@@ -181,8 +202,19 @@ def maximal_multisets(caps: Sequence[int], strict: Sequence[set[int]], m: int,
 
 
 def join_event(sigs: Sequence[Signature]) -> tuple[dpa.DpEvent, int] | None:
-    """One (base event, count) that dominates every silo whose mechanism is a single
-    (subsampled) Gaussian type: the largest q and count, the smallest σ; None otherwise."""
+    """One (base event, count) that dominates every silo's mechanism.
+
+    Parameters
+    ----------
+    sigs : sequence of Signature
+        One per silo.
+
+    Returns
+    -------
+    (dp_accounting.DpEvent, int) or None
+        Where every silo's mechanism is a single (subsampled) Gaussian type: that type
+        with the largest q and count and the smallest σ; None otherwise.
+    """
     parts = []
     for s in sigs:
         if len(s) != 1:

@@ -69,6 +69,11 @@ def multiplicities(sets: Mapping[str, Iterable[Hashable]]) -> Counter:
 def histogram(sets: Mapping[str, Iterable[Hashable]]) -> np.ndarray:
     """Exact histogram of multiplicities (never released as is; see `release_overlap`).
 
+    Parameters
+    ----------
+    sets : mapping of str to iterable of hashable
+        Silo name → the (pseudonymous) person keys of that silo, K silos.
+
     Returns
     -------
     numpy.ndarray of int64, shape (K,)
@@ -81,7 +86,23 @@ def histogram(sets: Mapping[str, Iterable[Hashable]]) -> np.ndarray:
 
 
 def overlap_event(noise_multiplier: float) -> dpa.DpEvent:
-    """The privacy event of one noisy overlap histogram, charged to every silo."""
+    """The privacy event of one noisy overlap histogram, charged to every silo.
+
+    Parameters
+    ----------
+    noise_multiplier : float
+        σ of the Gaussian noise in units of the histogram's L2 sensitivity.
+
+    Returns
+    -------
+    dp_accounting.DpEvent
+        ``GaussianDpEvent(noise_multiplier)``.
+
+    Raises
+    ------
+    PrivacyError
+        The multiplier is not a positive finite number.
+    """
     if not (isinstance(noise_multiplier, (int, float)) and noise_multiplier > 0
             and math.isfinite(noise_multiplier)):
         raise PrivacyError(f"the overlap histogram's noise multiplier must be a positive "
@@ -213,8 +234,18 @@ def record_weights(rows: Mapping[str, Sequence[Hashable]]) -> dict[str, dict[Has
 
 
 def uniform_weight(declared_m: int) -> float:
-    """The data-independent weight 1/M of each person at each silo (declared M ≥ 1):
-    any person in at most M silos gets a total weight ≤ 1."""
+    """The data-independent weight of each person at each silo.
+
+    Parameters
+    ----------
+    declared_m : int
+        The declared M ≥ 1: the most silos one person is seen by.
+
+    Returns
+    -------
+    float
+        1/M: any person in at most M silos gets a total weight ≤ 1.
+    """
     if isinstance(declared_m, bool) or not isinstance(declared_m, int) or declared_m < 1:
         raise PrivacyError(f"the declared number of silos per person must be an integer "
                            f"≥ 1, got {declared_m!r}")

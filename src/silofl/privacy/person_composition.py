@@ -120,7 +120,18 @@ class PersonComposition:
 
 
 def ledger_events(ledgers: Iterable[Ledger]) -> dict[str, list[dpa.DpEvent]]:
-    """silo name → the events its ledger executed (the input of `person_composition`)."""
+    """The events each silo's ledger executed (the input of `person_composition`).
+
+    Parameters
+    ----------
+    ledgers : iterable of Ledger
+        One per silo.
+
+    Returns
+    -------
+    dict of str to list of dp_accounting.DpEvent
+        Silo name → its executed events.
+    """
     return {led.silo: [e.event for e in led.entries] for led in ledgers}
 
 

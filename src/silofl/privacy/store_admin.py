@@ -1,7 +1,8 @@
 """The budget store's administration and read-only reports (`silofl.privacy.budget`):
 how outputs name the store, its silos and their lifetime targets (given to new silos),
 resets and target changes (each logged with its reason), a silo's lifetime position and
-charges, the store's log, a run's status, progress and owner, and the whole store as
+charges, the store's log, a run's status, progress and owner (and the checks that
+a run is reserved or may be continued), and the whole store as
 plain data. Each function works on a `BudgetStore` through the methods below; the
 store's methods of the same names call these."""
 
@@ -242,6 +243,56 @@ def run_status(store: BudgetStore, run_id: str) -> str | None:
     """
     rows = store._read("SELECT status FROM runs WHERE id = ?", (run_id,))
     return rows[0][0] if rows else None
+
+
+def check_reserved(store: BudgetStore, run_id: str) -> None:
+    """Refuse to settle a run that is not (or no longer) reserved: settling twice would
+    replace another process's settlement.
+
+    Parameters
+    ----------
+    store : BudgetStore
+        The store (inside or outside its transaction).
+    run_id : str
+        The run's id in the store.
+
+    Raises
+    ------
+    BudgetStoreError
+        The run is unknown or already settled; nothing was changed.
+    """
+    st = store._db.execute("SELECT status FROM runs WHERE id = ?", (run_id,)).fetchone()
+    if st is None or st[0] != "reserved":
+        state = "unknown" if st is None else f"already settled ({st[0]})"
+        raise store._error(f"run {run_id} is {state} in budget store {store.where}; "
+                           "nothing was changed")
+
+
+def check_parent(store: BudgetStore, parent: str) -> None:
+    """Inside a reservation's transaction: a resume continues a settled run, and at most
+    once (two resumes of one run would each reserve its remaining work).
+
+    Parameters
+    ----------
+    store : BudgetStore
+        The store.
+    parent : str
+        The run a resume continues.
+
+    Raises
+    ------
+    BudgetStoreError
+        `parent` is unknown, not settled, or already continued.
+    """
+    row = store._db.execute("SELECT status FROM runs WHERE id = ?", (parent,)).fetchone()
+    if row is None or row[0] == "reserved":
+        state = "unknown" if row is None else "not settled"
+        raise store._error(f"run {parent} is {state} in budget store {store.where}; "
+                           "it cannot be continued")
+    child = store._db.execute("SELECT id FROM runs WHERE parent = ?", (parent,)).fetchone()
+    if child is not None:
+        raise store._error(f"run {parent} was already continued by run {child[0]} "
+                           "(another resume); resume that run instead")
 
 
 def progress(store: BudgetStore, run_id: str) -> list[tuple[str, str, str, object, int]]:

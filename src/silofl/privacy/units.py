@@ -50,7 +50,7 @@ def adjacency(unit: str) -> str:
     return ADJACENCY.get(unit, f"per {unit}")
 
 
-def group_bound(unit: str, person_column: str = "") -> str:
+def group_bound_note(unit: str, person_column: str = "") -> str:
     """What a per-row guarantee means for a person, where the rows name persons
     (`person_column` set, `unit` "example"): the group-privacy bound as a formula of k --
     never k itself, which is data-dependent. "" otherwise.
@@ -76,8 +76,21 @@ def group_bound(unit: str, person_column: str = "") -> str:
 
 
 def infer_unit(labels: Iterable[str], command: str = "") -> str:
-    """The unit of a job that did not name one: "node" when a charge is node-level
-    (`NODE_LABELS`) or the command a pandemic one (`NODE_COMMAND`), else "example"."""
+    """The unit of a job that did not name one (stores and callers older than units).
+
+    Parameters
+    ----------
+    labels : iterable of str
+        The labels of the job's charges (e.g. "dpsgd", "preprocess").
+    command : str, default ""
+        The command that runs the job (as the store logs it).
+
+    Returns
+    -------
+    str
+        "node" when a charge is node-level (`NODE_LABELS`) or the command a pandemic one
+        (`NODE_COMMAND`), else "example".
+    """
     node = NODE_COMMAND in command or any(lb in NODE_LABELS for lb in labels)
     return "node" if node else "example"
 

@@ -17,6 +17,14 @@ from silofl.training.trainer import SiloArrays
 def require_persons(silos: list[Silo]) -> None:
     """Refuse the person-level unit for silos that do not name the person of each row.
 
+    The one check of this refusal: the trainer's source (`training_source`), the planner
+    and the job's configuration check (`experiments.build.check_unit`) all call it.
+
+    Parameters
+    ----------
+    silos : list of Silo
+        The silos a person-level job would train on.
+
     Raises
     ------
     ConfigError

@@ -27,9 +27,6 @@ from typing import Any
 
 import numpy as np
 
-#: the ledger label of a person-level local pass (the events are example-level DP-SGD's)
-PERSON_LABEL = "dpsgd"
-
 
 @dataclass(frozen=True)
 class PersonIndex:
