@@ -27,12 +27,8 @@ import numpy as np
 from silofl.config.base import validate
 from silofl.config.network import SiloDataSection
 from silofl.data.federation import Federation, Silo
-from silofl.data.preprocess import (
-    PreprocessPlan,
-    PreprocessSpec,
-    RawFederation,
-    preprocess_without_budget,
-)
+from silofl.data.preprocess import PreprocessPlan, PreprocessSpec, preprocess_without_budget
+from silofl.data.raw import RawFederation
 from silofl.data.schema import Schema, load_schema
 from silofl.errors import ConfigError, DataError
 from silofl.privacy.targets import PrivacyTarget
