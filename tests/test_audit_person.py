@@ -28,8 +28,8 @@ from silofl.errors import ConfigError
 from silofl.models import make_model
 from silofl.models.glm import LogisticRegression
 from silofl.privacy.budget import BudgetStore
-from silofl.privacy.targets import PrivacyTarget
-from silofl.runtime.plan import PERSON_TEXT, TrainingConfig
+from silofl.privacy.targets import PERSON_ADJACENCY, PrivacyTarget
+from silofl.runtime.plan import TrainingConfig
 from silofl.training.dpsgd import GradientRule
 from silofl.training.persons import PersonSource
 
@@ -252,13 +252,13 @@ def test_the_config_route_audits_persons(tmp_path):
     cfg = _person_config()
     rep = audit(cfg, silo="lakeview", canaries=2000, seed=5)
     (row,) = rep.rows
-    assert rep.neighbouring == PERSON_TEXT and AP.PERSON_NOTE in rep.notes
+    assert rep.neighbouring == PERSON_ADJACENCY and AP.PERSON_NOTE in rep.notes
     assert not row.violation and row.details["clipping_check"]["ok"]
     n = tabular.audited_silos(cfg, "lakeview")[0].silo("lakeview").n_persons
     assert row.details["sampling_rate"] == pytest.approx(cfg.training.batch_size / n)
     from silofl.audit import write_audit
     data = json.loads(write_audit(rep, tmp_path)[0].read_text())
-    assert data["neighbouring_relation"] == PERSON_TEXT and data["violations"] == []
+    assert data["neighbouring_relation"] == PERSON_ADJACENCY and data["violations"] == []
 
 
 def test_the_config_route_self_test_catches_rows_weighted_one():

@@ -40,8 +40,8 @@ from silofl.audit.jobs import claim_of
 from silofl.audit.whitebox import NORM_FACTOR, AuditedModel, DiracCanaries
 from silofl.errors import ConfigError
 from silofl.privacy.budget import BudgetStore
-from silofl.privacy.targets import ADJACENCY
-from silofl.runtime.plan import PERSON_TEXT, plan_silos
+from silofl.privacy.targets import ADJACENCY, PERSON_ADJACENCY
+from silofl.runtime.plan import plan_silos
 from silofl.runtime.simulator import simulate
 from silofl.runtime.sources import training_source
 from silofl.training.persons import PersonIndex, PersonSource
@@ -327,7 +327,7 @@ def audit_persons(fed, model, algorithm, tcfg, *, silo: str | None = None,
                        None if st.path is None else str(st.path), st.scratch,
                        [res.run_id] if res.run_id else [], time.perf_counter() - t0,
                        confidence, tcfg.noise, view="server",
-                       neighbouring=PERSON_TEXT if unit == "person" else ADJACENCY)
+                       neighbouring=PERSON_ADJACENCY if unit == "person" else ADJACENCY)
 
 
 def person_source(fed, tcfg, source_class: type):

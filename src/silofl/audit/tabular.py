@@ -224,7 +224,7 @@ def _server(cfg, raw, names, kind, canaries, runs, confidence, store, rng, seed,
     return AuditReport(kind, rows, p.labels, _notes(cfg, st, uncharged, notes),
                        None if st.path is None else str(st.path), st.scratch, run_ids,
                        time.perf_counter() - t0, confidence, cfg.privacy.noise,
-                       neighbouring=persons.PERSON_TEXT if person else run_mod.ADJACENCY,
+                       neighbouring=persons.PERSON_ADJACENCY if person else run_mod.ADJACENCY,
                        view="server")
 
 

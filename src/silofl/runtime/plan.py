@@ -43,7 +43,7 @@ from silofl.privacy.node_level import (
     calibrate_node_sigma,
     node_steps,
 )
-from silofl.privacy.targets import PrivacyTarget
+from silofl.privacy.targets import PERSON_ADJACENCY, PrivacyTarget
 from silofl.runtime.job import accountant_kind
 from silofl.runtime.sources import require_persons
 from silofl.runtime.uldp_plan import plan_consortium
@@ -55,11 +55,6 @@ NOISE_MODES = ("secure", "seeded")
 #: "node" (one person of a graph who appears in ≤ S examples; fixed-size batches without
 #: replacement, `privacy.node_level` accounting)
 PRIVACY_UNITS = ("example", "person", "node")
-#: what the person-level unit protects (each plan's privacy report says it)
-PERSON_TEXT = ("person level: adding or removing all rows of one person in one silo "
-               "(persons named by [data] person_column; each sampled person adds the average "
-               "of their rows' clipped gradients, norm ≤ C; the numbers of persons and rows "
-               "per silo are treated as public)")
 #: methods whose private accesses are accounted at example level only (local-DP uploads);
 #: the IFCA family's selections and Weight Erosion's one-step gradients have node-level
 #: versions (`training.selection.node_sensitivity`, `LocalTrainer.gradients`)
@@ -289,7 +284,7 @@ class SiloPlan:
                        clip_release=RELEASE_TEXT)
         if self.unit == "person":
             out.update(privacy_unit="person", n_persons=out.pop("n_train"),
-                       adjacency_text=PERSON_TEXT)
+                       adjacency_text=PERSON_ADJACENCY)
         if self.consortium is not None:
             out["consortium"] = self.consortium
         if self.node is not None:

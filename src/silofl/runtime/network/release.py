@@ -25,11 +25,10 @@ from silofl._version import FORMAT, FORMAT_VERSION, silofl_version
 from silofl.errors import ConfigError
 from silofl.io import dumps_strict, file_hashes, sha256_file, write_bytes_atomic, write_npz_atomic
 from silofl.privacy.ledger import silo_file_id, tightest
-from silofl.privacy.targets import ADJACENCY
+from silofl.privacy.targets import ADJACENCY, PERSON_ADJACENCY
 from silofl.runtime.network.hosting import consortium_method, local_dp_family, round_events
 from silofl.runtime.network.jobspec import job_model
 from silofl.runtime.network.silo_table import declared_constants, is_private, read_schema
-from silofl.runtime.plan import PERSON_TEXT
 from silofl.runtime.simulator import _shared
 
 SHARED = "shared"  # the pseudo-silo name of the server's model (`predict --silo shared`)
@@ -91,7 +90,7 @@ def _preprocessing(names: list[str], schema, constants: dict | None,
 
 def adjacency(job: dict) -> str:
     """The neighbouring relation of a job's guarantees, in words (its privacy unit)."""
-    return PERSON_TEXT if job.get("privacy_unit") == "person" else ADJACENCY
+    return PERSON_ADJACENCY if job.get("privacy_unit") == "person" else ADJACENCY
 
 
 def silo_privacy(program) -> dict:
