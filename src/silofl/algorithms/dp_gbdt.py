@@ -129,7 +129,7 @@ def _bounds_array(bounds: Any, d: int) -> np.ndarray:
     return b
 
 
-def _sigmas(fed: Federation, ledgers: list[Ledger | None], trees: int, depth: int,
+def _sigmas(fed: Federation, ledgers: list[Ledger | None], trees: int, releases: int,
             q: float, private: bool) -> list[float]:
     """Each silo's σ_k for its own target over the whole ensemble; preflighted."""
     if not private:
@@ -137,9 +137,9 @@ def _sigmas(fed: Federation, ledgers: list[Ledger | None], trees: int, depth: in
     out = []
     for silo, led in zip(fed.silos, ledgers, strict=True):
         assert led is not None
-        sigma = accounting.calibrate(lambda s: ensemble_event(s, trees, depth, q),
+        sigma = accounting.calibrate(lambda s: ensemble_event(s, trees, releases, q),
                                      led.target.epsilon, led.target.delta, led.accountant)
-        led.preflight(ensemble_event(sigma, trees, depth, q))  # fails before any row is read
+        led.preflight(ensemble_event(sigma, trees, releases, q))  # fails before any row is read
         out.append(float(sigma))
     return out
 
@@ -163,7 +163,7 @@ def train_dp_gbdt(fed: Federation, *, trees: int = 20, depth: int = 3, n_bins: i
                   bounds: Any = (-1.0, 1.0), lr: float = 0.3, lam: float = 1.0,
                   clip_g: float = 1.0, clip_h: float = 0.25, subsample: float = 1.0,
                   colsample: float = 1.0, min_child_hessian: float = 1.0,
-                  base_score: float = 0.0, seed: int = 0,
+                  base_score: float = 0.0, splits: str = "histogram", seed: int = 0,
                   ledgers: list[Ledger] | None = None, private: bool = True,
                   unit: str = "example") -> GbdtResult:
     """Train a DP federated GBDT; every silo spends at most its own (ε_k, δ_k).
@@ -193,6 +193,11 @@ def train_dp_gbdt(fed: Federation, *, trees: int = 20, depth: int = 3, n_bins: i
         Smallest noisy Σh in each child of a split.
     base_score : float
         Public starting margin (log-odds for binary).
+    splits : {"histogram", "random"}
+        "histogram": the best split per node from the level's noisy histograms (D + 1
+        releases per tree); "random": each node's feature and bin edge drawn by the server
+        from public randomness (only the leaf sums are released: 1 release per tree, the
+        better choice for small silos at small ε).
     seed : int
         Seeds the silos' sampling and noise and the server's column draws.
     ledgers : list of Ledger, optional
@@ -211,7 +216,10 @@ def train_dp_gbdt(fed: Federation, *, trees: int = 20, depth: int = 3, n_bins: i
     d = fed.dim
     edges = bin_edges(_bounds_array(bounds, d), n_bins)
     leds = _make_ledgers(fed, ledgers, private)
-    sigmas = _sigmas(fed, leds, trees, depth, subsample, private)
+    if splits not in ("histogram", "random"):
+        raise ConfigError(f"splits must be 'histogram' or 'random', got {splits!r}")
+    releases = depth + 1 if splits == "histogram" else 1
+    sigmas = _sigmas(fed, leds, trees, releases, subsample, private)
     ss = np.random.SeedSequence(seed)
     server_rng, *silo_rngs = [np.random.default_rng(s) for s in ss.spawn(fed.num_silos + 1)]
     hists = [SiloHistograms(led, bin_features(s.X_train, edges), sig, n_bins, clip_g, clip_h)
@@ -222,7 +230,8 @@ def train_dp_gbdt(fed: Federation, *, trees: int = 20, depth: int = 3, n_bins: i
     for t in range(trees):
         features = np.sort(server_rng.choice(d, m, replace=False)) if m < d else np.arange(d)
         tree = _grow_tree(fed, hists, leds, sigmas, margins, silo_rngs, features, edges, t,
-                          depth=depth, lr=lr, lam=lam, q=subsample, mch=min_child_hessian)
+                          depth=depth, lr=lr, lam=lam, q=subsample, mch=min_child_hessian,
+                          server_rng=server_rng if splits == "random" else None)
         ens.trees.append(tree)
         for k, s in enumerate(fed.silos):
             margins[k] += tree.value[tree.apply(s.X_train)]
@@ -235,14 +244,20 @@ def train_dp_gbdt(fed: Federation, *, trees: int = 20, depth: int = 3, n_bins: i
 def _grow_tree(fed: Federation, hists: list[SiloHistograms], leds: list[Ledger | None],
                sigmas: list[float], margins: list[np.ndarray],
                rngs: list[np.random.Generator], features: np.ndarray, edges: np.ndarray,
-               t: int, *, depth: int, lr: float, lam: float, q: float, mch: float) -> Tree:
-    """One boosting round: every silo's releases for tree `t`, the server's splits."""
+               t: int, *, depth: int, lr: float, lam: float, q: float, mch: float,
+               server_rng: np.random.Generator | None = None) -> Tree:
+    """One boosting round: every silo's releases for tree `t`, the server's splits
+    (random ones drawn from `server_rng` when given: then only the leaves are released)."""
+    releases = depth + 1 if server_rng is None else 1
     private = leds[0] is not None
     per_level = q >= 1.0  # without subsampling each release is charged just before it
-    if private:  # level 0 (or, subsampled, the whole tree) before g, h are computed
-        first = [dpa.GaussianDpEvent(s) if per_level else tree_event(s, depth, q)
+    # level 0 (subsampled: the whole tree; random splits: the leaf release) is charged
+    # before g, h are computed from the silo's rows
+    if private:
+        first = [dpa.GaussianDpEvent(s) if per_level else tree_event(s, releases, q)
                  for s in sigmas]
-        charge_all(leds, first, t, f"gbdt tree {t}" + (" level 0" if per_level else ""))
+        what = " level 0" if per_level and server_rng is None else ""
+        charge_all(leds, first, t, f"gbdt tree {t}{what}")
     B = edges.shape[1] + 1
     n_inner = 2 ** depth - 1
     feature = np.full(2 ** (depth + 1) - 1, -1, dtype=np.int32)
@@ -252,7 +267,7 @@ def _grow_tree(fed: Federation, hists: list[SiloHistograms], leds: list[Ledger |
         rows = rngs[k].random(s.n_train) < q if q < 1.0 else np.ones(s.n_train, dtype=bool)
         h.start_tree(g, hess, rows)
     for level in range(depth + 1):
-        if private and per_level and level > 0:
+        if private and per_level and level > 0 and server_rng is None:
             charge_all(leds, [dpa.GaussianDpEvent(s) for s in sigmas], t,
                        f"gbdt tree {t} level {level}")
         if level == depth:
@@ -262,10 +277,15 @@ def _grow_tree(fed: Federation, hists: list[SiloHistograms], leds: list[Ledger |
             value = np.zeros(feature.shape)
             value[n_inner:] = -lr * G / np.maximum(H + lam, lam)  # noisy H may be < 0
             return Tree.from_complete(feature, threshold, value)
-        rel = [h.level_histograms(level, features, r) for h, r in zip(hists, rngs, strict=True)]
-        hg = np.sum([a for a, _ in rel], axis=0)
-        hh = np.sum([b for _, b in rel], axis=0)
-        j, k_bin, _ = best_splits(hg, hh, lam, mch)
+        if server_rng is None:
+            rel = [h.level_histograms(level, features, r)
+                   for h, r in zip(hists, rngs, strict=True)]
+            hg = np.sum([a for a, _ in rel], axis=0)
+            hh = np.sum([b for _, b in rel], axis=0)
+            j, k_bin, _ = best_splits(hg, hh, lam, mch)
+        else:  # public randomness only: nothing is released at this level
+            j = server_rng.integers(0, features.size, 2 ** level)
+            k_bin = server_rng.integers(1, B, 2 ** level)
         chosen = features[j]
         nodes = 2 ** level - 1 + np.arange(2 ** level)
         split = k_bin < B

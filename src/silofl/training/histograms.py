@@ -20,6 +20,8 @@ multiplier σ/√(D+1) (Gaussian DP composes in quadrature, adaptively too), whi
 charged, Poisson-subsampled at rate q, when the tree uses a row subsample
 (``PoissonSampledDpEvent(q, GaussianDpEvent(σ/√(D+1)))``, one charge per tree before its
 first level). Without subsampling each release is charged on its own, before it.
+With random splits (drawn by the server from public randomness, as in DP-EBM) a tree is
+the leaf release alone: one Gaussian release per tree.
 """
 
 from __future__ import annotations
@@ -73,16 +75,18 @@ def bin_features(X: np.ndarray, edges: np.ndarray) -> np.ndarray:
     return out
 
 
-def tree_event(sigma: float, depth: int, q: float) -> dpa.DpEvent:
-    """Everything one tree releases from one silo (see the module docstring)."""
+def tree_event(sigma: float, releases: int, q: float) -> dpa.DpEvent:
+    """Everything one tree releases from one silo: `releases` Gaussian releases at noise
+    multiplier σ (D + 1 for histogram splits, 1 for random splits), all charged one by one
+    without subsampling, or as one Poisson-subsampled Gaussian with σ/√releases."""
     if q >= 1.0:
-        return dpa.SelfComposedDpEvent(dpa.GaussianDpEvent(sigma), depth + 1)
-    return dpa.PoissonSampledDpEvent(q, dpa.GaussianDpEvent(sigma / np.sqrt(depth + 1)))
+        return dpa.SelfComposedDpEvent(dpa.GaussianDpEvent(sigma), releases)
+    return dpa.PoissonSampledDpEvent(q, dpa.GaussianDpEvent(sigma / np.sqrt(releases)))
 
 
-def ensemble_event(sigma: float, trees: int, depth: int, q: float) -> dpa.DpEvent:
+def ensemble_event(sigma: float, trees: int, releases: int, q: float) -> dpa.DpEvent:
     """The whole ensemble's releases from one silo: `trees` × `tree_event`."""
-    return dpa.SelfComposedDpEvent(tree_event(sigma, depth, q), trees)
+    return dpa.SelfComposedDpEvent(tree_event(sigma, releases, q), trees)
 
 
 @dataclass
