@@ -92,14 +92,14 @@ def test_neighbouring_dataset_moves_each_release_by_at_most_delta():
     g[0], h[0] = 50.0, 9.0  # the removed example is an extreme one
     full = SiloHistograms(None, bins, 0.0, B, G, H)
     less = SiloHistograms(None, bins[1:], 0.0, B, G, H)
-    full.start_tree(g, h, np.ones(n, dtype=bool))
-    less.start_tree(g[1:], h[1:], np.ones(n - 1, dtype=bool))
     feats = np.arange(d)
+    full.start_tree(g, h, np.ones(n, dtype=bool), feats)
+    less.start_tree(g[1:], h[1:], np.ones(n - 1, dtype=bool), feats)
     zero = np.random.default_rng(0)
     delta = np.sqrt(d * (G ** 2 + H ** 2))
     for level in range(3):
-        a = np.concatenate([x.ravel() for x in full.level_histograms(level, feats, zero)])
-        b = np.concatenate([x.ravel() for x in less.level_histograms(level, feats, zero)])
+        a = np.concatenate([x.ravel() for x in full.level_histograms(level, zero)])
+        b = np.concatenate([x.ravel() for x in less.level_histograms(level, zero)])
         moved = np.linalg.norm(a - b)
         assert moved <= delta + 1e-9
         np.testing.assert_allclose(moved, delta)  # the bound is attained: Δ is tight
@@ -213,3 +213,27 @@ def test_heart_at_eps_1_reports_auc_against_baselines(capsys):
     with capsys.disabled():
         print("\nheart ε=1 test AUC:", {k: round(v, 3) for k, v in aucs.items()})
     assert all(0.5 < v <= 1.0 for v in aucs.values())
+
+
+def test_level_histograms_equal_brute_force_sums_with_sibling_subtraction():
+    rng = np.random.default_rng(5)
+    n, d, B = 500, 4, 6
+    bins = rng.integers(0, B, (n, d)).astype(np.int32)
+    g, h = rng.uniform(-1, 1, n), rng.uniform(0, 0.25, n)
+    rows = rng.random(n) < 0.7
+    feats = np.array([0, 2, 3])
+    hist = SiloHistograms(None, bins, 0.0, B, 1.0, 0.25)
+    hist.start_tree(g, h, rows, feats)
+    zero = np.random.default_rng(0)
+    for level in range(4):
+        slots = 2 ** level
+        want_g, want_h = np.zeros((slots, feats.size, B)), np.zeros((slots, feats.size, B))
+        for i in np.flatnonzero(hist.pos >= 0):
+            for a, j in enumerate(feats):
+                want_g[hist.pos[i], a, bins[i, j]] += g[i]
+                want_h[hist.pos[i], a, bins[i, j]] += h[i]
+        got_g, got_h = hist.level_histograms(level, zero)
+        np.testing.assert_allclose(got_g, want_g, atol=1e-9)
+        np.testing.assert_allclose(got_h, want_h, atol=1e-9)
+        k = rng.integers(1, B + 1, slots)  # B: pass-through (all rows left)
+        hist.descend(rng.choice(feats, slots), k)

@@ -265,7 +265,7 @@ def _grow_tree(fed: Federation, hists: list[SiloHistograms], leds: list[Ledger |
     for k, (h, s) in enumerate(zip(hists, fed.silos, strict=True)):
         g, hess = _gradients(fed.task, margins[k], s.y_train.astype(np.float64))
         rows = rngs[k].random(s.n_train) < q if q < 1.0 else np.ones(s.n_train, dtype=bool)
-        h.start_tree(g, hess, rows)
+        h.start_tree(g, hess, rows, features)
     for level in range(depth + 1):
         if private and per_level and level > 0 and server_rng is None:
             charge_all(leds, [dpa.GaussianDpEvent(s) for s in sigmas], t,
@@ -278,7 +278,7 @@ def _grow_tree(fed: Federation, hists: list[SiloHistograms], leds: list[Ledger |
             value[n_inner:] = -lr * G / np.maximum(H + lam, lam)  # noisy H may be < 0
             return Tree.from_complete(feature, threshold, value)
         if server_rng is None:
-            rel = [h.level_histograms(level, features, r)
+            rel = [h.level_histograms(level, r)
                    for h, r in zip(hists, rngs, strict=True)]
             hg = np.sum([a for a, _ in rel], axis=0)
             hh = np.sum([b for _, b in rel], axis=0)

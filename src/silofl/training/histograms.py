@@ -115,36 +115,66 @@ class SiloHistograms:
     g: np.ndarray = field(init=False, repr=False)
     h: np.ndarray = field(init=False, repr=False)
     pos: np.ndarray = field(init=False, repr=False)  # node slot of each row in its level; −1 out
+    features: np.ndarray = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         n = self.bins.shape[0]
         self.g = np.zeros(n)
         self.h = np.zeros(n)
         self.pos = np.zeros(n, dtype=np.int64)
+        self.features = np.arange(self.bins.shape[1])
 
-    def start_tree(self, g: np.ndarray, h: np.ndarray, rows: np.ndarray) -> None:
-        """Set this tree's clipped g, h (n,) and its row subsample (n,) bool."""
+    def start_tree(self, g: np.ndarray, h: np.ndarray, rows: np.ndarray,
+                   features: np.ndarray) -> None:
+        """Set this tree's clipped g, h (n,), its row subsample (n,) bool and the (m,)
+        features it releases (sorted column indices)."""
         self.g = np.clip(g, -self.clip_g, self.clip_g) * rows
         self.h = np.clip(h, 0.0, self.clip_h) * rows
         self.pos = np.where(rows, 0, -1).astype(np.int64)
+        self.features = np.asarray(features)
+        m, B = self.features.size, self.n_bins
+        cols = self.bins if m == self.bins.shape[1] else self.bins[:, self.features]
+        self._cells = cols + (np.arange(m, dtype=np.int32) * B)[None, :]  # (n, m) cell ids
+        self._exact: tuple[np.ndarray, np.ndarray] | None = None
 
-    def level_histograms(self, level: int, features: np.ndarray,
+    def _exact_level(self, level: int) -> tuple[np.ndarray, np.ndarray]:
+        """Exact (slots, m, B) g and h sums of this level, never released as such.
+
+        Below the root only the smaller child of each node is summed from its rows; its
+        sibling is the parent's exact sums minus it (the same numbers, half the work)."""
+        slots, m, B = 2 ** level, self.features.size, self.n_bins
+        live = self.pos >= 0
+        if level == 0 or self._exact is None:
+            pick = live
+            small = np.ones(slots, dtype=bool)
+        else:
+            cnt = np.bincount(self.pos[live], minlength=slots).reshape(-1, 2)
+            small = np.zeros((slots // 2, 2), dtype=bool)
+            left_small = cnt[:, 0] <= cnt[:, 1]
+            small[:, 0], small[:, 1] = left_small, ~left_small
+            small = small.ravel()
+            pick = live & small[np.maximum(self.pos, 0)]
+        rows = np.flatnonzero(pick)
+        cells = self._cells[rows] + (self.pos[rows] * (m * B)).astype(np.int32)[:, None]
+        flat, size = cells.ravel(), slots * m * B
+        hg = np.bincount(flat, np.repeat(self.g[rows], m), minlength=size).reshape(slots, m, B)
+        hh = np.bincount(flat, np.repeat(self.h[rows], m), minlength=size).reshape(slots, m, B)
+        if not small.all():
+            assert self._exact is not None
+            big = np.flatnonzero(~small)
+            hg[big] = self._exact[0][big // 2] - hg[big ^ 1]
+            hh[big] = self._exact[1][big // 2] - hh[big ^ 1]
+        self._exact = (hg, hh)
+        return hg, hh
+
+    def level_histograms(self, level: int,
                          rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
-        """Noisy (2^level, m, n_bins) g and h histograms of the released features.
+        """Noisy (2^level, m, n_bins) g and h histograms of the tree's released features.
 
         The caller has charged the release. Noise std σ·Δ with Δ² = m·(G² + H²)."""
-        slots, m, B = 2 ** level, features.size, self.n_bins
-        live = np.flatnonzero(self.pos >= 0)
-        cells = self.bins[live][:, features] + (np.arange(m, dtype=np.int32) * B)[None, :]
-        cells += (self.pos[live] * (m * B)).astype(np.int32)[:, None]
-        flat = cells.ravel()
-        size = slots * m * B
-        hg = np.bincount(flat, np.repeat(self.g[live], m), minlength=size)
-        hh = np.bincount(flat, np.repeat(self.h[live], m), minlength=size)
-        std = self.sigma * np.sqrt(m * (self.clip_g ** 2 + self.clip_h ** 2))
-        hg += rng.normal(0.0, std, size)
-        hh += rng.normal(0.0, std, size)
-        return hg.reshape(slots, m, B), hh.reshape(slots, m, B)
+        hg, hh = self._exact_level(level)
+        std = self.sigma * np.sqrt(self.features.size * (self.clip_g ** 2 + self.clip_h ** 2))
+        return hg + rng.normal(0.0, std, hg.shape), hh + rng.normal(0.0, std, hh.shape)
 
     def leaf_sums(self, depth: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
         """Noisy (2^depth,) Σg and Σh per leaf slot; noise std σ·√(G² + H²)."""
