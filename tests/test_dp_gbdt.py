@@ -83,6 +83,17 @@ def test_bins_match_threshold_semantics():
         bin_edges(np.array([[1.0, 1.0]]), 4)
 
 
+@pytest.mark.parametrize("n_bins", [2, 3, 7, 32, 255])
+def test_fast_binning_equals_exact_search(n_bins):
+    rng = np.random.default_rng(n_bins)
+    edges = bin_edges(np.array([[-1, 1], [0, 10], [-3.3, 7.1], [1e-3, 2e-3]]), n_bins)
+    at = edges.T
+    X = np.concatenate([rng.uniform(-5, 12, (5000, 4)), at, np.nextafter(at, -np.inf),
+                        np.nextafter(at, np.inf)])
+    want = np.stack([np.searchsorted(edges[j], X[:, j], side="right") for j in range(4)], 1)
+    np.testing.assert_array_equal(bin_features(X, edges), want)
+
+
 def test_neighbouring_dataset_moves_each_release_by_at_most_delta():
     rng = np.random.default_rng(1)
     n, d, B, G, H = 300, 6, 8, 1.0, 0.25

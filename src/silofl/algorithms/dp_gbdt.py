@@ -112,12 +112,12 @@ def _check_args(fed: Federation, trees: int, depth: int, subsample: float, colsa
     for name, v, lo, hi in (("trees", trees, 1, 10_000), ("depth", depth, 1, 12)):
         if int(v) != v or not lo <= v <= hi:
             raise ConfigError(f"{name} must be an integer in [{lo}, {hi}], got {v}")
-    for name, v in (("subsample", subsample), ("colsample", colsample)):
-        if not 0.0 < v <= 1.0:
-            raise ConfigError(f"{name} must be in (0, 1], got {v}")
-    for name, v in (("lr", lr), ("lam", lam), ("clip_g", clip_g), ("clip_h", clip_h)):
-        if not (np.isfinite(v) and v > 0):
-            raise ConfigError(f"{name} must be a positive number, got {v}")
+    for name, frac in (("subsample", subsample), ("colsample", colsample)):
+        if not 0.0 < frac <= 1.0:
+            raise ConfigError(f"{name} must be in (0, 1], got {frac}")
+    for name, pos in (("lr", lr), ("lam", lam), ("clip_g", clip_g), ("clip_h", clip_h)):
+        if not (np.isfinite(pos) and pos > 0):
+            raise ConfigError(f"{name} must be a positive number, got {pos}")
 
 
 def _bounds_array(bounds: Any, d: int) -> np.ndarray:
@@ -135,7 +135,7 @@ def _sigmas(fed: Federation, ledgers: list[Ledger | None], trees: int, releases:
     if not private:
         return [0.0] * fed.num_silos
     out = []
-    for silo, led in zip(fed.silos, ledgers, strict=True):
+    for led in ledgers:
         assert led is not None
         sigma = accounting.calibrate(lambda s: ensemble_event(s, trees, releases, q),
                                      led.target.epsilon, led.target.delta, led.accountant)

@@ -68,11 +68,24 @@ def bin_edges(bounds: np.ndarray, n_bins: int) -> np.ndarray:
 
 def bin_features(X: np.ndarray, edges: np.ndarray) -> np.ndarray:
     """(n, d) int32 bin of every value: the number of edges ≤ x, so that
-    ``x < edges[j, k − 1]`` exactly when ``bin < k`` (splits at edges are exact)."""
-    out = np.empty(X.shape, dtype=np.int32)
-    for j in range(X.shape[1]):
-        out[:, j] = np.searchsorted(edges[j], X[:, j], side="right")
-    return out
+    ``x < edges[j, k − 1]`` exactly when ``bin < k`` (splits at edges are exact).
+
+    Equal-width arithmetic gives the bin up to rounding; one comparison with the float32
+    edges on each side makes it exact (off by at most one before)."""
+    X = np.asarray(X, dtype=np.float64)
+    n_bins = edges.shape[1] + 1
+    lo = 2 * edges[:, 0] - edges[:, 1] if n_bins > 2 else edges[:, 0] - 1.0
+    width = (edges[:, -1] - edges[:, 0]) / max(n_bins - 2, 1) if n_bins > 2 else np.ones(len(lo))
+    b = np.floor((X - lo) / width).clip(0, n_bins - 1).astype(np.int32)
+    E = np.concatenate([np.full((len(lo), 1), -np.inf), edges,
+                        np.full((len(lo), 1), np.inf)], axis=1)  # bin k is [E[k], E[k+1])
+    cols = np.arange(X.shape[1])[None, :]
+    b -= (X < E[cols, b]).astype(np.int32)
+    b += (X >= E[cols, b + 1]).astype(np.int32)
+    bad = np.flatnonzero(((X < E[cols, b]) | (X >= E[cols, b + 1])).any(axis=0))
+    for j in bad:  # rounding moved some value by more than one bin: search exactly
+        b[:, j] = np.searchsorted(edges[j], X[:, j], side="right")
+    return b
 
 
 def tree_event(sigma: float, releases: int, q: float) -> dpa.DpEvent:
