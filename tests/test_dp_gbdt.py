@@ -248,3 +248,26 @@ def test_level_histograms_equal_brute_force_sums_with_sibling_subtraction():
         np.testing.assert_allclose(got_h, want_h, atol=1e-9)
         k = rng.integers(1, B + 1, slots)  # B: pass-through (all rows left)
         hist.descend(rng.choice(feats, slots), k)
+
+
+def test_personal_trees_are_charged_and_fit_each_silo():
+    from sklearn.metrics import roc_auc_score
+    rng = np.random.default_rng(2)
+    silos = []
+    for k in range(2):  # opposite labels: the shared model cannot fit both silos
+        X, Xt = rng.uniform(-1, 1, (3000, 3)), rng.uniform(-1, 1, (3000, 3))
+        flip = (lambda v: 1 - v) if k else (lambda v: v)
+        silos.append(Silo(f"s{k}", X, flip((X[:, 0] > 0).astype(int)), Xt,
+                          flip((Xt[:, 0] > 0).astype(int)), silofl.PrivacyTarget(5.0, 1e-5)))
+    fed = Federation(silos, ["a", "b", "c"], "binary", 2)
+    T, L, D = 3, 5, 2
+    res = train_dp_gbdt(fed, trees=T, depth=D, local_trees=L, lr=0.5, seed=1)
+    assert res.personal is not None
+    for k, (own, led) in enumerate(zip(res.personal, res.ledgers, strict=True)):
+        assert len(own.trees) == T + L and own.trees[:T] == res.ensemble.trees
+        assert sum(led.spent_counts().values()) == (T + L) * (D + 1)
+        assert res.report[k]["epsilon"] <= 5.0
+        auc = roc_auc_score(fed.silos[k].y_test, own.predict(fed.silos[k].X_test))
+        assert auc > 0.9
+    with pytest.raises(ConfigError, match="local_trees"):
+        train_dp_gbdt(fed, local_trees=-1)

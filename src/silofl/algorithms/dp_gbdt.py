@@ -37,7 +37,7 @@ from silofl.training.histograms import (
 )
 
 if TYPE_CHECKING:
-    from silofl.data.federation import Federation
+    from silofl.data.federation import Federation, Silo
 
 
 @dataclass
@@ -47,11 +47,14 @@ class GbdtResult:
     ensemble : TreeEnsemble — the shared model.
     ledgers : list of Ledger or None — one per silo (None entries in the non-private mode).
     report : list of dict — per silo: name, σ, target, ε spent, the charged events.
+    personal : list of TreeEnsemble or None — per silo: the shared trees plus its own
+        local trees (``local_trees > 0``).
     """
 
     ensemble: TreeEnsemble
     ledgers: list[Ledger | None]
     report: list[dict[str, Any]] = field(default_factory=list)
+    personal: list[TreeEnsemble] | None = None
 
 
 def _gradients(task: str, margin: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -163,7 +166,8 @@ def train_dp_gbdt(fed: Federation, *, trees: int = 20, depth: int = 3, n_bins: i
                   bounds: Any = (-1.0, 1.0), lr: float = 0.3, lam: float = 1.0,
                   clip_g: float = 1.0, clip_h: float = 0.25, subsample: float = 1.0,
                   colsample: float = 1.0, min_child_hessian: float = 1.0,
-                  base_score: float = 0.0, splits: str = "histogram", seed: int = 0,
+                  base_score: float = 0.0, splits: str = "histogram",
+                  local_trees: int = 0, seed: int = 0,
                   ledgers: list[Ledger] | None = None, private: bool = True,
                   unit: str = "example") -> GbdtResult:
     """Train a DP federated GBDT; every silo spends at most its own (ε_k, δ_k).
@@ -198,6 +202,10 @@ def train_dp_gbdt(fed: Federation, *, trees: int = 20, depth: int = 3, n_bins: i
         releases per tree); "random": each node's feature and bin edge drawn by the server
         from public randomness (only the leaf sums are released: 1 release per tree, the
         better choice for small silos at small ε).
+    local_trees : int
+        Personalization (the analogue of Finetune): after the shared trees, each silo
+        grows this many more trees alone, from its own noisy histograms, starting from the
+        shared model; σ_k covers shared and local trees together.
     seed : int
         Seeds the silos' sampling and noise and the server's column draws.
     ledgers : list of Ledger, optional
@@ -218,8 +226,10 @@ def train_dp_gbdt(fed: Federation, *, trees: int = 20, depth: int = 3, n_bins: i
     leds = _make_ledgers(fed, ledgers, private)
     if splits not in ("histogram", "random"):
         raise ConfigError(f"splits must be 'histogram' or 'random', got {splits!r}")
+    if int(local_trees) != local_trees or not 0 <= local_trees <= 10_000:
+        raise ConfigError(f"local_trees must be an integer in [0, 10000], got {local_trees}")
     releases = depth + 1 if splits == "histogram" else 1
-    sigmas = _sigmas(fed, leds, trees, releases, subsample, private)
+    sigmas = _sigmas(fed, leds, trees + local_trees, releases, subsample, private)
     ss = np.random.SeedSequence(seed)
     server_rng, *silo_rngs = [np.random.default_rng(s) for s in ss.spawn(fed.num_silos + 1)]
     hists = [SiloHistograms(led, bin_features(s.X_train, edges), sig, n_bins, clip_g, clip_h)
@@ -227,21 +237,38 @@ def train_dp_gbdt(fed: Federation, *, trees: int = 20, depth: int = 3, n_bins: i
     margins = [np.full(s.n_train, float(base_score)) for s in fed.silos]
     ens = TreeEnsemble(d, fed.task, float(base_score), [], list(fed.feature_names) or None)
     m = max(1, int(round(colsample * d)))
+    grow: dict[str, Any] = dict(depth=depth, lr=lr, lam=lam, q=subsample,
+                                mch=min_child_hessian,
+                                server_rng=server_rng if splits == "random" else None)
     for t in range(trees):
         features = np.sort(server_rng.choice(d, m, replace=False)) if m < d else np.arange(d)
-        tree = _grow_tree(fed, hists, leds, sigmas, margins, silo_rngs, features, edges, t,
-                          depth=depth, lr=lr, lam=lam, q=subsample, mch=min_child_hessian,
-                          server_rng=server_rng if splits == "random" else None)
+        tree = _grow_tree(fed.task, fed.silos, hists, leds, sigmas, margins, silo_rngs,
+                          features, edges, t, **grow)
         ens.trees.append(tree)
         for k, s in enumerate(fed.silos):
             margins[k] += tree.value[tree.apply(s.X_train)]
+    personal = None
+    if local_trees:  # Finetune analogue: each silo grows on, alone, from the shared model
+        personal = []
+        for k, s in enumerate(fed.silos):
+            own = TreeEnsemble(d, fed.task, float(base_score), list(ens.trees),
+                               ens.feature_names)
+            for t in range(trees, trees + local_trees):
+                features = np.sort(server_rng.choice(d, m, replace=False)) if m < d \
+                    else np.arange(d)
+                tree = _grow_tree(fed.task, [s], [hists[k]], [leds[k]], [sigmas[k]],
+                                  [margins[k]], [silo_rngs[k]], features, edges, t, **grow)
+                own.trees.append(tree)
+                margins[k] += tree.value[tree.apply(s.X_train)]
+            personal.append(own)
     report = [{"silo": s.name, "sigma": sig,
                **({} if led is None else led.report())}
               for s, led, sig in zip(fed.silos, leds, sigmas, strict=True)]
-    return GbdtResult(ens, leds, report)
+    return GbdtResult(ens, leds, report, personal)
 
 
-def _grow_tree(fed: Federation, hists: list[SiloHistograms], leds: list[Ledger | None],
+def _grow_tree(task: str, silos: list[Silo], hists: list[SiloHistograms],
+               leds: list[Ledger | None],
                sigmas: list[float], margins: list[np.ndarray],
                rngs: list[np.random.Generator], features: np.ndarray, edges: np.ndarray,
                t: int, *, depth: int, lr: float, lam: float, q: float, mch: float,
@@ -262,8 +289,8 @@ def _grow_tree(fed: Federation, hists: list[SiloHistograms], leds: list[Ledger |
     n_inner = 2 ** depth - 1
     feature = np.full(2 ** (depth + 1) - 1, -1, dtype=np.int32)
     threshold = np.full(feature.shape, np.inf)
-    for k, (h, s) in enumerate(zip(hists, fed.silos, strict=True)):
-        g, hess = _gradients(fed.task, margins[k], s.y_train.astype(np.float64))
+    for k, (h, s) in enumerate(zip(hists, silos, strict=True)):
+        g, hess = _gradients(task, margins[k], s.y_train.astype(np.float64))
         rows = rngs[k].random(s.n_train) < q if q < 1.0 else np.ones(s.n_train, dtype=bool)
         h.start_tree(g, hess, rows, features)
     for level in range(depth + 1):

@@ -15,13 +15,13 @@ identically in both libraries, and margins agree to float32 rounding of the leaf
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from silofl.errors import DataError
+from silofl.io import write_json_atomic
 
 #: XGBoost's "no parent" marker for the root (its JSON schema: uint32 max >> 1)
 _XGB_NO_PARENT = 2147483647
@@ -213,5 +213,5 @@ class TreeEnsemble:
     def save_xgboost(self, path: str | Path) -> Path:
         """Write `to_xgboost_json` to `path` (``.json``); returns the path."""
         path = Path(path)
-        path.write_text(json.dumps(self.to_xgboost_json()))
+        write_json_atomic(path, self.to_xgboost_json())
         return path
