@@ -164,10 +164,10 @@ def _make_ledgers(fed: Federation, ledgers: list[Ledger] | None,
 
 def train_dp_gbdt(fed: Federation, *, trees: int = 20, depth: int = 3, n_bins: int = 16,
                   bounds: Any = (-1.0, 1.0), lr: float = 0.3, lam: float = 1.0,
-                  clip_g: float = 1.0, clip_h: float = 0.25, subsample: float = 1.0,
+                  clip_g: float = 1.0, clip_h: float | None = None, subsample: float = 1.0,
                   colsample: float = 1.0, min_child_hessian: float = 1.0,
                   base_score: float = 0.0, splits: str = "histogram",
-                  local_trees: int = 0, seed: int = 0,
+                  local_trees: int = 0, max_leaf: float | None = None, seed: int = 0,
                   ledgers: list[Ledger] | None = None, private: bool = True,
                   unit: str = "example") -> GbdtResult:
     """Train a DP federated GBDT; every silo spends at most its own (ε_k, δ_k).
@@ -187,7 +187,9 @@ def train_dp_gbdt(fed: Federation, *, trees: int = 20, depth: int = 3, n_bins: i
     lr, lam : float
         Shrinkage η and L2 leaf regularisation λ.
     clip_g, clip_h : float
-        G, H: per-example g ∈ [−G, G], h ∈ [0, H] (binary: |g| ≤ 1, h ≤ 1/4).
+        G, H: per-example g ∈ [−G, G], h ∈ [0, H]. Binary: |g| ≤ 1 and h ≤ 1/4 always, so
+        the defaults 1 and 1/4 clip nothing; regression (squared loss: g = prediction −
+        label, h = 1): H defaults to 1, and G should cover the residuals' scale.
     subsample : float
         Poisson row-sampling rate q per tree (amplification accounted).
     colsample : float
@@ -195,6 +197,10 @@ def train_dp_gbdt(fed: Federation, *, trees: int = 20, depth: int = 3, n_bins: i
         scales with √m, the accounting does not change).
     min_child_hessian : float
         Smallest noisy Σh in each child of a split.
+    max_leaf : float, optional
+        Leaf values (before shrinkage η) are clamped to [−max_leaf, max_leaf]: noisy Σh
+        near zero otherwise gives wild leaves. Default: G for regression (|Σg/Σh| ≤ G
+        holds exactly there, h = 1), 4 for binary (log-odds).
     base_score : float
         Public starting margin (log-odds for binary).
     splits : {"histogram", "random"}
@@ -220,6 +226,12 @@ def train_dp_gbdt(fed: Federation, *, trees: int = 20, depth: int = 3, n_bins: i
     GbdtResult
         The ensemble, the ledgers and a per-silo report (σ, events, ε spent).
     """
+    if clip_h is None:
+        clip_h = 0.25 if fed.task == "binary" else 1.0
+    if max_leaf is None:
+        max_leaf = 4.0 if fed.task == "binary" else clip_g
+    if not (np.isfinite(max_leaf) and max_leaf > 0):
+        raise ConfigError(f"max_leaf must be a positive number, got {max_leaf}")
     _check_args(fed, trees, depth, subsample, colsample, lr, lam, clip_g, clip_h, unit)
     d = fed.dim
     edges = bin_edges(_bounds_array(bounds, d), n_bins)
@@ -238,7 +250,7 @@ def train_dp_gbdt(fed: Federation, *, trees: int = 20, depth: int = 3, n_bins: i
     ens = TreeEnsemble(d, fed.task, float(base_score), [], list(fed.feature_names) or None)
     m = max(1, int(round(colsample * d)))
     grow: dict[str, Any] = dict(depth=depth, lr=lr, lam=lam, q=subsample,
-                                mch=min_child_hessian,
+                                mch=min_child_hessian, max_leaf=max_leaf,
                                 server_rng=server_rng if splits == "random" else None)
     for t in range(trees):
         features = np.sort(server_rng.choice(d, m, replace=False)) if m < d else np.arange(d)
@@ -272,6 +284,7 @@ def _grow_tree(task: str, silos: list[Silo], hists: list[SiloHistograms],
                sigmas: list[float], margins: list[np.ndarray],
                rngs: list[np.random.Generator], features: np.ndarray, edges: np.ndarray,
                t: int, *, depth: int, lr: float, lam: float, q: float, mch: float,
+               max_leaf: float,
                server_rng: np.random.Generator | None = None) -> Tree:
     """One boosting round: every silo's releases for tree `t`, the server's splits
     (random ones drawn from `server_rng` when given: then only the leaves are released)."""
@@ -302,7 +315,8 @@ def _grow_tree(task: str, silos: list[Silo], hists: list[SiloHistograms],
             G = np.sum([a for a, _ in sums], axis=0)
             H = np.sum([b for _, b in sums], axis=0)
             value = np.zeros(feature.shape)
-            value[n_inner:] = -lr * G / np.maximum(H + lam, lam)  # noisy H may be < 0
+            leaf = -G / np.maximum(H + lam, lam)  # noisy H may be < 0
+            value[n_inner:] = lr * np.clip(leaf, -max_leaf, max_leaf)
             return Tree.from_complete(feature, threshold, value)
         if server_rng is None:
             rel = [h.level_histograms(level, r)
