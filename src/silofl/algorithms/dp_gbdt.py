@@ -123,6 +123,17 @@ def _check_args(fed: Federation, trees: int, depth: int, subsample: float, colsa
             raise ConfigError(f"{name} must be a positive number, got {pos}")
 
 
+def _check_more(max_leaf: float, base_score: float, splits: str, local_trees: int) -> None:
+    if not (np.isfinite(max_leaf) and max_leaf > 0):
+        raise ConfigError(f"max_leaf must be a positive number, got {max_leaf}")
+    if not np.isfinite(base_score):
+        raise ConfigError(f"base_score must be a finite number, got {base_score}")
+    if splits not in ("histogram", "random"):
+        raise ConfigError(f"splits must be 'histogram' or 'random', got {splits!r}")
+    if int(local_trees) != local_trees or not 0 <= local_trees <= 10_000:
+        raise ConfigError(f"local_trees must be an integer in [0, 10000], got {local_trees}")
+
+
 def _bounds_array(bounds: Any, d: int) -> np.ndarray:
     b = np.asarray(bounds, dtype=np.float64)
     if b.shape == (2,):
@@ -230,16 +241,11 @@ def train_dp_gbdt(fed: Federation, *, trees: int = 20, depth: int = 3, n_bins: i
         clip_h = 0.25 if fed.task == "binary" else 1.0
     if max_leaf is None:
         max_leaf = 4.0 if fed.task == "binary" else clip_g
-    if not (np.isfinite(max_leaf) and max_leaf > 0):
-        raise ConfigError(f"max_leaf must be a positive number, got {max_leaf}")
     _check_args(fed, trees, depth, subsample, colsample, lr, lam, clip_g, clip_h, unit)
+    _check_more(max_leaf, base_score, splits, local_trees)
     d = fed.dim
     edges = bin_edges(_bounds_array(bounds, d), n_bins)
     leds = _make_ledgers(fed, ledgers, private)
-    if splits not in ("histogram", "random"):
-        raise ConfigError(f"splits must be 'histogram' or 'random', got {splits!r}")
-    if int(local_trees) != local_trees or not 0 <= local_trees <= 10_000:
-        raise ConfigError(f"local_trees must be an integer in [0, 10000], got {local_trees}")
     releases = depth + 1 if splits == "histogram" else 1
     sigmas = _sigmas(fed, leds, trees + local_trees, releases, subsample, private)
     ss = np.random.SeedSequence(seed)
@@ -268,10 +274,10 @@ def train_dp_gbdt(fed: Federation, *, trees: int = 20, depth: int = 3, n_bins: i
             for t in range(trees, trees + local_trees):
                 features = np.sort(server_rng.choice(d, m, replace=False)) if m < d \
                     else np.arange(d)
-                tree = _grow_tree(fed.task, [s], [hists[k]], [leds[k]], [sigmas[k]],
-                                  [margins[k]], [silo_rngs[k]], features, edges, t, **grow)
-                own.trees.append(tree)
-                margins[k] += tree.value[tree.apply(s.X_train)]
+                own.trees.append(_grow_tree(fed.task, [s], [hists[k]], [leds[k]],
+                                            [sigmas[k]], [margins[k]], [silo_rngs[k]],
+                                            features, edges, t, **grow))
+                margins[k] += own.trees[-1].value[own.trees[-1].apply(s.X_train)]
             personal.append(own)
     report = [{"silo": s.name, "sigma": sig,
                **({} if led is None else led.report())}
