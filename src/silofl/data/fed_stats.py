@@ -150,8 +150,10 @@ def quantiles_from_histogram(hist: np.ndarray, lower: float, upper: float,
     out = []
     for q in qs:
         target = q * total
-        b = int(np.clip(np.searchsorted(cum, target, side="left") - 1, 0, len(h) - 1))
-        inside = 0.5 if h[b] <= 0 else (target - cum[b]) / h[b]
+        # the first non-empty bin whose cumulative count reaches the target
+        hit = np.nonzero((cum[1:] >= target) & (h > 0))[0]
+        b = int(hit[0]) if hit.size else int(np.nonzero(h > 0)[0][-1])
+        inside = (target - cum[b]) / h[b]
         out.append(float(edges[b] + np.clip(inside, 0.0, 1.0) * (edges[b + 1] - edges[b])))
     return out
 

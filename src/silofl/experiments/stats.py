@@ -113,6 +113,9 @@ def select_columns(raw: RawFederation, wanted: list[str] | None) -> list[int]:
         return out
     out = []
     for name in wanted:
+        if name not in by_name and any(f.startswith(name + "=") for f in raw.feature_names):
+            raise ConfigError(f"--columns: column {name!r} is categorical (one-hot encoded); "
+                              "silofl stats releases numeric and binary columns only")
         if name not in by_name:
             near = difflib.get_close_matches(name, list(by_name), n=1)
             hint = f" (did you mean {near[0]!r}?)" if near else ""
