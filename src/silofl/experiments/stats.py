@@ -258,7 +258,8 @@ def federated_stats(cfg: Config, columns: list[str] | None = None,
     total = sum(released.values())
     n_all = sum(sizes.values())
     pooled = {"n": n_all, "epsilon_charged": 0.0,
-              "noise_std": float(np.sqrt(sum(v["noise_std"] ** 2 for v in silos.values()))),
+              "noise_std": float(np.sqrt(sum((plan.sigmas[n] * plan.sensitivity) ** 2
+                                             for n in released))),
               "note": "sum of the silos' noisy releases (post-processing, no charge)",
               "columns": dict(zip(plan.columns, fed_stats.summarize(
                   np.asarray(total), plan.lower, plan.upper, n_all, qs)))}
