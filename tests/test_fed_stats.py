@@ -109,6 +109,7 @@ def test_quantiles_at_epsilon_one_are_within_one_unit_on_a_known_distribution():
         true = np.quantile(np.clip(x, 0, 100), [0.25, 0.5, 0.75])
         assert np.allclose(list(got["quantiles"].values()), true, atol=1.0)
         assert got["mean"] == pytest.approx(float(x.mean()), abs=0.2)
+        assert got["std"] == pytest.approx(float(x.std()), abs=0.3)  # no floor
 
 
 def test_quantiles_of_an_empty_or_negative_histogram_stay_in_bounds():

@@ -62,6 +62,9 @@ def _print(rep) -> None:
             t.add_row(escape(name), escape(col), str(g["n"]), f"{v['count']:.1f}",
                       f"{v['mean']:.3g}", f"{v['std']:.3g}", qv, eps, f"{g['noise_std']:.3g}")
     console.print(t)
+    deltas = sorted({g["delta"] for g in rep.silos.values()})
+    console.print(f"ε charged to each silo at δ = {', '.join(f'{d:g}' for d in deltas)}; "
+                  "n (public): the silo's rows (persons at the person level).")
     console.print(f"Charged once per silo to {escape(rep.store or 'a scratch store (memory)')}, "
                   f"run {rep.run_id}. Noise std is per released coordinate (σ·Δ, Δ = "
                   f"{rep.plan.sensitivity:.3g}); quantiles: noisy histogram "

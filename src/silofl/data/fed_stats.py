@@ -21,9 +21,9 @@ Everything shown is post-processing of the noisy release (no further charge):
 
 * count of observed values: clamped to [0, n] (n: the silo's rows -- or persons --, public
   by the project's assumption that silo sizes are public);
-* mean and standard deviation: `column_stats.moments_from_statistics` (mean clamped to the
-  bounds, std floored at `column_stats.MIN_STD` half-ranges), mapped back to the column's
-  units;
+* mean and standard deviation: as `column_stats.moments_from_statistics` (count clamped to
+  [1, n], mean to the bounds, second moment to [mean², 1]) but without its floor on the
+  std, mapped back to the column's units;
 * histogram: the noisy bin counts clamped at 0;
 * quantiles: **noisy histogram + linear interpolation** (not the exponential mechanism):
   the clamped histogram's cumulative sum, inverted linearly inside the bin where it crosses
@@ -180,7 +180,10 @@ def summarize(released: np.ndarray, lower: np.ndarray, upper: np.ndarray, n: int
         ``std`` (column units), ``histogram`` (B noisy counts clamped at 0), ``quantiles``
         {level: value}.
     """
-    mean_u, std_u = moments_from_statistics(released[:, :MOMENTS], n)
+    mean_u, _ = moments_from_statistics(released[:, :MOMENTS], n)
+    # the std without preprocessing's floor (a first look shows small spreads as they are)
+    count = np.clip(released[:, 0], 1.0, max(float(n), 1.0))
+    std_u = np.sqrt(np.clip(released[:, 2] / count + 1.0, mean_u ** 2, 1.0) - mean_u ** 2)
     half = (upper - lower) / 2
     out = []
     for j in range(released.shape[0]):

@@ -85,7 +85,9 @@ class StatsReport:
         p = self.plan
         return {"columns": p.columns, "bounds": {c: [float(lo), float(hi)] for c, lo, hi
                                                  in zip(p.columns, p.lower, p.upper)},
-                "bins": p.bins, "unit": self.unit, "sensitivity": p.sensitivity,
+                "bins": p.bins, "bin_edges": {c: np.linspace(lo, hi, p.bins + 1).tolist()
+                                              for c, lo, hi in zip(p.columns, p.lower, p.upper)},
+                "unit": self.unit, "sensitivity": p.sensitivity,
                 "mechanism": "Gaussian; quantiles by noisy histogram + linear interpolation",
                 "silos": self.silos, "pooled": self.pooled, "charged": True,
                 "run_id": self.run_id, "budget_store": self.store,
@@ -260,7 +262,8 @@ def federated_stats(cfg: Config, columns: list[str] | None = None,
     pooled = {"n": n_all, "epsilon_charged": 0.0,
               "noise_std": float(np.sqrt(sum((plan.sigmas[n] * plan.sensitivity) ** 2
                                              for n in released))),
-              "note": "sum of the silos' noisy releases (post-processing, no charge)",
+              "note": ("sum of the silos' noisy releases (post-processing, no charge); at the "
+                       "person level a person seen by m silos counts m times"),
               "columns": dict(zip(plan.columns, fed_stats.summarize(
                   np.asarray(total), plan.lower, plan.upper, n_all, qs)))}
     return StatsReport(plan, cfg.privacy.unit, silos, pooled, job.run_id,
