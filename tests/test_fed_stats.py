@@ -204,6 +204,7 @@ def test_person_level_counts_persons_and_json_parses_from_stdout(tmp_path):
     (["--columns", "age", "--epsilon", "-1"], "--epsilon must be a positive"),
     (["--columns", ","], "--columns is empty"),
     (["--bins", "1"], "bins must be"),
+    (["--set", "privacy.enabled=false"], "keep [privacy] enabled"),
 ])
 def test_bad_input_exits_2_and_charges_nothing(tmp_path, args, words):
     schema = tmp_path / "schema.toml"
