@@ -23,7 +23,7 @@ CLI = PKG / "cli"
 
 #: `silofl --help` lists commands first, then groups, each in registration order
 COMMANDS = ["run", "rank", "erosion", "ldp-compare", "contrib", "audit", "account", "sweep",
-            "plot", "report", "predict", "persons", "silo", "silo-worker", "server",
+            "plot", "report", "predict", "persons", "stats", "silo", "silo-worker", "server",
             "schema", "budget", "pandemic", "theory", "deploy"]
 
 

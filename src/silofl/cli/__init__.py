@@ -18,7 +18,7 @@ from silofl.cli.root import app, err
 # `silofl --help` (commands first, then groups), so the import sorter must leave it alone.
 # isort: off
 from silofl.cli import jobs, audit, account, sweeps, schema, predict  # noqa: F401, E402
-from silofl.cli import persons, budget, pandemic, theory, deploy  # noqa: F401, E402
+from silofl.cli import persons, stats, budget, pandemic, theory, deploy  # noqa: F401, E402
 # isort: on
 
 escape_help(app)  # "[budget] store" in a help text prints literally
