@@ -57,7 +57,7 @@ from silofl.runtime.network import consortium, deploy
 from silofl.runtime.network.flower import run_server, run_silo
 from silofl.runtime.network.jobspec import job_algorithm, job_config, job_model
 from silofl.runtime.network.server import load_server_config
-from silofl.runtime.network.silo import load_silo_config
+from silofl.runtime.network.silo_config import load_silo_config
 from silofl.runtime.simulator import simulate
 
 JOB = {"method": "mrmtl", "model": "svm", "lam": 0.1, "batch_size": 64, "lr": 0.01,

@@ -348,7 +348,8 @@ def test_network_silos_track_their_own_clip_as_the_simulator(tmp_path):
     from silofl.privacy.budget import BudgetStore
     from silofl.runtime.network.jobspec import job_algorithm, job_config, job_model
     from silofl.runtime.network.server import ServerProgram, load_server_config
-    from silofl.runtime.network.silo import SiloProgram, load_silo_config
+    from silofl.runtime.network.silo import SiloProgram
+    from silofl.runtime.network.silo_config import load_silo_config
     from test_network import DELTA as NET_DELTA  # tests/ is on the import path
     from test_network import _drive, _store_events, consortium, edit_toml
     fed = load_heart_disease(seed=0).with_targets(PrivacyTarget(1.0, NET_DELTA))

@@ -60,7 +60,7 @@ def test_superlink_clientapp_replayed_messages_train_nothing_uncharged(tmp_path)
     from silofl.privacy.budget import BudgetStore
     from silofl.runtime.network import flower_app
     from silofl.runtime.network.clientapp import client_app
-    from silofl.runtime.network.silo import load_silo_config
+    from silofl.runtime.network.silo_config import load_silo_config
     from test_network_flower import consortium  # tests/ is on the import path
 
     sent: list = []

@@ -106,7 +106,7 @@ def test_a_new_deployment_is_flagged_even_with_another_split_of_the_same_rows(tm
 def test_a_second_deploy_init_of_a_python_federation_is_not_a_new_budget(tmp_path):
     pytest.importorskip("flwr")
     from silofl.runtime.network import consortium, deploy
-    from silofl.runtime.network.silo import load_silo_config
+    from silofl.runtime.network.silo_config import load_silo_config
     fed = deploy.demo_data("heart")  # handed over as a consortium's own federation
     stores = []
     for folder in ("first", "second"):  # the attack: deploy the same silos again elsewhere

@@ -31,7 +31,8 @@ from silofl.runtime.network import deploy
 from silofl.runtime.network import messages as W
 from silofl.runtime.network.jobspec import job_algorithm, job_config, job_model  # noqa: E402
 from silofl.runtime.network.server import ServerProgram, load_server_config  # noqa: E402
-from silofl.runtime.network.silo import SiloProgram, load_silo_config, new_nonce  # noqa: E402
+from silofl.runtime.network.silo import SiloProgram, new_nonce  # noqa: E402
+from silofl.runtime.network.silo_config import load_silo_config
 
 JOB = {"rounds": 3, "lam": 0.5, "lr": 0.1, "batch_size": 16, "local_epochs": 0.5}
 #: each silo's δ as `deploy init` writes it: the simulator's [privacy] delta (one config model)

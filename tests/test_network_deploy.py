@@ -34,7 +34,8 @@ from silofl.privacy.store_paths import default_store_path  # noqa: E402
 from silofl.runtime.network import consortium, deploy  # noqa: E402
 from silofl.runtime.network import messages as W  # noqa: E402
 from silofl.runtime.network.server import JOB_DEFAULTS, ServerProgram, load_server_config  # noqa: E402
-from silofl.runtime.network.silo import SiloProgram, load_silo_config, new_nonce  # noqa: E402
+from silofl.runtime.network.silo import SiloProgram, new_nonce  # noqa: E402
+from silofl.runtime.network.silo_config import load_silo_config
 
 SCHEMA = Path(cli.__file__).parents[1] / "data" / "builtin" / "heart_schema.toml"
 HOSPITALS = ["Cleveland", "Hungary", "VA Long Beach"]

@@ -338,7 +338,7 @@ def test_superlink_route_saves_the_silo_models_and_the_shared_model(tmp_path):
     """The App route saves what `silofl silo` / `silofl server` save (release.py): each
     silo's model and card after its last round, the server's shared model at the end."""
     from silofl.experiments.artifacts import load_run
-    from silofl.runtime.network.silo import load_silo_config
+    from silofl.runtime.network.silo_config import load_silo_config
     program, w = run_loopback(tmp_path, "mrmtl", secagg=False)
     assert program.done == 1
     for name, path in w["silos"].items():

@@ -27,7 +27,8 @@ from silofl.runtime.network import messages as W
 DELTA = deploy.default_delta()  # each silo's δ as `deploy init` writes it
 from silofl.runtime.network.jobspec import check_job, job_algorithm, job_config, job_model  # noqa: E402
 from silofl.runtime.network.server import ServerProgram, load_server_config  # noqa: E402
-from silofl.runtime.network.silo import SiloProgram, load_silo_config, new_nonce  # noqa: E402
+from silofl.runtime.network.silo import SiloProgram, new_nonce  # noqa: E402
+from silofl.runtime.network.silo_config import load_silo_config  # noqa: E402
 from silofl.runtime.simulator import simulate  # noqa: E402
 from test_network import _drive, _store_events  # noqa: E402  (tests/ is on the import path)
 

@@ -355,7 +355,7 @@ def test_predict_names_the_data_file_and_every_missing_column(saved, tmp_path):
 def test_a_second_process_of_one_silo_is_refused_before_it_connects(tmp_path):
     """Two `silofl silo --config same.toml` split the job's rounds between them and both
     saved "the" model into one folder (seen: 5 rounds in one, 4 in the other)."""
-    from silofl.runtime.network.silo import load_silo_config
+    from silofl.runtime.network.silo_config import load_silo_config
     from silofl.runtime.network.silo_lock import hold
     _frame().to_csv(tmp_path / "all.csv", index=False)
     res = _deploy(tmp_path, "--split", str(tmp_path / "all.csv"), "--address",

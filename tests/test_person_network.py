@@ -30,6 +30,7 @@ from silofl.runtime.network import deploy
 from silofl.runtime.plan import TrainingConfig
 from silofl.runtime.simulator import simulate
 from silofl.training.persons import PersonIndex
+from test_network import _store_events  # noqa: E402  (tests/ is on the import path)
 
 DELTA = deploy.default_delta()
 SAME = {"rtol": 1e-12, "atol": 1e-12}
@@ -92,7 +93,8 @@ def _consortium(tmp: Path, fed: Federation | None, job: dict) -> dict:
 
 def _programs(w: dict):
     from silofl.runtime.network.server import ServerProgram, load_server_config
-    from silofl.runtime.network.silo import SiloProgram, load_silo_config
+    from silofl.runtime.network.silo import SiloProgram
+    from silofl.runtime.network.silo_config import load_silo_config
     srv = ServerProgram(load_server_config(w["server"]))
     return srv, {n: SiloProgram(load_silo_config(p)) for n, p in w["silos"].items()}
 
@@ -102,16 +104,6 @@ def _join(srv, s) -> dict:
     from silofl.runtime.network.silo import new_nonce
     return s.join({"protocol": W.PROTOCOL, "kind": "join", "nonce": new_nonce(),
                    "job": W.canonical(srv.job).decode()})
-
-
-def _store_events(path, name) -> tuple[dict, list]:
-    with BudgetStore(path) as store:
-        rows = store.charges(name)
-    out: dict = {}
-    for r in rows:
-        for e, c in events.flatten(events.from_json(r["event"])).items():
-            out[repr(e)] = out.get(repr(e), 0) + c * r["count"]
-    return out, [r["status"] for r in rows]
 
 
 # --- over the network: the silo and server programs equal the simulator ----------------------
@@ -188,7 +180,8 @@ def test_a_restarted_silo_resumes_its_person_level_job(tmp_path):
     srv, silos = _programs(w)
     for s in silos.values():
         srv.accept_join(_join(srv, s))
-    from silofl.runtime.network.silo import SiloProgram, load_silo_config
+    from silofl.runtime.network.silo import SiloProgram
+    from silofl.runtime.network.silo_config import load_silo_config
     for t in (1, 2, 3):
         ups = {}
         for n in list(silos):
@@ -483,7 +476,7 @@ def test_person_job_over_tls_processes_equals_the_simulator(tmp_path):
     pytest.importorskip("flwr")
     from silofl.runtime.network.jobspec import job_algorithm, job_config, job_model
     from silofl.runtime.network.server import load_server_config
-    from silofl.runtime.network.silo import load_silo_config
+    from silofl.runtime.network.silo_config import load_silo_config
     from test_network import WAIT, finish, free_port, generous, serving, silo_params, start
     fed = heart_persons(7)
     from silofl.runtime.network import consortium

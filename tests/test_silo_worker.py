@@ -15,7 +15,7 @@ pytest.importorskip("flwr")
 
 from silofl.runtime.network import silo_worker as SW  # noqa: E402
 from silofl.runtime.network import worker_link as WL  # noqa: E402
-from silofl.runtime.network.silo import load_silo_config  # noqa: E402
+from silofl.runtime.network.silo_config import load_silo_config  # noqa: E402
 from test_network_flower import charged_steps, run_loopback  # noqa: E402
 
 

@@ -38,7 +38,6 @@ from silofl.algorithms import uldp as uldp_alg  # noqa: E402
 from silofl.algorithms.uldp import ULDP  # noqa: E402
 from silofl.data.federation import Federation, Silo  # noqa: E402
 from silofl.errors import ConfigError  # noqa: E402
-from silofl.privacy import events  # noqa: E402
 from silofl.privacy import uldp as uacc  # noqa: E402
 from silofl.privacy.budget import BudgetStore  # noqa: E402
 from silofl.privacy.ledger import tightest  # noqa: E402
@@ -47,8 +46,10 @@ from silofl.runtime.network import deploy, flower_app, release  # noqa: E402
 from silofl.runtime.network import secagg as S  # noqa: E402
 from silofl.runtime.network.jobspec import job_config, job_model  # noqa: E402
 from silofl.runtime.network.server import load_server_config  # noqa: E402
-from silofl.runtime.network.silo import SiloProgram, load_silo_config  # noqa: E402
+from silofl.runtime.network.silo import SiloProgram  # noqa: E402
+from silofl.runtime.network.silo_config import load_silo_config
 from silofl.runtime.simulator import simulate  # noqa: E402
+from test_network import _store_events  # noqa: E402  (tests/ is on the import path)
 
 DIM, K, M = 3, 3, 2
 DELTA = 1e-5
@@ -150,16 +151,6 @@ def spy_quantization(monkeypatch) -> dict:
     return seen
 
 
-def store_events(path, name: str) -> dict:
-    with BudgetStore(path) as store:
-        rows = store.charges(name)
-    out: dict = {}
-    for r in rows:
-        for e, c in events.flatten(events.from_json(r["event"])).items():
-            out[repr(e)] = out.get(repr(e), 0) + c * r["count"]
-    return out
-
-
 def resumed(path) -> SiloProgram:
     s = SiloProgram(load_silo_config(path))
     assert s.resume()
@@ -209,8 +200,8 @@ def test_uldp_over_secagg_equals_the_simulator(tmp_path, monkeypatch, const_nois
     # every silo charged exactly the simulator's events: R rounds of Gaussian(σ*)
     for name, path in w["silos"].items():
         cfg_s = load_silo_config(path)
-        got = store_events(cfg_s.budget_store, name)
-        assert got == store_events(tmp_path / "sim.sqlite", name)
+        got = _store_events(cfg_s.budget_store, name)[0]
+        assert got == _store_events(tmp_path / "sim.sqlite", name)[0]
         assert got == {repr(dpa.GaussianDpEvent(sigma)): R}
 
 
@@ -300,13 +291,13 @@ def test_a_silo_refuses_unmasked_rounds_and_a_smaller_sigma_before_any_charge(tm
     low = {**srv.request("h0", 1), "sigma": s.reported[2] * 0.99}
     rep, u = s.round(low, [srv.message])
     assert rep["status"] == "refused" and "below this silo's own" in rep["reason"]
-    assert all(store_events(load_silo_config(p).budget_store, n) == {}
+    assert all(_store_events(load_silo_config(p).budget_store, n)[0] == {}
                for n, p in w["silos"].items())
     # the consortium's σ (h1's, larger than h0's own) is accepted and charged
     assert srv.consortium_sigma() > s.reported[2]
     rep, u = s.round(srv.request("h0", 1), [srv.message])
     assert rep["status"] == "ok" and u.shape == (1, srv.P)
-    got = store_events(load_silo_config(w["silos"]["h0"]).budget_store, "h0")
+    got = _store_events(load_silo_config(w["silos"]["h0"]).budget_store, "h0")[0]
     assert got == {repr(dpa.GaussianDpEvent(srv.consortium_sigma())): 1}
     # a later round with another σ is refused (one σ per job)
     other = {**srv.request("h0", 2), "sigma": srv.consortium_sigma() * 1.5}
@@ -359,7 +350,7 @@ def test_a_sum_missing_a_silo_is_never_unmasked(tmp_path):
     # shares the server never saw (the reservation precedes the masked upload)
     sigma = prog.consortium_sigma()
     for name, path in w["silos"].items():
-        got = store_events(load_silo_config(path).budget_store, name)
+        got = _store_events(load_silo_config(path).budget_store, name)[0]
         assert got == {repr(dpa.GaussianDpEvent(sigma)): 1 if name == "h0" else 2}
 
 
@@ -408,7 +399,7 @@ def test_a_round_missing_a_share_is_asked_again_and_resent_shares_cost_nothing(
     assert all(r.rounds == [1] for r in prog.silos.values())
     sigma = prog.consortium_sigma()
     for name, path in w["silos"].items():  # one charge each, the resend cost nothing
-        got = store_events(load_silo_config(path).budget_store, name)
+        got = _store_events(load_silo_config(path).budget_store, name)[0]
         assert got == {repr(dpa.GaussianDpEvent(sigma)): 1}
     # two masked uploads by h1 and h2 (first attempt and resend), one by h0
     assert len(seen["ratio"]) == 2 * (K - 1) + 1
@@ -494,7 +485,7 @@ def test_uldp_over_tls_processes_with_secagg(tmp_path):
     real = ServerProgram(load_server_config(out / "server.toml"))  # its checkpoint
     sigma = real.consortium_sigma()
     for name, path in w["silos"].items():
-        got = store_events(load_silo_config(path).budget_store, name)
+        got = _store_events(load_silo_config(path).budget_store, name)[0]
         assert got == {repr(dpa.GaussianDpEvent(sigma)): 2}
     # the same job in process (another folder: its own stores and state)
     loop = run_loopback(tmp_path / "d", consortium(tmp_path / "d", fed, job={"rounds": 2},
@@ -519,4 +510,4 @@ def test_silos_refuse_a_secagg_setup_that_could_unmask_a_partial_sum(tmp_path, m
     prog = run_loopback(tmp_path / "c", w)
     assert prog.done == 0
     for name, path in w["silos"].items():
-        assert store_events(load_silo_config(path).budget_store, name) == {}
+        assert _store_events(load_silo_config(path).budget_store, name)[0] == {}

@@ -285,7 +285,8 @@ def test_one_in_process_driver_runs_the_networked_silo_and_server_programs(tmp_p
     from silofl.runtime.network import messages as W
     from silofl.runtime.network.flower import SiloClient, SiloflStrategy
     from silofl.runtime.network.server import ServerProgram, load_server_config
-    from silofl.runtime.network.silo import SiloProgram, load_silo_config, new_nonce
+    from silofl.runtime.network.silo import SiloProgram, new_nonce
+    from silofl.runtime.network.silo_config import load_silo_config
     job = {"rounds": 2, "lam": 0.5, "lr": 0.1, "batch_size": 16, "local_epochs": 0.5}
     runs = {}
     for how in ("flower", "by_hand"):

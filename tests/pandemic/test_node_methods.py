@@ -371,7 +371,8 @@ def test_networked_graph_job_runs_ifca_like_pipeline_train(tmp_path):
     pytest.importorskip("flwr")
     from silofl.algorithms.ifca import ClusterServer
     from silofl.runtime.network.server import load_server_config
-    from silofl.runtime.network.silo import load_silo_config, open_program
+    from silofl.runtime.network.silo import open_program
+    from silofl.runtime.network.silo_config import load_silo_config
     from test_network import run_regions  # the process helpers
     w = run_regions(tmp_path, {"rounds": 2, "batch_size": 64, "seed": 2, "method": "ifca",
                                "clusters": 2})

@@ -140,7 +140,7 @@ def silo_cmd(config: Path = typer.Option(..., "--config", help="this silo's silo
     """Run one silo: join the server, check every requested round against this silo's own
     budget store, train on its own data only, send back the update."""
     from silofl.runtime.network.flower import run_silo
-    from silofl.runtime.network.silo import load_silo_config
+    from silofl.runtime.network.silo_config import load_silo_config
     from silofl.runtime.network.silo_lock import hold
     with contextlib.ExitStack() as lock:
         try:

@@ -55,7 +55,8 @@ from silofl.runtime.network.flower import (  # noqa: F401
     run_in_process,
 )
 from silofl.runtime.network.server import ServerConfig, ServerProgram
-from silofl.runtime.network.silo import SiloConfig, new_nonce
+from silofl.runtime.network.silo import new_nonce
+from silofl.runtime.network.silo_config import SiloConfig
 
 SILO_FILE = "silo.json"       # the client's own settings (name, ε, δ, noise)
 ROSTER_FILE = "roster.json"   # the server's job and pinned keys

@@ -137,10 +137,8 @@ def _is_secagg(msg) -> bool:
 
 
 def _client_fn(context: Context):
-    from silofl.runtime.network.silo import (  # per message
-        load_silo_config,
-        open_program,
-    )
+    from silofl.runtime.network.silo import open_program  # per message
+    from silofl.runtime.network.silo_config import load_silo_config
     path = context.node_config.get("silo-config")
     if not path:
         raise ConfigError("this SuperNode has no silo config: start it with --node-config "

@@ -48,7 +48,8 @@ from silofl.errors import ConfigError, SiloflError
 from silofl.runtime.network import messages as W
 from silofl.runtime.network.clientapp import SiloClient
 from silofl.runtime.network.server import ServerConfig, ServerProgram
-from silofl.runtime.network.silo import SiloConfig, SiloProgram, new_nonce, open_program
+from silofl.runtime.network.silo import SiloProgram, new_nonce, open_program
+from silofl.runtime.network.silo_config import SiloConfig
 
 log = logging.getLogger("flwr.silofl")  # through Flower's handlers
 

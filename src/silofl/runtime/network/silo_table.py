@@ -258,7 +258,7 @@ def _placeholder(schema: Schema) -> RawFederation:
 
 
 class TableSilo(Protocol):
-    """What the table hooks read of a silo's configuration (`silo.SiloConfig`)."""
+    """What the table hooks read of a silo's configuration (`silo_config.SiloConfig`)."""
 
     @property
     def name(self) -> str: ...

@@ -132,7 +132,7 @@ def main(argv: list[str] | None = None) -> None:
     a = ap.parse_args(argv)
     from silofl.errors import SiloflError
     try:
-        from silofl.runtime.network.silo import load_silo_config
+        from silofl.runtime.network.silo_config import load_silo_config
         load_silo_config(a.config)   # a bad config fails here, not at the first message
         import silofl.runtime.network.clientapp  # noqa: F401 - the imports it saves
         srv = listen(a.config)
