@@ -326,7 +326,9 @@ def pandemic_audit(data: Path = typer.Option(..., "--data", help="directory of t
             rep = audit_pandemic(ds, cfg, region=region, kind=kind, canaries=canaries,
                                  contacts=contacts, runs=runs, confidence=confidence,
                                  store=st, view=view, on_progress=lambda d, t: prog.update(
-                                     task, completed=d, total=t))
+                                     task, completed=d, total=t),
+                                 # a seeded experiment reproduces its canaries and coins too
+                                 seed=seed if noise == "seeded" else None)
         files = write_audit(rep, dest)
     except SiloflError as e:
         _fail(e)
