@@ -25,6 +25,7 @@ __all__ = [
     "PrivacyConfig",
     "SiloPrivacy",
     "TrainingSection",
+    "TreesConfig",
     "TuningConfig",
     "check_privacy_target",
     "config_from_dict",
@@ -190,6 +191,31 @@ class TrainingSection(Section):
         return float(value)
 
 
+class TreesConfig(Section):
+    """[trees]: the settings of method ``dp_gbdt`` (DP federated gradient-boosted trees,
+    `silofl.algorithms.dp_gbdt`); validated where the method is built."""
+
+    section: ClassVar[str] = "trees"
+    trees: int = 20                # T shared trees
+    depth: int = 3                 # D, depth of every tree
+    n_bins: int = 16               # bins per feature
+    bins: str = "schema"           # schema (declared bounds: free) | private (quantiles, charged)
+    bins_share: float = 0.1        # bins = "private": share of each silo's ε for the bins
+    lr: float = 0.3                # η, shrinkage of every leaf
+    lam: float = 1.0               # λ, L2 regularisation of the leaves
+    clip_g: float = 1.0            # G: per-example gradient clipped to [-G, G]
+    clip_h: float | str = "auto"   # H: hessian clipped to [0, H]; auto: 1/4 binary, 1 regression
+    subsample: float = 1.0         # Poisson row-sampling rate per tree (amplification counted)
+    colsample: float = 1.0         # share of features per tree (public randomness)
+    min_child_hessian: float = 1.0  # smallest noisy Σh of a child
+    max_leaf: float | str = "auto"  # leaf clamp before η; auto: 4 binary, G regression
+    base_score: float = 0.0        # public starting margin
+    splits: str = "histogram"      # histogram (noisy level histograms) | random (public)
+    local_trees: int = 0           # personalization: trees each silo grows alone afterwards
+    shrink: float | str = "off"    # personal leaves: off | μ ≥ 0 (MR-MTL shrinkage of each
+                                   # silo's own leaf values towards the shared ones) | auto
+
+
 class SiloPrivacy(Section):
     section: ClassVar[str] = "privacy.silos"
     epsilon: float | None = None
@@ -332,6 +358,8 @@ class Config(Section):
         [audit]: `silofl audit`'s options.
     erosion : ErosionSection
         [erosion]: `silofl erosion`'s options.
+    trees : TreesConfig
+        [trees]: the settings of method ``dp_gbdt`` (federated trees).
     """
 
     section: ClassVar[str] = ""
@@ -344,6 +372,7 @@ class Config(Section):
     tuning: TuningConfig = Field(default_factory=TuningConfig)
     audit: AuditSection = Field(default_factory=AuditSection)
     erosion: ErosionSection = Field(default_factory=ErosionSection)
+    trees: TreesConfig = Field(default_factory=TreesConfig)
 
     @model_validator(mode="after")
     def _lifetime_in_range(self) -> Config:
@@ -366,7 +395,7 @@ class Config(Section):
         """
         d = self.model_dump()
         for key, cls in (("tuning", TuningConfig), ("audit", AuditSection),
-                         ("erosion", ErosionSection)):
+                         ("erosion", ErosionSection), ("trees", TreesConfig)):
             if getattr(self, key) == cls():  # older configs (and fingerprints) lack them
                 d.pop(key)
         for key in ("sep", "encoding", "drop"):  # likewise the table reading options
