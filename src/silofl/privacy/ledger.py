@@ -167,14 +167,16 @@ class Ledger:
             self._sync()
             self._check(self._spent + added, f"{label} in round {round}")
 
-    def charge(self, event: dpa.DpEvent, *, round: int = -1, label: str = "dpsgd") -> None:
+    def charge(self, event: dpa.DpEvent, *, round: int = -1, label: str = "dpsgd",
+               hook: bool = True) -> None:
         """Record `event` as about to be executed; raise BudgetExceeded instead if it
-        would exceed the budget. Call this before touching the silo's data."""
+        would exceed the budget. Call this before touching the silo's data. `hook=False`:
+        the caller already ran `on_charge` for it (`charge_all`)."""
         added = events.flatten(event)
         if not self._covered_after(added):
             self._sync()
             self._check(self._spent + added, f"{label} in round {round}")
-        if self.on_charge is not None:
+        if hook and self.on_charge is not None:
             self.on_charge(event, round, label)
         self._pending.append(added)
         for e, c in added.items():
@@ -230,3 +232,33 @@ class Ledger:
                 "within_target": eps <= self.target.epsilon,
                 "events": [{"count": c, "event": events.to_dict(e)}
                            for e, c in self._spent.items()]}
+
+
+def charge_all(ledgers: list[Ledger], evs: list, *, round: int, label: str) -> None:
+    """Charge ledger j the event evs[j], all or none: every ledger is checked first. When
+    all the ledgers' `on_charge` hooks share one ``many`` (a job's store: see
+    `runtime.job`), the round's charges reach it in one call — one store transaction —
+    before any ledger records them, so the store still hears of every charge before the
+    caller reads data.
+
+    Parameters
+    ----------
+    ledgers : list of Ledger
+        The silos' ledgers.
+    evs : list of dp_accounting.DpEvent
+        One event per ledger.
+    round : int
+        The round the charges belong to.
+    label : str
+        The ledger label.
+    """
+    pairs = list(zip(ledgers, evs, strict=True))
+    for ledger, event in pairs:
+        ledger.check(event, round=round, label=label)
+    many: Callable | None = getattr(pairs[0][0].on_charge, "many", None) if pairs else None
+    batched = many is not None and all(
+        getattr(led.on_charge, "many", None) == many for led, _ in pairs)
+    if many is not None and batched:
+        many([(led.on_charge, event, round, label) for led, event in pairs])
+    for ledger, event in pairs:
+        ledger.charge(event, round=round, label=label, hook=not batched)
