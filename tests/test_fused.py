@@ -45,7 +45,7 @@ def _trainer(model_name: str, private: bool, seed: int, *, sizes=(60, 90, 75), d
 def test_fused_pass_equals_the_general_path_on_the_same_draws(monkeypatch, model_name,
                                                              private):
     """Seeded, both paths draw the same batches and noise in the same order, so a pass
-    (pull, l2, unequal steps, a silo subset) must give the same parameters up to the
+    (pull, l2, unequal steps, a silo subset, an algorithm's own step) must give the same parameters up to the
     float32 logits and sums (rtol 1e-4) — and the fused path must be the one taken."""
     rng = np.random.default_rng(0)
     W0 = rng.normal(size=(3, 5)) * 0.3
@@ -53,18 +53,23 @@ def test_fused_pass_equals_the_general_path_on_the_same_draws(monkeypatch, model
     taken = []
     orig = fused.run_pass
     monkeypatch.setattr(fused, "run_pass", lambda *a, **k: taken.append(1) or orig(*a, **k))
-    for silos in (None, np.array([True, False, True])):
+    def own_step(active, W, g):  # an algorithm's own step (post-processing of ĝ)
+        return 0.9 * W - 0.2 * g + 0.01 * active[:, None]
+
+    cases = [(None, None), (np.array([True, False, True]), None), (None, own_step)]
+    for silos, step in cases:
         a = _trainer(model_name, private, seed=5)
-        Wa = a.run(W0, anchor=anchor, lam=np.array([0.2, 0.5, 0.1]), round=1, silos=silos)
+        Wa = a.run(W0, anchor=anchor, lam=np.array([0.2, 0.5, 0.1]), round=1, silos=silos,
+                   step=step)
         with monkeypatch.context() as m:
             m.setattr(fused, "applies", lambda *a, **k: False)
             b = _trainer(model_name, private, seed=5)
             Wb = b.run(W0, anchor=anchor, lam=np.array([0.2, 0.5, 0.1]), round=1,
-                       silos=silos)
+                       silos=silos, step=step)
         np.testing.assert_allclose(Wa, Wb, rtol=1e-4, atol=1e-6)
         np.testing.assert_array_equal(a.steps_done, b.steps_done)
         assert not np.array_equal(Wa, W0)
-    assert len(taken) == 2
+    assert len(taken) == len(cases)
 
 
 def test_fused_released_sum_has_theoretical_mean_and_variance():
@@ -75,13 +80,15 @@ def test_fused_released_sum_has_theoretical_mean_and_variance():
     n, b, C, sigma, d = 50, 10.0, 0.5, 1.3, 3
     x = np.array([2.0, -1.0, 0.5])
     data = SiloArrays.stack([np.tile(x, (n, 1))], [np.full(n, 4.0)])
+    R = 4000  # steps of one pass: each an independent Poisson batch and noise draw
     tr = LocalTrainer(model=make_model("linear", d), data=data,
                       rule=GradientRule(C, np.array([sigma])), batch_size=b,
-                      steps_per_round=np.array([1]), lr=1.0, l2=0.0,
+                      steps_per_round=np.array([R]), lr=1.0, l2=0.0,
                       rng=Randomness.seeded(11), ledgers=[Ledger("s", PrivacyTarget(1e9, 0.1))])
     assert fused.applies(tr, SiloArrays.gather, None)
-    R = 4000
-    out = np.stack([-tr.run(np.zeros((1, d + 1)), round=r)[0] for r in range(R)])  # g
+    seen = []
+    tr.run(np.zeros((1, d + 1)), step=lambda active, W, g: seen.append(g[0].copy()) or W)
+    out = np.stack(seen)  # the released estimates ĝ at w = 0
     xb = np.append(x, 1.0)
     v = -4.0 * xb  # residual z − y = −4 at w = 0
     v *= clip_bound(C) / np.linalg.norm(v)

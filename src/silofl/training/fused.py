@@ -156,28 +156,51 @@ def run_pass(trainer: LocalTrainer, W: np.ndarray, ids: np.ndarray, steps: np.nd
     """
     private = trainer.rule.private
     flat, targets, bound = prepare(trainer, ids, *draws)
-    inv_batch = 1.0 / trainer.expected_batch[ids]
+    lr = trainer.lr if step is None else 1.0  # folded into the scale: w − lr·ĝ in one op
+    scale = lr / trainer.expected_batch[ids]
+    keep, shift = _plain_update(trainer, len(W), pull)
     gather, model = trainer.data.gather_rows, trainer.model
-    P = W.shape[1]
-    everyone = len(ids) == len(W)
+    P, everyone, all_step = W.shape[1], len(ids) == len(W), int(steps.min())
     for s in range(flat.shape[0]):
-        pos = slice(None) if steps.min() > s else np.flatnonzero(steps > s)
+        pos = slice(None) if s < all_step else np.flatnonzero(steps > s)
         active = ids if isinstance(pos, slice) else ids[pos]
         sel = slice(None) if everyone and isinstance(pos, slice) else active
         Xb = gather(flat[s, pos])[..., :P]  # (k, M, d + 1): [x, 1]
         Ws = W[sel]
         z = np.matmul(Xb, Ws.astype(np.float32)[:, :, None])[..., 0]
         coef = clipped_coef(model.residual_step(z, targets[s, pos]), bound[s, pos], private)
-        g = np.matmul(coef[:, None, :], Xb)[:, 0].astype(np.float64)  # (k, P) clipped sum
+        g32 = np.matmul(coef[:, None, :], Xb)[:, 0]  # (k, P) the clipped sum
         if noise is not None:
             z_all, off = noise
-            g += z_all[off[s]:off[s + 1]]
-        g *= inv_batch[pos, None]
-        if trainer.l2:
-            g += trainer.l2 * Ws
-        if pull is not None:
-            anchor, lam = pull
-            g += (lam if isinstance(lam, float) else lam[sel]) * (Ws - anchor[sel])
-        W[sel] = Ws - trainer.lr * g if step is None else step(active, Ws, g)
-        trainer.steps_done[sel] += 1
+            g = np.add(g32, z_all[off[s]:off[s + 1]])
+            g *= scale[pos, None]
+        else:
+            g = g32 * scale[pos, None]
+        if step is None:  # keep·w + lr·λ·anchor − lr·ĝ = w − lr·(ĝ + l2·w + λ(w − anchor))
+            new = Ws * keep[sel] if keep is not None else Ws.copy()
+            if shift is not None:
+                new += shift[sel]
+            new -= g
+            W[sel] = new
+        else:  # the algorithm's step sees ĝ + l2·w + λ(w − anchor), as on the general path
+            if trainer.l2:
+                g += trainer.l2 * Ws
+            if pull is not None:
+                anchor, lam = pull
+                g += (lam if isinstance(lam, float) else lam[sel]) * (Ws - anchor[sel])
+            W[sel] = step(active, Ws, g)
+    trainer.steps_done[ids] += steps
     return W
+
+
+def _plain_update(trainer: LocalTrainer, K: int,
+                  pull: tuple[np.ndarray, np.ndarray | float] | None
+                  ) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """The gradient step's parameter-free parts: keep = 1 − lr·(l2 + λ) (K, 1) and
+    shift = lr·λ·anchor (K, P); None where they do nothing (no l2, no pull)."""
+    lam = 0.0 if pull is None else pull[1]
+    if not trainer.l2 and pull is None:
+        return None, None
+    keep = np.broadcast_to(1.0 - trainer.lr * (trainer.l2 + np.asarray(lam, dtype=float)),
+                           (K, 1))
+    return keep, None if pull is None else trainer.lr * np.asarray(lam) * pull[0]
