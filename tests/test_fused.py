@@ -178,6 +178,8 @@ def test_charge_all_is_all_or_none():
     ev = tr.round_events()[0]
     with pytest.raises(BudgetExceeded):
         charge_all([rich, poor], [ev, ev], round=1, label="dpsgd")
+    with pytest.raises(BudgetExceeded):
+        charge_all([poor, rich], [ev, ev], round=1, label="dpsgd")
     assert not rich.entries and not poor.entries and not recorded
     charge_all([rich], [ev], round=1, label="dpsgd")
     assert len(rich.entries) == 1 and len(recorded) == 1 and len(recorded[0]) == 1

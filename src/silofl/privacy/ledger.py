@@ -238,8 +238,10 @@ def charge_all(ledgers: list[Ledger], evs: list, *, round: int, label: str) -> N
     """Charge ledger j the event evs[j], all or none: every ledger is checked first. When
     all the ledgers' `on_charge` hooks share one ``many`` (a job's store: see
     `runtime.job`), the round's charges reach it in one call — one store transaction —
-    before any ledger records them, so the store still hears of every charge before the
-    caller reads data.
+    right after the ledgers recorded them, so the store still hears of every charge
+    before the caller reads data. (Ledgers first: an interrupt between the two leaves
+    the ledgers ahead, and settling counts what they hold; the store alone ahead would
+    settle above the ledger files by up to a round.)
 
     Parameters
     ----------
@@ -258,7 +260,7 @@ def charge_all(ledgers: list[Ledger], evs: list, *, round: int, label: str) -> N
     many: Callable | None = getattr(pairs[0][0].on_charge, "many", None) if pairs else None
     batched = many is not None and all(
         getattr(led.on_charge, "many", None) == many for led, _ in pairs)
-    if many is not None and batched:
-        many([(led.on_charge, event, round, label) for led, event in pairs])
     for ledger, event in pairs:
         ledger.charge(event, round=round, label=label, hook=not batched)
+    if many is not None and batched:
+        many([(led.on_charge, event, round, label) for led, event in pairs])
