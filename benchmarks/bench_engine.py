@@ -2,16 +2,23 @@
 
 1. The Vehicle-like workload — 23 silos, n_k spread over 872..1933, d = 100, linear SVM,
    b = 64, C = 6, σ = 1, 400 rounds of 1 local epoch, MR-MTL — with DP and secure noise
-   (the deployment default; drawn a round ahead in a background thread, and drawn in the
-   foreground for comparison), with DP and seeded noise, and without DP, in the same
-   process, interleaved, best of 3. Target: secure DP ≤ 1.3× non-private; a few seconds.
-   Also printed: the noise draws alone (per-round blocks as training draws them: secure
-   ≈ 20M values, the rows used; seeded the full ≈ 28M block) and the time the privacy
-   ledgers take inside the DP run.
+   drawn ahead in a background thread, and drawn in the foreground (the default where no
+   core is spare, `privacy.randomness.spare_core`: usable CPUs − workers ≥ 2), with DP and
+   seeded noise, and without DP, in the same process, interleaved, best of 3. Target:
+   secure DP ≤ 1.15× non-private. Also printed: the noise draws alone (per-round blocks as
+   training draws them: secure ≈ 20M values, the rows used; seeded the full ≈ 28M block)
+   and the time the privacy ledgers take inside the DP run.
 2. Time to calibrate σ for all 139 School silos (own n_k, b = 32, 200 rounds, ε = 1,
    δ = 1e-3). Target ≤ 5 s.
 
-Run: .venv/bin/python benchmarks/bench_engine.py [--rounds 400]
+`--paired N` instead compares today's main (`--old-src`, default /work/main/src) with this
+tree: fresh processes alternate old, new, new, old, … (N of each), each timing secure DP
+(foreground, and drawn ahead) and non-private back to back after a warm-up; it prints
+the median and range of each ratio over the pairs (wall and CPU seconds). On a shared
+machine absolute seconds swing with the load; ratios within a process and between
+adjacent processes much less.
+
+Run: .venv/bin/python benchmarks/bench_engine.py [--rounds 400] [--paired 5]
 """
 
 from __future__ import annotations
@@ -207,14 +214,22 @@ def paired(rounds: int, pairs: int, old_src: str) -> None:
                   f"   pooled accuracy {np.median([g[label][1] for g in got[tree]]):.4f}")
     o, n = got["old"], got["new"]
     fg, np_, bg = runs
-    for name, xs in (
-            ("new secure DP (foreground) / new non-private", [g[fg][0] / g[np_][0] for g in n]),
-            ("new secure DP (prefetch) / new non-private", [g[bg][0] / g[np_][0] for g in n]),
-            ("old secure DP (foreground) / old non-private", [g[fg][0] / g[np_][0] for g in o]),
-            ("new non-private / old non-private", [b[np_][0] / a[np_][0] for a, b in zip(o, n)]),
-            ("new secure DP / old secure DP (foreground)",
-             [b[fg][0] / a[fg][0] for a, b in zip(o, n)])):
-        print(f"  {name:48s} {stat(xs)}")
+    for what, m in (("wall", 0), ("CPU", 2)):
+        print(f"  ratios of {what} seconds, median [min–max] over the pairs:")
+        for name, xs in (
+                ("new secure DP (foreground) / new non-private",
+                 [g[fg][m] / g[np_][m] for g in n]),
+                ("new secure DP (drawn ahead) / new non-private",
+                 [g[bg][m] / g[np_][m] for g in n]),
+                ("old secure DP (foreground) / old non-private",
+                 [g[fg][m] / g[np_][m] for g in o]),
+                ("old secure DP (drawn ahead) / old non-private",
+                 [g[bg][m] / g[np_][m] for g in o]),
+                ("new non-private / old non-private",
+                 [b[np_][m] / a[np_][m] for a, b in zip(o, n)]),
+                ("new secure DP / old secure DP (foreground)",
+                 [b[fg][m] / a[fg][m] for a, b in zip(o, n)])):
+            print(f"    {name:48s} {stat(xs)}")
     print(f"  (this machine: {os.cpu_count()} CPUs shared with other jobs; load average "
           f"{os.getloadavg()[0]:.1f} at the end: absolute seconds are noisy, ratios less so)")
 

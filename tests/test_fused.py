@@ -183,3 +183,21 @@ def test_charge_all_is_all_or_none():
     assert not rich.entries and not poor.entries and not recorded
     charge_all([rich], [ev], round=1, label="dpsgd")
     assert len(rich.entries) == 1 and len(recorded) == 1 and len(recorded[0]) == 1
+
+
+@pytest.mark.parametrize("private", [True, False])
+def test_fused_gradients_equal_the_general_path(monkeypatch, private):
+    """`LocalTrainer.gradients` (Weight Erosion's release), all silos or a subset: the
+    fused estimate equals the general path's on the same draws (rtol 1e-4); the silos
+    left out are NaN and not counted."""
+    W = np.random.default_rng(1).normal(size=(3, 5))
+    for silos in (None, np.array([False, True, True])):
+        a = _trainer("logistic", private, seed=9)
+        ga = a.gradients(W, round=1, silos=silos)
+        with monkeypatch.context() as m:
+            m.setattr(fused, "applies", lambda *a, **k: False)
+            b = _trainer("logistic", private, seed=9)
+            gb = b.gradients(W, round=1, silos=silos)
+        np.testing.assert_allclose(ga, gb, rtol=1e-4, atol=1e-6)
+        np.testing.assert_array_equal(a.steps_done, b.steps_done)
+        assert np.isnan(ga).any() == (silos is not None)

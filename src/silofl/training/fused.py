@@ -96,8 +96,11 @@ def prepare(trainer: LocalTrainer, ids: np.ndarray, idx: np.ndarray,
     targets = trainer.model.step_targets(aux[..., 1])
     if not trainer.rule.private:
         return flat, targets, mask.astype(np.float32)
-    xnorm = np.sqrt(aux[..., 0].astype(np.float64) + 1.0)  # ‖[x, 1]‖; inf → bound 0
-    bound = (mask * clip_bound(trainer.rule.clip) / xnorm).astype(np.float32)
+    # float32 throughout: ‖[x, 1]‖ (an overflowing ‖x‖² gives inf → bound 0) and the
+    # bound, a few roundings of 2⁻²⁴ each, well inside clip_bound's margin of 2⁻²⁰
+    xnorm = np.sqrt(aux[..., 0] + np.float32(1.0))
+    bound = np.multiply(mask, np.float32(clip_bound(trainer.rule.clip)), dtype=np.float32)
+    bound /= xnorm
     return flat, targets, bound
 
 
@@ -204,3 +207,38 @@ def _plain_update(trainer: LocalTrainer, K: int,
     keep = np.broadcast_to(1.0 - trainer.lr * (trainer.l2 + np.asarray(lam, dtype=float)),
                            (K, 1))
     return keep, None if pull is None else trainer.lr * np.asarray(lam) * pull[0]
+
+
+def gradients(trainer: LocalTrainer, W: np.ndarray, ids: np.ndarray, idx: np.ndarray,
+              mask: np.ndarray, noise: np.ndarray | None) -> np.ndarray:
+    """`LocalTrainer.gradients` fused (already charged and drawn): one step's estimate
+    ĝ + l2·w per silo of `ids`, the same arithmetic as a pass's step.
+
+    Parameters
+    ----------
+    trainer : LocalTrainer
+        `applies` holds for it.
+    W : numpy.ndarray
+        Shape (K, P), not changed.
+    ids : numpy.ndarray
+        Shape (k,), the silos taking part, ascending.
+    idx, mask : numpy.ndarray
+        Shape (k, M): their Poisson batches.
+    noise : numpy.ndarray or None
+        Shape (k, P), their noise at std σ·C (None: non-private).
+
+    Returns
+    -------
+    numpy.ndarray
+        Shape (K, P); the rows of silos not in `ids` are NaN.
+    """
+    out = np.full(W.shape, np.nan)
+
+    def keep(active: np.ndarray, Ws: np.ndarray, g: np.ndarray) -> np.ndarray:
+        out[active] = g
+        return Ws
+
+    z = None if noise is None else (noise, np.array([0, len(ids)]))
+    run_pass(trainer, np.array(W, dtype=float), ids, np.ones(len(ids), dtype=np.int64),
+             (idx[None], mask[None]), z, None, keep)
+    return out

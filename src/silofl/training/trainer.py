@@ -421,6 +421,8 @@ class LocalTrainer:
             noise, _ = round_noise(self.rng, np.ones(K, dtype=np.int64),
                                    self.rule.draw_std(), W.shape[1])
         everyone = np.arange(K)
+        if fused.applies(self, _PLAIN_GATHER, None):
+            return fused.gradients(self, W, everyone, idx, mask, noise)
         X, y, sq, mask = self._read(everyone, idx, mask)
         g = self.rule(self.model, W, X, y, mask, self.expected_batch, everyone, self.rng,
                       noise=noise, x_sqnorm=sq)
@@ -442,6 +444,10 @@ class LocalTrainer:
         if self.rule.private:
             noise, _ = round_noise(self.rng, np.ones(ids.size, dtype=np.int64),
                                    self.rule.draw_std()[ids], W.shape[1])
+        if fused.applies(self, _PLAIN_GATHER, None):
+            g = fused.gradients(self, W, ids, idx, mask, noise)
+            out[ids] = g[ids]
+            return out
         X, y, sq, mask = self._read(ids, idx, mask)
         g = self.rule(self.model, W[ids], X, y, mask, self.expected_batch[ids], ids,
                       self.rng, noise=noise, x_sqnorm=sq)
