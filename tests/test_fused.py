@@ -201,3 +201,15 @@ def test_fused_gradients_equal_the_general_path(monkeypatch, private):
         np.testing.assert_allclose(ga, gb, rtol=1e-4, atol=1e-6)
         np.testing.assert_array_equal(a.steps_done, b.steps_done)
         assert np.isnan(ga).any() == (silos is not None)
+
+
+def test_poisson_rows_put_the_batch_first():
+    """The fused pass reads each step up to its widest batch only: a row's sampled
+    indices must be a prefix of it (also for rows extended past the first width)."""
+    from silofl.training.sampling import poisson_batches
+    n = np.array([5, 400, 3000, 1])
+    idx, mask = poisson_batches(np.tile(n, 50), np.tile([1.0, 0.3, 0.02, 0.5], 50),
+                                Randomness.seeded(4))
+    first_gap = np.argmin(np.c_[mask, np.zeros(len(mask), bool)], axis=1)
+    assert np.array_equal(first_gap, mask.sum(1))
+    assert np.all(np.diff(np.where(mask, idx, np.iinfo(np.int64).max), axis=1)[mask[:, 1:]] > 0)

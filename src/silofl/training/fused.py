@@ -164,14 +164,18 @@ def run_pass(trainer: LocalTrainer, W: np.ndarray, ids: np.ndarray, steps: np.nd
     keep, shift = _plain_update(trainer, len(W), pull)
     gather, model = trainer.data.gather_rows, trainer.model
     P, everyone, all_step = W.shape[1], len(ids) == len(W), int(steps.min())
+    # a batch's rows come first in its row of idx: each step reads its widest batch only
+    widths = draws[1].sum(axis=2).max(axis=1).tolist()
     for s in range(flat.shape[0]):
         pos = slice(None) if s < all_step else np.flatnonzero(steps > s)
         active = ids if isinstance(pos, slice) else ids[pos]
         sel = slice(None) if everyone and isinstance(pos, slice) else active
-        Xb = gather(flat[s, pos])[..., :P]  # (k, M, d + 1): [x, 1]
+        cols = slice(0, widths[s])
+        Xb = gather(flat[s, pos, cols])[..., :P]  # (k, M_s, d + 1): [x, 1]
         Ws = W[sel]
         z = np.matmul(Xb, Ws.astype(np.float32)[:, :, None])[..., 0]
-        coef = clipped_coef(model.residual_step(z, targets[s, pos]), bound[s, pos], private)
+        coef = clipped_coef(model.residual_step(z, targets[s, pos, cols]),
+                            bound[s, pos, cols], private)
         g32 = np.matmul(coef[:, None, :], Xb)[:, 0]  # (k, P) the clipped sum
         if noise is not None:
             z_all, off = noise
