@@ -516,8 +516,9 @@ class LocalTrainer:
         the per-example gradient is clipped on them alone (`GradientRule`), a pass charged
         like any other."""
         label = self.label if label is None else label
-        if coords is not None:
+        if coords is not None:  # every coordinate: the ordinary pass
             coords = self._check_coords(coords, np.shape(W0)[-1])
+            coords = None if coords.all() else coords
         ids = self._subset(silos)
         if ids is None:
             self.charge(round, label)
