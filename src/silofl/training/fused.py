@@ -31,10 +31,12 @@ from typing import Any
 import numpy as np
 
 from silofl.privacy.clipping import clip_bound
+from silofl.training import dpsgd
 from silofl.training.dpsgd import GradientRule
 
-#: the unpatched rule: an instrumented one (a test's spy) is honoured by the general path
-_PLAIN_RULE = GradientRule.__call__
+#: the general path's steps as shipped: where one is replaced (a test's spy, an audit's
+#: injected bug) the pass takes the general path, so the replacement is what runs
+_PLAIN_STEPS = (GradientRule.__call__, dpsgd.clip_and_sum, dpsgd.scale)
 #: a `training.trainer.LocalTrainer` (not imported: the trainer imports this module)
 LocalTrainer = Any
 #: `training.trainer.StepRule`: (silos (k,), W (k, P), noised g (k, P)) → new W (k, P)
@@ -60,7 +62,7 @@ def applies(trainer: LocalTrainer, plain_gather: object, coords: np.ndarray | No
     """
     rule, model, data = trainer.rule, trainer.model, trainer.data
     return (coords is None and type(rule) is GradientRule and rule.adaptive is None
-            and GradientRule.__call__ is _PLAIN_RULE
+            and (GradientRule.__call__, dpsgd.clip_and_sum, dpsgd.scale) == _PLAIN_STEPS
             and rule.probe is None and getattr(model, "outputs", 0) == 1
             and hasattr(model, "residual_step") and getattr(data, "rows", None) is not None
             and getattr(type(data), "gather", None) is plain_gather
