@@ -213,3 +213,20 @@ def test_poisson_rows_put_the_batch_first():
     first_gap = np.argmin(np.c_[mask, np.zeros(len(mask), bool)], axis=1)
     assert np.array_equal(first_gap, mask.sum(1))
     assert np.all(np.diff(np.where(mask, idx, np.iinfo(np.int64).max), axis=1)[mask[:, 1:]] > 0)
+
+
+@pytest.mark.parametrize("model_name", ["linear", "logistic", "svm", "focal"])
+def test_residual_step_is_the_residual(model_name):
+    """The fused residual from prepared labels equals the model's residual (float32
+    rounding: rtol 1e-6), margins at the hinge and NaN logits included."""
+    model = make_model(model_name, 2)
+    rng = np.random.default_rng(6)
+    y = (rng.random(400) < 0.5).astype(np.float32)
+    if model_name == "linear":
+        y = rng.normal(size=400).astype(np.float32)
+    z = rng.normal(size=400).astype(np.float32) * 3
+    z[:20] = 2 * y[:20] - 1  # exactly on the hinge: s·z = 1
+    z[20] = np.nan
+    got = model.residual_step(z, model.step_targets(y))
+    want = model.residual(z.astype(np.float64), y.astype(np.float64))
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7, equal_nan=True)

@@ -242,12 +242,16 @@ class LinearSVM(GLM):
         return np.where(s * z < 1, -s, 0.0)
 
     def step_targets(self, y: np.ndarray) -> np.ndarray:
-        """The signs s = 2y − 1 (±1), once per round."""
-        return 2 * y - 1
+        """The negated signs −s = 1 − 2y (∓1), once per round."""
+        return 1 - 2 * y
 
     def residual_step(self, z: np.ndarray, t: np.ndarray) -> np.ndarray:
-        """−s where the margin s·z < 1, else 0 (s = `step_targets`)."""
-        return np.where(t * z < 1, -t, 0)
+        """−s where the margin s·z < 1, else 0 (t = −s, `step_targets`; a NaN z gives 0,
+        as in `residual`): three in-place passes."""
+        m = t * z
+        np.greater(m, -1, out=m)  # −s·z > −1 ⟺ s·z < 1, written as 1.0 / 0.0
+        m *= t
+        return m
 
     def loss_from_logits(self, z: np.ndarray, y: np.ndarray) -> np.ndarray:
         return np.maximum(0.0, 1 - (2 * y - 1) * z)
