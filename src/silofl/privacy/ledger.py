@@ -99,6 +99,8 @@ class Ledger:
     # and no event is hashed (dp_accounting events hash recursively, which dominated).
     _by_id: dict = field(default_factory=dict, repr=False)  # id → [event, spent, verified]
     _pending: list = field(default_factory=list, repr=False)  # charges not yet in _spent
+    #: inside `charge_all`: the round's hooks run together there (one store transaction)
+    _batched: bool = field(default=False, repr=False, compare=False)
 
     def __getstate__(self) -> dict:
         """Pickled (checkpointed results) without the store hook: a connection is not
@@ -167,16 +169,14 @@ class Ledger:
             self._sync()
             self._check(self._spent + added, f"{label} in round {round}")
 
-    def charge(self, event: dpa.DpEvent, *, round: int = -1, label: str = "dpsgd",
-               hook: bool = True) -> None:
+    def charge(self, event: dpa.DpEvent, *, round: int = -1, label: str = "dpsgd") -> None:
         """Record `event` as about to be executed; raise BudgetExceeded instead if it
-        would exceed the budget. Call this before touching the silo's data. `hook=False`:
-        the caller already ran `on_charge` for it (`charge_all`)."""
+        would exceed the budget. Call this before touching the silo's data."""
         added = events.flatten(event)
         if not self._covered_after(added):
             self._sync()
             self._check(self._spent + added, f"{label} in round {round}")
-        if hook and self.on_charge is not None:
+        if self.on_charge is not None and not self._batched:
             self.on_charge(event, round, label)
         self._pending.append(added)
         for e, c in added.items():
@@ -261,6 +261,10 @@ def charge_all(ledgers: list[Ledger], evs: list, *, round: int, label: str) -> N
     batched = many is not None and all(
         getattr(led.on_charge, "many", None) == many for led, _ in pairs)
     for ledger, event in pairs:
-        ledger.charge(event, round=round, label=label, hook=not batched)
+        ledger._batched = batched
+        try:
+            ledger.charge(event, round=round, label=label)
+        finally:
+            ledger._batched = False
     if many is not None and batched:
         many([(led.on_charge, event, round, label) for led, event in pairs])
