@@ -17,6 +17,7 @@ meets its own target.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -55,6 +56,31 @@ class GbdtResult:
     ledgers: list[Ledger | None]
     report: list[dict[str, Any]] = field(default_factory=list)
     personal: list[TreeEnsemble] | None = None
+
+
+@dataclass(frozen=True)
+class GbdtRelease:
+    """One silo's noisy release as the server receives it (what `train_dp_gbdt`'s
+    ``observe`` hook is shown; the white-box view of `silofl.audit.gbdt`).
+
+    silo : int — the silo's index in the federation.
+    tree, level : int — the shared tree and its level (level == depth: the leaf sums).
+    features : numpy.ndarray — (m,) the released feature columns (sorted).
+    split_feature, split_threshold : numpy.ndarray — (2^(D+1) − 1,) the tree's splits so
+        far in heap layout (children of i at 2i+1, 2i+2; threshold +inf: every row goes
+        left), filled for the levels above this one: how a record reaches its slot.
+    g, h : numpy.ndarray — level < depth: (2^level, m, n_bins) noisy histograms; leaves:
+        (2^depth,) noisy Σg, Σh per leaf slot.
+    """
+
+    silo: int
+    tree: int
+    level: int
+    features: np.ndarray
+    split_feature: np.ndarray
+    split_threshold: np.ndarray
+    g: np.ndarray
+    h: np.ndarray
 
 
 def _gradients(task: str, margin: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -180,7 +206,8 @@ def train_dp_gbdt(fed: Federation, *, trees: int = 20, depth: int = 3, n_bins: i
                   base_score: float = 0.0, splits: str = "histogram",
                   local_trees: int = 0, max_leaf: float | None = None, seed: int = 0,
                   ledgers: list[Ledger] | None = None, private: bool = True,
-                  unit: str = "example") -> GbdtResult:
+                  unit: str = "example", noise_scale: float = 1.0,
+                  observe: Callable[[GbdtRelease], None] | None = None) -> GbdtResult:
     """Train a DP federated GBDT; every silo spends at most its own (ε_k, δ_k).
 
     Parameters
@@ -231,6 +258,12 @@ def train_dp_gbdt(fed: Federation, *, trees: int = 20, depth: int = 3, n_bins: i
         False: no noise, no ledgers (a non-private reference run).
     unit : str
         Only "example" (person-level trees are refused with ConfigError).
+    noise_scale : float
+        Auditing only, never set by a run (the audit self-test's broken variant "noise
+        off" sets 0): the released noise is σ_k·noise_scale while the ledgers charge σ_k.
+    observe : callable, optional
+        Auditing: called with every silo's release of the shared trees (`GbdtRelease`),
+        as the server receives it.
 
     Returns
     -------
@@ -243,6 +276,8 @@ def train_dp_gbdt(fed: Federation, *, trees: int = 20, depth: int = 3, n_bins: i
         max_leaf = 4.0 if fed.task == "binary" else clip_g
     _check_args(fed, trees, depth, subsample, colsample, lr, lam, clip_g, clip_h, unit)
     _check_more(max_leaf, base_score, splits, local_trees)
+    if not (np.isfinite(noise_scale) and noise_scale >= 0):
+        raise ConfigError(f"noise_scale must be a number >= 0, got {noise_scale}")
     d = fed.dim
     edges = bin_edges(_bounds_array(bounds, d), n_bins)
     leds = _make_ledgers(fed, ledgers, private)
@@ -250,7 +285,8 @@ def train_dp_gbdt(fed: Federation, *, trees: int = 20, depth: int = 3, n_bins: i
     sigmas = _sigmas(fed, leds, trees + local_trees, releases, subsample, private)
     ss = np.random.SeedSequence(seed)
     server_rng, *silo_rngs = [np.random.default_rng(s) for s in ss.spawn(fed.num_silos + 1)]
-    hists = [SiloHistograms(led, bin_features(s.X_train, edges), sig, n_bins, clip_g, clip_h)
+    hists = [SiloHistograms(led, bin_features(s.X_train, edges), sig * noise_scale, n_bins,
+                            clip_g, clip_h)
              for s, led, sig in zip(fed.silos, leds, sigmas, strict=True)]
     margins = [np.full(s.n_train, float(base_score)) for s in fed.silos]
     ens = TreeEnsemble(d, fed.task, float(base_score), [], list(fed.feature_names) or None)
@@ -261,7 +297,7 @@ def train_dp_gbdt(fed: Federation, *, trees: int = 20, depth: int = 3, n_bins: i
     for t in range(trees):
         features = np.sort(server_rng.choice(d, m, replace=False)) if m < d else np.arange(d)
         tree = _grow_tree(fed.task, fed.silos, hists, leds, sigmas, margins, silo_rngs,
-                          features, edges, t, **grow)
+                          features, edges, t, observe=observe, **grow)
         ens.trees.append(tree)
         for k, s in enumerate(fed.silos):
             margins[k] += tree.value[tree.apply(s.X_train)]
@@ -291,9 +327,11 @@ def _grow_tree(task: str, silos: list[Silo], hists: list[SiloHistograms],
                rngs: list[np.random.Generator], features: np.ndarray, edges: np.ndarray,
                t: int, *, depth: int, lr: float, lam: float, q: float, mch: float,
                max_leaf: float,
-               server_rng: np.random.Generator | None = None) -> Tree:
+               server_rng: np.random.Generator | None = None,
+               observe: Callable[[GbdtRelease], None] | None = None) -> Tree:
     """One boosting round: every silo's releases for tree `t`, the server's splits
-    (random ones drawn from `server_rng` when given: then only the leaves are released)."""
+    (random ones drawn from `server_rng` when given: then only the leaves are released);
+    `observe` is shown each release."""
     releases = depth + 1 if server_rng is None else 1
     private = leds[0] is not None
     per_level = q >= 1.0  # without subsampling each release is charged just before it
@@ -318,6 +356,7 @@ def _grow_tree(task: str, silos: list[Silo], hists: list[SiloHistograms],
                        f"gbdt tree {t} level {level}")
         if level == depth:
             sums = [h.leaf_sums(depth, r) for h, r in zip(hists, rngs, strict=True)]
+            _show(observe, sums, t, level, features, feature, threshold)
             G = np.sum([a for a, _ in sums], axis=0)
             H = np.sum([b for _, b in sums], axis=0)
             value = np.zeros(feature.shape)
@@ -327,6 +366,7 @@ def _grow_tree(task: str, silos: list[Silo], hists: list[SiloHistograms],
         if server_rng is None:
             rel = [h.level_histograms(level, r)
                    for h, r in zip(hists, rngs, strict=True)]
+            _show(observe, rel, t, level, features, feature, threshold)
             hg = np.sum([a for a, _ in rel], axis=0)
             hh = np.sum([b for _, b in rel], axis=0)
             j, k_bin, _ = best_splits(hg, hh, lam, mch)
@@ -341,3 +381,14 @@ def _grow_tree(task: str, silos: list[Silo], hists: list[SiloHistograms],
         for h in hists:
             h.descend(chosen, k_bin)
     raise AssertionError("unreachable")
+
+
+def _show(observe: Callable[[GbdtRelease], None] | None,
+          releases: list[tuple[np.ndarray, np.ndarray]], t: int, level: int,
+          features: np.ndarray, feature: np.ndarray, threshold: np.ndarray) -> None:
+    """Show each silo's release of tree `t` at `level` to the audit's observer."""
+    if observe is None:
+        return
+    for k, (g, h) in enumerate(releases):
+        observe(GbdtRelease(k, t, level, features.copy(), feature.copy(), threshold.copy(),
+                            g.copy(), h.copy()))

@@ -121,6 +121,7 @@ def audit(cfg, *, view: str = _AUDIT.view, kind: str = _AUDIT.kind, silo: str | 
     """
     t0 = time.perf_counter()
     check_kind(kind)
+    refuse_trees(cfg)
     if view not in VIEWS:
         raise ConfigError(f"unknown audit view {view!r}; choose one of {', '.join(VIEWS)}")
     if not cfg.privacy.enabled:
@@ -151,6 +152,22 @@ def audit(cfg, *, view: str = _AUDIT.view, kind: str = _AUDIT.kind, silo: str | 
         return _one_run(cfg, raw, names, canaries, confidence, store, rng, t0, on_progress)
     return _multi_run(cfg, raw, names, canaries, runs, confidence, store, rng, t0,
                       on_progress)
+
+
+#: why `silofl audit --config` refuses method dp_gbdt, and what to call instead
+TREES_REFUSAL = (
+    "method dp_gbdt is audited through the library, not `silofl audit --config`: call "
+    "silofl.audit.gbdt.audit_gbdt(fed, silo=..., canaries=..., **trees_settings) (its "
+    "self-test: silofl.audit.selftest.self_test_gbdt) on the federation the job trains; "
+    "or remove dp_gbdt from [training] methods to audit the other methods")
+
+
+def refuse_trees(cfg) -> None:
+    """ConfigError when the job trains method dp_gbdt: its audit is a library function
+    (`audit.gbdt.audit_gbdt`), not this config route (the canaries of this route are
+    records of a GLM job, its scores a GLM's)."""
+    if "dp_gbdt" in list(getattr(cfg.training, "methods", []) or []):
+        raise ConfigError(TREES_REFUSAL)
 
 
 def _server(cfg, raw, names, kind, canaries, runs, confidence, store, rng, seed, t0,

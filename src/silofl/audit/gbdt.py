@@ -1,0 +1,449 @@
+"""Membership audit of DP federated gradient-boosted trees (`algorithms.dp_gbdt`): the
+engine's plug-in (`engine.one_run`, `engine.multi_run`; no second engine).
+
+Canaries are records inserted in an audited silo (each "in" by the engine's fair coin),
+built to be worst case for trees and to be read one by one from the server's view:
+
+* auditing columns: ``ceil(m / (B − 1))`` extra feature columns with public bounds [0, 1]
+  (B = n_bins). Every real record (every silo, train and test) holds 0 there (bin 0);
+  canary i holds the centre of its own bin b ≥ 1 of its own column — a histogram cell no
+  other record of its silo populates (the trees' analogue of the Dirac gradient canaries
+  of `audit.whitebox`). The released features grow by these columns, and with them each
+  release's sensitivity √(m(G² + H²)) and its noise: the audited job is the job plus the
+  auditing columns, calibrated to the same target.
+* real features at a rarely populated bin corner (each at its declared lower or upper
+  bound, by coin); the label opposite to the public starting margin (binary: 0 when
+  base_score ≥ 0; regression: 2G beyond it), so |g| is as large as the run lets it be.
+
+Scores (higher: guessed "in"), each a function of the releases, the released model, the
+canaries and public settings only — never of a real record:
+
+* "white-box": the server sees each silo's noisy level histograms (`GbdtRelease`). For
+  canary i, tree t, level L < D: route it to its node by the released splits, read its
+  cell (column a_i, bin b_i) of the g and h histograms, u = (u_g, u_h), and take
+  λ_t = Σ_L (g_it u_g + h_it u_h) with (g_it, h_it) its clipped gradient and hessian at the
+  released model's margin (known: the trees are released). Without row subsampling the
+  score is Σ_t λ_t (the Neyman–Pearson statistic for the Gaussian releases); with a
+  subsample rate q < 1 it is Σ_t log(1 − q + q·exp((λ_t − ½ n_t ‖(g, h)‖²)/(σΔ_t)²)) with the
+  claimed σ (the likelihood ratio of the Poisson-subsampled Gaussian).
+* "black-box": minus the final ensemble's loss on the canary.
+
+The leaf sums mix a canary with the real records of its leaf and are not scored; with
+random splits (only leaf sums released) the white-box score is 0 and the audit is the
+black box alone.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+from silofl.algorithms.dp_gbdt import GbdtRelease, GbdtResult, train_dp_gbdt
+from silofl.audit.engine import (
+    AUDIT_NOTE,
+    AuditReport,
+    Claim,
+    canary_count,
+    check_confidence,
+    check_kind,
+    check_runs,
+    multi_run,
+    one_run,
+)
+from silofl.data.federation import Federation, Silo
+from silofl.errors import ConfigError
+
+#: canaries per audited silo when not given (at most its training records)
+DEFAULT_CANARIES = 500
+#: names of the auditing columns (prefix + index)
+COLUMN_PREFIX = "_audit_"
+#: the neighbouring relation of the trees' claim (example level, add/remove one row)
+ADJACENCY = "add/remove one training record of the audited silo (example level)"
+#: train_dp_gbdt keywords the audit owns
+_RESERVED = ("seed", "private", "observe", "noise_scale", "bounds")
+#: multi-run runs per side when not given
+DEFAULT_RUNS = 200
+
+
+@dataclass(frozen=True)
+class TreeCanaries:
+    """m tree canaries: X (m, d) on the real features, y (m,), and each one's auditing
+    cell (column index among the auditing columns, bin in 1..B−1)."""
+
+    X: np.ndarray
+    y: np.ndarray
+    column: np.ndarray
+    bin: np.ndarray
+
+    @property
+    def m(self) -> int:
+        return int(self.X.shape[0])
+
+
+def tree_canaries(m: int, bounds: np.ndarray, n_bins: int, task: str, base_score: float,
+                  clip_g: float, rng: np.random.Generator) -> TreeCanaries:
+    """`m` canaries from public facts only (see the module docstring).
+
+    Parameters
+    ----------
+    m : int
+        Number of canaries.
+    bounds : numpy.ndarray
+        (d, 2) declared [lower, upper] of the real features.
+    n_bins : int
+        Bins per feature B; each auditing column hosts B − 1 canaries.
+    task : {"binary", "regression"}
+    base_score, clip_g : float
+        The run's public starting margin and gradient clip G.
+    rng : numpy.random.Generator
+        The corners (and, binary with base_score 0, nothing else: the label is fixed).
+
+    Returns
+    -------
+    TreeCanaries
+    """
+    b = np.asarray(bounds, float)
+    corner = rng.random((m, b.shape[0])) < 0.5
+    X = np.where(corner, b[None, :, 0], b[None, :, 1])
+    if task == "binary":
+        y = np.full(m, 0.0 if base_score >= 0 else 1.0)
+    else:  # g = margin − y clipped to ±G: the label 2G away from the start
+        y = np.full(m, base_score + 2.0 * clip_g)
+    i = np.arange(m)
+    return TreeCanaries(X, y, i // (n_bins - 1), 1 + i % (n_bins - 1))
+
+
+def audit_rows(c: TreeCanaries, columns: int, n_bins: int) -> np.ndarray:
+    """(m, d + columns) the canaries' rows: real features, then the auditing columns (0,
+    except the centre of bin b in the canary's own column)."""
+    A = np.zeros((c.m, columns))
+    A[np.arange(c.m), c.column] = (c.bin + 0.5) / n_bins
+    return np.hstack([c.X, A])
+
+
+def with_columns(fed: Federation, columns: int) -> Federation:
+    """`fed` with `columns` auditing columns of zeros appended to every row."""
+    def pad(X: np.ndarray) -> np.ndarray:
+        return np.hstack([X, np.zeros((X.shape[0], columns))])
+    silos = [replace(s, X_train=pad(s.X_train), X_test=pad(s.X_test)) for s in fed.silos]
+    names = list(fed.feature_names) + [f"{COLUMN_PREFIX}{j}" for j in range(columns)]
+    return replace(fed, silos=silos, feature_names=names, meta=dict(fed.meta))
+
+
+def _insert(fed: Federation, silo: str, X: np.ndarray, y: np.ndarray,
+            included: np.ndarray) -> Federation:
+    inc = np.asarray(included, bool)
+    silos: list[Silo] = []
+    for s in fed.silos:
+        if s.name == silo:
+            s = replace(s, X_train=np.vstack([s.X_train, X[inc]]),
+                        y_train=np.concatenate([s.y_train, y[inc].astype(s.y_train.dtype)]))
+        silos.append(s)
+    return replace(fed, silos=silos, meta=dict(fed.meta))
+
+
+# --- scores ---------------------------------------------------------------------------------
+
+def _grad(task: str, margin: np.ndarray, y: np.ndarray, G: float,
+          H: float) -> tuple[np.ndarray, np.ndarray]:
+    """Clipped (g, h) as the silo computes them."""
+    if task == "binary":
+        p = 1.0 / (1.0 + np.exp(-margin))
+        g, h = p - y, p * (1.0 - p)
+    else:
+        g, h = margin - y, np.ones_like(margin)
+    return np.clip(g, -G, G), np.clip(h, 0.0, H)
+
+
+def _slots(X: np.ndarray, feature: np.ndarray, threshold: np.ndarray, level: int) -> np.ndarray:
+    """(m,) the slot at `level` of each row of X, routed by the heap splits above it."""
+    node = np.zeros(X.shape[0], dtype=np.int64)
+    rows = np.arange(X.shape[0])
+    for _ in range(level):
+        left = X[rows, feature[node]] < threshold[node]  # +inf: pass-through, left
+        node = 2 * node + np.where(left, 1, 2)
+    return node - (2 ** level - 1)
+
+
+@dataclass
+class _Settings:
+    """What the scores need of the run: task, clips, sampling rate, depth, n_bins."""
+
+    task: str
+    clip_g: float
+    clip_h: float
+    q: float
+    depth: int
+    n_bins: int
+    d: int  # real features (the auditing columns follow)
+
+
+def white_box(st: _Settings, releases: list[GbdtRelease], result: GbdtResult,
+              rows: np.ndarray, y: np.ndarray, c: TreeCanaries, sigma: float) -> np.ndarray:
+    """(m,) the white-box score of canaries `c` (rows (m, D) as trained) from their silo's
+    `releases` and the released ensemble (see the module docstring)."""
+    m = c.m
+    margin = np.full(m, result.ensemble.base_score)
+    lam = {t: np.zeros(m) for t in range(len(result.ensemble.trees))}
+    seen = {t: np.zeros(m) for t in lam}
+    grads = {}
+    for t, tree in enumerate(result.ensemble.trees):
+        grads[t] = _grad(st.task, margin, y, st.clip_g, st.clip_h)
+        margin = margin + tree.value[tree.apply(rows)]
+    col = st.d + c.column
+    sd2 = {}
+    for r in releases:
+        if r.level >= st.depth:  # the leaf sums mix the canary with its leaf's records
+            continue
+        pos = np.searchsorted(r.features, col)
+        ok = (pos < r.features.size) & (r.features[np.minimum(pos, r.features.size - 1)] == col)
+        slot = _slots(rows, r.split_feature, r.split_threshold, r.level)
+        p = np.minimum(pos, r.features.size - 1)
+        g, h = grads[r.tree]
+        u = g * r.g[slot, p, c.bin] + h * r.h[slot, p, c.bin]
+        lam[r.tree] += np.where(ok, u, 0.0)
+        seen[r.tree] += ok
+        sd2[r.tree] = sigma ** 2 * r.features.size * (st.clip_g ** 2 + st.clip_h ** 2)
+    score = np.zeros(m)
+    for t in sd2:
+        if st.q >= 1.0 or sd2[t] == 0:
+            score += lam[t]
+            continue
+        g, h = grads[t]
+        x = (lam[t] - 0.5 * seen[t] * (g ** 2 + h ** 2)) / sd2[t]
+        score += np.logaddexp(math.log1p(-st.q), math.log(st.q) + x)
+    return score
+
+
+def black_box(task: str, result: GbdtResult, rows: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """(m,) minus the released ensemble's loss on each canary (log-loss or squared error)."""
+    margin = result.ensemble.predict_margin(rows)
+    if task == "binary":
+        return -(np.logaddexp(0.0, margin) - y * margin)
+    return -(margin - y) ** 2
+
+
+# --- the plug-in ----------------------------------------------------------------------------
+
+@dataclass
+class _Finished:
+    """A finished one-run job: the canaries' scores and claims per audited silo."""
+
+    out: dict[str, dict[str, np.ndarray]]
+    claims: dict[str, Claim]
+
+    def scores(self, unit: str) -> dict[str, np.ndarray]:
+        return self.out[unit]
+
+    def claim(self, unit: str) -> Claim:
+        return self.claims[unit]
+
+
+def _claim(result: GbdtResult, k: int) -> Claim:
+    rep = result.report[k]
+    return Claim(float(rep["epsilon"]), float(rep["target_epsilon"]), float(rep["delta"]))
+
+
+@dataclass
+class GbdtMechanism:
+    """The engine's plug-in for `train_dp_gbdt` on `fed` with `kwargs` (its settings);
+    `noise_scale` is the self-test's broken variant (0: noise off, the claim unchanged)."""
+
+    fed: Federation
+    bounds: np.ndarray
+    kwargs: dict[str, Any]
+    seed: int
+    noise_scale: float = 1.0
+    runs: int = 0
+    settings: _Settings = field(init=False)
+
+    def __post_init__(self) -> None:
+        k, task = self.kwargs, self.fed.task
+        G = float(k.get("clip_g", 1.0))
+        H = k.get("clip_h")
+        H = float(H if H is not None else (0.25 if task == "binary" else 1.0))
+        self.settings = _Settings(task, G, H, float(k.get("subsample", 1.0)),
+                                  int(k.get("depth", 3)), int(k.get("n_bins", 16)),
+                                  self.fed.dim)
+
+    def draw(self, unit: str, canaries: Any, rng: np.random.Generator) -> TreeCanaries:
+        n = self.fed.silo(unit).n_train
+        return self.make(unit, canary_count(canaries, min(DEFAULT_CANARIES, n)), rng)
+
+    def make(self, unit: str, m: int, rng: np.random.Generator) -> TreeCanaries:
+        """`m` canaries for `unit` (at most its training records)."""
+        n = self.fed.silo(unit).n_train
+        if m > n:
+            raise ConfigError(f"{m} canaries are more than the {n} training records of silo "
+                              f"{unit!r}; use at most {n}")
+        return tree_canaries(m, self.bounds, self.settings.n_bins, self.fed.task,
+                             float(self.kwargs.get("base_score", 0.0)),
+                             self.settings.clip_g, rng)
+
+    def prepare_one(self, chosen: dict[str, tuple[TreeCanaries, np.ndarray]]):
+        B = self.settings.n_bins
+        cols = max(math.ceil(c.m / (B - 1)) for c, _ in chosen.values())
+        fed = with_columns(self.fed, cols)
+        rows = {}
+        for unit, (c, inc) in chosen.items():
+            rows[unit] = (c, audit_rows(c, cols, B))
+            fed = _insert(fed, unit, rows[unit][1], c.y, inc)
+        return fed, rows
+
+    def _train(self, fed: Federation, seed: int) -> tuple[GbdtResult, list[GbdtRelease]]:
+        seen: list[GbdtRelease] = []
+        cols = fed.dim - self.fed.dim
+        b = np.vstack([self.bounds, np.tile([0.0, 1.0], (cols, 1))])
+        result = train_dp_gbdt(fed, bounds=b, seed=seed, noise_scale=self.noise_scale,
+                               observe=seen.append, **self.kwargs)
+        return result, seen
+
+    def _scores(self, fed: Federation, result: GbdtResult, seen: list[GbdtRelease],
+                unit: str, c: TreeCanaries, rows: np.ndarray) -> dict[str, np.ndarray]:
+        k = fed.names.index(unit)
+        mine = [r for r in seen if r.silo == k]
+        sigma = float(result.report[k]["sigma"])
+        return {"white-box": white_box(self.settings, mine, result, rows, c.y, c, sigma),
+                "black-box": black_box(fed.task, result, rows, c.y)}
+
+    def run_one(self, prepared) -> _Finished:
+        fed, rows = prepared
+        result, seen = self._train(fed, self.seed)
+        out = {u: self._scores(fed, result, seen, u, c, x) for u, (c, x) in rows.items()}
+        return _Finished(out, {u: _claim(result, fed.names.index(u)) for u in rows})
+
+    def neighbours(self, unit: str, canary: TreeCanaries):
+        return tuple(self.prepare_one({unit: (canary, np.array([w]))}) for w in (False, True))
+
+    def run_neighbour(self, unit: str, pair, which: int) -> tuple[dict[str, float], Claim]:
+        fed, rows = pair[which]
+        self.runs += 1  # a fresh seed per run: the runs' noise is independent
+        result, seen = self._train(fed, self.seed + self.runs)
+        c, x = rows[unit]
+        sc = self._scores(fed, result, seen, unit, c, x)
+        return ({k: float(v[0]) for k, v in sc.items()},
+                _claim(result, fed.names.index(unit)))
+
+
+def _check(fed: Federation, kwargs: dict[str, Any], kind: str) -> None:
+    bad = sorted(set(kwargs) & set(_RESERVED))
+    if bad:
+        raise ConfigError(f"audit_gbdt sets {', '.join(bad)} itself (the audit's seed, the "
+                          "auditing columns' bounds, the observer); leave them out")
+    if fed.is_image or fed.task not in ("binary", "regression"):
+        raise ConfigError(f"the trees' audit needs a tabular binary or regression "
+                          f"federation, got {fed.task!r}")
+    if any(s.target is None for s in fed.silos) and kwargs.get("ledgers") is None:
+        raise ConfigError("every silo needs a privacy target (Federation.with_targets) or "
+                          "pass ledgers: the audit compares a claim with a bound")
+    if kind == "multi-run" and kwargs.get("ledgers") is not None:
+        raise ConfigError("a multi-run audit trains many jobs on purpose: it runs on fresh "
+                          "in-memory ledgers; leave ledgers out")
+    if int(kwargs.get("n_bins", 16)) < 2:
+        raise ConfigError("n_bins must be at least 2 (each auditing column hosts n_bins − 1 "
+                          "canaries)")
+
+
+def audit_gbdt(fed: Federation, *, silo: str | None = None, canaries: int | None = None,
+               kind: str = "one-run", runs: int | None = None, confidence: float = 0.95,
+               seed: int | None = None, bounds: Any = (-1.0, 1.0),
+               **trees: Any) -> AuditReport:
+    """Membership audit of `train_dp_gbdt` on `fed`: does each audited silo's claimed ε
+    survive the attack of the module docstring?
+
+    Parameters
+    ----------
+    fed : Federation
+        Tabular, binary or regression, every silo with its privacy target (or pass
+        ``ledgers=`` in `trees`: they are charged for the one-run job).
+    silo : str, optional
+        The audited silo (default: every silo; the bounds are then Bonferroni-corrected).
+    canaries : int, optional
+        One run: canaries per audited silo (default min(500, its training records)).
+        Multi-run: leave out (one canary).
+    kind : {"one-run", "multi-run"}
+        One training job with m canaries each "in" by a fair coin (Steinke et al. 2023),
+        or `runs` jobs on each of D and D′ = D + one canary (fresh in-memory ledgers).
+    runs : int, optional
+        Multi-run jobs per side (default 200, at least `engine.MIN_RUNS`).
+    confidence : float
+        Family-wise confidence of the lower bounds, in [0.5, 1).
+    seed : int, optional
+        Seeds the canaries, the coins and the training job (default: OS entropy).
+    bounds : (2,) or (d, 2) array-like
+        The declared feature bounds, as `train_dp_gbdt` takes them.
+    **trees
+        `train_dp_gbdt`'s settings (trees, depth, n_bins, lr, lam, clip_g, clip_h,
+        subsample, colsample, ..., ledgers); not seed, private, bounds, observe.
+
+    Returns
+    -------
+    AuditReport
+        Per silo: the claimed ε (the ledger's), the rigorous lower bound at `confidence`
+        and `bounds.one_run_audit`'s (or `multi_run_epsilon`'s) details.
+
+    Raises
+    ------
+    ConfigError
+        Bad kind, confidence, canaries or settings; raised before any training.
+    """
+    return _audit(fed, silo=silo, canaries=canaries, kind=kind, runs=runs,
+                  confidence=confidence, seed=seed, bounds=bounds, noise_scale=1.0,
+                  trees=trees)
+
+
+def _audit(fed: Federation, *, silo: str | None, canaries: int | None, kind: str,
+           runs: int | None, confidence: float, seed: int | None, bounds: Any,
+           noise_scale: float, trees: dict[str, Any]) -> AuditReport:
+    """`audit_gbdt` with the self-test's `noise_scale` (released noise × it)."""
+    t0 = time.perf_counter()
+    check_kind(kind)
+    check_confidence(confidence)
+    _check(fed, trees, kind)
+    names = [fed.silo(silo).name] if silo is not None else fed.names
+    rng = np.random.default_rng(seed)
+    b = _bounds(bounds, fed.dim)
+    mech = GbdtMechanism(fed, b, dict(trees), int(rng.integers(2 ** 31)), noise_scale)
+    if kind == "one-run":
+        rows, _p, _job = one_run(mech, names, canaries, confidence, rng)
+        what = (f"one run: {rows[0].details['canaries']} tree canaries per audited silo, "
+                "each in with probability 1/2")
+    else:
+        if canaries not in (None, 1):
+            raise ConfigError("a multi-run audit uses one canary (D′ = D + one record); "
+                              "leave canaries out")
+        n = DEFAULT_RUNS if runs is None else int(runs)
+        check_runs(n)
+        one = mech.make(names[0], 1, rng)
+        rows = multi_run(mech, names, one, n, confidence)
+        what = f"multi-run: {n} jobs on D and {n} on D′ = D + one tree canary"
+    charged = trees.get("ledgers") is not None and kind == "one-run"
+    notes = [AUDIT_NOTE, what,
+             "canaries: records with their own bin of an auditing column (public bounds "
+             "[0, 1], 0 for every real record), real features at the declared bounds' "
+             "corners, the label against the starting margin; the audited job is the job "
+             "plus these columns",
+             "scores: white box (the noisy level histograms' canary cells, as the server "
+             "receives them) and black box (the released ensemble's loss)",
+             "charged to the given ledgers" if charged else
+             "charged to fresh in-memory ledgers (an experiment: no lifetime store)"]
+    if noise_scale != 1.0:
+        notes.append(f"self-test: the released noise is × {noise_scale:g} while the ledgers "
+                     "charge the target σ (broken privacy, on purpose)")
+    return AuditReport(kind, rows, ["dp_gbdt"], notes, None, not charged, [],
+                       time.perf_counter() - t0, confidence, "seeded" if seed is not None
+                       else "entropy-seeded", neighbouring=ADJACENCY, view="server")
+
+
+def _bounds(bounds: Any, d: int) -> np.ndarray:
+    b = np.asarray(bounds, dtype=np.float64)
+    if b.shape == (2,):
+        b = np.tile(b, (d, 1))
+    if b.shape != (d, 2) or not np.all(np.isfinite(b)) or np.any(b[:, 0] >= b[:, 1]):
+        raise ConfigError(f"bounds must be (lower, upper) or a ({d}, 2) array of finite "
+                          f"lower < upper, got shape {b.shape}")
+    return b
