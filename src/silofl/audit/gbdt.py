@@ -2,15 +2,17 @@
 engine's plug-in (`engine.one_run`, `engine.multi_run`; no second engine).
 
 Canaries are records inserted in an audited silo (each "in" by the engine's fair coin),
-built to be worst case for trees and to be read one by one from the server's view:
+built to be worst case for trees and to be read from the server's view:
 
-* auditing columns: ``ceil(m / (B − 1))`` extra feature columns with public bounds [0, 1]
-  (B = n_bins). Every real record (every silo, train and test) holds 0 there (bin 0);
-  canary i holds the centre of its own bin b ≥ 1 of its own column — a histogram cell no
-  other record of its silo populates (the trees' analogue of the Dirac gradient canaries
-  of `audit.whitebox`). The released features grow by these columns, and with them each
-  release's sensitivity √(m(G² + H²)) and its noise: the audited job is the job plus the
-  auditing columns, calibrated to the same target.
+* auditing columns: C = ``ceil(LOAD·m / (B − 1))`` extra feature columns with public
+  bounds [0, 1] (B = n_bins). Every real record (every silo, train and test) holds 0 there
+  (bin 0); each canary holds a random bin in 1..B−1 of every auditing column (its code,
+  drawn by the auditor). The cells of bins ≥ 1 hold canaries only — the trees' analogue of
+  the Dirac gradient canaries of `audit.whitebox` — and each canary appears in C of them
+  per histogram, so most of its contribution to a release lies where no real record is.
+  The released features grow by these columns, and with them each release's sensitivity
+  √(m(G² + H²)) and its noise: the audited job is the job plus the auditing columns,
+  calibrated to the same target.
 * real features at a rarely populated bin corner (each at its declared lower or upper
   bound, by coin); the label opposite to the public starting margin (binary: 0 when
   base_score ≥ 0; regression: 2G beyond it), so |g| is as large as the run lets it be.
@@ -18,14 +20,16 @@ built to be worst case for trees and to be read one by one from the server's vie
 Scores (higher: guessed "in"), each a function of the releases, the released model, the
 canaries and public settings only — never of a real record:
 
-* "white-box": the server sees each silo's noisy level histograms (`GbdtRelease`). For
-  canary i, tree t, level L < D: route it to its node by the released splits, read its
-  cell (column a_i, bin b_i) of the g and h histograms, u = (u_g, u_h), and take
-  λ_t = Σ_L (g_it u_g + h_it u_h) with (g_it, h_it) its clipped gradient and hessian at the
-  released model's margin (known: the trees are released). Without row subsampling the
-  score is Σ_t λ_t (the Neyman–Pearson statistic for the Gaussian releases); with a
-  subsample rate q < 1 it is Σ_t log(1 − q + q·exp((λ_t − ½ n_t ‖(g, h)‖²)/(σΔ_t)²)) with the
-  claimed σ (the likelihood ratio of the Poisson-subsampled Gaussian).
+* "white-box": the server sees each silo's noisy level histograms (`GbdtRelease`). At
+  tree t, level L < D each canary is routed to its node by the released splits; the
+  canary cells of the g and h histograms are u = A x + noise, where x (m,) is the
+  canaries' inclusion and A puts g_it (h_it) — each canary's clipped gradient (hessian)
+  at the released model's margin, known since the trees are released — in each of its
+  cells. The least-squares x̂ over every level (and, without row subsampling, every tree:
+  one inclusion for all) and its variance v give the score (x̂ − ½)/v, the Gaussian
+  likelihood ratio of x̂ (Neyman–Pearson for x̂ alone). With a subsample rate q < 1 each
+  tree has its own draw: per tree x̂_t, and the score Σ_t log(1 − q + q·e^{λ_t}) with
+  λ_t = (x̂_t − ½)/(σ²Δ²·v_t) at the claimed σ (the subsampled mixture's ratio).
 * "black-box": minus the final ensemble's loss on the canary.
 
 The leaf sums mix a canary with the real records of its leaf and are not scored; with
@@ -41,6 +45,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
+from scipy import sparse
 
 from silofl.algorithms.dp_gbdt import GbdtRelease, GbdtResult, train_dp_gbdt
 from silofl.audit.engine import (
@@ -59,6 +64,9 @@ from silofl.errors import ConfigError
 
 #: canaries per audited silo when not given (at most its training records)
 DEFAULT_CANARIES = 500
+#: auditing columns per canary per canary bin: C = ceil(LOAD·m/(B − 1)) columns, so the
+#: m inclusions are read from LOAD times as many noisy cells (least squares, well posed)
+LOAD = 3
 #: names of the auditing columns (prefix + index)
 COLUMN_PREFIX = "_audit_"
 #: the neighbouring relation of the trees' claim (example level, add/remove one row)
@@ -71,13 +79,12 @@ DEFAULT_RUNS = 200
 
 @dataclass(frozen=True)
 class TreeCanaries:
-    """m tree canaries: X (m, d) on the real features, y (m,), and each one's auditing
-    cell (column index among the auditing columns, bin in 1..B−1)."""
+    """m tree canaries: X (m, d) on the real features, y (m,), and each one's code (m, C):
+    its bin in 1..B−1 of each of the C auditing columns."""
 
     X: np.ndarray
     y: np.ndarray
-    column: np.ndarray
-    bin: np.ndarray
+    code: np.ndarray
 
     @property
     def m(self) -> int:
@@ -95,12 +102,13 @@ def tree_canaries(m: int, bounds: np.ndarray, n_bins: int, task: str, base_score
     bounds : numpy.ndarray
         (d, 2) declared [lower, upper] of the real features.
     n_bins : int
-        Bins per feature B; each auditing column hosts B − 1 canaries.
+        Bins per feature B; the canaries use bins 1..B−1 of ``ceil(LOAD·m/(B − 1))``
+        auditing columns.
     task : {"binary", "regression"}
     base_score, clip_g : float
         The run's public starting margin and gradient clip G.
     rng : numpy.random.Generator
-        The corners (and, binary with base_score 0, nothing else: the label is fixed).
+        The corners and the codes.
 
     Returns
     -------
@@ -113,15 +121,15 @@ def tree_canaries(m: int, bounds: np.ndarray, n_bins: int, task: str, base_score
         y = np.full(m, 0.0 if base_score >= 0 else 1.0)
     else:  # g = margin − y clipped to ±G: the label 2G away from the start
         y = np.full(m, base_score + 2.0 * clip_g)
-    i = np.arange(m)
-    return TreeCanaries(X, y, i // (n_bins - 1), 1 + i % (n_bins - 1))
+    C = math.ceil(LOAD * m / (n_bins - 1))
+    return TreeCanaries(X, y, rng.integers(1, n_bins, size=(m, C)))
 
 
 def audit_rows(c: TreeCanaries, columns: int, n_bins: int) -> np.ndarray:
-    """(m, d + columns) the canaries' rows: real features, then the auditing columns (0,
-    except the centre of bin b in the canary's own column)."""
+    """(m, d + columns) the canaries' rows: real features, then the auditing columns (the
+    centre of the code's bin; 0 — bin 0, the real records' — beyond the code)."""
     A = np.zeros((c.m, columns))
-    A[np.arange(c.m), c.column] = (c.bin + 0.5) / n_bins
+    A[:, :c.code.shape[1]] = (c.code + 0.5) / n_bins
     return np.hstack([c.X, A])
 
 
@@ -182,40 +190,90 @@ class _Settings:
     d: int  # real features (the auditing columns follow)
 
 
+def _present(r: GbdtRelease, st: _Settings, C: int) -> tuple[np.ndarray, np.ndarray]:
+    """The auditing columns (indices in 0..C−1) released in `r`, and their positions in
+    `r.features`."""
+    col = st.d + np.arange(C)
+    pos = np.minimum(np.searchsorted(r.features, col), r.features.size - 1)
+    keep = np.flatnonzero(r.features[pos] == col)
+    return keep, pos[keep]
+
+
+def _overlap(code: np.ndarray, present: np.ndarray, n_bins: int) -> np.ndarray:
+    """(m, m) K_ij = the number of released auditing columns where canaries i and j share
+    a bin (K_ii = their count): OOᵀ for the one-hot codes O."""
+    m = code.shape[0]
+    cells = (np.arange(present.size)[None, :] * n_bins + code[:, present]).ravel()
+    one_hot = sparse.csr_matrix((np.ones(cells.size), (np.repeat(np.arange(m), present.size),
+                                                        cells)),
+                                shape=(m, present.size * n_bins))
+    return (one_hot @ one_hot.T).toarray()
+
+
+def _normal(r: GbdtRelease, st: _Settings, c: TreeCanaries, rows: np.ndarray,
+            g: np.ndarray, h: np.ndarray, K: dict[bytes, np.ndarray]
+            ) -> tuple[np.ndarray, np.ndarray]:
+    """One level release's normal equations for the canaries' inclusion x (m,):
+    (AᵀA (m, m), Aᵀu (m,)) where u holds the release's cells of bins ≥ 1 of the auditing
+    columns (only canaries populate them) and A what canary i adds to each when in: g_i to
+    its g cell and h_i to its h cell of every released auditing column. AᵀA is
+    (ggᵀ + hhᵀ) ∘ K ∘ [same node]; `K` caches the overlaps per released column set."""
+    m = c.m
+    present, pos = _present(r, st, c.code.shape[1])
+    if present.size == 0:
+        return np.zeros((m, m)), np.zeros(m)
+    key = present.tobytes()
+    if key not in K:
+        K[key] = _overlap(c.code, present, st.n_bins)
+    slot = _slots(rows, r.split_feature, r.split_threshold, r.level)
+    same = slot[:, None] == slot[None, :]
+    M = (np.outer(g, g) + np.outer(h, h)) * K[key] * same
+    b_ = c.code[:, present]  # (m, P) the canaries' bins
+    ug = r.g[slot[:, None], pos[None, :], b_].sum(axis=1)
+    uh = r.h[slot[:, None], pos[None, :], b_].sum(axis=1)
+    return M, g * ug + h * uh
+
+
+def _solve(M: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Least squares x̂ = (M + τI)⁻¹b and diag((M + τI)⁻¹), τ a tiny ridge (canaries never
+    observed get x̂ = 0 with a huge variance)."""
+    tau = 1e-9 * max(float(np.max(np.diag(M), initial=0.0)), 1e-12)
+    inv = np.linalg.inv(M + tau * np.eye(M.shape[0]))
+    return inv @ b, np.diag(inv)
+
+
 def white_box(st: _Settings, releases: list[GbdtRelease], result: GbdtResult,
               rows: np.ndarray, y: np.ndarray, c: TreeCanaries, sigma: float) -> np.ndarray:
     """(m,) the white-box score of canaries `c` (rows (m, D) as trained) from their silo's
-    `releases` and the released ensemble (see the module docstring)."""
+    level `releases` and the released ensemble (see the module docstring)."""
     m = c.m
     margin = np.full(m, result.ensemble.base_score)
-    lam = {t: np.zeros(m) for t in range(len(result.ensemble.trees))}
-    seen = {t: np.zeros(m) for t in lam}
-    grads = {}
-    for t, tree in enumerate(result.ensemble.trees):
-        grads[t] = _grad(st.task, margin, y, st.clip_g, st.clip_h)
+    grads = []
+    for tree in result.ensemble.trees:
+        grads.append(_grad(st.task, margin, y, st.clip_g, st.clip_h))
         margin = margin + tree.value[tree.apply(rows)]
-    col = st.d + c.column
-    sd2 = {}
+    per_tree: dict[int, list[np.ndarray]] = {}
+    overlaps: dict[bytes, np.ndarray] = {}
+    sd2 = 1.0
     for r in releases:
         if r.level >= st.depth:  # the leaf sums mix the canary with its leaf's records
             continue
-        pos = np.searchsorted(r.features, col)
-        ok = (pos < r.features.size) & (r.features[np.minimum(pos, r.features.size - 1)] == col)
-        slot = _slots(rows, r.split_feature, r.split_threshold, r.level)
-        p = np.minimum(pos, r.features.size - 1)
-        g, h = grads[r.tree]
-        u = g * r.g[slot, p, c.bin] + h * r.h[slot, p, c.bin]
-        lam[r.tree] += np.where(ok, u, 0.0)
-        seen[r.tree] += ok
-        sd2[r.tree] = sigma ** 2 * r.features.size * (st.clip_g ** 2 + st.clip_h ** 2)
+        M, b = _normal(r, st, c, rows, *grads[r.tree], overlaps)
+        acc = per_tree.setdefault(r.tree, [np.zeros((m, m)), np.zeros(m)])
+        acc[0] += M
+        acc[1] += b
+        sd2 = sigma ** 2 * r.features.size * (st.clip_g ** 2 + st.clip_h ** 2)
+    if not per_tree:  # random splits: no level release
+        return np.zeros(m)
+    if st.q >= 1.0:  # one inclusion for every tree: pool the equations
+        x, v = _solve(np.sum([M for M, _ in per_tree.values()], axis=0),
+                      np.sum([b for _, b in per_tree.values()], axis=0))
+        return (x - 0.5) / v  # ∝ the Gaussian log-likelihood ratio of x̂ (σ²Δ² common)
     score = np.zeros(m)
-    for t in sd2:
-        if st.q >= 1.0 or sd2[t] == 0:
-            score += lam[t]
-            continue
-        g, h = grads[t]
-        x = (lam[t] - 0.5 * seen[t] * (g ** 2 + h ** 2)) / sd2[t]
-        score += np.logaddexp(math.log1p(-st.q), math.log(st.q) + x)
+    for M, b in per_tree.values():  # one Poisson draw per tree: the mixture per tree
+        x, v = _solve(M, b)
+        llr = (x - 0.5) / (v * max(sd2, 1e-300))
+        score += np.logaddexp(math.log1p(-st.q), math.log(st.q) + llr)
     return score
 
 
@@ -286,7 +344,7 @@ class GbdtMechanism:
 
     def prepare_one(self, chosen: dict[str, tuple[TreeCanaries, np.ndarray]]):
         B = self.settings.n_bins
-        cols = max(math.ceil(c.m / (B - 1)) for c, _ in chosen.values())
+        cols = max(c.code.shape[1] for c, _ in chosen.values())
         fed = with_columns(self.fed, cols)
         rows = {}
         for unit, (c, inc) in chosen.items():
