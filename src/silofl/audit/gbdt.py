@@ -14,8 +14,11 @@ built to be worst case for trees and to be read from the server's view:
   √(m(G² + H²)) and its noise: the audited job is the job plus the auditing columns,
   calibrated to the same target.
 * real features at a rarely populated bin corner (each at its declared lower or upper
-  bound, by coin); the label opposite to the public starting margin (binary: 0 when
-  base_score ≥ 0; regression: 2G beyond it), so |g| is as large as the run lets it be.
+  bound, by coin); the label by a fair coin (binary 0/1; regression 3G above or below
+  the public starting margin, so |g| is clipped to G). Labels all alike would be worse:
+  the trees learn the canaries as a group (they are the only rows off bin 0 in the
+  auditing columns), fit them, and their |g| shrinks (measured: p ≈ 0.1 for label 0 after
+  a few trees, ‖(g, h)‖ ≈ 0.15 instead of ≈ 0.56 with coin labels).
 
 Scores (higher: guessed "in"), each a function of the releases, the released model, the
 canaries and public settings only — never of a real record:
@@ -117,10 +120,13 @@ def tree_canaries(m: int, bounds: np.ndarray, n_bins: int, task: str, base_score
     b = np.asarray(bounds, float)
     corner = rng.random((m, b.shape[0])) < 0.5
     X = np.where(corner, b[None, :, 0], b[None, :, 1])
+    # labels by fair coins: the canaries carry no signal the trees could learn (labels
+    # all alike would be learnt, their leaves would fit them and |g| would shrink)
+    sign = rng.random(m) < 0.5
     if task == "binary":
-        y = np.full(m, 0.0 if base_score >= 0 else 1.0)
-    else:  # g = margin − y clipped to ±G: the label 2G away from the start
-        y = np.full(m, base_score + 2.0 * clip_g)
+        y = sign.astype(float)
+    else:  # g = margin − y clipped to ±G: the label 3G away from the start
+        y = base_score + np.where(sign, 3.0, -3.0) * clip_g
     C = math.ceil(LOAD * m / (n_bins - 1))
     return TreeCanaries(X, y, rng.integers(1, n_bins, size=(m, C)))
 
