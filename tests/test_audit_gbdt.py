@@ -108,6 +108,17 @@ def test_regression_and_subsampling_audit():
     assert off.violation  # the subsampled LLR score reads the unnoised cells too
 
 
+def test_random_splits_noise_off_caught_through_canary_only_leaves():
+    """Random splits release only leaf sums; the random splits fall mostly on auditing
+    columns, whose right branches only canaries take: those leaves are read (2^(D+1) sums
+    a tree: 20 trees of depth 3 give 320 equations for the 100 canaries' inclusion)."""
+    fed, kw = _fed(1.0, n=300), dict(trees=20, depth=3, splits="random")
+    off = _audit(fed, silo="s1", canaries=100, kind="one-run", runs=None, confidence=0.95,
+                 seed=7, bounds=(-1.0, 1.0), noise_scale=0.0, trees=kw).rows[0]
+    assert off.violation and off.details["score"] == "white-box"
+    assert not audit_gbdt(fed, silo="s1", canaries=100, seed=7, **kw).rows[0].violation
+
+
 def test_multi_run_through_the_engine():
     rep = audit_gbdt(_fed(1.0, n=100, k=2), silo="s0", kind="multi-run", runs=8, seed=4,
                      trees=2, depth=2)

@@ -20,24 +20,14 @@ built to be worst case for trees and to be read from the server's view:
   auditing columns), fit them, and their |g| shrinks (measured: p ≈ 0.1 for label 0 after
   a few trees, ‖(g, h)‖ ≈ 0.15 instead of ≈ 0.56 with coin labels).
 
-Scores (higher: guessed "in"), each a function of the releases, the released model, the
-canaries and public settings only — never of a real record:
+Scores (higher: guessed "in"; `audit.gbdt_scores`), functions of the releases, the
+released model, the canaries and public settings only — never of a real record:
 
-* "white-box": the server sees each silo's noisy level histograms (`GbdtRelease`). At
-  tree t, level L < D each canary is routed to its node by the released splits; the
-  canary cells of the g and h histograms are u = A x + noise, where x (m,) is the
-  canaries' inclusion and A puts g_it (h_it) — each canary's clipped gradient (hessian)
-  at the released model's margin, known since the trees are released — in each of its
-  cells. The least-squares x̂ over every level (and, without row subsampling, every tree:
-  one inclusion for all) and its variance v give the score (x̂ − ½)/v, the Gaussian
-  likelihood ratio of x̂ (Neyman–Pearson for x̂ alone). With a subsample rate q < 1 each
-  tree has its own draw: per tree x̂_t, and the score Σ_t log(1 − q + q·e^{λ_t}) with
-  λ_t = (x̂_t − ½)/(σ²Δ²·v_t) at the claimed σ (the subsampled mixture's ratio).
+* "white-box": the server's view, every noisy release of the audited silo
+  (`GbdtRelease`): the least-squares estimate of the canaries' inclusion from every cell
+  only canaries populate (the auditing columns' bins ≥ 1, nodes and leaves only canaries
+  reach), turned into a likelihood ratio;
 * "black-box": minus the final ensemble's loss on the canary.
-
-The leaf sums mix a canary with the real records of its leaf and are not scored; with
-random splits (only leaf sums released) the white-box score is 0 and the audit is the
-black box alone.
 """
 
 from __future__ import annotations
@@ -48,7 +38,6 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
-from scipy import sparse
 
 from silofl.algorithms.dp_gbdt import GbdtRelease, GbdtResult, train_dp_gbdt
 from silofl.audit.engine import (
@@ -62,8 +51,10 @@ from silofl.audit.engine import (
     multi_run,
     one_run,
 )
+from silofl.audit.gbdt_scores import ScoreSettings, black_box, white_box
 from silofl.data.federation import Federation, Silo
 from silofl.errors import ConfigError
+from silofl.training.histograms import bin_edges, bin_features
 
 #: canaries per audited silo when not given (at most its training records)
 DEFAULT_CANARIES = 500
@@ -160,137 +151,6 @@ def _insert(fed: Federation, silo: str, X: np.ndarray, y: np.ndarray,
     return replace(fed, silos=silos, meta=dict(fed.meta))
 
 
-# --- scores ---------------------------------------------------------------------------------
-
-def _grad(task: str, margin: np.ndarray, y: np.ndarray, G: float,
-          H: float) -> tuple[np.ndarray, np.ndarray]:
-    """Clipped (g, h) as the silo computes them."""
-    if task == "binary":
-        p = 1.0 / (1.0 + np.exp(-margin))
-        g, h = p - y, p * (1.0 - p)
-    else:
-        g, h = margin - y, np.ones_like(margin)
-    return np.clip(g, -G, G), np.clip(h, 0.0, H)
-
-
-def _slots(X: np.ndarray, feature: np.ndarray, threshold: np.ndarray, level: int) -> np.ndarray:
-    """(m,) the slot at `level` of each row of X, routed by the heap splits above it."""
-    node = np.zeros(X.shape[0], dtype=np.int64)
-    rows = np.arange(X.shape[0])
-    for _ in range(level):
-        left = X[rows, feature[node]] < threshold[node]  # +inf: pass-through, left
-        node = 2 * node + np.where(left, 1, 2)
-    return node - (2 ** level - 1)
-
-
-@dataclass
-class _Settings:
-    """What the scores need of the run: task, clips, sampling rate, depth, n_bins."""
-
-    task: str
-    clip_g: float
-    clip_h: float
-    q: float
-    depth: int
-    n_bins: int
-    d: int  # real features (the auditing columns follow)
-
-
-def _present(r: GbdtRelease, st: _Settings, C: int) -> tuple[np.ndarray, np.ndarray]:
-    """The auditing columns (indices in 0..C−1) released in `r`, and their positions in
-    `r.features`."""
-    col = st.d + np.arange(C)
-    pos = np.minimum(np.searchsorted(r.features, col), r.features.size - 1)
-    keep = np.flatnonzero(r.features[pos] == col)
-    return keep, pos[keep]
-
-
-def _overlap(code: np.ndarray, present: np.ndarray, n_bins: int) -> np.ndarray:
-    """(m, m) K_ij = the number of released auditing columns where canaries i and j share
-    a bin (K_ii = their count): OOᵀ for the one-hot codes O."""
-    m = code.shape[0]
-    cells = (np.arange(present.size)[None, :] * n_bins + code[:, present]).ravel()
-    one_hot = sparse.csr_matrix((np.ones(cells.size), (np.repeat(np.arange(m), present.size),
-                                                        cells)),
-                                shape=(m, present.size * n_bins))
-    return (one_hot @ one_hot.T).toarray()
-
-
-def _normal(r: GbdtRelease, st: _Settings, c: TreeCanaries, rows: np.ndarray,
-            g: np.ndarray, h: np.ndarray, K: dict[bytes, np.ndarray]
-            ) -> tuple[np.ndarray, np.ndarray]:
-    """One level release's normal equations for the canaries' inclusion x (m,):
-    (AᵀA (m, m), Aᵀu (m,)) where u holds the release's cells of bins ≥ 1 of the auditing
-    columns (only canaries populate them) and A what canary i adds to each when in: g_i to
-    its g cell and h_i to its h cell of every released auditing column. AᵀA is
-    (ggᵀ + hhᵀ) ∘ K ∘ [same node]; `K` caches the overlaps per released column set."""
-    m = c.m
-    present, pos = _present(r, st, c.code.shape[1])
-    if present.size == 0:
-        return np.zeros((m, m)), np.zeros(m)
-    key = present.tobytes()
-    if key not in K:
-        K[key] = _overlap(c.code, present, st.n_bins)
-    slot = _slots(rows, r.split_feature, r.split_threshold, r.level)
-    same = slot[:, None] == slot[None, :]
-    M = (np.outer(g, g) + np.outer(h, h)) * K[key] * same
-    b_ = c.code[:, present]  # (m, P) the canaries' bins
-    ug = r.g[slot[:, None], pos[None, :], b_].sum(axis=1)
-    uh = r.h[slot[:, None], pos[None, :], b_].sum(axis=1)
-    return M, g * ug + h * uh
-
-
-def _solve(M: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Least squares x̂ = (M + τI)⁻¹b and diag((M + τI)⁻¹), τ a tiny ridge (canaries never
-    observed get x̂ = 0 with a huge variance)."""
-    tau = 1e-9 * max(float(np.max(np.diag(M), initial=0.0)), 1e-12)
-    inv = np.linalg.inv(M + tau * np.eye(M.shape[0]))
-    return inv @ b, np.diag(inv)
-
-
-def white_box(st: _Settings, releases: list[GbdtRelease], result: GbdtResult,
-              rows: np.ndarray, y: np.ndarray, c: TreeCanaries, sigma: float) -> np.ndarray:
-    """(m,) the white-box score of canaries `c` (rows (m, D) as trained) from their silo's
-    level `releases` and the released ensemble (see the module docstring)."""
-    m = c.m
-    margin = np.full(m, result.ensemble.base_score)
-    grads = []
-    for tree in result.ensemble.trees:
-        grads.append(_grad(st.task, margin, y, st.clip_g, st.clip_h))
-        margin = margin + tree.value[tree.apply(rows)]
-    per_tree: dict[int, list[np.ndarray]] = {}
-    overlaps: dict[bytes, np.ndarray] = {}
-    sd2 = 1.0
-    for r in releases:
-        if r.level >= st.depth:  # the leaf sums mix the canary with its leaf's records
-            continue
-        M, b = _normal(r, st, c, rows, *grads[r.tree], overlaps)
-        acc = per_tree.setdefault(r.tree, [np.zeros((m, m)), np.zeros(m)])
-        acc[0] += M
-        acc[1] += b
-        sd2 = sigma ** 2 * r.features.size * (st.clip_g ** 2 + st.clip_h ** 2)
-    if not per_tree:  # random splits: no level release
-        return np.zeros(m)
-    if st.q >= 1.0:  # one inclusion for every tree: pool the equations
-        x, v = _solve(np.sum([M for M, _ in per_tree.values()], axis=0),
-                      np.sum([b for _, b in per_tree.values()], axis=0))
-        return (x - 0.5) / v  # ∝ the Gaussian log-likelihood ratio of x̂ (σ²Δ² common)
-    score = np.zeros(m)
-    for M, b in per_tree.values():  # one Poisson draw per tree: the mixture per tree
-        x, v = _solve(M, b)
-        llr = (x - 0.5) / (v * max(sd2, 1e-300))
-        score += np.logaddexp(math.log1p(-st.q), math.log(st.q) + llr)
-    return score
-
-
-def black_box(task: str, result: GbdtResult, rows: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """(m,) minus the released ensemble's loss on each canary (log-loss or squared error)."""
-    margin = result.ensemble.predict_margin(rows)
-    if task == "binary":
-        return -(np.logaddexp(0.0, margin) - y * margin)
-    return -(margin - y) ** 2
-
-
 # --- the plug-in ----------------------------------------------------------------------------
 
 @dataclass
@@ -323,16 +183,17 @@ class GbdtMechanism:
     seed: int
     noise_scale: float = 1.0
     runs: int = 0
-    settings: _Settings = field(init=False)
+    settings: ScoreSettings = field(init=False)
+    n_bins: int = field(init=False)
 
     def __post_init__(self) -> None:
         k, task = self.kwargs, self.fed.task
         G = float(k.get("clip_g", 1.0))
         H = k.get("clip_h")
         H = float(H if H is not None else (0.25 if task == "binary" else 1.0))
-        self.settings = _Settings(task, G, H, float(k.get("subsample", 1.0)),
-                                  int(k.get("depth", 3)), int(k.get("n_bins", 16)),
-                                  self.fed.dim)
+        self.n_bins = int(k.get("n_bins", 16))
+        self.settings = ScoreSettings(task, G, H, float(k.get("subsample", 1.0)),
+                                      int(k.get("depth", 3)), self.fed.dim)
 
     def draw(self, unit: str, canaries: Any, rng: np.random.Generator) -> TreeCanaries:
         n = self.fed.silo(unit).n_train
@@ -344,12 +205,12 @@ class GbdtMechanism:
         if m > n:
             raise ConfigError(f"{m} canaries are more than the {n} training records of silo "
                               f"{unit!r}; use at most {n}")
-        return tree_canaries(m, self.bounds, self.settings.n_bins, self.fed.task,
+        return tree_canaries(m, self.bounds, self.n_bins, self.fed.task,
                              float(self.kwargs.get("base_score", 0.0)),
                              self.settings.clip_g, rng)
 
     def prepare_one(self, chosen: dict[str, tuple[TreeCanaries, np.ndarray]]):
-        B = self.settings.n_bins
+        B = self.n_bins
         cols = max(c.code.shape[1] for c, _ in chosen.values())
         fed = with_columns(self.fed, cols)
         rows = {}
@@ -358,12 +219,15 @@ class GbdtMechanism:
             fed = _insert(fed, unit, rows[unit][1], c.y, inc)
         return fed, rows
 
+    def _bounds(self, fed: Federation) -> np.ndarray:
+        """(D, 2) the real features' declared bounds, then [0, 1] per auditing column."""
+        return np.vstack([self.bounds, np.tile([0.0, 1.0], (fed.dim - self.fed.dim, 1))])
+
     def _train(self, fed: Federation, seed: int) -> tuple[GbdtResult, list[GbdtRelease]]:
         seen: list[GbdtRelease] = []
-        cols = fed.dim - self.fed.dim
-        b = np.vstack([self.bounds, np.tile([0.0, 1.0], (cols, 1))])
-        result = train_dp_gbdt(fed, bounds=b, seed=seed, noise_scale=self.noise_scale,
-                               observe=seen.append, **self.kwargs)
+        result = train_dp_gbdt(fed, bounds=self._bounds(fed), seed=seed,
+                               noise_scale=self.noise_scale, observe=seen.append,
+                               **self.kwargs)
         return result, seen
 
     def _scores(self, fed: Federation, result: GbdtResult, seen: list[GbdtRelease],
@@ -371,8 +235,10 @@ class GbdtMechanism:
         k = fed.names.index(unit)
         mine = [r for r in seen if r.silo == k]
         sigma = float(result.report[k]["sigma"])
-        return {"white-box": white_box(self.settings, mine, result, rows, c.y, c, sigma),
-                "black-box": black_box(fed.task, result, rows, c.y)}
+        bins = bin_features(rows, bin_edges(self._bounds(fed), self.n_bins))
+        return {"white-box": white_box(self.settings, mine, result.ensemble, rows, bins,
+                                       c.y, sigma),
+                "black-box": black_box(fed.task, result.ensemble, rows, c.y)}
 
     def run_one(self, prepared) -> _Finished:
         fed, rows = prepared
