@@ -46,7 +46,7 @@ def test_honest_run_stays_below_the_claim(eps, seed):
     assert row.lower_bound < row.claimed_epsilon and not row.violation
     assert row.details["canaries"] == 600 and set(s["score"] for s in row.details["tries"]) \
         == {"white-box", "black-box"}
-    assert rep.methods == ["dp_gbdt"] and rep.view == "server"
+    assert rep.methods == ["dp_gbdt"] and rep.view == "trees"
 
 
 @pytest.mark.parametrize("eps,m", [(1.0, 200), (4.0, 1000)])
@@ -124,6 +124,28 @@ def test_multi_run_through_the_engine():
                      trees=2, depth=2)
     (row,) = rep.rows
     assert row.details["runs"] == 8 and row.lower_bound < row.claimed_epsilon
+
+
+def test_given_ledgers_are_charged_and_reports_are_written(tmp_path):
+    import json
+
+    from silofl.audit import write_audit
+    from silofl.audit.report import write_selftest
+    from silofl.privacy.ledger import Ledger
+    fed = _fed(1.0, n=200)
+    leds = [Ledger(s.name, s.target) for s in fed.silos]
+    rep = audit_gbdt(fed, silo="s0", canaries=50, seed=2, trees=3, depth=2, ledgers=leds)
+    assert not rep.scratch and any("given ledgers" in n for n in rep.notes)
+    assert all(0 < led.report()["epsilon"] <= 1.0 + 1e-9 for led in leds)
+    assert rep.rows[0].claimed_epsilon == pytest.approx(leds[0].report()["epsilon"])
+    json_path, html_path = write_audit(rep, tmp_path / "a")
+    assert json.loads(json_path.read_text())["view"] == "trees" and html_path.is_file()
+    st = self_test_gbdt(fed, silo="s0", canaries=50, seed=2, trees=3, depth=2)
+    assert write_selftest(st, tmp_path / "b")[0].is_file()
+    with pytest.raises(ConfigError, match="in-memory ledgers"):
+        audit_gbdt(fed, silo="s0", kind="multi-run", runs=8, ledgers=leds)
+    with pytest.raises(ConfigError, match="in-memory ledgers"):
+        self_test_gbdt(fed, silo="s0", ledgers=leds)
 
 
 @pytest.mark.parametrize("kwargs,match", [

@@ -366,7 +366,7 @@ def _audit(fed: Federation, *, silo: str | None, canaries: int | None, kind: str
                      "charge the target σ (broken privacy, on purpose)")
     return AuditReport(kind, rows, ["dp_gbdt"], notes, None, not charged, [],
                        time.perf_counter() - t0, confidence, "seeded" if seed is not None
-                       else "entropy-seeded", neighbouring=ADJACENCY, view="server")
+                       else "entropy-seeded", neighbouring=ADJACENCY, view="trees")
 
 
 def _bounds(bounds: Any, d: int) -> np.ndarray:
