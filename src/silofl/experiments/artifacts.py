@@ -386,6 +386,10 @@ class SavedRun:
             The model with its preprocessing (files checked against their SHA-256).
         """
         man, s, d = self._entry(silo, method)
+        if man["model"].get("name") == "trees":  # dp_gbdt: a tree ensemble, not a GLM vector
+            from silofl.experiments.tree_artifacts import tree_predictor
+            return tree_predictor(self.path, man["method"], man, s,
+                                  self.model_card(silo, method), silo)
         params = load_params(d / s["params"], f"model file of silo {silo!r}")
         return Predictor(silo, man["method"], self.model_card(silo, method), man, params)
 

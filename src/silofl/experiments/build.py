@@ -18,6 +18,7 @@ from silofl.data.raw import RawFederation
 from silofl.data.schema import load_schema
 from silofl.data.silo_size import check_settings, limit_federation
 from silofl.errors import ConfigError
+from silofl.experiments.run_trees import trees_kwargs
 from silofl.models import TORCH_MODELS, check_input, make_model
 from silofl.models.base import Model
 from silofl.models.metrics import METRICS, default_metric
@@ -417,7 +418,7 @@ def build_algorithms(cfg: Config) -> list[Algorithm]:
                            persons_in_silos=cfg.privacy.persons_in_silos,
                            uldp_weighting=tc.uldp_weighting,
                            uldp_sample_rate=tc.uldp_sample_rate,
-                           **ldp_options(tc))
+                           trees=trees_kwargs(cfg), **ldp_options(tc))
             for m in tc.methods]
 
 
