@@ -98,6 +98,8 @@ class DpGbdt(Algorithm):
     """
 
     name = "dp_gbdt"
+    #: why a person- or node-level job refuses it (`runtime.plan`)
+    unit_error = PERSON_UNIT
 
     def __init__(self, settings: dict) -> None:
         check_settings(settings)

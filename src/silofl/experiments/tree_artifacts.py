@@ -55,10 +55,22 @@ def ensemble_from_dict(d: dict) -> TreeEnsemble:
                         d.get("feature_names"))
 
 
+def xgboost_names(names: list[str] | None) -> list[str] | None:
+    """Feature names XGBoost accepts (no '[', ']' or '<': e.g. ``cp=<missing>`` becomes
+    ``cp=(missing)``); positional names f0, f1, ... if that makes two equal."""
+    if not names:
+        return None
+    table = str.maketrans({"[": "(", "]": ")", "<": "(", ">": ")"})
+    out = [n.translate(table) for n in names]
+    return out if len(set(out)) == len(out) else [f"f{j}" for j in range(len(out))]
+
+
 def _write(d: Path, stem: str, ens: TreeEnsemble) -> dict[str, str]:
     files = {"params": f"{stem}.trees.json", "xgboost": f"{stem}.xgb.json"}
     write_bytes_atomic(d / files["params"], dumps_strict(ensemble_to_dict(ens)).encode())
-    write_bytes_atomic(d / files["xgboost"], dumps_strict(ens.to_xgboost_json()).encode())
+    xgb = TreeEnsemble(ens.n_features, ens.task, ens.base_score, ens.trees,
+                       xgboost_names(ens.feature_names))
+    write_bytes_atomic(d / files["xgboost"], dumps_strict(xgb.to_xgboost_json()).encode())
     return files
 
 
@@ -108,6 +120,7 @@ def save_tree_models(rep, r, d: Path, label: str, privacy_of) -> None:
                           "num_classes": 2 if info["task"] == "binary" else 0},
                 "task": info["task"], "classes": info["classes"],
                 "feature_names": info["feature_names"], "input_shape": info["input_shape"],
+                "xgboost_feature_names": xgboost_names(r.ensemble.feature_names),
                 "schema": info["schema"], "private": rep.config.privacy.enabled,
                 "noise": rep.noise, "notes": rep.notes(), "run_id": rep.run_id,
                 "silos": silos, "shared": shared["params"], "shared_xgboost": shared["xgboost"],
