@@ -304,3 +304,48 @@ def test_interrupted_run_settles_what_executed_and_resume_restarts_the_trees(tmp
         # the killed run's 5 releases stay charged; the resumed run charged all 4 × 3 again
         assert _store_events(st, silo, "dp_gbdt") == Counter({sigma: 5 + 12})
     assert len(rep.results[0].ensemble.trees) == 4
+
+
+KILLER = """
+import json, os, sys
+from silofl.training import histograms
+real, calls = histograms.SiloHistograms.level_histograms, {"n": 0}
+def killed(self, level, rng):
+    calls["n"] += 1
+    if calls["n"] == 10:  # tree 1, level 1 of the first silo: the process dies, unsettled
+        os._exit(9)
+    return real(self, level, rng)
+histograms.SiloHistograms.level_histograms = killed
+import silofl
+from silofl.config import config_from_dict
+silofl.run(config_from_dict(json.loads(open(sys.argv[1]).read())), out_dir=sys.argv[2])
+"""
+
+
+def test_killed_run_is_settled_by_resume_which_restarts_the_trees(tmp_path):
+    import os
+    import subprocess
+    import sys
+    cfg = _table_cfg(tmp_path, ["dp_gbdt"], trees={"trees": 4, "depth": 2},
+                     budget={"epsilon": 3.0})
+    (tmp_path / "cfg.json").write_text(json.dumps(cfg))
+    proc = subprocess.run([sys.executable, "-c", KILLER, str(tmp_path / "cfg.json"),
+                           str(tmp_path / "runs")], capture_output=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert proc.returncode == 9, proc.stderr.decode()[-2000:]
+    st = BudgetStore(tmp_path / "store.sqlite")
+    assert st.spent("north")["unfinished_runs"] == 1  # the whole reservation still counts
+    rep = resume_run(tmp_path / "runs" / "job")
+    for silo in ("north", "south", "east"):
+        # settled to the 5 releases it executed before dying, then the full ensemble again
+        (sigma, _), = _store_events(st, silo, "dp_gbdt").items()
+        assert _store_events(st, silo, "dp_gbdt") == Counter({sigma: 5 + 12})
+        assert st.spent(silo)["unfinished_runs"] == 0
+    assert len(rep.results[0].ensemble.trees) == 4
+
+
+def test_sweep_refuses_dp_gbdt_with_what_to_use():
+    from silofl.config.sweep import SweepSection
+    from silofl.experiments.sweep_config import validate_sweep
+    with pytest.raises(ConfigError, match="silofl run"):
+        validate_sweep(SweepSection(methods=["fedavg", "dp_gbdt"]))
