@@ -141,7 +141,7 @@ class DpGbdt(Algorithm):
                        target: PrivacyTarget | None = None) -> dpa.DpEvent:
         raise ConfigError("dp_gbdt declares its run with run_event(σ), not DP-SGD rounds")
 
-    def bind_data(self, fed, model) -> None:
+    def bind_data(self, fed: Any, model: Any) -> None:
         """Refuse what trees cannot learn, before any budget is reserved."""
         if fed.task == "multiclass":
             raise ConfigError(MULTICLASS)
@@ -158,6 +158,6 @@ class DpGbdt(Algorithm):
     def describe(self) -> dict[str, Any]:
         return {"name": self.name, **{k: v for k, v in self.settings.items()}}
 
-    def silo_step(self, *args, **kwargs):  # not a DP-SGD method (module docstring)
+    def silo_step(self, *args: Any, **kwargs: Any) -> Any:  # not DP-SGD (module docstring)
         raise ConfigError("dp_gbdt runs through silofl.experiments.run_trees (or "
                           "train_dp_gbdt), not the DP-SGD simulator")

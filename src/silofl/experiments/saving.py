@@ -139,8 +139,8 @@ def save_models(rep) -> Path:
     for r in rep.results:
         label = rep.label(r)
         d = root / label
-        if hasattr(r, "ensemble"):  # dp_gbdt: trees + XGBoost export (`tree_artifacts`)
-            from silofl.experiments.tree_artifacts import save_tree_models
+        if hasattr(r, "ensemble"):  # dp_gbdt: trees + XGBoost export (`tree_saving`)
+            from silofl.experiments.tree_saving import save_tree_models
             save_tree_models(rep, r, d, label, _privacy_statement)
             continue
         d.mkdir(parents=True, exist_ok=True)
