@@ -227,6 +227,7 @@ def test_store_charge_equals_an_independent_dp_accounting_composition(tmp_path):
     ({}, {"privacy": {"unit": "person", "epsilon": 1.0},
           "data": {"person_column": "pid", "drop": ["visit", "cost"]}}, "unit = \"example\""),
     ({}, {"data": {"standardize": "uncharged"}}, "standardized per silo"),
+    ({}, {"model": {"metric": "mse"}}, "does not fit a binary task"),
 ])
 def test_bad_trees_values_exit_2_and_charge_nothing(tmp_path, trees, other, what):
     cfg = _table_cfg(tmp_path, ["fedavg", "dp_gbdt"], trees=trees, **other)
@@ -349,3 +350,14 @@ def test_sweep_refuses_dp_gbdt_with_what_to_use():
     from silofl.experiments.sweep_config import validate_sweep
     with pytest.raises(ConfigError, match="silofl run"):
         validate_sweep(SweepSection(methods=["fedavg", "dp_gbdt"]))
+
+
+def test_trees_only_job_checks_its_metric_before_any_charge(tmp_path):
+    bad = _table_cfg(tmp_path, ["dp_gbdt"], model={"metric": "mse"})
+    with pytest.raises(ConfigError, match="does not fit a binary task"):
+        silofl.run(config_from_dict(bad), out_dir=tmp_path / "runs")
+    assert not (tmp_path / "store.sqlite").exists()
+    cfg = _table_cfg(tmp_path, ["dp_gbdt"], model={"metric": "roc_auc"})
+    r = silofl.run(config_from_dict(cfg), out_dir=tmp_path / "runs").results[0]
+    assert r.metric == "roc_auc" and set(r.final_metrics) == {"roc_auc", "accuracy"}
+    assert r.final_per_silo == list(r.final_metrics["roc_auc"].values())

@@ -37,6 +37,10 @@ PERSON_UNIT = ("dp_gbdt protects single rows only ([privacy] unit = \"example\")
                "are not implemented. Set [privacy] unit = \"example\", or train the person-"
                "level job with a DP-SGD method")
 
+NOT_SIMULATED = ("dp_gbdt is not a DP-SGD method: `silofl run` / silofl.run train it "
+                 "(silofl.experiments.run_trees), or call "
+                 "silofl.algorithms.dp_gbdt.train_dp_gbdt; the DP-SGD simulator cannot")
+
 
 def _integer(key: str, v: Any, lo: int, hi: int) -> None:
     if isinstance(v, bool) or not isinstance(v, (int, float)) or int(v) != v \
@@ -158,6 +162,8 @@ class DpGbdt(Algorithm):
     def describe(self) -> dict[str, Any]:
         return {"name": self.name, **{k: v for k, v in self.settings.items()}}
 
-    def silo_step(self, *args: Any, **kwargs: Any) -> Any:  # not DP-SGD (module docstring)
-        raise ConfigError("dp_gbdt runs through silofl.experiments.run_trees (or "
-                          "train_dp_gbdt), not the DP-SGD simulator")
+    def init(self, *args: Any, **kwargs: Any) -> Any:  # not DP-SGD (module docstring)
+        raise ConfigError(NOT_SIMULATED)
+
+    def silo_step(self, *args: Any, **kwargs: Any) -> Any:
+        raise ConfigError(NOT_SIMULATED)

@@ -384,15 +384,21 @@ def build_model(cfg: Config, fed: Federation) -> Model:
     model = make_model(mc.name, fed.dim, max(fed.num_classes, 2), **opts)
     check_input(model, x_shape)
     model.check_task(fed.task)
-    if mc.metric and mc.metric not in METRICS:
-        raise ConfigError(f"unknown model.metric {mc.metric!r}; choose one of {', '.join(METRICS)}")
-    if mc.metric == "mse" and fed.task != "regression" or \
-            mc.metric in ("accuracy", "auprc", "roc_auc") and fed.task == "regression":
-        raise ConfigError(f"metric {mc.metric!r} does not fit a {fed.task} task; use "
-                          f"{default_metric(fed.task)!r}")
-    if mc.metric in ("auprc", "roc_auc") and fed.task != "binary":
-        raise ConfigError(f"metric {mc.metric!r} needs binary labels")
+    check_metric(mc.metric, fed.task)
     return model
+
+
+def check_metric(metric: str, task: str) -> None:
+    """ConfigError for a [model] metric unknown or unfit for `task` ("" = the default)."""
+    if metric and metric not in METRICS:
+        raise ConfigError(f"unknown model.metric {metric!r}; choose one of "
+                          f"{', '.join(METRICS)}")
+    if metric == "mse" and task != "regression" or \
+            metric in ("accuracy", "auprc", "roc_auc") and task == "regression":
+        raise ConfigError(f"metric {metric!r} does not fit a {task} task; use "
+                          f"{default_metric(task)!r}")
+    if metric in ("auprc", "roc_auc") and task != "binary":
+        raise ConfigError(f"metric {metric!r} needs binary labels")
 
 
 def build_algorithms(cfg: Config) -> list[Algorithm]:

@@ -77,6 +77,8 @@ def _prepare(cfg: Config, raw=None) -> _Prepared:
     # a job of trees alone needs no parametric model ([model] is for the DP-SGD methods)
     trees_only = set(cfg.training.methods) == {"dp_gbdt"}
     model = None if trees_only else build.build_model(cfg, raw)
+    if trees_only:
+        build.check_metric(cfg.model.metric, raw.task)
     link = linkage.plan_linkage(cfg, raw)  # the key checked before anything is reserved
     algorithms = linkage.link_algorithms(build.build_algorithms(cfg), link, raw)
     if tuning_counts is not None:  # the tuned method replaces its untuned version
