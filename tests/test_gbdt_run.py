@@ -361,3 +361,25 @@ def test_trees_only_job_checks_its_metric_before_any_charge(tmp_path):
     r = silofl.run(config_from_dict(cfg), out_dir=tmp_path / "runs").results[0]
     assert r.metric == "roc_auc" and set(r.final_metrics) == {"roc_auc", "accuracy"}
     assert r.final_per_silo == list(r.final_metrics["roc_auc"].values())
+
+
+def test_resume_keeps_a_finished_tree_ensemble_and_charges_it_once(tmp_path):
+    cfg = _table_cfg(tmp_path, ["dp_gbdt", "local"], budget={"epsilon": 3.0},
+                     training={"rounds": 4})
+
+    def stop(label, t, total, pooled):
+        if label == "local" and t == 2:
+            raise KeyboardInterrupt
+    with pytest.raises(KeyboardInterrupt), pytest.warns(UserWarning, match="NEW budget"):
+        silofl.run(config_from_dict(cfg), out_dir=tmp_path / "runs", on_progress=stop)
+    st = BudgetStore(tmp_path / "store.sqlite")
+    before = {s: _store_events(st, s, "dp_gbdt") for s in ("north", "south", "east")}
+    assert all(sum(c.values()) == 4 * 3 for c in before.values())
+    rep = resume_run(tmp_path / "runs" / "job")
+    trees = rep.results[0]
+    assert trees.method["name"] == "dp_gbdt" and len(trees.ensemble.trees) == 4
+    assert {s: _store_events(st, s, "dp_gbdt") for s in before} == before  # not re-run
+    pred = silofl.load_run(rep.run_dir).predictor("east", "dp_gbdt")
+    rows = pd.read_csv(tmp_path / "visits.csv").head(10)
+    np.testing.assert_allclose(pred.predict(rows), trees.params[2].predict(
+        pred.transform(rows)), rtol=0, atol=1e-12)
