@@ -7,6 +7,8 @@ q_k = b/n_k and steps per local pass, calibrate its noise multiplier σ_k from i
 A *job* may run several methods on the same data (and private preprocessing before
 them): everything it releases composes, so one σ_k per silo is calibrated for the whole
 composition — each method gets an equal share of the silo's target for this job.
+A method with its own releases (dp_gbdt) declares its whole run as ``run_event(σ)`` and
+its per-tree row sample as q; it is composed into the same σ_k (example level only).
 """
 
 from __future__ import annotations
