@@ -20,6 +20,7 @@ pytest.importorskip("ray", reason="ray is not installed (pip install 'silofl[ray
 from silofl.cli import app  # noqa: E402
 from silofl.errors import BudgetExceeded, ConfigError, PrivacyError  # noqa: E402
 from silofl.experiments import sweep as S  # noqa: E402
+from silofl.experiments import sweep_results  # noqa: E402
 from silofl.experiments.sweep import run_sweep  # noqa: E402
 from silofl.experiments.sweep_config import load_sweep_config  # noqa: E402
 from silofl.experiments.sweep_results import read_results  # noqa: E402
@@ -164,6 +165,17 @@ def test_a_killed_ray_sweep_resumes_with_only_the_missing_runs(cluster, local_sw
     by_key = {r["key"]: r for r in ref}
     for r in records:
         _close(_strip(r), _strip(by_key[r["key"]]), r["key"])
+
+
+def test_a_second_sweep_on_the_same_results_file_is_refused(cluster, tmp_path, monkeypatch):
+    cfg = _config(tmp_path, engine="ray")
+    monkeypatch.setattr(sweep_results, "LOCK_WAIT_S", 0.2)
+    with sweep_results.exclusive_lock(tmp_path / "results.jsonl"):  # another sweep holds it
+        with pytest.raises(ConfigError, match="is in use by another `silofl sweep`"):
+            run_sweep(load_sweep_config(cfg))
+    assert not (tmp_path / "results.jsonl").exists()
+    assert not (tmp_path / "budget.sqlite").exists() or _charges(tmp_path / "budget.sqlite") \
+        == {s: (0.0, []) for s in _charges(tmp_path / "budget.sqlite")}
 
 
 def test_the_lifetime_budget_stops_a_ray_sweep_before_a_worker_runs(cluster, tmp_path):

@@ -188,11 +188,14 @@ def _collect(ray, ref, job: Job | None) -> tuple[dict | None, BaseException | No
     """A finished task's record or error; its reservation settled either way."""
     try:
         rec, log, e = ray.get(ref)
-    except ray.exceptions.RayError as lost:  # the worker died: its log is gone
+    except ray.exceptions.RayError as lost:  # the worker died or could not start: no log
         if job is not None:
             settle_in_full(job, status="lost")
-        return None, SiloflError(f"a Ray worker was lost ({type(lost).__name__}); its run "
-                                 "was charged in full. Run the sweep again to resume")
+        first = (str(lost).strip().splitlines() or [""])[0][:300]
+        return None, SiloflError(
+            f"a Ray worker did not return this run ({type(lost).__name__}: {first}); it is "
+            "charged in full. Check that every node has the same silofl as this machine, "
+            "then run the sweep again to resume")
     if job is not None:
         settle_detached(job, log, status="finished" if e is None else "failed")
     return rec, e
