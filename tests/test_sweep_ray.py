@@ -56,9 +56,12 @@ def cluster():
     ray.shutdown()
 
 
-def _config(tmp: Path, **sweep) -> Path:
+def _config(tmp: Path, budget: dict | None = None, **sweep) -> Path:
+    """The sweep file RAW with `sweep` keys replaced (and [budget], if given)."""
     raw = json.loads(json.dumps(RAW))
     raw["sweep"].update(sweep)
+    if budget is not None:
+        raw["budget"] = budget
     tmp.mkdir(parents=True, exist_ok=True)
     (tmp / "sweep.toml").write_text(tomli_w.dumps(raw))
     return tmp / "sweep.toml"
@@ -178,9 +181,19 @@ def test_a_second_sweep_on_the_same_results_file_is_refused(cluster, tmp_path, m
         == {s: (0.0, []) for s in _charges(tmp_path / "budget.sqlite")}
 
 
+def test_a_scratch_sweep_on_ray_charges_a_scratch_store_per_run(cluster, tmp_path):
+    cfg = _config(tmp_path, {}, engine="ray", methods=["local"], nonprivate=False, lr=[0.1])
+    out = run_sweep(load_sweep_config(cfg))
+    head, records = read_results(out.results)
+    assert out.executed == 1 and any("scratch budget store" in n for n in head["notes"])
+    assert records[0]["privacy"]["scratch_store"] is True
+    assert 0.9 < records[0]["privacy"]["max_epsilon_spent"] <= 1.0 + 1e-9
+    assert not (tmp_path / "budget.sqlite").exists()
+
+
 def test_the_lifetime_budget_stops_a_ray_sweep_before_a_worker_runs(cluster, tmp_path):
-    cfg = _config(tmp_path, engine="ray", methods=["local"], nonprivate=False, workers=1)
-    cfg.write_text(cfg.read_text().replace("epsilon = 20.0", "epsilon = 1.2"))  # one ε = 1 fits
+    cfg = _config(tmp_path, {"store": "budget.sqlite", "epsilon": 1.2},  # one ε = 1 run fits
+                  engine="ray", methods=["local"], nonprivate=False, workers=1)
     with pytest.raises(BudgetExceeded, match="lifetime ε would reach"):
         run_sweep(load_sweep_config(cfg))
     _, records = read_results(tmp_path / "results.jsonl")
