@@ -338,6 +338,7 @@ def execute_detached(load: Callable[[], Prepared], sc: SweepConfig, spec: RunSpe
     _DETACHED = True
     warnings.simplefilter("ignore")
     logging.getLogger("absl").setLevel(logging.ERROR)
+
     def log() -> list:
         return [] if job is None else job.log
 
