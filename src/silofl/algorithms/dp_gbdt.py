@@ -170,15 +170,19 @@ def _bounds_array(bounds: Any, d: int) -> np.ndarray:
 
 
 def _sigmas(fed: Federation, ledgers: list[Ledger | None], trees: int, releases: int,
-            q: float, private: bool) -> list[float]:
-    """Each silo's σ_k for its own target over the whole ensemble; preflighted."""
+            q: float, private: bool, given: list[float] | None = None) -> list[float]:
+    """Each silo's σ_k for its own target over the whole ensemble (or `given`, a job's
+    calibration for several methods composed); preflighted."""
     if not private:
         return [0.0] * fed.num_silos
+    if given is not None and len(given) != fed.num_silos:
+        raise ConfigError(f"got {len(given)} noise multipliers for {fed.num_silos} silos")
     out = []
-    for led in ledgers:
+    for k, led in enumerate(ledgers):
         assert led is not None
-        sigma = accounting.calibrate(lambda s: ensemble_event(s, trees, releases, q),
-                                     led.target.epsilon, led.target.delta, led.accountant)
+        sigma = given[k] if given is not None else accounting.calibrate(
+            lambda s: ensemble_event(s, trees, releases, q),
+            led.target.epsilon, led.target.delta, led.accountant)
         led.preflight(ensemble_event(sigma, trees, releases, q))  # fails before any row is read
         out.append(float(sigma))
     return out
@@ -206,7 +210,8 @@ def train_dp_gbdt(fed: Federation, *, trees: int = 20, depth: int = 3, n_bins: i
                   base_score: float = 0.0, splits: str = "histogram",
                   local_trees: int = 0, max_leaf: float | None = None, seed: int = 0,
                   ledgers: list[Ledger] | None = None, private: bool = True,
-                  unit: str = "example", noise_scale: float = 1.0,
+                  unit: str = "example",
+                  noise_multipliers: list[float] | None = None, noise_scale: float = 1.0,
                   observe: Callable[[GbdtRelease], None] | None = None) -> GbdtResult:
     """Train a DP federated GBDT; every silo spends at most its own (ε_k, δ_k).
 
@@ -258,6 +263,10 @@ def train_dp_gbdt(fed: Federation, *, trees: int = 20, depth: int = 3, n_bins: i
         False: no noise, no ledgers (a non-private reference run).
     unit : str
         Only "example" (person-level trees are refused with ConfigError).
+    noise_multipliers : list of float, optional
+        Each silo's σ_k as a job calibrated it for all its methods composed
+        (`silofl.runtime.plan`; default: calibrated here for the ensemble alone); the
+        ledgers' preflight still refuses one that does not fit.
     noise_scale : float
         Auditing only, never set by a run (the audit self-test's broken variant "noise
         off" sets 0): the released noise is σ_k·noise_scale while the ledgers charge σ_k.
@@ -282,7 +291,8 @@ def train_dp_gbdt(fed: Federation, *, trees: int = 20, depth: int = 3, n_bins: i
     edges = bin_edges(_bounds_array(bounds, d), n_bins)
     leds = _make_ledgers(fed, ledgers, private)
     releases = depth + 1 if splits == "histogram" else 1
-    sigmas = _sigmas(fed, leds, trees + local_trees, releases, subsample, private)
+    sigmas = _sigmas(fed, leds, trees + local_trees, releases, subsample, private,
+                     noise_multipliers)
     ss = np.random.SeedSequence(seed)
     server_rng, *silo_rngs = [np.random.default_rng(s) for s in ss.spawn(fed.num_silos + 1)]
     hists = [SiloHistograms(led, bin_features(s.X_train, edges), sig * noise_scale, n_bins,
