@@ -14,7 +14,6 @@ from silofl.algorithms.dp_gbdt import train_dp_gbdt
 from silofl.audit import audit_gbdt
 from silofl.audit.gbdt import GbdtMechanism, _audit
 from silofl.audit.selftest import NOISE_OFF, self_test_gbdt
-from silofl.config import config_from_dict
 from silofl.data.federation import Federation, Silo
 from silofl.errors import ConfigError
 
@@ -161,19 +160,46 @@ def test_bad_input_is_refused_before_training(kwargs, match):
         audit_gbdt(_fed(1.0, n=100), **{"silo": "s0", **kwargs})
 
 
-def test_config_audit_refuses_dp_gbdt_and_names_the_function(tmp_path):
+def _job(tmp_path, methods='["dp_gbdt"]', scratch="true"):
+    conf = tmp_path / "job.toml"
+    conf.write_text(f'[training]\nmethods = {methods}\nseed = 3\n[trees]\ntrees = 5\n'
+                    f'depth = 2\n[privacy]\nnoise = "seeded"\n'
+                    f'[budget]\nscratch = {scratch}\n[output]\ndir = ""\n')
+    return conf
+
+
+def test_cli_audits_a_dp_gbdt_job_and_its_self_test(tmp_path):
+    """`silofl audit --config` on a dp_gbdt job (heart, 4 hospitals): the trees' audit with
+    the job's declared bounds and [trees] settings; --self-test flags noise off."""
+    import json
+
     from typer.testing import CliRunner
 
-    from silofl.audit import audit
     from silofl.cli import app
-    cfg = config_from_dict({"training": {"methods": ["local", "dp_gbdt"]},
-                            "budget": {"scratch": True}, "output": {"dir": ""}})
-    with pytest.raises(ConfigError, match="silofl.audit.gbdt.audit_gbdt"):
-        audit(cfg)
-    conf = tmp_path / "job.toml"
-    conf.write_text('[training]\nmethods = ["dp_gbdt"]\n[budget]\nscratch = true\n')
-    for extra in ([], ["--self-test"]):
-        res = CliRunner().invoke(app, ["audit", "--config", str(conf), "--out",
-                                       str(tmp_path / "o"), "-q", *extra])
-        assert res.exit_code == 2, res.output
-        assert "audit_gbdt" in res.output and not (tmp_path / "o").exists()
+    conf = _job(tmp_path)
+    res = CliRunner().invoke(app, ["audit", "--config", str(conf), "--canaries", "90",
+                                   "--out", str(tmp_path / "o"), "-q"])
+    assert res.exit_code == 0, res.output
+    rep = json.loads((tmp_path / "o" / "audit.json").read_text())
+    assert rep["view"] == "trees" and rep["methods"] == ["dp_gbdt"] and not rep["violations"]
+    assert rep["noise"] == "seeded"  # [privacy] noise = "seeded": canaries and coins too
+    assert len(rep["silos"]) == 4 and all(s["details"]["canaries"] == 90 for s in rep["silos"])
+    res = CliRunner().invoke(app, ["audit", "--config", str(conf), "--canaries", "90",
+                                   "--self-test", "--out", str(tmp_path / "s"), "-q"])
+    assert res.exit_code == 0, res.output
+    st = json.loads((tmp_path / "s" / "selftest.json").read_text())
+    assert st["passed"] and {r["mechanism"] for r in st["rows"] if r["flagged"]} == {NOISE_OFF}
+
+
+@pytest.mark.parametrize("methods,scratch,match", [
+    ('["local", "dp_gbdt"]', "true", "dp_gbdt alone"),
+    ('["dp_gbdt"]', "false", "scratch"),
+])
+def test_cli_refuses_what_the_trees_audit_cannot_take(tmp_path, methods, scratch, match):
+    from typer.testing import CliRunner
+
+    from silofl.cli import app
+    res = CliRunner().invoke(app, ["audit", "--config", str(_job(tmp_path, methods, scratch)),
+                                   "--out", str(tmp_path / "o"), "-q"])
+    assert res.exit_code == 2 and match in res.output, res.output
+    assert not (tmp_path / "o").exists()

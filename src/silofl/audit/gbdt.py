@@ -353,12 +353,13 @@ def _audit(fed: Federation, *, silo: str | None, canaries: int | None, kind: str
         what = f"multi-run: {n} jobs on D and {n} on D′ = D + one tree canary"
     charged = trees.get("ledgers") is not None and kind == "one-run"
     notes = [AUDIT_NOTE, what,
-             "canaries: records with their own bin of an auditing column (public bounds "
-             "[0, 1], 0 for every real record), real features at the declared bounds' "
-             "corners, the label against the starting margin; the audited job is the job "
-             "plus these columns",
-             "scores: white box (the noisy level histograms' canary cells, as the server "
-             "receives them) and black box (the released ensemble's loss)",
+             "canaries: records coded across auditing columns (public bounds [0, 1], bin 0 "
+             "for every real record, a random bin >= 1 per column for each canary), real "
+             "features at the declared bounds' corners, labels by fair coins; the audited "
+             "job is the job plus these columns",
+             "scores: white box (least squares on the cells only canaries populate in the "
+             "noisy histograms and leaf sums, as the server receives them) and black box "
+             "(the released ensemble's loss)",
              "charged to the given ledgers" if charged else
              "charged to fresh in-memory ledgers (an experiment: no lifetime store)"]
     if noise_scale != 1.0:

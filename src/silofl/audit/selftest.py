@@ -123,7 +123,8 @@ def self_test(cfg, *, silo: str | None = None, canaries: int | None = None,
               only: list[str] | None = None,
               on_progress: Callable[[int, int], None] | None = None) -> SelfTestReport:
     """Run the server-view one-run audit of `cfg` against the mechanism as run and each
-    weakened copy, and the release audit against the preprocessing release without noise.
+    weakened copy, and the release audit against the preprocessing release without noise
+    (a job of method dp_gbdt: `self_test_gbdt` on its federation, noise off).
 
     Parameters
     ----------
@@ -151,6 +152,13 @@ def self_test(cfg, *, silo: str | None = None, canaries: int | None = None,
     """
     from silofl.audit.tabular import audit
 
+    if "dp_gbdt" in list(cfg.training.methods):  # the trees' broken variants
+        from silofl.audit.jobs import trees_job
+        fed, _names, bounds, trees = trees_job(cfg, silo)
+        if seed is None and cfg.privacy.noise == "seeded":  # a seeded experiment
+            seed = int(cfg.training.seed)
+        return self_test_gbdt(fed, silo=silo, canaries=canaries, confidence=confidence,
+                              seed=seed, bounds=bounds, **trees)
     t0 = time.perf_counter()
     person = getattr(cfg.privacy, "unit", "example") == "person"
     names = [AS_RUN] + [n for n in WEAKENINGS if only is None or n in only] + (
@@ -349,7 +357,8 @@ def self_test_gbdt(fed, *, silo: str | None = None, canaries: int | None = None,
                             r.lower_bound, r.estimate_lower, r.violation, None)
                 for r in rep.rows]
     return SelfTestReport(out, confidence, m, time.perf_counter() - t0, [
-        "trees: each mechanism one one-run membership audit (white box: the level "
-        "histograms' canary cells; black box: the ensemble's loss) on in-memory ledgers; "
-        "the broken variants keep the claim and the accounting",
+        "trees: each mechanism one one-run membership audit (white box: the cells only "
+        "canaries populate in the noisy histograms and leaf sums; black box: the "
+        "ensemble's loss) on in-memory ledgers; the broken variants keep the claim and the "
+        "accounting",
         f"a broken variant must be flagged when its true ε ≥ {MUST_FLAG:g} × the claim"])

@@ -67,7 +67,9 @@ def audit(cfg, *, view: str = _AUDIT.view, kind: str = _AUDIT.kind, silo: str | 
 
     The real job runs with canaries; an attacker guesses which canaries were trained on,
     giving an empirical lower bound on ε at `confidence`. A bound above the claim is a
-    violation. The audit's own runs are charged to the budget store like any job.
+    violation. A job of method dp_gbdt (alone) is audited by `audit.gbdt.audit_gbdt`
+    (tree canaries; both the server's and the ensemble's view, whatever `view` except
+    "release"; scratch store only). The audit's own runs are charged to the budget store like any job.
     Everything that can fail on bad input fails before any budget is reserved.
 
     Parameters
@@ -121,7 +123,6 @@ def audit(cfg, *, view: str = _AUDIT.view, kind: str = _AUDIT.kind, silo: str | 
     """
     t0 = time.perf_counter()
     check_kind(kind)
-    refuse_trees(cfg)
     if view not in VIEWS:
         raise ConfigError(f"unknown audit view {view!r}; choose one of {', '.join(VIEWS)}")
     if not cfg.privacy.enabled:
@@ -139,6 +140,8 @@ def audit(cfg, *, view: str = _AUDIT.view, kind: str = _AUDIT.kind, silo: str | 
                                   confidence=confidence, store=store, seed=seed, init=init,
                                   on_progress=on_progress)
     check_confidence(confidence)
+    if "dp_gbdt" in list(cfg.training.methods) and view != "release":
+        return _trees(cfg, kind, silo, canaries, runs, confidence, store, seed)
     rng = np.random.default_rng(seed)  # None: OS entropy
     raw, names = audited_silos(cfg, silo)
     if view == "release":
@@ -154,20 +157,24 @@ def audit(cfg, *, view: str = _AUDIT.view, kind: str = _AUDIT.kind, silo: str | 
                       on_progress)
 
 
-#: why `silofl audit --config` refuses method dp_gbdt, and what to call instead
-TREES_REFUSAL = (
-    "method dp_gbdt is audited through the library, not `silofl audit --config`: call "
-    "silofl.audit.gbdt.audit_gbdt(fed, silo=..., canaries=..., **trees_settings) (its "
-    "self-test: silofl.audit.selftest.self_test_gbdt) on the federation the job trains; "
-    "or remove dp_gbdt from [training] methods to audit the other methods")
-
-
-def refuse_trees(cfg) -> None:
-    """ConfigError when the job trains method dp_gbdt: its audit is a library function
-    (`audit.gbdt.audit_gbdt`), not this config route (the canaries of this route are
-    records of a GLM job, its scores a GLM's)."""
-    if "dp_gbdt" in list(getattr(cfg.training, "methods", []) or []):
-        raise ConfigError(TREES_REFUSAL)
+def _trees(cfg, kind, silo, canaries, runs, confidence, store, seed) -> AuditReport:
+    """Method dp_gbdt: the trees' membership audit (`audit.gbdt`) of the job's federation
+    with its declared bounds and [trees] settings, on in-memory ledgers (a scratch store
+    is required: the audited job is the job plus auditing columns)."""
+    from silofl.audit.gbdt import audit_gbdt
+    from silofl.audit.jobs import trees_job
+    if isinstance(canaries, Canaries):
+        raise ConfigError("the trees' audit makes its own tree canaries (auditing columns): "
+                          "give --canaries as a number")
+    _require_scratch(cfg, store, "the trees' audit trains the job with auditing columns "
+                     "added (and, multi-run, many times)")
+    fed, names, bounds, trees = trees_job(cfg, silo)
+    if seed is None and cfg.privacy.noise == "seeded":  # a seeded experiment, end to end
+        seed = int(cfg.training.seed)
+    rep = audit_gbdt(fed, silo=silo, canaries=canaries, kind=kind, runs=runs,
+                     confidence=confidence, seed=seed, bounds=bounds, **trees)
+    rep.notes = _notes(cfg, BudgetStore(None), [], rep.notes[1:])
+    return rep
 
 
 def _server(cfg, raw, names, kind, canaries, runs, confidence, store, rng, seed, t0,
