@@ -3,8 +3,9 @@
 
 One engine (`engine.one_run`, `engine.multi_run`) over a `Mechanism` plug-in: `tabular`
 audits a `silofl run` job; the pandemic pipeline's plug-in lives in `silofl.pandemic.audit`.
-DP federated trees (method dp_gbdt) are audited through the same engine by the library
-function `gbdt.audit_gbdt` (tree canaries, the server's view of the noisy histograms).
+DP federated trees (method dp_gbdt) are audited through the same engine by
+`gbdt.audit_gbdt` (tree canaries, the server's view of the noisy histograms); `audit`
+routes a dp_gbdt job there.
 Person-level runs (`[privacy] unit = "person"`) are audited with canary persons of several
 rows each (`persons.audit_persons`; `silofl audit` routes such a config there)."""
 

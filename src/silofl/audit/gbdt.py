@@ -1,5 +1,6 @@
 """Membership audit of DP federated gradient-boosted trees (`algorithms.dp_gbdt`): the
-engine's plug-in (`engine.one_run`, `engine.multi_run`; no second engine).
+engine's plug-in (`engine.one_run`, `engine.multi_run`; no second engine). `silofl audit
+--config` routes a job of method dp_gbdt here (`audit.tabular`, `audit.jobs.trees_job`).
 
 Canaries are records inserted in an audited silo (each "in" by the engine's fair coin),
 built to be worst case for trees and to be read from the server's view:
