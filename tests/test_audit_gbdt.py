@@ -160,10 +160,10 @@ def test_bad_input_is_refused_before_training(kwargs, match):
         audit_gbdt(_fed(1.0, n=100), **{"silo": "s0", **kwargs})
 
 
-def _job(tmp_path, methods='["dp_gbdt"]', scratch="true"):
+def _job(tmp_path, methods='["dp_gbdt"]', scratch="true", unit="example"):
     conf = tmp_path / "job.toml"
     conf.write_text(f'[training]\nmethods = {methods}\nseed = 3\n[trees]\ntrees = 5\n'
-                    f'depth = 2\n[privacy]\nnoise = "seeded"\n'
+                    f'depth = 2\n[privacy]\nnoise = "seeded"\nunit = "{unit}"\n'
                     f'[budget]\nscratch = {scratch}\n[output]\ndir = ""\n')
     return conf
 
@@ -191,15 +191,18 @@ def test_cli_audits_a_dp_gbdt_job_and_its_self_test(tmp_path):
     assert st["passed"] and {r["mechanism"] for r in st["rows"] if r["flagged"]} == {NOISE_OFF}
 
 
-@pytest.mark.parametrize("methods,scratch,match", [
-    ('["local", "dp_gbdt"]', "true", "dp_gbdt alone"),
-    ('["dp_gbdt"]', "false", "scratch"),
+@pytest.mark.parametrize("methods,scratch,unit,match", [
+    ('["local", "dp_gbdt"]', "true", "example", "dp_gbdt alone"),
+    ('["dp_gbdt"]', "false", "example", "scratch"),
+    ('["dp_gbdt"]', "true", "person", "example-level"),
 ])
-def test_cli_refuses_what_the_trees_audit_cannot_take(tmp_path, methods, scratch, match):
+def test_cli_refuses_what_the_trees_audit_cannot_take(tmp_path, methods, scratch, unit,
+                                                      match):
     from typer.testing import CliRunner
 
     from silofl.cli import app
-    res = CliRunner().invoke(app, ["audit", "--config", str(_job(tmp_path, methods, scratch)),
-                                   "--out", str(tmp_path / "o"), "-q"])
+    conf = _job(tmp_path, methods, scratch, unit)
+    res = CliRunner().invoke(app, ["audit", "--config", str(conf), "--out",
+                                   str(tmp_path / "o"), "-q"])
     assert res.exit_code == 2 and match in res.output, res.output
     assert not (tmp_path / "o").exists()

@@ -129,6 +129,10 @@ def trees_job(cfg, silo: str | None):
                           f"trains {methods}: its σ would be calibrated for all of them "
                           "composed. Audit the trees with [training] methods = "
                           "[\"dp_gbdt\"], and the other methods without dp_gbdt")
+    if getattr(cfg.privacy, "unit", "example") != "example":
+        raise ConfigError(f"the trees' audit tests an example-level claim; [privacy] unit = "
+                          f"{cfg.privacy.unit!r} is not one dp_gbdt trains (use unit = "
+                          "\"example\")")
     raw, names = audited_silos(cfg, silo)
     p = run_mod._prepare(cfg, raw)
     if p.extra:
