@@ -154,6 +154,7 @@ def test_given_ledgers_are_charged_and_reports_are_written(tmp_path):
     ({"kind": "many"}, "unknown audit kind"),
     ({"confidence": 1.0}, "confidence"),
     ({"bounds": (1.0, -1.0)}, "bounds"),
+    ({"bins": "private"}, "bins = \"schema\""),
 ])
 def test_bad_input_is_refused_before_training(kwargs, match):
     with pytest.raises(ConfigError, match=match):

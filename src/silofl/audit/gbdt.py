@@ -265,6 +265,10 @@ def _check(fed: Federation, kwargs: dict[str, Any], kind: str) -> None:
     if bad:
         raise ConfigError(f"audit_gbdt sets {', '.join(bad)} itself (the audit's seed, the "
                           "auditing columns' bounds, the observer); leave them out")
+    if kwargs.get("bins", "schema") != "schema" or kwargs.get("edges") is not None:
+        raise ConfigError("the trees' audit cuts the canaries' bins over the declared bounds "
+                          "(its auditing columns too); audit with [trees] bins = \"schema\" "
+                          "(private quantile bins are not audited yet)")
     if fed.is_image or fed.task not in ("binary", "regression"):
         raise ConfigError(f"the trees' audit needs a tabular binary or regression "
                           f"federation, got {fed.task!r}")
