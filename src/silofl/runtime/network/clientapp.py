@@ -117,7 +117,7 @@ def _save_when_done(program) -> None:
     and card as `silofl silo` does on the fast path (`release.save_silo_release`): there
     is no end-of-run hook in a per-message process, so the last round's process saves."""
     job = program.job
-    if job is None or not (program.exhausted or program.done >= int(job["rounds"])):
+    if job is None or not (program.exhausted or program.done >= program.rounds):
         return
     from silofl.runtime.network import release
     try:
