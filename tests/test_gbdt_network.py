@@ -10,6 +10,7 @@ import warnings
 from collections import Counter
 from pathlib import Path
 
+import dp_accounting as dpa
 import numpy as np
 import pytest
 
@@ -18,8 +19,9 @@ pytest.importorskip("flwr")
 from silofl.algorithms.dp_gbdt import train_dp_gbdt  # noqa: E402
 from silofl.data.heart import load_heart_disease  # noqa: E402
 from silofl.errors import ConfigError  # noqa: E402
+from silofl.privacy import events  # noqa: E402
 from silofl.privacy.budget import BudgetStore, BudgetStoreError  # noqa: E402
-from silofl.privacy.ledger import Ledger  # noqa: E402
+from silofl.privacy.ledger import Ledger, tightest  # noqa: E402
 from silofl.privacy.targets import PrivacyTarget  # noqa: E402
 from silofl.runtime.job import accountant_kind  # noqa: E402
 from silofl.runtime.network import messages as W  # noqa: E402
@@ -106,10 +108,9 @@ def test_network_run_equals_simulator_charges_and_saved_models(tmp_path, trees):
             _same_trees(s.gbdt.personal, sim.personal[k])
         assert s.reported[2] == pytest.approx(sim.report[k]["sigma"], rel=1e-12)
         want = {repr(e): c for e, c in leds[k].spent_counts().items()}
-        assert s.gbdt.silo.ledger.spent_counts() == leds[k].spent_counts()
         got, status = _store_events(s.cfg.budget_store, n)
-        # reserved at round 1, settled to what ran: one row per executed release
-        assert got == want and status == ["charged"] * len(leds[k].entries)
+        # each round reserved before it ran and settled to what ran
+        assert got == want and set(status) == {"charged"}
     # the server's release: the ensemble (ours and XGBoost's format) and its report
     folder = release.save_server_release(srv)
     ens = load_ensemble(folder / "gbdt.json")
@@ -160,7 +161,7 @@ def test_malformed_or_out_of_order_messages_are_refused_before_any_charge(tmp_pa
     assert _charges(s.cfg.budget_store, n) == []
     rep, u = s.round(srv.request(n, 1), [srv.message])  # the right one runs, charged
     assert rep["status"] == "ok" and u is not None
-    assert len(_charges(s.cfg.budget_store, n)) == 1  # the whole run, reserved
+    assert len(_charges(s.cfg.budget_store, n)) == 1  # round 1's release, reserved
 
 
 def test_person_unit_secagg_and_bad_trees_are_refused_specifically(tmp_path):
@@ -183,3 +184,63 @@ def test_person_unit_secagg_and_bad_trees_are_refused_specifically(tmp_path):
                                            "job": W.canonical(job).decode()})
     assert rep["status"] == "refused" and "privacy_unit" in rep["reason"]
     assert Counter(r["status"] for r in [rep]) == {"refused": 1}
+
+
+def test_flower_loop_with_a_fresh_silo_program_per_message_equals_simulator(tmp_path):
+    """Flower's server loop (`SiloflStrategy`) over in-process clients, each message served
+    by a fresh `SiloProgram` that resumes from the silo's state on disk (as a SuperNode
+    does): the simulator's trees, and every silo saved the final model."""
+    from silofl.runtime.network.clientapp import SiloClient
+    from silofl.runtime.network.flower import SiloflStrategy, run_in_process
+    trees = {"trees": 2, "depth": 2, "n_bins": 8, "subsample": 0.7}
+    w = consortium(tmp_path, job={"method": "dp_gbdt", "trees": trees})
+    srv, _ = _programs(w)
+
+    def client_fn(path):
+        def make(cid):
+            program = SiloProgram(load_silo_config(path))
+            program.resume()  # the accepted job and the trees' state, from disk
+            return SiloClient(program)
+        return make
+
+    run_in_process(SiloflStrategy(srv), srv.rounds,
+                   {n: client_fn(p) for n, p in w["silos"].items()})
+    assert srv.done == srv.rounds and srv.gbdt.server.done
+    fed = load_heart_disease(seed=0).with_targets(PrivacyTarget(1.0, DELTA))
+    leds = [Ledger(s.name, s.target, accountant_kind(srv.job["accountant"]))
+            for s in fed.silos]
+    sim = train_dp_gbdt(fed, **trees, seed=srv.job["seed"], ledgers=leds)
+    _same_trees(srv.gbdt.server.ensemble, sim.ensemble)
+    for k, (n, p) in enumerate(w["silos"].items()):
+        cfg = load_silo_config(p)
+        saved = next(Path(cfg.release_dir).glob("gbdt-*-privacy.json"))
+        _same_trees(load_ensemble(saved.parent / json.loads(saved.read_text())["files"]
+                                  ["trees"]), sim.ensemble)
+        got, _ = _store_events(cfg.budget_store, n)
+        assert got == {repr(e): c for e, c in leds[k].spent_counts().items()}
+
+
+def test_a_silo_whose_store_runs_out_leaves_and_the_others_finish(tmp_path):
+    w = consortium(tmp_path, job={"method": "dp_gbdt", "trees": {"trees": 3, "depth": 2}})
+    poor = next(iter(w["silos"]))
+    edit_toml(w["silos"][poor], "silo", lifetime_epsilon=0.4)  # < its run's ε = 1
+    srv, silos = _programs(w)
+    _join(srv, silos)
+    statuses = {}
+    for t in range(1, srv.rounds + 1):
+        ups = {}
+        for n in srv.selected(t, list(silos)):
+            rep, u = silos[n].round(srv.request(n, t), [srv.message])
+            status, u = srv.accept_update(n, t, rep, [] if u is None else [u])
+            statuses.setdefault(n, []).append(status)
+            if status == "ok":
+                ups[n] = u
+        srv.step(t, ups)
+    assert srv.gbdt.server.done and len(srv.gbdt.server.ensemble.trees) == 3
+    ran = statuses[poor].count("ok")
+    assert 0 < ran < srv.rounds and statuses[poor][ran:] == ["exhausted"]  # asked no more
+    rows = _charges(silos[poor].cfg.budget_store, poor)
+    assert len(rows) == ran and {r["status"] for r in rows} == {"charged"}
+    spent = dpa.ComposedDpEvent([events.from_json(r["event"]) for r in rows])
+    assert tightest(spent, DELTA)[0] <= 0.4  # never past its lifetime target
+    assert all(statuses[n] == ["ok"] * srv.rounds for n in silos if n != poor)

@@ -377,10 +377,10 @@ class GbdtSilo:
         self.shared_sums: np.ndarray | None = None  # MODEL: (T, 2, 2^D) summed releases
         self.shared_ensemble: TreeEnsemble | None = None  # the shared trees (after MODEL)
 
-    def charge_for(self, ask: Ask) -> tuple[dpa.DpEvent, str] | None:
-        """What answering `ask` charges this silo (None: nothing) and its label."""
+    def cost(self, ask: Ask) -> tuple[dpa.DpEvent, str] | None:
+        """What answering `ask` charges a private silo (None: nothing) and its label."""
         s = self.s
-        if self.ledger is None or ask.op == OP_MODEL:
+        if ask.op == OP_MODEL:
             return None
         t = ask.tree
         if s.subsample < 1.0:  # one subsampled charge per tree, before its first release
@@ -394,12 +394,13 @@ class GbdtSilo:
     def check(self, ask: Ask) -> None:
         """Validate `ask` against what this silo expects next and its budget (nothing
         charged, nothing read): MessageError / BudgetExceeded."""
-        self._validate(ask)
-        what = self.charge_for(ask)
+        self.validate(ask)
+        what = self.cost(ask) if self.ledger is not None else None
         if what is not None and self.ledger is not None:
             self.ledger.check(what[0], round=ask.tree, label=what[1])
 
-    def _validate(self, ask: Ask) -> None:
+    def validate(self, ask: Ask) -> None:
+        """MessageError unless `ask` is the message this silo expects next, well formed."""
         s, B = self.s, self.s.n_bins
         if (ask.op, ask.tree, ask.level) != self.expect:
             raise MessageError(f"silo {self.name!r} expected gbdt message {self.expect} "
@@ -442,7 +443,7 @@ class GbdtSilo:
                 self.end = self.s.trees + self.s.local_trees
             self.expect = self._first(ask.tree)
             return None
-        what = self.charge_for(ask)
+        what = self.cost(ask) if self.ledger is not None else None
         if what is not None and self.ledger is not None:
             self.ledger.charge(what[0], round=ask.tree, label=what[1])
         h, s = self.hist, self.s
@@ -490,6 +491,65 @@ class GbdtSilo:
         self.ensemble.trees.append(tree)
         self.margins += tree.value[tree.apply(self.X)]
         self.open_tree = False
+
+
+_TREE_FIELDS = ("feature", "threshold", "left", "right", "value")
+
+
+def silo_state(silo: GbdtSilo) -> tuple[dict[str, np.ndarray], dict]:
+    """Everything a silo program holds between messages, as arrays and JSON data (what a
+    silo process that starts per message keeps on disk); `restore_silo` reads it back."""
+    h, trees = silo.hist, silo.ensemble.trees
+    arrays = {"margins": silo.margins, "g": h.g, "h": h.h, "pos": h.pos,
+              "features": np.asarray(h.features, np.int64),
+              "tree_sizes": np.array([t.n_nodes for t in trees], np.int64),
+              "own_sums": np.stack(silo.own_sums) if silo.own_sums else np.zeros((0, 2, 1))}
+    for f in _TREE_FIELDS:
+        arrays[f"tree_{f}"] = np.concatenate([getattr(t, f) for t in trees]) if trees \
+            else np.zeros(0)
+    if silo.open_tree:
+        arrays["heap_feature"], arrays["heap_threshold"] = silo.feature, silo.threshold
+    exact = getattr(h, "_exact", None)
+    if exact is not None:  # the previous level's exact sums (sibling subtraction)
+        arrays["exact_g"], arrays["exact_h"] = exact
+    if silo.shared_sums is not None:
+        arrays["shared_sums"] = silo.shared_sums
+    bit = getattr(silo.rng, "bit_generator", None)  # seeded streams continue; secure: fresh
+    meta = {"expect": list(silo.expect), "end": silo.end, "open_tree": silo.open_tree,
+            "n_shared": None if silo.shared_ensemble is None
+            else len(silo.shared_ensemble.trees),
+            "rng": None if bit is None else bit.state}
+    return arrays, meta
+
+
+def restore_silo(silo: GbdtSilo, arrays: dict[str, np.ndarray], meta: dict) -> None:
+    """Put `silo_state`'s arrays and data back into a freshly built silo program."""
+    s, h = silo.s, silo.hist
+    silo.margins = np.array(arrays["margins"], dtype=np.float64)
+    h.start_tree(arrays["g"], arrays["h"], np.ones(len(arrays["g"]), bool),
+                 arrays["features"])  # g, h are stored clipped: clipping again is a no-op
+    h.pos = np.array(arrays["pos"], dtype=np.int64)
+    if "exact_g" in arrays:
+        h._exact = (np.array(arrays["exact_g"]), np.array(arrays["exact_h"]))
+    cuts = np.cumsum(arrays["tree_sizes"])[:-1]
+    parts = {f: np.split(arrays[f"tree_{f}"], cuts) if len(arrays["tree_sizes"]) else []
+             for f in _TREE_FIELDS}
+    types = (np.int32, np.float64, np.int32, np.int32, np.float64)
+    silo.ensemble.trees = [Tree(*(np.asarray(parts[f][i], t) for f, t in
+                                  zip(_TREE_FIELDS, types, strict=True)))
+                           for i in range(len(arrays["tree_sizes"]))]
+    silo.own_sums = list(np.array(arrays["own_sums"])) if len(arrays["own_sums"]) else []
+    if "heap_feature" in arrays:
+        silo.feature = np.array(arrays["heap_feature"], np.int32)
+        silo.threshold = np.array(arrays["heap_threshold"], np.float64)
+    silo.expect = (int(meta["expect"][0]), int(meta["expect"][1]), int(meta["expect"][2]))
+    silo.end, silo.open_tree = int(meta["end"]), bool(meta["open_tree"])
+    if meta["n_shared"] is not None:
+        silo.shared_sums = np.array(arrays["shared_sums"])
+        silo.shared_ensemble = TreeEnsemble(s.d, s.task, s.base_score,
+                                            silo.ensemble.trees[:meta["n_shared"]])
+    if meta["rng"] is not None and hasattr(silo.rng, "bit_generator"):
+        silo.rng.bit_generator.state = meta["rng"]
 
 
 def drive(server: GbdtServer, silos: list[GbdtSilo]) -> None:

@@ -24,6 +24,7 @@ the rest of the run (its reservation stays counted).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -41,6 +42,8 @@ from silofl.algorithms.gbdt_programs import (
     calibrate_sigma,
     gbdt_settings,
     grow_local,
+    restore_silo,
+    silo_state,
 )
 from silofl.config.run import TreesConfig
 from silofl.errors import BudgetExceeded, ConfigError
@@ -49,7 +52,7 @@ from silofl.models.trees import Tree, TreeEnsemble
 from silofl.privacy import events
 from silofl.privacy.ledger import Ledger, silo_file_id
 from silofl.runtime.network import messages as W
-from silofl.training.histograms import bin_edges
+from silofl.training.histograms import bin_edges, tree_event
 
 GBDT = "dp_gbdt"
 #: the declared bounds every feature's public bins span (the schema maps declared bounds
@@ -177,7 +180,7 @@ def _save_model(folder: Path, stem: str, ens: TreeEnsemble) -> dict:
 
 class GbdtSiloHost:
     """Silo k's `GbdtSilo` inside its `SiloProgram`: join-time plan, the per-round checks,
-    the store reservation and the release of its model."""
+    the store reservation of each round, the silo's state on disk and its model."""
 
     def __init__(self, program: Any, job: dict, job_hash: str):
         """`program`: the `silo.SiloProgram` hosting it (its config, data and store)."""
@@ -209,14 +212,14 @@ class GbdtSiloHost:
         p.plan = SiloPlan(c.name, int(p.n_train), self.s.subsample, self.s.releases,
                           c.target, sigma, declared=self.declared, unit="example")
         p.reported = (self.s.releases, float(self.s.subsample), float(sigma))
-        p.done, p.last, p.exhausted = 0, None, False
+        p.done, p.last, p.exhausted, p._why = 0, None, False, ""
         self.total = self.s.exchanges
-        self.run: Any = None        # the store's job (reservation) once round 1 runs
         self.personal: TreeEnsemble | None = None
+        self._load()
 
     def round(self, req: dict, arrays: list) -> tuple[dict, np.ndarray | None]:
         """Check round t's request and message against this silo's own plan and state,
-        then answer it (reserving the run in the store at round 1)."""
+        reserve what answering costs in the store, then answer it."""
         p = self.program
         if len(arrays) != 1 or not isinstance(arrays[0], np.ndarray) or arrays[0].ndim != 1:
             raise W.ProtocolError("round: a dp_gbdt round carries exactly one flat array")
@@ -236,59 +239,75 @@ class GbdtSiloHost:
             return p._reply(req, "refused", f"round {t} already ran with another message", None)
         if t != p.done + 1 or not 1 <= t <= self.total:
             return p._reply(req, "refused", f"round {t} is not this silo's next dp_gbdt round "
-                            f"({p.done + 1} of {self.total}; a silo process restarted "
-                            "mid-run cannot continue a run); nothing was run", None)
+                            f"({p.done + 1} of {self.total}); nothing was run", None)
         if p.exhausted:
             return p._reply(req, "exhausted", p._why, None)
         try:
             ask = Ask.from_array(message)
-            self.silo.check(ask)
+            self.silo.validate(ask)
         except MessageError as e:
             return p._reply(req, "refused", f"malformed broadcast: {e}", None)
-        if self.run is None and not self._reserve(t):
+        out = self._answer(t, ask)
+        if isinstance(out, bool):  # the store refused the round
             return p._reply(req, "exhausted", p._why, None)
-        try:
-            out = self.silo.answer(ask)
-            if ask.op == OP_MODEL:
-                if self.s.local_trees:
-                    self.personal = grow_local(self.silo, self.local_rng)
-                self.run.settle()
-        except BudgetExceeded as e:  # cannot happen within the reservation; stop cleanly
-            self.run.settle("failed")
-            p.exhausted, p._why = True, str(e)[:4000]
-            return p._reply(req, "exhausted", p._why, None)
-        except BaseException:
-            self.run.settle("failed")
-            raise
         update = None if out is None else out[None, :]
         p.last, p.done = {"digest": digest, "update": update}, t
+        self._save()
         if ask.op == OP_MODEL:
             self.save_release()
         return p._reply(req, "ok", "", update)
 
-    def _reserve(self, t: int) -> bool:
-        """Reserve the whole run in the lifetime store (False: refused, exhausted)."""
+    def _cost(self, ask: Ask):
+        """What answering `ask` charges (None: nothing): the release's event, or at the
+        shared MODEL the local trees' (grown then, in one go)."""
+        import dp_accounting as dpa
+        if ask.op == OP_MODEL:
+            s = self.s
+            return dpa.SelfComposedDpEvent(tree_event(self.silo.sigma, s.releases, s.subsample),
+                                           s.local_trees) if s.local_trees else None
+        what = self.silo.cost(ask)
+        return None if what is None else what[0]
+
+    def _answer(self, t: int, ask: Ask) -> np.ndarray | None | bool:
+        """Reserve round t's cost in the lifetime store (False: refused, exhausted), then
+        run it: the ledger of the reservation is charged before each release."""
         from silofl.runtime.job import open_job
         p, c = self.program, self.program.cfg
-        job, _ = p._joined()
+        cost = self._cost(ask)
+        run = None
+        if cost is not None:
+            plan = dataclasses.replace(p.plan, declared=cost)
+            try:
+                run = open_job(p.store, {GBDT: [plan]}, lifetime={c.name: c.lifetime},
+                               explicit_lifetime=True, command=f"silo {c.name} round {t}",
+                               noise=c.noise, accountant=p.job["accountant"],
+                               fingerprints={c.name: p.fingerprint})
+            except BudgetExceeded as e:
+                p.exhausted, p._why = True, str(e)[:4000]
+                self._save()
+                return False
+        self.silo.ledger = None if run is None else run.ledgers(GBDT)[0]
         try:
-            self.run = open_job(p.store, {GBDT: [p.plan]}, lifetime={c.name: c.lifetime},
-                                explicit_lifetime=True, command=f"silo {c.name} dp_gbdt",
-                                noise=c.noise, accountant=job["accountant"],
-                                fingerprints={c.name: p.fingerprint})
-        except BudgetExceeded as e:
-            p.exhausted, p._why = True, str(e)[:4000]
-            return False
-        self.silo.ledger = self.run.ledgers(GBDT)[0]
-        return True
+            out = self.silo.answer(ask)
+            if ask.op == OP_MODEL and self.s.local_trees:
+                self.personal = grow_local(self.silo, self.local_rng)
+        except BaseException:
+            if run is not None:
+                run.settle("failed")  # what ran stays charged
+            raise
+        if run is not None:
+            run.settle()
+        return out
 
     def privacy(self) -> dict:
-        """This silo's privacy report: σ, the event reserved and what its ledger spent."""
-        led = self.silo.ledger
-        return {"silo": self.program.cfg.name, "sigma": self.silo.sigma,
-                "reserved_event": events.to_json(self.declared),
-                "noise": self.program.cfg.noise,
-                **({} if led is None else led.report())}
+        """This silo's privacy report: σ, what the whole run spends, its ε at its δ."""
+        from silofl.privacy.ledger import tightest
+        c = self.program.cfg
+        eps, kind = tightest(self.declared, c.delta)
+        return {"silo": c.name, "sigma": self.silo.sigma, "noise": c.noise,
+                "event": events.to_json(self.declared), "epsilon": float(eps),
+                "accountant": kind, "target_epsilon": c.epsilon, "delta": c.delta,
+                "rounds_run": self.program.done, "rounds": self.total}
 
     def save_release(self) -> Path:
         """Write the shared model (and personal one) and the privacy report."""
@@ -305,6 +324,41 @@ class GbdtSiloHost:
         write_json_atomic(folder / f"gbdt-{fid}-privacy.json",
                           {**self.privacy(), "job_hash": p.hash, "files": files})
         return folder
+
+    # -- state on disk (a silo process may start per message) ------------------------
+    def _paths(self) -> tuple[Path, Path]:
+        d = Path(self.program.cfg.state_dir)
+        return d / "gbdt.npz", d / "gbdt.json"
+
+    def _save(self) -> None:
+        from silofl.io import write_npz_atomic
+        p = self.program
+        arrays_path, meta_path = self._paths()
+        arrays_path.parent.mkdir(parents=True, exist_ok=True)
+        arrays, meta = silo_state(self.silo)
+        last = p.last
+        if last is not None and last["update"] is not None:
+            arrays["last_update"] = last["update"]
+        write_npz_atomic(arrays_path, compressed=False, **arrays)
+        write_json_atomic(meta_path, {
+            "job_hash": p.hash, "round": p.done, "exhausted": p.exhausted, "reason": p._why,
+            "last_digest": None if last is None else last["digest"], "silo": meta})
+
+    def _load(self) -> None:
+        p = self.program
+        arrays_path, meta_path = self._paths()
+        if not meta_path.is_file():
+            return
+        m = json.loads(meta_path.read_text())
+        if m["job_hash"] != p.hash:
+            raise ConfigError(f"silo {p.cfg.name!r}: {meta_path.parent} holds the state of "
+                              "another job; give this job a fresh state_dir")
+        with np.load(arrays_path, allow_pickle=False) as z:
+            arrays = {k: z[k] for k in z.files}
+        restore_silo(self.silo, arrays, m["silo"])
+        p.done, p.exhausted, p._why = int(m["round"]), bool(m["exhausted"]), m["reason"]
+        if m["last_digest"] is not None:
+            p.last = {"digest": m["last_digest"], "update": arrays.get("last_update")}
 
 
 # --- the server side -------------------------------------------------------------------
