@@ -9,17 +9,17 @@ settings (`TreesConfig`) as canonical JSON under the key ``trees``. A silo
 
 * refuses a job whose method it did not consent to, a person-level job, private bins or
   preprocessing, shrinkage (not over the network yet) — all at join, nothing charged;
-* reserves the whole run (shared and local trees: ``ensemble_event(σ_k)``) in its own
-  lifetime store at round 1, before any row is read, and charges its per-run ledger
-  before every release (the ledger may spend exactly the reservation);
+* reserves each round's release in its own lifetime store before the round runs (the
+  MODEL round: its local trees) and charges that reservation's ledger before it reads a
+  row; a store that refuses makes it leave ("exhausted"), the others go on;
 * builds the model itself from the splits and leaf values it is sent, grows its local
-  trees alone after MODEL, and saves its model and privacy report.
+  trees alone after MODEL, and saves its model and privacy report;
+* keeps its program's state on disk between messages (`gbdt_programs.silo_state`), so a
+  fresh process per message (SuperNode) continues the run.
 
 The server only sums releases and writes the ensemble (TreeEnsemble JSON and XGBoost
 JSON) and its privacy report. Seeded noise: silo k of K draws the simulator's stream
 (`dp_gbdt.program_rngs(seed, K)`), so a networked run equals `train_dp_gbdt`.
-A silo keeps its trees' state in memory: a silo process that restarts mid-run refuses
-the rest of the run (its reservation stays counted).
 """
 
 from __future__ import annotations
@@ -299,6 +299,18 @@ class GbdtSiloHost:
             run.settle()
         return out
 
+    def evaluate(self) -> float:
+        """The default metric of the silo's model (its personal trees when it grew some)
+        on its own test rows (stays local); ConfigError before the final model."""
+        from silofl.models import metrics as M
+        model = self.personal or self.silo.shared_ensemble
+        if model is None:
+            raise ConfigError(f"silo {self.program.cfg.name!r} has no model yet (the run "
+                              "did not reach its final round)")
+        fn = M.metric_fn(M.default_metric(self.s.task), "trees")
+        silo = self.program.silo
+        return float(fn(silo.y_test, model.predict(silo.X_test)))
+
     def privacy(self) -> dict:
         """This silo's privacy report: σ, what the whole run spends, its ε at its δ."""
         from silofl.privacy.ledger import tightest
@@ -357,6 +369,9 @@ class GbdtSiloHost:
             arrays = {k: z[k] for k in z.files}
         restore_silo(self.silo, arrays, m["silo"])
         p.done, p.exhausted, p._why = int(m["round"]), bool(m["exhausted"]), m["reason"]
+        s, trees = self.s, self.silo.ensemble.trees
+        if s.local_trees and len(trees) == s.trees + s.local_trees:  # its personal model
+            self.personal = TreeEnsemble(s.d, s.task, s.base_score, list(trees))
         if m["last_digest"] is not None:
             p.last = {"digest": m["last_digest"], "update": arrays.get("last_update")}
 

@@ -462,6 +462,8 @@ class SiloProgram(silo_table.TableHooks):
     def evaluate(self, message: np.ndarray | None = None) -> float:
         """Test metric of the silo's personal model (`final_model`) on its own test set
         (stays local)."""
+        if self.gbdt is not None:  # the trees it built (its personal ones, if any)
+            return self.gbdt.evaluate()
         return self._data_evaluate(self.final_model(message))
 
     def _paths(self):
