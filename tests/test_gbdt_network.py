@@ -244,3 +244,32 @@ def test_a_silo_whose_store_runs_out_leaves_and_the_others_finish(tmp_path):
     spent = dpa.ComposedDpEvent([events.from_json(r["event"]) for r in rows])
     assert tightest(spent, DELTA)[0] <= 0.4  # never past its lifetime target
     assert all(statuses[n] == ["ok"] * srv.rounds for n in silos if n != poor)
+
+
+@pytest.mark.parametrize("trees,stop", [
+    ({"trees": 3, "depth": 2, "splits": "random", "colsample": 0.5}, 1),
+    ({"trees": 3, "depth": 2, "colsample": 0.5}, 5),  # mid-tree: tree 1 after level 1
+])
+def test_a_restarted_server_resumes_from_its_checkpoint(tmp_path, trees, stop):
+    w = consortium(tmp_path, job={"method": "dp_gbdt", "trees": trees})
+    srv, silos = _programs(w)
+    _join(srv, silos)
+
+    def rounds(server, ts):
+        for t in ts:
+            ups = {}
+            for n in server.selected(t, list(silos)):
+                rep, u = silos[n].round(server.request(n, t), [server.message])
+                ups[n] = server.accept_update(n, t, rep, [] if u is None else [u])[1]
+            server.step(t, ups)
+
+    rounds(srv, range(1, stop + 1))  # later trees' public draws come after the restart
+    again = ServerProgram(load_server_config(w["server"]))  # a new server process
+    assert again.done == stop
+    np.testing.assert_array_equal(again.message, srv.message)  # the same next question
+    rounds(again, range(stop + 1, again.rounds + 1))
+    fed = load_heart_disease(seed=0).with_targets(PrivacyTarget(1.0, DELTA))
+    leds = [Ledger(s.name, s.target, accountant_kind(again.job["accountant"]))
+            for s in fed.silos]
+    sim = train_dp_gbdt(fed, **trees, seed=again.job["seed"], ledgers=leds)
+    _same_trees(again.gbdt.server.ensemble, sim.ensemble)

@@ -494,6 +494,26 @@ class GbdtSilo:
 
 
 _TREE_FIELDS = ("feature", "threshold", "left", "right", "value")
+_TREE_TYPES = (np.int32, np.float64, np.int32, np.int32, np.float64)
+
+
+def trees_to_arrays(trees: list[Tree]) -> dict[str, np.ndarray]:
+    """Trees as flat arrays (``tree_sizes`` and one concatenated array per field)."""
+    out: dict[str, np.ndarray] = {"tree_sizes": np.array([t.n_nodes for t in trees], np.int64)}
+    for f in _TREE_FIELDS:
+        out[f"tree_{f}"] = np.concatenate([getattr(t, f) for t in trees]) if trees \
+            else np.zeros(0)
+    return out
+
+
+def trees_from_arrays(arrays: dict[str, np.ndarray]) -> list[Tree]:
+    """Inverse of `trees_to_arrays`."""
+    sizes = arrays["tree_sizes"]
+    if not len(sizes):
+        return []
+    parts = {f: np.split(arrays[f"tree_{f}"], np.cumsum(sizes)[:-1]) for f in _TREE_FIELDS}
+    return [Tree(*(np.asarray(parts[f][i], t) for f, t in
+                   zip(_TREE_FIELDS, _TREE_TYPES, strict=True))) for i in range(len(sizes))]
 
 
 def silo_state(silo: GbdtSilo) -> tuple[dict[str, np.ndarray], dict]:
@@ -501,12 +521,8 @@ def silo_state(silo: GbdtSilo) -> tuple[dict[str, np.ndarray], dict]:
     silo process that starts per message keeps on disk); `restore_silo` reads it back."""
     h, trees = silo.hist, silo.ensemble.trees
     arrays = {"margins": silo.margins, "g": h.g, "h": h.h, "pos": h.pos,
-              "features": np.asarray(h.features, np.int64),
-              "tree_sizes": np.array([t.n_nodes for t in trees], np.int64),
+              "features": np.asarray(h.features, np.int64), **trees_to_arrays(trees),
               "own_sums": np.stack(silo.own_sums) if silo.own_sums else np.zeros((0, 2, 1))}
-    for f in _TREE_FIELDS:
-        arrays[f"tree_{f}"] = np.concatenate([getattr(t, f) for t in trees]) if trees \
-            else np.zeros(0)
     if silo.open_tree:
         arrays["heap_feature"], arrays["heap_threshold"] = silo.feature, silo.threshold
     exact = getattr(h, "_exact", None)
@@ -531,13 +547,7 @@ def restore_silo(silo: GbdtSilo, arrays: dict[str, np.ndarray], meta: dict) -> N
     h.pos = np.array(arrays["pos"], dtype=np.int64)
     if "exact_g" in arrays:
         h._exact = (np.array(arrays["exact_g"]), np.array(arrays["exact_h"]))
-    cuts = np.cumsum(arrays["tree_sizes"])[:-1]
-    parts = {f: np.split(arrays[f"tree_{f}"], cuts) if len(arrays["tree_sizes"]) else []
-             for f in _TREE_FIELDS}
-    types = (np.int32, np.float64, np.int32, np.int32, np.float64)
-    silo.ensemble.trees = [Tree(*(np.asarray(parts[f][i], t) for f, t in
-                                  zip(_TREE_FIELDS, types, strict=True)))
-                           for i in range(len(arrays["tree_sizes"]))]
+    silo.ensemble.trees = trees_from_arrays(arrays)
     silo.own_sums = list(np.array(arrays["own_sums"])) if len(arrays["own_sums"]) else []
     if "heap_feature" in arrays:
         silo.feature = np.array(arrays["heap_feature"], np.int32)

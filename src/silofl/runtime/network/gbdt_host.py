@@ -17,8 +17,9 @@ settings (`TreesConfig`) as canonical JSON under the key ``trees``. A silo
 * keeps its program's state on disk between messages (`gbdt_programs.silo_state`), so a
   fresh process per message (SuperNode) continues the run.
 
-The server only sums releases and writes the ensemble (TreeEnsemble JSON and XGBoost
-JSON) and its privacy report. Seeded noise: silo k of K draws the simulator's stream
+The server only sums releases, checkpoints its program after every round (a restarted
+server resumes) and writes the ensemble (TreeEnsemble JSON and XGBoost JSON) and its
+privacy report. Seeded noise: silo k of K draws the simulator's stream
 (`dp_gbdt.program_rngs(seed, K)`), so a networked run equals `train_dp_gbdt`.
 """
 
@@ -44,6 +45,8 @@ from silofl.algorithms.gbdt_programs import (
     grow_local,
     restore_silo,
     silo_state,
+    trees_from_arrays,
+    trees_to_arrays,
 )
 from silofl.config.run import TreesConfig
 from silofl.errors import BudgetExceeded, ConfigError
@@ -408,6 +411,29 @@ class GbdtServerHost:
     def step(self, names: list[str], updates: dict[str, np.ndarray | None]) -> None:
         """The server program's step over the silos that answered (job order)."""
         self.server.receive([u[0] for u in (updates[n] for n in names) if u is not None])
+
+    def state(self) -> tuple[dict[str, np.ndarray], dict]:
+        """The server program between rounds (its checkpoint): arrays and JSON data."""
+        srv = self.server
+        arrays = {**trees_to_arrays(srv.ensemble.trees), "current": srv.current.to_array(),
+                  "sums": np.stack(srv.sums) if srv.sums else np.zeros((0, 2, 1))}
+        if hasattr(srv, "features"):  # the tree being grown
+            arrays.update(features=srv.features, heap_feature=srv.feature,
+                          heap_threshold=srv.threshold)
+        return arrays, {"done": srv.done, "rng": srv.rng.bit_generator.state}
+
+    def restore(self, arrays: dict[str, np.ndarray], meta: dict) -> None:
+        """Resume from `state`'s checkpoint (a restarted server)."""
+        srv = self.server
+        srv.ensemble.trees = trees_from_arrays(arrays)
+        srv.sums = list(np.array(arrays["sums"])) if len(arrays["sums"]) else []
+        srv.current = Ask.from_array(arrays["current"])
+        if "features" in arrays:
+            srv.features = np.array(arrays["features"], np.int64)
+            srv.feature = np.array(arrays["heap_feature"], np.int32)
+            srv.threshold = np.array(arrays["heap_threshold"], np.float64)
+        srv.done = bool(meta["done"])
+        srv.rng.bit_generator.state = meta["rng"]
 
     def save_release(self, folder: Path) -> Path | None:
         """Write the ensemble (JSON and XGBoost JSON) and the privacy report."""

@@ -457,14 +457,17 @@ class ServerProgram:
     def _save(self) -> None:
         arrays, meta = self._paths()
         arrays.parent.mkdir(parents=True, exist_ok=True)
-        state = {} if self.server is None else vars(self.server)  # dp_gbdt: none kept
+        state, gbdt = ({}, self.gbdt.state()) if self.gbdt is not None \
+            else (vars(self.server), ({}, None))  # dp_gbdt: its server program's state
         write_npz_atomic(arrays, compressed=False,  # keys: the server state's array fields
-                         **{k: v for k, v in state.items() if isinstance(v, np.ndarray)})
+                         **{k: v for k, v in state.items() if isinstance(v, np.ndarray)},
+                         **gbdt[0])
         write_json_atomic(meta, {
             "job_hash": self.hash, "job": self.job, "round": self.done,
             "state_type": type(self.server).__name__,
             "state_none": [k for k, v in state.items() if v is None],
-            "silos": {n: vars(r) for n, r in self.silos.items()}, "log": self.log})
+            "silos": {n: vars(r) for n, r in self.silos.items()}, "log": self.log,
+            "gbdt": gbdt[1]})
 
     def _load(self) -> None:
         arrays, meta = self._paths()
@@ -474,15 +477,14 @@ class ServerProgram:
         if m["job_hash"] != self.hash:
             raise ConfigError(f"{meta.parent} holds the checkpoint of another job (its [job] "
                               "differs); use a fresh state_dir for a new job")
-        if self.gbdt is not None:
-            raise ConfigError(f"{meta.parent} holds a dp_gbdt run's checkpoint; a dp_gbdt run "
-                              "does not resume (its silos keep each tree's state in memory): "
-                              "start it again with a fresh state_dir")
         with np.load(arrays, allow_pickle=False) as z:
             fields = {k: z[k] for k in z.files}
-        from silofl.algorithms import base
-        cls = getattr(base, m["state_type"], type(self.server))
-        self.server = cls(**fields, **{k: None for k in m["state_none"]})
+        if self.gbdt is not None:  # the trees' server program, where it stopped
+            self.gbdt.restore(fields, m["gbdt"])
+        else:
+            from silofl.algorithms import base
+            cls = getattr(base, m["state_type"], type(self.server))
+            self.server = cls(**fields, **{k: None for k in m["state_none"]})
         self.done, self.log = int(m["round"]), m["log"]
         self.silos = {n: Registered(**r) for n, r in m["silos"].items()}
 
