@@ -273,3 +273,33 @@ def test_a_restarted_server_resumes_from_its_checkpoint(tmp_path, trees, stop):
             for s in fed.silos]
     sim = train_dp_gbdt(fed, **trees, seed=again.job["seed"], ledgers=leds)
     _same_trees(again.gbdt.server.ensemble, sim.ensemble)
+
+
+def test_superlink_route_clientapp_per_message_equals_simulator(tmp_path):
+    """Flower's SuperLink route in one process (`flower_app.LoopbackGrid`: the ServerApp's
+    DefaultWorkflow, the ClientApp with its mods, a fresh silo program per message): the
+    simulator's trees; each silo saved its model after the last round, the server its."""
+    from flwr.app import Context, RecordDict
+
+    from silofl.runtime.network import flower_app
+    trees = {"trees": 2, "depth": 2, "n_bins": 8, "local_trees": 1}
+    w = consortium(tmp_path, job={"method": "dp_gbdt", "trees": trees})
+    for p in w["silos"].values():
+        edit_toml(p, "silo", methods=["dp_gbdt"])
+    grid = flower_app.LoopbackGrid({100 + i: {"silo-config": str(p)}
+                                    for i, p in enumerate(w["silos"].values())})
+    ctx = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(),
+                  run_config={"server-config": str(w["server"])})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        srv = flower_app.run_server_app(grid, ctx)
+    assert srv.done == srv.rounds
+    fed = load_heart_disease(seed=0).with_targets(PrivacyTarget(1.0, DELTA))
+    leds = [Ledger(s.name, s.target, accountant_kind(srv.job["accountant"]))
+            for s in fed.silos]
+    sim = train_dp_gbdt(fed, **trees, seed=srv.job["seed"], ledgers=leds)
+    _same_trees(load_ensemble(Path(srv.cfg.release_dir) / "gbdt.json"), sim.ensemble)
+    for k, p in enumerate(w["silos"].values()):
+        folder = Path(load_silo_config(p).release_dir)
+        files = json.loads(next(folder.glob("gbdt-*-privacy.json")).read_text())["files"]
+        _same_trees(load_ensemble(folder / files["personal"]["trees"]), sim.personal[k])
