@@ -98,8 +98,22 @@ def gbdt_settings(task: str, d: int, *, trees: int = 20, depth: int = 3, n_bins:
                   min_child_hessian: float = 1.0, max_leaf: float | None = None,
                   base_score: float = 0.0, splits: str = "histogram",
                   local_trees: int = 0) -> GbdtSettings:
-    """Checked settings; ConfigError naming the bad one. clip_h and max_leaf default by
-    task (see `train_dp_gbdt`)."""
+    """Checked settings of a run (ConfigError naming the bad one).
+
+    Parameters
+    ----------
+    task : {"binary", "regression"}
+    d : int
+        Number of features.
+    trees, depth, n_bins, lr, lam, clip_g, clip_h, subsample, colsample,
+    min_child_hessian, max_leaf, base_score, splits, local_trees
+        As `silofl.algorithms.dp_gbdt.train_dp_gbdt` (clip_h, max_leaf: None = the
+        task's default).
+
+    Returns
+    -------
+    GbdtSettings
+    """
     if task not in ("binary", "regression"):
         raise ConfigError(f"dp_gbdt needs a binary or regression task, got {task!r}")
     clip_h = (0.25 if task == "binary" else 1.0) if clip_h is None else clip_h
@@ -129,7 +143,19 @@ def gbdt_settings(task: str, d: int, *, trees: int = 20, depth: int = 3, n_bins:
 
 def calibrate_sigma(s: GbdtSettings, ledger: Ledger) -> float:
     """The silo's σ for its own target over the whole ensemble, preflighted against what
-    its ledger has spent (BudgetExceeded before any row is read)."""
+    its ledger has spent (BudgetExceeded before any row is read).
+
+    Parameters
+    ----------
+    s : GbdtSettings
+    ledger : Ledger
+        The silo's ledger: its target (ε, δ) and accountant.
+
+    Returns
+    -------
+    float
+        σ, the noise multiplier (noise std = σ·Δ of each release).
+    """
     sigma = accounting.calibrate(lambda x: s.ensemble_event(x), ledger.target.epsilon,
                                  ledger.target.delta, ledger.accountant)
     ledger.preflight(s.ensemble_event(sigma))
@@ -222,7 +248,19 @@ class Ask:
 
 
 def release_size(s: GbdtSettings, ask: Ask) -> int:
-    """Length of a silo's flat release answering `ask` (0: none)."""
+    """Length of a silo's flat release answering `ask`.
+
+    Parameters
+    ----------
+    s : GbdtSettings
+    ask : Ask
+
+    Returns
+    -------
+    int
+        2·2^L·m·B for a LEVEL L message (g then h histograms), 2·2^D for LEAVES (Σg then
+        Σh per leaf), 0 for MODEL (no release).
+    """
     if ask.op == OP_LEVEL:
         return 2 * 2 ** ask.level * ask.features.size * s.n_bins
     return 2 * 2 ** s.depth if ask.op == OP_LEAVES else 0
@@ -429,9 +467,23 @@ class GbdtSilo:
                                f"{ask.tree} level {ask.level}; nothing was run")
 
     def answer(self, ask: Ask) -> np.ndarray | None:
-        """Charge, then release: the flat (`release_size`,) noisy release, or None (MODEL).
+        """Charge, then release.
 
-        Raises MessageError (nothing charged) or BudgetExceeded (nothing charged)."""
+        Parameters
+        ----------
+        ask : Ask
+            The server's next message.
+
+        Returns
+        -------
+        numpy.ndarray or None
+            The flat (`release_size`,) float64 noisy release; None for MODEL.
+
+        Raises
+        ------
+        MessageError, BudgetExceeded
+            Before anything is charged or read.
+        """
         self.check(ask)
         if ask.leaves.size:
             self._finish_tree(ask.leaves)
@@ -493,78 +545,17 @@ class GbdtSilo:
         self.open_tree = False
 
 
-_TREE_FIELDS = ("feature", "threshold", "left", "right", "value")
-_TREE_TYPES = (np.int32, np.float64, np.int32, np.int32, np.float64)
-
-
-def trees_to_arrays(trees: list[Tree]) -> dict[str, np.ndarray]:
-    """Trees as flat arrays (``tree_sizes`` and one concatenated array per field)."""
-    out: dict[str, np.ndarray] = {"tree_sizes": np.array([t.n_nodes for t in trees], np.int64)}
-    for f in _TREE_FIELDS:
-        out[f"tree_{f}"] = np.concatenate([getattr(t, f) for t in trees]) if trees \
-            else np.zeros(0)
-    return out
-
-
-def trees_from_arrays(arrays: dict[str, np.ndarray]) -> list[Tree]:
-    """Inverse of `trees_to_arrays`."""
-    sizes = arrays["tree_sizes"]
-    if not len(sizes):
-        return []
-    parts = {f: np.split(arrays[f"tree_{f}"], np.cumsum(sizes)[:-1]) for f in _TREE_FIELDS}
-    return [Tree(*(np.asarray(parts[f][i], t) for f, t in
-                   zip(_TREE_FIELDS, _TREE_TYPES, strict=True))) for i in range(len(sizes))]
-
-
-def silo_state(silo: GbdtSilo) -> tuple[dict[str, np.ndarray], dict]:
-    """Everything a silo program holds between messages, as arrays and JSON data (what a
-    silo process that starts per message keeps on disk); `restore_silo` reads it back."""
-    h, trees = silo.hist, silo.ensemble.trees
-    arrays = {"margins": silo.margins, "g": h.g, "h": h.h, "pos": h.pos,
-              "features": np.asarray(h.features, np.int64), **trees_to_arrays(trees),
-              "own_sums": np.stack(silo.own_sums) if silo.own_sums else np.zeros((0, 2, 1))}
-    if silo.open_tree:
-        arrays["heap_feature"], arrays["heap_threshold"] = silo.feature, silo.threshold
-    exact = getattr(h, "_exact", None)
-    if exact is not None:  # the previous level's exact sums (sibling subtraction)
-        arrays["exact_g"], arrays["exact_h"] = exact
-    if silo.shared_sums is not None:
-        arrays["shared_sums"] = silo.shared_sums
-    bit = getattr(silo.rng, "bit_generator", None)  # seeded streams continue; secure: fresh
-    meta = {"expect": list(silo.expect), "end": silo.end, "open_tree": silo.open_tree,
-            "n_shared": None if silo.shared_ensemble is None
-            else len(silo.shared_ensemble.trees),
-            "rng": None if bit is None else bit.state}
-    return arrays, meta
-
-
-def restore_silo(silo: GbdtSilo, arrays: dict[str, np.ndarray], meta: dict) -> None:
-    """Put `silo_state`'s arrays and data back into a freshly built silo program."""
-    s, h = silo.s, silo.hist
-    silo.margins = np.array(arrays["margins"], dtype=np.float64)
-    h.start_tree(arrays["g"], arrays["h"], np.ones(len(arrays["g"]), bool),
-                 arrays["features"])  # g, h are stored clipped: clipping again is a no-op
-    h.pos = np.array(arrays["pos"], dtype=np.int64)
-    if "exact_g" in arrays:
-        h._exact = (np.array(arrays["exact_g"]), np.array(arrays["exact_h"]))
-    silo.ensemble.trees = trees_from_arrays(arrays)
-    silo.own_sums = list(np.array(arrays["own_sums"])) if len(arrays["own_sums"]) else []
-    if "heap_feature" in arrays:
-        silo.feature = np.array(arrays["heap_feature"], np.int32)
-        silo.threshold = np.array(arrays["heap_threshold"], np.float64)
-    silo.expect = (int(meta["expect"][0]), int(meta["expect"][1]), int(meta["expect"][2]))
-    silo.end, silo.open_tree = int(meta["end"]), bool(meta["open_tree"])
-    if meta["n_shared"] is not None:
-        silo.shared_sums = np.array(arrays["shared_sums"])
-        silo.shared_ensemble = TreeEnsemble(s.d, s.task, s.base_score,
-                                            silo.ensemble.trees[:meta["n_shared"]])
-    if meta["rng"] is not None and hasattr(silo.rng, "bit_generator"):
-        silo.rng.bit_generator.state = meta["rng"]
-
-
 def drive(server: GbdtServer, silos: list[GbdtSilo]) -> None:
-    """Run the programs in-process: each message to every silo (all checked first, so a
-    release is charged to all silos or none), their releases to the server."""
+    """Run the programs in-process until the server is done: each message to every silo
+    (all checked first, so a release is charged to all silos or none), their releases to
+    the server.
+
+    Parameters
+    ----------
+    server : GbdtServer
+    silos : list of GbdtSilo
+        In the job's order (the server sums their releases in this order).
+    """
     while not server.done:
         ask = server.current
         for silo in silos:
@@ -578,7 +569,21 @@ def grow_local(silo: GbdtSilo, rng: np.random.Generator,
     """After the shared MODEL: the silo's personal ensemble, the shared trees (`shared`'s
     objects when given, else the silo's own copies) and then `local_trees` more grown from
     its own releases alone (a one-silo server over the public `rng`), charged to its
-    ledger like the shared ones."""
+    ledger like the shared ones.
+
+    Parameters
+    ----------
+    silo : GbdtSilo
+        A silo that has answered the shared MODEL message.
+    rng : numpy.random.Generator
+        Public randomness for its local trees' column samples and random splits.
+    shared : TreeEnsemble, optional
+
+    Returns
+    -------
+    TreeEnsemble
+        trees + local_trees trees.
+    """
     s = silo.s
     local = GbdtServer(s, silo.edges, rng, first_tree=s.trees, n_trees=s.local_trees)
     drive(local, [silo])

@@ -14,7 +14,7 @@ settings (`TreesConfig`) as canonical JSON under the key ``trees``. A silo
   row; a store that refuses makes it leave ("exhausted"), the others go on;
 * builds the model itself from the splits and leaf values it is sent, grows its local
   trees alone after MODEL, and saves its model and privacy report;
-* keeps its program's state on disk between messages (`gbdt_programs.silo_state`), so a
+* keeps its program's state on disk between messages (`gbdt_state.silo_state`), so a
   fresh process per message (SuperNode) continues the run.
 
 The server only sums releases, checkpoints its program after every round (a restarted
@@ -43,6 +43,8 @@ from silofl.algorithms.gbdt_programs import (
     calibrate_sigma,
     gbdt_settings,
     grow_local,
+)
+from silofl.algorithms.gbdt_state import (
     restore_silo,
     silo_state,
     trees_from_arrays,
@@ -74,8 +76,19 @@ def _silos(job: dict) -> list[str]:
 
 
 def trees_json(trees: dict | str | None = None) -> str:
-    """The canonical JSON of a complete [trees] table (`TreesConfig`'s defaults for what
-    `trees` leaves out; ConfigError naming an unknown or mistyped key)."""
+    """The canonical JSON of a complete [trees] table.
+
+    Parameters
+    ----------
+    trees : dict or str or None
+        The given keys (a table, or its JSON); `TreesConfig`'s defaults for the rest.
+
+    Returns
+    -------
+    str
+        Sorted-key JSON of every [trees] key (ConfigError names an unknown or mistyped
+        key).
+    """
     if isinstance(trees, str):
         trees = json.loads(trees) if trees else {}
     return json.dumps(TreesConfig(**(trees or {})).model_dump(), sort_keys=True)
@@ -115,7 +128,18 @@ def check_gbdt_job(job: dict) -> None:
 
 
 def job_settings(job: dict) -> tuple[GbdtSettings, np.ndarray]:
-    """The run's checked settings and its (d, n_bins − 1) public bin edges."""
+    """The run's checked settings and its public bin edges.
+
+    Parameters
+    ----------
+    job : dict
+        A checked job (`jobspec.check_job`) of method dp_gbdt.
+
+    Returns
+    -------
+    (GbdtSettings, numpy.ndarray)
+        The settings and the (d, n_bins − 1) equal-width edges over `BOUNDS`.
+    """
     t = job_trees(job)
     s = gbdt_settings(
         job["task"], job["dim"], trees=t.trees, depth=t.depth, n_bins=t.n_bins, lr=t.lr,
@@ -150,7 +174,17 @@ def ensemble_dict(ens: TreeEnsemble) -> dict:
 
 
 def load_ensemble(path: str | Path) -> TreeEnsemble:
-    """The TreeEnsemble saved by a networked dp_gbdt run (`ensemble_dict`'s JSON)."""
+    """The TreeEnsemble saved by a networked dp_gbdt run.
+
+    Parameters
+    ----------
+    path : str or Path
+        A ``gbdt*.json`` file (`ensemble_dict`'s JSON; not the ``.xgboost.json``).
+
+    Returns
+    -------
+    TreeEnsemble
+    """
     d = json.loads(Path(path).read_text())
     if d.get("format") != "silofl-trees/1":
         raise ConfigError(f"{path}: not a silofl tree ensemble (format {d.get('format')!r})")
