@@ -356,7 +356,10 @@ class GbdtSiloHost:
         return {"silo": c.name, "sigma": self.silo.sigma, "noise": c.noise,
                 "event": events.to_json(self.declared), "epsilon": float(eps),
                 "accountant": kind, "target_epsilon": c.epsilon, "delta": c.delta,
-                "rounds_run": self.program.done, "rounds": self.total}
+                "rounds_run": self.program.done, "rounds": self.total,
+                "statement": "epsilon is the whole run's (shared and local trees) at this "
+                             "silo's delta, example level; each round was reserved in its "
+                             "store before it ran (a silo that left early spent less)"}
 
     def save_release(self) -> Path:
         """Write the shared model (and personal one) and the privacy report."""

@@ -282,7 +282,11 @@ class SiloProgram(silo_table.TableHooks):
             self.store.use_unit(job["privacy_unit"] if job["data_kind"] == "tabular" else "node")
         if job["method"] == "dp_gbdt":  # not an Algorithm: the trees' silo program
             from silofl.runtime.network.gbdt_host import GbdtSiloHost
-            self.gbdt = GbdtSiloHost(self, job, h)
+            try:
+                self.gbdt = GbdtSiloHost(self, job, h)
+            except BaseException:
+                self.job = self.hash = self.plan = None  # not joined
+                raise
             return
         algorithm = job_algorithm(job, load_public(c.public_data, f"silo {c.name!r}"))
         tcfg, model = job_config(job), job_model(job)
