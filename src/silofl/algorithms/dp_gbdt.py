@@ -21,12 +21,16 @@ the wire.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from silofl.algorithms.gbdt_programs import (
+    OP_LEVEL,
+    OP_MODEL,
+    Ask,
     GbdtServer,
     GbdtSettings,
     GbdtSilo,
@@ -44,7 +48,8 @@ from silofl.training.histograms import bin_edges
 if TYPE_CHECKING:
     from silofl.data.federation import Federation
 
-__all__ = ["GbdtResult", "best_splits", "bounds_array", "program_rngs", "train_dp_gbdt"]
+__all__ = ["GbdtRelease", "GbdtResult", "best_splits", "bounds_array", "program_rngs",
+           "train_dp_gbdt"]
 
 
 @dataclass
@@ -62,6 +67,49 @@ class GbdtResult:
     ledgers: list[Ledger | None]
     report: list[dict[str, Any]] = field(default_factory=list)
     personal: list[TreeEnsemble] | None = None
+
+
+@dataclass(frozen=True)
+class GbdtRelease:
+    """One silo's noisy release as the server receives it (what `train_dp_gbdt`'s
+    ``observe`` hook is shown; the white-box view of `silofl.audit.gbdt`).
+
+    silo : int — the silo's index in the federation.
+    tree, level : int — the shared tree and its level (level == depth: the leaf sums).
+    features : numpy.ndarray — (m,) the released feature columns (sorted).
+    split_feature, split_threshold : numpy.ndarray — (2^(D+1) − 1,) the tree's splits so
+        far in heap layout (children of i at 2i+1, 2i+2; threshold +inf: every row goes
+        left), filled for the levels above this one: how a record reaches its slot.
+    g, h : numpy.ndarray — level < depth: (2^level, m, n_bins) noisy histograms; leaves:
+        (2^depth,) noisy Σg, Σh per leaf slot.
+    """
+
+    silo: int
+    tree: int
+    level: int
+    features: np.ndarray
+    split_feature: np.ndarray
+    split_threshold: np.ndarray
+    g: np.ndarray
+    h: np.ndarray
+
+
+def _shower(observe: Callable[[GbdtRelease], None] | None
+            ) -> Callable[[Ask, GbdtServer, list], None] | None:
+    """`drive`'s hook showing `observe` each silo's release (decoded) as the server is
+    about to receive it; None without an observer."""
+    if observe is None:
+        return None
+
+    def show(ask: Ask, server: GbdtServer, releases: list[np.ndarray | None]) -> None:
+        if ask.op == OP_MODEL:
+            return
+        shape = (2, 2 ** ask.level, ask.features.size, -1) if ask.op == OP_LEVEL else (2, -1)
+        for k, r in enumerate(releases):
+            g, h = np.asarray(r).reshape(shape)
+            observe(GbdtRelease(k, ask.tree, ask.level, server.features.copy(),
+                                server.feature.copy(), server.threshold.copy(), g, h))
+    return show
 
 
 def _check_fed(fed: Federation, unit: str) -> None:
@@ -117,7 +165,8 @@ def train_dp_gbdt(fed: Federation, *, trees: int = 20, depth: int = 3, n_bins: i
                   local_trees: int = 0, max_leaf: float | None = None, seed: int = 0,
                   ledgers: list[Ledger] | None = None, private: bool = True,
                   unit: str = "example", edges: np.ndarray | None = None,
-                  noise_multipliers: list[float] | None = None) -> GbdtResult:
+                  noise_multipliers: list[float] | None = None, noise_scale: float = 1.0,
+                  observe: Callable[[GbdtRelease], None] | None = None) -> GbdtResult:
     """Train a DP federated GBDT; every silo spends at most its own (ε_k, δ_k).
 
     Parameters
@@ -175,6 +224,12 @@ def train_dp_gbdt(fed: Federation, *, trees: int = 20, depth: int = 3, n_bins: i
         Each silo's σ_k as a job calibrated it for all its methods composed
         (`silofl.runtime.plan`; default: calibrated here for the ensemble alone); the
         ledgers' preflight still refuses one that does not fit.
+    noise_scale : float
+        Auditing only, never set by a run (the audit self-test's broken variant "noise
+        off" sets 0): the released noise is σ_k·noise_scale while the ledgers charge σ_k.
+    observe : callable, optional
+        Auditing: called with every silo's release of the shared trees (`GbdtRelease`),
+        as the server receives it.
 
     Returns
     -------
@@ -182,6 +237,8 @@ def train_dp_gbdt(fed: Federation, *, trees: int = 20, depth: int = 3, n_bins: i
         The ensemble, the ledgers and a per-silo report (σ, events, ε spent).
     """
     _check_fed(fed, unit)
+    if not (np.isfinite(noise_scale) and noise_scale >= 0):
+        raise ConfigError(f"noise_scale must be a number >= 0, got {noise_scale}")
     st: GbdtSettings = gbdt_settings(
         fed.task, fed.dim, trees=trees, depth=depth, n_bins=n_bins, lr=lr, lam=lam,
         clip_g=clip_g, clip_h=clip_h, subsample=subsample, colsample=colsample,
@@ -201,8 +258,10 @@ def train_dp_gbdt(fed: Federation, *, trees: int = 20, depth: int = 3, n_bins: i
     names = list(fed.feature_names) or None
     silos = [GbdtSilo(st, edges, s.X_train, s.y_train, sig, led, rng, s.name)
              for s, led, sig, rng in zip(fed.silos, leds, sigmas, silo_rngs, strict=True)]
+    for silo in silos:  # auditing only: the released noise, never the charged σ
+        silo.hist.sigma = silo.sigma * noise_scale
     server = GbdtServer(st, edges, server_rng, feature_names=names)
-    drive(server, silos)
+    drive(server, silos, _shower(observe))
     personal = [grow_local(s, r, server.ensemble) for s, r in zip(silos, local_rngs, strict=True)] \
         if local_trees else None
     report = [{"silo": s.name, "sigma": sig,

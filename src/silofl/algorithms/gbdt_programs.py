@@ -30,6 +30,7 @@ release also before computing g, h from its margins).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -549,7 +550,8 @@ class GbdtSilo:
         self.open_tree = False
 
 
-def drive(server: GbdtServer, silos: list[GbdtSilo]) -> None:
+def drive(server: GbdtServer, silos: list[GbdtSilo],
+          show: Callable[[Ask, GbdtServer, list], None] | None = None) -> None:
     """Run the programs in-process until the server is done: each message to every silo
     (all checked first, so a release is charged to all silos or none), their releases to
     the server.
@@ -559,12 +561,17 @@ def drive(server: GbdtServer, silos: list[GbdtSilo]) -> None:
     server : GbdtServer
     silos : list of GbdtSilo
         In the job's order (the server sums their releases in this order).
+    show : callable, optional
+        Auditing (`train_dp_gbdt`'s ``observe``): called with (message, server, the
+        silos' releases) before the server receives them.
     """
     while not server.done:
         ask = server.current
         for silo in silos:
             silo.check(ask)
         out = [silo.answer(ask) for silo in silos]
+        if show is not None:
+            show(ask, server, out)
         server.receive([r for r in out if r is not None])
 
 
