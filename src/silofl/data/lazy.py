@@ -1,0 +1,575 @@
+"""Silos larger than memory: a silo's training rows on disk, read only where sampled.
+
+`load_table_lazy` reads a Parquet dataset (a file, or a directory of files) in record
+batches, encodes each batch by the declared schema (`silofl.data.encoding.encode_table`,
+the same encoding as `silofl.data.tabular`) and appends each silo's rows, float32, to a
+file of its own in a cache directory. A silo's training part is then a `LazyRows`: the
+file memory-mapped, with ``n`` rows and ``take(indices) -> numpy.ndarray``; only the rows a
+Poisson batch names are materialised (`LazySource.gather`, the trainer's data source), and
+mapped pages are dropped from the process (``madvise(MADV_DONTNEED)``) every
+`RELEASE_ROWS` rows read, so the resident memory stays bounded by a batch, not a silo. The
+test part is materialised (keep `test_fraction` small for very large silos).
+
+Preprocessing streams (`silofl.data.preprocess`): statistics are summed over chunks of the
+training rows (`chunks`), the same sums and the same charges as in memory, and the result
+is a `Transform` (clip to declared bounds, fill, (x − center) / scale) that `take` applies
+to the sampled rows — the in-memory arithmetic, row by row.
+
+Layout: with a silo column, `path` is one Parquet file or a directory of them; without
+one, `path` is a directory holding one Parquet file ``<silo>.parquet`` (or a directory
+``<silo>/`` of files) per silo.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import mmap
+import tempfile
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from silofl.data.federation import Silo, split_indices
+from silofl.data.raw import RawFederation
+from silofl.data.schema import SchemaLike, as_schema
+from silofl.errors import ConfigError, DataError
+
+__all__ = ["LazyRows", "LazySource", "Transform", "RowFile", "load_table_lazy", "is_lazy",
+           "lazy_digest"]
+
+#: rows per record batch read from the Parquet dataset (bounds the encoding's memory)
+BATCH_ROWS = 131_072
+#: training rows per chunk of a streaming statistic
+CHUNK_ROWS = 262_144
+#: rows read through a mapping after which its pages are dropped from the process
+RELEASE_ROWS = 200_000
+
+_FNV_PRIME = np.uint64(1099511628211)
+_FNV_BASIS = np.uint64(14695981039346656037)
+
+
+def is_lazy(X: object) -> bool:
+    """Whether a silo's X is a `LazyRows` (rows on disk) rather than an array."""
+    return isinstance(X, LazyRows)
+
+
+class RowFile:
+    """One silo's encoded rows, float32 (n, d) in a file, memory-mapped read-only.
+
+    Parameters
+    ----------
+    path : Path
+        The file (n·d float32 values, row after row).
+    n, d : int
+        Rows and encoded features.
+    digest : str
+        An order-free digest of the rows and labels (`lazy_digest`).
+    """
+
+    def __init__(self, path: Path, n: int, d: int, digest: str = ""):
+        self.path, self.n, self.d, self.digest = Path(path), int(n), int(d), digest
+        self._mm: mmap.mmap | None = None
+        self._arr: np.ndarray | None = None
+        self._read = 0
+
+    def _array(self) -> np.ndarray:
+        if self._arr is None:
+            if self.n * self.d == 0:
+                self._arr = np.zeros((self.n, self.d), np.float32)
+                return self._arr
+            with open(self.path, "rb") as fh:
+                self._mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+            self._mm.madvise(mmap.MADV_RANDOM)  # sampled rows: no read-ahead
+            self._arr = np.frombuffer(self._mm, np.float32).reshape(self.n, self.d)
+        return self._arr
+
+    def rows(self, idx: np.ndarray) -> np.ndarray:
+        """Rows `idx` (m,) of the file as float64 (m, d), in the order given."""
+        out = self._array()[np.asarray(idx, dtype=np.int64)].astype(np.float64)
+        self._read += len(out)
+        if self._read >= RELEASE_ROWS:
+            self.release()
+        return out
+
+    def release(self) -> None:
+        """Drop the mapped pages from this process (the OS page cache keeps them)."""
+        self._read = 0
+        if self._mm is not None:
+            self._mm.madvise(mmap.MADV_DONTNEED)
+
+
+@dataclass(frozen=True)
+class Transform:
+    """Preprocessing of raw encoded rows, per column (d,): clip to [lo, hi], replace NaN by
+    `fill`, then (x − center) / scale — `apply_preprocessing`'s steps in its order."""
+
+    lo: np.ndarray
+    hi: np.ndarray
+    fill: np.ndarray
+    center: np.ndarray
+    scale: np.ndarray
+
+    @classmethod
+    def identity(cls, d: int) -> Transform:
+        """No clipping, no fill (NaN stays), center 0, scale 1."""
+        return cls(np.full(d, -np.inf), np.full(d, np.inf), np.full(d, np.nan), np.zeros(d),
+                   np.ones(d))
+
+    def apply(self, X: np.ndarray) -> np.ndarray:
+        """Transform X (m, d) float64 in place and return it."""
+        np.clip(X, self.lo, self.hi, out=X)
+        nan = np.isnan(X)
+        if nan.any():
+            X[nan] = np.broadcast_to(self.fill, X.shape)[nan]
+        X -= self.center
+        X /= self.scale
+        return X
+
+
+class LazyRows:
+    """A silo's training features on disk: `n` rows of `d` features, read by `take`.
+
+    It stands where a ``(n, d)`` array stands in a `Silo` (``shape``, ``ndim``,
+    ``len``); ``numpy.asarray`` materialises it (counted in `materialised`), which the
+    training path never does.
+
+    Parameters
+    ----------
+    file : RowFile
+        The silo's rows (training and test).
+    rows : numpy.ndarray
+        (n,) int64, the file row of each training row, in training order.
+    transform : Transform, optional
+        Applied to every row read (default: none).
+    """
+
+    ndim = 2
+    dtype = np.dtype(np.float64)
+    #: how many times any LazyRows was turned into a full array
+    materialised = 0
+
+    def __init__(self, file: RowFile, rows: np.ndarray, transform: Transform | None = None):
+        self.file, self.rows = file, np.asarray(rows, dtype=np.int64)
+        self.transform = transform or Transform.identity(file.d)
+
+    @property
+    def n(self) -> int:
+        return int(len(self.rows))
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (self.n, self.file.d)
+
+    def __len__(self) -> int:
+        return self.n
+
+    def take(self, indices: np.ndarray) -> np.ndarray:
+        """Training rows `indices` (m,), preprocessed: float64 (m, d)."""
+        return self.transform.apply(self.file.rows(self.rows[np.asarray(indices)]))
+
+    def raw_chunks(self, size: int = CHUNK_ROWS) -> Iterator[np.ndarray]:
+        """The raw (encoded, unpreprocessed) training rows, float64 (≤ size, d) at a time,
+        in file order (sums do not depend on the order); pages dropped after each."""
+        order = np.sort(self.rows)
+        for a in range(0, len(order), size):
+            chunk = self.file.rows(order[a:a + size])
+            self.file.release()
+            yield chunk
+
+    def with_transform(self, transform: Transform) -> LazyRows:
+        """The same rows under another preprocessing."""
+        return LazyRows(self.file, self.rows, transform)
+
+    def __array__(self, dtype: object = None, copy: object = None) -> np.ndarray:
+        LazyRows.materialised += 1
+        X = self.take(np.arange(self.n))
+        return X if dtype is None else X.astype(dtype)
+
+
+class LazySource:
+    """The trainer's data source over lazy silos (`silofl.training.trainer.SiloSource`):
+    ``n`` (K,) and ``gather(silos, idx)``, reading only the indexed rows.
+
+    Parameters
+    ----------
+    X : list of LazyRows
+        Each silo's training features.
+    y : list of numpy.ndarray
+        Each silo's training labels, (n_k,).
+    """
+
+    def __init__(self, X: Sequence[LazyRows], y: Sequence[np.ndarray]):
+        self.X, self.y = list(X), [np.asarray(v) for v in y]
+        self.n = np.array([x.n for x in self.X], dtype=np.int64)
+        self.d = self.X[0].file.d if self.X else 0
+
+    def gather(self, silos: np.ndarray, idx: np.ndarray
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Rows idx[j] (k, M) of silo silos[j] → X (k, M, d), y (k, M), ‖x‖² (k, M), all
+        float32 as `SiloArrays.gather` returns them. Every read of private rows of a lazy
+        silo goes through here."""
+        k, m = idx.shape
+        X = np.empty((k, m, self.d), np.float32)
+        y = np.empty((k, m), np.float32)
+        sq = np.empty((k, m), np.float32)
+        for j, s in enumerate(np.asarray(silos)):
+            rows = self.X[s].take(idx[j])
+            X[j] = rows
+            sq[j] = np.einsum("nd,nd->n", rows, rows)
+            y[j] = self.y[s][idx[j]]
+        return X, y, sq
+
+
+def row_hashes(X: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """(n,) uint64 FNV-1a hashes of rows [x (float32), y (float64)]: one per row, so that a
+    sorted list of them digests a silo's rows in no particular order."""
+    words = np.ascontiguousarray(X, np.float32).view(np.uint32)
+    ybits = np.ascontiguousarray(y, np.float64).view(np.uint32).reshape(len(y), 2)
+    h = np.full(len(y), _FNV_BASIS, np.uint64)
+    with np.errstate(over="ignore"):
+        for w in (*words.T, *ybits.T):
+            h ^= w.astype(np.uint64)
+            h *= _FNV_PRIME
+    return h
+
+
+def lazy_digest(hashes: np.ndarray, d: int) -> str:
+    """The order-free digest of a silo's rows from their `row_hashes`."""
+    h = hashlib.sha256(f"lazy:{d}".encode())
+    h.update(np.sort(hashes).tobytes())
+    return h.hexdigest()[:16]
+
+
+# --- reading a Parquet dataset into row files ----------------------------------------------
+
+def _datasets(path: Path, per_silo: bool) -> list[tuple[str | None, Path]]:
+    """(silo name or None, Parquet file or directory) to read, in order."""
+    if not path.exists():
+        raise DataError(f"Parquet dataset not found: {str(path)!r}; check [data] path")
+    if not per_silo:
+        return [(None, path)]
+    if not path.is_dir():
+        raise DataError(f"{str(path)!r} is a file, but without [data] silo_column a lazy "
+                        "table is a directory with one <silo>.parquet file (or <silo>/ "
+                        "directory) per silo; set silo_column or point path at such a "
+                        "directory")
+    found = [(p.name[: -len(".parquet")] if p.is_file() else p.name, p)
+             for p in sorted(path.iterdir())
+             if (p.is_file() and p.name.endswith(".parquet")) or p.is_dir()]
+    if not found:
+        raise DataError(f"{str(path)!r} holds no <silo>.parquet file or <silo>/ directory")
+    return found
+
+
+def _batches(path: Path) -> Iterator[object]:
+    """Record batches of a Parquet file or directory, `BATCH_ROWS` rows at a time."""
+    import pyarrow.dataset as pds
+    try:
+        dataset = pds.dataset(str(path), format="parquet")
+        yield from dataset.to_batches(batch_size=BATCH_ROWS, batch_readahead=1,
+                                      fragment_readahead=1)
+    except (OSError, ValueError) as e:
+        raise DataError(f"cannot read the Parquet dataset {str(path)!r}: "
+                        f"{type(e).__name__}; check it is Parquet") from None
+
+
+class _Writer:
+    """Appends each silo's encoded rows to its own file; keeps its labels and row hashes."""
+
+    def __init__(self, folder: Path, names: list[str]):
+        self.folder, self.names = folder, names
+        self.files: dict[str, object] = {}
+        self.y: dict[str, list[np.ndarray]] = {}
+        self.h: dict[str, list[np.ndarray]] = {}
+        self.d = -1
+
+    def add(self, silo: str, X: np.ndarray, y: np.ndarray) -> None:
+        if silo not in self.files:
+            self.files[silo] = open(self.folder / f"silo{len(self.files)}.f32", "wb")
+            self.y[silo], self.h[silo] = [], []
+        X32 = np.ascontiguousarray(X, np.float32)
+        self.files[silo].write(X32.tobytes())  # type: ignore[attr-defined]
+        self.y[silo].append(y)
+        self.h[silo].append(row_hashes(X32, y))
+        self.d = X.shape[1]
+
+    def close(self) -> None:
+        for fh in self.files.values():
+            fh.close()  # type: ignore[attr-defined]
+
+
+def _check_chunk(X: np.ndarray, silos: np.ndarray, names: list[str],
+                 nullable: np.ndarray) -> None:
+    """What `RawFederation.validate` checks in memory, batch by batch: NaN only in nullable
+    columns, nothing infinite."""
+    bad = np.isinf(X).any(axis=0) | (np.isnan(X).any(axis=0) & ~nullable)
+    if bad.any():
+        j = int(np.argmax(bad))
+        rows = np.isinf(X[:, j]) | (np.isnan(X[:, j]) & ~nullable[j])
+        where = sorted(set(silos[rows].tolist()))[:3]
+        what = "infinite" if np.isinf(X[:, j]).any() else "missing but not nullable"
+        raise DataError(f"column {names[j]!r} has {int(rows.sum())} value(s) that are {what} "
+                        f"(silo(s) {', '.join(map(repr, where))}); fix the rows, or declare "
+                        "bounds (or nullable = true) in the schema")
+
+
+def _encode_all(sources: list[tuple[str | None, Path]], writer: _Writer, label_column: str,
+                silo_column: str | None, schema: object, kw: dict) -> tuple[object, dict]:
+    """Encode every batch of every source into `writer`; returns (encoding, dropped)."""
+    from silofl.data.encoding import encode_table
+    enc, dropped = None, {}
+    for silo, src in sources:
+        for batch in _batches(src):
+            df = batch.to_pandas()  # type: ignore[attr-defined]
+            if not len(df):
+                continue
+            enc = encode_table(df, label_column, silo_column=silo_column, schema=schema, **kw)
+            for key, v in enc.dropped.items():
+                dropped[key] = dropped.get(key, 0) + v
+            names = enc.silos if silo is None else np.full(len(enc.y), silo, dtype=object)
+            nullable = np.zeros(enc.X.shape[1], bool)
+            for j, c in enc.specs.items():
+                nullable[j] = c.nullable
+            _check_chunk(enc.X, names, enc.schema.feature_names, nullable)
+            codes, order = _factorize(names)
+            for c, name in enumerate(order):
+                sel = codes == c
+                writer.add(name, enc.X[sel], enc.y[sel])
+    if enc is None:
+        raise DataError("the Parquet dataset holds no rows")
+    return enc, dropped
+
+
+def _factorize(names: np.ndarray) -> tuple[np.ndarray, list[str]]:
+    import pandas as pd
+    codes, order = pd.factorize(pd.Series(names, dtype=object), sort=False)
+    return codes, [str(v) for v in order]
+
+
+def load_table_lazy(path: str | Path, silo_column: str, label_column: str, *,
+                    schema: SchemaLike | None, task: str = "auto",
+                    features: Sequence[str] | None = None, test_fraction: float = 0.2,
+                    seed: int = 0, missing: str = "impute",
+                    cache_dir: str | Path | None = None) -> RawFederation:
+    """Read a Parquet dataset batch by batch into a `RawFederation` of lazy silos.
+
+    Parameters
+    ----------
+    path : str or Path
+        A Parquet file or directory with a silo column, or (``silo_column=""``) a directory
+        of one ``<silo>.parquet`` file or ``<silo>/`` directory per silo.
+    silo_column : str
+        The column naming each row's silo ("" for one dataset per silo).
+    label_column : str
+        The target column.
+    schema : Schema, dict or path
+        The declared schema (required: the encoding may read nothing from the data).
+    task, features, missing
+        As `silofl.data.tabular.load_table_raw`.
+    test_fraction : float, default 0.2
+        Share of each silo's rows held out (materialised in memory: keep it small).
+    seed : int, default 0
+        Seed of the train/test split: the same split as `load_table_raw`.
+    cache_dir : str or Path, optional
+        Where the row files go (default: a temporary directory, removed with the silos).
+
+    Returns
+    -------
+    RawFederation
+        Silos in order of first appearance; ``X_train`` a `LazyRows` (n_k, d), ``X_test``
+        float64 (m_k, d) with NaN where a nullable value is missing.
+
+    Raises
+    ------
+    DataError
+        Unreadable data or values the schema does not allow (named by column and silo).
+    ConfigError
+        No schema.
+    """
+    if schema is None:
+        raise ConfigError("a lazy (larger than memory) table needs a declared schema "
+                          "([data] schema): encoding it without one would read levels and "
+                          "kinds from the pooled data")
+    schema = as_schema(schema)
+    folder, tmp = _cache_folder(cache_dir)
+    sources = _datasets(Path(path), per_silo=not silo_column)
+    writer = _Writer(folder, [])
+    try:
+        enc, dropped = _encode_all(sources, writer, label_column, silo_column or None, schema,
+                                   dict(task=task, features=features, missing=missing,
+                                        name=Path(path).name.split(".")[0]))
+    finally:
+        writer.close()
+    rng = np.random.default_rng(seed)  # the in-memory split: one generator, silo by silo
+    silos = []
+    for i, name in enumerate(writer.files):
+        y = np.concatenate(writer.y[name])
+        file = RowFile(folder / f"silo{i}.f32", len(y), writer.d,
+                       lazy_digest(np.concatenate(writer.h[name]), writer.d))
+        tr, te = split_indices(len(y), test_fraction, rng)
+        silos.append(Silo(name, LazyRows(file, tr), y[tr], file.rows(te), y[te]))
+        file.release()
+    for s in silos:  # the temporary folder goes when the last silo's rows do
+        s.X_train.file.tmp = tmp  # type: ignore[attr-defined]
+    meta = {"silo_column": silo_column, "label_column": label_column, "missing": missing,
+            "dropped": dropped, "seed": seed, "test_fraction": test_fraction,
+            "schema": enc.schema.source, "lazy": str(folder)}  # type: ignore[attr-defined]
+    if enc.schema.label.kind != "regression":  # type: ignore[attr-defined]
+        meta["classes"] = list(enc.schema.label.classes)  # type: ignore[attr-defined]
+    sch = enc.schema  # type: ignore[attr-defined]
+    return RawFederation(silos, sch.feature_names, sch.label.kind,
+                         num_classes=len(sch.label.classes), specs=enc.specs,  # type: ignore
+                         name=Path(path).name.split(".")[0], meta=meta)
+
+
+def _cache_folder(cache_dir: str | Path | None
+                  ) -> tuple[Path, tempfile.TemporaryDirectory | None]:
+    if cache_dir:
+        folder = Path(cache_dir)
+        folder.mkdir(parents=True, exist_ok=True)
+        return Path(tempfile.mkdtemp(prefix="silofl-lazy-", dir=folder)), None
+    tmp = tempfile.TemporaryDirectory(prefix="silofl-lazy-")
+    return Path(tmp.name), tmp
+
+
+
+# --- streaming preprocessing ----------------------------------------------------------------
+
+def preprocess_lazy_silo(specs: dict, feature_names: list[str], plan: object, s: Silo,
+                         bounded: list[int], rng: object, own: dict,
+                         probe: object = None) -> Silo:
+    """`silofl.data.preprocess.apply_preprocessing` for one lazy silo: the planned
+    statistics summed over chunks of its training rows (the same release, the same charge,
+    already paid by the caller), turned into a `Transform` that `take` applies.
+
+    Parameters
+    ----------
+    specs : dict of int to ColumnSpec
+        The raw federation's value columns.
+    feature_names : list of str
+        The encoded columns (d).
+    plan : PreprocessPlan
+        The charged plan.
+    s : Silo
+        The silo; ``X_train`` a `LazyRows`.
+    bounded : list of int
+        Columns with declared bounds (clipped first).
+    rng : NoiseSource or None
+        The noise of a private release.
+    own : dict
+        The silo's constants, filled in (``fill``, ``standardize``).
+    probe : ReleaseProbe, optional
+        Audits only.
+
+    Returns
+    -------
+    Silo
+        ``X_train`` the same rows under the transform, ``X_test`` transformed in memory.
+    """
+    from silofl.data.column_stats import (
+        center_scale,
+        declared_bounds,
+        fill_value,
+        moments_from_statistics,
+        noisy_release,
+    )
+    X: LazyRows = s.X_train  # type: ignore[assignment]
+    check_lazy_plan([s], plan.steps, plan.spec.unit)  # type: ignore[attr-defined]
+    d = X.file.d
+    t = Transform.identity(d)
+    for j in bounded:
+        t.lo[j], t.hi[j] = declared_bounds(specs[j])
+    rel = list(plan.released)  # type: ignore[attr-defined]
+    sums = _stream_sums(X, t, rel, specs)
+    priv: dict[int, tuple[float, float]] = {}
+    if rel:
+        stats = noisy_release(sums["private"], plan.noise_multipliers[s.name]  # type: ignore
+                              * plan.sensitivity, rng, probe, s.name)  # type: ignore
+        mean_u, std_u = moments_from_statistics(stats, s.n_train)
+        priv = {j: (m, sd) for j, m, sd in zip(rel, mean_u, std_u)}
+    index = {feature_names[j]: j for j in specs}
+    none = np.empty(0)
+    for st in plan.steps:  # type: ignore[attr-defined]
+        j = index[st.column]
+        if st.what == "impute":
+            t.fill[j] = fill_value(specs[j], st.mode, priv.get(j), none)
+            own["fill"][st.column] = float(t.fill[j])
+    for st in plan.steps:  # type: ignore[attr-defined]
+        j = index[st.column]
+        if st.what == "standardize":
+            if st.mode == "uncharged":
+                c, sc = _moments(sums, j, specs[j])
+            else:
+                c, sc = center_scale(specs[j], st.mode, priv.get(j), none)
+            t.center[j], t.scale[j] = c, sc
+            own["standardize"][st.column] = [float(c), float(sc)]
+    Xte = t.apply(np.array(s.X_test, dtype=np.float64))
+    return dataclasses.replace(s, X_train=X.with_transform(t), X_test=Xte)
+
+
+def check_lazy_plan(silos: Sequence[Silo], steps: Sequence[object], unit: str) -> None:
+    """Refuse, before anything is charged, what lazy silos cannot preprocess: a median
+    (uncharged imputation) does not stream, and the person unit needs the table in memory.
+
+    Parameters
+    ----------
+    silos : sequence of Silo
+        The silos to preprocess (nothing is checked unless one is lazy).
+    steps : sequence of Step
+        The planned steps (``what``, ``column``, ``mode``).
+    unit : str
+        The privacy unit of the preprocessing ("example" or "person").
+
+    Raises
+    ------
+    ConfigError
+        Naming the setting that fixes it.
+    """
+    if not any(is_lazy(s.X_train) for s in silos):
+        return
+    if unit == "person":
+        raise ConfigError("a lazy (larger than memory) table trains at example level; "
+                          "[privacy] unit = \"person\" needs the table in memory (data.lazy "
+                          "= false)")
+    for st in steps:
+        if st.what == "impute" and st.mode == "uncharged":  # type: ignore[attr-defined]
+            raise ConfigError(f"impute = \"uncharged\" fills {st.column!r} with a median, "  # type: ignore[attr-defined]
+                              "which a lazy (larger than memory) table cannot stream; use "
+                              "[data] impute = \"declared\" or \"private\"")
+
+
+def _stream_sums(X: LazyRows, t: Transform, rel: list[int], specs: dict) -> dict:
+    """One pass over the training rows (clipped to declared bounds): the private release's
+    sufficient statistics of columns `rel`, and per column the count, Σx and Σx² of the
+    observed values (uncharged standardization)."""
+    from silofl.data.column_stats import declared_bounds, sufficient_statistics
+    d = X.file.d
+    out = {"private": np.zeros((len(rel), 3)), "count": np.zeros(d), "sum": np.zeros(d),
+           "sumsq": np.zeros(d)}
+    lo = np.array([declared_bounds(specs[j])[0] for j in rel])
+    hi = np.array([declared_bounds(specs[j])[1] for j in rel])
+    for chunk in X.raw_chunks():
+        np.clip(chunk, t.lo, t.hi, out=chunk)
+        if rel:
+            out["private"] += sufficient_statistics(chunk[:, rel], lo, hi)
+        obs = ~np.isnan(chunk)
+        x0 = np.where(obs, chunk, 0.0)
+        out["count"] += obs.sum(axis=0)
+        out["sum"] += x0.sum(axis=0)
+        out["sumsq"] += (x0 * x0).sum(axis=0)
+    return out
+
+
+def _moments(sums: dict, j: int, col: object) -> tuple[float, float]:
+    """Uncharged (center, scale) of column j from streamed sums (as `center_scale`)."""
+    from silofl.data.column_stats import fallback_fill
+    n = sums["count"][j]
+    if not n:
+        return fallback_fill(col), 1.0  # type: ignore[arg-type]
+    mean = sums["sum"][j] / n
+    sd = float(np.sqrt(max(sums["sumsq"][j] / n - mean * mean, 0.0)))
+    return float(mean), sd if sd > 1e-12 else 1.0
+
