@@ -26,6 +26,7 @@ import dataclasses
 import hashlib
 import mmap
 import tempfile
+import weakref
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,11 +42,13 @@ __all__ = ["LazyRows", "LazySource", "Transform", "RowFile", "load_table_lazy", 
            "lazy_digest"]
 
 #: rows per record batch read from the Parquet dataset (bounds the encoding's memory)
-BATCH_ROWS = 131_072
-#: training rows per chunk of a streaming statistic
-CHUNK_ROWS = 262_144
-#: rows read through a mapping after which its pages are dropped from the process
-RELEASE_ROWS = 200_000
+BATCH_ROWS = 65_536
+#: training rows per chunk of a streaming statistic (a few float64 copies of one chunk)
+CHUNK_ROWS = 32_768
+#: rows read (through any silo's mapping) after which every mapping's pages are dropped
+#: from the process: a read can map up to 64 KiB around its row (the kernel's
+#: fault-around), so this bounds the mapped part of the resident memory by ~256 MiB
+RELEASE_ROWS = 4096
 
 _FNV_PRIME = np.uint64(1099511628211)
 _FNV_BASIS = np.uint64(14695981039346656037)
@@ -73,7 +76,6 @@ class RowFile:
         self.path, self.n, self.d, self.digest = Path(path), int(n), int(d), digest
         self._mm: mmap.mmap | None = None
         self._arr: np.ndarray | None = None
-        self._read = 0
 
     def _array(self) -> np.ndarray:
         if self._arr is None:
@@ -83,22 +85,33 @@ class RowFile:
             with open(self.path, "rb") as fh:
                 self._mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
             self._mm.madvise(mmap.MADV_RANDOM)  # sampled rows: no read-ahead
+            _MAPPED.add(self)
             self._arr = np.frombuffer(self._mm, np.float32).reshape(self.n, self.d)
         return self._arr
 
     def rows(self, idx: np.ndarray) -> np.ndarray:
         """Rows `idx` (m,) of the file as float64 (m, d), in the order given."""
         out = self._array()[np.asarray(idx, dtype=np.int64)].astype(np.float64)
-        self._read += len(out)
-        if self._read >= RELEASE_ROWS:
-            self.release()
+        _READ[0] += len(out)
+        if _READ[0] >= RELEASE_ROWS:
+            release_all()
         return out
 
     def release(self) -> None:
         """Drop the mapped pages from this process (the OS page cache keeps them)."""
-        self._read = 0
         if self._mm is not None:
             self._mm.madvise(mmap.MADV_DONTNEED)
+
+
+_MAPPED: weakref.WeakSet[RowFile] = weakref.WeakSet()
+_READ = [0]  # rows read since the last `release_all`
+
+
+def release_all() -> None:
+    """Drop every mapped row file's pages from this process."""
+    _READ[0] = 0
+    for f in list(_MAPPED):
+        f.release()
 
 
 @dataclass(frozen=True)
@@ -291,7 +304,7 @@ class _Writer:
             self.files[silo] = open(self.folder / f"silo{len(self.files)}.f32", "wb")
             self.y[silo], self.h[silo] = [], []
         X32 = np.ascontiguousarray(X, np.float32)
-        self.files[silo].write(X32.tobytes())  # type: ignore[attr-defined]
+        self.files[silo].write(memoryview(X32).cast("B"))  # type: ignore[attr-defined]
         self.y[silo].append(y)
         self.h[silo].append(row_hashes(X32, y))
         self.d = X.shape[1]
@@ -334,6 +347,9 @@ def _encode_all(sources: list[tuple[str | None, Path]], writer: _Writer, label_c
             for j, c in enc.specs.items():
                 nullable[j] = c.nullable
             _check_chunk(enc.X, names, enc.schema.feature_names, nullable)
+            if silo is not None:  # one silo per dataset: no selection (a copy) needed
+                writer.add(silo, enc.X, enc.y)
+                continue
             codes, order = _factorize(names)
             for c, name in enumerate(order):
                 sel = codes == c
@@ -483,7 +499,8 @@ def preprocess_lazy_silo(specs: dict, feature_names: list[str], plan: object, s:
     for j in bounded:
         t.lo[j], t.hi[j] = declared_bounds(specs[j])
     rel = list(plan.released)  # type: ignore[attr-defined]
-    sums = _stream_sums(X, t, rel, specs)
+    read = rel or any(st.mode == "uncharged" for st in plan.steps)  # type: ignore
+    sums = _stream_sums(X, t, rel, specs) if read else {}  # declared: nothing to read
     priv: dict[int, tuple[float, float]] = {}
     if rel:
         stats = noisy_release(sums["private"], plan.noise_multipliers[s.name]  # type: ignore
