@@ -42,6 +42,9 @@ def generate(root: Path, rows_per_file: int, files: int, d: int) -> list[Path]:
     import pyarrow as pa
     import pyarrow.parquet as pq
     root.mkdir(parents=True, exist_ok=True)
+    done = root / f"done-{rows_per_file}x{files}x{d}"
+    if done.exists():  # an earlier --keep run's parts
+        return sorted(root.glob("part-*.parquet"))
     rng = np.random.default_rng(SEED)
     w = rng.standard_normal(d) / np.sqrt(d)
     paths = []
@@ -54,6 +57,7 @@ def generate(root: Path, rows_per_file: int, files: int, d: int) -> list[Path]:
         pq.write_table(pa.table(cols), path, compression="none", row_group_size=rows_per_file,
                        use_dictionary=False, write_statistics=False)
         paths.append(path)
+    done.touch()
     return paths
 
 
@@ -121,16 +125,23 @@ def child(cfg_json: str) -> None:
     from silofl.experiments.run import run
     raw = json.loads(cfg_json)
     cfg = config_from_dict(raw)
+    base = _rss()  # the interpreter and its imports, before any data
     t0 = time.perf_counter()
     ticks: list[float] = []
     rep = run(cfg, on_progress=lambda m, r, R, v: ticks.append(time.perf_counter() - t0))
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
     epochs = np.diff(ticks) if len(ticks) > 1 else np.array(ticks)
-    print(json.dumps({"peak_bytes": peak, "total_s": time.perf_counter() - t0,
+    print(json.dumps({"peak_bytes": peak, "base_bytes": base,
+                      "total_s": time.perf_counter() - t0,
                       "ticks": ticks, "epoch_s": float(np.mean(epochs)),
                       "materialised": LazyRows.materialised,
-                      "metric": float(np.mean(list(rep.results[0].final.values())))
-                      if hasattr(rep.results[0], "final") else None}))
+                      "metric": float(rep.results[0].final_pooled)}))
+
+
+def _rss() -> int:
+    """This process's resident bytes now (Linux /proc)."""
+    with open("/proc/self/statm") as fh:
+        return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
 def run_case(cfg: dict, timeout: float) -> dict:
@@ -191,11 +202,13 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 def report(rows: dict, d: int) -> None:
-    print(f"{'case':<22}{'rows':>12}{'peak RSS':>11}{'load':>9}{'per epoch':>12}")
+    print(f"{'case':<24}{'rows':>12}{'peak RSS':>11}{'(imports)':>11}{'load':>9}"
+          f"{'per epoch':>11}{'accuracy':>10}")
     for name, (n, r) in rows.items():
         load = r["ticks"][0] - r["epoch_s"] if r["ticks"] else float("nan")
-        print(f"{name:<22}{n:>12,}{r['peak_bytes'] / 2**30:>9.2f} G{load:>8.2f}s"
-              f"{r['epoch_s']:>11.2f}s")
+        print(f"{name:<24}{n:>12,}{r['peak_bytes'] / 2**30:>9.2f} G"
+              f"{r['base_bytes'] / 2**30:>9.2f} G{load:>8.1f}s{r['epoch_s']:>10.2f}s"
+              f"{r['metric']:>10.3f}")
     print(f"(× {d} float32 features; load = Parquet → row files + preprocessing; one epoch "
           "= one local pass, q = b/n, b = 512, DP-SGD seeded, logistic regression)")
 

@@ -6,8 +6,8 @@ the same encoding as `silofl.data.tabular`) and appends each silo's rows, float3
 file of its own in a cache directory. A silo's training part is then a `LazyRows`: the
 file memory-mapped, with ``n`` rows and ``take(indices) -> numpy.ndarray``; only the rows a
 Poisson batch names are materialised (`LazySource.gather`, the trainer's data source), and
-mapped pages are dropped from the process (``madvise(MADV_DONTNEED)``) every
-`RELEASE_ROWS` rows read, so the resident memory stays bounded by a batch, not a silo. The
+mapped pages are dropped from the process (``madvise(MADV_DONTNEED)``) whenever they pass
+`RELEASE_BYTES`, so the resident memory stays bounded by a batch, not a silo. The
 test part is materialised (keep `test_fraction` small for very large silos).
 
 Preprocessing streams (`silofl.data.preprocess`): statistics are summed over chunks of the
@@ -25,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import mmap
+import os
 import tempfile
 import weakref
 from collections.abc import Iterator, Sequence
@@ -45,10 +46,12 @@ __all__ = ["LazyRows", "LazySource", "Transform", "RowFile", "load_table_lazy", 
 BATCH_ROWS = 65_536
 #: training rows per chunk of a streaming statistic (a few float64 copies of one chunk)
 CHUNK_ROWS = 32_768
-#: rows read (through any silo's mapping) after which every mapping's pages are dropped
-#: from the process: a read can map up to 64 KiB around its row (the kernel's
-#: fault-around), so this bounds the mapped part of the resident memory by ~256 MiB
-RELEASE_ROWS = 4096
+#: rows read (through any silo's mapping) between two looks at the process's mapped file
+#: pages: one row's fault can map far more than its page (fault-around, and whole large
+#: folios of the page cache: up to 2 MiB on ext4/xfs), so the bytes are measured, not guessed
+CHECK_ROWS = 128
+#: mapped file bytes above which every row file's pages are dropped from the process
+RELEASE_BYTES = 256 << 20
 
 _FNV_PRIME = np.uint64(1099511628211)
 _FNV_BASIS = np.uint64(14695981039346656037)
@@ -91,10 +94,16 @@ class RowFile:
 
     def rows(self, idx: np.ndarray) -> np.ndarray:
         """Rows `idx` (m,) of the file as float64 (m, d), in the order given."""
-        out = self._array()[np.asarray(idx, dtype=np.int64)].astype(np.float64)
-        _READ[0] += len(out)
-        if _READ[0] >= RELEASE_ROWS:
-            release_all()
+        idx = np.asarray(idx, dtype=np.int64)
+        arr = self._array()
+        if len(idx) <= CHECK_ROWS:
+            out = arr[idx].astype(np.float64)
+            _account(len(idx))
+            return out
+        out = np.empty((len(idx), self.d), np.float64)
+        for a in range(0, len(idx), CHECK_ROWS):  # a large read maps pages bit by bit
+            out[a:a + CHECK_ROWS] = arr[idx[a:a + CHECK_ROWS]]
+            _account(min(CHECK_ROWS, len(idx) - a))
         return out
 
     def release(self) -> None:
@@ -104,7 +113,26 @@ class RowFile:
 
 
 _MAPPED: weakref.WeakSet[RowFile] = weakref.WeakSet()
-_READ = [0]  # rows read since the last `release_all`
+_READ = [0]  # rows read since the last look at the mapped bytes
+_PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+def _account(rows: int) -> None:
+    """Count rows read; every `CHECK_ROWS`, drop the mapped pages above `RELEASE_BYTES`."""
+    _READ[0] += rows
+    if _READ[0] >= CHECK_ROWS:
+        _READ[0] = 0
+        if mapped_bytes() > RELEASE_BYTES:
+            release_all()
+
+
+def mapped_bytes() -> int:
+    """Resident file-backed (and shared) bytes of this process (Linux; 0 elsewhere)."""
+    try:
+        with open("/proc/self/statm", "rb") as fh:
+            return int(fh.read().split()[2]) * _PAGE
+    except OSError:
+        return 0
 
 
 def release_all() -> None:
