@@ -3,9 +3,8 @@
 
 Targets: one silo of 20M rows × 100 features and 100 silos × 200k rows, each trained with
 peak memory ≤ 8 GB; a moderate case is also run in memory for the comparison. Every case
-runs in a fresh subprocess that reports its own ``ru_maxrss`` (peak resident set, which
-counts the mapped pages of the row files that a process holds; the OS page cache does not
-count). The Parquet data (float32, one file of `ROWS_PER_FILE` rows per part) is generated
+runs in a fresh subprocess that reports its own ``ru_maxrss`` (peak resident set; the OS
+page cache that keeps the row files warm is not the process's). The Parquet data (float32, one file of `ROWS_PER_FILE` rows per part) is generated
 once under --dir and removed at the end; both layouts share its files by hard links: one
 silo (``one/big/part-*.parquet``, a directory dataset) and 100 silos
 (``many/sNN.parquet``).

@@ -4,10 +4,10 @@
 batches, encodes each batch by the declared schema (`silofl.data.encoding.encode_table`,
 the same encoding as `silofl.data.tabular`) and appends each silo's rows, float32, to a
 file of its own in a cache directory. A silo's training part is then a `LazyRows`: the
-file memory-mapped, with ``n`` rows and ``take(indices) -> numpy.ndarray``; only the rows a
-Poisson batch names are materialised (`LazySource.gather`, the trainer's data source), and
-mapped pages are dropped from the process (``madvise(MADV_DONTNEED)``) whenever they pass
-`RELEASE_BYTES`, so the resident memory stays bounded by a batch, not a silo. The
+file, with ``n`` rows and ``take(indices) -> numpy.ndarray``; only the rows a
+Poisson batch names are read, by positioned reads of their bytes (`RowFile`), and
+materialised (`LazySource.gather`, the trainer's data source), so the resident memory is
+bounded by a batch, not a silo; the OS page cache keeps the file warm if it can. The
 test part is materialised (keep `test_fraction` small for very large silos).
 
 Preprocessing streams (`silofl.data.preprocess`): statistics are summed over chunks of the
@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import mmap
 import os
 import tempfile
 import weakref
@@ -46,12 +45,6 @@ __all__ = ["LazyRows", "LazySource", "Transform", "RowFile", "load_table_lazy", 
 BATCH_ROWS = 65_536
 #: training rows per chunk of a streaming statistic (a few float64 copies of one chunk)
 CHUNK_ROWS = 32_768
-#: rows read (through any silo's mapping) between two looks at the process's mapped file
-#: pages: one row's fault can map far more than its page (fault-around, and whole large
-#: folios of the page cache: up to 2 MiB on ext4/xfs), so the bytes are measured, not guessed
-CHECK_ROWS = 128
-#: mapped file bytes above which every row file's pages are dropped from the process
-RELEASE_BYTES = 256 << 20
 
 _FNV_PRIME = np.uint64(1099511628211)
 _FNV_BASIS = np.uint64(14695981039346656037)
@@ -63,7 +56,12 @@ def is_lazy(X: object) -> bool:
 
 
 class RowFile:
-    """One silo's encoded rows, float32 (n, d) in a file, memory-mapped read-only.
+    """One silo's encoded rows, float32 (n, d) in a file, read by positioned reads.
+
+    Only the rows asked for enter the process: a sampled row is one ``pread`` of its
+    4·d bytes (a memory mapping would map whole large folios of the page cache per row:
+    ~5× slower and its resident pages need dropping); a run of nearly consecutive rows (a
+    streaming statistic's chunk) is one read.
 
     Parameters
     ----------
@@ -77,69 +75,27 @@ class RowFile:
 
     def __init__(self, path: Path, n: int, d: int, digest: str = ""):
         self.path, self.n, self.d, self.digest = Path(path), int(n), int(d), digest
-        self._mm: mmap.mmap | None = None
-        self._arr: np.ndarray | None = None
+        self._fd: int | None = None
 
-    def _array(self) -> np.ndarray:
-        if self._arr is None:
-            if self.n * self.d == 0:
-                self._arr = np.zeros((self.n, self.d), np.float32)
-                return self._arr
-            with open(self.path, "rb") as fh:
-                self._mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
-            self._mm.madvise(mmap.MADV_RANDOM)  # sampled rows: no read-ahead
-            _MAPPED.add(self)
-            self._arr = np.frombuffer(self._mm, np.float32).reshape(self.n, self.d)
-        return self._arr
+    def _open(self) -> int:
+        if self._fd is None:
+            self._fd = os.open(self.path, os.O_RDONLY)
+            weakref.finalize(self, os.close, self._fd)
+            os.posix_fadvise(self._fd, 0, 0, os.POSIX_FADV_RANDOM)  # no read-ahead
+        return self._fd
 
     def rows(self, idx: np.ndarray) -> np.ndarray:
         """Rows `idx` (m,) of the file as float64 (m, d), in the order given."""
         idx = np.asarray(idx, dtype=np.int64)
-        arr = self._array()
-        if len(idx) <= CHECK_ROWS:
-            out = arr[idx].astype(np.float64)
-            _account(len(idx))
-            return out
-        out = np.empty((len(idx), self.d), np.float64)
-        for a in range(0, len(idx), CHECK_ROWS):  # a large read maps pages bit by bit
-            out[a:a + CHECK_ROWS] = arr[idx[a:a + CHECK_ROWS]]
-            _account(min(CHECK_ROWS, len(idx) - a))
-        return out
-
-    def release(self) -> None:
-        """Drop the mapped pages from this process (the OS page cache keeps them)."""
-        if self._mm is not None:
-            self._mm.madvise(mmap.MADV_DONTNEED)
-
-
-_MAPPED: weakref.WeakSet[RowFile] = weakref.WeakSet()
-_READ = [0]  # rows read since the last look at the mapped bytes
-_PAGE = os.sysconf("SC_PAGE_SIZE")
-
-
-def _account(rows: int) -> None:
-    """Count rows read; every `CHECK_ROWS`, drop the mapped pages above `RELEASE_BYTES`."""
-    _READ[0] += rows
-    if _READ[0] >= CHECK_ROWS:
-        _READ[0] = 0
-        if mapped_bytes() > RELEASE_BYTES:
-            release_all()
-
-
-def mapped_bytes() -> int:
-    """Resident file-backed (and shared) bytes of this process (Linux; 0 elsewhere)."""
-    try:
-        with open("/proc/self/statm", "rb") as fh:
-            return int(fh.read().split()[2]) * _PAGE
-    except OSError:
-        return 0
-
-
-def release_all() -> None:
-    """Drop every mapped row file's pages from this process."""
-    _READ[0] = 0
-    for f in list(_MAPPED):
-        f.release()
+        if not len(idx) or not self.d:
+            return np.zeros((len(idx), self.d))
+        fd, rb = self._open(), 4 * self.d
+        lo, hi = int(idx.min()), int(idx.max()) + 1
+        if len(idx) >= 64 and hi - lo <= 4 * len(idx):  # nearly consecutive: one read
+            block = np.frombuffer(os.pread(fd, (hi - lo) * rb, lo * rb), np.float32)
+            return block.reshape(hi - lo, self.d)[idx - lo].astype(np.float64)
+        raw = b"".join([os.pread(fd, rb, i * rb) for i in idx.tolist()])
+        return np.frombuffer(raw, np.float32).reshape(len(idx), self.d).astype(np.float64)
 
 
 @dataclass(frozen=True)
@@ -213,12 +169,10 @@ class LazyRows:
 
     def raw_chunks(self, size: int = CHUNK_ROWS) -> Iterator[np.ndarray]:
         """The raw (encoded, unpreprocessed) training rows, float64 (≤ size, d) at a time,
-        in file order (sums do not depend on the order); pages dropped after each."""
+        in file order (sums do not depend on the order)."""
         order = np.sort(self.rows)
         for a in range(0, len(order), size):
-            chunk = self.file.rows(order[a:a + size])
-            self.file.release()
-            yield chunk
+            yield self.file.rows(order[a:a + size])
 
     def with_transform(self, transform: Transform) -> LazyRows:
         """The same rows under another preprocessing."""
@@ -455,7 +409,6 @@ def load_table_lazy(path: str | Path, silo_column: str, label_column: str, *,
                        lazy_digest(np.concatenate(writer.h[name]), writer.d))
         tr, te = split_indices(len(y), test_fraction, rng)
         silos.append(Silo(name, LazyRows(file, tr), y[tr], file.rows(te), y[te]))
-        file.release()
     for s in silos:  # the temporary folder goes when the last silo's rows do
         s.X_train.file.tmp = tmp  # type: ignore[attr-defined]
     meta = {"silo_column": silo_column, "label_column": label_column, "missing": missing,
