@@ -30,6 +30,7 @@ import weakref
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO, TYPE_CHECKING, Any, cast
 
 import numpy as np
 
@@ -37,6 +38,12 @@ from silofl.data.federation import Silo, split_indices
 from silofl.data.raw import RawFederation
 from silofl.data.schema import SchemaLike, as_schema
 from silofl.errors import ConfigError, DataError
+
+if TYPE_CHECKING:
+    from silofl.data.column_stats import NoiseSource, ReleaseProbe
+    from silofl.data.encoding import EncodedTable
+    from silofl.data.preprocess import PreprocessPlan, SiloConstants
+    from silofl.data.schema import ColumnSpec, Schema
 
 __all__ = ["LazyRows", "LazySource", "Transform", "RowFile", "load_table_lazy", "is_lazy",
            "lazy_digest"]
@@ -76,6 +83,7 @@ class RowFile:
     def __init__(self, path: Path, n: int, d: int, digest: str = ""):
         self.path, self.n, self.d, self.digest = Path(path), int(n), int(d), digest
         self._fd: int | None = None
+        self.tmp: object = None  # the temporary folder holding the file, kept alive with it
 
     def _open(self) -> int:
         if self._fd is None:
@@ -178,7 +186,7 @@ class LazyRows:
         """The same rows under another preprocessing."""
         return LazyRows(self.file, self.rows, transform)
 
-    def __array__(self, dtype: object = None, copy: object = None) -> np.ndarray:
+    def __array__(self, dtype: Any = None, copy: object = None) -> np.ndarray:
         LazyRows.materialised += 1
         X = self.take(np.arange(self.n))
         return X if dtype is None else X.astype(dtype)
@@ -251,7 +259,7 @@ def _datasets(path: Path, per_silo: bool) -> list[tuple[str | None, Path]]:
                         "table is a directory with one <silo>.parquet file (or <silo>/ "
                         "directory) per silo; set silo_column or point path at such a "
                         "directory")
-    found = [(p.name[: -len(".parquet")] if p.is_file() else p.name, p)
+    found: list[tuple[str | None, Path]] = [(p.name[: -len(".parquet")] if p.is_file() else p.name, p)
              for p in sorted(path.iterdir())
              if (p.is_file() and p.name.endswith(".parquet")) or p.is_dir()]
     if not found:
@@ -259,7 +267,7 @@ def _datasets(path: Path, per_silo: bool) -> list[tuple[str | None, Path]]:
     return found
 
 
-def _batches(path: Path) -> Iterator[object]:
+def _batches(path: Path) -> Iterator[Any]:
     """Record batches of a Parquet file or directory, `BATCH_ROWS` rows at a time."""
     import pyarrow.dataset as pds
     try:
@@ -276,7 +284,7 @@ class _Writer:
 
     def __init__(self, folder: Path, names: list[str]):
         self.folder, self.names = folder, names
-        self.files: dict[str, object] = {}
+        self.files: dict[str, IO[bytes]] = {}
         self.y: dict[str, list[np.ndarray]] = {}
         self.h: dict[str, list[np.ndarray]] = {}
         self.d = -1
@@ -286,14 +294,14 @@ class _Writer:
             self.files[silo] = open(self.folder / f"silo{len(self.files)}.f32", "wb")
             self.y[silo], self.h[silo] = [], []
         X32 = np.ascontiguousarray(X, np.float32)
-        self.files[silo].write(memoryview(X32).cast("B"))  # type: ignore[attr-defined]
+        self.files[silo].write(X32.data)
         self.y[silo].append(y)
         self.h[silo].append(row_hashes(X32, y))
         self.d = X.shape[1]
 
     def close(self) -> None:
         for fh in self.files.values():
-            fh.close()  # type: ignore[attr-defined]
+            fh.close()
 
 
 def _check_chunk(X: np.ndarray, silos: np.ndarray, names: list[str],
@@ -312,22 +320,25 @@ def _check_chunk(X: np.ndarray, silos: np.ndarray, names: list[str],
 
 
 def _encode_all(sources: list[tuple[str | None, Path]], writer: _Writer, label_column: str,
-                silo_column: str | None, schema: object, kw: dict) -> tuple[object, dict]:
+                silo_column: str | None, schema: Schema, kw: dict
+                ) -> tuple[EncodedTable, dict[str, int]]:
     """Encode every batch of every source into `writer`; returns (encoding, dropped)."""
     from silofl.data.encoding import encode_table
-    enc, dropped = None, {}
+    enc: EncodedTable | None = None
+    dropped: dict[str, int] = {}
     for silo, src in sources:
         for batch in _batches(src):
-            df = batch.to_pandas()  # type: ignore[attr-defined]
+            df = batch.to_pandas()
             if not len(df):
                 continue
             enc = encode_table(df, label_column, silo_column=silo_column, schema=schema, **kw)
             for key, v in enc.dropped.items():
                 dropped[key] = dropped.get(key, 0) + v
-            names = enc.silos if silo is None else np.full(len(enc.y), silo, dtype=object)
+            names = np.full(len(enc.y), silo, dtype=object) if enc.silos is None or \
+                silo is not None else enc.silos
             nullable = np.zeros(enc.X.shape[1], bool)
-            for j, c in enc.specs.items():
-                nullable[j] = c.nullable
+            for j, spec in enc.specs.items():
+                nullable[j] = spec.nullable
             _check_chunk(enc.X, names, enc.schema.feature_names, nullable)
             if silo is not None:  # one silo per dataset: no selection (a copy) needed
                 writer.add(silo, enc.X, enc.y)
@@ -408,17 +419,18 @@ def load_table_lazy(path: str | Path, silo_column: str, label_column: str, *,
         file = RowFile(folder / f"silo{i}.f32", len(y), writer.d,
                        lazy_digest(np.concatenate(writer.h[name]), writer.d))
         tr, te = split_indices(len(y), test_fraction, rng)
-        silos.append(Silo(name, LazyRows(file, tr), y[tr], file.rows(te), y[te]))
+        lazy = cast(np.ndarray, LazyRows(file, tr))  # stands where an (n, d) array stands
+        silos.append(Silo(name, lazy, y[tr], file.rows(te), y[te]))
     for s in silos:  # the temporary folder goes when the last silo's rows do
-        s.X_train.file.tmp = tmp  # type: ignore[attr-defined]
+        cast(LazyRows, s.X_train).file.tmp = tmp
     meta = {"silo_column": silo_column, "label_column": label_column, "missing": missing,
             "dropped": dropped, "seed": seed, "test_fraction": test_fraction,
-            "schema": enc.schema.source, "lazy": str(folder)}  # type: ignore[attr-defined]
-    if enc.schema.label.kind != "regression":  # type: ignore[attr-defined]
-        meta["classes"] = list(enc.schema.label.classes)  # type: ignore[attr-defined]
-    sch = enc.schema  # type: ignore[attr-defined]
+            "schema": enc.schema.source, "lazy": str(folder)}
+    sch = enc.schema
+    if sch.label.kind != "regression":
+        meta["classes"] = list(sch.label.classes)
     return RawFederation(silos, sch.feature_names, sch.label.kind,
-                         num_classes=len(sch.label.classes), specs=enc.specs,  # type: ignore
+                         num_classes=len(sch.label.classes), specs=enc.specs,
                          name=Path(path).name.split(".")[0], meta=meta)
 
 
@@ -435,9 +447,10 @@ def _cache_folder(cache_dir: str | Path | None
 
 # --- streaming preprocessing ----------------------------------------------------------------
 
-def preprocess_lazy_silo(specs: dict, feature_names: list[str], plan: object, s: Silo,
-                         bounded: list[int], rng: object, own: dict,
-                         probe: object = None) -> Silo:
+def preprocess_lazy_silo(specs: dict[int, ColumnSpec], feature_names: list[str],
+                         plan: PreprocessPlan, s: Silo, bounded: list[int],
+                         rng: NoiseSource | None, own: SiloConstants,
+                         probe: ReleaseProbe | None = None) -> Silo:
     """`silofl.data.preprocess.apply_preprocessing` for one lazy silo: the planned
     statistics summed over chunks of its training rows (the same release, the same charge,
     already paid by the caller), turned into a `Transform` that `take` applies.
@@ -473,29 +486,30 @@ def preprocess_lazy_silo(specs: dict, feature_names: list[str], plan: object, s:
         moments_from_statistics,
         noisy_release,
     )
-    X: LazyRows = s.X_train  # type: ignore[assignment]
-    check_lazy_plan([s], plan.steps, plan.spec.unit)  # type: ignore[attr-defined]
+    X = cast(LazyRows, s.X_train)
+    check_lazy_plan([s], plan.steps, plan.spec.unit)
     d = X.file.d
     t = Transform.identity(d)
     for j in bounded:
         t.lo[j], t.hi[j] = declared_bounds(specs[j])
-    rel = list(plan.released)  # type: ignore[attr-defined]
-    read = rel or any(st.mode == "uncharged" for st in plan.steps)  # type: ignore
+    rel = list(plan.released)
+    read = rel or any(st.mode == "uncharged" for st in plan.steps)
     sums = _stream_sums(X, t, rel, specs) if read else {}  # declared: nothing to read
     priv: dict[int, tuple[float, float]] = {}
     if rel:
-        stats = noisy_release(sums["private"], plan.noise_multipliers[s.name]  # type: ignore
-                              * plan.sensitivity, rng, probe, s.name)  # type: ignore
+        assert rng is not None  # apply_preprocessing refuses a private plan without one
+        stats = noisy_release(sums["private"], plan.noise_multipliers[s.name]
+                              * plan.sensitivity, rng, probe, s.name)
         mean_u, std_u = moments_from_statistics(stats, s.n_train)
         priv = {j: (m, sd) for j, m, sd in zip(rel, mean_u, std_u)}
     index = {feature_names[j]: j for j in specs}
     none = np.empty(0)
-    for st in plan.steps:  # type: ignore[attr-defined]
+    for st in plan.steps:
         j = index[st.column]
         if st.what == "impute":
             t.fill[j] = fill_value(specs[j], st.mode, priv.get(j), none)
             own["fill"][st.column] = float(t.fill[j])
-    for st in plan.steps:  # type: ignore[attr-defined]
+    for st in plan.steps:
         j = index[st.column]
         if st.what == "standardize":
             if st.mode == "uncharged":
@@ -505,10 +519,10 @@ def preprocess_lazy_silo(specs: dict, feature_names: list[str], plan: object, s:
             t.center[j], t.scale[j] = c, sc
             own["standardize"][st.column] = [float(c), float(sc)]
     Xte = t.apply(np.array(s.X_test, dtype=np.float64))
-    return dataclasses.replace(s, X_train=X.with_transform(t), X_test=Xte)
+    return dataclasses.replace(s, X_train=cast(np.ndarray, X.with_transform(t)), X_test=Xte)
 
 
-def check_lazy_plan(silos: Sequence[Silo], steps: Sequence[object], unit: str) -> None:
+def check_lazy_plan(silos: Sequence[Silo], steps: Sequence[Any], unit: str) -> None:
     """Refuse, before anything is charged, what lazy silos cannot preprocess: a median
     (uncharged imputation) does not stream, and the person unit needs the table in memory.
 
@@ -533,13 +547,14 @@ def check_lazy_plan(silos: Sequence[Silo], steps: Sequence[object], unit: str) -
                           "[privacy] unit = \"person\" needs the table in memory (data.lazy "
                           "= false)")
     for st in steps:
-        if st.what == "impute" and st.mode == "uncharged":  # type: ignore[attr-defined]
-            raise ConfigError(f"impute = \"uncharged\" fills {st.column!r} with a median, "  # type: ignore[attr-defined]
+        if st.what == "impute" and st.mode == "uncharged":
+            raise ConfigError(f"impute = \"uncharged\" fills {st.column!r} with a median, "
                               "which a lazy (larger than memory) table cannot stream; use "
                               "[data] impute = \"declared\" or \"private\"")
 
 
-def _stream_sums(X: LazyRows, t: Transform, rel: list[int], specs: dict) -> dict:
+def _stream_sums(X: LazyRows, t: Transform, rel: list[int],
+                 specs: dict[int, ColumnSpec]) -> dict[str, np.ndarray]:
     """One pass over the training rows (clipped to declared bounds): the private release's
     sufficient statistics of columns `rel`, and per column the count, Σx and Σx² of the
     observed values (uncharged standardization)."""
@@ -561,12 +576,12 @@ def _stream_sums(X: LazyRows, t: Transform, rel: list[int], specs: dict) -> dict
     return out
 
 
-def _moments(sums: dict, j: int, col: object) -> tuple[float, float]:
+def _moments(sums: dict[str, np.ndarray], j: int, col: ColumnSpec) -> tuple[float, float]:
     """Uncharged (center, scale) of column j from streamed sums (as `center_scale`)."""
     from silofl.data.column_stats import fallback_fill
     n = sums["count"][j]
     if not n:
-        return fallback_fill(col), 1.0  # type: ignore[arg-type]
+        return fallback_fill(col), 1.0
     mean = sums["sum"][j] / n
     sd = float(np.sqrt(max(sums["sumsq"][j] / n - mean * mean, 0.0)))
     return float(mean), sd if sd > 1e-12 else 1.0

@@ -167,8 +167,7 @@ def _lazy_table(dc: DataConfig) -> RawFederation:
     if others:
         raise ConfigError(f"data.lazy = true reads Parquet silos as they are; remove "
                           f"{', '.join('data.' + k for k in others)}")
-    from silofl.data.lazy import load_table_lazy
-    return load_table_lazy(dc.path, dc.silo_column, dc.label_column, schema=_schema(dc),
+    return D.load_table_lazy(dc.path, dc.silo_column, dc.label_column, schema=_schema(dc),
                            task=dc.task, features=dc.features or None, missing=dc.missing,
                            test_fraction=dc.test_fraction, seed=dc.seed,
                            cache_dir=dc.cache_dir or None)
