@@ -30,7 +30,7 @@ import weakref
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any, cast
+from typing import IO, TYPE_CHECKING, Any, Protocol, cast
 
 import numpy as np
 
@@ -42,7 +42,6 @@ from silofl.errors import ConfigError, DataError
 if TYPE_CHECKING:
     from silofl.data.column_stats import NoiseSource, ReleaseProbe
     from silofl.data.encoding import EncodedTable
-    from silofl.data.preprocess import PreprocessPlan, SiloConstants
     from silofl.data.schema import ColumnSpec, Schema
 
 __all__ = ["LazyRows", "LazySource", "Transform", "RowFile", "load_table_lazy", "is_lazy",
@@ -447,9 +446,20 @@ def _cache_folder(cache_dir: str | Path | None
 
 # --- streaming preprocessing ----------------------------------------------------------------
 
+class PlanLike(Protocol):
+    """What streaming preprocessing reads of a `silofl.data.preprocess.PreprocessPlan`
+    (a protocol: that module imports this one)."""
+
+    spec: Any
+    steps: list[Any]
+    released: list[int]
+    noise_multipliers: dict[str, float]
+    sensitivity: float
+
+
 def preprocess_lazy_silo(specs: dict[int, ColumnSpec], feature_names: list[str],
-                         plan: PreprocessPlan, s: Silo, bounded: list[int],
-                         rng: NoiseSource | None, own: SiloConstants,
+                         plan: PlanLike, s: Silo, bounded: list[int],
+                         rng: NoiseSource | None, own: Any,
                          probe: ReleaseProbe | None = None) -> Silo:
     """`silofl.data.preprocess.apply_preprocessing` for one lazy silo: the planned
     statistics summed over chunks of its training rows (the same release, the same charge,
@@ -469,7 +479,7 @@ def preprocess_lazy_silo(specs: dict[int, ColumnSpec], feature_names: list[str],
         Columns with declared bounds (clipped first).
     rng : NoiseSource or None
         The noise of a private release.
-    own : dict
+    own : SiloConstants
         The silo's constants, filled in (``fill``, ``standardize``).
     probe : ReleaseProbe, optional
         Audits only.
