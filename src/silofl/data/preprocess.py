@@ -63,7 +63,8 @@ from silofl.data.column_stats import (
     release_statistics,
 )
 from silofl.data.federation import Federation, Silo
-from silofl.data.lazy import check_lazy_plan, is_lazy, preprocess_lazy_silo
+from silofl.data.lazy import is_lazy
+from silofl.data.lazy_stats import check_lazy_plan, preprocess_lazy_silo
 from silofl.data.raw import RawFederation
 from silofl.data.schema import ColumnSpec
 from silofl.errors import ConfigError, PrivacyError
