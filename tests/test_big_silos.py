@@ -84,6 +84,10 @@ def test_lazy_rows_match_the_table_and_gather_like_silo_arrays(table, tmp_path):
         assert a.X_train.shape == b.X_train.shape
         idx = np.array([5, 0, 5, a.n_train - 1])  # any order, repeats: as Poisson pads
         np.testing.assert_array_equal(a.X_train.take(idx), b.X_train[idx])
+        part = a.X_train[idx[1:]]  # a split of the training rows stays on disk
+        assert isinstance(part, LazyRows) and part.shape == (3, b.X_train.shape[1])
+        np.testing.assert_array_equal(part.take(np.arange(3)), b.X_train[idx[1:]])
+        np.testing.assert_array_equal(a.X_train[7], b.X_train[7])
         np.testing.assert_array_equal(a.X_test, b.X_test)
         np.testing.assert_array_equal(a.y_train, b.y_train)
     fed_mem = [np.nan_to_num(s.X_train) for s in mem.silos]
@@ -107,10 +111,14 @@ def test_one_dataset_per_silo_directory(table, tmp_path):
     path, schema, df = table
     for name, part in df.groupby("site", sort=False):
         part.drop(columns="site").to_parquet(tmp_path / f"{name}.parquet", index=False)
+    (tmp_path / "_SUCCESS").write_text("")  # a writer's marker file: not a silo
     raw = load_table_lazy(tmp_path, "", "y", schema=schema)
     assert sorted(raw.names) == sorted(df["site"].unique())
     sizes = df["site"].value_counts()
     assert all(s.n_train + s.n_test == sizes[s.name] for s in raw.silos)
+    df.iloc[:0].drop(columns="site").to_parquet(tmp_path / "west.parquet", index=False)
+    with pytest.raises(DataError, match="'west'.*no rows"):
+        load_table_lazy(tmp_path, "", "y", schema=schema)
 
 
 def test_refusals_before_any_charge(table, tmp_path):

@@ -179,6 +179,15 @@ class LazyRows:
         for a in range(0, len(order), size):
             yield self.file.rows(order[a:a + size])
 
+    def __getitem__(self, key: Any) -> Any:
+        """``X[rows]`` (an index array, mask or slice): the same silo's rows `rows`, still
+        on disk (a split of the training part, e.g. a sweep's validation rows); an integer
+        gives that row, (d,) float64."""
+        sub = self.rows[key]
+        if np.ndim(sub) == 0:
+            return self.take(np.array([key]))[0]
+        return LazyRows(self.file, sub, self.transform)
+
     def with_transform(self, transform: Transform) -> LazyRows:
         """The same rows under another preprocessing."""
         return LazyRows(self.file, self.rows, transform)
@@ -258,7 +267,8 @@ def _datasets(path: Path, per_silo: bool) -> list[tuple[str | None, Path]]:
                         "directory")
     found: list[tuple[str | None, Path]] = [(p.name[: -len(".parquet")] if p.is_file() else p.name, p)
              for p in sorted(path.iterdir())
-             if (p.is_file() and p.name.endswith(".parquet")) or p.is_dir()]
+             if not p.name.startswith((".", "_"))  # _SUCCESS, .crc: writers' own files
+             and ((p.is_file() and p.name.endswith(".parquet")) or p.is_dir())]
     if not found:
         raise DataError(f"{str(path)!r} holds no <silo>.parquet file or <silo>/ directory")
     return found
@@ -409,6 +419,10 @@ def load_table_lazy(path: str | Path, silo_column: str, label_column: str, *,
                                         name=Path(path).name.split(".")[0]))
     finally:
         writer.close()
+    empty = [name for name, _ in sources if name is not None and name not in writer.files]
+    if empty:
+        raise DataError(f"silo dataset(s) {', '.join(map(repr, empty[:5]))} in {str(path)!r} "
+                        "hold no rows; remove them or add the silos' rows")
     rng = np.random.default_rng(seed)  # the in-memory split: one generator, silo by silo
     silos = []
     for i, name in enumerate(writer.files):
