@@ -62,8 +62,9 @@ def _charges(result) -> list[list[tuple]]:
 
 
 @pytest.mark.parametrize("mode", ["private", "declared"])
-def test_lazy_training_equals_in_memory(table, mode):
+def test_lazy_training_equals_in_memory(table, mode, monkeypatch):
     path, schema, _ = table
+    monkeypatch.setattr("silofl.data.lazy.CHUNK_ROWS", 500)  # statistics over many chunks
     before = LazyRows.materialised
     mem, lazy = run(_cfg(path, schema, False, mode)), run(_cfg(path, schema, True, mode))
     assert LazyRows.materialised == before  # no training path turned a silo into an array
@@ -72,7 +73,13 @@ def test_lazy_training_equals_in_memory(table, mode):
         assert _charges(b) == _charges(a) and _charges(a)[0]  # the same charges, in order
         assert b.final_per_silo == pytest.approx(a.final_per_silo, abs=1e-12)
     assert lazy.combined_privacy == mem.combined_privacy
-    assert lazy.preprocessing == mem.preprocessing  # same steps, same release noise
+    assert lazy.preprocessing == mem.preprocessing  # same steps, same noise
+    # the released statistics: the same sums (in another order) plus the same noise draw
+    for name, want in mem.release["constants"]["silos"].items():
+        got = lazy.release["constants"]["silos"][name]
+        assert got["fill"] == pytest.approx(want["fill"], rel=1e-12)
+        for col, cs in want["standardize"].items():
+            assert got["standardize"][col] == pytest.approx(cs, rel=1e-12)
 
 
 def test_lazy_rows_match_the_table_and_gather_like_silo_arrays(table, tmp_path):

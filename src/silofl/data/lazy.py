@@ -172,10 +172,11 @@ class LazyRows:
         """Training rows `indices` (m,), preprocessed: float64 (m, d)."""
         return self.transform.apply(self.file.rows(self.rows[np.asarray(indices)]))
 
-    def raw_chunks(self, size: int = CHUNK_ROWS) -> Iterator[np.ndarray]:
+    def raw_chunks(self, size: int | None = None) -> Iterator[np.ndarray]:
         """The raw (encoded, unpreprocessed) training rows, float64 (≤ size, d) at a time,
         in file order (sums do not depend on the order)."""
         order = np.sort(self.rows)
+        size = size or CHUNK_ROWS
         for a in range(0, len(order), size):
             yield self.file.rows(order[a:a + size])
 
