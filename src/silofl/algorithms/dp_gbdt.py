@@ -13,31 +13,43 @@ silo releases noisy per-leaf Σg, Σh and the leaf values are −η·G/(H+λ). E
 server sees is a noisy release or public (bounds, bins, hyperparameters, the column sample
 drawn from public randomness); each silo's σ_k is calibrated so that the whole ensemble
 meets its own target.
+
+The silo and server sides are explicit programs (`silofl.algorithms.gbdt_programs`,
+its message table); `train_dp_gbdt` drives them in-process, the networked runtime over
+the wire.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import dp_accounting as dpa
 import numpy as np
 
-from silofl.errors import ConfigError
-from silofl.models.trees import Tree, TreeEnsemble
-from silofl.privacy import accounting
-from silofl.privacy.ledger import Ledger
-from silofl.training.histograms import (
-    SiloHistograms,
-    bin_edges,
-    bin_features,
-    charge_all,
-    ensemble_event,
-    tree_event,
+from silofl.algorithms.gbdt_programs import (
+    OP_LEVEL,
+    OP_MODEL,
+    Ask,
+    GbdtServer,
+    GbdtSettings,
+    GbdtSilo,
+    best_splits,
+    calibrate_sigma,
+    drive,
+    gbdt_settings,
+    grow_local,
 )
+from silofl.errors import ConfigError
+from silofl.models.trees import TreeEnsemble
+from silofl.privacy.ledger import Ledger
+from silofl.training.histograms import bin_edges
 
 if TYPE_CHECKING:
-    from silofl.data.federation import Federation, Silo
+    from silofl.data.federation import Federation
+
+__all__ = ["GbdtRelease", "GbdtResult", "best_splits", "bounds_array", "program_rngs",
+           "train_dp_gbdt"]
 
 
 @dataclass
@@ -57,54 +69,50 @@ class GbdtResult:
     personal: list[TreeEnsemble] | None = None
 
 
-def _gradients(task: str, margin: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    if task == "binary":
-        p = 1.0 / (1.0 + np.exp(-margin))
-        return p - y, p * (1.0 - p)
-    return margin - y, np.ones_like(margin)
+@dataclass(frozen=True)
+class GbdtRelease:
+    """One silo's noisy release as the server receives it (what `train_dp_gbdt`'s
+    ``observe`` hook is shown; the white-box view of `silofl.audit.gbdt`).
 
-
-def best_splits(hg: np.ndarray, hh: np.ndarray, lam: float,
-                min_child_hessian: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The best split of every node from its (summed, noisy) histograms.
-
-    Parameters
-    ----------
-    hg, hh : numpy.ndarray
-        (slots, m, B) gradient and hessian sums per node, released feature and bin.
-    lam : float
-        L2 leaf regularisation λ.
-    min_child_hessian : float
-        Smallest Σh allowed in either child.
-
-    Returns
-    -------
-    (numpy.ndarray, numpy.ndarray, numpy.ndarray)
-        Per slot: the index into the released features (int), the split bin k in 1..B−1
-        (a row goes left when its bin < k; B when the node does not split) and the gain
-        (−inf when it does not split).
+    silo : int — the silo's index in the federation.
+    tree, level : int — the shared tree and its level (level == depth: the leaf sums).
+    features : numpy.ndarray — (m,) the released feature columns (sorted).
+    split_feature, split_threshold : numpy.ndarray — (2^(D+1) − 1,) the tree's splits so
+        far in heap layout (children of i at 2i+1, 2i+2; threshold +inf: every row goes
+        left), filled for the levels above this one: how a record reaches its slot.
+    g, h : numpy.ndarray — level < depth: (2^level, m, n_bins) noisy histograms; leaves:
+        (2^depth,) noisy Σg, Σh per leaf slot.
     """
-    GL = np.cumsum(hg, axis=2)[:, :, :-1]  # (slots, m, B−1): bins < k for k = 1..B−1
-    HL = np.cumsum(hh, axis=2)[:, :, :-1]
-    G = hg.sum(axis=2, keepdims=True)
-    H = hh.sum(axis=2, keepdims=True)
-    GR, HR = G - GL, H - HL
-    ok = (HL >= min_child_hessian) & (HR >= min_child_hessian) & (H + lam > 0)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        gain = GL ** 2 / (HL + lam) + GR ** 2 / (HR + lam) - G ** 2 / (H + lam)
-    gain = np.where(ok, gain, -np.inf)
-    slots, m, K = gain.shape
-    flat = gain.reshape(slots, m * K)
-    best = np.argmax(flat, axis=1)
-    top = flat[np.arange(slots), best]
-    j, k = best // K, best % K + 1
-    split = top > 0
-    B = K + 1
-    return j, np.where(split, k, B), np.where(split, top, -np.inf)
+
+    silo: int
+    tree: int
+    level: int
+    features: np.ndarray
+    split_feature: np.ndarray
+    split_threshold: np.ndarray
+    g: np.ndarray
+    h: np.ndarray
 
 
-def _check_args(fed: Federation, trees: int, depth: int, subsample: float, colsample: float,
-                lr: float, lam: float, clip_g: float, clip_h: float, unit: str) -> None:
+def _shower(observe: Callable[[GbdtRelease], None] | None
+            ) -> Callable[[Ask, GbdtServer, list], None] | None:
+    """`drive`'s hook showing `observe` each silo's release (decoded) as the server is
+    about to receive it; None without an observer."""
+    if observe is None:
+        return None
+
+    def show(ask: Ask, server: GbdtServer, releases: list[np.ndarray | None]) -> None:
+        if ask.op == OP_MODEL:
+            return
+        shape = (2, 2 ** ask.level, ask.features.size, -1) if ask.op == OP_LEVEL else (2, -1)
+        for k, r in enumerate(releases):
+            g, h = np.asarray(r).reshape(shape)
+            observe(GbdtRelease(k, ask.tree, ask.level, server.features.copy(),
+                                server.feature.copy(), server.threshold.copy(), g, h))
+    return show
+
+
+def _check_fed(fed: Federation, unit: str) -> None:
     if unit != "example":
         raise ConfigError(f"dp_gbdt supports [privacy] unit = \"example\" only, got {unit!r}; "
                           "person-level trees are not implemented yet")
@@ -112,29 +120,10 @@ def _check_args(fed: Federation, trees: int, depth: int, subsample: float, colsa
         raise ConfigError(f"dp_gbdt needs a binary or regression task, got {fed.task!r}")
     if fed.is_image:
         raise ConfigError("dp_gbdt needs tabular (n, d) features, not images")
-    for name, v, lo, hi in (("trees", trees, 1, 10_000), ("depth", depth, 1, 12)):
-        if int(v) != v or not lo <= v <= hi:
-            raise ConfigError(f"{name} must be an integer in [{lo}, {hi}], got {v}")
-    for name, frac in (("subsample", subsample), ("colsample", colsample)):
-        if not 0.0 < frac <= 1.0:
-            raise ConfigError(f"{name} must be in (0, 1], got {frac}")
-    for name, pos in (("lr", lr), ("lam", lam), ("clip_g", clip_g), ("clip_h", clip_h)):
-        if not (np.isfinite(pos) and pos > 0):
-            raise ConfigError(f"{name} must be a positive number, got {pos}")
 
 
-def _check_more(max_leaf: float, base_score: float, splits: str, local_trees: int) -> None:
-    if not (np.isfinite(max_leaf) and max_leaf > 0):
-        raise ConfigError(f"max_leaf must be a positive number, got {max_leaf}")
-    if not np.isfinite(base_score):
-        raise ConfigError(f"base_score must be a finite number, got {base_score}")
-    if splits not in ("histogram", "random"):
-        raise ConfigError(f"splits must be 'histogram' or 'random', got {splits!r}")
-    if int(local_trees) != local_trees or not 0 <= local_trees <= 10_000:
-        raise ConfigError(f"local_trees must be an integer in [0, 10000], got {local_trees}")
-
-
-def _bounds_array(bounds: Any, d: int) -> np.ndarray:
+def bounds_array(bounds: Any, d: int) -> np.ndarray:
+    """(d, 2) declared [lower, upper] per feature from (2,) or (d, 2) `bounds`."""
     b = np.asarray(bounds, dtype=np.float64)
     if b.shape == (2,):
         b = np.tile(b, (d, 1))
@@ -143,19 +132,14 @@ def _bounds_array(bounds: Any, d: int) -> np.ndarray:
     return b
 
 
-def _sigmas(fed: Federation, ledgers: list[Ledger | None], trees: int, releases: int,
-            q: float, private: bool) -> list[float]:
-    """Each silo's σ_k for its own target over the whole ensemble; preflighted."""
-    if not private:
-        return [0.0] * fed.num_silos
-    out = []
-    for led in ledgers:
-        assert led is not None
-        sigma = accounting.calibrate(lambda s: ensemble_event(s, trees, releases, q),
-                                     led.target.epsilon, led.target.delta, led.accountant)
-        led.preflight(ensemble_event(sigma, trees, releases, q))  # fails before any row is read
-        out.append(float(sigma))
-    return out
+def program_rngs(seed: int, K: int) -> tuple[np.random.Generator, list[np.random.Generator],
+                                              list[np.random.Generator]]:
+    """The seeded streams of a run: the server's public one, each silo's own (sampling
+    and noise) and each silo's public one for its local trees. Silo k's streams depend on
+    (seed, k) only, so a networked silo draws them itself."""
+    ss = np.random.SeedSequence(seed)
+    server, *rest = [np.random.default_rng(c) for c in ss.spawn(2 * K + 1)]
+    return server, rest[:K], rest[K:]
 
 
 def _make_ledgers(fed: Federation, ledgers: list[Ledger] | None,
@@ -180,7 +164,9 @@ def train_dp_gbdt(fed: Federation, *, trees: int = 20, depth: int = 3, n_bins: i
                   base_score: float = 0.0, splits: str = "histogram",
                   local_trees: int = 0, max_leaf: float | None = None, seed: int = 0,
                   ledgers: list[Ledger] | None = None, private: bool = True,
-                  unit: str = "example") -> GbdtResult:
+                  unit: str = "example", edges: np.ndarray | None = None,
+                  noise_multipliers: list[float] | None = None, noise_scale: float = 1.0,
+                  observe: Callable[[GbdtRelease], None] | None = None) -> GbdtResult:
     """Train a DP federated GBDT; every silo spends at most its own (ε_k, δ_k).
 
     Parameters
@@ -231,113 +217,54 @@ def train_dp_gbdt(fed: Federation, *, trees: int = 20, depth: int = 3, n_bins: i
         False: no noise, no ledgers (a non-private reference run).
     unit : str
         Only "example" (person-level trees are refused with ConfigError).
+    edges : numpy.ndarray, optional
+        (d, n_bins − 1) bin edges to use instead of equal-width ones over `bounds` (e.g.
+        private quantiles, computed and charged by the caller).
+    noise_multipliers : list of float, optional
+        Each silo's σ_k as a job calibrated it for all its methods composed
+        (`silofl.runtime.plan`; default: calibrated here for the ensemble alone); the
+        ledgers' preflight still refuses one that does not fit.
+    noise_scale : float
+        Auditing only, never set by a run (the audit self-test's broken variant "noise
+        off" sets 0): the released noise is σ_k·noise_scale while the ledgers charge σ_k.
+    observe : callable, optional
+        Auditing: called with every silo's release of the shared trees (`GbdtRelease`),
+        as the server receives it.
 
     Returns
     -------
     GbdtResult
         The ensemble, the ledgers and a per-silo report (σ, events, ε spent).
     """
-    if clip_h is None:
-        clip_h = 0.25 if fed.task == "binary" else 1.0
-    if max_leaf is None:
-        max_leaf = 4.0 if fed.task == "binary" else clip_g
-    _check_args(fed, trees, depth, subsample, colsample, lr, lam, clip_g, clip_h, unit)
-    _check_more(max_leaf, base_score, splits, local_trees)
-    d = fed.dim
-    edges = bin_edges(_bounds_array(bounds, d), n_bins)
+    _check_fed(fed, unit)
+    if not (np.isfinite(noise_scale) and noise_scale >= 0):
+        raise ConfigError(f"noise_scale must be a number >= 0, got {noise_scale}")
+    st: GbdtSettings = gbdt_settings(
+        fed.task, fed.dim, trees=trees, depth=depth, n_bins=n_bins, lr=lr, lam=lam,
+        clip_g=clip_g, clip_h=clip_h, subsample=subsample, colsample=colsample,
+        min_child_hessian=min_child_hessian, max_leaf=max_leaf, base_score=base_score,
+        splits=splits, local_trees=local_trees)
+    edges = bin_edges(bounds_array(bounds, fed.dim), n_bins) if edges is None \
+        else np.asarray(edges, dtype=np.float64)
     leds = _make_ledgers(fed, ledgers, private)
-    releases = depth + 1 if splits == "histogram" else 1
-    sigmas = _sigmas(fed, leds, trees + local_trees, releases, subsample, private)
-    ss = np.random.SeedSequence(seed)
-    server_rng, *silo_rngs = [np.random.default_rng(s) for s in ss.spawn(fed.num_silos + 1)]
-    hists = [SiloHistograms(led, bin_features(s.X_train, edges), sig, n_bins, clip_g, clip_h)
-             for s, led, sig in zip(fed.silos, leds, sigmas, strict=True)]
-    margins = [np.full(s.n_train, float(base_score)) for s in fed.silos]
-    ens = TreeEnsemble(d, fed.task, float(base_score), [], list(fed.feature_names) or None)
-    m = max(1, int(round(colsample * d)))
-    grow: dict[str, Any] = dict(depth=depth, lr=lr, lam=lam, q=subsample,
-                                mch=min_child_hessian, max_leaf=max_leaf,
-                                server_rng=server_rng if splits == "random" else None)
-    for t in range(trees):
-        features = np.sort(server_rng.choice(d, m, replace=False)) if m < d else np.arange(d)
-        tree = _grow_tree(fed.task, fed.silos, hists, leds, sigmas, margins, silo_rngs,
-                          features, edges, t, **grow)
-        ens.trees.append(tree)
-        for k, s in enumerate(fed.silos):
-            margins[k] += tree.value[tree.apply(s.X_train)]
-    personal = None
-    if local_trees:  # Finetune analogue: each silo grows on, alone, from the shared model
-        personal = []
-        for k, s in enumerate(fed.silos):
-            own = TreeEnsemble(d, fed.task, float(base_score), list(ens.trees),
-                               ens.feature_names)
-            for t in range(trees, trees + local_trees):
-                features = np.sort(server_rng.choice(d, m, replace=False)) if m < d \
-                    else np.arange(d)
-                own.trees.append(_grow_tree(fed.task, [s], [hists[k]], [leds[k]],
-                                            [sigmas[k]], [margins[k]], [silo_rngs[k]],
-                                            features, edges, t, **grow))
-                margins[k] += own.trees[-1].value[own.trees[-1].apply(s.X_train)]
-            personal.append(own)
+    # every silo's σ for its own target, preflighted before any silo reads a row
+    if noise_multipliers is not None and len(noise_multipliers) != fed.num_silos:
+        raise ConfigError(f"got {len(noise_multipliers)} noise multipliers for "
+                          f"{fed.num_silos} silos")
+    given = noise_multipliers or [None] * fed.num_silos
+    sigmas = [0.0 if led is None else calibrate_sigma(st, led, g)
+              for led, g in zip(leds, given, strict=True)]
+    server_rng, silo_rngs, local_rngs = program_rngs(seed, fed.num_silos)
+    names = list(fed.feature_names) or None
+    silos = [GbdtSilo(st, edges, s.X_train, s.y_train, sig, led, rng, s.name)
+             for s, led, sig, rng in zip(fed.silos, leds, sigmas, silo_rngs, strict=True)]
+    for silo in silos:  # auditing only: the released noise, never the charged σ
+        silo.hist.sigma = silo.sigma * noise_scale
+    server = GbdtServer(st, edges, server_rng, feature_names=names)
+    drive(server, silos, _shower(observe))
+    personal = [grow_local(s, r, server.ensemble) for s, r in zip(silos, local_rngs, strict=True)] \
+        if local_trees else None
     report = [{"silo": s.name, "sigma": sig,
                **({} if led is None else led.report())}
               for s, led, sig in zip(fed.silos, leds, sigmas, strict=True)]
-    return GbdtResult(ens, leds, report, personal)
-
-
-def _grow_tree(task: str, silos: list[Silo], hists: list[SiloHistograms],
-               leds: list[Ledger | None],
-               sigmas: list[float], margins: list[np.ndarray],
-               rngs: list[np.random.Generator], features: np.ndarray, edges: np.ndarray,
-               t: int, *, depth: int, lr: float, lam: float, q: float, mch: float,
-               max_leaf: float,
-               server_rng: np.random.Generator | None = None) -> Tree:
-    """One boosting round: every silo's releases for tree `t`, the server's splits
-    (random ones drawn from `server_rng` when given: then only the leaves are released)."""
-    releases = depth + 1 if server_rng is None else 1
-    private = leds[0] is not None
-    per_level = q >= 1.0  # without subsampling each release is charged just before it
-    # level 0 (subsampled: the whole tree; random splits: the leaf release) is charged
-    # before g, h are computed from the silo's rows
-    if private:
-        first = [dpa.GaussianDpEvent(s) if per_level else tree_event(s, releases, q)
-                 for s in sigmas]
-        what = " level 0" if per_level and server_rng is None else ""
-        charge_all(leds, first, t, f"gbdt tree {t}{what}")
-    B = edges.shape[1] + 1
-    n_inner = 2 ** depth - 1
-    feature = np.full(2 ** (depth + 1) - 1, -1, dtype=np.int32)
-    threshold = np.full(feature.shape, np.inf)
-    for k, (h, s) in enumerate(zip(hists, silos, strict=True)):
-        g, hess = _gradients(task, margins[k], s.y_train.astype(np.float64))
-        rows = rngs[k].random(s.n_train) < q if q < 1.0 else np.ones(s.n_train, dtype=bool)
-        h.start_tree(g, hess, rows, features)
-    for level in range(depth + 1):
-        if private and per_level and level > 0 and server_rng is None:
-            charge_all(leds, [dpa.GaussianDpEvent(s) for s in sigmas], t,
-                       f"gbdt tree {t} level {level}")
-        if level == depth:
-            sums = [h.leaf_sums(depth, r) for h, r in zip(hists, rngs, strict=True)]
-            G = np.sum([a for a, _ in sums], axis=0)
-            H = np.sum([b for _, b in sums], axis=0)
-            value = np.zeros(feature.shape)
-            leaf = -G / np.maximum(H + lam, lam)  # noisy H may be < 0
-            value[n_inner:] = lr * np.clip(leaf, -max_leaf, max_leaf)
-            return Tree.from_complete(feature, threshold, value)
-        if server_rng is None:
-            rel = [h.level_histograms(level, r)
-                   for h, r in zip(hists, rngs, strict=True)]
-            hg = np.sum([a for a, _ in rel], axis=0)
-            hh = np.sum([b for _, b in rel], axis=0)
-            j, k_bin, _ = best_splits(hg, hh, lam, mch)
-        else:  # public randomness only: nothing is released at this level
-            j = server_rng.integers(0, features.size, 2 ** level)
-            k_bin = server_rng.integers(1, B, 2 ** level)
-        chosen = features[j]
-        nodes = 2 ** level - 1 + np.arange(2 ** level)
-        split = k_bin < B
-        feature[nodes] = np.where(split, chosen, 0)
-        threshold[nodes] = np.where(split, edges[chosen, np.minimum(k_bin, B - 1) - 1], np.inf)
-        for h in hists:
-            h.descend(chosen, k_bin)
-    raise AssertionError("unreachable")
+    return GbdtResult(server.ensemble, leds, report, personal)

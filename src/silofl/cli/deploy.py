@@ -231,6 +231,11 @@ def _save_release(role: str, program) -> None:
         console.print(f"{escape(program.job['method'])} has no single shared model; the "
                       "silos saved their own")
         return
+    if program.job["method"] == "dp_gbdt":  # trees: their own files, not a `predict` run
+        console.print(f"Saved the trees to [bold]{escape(str(where))}[/] (gbdt*.json; "
+                      "XGBoost's format: gbdt*.xgboost.json; the privacy report: "
+                      "gbdt*-privacy.json)")
+        return
     who = program.cfg.name if role == "silo" else release.SHARED
     import shlex  # a command the user can paste: 'VA Long Beach' must stay one argument
     console.print(f"Saved the model to [bold]{escape(str(where))}[/]: silofl predict --run "

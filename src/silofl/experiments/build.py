@@ -18,6 +18,7 @@ from silofl.data.raw import RawFederation
 from silofl.data.schema import load_schema
 from silofl.data.silo_size import check_settings, limit_federation
 from silofl.errors import ConfigError
+from silofl.experiments.run_trees import trees_kwargs
 from silofl.models import TORCH_MODELS, check_input, make_model
 from silofl.models.base import Model
 from silofl.models.metrics import METRICS, default_metric
@@ -31,7 +32,8 @@ SOURCES = ("heart", "table", "school", "exam", "titanic", "mnist", "synthetic",
 SOURCE_KEYS = {
     "mnist": ("train_per_silo", "test_per_silo", "mask_prob"),
     "mnist_dirichlet": ("public_fraction", "public_size", "flatten"),
-    "table": ("sep", "encoding", "drop", "person_column"),  # how its CSV is read; persons
+    "table": ("sep", "encoding", "drop", "person_column",  # how its CSV is read; persons
+              "lazy", "cache_dir"),  # a Parquet table larger than memory (data.lazy)
 }
 #: [privacy] unit values a config may name ("node" is the pandemic engine's own unit)
 CONFIG_UNITS = ("example", "person")
@@ -154,6 +156,24 @@ def _split_table(dc: DataConfig) -> RawFederation:
                              person_column=dc.person_column or None, **kw)
 
 
+def _lazy_table(dc: DataConfig) -> RawFederation:
+    """[data] lazy = true: a Parquet dataset read batch by batch into row files, per silo
+    by silo_column or one dataset per silo (`silofl.data.lazy.load_table_lazy`)."""
+    if not dc.path or not dc.label_column or not dc.schema:
+        raise ConfigError("data.lazy = true needs data.path (a Parquet file or directory), "
+                          "data.label_column and data.schema (a declared schema: nothing is "
+                          "read from the pooled data)")
+    others = [k for k in ("split", "person_column", "sep", "encoding", "drop")
+              if getattr(dc, k) != getattr(DataConfig(), k)]
+    if others:
+        raise ConfigError(f"data.lazy = true reads Parquet silos as they are; remove "
+                          f"{', '.join('data.' + k for k in others)}")
+    return D.load_table_lazy(dc.path, dc.silo_column, dc.label_column, schema=_schema(dc),
+                           task=dc.task, features=dc.features or None, missing=dc.missing,
+                           test_fraction=dc.test_fraction, seed=dc.seed,
+                           cache_dir=dc.cache_dir or None)
+
+
 def _read_options(dc: DataConfig) -> dict:
     """[data] sep, encoding and drop: how `read_table` reads a CSV table."""
     return {"sep": dc.sep, "encoding": dc.encoding, "drop": dc.drop}
@@ -215,6 +235,8 @@ def _load_raw(dc: DataConfig) -> RawFederation:
                               "(" + " | ".join(D.SPLITS) + "), e.g. split = 'age_strict' "
                               "with split_feature = 'age' and split_bins = [0, 18, 40, 100]")
         return _split_table(dc)
+    if dc.source == "table" and dc.lazy:
+        return _lazy_table(dc)
     if dc.source == "table":
         if not dc.path or not dc.label_column or not (dc.silo_column or dc.split):
             raise ConfigError("data.source = 'table' needs data.path, data.label_column and "
@@ -383,15 +405,21 @@ def build_model(cfg: Config, fed: Federation) -> Model:
     model = make_model(mc.name, fed.dim, max(fed.num_classes, 2), **opts)
     check_input(model, x_shape)
     model.check_task(fed.task)
-    if mc.metric and mc.metric not in METRICS:
-        raise ConfigError(f"unknown model.metric {mc.metric!r}; choose one of {', '.join(METRICS)}")
-    if mc.metric == "mse" and fed.task != "regression" or \
-            mc.metric in ("accuracy", "auprc", "roc_auc") and fed.task == "regression":
-        raise ConfigError(f"metric {mc.metric!r} does not fit a {fed.task} task; use "
-                          f"{default_metric(fed.task)!r}")
-    if mc.metric in ("auprc", "roc_auc") and fed.task != "binary":
-        raise ConfigError(f"metric {mc.metric!r} needs binary labels")
+    check_metric(mc.metric, fed.task)
     return model
+
+
+def check_metric(metric: str, task: str) -> None:
+    """ConfigError for a [model] metric unknown or unfit for `task` ("" = the default)."""
+    if metric and metric not in METRICS:
+        raise ConfigError(f"unknown model.metric {metric!r}; choose one of "
+                          f"{', '.join(METRICS)}")
+    if metric == "mse" and task != "regression" or \
+            metric in ("accuracy", "auprc", "roc_auc") and task == "regression":
+        raise ConfigError(f"metric {metric!r} does not fit a {task} task; use "
+                          f"{default_metric(task)!r}")
+    if metric in ("auprc", "roc_auc") and task != "binary":
+        raise ConfigError(f"metric {metric!r} needs binary labels")
 
 
 def build_algorithms(cfg: Config) -> list[Algorithm]:
@@ -417,7 +445,7 @@ def build_algorithms(cfg: Config) -> list[Algorithm]:
                            persons_in_silos=cfg.privacy.persons_in_silos,
                            uldp_weighting=tc.uldp_weighting,
                            uldp_sample_rate=tc.uldp_sample_rate,
-                           **ldp_options(tc))
+                           trees=trees_kwargs(cfg), **ldp_options(tc))
             for m in tc.methods]
 
 

@@ -65,7 +65,7 @@ class SweepConfig:
     def normalized(self) -> dict:
         """Everything that determines the runs' results, as plain data: the fingerprint's
         input. Excludes where results go (sweep.results, [output]), how many processes run
-        them (sweep.workers) and presentation ([report])."""
+        them (sweep.workers, engine, address) and presentation ([report])."""
         d = self.base.to_dict()
         d.pop("output")
         d.pop("budget")  # where runs are charged changes whether they run, not their results
@@ -73,7 +73,7 @@ class SweepConfig:
         for sec, key in _REPLACED:
             d[sec].pop(key, None)
         sw = self.sweep.model_dump()
-        for key in ("workers", "results"):
+        for key in ("workers", "results", "engine", "address"):
             sw.pop(key)
         if sw["tuning"] == "uncounted":  # the default: fingerprints of older sweeps hold
             sw.pop("tuning")
@@ -116,6 +116,9 @@ def validate_sweep(s: SweepSection) -> SweepSection:
             hint = f" Did you mean {near[0]!r}?" if near else ""
             raise ConfigError(f"unknown method {m!r} in sweep.methods; choose from "
                               f"{', '.join(METHODS)}.{hint}")
+    if "dp_gbdt" in s.methods:  # its runs are not DP-SGD rounds (experiments.run_trees)
+        raise ConfigError("dp_gbdt is not available in `silofl sweep` yet; train trees with "
+                          "`silofl run` (training.methods = [\"dp_gbdt\"], settings in [trees])")
     if len(set(s.methods)) != len(s.methods):
         raise ConfigError("'sweep.methods' lists a method more than once; list every method once")
     return s

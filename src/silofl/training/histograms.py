@@ -94,7 +94,7 @@ def tree_event(sigma: float, releases: int, q: float) -> dpa.DpEvent:
     without subsampling, or as one Poisson-subsampled Gaussian with σ/√releases."""
     if q >= 1.0:
         return dpa.SelfComposedDpEvent(dpa.GaussianDpEvent(sigma), releases)
-    return dpa.PoissonSampledDpEvent(q, dpa.GaussianDpEvent(sigma / np.sqrt(releases)))
+    return dpa.PoissonSampledDpEvent(q, dpa.GaussianDpEvent(float(sigma / np.sqrt(releases))))
 
 
 def ensemble_event(sigma: float, trees: int, releases: int, q: float) -> dpa.DpEvent:

@@ -86,7 +86,8 @@ class AppSiloClient(SiloClient):
     def fit(self, parameters, config):
         from silofl.privacy.randomness import Randomness
         c = self.program.cfg
-        if c.noise == "seeded" and self.program.plan is not None:
+        if c.noise == "seeded" and self.program.plan is not None and self.program.gbdt is None:
+            # (dp_gbdt keeps its seeded stream's position in its state on disk)
             # a fresh process per message would restart the seeded stream every round (the
             # same noise each round): key the experiment stream by the round as well
             self.program.trainer.rng = Randomness.for_mode("seeded", [
@@ -117,7 +118,7 @@ def _save_when_done(program) -> None:
     and card as `silofl silo` does on the fast path (`release.save_silo_release`): there
     is no end-of-run hook in a per-message process, so the last round's process saves."""
     job = program.job
-    if job is None or not (program.exhausted or program.done >= int(job["rounds"])):
+    if job is None or not (program.exhausted or program.done >= program.rounds):
         return
     from silofl.runtime.network import release
     try:

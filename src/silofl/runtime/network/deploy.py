@@ -246,7 +246,7 @@ def _silo_toml(n: str, data: str, epsilon: float, delta: float, noise: str, job:
                      "delta": float(delta), "lifetime_epsilon": float(epsilon),
                      **store, "state_dir": f"state/{f}",
                      "private_key": f"keys/{f}.key", "noise": noise,
-                     "max_rounds": int(job["rounds"]), "methods": [job["method"]], **extra},
+                     "max_rounds": _max_rounds(job), "methods": [job["method"]], **extra},
             "server": {"address": address, **tls}}
 
 
@@ -297,6 +297,15 @@ def default_rounds() -> int:
 def default_delta() -> float:
     """The simulator's `[privacy] delta` default (one configuration model)."""
     return PrivacyConfig().delta
+
+
+def _max_rounds(job: dict) -> int:
+    """The rounds a silo allows: the job's (dp_gbdt: its trees, a tree being a round)."""
+    if job.get("method") == "dp_gbdt":
+        from silofl.runtime.network.gbdt_host import trees_json
+        t = json.loads(trees_json(job.get("trees")))
+        return int(t["trees"] + t["local_trees"])
+    return int(job["rounds"])
 
 
 def tables_json(job: dict | None) -> dict:

@@ -325,7 +325,7 @@ def run_server(cfg: ServerConfig) -> ServerProgram:
                           "remove it here or use that route")
     _quiet_deprecations()
     program = ServerProgram(cfg)
-    remaining = cfg.job["rounds"] - program.done
+    remaining = program.rounds - program.done
     if remaining <= 0:
         return program
     strategy = SiloflStrategy(program)
@@ -344,7 +344,7 @@ def run_server(cfg: ServerConfig) -> ServerProgram:
                           "choose another port in [server] address (and in every silo's "
                           "[server] address; `deploy init --address`)") from None
     log.info("silofl server on %s, TLS %s, rounds %d..%d", cfg.address,
-             "on" if certs else "OFF", program.done + 1, cfg.job["rounds"])
+             "on" if certs else "OFF", program.done + 1, program.rounds)
     try:
         server.fit(num_rounds=remaining, timeout=cfg.round_timeout)
         server.disconnect_all_clients(timeout=10.0)

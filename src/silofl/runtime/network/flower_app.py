@@ -182,7 +182,7 @@ def run_server_app(grid, context: Context) -> ServerProgram:
     if not isinstance(grid, LoopbackGrid):  # the in-process grid answers at once
         grid = PollingGrid(grid, cfg.poll_interval)
     program = ServerProgram(cfg)
-    remaining = cfg.job["rounds"] - program.done
+    remaining = program.rounds - program.done
     if remaining > 0:
         workflow = None
         strategy = SiloflStrategy(program)

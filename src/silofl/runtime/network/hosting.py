@@ -33,10 +33,10 @@ NETWORK_METHODS = ("local", "fedavg", "mrmtl", "ditto", "finetune", "ifca", "ifc
 def check_network_method(name: str) -> None:
     """ConfigError for a method the network cannot run. `uldp` runs only inside a SecAgg+
     sum (`secagg.SECAGG_ONLY`); the server's config and every silo's round check that."""
-    if name not in NETWORK_METHODS and name not in SECAGG_ONLY:
+    if name not in NETWORK_METHODS and name not in SECAGG_ONLY and name != "dp_gbdt":
         raise ConfigError(
             f"method {name!r} does not run over the network. Network methods: "
-            f"{', '.join(NETWORK_METHODS)} (and {', '.join(SECAGG_ONLY)} with [server] "
+            f"{', '.join(NETWORK_METHODS)}, dp_gbdt (and {', '.join(SECAGG_ONLY)} with [server] "
             f"secagg = true); run {name!r} in the simulator (`silofl run`)")
 
 

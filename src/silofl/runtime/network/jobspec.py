@@ -56,7 +56,9 @@ JOB_KEYS = {"method": str, "lam": (float, str), "weighted": bool, "finetune_frac
             "privacy_unit": str, "max_rows_per_person": int,
             # uldp: M, the declared most silos one person is in (0: every silo), its weights
             # and persons' sampling rate (the network runs "uniform" at rate 1 only)
-            "persons_in_silos": int, "uldp_weighting": str, "uldp_sample_rate": float}
+            "persons_in_silos": int, "uldp_weighting": str, "uldp_sample_rate": float,
+            # dp_gbdt: the [trees] settings (`TreesConfig`) as canonical JSON (`gbdt_host`)
+            "trees": str}
 
 #: [job] keys of clip = "auto" in server.toml, folded into "clip_auto" (`auto_clip_job`)
 CLIP_AUTO_KEYS = {"clip_quantile": "quantile", "clip_lr": "lr", "clip_init": "init",
@@ -78,12 +80,14 @@ def data_module(kind: str):
 
 #: job keys whose value, a table {silo name: round}, travels as its JSON string
 JOB_TABLES = ("we_join_round", "we_leave_round")
+#: job keys given as a TOML table and sent as its JSON string (checked by their method)
+JSON_TABLES = (*JOB_TABLES, "trees")
 
 
 def tables_as_json(job: dict) -> dict:
     """`job` with a table (dict) under a `JOB_TABLES` key (a TOML table, `--set
     we_join_round={b=3}`) replaced by its canonical JSON string."""
-    return {k: json.dumps(v, sort_keys=True) if k in JOB_TABLES and isinstance(v, dict)
+    return {k: json.dumps(v, sort_keys=True) if k in JSON_TABLES and isinstance(v, dict)
             else v for k, v in job.items()}
 
 
@@ -99,8 +103,15 @@ def check_job(job: dict) -> dict:
         raise W.ProtocolError(str(e)) from None
     check_unit(job)
     # ints where floats are expected are the same number: one canonical form to hash
-    return {k: lam if k == "lam" else float(v) if JOB_KEYS[k] is float else v
-            for k, v in job.items()}
+    out = {k: lam if k == "lam" else float(v) if JOB_KEYS[k] is float else v
+           for k, v in job.items()}
+    if out["method"] == "dp_gbdt":  # the complete [trees] table, one canonical form
+        from silofl.runtime.network.gbdt_host import job_trees, trees_json
+        try:
+            out["trees"] = trees_json(job_trees(out).model_dump())
+        except ConfigError as e:
+            raise W.ProtocolError(f"job: 'trees': {e}") from None
+    return out
 
 
 #: privacy units a networked tabular job can name (graph data: its own node level)
@@ -211,6 +222,10 @@ def job_algorithm(job: dict, public: np.ndarray | None = None):
     graph = data_module(job["data_kind"])
     if graph is not None:
         return graph.job_algorithm(job)
+    if job["method"] == "dp_gbdt":  # no Algorithm: the trees' programs (`gbdt_host`)
+        from silofl.runtime.network.gbdt_host import check_gbdt_job
+        check_gbdt_job(job)
+        return None
     check_network_method(job["method"])
     if job["method"] == "scaffold":
         from silofl.algorithms.scaffold import check_step_size

@@ -157,6 +157,8 @@ def save_silo_release(program) -> Path:
     the run folder (what `silofl predict --run` takes)."""
     if program.job is None or program.done == 0:
         raise ConfigError(f"silo {program.cfg.name!r} ran no round: no model to save")
+    if getattr(program, "gbdt", None) is not None:  # trees: saved by the silo at MODEL
+        return program.gbdt.save_release()
     if program.job["data_kind"] != "tabular":
         raise ConfigError("graph regions keep their model in their state dir (pandemic track)")
     c, job = program.cfg, program.job
@@ -180,6 +182,8 @@ def save_server_release(program) -> Path | None:
     clusters, Mocha); returns the run folder. ConfigError when the silos preprocessed with
     their own private constants: the shared model then has no one preprocessing to save."""
     job, cfg = program.job, program.cfg
+    if getattr(program, "gbdt", None) is not None:  # the ensemble and its privacy report
+        return program.gbdt.save_release(cfg.release_dir)
     model = job_model(job)
     shared = _shared(program.server) if job["method"] != "local" else None
     if shared is None or np.ndim(shared) != 1 or program.done == 0:

@@ -17,6 +17,7 @@ import time
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -52,6 +53,9 @@ from silofl.runtime.network.jobspec import (
     tables_as_json,
 )
 
+if TYPE_CHECKING:
+    from silofl.runtime.network.gbdt_host import GbdtServerHost
+
 #: fault injection for tests and drills: exit abruptly after checkpointing this round
 CRASH_ENV = "SILOFL_FAULT_SERVER_EXIT_ROUND"
 
@@ -80,7 +84,8 @@ def _job_defaults() -> dict:
             "data_kind": "tabular", "graph": "", "schema_sha256": "", "clip_auto": "",
             "privacy_unit": p.unit, "max_rows_per_person": p.max_rows_per_person,
             "persons_in_silos": p.persons_in_silos, "uldp_weighting": t.uldp_weighting,
-            "uldp_sample_rate": t.uldp_sample_rate}
+            "uldp_sample_rate": t.uldp_sample_rate,
+            "trees": json.dumps(c.trees.model_dump(), sort_keys=True)}  # dp_gbdt's [trees]
 
 
 JOB_DEFAULTS = _job_defaults()
@@ -202,6 +207,10 @@ def _check_server(cfg: ServerConfig, job: dict, silos: dict, path: Path) -> None
         raise ConfigError(f"{path}: secagg = true hides each silo's update from the server, "
                           "and lam = \"auto\" sets λ_k from those updates: set lam to a "
                           "number (e.g. 1.0) or remove secagg")
+    if cfg.secagg and job["method"] == "dp_gbdt":
+        raise ConfigError(f"{path}: secagg = true is not available for dp_gbdt: each tree's "
+                          "splits are chosen from the summed histograms, which SecAgg+'s "
+                          "clipping range and integer encoding do not cover yet; remove it")
     if cfg.secagg and job["method"] not in S.SECAGG_METHODS:
         raise ConfigError(f"{path}: secagg = true needs a method whose server step is a "
                           f"weighted mean (fedavg, mrmtl) or a sum (uldp), not "
@@ -272,16 +281,28 @@ class Registered:
 class ServerProgram:
     """The algorithm's server side over explicit, checkpointed state."""
 
+    #: the job's Algorithm and its server state (None for dp_gbdt, whose server program
+    #: `gbdt` hosts: `gbdt_host.GbdtServerHost`)
+    algorithm: Any
+    server: Any
+    gbdt: GbdtServerHost | None
+
     def __init__(self, cfg: ServerConfig):
         self.cfg = cfg
         self.job = cfg.job
         self.hash = W.job_hash(self.job)
-        self.algorithm = job_algorithm(self.job, load_public(cfg.public_data, "server"))
-        model = job_model(self.job)
         self.names = job_silos(self.job)  # silo k = names[k], as in the simulator
-        start = job_params0(self.job, model)
-        self.P = start.shape[0]
-        _, self.server = self.algorithm.init(start, len(self.names), rounds=self.job["rounds"])
+        self.gbdt = None
+        if self.job["method"] == "dp_gbdt":  # not an Algorithm: the trees' server program
+            from silofl.runtime.network.gbdt_host import GbdtServerHost
+            self.algorithm, self.server, self.P = None, None, 0
+            self.gbdt = GbdtServerHost(self)
+        else:
+            self.algorithm = job_algorithm(self.job, load_public(cfg.public_data, "server"))
+            start = job_params0(self.job, job_model(self.job))
+            self.P = start.shape[0]
+            _, self.server = self.algorithm.init(start, len(self.names),
+                                                 rounds=self.job["rounds"])
         self.keys = {n: W.load_public_key(p) for n, p in cfg.silos.items()}
         self.silos: dict[str, Registered] = {}
         self.done = 0
@@ -289,7 +310,14 @@ class ServerProgram:
         self._load()
 
     @property
+    def rounds(self) -> int:
+        """Rounds of the job (dp_gbdt: one per protocol message)."""
+        return self.gbdt.total if self.gbdt is not None else int(self.job["rounds"])
+
+    @property
     def message(self) -> np.ndarray:
+        if self.gbdt is not None:
+            return self.gbdt.message
         return encode_message(self.algorithm, self.algorithm.broadcast(self.server))
 
     def accept_join(self, reply: dict) -> Registered:
@@ -350,8 +378,9 @@ class ServerProgram:
         if rep["silo"] != name:
             raise W.ProtocolError(f"reply from the connection of silo {name!r} claims to be "
                                   f"from {rep['silo']!r}; rejected")
-        shape = (1, update_width(self.algorithm, self.P)) \
-            if rep["status"] == "ok" and len(arrays) else None
+        shape = (1, update_width(self.algorithm, self.P)) if self.gbdt is None \
+            else self.gbdt.update_shape()
+        shape = shape if rep["status"] == "ok" and len(arrays) else None
         update = W.check_array(arrays, shape, "update")
         W.verify(self.keys[name], rep, update)
         if update is not None:
@@ -382,6 +411,10 @@ class ServerProgram:
                 f"{self.done} (checkpointed in {self.cfg.state_dir}; restart the server to "
                 "resume when enough silos are back)")
         names = sorted(updates, key=self.names.index)
+        if self.gbdt is not None:
+            self.gbdt.step(names, updates)
+            self._done(t, names)
+            return
         weighted = self.job["weighted"] and getattr(self.algorithm, "weighted", True)
         idx = {n: self.names.index(n) for n in names}
         update, weights = merge_updates(
@@ -393,6 +426,9 @@ class ServerProgram:
         elif mean is not None:  # the weighted mean, with weight 1, is the same server step
             update, weights = np.asarray(mean, dtype=np.float64).reshape(1, -1), np.ones(1)
         self.server = self.algorithm.server_step(self.server, update, weights)
+        self._done(t, names)
+
+    def _done(self, t: int, names: list[str]) -> None:
         for n in names:
             self.silos[n].rounds.append(t)
         self.done = t
@@ -421,14 +457,17 @@ class ServerProgram:
     def _save(self) -> None:
         arrays, meta = self._paths()
         arrays.parent.mkdir(parents=True, exist_ok=True)
+        state, gbdt = ({}, self.gbdt.state()) if self.gbdt is not None \
+            else (vars(self.server), ({}, None))  # dp_gbdt: its server program's state
         write_npz_atomic(arrays, compressed=False,  # keys: the server state's array fields
-                         **{k: v for k, v in vars(self.server).items()
-                            if isinstance(v, np.ndarray)})
+                         **{k: v for k, v in state.items() if isinstance(v, np.ndarray)},
+                         **gbdt[0])
         write_json_atomic(meta, {
             "job_hash": self.hash, "job": self.job, "round": self.done,
             "state_type": type(self.server).__name__,
-            "state_none": [k for k, v in vars(self.server).items() if v is None],
-            "silos": {n: vars(r) for n, r in self.silos.items()}, "log": self.log})
+            "state_none": [k for k, v in state.items() if v is None],
+            "silos": {n: vars(r) for n, r in self.silos.items()}, "log": self.log,
+            "gbdt": gbdt[1]})
 
     def _load(self) -> None:
         arrays, meta = self._paths()
@@ -440,9 +479,12 @@ class ServerProgram:
                               "differs); use a fresh state_dir for a new job")
         with np.load(arrays, allow_pickle=False) as z:
             fields = {k: z[k] for k in z.files}
-        from silofl.algorithms import base
-        cls = getattr(base, m["state_type"], type(self.server))
-        self.server = cls(**fields, **{k: None for k in m["state_none"]})
+        if self.gbdt is not None:  # the trees' server program, where it stopped
+            self.gbdt.restore(fields, m["gbdt"])
+        else:
+            from silofl.algorithms import base
+            cls = getattr(base, m["state_type"], type(self.server))
+            self.server = cls(**fields, **{k: None for k in m["state_none"]})
         self.done, self.log = int(m["round"]), m["log"]
         self.silos = {n: Registered(**r) for n, r in m["silos"].items()}
 

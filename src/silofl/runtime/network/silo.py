@@ -27,6 +27,7 @@ import os
 import secrets
 from collections import Counter
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import dp_accounting as dpa
 import numpy as np
@@ -78,6 +79,9 @@ from silofl.runtime.rules import gradient_rule
 from silofl.runtime.sources import training_source
 from silofl.training.trainer import LocalTrainer
 
+if TYPE_CHECKING:
+    from silofl.runtime.network.gbdt_host import GbdtSiloHost
+
 #: fault injection for tests and drills: exit abruptly (as a crash) in this round, after
 #: the round was charged and before its reply is sent
 CRASH_ENV = "SILOFL_FAULT_SILO_CRASH_ROUND"
@@ -126,6 +130,7 @@ class SiloProgram(silo_table.TableHooks):
         self.done, self.last = 0, None  # rounds served (0 until a job is joined)
         self.exhausted = False
         self.masked, self.sigma_used = False, None  # uldp: is the round masked (ClientApp)
+        self.gbdt: GbdtSiloHost | None = None  # dp_gbdt: the trees' silo program, joined
 
     # -- the data hooks (tabular) ---------------------------------------------------------
     def _data_open(self) -> None:
@@ -255,7 +260,7 @@ class SiloProgram(silo_table.TableHooks):
         if job["method"] not in c.methods:
             raise ConfigError(f"silo {c.name!r} does not run method {job['method']!r} "
                               f"(allowed: {', '.join(c.methods)})")
-        if job["rounds"] > c.max_rounds:
+        if job["rounds"] > c.max_rounds and job["method"] != "dp_gbdt":  # trees: its host
             raise ConfigError(f"silo {c.name!r} allows at most {c.max_rounds} rounds, the "
                               f"job asks for {job['rounds']}")
         if job["noise"] != c.noise:
@@ -275,6 +280,14 @@ class SiloProgram(silo_table.TableHooks):
         self.store.register({c.name: c.lifetime}, explicit=True)
         if hasattr(self.store, "use_unit"):  # stores that record each charge's unit
             self.store.use_unit(job["privacy_unit"] if job["data_kind"] == "tabular" else "node")
+        if job["method"] == "dp_gbdt":  # not an Algorithm: the trees' silo program
+            from silofl.runtime.network.gbdt_host import GbdtSiloHost
+            try:
+                self.gbdt = GbdtSiloHost(self, job, h)
+            except BaseException:
+                self.job = self.hash = self.plan = None  # not joined
+                raise
+            return
         algorithm = job_algorithm(job, load_public(c.public_data, f"silo {c.name!r}"))
         tcfg, model = job_config(job), job_model(job)
         self.job, self.algorithm, self.tcfg, self.model = job, algorithm, tcfg, model
@@ -311,6 +324,8 @@ class SiloProgram(silo_table.TableHooks):
         req = W.check_fields(fields, W.ROUND_REQUEST, "round")
         if self.job is None or self.plan is None:
             return self._reply(req, "refused", "no job accepted yet (join first)", None)
+        if self.gbdt is not None:
+            return self.gbdt.round(req, list(arrays))
         job = self.job
         message = W.check_array(list(arrays), (message_size(self.algorithm, self.K, self.P),),
                                 "round")
@@ -419,6 +434,12 @@ class SiloProgram(silo_table.TableHooks):
         rep["signature"] = W.sign(self.key, rep, update)
         return rep, update
 
+    @property
+    def rounds(self) -> int:
+        """Rounds of the accepted job (dp_gbdt: one per protocol message)."""
+        job, _ = self._joined()
+        return self.gbdt.total if self.gbdt is not None else int(job["rounds"])
+
     # -- state on disk ------------------------------------------------------------------
     def personal_model(self) -> np.ndarray:
         """(P,) the silo's own parameters (its last local model); what it predicts with is
@@ -445,6 +466,8 @@ class SiloProgram(silo_table.TableHooks):
     def evaluate(self, message: np.ndarray | None = None) -> float:
         """Test metric of the silo's personal model (`final_model`) on its own test set
         (stays local)."""
+        if self.gbdt is not None:  # the trees it built (its personal ones, if any)
+            return self.gbdt.evaluate()
         return self._data_evaluate(self.final_model(message))
 
     def _paths(self):
