@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 import dp_accounting as dpa
 import numpy as np
 
+from silofl.algorithms.gbdt_personal import auto_mu, check_shrink, personal_ensembles
 from silofl.errors import ConfigError
 from silofl.models.trees import Tree, TreeEnsemble
 from silofl.privacy import accounting
@@ -35,6 +36,7 @@ from silofl.training.histograms import (
     ensemble_event,
     tree_event,
 )
+from silofl.training.private_bins import check_edges, plan_private_bins, private_edges
 
 if TYPE_CHECKING:
     from silofl.data.federation import Federation, Silo
@@ -180,7 +182,9 @@ def train_dp_gbdt(fed: Federation, *, trees: int = 20, depth: int = 3, n_bins: i
                   base_score: float = 0.0, splits: str = "histogram",
                   local_trees: int = 0, max_leaf: float | None = None, seed: int = 0,
                   ledgers: list[Ledger] | None = None, private: bool = True,
-                  unit: str = "example") -> GbdtResult:
+                  unit: str = "example", edges: np.ndarray | None = None,
+                  bins: str = "schema", bins_share: float = 0.1,
+                  shrink: float | str | None = None) -> GbdtResult:
     """Train a DP federated GBDT; every silo spends at most its own (ε_k, δ_k).
 
     Parameters
@@ -231,6 +235,16 @@ def train_dp_gbdt(fed: Federation, *, trees: int = 20, depth: int = 3, n_bins: i
         False: no noise, no ledgers (a non-private reference run).
     unit : str
         Only "example" (person-level trees are refused with ConfigError).
+    edges : (d, n_bins − 1) array, optional
+        Public inner bin edges (float32 values, increasing) instead of equal-width bins.
+    bins : {"schema", "private"}
+        "private": quantile bins from each silo's noisy fine histogram, charged, its cost
+        composed into σ_k (`silofl.training.private_bins`).
+    bins_share : float
+        bins = "private": the bins release alone would cost this share of each ε_k.
+    shrink : float or "auto" or None
+        Personal leaves (`silofl.algorithms.gbdt_personal`, free post-processing): μ ≥ 0
+        pulls each silo's own leaves towards the shared ones; ``personal`` gets them.
 
     Returns
     -------
@@ -244,10 +258,27 @@ def train_dp_gbdt(fed: Federation, *, trees: int = 20, depth: int = 3, n_bins: i
     _check_args(fed, trees, depth, subsample, colsample, lr, lam, clip_g, clip_h, unit)
     _check_more(max_leaf, base_score, splits, local_trees)
     d = fed.dim
-    edges = bin_edges(_bounds_array(bounds, d), n_bins)
+    mu = check_shrink(shrink, fed.task)
+    if bins not in ("schema", "private"):
+        raise ConfigError(f"bins must be 'schema' or 'private', got {bins!r}")
+    if edges is not None:
+        edges = check_edges(edges, d)
+        n_bins = edges.shape[1] + 1
+    else:  # schema bins, or (private) a check of the bounds and n_bins before any charge
+        schema_edges = bin_edges(_bounds_array(bounds, d), n_bins)
+        edges = schema_edges if bins == "schema" else None
     leds = _make_ledgers(fed, ledgers, private)
     releases = depth + 1 if splits == "histogram" else 1
-    sigmas = _sigmas(fed, leds, trees + local_trees, releases, subsample, private)
+    if edges is None:  # private quantile bins: charged first, σ_k calibrated with them
+        plan = plan_private_bins(leds, bins_share, lambda s: ensemble_event(
+            s, trees + local_trees, releases, subsample))
+        bins_rngs = [np.random.default_rng(s)
+                     for s in np.random.SeedSequence([seed, 24]).spawn(fed.num_silos)]
+        edges = private_edges([s.X_train for s in fed.silos], leds, plan,
+                              _bounds_array(bounds, d), n_bins, bins_rngs)
+        sigmas = plan.sigmas
+    else:
+        sigmas = _sigmas(fed, leds, trees + local_trees, releases, subsample, private)
     ss = np.random.SeedSequence(seed)
     server_rng, *silo_rngs = [np.random.default_rng(s) for s in ss.spawn(fed.num_silos + 1)]
     hists = [SiloHistograms(led, bin_features(s.X_train, edges), sig, n_bins, clip_g, clip_h)
@@ -279,7 +310,14 @@ def train_dp_gbdt(fed: Federation, *, trees: int = 20, depth: int = 3, n_bins: i
                                             features, edges, t, **grow))
                 margins[k] += own.trees[-1].value[own.trees[-1].apply(s.X_train)]
             personal.append(own)
-    report = [{"silo": s.name, "sigma": sig,
+    if mu is not None:  # personal leaves from each silo's own released sums: free
+        if mu == "auto":
+            mu = auto_mu([h.released_leaves for h in hists], ens.trees, sigmas, lam,
+                         clip_g, clip_h)
+        personal = personal_ensembles(
+            ens, [h.released_leaves for h in hists], float(mu), lr=lr, lam=lam,
+            max_leaf=max_leaf, tails=[p.trees[trees:] for p in personal] if personal else None)
+    report = [{"silo": s.name, "sigma": sig, **({} if mu is None else {"shrink_mu": mu}),
                **({} if led is None else led.report())}
               for s, led, sig in zip(fed.silos, leds, sigmas, strict=True)]
     return GbdtResult(ens, leds, report, personal)

@@ -129,6 +129,10 @@ class SiloHistograms:
     h: np.ndarray = field(init=False, repr=False)
     pos: np.ndarray = field(init=False, repr=False)  # node slot of each row in its level; −1 out
     features: np.ndarray = field(init=False, repr=False)
+    #: every `leaf_sums` release of this silo, in order: (Σg, Σh) noisy, (2^depth,) each.
+    #: Released already, so free to post-process (personal leaves, `gbdt_personal`).
+    released_leaves: list[tuple[np.ndarray, np.ndarray]] = field(
+        init=False, repr=False, default_factory=list)
 
     def __post_init__(self) -> None:
         n = self.bins.shape[0]
@@ -196,7 +200,9 @@ class SiloHistograms:
         sg = np.bincount(self.pos[live], self.g[live], minlength=slots)
         sh = np.bincount(self.pos[live], self.h[live], minlength=slots)
         std = self.sigma * np.sqrt(self.clip_g ** 2 + self.clip_h ** 2)
-        return sg + rng.normal(0.0, std, slots), sh + rng.normal(0.0, std, slots)
+        out = sg + rng.normal(0.0, std, slots), sh + rng.normal(0.0, std, slots)
+        self.released_leaves.append(out)
+        return out
 
     def descend(self, feature: np.ndarray, split_bin: np.ndarray) -> None:
         """Move every row to its child slot: (slots,) chosen feature (original column

@@ -1,0 +1,161 @@
+"""Personal leaves for DP federated trees: MR-MTL shrinkage (``[trees] shrink``).
+
+For every shared tree each silo has already released its own noisy per-leaf sums
+(G_k, H_k) — they are what the server summed into the shared leaves. A personal leaf value
+is post-processing of those releases (free: the ledger does not change). Silo k's leaf v
+minimises its second-order loss plus a pull of strength μ towards the shared leaf v_s:
+
+    G_k·v + ½(H_k + λ)·v² + ½μ·(v − v_s)²   ⇒   v_k = (μ·v_s − G_k) / (H_k + λ + μ)
+
+(set the derivative G_k + (H_k + λ)v + μ(v − v_s) to 0). μ = 0 gives the silo's local
+Newton leaf −G_k/(H_k + λ); μ → ∞ gives v_s. As in the shared leaves, the noisy H_k may be
+negative, so the denominator is at least λ + μ, v_k is clamped to ±max_leaf, and the stored
+leaf is η·v_k (v_s = shared leaf / η).
+
+``shrink = "auto"`` (binary tasks): μ = 1/τ², with τ² the between-silo variance of the
+leaves, estimated by the DerSimonian–Laird moment estimator from the released sums only.
+In the quadratic model above H_k + λ plays the precision of the silo's leaf estimate
+(for the logistic loss Var(g) = E h, so Var(G_k) ≈ H_k), and μ the precision of a prior
+v ~ N(v_s, τ²): the posterior mode is exactly v_k. Per leaf, the local estimate
+v̂_k = −G_k/(H_k + λ) has variance s_k² ≈ (H_k + σ_k²(G² + H²)) / (H_k + λ)² (sampling
+plus the silo's DP noise on G_k; σ_k and the clip bounds are public); DerSimonian–Laird's
+Q = Σ w_k(v̂_k − v̄)², w_k = 1/s_k², pooled over all leaves of all shared trees gives
+τ² = max(0, Σ(Q − (K − 1)) / Σ(Σw − Σw²/Σw)); τ² = 0 means μ = ∞ (personal = shared).
+Regression has Var(g) = the unknown residual variance, so "auto" is refused there.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from silofl.errors import ConfigError
+from silofl.models.trees import Tree, TreeEnsemble
+
+
+def check_shrink(shrink: Any, task: str) -> float | str | None:
+    """Normalise ``shrink``: None/"off" → None, "auto" (binary only), or μ ≥ 0 (inf ok)."""
+    if shrink is None or shrink == "off":
+        return None
+    if shrink == "auto":
+        if task != "binary":
+            raise ConfigError("shrink = \"auto\" is derived for binary tasks only (it needs "
+                              "Var(g) = E h); give a number μ ≥ 0 for regression")
+        return "auto"
+    try:
+        mu = float(shrink)
+    except (TypeError, ValueError):
+        raise ConfigError(f"shrink must be \"off\", \"auto\" or a number μ ≥ 0, got "
+                          f"{shrink!r}") from None
+    if not mu >= 0.0:
+        raise ConfigError(f"shrink μ must be ≥ 0 (0: local leaves, inf: shared), got {mu}")
+    return mu
+
+
+def shrunk_leaf(v_shared: np.ndarray, G: np.ndarray, H: np.ndarray, lam: float, mu: float,
+                max_leaf: float) -> np.ndarray:
+    """v_k = clip((μ·v_s − G_k) / max(H_k + λ + μ, λ + μ), ±max_leaf) (before η).
+
+    Parameters
+    ----------
+    v_shared, G, H : numpy.ndarray
+        (L,) shared leaf values before η, and the silo's noisy Σg, Σh per leaf.
+    lam, mu, max_leaf : float
+        λ, μ (inf: the shared values) and the clamp.
+
+    Returns
+    -------
+    numpy.ndarray
+        (L,) personal leaf values before η.
+    """
+    if np.isinf(mu):
+        return np.asarray(v_shared, dtype=np.float64).copy()
+    v = (mu * v_shared - G) / np.maximum(H + lam + mu, lam + mu)
+    return np.clip(v, -max_leaf, max_leaf)
+
+
+def auto_mu(leaves: list[list[tuple[np.ndarray, np.ndarray]]], trees: list[Tree],
+            sigmas: list[float], lam: float, clip_g: float, clip_h: float) -> float:
+    """μ = 1/τ² by DerSimonian–Laird over all leaves of the shared trees (module docstring).
+
+    Parameters
+    ----------
+    leaves : list (silos) of list (trees) of (Σg, Σh)
+        Each silo's released noisy leaf sums per shared tree, (2^D,) each.
+    trees : list of Tree
+        The shared trees (their leaves' `slot` index the sums).
+    sigmas : list of float
+        Each silo's noise multiplier σ_k (public).
+    lam, clip_g, clip_h : float
+        λ and the clip bounds G, H.
+
+    Returns
+    -------
+    float
+        μ ≥ 0; inf when the estimated heterogeneity τ² is 0.
+    """
+    K = len(leaves)
+    num = den = 0.0
+    d2 = clip_g ** 2 + clip_h ** 2
+    for t, tree in enumerate(trees):
+        slots = _leaf_slots(tree)
+        G = np.stack([leaves[k][t][0][slots] for k in range(K)])  # (K, L)
+        H = np.maximum(np.stack([leaves[k][t][1][slots] for k in range(K)]), 0.0)
+        v = -G / (H + lam)
+        var = (H + np.square(sigmas)[:, None] * d2) / (H + lam) ** 2
+        w = 1.0 / var
+        vbar = (w * v).sum(0) / w.sum(0)
+        Q = (w * (v - vbar) ** 2).sum(0)
+        num += float((Q - (K - 1)).sum())
+        den += float((w.sum(0) - (w ** 2).sum(0) / w.sum(0)).sum())
+    tau2 = max(0.0, num / den) if den > 0 else 0.0
+    return np.inf if tau2 == 0.0 else 1.0 / tau2
+
+
+def _leaf_slots(tree: Tree) -> np.ndarray:
+    if tree.slot is None:
+        raise ConfigError("personal leaves need trees built by Tree.from_complete (leaf slots)")
+    return tree.slot[tree.feature < 0]
+
+
+def personal_ensembles(shared: TreeEnsemble, leaves: list[list[tuple[np.ndarray, np.ndarray]]],
+                       mu: float, *, lr: float, lam: float, max_leaf: float,
+                       tails: list[list[Tree]] | None = None) -> list[TreeEnsemble]:
+    """Each silo's ensemble: the shared trees with its shrunk personal leaves (+ its own
+    local trees, `tails`, if any).
+
+    Parameters
+    ----------
+    shared : TreeEnsemble
+        The shared model (T trees).
+    leaves : list (silos) of list (≥ T trees) of (Σg, Σh)
+        Each silo's released noisy leaf sums; the first T belong to the shared trees.
+    mu : float
+        μ ≥ 0 (inf: the shared leaves).
+    lr, lam, max_leaf : float
+        η, λ and the leaf clamp used for the shared leaves.
+    tails : list of list of Tree, optional
+        Per silo, trees appended after the shared ones (its local trees).
+
+    Returns
+    -------
+    list of TreeEnsemble
+        One per silo.
+    """
+    out = []
+    for k, own in enumerate(leaves):
+        trees = []
+        for t, tree in enumerate(shared.trees):
+            is_leaf = tree.feature < 0
+            slots = _leaf_slots(tree)
+            value = tree.value.copy()
+            if not np.isinf(mu):  # μ = ∞: exactly the shared leaves
+                value[is_leaf] = lr * shrunk_leaf(tree.value[is_leaf] / lr, own[t][0][slots],
+                                                  own[t][1][slots], lam, mu, max_leaf)
+            trees.append(Tree(tree.feature, tree.threshold, tree.left, tree.right, value,
+                              tree.slot))
+        trees.extend(tails[k] if tails else [])
+        out.append(TreeEnsemble(shared.n_features, shared.task, shared.base_score, trees,
+                                shared.feature_names))
+    return out
