@@ -98,7 +98,8 @@ def test_private_bins_help_on_skewed_features_and_refuse_bad_input():
     y = np.concatenate([s.y_test for s in fed.silos])
     auc = {}
     for bins in ("schema", "private"):
-        res = train_dp_gbdt(fed, trees=10, depth=3, n_bins=8, bins=bins, bins_share=0.1)
+        res = train_dp_gbdt(fed, trees=10, depth=3, n_bins=8, bins=bins, bins_share=0.1,
+                            splits="histogram")
         auc[bins] = roc_auc_score(y, res.ensemble.predict(X))
     assert auc["private"] > auc["schema"] + 0.02  # equal-width bins waste bins on empty range
     with pytest.raises(ConfigError, match="bins_share"):
@@ -134,7 +135,7 @@ def test_shrunk_leaf_is_the_minimiser_and_has_the_right_limits():
 def test_personal_leaves_are_free_and_interpolate_local_to_shared():
     from sklearn.metrics import roc_auc_score
     T, D = 6, 2
-    kw = dict(trees=T, depth=D, lr=0.5, seed=2)
+    kw = dict(trees=T, depth=D, lr=0.5, seed=2, splits="histogram")
     base = train_dp_gbdt(_fed(n=2000, eps=4.0, flip_last=True), **kw)
     counts = [led.spent_counts() for led in base.ledgers]
     runs = {mu: train_dp_gbdt(_fed(n=2000, eps=4.0, flip_last=True), shrink=mu, **kw)

@@ -24,6 +24,12 @@ import dp_accounting as dpa
 import numpy as np
 
 from silofl.algorithms.gbdt_personal import auto_mu, check_shrink, personal_ensembles
+from silofl.algorithms.gbdt_splits import (
+    PublicSplits,
+    auto_bins,
+    cyclic_depth,
+    public_features,
+)
 from silofl.errors import ConfigError
 from silofl.models.trees import Tree, TreeEnsemble
 from silofl.privacy import accounting
@@ -130,8 +136,8 @@ def _check_more(max_leaf: float, base_score: float, splits: str, local_trees: in
         raise ConfigError(f"max_leaf must be a positive number, got {max_leaf}")
     if not np.isfinite(base_score):
         raise ConfigError(f"base_score must be a finite number, got {base_score}")
-    if splits not in ("histogram", "random"):
-        raise ConfigError(f"splits must be 'histogram' or 'random', got {splits!r}")
+    if splits not in ("histogram", "random", "cyclic"):
+        raise ConfigError(f"splits must be 'histogram', 'random' or 'cyclic', got {splits!r}")
     if int(local_trees) != local_trees or not 0 <= local_trees <= 10_000:
         raise ConfigError(f"local_trees must be an integer in [0, 10000], got {local_trees}")
 
@@ -175,11 +181,12 @@ def _make_ledgers(fed: Federation, ledgers: list[Ledger] | None,
     return [Ledger(s.name, s.target) for s in fed.silos]  # type: ignore[arg-type]
 
 
-def train_dp_gbdt(fed: Federation, *, trees: int = 20, depth: int = 3, n_bins: int = 16,
-                  bounds: Any = (-1.0, 1.0), lr: float = 0.3, lam: float = 1.0,
+def train_dp_gbdt(fed: Federation, *, trees: int | None = None, depth: int | None = None,
+                  n_bins: int | str = "auto", bounds: Any = (-1.0, 1.0), lr: float = 0.3,
+                  lam: float = 30.0,
                   clip_g: float = 1.0, clip_h: float | None = None, subsample: float = 1.0,
                   colsample: float = 1.0, min_child_hessian: float = 1.0,
-                  base_score: float = 0.0, splits: str = "histogram",
+                  base_score: float = 0.0, splits: str = "cyclic",
                   local_trees: int = 0, max_leaf: float | None = None, seed: int = 0,
                   ledgers: list[Ledger] | None = None, private: bool = True,
                   unit: str = "example", edges: np.ndarray | None = None,
@@ -194,8 +201,14 @@ def train_dp_gbdt(fed: Federation, *, trees: int = 20, depth: int = 3, n_bins: i
         `ledgers`).
     trees, depth : int
         T trees of depth D (complete; nodes without a useful split pass rows through).
-    n_bins : int
-        Equal-width bins per feature over the declared `bounds` (public).
+        T = None: two passes over the features (2·d) for cyclic splits, else 20.
+        The defaults (cyclic, η = 0.3, λ = 30, 2 passes, auto bins) were chosen on a
+        development set (Titanic, ε ∈ {0.3, 1}), not on the benchmarks reported in
+        docs/benchmarks/gbdt/table.md (docs/guides/trees.md says how).
+    n_bins : int or "auto"
+        Equal-width bins per feature over the declared `bounds` (public). "auto": for
+        cyclic splits from the rows and the leaves' noise (`gbdt_splits.auto_bins`),
+        else 16. depth = None: log2(n_bins) for cyclic splits (leaves = bins), else 3.
     bounds : (2,) or (d, 2) array-like
         Declared [lower, upper] per feature (the default suits features the schema's
         declared bounds map to [−1, 1]).
@@ -218,11 +231,12 @@ def train_dp_gbdt(fed: Federation, *, trees: int = 20, depth: int = 3, n_bins: i
         holds exactly there, h = 1), 4 for binary (log-odds).
     base_score : float
         Public starting margin (log-odds for binary).
-    splits : {"histogram", "random"}
+    splits : {"histogram", "random", "cyclic"}
         "histogram": the best split per node from the level's noisy histograms (D + 1
         releases per tree); "random": each node's feature and bin edge drawn by the server
-        from public randomness (only the leaf sums are released: 1 release per tree, the
-        better choice for small silos at small ε).
+        from public randomness; "cyclic": tree t uses feature t mod d and halves its bin
+        range at every level (`silofl.algorithms.gbdt_splits`). Random and cyclic release
+        only the leaf sums: 1 release per tree.
     local_trees : int
         Personalization (the analogue of Finetune): after the shared trees, each silo
         grows this many more trees alone, from its own noisy histograms, starting from the
@@ -251,46 +265,61 @@ def train_dp_gbdt(fed: Federation, *, trees: int = 20, depth: int = 3, n_bins: i
     GbdtResult
         The ensemble, the ledgers and a per-silo report (σ, events, ε spent).
     """
+    if trees is None:
+        trees = 2 * fed.dim if splits == "cyclic" else 20
     if clip_h is None:
         clip_h = 0.25 if fed.task == "binary" else 1.0
     if max_leaf is None:
         max_leaf = 4.0 if fed.task == "binary" else clip_g
+    auto = n_bins == "auto" and edges is None and splits == "cyclic"  # B from σ_k, below
+    if isinstance(n_bins, str) and n_bins != "auto":
+        raise ConfigError(f"n_bins must be an integer or \"auto\", got {n_bins!r}")
+    nb = 16 if isinstance(n_bins, str) else int(n_bins)
+    d = fed.dim
+    if edges is not None:
+        edges = check_edges(edges, d)
+        nb = edges.shape[1] + 1
+    depth_given = depth
+    if depth is None:
+        depth = 3 if splits != "cyclic" else cyclic_depth(nb)
     _check_args(fed, trees, depth, subsample, colsample, lr, lam, clip_g, clip_h, unit)
     _check_more(max_leaf, base_score, splits, local_trees)
-    d = fed.dim
     mu = check_shrink(shrink, fed.task)
     if bins not in ("schema", "private"):
         raise ConfigError(f"bins must be 'schema' or 'private', got {bins!r}")
-    if edges is not None:
-        edges = check_edges(edges, d)
-        n_bins = edges.shape[1] + 1
-    else:  # schema bins, or (private) a check of the bounds and n_bins before any charge
-        schema_edges = bin_edges(_bounds_array(bounds, d), n_bins)
-        edges = schema_edges if bins == "schema" else None
+    if edges is None:  # checks the bounds and nb before any charge
+        bin_edges(_bounds_array(bounds, d), nb)
     leds = _make_ledgers(fed, ledgers, private)
     releases = depth + 1 if splits == "histogram" else 1
-    if edges is None:  # private quantile bins: charged first, σ_k calibrated with them
+    if edges is None and bins == "private":  # charged first; σ_k calibrated with them
         plan = plan_private_bins(leds, bins_share, lambda s: ensemble_event(
             s, trees + local_trees, releases, subsample))
-        bins_rngs = [np.random.default_rng(s)
-                     for s in np.random.SeedSequence([seed, 24]).spawn(fed.num_silos)]
-        edges = private_edges([s.X_train for s in fed.silos], leds, plan,
-                              _bounds_array(bounds, d), n_bins, bins_rngs)
         sigmas = plan.sigmas
     else:
         sigmas = _sigmas(fed, leds, trees + local_trees, releases, subsample, private)
+    if auto:  # cyclic leaves' noise does not depend on B: choose B from σ_k (public)
+        nb = auto_bins(sum(s.n_train for s in fed.silos), sigmas, clip_g, clip_h)
+        depth = cyclic_depth(nb) if depth_given is None else depth
+    if edges is None and bins == "private":
+        bins_rngs = [np.random.default_rng(s)
+                     for s in np.random.SeedSequence([seed, 24]).spawn(fed.num_silos)]
+        edges = private_edges([s.X_train for s in fed.silos], leds, plan,
+                              _bounds_array(bounds, d), nb, bins_rngs)
+    elif edges is None:
+        edges = bin_edges(_bounds_array(bounds, d), nb)
     ss = np.random.SeedSequence(seed)
     server_rng, *silo_rngs = [np.random.default_rng(s) for s in ss.spawn(fed.num_silos + 1)]
-    hists = [SiloHistograms(led, bin_features(s.X_train, edges), sig, n_bins, clip_g, clip_h)
+    hists = [SiloHistograms(led, bin_features(s.X_train, edges), sig, nb, clip_g, clip_h)
              for s, led, sig in zip(fed.silos, leds, sigmas, strict=True)]
     margins = [np.full(s.n_train, float(base_score)) for s in fed.silos]
     ens = TreeEnsemble(d, fed.task, float(base_score), [], list(fed.feature_names) or None)
     m = max(1, int(round(colsample * d)))
     grow: dict[str, Any] = dict(depth=depth, lr=lr, lam=lam, q=subsample,
                                 mch=min_child_hessian, max_leaf=max_leaf,
-                                server_rng=server_rng if splits == "random" else None)
+                                server_rng=(None if splits == "histogram" else
+                                            PublicSplits(splits, server_rng)))
     for t in range(trees):
-        features = np.sort(server_rng.choice(d, m, replace=False)) if m < d else np.arange(d)
+        features = public_features(splits, t, d, m, server_rng)
         tree = _grow_tree(fed.task, fed.silos, hists, leds, sigmas, margins, silo_rngs,
                           features, edges, t, **grow)
         ens.trees.append(tree)
@@ -303,8 +332,7 @@ def train_dp_gbdt(fed: Federation, *, trees: int = 20, depth: int = 3, n_bins: i
             own = TreeEnsemble(d, fed.task, float(base_score), list(ens.trees),
                                ens.feature_names)
             for t in range(trees, trees + local_trees):
-                features = np.sort(server_rng.choice(d, m, replace=False)) if m < d \
-                    else np.arange(d)
+                features = public_features(splits, t, d, m, server_rng)
                 own.trees.append(_grow_tree(fed.task, [s], [hists[k]], [leds[k]],
                                             [sigmas[k]], [margins[k]], [silo_rngs[k]],
                                             features, edges, t, **grow))
@@ -329,7 +357,7 @@ def _grow_tree(task: str, silos: list[Silo], hists: list[SiloHistograms],
                rngs: list[np.random.Generator], features: np.ndarray, edges: np.ndarray,
                t: int, *, depth: int, lr: float, lam: float, q: float, mch: float,
                max_leaf: float,
-               server_rng: np.random.Generator | None = None) -> Tree:
+               server_rng: PublicSplits | None = None) -> Tree:
     """One boosting round: every silo's releases for tree `t`, the server's splits
     (random ones drawn from `server_rng` when given: then only the leaves are released)."""
     releases = depth + 1 if server_rng is None else 1
@@ -369,8 +397,7 @@ def _grow_tree(task: str, silos: list[Silo], hists: list[SiloHistograms],
             hh = np.sum([b for _, b in rel], axis=0)
             j, k_bin, _ = best_splits(hg, hh, lam, mch)
         else:  # public randomness only: nothing is released at this level
-            j = server_rng.integers(0, features.size, 2 ** level)
-            k_bin = server_rng.integers(1, B, 2 ** level)
+            j, k_bin = server_rng.choose(level, features.size, B)
         chosen = features[j]
         nodes = 2 ** level - 1 + np.arange(2 ** level)
         split = k_bin < B
