@@ -172,3 +172,35 @@ def test_ensemble_event_is_unchanged_by_bins_option():
     # the trees' event factory is the one the plain path calibrates (shared contract)
     ev = ensemble_event(3.0, 4, 3, 1.0)
     assert isinstance(ev, dpa.SelfComposedDpEvent) and ev.count == 4
+
+
+def test_cyclic_trees_are_one_feature_each_with_a_leaf_per_bin():
+    from silofl.training.histograms import bin_edges, bin_features
+    fed = _fed(n=400, k=2, d=3)
+    T, B = 6, 8
+    res = train_dp_gbdt(fed, trees=T, n_bins=B, splits="cyclic", seed=4)
+    X = np.vstack([s.X_train for s in fed.silos])
+    bins = bin_features(X, bin_edges(np.tile([-1.0, 1.0], (3, 1)), B))
+    for t, tree in enumerate(res.ensemble.trees):
+        assert tree.depth == 3 and set(tree.feature[tree.feature >= 0]) == {t % 3}
+        leaf = tree.slot[tree.apply(X)]
+        np.testing.assert_array_equal(leaf, bins[:, t % 3])  # leaves are the feature's bins
+    for rep, led in zip(res.report, res.ledgers, strict=True):  # one leaf release per tree
+        assert led.spent_counts() == Counter({dpa.GaussianDpEvent(rep["sigma"]): T})
+        assert rep["epsilon"] <= 1.0
+
+
+def test_auto_bins_follow_rows_over_noise():
+    from silofl.algorithms.gbdt_splits import MAX_AUTO_BINS, auto_bins
+    few = auto_bins(1000, [30.0] * 4, 1.0, 0.25)
+    many = auto_bins(100_000, [30.0] * 4, 1.0, 0.25)
+    quiet = auto_bins(1000, [3.0] * 4, 1.0, 0.25)
+    assert 2 <= few < many <= MAX_AUTO_BINS and few < quiet
+    assert auto_bins(10, [0.0], 1.0, 0.25) == MAX_AUTO_BINS  # non-private: finest
+    for b in (few, many, quiet):
+        assert b & (b - 1) == 0  # a power of two: a complete tree has a leaf per bin
+    fed = _fed(n=300, k=2).with_targets(silofl.PrivacyTarget(0.5, 1e-5))
+    loose = _fed(n=300, k=2).with_targets(silofl.PrivacyTarget(8.0, 1e-5))
+    d_small = train_dp_gbdt(fed).ensemble.trees[0].depth
+    d_large = train_dp_gbdt(loose).ensemble.trees[0].depth
+    assert d_small < d_large  # more budget: finer bins (deeper cyclic trees)
