@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 import dp_accounting as dpa
 import numpy as np
 
-from silofl.algorithms.gbdt_personal import auto_mu, check_shrink, personal_ensembles
+from silofl.algorithms.gbdt_personal import check_shrink, shrink_personal
 from silofl.algorithms.gbdt_splits import (
     PublicSplits,
     auto_bins,
@@ -181,6 +181,43 @@ def _make_ledgers(fed: Federation, ledgers: list[Ledger] | None,
     return [Ledger(s.name, s.target) for s in fed.silos]  # type: ignore[arg-type]
 
 
+def _bin_settings(n_bins: int | str, edges: np.ndarray | None,
+                  d: int) -> tuple[int, np.ndarray | None]:
+    """Validate n_bins / edges: (B before "auto" is resolved, checked edges or None)."""
+    if isinstance(n_bins, str) and n_bins != "auto":
+        raise ConfigError(f"n_bins must be an integer or \"auto\", got {n_bins!r}")
+    nb = 16 if isinstance(n_bins, str) else int(n_bins)
+    if edges is not None:
+        edges = check_edges(edges, d)
+        nb = edges.shape[1] + 1
+    return nb, edges
+
+
+def _edges_and_sigmas(fed: Federation, leds: list[Ledger | None], ev: Any, *,
+                      edges: np.ndarray | None, nb: int, bounds: np.ndarray, bins: str,
+                      bins_share: float, auto: bool, clip: tuple[float, float], seed: int,
+                      private: bool, releases: int, q: float,
+                      trees: int) -> tuple[np.ndarray, int, list[float]]:
+    """Each silo's σ_k (with the private bins' release composed in when bins = "private"),
+    then B ("auto": from σ_k, `gbdt_splits.auto_bins`) and the edges (private ones charged
+    and released here). Returns (edges (d, B − 1), B, σ per silo)."""
+    private_bins = edges is None and bins == "private"
+    if private_bins:  # charged first; σ_k calibrated with them
+        plan = plan_private_bins(leds, bins_share, ev)
+        sigmas = plan.sigmas
+    else:
+        sigmas = _sigmas(fed, leds, trees, releases, q, private)
+    if auto:  # cyclic leaves' noise does not depend on B: choose B from σ_k (public)
+        nb = auto_bins(sum(s.n_train for s in fed.silos), sigmas, *clip)
+    if private_bins:
+        rngs = [np.random.default_rng(s)
+                for s in np.random.SeedSequence([seed, 24]).spawn(fed.num_silos)]
+        edges = private_edges([s.X_train for s in fed.silos], leds, plan, bounds, nb, rngs)
+    elif edges is None:
+        edges = bin_edges(bounds, nb)
+    return edges, nb, sigmas
+
+
 def train_dp_gbdt(fed: Federation, *, trees: int | None = None, depth: int | None = None,
                   n_bins: int | str = "auto", bounds: Any = (-1.0, 1.0), lr: float = 0.3,
                   lam: float = 30.0,
@@ -271,17 +308,10 @@ def train_dp_gbdt(fed: Federation, *, trees: int | None = None, depth: int | Non
         clip_h = 0.25 if fed.task == "binary" else 1.0
     if max_leaf is None:
         max_leaf = 4.0 if fed.task == "binary" else clip_g
-    auto = n_bins == "auto" and edges is None and splits == "cyclic"  # B from σ_k, below
-    if isinstance(n_bins, str) and n_bins != "auto":
-        raise ConfigError(f"n_bins must be an integer or \"auto\", got {n_bins!r}")
-    nb = 16 if isinstance(n_bins, str) else int(n_bins)
     d = fed.dim
-    if edges is not None:
-        edges = check_edges(edges, d)
-        nb = edges.shape[1] + 1
+    nb, edges = _bin_settings(n_bins, edges, d)
     depth_given = depth
-    if depth is None:
-        depth = 3 if splits != "cyclic" else cyclic_depth(nb)
+    depth = depth if depth is not None else 3 if splits != "cyclic" else cyclic_depth(nb)
     _check_args(fed, trees, depth, subsample, colsample, lr, lam, clip_g, clip_h, unit)
     _check_more(max_leaf, base_score, splits, local_trees)
     mu = check_shrink(shrink, fed.task)
@@ -291,22 +321,14 @@ def train_dp_gbdt(fed: Federation, *, trees: int | None = None, depth: int | Non
         bin_edges(_bounds_array(bounds, d), nb)
     leds = _make_ledgers(fed, ledgers, private)
     releases = depth + 1 if splits == "histogram" else 1
-    if edges is None and bins == "private":  # charged first; σ_k calibrated with them
-        plan = plan_private_bins(leds, bins_share, lambda s: ensemble_event(
-            s, trees + local_trees, releases, subsample))
-        sigmas = plan.sigmas
-    else:
-        sigmas = _sigmas(fed, leds, trees + local_trees, releases, subsample, private)
-    if auto:  # cyclic leaves' noise does not depend on B: choose B from σ_k (public)
-        nb = auto_bins(sum(s.n_train for s in fed.silos), sigmas, clip_g, clip_h)
-        depth = cyclic_depth(nb) if depth_given is None else depth
-    if edges is None and bins == "private":
-        bins_rngs = [np.random.default_rng(s)
-                     for s in np.random.SeedSequence([seed, 24]).spawn(fed.num_silos)]
-        edges = private_edges([s.X_train for s in fed.silos], leds, plan,
-                              _bounds_array(bounds, d), nb, bins_rngs)
-    elif edges is None:
-        edges = bin_edges(_bounds_array(bounds, d), nb)
+    ev = lambda s: ensemble_event(s, trees + local_trees, releases, subsample)  # noqa: E731
+    edges, nb, sigmas = _edges_and_sigmas(
+        fed, leds, ev, edges=edges, nb=nb, bounds=_bounds_array(bounds, d), bins=bins,
+        bins_share=bins_share, auto=n_bins == "auto" and edges is None and splits == "cyclic",
+        clip=(clip_g, clip_h), seed=seed, private=private, releases=releases, q=subsample,
+        trees=trees + local_trees)
+    if depth_given is None and splits == "cyclic":
+        depth = cyclic_depth(nb)  # leaves = bins
     ss = np.random.SeedSequence(seed)
     server_rng, *silo_rngs = [np.random.default_rng(s) for s in ss.spawn(fed.num_silos + 1)]
     hists = [SiloHistograms(led, bin_features(s.X_train, edges), sig, nb, clip_g, clip_h)
@@ -339,12 +361,9 @@ def train_dp_gbdt(fed: Federation, *, trees: int | None = None, depth: int | Non
                 margins[k] += own.trees[-1].value[own.trees[-1].apply(s.X_train)]
             personal.append(own)
     if mu is not None:  # personal leaves from each silo's own released sums: free
-        if mu == "auto":
-            mu = auto_mu([h.released_leaves for h in hists], ens.trees, sigmas, lam,
-                         clip_g, clip_h)
-        personal = personal_ensembles(
-            ens, [h.released_leaves for h in hists], float(mu), lr=lr, lam=lam,
-            max_leaf=max_leaf, tails=[p.trees[trees:] for p in personal] if personal else None)
+        mu, personal = shrink_personal(ens, [h.released_leaves for h in hists], mu, sigmas,
+                                       personal, lr=lr, lam=lam, max_leaf=max_leaf,
+                                       clip=(clip_g, clip_h))
     report = [{"silo": s.name, "sigma": sig, **({} if mu is None else {"shrink_mu": mu}),
                **({} if led is None else led.report())}
               for s, led, sig in zip(fed.silos, leds, sigmas, strict=True)]

@@ -172,3 +172,24 @@ def personal_ensembles(shared: TreeEnsemble, leaves: list[list[tuple[np.ndarray,
         out.append(TreeEnsemble(shared.n_features, shared.task, shared.base_score, trees,
                                 shared.feature_names))
     return out
+
+
+def shrink_personal(shared: TreeEnsemble, leaves: list[list[tuple[np.ndarray, np.ndarray]]],
+                    mu: float | str, sigmas: list[float],
+                    personal: list[TreeEnsemble] | None, *, lr: float, lam: float,
+                    max_leaf: float, clip: tuple[float, float],
+                    ) -> tuple[float, list[TreeEnsemble]]:
+    """μ ("auto": `auto_mu`) and each silo's personal ensemble (`personal_ensembles`),
+    keeping the local trees of `personal` (the shared trees' successors) when given.
+
+    Returns
+    -------
+    (float, list of TreeEnsemble)
+        μ used and one ensemble per silo.
+    """
+    T = len(shared.trees)
+    if mu == "auto":
+        mu = auto_mu(leaves, shared.trees, sigmas, lam, *clip)
+    tails = [p.trees[T:] for p in personal] if personal else None
+    return float(mu), personal_ensembles(shared, leaves, float(mu), lr=lr, lam=lam,
+                                         max_leaf=max_leaf, tails=tails)
