@@ -204,3 +204,16 @@ def test_auto_bins_follow_rows_over_noise():
     d_small = train_dp_gbdt(fed).ensemble.trees[0].depth
     d_large = train_dp_gbdt(loose).ensemble.trees[0].depth
     assert d_small < d_large  # more budget: finer bins (deeper cyclic trees)
+
+
+def test_personal_leaves_keep_each_silos_local_trees():
+    fed = _fed(n=300, k=2)
+    res = train_dp_gbdt(fed, trees=4, depth=2, splits="histogram", local_trees=2,
+                        shrink=np.inf, seed=5)
+    plain = train_dp_gbdt(_fed(n=300, k=2), trees=4, depth=2, splits="histogram",
+                          local_trees=2, seed=5)
+    assert res.personal is not None and plain.personal is not None
+    for own, ref in zip(res.personal, plain.personal, strict=True):
+        assert len(own.trees) == 6  # 4 shared (μ = ∞: unchanged) + its 2 local trees
+        for a, b in zip(own.trees, ref.trees, strict=True):
+            np.testing.assert_array_equal(a.value, b.value)
