@@ -373,4 +373,4 @@ def test_config_keys_reach_the_algorithms():
         config_from_dict({"training": {"clusters": 2.5}})
     assert set(NEW) | {"local", "fedavg", "mrmtl", "weight_erosion", "privatekt",
                        "fedavg_ldp", "fedprox", "scaffold", "apfl", "fedper", "fedrep",
-                       "fedbn", "uldp"} == set(METHODS)
+                       "fedbn", "uldp", "dp_gbdt"} == set(METHODS)

@@ -14,6 +14,7 @@ from silofl.algorithms.fedper import FedPer
 from silofl.algorithms.fedprox import FedProx
 from silofl.algorithms.fedrep import FedRep
 from silofl.algorithms.finetune import Finetune
+from silofl.algorithms.gbdt_method import DpGbdt, default_settings
 from silofl.algorithms.ifca import IFCA, IFCAFinetune, IFCALocal
 from silofl.algorithms.ifca_mrmtl import IFCAMRMTL
 from silofl.algorithms.local import Local
@@ -30,7 +31,7 @@ from silofl.errors import ConfigError
 METHODS = ("local", "fedavg", "mrmtl", "finetune", "ditto", "mocha",
            "ifca", "ifca_local", "ifca_finetune", "ifca_mrmtl", "weight_erosion",
            "privatekt", "fedavg_ldp", "fedprox", "scaffold", "apfl", "fedper", "fedrep", "fedbn",
-           "uldp")
+           "uldp", "dp_gbdt")
 """Every method name `make_algorithm`, a config's `[training] methods` and a sweep accept.
 
 Local and FedAvg are the two ends; MR-MTL ("mrmtl") pulls personal models towards their
@@ -41,7 +42,8 @@ are the peers' methods under silo-specific DP (FedProx's proximal pull μ and SC
 control variates are post-processing, free; APFL makes two passes per round); fedper and
 fedrep share a body and keep a personal head, fedbn keeps personal normalization layers;
 uldp weights each person's contributions across silos to ≤ 1 (ULDP-FL, person level,
-SecAgg+ sum, one σ for the consortium).
+SecAgg+ sum, one σ for the consortium); dp_gbdt trains DP federated gradient-boosted
+trees (noisy histograms, `silofl.algorithms.dp_gbdt`; settings from [trees]).
 All DP-SGD methods meet the
 same per-silo target (σ calibrated to what each declares)."""
 #: methods whose privacy is a fixed local-DP mechanism per upload (each runs as its own job)
@@ -54,7 +56,8 @@ ALGORITHMS = {"local": Local, "fedavg": FedAvg, "mrmtl": MRMTL, "finetune": Fine
               "ifca_finetune": IFCAFinetune, "ifca_mrmtl": IFCAMRMTL,
               "weight_erosion": WeightErosion, "privatekt": PrivateKT,
               "fedavg_ldp": FedAvgLDP, "fedprox": FedProx, "scaffold": Scaffold,
-              "apfl": APFL, "fedper": FedPer, "fedrep": FedRep, "fedbn": FedBN, "uldp": ULDP}
+              "apfl": APFL, "fedper": FedPer, "fedrep": FedRep, "fedbn": FedBN, "uldp": ULDP,
+              "dp_gbdt": DpGbdt}
 
 
 def make_algorithm(name: str, *, lam: float | str = 0.3, weighted: bool = True,
@@ -71,7 +74,7 @@ def make_algorithm(name: str, *, lam: float | str = 0.3, weighted: bool = True,
                    kt_server_lr: float = 0.0, public_seed: int = 0, prox_mu: float = 0.01,
                    apfl_alpha: float = 0.5, apfl_alpha_lr: float = 0.0,
                    uldp_weighting: str = "uniform", persons_in_silos: int = 0,
-                   uldp_sample_rate: float = 1.0) -> Algorithm:
+                   uldp_sample_rate: float = 1.0, trees: dict | None = None) -> Algorithm:
     """Build an algorithm by name, validating every setting.
 
     Every value is validated whichever method uses it (a bad setting is an error even if
@@ -83,7 +86,7 @@ def make_algorithm(name: str, *, lam: float | str = 0.3, weighted: bool = True,
         One of `silofl.METHODS`: "local", "fedavg", "mrmtl", "finetune", "ditto", "mocha",
         "ifca", "ifca_local", "ifca_finetune", "ifca_mrmtl", "weight_erosion",
         "privatekt", "fedavg_ldp", "fedprox", "scaffold", "apfl", "fedper", "fedrep",
-        "fedbn", "uldp".
+        "fedbn", "uldp", "dp_gbdt".
     lam : float or "auto", default 0.3
         Regularization strength λ ≥ 0 of mrmtl, ditto, mocha, ifca_mrmtl (λ = 0 is Local);
         "auto" (mrmtl, ditto): each silo's λ_k from the released updates, no privacy cost
@@ -140,6 +143,9 @@ def make_algorithm(name: str, *, lam: float | str = 0.3, weighted: bool = True,
         uldp "uniform": M, the declared most silos one person is in (0: every silo).
     uldp_sample_rate : float, default 1.0
         uldp: the persons' Poisson sampling rate per round, the same in every silo (1: all).
+    trees : dict, optional
+        dp_gbdt: `train_dp_gbdt` keyword arguments over its defaults (the [trees] section,
+        `silofl.experiments.run_trees.trees_kwargs`); checked for every method.
 
     Returns
     -------
@@ -166,6 +172,8 @@ def make_algorithm(name: str, *, lam: float | str = 0.3, weighted: bool = True,
     IFCA(**cluster)  # validates the cluster settings
     we_options = dict(we_options or {})
     WeightErosion(0, **we_options)  # validates the Weight Erosion options
+    tree_settings = {**default_settings(), **(trees or {})}
+    DpGbdt(tree_settings)  # validates the [trees] settings
     agg = Aggregator(aggregation, attackers, trim_fraction, clip_radius)
     kt: dict[str, Any] = dict(epsilon=ldp_epsilon, samples=kt_samples, buffer=kt_buffer,
                               self_train=kt_self_train, client_fraction=client_fraction,
@@ -203,6 +211,7 @@ def make_algorithm(name: str, *, lam: float | str = 0.3, weighted: bool = True,
         "scaffold": lambda: Scaffold(weighted),
         "apfl": lambda: APFL(apfl_alpha, apfl_alpha_lr, weighted),
         "uldp": lambda: ULDP(uldp_weighting, persons_in_silos, sample_rate=uldp_sample_rate),
+        "dp_gbdt": lambda: DpGbdt(tree_settings),
     }
     if name in build:
         return build[name]()
@@ -211,7 +220,8 @@ def make_algorithm(name: str, *, lam: float | str = 0.3, weighted: bool = True,
     raise ConfigError(f"unknown method {name!r}; choose from {', '.join(METHODS)}.{hint}")
 
 
-__all__ = ["ALGORITHMS", "APFL", "Aggregator", "Algorithm", "Attack", "Attacked", "Ditto", "FedAvg",
+__all__ = ["ALGORITHMS", "APFL", "Aggregator", "Algorithm", "Attack", "Attacked", "Ditto", "DpGbdt",
+           "FedAvg",
            "FedAvgLDP", "FedBN", "FedPer", "FedProx", "FedRep", "LOCAL_DP_METHODS", "PrivateKT",
            "Scaffold", "ULDP",
            "Finetune", "IFCA", "IFCAFinetune", "IFCALocal", "IFCAMRMTL", "LAMBDA_METHODS",

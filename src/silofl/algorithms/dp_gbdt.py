@@ -152,15 +152,19 @@ def _bounds_array(bounds: Any, d: int) -> np.ndarray:
 
 
 def _sigmas(fed: Federation, ledgers: list[Ledger | None], trees: int, releases: int,
-            q: float, private: bool) -> list[float]:
-    """Each silo's σ_k for its own target over the whole ensemble; preflighted."""
+            q: float, private: bool, given: list[float] | None = None) -> list[float]:
+    """Each silo's σ_k for its own target over the whole ensemble (or `given`, a job's
+    calibration for several methods composed); preflighted."""
     if not private:
         return [0.0] * fed.num_silos
+    if given is not None and len(given) != fed.num_silos:
+        raise ConfigError(f"got {len(given)} noise multipliers for {fed.num_silos} silos")
     out = []
-    for led in ledgers:
+    for k, led in enumerate(ledgers):
         assert led is not None
-        sigma = accounting.calibrate(lambda s: ensemble_event(s, trees, releases, q),
-                                     led.target.epsilon, led.target.delta, led.accountant)
+        sigma = given[k] if given is not None else accounting.calibrate(
+            lambda s: ensemble_event(s, trees, releases, q),
+            led.target.epsilon, led.target.delta, led.accountant)
         led.preflight(ensemble_event(sigma, trees, releases, q))  # fails before any row is read
         out.append(float(sigma))
     return out
@@ -196,17 +200,17 @@ def _bin_settings(n_bins: int | str, edges: np.ndarray | None,
 def _edges_and_sigmas(fed: Federation, leds: list[Ledger | None], ev: Any, *,
                       edges: np.ndarray | None, nb: int, bounds: np.ndarray, bins: str,
                       bins_share: float, auto: bool, clip: tuple[float, float], seed: int,
-                      private: bool, releases: int, q: float,
-                      trees: int) -> tuple[np.ndarray, int, list[float]]:
-    """Each silo's σ_k (with the private bins' release composed in when bins = "private"),
-    then B ("auto": from σ_k, `gbdt_splits.auto_bins`) and the edges (private ones charged
-    and released here). Returns (edges (d, B − 1), B, σ per silo)."""
+                      private: bool, releases: int, q: float, trees: int,
+                      given: list[float] | None) -> tuple[np.ndarray, int, list[float]]:
+    """Each silo's σ_k (with the private bins' release composed in when bins = "private";
+    `given`: a job's σ_k), then B ("auto": from σ_k, `gbdt_splits.auto_bins`) and the edges
+    (private ones charged and released here). Returns (edges (d, B − 1), B, σ per silo)."""
     private_bins = edges is None and bins == "private"
     if private_bins:  # charged first; σ_k calibrated with them
-        plan = plan_private_bins(leds, bins_share, ev)
+        plan = plan_private_bins(leds, bins_share, ev, trees * releases, given)
         sigmas = plan.sigmas
     else:
-        sigmas = _sigmas(fed, leds, trees, releases, q, private)
+        sigmas = _sigmas(fed, leds, trees, releases, q, private, given)
     if auto:  # cyclic leaves' noise does not depend on B: choose B from σ_k (public)
         nb = auto_bins(sum(s.n_train for s in fed.silos), sigmas, *clip)
     if private_bins:
@@ -226,8 +230,10 @@ def train_dp_gbdt(fed: Federation, *, trees: int | None = None, depth: int | Non
                   base_score: float = 0.0, splits: str = "cyclic",
                   local_trees: int = 0, max_leaf: float | None = None, seed: int = 0,
                   ledgers: list[Ledger] | None = None, private: bool = True,
-                  unit: str = "example", edges: np.ndarray | None = None,
-                  bins: str = "schema", bins_share: float = 0.1,
+                  unit: str = "example",
+                  noise_multipliers: list[float] | None = None,
+                  edges: np.ndarray | None = None, bins: str = "schema",
+                  bins_share: float = 0.1,
                   shrink: float | str | None = None) -> GbdtResult:
     """Train a DP federated GBDT; every silo spends at most its own (ε_k, δ_k).
 
@@ -286,13 +292,18 @@ def train_dp_gbdt(fed: Federation, *, trees: int | None = None, depth: int | Non
         False: no noise, no ledgers (a non-private reference run).
     unit : str
         Only "example" (person-level trees are refused with ConfigError).
+    noise_multipliers : list of float, optional
+        Each silo's σ_k as a job calibrated it for all its methods composed
+        (`silofl.runtime.plan`; default: calibrated here for the ensemble alone); the
+        ledgers' preflight still refuses one that does not fit.
     edges : (d, n_bins − 1) array, optional
         Public inner bin edges (float32 values, increasing) instead of equal-width bins.
     bins : {"schema", "private"}
         "private": quantile bins from each silo's noisy fine histogram, charged, its cost
         composed into σ_k (`silofl.training.private_bins`).
     bins_share : float
-        bins = "private": the bins release alone would cost this share of each ε_k.
+        bins = "private": the bins release's share of each silo's budget
+        (`silofl.training.private_bins.bins_sigma`).
     shrink : float or "auto" or None
         Personal leaves (`silofl.algorithms.gbdt_personal`, free post-processing): μ ≥ 0
         pulls each silo's own leaves towards the shared ones; ``personal`` gets them.
@@ -326,7 +337,7 @@ def train_dp_gbdt(fed: Federation, *, trees: int | None = None, depth: int | Non
         fed, leds, ev, edges=edges, nb=nb, bounds=_bounds_array(bounds, d), bins=bins,
         bins_share=bins_share, auto=n_bins == "auto" and edges is None and splits == "cyclic",
         clip=(clip_g, clip_h), seed=seed, private=private, releases=releases, q=subsample,
-        trees=trees + local_trees)
+        trees=trees + local_trees, given=noise_multipliers)
     if depth_given is None and splits == "cyclic":
         depth = cyclic_depth(nb)  # leaves = bins
     ss = np.random.SeedSequence(seed)

@@ -19,6 +19,8 @@ On-disk format (``FORMAT_VERSION`` 1), one folder per method under ``models/``::
 with ``silofl.models.make_model(spec["name"], spec["dim"], spec["num_classes"],
 **spec["options"])`` and applied as ``model.predict(params, X)`` to rows preprocessed with the
 card's constants (in order: clip, fill gaps, (x - center) / scale).
+A dp_gbdt run's folder holds tree ensembles instead (`tree_saving`; model name "trees"):
+`TreePredictor` applies the same preprocessing, then the silo's ensemble.
 
 Saving is post-processing: the models and the private constants are DP outputs already;
 uncharged constants (if any) are listed as uncharged in every card. Predicting reads no
@@ -41,6 +43,7 @@ from silofl.data.schema import schema_from_dict
 from silofl.errors import ConfigError, DataError
 from silofl.experiments.integrity import load_params, verify_entry, verify_file
 from silofl.models import make_model
+from silofl.models.trees import TreeEnsemble
 
 POST_PROCESSING = ("Predicting is post-processing of released models: it reads no training "
                    "data and spends no privacy budget.")
@@ -263,6 +266,39 @@ class Predictor:
         return est
 
 
+class _TreesModel:
+    name = "trees"
+
+
+class TreePredictor(Predictor):
+    """A silo's saved tree ensemble with the preprocessing it was trained with
+    (`Predictor`'s encoding, clip, fill and scaling; then ``TreeEnsemble.predict``)."""
+
+    def __post_init__(self):
+        self.model = _TreesModel()  # type: ignore[assignment]
+        if not isinstance(self.params, TreeEnsemble):
+            raise DataError(f"saved model of silo {self.silo!r} is not a tree ensemble")
+
+    def predict(self, data) -> np.ndarray:
+        """(n,) P(class 1) (binary) or the prediction (regression) of new records."""
+        return self.params.predict(self.transform(data))  # type: ignore[attr-defined]
+
+    def to_sklearn(self):
+        raise DataError("a tree model has no scikit-learn counterpart; load its XGBoost "
+                        "export (model-<silo>.xgb.json) with xgboost.Booster")
+
+
+def tree_predictor(run_dir: Path, label: str, man: dict, entry: dict, card: dict,
+                   silo: str) -> TreePredictor:
+    """Silo `silo`'s TreePredictor from a tree run's manifest `entry` (hashes checked)."""
+    from silofl.experiments.tree_format import load_ensemble
+    d = run_dir / "models" / label
+    hashes = entry.get("sha256") or {}
+    ens = load_ensemble(d / entry["params"], hashes.get("params"),
+                        f"tree model of silo {silo!r}")
+    return TreePredictor(silo, man["method"], card, man, ens)  # type: ignore[arg-type]
+
+
 class SavedRun:
     """The saved models of one run directory; get one with `load_run`.
 
@@ -386,6 +422,9 @@ class SavedRun:
             The model with its preprocessing (files checked against their SHA-256).
         """
         man, s, d = self._entry(silo, method)
+        if man["model"].get("name") == "trees":  # dp_gbdt: a tree ensemble, not a GLM vector
+            return tree_predictor(self.path, man["method"], man, s,
+                                  self.model_card(silo, method), silo)
         params = load_params(d / s["params"], f"model file of silo {silo!r}")
         return Predictor(silo, man["method"], self.model_card(silo, method), man, params)
 

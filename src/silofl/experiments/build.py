@@ -18,6 +18,7 @@ from silofl.data.raw import RawFederation
 from silofl.data.schema import load_schema
 from silofl.data.silo_size import check_settings, limit_federation
 from silofl.errors import ConfigError
+from silofl.experiments.run_trees import trees_kwargs
 from silofl.models import TORCH_MODELS, check_input, make_model
 from silofl.models.base import Model
 from silofl.models.metrics import METRICS, default_metric
@@ -383,15 +384,21 @@ def build_model(cfg: Config, fed: Federation) -> Model:
     model = make_model(mc.name, fed.dim, max(fed.num_classes, 2), **opts)
     check_input(model, x_shape)
     model.check_task(fed.task)
-    if mc.metric and mc.metric not in METRICS:
-        raise ConfigError(f"unknown model.metric {mc.metric!r}; choose one of {', '.join(METRICS)}")
-    if mc.metric == "mse" and fed.task != "regression" or \
-            mc.metric in ("accuracy", "auprc", "roc_auc") and fed.task == "regression":
-        raise ConfigError(f"metric {mc.metric!r} does not fit a {fed.task} task; use "
-                          f"{default_metric(fed.task)!r}")
-    if mc.metric in ("auprc", "roc_auc") and fed.task != "binary":
-        raise ConfigError(f"metric {mc.metric!r} needs binary labels")
+    check_metric(mc.metric, fed.task)
     return model
+
+
+def check_metric(metric: str, task: str) -> None:
+    """ConfigError for a [model] metric unknown or unfit for `task` ("" = the default)."""
+    if metric and metric not in METRICS:
+        raise ConfigError(f"unknown model.metric {metric!r}; choose one of "
+                          f"{', '.join(METRICS)}")
+    if metric == "mse" and task != "regression" or \
+            metric in ("accuracy", "auprc", "roc_auc") and task == "regression":
+        raise ConfigError(f"metric {metric!r} does not fit a {task} task; use "
+                          f"{default_metric(task)!r}")
+    if metric in ("auprc", "roc_auc") and task != "binary":
+        raise ConfigError(f"metric {metric!r} needs binary labels")
 
 
 def build_algorithms(cfg: Config) -> list[Algorithm]:
@@ -417,7 +424,7 @@ def build_algorithms(cfg: Config) -> list[Algorithm]:
                            persons_in_silos=cfg.privacy.persons_in_silos,
                            uldp_weighting=tc.uldp_weighting,
                            uldp_sample_rate=tc.uldp_sample_rate,
-                           **ldp_options(tc))
+                           trees=trees_kwargs(cfg), **ldp_options(tc))
             for m in tc.methods]
 
 

@@ -33,8 +33,10 @@ def add_nonprivate_reference(cfg, fed, model, algorithms, tcfg,
     if not wanted(cfg, tcfg):
         return
     ref_cfg = dataclasses.replace(tcfg, private=False)
+    from silofl.experiments.run_trees import is_trees, run_trees
     for alg, r in zip(algorithms, results):
-        ref = simulate(fed, model, alg, ref_cfg, metric=r.metric)
+        ref = run_trees(fed, alg, ref_cfg, r.plans, metric=r.metric) if is_trees(alg) \
+            else simulate(fed, model, alg, ref_cfg, metric=r.metric)
         r.history.extra[REFERENCE_KEY] = {"pooled": ref.history.pooled,
                                           "per_silo": ref.history.per_silo, "note": NOTE}
 

@@ -30,6 +30,7 @@ from silofl.experiments.run import (
     check_demo_store,
 )
 from silofl.experiments.run_report import RunReport
+from silofl.experiments.run_trees import is_trees
 from silofl.io import write_text_atomic
 from silofl.privacy import events, runlock, store_paths
 from silofl.privacy.budget import BudgetStore, BudgetStoreError, PlannedCharge
@@ -87,7 +88,8 @@ def resume_run(run_dir: str | Path,
         latest = _settle_previous(store, info["run_id"], run_dir, p, force)
     restored = _restore_ledgers(run_dir, p, done, states)
     resumed = [f"resumed from {CHECKPOINT} at " + ", ".join(
-        f"{lb}: round {states[lb]['round'] if lb in states else 0}" for lb in restored)]
+        f"{lb}: " + (f"round {states[lb]['round']}" if lb in states else "from its start")
+        for lb in restored)]
     raw_fps = fingerprints(p.raw)  # digests: the store keeps only their keyed hash
     if p.tcfg.private:
         remaining = {lb: [_remaining(pl, restored[lb].get(pl.name, [])) for pl in plans]
@@ -156,7 +158,7 @@ def _check_plans_hold(run_dir: Path, p: _Prepared, done: dict, states: dict) -> 
         return
     what = "rows or person ids" if tcfg.privacy_unit == "person" else "rows"
     for label, plans in zip(p.labels, p.plans):
-        kept = states[label]["round"] if label in states else 0
+        kept = _kept(label, states, p)
         for plan in plans if label not in done else []:
             path = run_dir / "ledgers" / label / f"{silo_file_id(plan.name)}.jsonl"
             counts = Counter(events.flatten(plan.declared))
@@ -250,7 +252,7 @@ def _restore_ledgers(run_dir: Path, p: _Prepared, done: dict, states: dict) -> d
     for label in p.labels:
         if label in done:
             continue
-        kept = states[label]["round"] if label in states else 0
+        kept = _kept(label, states, p)
         restored[label] = {}
         for name in p.raw.names:
             path = run_dir / "ledgers" / label / f"{silo_file_id(name)}.jsonl"
@@ -259,6 +261,16 @@ def _restore_ledgers(run_dir: Path, p: _Prepared, done: dict, states: dict) -> d
             if path.exists():  # the model's own trail: rounds after the checkpoint are re-run
                 write_text_atomic(path, "".join(_ledger_line(name, e) for e in keep))
     return restored
+
+
+def _kept(label: str, states: dict, p: _Prepared) -> int:
+    """The last round of `label` its checkpoint keeps: −1 for dp_gbdt, which keeps no
+    partial ensemble (its trees are numbered from 0) and restarts from its first tree;
+    its releases before the kill stay charged."""
+    if label in states:
+        return states[label]["round"]
+    return -1 if any(is_trees(a) for a, lb in zip(p.algorithms, p.labels) if lb == label) \
+        else 0
 
 
 def _remaining(plan, kept: list):

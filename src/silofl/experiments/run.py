@@ -23,7 +23,7 @@ from pathlib import Path
 from silofl.config import Config
 from silofl.data.preprocess import apply_preprocessing
 from silofl.errors import ConfigError
-from silofl.experiments import build, linkage, saving, signals
+from silofl.experiments import build, linkage, run_trees, saving, signals
 from silofl.experiments.person_report import job_persons
 from silofl.experiments.reference import add_nonprivate_reference
 from silofl.experiments.run_report import RunReport, assess_all, record_alpha, write_outputs
@@ -74,7 +74,11 @@ def _prepare(cfg: Config, raw=None) -> _Prepared:
     if prep.private and not tcfg.private:
         raise ConfigError("private preprocessing (data.standardize/impute = 'private') needs "
                           "privacy; a non-private run has no budget to charge")
-    model = build.build_model(cfg, raw)
+    # a job of trees alone needs no parametric model ([model] is for the DP-SGD methods)
+    trees_only = set(cfg.training.methods) == {"dp_gbdt"}
+    model = None if trees_only else build.build_model(cfg, raw)
+    if trees_only:
+        build.check_metric(cfg.model.metric, raw.task)
     link = linkage.plan_linkage(cfg, raw)  # the key checked before anything is reserved
     algorithms = linkage.link_algorithms(build.build_algorithms(cfg), link, raw)
     if tuning_counts is not None:  # the tuned method replaces its untuned version
@@ -84,6 +88,7 @@ def _prepare(cfg: Config, raw=None) -> _Prepared:
         algorithms = proxy_algorithms(cfg, algorithms, raw)
     for alg in algorithms:  # PrivateKT: the public set and the model, checked before planning
         bind_data(alg, raw, model)
+    run_trees.bind_bounds(algorithms, raw, prep)  # dp_gbdt: declared bins, before any data
     extra = {n: e for n, e in prep.events.items() if e is not None}
     plans = plan_job(raw, algorithms, tcfg, extra=linkage.merged(extra, link) or None)
     linkage.note_calibration(plans, extra, link)
@@ -211,12 +216,19 @@ def _execute(cfg: Config, p: _Prepared, fed, job, run_dir: Path | None,
 
         def save(state, _label=label):
             write_bytes_atomic(_state_path(run_dir, _label), pickle.dumps(state))
-        r = simulate(fed, p.model, alg, p.tcfg, metric=cfg.model.metric or None,
-                     plans=alg_plans, on_round=tick, job=job, method=label,
-                     ledger_dir=run_dir / "ledgers" / label if run_dir else None,
-                     resume=(states or {}).get(label), checkpoint=save if every else None,
-                     checkpoint_every=every or 1,
-                     restored=(restored or {}).get(label))
+        ledger_dir = run_dir / "ledgers" / label if run_dir else None
+        if run_trees.is_trees(alg):  # dp_gbdt: restarts from its first tree on resume
+            r = run_trees.run_trees(fed, alg, p.tcfg, alg_plans, job=job, label=label,
+                                    metric=cfg.model.metric or None, ledger_dir=ledger_dir,
+                                    restored=(restored or {}).get(label),
+                                    on_round=lambda t, v, _l=label, _n=alg.total_trees:
+                                    on_progress and on_progress(_l, t, _n, v))
+        else:
+            r = simulate(fed, p.model, alg, p.tcfg, metric=cfg.model.metric or None,
+                         plans=alg_plans, on_round=tick, job=job, method=label,
+                         ledger_dir=ledger_dir, resume=(states or {}).get(label),
+                         checkpoint=save if every else None, checkpoint_every=every or 1,
+                         restored=(restored or {}).get(label))
         if hasattr(alg, "alpha_history"):  # Weight Erosion: α per round into history.json
             record_alpha(r, alg, p.tcfg.rounds)
         if every:

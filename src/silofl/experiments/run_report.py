@@ -119,6 +119,7 @@ class RunReport:
         tc = self.config.training
         if tc.clip == "auto" and self.config.privacy.enabled:
             auto.append(CLIP_AUTO_NOTE.format(quantile=tc.clip_quantile))
+        auto += [r.note for r in self.results if getattr(r, "note", None)]  # dp_gbdt
         auto += unit_notes(self.unit, self.config.data.person_column,
                            self.config.privacy.enabled) + (self.linkage or {}).get("notes", [])
         return job_notes(private=self.config.privacy.enabled, noise=self.noise,
@@ -180,6 +181,8 @@ class RunReport:
                             "pooled": r.final_pooled,
                             "per_silo": dict(zip(r.silos, r.final_per_silo)),
                             "seconds": r.seconds, **_clip_summary(r),
+                            **({"final_metrics": r.final_metrics}  # dp_gbdt: AUC, accuracy
+                               if getattr(r, "final_metrics", None) else {}),
                             **({"quality": self.quality[self.label(r)]}
                                if self.label(r) in self.quality else {})}
                            for r in self.results],
@@ -224,7 +227,9 @@ def assess_all(rep: RunReport, model, fed) -> dict:
     dict
         Method label (as in history.json) → `quality.assess` statistics.
     """
-    return {rep.label(r): assess(r, model, fed, rep.label(r)) for r in rep.results}
+    from silofl.experiments.run_trees import TreeModel  # dp_gbdt's ensembles
+    return {rep.label(r): assess(r, TreeModel() if hasattr(r, "ensemble") else model, fed,
+                                 rep.label(r)) for r in rep.results}
 
 
 #: the key of Weight Erosion's α in a run's `History.extra` (history.json) and its figure

@@ -56,7 +56,8 @@ def model_spec(cfg, model, fed) -> dict:
 
 def release_info(cfg, model, fed) -> dict:
     """What `save_models` needs beyond the results (kept on `RunReport.release`)."""
-    return {"model": model_spec(cfg, model, fed), "schema": _run_schema(cfg.data),
+    return {"model": None if model is None else model_spec(cfg, model, fed),  # None: trees only
+            "schema": _run_schema(cfg.data),
             "feature_names": list(fed.feature_names), "task": fed.task,
             "classes": fed.meta.get("classes"),
             "input_shape": list(fed.silos[0].X_train.shape[1:]),
@@ -138,6 +139,10 @@ def save_models(rep) -> Path:
     for r in rep.results:
         label = rep.label(r)
         d = root / label
+        if hasattr(r, "ensemble"):  # dp_gbdt: trees + XGBoost export (`tree_saving`)
+            from silofl.experiments.tree_saving import save_tree_models
+            save_tree_models(rep, r, d, label, _privacy_statement)
+            continue
         d.mkdir(parents=True, exist_ok=True)
         spec = info["model"]
         spec_json = json.dumps(spec)

@@ -116,6 +116,9 @@ def validate_sweep(s: SweepSection) -> SweepSection:
             hint = f" Did you mean {near[0]!r}?" if near else ""
             raise ConfigError(f"unknown method {m!r} in sweep.methods; choose from "
                               f"{', '.join(METHODS)}.{hint}")
+    if "dp_gbdt" in s.methods:  # its runs are not DP-SGD rounds (experiments.run_trees)
+        raise ConfigError("dp_gbdt is not available in `silofl sweep` yet; train trees with "
+                          "`silofl run` (training.methods = [\"dp_gbdt\"], settings in [trees])")
     if len(set(s.methods)) != len(s.methods):
         raise ConfigError("'sweep.methods' lists a method more than once; list every method once")
     return s

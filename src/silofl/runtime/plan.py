@@ -7,6 +7,8 @@ q_k = b/n_k and steps per local pass, calibrate its noise multiplier σ_k from i
 A *job* may run several methods on the same data (and private preprocessing before
 them): everything it releases composes, so one σ_k per silo is calibrated for the whole
 composition — each method gets an equal share of the silo's target for this job.
+A method with its own releases (dp_gbdt) declares its whole run as ``run_event(σ)`` and
+its per-tree row sample as q; it is composed into the same σ_k (example level only).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import dp_accounting as dpa
 import numpy as np
 
 from silofl.algorithms.base import Algorithm
-from silofl.config.base import did_you_mean, section_dataclass
+from silofl.config.base import section_dataclass
 from silofl.data.federation import Federation
 from silofl.errors import CalibrationError, ConfigError, PrivacyError
 from silofl.privacy import accounting, events
@@ -44,6 +46,7 @@ from silofl.privacy.node_level import (
     node_steps,
 )
 from silofl.privacy.targets import PERSON_ADJACENCY, PrivacyTarget
+from silofl.runtime.clip_check import check_clip
 from silofl.runtime.job import accountant_kind
 from silofl.runtime.sources import require_persons
 from silofl.runtime.uldp_plan import plan_consortium
@@ -183,7 +186,7 @@ class TrainingConfig:
             bad(f"batch_size must be a positive integer, got {self.batch_size}")
         if not (math.isfinite(self.lr) and self.lr >= 0):
             bad(f"learning rate lr must be a non-negative number, got {self.lr}")
-        _check_clip(self, bad)
+        check_clip(self, bad)
         if not (math.isfinite(self.l2) and self.l2 >= 0):
             bad(f"l2 must be non-negative, got {self.l2}")
         if self.accountant not in accounting.ACCOUNTANTS:
@@ -212,40 +215,6 @@ class TrainingConfig:
                     f"'node' (a fixed, public graph), got {self.adjacency!r}")
 
 
-def _check_clip(cfg: TrainingConfig, bad) -> None:
-    """[training] clip and, for clip = "auto", its keys (`TrainingConfig.validate`)."""
-    def positive(v: object) -> bool:
-        return isinstance(v, (int, float)) and not isinstance(v, bool) \
-            and math.isfinite(v) and v > 0
-    if not (cfg.clip == "auto" or positive(cfg.clip)):
-        near = isinstance(cfg.clip, str) and did_you_mean(cfg.clip.strip().lower(), ["auto"],
-                                                          cutoff=0.7)
-        bad(f"[training] clip must be a positive number (the per-example gradient norm "
-            f"bound) or \"auto\" (private adaptive clipping), got {cfg.clip!r}"
-            + ("; did you mean \"auto\"? write it exactly as \"auto\" (lower case, no spaces)"
-               if near else ""))
-    q = cfg.clip_quantile
-    if not (q == "auto" or (isinstance(q, (int, float)) and not isinstance(q, bool)
-                            and 0 < q < 1)):
-        bad(f"[training] clip_quantile (γ, the target fraction of unclipped examples) must "
-            f"lie strictly between 0 and 1, or be \"auto\", got {cfg.clip_quantile!r}")
-    if not positive(cfg.clip_lr):
-        bad(f"[training] clip_lr (η_C, the clip's geometric step) must be a positive "
-            f"number, got {cfg.clip_lr!r}")
-    if not positive(cfg.clip_init):
-        bad(f"[training] clip_init (C₀, the starting clip) must be a positive number, "
-            f"got {cfg.clip_init!r}")
-    if not positive(cfg.clip_max) or positive(cfg.clip_init) and cfg.clip_max < cfg.clip_init:
-        bad(f"[training] clip_max (the ceiling of the automatic clip) must be a number ≥ "
-            f"clip_init ({cfg.clip_init!r}), got {cfg.clip_max!r}")
-    if not (cfg.clip_count_noise == "auto" or positive(cfg.clip_count_noise)):
-        bad(f"[training] clip_count_noise (σ_b, the count's noise std in examples) must be "
-            f"a positive number or \"auto\", got {cfg.clip_count_noise!r}")
-    if cfg.clip == "auto" and cfg.privacy_unit == "node":
-        bad("[training] clip = \"auto\" is not available with privacy_unit = 'node' (its "
-            "node-level accounting assumes a fixed clip); set clip to a number")
-
-
 @dataclass
 class SiloPlan:
     name: str
@@ -269,6 +238,8 @@ class SiloPlan:
     clip_target: float | None = None
     #: a consortium-wide mechanism (uldp): its report (`privacy.uldp.consortium_report`)
     consortium: dict | None = None
+    #: a method with its own releases (dp_gbdt, `run_event`): {"trees", "releases"}
+    trees: dict | None = None
 
     def to_dict(self) -> dict:
         out = {"silo": self.name, "n_train": self.n, "sampling_rate": self.q,
@@ -287,6 +258,8 @@ class SiloPlan:
                        adjacency_text=PERSON_ADJACENCY)
         if self.consortium is not None:
             out["consortium"] = self.consortium
+        if self.trees is not None:  # q is the per-tree row sample; no DP-SGD steps
+            out.update(trees=self.trees, steps_per_pass=None)
         if self.node is not None:
             adj = self.node["adjacency"]
             out.update(privacy_unit="node", S=self.node["S"], adjacency=adj,
@@ -392,6 +365,8 @@ def _base_plans(fed: Federation, algorithm: Algorithm, cfg: TrainingConfig) -> l
     cfg.validate()
     algorithm.bind_silos(fed.names)
     algorithm.check_plan(fed.num_silos, cfg.rounds, cfg.accountant if cfg.private else None)
+    if getattr(algorithm, "run_event", None) is not None:  # dp_gbdt: its own releases
+        return _own_release_plans(fed, algorithm, cfg)
     if cfg.privacy_unit == "node":
         return _node_plans(fed, algorithm, cfg)
     person = cfg.privacy_unit == "person"
@@ -426,6 +401,20 @@ def _base_plans(fed: Federation, algorithm: Algorithm, cfg: TrainingConfig) -> l
                 f"silo {p.name!r}: delta = {p.target.delta:g} ≥ 1/n = {1 / p.n:.3g}. A "
                 "mechanism that publishes one random record outright satisfies such a δ, so "
                 "the guarantee is weak; use δ well below 1/n (e.g. n^-1.1)", stacklevel=2)
+    return plans
+
+
+def _own_release_plans(fed: Federation, algorithm, cfg: TrainingConfig) -> list[SiloPlan]:
+    """Plans of a method whose run is one event of σ (`run_event`; dp_gbdt): q is its
+    per-tree row sample; example level only (`algorithm.unit_error` otherwise)."""
+    if cfg.privacy_unit != "example":
+        raise ConfigError(algorithm.unit_error)
+    trees = {"trees": algorithm.total_trees, "releases_per_tree": algorithm.releases}
+    plans = [SiloPlan(s.name, s.n_train, algorithm.sampling_rate, 0, s.target, trees=trees)
+             for s in fed.silos]
+    if cfg.private and any(p.target is None for p in plans):
+        raise PrivacyError("every silo needs a privacy target; set privacy.epsilon and "
+                           "privacy.delta (or disable privacy for a non-private run)")
     return plans
 
 
@@ -497,6 +486,8 @@ def pass_event(p: SiloPlan, sigma: float):
 
 
 def _declared(algorithm: Algorithm, p: SiloPlan, sigma: float, cfg: TrainingConfig):
+    if p.trees is not None:  # a method with its own releases (dp_gbdt)
+        return algorithm.run_event(sigma)  # type: ignore[attr-defined]
     return algorithm.privacy_events(pass_event(p, sigma), cfg.rounds, target=p.target)
 
 
@@ -530,7 +521,8 @@ def _calibrate(algorithms: list[Algorithm], plans: list[SiloPlan], cfg: Training
         guess = tuning_accounting.sigma_guess(
             lambda s: _job_event(algorithms, plans, cfg, s, pre), eps, delta)
     try:
-        if len(counts) == 1 and isinstance(next(iter(counts)), dpa.PoissonSampledDpEvent):
+        if len(counts) == 1 and isinstance(next(iter(counts)), dpa.PoissonSampledDpEvent) \
+                and all(q.trees is None for q in plans):
             # pure DP-SGD: fast, exact path
             return accounting.calibrate_dpsgd(eps, delta, p.q, next(iter(counts.values())),
                                               kind)

@@ -13,11 +13,18 @@ Quantile bins follow the data; here they are computed privately:
    `silofl.data.fed_stats.quantiles_from_histogram` (clamped noisy histogram, linear
    interpolation inside a fine bin); rounded to float32 and forced strictly increasing.
 
-Budget. Each silo's σ_b is the noise at which the bins release *alone* would cost
-(bins_share·ε_k, δ_k); the trees' σ_k is then calibrated so that the composition
-``bins event ∘ trees`` meets the silo's whole target (ε_k, δ_k) — so ``bins_share`` says how
-the noise is split, and the total is the target. Everything is preflighted before the
-first charge, and the bins charge is made before any row is read.
+Budget. The bins release is tied to the trees' noise multiplier σ so that one event
+factory σ ↦ event describes the whole run (a job calibrates it for all its methods,
+`silofl.algorithms.gbdt_method`): with R = the trees' Gaussian releases (T·(D + 1) for
+histogram splits, T otherwise), the bins are released at
+
+    σ_b = σ · √((1 − s) / (s · R))        (s = bins_share)
+
+— the noise at which the one bins release costs, in zCDP (ρ = 1/(2σ²) per Gaussian), the
+share s of the run's ρ when the trees are not subsampled (with row subsampling the trees
+cost less than their ρ, so the bins' share of the ε is larger). σ is calibrated so that
+``GaussianDpEvent(σ_b) ∘ trees`` meets the silo's whole target (ε_k, δ_k); everything is
+preflighted before the first charge, and the bins charge is made before any row is read.
 """
 
 from __future__ import annotations
@@ -154,50 +161,91 @@ def check_edges(edges: np.ndarray, d: int) -> np.ndarray:
     return e
 
 
+def bins_sigma(sigma: float, share: float, releases: int) -> float:
+    """σ_b of the bins release for trees at σ with `releases` Gaussian releases (module
+    docstring): σ·√((1 − share)/(share·releases))."""
+    return float(sigma * np.sqrt((1.0 - share) / (share * releases)))
+
+
+def run_event(sigma: float, share: float, releases: int,
+              trees_event: Callable[[float], dpa.DpEvent]) -> dpa.DpEvent:
+    """Everything one silo releases at σ: the bins, then the trees.
+
+    Parameters
+    ----------
+    sigma : float
+        The trees' noise multiplier σ.
+    share : float
+        bins_share in (0, 1).
+    releases : int
+        The trees' Gaussian releases R (T·(D + 1) histogram splits, T otherwise).
+    trees_event : callable σ -> DpEvent
+        Everything the trees release at σ.
+
+    Returns
+    -------
+    dp_accounting.DpEvent
+        ``ComposedDpEvent([GaussianDpEvent(σ_b), trees_event(σ)])``.
+    """
+    return dpa.ComposedDpEvent([dpa.GaussianDpEvent(bins_sigma(sigma, share, releases)),
+                                trees_event(sigma)])
+
+
+def check_share(share: float) -> None:
+    """bins_share must be in (0, 1) (ConfigError otherwise)."""
+    if not (np.isfinite(share) and 0.0 < share < 1.0):
+        raise ConfigError(f"bins_share must be in (0, 1), got {share}")
+
+
 @dataclass
 class BinsPlan:
-    """Per silo: σ_b of the bins release and σ of the trees, calibrated together."""
+    """Per silo: σ_b of the bins release and σ of the trees."""
 
     sigma_bins: list[float]
     sigmas: list[float]
 
 
 def plan_private_bins(ledgers: list[Ledger | None], share: float,
-                      trees_event: Callable[[float], dpa.DpEvent]) -> BinsPlan:
-    """Calibrate each silo's σ_b and trees' σ so that bins ∘ trees meets its target, and
-    preflight the whole plan (BudgetExceeded before anything is charged).
+                      trees_event: Callable[[float], dpa.DpEvent], releases: int,
+                      given: list[float] | None = None) -> BinsPlan:
+    """Calibrate each silo's σ so that bins ∘ trees (`run_event`) meets its target (or take
+    a job's `given` σ_k), and preflight the whole plan (BudgetExceeded before anything is
+    charged).
 
     Parameters
     ----------
     ledgers : list of Ledger or None
         One per silo (None entries: non-private, σ = 0).
     share : float
-        bins_share in (0, 1): σ_b alone would cost (share·ε, δ).
+        bins_share in (0, 1).
     trees_event : callable σ -> DpEvent
         Everything the trees release from one silo at noise σ.
+    releases : int
+        The trees' Gaussian releases R.
+    given : list of float, optional
+        σ_k per silo as a job calibrated them (its declared event includes the bins).
 
     Returns
     -------
     BinsPlan
     """
-    if not (np.isfinite(share) and 0.0 < share < 1.0):
-        raise ConfigError(f"bins_share must be in (0, 1), got {share}")
+    check_share(share)
+    if given is not None and len(given) != len(ledgers):
+        raise ConfigError(f"got {len(given)} noise multipliers for {len(ledgers)} silos")
     sb, st = [], []
-    for led in ledgers:
+    for k, led in enumerate(ledgers):
         if led is None:
             sb.append(0.0)
             st.append(0.0)
             continue
-        eps, delta, kind = led.target.epsilon, led.target.delta, led.accountant
-        s_b = float(accounting.calibrate(dpa.GaussianDpEvent, share * eps, delta, kind))
-        bins_ev = dpa.GaussianDpEvent(s_b)
 
-        def whole(s: float, ev: dpa.DpEvent = bins_ev) -> dpa.DpEvent:
-            return dpa.ComposedDpEvent([ev, trees_event(s)])
+        def whole(s: float) -> dpa.DpEvent:
+            return run_event(s, share, releases, trees_event)
 
-        s_t = float(accounting.calibrate(whole, eps, delta, kind))
+        s_t = float(given[k]) if given is not None else float(accounting.calibrate(
+            whole, led.target.epsilon, led.target.delta, led.accountant))
         led.preflight(whole(s_t))
-        sb.append(s_b)
+        sb.append(bins_sigma(s_t, share, releases))
         st.append(s_t)
     return BinsPlan(sb, st)
 
