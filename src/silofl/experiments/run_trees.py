@@ -3,13 +3,15 @@
 and one run charged to the job's ledgers.
 
 Privacy: the job plans dp_gbdt like any method (`silofl.runtime.plan`: its declared event
-is ``ensemble_event(σ_k, T + local_trees, releases, q)``, σ_k calibrated for the job's
+is ``ensemble_event(σ_k, T + local_trees, releases, q)``, after the private bins' release
+with [trees] bins = "private" (`DpGbdt.run_event`), σ_k calibrated for the job's
 methods composed) and reserves the whole ensemble in the lifetime store before any row is
 read; `train_dp_gbdt` charges each release to the job's ledger (and so the store) before
 it reads the silo's rows; the job settles to what executed.
 
-Bins: each feature's bins are equal width over its DECLARED range after preprocessing,
-never over the data: a numeric column's schema [lower, upper] (values are clipped to it),
+Bins: each feature's bins are equal width over its DECLARED range after preprocessing
+(or, with bins = "private", noisy quantiles over that range, charged), never read from the
+data for free: a numeric column's schema [lower, upper] (values are clipped to it),
 mapped through its declared standardization ((x − center)/scale, the same in every silo),
 [0, 1] for binary, one-hot and missing-indicator columns. Per-silo standardization
 (private or uncharged) would give every silo other bins, so it is refused for dp_gbdt.
