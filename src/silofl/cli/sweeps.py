@@ -27,7 +27,15 @@ def sweep(config: Path = typer.Argument(..., help="sweep TOML: run sections + [s
               None, "--results", help="results file (default: sweep.results, relative to "
               "the config file)"),
           workers: int | None = typer.Option(None, "--workers", "-j",
-                                                help="processes (default: sweep.workers)"),
+                                                help="processes; with --engine ray, runs in "
+                                                "flight (default: sweep.workers)"),
+          engine: str | None = typer.Option(
+              None, "--engine", help="where runs execute: local (worker processes here) or "
+              "ray (a Ray cluster; results, lock and budget store stay here) (default: "
+              "sweep.engine)"),
+          address: str | None = typer.Option(
+              None, "--address", help="with --engine ray: the cluster's host:port or auto "
+              "(default: sweep.address; empty starts a local cluster)"),
           quiet: Quiet = False, set_: SetItems = None):
     """Run (or resume) a privacy-utility sweep: methods × ε × λ × lr × seeds, one JSON line
     per finished run; then print the best settings chosen on validation data."""
@@ -59,7 +67,8 @@ def sweep(config: Path = typer.Argument(..., help="sweep TOML: run sections + [s
                     task = prog.add_task("sweep", total=total, completed=done)
                 else:
                     prog.update(task, completed=done)
-            outcome = run_sweep(sc, results=results, workers=workers, on_progress=on_progress)
+            outcome = run_sweep(sc, results=results, workers=workers, on_progress=on_progress,
+                                engine=engine, address=address)
         head, records = read_results(outcome.results)
     except SiloflError as e:
         _fail(e)

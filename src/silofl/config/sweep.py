@@ -15,10 +15,14 @@ from silofl.config.base import Section
 from silofl.config.run import Config
 from silofl.errors import ConfigError
 
-__all__ = ["SWEEP_MODES", "ReportSection", "SweepFile", "SweepSection"]
+__all__ = ["SWEEP_ENGINES", "SWEEP_MODES", "ReportSection", "SweepFile", "SweepSection",
+           "check_engine"]
 
 #: sweep.tuning: how hyperparameters are chosen (see `SweepSection.tuning`)
 SWEEP_MODES = ("none", "private", "proxy", "uncounted")
+
+#: sweep.engine: where the runs execute (see `SweepSection.engine`)
+SWEEP_ENGINES = ("local", "ray")
 
 
 class SweepSection(Section):
@@ -33,7 +37,11 @@ class SweepSection(Section):
     seeds: list = Field(default_factory=lambda: [0])
     validation_fraction: float = 0.2  # of each silo's training rows, for selection
     min_silo_train: int = 0        # drop silos with fewer training rows (after validation)
-    workers: int = 2               # processes
+    workers: int = 2               # processes (engine "ray": runs in flight at once)
+    #: where runs execute: "local" (worker processes on this machine) or "ray" (tasks on a
+    #: Ray cluster; the budget store and the results file stay with this process)
+    engine: str = "local"
+    address: str = ""              # engine "ray": an existing cluster; "" = start a local one
     results: str = "results.jsonl"
     #: hyperparameter choice: "uncounted" (the grid, best on validation; its cost is NOT
     #: counted), "none" (one fixed setting per method), "private" (also run
@@ -55,6 +63,7 @@ class SweepSection(Section):
             raise ConfigError(f"'sweep.min_silo_train' must be ≥ 0, got {self.min_silo_train}")
         if self.workers < 1:
             raise ConfigError(f"'sweep.workers' must be ≥ 1, got {self.workers}")
+        check_engine(self.engine, self.address)
         if self.tuning not in SWEEP_MODES:
             raise ConfigError(f"'sweep.tuning' must be one of {', '.join(SWEEP_MODES)}, got "
                               f"{self.tuning!r}")
@@ -67,6 +76,26 @@ class SweepSection(Section):
             raise ConfigError("'sweep.results' is empty; name a results file, e.g. "
                               "results = \"results/sweep.jsonl\"")
         return self
+
+
+def check_engine(engine: str, address: str) -> None:
+    """Raise ConfigError unless `engine` is one of SWEEP_ENGINES and `address` is used only
+    with engine "ray".
+
+    Parameters
+    ----------
+    engine : str
+        sweep.engine or ``--engine``.
+    address : str
+        sweep.address or ``--address`` ("" = none).
+    """
+    if engine not in SWEEP_ENGINES:
+        raise ConfigError(f"'sweep.engine' must be one of {', '.join(SWEEP_ENGINES)}, got "
+                          f"{engine!r}")
+    if address.strip() and engine != "ray":
+        raise ConfigError(f"'sweep.address' = {address!r} names a Ray cluster, but "
+                          f"sweep.engine = {engine!r}; set engine = \"ray\" (--engine ray) or "
+                          "remove the address")
 
 
 class ReportSection(Section):

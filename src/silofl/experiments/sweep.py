@@ -35,25 +35,26 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-import math
-import multiprocessing
-import os
+import logging
 import time
+import traceback
 import warnings
 from collections.abc import Callable
-from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 
-import dp_accounting as dpa
 import numpy as np
 
 from silofl.algorithms import LAMBDA_METHODS, make_algorithm
+from silofl.config.sweep import check_engine
 from silofl.data.federation import Federation
 from silofl.data.persons import split_training
-from silofl.errors import ConfigError, DataError, SiloflError
+from silofl.errors import ConfigError, DataError, PrivacyError
 from silofl.experiments import build
 from silofl.experiments.sweep_config import _ALG_DEFAULTS, SweepConfig
+from silofl.experiments.sweep_pool import one_blas_thread, run_in_pool
+from silofl.experiments.sweep_ray import ray_session, require_ray, run_on_ray
+from silofl.experiments.sweep_record import _clean, _nonfinite, tuning_summary
 from silofl.experiments.sweep_results import (
     FORMAT,
     HEADER_KIND,
@@ -63,14 +64,13 @@ from silofl.experiments.sweep_results import (
 )
 from silofl.models.base import Model
 from silofl.models.metrics import HIGHER_IS_BETTER, default_metric
-from silofl.privacy import accounting as acc
-from silofl.privacy import selection as TA
 from silofl.privacy.budget import SCRATCH_NOTE, BudgetStore
 from silofl.privacy.targets import PrivacyTarget
+from silofl.runtime.detached import DetachedJob
+from silofl.runtime.job import Job, fingerprints, open_job
 from silofl.runtime.plan import SEEDED_NOTE, TrainingConfig, plan_silos
 from silofl.runtime.simulator import bind_data, simulate
 from silofl.tuning import setup as tuning_setup
-from silofl.tuning.private import score_sigma
 
 NOT_COUNTED = (
     "The privacy cost of hyperparameter selection is not counted. Every private run meets each "
@@ -224,6 +224,8 @@ def targeted(sc: SweepConfig, fed: Federation, spec: RunSpec) -> Federation:
 _CACHE: dict[str, Prepared] = {}
 _PLANS: dict[tuple, list] = {}  # (method, ε) → calibrated per-silo plans, per process
 _STORES: dict[str, BudgetStore] = {}  # per process: the sweep's lifetime store, opened once
+#: set in a Ray worker (`sweep_ray`): the store stays with the driver, which reserves
+_DETACHED = False
 
 
 def budget_store(sc: SweepConfig) -> BudgetStore | None:
@@ -231,6 +233,9 @@ def budget_store(sc: SweepConfig) -> BudgetStore | None:
     b = sc.base.budget
     if b.scratch or not b.store:
         return None
+    if _DETACHED:
+        raise PrivacyError("a sweep's Ray worker never opens the budget store: the driver "
+                           "reserves every run there and ships the worker its job")
     st = _STORES.get(b.store)
     if st is None:
         st = _STORES[b.store] = BudgetStore(Path(b.store))
@@ -245,10 +250,12 @@ def lifetime_targets(sc: SweepConfig, fed: Federation) -> dict[str, PrivacyTarge
                                   else sc.base.privacy.delta) for s in fed.silos}
 
 
-def execute(sc: SweepConfig, spec: RunSpec, fingerprint: str, plans: dict | None = None
-            ) -> dict:
+def execute(sc: SweepConfig, spec: RunSpec, fingerprint: str, plans: dict | None = None,
+            job: Job | None = None) -> dict:
     """Run one grid point; returns its results record (plain JSON data). `plans`: (method,
-    ε) → plans calibrated by the parent process (`ship`; else calibrated here, once)."""
+    ε) → plans calibrated by the parent process (`ship`; else calibrated here, once).
+    `job`: the run's reservation made elsewhere (a `DetachedJob` on a Ray worker); else a
+    private run reserves in the sweep's store (or a scratch one) itself."""
     prep = _CACHE.get(fingerprint)
     if prep is None:
         _CACHE.clear()
@@ -260,10 +267,11 @@ def execute(sc: SweepConfig, spec: RunSpec, fingerprint: str, plans: dict | None
     # σ_k depends on the method and ε only (not λ, lr or seed): calibrate once per pair
     plan_key = (spec.method, spec.epsilon)
     _PLANS.update(plans or {})
+    charge = ({"job": job} if job is not None else {} if not spec.private else
+              {"store": budget_store(sc), "lifetime": lifetime_targets(sc, fed)})
     res = simulate(fed, prep.model, alg, tcfg, metric=prep.metric,
                    plans=_PLANS.get(plan_key) if spec.private else None,
-                   eval_sets={"validation": prep.validation}, store=budget_store(sc),
-                   lifetime=lifetime_targets(sc, fed))
+                   eval_sets={"validation": prep.validation}, **charge)
     if spec.private:
         _PLANS[plan_key] = res.plans
     privacy = None
@@ -283,7 +291,8 @@ def execute(sc: SweepConfig, spec: RunSpec, fingerprint: str, plans: dict | None
     val = res.history.extra["validation"]
     tuning = None
     if spec.method.endswith("_tuned"):
-        tuning = tuning_summary(sc, spec, alg, res, prep)
+        tuning = tuning_summary(sc, spec.epsilon, alg, res,
+                                _PLANS.get((sc.base.tuning.method, spec.epsilon)))
     elif spec.method.endswith("_proxy"):  # declared public: the choice cost the silos 0
         tuning = getattr(alg, "proxy_info", None)
     return _clean({
@@ -300,64 +309,49 @@ def execute(sc: SweepConfig, spec: RunSpec, fingerprint: str, plans: dict | None
         "sampling_rate": [p.q for p in res.plans]})
 
 
-def tuning_summary(sc: SweepConfig, spec: RunSpec, alg, res, prep: Prepared) -> dict:
-    """What a privately tuned run released and what it cost: its settings, the λ each silo
-    released (part of the RepeatAndSelect output; h_k is not: it stays in the silo), and
-    for comparison the ε (max over silos, at the same σ_k) of a naive grid of E[h] trials
-    and of the uncounted choice over the whole sweep grid, both by composition."""
-    out = {**alg.describe(), "released": getattr(alg, "last_release", None)}
-    if not spec.private or alg.select != "random":
-        return out
-    delta = sc.base.privacy.delta
-    trials = max(1, int(round(alg.dist.mean)))
-    naive = []
-    for p in res.plans:
-        rev = _round_event(p)
-        naive.append(TA.epsilon_of(TA.naive_event(
-            rev, sc.base.training.rounds, trials,
-            score_sigma(rev, sc.base.training.rounds, alg.score_ratio)), delta))
-    out["naive_grid_trials"] = trials
-    out["naive_grid_epsilon"] = max(naive)
-    out["honest_epsilon"] = spec.epsilon
-    base = _PLANS.get((sc.base.tuning.method, spec.epsilon))
-    grid = len(sc.sweep.lam) * len(sc.sweep.lr)
-    if base:  # the uncounted choice: `grid` runs of the untuned method, composed
-        out["uncounted_grid_size"] = grid
-        out["uncounted_grid_epsilon"] = max(
-            TA.epsilon_of(dpa.SelfComposedDpEvent(p.declared, grid), delta) for p in base)
-    return out
+def reserve_run(sc: SweepConfig, spec: RunSpec, prep: Prepared, plans: dict,
+                digests: dict[str, str]) -> Job | None:
+    """Reserve `spec` in the sweep's lifetime store here, exactly as `simulate(store=...)`
+    would in `execute` (same plans, lifetime targets and data fingerprints `digests`), for a
+    run executed elsewhere (`execute_detached`). None: a non-private run or a scratch sweep.
+    Raises BudgetExceeded, reserving nothing, when the run does not fit."""
+    store = budget_store(sc)
+    if store is None or not spec.private:
+        return None
+    tcfg = training_config(sc, spec)
+    method = algorithm(sc, spec, prep).name
+    return open_job(store, {method: plans[(spec.method, spec.epsilon)]},
+                    lifetime=lifetime_targets(sc, prep.fed), explicit_lifetime=True,
+                    command=f"simulate {method} (sweep, ray)", noise=tcfg.noise,
+                    accountant=tcfg.accountant, fingerprints=digests)
 
 
-def _round_event(p):
-    return acc.dpsgd_event(p.q, p.noise_multiplier, p.steps_per_pass)
+def execute_detached(load: Callable[[], Prepared], sc: SweepConfig, spec: RunSpec,
+                     fingerprint: str, plans: dict, proxy: dict, job: DetachedJob | None
+                     ) -> tuple[dict | None, list, BaseException | None]:
+    """`execute` in a process without the budget store (a Ray worker): the run's
+    reservation is `job` (None: nothing to reserve), and this process can no longer open
+    the store. `load()` gives the prepared data, fetched once per sweep. Returns (record,
+    what the job's ledgers charged, error): never raises, so the reserving process can
+    settle a failed run to what it charged."""
+    global _DETACHED
+    _DETACHED = True
+    warnings.simplefilter("ignore")
+    logging.getLogger("absl").setLevel(logging.ERROR)
 
+    def log() -> list:
+        return [] if job is None else job.log
 
-def _nonfinite(res, val) -> list[str]:
-    """Which final metrics were not finite (stored as null: strict JSON): divergence or an
-    undefined metric is flagged, never hidden."""
-    out = []
-    if not math.isfinite(res.final_pooled):
-        out.append("final_test")
-    if not math.isfinite(val["pooled"][-1]):
-        out.append("final_validation")
-    out += [f"final_test_per_silo[{s}]" for s, v in zip(res.silos, res.final_per_silo)
-            if not math.isfinite(v)]
-    return out
-
-
-def _clean(o):
-    """JSON-safe: numpy scalars → Python, non-finite floats → None (strict JSON)."""
-    if isinstance(o, dict):
-        return {k: _clean(v) for k, v in o.items()}
-    if isinstance(o, (list, tuple)):
-        return [_clean(v) for v in o]
-    if isinstance(o, np.ndarray):
-        return _clean(o.tolist())
-    if isinstance(o, (np.floating, float)):
-        return float(o) if math.isfinite(o) else None
-    if isinstance(o, np.integer):
-        return int(o)
-    return o
+    try:
+        if fingerprint not in _CACHE:
+            _CACHE.clear()
+            _PLANS.clear()
+            _CACHE[fingerprint] = load()
+        _PROXY.update(proxy)
+        return execute(sc, spec, fingerprint, plans, job=job), log(), None
+    except Exception as e:
+        e.add_note(traceback.format_exc())
+        return None, log(), e
 
 
 # --- the results file -----------------------------------------------------------------------
@@ -453,7 +447,8 @@ Progress = Callable[[int, int, dict | None], None]
 
 
 def run_sweep(sc: SweepConfig, *, results: str | Path | None = None, workers: int | None = None,
-              on_progress: Progress | None = None) -> SweepOutcome:
+              on_progress: Progress | None = None, engine: str | None = None,
+              address: str | None = None) -> SweepOutcome:
     """Run (or resume) a privacy-utility sweep, as ``silofl sweep`` does.
 
     Runs already in the results file are skipped, so a killed sweep resumes.
@@ -466,10 +461,17 @@ def run_sweep(sc: SweepConfig, *, results: str | Path | None = None, workers: in
         The JSON-lines results file (default: the sweep's own).
     workers : int, optional
         Worker processes (default: the sweep's; they are spawned, so call this under
-        ``if __name__ == "__main__":`` or pass workers=1).
+        ``if __name__ == "__main__":`` or pass workers=1); engine "ray": runs in flight at
+        once (and the CPUs of a local cluster it starts).
     on_progress : callable (done, total, record) -> None, optional
         Called once before the first run (record None; done = runs already recorded) and
         after every run.
+    engine : {"local", "ray"}, optional
+        Where runs execute (default: sweep.engine); "ray": see `silofl.experiments.sweep_ray`
+        (the results file, its lock and the budget store stay in this process).
+    address : str, optional
+        engine "ray": the cluster ("host:port", "auto"; default sweep.address; "" starts a
+        local one). An already initialised ``ray`` session is used as it is.
 
     Returns
     -------
@@ -479,23 +481,32 @@ def run_sweep(sc: SweepConfig, *, results: str | Path | None = None, workers: in
     Raises
     ------
     ConfigError
-        Before anything is written: a plan that cannot run, or a lifetime store without
-        the budget for the sweep.
+        Before anything is written or charged: a plan that cannot run, a lifetime store
+        without the budget for the sweep, engine "ray" without Ray installed or with a
+        cluster address that does not answer.
     """
     t0 = time.perf_counter()
     path = Path(results) if results is not None else sc.results_path
     workers = sc.sweep.workers if workers is None else workers
+    engine = sc.sweep.engine if engine is None else engine
+    address = sc.sweep.address if address is None else address
+    check_engine(engine, address)
     if workers < 1:
         raise ConfigError(f"workers must be ≥ 1, got {workers}")
+    session = contextlib.nullcontext()
+    if engine == "ray":
+        require_ray()  # before anything is prepared or charged
+        session = ray_session(address, workers)
     prep = prepare(sc)
     preflight(sc, prep)
     specs = expand(sc)
     fingerprint = sc.fingerprint()
-    with exclusive_lock(path):
-        return _run_locked(sc, path, workers, prep, specs, fingerprint, on_progress, t0)
+    with exclusive_lock(path), session as ray:
+        return _run_locked(sc, path, workers, prep, specs, fingerprint, on_progress, t0, ray)
 
 
-def _run_locked(sc, path, workers, prep, specs, fingerprint, on_progress, t0) -> SweepOutcome:
+def _run_locked(sc, path, workers, prep, specs, fingerprint, on_progress, t0,
+                ray=None) -> SweepOutcome:
     done = open_results(path, sc, header(sc, prep, fingerprint, len(specs)))
     todo = [s for s in specs if s.key not in done]
     skipped = len(specs) - len(todo)
@@ -519,73 +530,27 @@ def _run_locked(sc, path, workers, prep, specs, fingerprint, on_progress, t0) ->
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # preflight already showed the planning warnings
-        if workers == 1 or len(todo) <= 1:
+        if ray is not None:  # engine "ray": this process reserves, settles and records
+            _on_ray(ray, sc, todo, fingerprint, prep, plans, finished, workers)
+        elif workers == 1 or len(todo) <= 1:
             for spec in todo:
                 finished(execute(sc, spec, fingerprint, ship(plans, spec, sc)))
         else:
-            with _one_blas_thread():  # workers start at the first submit
-                _in_pool(sc, todo, fingerprint, min(workers, len(todo)), finished, plans)
+            with one_blas_thread():  # workers start at the first submit
+                run_in_pool(execute, todo, lambda spec: (sc, spec, fingerprint,
+                                                         ship(plans, spec, sc)),
+                            min(workers, len(todo)), finished)
     return SweepOutcome(path, len(specs), skipped, len(todo), time.perf_counter() - t0)
 
 
-def _in_pool(sc, todo, fingerprint, workers, finished, plans=None) -> None:
-    plans = plans or {}
-    ctx = multiprocessing.get_context("spawn")  # no fork of a process that may hold threads
-    ex = ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init_worker)
-    try:
-        # keep a few tasks queued per worker rather than pickling the whole grid up front
-        it = iter(todo)
-        pending: dict = {}
-        for spec in it:
-            pending[ex.submit(execute, sc, spec, fingerprint, ship(plans, spec, sc))] = spec
-            if len(pending) >= 2 * workers:
-                break
-        while pending:
-            ready, _ = wait(pending, return_when=FIRST_COMPLETED)
-            error = None
-            for f in ready:
-                spec = pending.pop(f)
-                if f.exception() is not None:  # record the other finished runs first
-                    error = error or (spec, f.exception())
-                    continue
-                finished(f.result())
-                nxt = None if error else next(it, None)
-                if nxt is not None:
-                    pending[ex.submit(execute, sc, nxt, fingerprint,
-                                      ship(plans, nxt, sc))] = nxt
-            if error:
-                spec, e = error
-                if isinstance(e, SiloflError):
-                    raise type(e)(f"run {spec.key}: {e}") from None
-                raise e
-    except BaseException:
-        ex.shutdown(wait=True, cancel_futures=True)
-        raise
-    ex.shutdown(wait=True)
-
-
-@contextlib.contextmanager
-def _one_blas_thread():
-    """Workers inherit this environment: one BLAS/OpenMP thread each, so `workers`
-    processes use `workers` cores instead of oversubscribing them."""
-    keys = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
-    old = {k: os.environ.get(k) for k in keys}
-    for k in keys:
-        os.environ.setdefault(k, "1")
-    try:
-        yield
-    finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-
-
-def _init_worker() -> None:
-    import logging
-    warnings.simplefilter("ignore")
-    logging.getLogger("absl").setLevel(logging.ERROR)
+def _on_ray(ray, sc, todo, fingerprint, prep, plans, finished, workers) -> None:
+    digests = fingerprints(prep.fed) if budget_store(sc) is not None else {}
+    for spec in todo:  # λ chosen on the public proxy once, here: workers get it shipped
+        if spec.method.endswith("_proxy"):
+            algorithm(sc, spec, prep)
+    run_on_ray(ray, todo, entry=execute_detached, shared=prep, finished=finished,
+               workers=workers, reserve=lambda spec: reserve_run(sc, spec, prep, plans, digests),
+               args=lambda spec: (sc, spec, fingerprint, ship(plans, spec, sc), dict(_PROXY)))
 
 
 __all__ = ["NOT_COUNTED", "Prepared", "RunSpec", "SweepOutcome", "carve_validation", "execute",

@@ -65,7 +65,7 @@ class SweepConfig:
     def normalized(self) -> dict:
         """Everything that determines the runs' results, as plain data: the fingerprint's
         input. Excludes where results go (sweep.results, [output]), how many processes run
-        them (sweep.workers) and presentation ([report])."""
+        them (sweep.workers, engine, address) and presentation ([report])."""
         d = self.base.to_dict()
         d.pop("output")
         d.pop("budget")  # where runs are charged changes whether they run, not their results
@@ -73,7 +73,7 @@ class SweepConfig:
         for sec, key in _REPLACED:
             d[sec].pop(key, None)
         sw = self.sweep.model_dump()
-        for key in ("workers", "results"):
+        for key in ("workers", "results", "engine", "address"):
             sw.pop(key)
         if sw["tuning"] == "uncounted":  # the default: fingerprints of older sweeps hold
             sw.pop("tuning")
