@@ -18,6 +18,9 @@ from silofl.privacy import events
 from silofl.privacy.ledger import Ledger
 from silofl.training.histograms import SiloHistograms, bin_edges, bin_features
 
+#: the histogram-split settings these tests were written for (no longer the defaults)
+HIST = {"splits": "histogram", "lam": 1.0}
+
 
 def _xor_fed(n: int = 1500, k: int = 3, eps: float = 1.0, seed: int = 0,
              task: str = "binary") -> Federation:
@@ -156,7 +159,7 @@ def test_noise_off_matches_non_private_gbdt_and_large_eps_approaches_it():
     from sklearn.metrics import roc_auc_score
     fed = _xor_fed(n=2000)
     X, y = _pooled_test(fed)
-    plain = train_dp_gbdt(fed, trees=20, depth=3, n_bins=16, private=False)
+    plain = train_dp_gbdt(fed, trees=20, depth=3, n_bins=16, private=False, **HIST)
     auc_plain = roc_auc_score(y, plain.ensemble.predict(X))
     Xa = np.vstack([s.X_train for s in fed.silos])
     ya = np.concatenate([s.y_train for s in fed.silos])
@@ -164,7 +167,7 @@ def test_noise_off_matches_non_private_gbdt_and_large_eps_approaches_it():
                      "max_bin": 16}, xgb.DMatrix(Xa, label=ya), 20)
     auc_xgb = roc_auc_score(y, ref.predict(xgb.DMatrix(X)))
     assert auc_plain > 0.95 and abs(auc_plain - auc_xgb) < 0.03
-    huge = train_dp_gbdt(_xor_fed(n=2000, eps=100.0), trees=20, depth=3, n_bins=16)
+    huge = train_dp_gbdt(_xor_fed(n=2000, eps=100.0), trees=20, depth=3, n_bins=16, **HIST)
     auc_huge = roc_auc_score(y, huge.ensemble.predict(X))
     assert auc_huge > auc_plain - 0.05
     assert plain.ledgers == [None, None, None]
@@ -264,7 +267,7 @@ def test_personal_trees_are_charged_and_fit_each_silo():
                           flip((Xt[:, 0] > 0).astype(int)), silofl.PrivacyTarget(5.0, 1e-5)))
     fed = Federation(silos, ["a", "b", "c"], "binary", 2)
     T, L, D = 3, 5, 2
-    res = train_dp_gbdt(fed, trees=T, depth=D, local_trees=L, lr=0.5, seed=1)
+    res = train_dp_gbdt(fed, trees=T, depth=D, local_trees=L, lr=0.5, seed=1, **HIST)
     assert res.personal is not None
     for k, (own, led) in enumerate(zip(res.personal, res.ledgers, strict=True)):
         assert len(own.trees) == T + L and own.trees[:T] == res.ensemble.trees
@@ -279,10 +282,11 @@ def test_personal_trees_are_charged_and_fit_each_silo():
 def test_regression_non_private_fits_and_private_spends_its_target():
     fed = _xor_fed(n=2000, task="regression")
     X, y = _pooled_test(fed)
-    plain = train_dp_gbdt(fed, trees=30, depth=3, n_bins=32, clip_g=3.0, private=False)
+    plain = train_dp_gbdt(fed, trees=30, depth=3, n_bins=32, clip_g=3.0, private=False,
+                          **HIST)
     r2 = 1 - np.mean((plain.ensemble.predict(X) - y) ** 2) / np.var(y)
     assert r2 > 0.9
     dp = train_dp_gbdt(_xor_fed(n=2000, task="regression", eps=8.0), trees=30, depth=3,
-                       n_bins=32, clip_g=3.0)
+                       n_bins=32, clip_g=3.0, **HIST)
     r2_dp = 1 - np.mean((dp.ensemble.predict(X) - y) ** 2) / np.var(y)
     assert r2_dp > 0.5 and all(r["epsilon"] <= 8.0 for r in dp.report)

@@ -54,10 +54,12 @@ def _card(rep, r, k: int, label: str, files: dict, privacy: dict) -> dict:
             "file_id": silo_file_id(name), "method": {"label": label, **r.method},
             "hyperparameters": dict(r.method), "model": {"name": TREES},
             "task": info["task"], "classes": info["classes"], "n_train": plan.get("n_train"),
-            "bins": {"bounds": np.asarray(r.bounds).tolist(), "source": "declared schema "
-                     "bounds after preprocessing (public; never from the data)"},
-            "personal": ("the shared trees plus this silo's own local trees" if
-                         r.method.get("local_trees") else "the shared ensemble"),
+            "bins": {"bounds": np.asarray(r.bounds).tolist(), "source": (
+                "private quantiles: each silo's noisy fine histogram over the declared "
+                "bounds, charged (training.private_bins)" if r.method.get("bins") == "private"
+                else "declared schema bounds after preprocessing (public; never from the "
+                "data)")},
+            "personal": _personal_note(r.method),
             "preprocessing": {
                 "feature_names": info["feature_names"], "schema": info["schema"],
                 "steps": rep.preprocessing, "clip": constants.get("clip", {}),
@@ -67,6 +69,18 @@ def _card(rep, r, k: int, label: str, files: dict, privacy: dict) -> dict:
             "data_fingerprint": {"run": rep.run_id},
             "privacy": {**privacy, "assumptions": list(ASSUMPTIONS)},
             "files": files}
+
+
+
+def _personal_note(method: dict) -> str:
+    """What a silo's saved model is: shared, + personal leaves, + local trees."""
+    shrink = method.get("shrink") not in (None, "off")
+    if not shrink and not method.get("local_trees"):
+        return "the shared ensemble"
+    base = (f"the shared trees with this silo's personal leaves (shrink = "
+            f"{method['shrink']}, from its own released leaf sums)" if shrink
+            else "the shared trees")
+    return base + (" plus this silo's own local trees" if method.get("local_trees") else "")
 
 
 def save_tree_models(rep, r, d: Path, label: str, privacy_of) -> None:

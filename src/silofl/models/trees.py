@@ -42,6 +42,9 @@ class Tree:
         (m,) int32 child indices; −1 at a leaf.
     value : numpy.ndarray
         (m,) float64 leaf values in margin units (shrinkage already applied); 0 inside.
+    slot : numpy.ndarray, optional
+        (m,) int32: at a leaf, its slot 0..2^D − 1 in the complete tree it was compacted
+        from (`from_complete`; the index of the per-leaf sums a silo released), −1 inside.
     """
 
     feature: np.ndarray
@@ -49,6 +52,7 @@ class Tree:
     left: np.ndarray
     right: np.ndarray
     value: np.ndarray
+    slot: np.ndarray | None = field(default=None, compare=False)
 
     @property
     def n_nodes(self) -> int:
@@ -79,13 +83,15 @@ class Tree:
                       value: np.ndarray) -> Tree:
         """Compact a complete tree in heap layout (children of i at 2i+1, 2i+2; depth D,
         2^(D+1) − 1 nodes) whose pass-through nodes (threshold +inf: every row goes left)
-        collapse into their left child. Returns the tree in breadth-first order."""
+        collapse into their left child. Returns the tree in breadth-first order, each leaf
+        remembering its heap slot (`slot`)."""
         n_inner = (feature.shape[0] - 1) // 2
         out_f: list[int] = []
         out_t: list[float] = []
         out_l: list[int] = []
         out_r: list[int] = []
         out_v: list[float] = []
+        out_s: list[int] = []
 
         def resolve(i: int) -> int:  # skip pass-through nodes (every row goes left)
             while i < n_inner and not np.isfinite(threshold[i]):
@@ -101,6 +107,7 @@ class Tree:
                 out_l.append(len(queue))
                 out_r.append(len(queue) + 1)
                 out_v.append(0.0)
+                out_s.append(-1)
                 queue.extend(kids)
             else:
                 out_f.append(-1)
@@ -108,9 +115,10 @@ class Tree:
                 out_l.append(-1)
                 out_r.append(-1)
                 out_v.append(float(value[i]))
+                out_s.append(i - n_inner)
         return cls(np.array(out_f, dtype=np.int32), np.array(out_t, dtype=np.float64),
                    np.array(out_l, dtype=np.int32), np.array(out_r, dtype=np.int32),
-                   np.array(out_v, dtype=np.float64))
+                   np.array(out_v, dtype=np.float64), np.array(out_s, dtype=np.int32))
 
     def _xgb_dict(self, tree_id: int, n_features: int) -> dict:
         m = self.n_nodes
