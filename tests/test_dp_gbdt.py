@@ -75,6 +75,28 @@ def test_xgboost_export_round_trip(tmp_path, task):
     assert booster.num_boosted_rounds() == 6
 
 
+def test_xgboost_export_normalises_names_xgboost_rejects_in_one_place(tmp_path):
+    # a schema's one-hot names (cp=<missing>) are refused by XGBoost as given; the export
+    # renames them (models.trees.xgboost_feature_names) and the name map says how
+    from silofl.models.trees import xgboost_feature_names, xgboost_name_map
+    xgb = pytest.importorskip("xgboost")
+    names = ["age", "cp=<missing>", "ca[1]"]
+    fed = Federation([silofl.Silo("a", *(2 * [np.random.default_rng(0).uniform(
+        -1, 1, (200, 3)), np.r_[np.zeros(100), np.ones(100)]]))], names, "binary", 2)
+    ens = train_dp_gbdt(fed, trees=2, private=False).ensemble
+    assert ens.feature_names == names  # the model keeps its own names
+    path = ens.save_xgboost(tmp_path / "m.json")
+    safe = ["age", "cp=(missing)", "ca(1)"]
+    assert xgboost_feature_names(names) == safe
+    assert xgboost_name_map(names) == dict(zip(names, safe, strict=True))
+    booster = xgb.Booster(model_file=str(path))
+    assert booster.feature_names == safe
+    X = fed.silos[0].X_test.astype(np.float32)
+    np.testing.assert_allclose(booster.predict(xgb.DMatrix(X, feature_names=safe)),
+                               ens.predict(X.astype(np.float64)), atol=1e-5)
+    assert xgboost_feature_names(["a<1", "a(1"]) == ["f0", "f1"]  # equal once escaped
+
+
 def test_bins_match_threshold_semantics():
     edges = bin_edges(np.array([[-1.0, 1.0], [0.0, 10.0]]), 8)
     X = np.array([[-5.0, 0.0], [edges[0, 2], 9.99], [0.3, 50.0]])
@@ -290,3 +312,26 @@ def test_regression_non_private_fits_and_private_spends_its_target():
                        n_bins=32, clip_g=3.0, **HIST)
     r2_dp = 1 - np.mean((dp.ensemble.predict(X) - y) ** 2) / np.var(y)
     assert r2_dp > 0.5 and all(r["epsilon"] <= 8.0 for r in dp.report)
+
+
+def test_secure_noise_is_the_csprng_and_seeded_noise_reproduces():
+    # noise = "secure": each silo's stream is silofl.privacy.randomness's CSPRNG (nothing
+    # follows from the seed); "seeded" reproduces exactly; both charge the same events
+    from silofl.algorithms.gbdt_programs import NoiseStream, noise_stream
+    stream = noise_stream("secure", np.random.default_rng(0))
+    assert isinstance(stream, NoiseStream) and stream.r.secure is True
+    fed = _xor_fed(n=300)
+    kw = {"trees": 3, "depth": 2, "seed": 1, **HIST}
+    runs = {n: [train_dp_gbdt(_xor_fed(n=300), noise=n, **kw) for _ in range(2)]
+            for n in ("seeded", "secure")}
+
+    def leaves(res):  # margins on fixed rows (the trees' shapes may differ)
+        return res.ensemble.predict_margin(_pooled_test(fed)[0])
+
+    a, b = runs["seeded"]
+    np.testing.assert_array_equal(leaves(a), leaves(b))
+    c, d = runs["secure"]
+    assert not np.allclose(leaves(c), leaves(d)) and not np.allclose(leaves(c), leaves(a))
+    assert [led.spent_counts() for led in a.ledgers] == [led.spent_counts() for led in c.ledgers]
+    with pytest.raises(ConfigError, match="noise"):
+        train_dp_gbdt(fed, noise="urandom", **kw)

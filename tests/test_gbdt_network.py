@@ -131,10 +131,14 @@ def test_network_run_equals_simulator_charges_and_saved_models(tmp_path, trees):
         assert files["epsilon"] <= 1.0 + 1e-9 and files["sigma"] == s.reported[2]
         mine = load_ensemble(out / files["files"]["trees"])
         _same_trees(mine, srv.gbdt.server.ensemble)
-        if trees.get("local_trees"):
+        if trees.get("local_trees") or trees.get("shrink"):
             own = xgb.Booster(model_file=str(out / files["files"]["personal"]["xgboost"]))
-            np.testing.assert_allclose(own.predict(xgb.DMatrix(X)),
-                                       s.gbdt.personal.predict(X.astype(float)), atol=1e-5)
+            # the silo's column names are kept, made XGBoost-safe (cp=<missing> ->
+            # cp=(missing)); the files' name map says how
+            names = files["files"]["personal"]["xgboost_name_map"]
+            assert own.feature_names == list(names.values()) and "cp=<missing>" in names
+            np.testing.assert_allclose(own.predict(xgb.DMatrix(X, feature_names=list(
+                names.values()))), s.gbdt.personal.predict(X.astype(float)), atol=1e-5)
 
 
 def test_silo_without_consent_refuses_before_any_charge(tmp_path):

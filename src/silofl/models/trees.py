@@ -190,7 +190,8 @@ class TreeEnsemble:
 
     def to_xgboost_json(self) -> dict:
         """The ensemble in XGBoost's JSON model format (schema ``doc/model.schema`` of
-        XGBoost; checked against xgboost 3.2), loadable by ``xgboost.Booster``.
+        XGBoost; checked against xgboost 3.2), loadable by ``xgboost.Booster``; its
+        feature names made XGBoost-safe by `xgboost_feature_names`.
 
         Returns
         -------
@@ -208,7 +209,7 @@ class TreeEnsemble:
         model = {"gbtree_model_param": {"num_parallel_tree": "1", "num_trees": str(T)},
                  "iteration_indptr": list(range(T + 1)), "tree_info": [0] * T,
                  "trees": [t._xgb_dict(i, d) for i, t in enumerate(self.trees)]}
-        names = list(self.feature_names) if self.feature_names else []
+        names = xgboost_feature_names(self.feature_names) or []
         return {"learner": {
             "attributes": {}, "feature_names": names,
             "feature_types": ["float"] * len(names),
@@ -223,3 +224,33 @@ class TreeEnsemble:
         path = Path(path)
         write_json_atomic(path, self.to_xgboost_json())
         return path
+
+
+def xgboost_feature_names(names: list[str] | None) -> list[str] | None:
+    """The feature names an XGBoost model file carries: the one place names XGBoost
+    rejects are normalised (no ``[``, ``]`` or ``<``: a schema's one-hot name such as
+    ``cp=<missing>`` becomes ``cp=(missing)``; ``>`` likewise). If that makes two names
+    equal, positional names f0, f1, … instead. Manifests map the originals to these.
+
+    Parameters
+    ----------
+    names : list of str or None
+        The model's column names.
+
+    Returns
+    -------
+    list of str or None
+        As many names as given (None for none).
+    """
+    if not names:
+        return None
+    table = str.maketrans({"[": "(", "]": ")", "<": "(", ">": ")"})
+    out = [str(n).translate(table) for n in names]
+    return out if len(set(out)) == len(out) else [f"f{j}" for j in range(len(out))]
+
+
+def xgboost_name_map(names: list[str] | None) -> dict[str, str]:
+    """{original name: its name in the XGBoost file} (`xgboost_feature_names`), for a
+    manifest; empty when the model has no names."""
+    safe = xgboost_feature_names(names)
+    return {} if not names or safe is None else dict(zip(names, safe, strict=True))

@@ -50,7 +50,7 @@ from silofl.algorithms.gbdt_state import (
 from silofl.config.run import TreesConfig
 from silofl.errors import BudgetExceeded, ConfigError
 from silofl.io import write_json_atomic
-from silofl.models.trees import Tree, TreeEnsemble
+from silofl.models.trees import Tree, TreeEnsemble, xgboost_name_map
 from silofl.privacy import events
 from silofl.privacy.ledger import Ledger, silo_file_id
 from silofl.runtime.network import messages as W
@@ -175,21 +175,12 @@ def load_ensemble(path: str | Path) -> TreeEnsemble:
                         d["feature_names"])
 
 
-def xgboost_names(names: list[str] | None) -> list[str] | None:
-    """The column names XGBoost accepts (unique, none of ``[ ] <``: a schema's one-hot
-    names such as ``cp=<missing>`` are not), else None (the model then takes plain arrays)."""
-    if not names or len(set(names)) != len(names) or any(
-            c in n for n in names for c in "[]<"):
-        return None
-    return list(names)
-
-
 def _save_model(folder: Path, stem: str, ens: TreeEnsemble) -> dict:
     folder.mkdir(parents=True, exist_ok=True)
     write_json_atomic(folder / f"{stem}.json", ensemble_dict(ens))
-    TreeEnsemble(ens.n_features, ens.task, ens.base_score, ens.trees,
-                 xgboost_names(ens.feature_names)).save_xgboost(folder / f"{stem}.xgboost.json")
-    return {"trees": f"{stem}.json", "xgboost": f"{stem}.xgboost.json"}
+    ens.save_xgboost(folder / f"{stem}.xgboost.json")  # names made XGBoost-safe there
+    return {"trees": f"{stem}.json", "xgboost": f"{stem}.xgboost.json",
+            "xgboost_name_map": xgboost_name_map(ens.feature_names)}
 
 
 # --- the silo side ---------------------------------------------------------------------
