@@ -257,7 +257,9 @@ def test_a_silo_whose_store_runs_out_leaves_and_the_others_finish(tmp_path):
 
 @pytest.mark.parametrize("trees,stop", [
     ({"trees": 3, "depth": 2, "splits": "random", "colsample": 0.5}, 1),
-    ({"trees": 3, "depth": 2, "colsample": 0.5}, 5),  # mid-tree: tree 1 after level 1
+    ({"trees": 3, "depth": 2, "colsample": 0.5, "splits": "histogram"}, 5),  # tree 1, level 1
+    ({"trees": 3, "depth": 2, "bins": "private", "splits": "histogram"}, 1),  # after BINS
+    ({"trees": 5, "bins": "private", "shrink": "auto"}, 3),  # cyclic: per-silo sums kept
 ])
 def test_a_restarted_server_resumes_from_its_checkpoint(tmp_path, trees, stop):
     w = consortium(tmp_path, job={"method": "dp_gbdt", "trees": trees})
@@ -282,6 +284,10 @@ def test_a_restarted_server_resumes_from_its_checkpoint(tmp_path, trees, stop):
             for s in fed.silos]
     sim = train_dp_gbdt(fed, **trees, seed=again.job["seed"], ledgers=leds)
     _same_trees(again.gbdt.server.ensemble, sim.ensemble)
+    if trees.get("shrink"):  # τ² from the per-silo sums the checkpoint kept
+        for k, s in enumerate(silos.values()):
+            _same_trees(s.gbdt.personal, sim.personal[k])
+            assert s.gbdt.silo.mu == pytest.approx(sim.report[k]["shrink_mu"], rel=1e-9)
 
 
 def test_superlink_route_clientapp_per_message_equals_simulator(tmp_path):

@@ -19,6 +19,7 @@ from silofl.privacy import accounting
 from silofl.privacy.ledger import Ledger
 from silofl.training.histograms import ensemble_event
 from silofl.training.private_bins import bins_sigma, check_share, fine_bins
+from silofl.training.private_bins import run_event as bins_run_event
 
 SPLITS = ("cyclic", "histogram", "random")
 
@@ -92,10 +93,10 @@ class GbdtSettings:
 
     def run_event(self, sigma: float) -> dpa.DpEvent:
         """Everything one silo spends over the run: [the bins release, then] the trees."""
-        trees = self.ensemble_event(sigma)
         if not self.private_bins:
-            return trees
-        return dpa.ComposedDpEvent([dpa.GaussianDpEvent(self.sigma_bins(sigma)), trees])
+            return self.ensemble_event(sigma)
+        return bins_run_event(sigma, self.bins_share, (self.trees + self.local_trees)
+                              * self.releases, self.ensemble_event)
 
 
 def _whole(name: str, v: int, lo: int, hi: int) -> None:

@@ -3,8 +3,9 @@
 Equal-width bins over declared bounds are free but waste bins where a feature has no mass.
 Quantile bins follow the data; here they are computed privately:
 
-1. **Silo** (`silo_bin_release`): charges ``GaussianDpEvent(σ_b)`` to its ledger, then
-   releases a noisy *fine* histogram of every feature over its declared bounds: ``fine``
+1. **Silo** (the BINS message of `silofl.algorithms.gbdt_programs`): charges
+   ``GaussianDpEvent(σ_b)`` to its ledger, then releases a noisy *fine* histogram
+   (`fine_histogram` plus noise) of every feature over its declared bounds: ``fine``
    equal-width bins, the binning of `silofl.data.fed_stats.bin_indicators` (values clipped
    to the bounds). Sensitivity (add/remove one example, L2): the example adds one count to
    one bin of each of the d features, so Δ₂ = √d; noise N(0, (σ_b·√d)²) per bin.
@@ -30,15 +31,12 @@ preflighted before the first charge, and the bins charge is made before any row 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import dp_accounting as dpa
 import numpy as np
 
 from silofl.data.fed_stats import quantiles_from_histogram
 from silofl.errors import ConfigError
-from silofl.privacy import accounting
-from silofl.privacy.ledger import Ledger
 
 #: fine histogram bins per final bin (resolution of the quantile search)
 FINE_PER_BIN = 4
@@ -75,40 +73,6 @@ def fine_histogram(X: np.ndarray, bounds: np.ndarray, fine: int) -> np.ndarray:
     d = X.shape[1]
     cells = (idx + np.arange(d)[None, :] * fine)[obs]
     return np.bincount(cells, minlength=d * fine).astype(np.float64).reshape(d, fine)
-
-
-def silo_bin_release(X: np.ndarray, bounds: np.ndarray, fine: int, sigma_b: float,
-                     ledger: Ledger | None, rng: np.random.Generator,
-                     round: int = -1) -> np.ndarray:
-    """One silo's private fine histogram: charge ``GaussianDpEvent(σ_b)``, then read.
-
-    Parameters
-    ----------
-    X : numpy.ndarray
-        (n, d) the silo's training rows.
-    bounds : numpy.ndarray
-        (d, 2) declared bounds.
-    fine : int
-        Fine bins per feature.
-    sigma_b : float
-        Noise multiplier (noise std σ_b·√d per bin); 0 with ``ledger=None`` (non-private).
-    ledger : Ledger or None
-        Charged before X is read (None: the non-private reference mode, no noise).
-    rng : numpy.random.Generator
-        The silo's noise source.
-
-    Returns
-    -------
-    numpy.ndarray
-        (d, fine) noisy counts.
-    """
-    if ledger is not None:
-        ledger.charge(dpa.GaussianDpEvent(sigma_b), round=round, label="gbdt private bins")
-    hist = fine_histogram(X, bounds, fine)
-    if ledger is None:
-        return hist
-    std = sigma_b * np.sqrt(bounds.shape[0])
-    return hist + rng.normal(0.0, std, hist.shape)
 
 
 def edges_from_histograms(total: np.ndarray, bounds: np.ndarray, n_bins: int) -> np.ndarray:
@@ -195,77 +159,3 @@ def check_share(share: float) -> None:
     """bins_share must be in (0, 1) (ConfigError otherwise)."""
     if not (np.isfinite(share) and 0.0 < share < 1.0):
         raise ConfigError(f"bins_share must be in (0, 1), got {share}")
-
-
-@dataclass
-class BinsPlan:
-    """Per silo: σ_b of the bins release and σ of the trees."""
-
-    sigma_bins: list[float]
-    sigmas: list[float]
-
-
-def plan_private_bins(ledgers: list[Ledger | None], share: float,
-                      trees_event: Callable[[float], dpa.DpEvent], releases: int,
-                      given: list[float] | None = None) -> BinsPlan:
-    """Calibrate each silo's σ so that bins ∘ trees (`run_event`) meets its target (or take
-    a job's `given` σ_k), and preflight the whole plan (BudgetExceeded before anything is
-    charged).
-
-    Parameters
-    ----------
-    ledgers : list of Ledger or None
-        One per silo (None entries: non-private, σ = 0).
-    share : float
-        bins_share in (0, 1).
-    trees_event : callable σ -> DpEvent
-        Everything the trees release from one silo at noise σ.
-    releases : int
-        The trees' Gaussian releases R.
-    given : list of float, optional
-        σ_k per silo as a job calibrated them (its declared event includes the bins).
-
-    Returns
-    -------
-    BinsPlan
-    """
-    check_share(share)
-    if given is not None and len(given) != len(ledgers):
-        raise ConfigError(f"got {len(given)} noise multipliers for {len(ledgers)} silos")
-    sb, st = [], []
-    for k, led in enumerate(ledgers):
-        if led is None:
-            sb.append(0.0)
-            st.append(0.0)
-            continue
-
-        def whole(s: float) -> dpa.DpEvent:
-            return run_event(s, share, releases, trees_event)
-
-        s_t = float(given[k]) if given is not None else float(accounting.calibrate(
-            whole, led.target.epsilon, led.target.delta, led.accountant))
-        led.preflight(whole(s_t))
-        sb.append(bins_sigma(s_t, share, releases))
-        st.append(s_t)
-    return BinsPlan(sb, st)
-
-
-def private_edges(silos_X: list[np.ndarray], ledgers: list[Ledger | None],
-                  plan: BinsPlan, bounds: np.ndarray, n_bins: int,
-                  rngs: list[np.random.Generator]) -> np.ndarray:
-    """Run the release in process: every silo is checked first (all or none), then each
-    charges and releases; the server sums and takes the edges.
-
-    Returns
-    -------
-    numpy.ndarray
-        (d, n_bins − 1) edges (`edges_from_histograms`).
-    """
-    for led, s in zip(ledgers, plan.sigma_bins, strict=True):
-        if led is not None:
-            led.check(dpa.GaussianDpEvent(s), label="gbdt private bins")
-    fine = fine_bins(n_bins)
-    total = np.zeros((bounds.shape[0], fine))
-    for X, led, s, rng in zip(silos_X, ledgers, plan.sigma_bins, rngs, strict=True):
-        total += silo_bin_release(X, bounds, fine, s, led, rng)
-    return edges_from_histograms(total, bounds, n_bins)
