@@ -1,7 +1,10 @@
 """DP federated gradient-boosted trees (horizontal: every silo holds the same columns),
 example-level DP with each silo's own (ε_k, δ_k).
 
-Each tree is grown level by level. At every level each silo releases noisy histograms of
+Splits (`splits`): "cyclic" (the default: tree t uses feature t mod d, its leaves are that
+feature's bins, so each silo releases once per tree), "random" (drawn from public
+randomness, one release per tree) or "histogram", where each tree is grown level by
+level: at every level each silo releases noisy histograms of
 its clipped gradients g and hessians h over public bins (`silofl.training.histograms`,
 charged to its ledger before its rows are read); the server sums them and picks, per node,
 the split of largest gain
@@ -14,6 +17,8 @@ server sees is a noisy release or public (bounds, bins, hyperparameters, the col
 drawn from public randomness); each silo's σ_k is calibrated so that the whole ensemble
 meets its own target.
 
+Options: private quantile bins (`bins = "private"`, a first charged release), personal
+leaves (`shrink`, free post-processing in each silo), local trees, secure noise (`noise`).
 The silo and server sides are explicit programs (`silofl.algorithms.gbdt_programs`,
 its message table); `train_dp_gbdt` drives them in-process, the networked runtime over
 the wire.

@@ -487,13 +487,15 @@ class GbdtServerHost:
         files = _save_model(Path(folder), "gbdt", self.server.ensemble)
         silos = {n: {"sigma": r.sigma, "q": r.q, "releases_per_tree": r.steps,
                      "status": r.status, "rounds": len(r.rounds),
-                     "event": events.to_json(self.server.s.ensemble_event(r.sigma))}
+                     "event": events.to_json(self.server.s.run_event(r.sigma))}
                  for n, r in p.silos.items()}
         write_json_atomic(Path(folder) / "gbdt-privacy.json", {
             "method": GBDT, "job_hash": p.hash, "privacy_unit": "example",
-            "noise": p.job["noise"], "trees": self.server.s.trees, "depth": self.server.s.depth,
-            "statement": "the ensemble is post-processing of the silos' noisy histogram and "
-                         "leaf releases; each silo calibrated its σ for its own (ε, δ) and "
+            "noise": p.job["noise"], "trees": self.server.s.trees,
+            "depth": self.server.s.depth, "n_bins": self.server.s.n_bins,
+            "statement": "the ensemble is post-processing of the silos' noisy releases "
+                         "(private bins' counts, histograms, leaf sums); each silo "
+                         "calibrated its σ for its own (ε, δ) and "
                          "charged its own store (its report states the ε it spent); the "
                          "server saw no row",
             "notes": ["noise = 'seeded': reproducible experiment noise, NOT a privacy "
