@@ -172,6 +172,41 @@ def test_malformed_or_out_of_order_messages_are_refused_before_any_charge(tmp_pa
     assert len(_charges(s.cfg.budget_store, n)) == 1  # round 1's release, reserved
 
 
+def test_private_bins_messages_are_checked_before_any_charge(tmp_path):
+    # bins = "private": round 1 must be a well-formed BINS message; the first tree's
+    # message must bring (d, B − 1) increasing float32 edges; else refused, nothing charged
+    from silofl.algorithms.gbdt_messages import OP_BINS, OP_LEAVES, Ask
+    w = consortium(tmp_path, job={"method": "dp_gbdt", "trees": {"trees": 2,
+                                                                 "bins": "private"}})
+    srv, silos = _programs(w)
+    _join(srv, silos)
+    n, s = next(iter(silos.items()))
+    ask = Ask.from_array(srv.message)
+    assert ask.op == OP_BINS
+    for bad in (Ask(OP_BINS, 0, 7), Ask(OP_LEAVES, 0, 1)):  # too few fine bins; not BINS
+        rep, u = s.round(srv.request(n, 1), [bad.to_array()])
+        assert rep["status"] == "refused" and u is None, rep
+    assert _charges(s.cfg.budget_store, n) == []
+    rep, u = s.round(srv.request(n, 1), [srv.message])
+    assert rep["status"] == "ok" and u.shape == (1, s.gbdt.s.d * ask.level)
+    assert len(_charges(s.cfg.budget_store, n)) == 1  # the bins release, reserved
+    ups = {n: srv.accept_update(n, 1, rep, [u])[1]}
+    for m in silos:  # the others answer BINS too
+        if m != n:
+            rep, u = silos[m].round(srv.request(m, 1), [srv.message])
+            ups[m] = srv.accept_update(m, 1, rep, [u])[1]
+    srv.step(1, ups)
+    first = Ask.from_array(srv.message)
+    d = s.gbdt.s.d
+    assert first.edges.size % d == 0 and first.edges.size > 0
+    for edges in (first.edges[:-1], first.edges[::-1].copy()):  # wrong size; decreasing
+        bad = Ask.from_array(srv.message)
+        bad.edges = edges
+        rep, u = s.round(srv.request(n, 2), [bad.to_array()])
+        assert rep["status"] == "refused" and "edges" in rep["reason"] and u is None, rep
+    assert len(_charges(s.cfg.budget_store, n)) == 1  # still only the bins
+
+
 def test_person_unit_secagg_and_bad_trees_are_refused_specifically(tmp_path):
     with warnings.catch_warnings(), pytest.raises(ConfigError, match="privacy_unit"):
         warnings.simplefilter("ignore")
@@ -297,7 +332,7 @@ def test_superlink_route_clientapp_per_message_equals_simulator(tmp_path):
     from flwr.app import Context, RecordDict
 
     from silofl.runtime.network import flower_app
-    trees = {"trees": 2, "depth": 2, "n_bins": 8, "local_trees": 1}
+    trees = {"trees": 2, "depth": 2, "n_bins": 8, "local_trees": 1, "shrink": 0.5}
     w = consortium(tmp_path, job={"method": "dp_gbdt", "trees": trees})
     for p in w["silos"].values():
         edit_toml(p, "silo", methods=["dp_gbdt"])

@@ -137,7 +137,7 @@ def _leaf_slots(tree: Tree) -> np.ndarray:
 
 
 def personal_trees(shared: list[Tree], own: np.ndarray, mu: float, *, lr: float, lam: float,
-                   max_leaf: float) -> list[Tree]:
+                   max_leaf: float, shared_sums: np.ndarray | None = None) -> list[Tree]:
     """One silo's personal leaves: the shared trees with each leaf moved by one T-th of
     its shrunk gap (module docstring); post-processing of the silo's own releases.
 
@@ -152,6 +152,9 @@ def personal_trees(shared: list[Tree], own: np.ndarray, mu: float, *, lr: float,
         μ ≥ 0 (inf: the shared leaves).
     lr, lam, max_leaf : float
         η, λ and the leaf clamp of the shared leaves.
+    shared_sums : numpy.ndarray, optional
+        (T, 2, 2^D) the summed noisy (Σg, Σh) the MODEL message carries: the shared leaf
+        v_s = clip(−G/max(H + λ, λ)) is taken from them (else from the trees' values / η).
 
     Returns
     -------
@@ -165,7 +168,11 @@ def personal_trees(shared: list[Tree], own: np.ndarray, mu: float, *, lr: float,
         value = tree.value.copy()
         if not np.isinf(mu):  # μ = ∞: exactly the shared leaves
             slots = _leaf_slots(tree)
-            v_s = tree.value[is_leaf] / lr
+            if shared_sums is None:
+                v_s = tree.value[is_leaf] / lr
+            else:  # the server's leaf rule on the sums it sent (gbdt_programs.GbdtServer)
+                G, H = shared_sums[t][0][slots], shared_sums[t][1][slots]
+                v_s = np.clip(-G / np.maximum(H + lam, lam), -max_leaf, max_leaf)
             v_k = shrunk_leaf(v_s, own[t][0][slots], own[t][1][slots], lam, mu, max_leaf)
             value[is_leaf] += (v_k - v_s) / T  # one T-th of this tree's view of the gap
         out.append(Tree(tree.feature, tree.threshold, tree.left, tree.right, value,

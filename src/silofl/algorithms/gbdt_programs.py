@@ -486,7 +486,7 @@ class GbdtSilo:
                 else float(s.shrink)
             self.personal_base = TreeEnsemble(s.d, s.task, s.base_score, personal_trees(
                 trees, np.stack(self.own_sums), self.mu, lr=s.lr, lam=s.lam,
-                max_leaf=s.max_leaf))
+                max_leaf=s.max_leaf, shared_sums=self.shared_sums))
         self.end = s.trees + s.local_trees
 
     def _first(self, t: int, s: GbdtSettings | None = None) -> tuple[int, int, int]:

@@ -106,6 +106,6 @@ def restore_silo(silo: GbdtSilo, arrays: dict[str, np.ndarray], meta: dict) -> N
             silo.mu = float(meta["mu"])
             silo.personal_base = TreeEnsemble(s.d, s.task, s.base_score, personal_trees(
                 shared, np.stack(silo.own_sums), silo.mu, lr=s.lr, lam=s.lam,
-                max_leaf=s.max_leaf))
+                max_leaf=s.max_leaf, shared_sums=silo.shared_sums))
     if meta["rng"] is not None and hasattr(silo.rng, "bit_generator"):
         silo.rng.bit_generator.state = meta["rng"]
