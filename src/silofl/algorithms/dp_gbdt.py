@@ -26,11 +26,13 @@ the wire.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from silofl.algorithms.gbdt_messages import OP_LEAVES, OP_LEVEL, Ask
 from silofl.algorithms.gbdt_programs import GbdtServer, GbdtSilo, drive, grow_local, noise_stream
 from silofl.algorithms.gbdt_settings import GbdtSettings, calibrate_sigma, gbdt_settings
 from silofl.algorithms.gbdt_splits import best_splits
@@ -43,7 +45,8 @@ from silofl.training.private_bins import check_edges
 if TYPE_CHECKING:
     from silofl.data.federation import Federation
 
-__all__ = ["GbdtResult", "best_splits", "bounds_array", "program_rngs", "train_dp_gbdt"]
+__all__ = ["GbdtRelease", "GbdtResult", "best_splits", "bounds_array", "program_rngs",
+           "train_dp_gbdt"]
 
 
 @dataclass
@@ -61,6 +64,49 @@ class GbdtResult:
     ledgers: list[Ledger | None]
     report: list[dict[str, Any]] = field(default_factory=list)
     personal: list[TreeEnsemble] | None = None
+
+
+@dataclass(frozen=True)
+class GbdtRelease:
+    """One silo's noisy tree release as the server receives it (what `train_dp_gbdt`'s
+    ``observe`` hook is shown; the white-box view of `silofl.audit.gbdt`).
+
+    silo : int — the silo's index in the federation.
+    tree, level : int — the shared tree and its level (level == depth: the leaf sums).
+    features : numpy.ndarray — (m,) the released feature columns (sorted).
+    split_feature, split_threshold : numpy.ndarray — (2^(D+1) − 1,) the tree's splits so
+        far in heap layout (children of i at 2i+1, 2i+2; threshold +inf: every row goes
+        left), filled for the levels above this one: how a record reaches its slot.
+    g, h : numpy.ndarray — level < depth: (2^level, m, n_bins) noisy histograms; leaves:
+        (2^depth,) noisy Σg, Σh per leaf slot.
+    """
+
+    silo: int
+    tree: int
+    level: int
+    features: np.ndarray
+    split_feature: np.ndarray
+    split_threshold: np.ndarray
+    g: np.ndarray
+    h: np.ndarray
+
+
+def _shower(observe: Callable[[GbdtRelease], None] | None
+            ) -> Callable[[Ask, GbdtServer, list], None] | None:
+    """`drive`'s hook showing `observe` each silo's tree release (decoded) as the server is
+    about to receive it (not the private bins' counts); None without an observer."""
+    if observe is None:
+        return None
+
+    def show(ask: Ask, server: GbdtServer, releases: list[np.ndarray | None]) -> None:
+        if ask.op not in (OP_LEVEL, OP_LEAVES):
+            return
+        shape = (2, 2 ** ask.level, ask.features.size, -1) if ask.op == OP_LEVEL else (2, -1)
+        for k, r in enumerate(releases):
+            g, h = np.asarray(r).reshape(shape)
+            observe(GbdtRelease(k, ask.tree, ask.level, server.features.copy(),
+                                server.feature.copy(), server.threshold.copy(), g, h))
+    return show
 
 
 def _check_fed(fed: Federation, unit: str) -> None:
@@ -118,7 +164,8 @@ def train_dp_gbdt(fed: Federation, *, trees: int | None = None, depth: int | Non
                   unit: str = "example", edges: np.ndarray | None = None,
                   noise_multipliers: list[float] | None = None, bins: str = "schema",
                   bins_share: float = 0.1, shrink: float | str | None = None,
-                  noise: str = "seeded") -> GbdtResult:
+                  noise: str = "seeded", noise_scale: float = 1.0,
+                  observe: Callable[[GbdtRelease], None] | None = None) -> GbdtResult:
     """Train a DP federated GBDT; every silo spends at most its own (ε_k, δ_k).
 
     Parameters
@@ -196,6 +243,12 @@ def train_dp_gbdt(fed: Federation, *, trees: int | None = None, depth: int | Non
     noise : {"seeded", "secure"}
         The silos' streams: reproducible from `seed`, or the CSPRNG of
         `silofl.privacy.randomness` (`gbdt_programs.noise_stream`).
+    noise_scale : float
+        Auditing only, never set by a run (the audit self-test's broken variant "noise
+        off" sets 0): the released noise is σ_k·noise_scale while the ledgers charge σ_k.
+    observe : callable, optional
+        Auditing: called with every silo's release of the shared trees (`GbdtRelease`),
+        as the server receives it.
 
     Returns
     -------
@@ -203,6 +256,8 @@ def train_dp_gbdt(fed: Federation, *, trees: int | None = None, depth: int | Non
         The ensemble, the ledgers and a per-silo report (σ, events, ε spent).
     """
     _check_fed(fed, unit)
+    if not (np.isfinite(noise_scale) and noise_scale >= 0):
+        raise ConfigError(f"noise_scale must be a number >= 0, got {noise_scale}")
     b = bounds_array(bounds, fed.dim)
     if edges is not None:
         edges = check_edges(edges, fed.dim)
@@ -229,9 +284,11 @@ def train_dp_gbdt(fed: Federation, *, trees: int | None = None, depth: int | Non
     silos = [GbdtSilo(st, s.X_train, s.y_train, sig, led, noise_stream(noise, rng), s.name,
                       bounds=b)
              for s, led, sig, rng in zip(fed.silos, leds, sigmas, silo_rngs, strict=True)]
+    for silo in silos:  # auditing only: the released noise, never the charged σ
+        silo.noise_scale = noise_scale
     server = GbdtServer(st, server_rng, bounds=b, edges=edges, sigmas=sigmas,
                         n_rows=sum(s.n_train for s in fed.silos), feature_names=names)
-    drive(server, silos)
+    drive(server, silos, _shower(observe))
     personal: list[TreeEnsemble] | None = None
     if local_trees:
         personal = [grow_local(s, r, server.ensemble)

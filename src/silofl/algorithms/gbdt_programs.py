@@ -37,6 +37,7 @@ experiments) or `noise_stream`'s CSPRNG (`silofl.privacy.randomness`, noise = "s
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import dp_accounting as dpa
@@ -299,6 +300,9 @@ class GbdtSilo:
         self.sigma, self.ledger, self.rng, self.bounds = sigma, ledger, rng, bounds
         self.edges: np.ndarray | None = None
         self.hist: SiloHistograms | None = None
+        #: auditing only (the audit self-test's "noise off"): released noise σ·noise_scale,
+        #: the ledger still charges σ; set before the first message
+        self.noise_scale = 1.0
         if edges is not None:
             self.set_edges(edges)
         self.margins = np.full(self.X.shape[0], s.base_score)
@@ -316,8 +320,8 @@ class GbdtSilo:
         """Take the (d, B − 1) bin edges (B then fixes n_bins and an automatic depth)."""
         self.edges = np.asarray(edges, dtype=np.float64).reshape(self.s.d, -1)
         s = self.s = with_bins(self.s, self.edges.shape[1] + 1)
-        self.hist = SiloHistograms(self.ledger, bin_features(self.X, self.edges), self.sigma,
-                                   s.n_bins, s.clip_g, s.clip_h)
+        self.hist = SiloHistograms(self.ledger, bin_features(self.X, self.edges),
+                                   self.sigma * self.noise_scale, s.n_bins, s.clip_g, s.clip_h)
 
     def cost(self, ask: Ask) -> tuple[dpa.DpEvent, str] | None:
         """What answering `ask` charges a private silo (None: nothing) and its label."""
@@ -468,7 +472,8 @@ class GbdtSilo:
         if self.bounds is None:
             raise ConfigError(f"silo {self.name!r}: private bins need the declared bounds")
         counts = fine_histogram(self.X, np.asarray(self.bounds, np.float64), fine)
-        std = self.s.sigma_bins(self.sigma) * np.sqrt(self.s.d) if self.sigma > 0 else 0.0
+        std = self.s.sigma_bins(self.sigma) * np.sqrt(self.s.d) * self.noise_scale \
+            if self.sigma > 0 else 0.0
         self.expect = self._first(0)
         return (counts + self.rng.normal(0.0, std, counts.shape)).ravel()
 
@@ -516,7 +521,8 @@ class GbdtSilo:
         self.open_tree = False
 
 
-def drive(server: GbdtServer, silos: list[GbdtSilo]) -> None:
+def drive(server: GbdtServer, silos: list[GbdtSilo],
+          show: Callable[[Ask, GbdtServer, list], None] | None = None) -> None:
     """Run the programs in-process until the server is done: each message to every silo
     (all checked first, so a release is charged to all silos or none), their releases to
     the server.
@@ -526,12 +532,18 @@ def drive(server: GbdtServer, silos: list[GbdtSilo]) -> None:
     server : GbdtServer
     silos : list of GbdtSilo
         In the job's order (the server sums their releases in this order).
+    show : callable, optional
+        Auditing (`train_dp_gbdt`'s ``observe``): called with (message, server, the
+        silos' releases) before the server receives them.
     """
     while not server.done:
         ask = server.current
         for silo in silos:
             silo.check(ask)
-        server.receive([silo.answer(ask) for silo in silos])
+        out = [silo.answer(ask) for silo in silos]
+        if show is not None:
+            show(ask, server, out)
+        server.receive(out)
 
 
 def grow_local(silo: GbdtSilo, rng: np.random.Generator,

@@ -3,6 +3,9 @@
 
 One engine (`engine.one_run`, `engine.multi_run`) over a `Mechanism` plug-in: `tabular`
 audits a `silofl run` job; the pandemic pipeline's plug-in lives in `silofl.pandemic.audit`.
+DP federated trees (method dp_gbdt) are audited through the same engine by
+`gbdt.audit_gbdt` (tree canaries, the server's view of the noisy histograms); `audit`
+routes a dp_gbdt job there.
 Person-level runs (`[privacy] unit = "person"`) are audited with canary persons of several
 rows each (`persons.audit_persons`; `silofl audit` routes such a config there)."""
 
@@ -23,11 +26,13 @@ from silofl.audit.engine import (
                                  multi_run,
                                  one_run,
 )
+from silofl.audit.gbdt import audit_gbdt
 from silofl.audit.persons import audit_persons
 from silofl.audit.report import audit_table, write_audit
 from silofl.audit.tabular import audit
 
-__all__ = ["audit", "audit_persons", "AuditReport", "SiloAudit", "Claim", "Mechanism", "one_run", "multi_run",
+__all__ = ["audit", "audit_persons", "audit_gbdt",
+           "AuditReport", "SiloAudit", "Claim", "Mechanism", "one_run", "multi_run",
            "Canaries", "make_canaries",
            "one_run_epsilon", "one_run_p_value", "one_run_audit", "multi_run_epsilon",
            "one_run_gdp", "fdp_rejects",

@@ -96,3 +96,48 @@ def audited_silos(cfg, silo: str | None):
         if s.target is None:
             raise ConfigError(f"silo {s.name!r} has no ε claim; set [privacy] epsilon/delta")
     return raw, names
+
+
+def trees_job(cfg, silo: str | None):
+    """What the trees' audit (`audit.gbdt`) takes from a dp_gbdt job: the federation the
+    job trains (encoded, preprocessed from declared facts only), the audited silos'
+    names, the features' declared bounds and the [trees] settings.
+
+    Parameters
+    ----------
+    cfg : Config
+        The job; [training] methods must be ["dp_gbdt"] alone.
+    silo : str, optional
+        The audited silo (default: every silo).
+
+    Returns
+    -------
+    (Federation, list of str, numpy.ndarray (d, 2), dict)
+        As `audit.gbdt.audit_gbdt` takes them (fed, silo names, bounds, **trees).
+
+    Raises
+    ------
+    ConfigError
+        Other methods beside dp_gbdt (their σ would be calibrated with the trees'), or
+        private preprocessing (a release the audit would not charge); before any data is
+        read beyond the encoded table.
+    """
+    from silofl.experiments import run_trees
+    methods = list(cfg.training.methods)
+    if methods != ["dp_gbdt"]:
+        raise ConfigError(f"the trees' audit audits method dp_gbdt alone, but this job "
+                          f"trains {methods}: its σ would be calibrated for all of them "
+                          "composed. Audit the trees with [training] methods = "
+                          "[\"dp_gbdt\"], and the other methods without dp_gbdt")
+    if getattr(cfg.privacy, "unit", "example") != "example":
+        raise ConfigError(f"the trees' audit tests an example-level claim; [privacy] unit = "
+                          f"{cfg.privacy.unit!r} is not one dp_gbdt trains (use unit = "
+                          "\"example\")")
+    raw, names = audited_silos(cfg, silo)
+    p = run_mod._prepare(cfg, raw)
+    if p.extra:
+        raise ConfigError("the trees' audit trains on in-memory ledgers and would not charge "
+                          f"this job's private preprocessing ({', '.join(p.extra)}); set "
+                          "[data] standardize and impute to declared statistics or none")
+    fed = run_mod._preprocess(p, cfg)
+    return fed, names, run_trees.feature_bounds(p.raw, p.prep), run_trees.trees_kwargs(cfg)

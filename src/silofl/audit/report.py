@@ -169,7 +169,8 @@ def _view_name(rep) -> str:
     if any(r.details.get("view") == "white-box" for r in rep.rows):
         return "white box: every pass's update, Dirac canaries"
     return {"model": "model view, black box", "release": "release view: the private "
-            "preprocessing statistics"}.get(view, str(view))
+            "preprocessing statistics", "trees": "trees: the noisy histograms (white box) "
+            "and the ensemble (black box), tree canaries"}.get(view, str(view))
 
 
 def _estimate(d: dict) -> str:

@@ -13,6 +13,10 @@ At privacy unit "person" (`self_test_persons`, the API route) the audit's canari
 persons of several rows (`audit.persons`) and the weakened copies add one that weighs every
 row of a sampled person 1 instead of 1/r (a person then adds up to r·C).
 
+DP federated trees (`self_test_gbdt`, the API route: `audit.gbdt`) are tested against
+`GBDT_WEAKENINGS`: "noise off" releases every histogram and leaf sum without noise while
+the ledgers charge the target σ (`train_dp_gbdt`'s auditing-only ``noise_scale`` = 0).
+
 A row passes when the verdict is what it must be: the mechanism as run is not flagged, and
 every weakened copy whose true ε is at least twice the claim is (clipping off and replayed
 noise have no finite ε). Copies with a smaller true ε are shown with the audit's power
@@ -119,7 +123,8 @@ def self_test(cfg, *, silo: str | None = None, canaries: int | None = None,
               only: list[str] | None = None,
               on_progress: Callable[[int, int], None] | None = None) -> SelfTestReport:
     """Run the server-view one-run audit of `cfg` against the mechanism as run and each
-    weakened copy, and the release audit against the preprocessing release without noise.
+    weakened copy, and the release audit against the preprocessing release without noise
+    (a job of method dp_gbdt: `self_test_gbdt` on its federation, noise off).
 
     Parameters
     ----------
@@ -147,6 +152,13 @@ def self_test(cfg, *, silo: str | None = None, canaries: int | None = None,
     """
     from silofl.audit.tabular import audit
 
+    if "dp_gbdt" in list(cfg.training.methods):  # the trees' broken variants
+        from silofl.audit.jobs import trees_job
+        fed, _names, bounds, trees = trees_job(cfg, silo)
+        if seed is None and cfg.privacy.noise == "seeded":  # a seeded experiment
+            seed = int(cfg.training.seed)
+        return self_test_gbdt(fed, silo=silo, canaries=canaries, confidence=confidence,
+                              seed=seed, bounds=bounds, **trees)
     t0 = time.perf_counter()
     person = getattr(cfg.privacy, "unit", "example") == "person"
     names = [AS_RUN] + [n for n in WEAKENINGS if only is None or n in only] + (
@@ -292,3 +304,61 @@ def self_test_persons(fed, model, algorithm, tcfg, *, silo: str | None = None,
         "person level: each mechanism one server-view audit with canary persons on a "
         "scratch store; the weakened copies keep the run's claim and accounting",
         f"a weakened copy must be flagged when its true ε ≥ {MUST_FLAG:g} × the claim"])
+
+
+#: the trees' broken variants (`self_test_gbdt`): name → (what it does, the released noise
+#: scale; the ledgers keep charging the target σ, so the claim is unchanged)
+NOISE_OFF = "noise off"
+GBDT_WEAKENINGS: dict[str, tuple[str, float]] = {
+    NOISE_OFF: ("DP-GBDT histograms and leaf sums released without noise (σ = 0) while "
+                "the ledgers charge the target σ", 0.0),
+}
+
+
+def self_test_gbdt(fed, *, silo: str | None = None, canaries: int | None = None,
+                   confidence: float = 0.95, seed: int | None = None,
+                   bounds=(-1.0, 1.0), **trees) -> SelfTestReport:
+    """Does the trees' membership audit (`audit.gbdt`) have teeth? The one-run audit of
+    `train_dp_gbdt` as run and of each of `GBDT_WEAKENINGS`, each on fresh in-memory
+    ledgers.
+
+    Parameters
+    ----------
+    fed : Federation
+        Tabular binary or regression, every silo with its privacy target.
+    silo, canaries, confidence, bounds, **trees
+        As `audit.gbdt.audit_gbdt` (``ledgers`` is refused: these are experiments).
+    seed : int, optional
+        Seeds each audit (seed + 1000·i); default OS entropy.
+
+    Returns
+    -------
+    SelfTestReport
+        One row per (mechanism, silo): claim, true ε (the claim as run; ∞ with the noise
+        off), the rigorous bound, flagged, passed (as run: not flagged; noise off: flagged).
+    """
+    from silofl.audit.gbdt import _audit
+
+    t0 = time.perf_counter()
+    if trees.get("ledgers") is not None:
+        raise ConfigError("the trees' self-test trains with deliberately broken privacy on "
+                          "fresh in-memory ledgers; leave ledgers out")
+    cases = [(AS_RUN, ("the job's DP-GBDT, unchanged", 1.0)), *GBDT_WEAKENINGS.items()]
+    out: list[SelfTestRow] = []
+    m = 0
+    for i, (name, (what, scale)) in enumerate(cases):
+        rep = _audit(fed, silo=silo, canaries=canaries, kind="one-run", runs=None,
+                     confidence=confidence, seed=None if seed is None else seed + 1000 * i,
+                     bounds=bounds, noise_scale=scale, trees=trees)
+        m = rep.rows[0].details["canaries"]
+        out += [SelfTestRow(name, what, r.silo, r.claimed_epsilon,
+                            r.claimed_epsilon if scale == 1.0 else
+                            math.inf if scale == 0 else math.nan,
+                            r.lower_bound, r.estimate_lower, r.violation, None)
+                for r in rep.rows]
+    return SelfTestReport(out, confidence, m, time.perf_counter() - t0, [
+        "trees: each mechanism one one-run membership audit (white box: the cells only "
+        "canaries populate in the noisy histograms and leaf sums; black box: the "
+        "ensemble's loss) on in-memory ledgers; the broken variants keep the claim and the "
+        "accounting",
+        f"a broken variant must be flagged when its true ε ≥ {MUST_FLAG:g} × the claim"])

@@ -67,7 +67,9 @@ def audit(cfg, *, view: str = _AUDIT.view, kind: str = _AUDIT.kind, silo: str | 
 
     The real job runs with canaries; an attacker guesses which canaries were trained on,
     giving an empirical lower bound on ε at `confidence`. A bound above the claim is a
-    violation. The audit's own runs are charged to the budget store like any job.
+    violation. A job of method dp_gbdt (alone) is audited by `audit.gbdt.audit_gbdt`
+    (tree canaries; both the server's and the ensemble's view, whatever `view` except
+    "release"; scratch store only). The audit's own runs are charged to the budget store like any job.
     Everything that can fail on bad input fails before any budget is reserved.
 
     Parameters
@@ -138,6 +140,8 @@ def audit(cfg, *, view: str = _AUDIT.view, kind: str = _AUDIT.kind, silo: str | 
                                   confidence=confidence, store=store, seed=seed, init=init,
                                   on_progress=on_progress)
     check_confidence(confidence)
+    if "dp_gbdt" in list(cfg.training.methods) and view != "release":
+        return _trees(cfg, kind, silo, canaries, runs, confidence, store, seed)
     rng = np.random.default_rng(seed)  # None: OS entropy
     raw, names = audited_silos(cfg, silo)
     if view == "release":
@@ -151,6 +155,26 @@ def audit(cfg, *, view: str = _AUDIT.view, kind: str = _AUDIT.kind, silo: str | 
         return _one_run(cfg, raw, names, canaries, confidence, store, rng, t0, on_progress)
     return _multi_run(cfg, raw, names, canaries, runs, confidence, store, rng, t0,
                       on_progress)
+
+
+def _trees(cfg, kind, silo, canaries, runs, confidence, store, seed) -> AuditReport:
+    """Method dp_gbdt: the trees' membership audit (`audit.gbdt`) of the job's federation
+    with its declared bounds and [trees] settings, on in-memory ledgers (a scratch store
+    is required: the audited job is the job plus auditing columns)."""
+    from silofl.audit.gbdt import audit_gbdt
+    from silofl.audit.jobs import trees_job
+    if isinstance(canaries, Canaries):
+        raise ConfigError("the trees' audit makes its own tree canaries (auditing columns): "
+                          "give --canaries as a number")
+    _require_scratch(cfg, store, "the trees' audit trains the job with auditing columns "
+                     "added (and, multi-run, many times)")
+    fed, names, bounds, trees = trees_job(cfg, silo)
+    if seed is None and cfg.privacy.noise == "seeded":  # a seeded experiment, end to end
+        seed = int(cfg.training.seed)
+    rep = audit_gbdt(fed, silo=silo, canaries=canaries, kind=kind, runs=runs,
+                     confidence=confidence, seed=seed, bounds=bounds, **trees)
+    rep.notes = _notes(cfg, BudgetStore(None), [], rep.notes[1:])
+    return rep
 
 
 def _server(cfg, raw, names, kind, canaries, runs, confidence, store, rng, seed, t0,

@@ -44,7 +44,8 @@ def audit(config: Path | None = typer.Option(None, "--config", "-c",
               "does the audit have teeth? Run the one-run server-view audit against the "
               "job's mechanism and deliberately weakened copies (noise ×½, ×¼, clipping "
               "off, replayed noise) and the release audit against the preprocessing "
-              "release without noise (an uncharged standardization); show which it flags "
+              "release without noise (an uncharged standardization); a dp_gbdt job: the "
+              "trees' audit against its noise off; show which it flags "
               "(exit 3 if it misses one it must flag). Needs --scratch; ignores --view, "
               "--kind and --runs; writes selftest.json and selftest.html")),
           confidence: float | None = typer.Option(None, "--confidence", help=(
@@ -57,8 +58,9 @@ def audit(config: Path | None = typer.Option(None, "--config", "-c",
           scratch: Scratch = False,
           quiet: Quiet = False, set_: SetItems = None):
     """Attack the job to test each silo's claimed ε: by default as the federated server
-    (every round's update, gradient canaries), printing a rigorous lower bound, an estimate
-    and the smallest true ε the audit detects; exit 3 on a violation. The audit job uses
+    (every round's update, gradient canaries; a dp_gbdt job: every noisy histogram, tree
+    canaries, scratch store), printing a rigorous lower bound, an estimate and the
+    smallest true ε the audit detects; exit 3 on a violation. The audit job uses
     the silos' data: it is charged to their budgets (or a scratch store, marked so)."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 

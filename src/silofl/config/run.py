@@ -49,6 +49,11 @@ class DataConfig(Section):
     person_column: str = ""        # table: the person of each row (never a feature); with
                                    # [privacy] unit = "person" DP protects persons, not rows
     schema: str = ""  # type: ignore[assignment]  # declared schema (TOML): bounds, levels…
+    lazy: bool = False             # table (Parquet, with a schema): larger than memory, read in
+                                   # batches to memory-mapped row files, only sampled rows
+                                   # read (silofl.data.lazy); without silo_column, path is a
+                                   # directory of <silo>.parquet files or <silo>/ directories
+    cache_dir: str = ""            # lazy: where the row files go ("" = a temporary directory)
     # preprocessing (silofl.data.preprocess): auto | declared | private | uncharged | none
     standardize: str = "auto"      # auto = declared from the schema (no cost)
     impute: str = "auto"           # auto | declared | private | uncharged

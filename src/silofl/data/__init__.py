@@ -11,6 +11,7 @@ from silofl.data.heart import (
     load_heart_disease,
     load_heart_disease_raw,
 )
+from silofl.data.lazy import load_table_lazy
 from silofl.data.mnist import load_rotated_masked_mnist
 from silofl.data.preprocess import (
     IMPUTE_MODES,
@@ -56,7 +57,7 @@ from silofl.data.titanic import (
 __all__ = [
     "Federation", "Silo", "split_indices", "split_silo", "standardize",
     "load_table", "load_table_raw", "federation_from_frame", "federation_from_frame_raw",
-    "read_table",
+    "read_table", "load_table_lazy",
     "load_school", "load_school_raw", "school_schema",
     "load_heart_disease", "load_heart_disease_raw", "heart_disease_frame", "heart_schema",
     "load_exam", "load_exam_raw", "EXAM_SCHEMA", "load_rotated_masked_mnist",

@@ -72,7 +72,33 @@ def release_statistics(X: np.ndarray, lower: np.ndarray, upper: np.ndarray,
     `probe` (audits only): rows appended before the noise, in the same draw, and seen after
     it; the (d, 3) release is returned without them. `persons` (n,): per person (see
     `sufficient_statistics`)."""
-    stats = sufficient_statistics(X, lower, upper, persons)
+    return noisy_release(sufficient_statistics(X, lower, upper, persons), noise_std, rng,
+                         probe, silo)
+
+
+def noisy_release(stats: np.ndarray, noise_std: float, rng: NoiseSource,
+                  probe: ReleaseProbe | None = None, silo: str = "") -> np.ndarray:
+    """The Gaussian release of already summed statistics (`release_statistics` after the
+    sums; a larger-than-memory silo sums them chunk by chunk, `silofl.data.lazy`).
+
+    Parameters
+    ----------
+    stats : numpy.ndarray
+        (d, 3) noiseless `sufficient_statistics`.
+    noise_std : float
+        σ·Δ, the standard deviation of the noise on every coordinate.
+    rng : NoiseSource
+        Draws the noise.
+    probe : ReleaseProbe, optional
+        Audits only (see `release_statistics`).
+    silo : str, default ""
+        The silo's name (for the probe).
+
+    Returns
+    -------
+    numpy.ndarray
+        (d, 3) the noisy statistics.
+    """
     d = stats.shape[0]
     if probe is not None:
         stats = probe.extend(silo, stats)

@@ -178,7 +178,8 @@ class Federation(SiloCollection):
                         f"silo {s.name!r} has {X.shape[1]} features in its {part} part but the "
                         f"federation schema has {d}; all silos must share one feature schema "
                         "(encode every silo's table with the same columns)")
-                if not np.all(np.isfinite(X)):
+                # a lazy table (data.lazy) is checked batch by batch as it is read
+                if isinstance(X, np.ndarray) and not np.all(np.isfinite(X)):
                     bad = np.argwhere(~np.isfinite(X))[0]
                     col = self.feature_names[bad[1]] if X.ndim == 2 else str(tuple(bad[1:]))
                     raise DataError(f"silo {s.name!r} {part} row {bad[0]}, feature {col!r} is "

@@ -63,6 +63,8 @@ from silofl.data.column_stats import (
     release_statistics,
 )
 from silofl.data.federation import Federation, Silo
+from silofl.data.lazy import is_lazy
+from silofl.data.lazy_stats import check_lazy_plan, preprocess_lazy_silo
 from silofl.data.raw import RawFederation
 from silofl.data.schema import ColumnSpec
 from silofl.errors import ConfigError, PrivacyError
@@ -325,6 +327,7 @@ def plan_preprocessing(raw: RawFederation, spec: PreprocessSpec | None = None,
     target."""
     spec = spec or PreprocessSpec()
     steps, released, uncharged = _resolve(raw, spec)
+    check_lazy_plan(raw.silos, steps, spec.unit)
     if released and spec.unit == "person":
         steps = _per_person(raw, steps)
     events: dict[str, object | None] = {name: None for name in raw.names}
@@ -471,6 +474,9 @@ def _apply_silo(raw: RawFederation, plan: PreprocessPlan, s: Silo, bounded: list
                 rng: NoiseSource | None, own: SiloConstants,
                 probe: ReleaseProbe | None = None) -> Silo:
     """One tabular silo, preprocessed as planned; its constants are written to `own`."""
+    if is_lazy(s.X_train):  # rows on disk: the same statistics summed chunk by chunk
+        return preprocess_lazy_silo(raw.specs, raw.feature_names, plan, s, bounded, rng, own,
+                                    probe)
     Xtr = np.array(s.X_train, dtype=np.float64)
     Xte = np.array(s.X_test, dtype=np.float64)
     for j in bounded:  # idempotent after schema encoding; keeps this path data-independent

@@ -90,7 +90,8 @@ class RawFederation(SiloCollection):
             parts = {}
             for part in ("X_train", "X_test"):
                 X = getattr(s, part)
-                if X.ndim == 2 and X.shape[1] == len(nullable) and np.isnan(X).any():
+                if isinstance(X, np.ndarray) and X.ndim == 2 and \
+                        X.shape[1] == len(nullable) and np.isnan(X).any():
                     bad = np.isnan(X).any(axis=0) & ~nullable
                     if bad.any():
                         raise DataError(f"silo {s.name!r}: column "

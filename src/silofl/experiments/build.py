@@ -32,7 +32,8 @@ SOURCES = ("heart", "table", "school", "exam", "titanic", "mnist", "synthetic",
 SOURCE_KEYS = {
     "mnist": ("train_per_silo", "test_per_silo", "mask_prob"),
     "mnist_dirichlet": ("public_fraction", "public_size", "flatten"),
-    "table": ("sep", "encoding", "drop", "person_column"),  # how its CSV is read; persons
+    "table": ("sep", "encoding", "drop", "person_column",  # how its CSV is read; persons
+              "lazy", "cache_dir"),  # a Parquet table larger than memory (data.lazy)
 }
 #: [privacy] unit values a config may name ("node" is the pandemic engine's own unit)
 CONFIG_UNITS = ("example", "person")
@@ -155,6 +156,24 @@ def _split_table(dc: DataConfig) -> RawFederation:
                              person_column=dc.person_column or None, **kw)
 
 
+def _lazy_table(dc: DataConfig) -> RawFederation:
+    """[data] lazy = true: a Parquet dataset read batch by batch into row files, per silo
+    by silo_column or one dataset per silo (`silofl.data.lazy.load_table_lazy`)."""
+    if not dc.path or not dc.label_column or not dc.schema:
+        raise ConfigError("data.lazy = true needs data.path (a Parquet file or directory), "
+                          "data.label_column and data.schema (a declared schema: nothing is "
+                          "read from the pooled data)")
+    others = [k for k in ("split", "person_column", "sep", "encoding", "drop")
+              if getattr(dc, k) != getattr(DataConfig(), k)]
+    if others:
+        raise ConfigError(f"data.lazy = true reads Parquet silos as they are; remove "
+                          f"{', '.join('data.' + k for k in others)}")
+    return D.load_table_lazy(dc.path, dc.silo_column, dc.label_column, schema=_schema(dc),
+                           task=dc.task, features=dc.features or None, missing=dc.missing,
+                           test_fraction=dc.test_fraction, seed=dc.seed,
+                           cache_dir=dc.cache_dir or None)
+
+
 def _read_options(dc: DataConfig) -> dict:
     """[data] sep, encoding and drop: how `read_table` reads a CSV table."""
     return {"sep": dc.sep, "encoding": dc.encoding, "drop": dc.drop}
@@ -216,6 +235,8 @@ def _load_raw(dc: DataConfig) -> RawFederation:
                               "(" + " | ".join(D.SPLITS) + "), e.g. split = 'age_strict' "
                               "with split_feature = 'age' and split_bins = [0, 18, 40, 100]")
         return _split_table(dc)
+    if dc.source == "table" and dc.lazy:
+        return _lazy_table(dc)
     if dc.source == "table":
         if not dc.path or not dc.label_column or not (dc.silo_column or dc.split):
             raise ConfigError("data.source = 'table' needs data.path, data.label_column and "

@@ -78,6 +78,9 @@ def silo_digest(silo) -> str:
     compares. Another train/test split of the same rows (data.seed, data.test_fraction,
     tuning's validation rows) is the same people: it must not look like new data to the
     registry that flags a new store for data charged elsewhere. Never written as is."""
+    lazy = getattr(silo.X_train, "file", None)
+    if lazy is not None:  # rows on disk (data.lazy): the digest made as they were read
+        return str(lazy.digest)
     parts = []
     for X, y in ((silo.X_train, silo.y_train), (silo.X_test, silo.y_test)):
         n, X, y = len(y), np.asarray(X, np.float64), np.asarray(y, np.float64)

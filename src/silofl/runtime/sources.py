@@ -6,9 +6,12 @@ trained alone reads its rows exactly as it does in the simulator.
 
 from __future__ import annotations
 
+from typing import cast
+
 import numpy as np
 
 from silofl.data.federation import Silo
+from silofl.data.lazy import LazyRows, LazySource, is_lazy
 from silofl.errors import ConfigError
 from silofl.training.persons import PersonIndex, PersonSource
 from silofl.training.trainer import SiloArrays
@@ -56,8 +59,15 @@ def training_source(silos: list[Silo], unit: str = "example", max_rows_per_perso
 
     Returns
     -------
-    SiloArrays or PersonSource
+    SiloArrays, PersonSource or LazySource
+        `LazySource` when the silos' rows are on disk (`silofl.data.lazy`).
     """
+    if any(is_lazy(s.X_train) for s in silos):  # rows on disk: only sampled rows are read
+        if unit == "person" or not all(is_lazy(s.X_train) for s in silos):
+            raise ConfigError("lazy (larger than memory) silos train at example level, all "
+                              "hosted silos lazy; use [privacy] unit = \"example\"")
+        return LazySource([cast(LazyRows, s.X_train) for s in silos],
+                          [s.y_train for s in silos])
     if unit != "person":
         return SiloArrays.stack([s.X_train for s in silos], [s.y_train for s in silos])
     require_persons(silos)
