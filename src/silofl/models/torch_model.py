@@ -38,6 +38,7 @@ from torch.func import functional_call, grad, vmap
 
 from silofl.errors import ConfigError, DataError
 from silofl.models.base import Model
+from silofl.models.torch_stacked import StackedNet
 from silofl.privacy.clipping import CLIP_MARGIN, clip_bound
 
 TASKS = ("binary", "multiclass", "regression")
@@ -47,6 +48,11 @@ DEVICES = ("cpu", "cuda", "auto")
 CHUNK_BYTES = 256 * 2**20
 #: examples per forward pass in predict / loss / per_example_grads
 EVAL_CHUNK = 512
+#: cap on one chunk of silos in the stacked engine (activations and per-example conv
+#: gradients, bytes): small enough to stay near the CPU caches, where memory traffic, not
+#: arithmetic, bounds a conv net's step (K = 4 silos of a ConvNet batch of 100 at once run
+#: slower than four chunks of one)
+STACK_BYTES = 48 * 2**20
 
 
 def _cap_threads() -> None:
@@ -170,6 +176,11 @@ class TorchModel(Model):
         if silo_vmap is None:  # see the class docstring
             silo_vmap = not any(isinstance(m, nn.modules.conv._ConvNd) for m in module.modules())
         self.silo_vmap = bool(silo_vmap)
+        self._stacked = StackedNet.build(self.module, self.input_shape)
+        #: clip with the stacked engine (`torch_stacked`) where it covers the architecture;
+        #: False: per-example gradients from torch.func (`silo_vmap` applies)
+        self.stacked = self._stacked is not None
+        self._example_bytes = self._stacked_example_bytes()
 
     # -- pure functions of (param dict, data) -------------------------------------------
     def _example_loss(self, params: dict[str, torch.Tensor], x: torch.Tensor,
@@ -306,13 +317,22 @@ class TorchModel(Model):
         L2 norm DP-SGD clips), accumulated in float64: a float32 reduction over many
         parameters can err by more than the clipping margin."""
         lead = mask.dim()
-        # a float mask holds row weights (person level): clip each row, then weigh it
-        valid = mask if mask.dtype == torch.bool else mask > 0
         flat = [grads[n].flatten(lead) for n in self._names]       # (*L, B, p_i) views
         if coords is not None:  # the gradient restricted to the trained coordinates
             flat = [g * c for g, c in zip(flat, coords)]
         norms = torch.linalg.vector_norm(torch.stack(
             [torch.linalg.vector_norm(g, dim=-1, dtype=torch.float64) for g in flat]), dim=0)
+        factor = self._factors(norms, mask, clip, within).to(flat[0].dtype)
+        return torch.cat([torch.einsum("...b,...bp->...p", factor, g) for g in flat], -1)
+
+    @staticmethod
+    def _factors(norms: torch.Tensor, mask: torch.Tensor, clip: float | np.ndarray,
+                 within: list | None = None) -> torch.Tensor:
+        """(*L, B) float64 clip factors min(1, c/‖g_b‖)·mask_b from per-example norms (*L,
+        B), c = clip_bound(clip); a float mask holds row weights (person level: each row
+        is clipped, then weighed). With `within`, clip is per silo (*L,) and the count of
+        unmasked rows with ‖g‖ ≤ clip is appended to it (numpy, (*L,))."""
+        valid = mask if mask.dtype == torch.bool else mask > 0
         if within is None:
             bound: float | torch.Tensor = clip_bound(float(clip))
         else:  # one clip per silo (clip = "auto"): count the rows within it
@@ -326,8 +346,7 @@ class TorchModel(Model):
                              0.0)
         if valid is not mask:
             factor = factor * mask.to(factor.dtype)
-        factor = factor.to(flat[0].dtype)
-        return torch.cat([torch.einsum("...b,...bp->...p", factor, g) for g in flat], -1)
+        return factor
 
     def clipped_grad_sum(self, W: np.ndarray, X: np.ndarray, y: np.ndarray, mask: np.ndarray,
                          clip: float, *, coords: np.ndarray | None = None,
@@ -335,6 +354,9 @@ class TorchModel(Model):
         """Σ_b min(1, clip/‖g_kb‖)·g_kb over unmasked rows → (K, P) float64.
         W (K, P); X (K, B, *input_shape); y, mask (K, B). coords (P,) bool: g restricted to
         these coordinates (0 elsewhere) before its norm. `aux` (GLM helpers) is ignored."""
+        include = self._stacked_include(coords)
+        if include is not None:
+            return self._stacked_clip(W, X, y, mask, clip, include, count=False)[0]
         cm = self._coords(coords)
         out = np.zeros((np.shape(mask)[0], self.num_params))
         for s, G, m in self._example_grads(W, X, y, mask):
@@ -348,7 +370,13 @@ class TorchModel(Model):
         """`clipped_grad_sum` at clip[k] (K,) for silo k, and per silo the number of
         unmasked rows whose gradient norm (restricted to `coords`) is ≤ clip[k] (K,)
         (see `Model`)."""
-        clip, cm = np.asarray(clip, dtype=np.float64), self._coords(coords)
+        clip = np.asarray(clip, dtype=np.float64)
+        include = self._stacked_include(coords)
+        if include is not None:
+            out, count = self._stacked_clip(W, X, y, mask, clip, include, count=True)
+            assert count is not None
+            return out, count
+        cm = self._coords(coords)
         K = np.shape(mask)[0]
         out, count = np.zeros((K, self.num_params)), np.zeros(K)
         for s, G, m in self._example_grads(W, X, y, mask):
@@ -356,6 +384,69 @@ class TorchModel(Model):
             out[s] = _np(self._clip_sum(G, m, clip[s], within, cm))
             count[s] = within[0]
         return out, count
+
+    # -- the stacked engine (`torch_stacked`) -------------------------------------------
+    def _stacked_example_bytes(self) -> int:
+        """Bytes one example occupies in the stacked engine: every kept activation and its
+        gradient, and its per-example conv weight gradients (a traced forward of one)."""
+        if self._stacked is None:
+            return 0
+        W = np.zeros((1, self.num_params))
+        X = torch.zeros((1, 1) + self.input_shape, dtype=self.dtype, device=self.device)
+        with torch.no_grad():
+            _, records = self._stacked.forward(self._params(W), X, keep=True)
+        floats = sum(2 * (r.a.numel() + r.z.numel())
+                     + (r.op.module.weight.numel() if r.op.kind == "conv" else 0)
+                     for r in records)
+        return int(floats) * torch.finfo(self.dtype).bits // 8
+
+    def _stacked_include(self, coords: np.ndarray | None) -> set[str] | None:
+        """The parameter names the stacked engine clips for `coords` (all when None), or
+        None when it cannot serve the call (engine off, or coords that split a tensor)."""
+        if not self.stacked or self._stacked is None:
+            return None
+        if coords is None:
+            return set(self._names)
+        parts = np.split(np.asarray(coords, dtype=bool), np.cumsum(self._sizes)[:-1])
+        if any(p.any() and not p.all() for p in parts):
+            return None
+        return {n for n, p in zip(self._names, parts) if p.all()}
+
+    def _stacked_clip(self, W: np.ndarray, X: np.ndarray, y: np.ndarray, mask: np.ndarray,
+                      clip: float | np.ndarray, include: set[str], count: bool,
+                      ) -> tuple[np.ndarray, np.ndarray | None]:
+        """`clipped_grad_sum` (count False, clip a float) or `clipped_grad_sum_count`
+        (clip (K,)) with the stacked engine, in chunks of silos under STACK_BYTES."""
+        K, B = np.shape(mask)
+        out, counts = np.zeros((K, self.num_params)), (np.zeros(K) if count else None)
+        if B == 0:
+            return out, counts
+        assert self._stacked is not None
+        Xt, yt = self._inputs(X, 2), self._labels(y)
+        m = (self._mask(mask) if np.asarray(mask).dtype == bool
+             else self._mask(mask, torch.float64))  # row weights (person level)
+        keep = include.__contains__
+        for s in self._silo_chunks(K, B):
+            batch = self._stacked.backward(self._params(W[s]), Xt[s], yt[s], self._loss)
+            norms = self._stacked.sq_norms(batch, keep).sqrt()
+            within: list | None = [] if count else None
+            c = np.asarray(clip)[s] if count else clip  # per silo for counts
+            factor = self._factors(norms, m[s], c, within)
+            sums = self._stacked.clipped_sums(batch, factor.to(self.dtype), keep)
+            out[s] = _np(self._flat_some(sums, s.stop - s.start))
+            if counts is not None and within:
+                counts[s] = within[0]
+        return out, counts
+
+    def _silo_chunks(self, K: int, B: int) -> Iterator[slice]:
+        step = max(1, STACK_BYTES // max(1, B * self._example_bytes))
+        return (slice(a, min(a + step, K)) for a in range(0, K, step))
+
+    def _flat_some(self, grads: dict[str, torch.Tensor], k: int) -> torch.Tensor:
+        """{name: (k, *shape)} for some parameters → (k, P), zeros for the others."""
+        return torch.cat([grads[n].reshape(k, -1) if n in grads else
+                          torch.zeros((k, size), dtype=self.dtype, device=self.device)
+                          for n, size in zip(self._names, self._sizes)], -1)
 
     def _example_grads(self, W: np.ndarray, X: np.ndarray, y: np.ndarray,
                        mask: np.ndarray) -> Iterator[tuple[int | slice, dict, torch.Tensor]]:
@@ -386,6 +477,13 @@ class TorchModel(Model):
         if B == 0:
             return np.zeros((K, self.num_params))
         Xt, yt = self._inputs(X, 2), self._labels(y)
+        if self.stacked and self._stacked is not None:  # weighted by the mask, no norms
+            out = np.zeros((K, self.num_params))
+            for s in self._silo_chunks(K, B):
+                batch = self._stacked.backward(self._params(W[s]), Xt[s], yt[s], self._loss)
+                sums = self._stacked.clipped_sums(batch, m[s], set(self._names).__contains__)
+                out[s] = _np(self._flat_some(sums, s.stop - s.start))
+            return out
         if not self.silo_vmap or K == 1:
             return np.stack([_np(self._flat(self._grad_sum(self._params(W[k]), Xt[k], yt[k],
                                                            m[k]), 0)) for k in range(K)])
