@@ -16,7 +16,8 @@ pairs, so load that comes and goes hits both alike. A σ = 0 step first checks t
 compute the same clipped gradient. The secure noise's share of silofl's step is timed too.
 
 Run: .venv/bin/python benchmarks/bench_torch_opacus.py [--models mlp convnet] [--silos 1 4]
-     [--pairs 7] [--steps 10] [--threads N] [--noise secure|seeded] [--quick]
+     [--pairs 7] [--steps 10] [--threads 1 2] [--noise secure|seeded] [--device cuda]
+     [--quick]
 (target: silofl ≥ 1.5× Opacus examples/s)
 """
 
@@ -49,9 +50,10 @@ class Case:
     batch: int
     hidden: tuple[int, ...] = ()
 
-    def model(self):
+    def model(self, device: str = "cpu"):
         return make_model(self.name, self.shape[0], CLASSES, task="multiclass",
-                          input_shape=self.shape, hidden=list(self.hidden) or None)
+                          input_shape=self.shape, hidden=list(self.hidden) or None,
+                          device=device)
 
 
 CASES = {"mlp": Case("mlp", (100,), 256, (64,)),
@@ -71,8 +73,8 @@ class Ours:
 
     label = "silofl"
 
-    def __init__(self, case: Case, silos: int, noise: str):
-        self.model = case.model()
+    def __init__(self, case: Case, silos: int, noise: str, device: str = "cpu"):
+        self.model = case.model(device)
         rng = np.random.default_rng(1)  # silos hold different models
         self.W = self.model.init_params() + rng.normal(0, 1e-3, (silos, self.model.num_params))
         self.rule = GradientRule(CLIP, np.full(silos, SIGMA))
@@ -96,14 +98,15 @@ class OpacusSilos:
 
     label = "Opacus"
 
-    def __init__(self, case: Case, ours: Ours, sigma: float = SIGMA):
+    def __init__(self, case: Case, ours: Ours, sigma: float = SIGMA, device: str = "cpu"):
         from opacus import PrivacyEngine
+        self.device = torch.device(device)
         data = torch.utils.data.TensorDataset(torch.zeros((case.batch,) + case.shape),
                                               torch.zeros(case.batch, dtype=torch.long))
         loader = torch.utils.data.DataLoader(data, batch_size=case.batch)
         self.nets, self.opts = [], []
         for k in range(len(ours.W)):
-            module = torch_copy(case, ours.W[k])
+            module = torch_copy(case, ours.W[k]).to(self.device)
             opt = torch.optim.SGD(module.parameters(), lr=LR)
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # "secure RNG turned off", …
@@ -119,8 +122,13 @@ class OpacusSilos:
             warnings.simplefilter("ignore")  # Opacus' backward-hook notice, every step
             for k, (net, opt) in enumerate(zip(self.nets, self.opts)):
                 opt.zero_grad()
-                self.loss(net(torch.from_numpy(X[k])), torch.from_numpy(y[k])).backward()
+                self.loss(net(self._t(X[k])), self._t(y[k])).backward()
                 opt.step()
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+
+    def _t(self, a: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(a).to(self.device)
 
     def clipped_mean(self, X, y) -> np.ndarray:
         """(K, P) σ = 0 mean clipped gradient (clip, sum, scale — no update)."""
@@ -129,9 +137,10 @@ class OpacusSilos:
             opt.zero_grad()
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                self.loss(net(torch.from_numpy(X[k])), torch.from_numpy(y[k])).backward()
+                self.loss(net(self._t(X[k])), self._t(y[k])).backward()
             opt.pre_step()
-            out.append(torch.cat([p.grad.flatten() for p in opt.params]).double().numpy())
+            out.append(torch.cat([p.grad.flatten() for p in opt.params]).double().cpu()
+                       .numpy())
         return np.stack(out)
 
 
@@ -146,11 +155,13 @@ def torch_copy(case: Case, w: np.ndarray) -> nn.Module:
     return net.train()  # Opacus refuses modules in eval mode
 
 
-def same_gradient(case: Case, silos: int, data) -> float:
-    """Max relative |silofl − Opacus| of the σ = 0 clipped mean gradient on one batch."""
-    ours = Ours(case, silos, "seeded")
+def same_gradient(case: Case, silos: int, data, device: str = "cpu") -> float:
+    """Max relative |silofl − Opacus| of the σ = 0 clipped mean gradient on one batch (a
+    max-pool window whose two largest inputs differ by float rounding can send one
+    example's gradient elsewhere in one library: then ~1e-3 for the ConvNet)."""
+    ours = Ours(case, silos, "seeded", device)
     a = ours.clipped_mean(*data[0])
-    b = OpacusSilos(case, ours, sigma=0.0).clipped_mean(*data[0])
+    b = OpacusSilos(case, ours, sigma=0.0, device=device).clipped_mean(*data[0])
     return float(np.max(np.abs(a - b)) / max(np.max(np.abs(b)), 1e-12))
 
 
@@ -175,12 +186,13 @@ def noise_seconds(noise: str, shape: tuple[int, int], reps: int) -> float:
 def compare(case: Case, silos: int, args) -> dict:
     """Paired, order-alternating timings of one case → the row of the table."""
     data = batches(case, silos, args.steps)
-    ours = Ours(case, silos, args.noise)
+    device = getattr(args, "device", "cpu")
+    ours = Ours(case, silos, args.noise, device)
     row: dict = {"case": f"{case.name} K={silos}", "params": ours.model.num_params}
     have = importlib.util.find_spec("opacus") is not None
-    runners = [ours] + ([OpacusSilos(case, ours)] if have else [])
+    runners = [ours] + ([OpacusSilos(case, ours, device=device)] if have else [])
     if have:
-        row["same_grad"] = same_gradient(case, silos, data)
+        row["same_grad"] = same_gradient(case, silos, data, device)
     for r in runners:  # warm-up: allocation, kernel selection
         timed(r, data[:2])
     times: dict[str, list[float]] = {r.label: [] for r in runners}
@@ -204,8 +216,11 @@ def main() -> None:
     ap.add_argument("--silos", nargs="+", type=int, default=[1, 4])
     ap.add_argument("--pairs", type=int, default=7, help="timed pairs (≥ 5 for a spread)")
     ap.add_argument("--steps", type=int, default=10, help="steps per timed block")
-    ap.add_argument("--threads", type=int, default=0, help="torch threads (0: silofl's)")
+    ap.add_argument("--threads", nargs="+", type=int, default=[0],
+                    help="torch intra-op threads, one table row set per value (0: silofl's "
+                         "default, one per CPU this process may use)")
     ap.add_argument("--noise", default="secure", choices=["secure", "seeded"])
+    ap.add_argument("--device", default="cpu", help="cpu | cuda (both libraries)")
     ap.add_argument("--quick", action="store_true", help="smoke run: 2 steps, 2 pairs, small")
     args = ap.parse_args()
     if args.quick:
@@ -213,21 +228,26 @@ def main() -> None:
         for k, c in CASES.items():
             CASES[k] = Case(c.name, c.shape, 16, c.hidden)
     make_model("mlp", 2, CLASSES, task="multiclass")  # applies silofl's thread policy
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    default_threads = torch.get_num_threads()
     if importlib.util.find_spec("opacus") is None:
         print('Opacus is not installed, so only silofl is timed; install it with '
               'pip install "silofl[bench]" (opacus==1.6.0) to compare.')
-    rows = [compare(CASES[m], k, args) for m in args.models for k in args.silos]
-    print(f"\nDP-SGD examples/s, torch {torch.__version__}, {torch.get_num_threads()} "
-          f"thread(s), {args.pairs} pairs × {args.steps} steps, silofl noise {args.noise}")
-    print(f"{'case':14s} {'params':>7s} {'batch':>6s} {'silofl':>9s} {'Opacus':>9s} "
-          f"{'ratio (median, min–max)':>25s} {'noise share':>12s} {'same grad':>10s}")
+    rows = []
+    for threads in args.threads:
+        torch.set_num_threads(threads or default_threads)
+        rows += [dict(compare(CASES[m], k, args), threads=torch.get_num_threads())
+                 for m in args.models for k in args.silos]
+    where = (torch.cuda.get_device_name() if args.device.startswith("cuda") else "CPU")
+    print(f"\nDP-SGD examples/s, torch {torch.__version__}, {args.device}: {where}, "
+          f"{args.pairs} pairs × {args.steps} steps, silofl noise {args.noise}")
+    print(f"{'case':14s} {'threads':>7s} {'params':>7s} {'batch':>6s} {'silofl':>9s} "
+          f"{'Opacus':>9s} {'ratio (median, min–max)':>25s} {'noise share':>12s} "
+          f"{'same grad':>10s}")
     for r in rows:
         case = CASES[r["case"].split()[0]]
         ratio = ("{:.2f}× ({:.2f}–{:.2f})".format(*r["ratio"]) if "ratio" in r else "–")
-        print(f"{r['case']:14s} {r['params']:7d} {case.batch:6d} {r['ours']:9.0f} "
-              f"{r.get('opacus', float('nan')):9.0f} {ratio:>25s} "
+        print(f"{r['case']:14s} {r['threads']:7d} {r['params']:7d} {case.batch:6d} "
+              f"{r['ours']:9.0f} {r.get('opacus', float('nan')):9.0f} {ratio:>25s} "
               f"{100 * r['noise_share']:11.1f}% {r.get('same_grad', float('nan')):10.1e}")
     print("\nratio = silofl examples/s ÷ Opacus examples/s per pair; target ≥ 1.5×")
 

@@ -1,15 +1,20 @@
 """`TorchModel`: any torch.nn.Module architecture behind the engine's `Model` interface.
 
 The engine keeps parameters as flat float64 vectors (K, P); here they become per-silo
-parameter dicts (views into one float32 tensor) fed to `torch.func.functional_call`.
-Per-example gradients come from `vmap(grad(loss of one example))`, and a second `vmap`
-runs every silo at once with its own parameters (the architecture is shared), so one
-DP-SGD step for K silos is a single batched computation (for conv nets the silo axis is a
-loop by default: see `TorchModel`'s `silo_vmap`):
+parameter dicts (views into one float32 tensor). One DP-SGD step for K silos:
 
     per-example grads (K, B, ·) → norms (K, B) → clip factors min(1, c/‖g‖)·mask → Σ_b (K, P)
 
-with c = clip_bound(C) just below C, norms in float64 (see `_clip_sum`).
+with c = clip_bound(C) just below C, norms accumulated in float64.
+
+Two engines compute it. Where the architecture is a Sequential of the layers it covers
+(Linear, Conv2d, LayerNorm, pooling, elementwise activations, Flatten: every net of
+`torch_nets`), the stacked engine (`silofl.models.torch_stacked`) runs all silos of a chunk
+in one pass with their parameters stacked on a silo axis: dense layers' per-example norms
+without per-example gradients, one oneDNN convolution grouped by silo, per-example conv
+gradients as one grouped weight gradient (`TorchModel.stacked`). Any other module uses
+`torch.func`: `vmap(grad(loss of one example))` over examples, and a second `vmap` over
+silos for dense nets (`silo_vmap`; conv nets loop over silos there).
 
 Padded rows (mask False) get factor 0, so they contribute nothing. Compute is float32
 (DP noise swamps float32 rounding); results return as float64 numpy arrays.
@@ -138,11 +143,13 @@ class TorchModel(Model):
     dtype: compute precision (float32; float64 for exact comparisons in tests).
     device: where parameters and data live during compute ('cpu', 'cuda', 'cuda:N',
     'auto'; `resolve_device`); results always return as CPU numpy arrays.
-    silo_vmap: vectorize over the silo axis with a second vmap (per-silo parameters). Dense
-    layers become batched matmuls, which pays; a convolution with per-silo weights becomes
-    a grouped convolution, which on CPU is slower than one ordinary batched convolution per
-    silo (measured ~1.4× for the ConvNet at K = 4), so the default (None) is True unless the
-    architecture has conv layers, where silos are looped over (examples stay vmapped).
+    silo_vmap: (the torch.func engine only) vectorize over the silo axis with a second vmap
+    (per-silo parameters). Dense layers become batched matmuls, which pays; a convolution
+    with per-silo weights becomes a grouped convolution, which on CPU is slower than one
+    ordinary batched convolution per silo (measured ~1.4× for the ConvNet at K = 4), so the
+    default (None) is True unless the architecture has conv layers.
+    The attribute `stacked` (True where `torch_stacked` covers the architecture) selects the
+    stacked engine; set it False to use torch.func.
     """
 
     def __init__(self, module: nn.Module, *, task: str, input_shape: Sequence[int],
@@ -439,7 +446,8 @@ class TorchModel(Model):
         return out, counts
 
     def _silo_chunks(self, K: int, B: int) -> Iterator[slice]:
-        step = max(1, STACK_BYTES // max(1, B * self._example_bytes))
+        cap = STACK_BYTES if self.device.type == "cpu" else CHUNK_BYTES  # GPU: no cache cap
+        step = max(1, cap // max(1, B * self._example_bytes))
         return (slice(a, min(a + step, K)) for a in range(0, K, step))
 
     def _flat_some(self, grads: dict[str, torch.Tensor], k: int) -> torch.Tensor:
