@@ -34,8 +34,9 @@ def _one_thread():
 
 
 def _padded_conv(task: str = "multiclass", C: int = 4) -> TorchModel:
-    """A conv net with padding, a stride, a bias-free conv and average pooling."""
-    net = nn.Sequential(nn.Conv2d(2, 5, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+    """A conv net with padding, a stride, a bias-free conv, an in-place ReLU and average
+    pooling."""
+    net = nn.Sequential(nn.Conv2d(2, 5, 3, padding=1), nn.ReLU(inplace=True), nn.MaxPool2d(2),
                         nn.Conv2d(5, 6, 3, stride=2, bias=False), nn.Tanh(),
                         nn.AvgPool2d(2), nn.Flatten(), nn.Linear(6, C))
     return TorchModel(net, task=task, input_shape=(2, 12, 12), num_classes=C, name="padded")
@@ -47,6 +48,9 @@ MODELS = {
     "convnet": lambda: make_model("convnet", 0, 3, task="multiclass", input_shape=(1, 14, 14)),
     "padded_conv": _padded_conv,
     "regression": lambda: make_model("mlp", 4, 1, task="regression", hidden=[5]),
+    "inplace_relu": lambda: TorchModel(nn.Sequential(nn.Linear(6, 8), nn.ReLU(inplace=True),
+                                                     nn.Linear(8, 3)), task="multiclass",
+                                       input_shape=(6,), num_classes=3, name="inplace"),
 }
 
 

@@ -1,31 +1,34 @@
 """Per-example clipped gradients of K silos at once, parameters stacked on a silo axis.
 
 `StackedNet` runs a sequential network (Linear, Conv2d, LayerNorm, pooling, elementwise
-activations, Flatten) for K silos of the same architecture with each silo's own
-parameters — every layer is one batched matmul over the silo axis (`torch.baddbmm`), not a
-loop over silos — and gets per-example gradients the way DP libraries' "hooks" do, without
-`torch.func`:
+activations, Flatten) for K silos of the same architecture, each with its own parameters,
+in one pass — dense layers as batched matmuls over the silo axis (`torch.baddbmm`),
+convolutions as one convolution grouped by silo — and gets per-example gradients the way
+DP libraries' "hooks" do, without `torch.func`:
 
 1. forward, keeping each parametrized layer's input a and output z;
 2. one backward pass of Σ losses to the layer outputs only (dL/dz per example; no weight
    gradients are formed);
 3. per-example squared norms per layer: a Linear layer's weight gradient dz aᵀ has norm²
-   ‖dz‖²·‖a‖² (never materialized, the "ghost norm"); a convolution's is formed from
-   im2col patches U (per example dzᵀU, one batched matmul) and reduced;
-4. clip factors from the norms (the caller's rule), then the clipped sum per layer as one
-   weighted batched matmul: Σ_b f_b dz_b a_bᵀ = (f ⊙ dz)ᵀ a for Linear, fᵀ G for conv.
+   ‖dz‖²·‖a‖² (never formed: the "ghost norm"); a convolution's per-example weight
+   gradients come from one weight gradient grouped by (example, silo), as torch.func's
+   batching rule for conv does;
+4. clip factors f from the norms (the caller's rule), then each layer's clipped sum as one
+   weighted product: Σ_b f_b dz_b a_bᵀ = (f ⊙ dz)ᵀ a for Linear, fᵀ G for conv.
 
-Images flow channels-last, (K, B, H, W, C), so im2col patches come out as one contiguous
-copy (`Tensor.unfold`) and every conv is a (K, B·T, C·kh·kw) @ (K, C·kh·kw, C_out) matmul.
-Everything is float32 (the model's dtype) except the squared norms, which are reduced in
-float64 (the clipping margin is 2⁻²⁰, see `silofl.privacy.clipping`).
+Images flow as (B, K·C, H, W) in channels-last memory (oneDNN's fast layout, and max-pool's:
+~8× faster than NCHW on this CPU); a max-pool that follows a ReLU runs before it (the same
+function and gradient, on a quarter of the values). Everything is float32 (the model's
+dtype) except the squared norms: rows of at most C_in·kh·kw values are reduced in float32
+and the rest in float64 (the clipping margin is 2⁻²⁰, `silofl.privacy.clipping`).
 
-`StackedNet.build(module)` returns None for architectures it does not cover (any other
-layer, a conv with groups or dilation, …); `TorchModel` then uses `torch.func`.
+`StackedNet.build(module, input_shape)` returns None for architectures it does not cover
+(any other layer, string padding, …); `TorchModel` then uses `torch.func`.
 """
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -54,8 +57,8 @@ class _Op:
 @dataclass
 class _Record:
     """What one parametrized layer kept in the forward pass: its input `a` (Linear:
-    (K, B, I); conv: im2col patches (K·B, T, C·kh·kw); norm: the normalized x̂ (K, B, H)) and
-    its output `z` (Linear, norm: (K, B, O); conv: (K, B·T, O))."""
+    (K, B, I); conv: (B, K·C, H, W); norm: the normalized x̂ (K, B, H)) and its output `z`
+    (Linear, norm: (K, B, O); conv: (B, K·O, H', W'))."""
 
     op: _Op
     a: torch.Tensor
@@ -64,14 +67,14 @@ class _Record:
 
 @dataclass
 class Batch:
-    """Per-example quantities of one forward/backward pass: `sq` {parameter name: (K, B)
-    float64 squared per-example gradient norms}, filled by `StackedNet.sq_norms`."""
+    """One forward/backward pass of K silos × B examples: the records, dL/dz of each, and
+    (once `StackedNet.sq_norms` formed them) the per-example conv weight gradients by
+    record index, for `StackedNet.clipped_sums`."""
 
     records: list[_Record]
     dz: list[torch.Tensor]
     K: int
     B: int
-    sq: dict[str, torch.Tensor] = field(default_factory=dict)
     conv_grads: dict[int, torch.Tensor] = field(default_factory=dict)
 
 
@@ -103,6 +106,9 @@ def _flatten_ops(module: nn.Module, prefix: str = "") -> list[_Op] | None:
     if isinstance(m, POOLS):
         return [_Op("pool", m)]
     if isinstance(m, ELEMENTWISE):
+        if getattr(m, "inplace", False):  # in place would overwrite a kept layer output
+            m = copy.copy(m)
+            m.inplace = False
         return [_Op("elementwise", m)]
     if isinstance(m, nn.Flatten) and m.start_dim == 1 and m.end_dim == -1:
         return [_Op("flatten", m)]
