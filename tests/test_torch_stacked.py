@@ -131,6 +131,30 @@ def test_stacked_partial_updates_and_chunks(monkeypatch):
                                atol=TOL * 0.2)
 
 
+def test_examples_split_across_threads_give_the_same_sums(monkeypatch):
+    """With two intra-op threads and enough work, a CPU step splits its examples over two
+    worker threads (`SPLIT_BYTES`); sums, counts and the plain sum stay the same."""
+    model = MODELS["padded_conv"]()
+    W, X, y, mask = _data(model, K=3, B=9, seed=6)
+    clips = np.array([0.05, 0.3, 2.0])
+    serial = (model.clipped_grad_sum_count(W, X, y, mask, clips),
+              model.grad_sum(W, X, y, mask))
+    assert model._stacked_parts(3, 9)[1] == 0  # one thread (the fixture): no split
+    monkeypatch.setattr(TM, "SPLIT_BYTES", 0)
+    torch.set_num_threads(2)
+    try:
+        items, workers = model._stacked_parts(3, 9)
+        assert workers == 2 and len(items) == 2 * len({i[0].start for i in items})
+        (a, ca), plain = (model.clipped_grad_sum_count(W, X, y, mask, clips),
+                          model.grad_sum(W, X, y, mask))
+    finally:
+        torch.set_num_threads(1)
+    (b, cb), ref = serial
+    np.testing.assert_allclose(a, b, rtol=TOL, atol=TOL * np.abs(b).max())
+    np.testing.assert_array_equal(ca, cb)
+    np.testing.assert_allclose(plain, ref, rtol=TOL, atol=TOL * np.abs(ref).max())
+
+
 def test_every_clipped_example_has_norm_at_most_C():
     model = MODELS["padded_conv"]()
     W, X, y, _ = _data(model, K=2, B=9, seed=4)

@@ -34,6 +34,7 @@ from __future__ import annotations
 import copy
 import os
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -58,6 +59,19 @@ EVAL_CHUNK = 512
 #: arithmetic, bounds a conv net's step (K = 4 silos of a ConvNet batch of 100 at once run
 #: slower than four chunks of one)
 STACK_BYTES = 48 * 2**20
+#: per-example bytes × batch above which a CPU step with n > 1 intra-op threads splits its
+#: examples in n parts, each on its own Python thread with one intra-op thread: no OpenMP
+#: barrier per op, which on a busy 2-core machine made two threads 2–4× slower than one
+SPLIT_BYTES = 8 * 2**20
+_POOLS: dict[int, ThreadPoolExecutor] = {}
+
+
+def _pool(n: int) -> ThreadPoolExecutor:
+    """n worker threads, each with one intra-op thread (torch's setting is per thread)."""
+    if n not in _POOLS:
+        _POOLS[n] = ThreadPoolExecutor(n, thread_name_prefix="silofl-torch",
+                                       initializer=torch.set_num_threads, initargs=(1,))
+    return _POOLS[n]
 
 
 def _cap_threads() -> None:
@@ -423,32 +437,53 @@ class TorchModel(Model):
                       clip: float | np.ndarray, include: set[str], count: bool,
                       ) -> tuple[np.ndarray, np.ndarray | None]:
         """`clipped_grad_sum` (count False, clip a float) or `clipped_grad_sum_count`
-        (clip (K,)) with the stacked engine, in chunks of silos under STACK_BYTES."""
+        (clip (K,)) with the stacked engine, in parts (`_stacked_parts`)."""
         K, B = np.shape(mask)
         out, counts = np.zeros((K, self.num_params)), (np.zeros(K) if count else None)
         if B == 0:
             return out, counts
-        assert self._stacked is not None
+        engine = self._stacked
+        assert engine is not None
         Xt, yt = self._inputs(X, 2), self._labels(y)
         m = (self._mask(mask) if np.asarray(mask).dtype == bool
              else self._mask(mask, torch.float64))  # row weights (person level)
         keep = include.__contains__
-        for s in self._silo_chunks(K, B):
-            batch = self._stacked.backward(self._params(W[s]), Xt[s], yt[s], self._loss)
-            norms = self._stacked.sq_norms(batch, keep).sqrt()
+
+        def part(item: tuple[slice, slice]) -> tuple[slice, np.ndarray, Any]:
+            s, e = item
+            batch = engine.backward(self._params(W[s]), Xt[s, e], yt[s, e], self._loss)
+            norms = engine.sq_norms(batch, keep).sqrt()
             within: list | None = [] if count else None
             c = np.asarray(clip)[s] if count else clip  # per silo for counts
-            factor = self._factors(norms, m[s], c, within)
-            sums = self._stacked.clipped_sums(batch, factor.to(self.dtype), keep)
-            out[s] = _np(self._flat_some(sums, s.stop - s.start))
-            if counts is not None and within:
-                counts[s] = within[0]
+            factor = self._factors(norms, m[s, e], c, within)
+            sums = engine.clipped_sums(batch, factor.to(self.dtype), keep)
+            return s, _np(self._flat_some(sums, s.stop - s.start)), within and within[0]
+
+        for s, o, c in self._run_parts(part, K, B):
+            out[s] += o
+            if counts is not None:
+                counts[s] += c
         return out, counts
 
-    def _silo_chunks(self, K: int, B: int) -> Iterator[slice]:
-        cap = STACK_BYTES if self.device.type == "cpu" else CHUNK_BYTES  # GPU: no cache cap
+    def _stacked_parts(self, K: int, B: int) -> tuple[list[tuple[slice, slice]], int]:
+        """Work items (silos, examples) of one stacked step, and the worker threads to run
+        them on (0: this thread). Silos go in chunks under STACK_BYTES (CPU caches; a GPU
+        takes CHUNK_BYTES); on a CPU with n > 1 intra-op threads and at least SPLIT_BYTES
+        of work per chunk, each chunk's examples go in n parts, one per worker."""
+        cap = STACK_BYTES if self.device.type == "cpu" else CHUNK_BYTES
         step = max(1, cap // max(1, B * self._example_bytes))
-        return (slice(a, min(a + step, K)) for a in range(0, K, step))
+        chunks = [slice(a, min(a + step, K)) for a in range(0, K, step)]
+        n = torch.get_num_threads() if self.device.type == "cpu" else 1
+        if n < 2 or B < 2 or B * self._example_bytes < SPLIT_BYTES:
+            return [(s, slice(0, B)) for s in chunks], 0
+        cuts = np.linspace(0, B, min(n, B) + 1).astype(int)
+        return [(s, slice(a, b)) for s in chunks for a, b in zip(cuts[:-1], cuts[1:])], n
+
+    def _run_parts(self, fn: Callable[[tuple[slice, slice]], Any], K: int,
+                   B: int) -> Iterator[Any]:
+        """fn over the work items of `_stacked_parts`, here or on its worker threads."""
+        items, n = self._stacked_parts(K, B)
+        return iter(_pool(n).map(fn, items)) if n else map(fn, items)
 
     def _flat_some(self, grads: dict[str, torch.Tensor], k: int) -> torch.Tensor:
         """{name: (k, *shape)} for some parameters → (k, P), zeros for the others."""
@@ -485,12 +520,19 @@ class TorchModel(Model):
         if B == 0:
             return np.zeros((K, self.num_params))
         Xt, yt = self._inputs(X, 2), self._labels(y)
-        if self.stacked and self._stacked is not None:  # weighted by the mask, no norms
+        engine = self._stacked
+        if self.stacked and engine is not None:  # weighted by the mask, no norms
             out = np.zeros((K, self.num_params))
-            for s in self._silo_chunks(K, B):
-                batch = self._stacked.backward(self._params(W[s]), Xt[s], yt[s], self._loss)
-                sums = self._stacked.clipped_sums(batch, m[s], set(self._names).__contains__)
-                out[s] = _np(self._flat_some(sums, s.stop - s.start))
+            every = set(self._names).__contains__
+
+            def part(item: tuple[slice, slice]) -> tuple[slice, np.ndarray]:
+                s, e = item
+                batch = engine.backward(self._params(W[s]), Xt[s, e], yt[s, e], self._loss)
+                sums = engine.clipped_sums(batch, m[s, e], every)
+                return s, _np(self._flat_some(sums, s.stop - s.start))
+
+            for s, o in self._run_parts(part, K, B):
+                out[s] += o
             return out
         if not self.silo_vmap or K == 1:
             return np.stack([_np(self._flat(self._grad_sum(self._params(W[k]), Xt[k], yt[k],
