@@ -64,6 +64,8 @@ STACK_BYTES = 48 * 2**20
 #: barrier per op, which on a busy 2-core machine made two threads 2–4× slower than one
 SPLIT_BYTES = 8 * 2**20
 _POOLS: dict[int, ThreadPoolExecutor] = {}
+if hasattr(os, "register_at_fork"):  # a forked child has none of its parent's threads
+    os.register_at_fork(after_in_child=_POOLS.clear)
 
 
 def _pool(n: int) -> ThreadPoolExecutor:
