@@ -23,11 +23,12 @@ def main() -> None:
         y = (X[:, 0] * X[:, 1] + 0.3 * X[:, 2] > 0).astype(int)
         silos.append(Silo(f"s{k}", X, y, X[:10], y[:10], silofl.PrivacyTarget(1.0, 1e-6)))
     fed = Federation(silos, [f"x{j}" for j in range(50)], "binary", 2)
-    train_dp_gbdt(fed, trees=1, depth=depth, n_bins=n_bins)  # warm: calibration caches
+    hist = {"depth": depth, "n_bins": n_bins, "splits": "histogram"}  # level rounds
+    train_dp_gbdt(fed, trees=1, **hist)  # warm: calibration caches
     took = {}
     for trees in (1, 4):
         t0 = time.perf_counter()
-        train_dp_gbdt(fed, trees=trees, depth=depth, n_bins=n_bins)
+        train_dp_gbdt(fed, trees=trees, **hist)
         took[trees] = time.perf_counter() - t0
     per_round = (took[4] - took[1]) / 3
     print(f"depth={depth} n_bins={n_bins}: one boosting round {per_round:.3f} s; "

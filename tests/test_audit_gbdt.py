@@ -155,6 +155,7 @@ def test_given_ledgers_are_charged_and_reports_are_written(tmp_path):
     ({"confidence": 1.0}, "confidence"),
     ({"bounds": (1.0, -1.0)}, "bounds"),
     ({"bins": "private"}, "bins = \"schema\""),
+    ({"splits": "cyclic"}, "cyclic splits are not audited"),
 ])
 def test_bad_input_is_refused_before_training(kwargs, match):
     with pytest.raises(ConfigError, match=match):
@@ -164,7 +165,8 @@ def test_bad_input_is_refused_before_training(kwargs, match):
 def _job(tmp_path, methods='["dp_gbdt"]', scratch="true", unit="example"):
     conf = tmp_path / "job.toml"
     conf.write_text(f'[training]\nmethods = {methods}\nseed = 3\n[trees]\ntrees = 5\n'
-                    f'depth = 2\n[privacy]\nnoise = "seeded"\nunit = "{unit}"\n'
+                    f'depth = 2\nsplits = "histogram"\n'
+                    f'[privacy]\nnoise = "seeded"\nunit = "{unit}"\n'
                     f'[budget]\nscratch = {scratch}\n[output]\ndir = ""\n')
     return conf
 

@@ -18,6 +18,9 @@ from silofl.privacy import events
 from silofl.privacy.ledger import Ledger
 from silofl.training.histograms import SiloHistograms, bin_edges, bin_features
 
+#: the histogram-split settings these tests were written for (no longer the defaults)
+HIST = {"splits": "histogram", "lam": 1.0}
+
 
 def _xor_fed(n: int = 1500, k: int = 3, eps: float = 1.0, seed: int = 0,
              task: str = "binary") -> Federation:
@@ -70,6 +73,28 @@ def test_xgboost_export_round_trip(tmp_path, task):
     # float32 leaf values and sums in XGBoost: 1e-5 absolute on margins of order 1
     np.testing.assert_allclose(theirs, ens.predict_margin(X.astype(np.float64)), atol=1e-5)
     assert booster.num_boosted_rounds() == 6
+
+
+def test_xgboost_export_normalises_names_xgboost_rejects_in_one_place(tmp_path):
+    # a schema's one-hot names (cp=<missing>) are refused by XGBoost as given; the export
+    # renames them (models.trees.xgboost_feature_names) and the name map says how
+    from silofl.models.trees import xgboost_feature_names, xgboost_name_map
+    xgb = pytest.importorskip("xgboost")
+    names = ["age", "cp=<missing>", "ca[1]"]
+    fed = Federation([silofl.Silo("a", *(2 * [np.random.default_rng(0).uniform(
+        -1, 1, (200, 3)), np.r_[np.zeros(100), np.ones(100)]]))], names, "binary", 2)
+    ens = train_dp_gbdt(fed, trees=2, private=False).ensemble
+    assert ens.feature_names == names  # the model keeps its own names
+    path = ens.save_xgboost(tmp_path / "m.json")
+    safe = ["age", "cp=(missing)", "ca(1)"]
+    assert xgboost_feature_names(names) == safe
+    assert xgboost_name_map(names) == dict(zip(names, safe, strict=True))
+    booster = xgb.Booster(model_file=str(path))
+    assert booster.feature_names == safe
+    X = fed.silos[0].X_test.astype(np.float32)
+    np.testing.assert_allclose(booster.predict(xgb.DMatrix(X, feature_names=safe)),
+                               ens.predict(X.astype(np.float64)), atol=1e-5)
+    assert xgboost_feature_names(["a<1", "a(1"]) == ["f0", "f1"]  # equal once escaped
 
 
 def test_bins_match_threshold_semantics():
@@ -156,7 +181,7 @@ def test_noise_off_matches_non_private_gbdt_and_large_eps_approaches_it():
     from sklearn.metrics import roc_auc_score
     fed = _xor_fed(n=2000)
     X, y = _pooled_test(fed)
-    plain = train_dp_gbdt(fed, trees=20, depth=3, n_bins=16, private=False)
+    plain = train_dp_gbdt(fed, trees=20, depth=3, n_bins=16, private=False, **HIST)
     auc_plain = roc_auc_score(y, plain.ensemble.predict(X))
     Xa = np.vstack([s.X_train for s in fed.silos])
     ya = np.concatenate([s.y_train for s in fed.silos])
@@ -164,7 +189,7 @@ def test_noise_off_matches_non_private_gbdt_and_large_eps_approaches_it():
                      "max_bin": 16}, xgb.DMatrix(Xa, label=ya), 20)
     auc_xgb = roc_auc_score(y, ref.predict(xgb.DMatrix(X)))
     assert auc_plain > 0.95 and abs(auc_plain - auc_xgb) < 0.03
-    huge = train_dp_gbdt(_xor_fed(n=2000, eps=100.0), trees=20, depth=3, n_bins=16)
+    huge = train_dp_gbdt(_xor_fed(n=2000, eps=100.0), trees=20, depth=3, n_bins=16, **HIST)
     auc_huge = roc_auc_score(y, huge.ensemble.predict(X))
     assert auc_huge > auc_plain - 0.05
     assert plain.ledgers == [None, None, None]
@@ -264,7 +289,7 @@ def test_personal_trees_are_charged_and_fit_each_silo():
                           flip((Xt[:, 0] > 0).astype(int)), silofl.PrivacyTarget(5.0, 1e-5)))
     fed = Federation(silos, ["a", "b", "c"], "binary", 2)
     T, L, D = 3, 5, 2
-    res = train_dp_gbdt(fed, trees=T, depth=D, local_trees=L, lr=0.5, seed=1)
+    res = train_dp_gbdt(fed, trees=T, depth=D, local_trees=L, lr=0.5, seed=1, **HIST)
     assert res.personal is not None
     for k, (own, led) in enumerate(zip(res.personal, res.ledgers, strict=True)):
         assert len(own.trees) == T + L and own.trees[:T] == res.ensemble.trees
@@ -279,10 +304,34 @@ def test_personal_trees_are_charged_and_fit_each_silo():
 def test_regression_non_private_fits_and_private_spends_its_target():
     fed = _xor_fed(n=2000, task="regression")
     X, y = _pooled_test(fed)
-    plain = train_dp_gbdt(fed, trees=30, depth=3, n_bins=32, clip_g=3.0, private=False)
+    plain = train_dp_gbdt(fed, trees=30, depth=3, n_bins=32, clip_g=3.0, private=False,
+                          **HIST)
     r2 = 1 - np.mean((plain.ensemble.predict(X) - y) ** 2) / np.var(y)
     assert r2 > 0.9
     dp = train_dp_gbdt(_xor_fed(n=2000, task="regression", eps=8.0), trees=30, depth=3,
-                       n_bins=32, clip_g=3.0)
+                       n_bins=32, clip_g=3.0, **HIST)
     r2_dp = 1 - np.mean((dp.ensemble.predict(X) - y) ** 2) / np.var(y)
     assert r2_dp > 0.5 and all(r["epsilon"] <= 8.0 for r in dp.report)
+
+
+def test_secure_noise_is_the_csprng_and_seeded_noise_reproduces():
+    # noise = "secure": each silo's stream is silofl.privacy.randomness's CSPRNG (nothing
+    # follows from the seed); "seeded" reproduces exactly; both charge the same events
+    from silofl.algorithms.gbdt_programs import NoiseStream, noise_stream
+    stream = noise_stream("secure", np.random.default_rng(0))
+    assert isinstance(stream, NoiseStream) and stream.r.secure is True
+    fed = _xor_fed(n=300)
+    kw = {"trees": 3, "depth": 2, "seed": 1, **HIST}
+    runs = {n: [train_dp_gbdt(_xor_fed(n=300), noise=n, **kw) for _ in range(2)]
+            for n in ("seeded", "secure")}
+
+    def leaves(res):  # margins on fixed rows (the trees' shapes may differ)
+        return res.ensemble.predict_margin(_pooled_test(fed)[0])
+
+    a, b = runs["seeded"]
+    np.testing.assert_array_equal(leaves(a), leaves(b))
+    c, d = runs["secure"]
+    assert not np.allclose(leaves(c), leaves(d)) and not np.allclose(leaves(c), leaves(a))
+    assert [led.spent_counts() for led in a.ledgers] == [led.spent_counts() for led in c.ledgers]
+    with pytest.raises(ConfigError, match="noise"):
+        train_dp_gbdt(fed, noise="urandom", **kw)

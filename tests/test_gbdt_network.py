@@ -87,7 +87,11 @@ def _same_trees(a, b) -> None:
 
 
 @pytest.mark.parametrize("trees", [
-    {"trees": 3, "depth": 2, "n_bins": 8, "colsample": 0.6},
+    {"trees": 3, "depth": 2, "n_bins": 8, "colsample": 0.6, "splits": "histogram"},
+    {"trees": 4, "splits": "cyclic", "shrink": "auto"},  # auto bins and depth
+    {"trees": 3, "depth": 2, "n_bins": 8, "splits": "histogram", "bins": "private",
+     "bins_share": 0.2, "shrink": 2.0},
+    {"bins": "private", "shrink": 0.5, "local_trees": 1},  # the defaults: cyclic, auto
     {"trees": 3, "depth": 3, "splits": "random", "subsample": 0.5, "local_trees": 2},
 ])
 def test_network_run_equals_simulator_charges_and_saved_models(tmp_path, trees):
@@ -104,7 +108,7 @@ def test_network_run_equals_simulator_charges_and_saved_models(tmp_path, trees):
     _same_trees(srv.gbdt.server.ensemble, sim.ensemble)
     for k, (n, s) in enumerate(silos.items()):
         _same_trees(s.gbdt.silo.shared_ensemble, sim.ensemble)  # each silo got the model
-        if trees.get("local_trees"):
+        if trees.get("local_trees") or trees.get("shrink"):  # personal leaves, local trees
             _same_trees(s.gbdt.personal, sim.personal[k])
         assert s.reported[2] == pytest.approx(sim.report[k]["sigma"], rel=1e-12)
         want = {repr(e): c for e, c in leds[k].spent_counts().items()}
@@ -127,10 +131,14 @@ def test_network_run_equals_simulator_charges_and_saved_models(tmp_path, trees):
         assert files["epsilon"] <= 1.0 + 1e-9 and files["sigma"] == s.reported[2]
         mine = load_ensemble(out / files["files"]["trees"])
         _same_trees(mine, srv.gbdt.server.ensemble)
-        if trees.get("local_trees"):
+        if trees.get("local_trees") or trees.get("shrink"):
             own = xgb.Booster(model_file=str(out / files["files"]["personal"]["xgboost"]))
-            np.testing.assert_allclose(own.predict(xgb.DMatrix(X)),
-                                       s.gbdt.personal.predict(X.astype(float)), atol=1e-5)
+            # the silo's column names are kept, made XGBoost-safe (cp=<missing> ->
+            # cp=(missing)); the files' name map says how
+            names = files["files"]["personal"]["xgboost_name_map"]
+            assert own.feature_names == list(names.values()) and "cp=<missing>" in names
+            np.testing.assert_allclose(own.predict(xgb.DMatrix(X, feature_names=list(
+                names.values()))), s.gbdt.personal.predict(X.astype(float)), atol=1e-5)
 
 
 def test_silo_without_consent_refuses_before_any_charge(tmp_path):
@@ -164,14 +172,49 @@ def test_malformed_or_out_of_order_messages_are_refused_before_any_charge(tmp_pa
     assert len(_charges(s.cfg.budget_store, n)) == 1  # round 1's release, reserved
 
 
+def test_private_bins_messages_are_checked_before_any_charge(tmp_path):
+    # bins = "private": round 1 must be a well-formed BINS message; the first tree's
+    # message must bring (d, B − 1) increasing float32 edges; else refused, nothing charged
+    from silofl.algorithms.gbdt_messages import OP_BINS, OP_LEAVES, Ask
+    w = consortium(tmp_path, job={"method": "dp_gbdt", "trees": {"trees": 2,
+                                                                 "bins": "private"}})
+    srv, silos = _programs(w)
+    _join(srv, silos)
+    n, s = next(iter(silos.items()))
+    ask = Ask.from_array(srv.message)
+    assert ask.op == OP_BINS
+    for bad in (Ask(OP_BINS, 0, 7), Ask(OP_LEAVES, 0, 1)):  # too few fine bins; not BINS
+        rep, u = s.round(srv.request(n, 1), [bad.to_array()])
+        assert rep["status"] == "refused" and u is None, rep
+    assert _charges(s.cfg.budget_store, n) == []
+    rep, u = s.round(srv.request(n, 1), [srv.message])
+    assert rep["status"] == "ok" and u.shape == (1, s.gbdt.s.d * ask.level)
+    assert len(_charges(s.cfg.budget_store, n)) == 1  # the bins release, reserved
+    ups = {n: srv.accept_update(n, 1, rep, [u])[1]}
+    for m in silos:  # the others answer BINS too
+        if m != n:
+            rep, u = silos[m].round(srv.request(m, 1), [srv.message])
+            ups[m] = srv.accept_update(m, 1, rep, [u])[1]
+    srv.step(1, ups)
+    first = Ask.from_array(srv.message)
+    d = s.gbdt.s.d
+    assert first.edges.size % d == 0 and first.edges.size > 0
+    for edges in (first.edges[:-1], first.edges[::-1].copy()):  # wrong size; decreasing
+        bad = Ask.from_array(srv.message)
+        bad.edges = edges
+        rep, u = s.round(srv.request(n, 2), [bad.to_array()])
+        assert rep["status"] == "refused" and "edges" in rep["reason"] and u is None, rep
+    assert len(_charges(s.cfg.budget_store, n)) == 1  # still only the bins
+
+
 def test_person_unit_secagg_and_bad_trees_are_refused_specifically(tmp_path):
     with warnings.catch_warnings(), pytest.raises(ConfigError, match="privacy_unit"):
         warnings.simplefilter("ignore")
         consortium(tmp_path / "p", job={"method": "dp_gbdt", "privacy_unit": "person"})
     with pytest.raises(ConfigError, match="trees.depht"):
         consortium(tmp_path / "k", job={"method": "dp_gbdt", "trees": {"depht": 2}})
-    with pytest.raises(ConfigError, match="shrink"):
-        consortium(tmp_path / "s", job={"method": "dp_gbdt", "trees": {"shrink": 1.0}})
+    with pytest.raises(ConfigError, match="shrink"):  # shrink runs over the network now
+        consortium(tmp_path / "s", job={"method": "dp_gbdt", "trees": {"shrink": -1.0}})
     w = consortium(tmp_path / "a", job={"method": "dp_gbdt", "trees": {"trees": 2}})
     edit_toml(w["server"], "server", secagg=True)
     with pytest.raises(ConfigError, match="secagg = true is not available for dp_gbdt"):
@@ -221,7 +264,8 @@ def test_flower_loop_with_a_fresh_silo_program_per_message_equals_simulator(tmp_
 
 
 def test_a_silo_whose_store_runs_out_leaves_and_the_others_finish(tmp_path):
-    w = consortium(tmp_path, job={"method": "dp_gbdt", "trees": {"trees": 3, "depth": 2}})
+    w = consortium(tmp_path, job={"method": "dp_gbdt", "trees": {
+        "trees": 3, "depth": 2, "splits": "histogram"}})  # 9 releases: some fit in ε = 0.4
     poor = next(iter(w["silos"]))
     edit_toml(w["silos"][poor], "silo", lifetime_epsilon=0.4)  # < its run's ε = 1
     srv, silos = _programs(w)
@@ -248,7 +292,9 @@ def test_a_silo_whose_store_runs_out_leaves_and_the_others_finish(tmp_path):
 
 @pytest.mark.parametrize("trees,stop", [
     ({"trees": 3, "depth": 2, "splits": "random", "colsample": 0.5}, 1),
-    ({"trees": 3, "depth": 2, "colsample": 0.5}, 5),  # mid-tree: tree 1 after level 1
+    ({"trees": 3, "depth": 2, "colsample": 0.5, "splits": "histogram"}, 5),  # tree 1, level 1
+    ({"trees": 3, "depth": 2, "bins": "private", "splits": "histogram"}, 1),  # after BINS
+    ({"trees": 5, "bins": "private", "shrink": "auto"}, 3),  # cyclic: per-silo sums kept
 ])
 def test_a_restarted_server_resumes_from_its_checkpoint(tmp_path, trees, stop):
     w = consortium(tmp_path, job={"method": "dp_gbdt", "trees": trees})
@@ -273,6 +319,10 @@ def test_a_restarted_server_resumes_from_its_checkpoint(tmp_path, trees, stop):
             for s in fed.silos]
     sim = train_dp_gbdt(fed, **trees, seed=again.job["seed"], ledgers=leds)
     _same_trees(again.gbdt.server.ensemble, sim.ensemble)
+    if trees.get("shrink"):  # τ² from the per-silo sums the checkpoint kept
+        for k, s in enumerate(silos.values()):
+            _same_trees(s.gbdt.personal, sim.personal[k])
+            assert s.gbdt.silo.mu == pytest.approx(sim.report[k]["shrink_mu"], rel=1e-9)
 
 
 def test_superlink_route_clientapp_per_message_equals_simulator(tmp_path):
@@ -282,7 +332,7 @@ def test_superlink_route_clientapp_per_message_equals_simulator(tmp_path):
     from flwr.app import Context, RecordDict
 
     from silofl.runtime.network import flower_app
-    trees = {"trees": 2, "depth": 2, "n_bins": 8, "local_trees": 1}
+    trees = {"trees": 2, "depth": 2, "n_bins": 8, "local_trees": 1, "shrink": 0.5}
     w = consortium(tmp_path, job={"method": "dp_gbdt", "trees": trees})
     for p in w["silos"].values():
         edit_toml(p, "silo", methods=["dp_gbdt"])

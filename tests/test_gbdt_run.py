@@ -97,7 +97,7 @@ def _table_cfg(tmp: Path, methods: list[str], regression: bool = False, **sectio
                     (["y"] if regression else ["cost"])},
            "training": {"methods": methods, "rounds": 3},
            "privacy": {"epsilon": 1.0, "delta": DELTA, "noise": "seeded"},
-           "trees": {"trees": 4, "depth": 2},
+           "trees": {"trees": 4, "depth": 2, "splits": "histogram"},
            "budget": {"store": str(tmp / "store.sqlite")}, "output": {"name": "job"}}
     for k, v in sections.items():
         cfg.setdefault(k, {}).update(v)
@@ -123,7 +123,8 @@ def _store_events(store: BudgetStore, silo: str, method: str) -> Counter:
 
 def test_cli_heart_tiny_run_writes_trees_report_and_charges_the_store(tmp_path):
     store = tmp_path / "store.sqlite"
-    cfg = {"training": {"methods": ["dp_gbdt"]}, "trees": {"trees": 3, "depth": 2},
+    cfg = {"training": {"methods": ["dp_gbdt"]},
+           "trees": {"trees": 3, "depth": 2, "splits": "histogram"},
            "privacy": {"epsilon": 1.0, "delta": DELTA},
            "budget": {"store": str(store)}, "output": {"name": "heart"}}
     res = _cli(tmp_path, cfg)
@@ -154,7 +155,8 @@ def test_cli_heart_tiny_run_writes_trees_report_and_charges_the_store(tmp_path):
         for e in read_entries(d / "ledgers" / "dp_gbdt" / f"{silo_file(silo)}.jsonl"):
             led.update(events.flatten(e.event))
         assert led and _store_events(st, silo, "dp_gbdt") == led
-    assert "dp_gbdt: noise drawn from NumPy's PCG64" in " ".join(summary["notes"])
+    # secure noise is the CSPRNG stream (gbdt_programs.noise_stream): no PCG64 caveat
+    assert "PCG64" not in " ".join(summary["notes"])
 
 
 def silo_file(name: str) -> str:
@@ -221,8 +223,9 @@ def test_store_charge_equals_an_independent_dp_accounting_composition(tmp_path):
     ({"subsample": 0.0}, {}, "[trees] subsample"),
     ({"splits": "best"}, {}, "[trees] splits"),
     ({"clip_h": "big"}, {}, "[trees] clip_h"),
-    ({"bins": "private"}, {}, "bins = \"private\""),
-    ({"shrink": 0.5}, {}, "shrink"),
+    ({"bins": "private", "bins_share": 1.0}, {}, "bins_share"),
+    ({"n_bins": "many"}, {}, "[trees] n_bins"),
+    ({"trees": "lots"}, {}, "[trees] trees"),
     ({"bins_share": 0.3}, {}, "bins_share"),
     ({}, {"privacy": {"unit": "person", "epsilon": 1.0},
           "data": {"person_column": "pid", "drop": ["visit", "cost"]}}, "unit = \"example\""),
@@ -387,3 +390,28 @@ def test_resume_keeps_a_finished_tree_ensemble_and_charges_it_once(tmp_path):
     rows = pd.read_csv(tmp_path / "visits.csv").head(10)
     np.testing.assert_allclose(pred.predict(rows), trees.params[2].predict(
         pred.transform(rows)), rtol=0, atol=1e-12)
+
+
+def test_private_bins_and_personal_leaves_in_a_job_charge_the_declared_event(tmp_path):
+    # issue 24 items 1-2 through `silofl.run`: the store holds the bins release and the
+    # cyclic trees' leaf releases, exactly what the job declared and calibrated
+    from silofl.training.private_bins import bins_sigma
+    cfg = _table_cfg(tmp_path, ["dp_gbdt"], trees={
+        "trees": "auto", "depth": "auto", "n_bins": "auto", "splits": "cyclic",
+        "bins": "private", "bins_share": 0.2, "shrink": "auto"})
+    rep = silofl.run(config_from_dict(cfg), out_dir=tmp_path / "runs")
+    st = BudgetStore(tmp_path / "store.sqlite")
+    r = rep.results[0]
+    T = 2 * len(r.params[0].feature_names)  # auto: two passes over the features
+    for k, silo in enumerate(r.silos):
+        sigma = r.plans[k].noise_multiplier
+        bins = dpa.GaussianDpEvent(bins_sigma(sigma, 0.2, T))
+        assert _store_events(st, silo, "dp_gbdt") == Counter(
+            {bins: 1, dpa.GaussianDpEvent(sigma): T})
+        acc = dpa.pld.PLDAccountant().compose(bins).compose(dpa.GaussianDpEvent(sigma), T)
+        assert 0.97 < acc.get_epsilon(DELTA) <= 1.0 + 1e-4
+    d = rep.run_dir / "models" / "dp_gbdt"
+    man = json.loads((d / "manifest.json").read_text())
+    card = json.loads((d / man["silos"][0]["card"]).read_text())
+    assert "private quantiles" in card["bins"]["source"]
+    assert "personal leaves" in card["personal"]

@@ -5,7 +5,8 @@ job calibrates one σ_k per silo for dp_gbdt composed with its other methods.
 
 It is not a DP-SGD method: it has no silo/server round steps for the simulator;
 `silofl.experiments.run_trees` runs it. What it declares (`run_event`): every tree's
-releases, ``training.histograms.ensemble_event(σ, T + local_trees, releases, q)``.
+releases, ``training.histograms.ensemble_event(σ, T + local_trees, releases, q)``, after
+the private bins' release when [trees] bins = "private" (`training.private_bins.run_event`).
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ import numpy as np
 from silofl.algorithms.base import Algorithm
 from silofl.errors import ConfigError
 from silofl.training.histograms import ensemble_event
+from silofl.training.private_bins import check_share
+from silofl.training.private_bins import run_event as bins_run_event
 
 if TYPE_CHECKING:
     from silofl.privacy.targets import PrivacyTarget
@@ -62,9 +65,12 @@ def check_settings(s: dict) -> None:
     s : dict
         `train_dp_gbdt` keyword arguments (`SETTINGS`; clip_h and max_leaf may be None).
     """
-    _integer("trees", s["trees"], 1, 10_000)
-    _integer("depth", s["depth"], 1, 12)
-    _integer("n_bins", s["n_bins"], 2, 4096)
+    if s["trees"] is not None:  # None: two passes over the features (cyclic), else 20
+        _integer("trees", s["trees"], 1, 10_000)
+    if s["depth"] is not None:  # None: log2(bins) (cyclic), else 3
+        _integer("depth", s["depth"], 1, 12)
+    if s["n_bins"] != "auto":  # auto: from the rows and the noise (gbdt_splits.auto_bins)
+        _integer("n_bins", s["n_bins"], 2, 4096)
     _integer("local_trees", s["local_trees"], 0, 10_000)
     for key in ("lr", "lam", "clip_g", "min_child_hessian"):
         _positive(key, s[key])
@@ -78,9 +84,12 @@ def check_settings(s: dict) -> None:
     b = s["base_score"]
     if isinstance(b, bool) or not isinstance(b, (int, float)) or not math.isfinite(b):
         raise ConfigError(f"[trees] base_score must be a finite number, got {b!r}")
-    if s["splits"] not in ("histogram", "random"):
-        raise ConfigError(f"[trees] splits must be \"histogram\" (noisy level histograms) or "
-                          f"\"random\" (drawn from public randomness), got {s['splits']!r}")
+    if s["splits"] not in ("histogram", "random", "cyclic"):
+        raise ConfigError(f"[trees] splits must be \"cyclic\" (one feature per tree, leaves = "
+                          f"its bins), \"histogram\" (noisy level histograms) or \"random\" "
+                          f"(drawn from public randomness), got {s['splits']!r}")
+    if s.get("bins", "schema") == "private":
+        check_share(s.get("bins_share", 0.1))
 
 
 def default_settings() -> dict:
@@ -113,12 +122,18 @@ class DpGbdt(Algorithm):
 
     @property
     def releases(self) -> int:
-        """Gaussian releases per tree: D + 1 (histogram splits) or 1 (random splits)."""
-        return int(self.settings["depth"]) + 1 if self.settings["splits"] == "histogram" else 1
+        """Gaussian releases per tree: D + 1 (histogram splits) or 1 (random, cyclic)."""
+        if self.settings["splits"] != "histogram":
+            return 1
+        return int(self.settings["depth"] if self.settings["depth"] is not None else 3) + 1
 
     @property
     def total_trees(self) -> int:
-        """Shared plus local trees: every one is charged."""
+        """Shared plus local trees: every one is charged (trees = None is resolved from
+        the features by `bind_data`)."""
+        if self.settings["trees"] is None:
+            raise ConfigError("dp_gbdt: [trees] trees = \"auto\" needs the table's features; "
+                              "call bind_data(fed, model) before planning")
         return int(self.settings["trees"]) + int(self.settings["local_trees"])
 
     @property
@@ -137,9 +152,16 @@ class DpGbdt(Algorithm):
         Returns
         -------
         dp_accounting.DpEvent
-            ``ensemble_event(σ, T + local_trees, releases, q)``.
+            ``ensemble_event(σ, T + local_trees, releases, q)``, composed after the bins
+            release ``GaussianDpEvent(σ_b(σ))`` when bins = "private".
         """
-        return ensemble_event(sigma, self.total_trees, self.releases, self.sampling_rate)
+        trees = ensemble_event(sigma, self.total_trees, self.releases, self.sampling_rate)
+        if self.settings.get("bins", "schema") != "private":
+            return trees
+        return bins_run_event(sigma, self.settings["bins_share"],
+                              self.total_trees * self.releases,
+                              lambda s: ensemble_event(s, self.total_trees, self.releases,
+                                                       self.sampling_rate))
 
     def privacy_events(self, round_event: dpa.DpEvent, rounds: int,
                        target: PrivacyTarget | None = None) -> dpa.DpEvent:
@@ -154,6 +176,9 @@ class DpGbdt(Algorithm):
         if fed.silos[0].X_train.ndim != 2:
             raise ConfigError("dp_gbdt needs tabular (n, d) features, not images; use a "
                               "DP-SGD method with [model] name = \"convnet\"")
+        if self.settings["trees"] is None:  # as train_dp_gbdt resolves it
+            d = fed.silos[0].X_train.shape[1]
+            self.settings["trees"] = 2 * d if self.settings["splits"] == "cyclic" else 20
 
     def bind_bounds(self, bounds: np.ndarray) -> None:
         """Set the (d, 2) public per-feature bounds the bins are cut over."""

@@ -7,19 +7,21 @@ from __future__ import annotations
 
 import numpy as np
 
+from silofl.algorithms.gbdt_personal import personal_trees
 from silofl.algorithms.gbdt_programs import GbdtSilo
 from silofl.models.trees import Tree, TreeEnsemble
 
-_TREE_FIELDS = ("feature", "threshold", "left", "right", "value")
-_TREE_TYPES = (np.int32, np.float64, np.int32, np.int32, np.float64)
+_TREE_FIELDS = ("feature", "threshold", "left", "right", "value", "slot")
+_TREE_TYPES = (np.int32, np.float64, np.int32, np.int32, np.float64, np.int32)
 
 
 def trees_to_arrays(trees: list[Tree]) -> dict[str, np.ndarray]:
     """Trees as flat arrays (``tree_sizes`` and one concatenated array per field)."""
     out: dict[str, np.ndarray] = {"tree_sizes": np.array([t.n_nodes for t in trees], np.int64)}
-    for f in _TREE_FIELDS:
-        out[f"tree_{f}"] = np.concatenate([getattr(t, f) for t in trees]) if trees \
-            else np.zeros(0)
+    for f in _TREE_FIELDS:  # a tree without leaf slots stores −1 (Tree.slot None)
+        out[f"tree_{f}"] = np.concatenate([
+            getattr(t, f) if getattr(t, f) is not None else np.full(t.n_nodes, -1, np.int32)
+            for t in trees]) if trees else np.zeros(0)
     return out
 
 
@@ -48,12 +50,14 @@ def silo_state(silo: GbdtSilo) -> tuple[dict[str, np.ndarray], dict]:
         data (what it expects next, its seeded stream's position).
     """
     h, trees = silo.hist, silo.ensemble.trees
-    arrays = {"margins": silo.margins, "g": h.g, "h": h.h, "pos": h.pos,
-              "features": np.asarray(h.features, np.int64), **trees_to_arrays(trees),
+    arrays = {"margins": silo.margins, **trees_to_arrays(trees),
               "own_sums": np.stack(silo.own_sums) if silo.own_sums else np.zeros((0, 2, 1))}
+    if silo.edges is not None and h is not None:  # the bins it took (private or public)
+        arrays.update(edges=silo.edges, g=h.g, h=h.h, pos=h.pos,
+                      features=np.asarray(h.features, np.int64))
     if silo.open_tree:
         arrays["heap_feature"], arrays["heap_threshold"] = silo.feature, silo.threshold
-    exact = getattr(h, "_exact", None)
+    exact = getattr(h, "_exact", None) if h is not None else None
     if exact is not None:  # the previous level's exact sums (sibling subtraction)
         arrays["exact_g"], arrays["exact_h"] = exact
     if silo.shared_sums is not None:
@@ -62,7 +66,7 @@ def silo_state(silo: GbdtSilo) -> tuple[dict[str, np.ndarray], dict]:
     meta = {"expect": list(silo.expect), "end": silo.end, "open_tree": silo.open_tree,
             "n_shared": None if silo.shared_ensemble is None
             else len(silo.shared_ensemble.trees),
-            "rng": None if bit is None else bit.state}
+            "rng": None if bit is None else bit.state, "mu": None if silo.mu is None else str(silo.mu)}
     return arrays, meta
 
 
@@ -76,13 +80,17 @@ def restore_silo(silo: GbdtSilo, arrays: dict[str, np.ndarray], meta: dict) -> N
     arrays, meta
         `silo_state`'s output (read back from disk).
     """
-    s, h = silo.s, silo.hist
     silo.margins = np.array(arrays["margins"], dtype=np.float64)
-    h.start_tree(arrays["g"], arrays["h"], np.ones(len(arrays["g"]), bool),
-                 arrays["features"])  # g, h are stored clipped: clipping again is a no-op
-    h.pos = np.array(arrays["pos"], dtype=np.int64)
-    if "exact_g" in arrays:
-        h._exact = (np.array(arrays["exact_g"]), np.array(arrays["exact_h"]))
+    if "edges" in arrays:
+        silo.set_edges(np.array(arrays["edges"], np.float64))
+        h = silo.hist
+        assert h is not None
+        h.start_tree(arrays["g"], arrays["h"], np.ones(len(arrays["g"]), bool),
+                     arrays["features"])  # g, h are stored clipped: clipping again: no-op
+        h.pos = np.array(arrays["pos"], dtype=np.int64)
+        if "exact_g" in arrays:
+            h._exact = (np.array(arrays["exact_g"]), np.array(arrays["exact_h"]))
+    s = silo.s
     silo.ensemble.trees = trees_from_arrays(arrays)
     silo.own_sums = list(np.array(arrays["own_sums"])) if len(arrays["own_sums"]) else []
     if "heap_feature" in arrays:
@@ -92,7 +100,12 @@ def restore_silo(silo: GbdtSilo, arrays: dict[str, np.ndarray], meta: dict) -> N
     silo.end, silo.open_tree = int(meta["end"]), bool(meta["open_tree"])
     if meta["n_shared"] is not None:
         silo.shared_sums = np.array(arrays["shared_sums"])
-        silo.shared_ensemble = TreeEnsemble(s.d, s.task, s.base_score,
-                                            silo.ensemble.trees[:meta["n_shared"]])
+        shared = silo.ensemble.trees[:meta["n_shared"]]
+        silo.shared_ensemble = TreeEnsemble(s.d, s.task, s.base_score, shared)
+        if meta.get("mu") is not None:  # its personal leaves, recomputed (post-processing)
+            silo.mu = float(meta["mu"])
+            silo.personal_base = TreeEnsemble(s.d, s.task, s.base_score, personal_trees(
+                shared, np.stack(silo.own_sums), silo.mu, lr=s.lr, lam=s.lam,
+                max_leaf=s.max_leaf, shared_sums=silo.shared_sums))
     if meta["rng"] is not None and hasattr(silo.rng, "bit_generator"):
         silo.rng.bit_generator.state = meta["rng"]

@@ -68,6 +68,9 @@ COLUMN_PREFIX = "_audit_"
 ADJACENCY = "add/remove one training record of the audited silo (example level)"
 #: train_dp_gbdt keywords the audit owns
 _RESERVED = ("seed", "private", "observe", "noise_scale", "bounds")
+#: the settings the audit reads its white-box scores from, where a run leaves them unset
+#: or automatic (train_dp_gbdt's defaults before cyclic splits became its default)
+AUDITED = {"splits": "histogram", "trees": 20, "depth": 3, "n_bins": 16, "lam": 1.0}
 #: multi-run runs per side when not given
 DEFAULT_RUNS = 200
 
@@ -188,6 +191,7 @@ class GbdtMechanism:
     n_bins: int = field(init=False)
 
     def __post_init__(self) -> None:
+        self.kwargs = audited(self.kwargs)
         k, task = self.kwargs, self.fed.task
         G = float(k.get("clip_g", 1.0))
         H = k.get("clip_h")
@@ -260,7 +264,16 @@ class GbdtMechanism:
                 _claim(result, fed.names.index(unit)))
 
 
+def audited(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """`kwargs` with `AUDITED`'s settings where they are unset (None) or "auto"."""
+    return {**AUDITED, **{k: v for k, v in kwargs.items() if v is not None and v != "auto"}}
+
+
 def _check(fed: Federation, kwargs: dict[str, Any], kind: str) -> None:
+    if audited(kwargs)["splits"] == "cyclic":
+        raise ConfigError("the trees' audit reads histogram or random-split releases: audit "
+                          "with [trees] splits = \"histogram\" or \"random\" (cyclic splits "
+                          "are not audited yet)")
     bad = sorted(set(kwargs) & set(_RESERVED))
     if bad:
         raise ConfigError(f"audit_gbdt sets {', '.join(bad)} itself (the audit's seed, the "
@@ -278,7 +291,7 @@ def _check(fed: Federation, kwargs: dict[str, Any], kind: str) -> None:
     if kind == "multi-run" and kwargs.get("ledgers") is not None:
         raise ConfigError("a multi-run audit trains many jobs on purpose: it runs on fresh "
                           "in-memory ledgers; leave ledgers out")
-    if int(kwargs.get("n_bins", 16)) < 2:
+    if int(audited(kwargs)["n_bins"]) < 2:
         raise ConfigError("n_bins must be at least 2 (each auditing column hosts n_bins − 1 "
                           "canaries)")
 

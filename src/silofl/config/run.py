@@ -201,13 +201,16 @@ class TreesConfig(Section):
     `silofl.algorithms.dp_gbdt`); validated where the method is built."""
 
     section: ClassVar[str] = "trees"
-    trees: int = 20                # T shared trees
-    depth: int = 3                 # D, depth of every tree
-    n_bins: int = 16               # bins per feature
+    trees: int | str = "auto"      # T shared trees; auto: 2 passes over the features
+                                   # (2·d) for cyclic splits, else 20
+    depth: int | str = "auto"      # D, depth of every tree; auto: log2(n_bins) cyclic, else 3
+    n_bins: int | str = "auto"     # bins per feature; auto: from the rows and the noise
+                                   # (cyclic; gbdt_splits.auto_bins), else 16
     bins: str = "schema"           # schema (declared bounds: free) | private (quantiles, charged)
-    bins_share: float = 0.1        # bins = "private": share of each silo's ε for the bins
+    bins_share: float = 0.1        # bins = "private": the bins release's share of each
+                                   # silo's budget (training.private_bins.bins_sigma)
     lr: float = 0.3                # η, shrinkage of every leaf
-    lam: float = 1.0               # λ, L2 regularisation of the leaves
+    lam: float = 30.0              # λ, L2 regularisation of the leaves
     clip_g: float = 1.0            # G: per-example gradient clipped to [-G, G]
     clip_h: float | str = "auto"   # H: hessian clipped to [0, H]; auto: 1/4 binary, 1 regression
     subsample: float = 1.0         # Poisson row-sampling rate per tree (amplification counted)
@@ -215,7 +218,8 @@ class TreesConfig(Section):
     min_child_hessian: float = 1.0  # smallest noisy Σh of a child
     max_leaf: float | str = "auto"  # leaf clamp before η; auto: 4 binary, G regression
     base_score: float = 0.0        # public starting margin
-    splits: str = "histogram"      # histogram (noisy level histograms) | random (public)
+    splits: str = "cyclic"         # cyclic (tree t: feature t mod d, leaves = its bins) |
+                                   # histogram (noisy level histograms) | random (public)
     local_trees: int = 0           # personalization: trees each silo grows alone afterwards
     shrink: float | str = "off"    # personal leaves: off | μ ≥ 0 (MR-MTL shrinkage of each
                                    # silo's own leaf values towards the shared ones) | auto

@@ -3,13 +3,15 @@
 and one run charged to the job's ledgers.
 
 Privacy: the job plans dp_gbdt like any method (`silofl.runtime.plan`: its declared event
-is ``ensemble_event(σ_k, T + local_trees, releases, q)``, σ_k calibrated for the job's
+is ``ensemble_event(σ_k, T + local_trees, releases, q)``, after the private bins' release
+with [trees] bins = "private" (`DpGbdt.run_event`), σ_k calibrated for the job's
 methods composed) and reserves the whole ensemble in the lifetime store before any row is
 read; `train_dp_gbdt` charges each release to the job's ledger (and so the store) before
 it reads the silo's rows; the job settles to what executed.
 
-Bins: each feature's bins are equal width over its DECLARED range after preprocessing,
-never over the data: a numeric column's schema [lower, upper] (values are clipped to it),
+Bins: each feature's bins are equal width over its DECLARED range after preprocessing
+(or, with bins = "private", noisy quantiles over that range, charged), never read from the
+data for free: a numeric column's schema [lower, upper] (values are clipped to it),
 mapped through its declared standardization ((x − center)/scale, the same in every silo),
 [0, 1] for binary, one-hot and missing-indicator columns. Per-silo standardization
 (private or uncharged) would give every silo other bins, so it is refused for dp_gbdt.
@@ -18,7 +20,6 @@ mapped through its declared standardization ((x − center)/scale, the same in e
 from __future__ import annotations
 
 import inspect
-import secrets
 import time
 from dataclasses import dataclass
 
@@ -70,6 +71,13 @@ def trees_kwargs(cfg) -> dict:
     from silofl.algorithms.dp_gbdt import train_dp_gbdt
     t = cfg.trees
     out = {k: getattr(t, k) for k in SETTINGS}
+    for key in ("trees", "depth"):  # auto: train_dp_gbdt's None (resolved from the data)
+        v = getattr(t, key)
+        if isinstance(v, str) and v != "auto":
+            raise ConfigError(f"[trees] {key} must be a whole number or \"auto\", got {v!r}")
+        out[key] = None if v == "auto" else v
+    if isinstance(t.n_bins, str) and t.n_bins != "auto":
+        raise ConfigError(f"[trees] n_bins must be a whole number or \"auto\", got {t.n_bins!r}")
     out["clip_h"] = _auto_or_positive("clip_h", t.clip_h)
     out["max_leaf"] = _auto_or_positive("max_leaf", t.max_leaf)
     accepted = inspect.signature(train_dp_gbdt).parameters
@@ -167,15 +175,6 @@ class TreeResult(RunResult):
     note: str | None = None
 
 
-def _seed(tcfg) -> tuple[int, str | None]:
-    """train_dp_gbdt's seed: the config's (seeded, or non-private), else fresh OS entropy."""
-    if tcfg.private and tcfg.noise == "secure":
-        return secrets.randbits(128), (
-            "dp_gbdt: noise drawn from NumPy's PCG64 seeded with 128 bits of fresh OS entropy "
-            "(train_dp_gbdt takes a seed), not the CSPRNG stream the DP-SGD methods use")
-    return int(tcfg.seed), None
-
-
 def _history(fed, models: list, metric: str, T: int) -> tuple[History, dict]:
     """Per tree count t = 1..T, every silo's metric of its model's first t trees (test
     rows; post-processing of the released trees, like every method's round metrics)."""
@@ -242,8 +241,10 @@ def run_trees(fed, alg: DpGbdt, tcfg, plans: list, *, metric: str | None = None,
         raise ConfigError("a private dp_gbdt run charges a job's reservation: run it with "
                           "silofl.run (or train_dp_gbdt with ledgers)")
     ledgers = job.ledgers(label, ledger_dir, restored) if private else None
-    seed, note = _seed(tcfg)
-    res = train_dp_gbdt(fed, **alg.settings, bounds=alg.bounds, seed=seed, ledgers=ledgers,
+    # noise = "secure": each silo's stream is the CSPRNG (gbdt_programs.noise_stream); the
+    # seed then drives only the public streams (column draws, random splits)
+    res = train_dp_gbdt(fed, **alg.settings, bounds=alg.bounds, seed=int(tcfg.seed),
+                        noise=tcfg.noise if private else "seeded", ledgers=ledgers,
                         private=private, noise_multipliers=[p.noise_multiplier for p in plans]
                         if private else None)
     models = res.personal or [res.ensemble] * fed.num_silos
@@ -259,4 +260,4 @@ def run_trees(fed, alg: DpGbdt, tcfg, plans: list, *, metric: str | None = None,
                       params=params, seconds=time.perf_counter() - t0, noise=tcfg.noise,
                       run_id=job.run_id if private else None,
                       scratch=bool(job is not None and job.scratch), ensemble=res.ensemble,
-                      bounds=alg.bounds, final_metrics=finals, note=note if private else None)
+                      bounds=alg.bounds, final_metrics=finals)

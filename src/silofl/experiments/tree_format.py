@@ -1,5 +1,6 @@
-"""A tree ensemble's files: silofl's own JSON (exact) and XGBoost-safe feature names
-(`silofl.experiments.tree_saving` writes them, `silofl.experiments.artifacts` reads them)."""
+"""A tree ensemble's file: silofl's own JSON (exact) (`silofl.experiments.tree_saving`
+writes it, `silofl.experiments.artifacts` reads it; XGBoost-safe feature names:
+`silofl.models.trees.xgboost_feature_names`)."""
 
 from __future__ import annotations
 
@@ -30,16 +31,6 @@ def ensemble_from_dict(d: dict) -> TreeEnsemble:
                   np.array(t["value"], np.float64)) for t in d["trees"]]
     return TreeEnsemble(int(d["n_features"]), d["task"], float(d["base_score"]), trees,
                         d.get("feature_names"))
-
-
-def xgboost_names(names: list[str] | None) -> list[str] | None:
-    """Feature names XGBoost accepts (no '[', ']' or '<': e.g. ``cp=<missing>`` becomes
-    ``cp=(missing)``); positional names f0, f1, ... if that makes two equal."""
-    if not names:
-        return None
-    table = str.maketrans({"[": "(", "]": ")", "<": "(", ">": ")"})
-    out = [n.translate(table) for n in names]
-    return out if len(set(out)) == len(out) else [f"f{j}" for j in range(len(out))]
 
 
 def load_ensemble(path: Path, expected: str | None, what: str) -> TreeEnsemble:

@@ -1,15 +1,20 @@
 """`TorchModel`: any torch.nn.Module architecture behind the engine's `Model` interface.
 
 The engine keeps parameters as flat float64 vectors (K, P); here they become per-silo
-parameter dicts (views into one float32 tensor) fed to `torch.func.functional_call`.
-Per-example gradients come from `vmap(grad(loss of one example))`, and a second `vmap`
-runs every silo at once with its own parameters (the architecture is shared), so one
-DP-SGD step for K silos is a single batched computation (for conv nets the silo axis is a
-loop by default: see `TorchModel`'s `silo_vmap`):
+parameter dicts (views into one float32 tensor). One DP-SGD step for K silos:
 
     per-example grads (K, B, ·) → norms (K, B) → clip factors min(1, c/‖g‖)·mask → Σ_b (K, P)
 
-with c = clip_bound(C) just below C, norms in float64 (see `_clip_sum`).
+with c = clip_bound(C) just below C, norms accumulated in float64.
+
+Two engines compute it. Where the architecture is a Sequential of the layers it covers
+(Linear, Conv2d, LayerNorm, pooling, elementwise activations, Flatten: every net of
+`torch_nets`), the stacked engine (`silofl.models.torch_stacked`) runs all silos of a chunk
+in one pass with their parameters stacked on a silo axis: dense layers' per-example norms
+without per-example gradients, one oneDNN convolution grouped by silo, per-example conv
+gradients as one grouped weight gradient (`TorchModel.stacked`). Any other module uses
+`torch.func`: `vmap(grad(loss of one example))` over examples, and a second `vmap` over
+silos for dense nets (`silo_vmap`; conv nets loop over silos there).
 
 Padded rows (mask False) get factor 0, so they contribute nothing. Compute is float32
 (DP noise swamps float32 rounding); results return as float64 numpy arrays.
@@ -29,6 +34,7 @@ from __future__ import annotations
 import copy
 import os
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -38,6 +44,7 @@ from torch.func import functional_call, grad, vmap
 
 from silofl.errors import ConfigError, DataError
 from silofl.models.base import Model
+from silofl.models.torch_stacked import StackedNet
 from silofl.privacy.clipping import CLIP_MARGIN, clip_bound
 
 TASKS = ("binary", "multiclass", "regression")
@@ -47,6 +54,26 @@ DEVICES = ("cpu", "cuda", "auto")
 CHUNK_BYTES = 256 * 2**20
 #: examples per forward pass in predict / loss / per_example_grads
 EVAL_CHUNK = 512
+#: cap on one chunk of silos in the stacked engine (activations and per-example conv
+#: gradients, bytes): small enough to stay near the CPU caches, where memory traffic, not
+#: arithmetic, bounds a conv net's step (K = 4 silos of a ConvNet batch of 100 at once run
+#: slower than four chunks of one)
+STACK_BYTES = 48 * 2**20
+#: per-example bytes × batch above which a CPU step with n > 1 intra-op threads splits its
+#: examples in n parts, each on its own Python thread with one intra-op thread: no OpenMP
+#: barrier per op, which on a busy 2-core machine made two threads 2–4× slower than one
+SPLIT_BYTES = 8 * 2**20
+_POOLS: dict[int, ThreadPoolExecutor] = {}
+if hasattr(os, "register_at_fork"):  # a forked child has none of its parent's threads
+    os.register_at_fork(after_in_child=_POOLS.clear)
+
+
+def _pool(n: int) -> ThreadPoolExecutor:
+    """n worker threads, each with one intra-op thread (torch's setting is per thread)."""
+    if n not in _POOLS:
+        _POOLS[n] = ThreadPoolExecutor(n, thread_name_prefix="silofl-torch",
+                                       initializer=torch.set_num_threads, initargs=(1,))
+    return _POOLS[n]
 
 
 def _cap_threads() -> None:
@@ -132,11 +159,13 @@ class TorchModel(Model):
     dtype: compute precision (float32; float64 for exact comparisons in tests).
     device: where parameters and data live during compute ('cpu', 'cuda', 'cuda:N',
     'auto'; `resolve_device`); results always return as CPU numpy arrays.
-    silo_vmap: vectorize over the silo axis with a second vmap (per-silo parameters). Dense
-    layers become batched matmuls, which pays; a convolution with per-silo weights becomes
-    a grouped convolution, which on CPU is slower than one ordinary batched convolution per
-    silo (measured ~1.4× for the ConvNet at K = 4), so the default (None) is True unless the
-    architecture has conv layers, where silos are looped over (examples stay vmapped).
+    silo_vmap: (the torch.func engine only) vectorize over the silo axis with a second vmap
+    (per-silo parameters). Dense layers become batched matmuls, which pays; a convolution
+    with per-silo weights becomes a grouped convolution, which on CPU is slower than one
+    ordinary batched convolution per silo (measured ~1.4× for the ConvNet at K = 4), so the
+    default (None) is True unless the architecture has conv layers.
+    The attribute `stacked` (True where `torch_stacked` covers the architecture) selects the
+    stacked engine; set it False to use torch.func.
     """
 
     def __init__(self, module: nn.Module, *, task: str, input_shape: Sequence[int],
@@ -170,6 +199,11 @@ class TorchModel(Model):
         if silo_vmap is None:  # see the class docstring
             silo_vmap = not any(isinstance(m, nn.modules.conv._ConvNd) for m in module.modules())
         self.silo_vmap = bool(silo_vmap)
+        self._stacked = StackedNet.build(self.module, self.input_shape)
+        #: clip with the stacked engine (`torch_stacked`) where it covers the architecture;
+        #: False: per-example gradients from torch.func (`silo_vmap` applies)
+        self.stacked = self._stacked is not None
+        self._example_bytes = self._stacked_example_bytes()
 
     # -- pure functions of (param dict, data) -------------------------------------------
     def _example_loss(self, params: dict[str, torch.Tensor], x: torch.Tensor,
@@ -306,13 +340,22 @@ class TorchModel(Model):
         L2 norm DP-SGD clips), accumulated in float64: a float32 reduction over many
         parameters can err by more than the clipping margin."""
         lead = mask.dim()
-        # a float mask holds row weights (person level): clip each row, then weigh it
-        valid = mask if mask.dtype == torch.bool else mask > 0
         flat = [grads[n].flatten(lead) for n in self._names]       # (*L, B, p_i) views
         if coords is not None:  # the gradient restricted to the trained coordinates
             flat = [g * c for g, c in zip(flat, coords)]
         norms = torch.linalg.vector_norm(torch.stack(
             [torch.linalg.vector_norm(g, dim=-1, dtype=torch.float64) for g in flat]), dim=0)
+        factor = self._factors(norms, mask, clip, within).to(flat[0].dtype)
+        return torch.cat([torch.einsum("...b,...bp->...p", factor, g) for g in flat], -1)
+
+    @staticmethod
+    def _factors(norms: torch.Tensor, mask: torch.Tensor, clip: float | np.ndarray,
+                 within: list | None = None) -> torch.Tensor:
+        """(*L, B) float64 clip factors min(1, c/‖g_b‖)·mask_b from per-example norms (*L,
+        B), c = clip_bound(clip); a float mask holds row weights (person level: each row
+        is clipped, then weighed). With `within`, clip is per silo (*L,) and the count of
+        unmasked rows with ‖g‖ ≤ clip is appended to it (numpy, (*L,))."""
+        valid = mask if mask.dtype == torch.bool else mask > 0
         if within is None:
             bound: float | torch.Tensor = clip_bound(float(clip))
         else:  # one clip per silo (clip = "auto"): count the rows within it
@@ -326,8 +369,7 @@ class TorchModel(Model):
                              0.0)
         if valid is not mask:
             factor = factor * mask.to(factor.dtype)
-        factor = factor.to(flat[0].dtype)
-        return torch.cat([torch.einsum("...b,...bp->...p", factor, g) for g in flat], -1)
+        return factor
 
     def clipped_grad_sum(self, W: np.ndarray, X: np.ndarray, y: np.ndarray, mask: np.ndarray,
                          clip: float, *, coords: np.ndarray | None = None,
@@ -335,6 +377,9 @@ class TorchModel(Model):
         """Σ_b min(1, clip/‖g_kb‖)·g_kb over unmasked rows → (K, P) float64.
         W (K, P); X (K, B, *input_shape); y, mask (K, B). coords (P,) bool: g restricted to
         these coordinates (0 elsewhere) before its norm. `aux` (GLM helpers) is ignored."""
+        include = self._stacked_include(coords)
+        if include is not None:
+            return self._stacked_clip(W, X, y, mask, clip, include, count=False)[0]
         cm = self._coords(coords)
         out = np.zeros((np.shape(mask)[0], self.num_params))
         for s, G, m in self._example_grads(W, X, y, mask):
@@ -348,7 +393,13 @@ class TorchModel(Model):
         """`clipped_grad_sum` at clip[k] (K,) for silo k, and per silo the number of
         unmasked rows whose gradient norm (restricted to `coords`) is ≤ clip[k] (K,)
         (see `Model`)."""
-        clip, cm = np.asarray(clip, dtype=np.float64), self._coords(coords)
+        clip = np.asarray(clip, dtype=np.float64)
+        include = self._stacked_include(coords)
+        if include is not None:
+            out, count = self._stacked_clip(W, X, y, mask, clip, include, count=True)
+            assert count is not None
+            return out, count
+        cm = self._coords(coords)
         K = np.shape(mask)[0]
         out, count = np.zeros((K, self.num_params)), np.zeros(K)
         for s, G, m in self._example_grads(W, X, y, mask):
@@ -356,6 +407,91 @@ class TorchModel(Model):
             out[s] = _np(self._clip_sum(G, m, clip[s], within, cm))
             count[s] = within[0]
         return out, count
+
+    # -- the stacked engine (`torch_stacked`) -------------------------------------------
+    def _stacked_example_bytes(self) -> int:
+        """Bytes one example occupies in the stacked engine: every kept activation and its
+        gradient, and its per-example conv weight gradients (a traced forward of one)."""
+        if self._stacked is None:
+            return 0
+        W = np.zeros((1, self.num_params))
+        X = torch.zeros((1, 1) + self.input_shape, dtype=self.dtype, device=self.device)
+        with torch.no_grad():
+            _, records = self._stacked.forward(self._params(W), X, keep=True)
+        floats = sum(2 * (r.a.numel() + r.z.numel())
+                     + (r.op.module.weight.numel() if r.op.kind == "conv" else 0)
+                     for r in records)
+        return int(floats) * torch.finfo(self.dtype).bits // 8
+
+    def _stacked_include(self, coords: np.ndarray | None) -> set[str] | None:
+        """The parameter names the stacked engine clips for `coords` (all when None), or
+        None when it cannot serve the call (engine off, or coords that split a tensor)."""
+        if not self.stacked or self._stacked is None:
+            return None
+        if coords is None:
+            return set(self._names)
+        parts = np.split(np.asarray(coords, dtype=bool), np.cumsum(self._sizes)[:-1])
+        if any(p.any() and not p.all() for p in parts):
+            return None
+        return {n for n, p in zip(self._names, parts) if p.all()}
+
+    def _stacked_clip(self, W: np.ndarray, X: np.ndarray, y: np.ndarray, mask: np.ndarray,
+                      clip: float | np.ndarray, include: set[str], count: bool,
+                      ) -> tuple[np.ndarray, np.ndarray | None]:
+        """`clipped_grad_sum` (count False, clip a float) or `clipped_grad_sum_count`
+        (clip (K,)) with the stacked engine, in parts (`_stacked_parts`)."""
+        K, B = np.shape(mask)
+        out, counts = np.zeros((K, self.num_params)), (np.zeros(K) if count else None)
+        if B == 0:
+            return out, counts
+        engine = self._stacked
+        assert engine is not None
+        Xt, yt = self._inputs(X, 2), self._labels(y)
+        m = (self._mask(mask) if np.asarray(mask).dtype == bool
+             else self._mask(mask, torch.float64))  # row weights (person level)
+        keep = include.__contains__
+
+        def part(item: tuple[slice, slice]) -> tuple[slice, np.ndarray, Any]:
+            s, e = item
+            batch = engine.backward(self._params(W[s]), Xt[s, e], yt[s, e], self._loss)
+            norms = engine.sq_norms(batch, keep).sqrt()
+            within: list | None = [] if count else None
+            c = np.asarray(clip)[s] if count else clip  # per silo for counts
+            factor = self._factors(norms, m[s, e], c, within)
+            sums = engine.clipped_sums(batch, factor.to(self.dtype), keep)
+            return s, _np(self._flat_some(sums, s.stop - s.start)), within and within[0]
+
+        for s, o, c in self._run_parts(part, K, B):
+            out[s] += o
+            if counts is not None:
+                counts[s] += c
+        return out, counts
+
+    def _stacked_parts(self, K: int, B: int) -> tuple[list[tuple[slice, slice]], int]:
+        """Work items (silos, examples) of one stacked step, and the worker threads to run
+        them on (0: this thread). Silos go in chunks under STACK_BYTES (CPU caches; a GPU
+        takes CHUNK_BYTES); on a CPU with n > 1 intra-op threads and at least SPLIT_BYTES
+        of work per chunk, each chunk's examples go in n parts, one per worker."""
+        cap = STACK_BYTES if self.device.type == "cpu" else CHUNK_BYTES
+        step = max(1, cap // max(1, B * self._example_bytes))
+        chunks = [slice(a, min(a + step, K)) for a in range(0, K, step)]
+        n = torch.get_num_threads() if self.device.type == "cpu" else 1
+        if n < 2 or B < 2 or B * self._example_bytes < SPLIT_BYTES:
+            return [(s, slice(0, B)) for s in chunks], 0
+        cuts = np.linspace(0, B, min(n, B) + 1).astype(int)
+        return [(s, slice(a, b)) for s in chunks for a, b in zip(cuts[:-1], cuts[1:])], n
+
+    def _run_parts(self, fn: Callable[[tuple[slice, slice]], Any], K: int,
+                   B: int) -> Iterator[Any]:
+        """fn over the work items of `_stacked_parts`, here or on its worker threads."""
+        items, n = self._stacked_parts(K, B)
+        return iter(_pool(n).map(fn, items)) if n else map(fn, items)
+
+    def _flat_some(self, grads: dict[str, torch.Tensor], k: int) -> torch.Tensor:
+        """{name: (k, *shape)} for some parameters → (k, P), zeros for the others."""
+        return torch.cat([grads[n].reshape(k, -1) if n in grads else
+                          torch.zeros((k, size), dtype=self.dtype, device=self.device)
+                          for n, size in zip(self._names, self._sizes)], -1)
 
     def _example_grads(self, W: np.ndarray, X: np.ndarray, y: np.ndarray,
                        mask: np.ndarray) -> Iterator[tuple[int | slice, dict, torch.Tensor]]:
@@ -386,6 +522,20 @@ class TorchModel(Model):
         if B == 0:
             return np.zeros((K, self.num_params))
         Xt, yt = self._inputs(X, 2), self._labels(y)
+        engine = self._stacked
+        if self.stacked and engine is not None:  # weighted by the mask, no norms
+            out = np.zeros((K, self.num_params))
+            every = set(self._names).__contains__
+
+            def part(item: tuple[slice, slice]) -> tuple[slice, np.ndarray]:
+                s, e = item
+                batch = engine.backward(self._params(W[s]), Xt[s, e], yt[s, e], self._loss)
+                sums = engine.clipped_sums(batch, m[s, e], every)
+                return s, _np(self._flat_some(sums, s.stop - s.start))
+
+            for s, o in self._run_parts(part, K, B):
+                out[s] += o
+            return out
         if not self.silo_vmap or K == 1:
             return np.stack([_np(self._flat(self._grad_sum(self._params(W[k]), Xt[k], yt[k],
                                                            m[k]), 0)) for k in range(K)])

@@ -42,6 +42,9 @@ class Tree:
         (m,) int32 child indices; −1 at a leaf.
     value : numpy.ndarray
         (m,) float64 leaf values in margin units (shrinkage already applied); 0 inside.
+    slot : numpy.ndarray, optional
+        (m,) int32: at a leaf, its slot 0..2^D − 1 in the complete tree it was compacted
+        from (`from_complete`; the index of the per-leaf sums a silo released), −1 inside.
     """
 
     feature: np.ndarray
@@ -49,6 +52,7 @@ class Tree:
     left: np.ndarray
     right: np.ndarray
     value: np.ndarray
+    slot: np.ndarray | None = field(default=None, compare=False)
 
     @property
     def n_nodes(self) -> int:
@@ -79,13 +83,15 @@ class Tree:
                       value: np.ndarray) -> Tree:
         """Compact a complete tree in heap layout (children of i at 2i+1, 2i+2; depth D,
         2^(D+1) − 1 nodes) whose pass-through nodes (threshold +inf: every row goes left)
-        collapse into their left child. Returns the tree in breadth-first order."""
+        collapse into their left child. Returns the tree in breadth-first order, each leaf
+        remembering its heap slot (`slot`)."""
         n_inner = (feature.shape[0] - 1) // 2
         out_f: list[int] = []
         out_t: list[float] = []
         out_l: list[int] = []
         out_r: list[int] = []
         out_v: list[float] = []
+        out_s: list[int] = []
 
         def resolve(i: int) -> int:  # skip pass-through nodes (every row goes left)
             while i < n_inner and not np.isfinite(threshold[i]):
@@ -101,6 +107,7 @@ class Tree:
                 out_l.append(len(queue))
                 out_r.append(len(queue) + 1)
                 out_v.append(0.0)
+                out_s.append(-1)
                 queue.extend(kids)
             else:
                 out_f.append(-1)
@@ -108,9 +115,10 @@ class Tree:
                 out_l.append(-1)
                 out_r.append(-1)
                 out_v.append(float(value[i]))
+                out_s.append(i - n_inner)
         return cls(np.array(out_f, dtype=np.int32), np.array(out_t, dtype=np.float64),
                    np.array(out_l, dtype=np.int32), np.array(out_r, dtype=np.int32),
-                   np.array(out_v, dtype=np.float64))
+                   np.array(out_v, dtype=np.float64), np.array(out_s, dtype=np.int32))
 
     def _xgb_dict(self, tree_id: int, n_features: int) -> dict:
         m = self.n_nodes
@@ -182,7 +190,8 @@ class TreeEnsemble:
 
     def to_xgboost_json(self) -> dict:
         """The ensemble in XGBoost's JSON model format (schema ``doc/model.schema`` of
-        XGBoost; checked against xgboost 3.2), loadable by ``xgboost.Booster``.
+        XGBoost; checked against xgboost 3.2), loadable by ``xgboost.Booster``; its
+        feature names made XGBoost-safe by `xgboost_feature_names`.
 
         Returns
         -------
@@ -200,7 +209,7 @@ class TreeEnsemble:
         model = {"gbtree_model_param": {"num_parallel_tree": "1", "num_trees": str(T)},
                  "iteration_indptr": list(range(T + 1)), "tree_info": [0] * T,
                  "trees": [t._xgb_dict(i, d) for i, t in enumerate(self.trees)]}
-        names = list(self.feature_names) if self.feature_names else []
+        names = xgboost_feature_names(self.feature_names) or []
         return {"learner": {
             "attributes": {}, "feature_names": names,
             "feature_types": ["float"] * len(names),
@@ -215,3 +224,33 @@ class TreeEnsemble:
         path = Path(path)
         write_json_atomic(path, self.to_xgboost_json())
         return path
+
+
+def xgboost_feature_names(names: list[str] | None) -> list[str] | None:
+    """The feature names an XGBoost model file carries: the one place names XGBoost
+    rejects are normalised (no ``[``, ``]`` or ``<``: a schema's one-hot name such as
+    ``cp=<missing>`` becomes ``cp=(missing)``; ``>`` likewise). If that makes two names
+    equal, positional names f0, f1, … instead. Manifests map the originals to these.
+
+    Parameters
+    ----------
+    names : list of str or None
+        The model's column names.
+
+    Returns
+    -------
+    list of str or None
+        As many names as given (None for none).
+    """
+    if not names:
+        return None
+    table = str.maketrans({"[": "(", "]": ")", "<": "(", ">": ")"})
+    out = [str(n).translate(table) for n in names]
+    return out if len(set(out)) == len(out) else [f"f{j}" for j in range(len(out))]
+
+
+def xgboost_name_map(names: list[str] | None) -> dict[str, str]:
+    """{original name: its name in the XGBoost file} (`xgboost_feature_names`), for a
+    manifest; empty when the model has no names."""
+    safe = xgboost_feature_names(names)
+    return {} if not names or safe is None else dict(zip(names, safe, strict=True))

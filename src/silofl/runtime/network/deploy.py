@@ -304,7 +304,9 @@ def _max_rounds(job: dict) -> int:
     if job.get("method") == "dp_gbdt":
         from silofl.runtime.network.gbdt_host import trees_json
         t = json.loads(trees_json(job.get("trees")))
-        return int(t["trees"] + t["local_trees"])
+        trees = t["trees"] if t["trees"] != "auto" else \
+            2 * int(job.get("dim", 1)) if t["splits"] == "cyclic" else 20  # as gbdt_settings
+        return int(trees + t["local_trees"])
     return int(job["rounds"])
 
 

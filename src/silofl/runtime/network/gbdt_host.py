@@ -7,20 +7,25 @@ broadcast is the server's `Ask` as one float64 vector, a silo's reply its noisy 
 as one (1, M) row (none for the last, MODEL, round). The job carries the [trees]
 settings (`TreesConfig`) as canonical JSON under the key ``trees``. A silo
 
-* refuses a job whose method it did not consent to, a person-level job, private bins or
-  preprocessing, shrinkage (not over the network yet) — all at join, nothing charged;
+* refuses a job whose method it did not consent to, a person-level job or private
+  preprocessing — all at join, nothing charged;
+* with bins = "private", answers the first round (BINS) with its noisy fine histograms
+  (charged first) and takes the edges the first tree's message brings;
 * reserves each round's release in its own lifetime store before the round runs (the
   MODEL round: its local trees) and charges that reservation's ledger before it reads a
   row; a store that refuses makes it leave ("exhausted"), the others go on;
-* builds the model itself from the splits and leaf values it is sent, grows its local
-  trees alone after MODEL, and saves its model and privacy report;
+* builds the model itself from the splits and leaf values it is sent, computes its
+  personal leaves (shrink) and grows its local trees alone after MODEL, and saves its
+  models and privacy report;
 * keeps its program's state on disk between messages (`gbdt_state.silo_state`), so a
   fresh process per message (SuperNode) continues the run.
 
-The server only sums releases, checkpoints its program after every round (a restarted
+The server only sums releases (automatic bins and shrink = "auto" from the silos' σ_k and
+rows, reported at join: public), checkpoints its program after every round (a restarted
 server resumes) and writes the ensemble (TreeEnsemble JSON and XGBoost JSON) and its
 privacy report. Seeded noise: silo k of K draws the simulator's stream
-(`dp_gbdt.program_rngs(seed, K)`), so a networked run equals `train_dp_gbdt`.
+(`dp_gbdt.program_rngs(seed, K)`), so a networked run equals `train_dp_gbdt`; secure
+noise: the CSPRNG (`gbdt_programs.noise_stream`).
 """
 
 from __future__ import annotations
@@ -33,17 +38,9 @@ from typing import Any
 import numpy as np
 
 from silofl.algorithms.dp_gbdt import program_rngs
-from silofl.algorithms.gbdt_programs import (
-    OP_MODEL,
-    Ask,
-    GbdtServer,
-    GbdtSettings,
-    GbdtSilo,
-    MessageError,
-    calibrate_sigma,
-    gbdt_settings,
-    grow_local,
-)
+from silofl.algorithms.gbdt_messages import OP_MODEL, Ask, MessageError
+from silofl.algorithms.gbdt_programs import GbdtServer, GbdtSilo, grow_local, noise_stream
+from silofl.algorithms.gbdt_settings import GbdtSettings, calibrate_sigma, gbdt_settings
 from silofl.algorithms.gbdt_state import (
     restore_silo,
     silo_state,
@@ -53,11 +50,11 @@ from silofl.algorithms.gbdt_state import (
 from silofl.config.run import TreesConfig
 from silofl.errors import BudgetExceeded, ConfigError
 from silofl.io import write_json_atomic
-from silofl.models.trees import Tree, TreeEnsemble
+from silofl.models.trees import Tree, TreeEnsemble, xgboost_name_map
 from silofl.privacy import events
 from silofl.privacy.ledger import Ledger, silo_file_id
 from silofl.runtime.network import messages as W
-from silofl.training.histograms import bin_edges, tree_event
+from silofl.training.histograms import tree_event
 
 GBDT = "dp_gbdt"
 #: the declared bounds every feature's public bins span (the schema maps declared bounds
@@ -117,18 +114,11 @@ def check_gbdt_job(job: dict) -> None:
     if "private" in (job["standardize"], job["impute"]):
         raise ConfigError("dp_gbdt over the network bins the declared bounds: private "
                           "standardize/impute constants are not supported; use \"declared\"")
-    t = job_trees(job)
-    if t.bins != "schema":
-        raise ConfigError(f"[trees] bins = {t.bins!r} is not available over the network yet; "
-                          "use bins = \"schema\" (the declared bounds)")
-    if t.shrink != "off":
-        raise ConfigError(f"[trees] shrink = {t.shrink!r} is not available over the network "
-                          "yet; use shrink = \"off\"")
     job_settings(job)
 
 
 def job_settings(job: dict) -> tuple[GbdtSettings, np.ndarray]:
-    """The run's checked settings and its public bin edges.
+    """The run's checked settings and the declared bounds of its bins.
 
     Parameters
     ----------
@@ -138,29 +128,18 @@ def job_settings(job: dict) -> tuple[GbdtSettings, np.ndarray]:
     Returns
     -------
     (GbdtSettings, numpy.ndarray)
-        The settings and the (d, n_bins − 1) equal-width edges over `BOUNDS`.
+        The settings (automatic bins still to resolve) and the (d, 2) bounds `BOUNDS`.
     """
     t = job_trees(job)
+    auto = {k: None if getattr(t, k) == "auto" else getattr(t, k) for k in ("trees", "depth")}
     s = gbdt_settings(
-        job["task"], job["dim"], trees=t.trees, depth=t.depth, n_bins=t.n_bins, lr=t.lr,
+        job["task"], job["dim"], **auto, n_bins=t.n_bins, lr=t.lr,
         lam=t.lam, clip_g=t.clip_g, clip_h=None if t.clip_h == "auto" else float(t.clip_h),
         subsample=t.subsample, colsample=t.colsample, min_child_hessian=t.min_child_hessian,
         max_leaf=None if t.max_leaf == "auto" else float(t.max_leaf),
-        base_score=t.base_score, splits=t.splits, local_trees=t.local_trees)
-    return s, bin_edges(np.tile(BOUNDS, (s.d, 1)), s.n_bins)
-
-
-class _SecureStream:
-    """A secure `Randomness` posing as the NumPy generator the silo program draws from."""
-
-    def __init__(self, r: Any):
-        self.r = r
-
-    def random(self, size: int) -> np.ndarray:
-        return 1.0 - self.r.uniform(size)  # (0, 1] → [0, 1)
-
-    def normal(self, loc: float, scale: float, size: Any) -> np.ndarray:
-        return loc + scale * self.r.normal(size)
+        base_score=t.base_score, splits=t.splits, local_trees=t.local_trees, bins=t.bins,
+        bins_share=t.bins_share, shrink=t.shrink)
+    return s, np.tile(BOUNDS, (s.d, 1))
 
 
 # --- models on disk ----------------------------------------------------------------------
@@ -196,21 +175,12 @@ def load_ensemble(path: str | Path) -> TreeEnsemble:
                         d["feature_names"])
 
 
-def xgboost_names(names: list[str] | None) -> list[str] | None:
-    """The column names XGBoost accepts (unique, none of ``[ ] <``: a schema's one-hot
-    names such as ``cp=<missing>`` are not), else None (the model then takes plain arrays)."""
-    if not names or len(set(names)) != len(names) or any(
-            c in n for n in names for c in "[]<"):
-        return None
-    return list(names)
-
-
 def _save_model(folder: Path, stem: str, ens: TreeEnsemble) -> dict:
     folder.mkdir(parents=True, exist_ok=True)
     write_json_atomic(folder / f"{stem}.json", ensemble_dict(ens))
-    TreeEnsemble(ens.n_features, ens.task, ens.base_score, ens.trees,
-                 xgboost_names(ens.feature_names)).save_xgboost(folder / f"{stem}.xgboost.json")
-    return {"trees": f"{stem}.json", "xgboost": f"{stem}.xgboost.json"}
+    ens.save_xgboost(folder / f"{stem}.xgboost.json")  # names made XGBoost-safe there
+    return {"trees": f"{stem}.json", "xgboost": f"{stem}.xgboost.json",
+            "xgboost_name_map": xgboost_name_map(ens.feature_names)}
 
 
 # --- the silo side ---------------------------------------------------------------------
@@ -226,7 +196,7 @@ class GbdtSiloHost:
         c, p = program.cfg, program
         self.program = program
         check_gbdt_job(job)
-        self.s, edges = job_settings(job)
+        self.s, bounds = job_settings(job)
         if self.s.trees + self.s.local_trees > c.max_rounds:
             raise ConfigError(f"silo {c.name!r} allows at most {c.max_rounds} rounds (trees), "
                               f"the job grows {self.s.trees + self.s.local_trees}")
@@ -235,16 +205,12 @@ class GbdtSiloHost:
         self.accountant = accountant_kind(job["accountant"])
         sigma = calibrate_sigma(self.s, Ledger(c.name, c.target, self.accountant))
         _, silo_rngs, local_rngs = program_rngs(int(job["seed"]), K)
-        if c.noise == "secure":
-            from silofl.privacy.randomness import Randomness
-            rng: Any = _SecureStream(Randomness.secure())
-        else:
-            rng = silo_rngs[k]
+        rng = noise_stream(c.noise, silo_rngs[k])
         self.local_rng = local_rngs[k]  # public: the column sample of its local trees
         self.names = p.feature_names or None
-        self.silo = GbdtSilo(self.s, edges, p.silo.X_train, p.silo.y_train, sigma, None,
-                             rng, c.name)
-        self.declared = self.s.ensemble_event(sigma)
+        self.silo = GbdtSilo(self.s, p.silo.X_train, p.silo.y_train, sigma, None, rng,
+                             c.name, bounds=bounds)
+        self.declared = self.s.run_event(sigma)
         p.job, p.hash, p.index, p.K = job, job_hash, k, K
         p.plan = SiloPlan(c.name, int(p.n_train), self.s.subsample, self.s.releases,
                           c.target, sigma, declared=self.declared, unit="example")
@@ -328,6 +294,8 @@ class GbdtSiloHost:
             out = self.silo.answer(ask)
             if ask.op == OP_MODEL and self.s.local_trees:
                 self.personal = grow_local(self.silo, self.local_rng)
+            elif ask.op == OP_MODEL and self.silo.personal_base is not None:  # shrink
+                self.personal = self.silo.personal_base
         except BaseException:
             if run is not None:
                 run.settle("failed")  # what ran stays charged
@@ -410,8 +378,12 @@ class GbdtSiloHost:
         restore_silo(self.silo, arrays, m["silo"])
         p.done, p.exhausted, p._why = int(m["round"]), bool(m["exhausted"]), m["reason"]
         s, trees = self.s, self.silo.ensemble.trees
+        base = self.silo.personal_base
         if s.local_trees and len(trees) == s.trees + s.local_trees:  # its personal model
-            self.personal = TreeEnsemble(s.d, s.task, s.base_score, list(trees))
+            head = list(trees[:s.trees]) if base is None else list(base.trees)
+            self.personal = TreeEnsemble(s.d, s.task, s.base_score, head + trees[s.trees:])
+        elif not s.local_trees and base is not None:
+            self.personal = base
         if m["last_digest"] is not None:
             p.last = {"digest": m["last_digest"], "update": arrays.get("last_update")}
 
@@ -420,22 +392,42 @@ class GbdtSiloHost:
 
 class GbdtServerHost:
     """The `GbdtServer` inside a `ServerProgram`: the broadcast of each round, the checks
-    of the releases' size, the step and the release of the ensemble."""
+    of the releases' size, the step and the release of the ensemble. The server program
+    is built at the first round, when the silos have joined: automatic bins and
+    shrink = "auto" take their σ_k and rows (public, reported at join)."""
 
     def __init__(self, program: Any):
         """`program`: the `server.ServerProgram` hosting it (its job, config, silos)."""
         job = program.job
         check_gbdt_job(job)
-        self.s, edges = job_settings(job)
-        self.K = len(_silos(job))
-        rng = program_rngs(int(job["seed"]), self.K)[0]  # public: columns, random splits
+        self.s, self.bounds = job_settings(job)
+        self.names = _silos(job)
+        self.K = len(self.names)
+        self.rng = program_rngs(int(job["seed"]), self.K)[0]  # public: columns, splits
         self.program = program
-        names = None
+        self.feature_names = None
         if program.cfg.schema is not None:  # the declared schema names the columns
             from silofl.runtime.network.silo_table import read_schema
-            names = list(read_schema(program.cfg.schema, "server").feature_names)
-        self.server = GbdtServer(self.s, edges, rng, feature_names=names)
+            self.feature_names = list(read_schema(program.cfg.schema, "server").feature_names)
+        self._server: GbdtServer | None = None
+        self.public: tuple[list[float], int] | None = None
         self.total = self.s.exchanges
+
+    @property
+    def server(self) -> GbdtServer:
+        """The server program (built from the joined silos' σ_k and rows at first use)."""
+        if self._server is None:
+            reg = self.program.silos
+            joined = [reg.get(n) for n in self.names]
+            self._build([0.0 if r is None else float(r.sigma) for r in joined],
+                        sum(int(r.n_train) for r in joined if r is not None))
+        assert self._server is not None
+        return self._server
+
+    def _build(self, sigmas: list[float], n_rows: int) -> None:
+        self.public = (sigmas, n_rows)
+        self._server = GbdtServer(self.s, self.rng, bounds=self.bounds, sigmas=sigmas,
+                                  n_rows=n_rows, feature_names=self.feature_names)
 
     @property
     def message(self) -> np.ndarray:
@@ -447,28 +439,43 @@ class GbdtServerHost:
 
     def step(self, names: list[str], updates: dict[str, np.ndarray | None]) -> None:
         """The server program's step over the silos that answered (job order)."""
-        self.server.receive([u[0] for u in (updates[n] for n in names) if u is not None])
+        got = {n: updates[n] for n in names}
+        self.server.receive([None if got.get(n) is None else got[n][0]  # type: ignore[index]
+                             for n in self.names])
 
     def state(self) -> tuple[dict[str, np.ndarray], dict]:
         """The server program between rounds (its checkpoint): arrays and JSON data."""
         srv = self.server
         arrays = {**trees_to_arrays(srv.ensemble.trees), "current": srv.current.to_array(),
                   "sums": np.stack(srv.sums) if srv.sums else np.zeros((0, 2, 1))}
+        if srv.edges is not None:
+            arrays["edges"] = srv.edges
         if hasattr(srv, "features"):  # the tree being grown
             arrays.update(features=srv.features, heap_feature=srv.feature,
                           heap_threshold=srv.threshold)
-        return arrays, {"done": srv.done, "rng": srv.rng.bit_generator.state}
+        if srv.per_silo:  # shrink = "auto": rows (tree, σ_k, Σg, Σh) of who answered
+            arrays["per_silo"] = np.array([[t, sg, *g, *h] for t, rel in
+                                           enumerate(srv.per_silo) for sg, g, h in rel])
+        return arrays, {"done": srv.done, "rng": srv.rng.bit_generator.state,
+                        "public": self.public}
 
     def restore(self, arrays: dict[str, np.ndarray], meta: dict) -> None:
         """Resume from `state`'s checkpoint (a restarted server)."""
+        self._build(*meta["public"])
         srv = self.server
         srv.ensemble.trees = trees_from_arrays(arrays)
         srv.sums = list(np.array(arrays["sums"])) if len(arrays["sums"]) else []
         srv.current = Ask.from_array(arrays["current"])
+        if "edges" in arrays:
+            srv.edges = np.array(arrays["edges"], np.float64)
         if "features" in arrays:
             srv.features = np.array(arrays["features"], np.int64)
             srv.feature = np.array(arrays["heap_feature"], np.int32)
             srv.threshold = np.array(arrays["heap_threshold"], np.float64)
+        if "per_silo" in arrays:
+            rows, L = np.array(arrays["per_silo"]), 2 ** srv.s.depth
+            srv.per_silo = [[(float(r[1]), r[2:2 + L], r[2 + L:]) for r in rows
+                             if r[0] == t] for t in range(len(srv.sums))]
         srv.done = bool(meta["done"])
         srv.rng.bit_generator.state = meta["rng"]
 
@@ -480,13 +487,15 @@ class GbdtServerHost:
         files = _save_model(Path(folder), "gbdt", self.server.ensemble)
         silos = {n: {"sigma": r.sigma, "q": r.q, "releases_per_tree": r.steps,
                      "status": r.status, "rounds": len(r.rounds),
-                     "event": events.to_json(self.s.ensemble_event(r.sigma))}
+                     "event": events.to_json(self.server.s.run_event(r.sigma))}
                  for n, r in p.silos.items()}
         write_json_atomic(Path(folder) / "gbdt-privacy.json", {
             "method": GBDT, "job_hash": p.hash, "privacy_unit": "example",
-            "noise": p.job["noise"], "trees": self.s.trees, "depth": self.s.depth,
-            "statement": "the ensemble is post-processing of the silos' noisy histogram and "
-                         "leaf releases; each silo calibrated its σ for its own (ε, δ) and "
+            "noise": p.job["noise"], "trees": self.server.s.trees,
+            "depth": self.server.s.depth, "n_bins": self.server.s.n_bins,
+            "statement": "the ensemble is post-processing of the silos' noisy releases "
+                         "(private bins' counts, histograms, leaf sums); each silo "
+                         "calibrated its σ for its own (ε, δ) and "
                          "charged its own store (its report states the ε it spent); the "
                          "server saw no row",
             "notes": ["noise = 'seeded': reproducible experiment noise, NOT a privacy "
