@@ -2,22 +2,34 @@
 
 1. The Vehicle-like workload — 23 silos, n_k spread over 872..1933, d = 100, linear SVM,
    b = 64, C = 6, σ = 1, 400 rounds of 1 local epoch, MR-MTL — with DP and secure noise
-   (the deployment default; drawn a round ahead in a background thread, and drawn in the
-   foreground for comparison), with DP and seeded noise, and without DP, in the same
-   process, interleaved, best of 3. Target: secure DP ≤ 1.3× non-private; a few seconds.
-   Also printed: the noise draws alone (per-round blocks as training draws them: secure
-   ≈ 20M values, the rows used; seeded the full ≈ 28M block) and the time the privacy
-   ledgers take inside the DP run.
+   drawn ahead in a background thread, and drawn in the foreground (the default where no
+   core is spare, `privacy.randomness.spare_core`: usable CPUs − workers ≥ 2), with DP and
+   seeded noise, and without DP, in the same process, interleaved, best of 3. Target:
+   secure DP ≤ 1.15× non-private. Also printed: the noise draws alone (per-round blocks as
+   training draws them: secure ≈ 20M values, the rows used; seeded the full ≈ 28M block)
+   and the time the privacy ledgers take inside the DP run.
 2. Time to calibrate σ for all 139 School silos (own n_k, b = 32, 200 rounds, ε = 1,
    δ = 1e-3). Target ≤ 5 s.
 
-Run: .venv/bin/python benchmarks/bench_engine.py [--rounds 400]
+`--paired N` instead compares today's main (`--old-src`, default /work/main/src) with this
+tree: fresh processes alternate old, new, new, old, … (N of each), each timing secure DP
+(foreground, and drawn ahead) and non-private back to back after a warm-up; it prints
+the median and range of each ratio over the pairs (wall and CPU seconds). On a shared
+machine absolute seconds swing with the load; ratios within a process and between
+adjacent processes much less.
+
+Run: .venv/bin/python benchmarks/bench_engine.py [--rounds 400] [--paired 5]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -149,6 +161,79 @@ def vehicle(rounds: int) -> None:
           f"(the full {rounds * full / 1e6:.1f}M)")
 
 
+def _worker(rounds: int, runs: list[str]) -> None:
+    """One process's timings (JSON on stdout) of `runs` (keys of RUNS) on the Vehicle-like
+    workload, after an untimed warm-up: run by `paired` with either code tree."""
+    fed = vehicle_like(seed=0).with_targets(PrivacyTarget(1e4, 1e-5))
+    model = make_model("svm", fed.dim)
+    alg = make_algorithm("mrmtl", lam=0.1)
+
+    def config(private: bool, noise: str) -> TrainingConfig:
+        return TrainingConfig(rounds=rounds, batch_size=64, lr=0.01, clip=6.0,
+                              private=private, noise_multiplier=1.0 if private else None,
+                              noise=noise, seed=0, eval_every=rounds)
+
+    simulate(fed, model, alg, config(True, "secure"))  # warm-up: imports, accountant caches
+    out = {}
+    for label in runs:
+        private, noise, ahead = RUNS[label]
+        cfg = config(private, noise)
+        plans = plan_silos(fed, alg, cfg)
+        randomness.PREFETCH = ahead
+        t0, c0 = time.perf_counter(), time.process_time()
+        res = simulate(fed, model, alg, cfg, plans=plans)
+        out[label] = [time.perf_counter() - t0, float(res.final_pooled),
+                      time.process_time() - c0]
+    print(json.dumps(out))
+
+
+def paired(rounds: int, pairs: int, old_src: str) -> None:
+    """Today's main (`old_src` on PYTHONPATH) against this tree, in fresh processes
+    interleaved old, new, old, new, … (`pairs` of each); each process times secure DP
+    (noise in the foreground, the rule on a 2-core box) and non-private back to back.
+    Prints the median and range of each ratio over the pairs."""
+    new_src = str(Path(__file__).resolve().parents[1] / "src")
+    runs = ["DP-SGD, secure, foreground", "non-private", "DP-SGD, secure noise"]
+    got: dict[str, list[dict]] = {"old": [], "new": []}
+    for i in range(pairs):
+        for tree, src in (("old", old_src), ("new", new_src)) if i % 2 == 0 else \
+                (("new", new_src), ("old", old_src)):
+            env = dict(os.environ, PYTHONPATH=src)
+            cmd = [sys.executable, __file__, "--worker", "--rounds", str(rounds)]
+            res = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True)
+            got[tree].append(json.loads(res.stdout.strip().splitlines()[-1]))
+    print(f"Paired runs, Vehicle-like, {rounds} rounds, {pairs} old/new process pairs "
+          f"(old = {old_src}); simulate() seconds, median [min–max]:")
+
+    def stat(xs: list[float]) -> str:
+        return f"{np.median(xs):.3f} [{min(xs):.3f}–{max(xs):.3f}]"
+
+    for tree in ("old", "new"):
+        for label in runs:
+            print(f"  {tree} {label:28s} {stat([g[label][0] for g in got[tree]])} s"
+                  f"   pooled accuracy {np.median([g[label][1] for g in got[tree]]):.4f}")
+    o, n = got["old"], got["new"]
+    fg, np_, bg = runs
+    for what, m in (("wall", 0), ("CPU", 2)):
+        print(f"  ratios of {what} seconds, median [min–max] over the pairs:")
+        for name, xs in (
+                ("new secure DP (foreground) / new non-private",
+                 [g[fg][m] / g[np_][m] for g in n]),
+                ("new secure DP (drawn ahead) / new non-private",
+                 [g[bg][m] / g[np_][m] for g in n]),
+                ("old secure DP (foreground) / old non-private",
+                 [g[fg][m] / g[np_][m] for g in o]),
+                ("old secure DP (drawn ahead) / old non-private",
+                 [g[bg][m] / g[np_][m] for g in o]),
+                ("new non-private / old non-private",
+                 [b[np_][m] / a[np_][m] for a, b in zip(o, n)]),
+                ("new secure DP / old secure DP (foreground)",
+                 [b[fg][m] / a[fg][m] for a, b in zip(o, n)])):
+            print(f"    {name:48s} {stat(xs)}")
+    print(f"  (this machine: {os.cpu_count()} CPUs shared with other jobs; load average "
+          f"{os.getloadavg()[0]:.1f} at the end: absolute seconds are noisy, ratios less so)")
+
+
 def school_calibration() -> None:
     fed = load_school()  # the shipped copy
     sizes = [s.n_train for s in fed.silos]
@@ -168,6 +253,16 @@ def school_calibration() -> None:
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=400)
+    ap.add_argument("--paired", type=int, default=0, metavar="N",
+                    help="compare with today's main: N interleaved old/new process pairs")
+    ap.add_argument("--old-src", default="/work/main/src",
+                    help="the old code's src directory (for --paired)")
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args()
-    vehicle(a.rounds)
-    school_calibration()
+    if a.worker:
+        _worker(a.rounds, ["DP-SGD, secure, foreground", "non-private", "DP-SGD, secure noise"])
+    elif a.paired:
+        paired(a.rounds, a.paired, a.old_src)
+    else:
+        vehicle(a.rounds)
+        school_calibration()

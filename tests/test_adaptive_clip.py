@@ -265,14 +265,16 @@ def test_resume_keeps_each_silos_clip():
 
 def test_fixed_clip_seeded_run_is_unchanged():
     """Reference figures computed with silofl before clip = "auto" existed (same seed and
-    settings); tolerance 1e-12 (one process's float arithmetic, no change expected)."""
+    settings); tolerance 1e-8 (float32 rounding of the fused GLM pass, see below)."""
     cfg = TrainingConfig(rounds=3, batch_size=8, lr=0.1, clip=0.5, noise="seeded", seed=3)
     r = run(heart(1.0), cfg, "mrmtl")
     ref = [[0.029470642415622, -0.081884498926519, 0.148297265908957],
            [0.041716505786488, -0.101384151624126, 0.042574358976627],
            [0.013655618567997, -0.081043285700948, 0.175531191603327],
            [0.044121787077267, -0.063000227199591, 0.146277769403937]]
-    np.testing.assert_allclose(r.params[:, :3], ref, rtol=0, atol=1e-12)
+    # atol 1e-8: the fused GLM pass (issue 25: float32 logits and bias sums) moved these
+    # figures by ≤ 1e-10; a change of mechanism would move them by orders more
+    np.testing.assert_allclose(r.params[:, :3], ref, rtol=0, atol=1e-8)
     assert r.history.pooled == pytest.approx([0.8378378378378378, 0.8054054054054054,
                                               0.7675675675675676], abs=1e-12)
     assert all(p.count_noise is None and "clip" not in p.to_dict() for p in r.plans)

@@ -69,7 +69,9 @@ def test_lazy_training_equals_in_memory(table, mode, monkeypatch):
     mem, lazy = run(_cfg(path, schema, False, mode)), run(_cfg(path, schema, True, mode))
     assert LazyRows.materialised == before  # no training path turned a silo into an array
     for a, b in zip(mem.results, lazy.results, strict=True):
-        np.testing.assert_allclose(b.params, a.params, rtol=0, atol=1e-9)
+        # atol 1e-7: in-memory silos train on the fused GLM pass (float32 logits and bias
+        # sums, training.fused), lazy ones on the general path: ~4e-9 apart after the run
+        np.testing.assert_allclose(b.params, a.params, rtol=0, atol=1e-7)
         assert _charges(b) == _charges(a) and _charges(a)[0]  # the same charges, in order
         assert b.final_per_silo == pytest.approx(a.final_per_silo, abs=1e-12)
     assert lazy.combined_privacy == mem.combined_privacy

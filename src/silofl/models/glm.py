@@ -150,6 +150,28 @@ class GLM(Model):
         out = self._weighted_sum(coef, X)
         return (out if coords is None else out * coords), rnorm, xnorm
 
+    # -- the trainer's fused step (`training.fused`): scalar outputs only --------------
+    def step_targets(self, y: np.ndarray) -> np.ndarray:
+        """The labels `y` (any shape) as `residual_step` takes them: a whole round's
+        batches are prepared at once, so label transforms leave the step loop.
+
+        Parameters
+        ----------
+        y : numpy.ndarray
+            Labels, any shape, float32 in the trainer.
+
+        Returns
+        -------
+        numpy.ndarray
+            Same shape: whatever `residual_step` expects (here `y` itself).
+        """
+        return y
+
+    def residual_step(self, z: np.ndarray, t: np.ndarray) -> np.ndarray:
+        """∂loss/∂logit from logits `z` and prepared labels `t` (`step_targets`), same
+        shape as z; float32 in, float32 out where the loss allows."""
+        return self.residual(z, t)
+
     def grad_sum(self, W: np.ndarray, X: np.ndarray, y: np.ndarray, mask: np.ndarray) -> np.ndarray:
         r = self.residual(self.logits(W, X), y)
         return self._weighted_sum(r * (mask if self.outputs == 1 else mask[..., None]), X)
@@ -218,6 +240,18 @@ class LinearSVM(GLM):
     def residual(self, z: np.ndarray, y: np.ndarray) -> np.ndarray:
         s = 2 * y - 1
         return np.where(s * z < 1, -s, 0.0)
+
+    def step_targets(self, y: np.ndarray) -> np.ndarray:
+        """The negated signs −s = 1 − 2y (∓1), once per round."""
+        return 1 - 2 * y
+
+    def residual_step(self, z: np.ndarray, t: np.ndarray) -> np.ndarray:
+        """−s where the margin s·z < 1, else 0 (t = −s, `step_targets`; a NaN z gives 0,
+        as in `residual`): three in-place passes."""
+        m = t * z
+        np.greater(m, -1, out=m)  # −s·z > −1 ⟺ s·z < 1, written as 1.0 / 0.0
+        m *= t
+        return m
 
     def loss_from_logits(self, z: np.ndarray, y: np.ndarray) -> np.ndarray:
         return np.maximum(0.0, 1 - (2 * y - 1) * z)

@@ -426,17 +426,23 @@ class BudgetStore:
                         f"run {run_id} is no longer reserved in budget store {self.where} "
                         f"({'unknown' if st is None else st[0]}): another process settled it. "
                         "Stopping before any further data is read")
-                for silo, method, label, event, count in rows:
-                    row = self._silo(silo)
-                    if row is None:  # a reservation names only silos it registered
-                        raise BudgetStoreError(f"budget store {self.where} lost silo {silo!r} "
-                                               f"of run {run_id}; restore the store")
-                    sid = row[0]
-                    self._db.execute(
-                        "INSERT INTO progress VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT "
-                        "(run_id, silo_id, method, label, event) DO UPDATE SET "
-                        "count = count + excluded.count",
-                        (run_id, sid, method, label, event, count))
+                names = sorted({r[0] for r in rows})  # a round's silos: few look-ups
+                ids: dict[str, int] = {}
+                for i in range(0, len(names), 500):  # under SQLite's 999-parameter floor
+                    part = names[i:i + 500]
+                    ids.update(self._db.execute(
+                        f"SELECT name, id FROM silos WHERE name IN "
+                        f"({', '.join('?' * len(part))})", part).fetchall())
+                lost = [n for n in names if n not in ids]
+                if lost:  # a reservation names only silos it registered
+                    raise BudgetStoreError(f"budget store {self.where} lost silo {lost[0]!r} "
+                                           f"of run {run_id}; restore the store")
+                self._db.executemany(
+                    "INSERT INTO progress VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT "
+                    "(run_id, silo_id, method, label, event) DO UPDATE SET "
+                    "count = count + excluded.count",
+                    [(run_id, ids[silo], method, label, event, count)
+                     for silo, method, label, event, count in rows])
         finally:
             if self.path is not None:
                 self._db.execute("PRAGMA synchronous=FULL")

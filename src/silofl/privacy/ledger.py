@@ -99,6 +99,8 @@ class Ledger:
     # and no event is hashed (dp_accounting events hash recursively, which dominated).
     _by_id: dict = field(default_factory=dict, repr=False)  # id → [event, spent, verified]
     _pending: list = field(default_factory=list, repr=False)  # charges not yet in _spent
+    #: inside `charge_all`: the round's hooks run together there (one store transaction)
+    _batched: bool = field(default=False, repr=False, compare=False)
 
     def __getstate__(self) -> dict:
         """Pickled (checkpointed results) without the store hook: a connection is not
@@ -174,7 +176,7 @@ class Ledger:
         if not self._covered_after(added):
             self._sync()
             self._check(self._spent + added, f"{label} in round {round}")
-        if self.on_charge is not None:
+        if self.on_charge is not None and not self._batched:
             self.on_charge(event, round, label)
         self._pending.append(added)
         for e, c in added.items():
@@ -230,3 +232,39 @@ class Ledger:
                 "within_target": eps <= self.target.epsilon,
                 "events": [{"count": c, "event": events.to_dict(e)}
                            for e, c in self._spent.items()]}
+
+
+def charge_all(ledgers: list[Ledger], evs: list, *, round: int, label: str) -> None:
+    """Charge ledger j the event evs[j], all or none: every ledger is checked first. When
+    all the ledgers' `on_charge` hooks share one ``many`` (a job's store: see
+    `runtime.job`), the round's charges reach it in one call — one store transaction —
+    right after the ledgers recorded them, so the store still hears of every charge
+    before the caller reads data. (Ledgers first: an interrupt between the two leaves
+    the ledgers ahead, and settling counts what they hold; the store alone ahead would
+    settle above the ledger files by up to a round.)
+
+    Parameters
+    ----------
+    ledgers : list of Ledger
+        The silos' ledgers.
+    evs : list of dp_accounting.DpEvent
+        One event per ledger.
+    round : int
+        The round the charges belong to.
+    label : str
+        The ledger label.
+    """
+    pairs = list(zip(ledgers, evs, strict=True))
+    for ledger, event in pairs:
+        ledger.check(event, round=round, label=label)
+    many: Callable | None = getattr(pairs[0][0].on_charge, "many", None) if pairs else None
+    batched = many is not None and all(
+        getattr(led.on_charge, "many", None) == many for led, _ in pairs)
+    for ledger, event in pairs:
+        ledger._batched = batched
+        try:
+            ledger.charge(event, round=round, label=label)
+        finally:
+            ledger._batched = False
+    if many is not None and batched:
+        many([(led.on_charge, event, round, label) for led, event in pairs])

@@ -47,9 +47,12 @@ _CHUNK_WORDS = 1 << 15
 #: fresh OS key after this many keystream bytes (64 GiB): far inside AES-CTR's bounds, and
 #: it makes the stream's safety independent of how OpenSSL carries the counter
 _REKEY_BYTES = 1 << 36
-#: draw secure noise blocks ahead in a background thread: True, False, or None = when this
-#: process may run on ≥ 2 CPUs (on one CPU the thread only adds switching)
+#: draw secure noise blocks ahead in a background thread: True, False, or None = only when
+#: a core is spare (`spare_core`): on a busy core the thread takes its time from training
 PREFETCH: bool | None = None
+#: the environment variable naming how many training processes run side by side (a
+#: parallel sweep's workers; default 1): each needs a core of its own
+WORKERS_ENV = "SILOFL_WORKERS"
 #: noise blocks up to this size (bytes) are drawn ahead; bigger blocks (large neural
 #: models) are drawn when asked, so memory is not doubled
 PREFETCH_MAX_BYTES = 64 << 20
@@ -58,13 +61,31 @@ _ACCEPT = math.pi / 4  # the polar method keeps a point of the square with proba
 _ZEROS = memoryview(bytes(8 * _CHUNK_WORDS))
 
 
-def _prefetching() -> bool:
-    if PREFETCH is not None:
-        return PREFETCH
+def spare_core() -> bool:
+    """Whether a core is spare for drawing noise ahead: the rule is
+    usable CPUs − workers ≥ 2, i.e. one core per training process (workers: the
+    `WORKERS_ENV` variable, default 1) plus one for everything else on the machine (the
+    OS, BLAS helpers, other jobs) and then one more for the noise thread. A 2-core
+    machine never prefetches (the thread competes with training and loses: measured
+    ≈ 5 % slower, `benchmarks/bench_engine.py`); a 4-core one does for one worker.
+
+    Returns
+    -------
+    bool
+    """
     try:
-        return len(os.sched_getaffinity(0)) >= 2
+        cpus = len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
-        return (os.cpu_count() or 1) >= 2
+        cpus = os.cpu_count() or 1
+    try:
+        workers = max(1, int(os.environ.get(WORKERS_ENV, "1")))
+    except ValueError:
+        workers = 1
+    return cpus - workers >= 2
+
+
+def _prefetching() -> bool:
+    return spare_core() if PREFETCH is None else PREFETCH
 
 
 #: What seeds a reproducible stream (`numpy.random.default_rng` accepts each).

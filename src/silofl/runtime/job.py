@@ -129,6 +129,18 @@ class Job:
             hit = self._json[id(event)] = (event, events.to_json(event))
         self.store.record_progress(self.run_id, [(silo, method, label, hit[1], 1)])
 
+    def _progress_many(self, charges: list[tuple]) -> None:
+        """Several ledgers' charges (`ledger.charge_all`: (hook, event, round, label), each
+        hook a `_progress` partial of this job) recorded in one store transaction."""
+        rows = []
+        for hook, event, _, label in charges:
+            method, silo = hook.args
+            hit = self._json.get(id(event))
+            if hit is None or hit[0] is not event:
+                hit = self._json[id(event)] = (event, events.to_json(event))
+            rows.append((silo, method, label, hit[1], 1))
+        self.store.record_progress(self.run_id, rows)
+
     @property
     def scratch(self) -> bool:
         return self.store.scratch
@@ -156,9 +168,10 @@ class Job:
             allowance = Counter(events.flatten(p.declared) if reserved is None else reserved)
             for e in old:
                 allowance.update(events.flatten(e.event))
+            hook = partial(self._progress, method, p.name)
+            hook.many = self._progress_many  # type: ignore[attr-defined]  # charge_all
             led = Ledger(p.name, self.targets[p.name], self.accountant, path,
-                         allowance=allowance, run_id=self.run_id,
-                         on_charge=partial(self._progress, method, p.name))
+                         allowance=allowance, run_id=self.run_id, on_charge=hook)
             led.restore(old)
             self._restored[(method, p.name)] = len(old)
             out.append(led)

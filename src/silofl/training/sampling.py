@@ -22,7 +22,8 @@ def poisson_batches(n: np.ndarray, q: np.ndarray, rng: Randomness) -> tuple[np.n
 
     n: (K,) silo sizes; q: (K,) sampling rates in (0, 1].
     Returns idx (K, M) int64 and mask (K, M) bool: row k's selected indices are
-    idx[k, mask[k]] (sorted, distinct, < n[k]); padded entries hold 0.
+    idx[k, mask[k]] (sorted, distinct, < n[k]), the first mask[k].sum() entries of the
+    row; padded entries (after them) hold 0.
     """
     n = np.asarray(n, dtype=np.int64)
     q = np.asarray(q, dtype=np.float64)

@@ -31,10 +31,10 @@ from silofl.errors import ConfigError, PrivacyError
 from silofl.models.base import Model
 from silofl.privacy import accounting
 from silofl.privacy.adaptive_clip import adaptive_event
-from silofl.privacy.ledger import Ledger
+from silofl.privacy.ledger import Ledger, charge_all
 from silofl.privacy.node_level import NodeLevelDpEvent
 from silofl.privacy.randomness import Randomness
-from silofl.training import selection
+from silofl.training import fused, selection
 from silofl.training.dpsgd import GradientRule, round_noise
 from silofl.training.sampling import (
     BatchSampler,
@@ -64,8 +64,9 @@ class SiloSource(Protocol):
 class SiloArrays:
     """Training examples of K silos padded to a common length.
 
-    `rows` (K, n_max, d + 2) float32 packs each tabular example as [x, ‖x‖², y] so one
-    gather fetches all three (batch gathering is the memory-bound part of training);
+    `rows` (K, n_max, d + 3) float32 packs each tabular example as [x, 1, ‖x‖², y] so one
+    gather fetches all of them (batch gathering is the memory-bound part of training), and
+    [x, 1] is a GLM's whole per-example gradient direction (`training.fused`);
     image-like data (X of rank > 2 per silo) is kept as X (K, n_max, ...) and y.
     Gradient precision in float32 far exceeds what DP noise leaves; parameters stay float64.
     """
@@ -74,6 +75,7 @@ class SiloArrays:
     rows: np.ndarray | None = None    # tabular packing
     X: np.ndarray | None = None       # other data
     y: np.ndarray | None = None
+    _tail: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     @classmethod
     def stack(cls, Xs: list[np.ndarray], ys: list[np.ndarray]) -> SiloArrays:
@@ -81,11 +83,12 @@ class SiloArrays:
         K, m = len(Xs), int(n.max())
         if Xs[0].ndim == 2:
             d = Xs[0].shape[1]
-            rows = np.zeros((K, m, d + 2), dtype=np.float32)
+            rows = np.zeros((K, m, d + 3), dtype=np.float32)
+            rows[:, :, d] = 1.0
             for k, (Xk, yk) in enumerate(zip(Xs, ys)):
                 rows[k, : n[k], :d] = Xk
-                rows[k, : n[k], d] = np.einsum("nd,nd->n", Xk, Xk)
-                rows[k, : n[k], d + 1] = yk
+                rows[k, : n[k], d + 1] = np.einsum("nd,nd->n", Xk, Xk)
+                rows[k, : n[k], d + 2] = yk
             return cls(n, rows=rows)
         X = np.zeros((K, m) + Xs[0].shape[1:], dtype=np.float32)
         y = np.zeros((K, m))
@@ -116,17 +119,54 @@ class SiloArrays:
         Every read of private training data goes through here."""
         rows, data_X, data_y = self.rows, self.X, self.y
         if rows is not None:
-            flat = (silos[:, None] * rows.shape[1] + idx).ravel()
-            b = rows.reshape(-1, rows.shape[2]).take(flat, axis=0)
-            b = b.reshape(idx.shape + (rows.shape[2],))
-            return b[..., :-2], b[..., -1], b[..., -2]
+            b = self.gather_rows(silos[:, None] * rows.shape[1] + idx)
+            return b[..., :-3], b[..., -1], b[..., -2]
         if data_X is None or data_y is None:
             raise ValueError("SiloArrays holds neither packed rows nor X and y")
+        return self._gather_other(silos, idx, data_X, data_y)
+
+    def gather_rows(self, flat: np.ndarray, first: int = 0) -> np.ndarray:
+        """The packed rows [x, 1, ‖x‖², y] from column `first` on, at flat positions
+        silo·n_max + index: the one read of tabular training data (`gather`, and the
+        fused GLM pass, `training.fused`, which reads a round's ‖x‖², y ahead).
+
+        Parameters
+        ----------
+        flat : numpy.ndarray
+            Integer positions into the (K·n_max) packed rows, any shape.
+        first : int, default 0
+            The first column read (negative: from the end).
+
+        Returns
+        -------
+        numpy.ndarray
+            Shape flat.shape + (columns,), a fresh float32 array.
+        """
+        rows = self.rows
+        if rows is None:
+            raise ValueError("SiloArrays holds no packed tabular rows")
+        if first == 0:
+            b = rows.reshape(-1, rows.shape[2]).take(np.ravel(flat), axis=0)
+        else:  # a contiguous copy of the last columns: a narrow take is a fast one
+            tail = self._tail.get(first)
+            if tail is None:
+                tail = self._tail[first] = np.ascontiguousarray(
+                    rows.reshape(-1, rows.shape[2])[:, first:])
+            b = tail.take(np.ravel(flat), axis=0)
+        return b.reshape(np.shape(flat) + b.shape[1:])
+
+    @staticmethod
+    def _gather_other(silos: np.ndarray, idx: np.ndarray, data_X: np.ndarray,
+                      data_y: np.ndarray) -> Batch:
+        """`gather` for unpacked (image-like) data."""
         flat = (silos[:, None] * data_X.shape[1] + idx).ravel()
         X = data_X.reshape((-1,) + data_X.shape[2:]).take(flat, axis=0)
         y = data_y.ravel().take(flat).reshape(idx.shape)
         return X.reshape(idx.shape + data_X.shape[2:]), y, None
 
+
+#: the unpatched tabular reader: the fused pass runs only on it (`fused.applies`)
+_PLAIN_GATHER = SiloArrays.gather
 
 #: An algorithm's own local step (`LocalTrainer.run`'s `step`), in place of w ← w − lr·g:
 #: (silos (k,) hosted indices stepping now, W (k, P), noised g (k, P), l2 and pull included)
@@ -233,12 +273,9 @@ class LocalTrainer:
                     ids: np.ndarray | None = None) -> None:
         """Charge every hosted silo (or only the silos `ids`) its event in `evs` (K,)."""
         ledgers = self.private_ledgers
-        pairs = list(zip(ledgers, evs, strict=True)) if ids is None else \
-            [(ledgers[k], evs[k]) for k in ids]
-        for ledger, event in pairs:  # all silos can pay, or none is charged
-            ledger.check(event, round=round, label=label)
-        for ledger, event in pairs:
-            ledger.charge(event, round=round, label=label)
+        if ids is not None:
+            ledgers, evs = [ledgers[k] for k in ids], [evs[k] for k in ids]
+        charge_all(ledgers, evs, round=round, label=label)  # all silos can pay, or none
 
     def _subset(self, silos: np.ndarray | None) -> np.ndarray | None:
         """The indices of the silos taking part, from a (K,) boolean mask (None: all)."""
@@ -384,6 +421,8 @@ class LocalTrainer:
             noise, _ = round_noise(self.rng, np.ones(K, dtype=np.int64),
                                    self.rule.draw_std(), W.shape[1])
         everyone = np.arange(K)
+        if fused.applies(self, _PLAIN_GATHER, None):
+            return fused.gradients(self, W, everyone, idx, mask, noise)
         X, y, sq, mask = self._read(everyone, idx, mask)
         g = self.rule(self.model, W, X, y, mask, self.expected_batch, everyone, self.rng,
                       noise=noise, x_sqnorm=sq)
@@ -405,6 +444,10 @@ class LocalTrainer:
         if self.rule.private:
             noise, _ = round_noise(self.rng, np.ones(ids.size, dtype=np.int64),
                                    self.rule.draw_std()[ids], W.shape[1])
+        if fused.applies(self, _PLAIN_GATHER, None):
+            g = fused.gradients(self, W, ids, idx, mask, noise)
+            out[ids] = g[ids]
+            return out
         X, y, sq, mask = self._read(ids, idx, mask)
         g = self.rule(self.model, W[ids], X, y, mask, self.expected_batch[ids], ids,
                       self.rng, noise=noise, x_sqnorm=sq)
@@ -473,8 +516,9 @@ class LocalTrainer:
         the per-example gradient is clipped on them alone (`GradientRule`), a pass charged
         like any other."""
         label = self.label if label is None else label
-        if coords is not None:
+        if coords is not None:  # every coordinate: the ordinary pass
             coords = self._check_coords(coords, np.shape(W0)[-1])
+            coords = None if coords.all() else coords
         ids = self._subset(silos)
         if ids is None:
             self.charge(round, label)
@@ -510,6 +554,10 @@ class LocalTrainer:
                                  W.shape[1])
             if self.rule.adaptive is not None:  # the count noise of every step (S, k)
                 zc = self.rng.normal((S, k))
+        if fused.applies(self, _PLAIN_GATHER, coords):
+            return fused.run_pass(self, W, ids, steps, (idx, mask),
+                                  None if z is None or off is None else (z, off),
+                                  (anchor, lam) if pull and anchor is not None else None, step)
         for s in range(S):
             # while every silo is still stepping, plain slices avoid fancy-index copies;
             # pos: rows of this round's draws, active: the silos (indices into K)
