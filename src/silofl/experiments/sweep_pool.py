@@ -42,7 +42,8 @@ def run_in_pool(fn: Callable[..., dict], todo: list, args: Callable[[Any], tuple
         A run's error, prefixed with its key, after the other finished runs are recorded.
     """
     ctx = multiprocessing.get_context("spawn")  # no fork of a process that may hold threads
-    ex = ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init_worker)
+    ex = ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init_worker,
+                             initargs=(workers,))
     try:
         # keep a few tasks queued per worker rather than pickling the whole grid up front
         it = iter(todo)
@@ -92,8 +93,11 @@ def one_blas_thread() -> Iterator[None]:
                 os.environ[k] = v
 
 
-def _init_worker() -> None:
+def _init_worker(workers: int = 1) -> None:
     import logging
+
+    from silofl.privacy.randomness import WORKERS_ENV
+    os.environ[WORKERS_ENV] = str(workers)  # the noise prefetch sees the cores taken by runs
     warnings.simplefilter("ignore")
     logging.getLogger("absl").setLevel(logging.ERROR)
 
