@@ -62,7 +62,9 @@ def job(tmp_path_factory):
         Path(p).write_text(deploy._toml(raw))
     srv = ServerProgram(load_server_config(w["server"]))
     silos = {n: SiloProgram(load_silo_config(p)) for n, p in w["silos"].items()}
-    _run(srv, silos)  # each silo saves its folder at the MODEL round
+    _run(srv, silos)
+    for s in silos.values():  # as `silofl silo` and the ClientApp do after the last round
+        assert release.save_silo_release(s) == Path(s.cfg.release_dir)
     return {"tmp": tmp, "server": srv, "silos": silos,
             "server_dir": release.save_server_release(srv)}
 

@@ -22,6 +22,8 @@ from silofl.privacy.targets import ADJACENCY, ASSUMPTIONS
 
 #: the model spec of a tree run's manifest (`artifacts.SavedRun.predictor` reads "name")
 TREES = "trees"
+#: the pseudo-silo name of a shared model (`predict --silo shared`; `network.release`)
+SHARED = "shared"
 #: what a silo's personal leaves cost (gbdt_personal: its own released leaf sums, reused)
 PERSONAL_FREE = ("free: personal leaves are post-processing of this silo's own noisy leaf "
                  "sums, already released and charged for the shared trees; no extra charge")

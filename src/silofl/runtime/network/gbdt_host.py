@@ -54,7 +54,6 @@ from silofl.models.trees import Tree, TreeEnsemble, xgboost_name_map
 from silofl.privacy import events
 from silofl.privacy.ledger import Ledger, silo_file_id
 from silofl.runtime.network import messages as W
-from silofl.runtime.network.gbdt_release import save_server_models, save_silo_models
 from silofl.training.histograms import tree_event
 
 GBDT = "dp_gbdt"
@@ -344,7 +343,7 @@ class GbdtSiloHost:
             files["personal"] = _save_model(folder, f"gbdt-{fid}-personal", self.personal)
         write_json_atomic(folder / f"gbdt-{fid}-privacy.json",
                           {**self.privacy(), "job_hash": p.hash, "files": files})
-        return save_silo_models(self, job_trees(p.job))  # models/dp_gbdt/: silofl predict
+        return folder
 
     # -- state on disk (a silo process may start per message) ------------------------
     def _paths(self) -> tuple[Path, Path]:
@@ -502,4 +501,4 @@ class GbdtServerHost:
             "notes": ["noise = 'seeded': reproducible experiment noise, NOT a privacy "
                       "guarantee"] if p.job["noise"] == "seeded" else [],
             "silos": silos, "files": files})
-        return save_server_models(self, job_trees(p.job), Path(folder))
+        return Path(folder)
