@@ -21,15 +21,21 @@ from typer.testing import CliRunner
 pytest.importorskip("flwr")
 xgb = pytest.importorskip("xgboost")
 
+from silofl.algorithms.dp_gbdt import train_dp_gbdt  # noqa: E402
 from silofl.cli import app  # noqa: E402
+from silofl.data.heart import load_heart_disease  # noqa: E402
 from silofl.experiments.artifacts import load_run  # noqa: E402
-from silofl.privacy.targets import ADJACENCY, ASSUMPTIONS  # noqa: E402
+from silofl.privacy.ledger import Ledger  # noqa: E402
+from silofl.privacy.targets import ADJACENCY, ASSUMPTIONS, PrivacyTarget  # noqa: E402
+from silofl.runtime.job import accountant_kind  # noqa: E402
 from silofl.runtime.network import consortium, deploy, release  # noqa: E402
 from silofl.runtime.network.server import ServerProgram, load_server_config  # noqa: E402
 from silofl.runtime.network.silo import SiloProgram  # noqa: E402
 from silofl.runtime.network.silo_config import load_silo_config  # noqa: E402
 from test_gbdt_network import _run  # noqa: E402
 from test_gbdt_run import _table_cfg  # noqa: E402
+from test_network import DELTA, edit_toml  # noqa: E402
+from test_network import consortium as demo  # noqa: E402
 from test_network_deploy import HOSPITALS, SCHEMA, messy_table  # noqa: E402
 
 runner = CliRunner()
@@ -204,3 +210,38 @@ def test_newcomer_messy_csv_run_then_predict_trees_and_fedavg(tmp_path):
         np.testing.assert_allclose(frame["score"], want, rtol=0, atol=1e-9)
     card = json.loads(json.dumps(load_run(run_dir).model_card("south", "dp_gbdt")))
     assert CARD <= set(card) and PRIVACY - {"statement"} <= set(card["privacy"])
+
+
+def test_superlink_route_saves_predictable_folders(tmp_path):
+    """Flower's SuperLink route (a fresh silo program per message; the ClientApp saves
+    after the last round, the ServerApp at the end): `load_run` on each silo's and the
+    server's folder gives the simulator's personal and shared trees (pre-encoded .npz
+    silos: arrays in feature order)."""
+    from flwr.app import Context, RecordDict
+
+    from silofl.runtime.network import flower_app
+    trees = {"trees": 2, "depth": 2, "n_bins": 8, "local_trees": 1, "shrink": 0.5}
+    w = demo(tmp_path, job={"method": "dp_gbdt", "trees": trees})
+    for p in w["silos"].values():
+        edit_toml(p, "silo", methods=["dp_gbdt"])
+    grid = flower_app.LoopbackGrid({100 + i: {"silo-config": str(p)}
+                                    for i, p in enumerate(w["silos"].values())})
+    ctx = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(),
+                  run_config={"server-config": str(w["server"])})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        srv = flower_app.run_server_app(grid, ctx)
+    fed = load_heart_disease(seed=0).with_targets(PrivacyTarget(1.0, DELTA))
+    leds = [Ledger(s.name, s.target, accountant_kind(srv.job["accountant"]))
+            for s in fed.silos]
+    sim = train_dp_gbdt(fed, **trees, seed=srv.job["seed"], ledgers=leds)
+    X = np.vstack([s.X_test for s in fed.silos])
+    shared = load_run(srv.cfg.release_dir).predictor(release.SHARED).predict(X)
+    np.testing.assert_allclose(shared, sim.ensemble.predict(X), rtol=0, atol=1e-6)
+    for k, p in enumerate(w["silos"].values()):
+        saved = load_run(load_silo_config(p).release_dir)
+        name = fed.silos[k].name
+        np.testing.assert_allclose(saved.predictor(name).predict(X),
+                                   sim.personal[k].predict(X), rtol=0, atol=1e-6)
+        assert saved.model_card(name)["privacy"]["sigma"] == pytest.approx(
+            sim.report[k]["sigma"], rel=1e-12)
