@@ -238,6 +238,8 @@ def test_superlink_route_saves_predictable_folders(tmp_path):
     X = np.vstack([s.X_test for s in fed.silos])
     shared = load_run(srv.cfg.release_dir).predictor(release.SHARED).predict(X)
     np.testing.assert_allclose(shared, sim.ensemble.predict(X), rtol=0, atol=1e-6)
+    ens = load_run(srv.cfg.release_dir).shared()  # the manifest's shared ensemble
+    np.testing.assert_allclose(ens.predict(X), shared, rtol=0, atol=1e-12)
     for k, p in enumerate(w["silos"].values()):
         saved = load_run(load_silo_config(p).release_dir)
         name = fed.silos[k].name
