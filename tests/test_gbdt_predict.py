@@ -183,7 +183,7 @@ def test_cards_state_the_same_fields_as_a_run_and_the_privacy_report(job):
         n: r.sigma for n, r in srv.silos.items()}
 
 
-def test_newcomer_messy_csv_run_then_predict_trees_and_fedavg(tmp_path):
+def test_newcomer_messy_csv_run_then_predict_trees_and_fedavg(tmp_path, job):
     """A user's CSV (text levels, blanks, values outside the bounds) + schema: `silofl run
     --config` with dp_gbdt and fedavg, then `silofl predict` on new rows of both."""
     import tomli_w
@@ -208,8 +208,17 @@ def test_newcomer_messy_csv_run_then_predict_trees_and_fedavg(tmp_path):
         assert frame["score"].between(0, 1).all()
         want = load_run(run_dir).predictor("south", method).predict(pd.read_csv(src))
         np.testing.assert_allclose(frame["score"], want, rtol=0, atol=1e-9)
-    card = json.loads(json.dumps(load_run(run_dir).model_card("south", "dp_gbdt")))
-    assert CARD <= set(card) and PRIVACY - {"statement"} <= set(card["privacy"])
+    card = load_run(run_dir).model_card("south", "dp_gbdt")
+    assert CARD <= set(card) and PRIVACY <= set(card["privacy"])
+    # the networked card has the run's fields (one builder): the run's fingerprint entry
+    # is the job hash there, as for GLMs
+    n, s = next(iter(job["silos"].items()))
+    net = load_run(s.cfg.release_dir).model_card(n)
+    assert set(card) - {"data_fingerprint"} == set(net) - {"networked", "job_hash"}
+    assert set(card["preprocessing"]) <= set(net["preprocessing"])
+    report = json.loads((run_dir / "privacy_report.json").read_text())["methods"]["dp_gbdt"]
+    assert card["privacy"]["sigma"] == next(e["noise_multiplier"] for e in report
+                                            if e["silo"] == "south") > 0
 
 
 def test_superlink_route_saves_predictable_folders(tmp_path):
