@@ -42,6 +42,7 @@ from silofl.data.encoding import encode_table
 from silofl.data.schema import schema_from_dict
 from silofl.errors import ConfigError, DataError
 from silofl.experiments.integrity import load_params, verify_entry, verify_file
+from silofl.experiments.tree_format import load_ensemble
 from silofl.models import make_model
 from silofl.models.trees import TreeEnsemble
 
@@ -291,7 +292,6 @@ class TreePredictor(Predictor):
 def tree_predictor(run_dir: Path, label: str, man: dict, entry: dict, card: dict,
                    silo: str) -> TreePredictor:
     """Silo `silo`'s TreePredictor from a tree run's manifest `entry` (hashes checked)."""
-    from silofl.experiments.tree_format import load_ensemble
     d = run_dir / "models" / label
     hashes = entry.get("sha256") or {}
     ens = load_ensemble(d / entry["params"], hashes.get("params"),
@@ -428,7 +428,7 @@ class SavedRun:
         params = load_params(d / s["params"], f"model file of silo {silo!r}")
         return Predictor(silo, man["method"], self.model_card(silo, method), man, params)
 
-    def shared(self, method: str | None = None) -> np.ndarray | None:
+    def shared(self, method: str | None = None) -> np.ndarray | TreeEnsemble | None:
         """The server's model(s) of a method, where it keeps one.
 
         Parameters
@@ -438,14 +438,17 @@ class SavedRun:
 
         Returns
         -------
-        numpy.ndarray or None
-            (P,) the shared model, or (G, P) IFCA's cluster models; None where the
-            method keeps none.
+        numpy.ndarray or TreeEnsemble or None
+            (P,) the shared model, or (G, P) IFCA's cluster models; dp_gbdt's shared
+            ensemble; None where the method keeps none.
         """
         man = self.manifest(method)
         if not man.get("shared"):
             return None
         path = self.path / "models" / man["method"] / man["shared"]
+        if man["model"].get("name") == "trees":  # its hashes: {"params", "xgboost"}
+            return load_ensemble(path, (man.get("shared_sha256") or {}).get("params"),
+                                 "shared tree ensemble")
         verify_file(path, man.get("shared_sha256"), "shared model file")
         return load_params(path, "shared model file")
 

@@ -9,19 +9,6 @@ from silofl.privacy.units import group_bound_note
 from silofl.runtime.plan import SEEDED_NOTE
 from silofl.tuning.setup import distribution
 
-ASSUMPTIONS = (
-    "Silo sizes n_k (rows; at the person level persons, and rows too) are treated as "
-    "public: they set the sampling rate q = b/n_k (n_k in the unit sampled), the noise "
-    "calibration, the averaging weights (weighted = true) and IFCA's score sensitivity.",
-    "Per-round test metrics are computed on each silo's held-out test rows for the "
-    "researcher and are not privatized: release the models, not those metrics. The same "
-    "holds for the baselines beside them in summary.json (majority-class rate, test-label "
-    "variance, positive rate) and the per-silo test sizes.",
-    "DP noise is drawn in floating point (the usual floating-point caveat of Mironov 2012 "
-    "applies).",
-)
-
-
 #: a person-level job ([privacy] unit = "person"): what it treats as public besides n_k
 PERSONS_PUBLIC = ("per person: each silo's number of persons is treated as public like its "
                   "size (it sets the sampling rate q = b/n_persons and the noise "

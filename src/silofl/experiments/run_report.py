@@ -17,7 +17,6 @@ from silofl.config import Config
 from silofl.experiments import saving
 from silofl.experiments.figures import alpha_over_rounds
 from silofl.experiments.notes import (
-    ASSUMPTIONS,
     CLIP_AUTO_NOTE,
     LOCAL_DP_NOTE,
     job_notes,
@@ -29,6 +28,7 @@ from silofl.experiments.quality import QUALITY_NOTE, assess, warnings_of
 from silofl.experiments.report import plot_history
 from silofl.io import json_safe, write_json_atomic
 from silofl.privacy import units
+from silofl.privacy.targets import ASSUMPTIONS
 from silofl.runtime.rules import clip_entry
 from silofl.runtime.simulator import RunResult
 

@@ -29,6 +29,18 @@ ADJACENCY = ("per row: add/remove one record (example-level DP within each silo;
 PERSON_ADJACENCY = ("per person: add/remove all rows of one person in one silo (person-level "
                     "DP within each silo; each silo's guarantee covers the persons in its "
                     "own data, whatever number of rows each has)")
+#: what every job's guarantees take as public or leave unprivatized (cards and reports)
+ASSUMPTIONS = (
+    "Silo sizes n_k (rows; at the person level persons, and rows too) are treated as "
+    "public: they set the sampling rate q = b/n_k (n_k in the unit sampled), the noise "
+    "calibration, the averaging weights (weighted = true) and IFCA's score sensitivity.",
+    "Per-round test metrics are computed on each silo's held-out test rows for the "
+    "researcher and are not privatized: release the models, not those metrics. The same "
+    "holds for the baselines beside them in summary.json (majority-class rate, test-label "
+    "variance, positive rate) and the per-silo test sizes.",
+    "DP noise is drawn in floating point (the usual floating-point caveat of Mironov 2012 "
+    "applies).",
+)
 EPSILON_MAX = 100.0
 DELTA_MAX = 0.5
 

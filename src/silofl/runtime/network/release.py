@@ -6,6 +6,9 @@ work on them.
   (``[silo] run_dir``, default its state dir): ``models/<method>/``.
 * The server saves the shared model (methods with one) in ``[server] run_dir`` (default its
   state dir) as the pseudo-silo ``shared``, with a card that says whose guarantee covers it.
+* dp_gbdt: the same layout with tree ensembles (`gbdt_release`; cards from
+  `silofl.runtime.tree_release.tree_card`, the builder `silofl run` uses), a silo's folder
+  holding its own model and the shared ensemble (``shared``).
 
 Saving is post-processing of what the job already released (the silo's DP-SGD outputs and
 the broadcasts): it reads no rows and charges nothing. A card states only the guarantee the
@@ -26,12 +29,14 @@ from silofl.errors import ConfigError
 from silofl.io import dumps_strict, file_hashes, sha256_file, write_bytes_atomic, write_npz_atomic
 from silofl.privacy.ledger import silo_file_id, tightest
 from silofl.privacy.targets import ADJACENCY, PERSON_ADJACENCY
+from silofl.runtime.network.gbdt_host import job_trees
+from silofl.runtime.network.gbdt_release import Released, save_server_models, save_silo_models
 from silofl.runtime.network.hosting import consortium_method, local_dp_family, round_events
 from silofl.runtime.network.jobspec import job_model
 from silofl.runtime.network.silo_table import declared_constants, is_private, read_schema
 from silofl.runtime.simulator import _shared
+from silofl.runtime.tree_release import SHARED  # the server's model: `predict --silo shared`
 
-SHARED = "shared"  # the pseudo-silo name of the server's model (`predict --silo shared`)
 HYPER = ("rounds", "local_epochs", "batch_size", "lr", "clip", "l2", "seed", "weighted")
 ORDER = ("encode by the schema, clip to 'clip', fill gaps with 'fill', then (x - center) / "
          "scale per 'standardize'")
@@ -157,8 +162,11 @@ def save_silo_release(program) -> Path:
     the run folder (what `silofl predict --run` takes)."""
     if program.job is None or program.done == 0:
         raise ConfigError(f"silo {program.cfg.name!r} ran no round: no model to save")
-    if getattr(program, "gbdt", None) is not None:  # trees: saved by the silo at MODEL
-        return program.gbdt.save_release()
+    if getattr(program, "gbdt", None) is not None:  # trees: its files saved at MODEL
+        program.gbdt.save_release()
+        return save_silo_models(program.gbdt, _released(
+            program.job, program.hash, program.feature_names, program.schema,
+            getattr(program, "constants", None)))
     if program.job["data_kind"] != "tabular":
         raise ConfigError("graph regions keep their model in their state dir (pandemic track)")
     c, job = program.cfg, program.job
@@ -183,7 +191,12 @@ def save_server_release(program) -> Path | None:
     their own private constants: the shared model then has no one preprocessing to save."""
     job, cfg = program.job, program.cfg
     if getattr(program, "gbdt", None) is not None:  # the ensemble and its privacy report
-        return program.gbdt.save_release(cfg.release_dir)
+        if program.gbdt.save_release(cfg.release_dir) is None:
+            return None
+        schema = None if cfg.schema is None else read_schema(cfg.schema, "server")
+        return save_server_models(program.gbdt, _released(
+            job, program.hash, program.gbdt.feature_names, schema,
+            None if schema is None else declared_constants(schema, job)), cfg.release_dir)
     model = job_model(job)
     shared = _shared(program.server) if job["method"] != "local" else None
     if shared is None or np.ndim(shared) != 1 or program.done == 0:
@@ -239,6 +252,14 @@ def _card(job, name, fid, model, names, schema, constants, privacy, entry,
             "preprocessing": _preprocessing(names, schema, constants, private),
             "privacy": privacy, "files": {k: entry[k] for k in ("params", "card")},
             "networked": True}
+
+
+def _released(job: dict, job_hash: str, names, schema, constants) -> Released:
+    """What a tree card states beside the trees (as a GLM card states it)."""
+    names = list(names or [f"x{i}" for i in range(job["dim"])])
+    return Released(job, job_hash, job_trees(job), names,
+                    _preprocessing(names, schema, constants), _classes(schema),
+                    None if schema is None else schema.to_dict(), adjacency(job))
 
 
 def _classes(schema):
