@@ -21,7 +21,7 @@ TREES = {"trees": 8, "depth": 3}
 
 
 def _fed(eps: float, n: int = 1000, k: int = 3, seed: int = 0,
-         task: str = "binary") -> Federation:
+         task: str = "binary", d: int = 5) -> Federation:
     rng = np.random.default_rng(seed)
 
     def label(X: np.ndarray) -> np.ndarray:
@@ -31,10 +31,10 @@ def _fed(eps: float, n: int = 1000, k: int = 3, seed: int = 0,
 
     silos = []
     for i in range(k):
-        X, Xt = rng.uniform(-1, 1, (n, 5)), rng.uniform(-1, 1, (n // 4, 5))
+        X, Xt = rng.uniform(-1, 1, (n, d)), rng.uniform(-1, 1, (n // 4, d))
         silos.append(Silo(f"s{i}", X, label(X), Xt, label(Xt),
                           silofl.PrivacyTarget(eps, 1e-5)))
-    return Federation(silos, [f"x{j}" for j in range(5)], task, 2 if task == "binary" else 0)
+    return Federation(silos, [f"x{j}" for j in range(d)], task, 2 if task == "binary" else 0)
 
 
 @pytest.mark.parametrize("eps,seed", [(1.0, 11), (4.0, 12)])

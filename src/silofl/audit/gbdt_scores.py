@@ -9,7 +9,9 @@ adds when in — its clipped gradient g_it to its g cell and hessian h_it to its
   auditing columns (real records sit in bin 0 there), and every cell of a node that only
   canaries reach (its path turns right at a split on an auditing column);
 * at the leaf release (noise std σ√(G² + H²)): the sums of such canary-only leaves —
-  with random splits, drawn among mostly auditing columns, most leaves are.
+  with random splits, drawn among mostly auditing columns, most leaves are; with cyclic
+  splits, a tree on an auditing column has its bins as leaves: bins ≥ 1 hold canaries
+  only.
 
 The least-squares x̂ of every such equation (weighted by the inverse noise variance; all
 trees pooled without row subsampling — one inclusion for all) and its variance v give
@@ -35,7 +37,8 @@ from silofl.models.trees import TreeEnsemble
 @dataclass(frozen=True)
 class ScoreSettings:
     """What the scores need of the run: task, clips G and H, row sampling rate q, depth
-    D, and d, the number of real features (the auditing columns follow them)."""
+    D, d, the number of real features, and where the auditing columns are: after the
+    real features (None) or at the columns `audit_cols` (cyclic splits interleave them)."""
 
     task: str
     clip_g: float
@@ -43,6 +46,13 @@ class ScoreSettings:
     q: float
     depth: int
     d: int
+    audit_cols: tuple[int, ...] | None = None
+
+    def auditing(self, f: np.ndarray) -> np.ndarray:
+        """Whether each column index in `f` is an auditing column (same shape, bool)."""
+        if self.audit_cols is None:
+            return np.asarray(f) >= self.d
+        return np.isin(f, self.audit_cols)
 
 
 def gradients(task: str, margin: np.ndarray, y: np.ndarray, G: float,
@@ -56,17 +66,18 @@ def gradients(task: str, margin: np.ndarray, y: np.ndarray, G: float,
     return np.clip(g, -G, G), np.clip(h, 0.0, H)
 
 
-def route(X: np.ndarray, r: GbdtRelease, level: int, d: int) -> tuple[np.ndarray, np.ndarray]:
+def route(X: np.ndarray, r: GbdtRelease, level: int,
+          st: ScoreSettings) -> tuple[np.ndarray, np.ndarray]:
     """(slot at `level` (m,), canary-only (m,) bool) of each row of X: routed by the
     release's heap splits; canary-only when the path turns right at a split on an
-    auditing column (feature ≥ d), where every real record goes left (bin 0)."""
+    auditing column (`ScoreSettings.auditing`), where every real record goes left (bin 0)."""
     node = np.zeros(X.shape[0], dtype=np.int64)
     rows = np.arange(X.shape[0])
     only = np.zeros(X.shape[0], dtype=bool)
     for _ in range(level):
         f, t = r.split_feature[node], r.split_threshold[node]
         left = X[rows, f] < t  # +inf: a pass-through node, every row left
-        only |= ~left & (f >= d)
+        only |= ~left & st.auditing(f)
         node = 2 * node + np.where(left, 1, 2)
     return node - (2 ** level - 1), only
 
@@ -84,9 +95,9 @@ def _level(r: GbdtRelease, st: ScoreSettings, X: np.ndarray, bins: np.ndarray,
            g: np.ndarray, h: np.ndarray,
            cache: dict[bytes, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     """A level release's normal equations (M (m, m), b (m,)), in units of σ²(G² + H²)."""
-    slot, only = route(X, r, r.level, st.d)
+    slot, only = route(X, r, r.level, st)
     b = bins[:, r.features]  # (m, P) each canary's bin of each released feature
-    E = only[:, None] | ((r.features >= st.d)[None, :] & (b >= 1))
+    E = only[:, None] | (st.auditing(r.features)[None, :] & (b >= 1))
     P, B = r.features.size, r.g.shape[-1]
     key = r.features.tobytes()
     if only.any():  # a node only canaries reach: rare with histogram splits
@@ -106,7 +117,7 @@ def _level(r: GbdtRelease, st: ScoreSettings, X: np.ndarray, bins: np.ndarray,
 def _leaves(r: GbdtRelease, st: ScoreSettings, X: np.ndarray, g: np.ndarray,
             h: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The leaf release's normal equations over canary-only leaves, units σ²(G² + H²)."""
-    slot, only = route(X, r, st.depth, st.d)
+    slot, only = route(X, r, st.depth, st)
     w = only.astype(float)
     same = slot[:, None] == slot[None, :]
     M = (np.outer(g, g) + np.outer(h, h)) * same * np.outer(w, w)
