@@ -5,13 +5,14 @@ engine's plug-in (`engine.one_run`, `engine.multi_run`; no second engine). `silo
 Canaries are records inserted in an audited silo (each "in" by the engine's fair coin),
 built to be worst case for trees and to be read from the server's view:
 
-* auditing columns: C = ``ceil(LOAD·m / (B − 1))`` extra feature columns with public
-  bounds [0, 1] (B = n_bins). Every real record (every silo, train and test) holds 0 there
-  (bin 0); each canary holds a random bin in 1..B−1 of every auditing column (its code,
-  drawn by the auditor). The cells of bins ≥ 1 hold canaries only — the trees' analogue of
-  the Dirac gradient canaries of `audit.whitebox` — and each canary appears in C of them
-  per histogram, so most of its contribution to a release lies where no real record is.
-  The released features grow by these columns, and with them each release's sensitivity
+* auditing columns: C = ``ceil(LOAD·m / (B − 1))`` (histogram and random splits; cyclic
+  splits: below) extra feature columns with public bounds [0, 1] (B = n_bins). Every
+  real record (every silo, train and test) holds 0 there (bin 0); each canary holds a
+  random bin in 1..B−1 of every auditing column (its code, drawn by the auditor). The
+  cells of bins ≥ 1 hold canaries only — the trees' analogue of the Dirac gradient
+  canaries of `audit.whitebox` — and each canary appears in C of them per histogram, so
+  most of its contribution to a release lies where no real record is. Histogram splits:
+  the released features grow by these columns, and with them each release's sensitivity
   √(m(G² + H²)) and its noise: the audited job is the job plus the auditing columns,
   calibrated to the same target.
 * real features at a rarely populated bin corner (each at its declared lower or upper
@@ -20,6 +21,20 @@ built to be worst case for trees and to be read from the server's view:
   the trees learn the canaries as a group (they are the only rows off bin 0 in the
   auditing columns), fit them, and their |g| shrinks (measured: p ≈ 0.1 for label 0 after
   a few trees, ‖(g, h)‖ ≈ 0.15 instead of ≈ 0.56 with coin labels).
+
+Settings: the job's own, resolved exactly as `train_dp_gbdt` resolves them on the job's
+federation (`job_settings`: its defaults, T = 2d trees, automatic bins from Σ_k n_k and the
+silos' σ_k, depth ⌈log2 B⌉), then fixed for the audited job — the auditing columns and the
+canaries change neither T, D, B nor σ.
+
+Cyclic splits (the default): tree t uses column t mod (d + C) of the audited job, whose
+columns interleave (`layout`): real 0, auditing 0, real 1, auditing 1, …, with
+C = min(d, ⌊T/2⌋) (`cyclic_columns`), C = d for the default T = 2d. So the job's T trees
+stay T, each one leaf release of sensitivity √(G² + H²) at the job's σ — the same
+mechanism, charged the same — but the odd trees release an auditing column's leaves (its
+bins: the bins ≥ 1 hold canaries only) and the even ones the real features in the job's
+cyclic order (one pass instead of two with T = 2d). Each canary sits in one canary-only
+leaf per auditing tree; default canaries min(500, n, 2·C·(B − 1)) (each leaf gives Σg and Σh).
 
 Scores (higher: guessed "in"; `audit.gbdt_scores`), functions of the releases, the
 released model, the canaries and public settings only — never of a real record:
@@ -76,9 +91,9 @@ COLUMN_PREFIX = "_audit_"
 ADJACENCY = "add/remove one training record of the audited silo (example level)"
 #: train_dp_gbdt keywords the audit owns
 _RESERVED = ("seed", "private", "observe", "noise_scale", "bounds")
-#: cyclic splits: default canaries ≤ the canary-only leaves C·(B − 1) over this (each
-#: canary is in C of them: LOAD-like redundancy for the least squares)
-CYCLIC_LOAD = 1
+#: cyclic splits: default canaries ≤ this × the canary-only leaves C·(B − 1) (each leaf
+#: gives two equations, Σg and Σh; each canary sits in C leaves)
+CYCLIC_PER_LEAF = 2
 #: multi-run runs per side when not given
 DEFAULT_RUNS = 200
 
@@ -240,11 +255,11 @@ class GbdtMechanism:
                                       d, cols)
 
     def default_canaries(self, unit: str) -> int:
-        """min(500, the silo's training records) — cyclic splits: also at most the
-        canary-only leaves (C·(B − 1)) over CYCLIC_LOAD."""
+        """min(500, the silo's training records) — cyclic splits: also at most
+        CYCLIC_PER_LEAF × the canary-only leaves C·(B − 1)."""
         n = min(DEFAULT_CANARIES, self.fed.silo(unit).n_train)
         if self.columns:
-            n = min(n, max(2, self.columns * (self.n_bins - 1) // CYCLIC_LOAD))
+            n = min(n, max(2, CYCLIC_PER_LEAF * self.columns * (self.n_bins - 1)))
         return n
 
     def draw(self, unit: str, canaries: Any, rng: np.random.Generator) -> TreeCanaries:
@@ -344,7 +359,7 @@ def job_settings(fed: Federation, trees: dict[str, Any]) -> tuple[dict[str, Any]
         kw[k] = None if kw[k] == "auto" else kw[k]
     st = gbdt_settings(fed.task, fed.dim, **kw)
     if st.auto_bins or st.auto_depth:
-        leds = trees.get("ledgers") or [Ledger(s.name, s.target) for s in fed.silos]
+        leds = trees.get("ledgers") or [Ledger(s.name, s.target) for s in fed.silos]  # type: ignore[arg-type]
         given = trees.get("noise_multipliers") or [None] * len(leds)
         sigmas = [calibrate_sigma(st, led, g) for led, g in zip(leds, given, strict=True)]
         st = resolve_bins(st, sum(s.n_train for s in fed.silos), sigmas)
@@ -452,7 +467,8 @@ def _audit(fed: Federation, *, silo: str | None, canaries: int | None, kind: str
              "canaries: records coded across auditing columns (public bounds [0, 1], bin 0 "
              "for every real record, a random bin >= 1 per column for each canary), real "
              "features at the declared bounds' corners, labels by fair coins; the audited "
-             "job is the job plus these columns",
+             "job is the job plus these columns, with the job's settings resolved on the "
+             "job's data (" + _settings_note(mech) + ")",
              "scores: white box (least squares on the cells only canaries populate in the "
              "noisy histograms and leaf sums, as the server receives them) and black box "
              "(the released ensemble's loss)",
@@ -464,6 +480,16 @@ def _audit(fed: Federation, *, silo: str | None, canaries: int | None, kind: str
     return AuditReport(kind, rows, ["dp_gbdt"], notes, None, not charged, [],
                        time.perf_counter() - t0, confidence, "seeded" if seed is not None
                        else "entropy-seeded", neighbouring=ADJACENCY, view="trees")
+
+
+def _settings_note(mech: GbdtMechanism) -> str:
+    k = mech.kwargs
+    what = f"{k['trees']} trees of depth {k['depth']}, {k['n_bins']} bins, {k['splits']} splits"
+    if mech.columns:
+        what += (f"; cyclic order interleaving real features and {mech.columns} auditing "
+                 "columns: the odd trees release an auditing column's leaves, same T, σ "
+                 "and one leaf release per tree")
+    return what
 
 
 def _bounds(bounds: Any, d: int) -> np.ndarray:
