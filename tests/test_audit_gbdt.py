@@ -109,6 +109,27 @@ def test_cyclic_audit_trains_the_jobs_mechanism():
     assert np.all(score[inc] > 0) and np.all(score[~inc] < 0)
 
 
+@pytest.mark.parametrize("kw,m", [({"bins": "private"}, None),
+                                  ({"bins": "private", **TREES}, 300)])
+def test_private_bins_audited_with_their_release(kw, m):
+    """bins = "private": the BINS release (charged, in the claim) is observed and read
+    (the auditing columns' fine bins ≥ 1 hold canaries only), the tree cells are cut at
+    the server's private edges; honest below the claim, noise off caught."""
+    fed = _fed(1.0)
+    rep = self_test_gbdt(fed, silo="s0", canaries=m, seed=41, **kw)
+    honest, broken = rep.rows
+    assert not honest.flagged and honest.lower_bound < honest.claimed_epsilon
+    assert broken.flagged and broken.lower_bound > broken.claimed_epsilon
+    seen: list = []
+    mech = GbdtMechanism(fed, np.tile([-1.0, 1.0], (5, 1)), kw, seed=1)
+    c = mech.draw("s0", 20, np.random.default_rng(0))
+    audited, _rows = mech.prepare_one({"s0": (c, np.ones(20, bool))})
+    train_dp_gbdt(audited, bounds=mech._bounds(audited), observe=seen.append, **mech.kwargs)
+    counts = [r for r in seen if r.tree < 0]
+    assert [r.silo for r in counts] == [0, 1, 2]
+    assert counts[0].g.shape == (audited.dim, max(32, 4 * mech.n_bins))
+
+
 def test_canaries_are_trained_on_and_read_one_by_one():
     """Noise off: the white-box score (least-squares inclusion x̂ − ½ over its variance) is
     positive for every included canary and negative for every excluded one; with the same
@@ -203,7 +224,7 @@ def test_given_ledgers_are_charged_and_reports_are_written(tmp_path):
     ({"kind": "many"}, "unknown audit kind"),
     ({"confidence": 1.0}, "confidence"),
     ({"bounds": (1.0, -1.0)}, "bounds"),
-    ({"bins": "private"}, "bins = \"schema\""),
+    ({"edges": np.zeros((5, 3))}, "leave edges out"),
     ({"trees": 0}, "trees must be"),
 ])
 def test_bad_input_is_refused_before_training(kwargs, match):

@@ -79,6 +79,7 @@ from silofl.data.federation import Federation, Silo
 from silofl.errors import ConfigError
 from silofl.privacy.ledger import Ledger
 from silofl.training.histograms import bin_edges, bin_features
+from silofl.training.private_bins import edges_from_histograms
 
 #: canaries per audited silo when not given (at most its training records)
 DEFAULT_CANARIES = 500
@@ -252,7 +253,7 @@ class GbdtMechanism:
         self.columns = cyclic_columns(st.trees, d) if self.cyclic else None
         cols = tuple(range(1, 2 * self.columns, 2)) if self.columns else None
         self.settings = ScoreSettings(st.task, st.clip_g, st.clip_h, st.subsample, st.depth,
-                                      d, cols)
+                                      d, cols, st.sigma_bins(1.0) if st.private_bins else 0.0)
 
     def default_canaries(self, unit: str) -> int:
         """min(500, the silo's training records) — cyclic splits: also at most
@@ -308,7 +309,11 @@ class GbdtMechanism:
         k = fed.names.index(unit)
         mine = [r for r in seen if r.silo == k]
         sigma = float(result.report[k]["sigma"])
-        bins = bin_features(rows, bin_edges(self._bounds(fed), self.n_bins))
+        counts = [r.g for r in seen if r.tree < 0]
+        # private bins: the server's edges, from every silo's released counts (as it does)
+        edges = (edges_from_histograms(np.sum(counts, axis=0), self._bounds(fed), self.n_bins)
+                 if counts else bin_edges(self._bounds(fed), self.n_bins))
+        bins = bin_features(rows, edges)
         return {"white-box": white_box(self.settings, mine, result.ensemble, rows, bins,
                                        c.y, sigma),
                 "black-box": black_box(fed.task, result.ensemble, rows, c.y)}
@@ -374,10 +379,9 @@ def _check(fed: Federation, kwargs: dict[str, Any], kind: str) -> None:
     if bad:
         raise ConfigError(f"audit_gbdt sets {', '.join(bad)} itself (the audit's seed, the "
                           "auditing columns' bounds, the observer); leave them out")
-    if kwargs.get("bins", "schema") != "schema" or kwargs.get("edges") is not None:
-        raise ConfigError("the trees' audit cuts the canaries' bins over the declared bounds "
-                          "(its auditing columns too); audit with [trees] bins = \"schema\" "
-                          "(private quantile bins are not audited yet)")
+    if kwargs.get("edges") is not None:
+        raise ConfigError("the trees' audit places its auditing columns' bins itself: leave "
+                          "edges out (use [trees] bins = \"schema\" or \"private\")")
     if fed.is_image or fed.task not in ("binary", "regression"):
         raise ConfigError(f"the trees' audit needs a tabular binary or regression "
                           f"federation, got {fed.task!r}")

@@ -11,7 +11,9 @@ adds when in — its clipped gradient g_it to its g cell and hessian h_it to its
 * at the leaf release (noise std σ√(G² + H²)): the sums of such canary-only leaves —
   with random splits, drawn among mostly auditing columns, most leaves are; with cyclic
   splits, a tree on an auditing column has its bins as leaves: bins ≥ 1 hold canaries
-  only.
+  only;
+* at the private bins' release (bins = "private"; noise std σ_b√D per count, D released
+  columns): the auditing columns' fine bins ≥ 1.
 
 The least-squares x̂ of every such equation (weighted by the inverse noise variance; all
 trees pooled without row subsampling — one inclusion for all) and its variance v give
@@ -37,8 +39,9 @@ from silofl.models.trees import TreeEnsemble
 @dataclass(frozen=True)
 class ScoreSettings:
     """What the scores need of the run: task, clips G and H, row sampling rate q, depth
-    D, d, the number of real features, and where the auditing columns are: after the
-    real features (None) or at the columns `audit_cols` (cyclic splits interleave them)."""
+    D, d, the number of real features, where the auditing columns are: after the real
+    features (None) or at the columns `audit_cols` (cyclic splits interleave them), and
+    private bins' σ_b / σ (`GbdtSettings.sigma_bins`; 0: bins over the schema)."""
 
     task: str
     clip_g: float
@@ -47,6 +50,7 @@ class ScoreSettings:
     depth: int
     d: int
     audit_cols: tuple[int, ...] | None = None
+    bins_ratio: float = 0.0
 
     def auditing(self, f: np.ndarray) -> np.ndarray:
         """Whether each column index in `f` is an auditing column (same shape, bool)."""
@@ -124,6 +128,21 @@ def _leaves(r: GbdtRelease, st: ScoreSettings, X: np.ndarray, g: np.ndarray,
     return M, w * (g * r.g[slot] + h * r.h[slot])
 
 
+def _bins(r: GbdtRelease, st: ScoreSettings,
+          X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The private bins' release's normal equations, units σ²(G² + H²): each canary adds
+    1 to the fine bin of its value in every auditing column (bounds [0, 1]; real records
+    sit in fine bin 0), noise std σ_b·√D per count (D released columns)."""
+    D, fine = r.g.shape
+    cols = np.flatnonzero(st.auditing(np.arange(D)))
+    f = np.clip(np.floor(X[:, cols] * fine).astype(np.int64), 0, fine - 1)
+    E = f >= 1
+    w = (st.clip_g ** 2 + st.clip_h ** 2) / max(st.bins_ratio ** 2 * D, 1e-300)
+    K = _overlap(E, f, fine)
+    rhs = np.where(E, r.g[cols[None, :], f], 0.0).sum(1)
+    return w * K, w * rhs
+
+
 def _solve(M: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Least squares x̂ = (M + τI)⁻¹b and diag((M + τI)⁻¹), τ a tiny ridge (canaries never
     observed get x̂ = 0 with a huge variance)."""
@@ -140,7 +159,8 @@ def white_box(st: ScoreSettings, releases: list[GbdtRelease], ensemble: TreeEnse
     ----------
     st : ScoreSettings
     releases : list of GbdtRelease
-        The audited silo's releases (levels and leaves of every shared tree).
+        The audited silo's releases (levels and leaves of every shared tree; the
+        private bins' counts, tree −1).
     ensemble : TreeEnsemble
         The released shared trees (the canaries' margins, hence g and h).
     X, bins : numpy.ndarray
@@ -164,9 +184,12 @@ def white_box(st: ScoreSettings, releases: list[GbdtRelease], ensemble: TreeEnse
     per_tree: dict[int, list[np.ndarray]] = {}
     cache: dict[bytes, np.ndarray] = {}
     for r in releases:
-        g, h = grads[r.tree]
-        M, b = (_leaves(r, st, X, g, h) if r.level >= st.depth
-                else _level(r, st, X, bins, g, h, cache))
+        if r.tree < 0:  # the private bins (before any tree, not subsampled)
+            M, b = _bins(r, st, X)
+        else:
+            g, h = grads[r.tree]
+            M, b = (_leaves(r, st, X, g, h) if r.level >= st.depth
+                    else _level(r, st, X, bins, g, h, cache))
         acc = per_tree.setdefault(r.tree, [np.zeros((m, m)), np.zeros(m)])
         acc[0] += M
         acc[1] += b
@@ -178,9 +201,10 @@ def white_box(st: ScoreSettings, releases: list[GbdtRelease], ensemble: TreeEnse
         return (x - 0.5) / v  # ∝ the Gaussian log-likelihood ratio of x̂
     sd2 = max(sigma ** 2 * (st.clip_g ** 2 + st.clip_h ** 2), 1e-300)
     score = np.zeros(m)
-    for M, b in per_tree.values():  # one Poisson draw per tree: the mixture per tree
+    for t, (M, b) in per_tree.items():  # one Poisson draw per tree: the mixture per tree
         x, v = _solve(M, b)
-        score += np.logaddexp(math.log1p(-st.q), math.log(st.q) + (x - 0.5) / (v * sd2))
+        lam = (x - 0.5) / (v * sd2)
+        score += lam if t < 0 else np.logaddexp(math.log1p(-st.q), math.log(st.q) + lam)
     return score
 
 
