@@ -10,7 +10,8 @@ tests/test_audit_gbdt.py.
 2. The default trees (cyclic splits, T = 2d, automatic bins and depth): the same task
    with 10 features (20 trees, 64 bins, depth 6), 800 canaries in s0; ε = 1, 2, 4, 8.
 3. Heart (Cleveland, claim ε = 1, δ = 1e-4): histogram and random splits with 200
-   canaries, and the default (cyclic) settings with the default canaries.
+   canaries, and the default (cyclic) settings, with schema and with private bins, with
+   the default canaries.
 Every audit trains on fresh in-memory ledgers (experiments, not releases).
 
 Run:  .venv/bin/python benchmarks/bench_audit_gbdt.py [--seeds 5] [--json gbdt_audit.json]
@@ -93,12 +94,13 @@ def heart_rows(seeds: range) -> list[dict]:
                                             "splits": "histogram"}),
                         ("random", 200, {"trees": 20, "depth": 3, "n_bins": 8, "lam": 30.0,
                                          "lr": 0.5, "colsample": 0.1, "splits": "random"}),
-                        ("cyclic (defaults)", None, {})):
+                        ("cyclic (defaults)", None, {}),
+                        ("cyclic, private bins", None, {"bins": "private"})):
         row = {"silo": c, "splits": name, "claim": 1.0,
                "as_run": [bound(heart, c, m, s, 1.0, **kw) for s in seeds],
                "noise_off": [bound(heart, c, m, s, 0.0, **kw) for s in seeds]}
         if m is None:
-            mech = GbdtMechanism(heart, np.tile([-1.0, 1.0], (heart.dim, 1)), {}, 0)
+            mech = GbdtMechanism(heart, np.tile([-1.0, 1.0], (heart.dim, 1)), dict(kw), 0)
             row.update(settings=mech.kwargs, canaries=mech.default_canaries(c))
         rows.append(row)
         print(json.dumps(row), flush=True)
