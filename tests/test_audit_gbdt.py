@@ -124,7 +124,12 @@ def test_private_bins_audited_with_their_release(kw, m):
     mech = GbdtMechanism(fed, np.tile([-1.0, 1.0], (5, 1)), kw, seed=1)
     c = mech.draw("s0", 20, np.random.default_rng(0))
     audited, _rows = mech.prepare_one({"s0": (c, np.ones(20, bool))})
-    train_dp_gbdt(audited, bounds=mech._bounds(audited), observe=seen.append, **mech.kwargs)
+    ran = train_dp_gbdt(audited, bounds=mech._bounds(audited), observe=seen.append,
+                        **mech.kwargs)
+    job = train_dp_gbdt(fed, bounds=(-1.0, 1.0), **kw)  # the job's σ and ε, unaudited
+    for ra, rj in zip(ran.report, job.report, strict=True):
+        assert ra["sigma"] == pytest.approx(rj["sigma"], rel=1e-9)
+        assert ra["epsilon"] == pytest.approx(rj["epsilon"], rel=1e-9)
     counts = [r for r in seen if r.tree < 0]
     assert [r.silo for r in counts] == [0, 1, 2]
     assert counts[0].g.shape == (audited.dim, max(32, 4 * mech.n_bins))
