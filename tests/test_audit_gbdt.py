@@ -12,16 +12,17 @@ import pytest
 import silofl
 from silofl.algorithms.dp_gbdt import train_dp_gbdt
 from silofl.audit import audit_gbdt
-from silofl.audit.gbdt import GbdtMechanism, _audit
+from silofl.audit.gbdt import CYCLIC_PER_LEAF, GbdtMechanism, _audit
 from silofl.audit.selftest import NOISE_OFF, self_test_gbdt
 from silofl.data.federation import Federation, Silo
 from silofl.errors import ConfigError
 
-TREES = {"trees": 8, "depth": 3}
+#: histogram splits, as audited before cyclic splits became the default
+TREES = {"trees": 8, "depth": 3, "splits": "histogram", "lam": 1.0}
 
 
 def _fed(eps: float, n: int = 1000, k: int = 3, seed: int = 0,
-         task: str = "binary") -> Federation:
+         task: str = "binary", d: int = 5) -> Federation:
     rng = np.random.default_rng(seed)
 
     def label(X: np.ndarray) -> np.ndarray:
@@ -31,10 +32,10 @@ def _fed(eps: float, n: int = 1000, k: int = 3, seed: int = 0,
 
     silos = []
     for i in range(k):
-        X, Xt = rng.uniform(-1, 1, (n, 5)), rng.uniform(-1, 1, (n // 4, 5))
+        X, Xt = rng.uniform(-1, 1, (n, d)), rng.uniform(-1, 1, (n // 4, d))
         silos.append(Silo(f"s{i}", X, label(X), Xt, label(Xt),
                           silofl.PrivacyTarget(eps, 1e-5)))
-    return Federation(silos, [f"x{j}" for j in range(5)], task, 2 if task == "binary" else 0)
+    return Federation(silos, [f"x{j}" for j in range(d)], task, 2 if task == "binary" else 0)
 
 
 @pytest.mark.parametrize("eps,seed", [(1.0, 11), (4.0, 12)])
@@ -58,6 +59,80 @@ def test_noise_off_is_caught(eps, m):
     assert broken.claimed_epsilon == pytest.approx(eps, rel=1e-2)
     assert broken.flagged and broken.lower_bound > broken.claimed_epsilon
     assert rep.passed
+
+
+@pytest.mark.parametrize("eps,seed", [(1.0, 31), (4.0, 32)])
+def test_default_cyclic_trees_honest_below_the_claim_and_noise_off_caught(eps, seed):
+    """train_dp_gbdt's defaults (cyclic splits, T = 2d, automatic bins and depth): the
+    honest run stays below the claim, noise off is refuted through the canary-only
+    leaves of the trees on auditing columns (d = 10: 10 such trees × 63 bins ≥ 1)."""
+    rep = self_test_gbdt(_fed(eps, d=10), silo="s0", canaries=800, seed=seed)
+    honest, broken = rep.rows
+    assert honest.claimed_epsilon == pytest.approx(eps, rel=1e-2)
+    assert not honest.flagged and honest.lower_bound < honest.claimed_epsilon
+    assert broken.claimed_epsilon == pytest.approx(eps, rel=1e-2)
+    assert broken.flagged and broken.lower_bound > broken.claimed_epsilon
+    assert rep.passed
+
+
+def test_cyclic_audit_trains_the_jobs_mechanism():
+    """Auto settings resolved on the job's federation as the job resolves them; the
+    audited job (auditing columns interleaved, canaries in) has the job's T, D, B and σ
+    and spends the same ε; its odd trees split on auditing columns, its even trees on the
+    real features in the job's cyclic order; noise off reads every canary right."""
+    fed = _fed(1.0, n=400, d=4)
+    job = train_dp_gbdt(fed, bounds=(-1.0, 1.0), seed=0)
+    mech = GbdtMechanism(fed, np.tile([-1.0, 1.0], (4, 1)), {}, seed=5, noise_scale=0.0)
+    B = 2 ** mech.settings.depth
+    assert mech.kwargs == {"trees": 8, "depth": mech.settings.depth, "n_bins": B,
+                           "splits": "cyclic"} and mech.columns == 4
+    assert len(job.ensemble.trees) == 8
+    rng = np.random.default_rng(0)
+    m = mech.default_canaries("s1")
+    assert m == min(400, CYCLIC_PER_LEAF * 4 * (B - 1))
+    c = mech.draw("s1", None, rng)
+    inc = rng.random(m) < 0.5
+    audited, rows = mech.prepare_one({"s1": (c, inc)})
+    assert audited.feature_names[:4] == ["x0", "_audit_0", "x1", "_audit_1"]
+    result, seen = mech._train(audited, mech.seed)
+    for ra, rj in zip(result.report, job.report, strict=True):
+        assert ra["sigma"] == pytest.approx(rj["sigma"], rel=1e-9)
+        assert ra["epsilon"] == pytest.approx(rj["epsilon"], rel=1e-9)
+    assert len(seen) == 8 * 3  # one leaf release per tree and silo
+    used = [int(t.feature[0]) for t in result.ensemble.trees]
+    assert used == [0, 1, 2, 3, 4, 5, 6, 7]  # x0, a0, x1, a1, ...
+    for t in (0, 2):  # the job's tree on x0, x1: the same bins, depth and split points
+        mine, its = result.ensemble.trees[t], job.ensemble.trees[t // 2]
+        np.testing.assert_array_equal(mine.threshold[mine.feature >= 0],
+                                      its.threshold[its.feature >= 0])
+    score = mech._scores(audited, result, seen, "s1", c, rows["s1"][1])["white-box"]
+    assert np.all(score[inc] > 0) and np.all(score[~inc] < 0)
+
+
+@pytest.mark.parametrize("kw,m", [({"bins": "private"}, None),
+                                  ({"bins": "private", **TREES}, 300)])
+def test_private_bins_audited_with_their_release(kw, m):
+    """bins = "private": the BINS release (charged, in the claim) is observed and read
+    (the auditing columns' fine bins ≥ 1 hold canaries only), the tree cells are cut at
+    the server's private edges; honest below the claim, noise off caught."""
+    fed = _fed(1.0)
+    rep = self_test_gbdt(fed, silo="s0", canaries=m, seed=41, **kw)
+    honest, broken = rep.rows
+    assert not honest.flagged and honest.lower_bound < honest.claimed_epsilon
+    assert broken.flagged and broken.lower_bound > broken.claimed_epsilon
+    seen: list = []
+    mech = GbdtMechanism(fed, np.tile([-1.0, 1.0], (5, 1)), kw, seed=1)
+    c = mech.draw("s0", 20, np.random.default_rng(0))
+    audited, _rows = mech.prepare_one({"s0": (c, np.ones(20, bool))})
+    ran = train_dp_gbdt(audited, bounds=mech._bounds(audited), observe=seen.append,
+                        **mech.kwargs)
+    job = train_dp_gbdt(fed, bounds=(-1.0, 1.0), **kw)  # the job's σ and ε, unaudited
+    for ra, rj in zip(ran.report, job.report, strict=True):
+        assert ra["sigma"] == pytest.approx(rj["sigma"], rel=1e-9)
+        assert ra["epsilon"] == pytest.approx(rj["epsilon"], rel=1e-9)
+    counts = [r for r in seen if r.tree < 0]
+    assert [r.silo for r in counts] == [0, 1, 2]
+    assert counts[0].g.shape == (audited.dim, max(32, 4 * mech.n_bins))
 
 
 def test_canaries_are_trained_on_and_read_one_by_one():
@@ -99,7 +174,7 @@ def test_noise_off_keeps_the_claim_and_the_charges():
 
 def test_regression_and_subsampling_audit():
     fed = _fed(1.0, n=400, task="regression")
-    kw = dict(trees=4, depth=2, clip_g=2.0, subsample=0.5)
+    kw = dict(trees=4, depth=2, clip_g=2.0, subsample=0.5, splits="histogram", lam=1.0)
     honest = audit_gbdt(fed, silo="s2", canaries=300, seed=3, **kw).rows[0]
     assert not honest.violation
     off = _audit(fed, silo="s2", canaries=300, kind="one-run", runs=None, confidence=0.95,
@@ -154,18 +229,18 @@ def test_given_ledgers_are_charged_and_reports_are_written(tmp_path):
     ({"kind": "many"}, "unknown audit kind"),
     ({"confidence": 1.0}, "confidence"),
     ({"bounds": (1.0, -1.0)}, "bounds"),
-    ({"bins": "private"}, "bins = \"schema\""),
-    ({"splits": "cyclic"}, "cyclic splits are not audited"),
+    ({"edges": np.zeros((5, 3))}, "leave edges out"),
+    ({"trees": 0}, "trees must be"),
 ])
 def test_bad_input_is_refused_before_training(kwargs, match):
     with pytest.raises(ConfigError, match=match):
         audit_gbdt(_fed(1.0, n=100), **{"silo": "s0", **kwargs})
 
 
-def _job(tmp_path, methods='["dp_gbdt"]', scratch="true", unit="example"):
+def _job(tmp_path, methods='["dp_gbdt"]', scratch="true", unit="example",
+         trees='[trees]\ntrees = 5\ndepth = 2\nsplits = "histogram"\n'):
     conf = tmp_path / "job.toml"
-    conf.write_text(f'[training]\nmethods = {methods}\nseed = 3\n[trees]\ntrees = 5\n'
-                    f'depth = 2\nsplits = "histogram"\n'
+    conf.write_text(f'[training]\nmethods = {methods}\nseed = 3\n{trees}'
                     f'[privacy]\nnoise = "seeded"\nunit = "{unit}"\n'
                     f'[budget]\nscratch = {scratch}\n[output]\ndir = ""\n')
     return conf
@@ -192,6 +267,29 @@ def test_cli_audits_a_dp_gbdt_job_and_its_self_test(tmp_path):
     assert res.exit_code == 0, res.output
     st = json.loads((tmp_path / "s" / "selftest.json").read_text())
     assert st["passed"] and {r["mechanism"] for r in st["rows"] if r["flagged"]} == {NOISE_OFF}
+
+
+def test_cli_audits_a_default_dp_gbdt_job_and_its_self_test(tmp_path):
+    """A job with only methods = ["dp_gbdt"] and default [trees] (cyclic splits, automatic
+    trees, depth and bins): `silofl audit` and `--self-test` work, with verdicts."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from silofl.cli import app
+    conf = _job(tmp_path, trees="")
+    res = CliRunner().invoke(app, ["audit", "--config", str(conf), "--out",
+                                   str(tmp_path / "o"), "-q"])
+    assert res.exit_code == 0, res.output
+    rep = json.loads((tmp_path / "o" / "audit.json").read_text())
+    assert rep["view"] == "trees" and not rep["violations"] and len(rep["silos"]) == 4
+    assert any("cyclic splits" in n and "auditing columns" in n for n in rep["notes"])
+    res = CliRunner().invoke(app, ["audit", "--config", str(conf), "--self-test", "--out",
+                                   str(tmp_path / "s"), "-q"])
+    assert res.exit_code == 0, res.output
+    st = json.loads((tmp_path / "s" / "selftest.json").read_text())
+    assert st["passed"] and {r["mechanism"] for r in st["rows"] if r["flagged"]} == {NOISE_OFF}
+    assert len(st["rows"]) == 8
 
 
 @pytest.mark.parametrize("methods,scratch,unit,match", [

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from silofl.algorithms.gbdt_messages import OP_LEAVES, OP_LEVEL, Ask
+from silofl.algorithms.gbdt_messages import OP_BINS, OP_LEAVES, OP_LEVEL, Ask
 from silofl.algorithms.gbdt_programs import GbdtServer, GbdtSilo, drive, grow_local, noise_stream
 from silofl.algorithms.gbdt_settings import GbdtSettings, calibrate_sigma, gbdt_settings
 from silofl.algorithms.gbdt_splits import best_splits
@@ -79,6 +79,9 @@ class GbdtRelease:
         left), filled for the levels above this one: how a record reaches its slot.
     g, h : numpy.ndarray — level < depth: (2^level, m, n_bins) noisy histograms; leaves:
         (2^depth,) noisy Σg, Σh per leaf slot.
+
+    The private bins' release (bins = "private") is shown as tree = level = −1: g the
+    (d, fine) noisy fine counts, h and the splits empty.
     """
 
     silo: int
@@ -93,12 +96,19 @@ class GbdtRelease:
 
 def _shower(observe: Callable[[GbdtRelease], None] | None
             ) -> Callable[[Ask, GbdtServer, list], None] | None:
-    """`drive`'s hook showing `observe` each silo's tree release (decoded) as the server is
-    about to receive it (not the private bins' counts); None without an observer."""
+    """`drive`'s hook showing `observe` each silo's release (decoded) as the server is about
+    to receive it: tree releases and the private bins' counts; None without an observer."""
     if observe is None:
         return None
 
     def show(ask: Ask, server: GbdtServer, releases: list[np.ndarray | None]) -> None:
+        if ask.op == OP_BINS:
+            none = np.zeros(0)
+            for k, r in enumerate(releases):
+                counts = np.asarray(r).reshape(server.s.d, -1)
+                observe(GbdtRelease(k, -1, -1, np.arange(server.s.d), none.astype(np.int64),
+                                    none, counts, none))
+            return
         if ask.op not in (OP_LEVEL, OP_LEAVES):
             return
         shape = (2, 2 ** ask.level, ask.features.size, -1) if ask.op == OP_LEVEL else (2, -1)

@@ -4,8 +4,9 @@
 One engine (`engine.one_run`, `engine.multi_run`) over a `Mechanism` plug-in: `tabular`
 audits a `silofl run` job; the pandemic pipeline's plug-in lives in `silofl.pandemic.audit`.
 DP federated trees (method dp_gbdt) are audited through the same engine by
-`gbdt.audit_gbdt` (tree canaries, the server's view of the noisy histograms); `audit`
-routes a dp_gbdt job there.
+`gbdt.audit_gbdt` (tree canaries, the server's view of the noisy releases: histograms,
+leaf sums — cyclic splits, the default, too — and private bins); `audit` routes a
+dp_gbdt job there.
 Person-level runs (`[privacy] unit = "person"`) are audited with canary persons of several
 rows each (`persons.audit_persons`; `silofl audit` routes such a config there)."""
 

@@ -5,13 +5,14 @@ engine's plug-in (`engine.one_run`, `engine.multi_run`; no second engine). `silo
 Canaries are records inserted in an audited silo (each "in" by the engine's fair coin),
 built to be worst case for trees and to be read from the server's view:
 
-* auditing columns: C = ``ceil(LOAD·m / (B − 1))`` extra feature columns with public
-  bounds [0, 1] (B = n_bins). Every real record (every silo, train and test) holds 0 there
-  (bin 0); each canary holds a random bin in 1..B−1 of every auditing column (its code,
-  drawn by the auditor). The cells of bins ≥ 1 hold canaries only — the trees' analogue of
-  the Dirac gradient canaries of `audit.whitebox` — and each canary appears in C of them
-  per histogram, so most of its contribution to a release lies where no real record is.
-  The released features grow by these columns, and with them each release's sensitivity
+* auditing columns: C = ``ceil(LOAD·m / (B − 1))`` (histogram and random splits; cyclic
+  splits: below) extra feature columns with public bounds [0, 1] (B = n_bins). Every
+  real record (every silo, train and test) holds 0 there (bin 0); each canary holds a
+  random bin in 1..B−1 of every auditing column (its code, drawn by the auditor). The
+  cells of bins ≥ 1 hold canaries only — the trees' analogue of the Dirac gradient
+  canaries of `audit.whitebox` — and each canary appears in C of them per histogram, so
+  most of its contribution to a release lies where no real record is. Histogram splits:
+  the released features grow by these columns, and with them each release's sensitivity
   √(m(G² + H²)) and its noise: the audited job is the job plus the auditing columns,
   calibrated to the same target.
 * real features at a rarely populated bin corner (each at its declared lower or upper
@@ -20,6 +21,20 @@ built to be worst case for trees and to be read from the server's view:
   the trees learn the canaries as a group (they are the only rows off bin 0 in the
   auditing columns), fit them, and their |g| shrinks (measured: p ≈ 0.1 for label 0 after
   a few trees, ‖(g, h)‖ ≈ 0.15 instead of ≈ 0.56 with coin labels).
+
+Settings: the job's own, resolved exactly as `train_dp_gbdt` resolves them on the job's
+federation (`job_settings`: its defaults, T = 2d trees, automatic bins from Σ_k n_k and the
+silos' σ_k, depth ⌈log2 B⌉), then fixed for the audited job — the auditing columns and the
+canaries change neither T, D, B nor σ.
+
+Cyclic splits (the default): tree t uses column t mod (d + C) of the audited job, whose
+columns interleave (`layout`): real 0, auditing 0, real 1, auditing 1, …, with
+C = min(d, ⌊T/2⌋) (`cyclic_columns`), C = d for the default T = 2d. So the job's T trees
+stay T, each one leaf release of sensitivity √(G² + H²) at the job's σ — the same
+mechanism, charged the same — but the odd trees release an auditing column's leaves (its
+bins: the bins ≥ 1 hold canaries only) and the even ones the real features in the job's
+cyclic order (one pass instead of two with T = 2d). Each canary sits in one canary-only
+leaf per auditing tree; default canaries min(500, n, 2·C·(B − 1)) (each leaf gives Σg and Σh).
 
 Scores (higher: guessed "in"; `audit.gbdt_scores`), functions of the releases, the
 released model, the canaries and public settings only — never of a real record:
@@ -33,6 +48,7 @@ released model, the canaries and public settings only — never of a real record
 
 from __future__ import annotations
 
+import inspect
 import math
 import time
 from dataclasses import dataclass, field, replace
@@ -41,6 +57,12 @@ from typing import Any
 import numpy as np
 
 from silofl.algorithms.dp_gbdt import GbdtRelease, GbdtResult, train_dp_gbdt
+from silofl.algorithms.gbdt_settings import (
+    GbdtSettings,
+    calibrate_sigma,
+    gbdt_settings,
+    resolve_bins,
+)
 from silofl.audit.engine import (
     AUDIT_NOTE,
     AuditReport,
@@ -55,7 +77,9 @@ from silofl.audit.engine import (
 from silofl.audit.gbdt_scores import ScoreSettings, black_box, white_box
 from silofl.data.federation import Federation, Silo
 from silofl.errors import ConfigError
+from silofl.privacy.ledger import Ledger
 from silofl.training.histograms import bin_edges, bin_features
+from silofl.training.private_bins import edges_from_histograms
 
 #: canaries per audited silo when not given (at most its training records)
 DEFAULT_CANARIES = 500
@@ -68,9 +92,9 @@ COLUMN_PREFIX = "_audit_"
 ADJACENCY = "add/remove one training record of the audited silo (example level)"
 #: train_dp_gbdt keywords the audit owns
 _RESERVED = ("seed", "private", "observe", "noise_scale", "bounds")
-#: the settings the audit reads its white-box scores from, where a run leaves them unset
-#: or automatic (train_dp_gbdt's defaults before cyclic splits became its default)
-AUDITED = {"splits": "histogram", "trees": 20, "depth": 3, "n_bins": 16, "lam": 1.0}
+#: cyclic splits: default canaries ≤ this × the canary-only leaves C·(B − 1) (each leaf
+#: gives two equations, Σg and Σh; each canary sits in C leaves)
+CYCLIC_PER_LEAF = 2
 #: multi-run runs per side when not given
 DEFAULT_RUNS = 200
 
@@ -90,7 +114,8 @@ class TreeCanaries:
 
 
 def tree_canaries(m: int, bounds: np.ndarray, n_bins: int, task: str, base_score: float,
-                  clip_g: float, rng: np.random.Generator) -> TreeCanaries:
+                  clip_g: float, rng: np.random.Generator,
+                  columns: int | None = None) -> TreeCanaries:
     """`m` canaries from public facts only (see the module docstring).
 
     Parameters
@@ -107,6 +132,9 @@ def tree_canaries(m: int, bounds: np.ndarray, n_bins: int, task: str, base_score
         The run's public starting margin and gradient clip G.
     rng : numpy.random.Generator
         The corners and the codes.
+    columns : int, optional
+        C, the auditing columns (default ``ceil(LOAD·m/(B − 1))``; cyclic splits: fixed by
+        the trees, `cyclic_columns`).
 
     Returns
     -------
@@ -122,24 +150,49 @@ def tree_canaries(m: int, bounds: np.ndarray, n_bins: int, task: str, base_score
         y = sign.astype(float)
     else:  # g = margin − y clipped to ±G: the label 3G away from the start
         y = base_score + np.where(sign, 3.0, -3.0) * clip_g
-    C = math.ceil(LOAD * m / (n_bins - 1))
+    C = math.ceil(LOAD * m / (n_bins - 1)) if columns is None else int(columns)
     return TreeCanaries(X, y, rng.integers(1, n_bins, size=(m, C)))
 
 
-def audit_rows(c: TreeCanaries, columns: int, n_bins: int) -> np.ndarray:
+def audit_rows(c: TreeCanaries, columns: int, n_bins: int,
+               order: np.ndarray | None = None) -> np.ndarray:
     """(m, d + columns) the canaries' rows: real features, then the auditing columns (the
-    centre of the code's bin; 0 — bin 0, the real records' — beyond the code)."""
+    centre of the code's bin; 0 — bin 0, the real records' — beyond the code); columns
+    taken in `order` (`layout`) when given."""
     A = np.zeros((c.m, columns))
     A[:, :c.code.shape[1]] = (c.code + 0.5) / n_bins
-    return np.hstack([c.X, A])
+    rows = np.hstack([c.X, A])
+    return rows if order is None else rows[:, order]
 
 
-def with_columns(fed: Federation, columns: int) -> Federation:
-    """`fed` with `columns` auditing columns of zeros appended to every row."""
-    def pad(X: np.ndarray) -> np.ndarray:
-        return np.hstack([X, np.zeros((X.shape[0], columns))])
-    silos = [replace(s, X_train=pad(s.X_train), X_test=pad(s.X_test)) for s in fed.silos]
+def cyclic_columns(trees: int, d: int) -> int:
+    """C for cyclic splits: min(d, ⌊T/2⌋), at least 1 — with `layout`'s interleaving the
+    odd trees of the first 2C release an auditing column's leaves."""
+    return max(1, min(d, trees // 2))
+
+
+def layout(d: int, columns: int, interleave: bool) -> np.ndarray:
+    """(d + columns,) the trained column order as indices into [real features, auditing
+    columns]: as they are, or (cyclic splits; columns ≤ d) real 0, auditing 0, real 1,
+    auditing 1, …, then the remaining real features — so tree t's feature t mod (d + C)
+    alternates between a real feature and an auditing column."""
+    if not interleave:
+        return np.arange(d + columns)
+    pairs = np.stack([np.arange(columns), d + np.arange(columns)], axis=1).ravel()
+    return np.concatenate([pairs, np.arange(columns, d)])
+
+
+def with_columns(fed: Federation, columns: int, order: np.ndarray | None = None) -> Federation:
+    """`fed` with `columns` auditing columns of zeros appended to every row (columns then
+    taken in `order` when given)."""
     names = list(fed.feature_names) + [f"{COLUMN_PREFIX}{j}" for j in range(columns)]
+    if order is not None:
+        names = [names[j] for j in order]
+
+    def pad(X: np.ndarray) -> np.ndarray:
+        P = np.hstack([X, np.zeros((X.shape[0], columns))])
+        return P if order is None else P[:, order]
+    silos = [replace(s, X_train=pad(s.X_train), X_test=pad(s.X_test)) for s in fed.silos]
     return replace(fed, silos=silos, feature_names=names, meta=dict(fed.meta))
 
 
@@ -178,8 +231,9 @@ def _claim(result: GbdtResult, k: int) -> Claim:
 
 @dataclass
 class GbdtMechanism:
-    """The engine's plug-in for `train_dp_gbdt` on `fed` with `kwargs` (its settings);
-    `noise_scale` is the self-test's broken variant (0: noise off, the claim unchanged)."""
+    """The engine's plug-in for `train_dp_gbdt` on `fed` with `kwargs` (its settings,
+    resolved as the job resolves them: `job_settings`); `noise_scale` is the self-test's
+    broken variant (0: noise off, the claim unchanged)."""
 
     fed: Federation
     bounds: np.ndarray
@@ -189,20 +243,28 @@ class GbdtMechanism:
     runs: int = 0
     settings: ScoreSettings = field(init=False)
     n_bins: int = field(init=False)
+    cyclic: bool = field(init=False)
+    columns: int | None = field(init=False)
 
     def __post_init__(self) -> None:
-        self.kwargs = audited(self.kwargs)
-        k, task = self.kwargs, self.fed.task
-        G = float(k.get("clip_g", 1.0))
-        H = k.get("clip_h")
-        H = float(H if H is not None else (0.25 if task == "binary" else 1.0))
-        self.n_bins = int(k.get("n_bins", 16))
-        self.settings = ScoreSettings(task, G, H, float(k.get("subsample", 1.0)),
-                                      int(k.get("depth", 3)), self.fed.dim)
+        self.kwargs, st = job_settings(self.fed, self.kwargs)
+        d = self.fed.dim
+        self.n_bins, self.cyclic = st.n_bins, st.splits == "cyclic"
+        self.columns = cyclic_columns(st.trees, d) if self.cyclic else None
+        cols = tuple(range(1, 2 * self.columns, 2)) if self.columns else None
+        self.settings = ScoreSettings(st.task, st.clip_g, st.clip_h, st.subsample, st.depth,
+                                      d, cols, st.sigma_bins(1.0) if st.private_bins else 0.0)
+
+    def default_canaries(self, unit: str) -> int:
+        """min(500, the silo's training records) — cyclic splits: also at most
+        CYCLIC_PER_LEAF × the canary-only leaves C·(B − 1)."""
+        n = min(DEFAULT_CANARIES, self.fed.silo(unit).n_train)
+        if self.columns:
+            n = min(n, max(2, CYCLIC_PER_LEAF * self.columns * (self.n_bins - 1)))
+        return n
 
     def draw(self, unit: str, canaries: Any, rng: np.random.Generator) -> TreeCanaries:
-        n = self.fed.silo(unit).n_train
-        return self.make(unit, canary_count(canaries, min(DEFAULT_CANARIES, n)), rng)
+        return self.make(unit, canary_count(canaries, self.default_canaries(unit)), rng)
 
     def make(self, unit: str, m: int, rng: np.random.Generator) -> TreeCanaries:
         """`m` canaries for `unit` (at most its training records)."""
@@ -212,21 +274,28 @@ class GbdtMechanism:
                               f"{unit!r}; use at most {n}")
         return tree_canaries(m, self.bounds, self.n_bins, self.fed.task,
                              float(self.kwargs.get("base_score", 0.0)),
-                             self.settings.clip_g, rng)
+                             self.settings.clip_g, rng, self.columns)
+
+    def _order(self, cols: int) -> np.ndarray:
+        return layout(self.fed.dim, cols, self.cyclic)
 
     def prepare_one(self, chosen: dict[str, tuple[TreeCanaries, np.ndarray]]):
         B = self.n_bins
         cols = max(c.code.shape[1] for c, _ in chosen.values())
-        fed = with_columns(self.fed, cols)
+        order = self._order(cols)
+        fed = with_columns(self.fed, cols, order)
         rows = {}
         for unit, (c, inc) in chosen.items():
-            rows[unit] = (c, audit_rows(c, cols, B))
+            rows[unit] = (c, audit_rows(c, cols, B, order))
             fed = _insert(fed, unit, rows[unit][1], c.y, inc)
         return fed, rows
 
     def _bounds(self, fed: Federation) -> np.ndarray:
-        """(D, 2) the real features' declared bounds, then [0, 1] per auditing column."""
-        return np.vstack([self.bounds, np.tile([0.0, 1.0], (fed.dim - self.fed.dim, 1))])
+        """(D, 2) the declared bounds of the trained columns: the real features' and
+        [0, 1] per auditing column, in `layout` order."""
+        cols = fed.dim - self.fed.dim
+        b = np.vstack([self.bounds, np.tile([0.0, 1.0], (cols, 1))])
+        return b[self._order(cols)]
 
     def _train(self, fed: Federation, seed: int) -> tuple[GbdtResult, list[GbdtRelease]]:
         seen: list[GbdtRelease] = []
@@ -240,7 +309,11 @@ class GbdtMechanism:
         k = fed.names.index(unit)
         mine = [r for r in seen if r.silo == k]
         sigma = float(result.report[k]["sigma"])
-        bins = bin_features(rows, bin_edges(self._bounds(fed), self.n_bins))
+        counts = [r.g for r in seen if r.tree < 0]
+        # private bins: the server's edges, from every silo's released counts (as it does)
+        edges = (edges_from_histograms(np.sum(counts, axis=0), self._bounds(fed), self.n_bins)
+                 if counts else bin_edges(self._bounds(fed), self.n_bins))
+        bins = bin_features(rows, edges)
         return {"white-box": white_box(self.settings, mine, result.ensemble, rows, bins,
                                        c.y, sigma),
                 "black-box": black_box(fed.task, result.ensemble, rows, c.y)}
@@ -264,24 +337,51 @@ class GbdtMechanism:
                 _claim(result, fed.names.index(unit)))
 
 
-def audited(kwargs: dict[str, Any]) -> dict[str, Any]:
-    """`kwargs` with `AUDITED`'s settings where they are unset (None) or "auto"."""
-    return {**AUDITED, **{k: v for k, v in kwargs.items() if v is not None and v != "auto"}}
+def job_settings(fed: Federation, trees: dict[str, Any]) -> tuple[dict[str, Any], GbdtSettings]:
+    """The job's settings resolved exactly as `train_dp_gbdt` resolves them on `fed` (the
+    job's federation, before any canary or auditing column): its defaults where unset,
+    "auto" trees and depth from d, "auto" bins from Σ_k n_k and every silo's calibrated
+    σ_k (`gbdt_settings.resolve_bins`). The audited job then trains with these fixed, so
+    the auditing columns and the canaries change neither T, D, B nor σ.
+
+    Parameters
+    ----------
+    fed : Federation
+        The job's federation (every silo with a target, or ``ledgers`` in `trees`).
+    trees : dict
+        `train_dp_gbdt` keywords as the job passes them (None or "auto": automatic).
+
+    Returns
+    -------
+    (dict, GbdtSettings)
+        The audited job's keywords (trees, depth, n_bins, splits explicit) and the
+        resolved settings.
+    """
+    defaults = inspect.signature(train_dp_gbdt).parameters
+    names = [p for p in inspect.signature(gbdt_settings).parameters if p not in ("task", "d")]
+    kw = {k: trees[k] if trees.get(k) is not None else defaults[k].default for k in names}
+    for k in ("trees", "depth", "clip_h", "max_leaf"):
+        kw[k] = None if kw[k] == "auto" else kw[k]
+    st = gbdt_settings(fed.task, fed.dim, **kw)
+    if st.auto_bins or st.auto_depth:
+        leds = trees.get("ledgers") or [Ledger(s.name, s.target) for s in fed.silos]  # type: ignore[arg-type]
+        given = trees.get("noise_multipliers") or [None] * len(leds)
+        sigmas = [calibrate_sigma(st, led, g) for led, g in zip(leds, given, strict=True)]
+        st = resolve_bins(st, sum(s.n_train for s in fed.silos), sigmas)
+    out = {k: v for k, v in trees.items() if v is not None
+           and not (v == "auto" and k in ("trees", "depth", "n_bins", "clip_h", "max_leaf"))}
+    out.update(trees=st.trees, depth=st.depth, n_bins=st.n_bins, splits=st.splits)
+    return out, st
 
 
 def _check(fed: Federation, kwargs: dict[str, Any], kind: str) -> None:
-    if audited(kwargs)["splits"] == "cyclic":
-        raise ConfigError("the trees' audit reads histogram or random-split releases: audit "
-                          "with [trees] splits = \"histogram\" or \"random\" (cyclic splits "
-                          "are not audited yet)")
     bad = sorted(set(kwargs) & set(_RESERVED))
     if bad:
         raise ConfigError(f"audit_gbdt sets {', '.join(bad)} itself (the audit's seed, the "
                           "auditing columns' bounds, the observer); leave them out")
-    if kwargs.get("bins", "schema") != "schema" or kwargs.get("edges") is not None:
-        raise ConfigError("the trees' audit cuts the canaries' bins over the declared bounds "
-                          "(its auditing columns too); audit with [trees] bins = \"schema\" "
-                          "(private quantile bins are not audited yet)")
+    if kwargs.get("edges") is not None:
+        raise ConfigError("the trees' audit places its auditing columns' bins itself: leave "
+                          "edges out (use [trees] bins = \"schema\" or \"private\")")
     if fed.is_image or fed.task not in ("binary", "regression"):
         raise ConfigError(f"the trees' audit needs a tabular binary or regression "
                           f"federation, got {fed.task!r}")
@@ -291,9 +391,6 @@ def _check(fed: Federation, kwargs: dict[str, Any], kind: str) -> None:
     if kind == "multi-run" and kwargs.get("ledgers") is not None:
         raise ConfigError("a multi-run audit trains many jobs on purpose: it runs on fresh "
                           "in-memory ledgers; leave ledgers out")
-    if int(audited(kwargs)["n_bins"]) < 2:
-        raise ConfigError("n_bins must be at least 2 (each auditing column hosts n_bins − 1 "
-                          "canaries)")
 
 
 def audit_gbdt(fed: Federation, *, silo: str | None = None, canaries: int | None = None,
@@ -374,7 +471,8 @@ def _audit(fed: Federation, *, silo: str | None, canaries: int | None, kind: str
              "canaries: records coded across auditing columns (public bounds [0, 1], bin 0 "
              "for every real record, a random bin >= 1 per column for each canary), real "
              "features at the declared bounds' corners, labels by fair coins; the audited "
-             "job is the job plus these columns",
+             "job is the job plus these columns, with the job's settings resolved on the "
+             "job's data (" + _settings_note(mech) + ")",
              "scores: white box (least squares on the cells only canaries populate in the "
              "noisy histograms and leaf sums, as the server receives them) and black box "
              "(the released ensemble's loss)",
@@ -386,6 +484,16 @@ def _audit(fed: Federation, *, silo: str | None, canaries: int | None, kind: str
     return AuditReport(kind, rows, ["dp_gbdt"], notes, None, not charged, [],
                        time.perf_counter() - t0, confidence, "seeded" if seed is not None
                        else "entropy-seeded", neighbouring=ADJACENCY, view="trees")
+
+
+def _settings_note(mech: GbdtMechanism) -> str:
+    k = mech.kwargs
+    what = f"{k['trees']} trees of depth {k['depth']}, {k['n_bins']} bins, {k['splits']} splits"
+    if mech.columns:
+        what += (f"; cyclic order interleaving real features and {mech.columns} auditing "
+                 "columns: the odd trees release an auditing column's leaves, same T, σ "
+                 "and one leaf release per tree")
+    return what
 
 
 def _bounds(bounds: Any, d: int) -> np.ndarray:

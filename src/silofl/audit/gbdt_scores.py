@@ -9,7 +9,11 @@ adds when in — its clipped gradient g_it to its g cell and hessian h_it to its
   auditing columns (real records sit in bin 0 there), and every cell of a node that only
   canaries reach (its path turns right at a split on an auditing column);
 * at the leaf release (noise std σ√(G² + H²)): the sums of such canary-only leaves —
-  with random splits, drawn among mostly auditing columns, most leaves are.
+  with random splits, drawn among mostly auditing columns, most leaves are; with cyclic
+  splits, a tree on an auditing column has its bins as leaves: bins ≥ 1 hold canaries
+  only;
+* at the private bins' release (bins = "private"; noise std σ_b√D per count, D released
+  columns): the auditing columns' fine bins ≥ 1.
 
 The least-squares x̂ of every such equation (weighted by the inverse noise variance; all
 trees pooled without row subsampling — one inclusion for all) and its variance v give
@@ -35,7 +39,9 @@ from silofl.models.trees import TreeEnsemble
 @dataclass(frozen=True)
 class ScoreSettings:
     """What the scores need of the run: task, clips G and H, row sampling rate q, depth
-    D, and d, the number of real features (the auditing columns follow them)."""
+    D, d, the number of real features, where the auditing columns are: after the real
+    features (None) or at the columns `audit_cols` (cyclic splits interleave them), and
+    private bins' σ_b / σ (`GbdtSettings.sigma_bins`; 0: bins over the schema)."""
 
     task: str
     clip_g: float
@@ -43,6 +49,14 @@ class ScoreSettings:
     q: float
     depth: int
     d: int
+    audit_cols: tuple[int, ...] | None = None
+    bins_ratio: float = 0.0
+
+    def auditing(self, f: np.ndarray) -> np.ndarray:
+        """Whether each column index in `f` is an auditing column (same shape, bool)."""
+        if self.audit_cols is None:
+            return np.asarray(f) >= self.d
+        return np.isin(f, self.audit_cols)
 
 
 def gradients(task: str, margin: np.ndarray, y: np.ndarray, G: float,
@@ -56,17 +70,18 @@ def gradients(task: str, margin: np.ndarray, y: np.ndarray, G: float,
     return np.clip(g, -G, G), np.clip(h, 0.0, H)
 
 
-def route(X: np.ndarray, r: GbdtRelease, level: int, d: int) -> tuple[np.ndarray, np.ndarray]:
+def route(X: np.ndarray, r: GbdtRelease, level: int,
+          st: ScoreSettings) -> tuple[np.ndarray, np.ndarray]:
     """(slot at `level` (m,), canary-only (m,) bool) of each row of X: routed by the
     release's heap splits; canary-only when the path turns right at a split on an
-    auditing column (feature ≥ d), where every real record goes left (bin 0)."""
+    auditing column (`ScoreSettings.auditing`), where every real record goes left (bin 0)."""
     node = np.zeros(X.shape[0], dtype=np.int64)
     rows = np.arange(X.shape[0])
     only = np.zeros(X.shape[0], dtype=bool)
     for _ in range(level):
         f, t = r.split_feature[node], r.split_threshold[node]
         left = X[rows, f] < t  # +inf: a pass-through node, every row left
-        only |= ~left & (f >= d)
+        only |= ~left & st.auditing(f)
         node = 2 * node + np.where(left, 1, 2)
     return node - (2 ** level - 1), only
 
@@ -84,9 +99,9 @@ def _level(r: GbdtRelease, st: ScoreSettings, X: np.ndarray, bins: np.ndarray,
            g: np.ndarray, h: np.ndarray,
            cache: dict[bytes, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     """A level release's normal equations (M (m, m), b (m,)), in units of σ²(G² + H²)."""
-    slot, only = route(X, r, r.level, st.d)
+    slot, only = route(X, r, r.level, st)
     b = bins[:, r.features]  # (m, P) each canary's bin of each released feature
-    E = only[:, None] | ((r.features >= st.d)[None, :] & (b >= 1))
+    E = only[:, None] | (st.auditing(r.features)[None, :] & (b >= 1))
     P, B = r.features.size, r.g.shape[-1]
     key = r.features.tobytes()
     if only.any():  # a node only canaries reach: rare with histogram splits
@@ -106,11 +121,26 @@ def _level(r: GbdtRelease, st: ScoreSettings, X: np.ndarray, bins: np.ndarray,
 def _leaves(r: GbdtRelease, st: ScoreSettings, X: np.ndarray, g: np.ndarray,
             h: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The leaf release's normal equations over canary-only leaves, units σ²(G² + H²)."""
-    slot, only = route(X, r, st.depth, st.d)
+    slot, only = route(X, r, st.depth, st)
     w = only.astype(float)
     same = slot[:, None] == slot[None, :]
     M = (np.outer(g, g) + np.outer(h, h)) * same * np.outer(w, w)
     return M, w * (g * r.g[slot] + h * r.h[slot])
+
+
+def _bins(r: GbdtRelease, st: ScoreSettings,
+          X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The private bins' release's normal equations, units σ²(G² + H²): each canary adds
+    1 to the fine bin of its value in every auditing column (bounds [0, 1]; real records
+    sit in fine bin 0), noise std σ_b·√D per count (D released columns)."""
+    D, fine = r.g.shape
+    cols = np.flatnonzero(st.auditing(np.arange(D)))
+    f = np.clip(np.floor(X[:, cols] * fine).astype(np.int64), 0, fine - 1)
+    E = f >= 1
+    w = (st.clip_g ** 2 + st.clip_h ** 2) / max(st.bins_ratio ** 2 * D, 1e-300)
+    K = _overlap(E, f, fine)
+    rhs = np.where(E, r.g[cols[None, :], f], 0.0).sum(1)
+    return w * K, w * rhs
 
 
 def _solve(M: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -129,7 +159,8 @@ def white_box(st: ScoreSettings, releases: list[GbdtRelease], ensemble: TreeEnse
     ----------
     st : ScoreSettings
     releases : list of GbdtRelease
-        The audited silo's releases (levels and leaves of every shared tree).
+        The audited silo's releases (levels and leaves of every shared tree; the
+        private bins' counts, tree −1).
     ensemble : TreeEnsemble
         The released shared trees (the canaries' margins, hence g and h).
     X, bins : numpy.ndarray
@@ -153,9 +184,12 @@ def white_box(st: ScoreSettings, releases: list[GbdtRelease], ensemble: TreeEnse
     per_tree: dict[int, list[np.ndarray]] = {}
     cache: dict[bytes, np.ndarray] = {}
     for r in releases:
-        g, h = grads[r.tree]
-        M, b = (_leaves(r, st, X, g, h) if r.level >= st.depth
-                else _level(r, st, X, bins, g, h, cache))
+        if r.tree < 0:  # the private bins (before any tree, not subsampled)
+            M, b = _bins(r, st, X)
+        else:
+            g, h = grads[r.tree]
+            M, b = (_leaves(r, st, X, g, h) if r.level >= st.depth
+                    else _level(r, st, X, bins, g, h, cache))
         acc = per_tree.setdefault(r.tree, [np.zeros((m, m)), np.zeros(m)])
         acc[0] += M
         acc[1] += b
@@ -167,9 +201,10 @@ def white_box(st: ScoreSettings, releases: list[GbdtRelease], ensemble: TreeEnse
         return (x - 0.5) / v  # ∝ the Gaussian log-likelihood ratio of x̂
     sd2 = max(sigma ** 2 * (st.clip_g ** 2 + st.clip_h ** 2), 1e-300)
     score = np.zeros(m)
-    for M, b in per_tree.values():  # one Poisson draw per tree: the mixture per tree
+    for t, (M, b) in per_tree.items():  # one Poisson draw per tree: the mixture per tree
         x, v = _solve(M, b)
-        score += np.logaddexp(math.log1p(-st.q), math.log(st.q) + (x - 0.5) / (v * sd2))
+        lam = (x - 0.5) / (v * sd2)
+        score += lam if t < 0 else np.logaddexp(math.log1p(-st.q), math.log(st.q) + lam)
     return score
 
 

@@ -310,8 +310,8 @@ def self_test_persons(fed, model, algorithm, tcfg, *, silo: str | None = None,
 #: scale; the ledgers keep charging the target σ, so the claim is unchanged)
 NOISE_OFF = "noise off"
 GBDT_WEAKENINGS: dict[str, tuple[str, float]] = {
-    NOISE_OFF: ("DP-GBDT histograms and leaf sums released without noise (σ = 0) while "
-                "the ledgers charge the target σ", 0.0),
+    NOISE_OFF: ("DP-GBDT histograms, leaf sums and private bins' counts released without "
+                "noise (σ = 0) while the ledgers charge the target σ", 0.0),
 }
 
 
