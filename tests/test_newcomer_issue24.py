@@ -10,6 +10,8 @@ column, four silos of uneven size). Each test is a step that failed or misled:
   answered "unknown silo 'shared'" without saying where the shared ensemble is;
 - a job of fedavg + dp_gbdt was told to add "local" and "fedavg" (fedavg was there);
 - `silofl audit`'s progress bar printed "0/None jobs";
+- `[data] lazy = true` on a CSV said "ArrowInvalid; check it is Parquet" (now: lazy reads
+  Parquet only: convert, or set lazy = false);
 - the docs did not say that a lazy table refuses `person_column`, nor that sweeps refuse
   dp_gbdt (both errors are clear; the guides now say so up front).
 """
@@ -179,3 +181,12 @@ def test_the_guides_say_what_lazy_tables_and_sweeps_refuse():
     assert "person_column" in lazy
     sweeps = (DOCS / "sweeps.md").read_text()
     assert "not dp_gbdt" in sweeps
+
+
+def test_a_lazy_config_on_a_csv_says_lazy_reads_parquet_only(tmp_path):
+    cfg = _job(tmp_path, ["fedavg"], lazy=True)
+    res = CliRunner().invoke(app, ["run", "--config", str(cfg), "--scratch"])
+    assert res.exit_code == 2
+    out = " ".join(res.output.split())
+    assert "patients.csv" in out and "reads Parquet only" in out and "lazy = false" in out
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
