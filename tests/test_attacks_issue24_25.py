@@ -170,3 +170,58 @@ def test_non_finite_or_malformed_wire_messages_are_refused():
     raw[1] = 0.5  # a fractional tree index
     with pytest.raises(MessageError):
         Ask.from_array(raw)
+
+
+# --- Ray sweeps: a result returned twice, a worker log beyond the reservation ------------
+
+def _reserved_sweep_run(tmp_path):
+    pytest.importorskip("ray")
+    from silofl.experiments import sweep as S
+    from silofl.experiments.sweep_config import load_sweep_config
+    from test_sweep_ray import _config
+    sc = load_sweep_config(_config(tmp_path, engine="ray"))
+    prep = S.prepare(sc)
+    S.preflight(sc, prep)
+    spec = next(s for s in S.expand(sc) if s.private)
+    return S.reserve_run(sc, spec, prep, S.calibrate_all(sc, prep, [spec]), {})
+
+
+def _spent(store) -> dict:
+    return {n: store.spent(n)["epsilon"] for n in store.silos()}
+
+
+def test_a_ray_result_returned_twice_cannot_resettle_lower(tmp_path):
+    """Held: the driver settles a run to its worker's log once; the same result (or a
+    smaller log) coming back again is refused by the store, the spend unchanged."""
+    import pickle
+
+    from silofl.privacy.budget import BudgetStoreError
+    from silofl.runtime.detached import detach, settle_detached
+    job = _reserved_sweep_run(tmp_path)
+    worker = pickle.loads(pickle.dumps(detach(job)))
+    method, ps = next(iter(job.planned.items()))
+    worker.ledgers(method)[0].charge(ps[0].declared, label="plan")
+    settle_detached(job, worker.log)
+    after = _spent(job.store)
+    assert after[ps[0].name] > 0
+    for log in (worker.log, []):
+        job.settled = False  # a driver that lost track of it
+        with pytest.raises(BudgetStoreError):
+            settle_detached(job, log)
+    assert _spent(job.store) == after
+
+
+def test_a_worker_log_beyond_its_reservation_keeps_the_whole_reservation(tmp_path):
+    """Held: a log claiming more than was reserved is refused; the run stays reserved
+    (counted in full), never settled to less."""
+    from silofl.privacy import events
+    from silofl.privacy.budget import BudgetStoreError
+    from silofl.runtime.detached import settle_detached
+    job = _reserved_sweep_run(tmp_path)
+    before = _spent(job.store)
+    method, ps = next(iter(job.planned.items()))
+    log = [(ps[0].name, method, "plan", events.to_json(ps[0].declared), 2)]
+    with pytest.raises(BudgetStoreError):
+        settle_detached(job, log)
+    assert job.store.run_status(job.run_id) == "reserved"
+    assert _spent(job.store) == before
