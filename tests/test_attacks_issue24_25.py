@@ -225,3 +225,79 @@ def test_a_worker_log_beyond_its_reservation_keeps_the_whole_reservation(tmp_pat
         settle_detached(job, log)
     assert job.store.run_status(job.run_id) == "reserved"
     assert _spent(job.store) == before
+
+
+@pytest.mark.parametrize("local_trees", [0, 2])
+def test_a_silo_answers_nothing_after_its_final_model_message(local_trees):
+    """Finding (low): after its last MODEL message a silo still took the next tree's
+    message and released (charged, but beyond the job's declared run: a malicious server
+    could drain the silo's lifetime budget with trees nobody asked for). Now refused
+    uncharged; over the network the round count bounded it already."""
+    from silofl.algorithms.gbdt_programs import drive, grow_local
+    s = gbdt_settings("binary", D, trees=2, splits="cyclic", n_bins=8, depth=None,
+                      local_trees=local_trees)
+    server = GbdtServer(s, np.random.default_rng(1), bounds=BOUNDS, sigmas=[2.0], n_rows=300)
+    silo = _spy_silo(s)
+    drive(server, [silo])
+    if local_trees:
+        grow_local(silo, np.random.default_rng(2))
+    spent = _charged(silo)
+    assert spent == s.trees + s.local_trees
+    more = GbdtServer(s, np.random.default_rng(9), edges=silo.edges,
+                      first_tree=s.trees + s.local_trees, n_trees=1, send_edges=False)
+    _refused(silo, more.current)
+
+
+# --- a malicious server over the network: replays, other messages, skipped rounds --------
+
+def test_network_silo_replays_and_rewrites_are_answered_without_a_new_release(tmp_path):
+    """Held: the same round twice with the same message gets the same release back (no
+    fresh noise, nothing charged again); the same round with another message, a skipped
+    round and a round beyond the job's are refused; the store holds one charge."""
+    pytest.importorskip("flwr")
+    from test_gbdt_network import _charges, _join, _programs
+    from test_network import consortium
+    trees = {"trees": 2, "depth": 2, "n_bins": 8, "splits": "histogram"}
+    w = consortium(tmp_path, job={"method": "dp_gbdt", "trees": trees})
+    srv, silos = _programs(w)
+    _join(srv, silos)
+    n, s = next(iter(silos.items()))
+    msg = srv.message
+    rep, u = s.round(srv.request(n, 1), [msg])
+    assert rep["status"] == "ok" and u is not None
+    one = _charges(s.cfg.budget_store, n)
+    assert len(one) == 1
+    rep2, u2 = s.round(srv.request(n, 1), [msg.copy()])
+    assert rep2["status"] == "ok"
+    np.testing.assert_array_equal(u2, u)  # resent, not redrawn
+    other = msg.copy()
+    other[-1] = np.float32(other[-1] * 0.5)  # another edge
+    for t, m in ((1, other), (3, msg), (srv.rounds + 1, msg)):
+        rep3, u3 = s.round(srv.request(n, t), [m])
+        assert rep3["status"] == "refused" and u3 is None, (t, rep3["reason"])
+    assert _charges(s.cfg.budget_store, n) == one
+
+
+# --- charge_all: a round's charges all or none -------------------------------------------
+
+def test_charge_all_refused_by_one_silo_charges_no_silo_and_calls_no_hook():
+    """Held: one silo over budget → BudgetExceeded before any ledger records the round
+    and before the store's batched hook is called (no partial round charged)."""
+    import dp_accounting as dpa
+
+    from silofl.errors import BudgetExceeded
+    from silofl.privacy.ledger import Ledger, charge_all
+    from silofl.privacy.targets import PrivacyTarget
+    calls = []
+
+    def hook(*a):
+        calls.append(a)
+    hook.many = lambda rows: calls.append(rows)  # type: ignore[attr-defined]
+    rich = Ledger("rich", PrivacyTarget(10.0, 1e-5), "rdp", on_charge=hook)
+    poor = Ledger("poor", PrivacyTarget(0.01, 1e-5), "rdp", on_charge=hook)
+    ev = dpa.GaussianDpEvent(1.0)
+    with pytest.raises(BudgetExceeded):
+        charge_all([rich, poor], [ev, ev], round=0, label="glm")
+    assert rich.entries == [] and poor.entries == [] and calls == []
+    charge_all([rich], [ev], round=0, label="glm")
+    assert len(rich.entries) == 1 and len(calls) == 1  # one batched store call
