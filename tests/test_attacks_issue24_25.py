@@ -301,3 +301,30 @@ def test_charge_all_refused_by_one_silo_charges_no_silo_and_calls_no_hook():
     assert rich.entries == [] and poor.entries == [] and calls == []
     charge_all([rich], [ev], round=0, label="glm")
     assert len(rich.entries) == 1 and len(calls) == 1  # one batched store call
+
+
+# --- StackedNet: an architecture it would compute differently is not stacked -------------
+
+def test_stacked_engine_refuses_a_layer_used_twice():
+    """Finding (medium, correctness of what executes): a Sequential applying one layer twice
+    (shared weights) was 'stacked' with the second application dropped (named_children
+    skips repeats), so training ran another network than the model's (and a released model
+    predicts with the full one). Now such a module takes the general path (build → None);
+    a plain net is still stacked and computes the module's outputs."""
+    torch = pytest.importorskip("torch")
+    from torch import nn
+
+    from silofl.models.torch_stacked import StackedNet
+    shared = nn.Linear(4, 4)
+    assert StackedNet.build(nn.Sequential(shared, nn.ReLU(), shared), (4,)) is None
+    inner = nn.Sequential(nn.Linear(4, 4), nn.Tanh())
+    assert StackedNet.build(nn.Sequential(inner, nn.ReLU(), inner, nn.Linear(4, 2)),
+                            (4,)) is None
+    torch.manual_seed(0)
+    plain = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    net = StackedNet.build(plain, (4,))
+    assert net is not None
+    X = torch.randn(1, 5, 4)
+    params = {n: p.detach().unsqueeze(0) for n, p in plain.named_parameters()}
+    out, _ = net.forward(params, X)
+    torch.testing.assert_close(out[0], plain(X[0]).detach(), rtol=0, atol=1e-6)
