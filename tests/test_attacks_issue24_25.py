@@ -328,3 +328,29 @@ def test_stacked_engine_refuses_a_layer_used_twice():
     params = {n: p.detach().unsqueeze(0) for n, p in plain.named_parameters()}
     out, _ = net.forward(params, X)
     torch.testing.assert_close(out[0], plain(X[0]).detach(), rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("task", ["binary", "regression"])
+def test_huge_leaf_values_from_a_server_keep_releases_finite_and_within_delta(task):
+    """Held: a server sending the largest finite leaf values (margins overflow to ±inf)
+    gets finite releases that one row still moves by ≤ Δ (g, h clipped; no NaN cells)."""
+    import dataclasses
+    import warnings
+    s = gbdt_settings(task, D, trees=5, splits="cyclic", n_bins=8, depth=None)
+    X, y = _data(task)
+    xe, ye = EXTREME[task]
+    server = GbdtServer(s, np.random.default_rng(1), bounds=BOUNDS, sigmas=[1.0],
+                        n_rows=len(y))
+    a, b = _silo(s, X, y), _silo(s, np.vstack([X, xe]), np.append(y, ye))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # exp overflow in the sigmoid
+        while not server.done:
+            ask = server.current
+            if ask.leaves.size:
+                big = np.where(np.arange(ask.leaves.size) % 2, 1.7e308, -1.7e308)
+                ask = dataclasses.replace(ask, leaves=big)
+            ra, rb = a.answer(ask), b.answer(ask)
+            if ask.op != OP_MODEL:
+                assert np.all(np.isfinite(ra)) and np.all(np.isfinite(rb))
+                assert np.linalg.norm(rb - ra) <= _delta(a.s, ask) * (1 + 1e-9)
+            server.receive([ra])
