@@ -19,7 +19,7 @@ import threading
 
 __all__ = ["deferred_signals", "defer", "active"]
 
-_MAIN = threading.main_thread()
+_MAIN = threading.main_thread().ident
 
 
 class _Section:
@@ -32,12 +32,12 @@ class _Section:
         self.pending: list[int] = []  # signal numbers noted while depth > 0, in order
 
     def __enter__(self) -> _Section:
-        if threading.current_thread() is _MAIN:
+        if threading.get_ident() == _MAIN:
             self.depth += 1
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if threading.current_thread() is not _MAIN:
+        if threading.get_ident() != _MAIN:
             return
         self.depth -= 1
         if self.depth == 0 and self.pending:
