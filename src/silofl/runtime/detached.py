@@ -24,6 +24,7 @@ from typing import Any
 from silofl.errors import PrivacyError
 from silofl.privacy import events
 from silofl.privacy.budget import PlannedCharge
+from silofl.privacy.critical import deferred_signals
 from silofl.runtime.job import Job
 
 #: one charge kind a detached job's ledgers made: (silo, method, label, event JSON, count),
@@ -120,12 +121,13 @@ def settle_detached(job: Job, log: list[ChargeRow], *, status: str = "finished")
     BudgetStoreError
         The log exceeds the reservation or the run is no longer reserved.
     """
-    if log:
-        job.store.record_progress(job.run_id, log)
     executed = [PlannedCharge(s, m, label, events.from_json(e), n)
                 for s, m, label, e, n in log]
-    job.store.settle(job.run_id, executed, status=status)
-    job.settled = True
+    with deferred_signals():  # the log is recorded and settled, or a signal waits
+        if log:
+            job.store.record_progress(job.run_id, log)
+        job.store.settle(job.run_id, executed, status=status)
+        job.settled = True
 
 
 def settle_in_full(job: Job, *, status: str) -> None:
