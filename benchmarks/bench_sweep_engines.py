@@ -57,8 +57,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--config", type=Path, default=CONFIG)
     ap.add_argument("--workers", type=int, default=2)
-    ap.add_argument("--runs", type=int, default=16, help="keep the first N runs of the grid "
-                    "(by trimming seeds and ε; 0 = the whole grid)")
+    ap.add_argument("--runs", type=int, default=18, help="keep the first N runs of the grid "
+                    "(by trimming seeds, lr, ε and λ; 0 = the whole grid)")
     ap.add_argument("--scratch", action="store_true", help="no lifetime store (each run on "
                     "its own scratch store)")
     args = ap.parse_args()
@@ -71,9 +71,10 @@ def main() -> None:
     if args.runs:
         sw = raw["sweep"]
         sw["seeds"] = sw.get("seeds", [0])[:1]
-        while len(expand(sweep_config_from_dict(raw, args.config.parent))) > args.runs and \
-                len(sw.get("lr", [0.1])) > 1:
-            sw["lr"] = sw["lr"][:-1]
+        for key in ("lr", "epsilon", "lam"):  # trim each list to one value, in this order
+            while len(expand(sweep_config_from_dict(raw, args.config.parent))) > args.runs \
+                    and len(sw.get(key, [0])) > 1:
+                sw[key] = sw[key][:-1]
     n = len(expand(sweep_config_from_dict(raw, args.config.parent)))
     print(f"{args.config.name}: {n} runs, workers = {args.workers}, "
           f"{'scratch stores' if args.scratch else 'a lifetime store'}")

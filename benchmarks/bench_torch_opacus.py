@@ -250,6 +250,9 @@ def main() -> None:
               f"{r['ours']:9.0f} {r.get('opacus', float('nan')):9.0f} {ratio:>25s} "
               f"{100 * r['noise_share']:11.1f}% {r.get('same_grad', float('nan')):10.1e}")
     print("\nratio = silofl examples/s ÷ Opacus examples/s per pair; target ≥ 1.5×")
+    if args.quick:  # 2 steps of batch 16 time start-up, not throughput
+        print("--quick is a smoke run (batch 16, 2 steps, 2 pairs): its ratios are not the "
+              "documented figures; run without --quick for those")
 
 
 if __name__ == "__main__":

@@ -196,6 +196,19 @@ def with_columns(fed: Federation, columns: int, order: np.ndarray | None = None)
     return replace(fed, silos=silos, feature_names=names, meta=dict(fed.meta))
 
 
+def _canary_persons(ids: np.ndarray | None, k: int) -> np.ndarray | None:
+    """`ids` with k fresh person ids appended, one per canary row (a job with a
+    `[data] person_column` keeps one id per row; trees are per-row DP, so each canary
+    is its own person); None stays None."""
+    if ids is None:
+        return None
+    if ids.dtype.kind in "iu":  # int ids: above every real one
+        start = int(ids.max()) + 1 if ids.size else 0
+        return np.concatenate([ids, np.arange(start, start + k, dtype=ids.dtype)])
+    new = np.array([f"__silofl_canary_{j}" for j in range(k)], dtype=object)
+    return np.concatenate([ids.astype(object), new])
+
+
 def _insert(fed: Federation, silo: str, X: np.ndarray, y: np.ndarray,
             included: np.ndarray) -> Federation:
     inc = np.asarray(included, bool)
@@ -203,7 +216,8 @@ def _insert(fed: Federation, silo: str, X: np.ndarray, y: np.ndarray,
     for s in fed.silos:
         if s.name == silo:
             s = replace(s, X_train=np.vstack([s.X_train, X[inc]]),
-                        y_train=np.concatenate([s.y_train, y[inc].astype(s.y_train.dtype)]))
+                        y_train=np.concatenate([s.y_train, y[inc].astype(s.y_train.dtype)]),
+                        person_train=_canary_persons(s.person_train, int(inc.sum())))
         silos.append(s)
     return replace(fed, silos=silos, meta=dict(fed.meta))
 
