@@ -7,8 +7,10 @@ broadcast is the server's `Ask` as one float64 vector, a silo's reply its noisy 
 as one (1, M) row (none for the last, MODEL, round). The job carries the [trees]
 settings (`TreesConfig`) as canonical JSON under the key ``trees``. A silo
 
-* refuses a job whose method it did not consent to, a person-level job or private
-  preprocessing — all at join, nothing charged;
+* refuses a job whose method it did not consent to, a person-level job, private
+  preprocessing, or bins' bounds other than those its own declared schema gives after the
+  job's preprocessing (`silofl.data.bounds.feature_bounds`, the rule of `silofl run`; the
+  job carries them, derived by the server from its schema) — all at join, nothing charged;
 * with bins = "private", answers the first round (BINS) with its noisy fine histograms
   (charged first) and takes the edges the first tree's message brings;
 * reserves each round's release in its own lifetime store before the round runs (the
