@@ -176,3 +176,17 @@ def test_no_declared_bounds_or_per_silo_scaling_are_refused_as_in_the_run_path(t
     with pytest.raises(ConfigError, match="private"):  # per-silo (private) standardization
         (tmp_path / "p").mkdir()
         _consortium(tmp_path / "p", _schema(tmp_path), "private")
+
+
+def test_a_server_config_stating_other_bounds_is_refused(tmp_path):
+    w = _consortium(tmp_path, _schema(tmp_path), "declared")
+    path = Path(w["server"])
+    raw = tomllib.loads(path.read_text())
+    bounds = json.loads(raw["job"]["bounds"])
+    assert ServerProgram(load_server_config(path)).job["bounds"] == raw["job"]["bounds"]
+    bounds[0] = [-1.0, 2.0]
+    raw["job"]["bounds"] = bounds  # a TOML array of pairs: read as the job's JSON
+    path.write_text(tomli_w.dumps(raw))
+    with pytest.raises(ConfigError, match="bounds = .*the schema gives"):
+        load_server_config(path)
+

@@ -168,12 +168,12 @@ def job_settings(job: dict) -> tuple[GbdtSettings, np.ndarray]:
     return s, job_bounds(job, s.d)
 
 
-def bins_report(job: dict, bounds: np.ndarray) -> dict:
-    """What a privacy report states of the bins: mode, bounds and their source (public)."""
+def bins_report(job: dict, bounds: np.ndarray | None) -> dict:
+    """What a privacy report states of the bins: mode, (d, 2) bounds and their source."""
     from silofl.runtime.tree_release import bins_source
     mode = job_trees(job).bins
     return {"mode": mode, "charged": mode == "private",
-            "bounds": np.asarray(bounds).tolist(),
+            "bounds": None if bounds is None else np.asarray(bounds).tolist(),
             "source": bins_source(mode) if job["schema_sha256"] else bounds_note(job),
             "bounds_from": bounds_note(job)}
 

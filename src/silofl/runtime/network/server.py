@@ -138,6 +138,12 @@ def load_server_config(path: str | Path) -> ServerConfig:
         raise ConfigError(f"{path}: unknown [job] key(s) {sorted(bad)}{hint}; known: "
                           f"{', '.join(sorted(JOB_KEYS))}")
     job = tables_as_json({**JOB_DEFAULTS, **j})
+    if isinstance(job["bounds"], list):  # dp_gbdt's bounds as a TOML array of pairs
+        try:
+            job["bounds"] = bounds_to_json(np.asarray(job["bounds"], dtype=np.float64))
+        except (TypeError, ValueError):
+            raise ConfigError(f"{path}: [job] bounds must be pairs [lower, upper], one per "
+                              f"feature, got {job['bounds']!r:.200}") from None
     if isinstance(job["graph"], dict):  # [job.graph]: graph data's settings, as JSON
         job["graph"] = json.dumps(job["graph"], sort_keys=True)
     # the silos of the job in [silos] order (silo k = the k-th registered), unless stated
@@ -268,8 +274,8 @@ def _schema_job(job: dict, stated: dict, schema_path: Path, path: Path) -> None:
             bounds = declared_bounds(schema, job)
         except ConfigError as e:
             raise ConfigError(f"{path}: [job] {e}") from None
-        if stated.get("bounds") and not same_bounds(stated["bounds"], bounds):
-            wrong.append(f"bounds = {stated['bounds'][:200]!r} (the schema gives "
+        if job["bounds"] and not same_bounds(job["bounds"], bounds):
+            wrong.append(f"bounds = {job['bounds'][:200]!r} (the schema gives "
                          f"{bounds_to_json(bounds)!r})")
         derived["bounds"] = bounds_to_json(bounds)
     if wrong:
