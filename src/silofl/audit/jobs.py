@@ -122,6 +122,7 @@ def trees_job(cfg, silo: str | None):
         private preprocessing (a release the audit would not charge); before any data is
         read beyond the encoded table.
     """
+    from silofl.data.bounds import feature_bounds
     from silofl.experiments import run_trees
     methods = list(cfg.training.methods)
     if methods != ["dp_gbdt"]:
@@ -140,4 +141,4 @@ def trees_job(cfg, silo: str | None):
                           f"this job's private preprocessing ({', '.join(p.extra)}); set "
                           "[data] standardize and impute to declared statistics or none")
     fed = run_mod._preprocess(p, cfg)
-    return fed, names, run_trees.feature_bounds(p.raw, p.prep), run_trees.trees_kwargs(cfg)
+    return fed, names, feature_bounds(p.raw, p.prep), run_trees.trees_kwargs(cfg)

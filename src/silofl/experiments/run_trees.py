@@ -11,10 +11,9 @@ it reads the silo's rows; the job settles to what executed.
 
 Bins: each feature's bins are equal width over its DECLARED range after preprocessing
 (or, with bins = "private", noisy quantiles over that range, charged), never read from the
-data for free: a numeric column's schema [lower, upper] (values are clipped to it),
-mapped through its declared standardization ((x − center)/scale, the same in every silo),
-[0, 1] for binary, one-hot and missing-indicator columns. Per-silo standardization
-(private or uncharged) would give every silo other bins, so it is refused for dp_gbdt.
+data for free: `silofl.data.bounds.feature_bounds` (the one rule, also the network's)
+maps each column's declared range through its declared preprocessing; per-silo
+standardization (private or uncharged) would give every silo other bins, so it is refused.
 """
 
 from __future__ import annotations
@@ -26,14 +25,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from silofl.algorithms.gbdt_method import SETTINGS, DpGbdt
+from silofl.data.bounds import feature_bounds
 from silofl.errors import ConfigError
 from silofl.models import metrics as M
 from silofl.runtime.simulator import History, RunResult
 
 #: the other metrics every tree run records per round (history.json) and at the end
 TASK_METRICS = {"binary": ("accuracy", "roc_auc"), "regression": ("mse",)}
-_BOUNDED = ("standardize = \"none\" (trees need no scaling) or \"declared\" (declared "
-            "mean/scale or lower/upper in the schema)")
 
 
 def is_trees(alg) -> bool:
@@ -98,48 +96,6 @@ def trees_kwargs(cfg) -> dict:
                               "supported by this silofl yet; use shrink = \"off\" (personal "
                               "models: local_trees)")
         out["shrink"] = t.shrink
-    return out
-
-
-def feature_bounds(raw, prep) -> np.ndarray:
-    """The (d, 2) public [lower, upper] of every encoded feature after preprocessing.
-
-    Parameters
-    ----------
-    raw : RawFederation
-        The encoded silos (only their schema specs and feature names are read).
-    prep : PreprocessPlan
-        The planned preprocessing (its steps; no statistic of the data).
-
-    Returns
-    -------
-    numpy.ndarray
-        (d, 2) float64.
-
-    Raises
-    ------
-    ConfigError
-        A numeric feature without declared lower/upper, or standardized per silo.
-    """
-    steps = {s.column: s for s in prep.steps if s.what == "standardize"}
-    out = np.tile([0.0, 1.0], (len(raw.feature_names), 1))  # one-hot and indicator columns
-    for j, col in raw.specs.items():
-        b = col.bounds
-        if b is None:
-            raise ConfigError(f"dp_gbdt cuts each feature's bins over its declared range, but "
-                              f"column {col.name!r} declares no lower/upper; declare them in "
-                              "the schema ([data] schema; bins never come from the data)")
-        st = steps.get(col.name)
-        if st is None:
-            out[j] = b
-        elif st.mode != "declared":
-            raise ConfigError(f"dp_gbdt needs one range per feature in every silo, but column "
-                              f"{col.name!r} is standardized per silo ({st.mode}); set [data] "
-                              f"{_BOUNDED}")
-        else:
-            c, s = (col.mean, col.scale) if col.mean is not None and col.scale is not None \
-                else ((b[0] + b[1]) / 2, (b[1] - b[0]) / 2)
-            out[j] = [(b[0] - c) / s, (b[1] - c) / s]
     return out
 
 

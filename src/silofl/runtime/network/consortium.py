@@ -122,6 +122,10 @@ def init_tables(out: Path, *, schema: Path, silos: list[str] | None, tables: lis
            "task": lab.kind,
            "num_classes": max(len(lab.classes), 2) if lab.kind != "regression" else 2}
     job.setdefault("rounds", deploy.default_rounds())
+    if job["method"] == "dp_gbdt":  # the bins' bounds, from the schema: public job data
+        from silofl.data.bounds import bounds_to_json
+        from silofl.runtime.network.silo_table import declared_bounds
+        job["bounds"] = bounds_to_json(declared_bounds(sch, {**_defaults(), **job}))
     deploy.check_common(address, noise)
     deploy._check_job({"silos": json.dumps(names), **job}, None)
     from silofl.runtime.network.silo_table import check_preprocessing

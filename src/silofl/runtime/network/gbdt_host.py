@@ -7,8 +7,10 @@ broadcast is the server's `Ask` as one float64 vector, a silo's reply its noisy 
 as one (1, M) row (none for the last, MODEL, round). The job carries the [trees]
 settings (`TreesConfig`) as canonical JSON under the key ``trees``. A silo
 
-* refuses a job whose method it did not consent to, a person-level job or private
-  preprocessing — all at join, nothing charged;
+* refuses a job whose method it did not consent to, a person-level job, private
+  preprocessing, or bins' bounds other than those its own declared schema gives after the
+  job's preprocessing (`silofl.data.bounds.feature_bounds`, the rule of `silofl run`; the
+  job carries them, derived by the server from its schema) — all at join, nothing charged;
 * with bins = "private", answers the first round (BINS) with its noisy fine histograms
   (charged first) and takes the edges the first tree's message brings;
 * reserves each round's release in its own lifetime store before the round runs (the
@@ -48,6 +50,7 @@ from silofl.algorithms.gbdt_state import (
     trees_to_arrays,
 )
 from silofl.config.run import TreesConfig
+from silofl.data.bounds import bounds_from_json, feature_bounds
 from silofl.errors import BudgetExceeded, ConfigError
 from silofl.io import write_json_atomic
 from silofl.models.trees import Tree, TreeEnsemble, xgboost_name_map
@@ -57,9 +60,9 @@ from silofl.runtime.network import messages as W
 from silofl.training.histograms import tree_event
 
 GBDT = "dp_gbdt"
-#: the declared bounds every feature's public bins span (the schema maps declared bounds
-#: to [−1, 1]; values outside fall in the end bins)
-BOUNDS = (-1.0, 1.0)
+#: pre-encoded .npz data (no schema) whose job states no bounds: the encoding's
+#: convention, features mapped to [−1, 1] (values outside fall in the end bins)
+NPZ_BOUNDS = (-1.0, 1.0)
 
 
 def is_gbdt(job: dict) -> bool:
@@ -114,7 +117,29 @@ def check_gbdt_job(job: dict) -> None:
     if "private" in (job["standardize"], job["impute"]):
         raise ConfigError("dp_gbdt over the network bins the declared bounds: private "
                           "standardize/impute constants are not supported; use \"declared\"")
+    if job["schema_sha256"] and not job["bounds"]:
+        raise ConfigError("dp_gbdt over a declared schema bins each feature over its declared "
+                          "range, but the job carries no 'bounds'; the server derives them "
+                          "from its copy of the schema ([server] schema)")
     job_settings(job)
+
+
+def job_bounds(job: dict, d: int) -> np.ndarray:
+    """(d, 2) the bounds a dp_gbdt job's bins span: the job's (derived from the declared
+    schema, or stated for pre-encoded data), else `NPZ_BOUNDS` (pre-encoded data only)."""
+    if not job["bounds"]:
+        return np.tile(NPZ_BOUNDS, (d, 1))
+    return bounds_from_json(job["bounds"], d, "job: 'bounds'")
+
+
+def bounds_note(job: dict) -> str:
+    """Where a networked job's bounds came from, in words (cards, privacy reports)."""
+    if job["schema_sha256"]:
+        return ("the consortium's declared schema and the job's declared preprocessing "
+                "(silofl.data.bounds.feature_bounds, as silofl run), carried by the job and "
+                "checked by every silo against its own schema at join")
+    return ("pre-encoded .npz data: " + ("the job's stated bounds" if job["bounds"] else
+            "the encoding's convention, every feature in [-1, 1]") + " (public; no schema)")
 
 
 def job_settings(job: dict) -> tuple[GbdtSettings, np.ndarray]:
@@ -128,7 +153,8 @@ def job_settings(job: dict) -> tuple[GbdtSettings, np.ndarray]:
     Returns
     -------
     (GbdtSettings, numpy.ndarray)
-        The settings (automatic bins still to resolve) and the (d, 2) bounds `BOUNDS`.
+        The settings (automatic bins still to resolve) and the (d, 2) bounds
+        (`job_bounds`).
     """
     t = job_trees(job)
     auto = {k: None if getattr(t, k) == "auto" else getattr(t, k) for k in ("trees", "depth")}
@@ -139,7 +165,17 @@ def job_settings(job: dict) -> tuple[GbdtSettings, np.ndarray]:
         max_leaf=None if t.max_leaf == "auto" else float(t.max_leaf),
         base_score=t.base_score, splits=t.splits, local_trees=t.local_trees, bins=t.bins,
         bins_share=t.bins_share, shrink=t.shrink)
-    return s, np.tile(BOUNDS, (s.d, 1))
+    return s, job_bounds(job, s.d)
+
+
+def bins_report(job: dict, bounds: np.ndarray | None) -> dict:
+    """What a privacy report states of the bins: mode, (d, 2) bounds and their source."""
+    from silofl.runtime.tree_release import bins_source
+    mode = job_trees(job).bins
+    return {"mode": mode, "charged": mode == "private",
+            "bounds": None if bounds is None else np.asarray(bounds).tolist(),
+            "source": bins_source(mode) if job["schema_sha256"] else bounds_note(job),
+            "bounds_from": bounds_note(job)}
 
 
 # --- models on disk ----------------------------------------------------------------------
@@ -185,6 +221,38 @@ def _save_model(folder: Path, stem: str, ens: TreeEnsemble) -> dict:
 
 # --- the silo side ---------------------------------------------------------------------
 
+def check_bounds(program: Any, job: dict, bounds: np.ndarray) -> None:
+    """Refuse (ConfigError, at join: nothing charged) a job whose bins' bounds differ from
+    those this silo's own schema and the job's declared preprocessing give.
+
+    Parameters
+    ----------
+    program : silo.SiloProgram
+        The silo (its table as encoded by its schema, `raw`, and its plan, `prep`; a silo
+        with pre-encoded data has no schema to check against and takes the job's).
+    job : dict
+        The checked job.
+    bounds : numpy.ndarray
+        (d, 2) the job's bounds (`job_bounds`).
+    """
+    from silofl.runtime.network.silo_table import plan
+    if getattr(program, "raw", None) is None:
+        return
+    prep = getattr(program, "prep", None) or plan(program.raw, job, program.cfg.target)
+    own = feature_bounds(program.raw, prep)
+    if own.shape == bounds.shape and np.allclose(own, bounds, rtol=1e-12, atol=1e-12):
+        return
+    names = list(program.raw.feature_names)
+    bad = [f"{names[j]!r}: job {bounds[j].tolist()}, schema {own[j].tolist()}"
+           for j in range(min(len(own), len(bounds))) if not np.allclose(own[j], bounds[j])]
+    raise ConfigError(
+        f"silo {program.cfg.name!r} refuses the job: the bins' bounds it carries differ from "
+        f"those its own declared schema gives after the job's preprocessing ("
+        + ("; ".join(bad[:5]) or f"shape {bounds.shape} vs {own.shape}")
+        + "). The consortium shares one declared schema: use the coordinator's schema.toml "
+        "unchanged, or ask the coordinator to re-derive the job's bounds. Nothing was charged")
+
+
 class GbdtSiloHost:
     """Silo k's `GbdtSilo` inside its `SiloProgram`: join-time plan, the per-round checks,
     the store reservation of each round, the silo's state on disk and its model."""
@@ -197,6 +265,7 @@ class GbdtSiloHost:
         self.program = program
         check_gbdt_job(job)
         self.s, bounds = job_settings(job)
+        check_bounds(program, job, bounds)
         if self.s.trees + self.s.local_trees > c.max_rounds:
             raise ConfigError(f"silo {c.name!r} allows at most {c.max_rounds} rounds (trees), "
                               f"the job grows {self.s.trees + self.s.local_trees}")
@@ -342,7 +411,8 @@ class GbdtSiloHost:
             self.personal.feature_names = self.names
             files["personal"] = _save_model(folder, f"gbdt-{fid}-personal", self.personal)
         write_json_atomic(folder / f"gbdt-{fid}-privacy.json",
-                          {**self.privacy(), "job_hash": p.hash, "files": files})
+                          {**self.privacy(), "bins": bins_report(p.job, self.silo.bounds),
+                           "job_hash": p.hash, "files": files})
         return folder
 
     # -- state on disk (a silo process may start per message) ------------------------
@@ -493,6 +563,7 @@ class GbdtServerHost:
             "method": GBDT, "job_hash": p.hash, "privacy_unit": "example",
             "noise": p.job["noise"], "trees": self.server.s.trees,
             "depth": self.server.s.depth, "n_bins": self.server.s.n_bins,
+            "bins": bins_report(p.job, self.bounds),
             "statement": "the ensemble is post-processing of the silos' noisy releases "
                          "(private bins' counts, histograms, leaf sums); each silo "
                          "calibrated its σ for its own (ε, δ) and "

@@ -24,6 +24,7 @@ from silofl.errors import ConfigError
 from silofl.models.trees import TreeEnsemble
 from silofl.privacy import events
 from silofl.privacy.ledger import silo_file_id
+from silofl.runtime.network.gbdt_host import bounds_note
 from silofl.runtime.tree_release import (
     SHARED,
     tree_card,
@@ -70,6 +71,7 @@ def _save(folder: Path, r: Released, models: list[tuple[str, TreeEnsemble, dict]
                          preprocessing=r.preprocessing, privacy=privacy,
                          sigma=privacy.get("sigma"), files=dict(files), personal=mine,
                          extra={"networked": True, "job_hash": r.job_hash})
+        _state_bounds_source(card, r.job)
         entries.append({"name": name, "file_id": fid, **files,
                         "sha256": write_card(d, files, card)})
     write_manifest(d, label=GBDT, method=method, shared=shared, task=r.job["task"],
@@ -78,6 +80,14 @@ def _save(folder: Path, r: Released, models: list[tuple[str, TreeEnsemble, dict]
                           "noise": r.job["noise"], "notes": notes,
                           "run_id": r.job_hash[:16]})
     return Path(folder)
+
+
+def _state_bounds_source(card: dict, job: dict) -> None:
+    """The card states where its bins' bounds came from, as a run's does; pre-encoded data
+    (no schema) says so instead of naming schema bounds it did not have."""
+    card["bins"]["bounds_from"] = bounds_note(job)
+    if not job["schema_sha256"]:
+        card["bins"]["source"] = card["privacy"]["bins"]["source"] = bounds_note(job)
 
 
 def _silo_privacy(host: Any, adjacency: str) -> dict:

@@ -58,7 +58,9 @@ JOB_KEYS = {"method": str, "lam": (float, str), "weighted": bool, "finetune_frac
             # and persons' sampling rate (the network runs "uniform" at rate 1 only)
             "persons_in_silos": int, "uldp_weighting": str, "uldp_sample_rate": float,
             # dp_gbdt: the [trees] settings (`TreesConfig`) as canonical JSON (`gbdt_host`)
-            "trees": str}
+            # and the (d, 2) public bounds its bins span, as JSON [[lower, upper], ...]
+            # (derived from the declared schema, `silo_table.declared_bounds`; "" none)
+            "trees": str, "bounds": str}
 
 #: [job] keys of clip = "auto" in server.toml, folded into "clip_auto" (`auto_clip_job`)
 CLIP_AUTO_KEYS = {"clip_quantile": "quantile", "clip_lr": "lr", "clip_init": "init",
@@ -105,6 +107,9 @@ def check_job(job: dict) -> dict:
     # ints where floats are expected are the same number: one canonical form to hash
     out = {k: lam if k == "lam" else float(v) if JOB_KEYS[k] is float else v
            for k, v in job.items()}
+    if out["bounds"] and out["method"] != "dp_gbdt":
+        raise W.ProtocolError(f"job: 'bounds' (the bins' bounds) is for method dp_gbdt, the "
+                              f"job runs {out['method']!r}; remove it")
     if out["method"] == "dp_gbdt":  # the complete [trees] table, one canonical form
         from silofl.runtime.network.gbdt_host import job_trees, trees_json
         try:

@@ -24,6 +24,7 @@ import numpy as np
 from silofl.config import Config
 from silofl.config.base import did_you_mean
 from silofl.config.network import ServerSection, read_server_file
+from silofl.data.bounds import bounds_to_json
 from silofl.errors import ConfigError, SiloflError
 from silofl.io import write_json_atomic, write_npz_atomic
 from silofl.runtime.network import messages as W
@@ -85,7 +86,8 @@ def _job_defaults() -> dict:
             "privacy_unit": p.unit, "max_rows_per_person": p.max_rows_per_person,
             "persons_in_silos": p.persons_in_silos, "uldp_weighting": t.uldp_weighting,
             "uldp_sample_rate": t.uldp_sample_rate,
-            "trees": json.dumps(c.trees.model_dump(), sort_keys=True)}  # dp_gbdt's [trees]
+            "trees": json.dumps(c.trees.model_dump(), sort_keys=True),  # dp_gbdt's [trees]
+            "bounds": ""}  # dp_gbdt: its bins' bounds (from the declared schema)
 
 
 JOB_DEFAULTS = _job_defaults()
@@ -136,6 +138,12 @@ def load_server_config(path: str | Path) -> ServerConfig:
         raise ConfigError(f"{path}: unknown [job] key(s) {sorted(bad)}{hint}; known: "
                           f"{', '.join(sorted(JOB_KEYS))}")
     job = tables_as_json({**JOB_DEFAULTS, **j})
+    if isinstance(job["bounds"], list):  # dp_gbdt's bounds as a TOML array of pairs
+        try:
+            job["bounds"] = bounds_to_json(np.asarray(job["bounds"], dtype=np.float64))
+        except (TypeError, ValueError):
+            raise ConfigError(f"{path}: [job] bounds must be pairs [lower, upper], one per "
+                              f"feature, got {job['bounds']!r:.200}") from None
     if isinstance(job["graph"], dict):  # [job.graph]: graph data's settings, as JSON
         job["graph"] = json.dumps(job["graph"], sort_keys=True)
     # the silos of the job in [silos] order (silo k = the k-th registered), unless stated
@@ -260,6 +268,16 @@ def _schema_job(job: dict, stated: dict, schema_path: Path, path: Path) -> None:
                "num_classes": max(len(lab.classes), 2) if lab.kind != "regression" else 2}
     wrong = [f"{k} = {stated[k]!r} (the schema gives {v!r})" for k, v in derived.items()
              if k in stated and stated[k] != v]
+    if job["method"] == "dp_gbdt":  # the bins' bounds: public job data every silo checks
+        from silofl.runtime.network.silo_table import declared_bounds, same_bounds
+        try:
+            bounds = declared_bounds(schema, job)
+        except ConfigError as e:
+            raise ConfigError(f"{path}: [job] {e}") from None
+        if job["bounds"] and not same_bounds(job["bounds"], bounds):
+            wrong.append(f"bounds = {job['bounds'][:200]!r} (the schema gives "
+                         f"{bounds_to_json(bounds)!r})")
+        derived["bounds"] = bounds_to_json(bounds)
     if wrong:
         raise ConfigError(f"{path}: [job] " + "; ".join(wrong) + "; remove them: the "
                           "schema decides")

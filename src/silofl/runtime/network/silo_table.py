@@ -26,6 +26,7 @@ import numpy as np
 
 from silofl.config.base import validate
 from silofl.config.network import SiloDataSection
+from silofl.data.bounds import bounds_from_json, feature_bounds
 from silofl.data.federation import Federation, Silo
 from silofl.data.preprocess import PreprocessPlan, PreprocessSpec, preprocess_without_budget
 from silofl.data.raw import RawFederation
@@ -224,6 +225,43 @@ def check_preprocessing(schema: Schema, job: dict) -> None:
     (e.g. private steps need declared bounds): planned on placeholder rows."""
     raw = _placeholder(schema)
     plan(raw, job, PrivacyTarget(1.0, 1e-4))
+
+
+def declared_bounds(schema: Schema, job: dict) -> np.ndarray:
+    """The (d, 2) public bounds of a dp_gbdt job's bins, from the declared schema and the
+    job's preprocessing modes alone (`silofl.data.bounds.feature_bounds`, the rule of
+    `silofl run`; planned on placeholder rows: no one's data).
+
+    Parameters
+    ----------
+    schema : Schema
+        The consortium's declared schema.
+    job : dict
+        The job (its standardize, impute, preprocess_share and accountant).
+
+    Returns
+    -------
+    numpy.ndarray
+        (d, 2) float64 [lower, upper] per encoded feature after preprocessing.
+
+    Raises
+    ------
+    ConfigError
+        A numeric column without declared bounds, or standardized per silo.
+    """
+    raw = _placeholder(schema)
+    job = {**job, "preprocess_share": float(job["preprocess_share"])}
+    return feature_bounds(raw, plan(raw, job, PrivacyTarget(1.0, 1e-4)))
+
+
+def same_bounds(text: str, bounds: np.ndarray) -> bool:
+    """Whether the JSON bounds `text` equal `bounds` ((d, 2); floats that round-trip JSON
+    exactly, compared to 1e-12 so that a re-encoding elsewhere still agrees)."""
+    try:
+        got = bounds_from_json(text, len(bounds), "bounds")
+    except ConfigError:
+        return False
+    return bool(np.allclose(got, bounds, rtol=1e-12, atol=1e-12))
 
 
 def declared_constants(schema: Schema, job: dict) -> dict:
