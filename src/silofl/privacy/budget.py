@@ -373,14 +373,18 @@ class BudgetStore:
                            unit: str = "example") -> list[str]:
         """Inside the reservation's transaction, after `_check_fits`: the run row, the
         data-change notes and the reserved charges (`fingerprints` keyed). Returns the
-        silos that had no charge in this store before (checked in the machine registry)."""
+        silos new to this store: no charge and no other run since their registration
+        (checked in the machine registry)."""
         self._db.execute(
             "INSERT INTO runs VALUES (?, ?, ?, NULL, 'reserved', ?, ?, ?, ?, ?)",
             (run_id, command, now, noise, runlock.host(), os.getpid(),
              runlock.process_start(os.getpid()), parent))
+        # new to this store: no earlier run since it was registered (a run settled to zero
+        # keeps none of its charges, yet the silo is not new: the newcomer review)
         fresh = [n for n in ids if self._db.execute(
-            "SELECT 1 FROM charges WHERE silo_id = ? LIMIT 1", (ids[n][0],)).fetchone()
-            is None]
+            "SELECT 1 FROM silos s WHERE s.id = ? AND (EXISTS (SELECT 1 FROM charges c "
+            "WHERE c.silo_id = s.id) OR EXISTS (SELECT 1 FROM runs r WHERE r.id != ? AND "
+            "r.started >= s.created))", (ids[n][0], run_id)).fetchone() is None]
         for name, fp in fingerprints.items():
             if name in ids:
                 store_registry.note_data_change(self, ids[name][0], ids[name][3], fp,
