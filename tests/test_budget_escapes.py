@@ -12,6 +12,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import dp_accounting as dpa
@@ -454,3 +455,54 @@ def test_deleting_the_default_store_is_flagged_on_the_next_run(tmp_path, home, m
     assert "deleted or replaced" in _flat(res.output)
     with BudgetStore(store) as st:
         assert any(x["action"] == "charged-elsewhere" for x in st.log())
+
+
+def test_a_run_settled_to_zero_does_not_make_the_next_run_look_like_a_new_store(
+        tmp_path, home):
+    """A failed run settled to nothing left its silo without charges; the next run on the
+    same store was flagged as charged in 'this store itself (deleted or replaced)'."""
+    ev = dpa.GaussianDpEvent(8.0)
+    path = tmp_path / "budget.sqlite"
+    with BudgetStore(path) as st:  # the failed run: reserved, then settled to zero
+        st.register({"A": PrivacyTarget(5.0, 1e-4)})
+        st.reserve("r0", [PlannedCharge("A", "local", "dpsgd", ev)], command="run",
+                   noise="secure", fingerprints={"A": "digest-of-A's-rows"})
+        st.settle("r0", [], status="failed")
+        assert st.charges("A") == []
+    with BudgetStore(path) as st:  # the next process, same store, same data
+        st.register({"A": PrivacyTarget(5.0, 1e-4)})
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            st.reserve("r1", [PlannedCharge("A", "local", "dpsgd", ev)], command="run",
+                       noise="secure", fingerprints={"A": "digest-of-A's-rows"})
+        assert [x for x in st.log() if x["action"] == "charged-elsewhere"] == []
+    # a silo registered before but never charged is still flagged for another store's data
+    other = tmp_path / "other.sqlite"
+    with BudgetStore(other) as st:
+        st.register({"B": PrivacyTarget(5.0, 1e-4)})
+    with BudgetStore(other) as st, pytest.warns(UserWarning, match="already charged in"):
+        st.register({"B": PrivacyTarget(5.0, 1e-4)})
+        st.reserve("r2", [PlannedCharge("B", "local", "dpsgd", ev)], command="run",
+                   noise="secure", fingerprints={"B": "digest-of-A's-rows"})
+
+
+def test_a_failed_cli_run_settled_to_zero_is_not_flagged_on_the_next_run(
+        tmp_path, home, monkeypatch):
+    """End to end: training fails after the reservation (settled to 0), then a clean run."""
+    import silofl.runtime.simulator as sim
+    monkeypatch.chdir(tmp_path)
+    cfg = _synthetic(tmp_path)
+    real = sim._train
+
+    def boom(*a, **k):
+        raise RuntimeError("training broke")
+    monkeypatch.setattr(sim, "_train", boom)
+    res = runner.invoke(app, ["run", "-c", str(cfg), "-q"])
+    assert res.exit_code != 0
+    with BudgetStore(home / "stores" / "default.sqlite") as st:
+        assert all(st.charges(n) == [] for n in st.silos()) and st.silos()
+    monkeypatch.setattr(sim, "_train", real)
+    res = runner.invoke(app, ["run", "-c", str(cfg), "-q"])
+    assert res.exit_code == 0, res.output
+    assert "deleted or replaced" not in _flat(res.output)
+    assert "already charged" not in _flat(res.output)

@@ -235,21 +235,8 @@ def _load_raw(dc: DataConfig) -> RawFederation:
                               "(" + " | ".join(D.SPLITS) + "), e.g. split = 'age_strict' "
                               "with split_feature = 'age' and split_bins = [0, 18, 40, 100]")
         return _split_table(dc)
-    if dc.source == "table" and dc.lazy:
-        return _lazy_table(dc)
     if dc.source == "table":
-        if not dc.path or not dc.label_column or not (dc.silo_column or dc.split):
-            raise ConfigError("data.source = 'table' needs data.path, data.label_column and "
-                              "either data.silo_column (a column naming each row's silo) or "
-                              "data.split (simulate silos: " + " | ".join(D.SPLITS) + ")")
-        if dc.split:
-            return _split_table(dc)
-        _refuse_split_keys(dc, f"data.silo_column = {dc.silo_column!r} names the silos")
-        return D.load_table_raw(dc.path, dc.silo_column, dc.label_column, task=dc.task,
-                                features=dc.features or None, missing=dc.missing,
-                                schema=_schema(dc), min_silo_rows=dc.min_silo_rows,
-                                small_silos=dc.small_silos, read_options=_read_options(dc),
-                                person_column=dc.person_column or None, **common)
+        return _table_raw(dc)
     if dc.source == "exam":
         return D.load_exam_raw(min_size=dc.min_silo_size, schema=_schema(dc), **common)
     if dc.source == "mnist":  # images: pixels share the public [0, 1] scale
@@ -269,31 +256,57 @@ def _load_raw(dc: DataConfig) -> RawFederation:
         # data.path is optional: the School data ships with silofl
         return D.load_school_raw(dc.path or None, schema=_schema(dc), **common)
     if dc.source == "synthetic":
-        gen = GENERATORS.get(dc.generator)
-        if gen is None:
-            raise ConfigError(f"unknown data.generator {dc.generator!r}; choose one of "
-                              f"{', '.join(GENERATORS)}")
-        params = inspect.signature(gen).parameters
-        for key in dc.options:
-            if key not in params:
-                near = difflib.get_close_matches(key, list(params), n=1)
-                hint = f"; did you mean {near[0]!r}?" if near else ""
-                raise ConfigError(f"unknown option data.options.{key} for generator "
-                                  f"{dc.generator!r}{hint}")
-        kw = dict(dc.options)
-        if "seed" in params:
-            kw.setdefault("seed", dc.seed)
-        if "test_fraction" in params:
-            kw.setdefault("test_fraction", dc.test_fraction)
-        if "standardize" in kw:
-            raise ConfigError("data.options.standardize: set data.standardize instead (it "
-                              "applies to every source)")
-        out = gen(**kw)  # a generator with declared columns returns them (RawFederation)
-        return out if isinstance(out, RawFederation) else \
-            RawFederation.from_federation(out, simulated=True)
+        return _synthetic_raw(dc)
     near = difflib.get_close_matches(dc.source, SOURCES, n=1)
     hint = f" Did you mean {near[0]!r}?" if near else ""
     raise ConfigError(f"unknown data.source {dc.source!r}; choose one of {', '.join(SOURCES)}.{hint}")
+
+
+def _table_raw(dc: DataConfig) -> RawFederation:
+    """data.source = "table": a CSV/Parquet file, its silos named by a column or
+    simulated by data.split (lazy: read silo by silo)."""
+    if dc.lazy:
+        return _lazy_table(dc)
+    if not dc.path or not dc.label_column or not (dc.silo_column or dc.split):
+        raise ConfigError("data.source = 'table' needs data.path, data.label_column and "
+                          "either data.silo_column (a column naming each row's silo) or "
+                          "data.split (simulate silos: " + " | ".join(D.SPLITS) + ")")
+    if dc.split:
+        return _split_table(dc)
+    _refuse_split_keys(dc, f"data.silo_column = {dc.silo_column!r} names the silos")
+    return D.load_table_raw(dc.path, dc.silo_column, dc.label_column, task=dc.task,
+                            features=dc.features or None, missing=dc.missing,
+                            schema=_schema(dc), min_silo_rows=dc.min_silo_rows,
+                            small_silos=dc.small_silos, read_options=_read_options(dc),
+                            person_column=dc.person_column or None,
+                            test_fraction=dc.test_fraction, seed=dc.seed)
+
+
+def _synthetic_raw(dc: DataConfig) -> RawFederation:
+    """data.source = "synthetic": the generator data.generator with data.options
+    (unknown options refused with the nearest name)."""
+    gen = GENERATORS.get(dc.generator)
+    if gen is None:
+        raise ConfigError(f"unknown data.generator {dc.generator!r}; choose one of "
+                          f"{', '.join(GENERATORS)}")
+    params = inspect.signature(gen).parameters
+    for key in dc.options:
+        if key not in params:
+            near = difflib.get_close_matches(key, list(params), n=1)
+            hint = f"; did you mean {near[0]!r}?" if near else ""
+            raise ConfigError(f"unknown option data.options.{key} for generator "
+                              f"{dc.generator!r}{hint}")
+    kw = dict(dc.options)
+    if "seed" in params:
+        kw.setdefault("seed", dc.seed)
+    if "test_fraction" in params:
+        kw.setdefault("test_fraction", dc.test_fraction)
+    if "standardize" in kw:
+        raise ConfigError("data.options.standardize: set data.standardize instead (it "
+                          "applies to every source)")
+    out = gen(**kw)  # a generator with declared columns returns them (RawFederation)
+    return out if isinstance(out, RawFederation) else \
+        RawFederation.from_federation(out, simulated=True)
 
 
 def check_unit(cfg: Config, fed=None) -> None:

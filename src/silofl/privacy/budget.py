@@ -19,11 +19,12 @@ silo; older charges stay in the database for audit but are no longer composed. A
 of the data a silo trains on (new patients) is recorded and shown; the budget carries
 over, because the composition still covers everyone present in both versions.
 
-Progress (schema 2): every charge a run's ledgers make is also recorded in the store, in
-its own transaction, before the data is read (`record_progress`); settling never goes
-below what the store recorded, so deleting or editing a run folder's ledger files cannot
-make the store forget executed work. Each run row names its owner (pid, host, process
-start time, `silofl.privacy.runlock`), so a resume can refuse while the owner is alive.
+Progress (schema 2, `store_progress`): every charge a run's ledgers make is also recorded
+in the store, in its own transaction, before the data is read (`record_progress`);
+settling never goes below what the store recorded, so deleting or editing a run folder's
+ledger files cannot make the store forget executed work. Each run row names its owner
+(pid, host, process start time, `silofl.privacy.runlock`), so a resume can refuse while
+the owner is alive.
 
 Data fingerprints are keyed: the store keeps HMAC-SHA256(secret, digest of the rows) with
 a secret in its meta table that no output ever shows, so a guess of one record's value
@@ -48,7 +49,15 @@ from pathlib import Path
 from typing import Any, Self
 
 from silofl.errors import BudgetExceeded, SiloflError
-from silofl.privacy import events, runlock, store_admin, store_paths, store_registry, units
+from silofl.privacy import (
+    events,
+    runlock,
+    store_admin,
+    store_paths,
+    store_progress,
+    store_registry,
+    units,
+)
 from silofl.privacy.ledger import tightest
 from silofl.privacy.store_schema import configure, db_error, make_folder, prepare
 from silofl.privacy.targets import PrivacyTarget
@@ -373,14 +382,18 @@ class BudgetStore:
                            unit: str = "example") -> list[str]:
         """Inside the reservation's transaction, after `_check_fits`: the run row, the
         data-change notes and the reserved charges (`fingerprints` keyed). Returns the
-        silos that had no charge in this store before (checked in the machine registry)."""
+        silos new to this store: no charge and no other run since their registration
+        (checked in the machine registry)."""
         self._db.execute(
             "INSERT INTO runs VALUES (?, ?, ?, NULL, 'reserved', ?, ?, ?, ?, ?)",
             (run_id, command, now, noise, runlock.host(), os.getpid(),
              runlock.process_start(os.getpid()), parent))
+        # new to this store: no earlier run since it was registered (a run settled to zero
+        # keeps none of its charges, yet the silo is not new: the newcomer review)
         fresh = [n for n in ids if self._db.execute(
-            "SELECT 1 FROM charges WHERE silo_id = ? LIMIT 1", (ids[n][0],)).fetchone()
-            is None]
+            "SELECT 1 FROM silos s WHERE s.id = ? AND (EXISTS (SELECT 1 FROM charges c "
+            "WHERE c.silo_id = s.id) OR EXISTS (SELECT 1 FROM runs r WHERE r.id != ? AND "
+            "r.started >= s.created))", (ids[n][0], run_id)).fetchone() is None]
         for name, fp in fingerprints.items():
             if name in ids:
                 store_registry.note_data_change(self, ids[name][0], ids[name][3], fp,
@@ -397,9 +410,8 @@ class BudgetStore:
 
     def record_progress(self, run_id: str, rows: list[tuple[str, str, str, str, int]]
                         ) -> None:
-        """Record charges a run is about to execute, before the data is read.
-
-        Settling never goes below them.
+        """Record charges a run is about to execute, before the data is read; settling
+        never goes below them. See `store_progress.record`.
 
         Parameters
         ----------
@@ -407,56 +419,19 @@ class BudgetStore:
             The run's id in the store.
         rows : list of (silo, method, label, event JSON, count)
             The charges.
-
-        Raises
-        ------
-        BudgetStoreError
-            The run is no longer reserved (settled by another process): the caller must
-            stop before reading anything.
         """
-        try:
-            # durable against a killed process (WAL); a power loss may lose the last
-            # records, but the reservation they narrow stays counted in full
-            self._db.execute("PRAGMA synchronous=NORMAL")
-            with self._tx():
-                st = self._db.execute("SELECT status FROM runs WHERE id = ?",
-                                      (run_id,)).fetchone()
-                if st is None or st[0] != "reserved":
-                    raise BudgetStoreError(
-                        f"run {run_id} is no longer reserved in budget store {self.where} "
-                        f"({'unknown' if st is None else st[0]}): another process settled it. "
-                        "Stopping before any further data is read")
-                names = sorted({r[0] for r in rows})  # a round's silos: few look-ups
-                ids: dict[str, int] = {}
-                for i in range(0, len(names), 500):  # under SQLite's 999-parameter floor
-                    part = names[i:i + 500]
-                    ids.update(self._db.execute(
-                        f"SELECT name, id FROM silos WHERE name IN "
-                        f"({', '.join('?' * len(part))})", part).fetchall())
-                lost = [n for n in names if n not in ids]
-                if lost:  # a reservation names only silos it registered
-                    raise BudgetStoreError(f"budget store {self.where} lost silo {lost[0]!r} "
-                                           f"of run {run_id}; restore the store")
-                self._db.executemany(
-                    "INSERT INTO progress VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT "
-                    "(run_id, silo_id, method, label, event) DO UPDATE SET "
-                    "count = count + excluded.count",
-                    [(run_id, ids[silo], method, label, event, count)
-                     for silo, method, label, event, count in rows])
-        finally:
-            if self.path is not None:
-                self._db.execute("PRAGMA synchronous=FULL")
+        store_progress.record(self, run_id, rows)
 
     def progress(self, run_id: str) -> list[PlannedCharge]:
-        """What the store recorded a run as executing (see `record_progress`); see
-        `store_admin.progress`.
+        """What the store recorded a run as executing (`record_progress`); see
+        `store_progress.recorded`.
 
         Parameters
         ----------
         run_id : str
             The run's id in the store.
         """
-        return [PlannedCharge(*row) for row in store_admin.progress(self, run_id)]
+        return [PlannedCharge(*row) for row in store_progress.recorded(self, run_id)]
 
     def owner(self, run_id: str) -> dict | None:
         """The process that owns a run (pid, host, ..., child); see `store_admin.owner`.
@@ -525,18 +500,10 @@ class BudgetStore:
 
     def _with_floor(self, run_id: str, executed: list[PlannedCharge]
                     ) -> list[PlannedCharge]:
-        """`executed` plus whatever the store's progress records of `run_id` beyond it,
-        compared per (silo, method, label, event)."""
-        have: Counter = Counter()
-        for p in executed:
-            have[(p.silo, p.method, p.label, events.to_json(p.event))] += p.count
-        extra = []
-        for p in self.progress(run_id):
-            key = (p.silo, p.method, p.label, events.to_json(p.event))
-            short = p.count - have.get(key, 0)
-            if short > 0:
-                extra.append(PlannedCharge(p.silo, p.method, p.label, p.event, short))
-        return list(executed) + extra
+        """`executed` plus whatever the store's progress records of `run_id` beyond it."""
+        rows = [(p.silo, p.method, p.label, p.event, p.count) for p in executed]
+        return list(executed) + [PlannedCharge(*r)
+                                 for r in store_progress.shortfall(self, run_id, rows)]
 
     def run_status(self, run_id: str) -> str | None:
         """A run's status (None: never seen); see `store_admin.run_status`.

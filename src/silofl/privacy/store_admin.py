@@ -1,7 +1,7 @@
 """The budget store's administration and read-only reports (`silofl.privacy.budget`):
 how outputs name the store, its silos and their lifetime targets (given to new silos),
 resets and target changes (each logged with its reason), a silo's lifetime position and
-charges, the store's log, a run's status, progress and owner (and the checks that
+charges, the store's log, a run's status and owner (and the checks that
 a run is reserved or may be continued), and the whole store as
 plain data. Each function works on a `BudgetStore` through the methods below; the
 store's methods of the same names call these."""
@@ -293,28 +293,6 @@ def check_parent(store: BudgetStore, parent: str) -> None:
     if child is not None:
         raise store._error(f"run {parent} was already continued by run {child[0]} "
                            "(another resume); resume that run instead")
-
-
-def progress(store: BudgetStore, run_id: str) -> list[tuple[str, str, str, object, int]]:
-    """What the store recorded a run as executing (`BudgetStore.record_progress`).
-
-    Parameters
-    ----------
-    store : BudgetStore
-        The store.
-    run_id : str
-        The run's id in the store.
-
-    Returns
-    -------
-    list of (silo, method, label, event, count)
-        The recorded charges (the event parsed), by silo, method and label.
-    """
-    return [(name, method, label, events.from_json(ev), count)
-            for name, method, label, ev, count in store._read(
-                "SELECT s.name, p.method, p.label, p.event, p.count FROM progress p "
-                "JOIN silos s ON s.id = p.silo_id WHERE p.run_id = ? ORDER BY s.id, "
-                "p.method, p.label", (run_id,))]
 
 
 def owner(store: BudgetStore, run_id: str) -> dict | None:
