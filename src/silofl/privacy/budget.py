@@ -144,6 +144,9 @@ class BudgetStore:
         self.demo = demo
         #: the privacy unit of the next reservations (`use_unit`; None: inferred)
         self.unit: str | None = None
+        # silo name → row id, for `record_progress` (every round): a silo's row is never
+        # deleted nor renumbered, so an id once read stays right
+        self._silo_ids: dict[str, int] = {}
         if self.path is not None:
             make_folder(self.path, BudgetStoreError)
             self.created = not self.path.exists()
@@ -414,10 +417,12 @@ class BudgetStore:
             The run is no longer reserved (settled by another process): the caller must
             stop before reading anything.
         """
+        on_disk = self.path is not None
         try:
             # durable against a killed process (WAL); a power loss may lose the last
             # records, but the reservation they narrow stays counted in full
-            self._db.execute("PRAGMA synchronous=NORMAL")
+            if on_disk:
+                self._db.execute("PRAGMA synchronous=NORMAL")
             with self._tx():
                 st = self._db.execute("SELECT status FROM runs WHERE id = ?",
                                       (run_id,)).fetchone()
@@ -426,8 +431,8 @@ class BudgetStore:
                         f"run {run_id} is no longer reserved in budget store {self.where} "
                         f"({'unknown' if st is None else st[0]}): another process settled it. "
                         "Stopping before any further data is read")
-                names = sorted({r[0] for r in rows})  # a round's silos: few look-ups
-                ids: dict[str, int] = {}
+                ids = self._silo_ids
+                names = sorted({r[0] for r in rows} - ids.keys())  # new silos only
                 for i in range(0, len(names), 500):  # under SQLite's 999-parameter floor
                     part = names[i:i + 500]
                     ids.update(self._db.execute(
@@ -444,7 +449,7 @@ class BudgetStore:
                     [(run_id, ids[silo], method, label, event, count)
                      for silo, method, label, event, count in rows])
         finally:
-            if self.path is not None:
+            if on_disk:
                 self._db.execute("PRAGMA synchronous=FULL")
 
     def progress(self, run_id: str) -> list[PlannedCharge]:

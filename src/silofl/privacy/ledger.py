@@ -176,6 +176,10 @@ class Ledger:
         if not self._covered_after(added):
             self._sync()
             self._check(self._spent + added, f"{label} in round {round}")
+        self._record(event, added, round, label)
+
+    def _record(self, event: dpa.DpEvent, added: Counter, round: int, label: str) -> None:
+        """Record a charge that passed its checks (`charge`, `charge_all`)."""
         if self.on_charge is not None and not self._batched:
             self.on_charge(event, round, label)
         self._pending.append(added)
@@ -260,10 +264,15 @@ def charge_all(ledgers: list[Ledger], evs: list, *, round: int, label: str) -> N
     many: Callable | None = getattr(pairs[0][0].on_charge, "many", None) if pairs else None
     batched = many is not None and all(
         getattr(led.on_charge, "many", None) == many for led, _ in pairs)
+    # each ledger once: nothing changed it since its check, so record without re-checking
+    distinct = len({id(led) for led, _ in pairs}) == len(pairs)
     for ledger, event in pairs:
         ledger._batched = batched
         try:
-            ledger.charge(event, round=round, label=label)
+            if distinct:
+                ledger._record(event, events.flatten(event), round, label)
+            else:
+                ledger.charge(event, round=round, label=label)
         finally:
             ledger._batched = False
     if many is not None and batched:
