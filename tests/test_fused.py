@@ -230,3 +230,66 @@ def test_residual_step_is_the_residual(model_name):
     got = model.residual_step(z, model.step_targets(y))
     want = model.residual(z.astype(np.float64), y.astype(np.float64))
     np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7, equal_nan=True)
+
+
+def test_charge_all_records_like_charge_and_rechecks_a_repeated_ledger():
+    """`charge_all` records each distinct ledger without checking it twice: the same
+    entries and spent counts as one `charge` per ledger; a ledger listed twice is checked
+    again before its second charge (the first check did not see the first charge)."""
+    from collections import Counter
+
+    from silofl.privacy import events
+    ev = _trainer("linear", True, seed=0).round_events()[0]
+    a, b = Ledger("a", PrivacyTarget(1e6, 1e-5)), Ledger("b", PrivacyTarget(1e6, 1e-5))
+    charge_all([a, b], [ev, ev], round=3, label="dpsgd")
+    ref = Ledger("r", PrivacyTarget(1e6, 1e-5))
+    ref.charge(ev, round=3, label="dpsgd")
+    for led in (a, b):
+        assert [(e.round, e.label, e.event) for e in led.entries] == \
+            [(e.round, e.label, e.event) for e in ref.entries]
+        assert led.spent_counts() == ref.spent_counts()
+    once = Ledger("once", PrivacyTarget(1e6, 1e-5), allowance=Counter(events.flatten(ev)))
+    with pytest.raises(BudgetExceeded):
+        charge_all([once, once], [ev, ev], round=1, label="dpsgd")
+    assert len(once.entries) == 1  # the second charge was refused
+
+
+def test_record_progress_looks_up_silos_it_has_not_seen():
+    """The store remembers silo ids between rounds; a silo registered later is still
+    found, and a name the store never registered is still refused."""
+    from silofl.privacy import accounting as A
+    from silofl.privacy import events
+    from silofl.privacy.budget import BudgetStoreError, PlannedCharge
+    st = BudgetStore(None)
+    ev = A.dpsgd_event(0.1, 4.0, 10)
+    js = events.to_json(ev)
+    st.register({"a": PrivacyTarget(10.0, 1e-5)})
+    st.reserve("r1", [PlannedCharge("a", "m", "x", ev, 5)], command="t", noise="secure")
+    st.record_progress("r1", [("a", "m", "x", js, 1)])
+    st.register({"b": PrivacyTarget(10.0, 1e-5)})
+    st.reserve("r2", [PlannedCharge("b", "m", "x", ev, 5)], command="t", noise="secure")
+    st.record_progress("r2", [("b", "m", "x", js, 2)])
+    st.record_progress("r1", [("a", "m", "x", js, 1)])
+    assert [p.count for p in st.progress("r1")] == [2]
+    assert [(p.silo, p.count) for p in st.progress("r2")] == [("b", 2)]
+    with pytest.raises(BudgetStoreError, match="lost silo 'zz'"):
+        st.record_progress("r1", [("zz", "m", "x", js, 1)])
+    assert [p.count for p in st.progress("r1")] == [2]  # the refused call wrote nothing
+
+
+def test_scratch_simulate_hashes_no_data(monkeypatch):
+    """simulate() without a store charges a fresh in-memory store: no data digests (no
+    earlier charge to compare them with); with a store given, every silo is digested."""
+    from silofl.runtime import simulator
+    calls = []
+    orig = simulator.fingerprints
+    monkeypatch.setattr(simulator, "fingerprints", lambda fed: calls.append(1) or orig(fed))
+    fed = vehicle_like(seed=0).with_targets(PrivacyTarget(1e4, 1e-5))
+    fed = type(fed)(fed.silos[:3], fed.feature_names, fed.task)
+    cfg = TrainingConfig(rounds=2, batch_size=32, lr=0.01, clip=6.0, noise_multiplier=1.0,
+                         seed=0, eval_every=2)
+    model, alg = make_model("svm", fed.dim), make_algorithm("mrmtl", lam=0.1)
+    res = simulate(fed, model, alg, cfg)
+    assert res.scratch and not calls
+    simulate(fed, model, alg, cfg, store=BudgetStore(None))
+    assert calls == [1]

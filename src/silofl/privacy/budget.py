@@ -153,6 +153,9 @@ class BudgetStore:
         self.demo = demo
         #: the privacy unit of the next reservations (`use_unit`; None: inferred)
         self.unit: str | None = None
+        # silo name → row id, for `record_progress` (every round): a silo's row is never
+        # deleted nor renumbered, so an id once read stays right
+        self._silo_ids: dict[str, int] = {}
         if self.path is not None:
             make_folder(self.path, BudgetStoreError)
             self.created = not self.path.exists()

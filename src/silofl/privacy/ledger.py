@@ -178,19 +178,23 @@ class Ledger:
             self._sync()
             self._check(self._spent + added, f"{label} in round {round}")
         with deferred_signals():  # store, memory and file: a signal never splits them
-            if self.on_charge is not None and not self._batched:
-                self.on_charge(event, round, label)
-            self._pending.append(added)
-            for e, c in added.items():
-                self._slot(e)[1] += c
-            self.entries.append(Entry(round, label, event, self.run_id))
-            if self.path is not None:
-                line = {"silo": self.silo, "round": round, "label": label,
-                        "event": events.to_dict(event)}
-                if self.run_id is not None:
-                    line["run"] = self.run_id
-                with open(self.path, "a") as f:
-                    f.write(json.dumps(line) + "\n")
+            self._record(event, added, round, label)
+
+    def _record(self, event: dpa.DpEvent, added: Counter, round: int, label: str) -> None:
+        """Record a charge that passed its checks (`charge`, `charge_all`)."""
+        if self.on_charge is not None and not self._batched:
+            self.on_charge(event, round, label)
+        self._pending.append(added)
+        for e, c in added.items():
+            self._slot(e)[1] += c
+        self.entries.append(Entry(round, label, event, self.run_id))
+        if self.path is not None:
+            line = {"silo": self.silo, "round": round, "label": label,
+                    "event": events.to_dict(event)}
+            if self.run_id is not None:
+                line["run"] = self.run_id
+            with open(self.path, "a") as f:
+                f.write(json.dumps(line) + "\n")
 
     def restore(self, entries: list[Entry]) -> None:
         """Take back entries an earlier process of the same run charged (read from this
@@ -263,11 +267,16 @@ def charge_all(ledgers: list[Ledger], evs: list, *, round: int, label: str) -> N
     many: Callable | None = getattr(pairs[0][0].on_charge, "many", None) if pairs else None
     batched = many is not None and all(
         getattr(led.on_charge, "many", None) == many for led, _ in pairs)
+    # each ledger once: nothing changed it since its check, so record without re-checking
+    distinct = len({id(led) for led, _ in pairs}) == len(pairs)
     with deferred_signals():  # every ledger and the store, or a signal waits until they are
         for ledger, event in pairs:
             ledger._batched = batched
             try:
-                ledger.charge(event, round=round, label=label)
+                if distinct:
+                    ledger._record(event, events.flatten(event), round, label)
+                else:
+                    ledger.charge(event, round=round, label=label)
             finally:
                 ledger._batched = False
         if many is not None and batched:

@@ -56,10 +56,12 @@ def record(store: BudgetStore, run_id: str, rows: list[tuple[str, str, str, str,
         The run is no longer reserved (settled by another process): the caller must stop
         before reading anything; or a silo of the rows is not in the store.
     """
+    on_disk = store.path is not None
     try:
         # durable against a killed process (WAL); a power loss may lose the last records,
         # but the reservation they narrow stays counted in full
-        store._db.execute("PRAGMA synchronous=NORMAL")
+        if on_disk:
+            store._db.execute("PRAGMA synchronous=NORMAL")
         with store._tx():
             st = store._db.execute("SELECT status FROM runs WHERE id = ?",
                                    (run_id,)).fetchone()
@@ -68,7 +70,7 @@ def record(store: BudgetStore, run_id: str, rows: list[tuple[str, str, str, str,
                     f"run {run_id} is no longer reserved in budget store {store.where} "
                     f"({'unknown' if st is None else st[0]}): another process settled it. "
                     "Stopping before any further data is read")
-            ids = _silo_ids(store, sorted({r[0] for r in rows}))  # a round's silos: few
+            ids = _silo_ids(store, sorted({r[0] for r in rows}))
             lost = [r[0] for r in rows if r[0] not in ids]
             if lost:  # a reservation names only silos it registered
                 raise store._error(f"budget store {store.where} lost silo {lost[0]!r} "
@@ -80,13 +82,15 @@ def record(store: BudgetStore, run_id: str, rows: list[tuple[str, str, str, str,
                 [(run_id, ids[silo], method, label, event, count)
                  for silo, method, label, event, count in rows])
     finally:
-        if store.path is not None:
+        if on_disk:
             store._db.execute("PRAGMA synchronous=FULL")
 
 
 def _silo_ids(store: BudgetStore, names: list[str]) -> dict[str, int]:
-    """Silo name -> id, for the names the store has."""
-    ids: dict[str, int] = {}
+    """Silo name -> id, for the names the store has; remembered by the store (silo rows
+    are never deleted or renumbered), so a round looks up only names it has not seen."""
+    ids = store._silo_ids
+    names = [n for n in names if n not in ids]
     for i in range(0, len(names), 500):  # under SQLite's 999-parameter floor
         part = names[i:i + 500]
         ids.update(store._db.execute(

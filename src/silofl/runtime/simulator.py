@@ -236,11 +236,14 @@ def simulate(fed: Federation, model: Model, algorithm: Algorithm, cfg: TrainingC
     ledgers, own = None, None
     if cfg.private:
         if job is None:
+            # a fresh scratch store has no earlier charge to compare data digests with and
+            # is gone after this call: hashing every silo's rows would buy nothing there
             own = job = open_job(
                 store if store is not None else BudgetStore(None), {method: plans},
                 lifetime=lifetime or job_targets(plans),
                 explicit_lifetime=lifetime is not None, command=f"simulate {method}",
-                noise=cfg.noise, accountant=cfg.accountant, fingerprints=fingerprints(fed))
+                noise=cfg.noise, accountant=cfg.accountant,
+                fingerprints=None if store is None else fingerprints(fed))
         ledgers = job.ledgers(method, ledger_dir, restored)
     try:
         result = _train(fed, model, algorithm, cfg, metric, plans, ledgers, on_round,

@@ -106,7 +106,8 @@ def prepare(trainer: LocalTrainer, ids: np.ndarray, idx: np.ndarray,
     return flat, targets, bound
 
 
-def clipped_coef(r: np.ndarray, bound: np.ndarray, private: bool) -> np.ndarray:
+def clipped_coef(r: np.ndarray, bound: np.ndarray, private: bool,
+                 lower: np.ndarray | None = None) -> np.ndarray:
     """Each row's coefficient on [x, 1]: r clipped to ±bound (private; a NaN residual
     takes a bound, like a huge one), or r·mask (non-private, `bound` the 0/1 mask).
 
@@ -116,6 +117,8 @@ def clipped_coef(r: np.ndarray, bound: np.ndarray, private: bool) -> np.ndarray:
         Shape (k, M): residuals and bounds (`prepare`).
     private : bool
         Whether to clip.
+    lower : numpy.ndarray, optional
+        Shape (k, M), −bound if the caller has it (a pass negates a round's bounds once).
 
     Returns
     -------
@@ -124,7 +127,7 @@ def clipped_coef(r: np.ndarray, bound: np.ndarray, private: bool) -> np.ndarray:
     """
     if not private:
         return np.multiply(r, bound, dtype=np.float32)
-    coef = np.fmax(r, -bound, dtype=np.float32)
+    coef = np.fmax(r, -bound if lower is None else lower, dtype=np.float32)
     return np.fmin(coef, bound, out=coef)
 
 
@@ -161,6 +164,7 @@ def run_pass(trainer: LocalTrainer, W: np.ndarray, ids: np.ndarray, steps: np.nd
     """
     private = trainer.rule.private
     flat, targets, bound = prepare(trainer, ids, *draws)
+    lower = np.negative(bound) if private else bound  # −bound of the whole round, once
     lr = trainer.lr if step is None else 1.0  # folded into the scale: w − lr·ĝ in one op
     scale = lr / trainer.expected_batch[ids]
     keep, shift = _plain_update(trainer, len(W), pull)
@@ -177,7 +181,7 @@ def run_pass(trainer: LocalTrainer, W: np.ndarray, ids: np.ndarray, steps: np.nd
         Ws = W[sel]
         z = np.matmul(Xb, Ws.astype(np.float32)[:, :, None])[..., 0]
         coef = clipped_coef(model.residual_step(z, targets[s, pos, cols]),
-                            bound[s, pos, cols], private)
+                            bound[s, pos, cols], private, lower[s, pos, cols])
         g32 = np.matmul(coef[:, None, :], Xb)[:, 0]  # (k, P) the clipped sum
         if noise is not None:
             z_all, off = noise
