@@ -52,7 +52,8 @@ def full_projection(rounds: int = 500) -> None:
     from silofl.privacy.randomness import Randomness
     from silofl.training.dpsgd import GradientRule
     from silofl.training.local_dp import local_sgd
-    from silofl.training.trainer import LocalTrainer, SiloArrays
+    from silofl.training.silo_data import SiloArrays
+    from silofl.training.trainer import LocalTrainer
 
     cfg = load_config(ROOT / "examples" / "privatekt_mnist.toml")
     tc = cfg.training

@@ -28,7 +28,8 @@ from silofl.runtime.plan import TrainingConfig, plan_silos
 from silofl.runtime.rules import gradient_rule
 from silofl.runtime.simulator import simulate
 from silofl.training.dpsgd import QuantileClip
-from silofl.training.trainer import LocalTrainer, SiloArrays
+from silofl.training.silo_data import SiloArrays
+from silofl.training.trainer import LocalTrainer
 
 DELTA = 1e-4
 

@@ -129,7 +129,8 @@ def test_mrmtl_server_keeps_mean_of_personal_models():
     silos, server = alg.init(np.zeros(4), 3)
     from silofl.privacy.randomness import Randomness
     from silofl.training.dpsgd import GradientRule
-    from silofl.training.trainer import LocalTrainer, SiloArrays
+    from silofl.training.silo_data import SiloArrays
+    from silofl.training.trainer import LocalTrainer
     tr = LocalTrainer(model=make_model("linear", 3),
                       data=SiloArrays.stack([s.X_train for s in fed.silos],
                                             [s.y_train for s in fed.silos]),

@@ -19,7 +19,7 @@ from silofl.data.schema import schema_from_dict
 from silofl.data.tabular import load_table_raw
 from silofl.errors import ConfigError, DataError
 from silofl.experiments.run import run
-from silofl.training.trainer import SiloArrays
+from silofl.training.silo_data import SiloArrays
 
 D = 5
 SCHEMA = {"label": {"name": "y", "kind": "binary", "classes": [0, 1]},

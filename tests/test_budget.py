@@ -34,7 +34,7 @@ from silofl.privacy.ledger import silo_file_id, tightest
 from silofl.privacy.targets import PrivacyTarget
 from silofl.runtime.plan import TrainingConfig, plan_silos
 from silofl.runtime.simulator import simulate
-from silofl.training.trainer import SiloArrays
+from silofl.training.silo_data import SiloArrays
 
 DELTA = 1e-5
 runner = CliRunner()

@@ -22,7 +22,8 @@ from silofl.runtime.plan import TrainingConfig
 from silofl.runtime.simulator import simulate
 from silofl.training import fused
 from silofl.training.dpsgd import GradientRule
-from silofl.training.trainer import LocalTrainer, SiloArrays
+from silofl.training.silo_data import SiloArrays
+from silofl.training.trainer import LocalTrainer
 
 
 def _trainer(model_name: str, private: bool, seed: int, *, sizes=(60, 90, 75), dim=4,

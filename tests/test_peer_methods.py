@@ -24,7 +24,8 @@ from silofl.runtime.network.hosting import NETWORK_METHODS
 from silofl.runtime.plan import TrainingConfig
 from silofl.runtime.simulator import simulate
 from silofl.training.dpsgd import GradientRule
-from silofl.training.trainer import LocalTrainer, SiloArrays
+from silofl.training.silo_data import SiloArrays
+from silofl.training.trainer import LocalTrainer
 
 PEERS = ("fedprox", "scaffold", "apfl")
 LABELS = {"apfl": {"dpsgd-global", "dpsgd-personal"}}

@@ -34,7 +34,8 @@ from silofl.runtime.plan import TrainingConfig, plan_silos
 from silofl.runtime.simulator import simulate
 from silofl.training import selection
 from silofl.training.dpsgd import GradientRule
-from silofl.training.trainer import LocalTrainer, SiloArrays
+from silofl.training.silo_data import SiloArrays
+from silofl.training.trainer import LocalTrainer
 
 NEW = ("finetune", "ditto", "mocha", "ifca", "ifca_local", "ifca_finetune", "ifca_mrmtl")
 IFCAS = ("ifca", "ifca_local", "ifca_finetune", "ifca_mrmtl")

@@ -32,7 +32,8 @@ from silofl.runtime.plan import TrainingConfig, plan_silos
 from silofl.runtime.simulator import simulate
 from silofl.training import dpsgd
 from silofl.training.dpsgd import GradientRule
-from silofl.training.trainer import LocalTrainer, SiloArrays
+from silofl.training.silo_data import SiloArrays
+from silofl.training.trainer import LocalTrainer
 
 # dp_accounting logs a warning for every fractional order it cannot evaluate
 logging.getLogger("absl").setLevel(logging.ERROR)

@@ -41,7 +41,7 @@ from silofl.privacy.targets import PrivacyTarget
 from silofl.runtime.plan import TrainingConfig
 from silofl.runtime.simulator import simulate
 from silofl.training.sampling import poisson_batches
-from silofl.training.trainer import SiloArrays
+from silofl.training.silo_data import SiloArrays
 from silofl.tuning import distributions as D
 from silofl.tuning.private import score_sigma
 

@@ -31,7 +31,7 @@ from silofl.privacy.randomness import Randomness
 from silofl.privacy.targets import PrivacyTarget
 from silofl.runtime.plan import TrainingConfig
 from silofl.runtime.simulator import simulate
-from silofl.training.trainer import SiloArrays
+from silofl.training.silo_data import SiloArrays
 
 
 @pytest.fixture(scope="module")

@@ -220,7 +220,7 @@ def test_fixed_runs_unchanged_by_the_coordinate_seam():
     from silofl.privacy.ledger import Ledger
     from silofl.privacy.randomness import Randomness
     from silofl.training.dpsgd import GradientRule
-    from silofl.training.trainer import SiloArrays
+    from silofl.training.silo_data import SiloArrays
     fed = _fed(sizes=(30, 40), task="binary", dim=3)
     model = _model(fed, "logistic")
 

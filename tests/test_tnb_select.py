@@ -154,7 +154,8 @@ def test_refused_over_budget_charges_nothing():
     from silofl.privacy.targets import PrivacyTarget
     from silofl.runtime.plan import plan_silos
     from silofl.training.dpsgd import GradientRule
-    from silofl.training.trainer import LocalTrainer, SiloArrays
+    from silofl.training.silo_data import SiloArrays
+    from silofl.training.trainer import LocalTrainer
     fed, alg, cfg, model = _sub_neg()
     plans = plan_silos(fed, alg, cfg)
     ledgers = [Ledger(p.name, PrivacyTarget(p.target.epsilon if k else 0.5, 1e-4), "rdp")

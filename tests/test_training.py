@@ -19,7 +19,8 @@ from silofl.privacy.targets import PrivacyTarget
 from silofl.runtime.plan import TrainingConfig, plan_silos
 from silofl.training.dpsgd import GradientRule, scale
 from silofl.training.sampling import poisson_batches
-from silofl.training.trainer import LocalTrainer, SiloArrays
+from silofl.training.silo_data import SiloArrays
+from silofl.training.trainer import LocalTrainer
 
 
 def _draw(n, q, reps, rng):

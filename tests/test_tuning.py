@@ -173,7 +173,8 @@ def _steps(fed, alg, cfg, model):
     """Run the algorithm by hand (as the simulator does) and return the final silo state."""
     from silofl.runtime.job import open_job
     from silofl.training.dpsgd import GradientRule
-    from silofl.training.trainer import LocalTrainer, SiloArrays
+    from silofl.training.silo_data import SiloArrays
+    from silofl.training.trainer import LocalTrainer
     plans = plan_silos(fed, alg, cfg)
     ledgers = None
     if cfg.private:

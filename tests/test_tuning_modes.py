@@ -128,7 +128,8 @@ def test_subsample_refused_over_budget_charges_nothing():
     cannot pay stops the run before any row is read, and no ledger holds an entry."""
     from silofl.privacy.ledger import Ledger
     from silofl.training.dpsgd import GradientRule
-    from silofl.training.trainer import LocalTrainer, SiloArrays
+    from silofl.training.silo_data import SiloArrays
+    from silofl.training.trainer import LocalTrainer
     fed, alg, cfg, model = _sub()
     from silofl.runtime.plan import plan_silos
     plans = plan_silos(fed, alg, cfg)

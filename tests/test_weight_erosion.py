@@ -36,7 +36,8 @@ from silofl.privacy.budget import BudgetStore
 from silofl.privacy.targets import PrivacyTarget
 from silofl.runtime.plan import TrainingConfig, plan_silos
 from silofl.runtime.simulator import simulate
-from silofl.training.trainer import LocalTrainer, SiloArrays
+from silofl.training.silo_data import SiloArrays
+from silofl.training.trainer import LocalTrainer
 
 logging.getLogger("absl").setLevel(logging.ERROR)
 

@@ -31,7 +31,7 @@ from silofl.privacy.node_level import NodeLevelDpEvent, calibrate_node_sigma, no
 from silofl.privacy.targets import PrivacyTarget
 from silofl.runtime.plan import TrainingConfig, plan_silos
 from silofl.runtime.simulator import simulate
-from silofl.training.trainer import SiloArrays
+from silofl.training.silo_data import SiloArrays
 
 REF = Path(__file__).parent / "data"
 runner = CliRunner()

@@ -37,7 +37,8 @@ from silofl.training import selection
 from silofl.training import trainer as TR
 from silofl.training.dpsgd import GradientRule
 from silofl.training.sampling import NODE_LABEL, NodeUnit
-from silofl.training.trainer import LocalTrainer, SiloArrays
+from silofl.training.silo_data import SiloArrays
+from silofl.training.trainer import LocalTrainer
 
 T_DAYS = 40
 

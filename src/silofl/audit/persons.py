@@ -45,7 +45,7 @@ from silofl.runtime.plan import plan_silos
 from silofl.runtime.simulator import simulate
 from silofl.runtime.sources import training_source
 from silofl.training.persons import PersonIndex, PersonSource
-from silofl.training.trainer import SiloArrays
+from silofl.training.silo_data import SiloArrays
 
 #: rows per canary person when not given: each canary draws r uniformly in [3, 8]
 DEFAULT_ROWS = (3, 8)

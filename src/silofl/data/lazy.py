@@ -200,7 +200,7 @@ class LazyRows:
 
 
 class LazySource:
-    """The trainer's data source over lazy silos (`silofl.training.trainer.SiloSource`):
+    """The trainer's data source over lazy silos (`silofl.training.silo_data.SiloSource`):
     ``n`` (K,) and ``gather(silos, idx)``, reading only the indexed rows.
 
     Parameters

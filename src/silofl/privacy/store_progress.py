@@ -25,6 +25,7 @@ class BudgetStore(Protocol):
 
     _db: sqlite3.Connection
     path: Path | None
+    _silo_ids: dict[str, int]  # silo name → row id, remembered across rounds
 
     @property
     def _error(self) -> type[Exception]: ...

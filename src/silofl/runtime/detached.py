@@ -55,7 +55,8 @@ class DetachedJob(Job):
         """Several ledgers' charges of one round (`ledger.charge_all`), logged like
         `_progress`: a detached job has no store for `Job`'s one transaction."""
         for hook, event, round, label in charges:
-            self._progress(*hook.args, event, round, label)
+            method, silo = hook.args  # the ledger's hook: partial(_progress, method, silo)
+            self._progress(method, silo, event, round, label)
 
     @property
     def scratch(self) -> bool:

@@ -14,7 +14,7 @@ from silofl.data.federation import Silo
 from silofl.data.lazy import LazyRows, LazySource, is_lazy
 from silofl.errors import ConfigError
 from silofl.training.persons import PersonIndex, PersonSource
-from silofl.training.trainer import SiloArrays
+from silofl.training.silo_data import SiloArrays
 
 
 def require_persons(silos: list[Silo]) -> None:
