@@ -11,6 +11,7 @@ file charged to a fresh lifetime store (--scratch: none); then checks that the t
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import math
 import tempfile
@@ -58,7 +59,11 @@ def main() -> None:
     ap.add_argument("--config", type=Path, default=CONFIG)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--runs", type=int, default=16, help="keep the first N runs of the grid "
-                    "(by trimming seeds and ε; 0 = the whole grid)")
+                    "(by trimming seeds, then learning rates, λ, ε and methods; 0 = the "
+                    "whole grid)")
+    ap.add_argument("--rounds", type=int, default=0, help="override [training] rounds")
+    ap.add_argument("--json", type=Path, metavar="PATH",
+                    help="also write the printed figures to PATH (JSON)")
     ap.add_argument("--scratch", action="store_true", help="no lifetime store (each run on "
                     "its own scratch store)")
     args = ap.parse_args()
@@ -68,12 +73,15 @@ def main() -> None:
     if raw["data"].get("path"):
         raw["data"]["path"] = str((args.config.parent / raw["data"]["path"]).resolve())
     raw["privacy"] = dict(raw.get("privacy", {}), noise="seeded")  # comparable across engines
+    if args.rounds:
+        raw["training"] = dict(raw.get("training", {}), rounds=args.rounds)
     if args.runs:
         sw = raw["sweep"]
         sw["seeds"] = sw.get("seeds", [0])[:1]
-        while len(expand(sweep_config_from_dict(raw, args.config.parent))) > args.runs and \
-                len(sw.get("lr", [0.1])) > 1:
-            sw["lr"] = sw["lr"][:-1]
+        for key in ("lr", "lam", "epsilon", "methods"):  # the first kept: its order matters
+            while len(expand(sweep_config_from_dict(raw, args.config.parent))) > args.runs \
+                    and isinstance(sw.get(key), list) and len(sw[key]) > 1:
+                sw[key] = sw[key][:-1]
     n = len(expand(sweep_config_from_dict(raw, args.config.parent)))
     print(f"{args.config.name}: {n} runs, workers = {args.workers}, "
           f"{'scratch stores' if args.scratch else 'a lifetime store'}")
@@ -85,12 +93,21 @@ def main() -> None:
                                        args.scratch)
             print(f"  {engine:5s} workers={w}: {out[(engine, w)][0]:6.1f} s")
         base = out[("local", 1)]
-        for key in rows[1:]:
+        figures: dict = {"config": args.config.name, "runs": n, "workers": args.workers,
+                         "lifetime_store": not args.scratch, "engines": []}
+        for key in rows:
             secs, recs, spent = out[key]
             same = _same(base[1], recs)
             charges = all(math.isclose(spent[s], base[2][s], rel_tol=1e-12) for s in base[2])
-            print(f"  {key[0]} ×{key[1]} vs local ×1: {base[0] / secs:.2f}× speed, results "
-                  f"{'equal' if same else 'DIFFER'}, charges {'equal' if charges else 'DIFFER'}")
+            figures["engines"].append({"engine": key[0], "workers": key[1], "seconds": secs,
+                                       "speed_vs_local1": base[0] / secs,
+                                       "same_results": same, "same_charges": charges})
+            if key != rows[0]:
+                print(f"  {key[0]} ×{key[1]} vs local ×1: {base[0] / secs:.2f}× speed, "
+                      f"results {'equal' if same else 'DIFFER'}, charges "
+                      f"{'equal' if charges else 'DIFFER'}")
+        if args.json:
+            args.json.write_text(json.dumps(figures, indent=1))
 
 
 if __name__ == "__main__":
