@@ -62,6 +62,8 @@ def main() -> None:
                     "(by trimming seeds, then learning rates, λ, ε and methods; 0 = the "
                     "whole grid)")
     ap.add_argument("--rounds", type=int, default=0, help="override [training] rounds")
+    ap.add_argument("--no-local-n", action="store_true",
+                    help="skip the local engine with N processes (local ×1 and Ray only)")
     ap.add_argument("--json", type=Path, metavar="PATH",
                     help="also write the printed figures to PATH (JSON)")
     ap.add_argument("--scratch", action="store_true", help="no lifetime store (each run on "
@@ -86,7 +88,8 @@ def main() -> None:
     print(f"{args.config.name}: {n} runs, workers = {args.workers}, "
           f"{'scratch stores' if args.scratch else 'a lifetime store'}")
     with tempfile.TemporaryDirectory() as tmp:
-        rows = [("local", 1), ("local", args.workers), ("ray", args.workers)]
+        rows = [("local", 1)] + [("local", args.workers)] * (not args.no_local_n) + [
+            ("ray", args.workers)]
         out = {}
         for engine, w in rows:
             out[(engine, w)] = _sweep(raw, Path(tmp) / f"{engine}-{w}", engine, w,
