@@ -205,8 +205,10 @@ def paired(rounds: int, pairs: int, old_src: str) -> dict:
             cmd = [sys.executable, __file__, "--worker", "--rounds", str(rounds)]
             res = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True)
             got[tree].append(json.loads(res.stdout.strip().splitlines()[-1]))
-    print(f"Paired runs, Vehicle-like, {rounds} rounds, {pairs} old/new process pairs "
-          f"(old = {old_src}); simulate() seconds, median [min–max]:")
+    which = (f"{pairs} old/new process pairs (old = {old_src})" if old_src else
+             f"{pairs} processes of this tree")
+    print(f"Paired runs, Vehicle-like, {rounds} rounds, {which}; simulate() seconds, "
+          "median [min–max]:")
 
     def stat(xs: list[float]) -> str:
         return f"{np.median(xs):.3f} [{min(xs):.3f}–{max(xs):.3f}]"
