@@ -247,22 +247,3 @@ def test_a_bad_cluster_address_is_a_specific_error(tmp_path):
     r = CliRunner().invoke(app, ["sweep", str(cfg), "-q", "--engine", "local"])
     assert r.exit_code == 2 and "names a Ray cluster" in r.output
     assert not (tmp_path / "results.jsonl").exists()
-
-
-def test_the_worker_job_logs_a_batched_charge_instead_of_writing_the_store(tmp_path):
-    """`ledger.charge_all` hands a job's ledgers' charges over in one batch (`_progress_many`):
-    on a worker they are logged per silo, as single charges are — the worker holds no store."""
-    from silofl.privacy.ledger import charge_all
-    sc = load_sweep_config(_config(tmp_path, engine="ray"))
-    prep = S.prepare(sc)
-    S.preflight(sc, prep)
-    spec = next(s for s in S.expand(sc) if s.private)
-    plans = S.calibrate_all(sc, prep, [spec])
-    job = S.reserve_run(sc, spec, prep, plans, {})
-    worker = pickle.loads(pickle.dumps(detach(job)))
-    method, ps = next(iter(job.planned.items()))
-    leds = worker.ledgers(method)
-    charge_all(leds, [p.declared for p in ps], round=0, label="plan")
-    assert sorted(worker.log) == sorted(
-        (p.name, method, "plan", events.to_json(p.declared), 1) for p in ps)
-    job.store.settle(job.run_id, [], status="failed")  # tidy: nothing was read

@@ -50,12 +50,6 @@ class DetachedJob(Job):
             hit = self._json[id(event)] = (event, events.to_json(event))
         self.counts[(silo, method, label, hit[1])] += 1
 
-    def _progress_many(self, charges: list[tuple]) -> None:
-        """Several ledgers' charges (`ledger.charge_all`), logged like `_progress`: the
-        base class would write them to the store this job does not hold."""
-        for hook, event, round, label in charges:
-            self._progress(*hook.args, event, round, label)
-
     @property
     def scratch(self) -> bool:
         return False  # charged to the lifetime store its reserving process holds
