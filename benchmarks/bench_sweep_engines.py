@@ -58,9 +58,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--config", type=Path, default=CONFIG)
     ap.add_argument("--workers", type=int, default=2)
-    ap.add_argument("--runs", type=int, default=16, help="keep the first N runs of the grid "
-                    "(by trimming seeds, then learning rates, λ, ε and methods; 0 = the "
-                    "whole grid)")
+    ap.add_argument("--runs", type=int, default=18, help="keep the first N runs of the grid "
+                    "(by trimming seeds, lr, ε, λ and methods; 0 = the whole grid)")
     ap.add_argument("--rounds", type=int, default=0, help="override [training] rounds")
     ap.add_argument("--no-local-n", action="store_true",
                     help="skip the local engine with N processes (local ×1 and Ray only)")
@@ -80,9 +79,9 @@ def main() -> None:
     if args.runs:
         sw = raw["sweep"]
         sw["seeds"] = sw.get("seeds", [0])[:1]
-        for key in ("lr", "lam", "epsilon", "methods"):  # the first kept: its order matters
+        for key in ("lr", "epsilon", "lam", "methods"):  # trim each to one value, in order
             while len(expand(sweep_config_from_dict(raw, args.config.parent))) > args.runs \
-                    and isinstance(sw.get(key), list) and len(sw[key]) > 1:
+                    and len(sw.get(key, [0])) > 1:
                 sw[key] = sw[key][:-1]
     n = len(expand(sweep_config_from_dict(raw, args.config.parent)))
     print(f"{args.config.name}: {n} runs, workers = {args.workers}, "

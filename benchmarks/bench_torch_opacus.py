@@ -258,6 +258,9 @@ def main() -> None:
                        "noise": args.noise, "rows": [
                            dict(r, batch=CASES[r["case"].split()[0]].batch) for r in rows]},
                       fh, indent=1)
+    if args.quick:  # 2 steps of batch 16 time start-up, not throughput
+        print("--quick is a smoke run (batch 16, 2 steps, 2 pairs): its ratios are not the "
+              "documented figures; run without --quick for those")
 
 
 if __name__ == "__main__":

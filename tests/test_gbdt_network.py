@@ -104,7 +104,7 @@ def test_network_run_equals_simulator_charges_and_saved_models(tmp_path, trees):
     fed = load_heart_disease(seed=0).with_targets(PrivacyTarget(1.0, DELTA))
     assert [s.name for s in fed.silos] == list(silos)
     leds = [Ledger(s.name, s.target, accountant_kind(job["accountant"])) for s in fed.silos]
-    sim = train_dp_gbdt(fed, **trees, seed=job["seed"], ledgers=leds)
+    sim = train_dp_gbdt(fed, **trees, seed=job["seed"], ledgers=leds, noise="seeded")
     _same_trees(srv.gbdt.server.ensemble, sim.ensemble)
     for k, (n, s) in enumerate(silos.items()):
         _same_trees(s.gbdt.silo.shared_ensemble, sim.ensemble)  # each silo got the model
@@ -252,7 +252,7 @@ def test_flower_loop_with_a_fresh_silo_program_per_message_equals_simulator(tmp_
     fed = load_heart_disease(seed=0).with_targets(PrivacyTarget(1.0, DELTA))
     leds = [Ledger(s.name, s.target, accountant_kind(srv.job["accountant"]))
             for s in fed.silos]
-    sim = train_dp_gbdt(fed, **trees, seed=srv.job["seed"], ledgers=leds)
+    sim = train_dp_gbdt(fed, **trees, seed=srv.job["seed"], ledgers=leds, noise="seeded")
     _same_trees(srv.gbdt.server.ensemble, sim.ensemble)
     for k, (n, p) in enumerate(w["silos"].items()):
         cfg = load_silo_config(p)
@@ -317,7 +317,7 @@ def test_a_restarted_server_resumes_from_its_checkpoint(tmp_path, trees, stop):
     fed = load_heart_disease(seed=0).with_targets(PrivacyTarget(1.0, DELTA))
     leds = [Ledger(s.name, s.target, accountant_kind(again.job["accountant"]))
             for s in fed.silos]
-    sim = train_dp_gbdt(fed, **trees, seed=again.job["seed"], ledgers=leds)
+    sim = train_dp_gbdt(fed, **trees, seed=again.job["seed"], ledgers=leds, noise="seeded")
     _same_trees(again.gbdt.server.ensemble, sim.ensemble)
     if trees.get("shrink"):  # τ² from the per-silo sums the checkpoint kept
         for k, s in enumerate(silos.values()):
@@ -347,7 +347,7 @@ def test_superlink_route_clientapp_per_message_equals_simulator(tmp_path):
     fed = load_heart_disease(seed=0).with_targets(PrivacyTarget(1.0, DELTA))
     leds = [Ledger(s.name, s.target, accountant_kind(srv.job["accountant"]))
             for s in fed.silos]
-    sim = train_dp_gbdt(fed, **trees, seed=srv.job["seed"], ledgers=leds)
+    sim = train_dp_gbdt(fed, **trees, seed=srv.job["seed"], ledgers=leds, noise="seeded")
     _same_trees(load_ensemble(Path(srv.cfg.release_dir) / "gbdt.json"), sim.ensemble)
     for k, p in enumerate(w["silos"].values()):
         folder = Path(load_silo_config(p).release_dir)

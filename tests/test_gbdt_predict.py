@@ -243,7 +243,7 @@ def test_superlink_route_saves_predictable_folders(tmp_path):
     fed = load_heart_disease(seed=0).with_targets(PrivacyTarget(1.0, DELTA))
     leds = [Ledger(s.name, s.target, accountant_kind(srv.job["accountant"]))
             for s in fed.silos]
-    sim = train_dp_gbdt(fed, **trees, seed=srv.job["seed"], ledgers=leds)
+    sim = train_dp_gbdt(fed, **trees, seed=srv.job["seed"], ledgers=leds, noise="seeded")
     X = np.vstack([s.X_test for s in fed.silos])
     shared = load_run(srv.cfg.release_dir).predictor(release.SHARED).predict(X)
     np.testing.assert_allclose(shared, sim.ensemble.predict(X), rtol=0, atol=1e-6)

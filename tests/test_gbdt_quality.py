@@ -134,7 +134,7 @@ def test_shrunk_leaf_is_the_minimiser_and_has_the_right_limits():
 def test_personal_leaves_are_free_and_interpolate_local_to_shared():
     from sklearn.metrics import roc_auc_score
     T, D = 6, 2
-    kw = dict(trees=T, depth=D, lr=0.5, seed=2, splits="histogram")
+    kw = dict(trees=T, depth=D, lr=0.5, seed=2, splits="histogram", noise="seeded")
     base = train_dp_gbdt(_fed(n=2000, eps=4.0, flip_last=True), **kw)
     counts = [led.spent_counts() for led in base.ledgers]
     runs = {mu: train_dp_gbdt(_fed(n=2000, eps=4.0, flip_last=True), shrink=mu, **kw)
@@ -208,9 +208,9 @@ def test_auto_bins_follow_rows_over_noise():
 def test_personal_leaves_keep_each_silos_local_trees():
     fed = _fed(n=300, k=2)
     res = train_dp_gbdt(fed, trees=4, depth=2, splits="histogram", local_trees=2,
-                        shrink=np.inf, seed=5)
+                        shrink=np.inf, seed=5, noise="seeded")
     plain = train_dp_gbdt(_fed(n=300, k=2), trees=4, depth=2, splits="histogram",
-                          local_trees=2, seed=5)
+                          local_trees=2, seed=5, noise="seeded")
     assert res.personal is not None and plain.personal is not None
     for own, ref in zip(res.personal, plain.personal, strict=True):
         assert len(own.trees) == 6  # 4 shared (μ = ∞: unchanged) + its 2 local trees

@@ -174,7 +174,7 @@ def train_dp_gbdt(fed: Federation, *, trees: int | None = None, depth: int | Non
                   unit: str = "example", edges: np.ndarray | None = None,
                   noise_multipliers: list[float] | None = None, bins: str = "schema",
                   bins_share: float = 0.1, shrink: float | str | None = None,
-                  noise: str = "seeded", noise_scale: float = 1.0,
+                  noise: str = "secure", noise_scale: float = 1.0,
                   observe: Callable[[GbdtRelease], None] | None = None) -> GbdtResult:
     """Train a DP federated GBDT; every silo spends at most its own (ε_k, δ_k).
 
@@ -250,9 +250,11 @@ def train_dp_gbdt(fed: Federation, *, trees: int | None = None, depth: int | Non
         Personal leaves (`silofl.algorithms.gbdt_personal`, free post-processing, each
         silo computing its own): μ ≥ 0 pulls its leaves towards the shared ones;
         ``personal`` gets them.
-    noise : {"seeded", "secure"}
-        The silos' streams: reproducible from `seed`, or the CSPRNG of
-        `silofl.privacy.randomness` (`gbdt_programs.noise_stream`).
+    noise : {"secure", "seeded"}, default "secure"
+        The silos' streams: the CSPRNG of `silofl.privacy.randomness`
+        (`gbdt_programs.noise_stream`; the default: a private run's noise must not follow
+        from a public seed), or "seeded", reproducible from `seed` (experiments only, not
+        a privacy guarantee). The non-private mode (private = False) draws nothing secret.
     noise_scale : float
         Auditing only, never set by a run (the audit self-test's broken variant "noise
         off" sets 0): the released noise is σ_k·noise_scale while the ledgers charge σ_k.
@@ -291,8 +293,9 @@ def train_dp_gbdt(fed: Federation, *, trees: int | None = None, depth: int | Non
               for led, g in zip(leds, given, strict=True)]
     server_rng, silo_rngs, local_rngs = program_rngs(seed, fed.num_silos)
     names = list(fed.feature_names) or None
-    silos = [GbdtSilo(st, s.X_train, s.y_train, sig, led, noise_stream(noise, rng), s.name,
-                      bounds=b)
+    # non-private (σ = 0): no noise; its row subsample stays reproducible from the seed
+    silos = [GbdtSilo(st, s.X_train, s.y_train, sig, led,
+                      noise_stream(noise if private else "seeded", rng), s.name, bounds=b)
              for s, led, sig, rng in zip(fed.silos, leds, sigmas, silo_rngs, strict=True)]
     for silo in silos:  # auditing only: the released noise, never the charged σ
         silo.noise_scale = noise_scale

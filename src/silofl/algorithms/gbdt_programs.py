@@ -113,6 +113,10 @@ def _apply_level(feature: np.ndarray, threshold: np.ndarray, level: int, chosen:
     threshold[nodes] = np.where(split, edges[chosen, np.minimum(k_bin, B - 1) - 1], np.inf)
 
 
+#: `GbdtSilo.expect` after its last MODEL message: no message matches it
+DONE = (0, -1, -1)
+
+
 def _heap(depth: int) -> tuple[np.ndarray, np.ndarray]:
     n = 2 ** (depth + 1) - 1
     return np.full(n, -1, dtype=np.int32), np.full(n, np.inf)
@@ -437,7 +441,8 @@ class GbdtSilo:
             self._finish_tree(ask.leaves)
         if ask.op == OP_MODEL:
             self._model(ask)
-            self.expect = self._first(ask.tree)
+            # after the last MODEL nothing more is answered (no tree beyond the plan)
+            self.expect = self._first(ask.tree) if ask.tree < self.end else DONE
             return None
         what = self.cost(ask) if self.ledger is not None else None
         if what is not None and self.ledger is not None:

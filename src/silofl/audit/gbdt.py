@@ -91,7 +91,7 @@ COLUMN_PREFIX = "_audit_"
 #: the neighbouring relation of the trees' claim (example level, add/remove one row)
 ADJACENCY = "add/remove one training record of the audited silo (example level)"
 #: train_dp_gbdt keywords the audit owns
-_RESERVED = ("seed", "private", "observe", "noise_scale", "bounds")
+_RESERVED = ("seed", "private", "observe", "noise_scale", "bounds", "noise")
 #: cyclic splits: default canaries ≤ this × the canary-only leaves C·(B − 1) (each leaf
 #: gives two equations, Σg and Σh; each canary sits in C leaves)
 CYCLIC_PER_LEAF = 2
@@ -196,6 +196,19 @@ def with_columns(fed: Federation, columns: int, order: np.ndarray | None = None)
     return replace(fed, silos=silos, feature_names=names, meta=dict(fed.meta))
 
 
+def _canary_persons(ids: np.ndarray | None, k: int) -> np.ndarray | None:
+    """`ids` with k fresh person ids appended, one per canary row (a job with a
+    `[data] person_column` keeps one id per row; trees are per-row DP, so each canary
+    is its own person); None stays None."""
+    if ids is None:
+        return None
+    if ids.dtype.kind in "iu":  # int ids: above every real one
+        start = int(ids.max()) + 1 if ids.size else 0
+        return np.concatenate([ids, np.arange(start, start + k, dtype=ids.dtype)])
+    new = np.array([f"__silofl_canary_{j}" for j in range(k)], dtype=object)
+    return np.concatenate([ids.astype(object), new])
+
+
 def _insert(fed: Federation, silo: str, X: np.ndarray, y: np.ndarray,
             included: np.ndarray) -> Federation:
     inc = np.asarray(included, bool)
@@ -203,7 +216,8 @@ def _insert(fed: Federation, silo: str, X: np.ndarray, y: np.ndarray,
     for s in fed.silos:
         if s.name == silo:
             s = replace(s, X_train=np.vstack([s.X_train, X[inc]]),
-                        y_train=np.concatenate([s.y_train, y[inc].astype(s.y_train.dtype)]))
+                        y_train=np.concatenate([s.y_train, y[inc].astype(s.y_train.dtype)]),
+                        person_train=_canary_persons(s.person_train, int(inc.sum())))
         silos.append(s)
     return replace(fed, silos=silos, meta=dict(fed.meta))
 
@@ -233,13 +247,15 @@ def _claim(result: GbdtResult, k: int) -> Claim:
 class GbdtMechanism:
     """The engine's plug-in for `train_dp_gbdt` on `fed` with `kwargs` (its settings,
     resolved as the job resolves them: `job_settings`); `noise_scale` is the self-test's
-    broken variant (0: noise off, the claim unchanged)."""
+    broken variant (0: noise off, the claim unchanged); `noise` is the training's noise
+    ("seeded" when the audit is seeded, so its verdict reproduces; else "secure")."""
 
     fed: Federation
     bounds: np.ndarray
     kwargs: dict[str, Any]
     seed: int
     noise_scale: float = 1.0
+    noise: str = "secure"
     runs: int = 0
     settings: ScoreSettings = field(init=False)
     n_bins: int = field(init=False)
@@ -299,7 +315,7 @@ class GbdtMechanism:
 
     def _train(self, fed: Federation, seed: int) -> tuple[GbdtResult, list[GbdtRelease]]:
         seen: list[GbdtRelease] = []
-        result = train_dp_gbdt(fed, bounds=self._bounds(fed), seed=seed,
+        result = train_dp_gbdt(fed, bounds=self._bounds(fed), seed=seed, noise=self.noise,
                                noise_scale=self.noise_scale, observe=seen.append,
                                **self.kwargs)
         return result, seen
@@ -418,7 +434,8 @@ def audit_gbdt(fed: Federation, *, silo: str | None = None, canaries: int | None
     confidence : float
         Family-wise confidence of the lower bounds, in [0.5, 1).
     seed : int, optional
-        Seeds the canaries, the coins and the training job (default: OS entropy).
+        Seeds the canaries, the coins and the training job, whose noise is then seeded
+        (default: OS entropy, secure noise).
     bounds : (2,) or (d, 2) array-like
         The declared feature bounds, as `train_dp_gbdt` takes them.
     **trees
@@ -452,7 +469,8 @@ def _audit(fed: Federation, *, silo: str | None, canaries: int | None, kind: str
     names = [fed.silo(silo).name] if silo is not None else fed.names
     rng = np.random.default_rng(seed)
     b = _bounds(bounds, fed.dim)
-    mech = GbdtMechanism(fed, b, dict(trees), int(rng.integers(2 ** 31)), noise_scale)
+    mech = GbdtMechanism(fed, b, dict(trees), int(rng.integers(2 ** 31)), noise_scale,
+                         noise="secure" if seed is None else "seeded")
     if kind == "one-run":
         rows, _p, _job = one_run(mech, names, canaries, confidence, rng)
         what = (f"one run: {rows[0].details['canaries']} tree canaries per audited silo, "

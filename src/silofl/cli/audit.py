@@ -62,7 +62,7 @@ def audit(config: Path | None = typer.Option(None, "--config", "-c",
     canaries, scratch store), printing a rigorous lower bound, an estimate and the
     smallest true ε the audit detects; exit 3 on a violation. The audit job uses
     the silos' data: it is charged to their budgets (or a scratch store, marked so)."""
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from silofl.audit import audit as run_audit
     from silofl.audit import write_audit
@@ -74,8 +74,8 @@ def audit(config: Path | None = typer.Option(None, "--config", "-c",
         _check_options(cfg, self_test, view, kind, runs, canaries)
         if self_test:
             return _self_test(cfg, dest, silo, canaries, confidence, quiet)
-        with Progress(TextColumn("audit"), BarColumn(), TextColumn("{task.completed}/"
-                      "{task.total} jobs"), TimeElapsedColumn(), console=err,
+        with Progress(TextColumn("audit"), BarColumn(), MofNCompleteColumn(),  # "0/?" until known
+                      TextColumn("jobs"), TimeElapsedColumn(), console=err,
                       disable=quiet, transient=False) as prog:
             task = prog.add_task("audit", total=None)
 

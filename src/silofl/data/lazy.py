@@ -283,8 +283,12 @@ def _batches(path: Path) -> Iterator[Any]:
         yield from dataset.to_batches(batch_size=BATCH_ROWS, batch_readahead=1,
                                       fragment_readahead=1)
     except (OSError, ValueError) as e:
+        text = path.name.lower().endswith((".csv", ".csv.gz", ".tsv", ".txt"))
+        hint = ("[data] lazy = true reads Parquet only: convert the table (e.g. "
+                "pandas.read_csv(...).to_parquet(...)) or set lazy = false" if text
+                else "check it is Parquet")
         raise DataError(f"cannot read the Parquet dataset {str(path)!r}: "
-                        f"{type(e).__name__}; check it is Parquet") from None
+                        f"{type(e).__name__}; {hint}") from None
 
 
 class _Writer:

@@ -386,6 +386,15 @@ class SavedRun:
             if s["name"] == silo:
                 verify_entry(self.path / "models" / label, s, silo, label)
                 return man, s, self.path / "models" / label
+        if silo == "shared" and man.get("shared"):  # a run directory: no card for it
+            raise ConfigError(
+                f"'shared' is not a silo of method {label!r} in {self.path}: a `silofl run` "
+                f"directory keeps the server's model as models/{label}/{man['shared']}"
+                + (f" and {man['shared_xgboost']}" if man.get("shared_xgboost") else "") + " "
+                f"(SavedRun.shared({label!r}) in Python), without a card or preprocessing "
+                "of its own; score with a silo's model (--silo one of "
+                f"{', '.join(repr(s['name']) for s in man['silos'])}). --silo shared is "
+                "for a deployed silo's or server's folder")
         _choose("silo", silo, [s["name"] for s in man["silos"]])
 
     def model_card(self, silo: str, method: str | None = None) -> dict:

@@ -134,9 +134,11 @@ def baseline_line(rep) -> str | None:
     others = [r for r in res if r.method.get("name") not in ("local", "fedavg")]
     if not others:
         return None
-    if "local" not in names or "fedavg" not in names:
-        return ("add \"local\" and \"fedavg\" to training.methods to see the baseline a "
-                "personalized method must beat (the better of the two)")
+    missing = [m for m in ("local", "fedavg") if m not in names]
+    if missing:  # name only what the job lacks
+        add = " and ".join(f'"{m}"' for m in missing)
+        return (f"add {add} to training.methods to see the baseline a personalized "
+                "method must beat (the better of local and fedavg)")
     metric = res[0].metric
     higher = HIGHER_IS_BETTER[metric]
     base = [r for r in res if r.method.get("name") in ("local", "fedavg")]

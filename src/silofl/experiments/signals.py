@@ -6,6 +6,9 @@ and how to continue.
 reservation to what executed (never below what the store recorded) and keeps the
 checkpoint. The exception then carries `InterruptInfo`, from which the command prints the
 charge and the resume command, and exits 130 (SIGINT) or 143 (SIGTERM).
+
+A signal never splits a charge: while one is being recorded (`privacy.critical`), both
+handlers only note the signal, and it is raised right after the charge is complete.
 """
 
 from __future__ import annotations
@@ -14,6 +17,8 @@ import signal
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from silofl.privacy import critical
 
 
 class Terminated(KeyboardInterrupt):
@@ -38,20 +43,35 @@ def exit_code(exc: BaseException) -> int:
     return 128 + int(getattr(exc, "signum", signal.SIGINT))
 
 
+def _on_term(signum, frame):
+    if not critical.defer(signum):
+        raise Terminated()
+
+
+def _on_int(signum, frame):
+    if not critical.defer(signum):
+        raise KeyboardInterrupt()
+
+
 @contextmanager
 def terminate_as_interrupt():
-    """While active, SIGTERM raises `Terminated` in the main thread."""
-    def handler(signum, frame):
-        raise Terminated()
+    """While active, SIGTERM raises `Terminated` and SIGINT `KeyboardInterrupt` in the main
+    thread — each deferred to the end of a charge being recorded (`privacy.critical`). A
+    SIGINT that is ignored or handled elsewhere (not Python's default) is left alone."""
     try:
-        old = signal.signal(signal.SIGTERM, handler)
+        old_term = signal.signal(signal.SIGTERM, _on_term)
     except ValueError:  # not the main thread: leave signals alone
         yield
         return
+    old_int = signal.getsignal(signal.SIGINT)
+    if old_int is signal.default_int_handler:
+        signal.signal(signal.SIGINT, _on_int)
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, old)
+        signal.signal(signal.SIGTERM, old_term)
+        if old_int is signal.default_int_handler:
+            signal.signal(signal.SIGINT, old_int)
 
 
 def attach(exc: BaseException, job, run_dir: Path | None, checkpoint: str) -> None:

@@ -128,6 +128,9 @@ class StackedNet:
         ops = _flatten_ops(module)
         if ops is None or len(input_shape) not in (1, 3):
             return None
+        if len(list(module.named_modules(remove_duplicate=False))) != \
+                len(list(module.named_modules())):  # a layer used twice: its repeats are
+            return None  # skipped by named_children, and per-example norms would not add
         covered = {n for op in ops for n in op.params if n}
         if covered != {n for n, _ in module.named_parameters()}:
             return None

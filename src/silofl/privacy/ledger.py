@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 
 from silofl.errors import BudgetExceeded
 from silofl.privacy import accounting, events
+from silofl.privacy.critical import deferred_signals
 from silofl.privacy.targets import PrivacyTarget
 
 if TYPE_CHECKING:
@@ -176,19 +177,20 @@ class Ledger:
         if not self._covered_after(added):
             self._sync()
             self._check(self._spent + added, f"{label} in round {round}")
-        if self.on_charge is not None and not self._batched:
-            self.on_charge(event, round, label)
-        self._pending.append(added)
-        for e, c in added.items():
-            self._slot(e)[1] += c
-        self.entries.append(Entry(round, label, event, self.run_id))
-        if self.path is not None:
-            line = {"silo": self.silo, "round": round, "label": label,
-                    "event": events.to_dict(event)}
-            if self.run_id is not None:
-                line["run"] = self.run_id
-            with open(self.path, "a") as f:
-                f.write(json.dumps(line) + "\n")
+        with deferred_signals():  # store, memory and file: a signal never splits them
+            if self.on_charge is not None and not self._batched:
+                self.on_charge(event, round, label)
+            self._pending.append(added)
+            for e, c in added.items():
+                self._slot(e)[1] += c
+            self.entries.append(Entry(round, label, event, self.run_id))
+            if self.path is not None:
+                line = {"silo": self.silo, "round": round, "label": label,
+                        "event": events.to_dict(event)}
+                if self.run_id is not None:
+                    line["run"] = self.run_id
+                with open(self.path, "a") as f:
+                    f.write(json.dumps(line) + "\n")
 
     def restore(self, entries: list[Entry]) -> None:
         """Take back entries an earlier process of the same run charged (read from this
@@ -239,9 +241,10 @@ def charge_all(ledgers: list[Ledger], evs: list, *, round: int, label: str) -> N
     all the ledgers' `on_charge` hooks share one ``many`` (a job's store: see
     `runtime.job`), the round's charges reach it in one call — one store transaction —
     right after the ledgers recorded them, so the store still hears of every charge
-    before the caller reads data. (Ledgers first: an interrupt between the two leaves
-    the ledgers ahead, and settling counts what they hold; the store alone ahead would
-    settle above the ledger files by up to a round.)
+    before the caller reads data. A SIGINT/SIGTERM arriving meanwhile is raised only
+    after all of it (`privacy.critical`), so the store and the ledger files always agree.
+    (Ledgers first still: an error between the two leaves the ledgers ahead, and settling
+    counts what they hold.)
 
     Parameters
     ----------
@@ -260,11 +263,12 @@ def charge_all(ledgers: list[Ledger], evs: list, *, round: int, label: str) -> N
     many: Callable | None = getattr(pairs[0][0].on_charge, "many", None) if pairs else None
     batched = many is not None and all(
         getattr(led.on_charge, "many", None) == many for led, _ in pairs)
-    for ledger, event in pairs:
-        ledger._batched = batched
-        try:
-            ledger.charge(event, round=round, label=label)
-        finally:
-            ledger._batched = False
-    if many is not None and batched:
-        many([(led.on_charge, event, round, label) for led, event in pairs])
+    with deferred_signals():  # every ledger and the store, or a signal waits until they are
+        for ledger, event in pairs:
+            ledger._batched = batched
+            try:
+                ledger.charge(event, round=round, label=label)
+            finally:
+                ledger._batched = False
+        if many is not None and batched:
+            many([(led.on_charge, event, round, label) for led, event in pairs])

@@ -24,6 +24,7 @@ from typing import Any
 from silofl.errors import PrivacyError
 from silofl.privacy import events
 from silofl.privacy.budget import PlannedCharge
+from silofl.privacy.critical import deferred_signals
 from silofl.runtime.job import Job
 
 #: one charge kind a detached job's ledgers made: (silo, method, label, event JSON, count),
@@ -49,6 +50,12 @@ class DetachedJob(Job):
         if hit is None or hit[0] is not event:
             hit = self._json[id(event)] = (event, events.to_json(event))
         self.counts[(silo, method, label, hit[1])] += 1
+
+    def _progress_many(self, charges: list[tuple]) -> None:
+        """Several ledgers' charges of one round (`ledger.charge_all`), logged like
+        `_progress`: a detached job has no store for `Job`'s one transaction."""
+        for hook, event, round, label in charges:
+            self._progress(*hook.args, event, round, label)
 
     @property
     def scratch(self) -> bool:
@@ -114,12 +121,13 @@ def settle_detached(job: Job, log: list[ChargeRow], *, status: str = "finished")
     BudgetStoreError
         The log exceeds the reservation or the run is no longer reserved.
     """
-    if log:
-        job.store.record_progress(job.run_id, log)
     executed = [PlannedCharge(s, m, label, events.from_json(e), n)
                 for s, m, label, e, n in log]
-    job.store.settle(job.run_id, executed, status=status)
-    job.settled = True
+    with deferred_signals():  # the log is recorded and settled, or a signal waits
+        if log:
+            job.store.record_progress(job.run_id, log)
+        job.store.settle(job.run_id, executed, status=status)
+        job.settled = True
 
 
 def settle_in_full(job: Job, *, status: str) -> None:

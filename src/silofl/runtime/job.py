@@ -34,6 +34,7 @@ from silofl.errors import BudgetExceeded, PrivacyError
 from silofl.io import array_digest
 from silofl.privacy import accounting, events
 from silofl.privacy.budget import BudgetStore, BudgetStoreError, PlannedCharge, new_run_id
+from silofl.privacy.critical import deferred_signals
 from silofl.privacy.ledger import Ledger, silo_file_id
 from silofl.privacy.targets import PrivacyTarget
 
@@ -182,9 +183,11 @@ class Job:
         """Record that the reserved extra charge (`label`) of `silo` is about to execute."""
         for c in self._extra:
             if c.silo == silo and c.label == label:
-                self.store.record_progress(self.run_id, [(c.silo, c.method, c.label,
-                                                          events.to_json(c.event), c.count)])
-                self._extra_done.append(c)
+                with deferred_signals():  # the store and `executed` agree
+                    self.store.record_progress(self.run_id, [(c.silo, c.method, c.label,
+                                                              events.to_json(c.event),
+                                                              c.count)])
+                    self._extra_done.append(c)
                 return
         raise KeyError(f"no reserved {label!r} charge for silo {silo!r}")
 

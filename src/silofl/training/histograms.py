@@ -32,6 +32,7 @@ import dp_accounting as dpa
 import numpy as np
 
 from silofl.errors import ConfigError
+from silofl.privacy.critical import deferred_signals
 from silofl.privacy.ledger import Ledger
 
 
@@ -214,5 +215,6 @@ def charge_all(ledgers: list[Ledger | None], events: list[dpa.DpEvent], round: i
     pairs = [(led, ev) for led, ev in zip(ledgers, events, strict=True) if led is not None]
     for led, ev in pairs:
         led.check(ev, round=round, label=label)
-    for led, ev in pairs:
-        led.charge(ev, round=round, label=label)
+    with deferred_signals():  # all the silos' charges, or a signal waits until they are
+        for led, ev in pairs:
+            led.charge(ev, round=round, label=label)

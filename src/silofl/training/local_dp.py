@@ -19,6 +19,7 @@ import dp_accounting as dpa
 import numpy as np
 
 from silofl.errors import BudgetExceeded
+from silofl.privacy.critical import deferred_signals
 
 if TYPE_CHECKING:  # the trainer imports nothing of this module; annotations only
     from silofl.training.trainer import LocalTrainer
@@ -59,8 +60,9 @@ def charge(trainer: LocalTrainer, clients: np.ndarray, event: dpa.DpEvent, round
         return
     for k in clients:
         trainer.ledgers[k].check(event, round=round, label=label)
-    for k in clients:
-        trainer.ledgers[k].charge(event, round=round, label=label)
+    with deferred_signals():  # all the clients' charges, or a signal waits until they are
+        for k in clients:
+            trainer.ledgers[k].charge(event, round=round, label=label)
 
 
 def local_sgd(trainer: LocalTrainer, W0: np.ndarray, clients: np.ndarray) -> np.ndarray:
