@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import subprocess
 import sys
@@ -212,14 +211,9 @@ def main(argv: list[str] | None = None) -> int:
     print(table(rows))
     a.json.parent.mkdir(parents=True, exist_ok=True)
     a.json.write_text(json.dumps({"machine": machine, "rows": rows, "figures": raw},
-                                 indent=1, default=_finite))
+                                 indent=1, default=str))
     print(f"(written: {a.json})")
     return 1 if any("error" in r for r in rows.values()) else 0
-
-
-def _finite(x: object) -> object:
-    """JSON fallback for objects json cannot write (tuples are lists already)."""
-    return str(x) if not isinstance(x, float) or math.isfinite(x) else None
 
 
 if __name__ == "__main__":
