@@ -178,12 +178,18 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--keep", action="store_true", help="keep the generated data")
     ap.add_argument("--child", default="")
     ap.add_argument("--timeout", type=float, default=1800)
+    ap.add_argument("--files", type=int, default=0, help=f"parts of {ROWS_PER_FILE:,} rows "
+                    f"(--quick: {QUICK['rows_per_file']:,}); default {FILES} (quick "
+                    f"{QUICK['files']}); the in-memory comparison takes up to 5 (quick 20)")
+    ap.add_argument("--json", metavar="PATH", help="also write the table's figures to PATH")
     a = ap.parse_args(argv)
     if a.child:
         child(a.child)
         return {}
     size = QUICK if a.quick else {"rows_per_file": ROWS_PER_FILE, "files": FILES, "d": D,
                                   "memory_files": 5}  # 1M rows, issue 25's measured case
+    if a.files:  # fewer (or more) parts; the in-memory comparison takes at most all of them
+        size = dict(size, files=a.files, memory_files=min(size["memory_files"], a.files))
     root = Path(a.dir)
     t0 = time.perf_counter()
     parts = generate(root / "parts", size["rows_per_file"], size["files"], size["d"])
@@ -213,6 +219,10 @@ def main(argv: list[str] | None = None) -> dict:
         if not a.keep:
             shutil.rmtree(root, ignore_errors=True)
     report(rows, size["d"])
+    if a.json:
+        Path(a.json).write_text(json.dumps(
+            {"d": size["d"], "cases": {k: dict(r, rows=n) for k, (n, r) in rows.items()}},
+            indent=1))
     return rows
 
 

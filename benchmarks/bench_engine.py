@@ -100,7 +100,7 @@ def noise_draws(steps: np.ndarray, num_params: int, rounds: int) -> dict[str, fl
     return out
 
 
-def vehicle(rounds: int) -> None:
+def vehicle(rounds: int) -> dict:
     fed = vehicle_like(seed=0)
     # A target loose enough that σ = 1 for 400 rounds fits: the ledgers still check it.
     fed = fed.with_targets(PrivacyTarget(1e4, 1e-5))
@@ -159,6 +159,8 @@ def vehicle(rounds: int) -> None:
           f"noise draws alone, in the foreground: secure {draws['secure']:.2f} s "
           f"({rounds * used / 1e6:.1f}M values used), seeded {draws['seeded']:.2f} s "
           f"(the full {rounds * full / 1e6:.1f}M)")
+    return {"rounds": rounds, "best_s": best, "ratio_to_nonprivate": ratio,
+            "ledger_s": ledger_s, "noise_draws_s": draws}
 
 
 def _worker(rounds: int, runs: list[str]) -> None:
@@ -187,31 +189,38 @@ def _worker(rounds: int, runs: list[str]) -> None:
     print(json.dumps(out))
 
 
-def paired(rounds: int, pairs: int, old_src: str) -> None:
+def paired(rounds: int, pairs: int, old_src: str) -> dict:
     """Today's main (`old_src` on PYTHONPATH) against this tree, in fresh processes
     interleaved old, new, old, new, … (`pairs` of each); each process times secure DP
     (noise in the foreground, the rule on a 2-core box) and non-private back to back.
-    Prints the median and range of each ratio over the pairs."""
+    Prints the median and range of each ratio over the pairs; an empty `old_src` runs
+    this tree only (its DP / non-private ratios). Returns the figures printed."""
     new_src = str(Path(__file__).resolve().parents[1] / "src")
     runs = ["DP-SGD, secure, foreground", "non-private", "DP-SGD, secure noise"]
     got: dict[str, list[dict]] = {"old": [], "new": []}
     for i in range(pairs):
-        for tree, src in (("old", old_src), ("new", new_src)) if i % 2 == 0 else \
-                (("new", new_src), ("old", old_src)):
+        order = (("old", old_src), ("new", new_src))[::1 if i % 2 == 0 else -1]
+        for tree, src in [t for t in order if t[1]]:
             env = dict(os.environ, PYTHONPATH=src)
             cmd = [sys.executable, __file__, "--worker", "--rounds", str(rounds)]
             res = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True)
             got[tree].append(json.loads(res.stdout.strip().splitlines()[-1]))
-    print(f"Paired runs, Vehicle-like, {rounds} rounds, {pairs} old/new process pairs "
-          f"(old = {old_src}); simulate() seconds, median [min–max]:")
+    which = (f"{pairs} old/new process pairs (old = {old_src})" if old_src else
+             f"{pairs} processes of this tree")
+    print(f"Paired runs, Vehicle-like, {rounds} rounds, {which}; simulate() seconds, "
+          "median [min–max]:")
 
     def stat(xs: list[float]) -> str:
         return f"{np.median(xs):.3f} [{min(xs):.3f}–{max(xs):.3f}]"
 
-    for tree in ("old", "new"):
+    figures: dict = {"rounds": rounds, "pairs": pairs, "old_src": old_src, "ratios": {}}
+    for tree in [t for t in ("old", "new") if got[t]]:
         for label in runs:
             print(f"  {tree} {label:28s} {stat([g[label][0] for g in got[tree]])} s"
                   f"   pooled accuracy {np.median([g[label][1] for g in got[tree]]):.4f}")
+            figures.setdefault("seconds", {})[f"{tree} {label}"] = {
+                "wall": float(np.median([g[label][0] for g in got[tree]])),
+                "cpu": float(np.median([g[label][2] for g in got[tree]]))}
     o, n = got["old"], got["new"]
     fg, np_, bg = runs
     for what, m in (("wall", 0), ("CPU", 2)):
@@ -229,12 +238,16 @@ def paired(rounds: int, pairs: int, old_src: str) -> None:
                  [b[np_][m] / a[np_][m] for a, b in zip(o, n)]),
                 ("new secure DP / old secure DP (foreground)",
                  [b[fg][m] / a[fg][m] for a, b in zip(o, n)])):
-            print(f"    {name:48s} {stat(xs)}")
+            if xs:
+                print(f"    {name:48s} {stat(xs)}")
+                figures["ratios"][f"{name} ({what})"] = {
+                    "median": float(np.median(xs)), "min": min(xs), "max": max(xs)}
     print(f"  (this machine: {os.cpu_count()} CPUs shared with other jobs; load average "
           f"{os.getloadavg()[0]:.1f} at the end: absolute seconds are noisy, ratios less so)")
+    return figures
 
 
-def school_calibration() -> None:
+def school_calibration() -> dict:
     fed = load_school()  # the shipped copy
     sizes = [s.n_train for s in fed.silos]
     accounting.calibrate_dpsgd.cache_clear()
@@ -248,6 +261,7 @@ def school_calibration() -> None:
     print(f"School calibration: {len(sizes)} silos (n_train {min(sizes)}..{max(sizes)}, "
           f"{sum(n <= 32 for n in sizes)} with q = 1), b=32, 200 rounds, ε=1, δ=1e-3: "
           f"{dt:.2f} s (target ≤ 5 s); σ range {min(sig):.2f}..{max(sig):.2f}")
+    return {"silos": len(sizes), "seconds": dt}
 
 
 if __name__ == "__main__":
@@ -256,13 +270,15 @@ if __name__ == "__main__":
     ap.add_argument("--paired", type=int, default=0, metavar="N",
                     help="compare with today's main: N interleaved old/new process pairs")
     ap.add_argument("--old-src", default="/work/main/src",
-                    help="the old code's src directory (for --paired)")
+                    help="the old code's src directory (for --paired; '' = this tree only)")
+    ap.add_argument("--json", type=Path, metavar="PATH",
+                    help="also write the printed figures to PATH as JSON")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.worker:
         _worker(a.rounds, ["DP-SGD, secure, foreground", "non-private", "DP-SGD, secure noise"])
-    elif a.paired:
-        paired(a.rounds, a.paired, a.old_src)
     else:
-        vehicle(a.rounds)
-        school_calibration()
+        figures = ({"paired": paired(a.rounds, a.paired, a.old_src)} if a.paired else
+                   {"vehicle": vehicle(a.rounds), "school_calibration": school_calibration()})
+        if a.json:
+            a.json.write_text(json.dumps(figures, indent=1))

@@ -11,6 +11,7 @@ file charged to a fresh lifetime store (--scratch: none); then checks that the t
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import math
 import tempfile
@@ -58,7 +59,12 @@ def main() -> None:
     ap.add_argument("--config", type=Path, default=CONFIG)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--runs", type=int, default=18, help="keep the first N runs of the grid "
-                    "(by trimming seeds, lr, ε and λ; 0 = the whole grid)")
+                    "(by trimming seeds, lr, ε, λ and methods; 0 = the whole grid)")
+    ap.add_argument("--rounds", type=int, default=0, help="override [training] rounds")
+    ap.add_argument("--no-local-n", action="store_true",
+                    help="skip the local engine with N processes (local ×1 and Ray only)")
+    ap.add_argument("--json", type=Path, metavar="PATH",
+                    help="also write the printed figures to PATH (JSON)")
     ap.add_argument("--scratch", action="store_true", help="no lifetime store (each run on "
                     "its own scratch store)")
     args = ap.parse_args()
@@ -68,10 +74,12 @@ def main() -> None:
     if raw["data"].get("path"):
         raw["data"]["path"] = str((args.config.parent / raw["data"]["path"]).resolve())
     raw["privacy"] = dict(raw.get("privacy", {}), noise="seeded")  # comparable across engines
+    if args.rounds:
+        raw["training"] = dict(raw.get("training", {}), rounds=args.rounds)
     if args.runs:
         sw = raw["sweep"]
         sw["seeds"] = sw.get("seeds", [0])[:1]
-        for key in ("lr", "epsilon", "lam"):  # trim each list to one value, in this order
+        for key in ("lr", "epsilon", "lam", "methods"):  # trim each to one value, in order
             while len(expand(sweep_config_from_dict(raw, args.config.parent))) > args.runs \
                     and len(sw.get(key, [0])) > 1:
                 sw[key] = sw[key][:-1]
@@ -79,19 +87,29 @@ def main() -> None:
     print(f"{args.config.name}: {n} runs, workers = {args.workers}, "
           f"{'scratch stores' if args.scratch else 'a lifetime store'}")
     with tempfile.TemporaryDirectory() as tmp:
-        rows = [("local", 1), ("local", args.workers), ("ray", args.workers)]
+        rows = [("local", 1)] + [("local", args.workers)] * (not args.no_local_n) + [
+            ("ray", args.workers)]
         out = {}
         for engine, w in rows:
             out[(engine, w)] = _sweep(raw, Path(tmp) / f"{engine}-{w}", engine, w,
                                        args.scratch)
             print(f"  {engine:5s} workers={w}: {out[(engine, w)][0]:6.1f} s")
         base = out[("local", 1)]
-        for key in rows[1:]:
+        figures: dict = {"config": args.config.name, "runs": n, "workers": args.workers,
+                         "lifetime_store": not args.scratch, "engines": []}
+        for key in rows:
             secs, recs, spent = out[key]
             same = _same(base[1], recs)
             charges = all(math.isclose(spent[s], base[2][s], rel_tol=1e-12) for s in base[2])
-            print(f"  {key[0]} ×{key[1]} vs local ×1: {base[0] / secs:.2f}× speed, results "
-                  f"{'equal' if same else 'DIFFER'}, charges {'equal' if charges else 'DIFFER'}")
+            figures["engines"].append({"engine": key[0], "workers": key[1], "seconds": secs,
+                                       "speed_vs_local1": base[0] / secs,
+                                       "same_results": same, "same_charges": charges})
+            if key != rows[0]:
+                print(f"  {key[0]} ×{key[1]} vs local ×1: {base[0] / secs:.2f}× speed, "
+                      f"results {'equal' if same else 'DIFFER'}, charges "
+                      f"{'equal' if charges else 'DIFFER'}")
+        if args.json:
+            args.json.write_text(json.dumps(figures, indent=1))
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import json
 import statistics
 import time
 import warnings
@@ -222,6 +223,7 @@ def main() -> None:
     ap.add_argument("--noise", default="secure", choices=["secure", "seeded"])
     ap.add_argument("--device", default="cpu", help="cpu | cuda (both libraries)")
     ap.add_argument("--quick", action="store_true", help="smoke run: 2 steps, 2 pairs, small")
+    ap.add_argument("--json", metavar="PATH", help="also write the table's rows to PATH (JSON)")
     args = ap.parse_args()
     if args.quick:
         args.steps, args.pairs, args.silos = 2, 2, [2]
@@ -250,6 +252,12 @@ def main() -> None:
               f"{r['ours']:9.0f} {r.get('opacus', float('nan')):9.0f} {ratio:>25s} "
               f"{100 * r['noise_share']:11.1f}% {r.get('same_grad', float('nan')):10.1e}")
     print("\nratio = silofl examples/s ÷ Opacus examples/s per pair; target ≥ 1.5×")
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump({"device": where, "pairs": args.pairs, "steps": args.steps,
+                       "noise": args.noise, "rows": [
+                           dict(r, batch=CASES[r["case"].split()[0]].batch) for r in rows]},
+                      fh, indent=1)
     if args.quick:  # 2 steps of batch 16 time start-up, not throughput
         print("--quick is a smoke run (batch 16, 2 steps, 2 pairs): its ratios are not the "
               "documented figures; run without --quick for those")
