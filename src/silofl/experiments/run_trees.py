@@ -123,12 +123,11 @@ class TreeModel:
 class TreeResult(RunResult):
     """A dp_gbdt run as a job's result: `params[k]` is silo k's personal TreeEnsemble (the
     shared ensemble, plus its local trees when [trees] local_trees > 0); `ensemble` the
-    shared one; `final_metrics` {metric: per-silo values}; `note` what outputs must say."""
+    shared one; `final_metrics` {metric: per-silo values}."""
 
     ensemble: object = None
     bounds: np.ndarray | None = None
     final_metrics: dict | None = None
-    note: str | None = None
 
 
 def _history(fed, models: list, metric: str, T: int) -> tuple[History, dict]:
