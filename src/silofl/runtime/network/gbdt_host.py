@@ -61,13 +61,11 @@ from silofl.runtime.tree_release import bins_source, ensemble_from_dict, ensembl
 from silofl.training.histograms import tree_event
 
 GBDT = "dp_gbdt"
+#: what a seeded networked trees job's privacy reports and cards say
+SEEDED = "noise = 'seeded': reproducible experiment noise, NOT a privacy guarantee"
 #: pre-encoded .npz data (no schema) whose job states no bounds: the encoding's
 #: convention, features mapped to [−1, 1] (values outside fall in the end bins)
 NPZ_BOUNDS = (-1.0, 1.0)
-
-
-def is_gbdt(job: dict) -> bool:
-    return job.get("method") == GBDT
 
 
 def _silos(job: dict) -> list[str]:
@@ -557,7 +555,6 @@ class GbdtServerHost:
                          "calibrated its σ for its own (ε, δ) and "
                          "charged its own store (its report states the ε it spent); the "
                          "server saw no row",
-            "notes": ["noise = 'seeded': reproducible experiment noise, NOT a privacy "
-                      "guarantee"] if p.job["noise"] == "seeded" else [],
+            "notes": [SEEDED] if p.job["noise"] == "seeded" else [],
             "silos": silos, "files": files})
         return Path(folder)
