@@ -118,7 +118,8 @@ def test_network_bins_the_declared_bounds_like_the_run_path(tmp_path, standardiz
     job, order = srv.job, [silos[n] for n in HOSPITALS]
     fed = Federation([s.silo for s in order], names, job["task"], job["num_classes"])
     leds = [Ledger(s.cfg.name, s.cfg.target, accountant_kind(job["accountant"])) for s in order]
-    sim = train_dp_gbdt(fed, **TREES, bounds=bounds, seed=job["seed"], ledgers=leds)
+    sim = train_dp_gbdt(fed, **TREES, bounds=bounds, seed=job["seed"], ledgers=leds,
+                        noise="seeded")
     _same_trees(srv.gbdt.server.ensemble, sim.ensemble)
     # the run path: the same bounds in its card, the same predictions from its folders
     run_dir = _run_path(tmp_path, schema, standardize, int(job["seed"]))

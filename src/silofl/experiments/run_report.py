@@ -119,7 +119,6 @@ class RunReport:
         tc = self.config.training
         if tc.clip == "auto" and self.config.privacy.enabled:
             auto.append(CLIP_AUTO_NOTE.format(quantile=tc.clip_quantile))
-        auto += [r.note for r in self.results if getattr(r, "note", None)]  # dp_gbdt
         auto += unit_notes(self.unit, self.config.data.person_column,
                            self.config.privacy.enabled) + (self.linkage or {}).get("notes", [])
         return job_notes(private=self.config.privacy.enabled, noise=self.noise,

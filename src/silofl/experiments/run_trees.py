@@ -18,7 +18,6 @@ standardization (private or uncharged) would give every silo other bins, so it i
 
 from __future__ import annotations
 
-import inspect
 import time
 from dataclasses import dataclass
 
@@ -49,7 +48,7 @@ def _auto_or_positive(key: str, v) -> float | None:
 
 def trees_kwargs(cfg) -> dict:
     """The [trees] section as `train_dp_gbdt` keyword arguments; the one place that maps
-    them. Keys whose keyword `train_dp_gbdt` does not take yet are refused.
+    them.
 
     Parameters
     ----------
@@ -66,7 +65,6 @@ def trees_kwargs(cfg) -> dict:
     ConfigError
         A value not supported (naming the [trees] key and what to use).
     """
-    from silofl.algorithms.dp_gbdt import train_dp_gbdt
     t = cfg.trees
     out = {k: getattr(t, k) for k in SETTINGS}
     for key in ("trees", "depth"):  # auto: train_dp_gbdt's None (resolved from the data)
@@ -78,23 +76,14 @@ def trees_kwargs(cfg) -> dict:
         raise ConfigError(f"[trees] n_bins must be a whole number or \"auto\", got {t.n_bins!r}")
     out["clip_h"] = _auto_or_positive("clip_h", t.clip_h)
     out["max_leaf"] = _auto_or_positive("max_leaf", t.max_leaf)
-    accepted = inspect.signature(train_dp_gbdt).parameters
     if t.bins not in ("schema", "private"):
         raise ConfigError(f"[trees] bins must be \"schema\" (declared bounds, free) or "
                           f"\"private\" (noisy quantiles, charged), got {t.bins!r}")
     if t.bins == "private":
-        if "bins" not in accepted:
-            raise ConfigError("[trees] bins = \"private\" (private quantile bins) is not "
-                              "supported by this silofl yet; use bins = \"schema\" (bins over "
-                              "the schema's declared bounds, free)")
         out.update(bins=t.bins, bins_share=t.bins_share)
     elif t.bins_share != type(t)().bins_share:
         raise ConfigError("[trees] bins_share applies only with bins = \"private\"; remove it")
     if t.shrink != "off":
-        if "shrink" not in accepted:
-            raise ConfigError(f"[trees] shrink = {t.shrink!r} (personal leaf shrinkage) is not "
-                              "supported by this silofl yet; use shrink = \"off\" (personal "
-                              "models: local_trees)")
         out["shrink"] = t.shrink
     return out
 
@@ -123,12 +112,11 @@ class TreeModel:
 class TreeResult(RunResult):
     """A dp_gbdt run as a job's result: `params[k]` is silo k's personal TreeEnsemble (the
     shared ensemble, plus its local trees when [trees] local_trees > 0); `ensemble` the
-    shared one; `final_metrics` {metric: per-silo values}; `note` what outputs must say."""
+    shared one; `final_metrics` {metric: per-silo values}."""
 
     ensemble: object = None
     bounds: np.ndarray | None = None
     final_metrics: dict | None = None
-    note: str | None = None
 
 
 def _history(fed, models: list, metric: str, T: int) -> tuple[History, dict]:

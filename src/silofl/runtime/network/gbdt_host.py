@@ -51,22 +51,21 @@ from silofl.algorithms.gbdt_state import (
 )
 from silofl.config.run import TreesConfig
 from silofl.data.bounds import bounds_from_json, feature_bounds
-from silofl.errors import BudgetExceeded, ConfigError
+from silofl.errors import BudgetExceeded, ConfigError, DataError
 from silofl.io import write_json_atomic
-from silofl.models.trees import Tree, TreeEnsemble, xgboost_name_map
+from silofl.models.trees import TreeEnsemble, xgboost_name_map
 from silofl.privacy import events
 from silofl.privacy.ledger import Ledger, silo_file_id
 from silofl.runtime.network import messages as W
+from silofl.runtime.tree_release import bins_source, ensemble_from_dict, ensemble_to_dict
 from silofl.training.histograms import tree_event
 
 GBDT = "dp_gbdt"
+#: what a seeded networked trees job's privacy reports and cards say
+SEEDED = "noise = 'seeded': reproducible experiment noise, NOT a privacy guarantee"
 #: pre-encoded .npz data (no schema) whose job states no bounds: the encoding's
 #: convention, features mapped to [−1, 1] (values outside fall in the end bins)
 NPZ_BOUNDS = (-1.0, 1.0)
-
-
-def is_gbdt(job: dict) -> bool:
-    return job.get("method") == GBDT
 
 
 def _silos(job: dict) -> list[str]:
@@ -170,7 +169,6 @@ def job_settings(job: dict) -> tuple[GbdtSettings, np.ndarray]:
 
 def bins_report(job: dict, bounds: np.ndarray | None) -> dict:
     """What a privacy report states of the bins: mode, (d, 2) bounds and their source."""
-    from silofl.runtime.tree_release import bins_source
     mode = job_trees(job).bins
     return {"mode": mode, "charged": mode == "private",
             "bounds": None if bounds is None else np.asarray(bounds).tolist(),
@@ -180,40 +178,28 @@ def bins_report(job: dict, bounds: np.ndarray | None) -> dict:
 
 # --- models on disk ----------------------------------------------------------------------
 
-def ensemble_dict(ens: TreeEnsemble) -> dict:
-    """A TreeEnsemble as plain JSON data (`load_ensemble` reads it back)."""
-    return {"format": "silofl-trees/1", "n_features": ens.n_features, "task": ens.task,
-            "base_score": ens.base_score, "feature_names": ens.feature_names,
-            "trees": [{k: getattr(t, k).tolist() for k in
-                       ("feature", "threshold", "left", "right", "value")} for t in ens.trees]}
-
-
 def load_ensemble(path: str | Path) -> TreeEnsemble:
     """The TreeEnsemble saved by a networked dp_gbdt run.
 
     Parameters
     ----------
     path : str or Path
-        A ``gbdt*.json`` file (`ensemble_dict`'s JSON; not the ``.xgboost.json``).
+        A ``gbdt*.json`` file (`tree_release.ensemble_to_dict`'s JSON; not the
+        ``.xgboost.json``).
 
     Returns
     -------
     TreeEnsemble
     """
-    d = json.loads(Path(path).read_text())
-    if d.get("format") != "silofl-trees/1":
-        raise ConfigError(f"{path}: not a silofl tree ensemble (format {d.get('format')!r})")
-    types = {"feature": np.int32, "threshold": np.float64, "left": np.int32,
-             "right": np.int32, "value": np.float64}
-    trees = [Tree(**{k: np.asarray(t[k], dtype=v) for k, v in types.items()})
-             for t in d["trees"]]
-    return TreeEnsemble(int(d["n_features"]), d["task"], float(d["base_score"]), trees,
-                        d["feature_names"])
+    try:
+        return ensemble_from_dict(json.loads(Path(path).read_text()))
+    except DataError as e:
+        raise DataError(f"{path}: {e}") from None
 
 
 def _save_model(folder: Path, stem: str, ens: TreeEnsemble) -> dict:
     folder.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(folder / f"{stem}.json", ensemble_dict(ens))
+    write_json_atomic(folder / f"{stem}.json", ensemble_to_dict(ens))
     ens.save_xgboost(folder / f"{stem}.xgboost.json")  # names made XGBoost-safe there
     return {"trees": f"{stem}.json", "xgboost": f"{stem}.xgboost.json",
             "xgboost_name_map": xgboost_name_map(ens.feature_names)}
@@ -569,7 +555,6 @@ class GbdtServerHost:
                          "calibrated its σ for its own (ε, δ) and "
                          "charged its own store (its report states the ε it spent); the "
                          "server saw no row",
-            "notes": ["noise = 'seeded': reproducible experiment noise, NOT a privacy "
-                      "guarantee"] if p.job["noise"] == "seeded" else [],
+            "notes": [SEEDED] if p.job["noise"] == "seeded" else [],
             "silos": silos, "files": files})
         return Path(folder)

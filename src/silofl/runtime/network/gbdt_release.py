@@ -24,7 +24,7 @@ from silofl.errors import ConfigError
 from silofl.models.trees import TreeEnsemble
 from silofl.privacy import events
 from silofl.privacy.ledger import silo_file_id
-from silofl.runtime.network.gbdt_host import bounds_note
+from silofl.runtime.network.gbdt_host import GBDT, SEEDED, bounds_note
 from silofl.runtime.tree_release import (
     SHARED,
     tree_card,
@@ -32,9 +32,6 @@ from silofl.runtime.tree_release import (
     write_ensemble,
     write_manifest,
 )
-
-GBDT = "dp_gbdt"
-SEEDED = "noise = 'seeded': reproducible experiment noise, NOT a privacy guarantee"
 
 
 @dataclass
