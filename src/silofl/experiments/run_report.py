@@ -26,6 +26,7 @@ from silofl.experiments.notes import (
 )
 from silofl.experiments.quality import QUALITY_NOTE, assess, warnings_of
 from silofl.experiments.report import plot_history
+from silofl.experiments.run_trees import TreeResult
 from silofl.io import json_safe, write_json_atomic
 from silofl.privacy import units
 from silofl.privacy.targets import ASSUMPTIONS
@@ -227,7 +228,7 @@ def assess_all(rep: RunReport, model, fed) -> dict:
         Method label (as in history.json) → `quality.assess` statistics.
     """
     from silofl.experiments.run_trees import TreeModel  # dp_gbdt's ensembles
-    return {rep.label(r): assess(r, TreeModel() if hasattr(r, "ensemble") else model, fed,
+    return {rep.label(r): assess(r, TreeModel() if isinstance(r, TreeResult) else model, fed,
                                  rep.label(r)) for r in rep.results}
 
 

@@ -18,6 +18,7 @@ from silofl.data.heart import heart_schema
 from silofl.data.schema import load_schema, schema_from_dict
 from silofl.data.school import school_schema
 from silofl.experiments.artifacts import NON_PRIVATE
+from silofl.experiments.run_trees import TreeResult
 from silofl.io import dumps_strict, file_hashes, sha256_file, write_bytes_atomic, write_npz_atomic
 from silofl.privacy.ledger import silo_file_id
 from silofl.privacy.targets import ADJACENCY
@@ -139,7 +140,7 @@ def save_models(rep) -> Path:
     for r in rep.results:
         label = rep.label(r)
         d = root / label
-        if hasattr(r, "ensemble"):  # dp_gbdt: trees + XGBoost export (`tree_saving`)
+        if isinstance(r, TreeResult):  # dp_gbdt: trees + XGBoost export (`tree_saving`)
             from silofl.experiments.tree_saving import save_tree_models
             save_tree_models(rep, r, d, label, _privacy_statement)
             continue
