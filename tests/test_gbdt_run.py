@@ -415,3 +415,13 @@ def test_private_bins_and_personal_leaves_in_a_job_charge_the_declared_event(tmp
     card = json.loads((d / man["silos"][0]["card"]).read_text())
     assert "private quantiles" in card["bins"]["source"]
     assert "personal leaves" in card["personal"]
+
+
+def test_trees_section_defaults_are_train_dp_gbdts_defaults():
+    """[trees] (config.run.TreesConfig) and train_dp_gbdt state their defaults each; a job
+    with an empty [trees] section must train what the library trains by default."""
+    from silofl.algorithms.gbdt_method import default_settings
+    from silofl.config import Config
+    from silofl.experiments.run_trees import trees_kwargs
+    got = trees_kwargs(Config())
+    assert {k: got[k] for k in default_settings()} == default_settings()
